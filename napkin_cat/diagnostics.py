@@ -1,0 +1,159 @@
+"""Source spans, diagnostics and their rendering.
+
+Every message a user can see for bad input is a template in ``MESSAGES``, keyed by a
+short code; code raises ``NapkinError`` carrying one or more ``Diagnostic``s, and only
+``cli`` prints them.  Rendering follows compilers users know: ``FILE:LINE:COL: error:
+message``, the source line, a caret under the span, then an optional hint.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+__all__ = [
+    "MESSAGES",
+    "Diagnostic",
+    "NapkinError",
+    "Span",
+    "did_you_mean",
+    "error",
+    "render",
+]
+
+
+@dataclass(frozen=True)
+class Span:
+    """A region of a source file; lines and columns count from 1."""
+
+    file: str
+    line: int
+    col: int
+    end_line: int = 0
+    end_col: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}"
+
+
+#: The one table of user-facing messages.  Keys are stable codes (tests match on them).
+MESSAGES: dict[str, str] = {
+    # syntax
+    "syntax.unexpected_token": "unexpected {token}; expected {expected}",
+    "syntax.unexpected_char": "unexpected character {char!r}; expected {expected}",
+    "syntax.unexpected_eof": "unexpected end of file; expected {expected}",
+    # files and modules
+    "file.not_found": "cannot read {path}: {reason}",
+    "use.cycle": "`use` cycle: {cycle}",
+    # names
+    "name.unknown": "unknown {kind} `{name}`",
+    "name.duplicate": "duplicate definition of {kind} `{name}` (first defined at {first})",
+    "name.use_before_def": "`{name}` is used before it is defined (defined at {defined})",
+    "name.reserved": "`{name}` is reserved and cannot name {kind}",
+    "diagram.recursion": "diagram `{name}` calls itself: {cycle}",
+    # axes and types
+    "axis.size_clash": "axis `{axis}` is declared with size {size} here but {other} at {first}",
+    "axis.not_declared": "unknown axis `{axis}`",
+    "axis.repeated": "axis `{axis}` appears twice in one array type",
+    "axis.missing": "{box} needs axis `{axis}` but no operand has it (operand axes: {have})",
+    "axis.not_on_operand": "{box}: operand {index} lacks axis `{axis}` (it has {have})",
+    "axis.bad_size": "axis `{axis}` has size {size}; sizes must be positive",
+    "type.return_mismatch": "return type mismatch: declared {declared}, got {actual}",
+    "type.return_count": "`{diagram}` declares {declared} outputs but returns {actual}",
+    "type.arg_missing_axis": "argument {index} of `{callee}` must have axes {expected}; it has {actual}",
+    "type.not_scalar_context": "{what} cannot be used as an array here",
+    "type.predicate_outside_where": "a comparison or logical operator is only allowed as the condition of `where`",
+    "type.predicate_expected": "the first argument of `where` must be a comparison of indices, e.g. `q >= x`",
+    "type.index_axis": "`{name}` in an index expression must be one of the box's axes {axes}",
+    "type.index_expr": "index expressions allow integers, axis indices, +, - and * only",
+    "type.tuple_arity": "`{callee}` returns {n} outputs; bind them with {n} names",
+    "type.tuple_in_expr": "`{callee}` returns {n} outputs and cannot be used inside an expression",
+    "type.split_sizes": "split[{axis} -> {parts}]: sizes {sizes} do not multiply to {total}",
+    "type.woven_clash": "argument {index} of `{callee}` has axis `{axis}`, which `{callee}` uses inside; rename it before weaving",
+    "type.axis_exists": "{box}: axis `{axis}` is already on the operand",
+    "type.transpose": "transpose[{axes}]: must list exactly the operand's axes {have}",
+    # boxes
+    "box.unknown": "unknown box `{name}`",
+    "box.arity": "`{name}` takes {expected} argument(s), got {got}",
+    "box.needs_target": "`{name}` needs target axes in brackets, e.g. `{name}[x](...)`",
+    "box.no_target": "`{name}` takes no target axes",
+    "box.needs_arrow": "`{name}` needs `->` in its brackets, e.g. `{example}`",
+    "box.no_arrow": "`{name}` takes no `->` in its brackets",
+    "box.params": "`{name}` takes parameters {expected}; got {got}",
+    "box.param_value": "`{name}`: parameter {index} must be one of {allowed}, got `{got}`",
+    # evaluation
+    "eval.arity": "`{diagram}` takes {expected} inputs, got {got}",
+    "eval.rank": "input `{name}` must have {rank} axes {axes}, got an array of shape {shape}",
+    "eval.size": "axis `{axis}` has size {expected} but input `{name}` has {got} along it",
+    "eval.unbound": "axis `{axis}` has no size: give it with sizes={{'{axis}': N}}",
+    "eval.size_binding": "size for axis `{axis}` must be a positive integer, got {got!r}",
+}
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """One user-facing problem: a message code, its arguments and where it happened."""
+
+    code: str
+    args: tuple[tuple[str, object], ...] = ()
+    span: Span | None = None
+    hint: str | None = None
+    severity: str = field(default="error")
+
+    @property
+    def message(self) -> str:
+        return MESSAGES[self.code].format(**dict(self.args))
+
+
+def error(code: str, span: Span | None = None, hint: str | None = None, **args: object) -> Diagnostic:
+    """Build a diagnostic; ``code`` must be a key of ``MESSAGES``."""
+    assert code in MESSAGES, code
+    return Diagnostic(code, tuple(sorted(args.items())), span, hint)
+
+
+class NapkinError(Exception):
+    """Raised for bad input; carries every diagnostic found (never a bug)."""
+
+    def __init__(self, diagnostics: Diagnostic | Sequence[Diagnostic]):
+        diags = (diagnostics,) if isinstance(diagnostics, Diagnostic) else tuple(diagnostics)
+        assert diags, "NapkinError needs at least one diagnostic"
+        self.diagnostics: tuple[Diagnostic, ...] = diags
+        super().__init__("\n".join(d.message for d in diags))
+
+    @property
+    def codes(self) -> tuple[str, ...]:
+        return tuple(d.code for d in self.diagnostics)
+
+
+def did_you_mean(name: str, candidates: Iterable[str]) -> str | None:
+    """A hint naming the closest candidate, if any is close."""
+    close = difflib.get_close_matches(name, sorted(set(candidates)), n=1, cutoff=0.6)
+    return f"did you mean `{close[0]}`?" if close else None
+
+
+def render(diag: Diagnostic, sources: dict[str, str] | None = None) -> str:
+    """``FILE:LINE:COL: error: message``, then the line and a caret, then the hint."""
+    if diag.span is None:
+        out = [f"{diag.severity}: {diag.message}"]
+    else:
+        span = diag.span
+        out = [f"{span}: {diag.severity}: {diag.message}"]
+        text = (sources or {}).get(span.file)
+        if text is None:
+            try:
+                with open(span.file, encoding="utf-8") as fh:
+                    text = fh.read()
+            except OSError:
+                text = None
+        lines = text.splitlines() if text is not None else []
+        if 1 <= span.line <= len(lines):
+            line = lines[span.line - 1]
+            width = 1
+            if span.end_line == span.line and span.end_col > span.col:
+                width = span.end_col - span.col
+            out.append(f"  {line}")
+            out.append("  " + " " * (span.col - 1) + "^" * max(1, width))
+    if diag.hint:
+        out.append(f"  hint: {diag.hint}")
+    return "\n".join(out)

@@ -1,0 +1,767 @@
+"""Lark tree -> IR terms: name resolution, axis and shape inference, weaving by name.
+
+The elaborator never stops at the first problem: it records a diagnostic, gives the
+offending expression no type, and carries on, so one run reports every error of a file
+(and of the files it ``use``s).  ``load``/``loads`` raise ``NapkinError`` with all of them.
+
+Typing rules (architecture.md §3):
+- a binary box broadcasts by name: its type is the union of its operands' axes in order
+  of first appearance;
+- a box that names axes in brackets acts on them and weaves every other axis;
+- a diagram used as a box is woven over the extra axes of its arguments: its outputs get
+  those axes in front, and an argument lacking one of them is shared.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from pathlib import Path
+
+from lark import Token, Tree
+
+from napkin_cat import ops
+from napkin_cat.diagnostics import Diagnostic, NapkinError, Span, did_you_mean, error
+from napkin_cat.syntax import parse_tree
+from napkin_cat.terms import (
+    LEVELS,
+    Apply,
+    Axes,
+    Axis,
+    Box,
+    Cmp,
+    Const,
+    Diagram,
+    Expr,
+    IBin,
+    Idx,
+    IInt,
+    IndexExpr,
+    LemmaDecl,
+    Let,
+    Logic,
+    Module,
+    Param,
+    Partition,
+    Place,
+    Pred,
+    Quantise,
+    Rewrite,
+    Size,
+    Step,
+    TheoremDecl,
+    Var,
+    union_axes,
+    walk,
+)
+
+__all__ = ["load", "loads"]
+
+_BINOPS = {"add": "add", "sub": "sub", "mul": "mul", "div": "div"}
+_PRED_NODES = ("compare", "and_", "or_", "not_")
+
+
+def load(path: str | Path) -> Module:
+    """Read, parse and elaborate an .ncd file (and everything it ``use``s)."""
+    return _load(Path(path), ())
+
+
+def loads(text: str, path: str = "<string>") -> Module:
+    """Parse and elaborate .ncd source text; ``use`` paths resolve against the cwd."""
+    return _Elaborator(text, path, Path(path).parent if path != "<string>" else Path.cwd(), ()).module()
+
+
+def _load(path: Path, stack: tuple[Path, ...]) -> Module:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise NapkinError(error("file.not_found", path=str(path), reason=reason)) from None
+    return _Elaborator(text, str(path), path.parent, stack + (path.resolve(),)).module()
+
+
+def _span(node: Tree | Token, path: str) -> Span:
+    if isinstance(node, Token):
+        return Span(path, node.line or 0, node.column or 0, node.end_line or 0, node.end_column or 0)
+    meta = node.meta
+    if getattr(meta, "empty", True):
+        return Span(path, 0, 0)
+    return Span(path, meta.line, meta.column, meta.end_line, meta.end_column)
+
+
+def _tokens(tree: Tree | None) -> list[Token]:
+    return [c for c in tree.children if isinstance(c, Token)] if tree is not None else []
+
+
+class _Elaborator:
+    def __init__(self, text: str, path: str, base: Path, stack: tuple[Path, ...]):
+        self.path = path
+        self.base = base
+        self.stack = stack
+        self.text = text
+        self.diags: list[Diagnostic] = []
+        self.axes: dict[str, Axis] = {}  # everything in scope
+        self.own_axes: list[Axis] = []
+        self.diagrams: dict[str, Diagram] = {}  # everything in scope
+        self.own_diagrams: list[Diagram] = []
+        self.lemmas: list[LemmaDecl] = []
+        self.imported_lemmas: list[LemmaDecl] = []
+        self.theorems: list[TheoremDecl] = []
+        self.uses: list[str] = []
+
+    # -- helpers ----------------------------------------------------------------------
+    def err(self, code: str, where: Tree | Token | Span | None, hint: str | None = None, **args: object) -> None:
+        span = where if isinstance(where, Span) or where is None else _span(where, self.path)
+        self.diags.append(error(code, span, hint, **args))
+
+    def axis_type(self, tree: Tree) -> Axes | None:
+        names: list[str] = []
+        ok = True
+        for tok in _tokens(tree):
+            if tok.value not in self.axes:
+                self.err("axis.not_declared", tok, did_you_mean(tok.value, self.axes), axis=tok.value)
+                ok = False
+            elif tok.value in names:
+                self.err("axis.repeated", tok, axis=tok.value)
+                ok = False
+            names.append(tok.value)
+        return tuple(names) if ok else None
+
+    # -- the module -------------------------------------------------------------------
+    def module(self) -> Module:
+        tree = parse_tree(self.text, self.path)
+        items = list(tree.children)
+        for item in items:
+            if item.data == "use_decl":
+                self.use(item)
+        for item in items:
+            if item.data == "axis_decl":
+                for axis_item in item.children:
+                    self.axis(axis_item)
+        self.diagrams_of([i for i in items if i.data == "diagram"])
+        for item in items:
+            if item.data == "lemma":
+                self.lemma(item)
+            elif item.data == "theorem":
+                self.theorem(item)
+        if self.diags:
+            raise NapkinError(sorted(self.diags, key=_diag_order))
+        return Module(
+            path=self.path,
+            uses=tuple(self.uses),
+            axes=tuple(self.own_axes),
+            diagrams=tuple(self.own_diagrams),
+            theorems=tuple(self.theorems),
+            lemmas=tuple(self.lemmas),
+            scope_diagrams=tuple(self.diagrams.values()),
+            scope_axes=tuple(self.axes.values()),
+            scope_lemmas=tuple(self.imported_lemmas + self.lemmas),
+        )
+
+    def use(self, item: Tree) -> None:
+        tok = item.children[0]
+        rel = tok.value[1:-1]
+        self.uses.append(rel)
+        target = (self.base / rel).resolve()
+        if target in self.stack:
+            cycle = " -> ".join(str(p.name) for p in self.stack[self.stack.index(target):]) + f" -> {target.name}"
+            self.err("use.cycle", tok, cycle=cycle)
+            return
+        try:
+            sub = _load(target, self.stack)
+        except NapkinError as exc:
+            for d in exc.diagnostics:
+                if d.code == "file.not_found" and d.span is None:
+                    self.diags.append(error("file.not_found", _span(tok, self.path), **dict(d.args)))
+                else:
+                    self.diags.append(d)
+            return
+        for axis in sub.scope_axes:
+            self.add_axis(axis, tok, own=False)
+        for diagram in sub.scope_diagrams:
+            prior = self.diagrams.get(diagram.name)
+            if prior is not None and prior != diagram:
+                self.err("name.duplicate", tok, kind="diagram", name=diagram.name, first=prior.span)
+            self.diagrams[diagram.name] = diagram
+        self.imported_lemmas.extend(lm for lm in sub.scope_lemmas if lm not in self.imported_lemmas)
+
+    def axis(self, item: Tree) -> None:
+        name_tok = item.children[0]
+        size = int(item.children[1]) if len(item.children) > 1 else None
+        if size is not None and size <= 0:
+            self.err("axis.bad_size", item.children[1], axis=name_tok.value, size=size)
+            return
+        if name_tok.value in ops.OPS or name_tok.value == "inf":
+            self.err("name.reserved", name_tok, name=name_tok.value, kind="an axis")
+            return
+        self.add_axis(Axis(name_tok.value, size, _span(name_tok, self.path)), name_tok, own=True)
+
+    def add_axis(self, axis: Axis, where: Token, own: bool) -> None:
+        prior = self.axes.get(axis.name)
+        if prior is not None:
+            if prior.size != axis.size:
+                self.err("axis.size_clash", where, axis=axis.name, size=_size(axis.size),
+                         other=_size(prior.size), first=prior.span)
+            elif own and any(a.name == axis.name for a in self.own_axes):
+                self.err("name.duplicate", where, kind="axis", name=axis.name, first=prior.span)
+            return
+        self.axes[axis.name] = axis
+        if own:
+            self.own_axes.append(axis)
+
+    # -- diagrams, in dependency order --------------------------------------------------
+    def diagrams_of(self, trees: list[Tree]) -> None:
+        by_name: dict[str, Tree] = {}
+        for t in trees:
+            name = t.children[0]
+            if name.value in by_name or name.value in self.diagrams:
+                first = _span(by_name[name.value], self.path) if name.value in by_name else self.diagrams[name.value].span
+                self.err("name.duplicate", name, kind="diagram", name=name.value, first=first)
+                continue
+            if name.value in ops.OPS:
+                self.err("name.reserved", name, name=name.value, kind="a diagram")
+                continue
+            by_name[name.value] = t
+        calls = {n: [c for c in _calls(t) if c.value in by_name] for n, t in by_name.items()}
+        done: set[str] = set()
+        bad: set[str] = set()
+
+        def visit(name: str, path: list[str]) -> None:
+            if name in done or name in bad:
+                return
+            if name in path:
+                cycle = path[path.index(name):] + [name]
+                site = next(c for c in calls[path[-1]] if c.value == name)
+                self.err("diagram.recursion", site, name=name, cycle=" -> ".join(cycle))
+                bad.update(cycle)
+                return
+            for callee in calls[name]:
+                visit(callee.value, path + [name])
+            if name not in bad:
+                diagram = self.diagram(by_name[name])
+                if diagram is not None:
+                    self.diagrams[name] = diagram
+                    self.own_diagrams.append(diagram)
+                done.add(name)
+
+        for name in by_name:
+            visit(name, [])
+
+    def params(self, tree: Tree | None) -> list[Param]:
+        out: list[Param] = []
+        for p in tree.children if tree is not None else []:
+            name = p.children[0]
+            axes = self.axis_type(p.children[1])
+            if any(q.name == name.value for q in out):
+                self.err("name.duplicate", name, kind="input", name=name.value,
+                         first=next(q.span for q in out if q.name == name.value))
+                continue
+            if self.reserved(name, "an array"):
+                continue
+            if axes is not None:
+                out.append(Param(name.value, axes, _span(name, self.path)))
+        return out
+
+    def reserved(self, name: Token, kind: str) -> bool:
+        if name.value in self.axes or name.value == "inf":
+            self.err("name.reserved", name, f"`{name.value}` is an axis; pick another array name",
+                     name=name.value, kind=kind)
+            return True
+        return False
+
+    def diagram(self, tree: Tree) -> Diagram | None:
+        name = tree.children[0]
+        rest = tree.children[1:]
+        params_tree = rest[0] if rest and isinstance(rest[0], Tree) and rest[0].data == "params" else None
+        out_tree = next(c for c in rest if isinstance(c, Tree) and c.data == "out_types")
+        stmts = [c for c in rest if isinstance(c, Tree) and c.data in ("let", "ret")]
+        n_errors = len(self.diags)
+        inputs = self.params(params_tree)
+        out_types = [self.axis_type(t) for t in out_tree.children]
+        env: dict[str, Axes | None] = {p.name: p.axes for p in inputs}
+        first_def: dict[str, Span] = {p.name: p.span for p in inputs if p.span}
+        let_names = {tok.value: _span(tok, self.path) for s in stmts if s.data == "let"
+                     for tok in s.children if isinstance(tok, Token)}
+        body: list[Let] = []
+        outputs: list[Expr] = []
+        returned = False
+        for stmt in stmts:
+            if stmt.data == "let":
+                names = [t for t in stmt.children if isinstance(t, Token)]
+                expr = self.expr(stmt.children[-1], env, let_names)
+                for tok in names:
+                    if tok.value in first_def:
+                        self.err("name.duplicate", tok, kind="array", name=tok.value, first=first_def[tok.value])
+                    self.reserved(tok, "an array")
+                    first_def.setdefault(tok.value, _span(tok, self.path))
+                if expr is None:
+                    for tok in names:
+                        env[tok.value] = None
+                    continue
+                types = self.bind_types(expr, names, stmt)
+                for tok, axes in zip(names, types, strict=True):
+                    env[tok.value] = axes
+                if all(t is not None for t in types):
+                    body.append(Let(tuple(t.value for t in names), expr, _span(stmt, self.path)))
+            else:
+                if returned:
+                    self.err("name.duplicate", stmt, kind="return", name="return", first="an earlier return")
+                returned = True
+                for e in stmt.children:
+                    value = self.expr(e, env, {})
+                    if value is not None and isinstance(value, Apply) and len(value.types) != 1:
+                        self.err("type.tuple_in_expr", e, callee=value.diagram.name, n=len(value.types))
+                        value = None
+                    outputs.append(value)  # type: ignore[arg-type]
+                self.check_return(name.value, stmt, outputs, out_types, stmt.children)
+        if not returned:
+            self.err("type.return_count", out_tree, diagram=name.value, declared=len(out_types), actual=0)
+        if len(self.diags) > n_errors or any(o is None for o in outputs) or any(t is None for t in out_types):
+            return None
+        diagram_axes = self.axes_used(inputs, body, outputs)
+        return Diagram(name.value, tuple(inputs), tuple(body), tuple(outputs),
+                       tuple(out_types), diagram_axes, _span(tree, self.path))  # type: ignore[arg-type]
+
+    def bind_types(self, expr: Expr, names: list[Token], stmt: Tree) -> list[Axes | None]:
+        if isinstance(expr, Apply):
+            if len(expr.types) != len(names):
+                self.err("type.tuple_arity", stmt, callee=expr.diagram.name, n=len(expr.types))
+                return [None] * len(names)
+            return list(expr.types)
+        if len(names) != 1:
+            self.err("type.tuple_arity", stmt, callee="this expression", n=1)
+            return [None] * len(names)
+        return [expr.axes]
+
+    def check_return(self, name: str, stmt: Tree, outputs: list[Expr | None],
+                     out_types: list[Axes | None], trees: list[Tree]) -> None:
+        if len(outputs) != len(out_types):
+            self.err("type.return_count", stmt, diagram=name, declared=len(out_types), actual=len(outputs))
+            return
+        for value, declared, tree in zip(outputs, out_types, trees, strict=True):
+            if value is None or declared is None:
+                continue
+            if set(value.axes) != set(declared) or len(value.axes) != len(declared):
+                self.err("type.return_mismatch", tree, declared=_fmt(declared), actual=_fmt(value.axes))
+
+    def axes_used(self, inputs: Iterable[Param], body: Iterable[Let], outputs: Iterable[Expr]) -> tuple[Axis, ...]:
+        names: list[str] = []
+        for p in inputs:
+            names.extend(p.axes)
+        for expr in [let.expr for let in body] + list(outputs):
+            for node in walk(expr):
+                names.extend(_node_axes(node))
+                if isinstance(node, Apply):
+                    names.extend(a.name for a in node.diagram.axes)
+        return tuple(self.axes[n] for n in dict.fromkeys(names) if n in self.axes)
+
+    # -- expressions ------------------------------------------------------------------------
+    def expr(self, tree: Tree | Token, env: dict[str, Axes | None], later: dict[str, Span]) -> Expr | None:
+        """Elaborate one array expression; ``None`` after reporting an error."""
+        if isinstance(tree, Token):  # pragma: no cover - the grammar wraps every token
+            raise AssertionError(tree)
+        kind = tree.data
+        sp = _span(tree, self.path)
+        if kind == "number":
+            return Const(float(tree.children[0]), sp)
+        if kind == "inf":
+            return Const(math.inf, sp)
+        if kind == "var":
+            return self.var(tree.children[0], env, later)
+        if kind == "neg":
+            inner = self.expr(tree.children[0], env, later)
+            if inner is None:
+                return None
+            if isinstance(inner, Const):
+                return Const(-inner.value, sp)
+            return Box("neg", (inner,), inner.axes, span=sp)
+        if kind in _BINOPS:
+            left = self.expr(tree.children[0], env, later)
+            right = self.expr(tree.children[1], env, later)
+            if left is None or right is None:
+                return None
+            return Box(_BINOPS[kind], (left, right), union_axes(left.axes, right.axes), span=sp)
+        if kind in _PRED_NODES:
+            self.err("type.predicate_outside_where", tree)
+            return None
+        assert kind == "call", kind
+        return self.call(tree, env, later)
+
+    def var(self, tok: Token, env: dict[str, Axes | None], later: dict[str, Span]) -> Expr | None:
+        name = tok.value
+        sp = _span(tok, self.path)
+        if name in env:
+            axes = env[name]
+            return None if axes is None else Var(name, axes, sp)
+        if name in later:
+            self.err("name.use_before_def", tok, name=name, defined=later[name])
+            return None
+        if name in self.axes:
+            return Size(name, sp)
+        self.err("name.unknown", tok, did_you_mean(name, list(env) + list(self.axes)), kind="name", name=name)
+        return None
+
+    def call(self, tree: Tree, env: dict[str, Axes | None], later: dict[str, Span]) -> Expr | None:
+        name = tree.children[0]
+        target_tree = next((c for c in tree.children[1:] if isinstance(c, Tree) and c.data == "target"), None)
+        args_tree = next((c for c in tree.children[1:] if isinstance(c, Tree) and c.data == "args"), None)
+        arg_trees = list(args_tree.children) if args_tree is not None else []
+        op = name.value
+        if op in self.diagrams:
+            if target_tree is not None:
+                self.err("box.no_target", target_tree, name=op)
+                return None
+            args = [self.expr(a, env, later) for a in arg_trees]
+            if any(a is None for a in args):
+                return None
+            return self.apply(self.diagrams[op], args, tree)  # type: ignore[arg-type]
+        if op in ("max", "min") and target_tree is None:
+            op = "maximum" if op == "max" else "minimum"
+        if op not in ops.OPS:
+            hint = did_you_mean(op, list(ops.OPS) + list(self.diagrams))
+            self.err("box.unknown", name, hint, name=op)
+            return None
+        info = ops.OPS[op]
+        target, out, params = self.target(target_tree)
+        if not self.check_brackets(info, name, target_tree, target, out, params):
+            return None
+        if info.kind in ("where", "index"):
+            return self.indexed(info, tree, target, arg_trees, env, later)
+        if info.arity is not None and len(arg_trees) != info.arity:
+            self.err("box.arity", tree, name=name.value, expected=info.arity, got=len(arg_trees))
+            return None
+        if info.arity is None and not arg_trees:
+            self.err("box.arity", tree, name=name.value, expected="one or more", got=0)
+            return None
+        args = [self.expr(a, env, later) for a in arg_trees]
+        if any(a is None for a in args):
+            return None
+        typed = self.box_type(info, tree, target, out, params, args)  # type: ignore[arg-type]
+        if typed is None:
+            return None
+        return Box(op, tuple(args), typed, target, out or (), params or (), span=_span(tree, self.path))
+
+    def target(self, tree: Tree | None) -> tuple[Axes, Axes | None, tuple[str, ...] | None]:
+        if tree is None:
+            return (), None, None
+        names = tuple(t.value for t in _tokens(tree))
+        arrow = next((c for c in tree.children if isinstance(c, Tree) and c.data == "arrow"), None)
+        plist = next((c for c in tree.children if isinstance(c, Tree) and c.data == "param_list"), None)
+        out = tuple(t.value for t in _tokens(arrow)) if arrow is not None else None
+        params = tuple(t.value for t in _tokens(plist)) if plist is not None else None
+        return names, out, params
+
+    def check_brackets(self, info: ops.OpInfo, name: Token, tree: Tree | None,
+                       target: Axes, out: Axes | None, params: tuple[str, ...] | None) -> bool:
+        if info.target == "none":
+            if tree is not None:
+                self.err("box.no_target", tree, name=name.value)
+                return False
+            return True
+        if tree is None or (info.target == "required" and not target):
+            self.err("box.needs_target", tree or name, name=name.value)
+            return False
+        ok = True
+        for axis in dict.fromkeys(list(target) + list(out or ())):
+            if axis not in self.axes:
+                self.err("axis.not_declared", tree, did_you_mean(axis, self.axes), axis=axis)
+                ok = False
+        if len(set(target)) != len(target):
+            dup = next(a for a in target if target.count(a) > 1)
+            self.err("axis.repeated", tree, axis=dup)
+            ok = False
+        if info.arrow and out is None:
+            example = {"split": "split[q -> qo qi](X)", "join": "join[qo qi -> q](X)",
+                       "rename": "rename[x -> y](X)"}[info.name]
+            self.err("box.needs_arrow", tree, name=name.value, example=example)
+            ok = False
+        if not info.arrow and out is not None:
+            self.err("box.no_arrow", tree, name=name.value)
+            ok = False
+        got = params or ()
+        if len(got) != info.nparams:
+            expected = "a1, a2, b" if info.nparams == 3 else "none"
+            self.err("box.params", tree, name=name.value, expected=expected, got=", ".join(got) or "none")
+            ok = False
+        elif info.name == "ncontract":
+            allowed_a = sorted(set(ops.UNARY) | {"id"})
+            for i, (p, allowed) in enumerate(zip(got, (allowed_a, allowed_a, sorted(ops.NORMALISERS)))):
+                if p not in allowed:
+                    self.err("box.param_value", tree, did_you_mean(p, allowed), name=name.value,
+                             index=i + 1, allowed=", ".join(allowed), got=p)
+                    ok = False
+        return ok
+
+    def box_type(self, info: ops.OpInfo, tree: Tree, target: Axes, out: Axes | None,
+                 params: tuple[str, ...] | None, args: list[Expr]) -> Axes | None:
+        kind = info.kind
+        name = info.name
+        if kind == "unary":
+            return args[0].axes
+        if kind == "binary":
+            return union_axes(args[0].axes, args[1].axes)
+        if kind in ("reduce", "normalise", "split", "rename", "transpose"):
+            have = args[0].axes
+            missing = [a for a in target if a not in have]
+            if kind == "transpose":
+                if sorted(target) != sorted(have):
+                    self.err("type.transpose", tree, axes=" ".join(target), have=_fmt(have))
+                    return None
+                return target
+            if missing:
+                self.err("axis.missing", tree, box=f"{name}[{' '.join(target)}]", axis=missing[0], have=_fmt(have))
+                return None
+            if kind == "reduce":
+                return tuple(a for a in have if a not in target)
+            if kind == "normalise":
+                return have
+            return self.reshape_type(name, tree, target, out or (), have)
+        if kind == "join":
+            have = args[0].axes
+            missing = [a for a in target if a not in have]
+            if missing:
+                self.err("axis.missing", tree, box=f"join[{' '.join(target)}]", axis=missing[0], have=_fmt(have))
+                return None
+            return self.reshape_type(name, tree, target, out or (), have)
+        if kind in ("contract", "ncontract"):
+            if kind == "ncontract":
+                missing = [a for a in target if a not in args[0].axes]
+                if missing:
+                    self.err("axis.not_on_operand", tree, box=f"ncontract[{' '.join(target)}]",
+                             index=1, axis=missing[0], have=_fmt(args[0].axes))
+                    return None
+            everything = union_axes(*(a.axes for a in args))
+            missing = [a for a in target if a not in everything]
+            if missing:
+                self.err("axis.missing", tree, box=f"{name}[{' '.join(target)}]", axis=missing[0],
+                         have=", ".join(_fmt(a.axes) for a in args))
+                return None
+            return tuple(a for a in everything if a not in target)
+        raise AssertionError(kind)  # pragma: no cover
+
+    def reshape_type(self, name: str, tree: Tree, target: Axes, out: Axes, have: Axes) -> Axes | None:
+        if name == "join":
+            new, old = out, target
+            if len(new) != 1:
+                self.err("box.arity", tree, name="join's `->`", expected=1, got=len(new))
+                return None
+        else:
+            new, old = out, target
+            if len(old) != 1:
+                self.err("box.arity", tree, name=f"{name}'s target", expected=1, got=len(old))
+                return None
+            if name == "rename" and len(new) != 1:
+                self.err("box.arity", tree, name="rename's `->`", expected=1, got=len(new))
+                return None
+            if name == "split" and len(new) < 2:
+                self.err("box.arity", tree, name="split's `->`", expected="two or more", got=len(new))
+                return None
+        for axis in new:
+            if axis in have and axis not in old:
+                self.err("type.axis_exists", tree, box=f"{name}[...]", axis=axis)
+                return None
+        if len(set(new)) != len(new):
+            self.err("axis.repeated", tree, axis=next(a for a in new if new.count(a) > 1))
+            return None
+        sizes_new = [self.axes[a].size for a in new]
+        sizes_old = [self.axes[a].size for a in old]
+        if None not in sizes_new and None not in sizes_old and math.prod(sizes_new) != math.prod(sizes_old):  # type: ignore[arg-type]
+            self.err("type.split_sizes", tree, axis=" ".join(old), parts=" ".join(new),
+                     sizes=" x ".join(map(str, sizes_new)), total=math.prod(sizes_old))  # type: ignore[arg-type]
+            return None
+        position = min(have.index(a) for a in old)
+        kept = [a for a in have if a not in old]
+        return tuple(kept[:position]) + tuple(new) + tuple(kept[position:])
+
+    def indexed(self, info: ops.OpInfo, tree: Tree, target: Axes, arg_trees: list[Tree],
+                env: dict[str, Axes | None], later: dict[str, Span]) -> Expr | None:
+        sp = _span(tree, self.path)
+        expected = 3 if info.name == "where" else 1
+        if len(arg_trees) != expected:
+            self.err("box.arity", tree, name=info.name, expected=expected, got=len(arg_trees))
+            return None
+        if info.name == "index":
+            iexpr = self.index_expr(arg_trees[0], target)
+            return None if iexpr is None else Box("index", (), target, target, index=iexpr, span=sp)
+        if arg_trees[0].data not in _PRED_NODES:
+            self.err("type.predicate_expected", arg_trees[0])
+            return None
+        pred = self.predicate(arg_trees[0], target)
+        args = [self.expr(a, env, later) for a in arg_trees[1:]]
+        if pred is None or any(a is None for a in args):
+            return None
+        axes = union_axes(args[0].axes, args[1].axes, target)  # type: ignore[union-attr]
+        return Box("where", tuple(args), axes, target, index=pred, span=sp)  # type: ignore[arg-type]
+
+    def predicate(self, tree: Tree, axes: Axes) -> Pred | None:
+        kind = tree.data
+        if kind == "compare":
+            left = self.index_expr(tree.children[0], axes)
+            right = self.index_expr(tree.children[2], axes)
+            return None if left is None or right is None else Cmp(str(tree.children[1]), left, right)
+        if kind in ("and_", "or_"):
+            left_p = self.predicate_or_report(tree.children[0], axes)
+            right_p = self.predicate_or_report(tree.children[1], axes)
+            return None if left_p is None or right_p is None else Logic(kind[:-1], left_p, right_p)
+        if kind == "not_":
+            inner = self.predicate_or_report(tree.children[0], axes)
+            return None if inner is None else Logic("not", inner)
+        raise AssertionError(kind)  # pragma: no cover
+
+    def predicate_or_report(self, tree: Tree, axes: Axes) -> Pred | None:
+        if tree.data not in _PRED_NODES:
+            self.err("type.predicate_expected", tree)
+            return None
+        return self.predicate(tree, axes)
+
+    def index_expr(self, tree: Tree, axes: Axes) -> IndexExpr | None:
+        kind = tree.data
+        if kind == "var":
+            name = tree.children[0].value
+            if name not in axes:
+                self.err("type.index_axis", tree, name=name, axes=_fmt(axes))
+                return None
+            return Idx(name)
+        if kind == "number":
+            text = str(tree.children[0])
+            if not text.isdigit():
+                self.err("type.index_expr", tree)
+                return None
+            return IInt(int(text))
+        if kind in ("add", "sub", "mul"):
+            left = self.index_expr(tree.children[0], axes)
+            right = self.index_expr(tree.children[1], axes)
+            symbol = {"add": "+", "sub": "-", "mul": "*"}[kind]
+            return None if left is None or right is None else IBin(symbol, left, right)
+        if kind == "neg":
+            inner = self.index_expr(tree.children[0], axes)
+            if isinstance(inner, IInt):
+                return IInt(-inner.value)
+            return None if inner is None else IBin("*", IInt(-1), inner)
+        self.err("type.index_expr", tree)
+        return None
+
+    def apply(self, callee: Diagram, args: list[Expr], tree: Tree) -> Expr | None:
+        if len(args) != len(callee.inputs):
+            self.err("box.arity", tree, name=callee.name, expected=len(callee.inputs), got=len(args))
+            return None
+        woven: list[str] = []
+        inner = {a.name for a in callee.axes}
+        ok = True
+        for i, (arg, param) in enumerate(zip(args, callee.inputs, strict=True)):
+            if not set(param.axes) <= set(arg.axes):
+                self.err("type.arg_missing_axis", tree, index=i + 1, callee=callee.name,
+                         expected=_fmt(param.axes), actual=_fmt(arg.axes))
+                ok = False
+                continue
+            for axis in arg.axes:
+                if axis not in param.axes:
+                    if axis in inner:
+                        self.err("type.woven_clash", tree, callee=callee.name, axis=axis, index=i + 1)
+                        ok = False
+                    elif axis not in woven:
+                        woven.append(axis)
+        if not ok:
+            return None
+        types = tuple(tuple(woven) + t for t in callee.out_types)
+        return Apply(callee, tuple(args), tuple(woven), types, _span(tree, self.path))
+
+    # -- lemmas and theorems ----------------------------------------------------------------
+    def lemma(self, tree: Tree) -> None:
+        name = tree.children[0]
+        rest = tree.children[1:]
+        params_tree = rest[0] if isinstance(rest[0], Tree) and rest[0].data == "params" else None
+        params = self.params(params_tree)
+        env: dict[str, Axes | None] = {p.name: p.axes for p in params}
+        n_errors = len(self.diags)
+        lhs = self.expr(rest[-2], env, {})
+        rhs = self.expr(rest[-1], env, {})
+        if lhs is None or rhs is None or len(self.diags) > n_errors:
+            return
+        if any(lemma.name == name.value for lemma in self.lemmas):
+            self.err("name.duplicate", name, kind="lemma", name=name.value,
+                     first=next(lm.span for lm in self.lemmas if lm.name == name.value))
+            return
+        axes = self.axes_used(params, (), (lhs, rhs))
+        self.lemmas.append(LemmaDecl(name.value, tuple(params), lhs, rhs, axes, _span(tree, self.path)))
+
+    def theorem(self, tree: Tree) -> None:
+        name, diagram = tree.children[0], tree.children[1]
+        if diagram.value not in self.diagrams:
+            self.err("name.unknown", diagram, did_you_mean(diagram.value, self.diagrams), kind="diagram",
+                     name=diagram.value)
+            return
+        if any(t.name == name.value for t in self.theorems):
+            self.err("name.duplicate", name, kind="theorem", name=name.value,
+                     first=next(t.span for t in self.theorems if t.name == name.value))
+            return
+        steps = [self.step(s) for s in tree.children[2:]]
+        if any(s is None for s in steps):
+            return
+        self.theorems.append(TheoremDecl(name.value, diagram.value, tuple(steps), _span(tree, self.path)))  # type: ignore[arg-type]
+
+    def level(self, tree: Tree | None, default: str = "smem") -> str | None:
+        if tree is None:
+            return default
+        tok = tree.children[0]
+        if tok.value not in LEVELS:
+            self.err("name.unknown", tok, did_you_mean(tok.value, LEVELS), kind="memory level", name=tok.value)
+            return None
+        return str(tok.value)
+
+    def step(self, tree: Tree) -> Step | None:
+        sp = _span(tree, self.path)
+        kids = tree.children
+        toks = [str(t) for t in kids if isinstance(t, Token) and t.type == "NAME"]
+        sub = {c.data: c for c in kids if isinstance(c, Tree)}
+        if tree.data == "rewrite_step":
+            return Rewrite(toks[0], tuple(toks[1:]), sp)
+        if tree.data in ("group_step", "stream_step"):
+            tile_tok = sub["tile"].children[0]
+            tile: str | int = int(tile_tok) if tile_tok.type == "INT" else str(tile_tok)
+            if isinstance(tile, int) and tile <= 0:
+                self.err("axis.bad_size", tile_tok, axis="tile", size=tile)
+                return None
+            level = self.level(sub.get("at_level"))
+            via = str(sub["via"].children[0]) if "via" in sub else None
+            pad = any(isinstance(t, Token) and t.type == "PAD" for t in kids)
+            kind = "group" if tree.data == "group_step" else "stream"
+            return None if level is None else Partition(kind, toks[0], tile, level, via, pad, sp)
+        if tree.data == "place_step":
+            level = self.level(sub.get("at_level"))
+            return None if level is None else Place(tuple(toks), level, sp)
+        if tree.data == "dtype_step":
+            number = next(t for t in kids if isinstance(t, Token) and t.type == "NUMBER")
+            return Quantise(tuple(toks[:-1]), toks[-1], float(number), sp)
+        raise AssertionError(tree.data)  # pragma: no cover
+
+
+def _calls(tree: Tree) -> list[Token]:
+    out: list[Token] = []
+    for sub in tree.iter_subtrees_topdown():
+        if sub.data == "call":
+            out.append(sub.children[0])
+    return out
+
+
+def _node_axes(node: Expr) -> Axes:
+    extra: tuple[str, ...] = ()
+    if isinstance(node, Box):
+        extra = node.target + node.out
+    elif isinstance(node, Size):
+        extra = (node.axis,)
+    types = node.types if isinstance(node, Apply) else (node.axes,)
+    return tuple(a for t in types for a in t) + extra
+
+
+def _fmt(axes: Axes) -> str:
+    return "[" + " ".join(axes) + "]"
+
+
+def _size(size: int | None) -> str:
+    return "symbolic" if size is None else str(size)
+
+
+def _diag_order(d: Diagnostic) -> tuple[str, int, int]:
+    return (d.span.file, d.span.line, d.span.col) if d.span else ("", 0, 0)
+

@@ -1,0 +1,430 @@
+"""Terms -> numpy: the float64 reference semantics, and the same fold over sympy scalars.
+
+The evaluator defines what a diagram means; every rewrite, schedule and emitted kernel
+is checked against it.  Values carry their axis names at run time (``Named``), and every
+box broadcasts by name, so weaving a diagram over extra axes needs no special case: the
+callee's boxes simply carry the extra axes along (architecture.md §3).
+
+Documented conventions for awkward inputs (float64):
+- ``softmax`` and ``logsumexp`` subtract the running maximum, so large logits stay finite;
+- a row that is entirely ``-inf`` (fully masked) gives ``softmax`` = 0 and
+  ``logsumexp`` = -inf, and a normalised contraction over it gives 0;
+- ``l2norm``/``rmsnorm`` of an all-zero row, and any normalised contraction whose
+  normaliser is 0, give 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import sympy
+from scipy import special
+
+from napkin_cat import ops
+from napkin_cat.diagnostics import NapkinError, error
+from napkin_cat.terms import (
+    Apply,
+    Axes,
+    Box,
+    Cmp,
+    Const,
+    Diagram,
+    Expr,
+    IBin,
+    Idx,
+    IInt,
+    IndexExpr,
+    Logic,
+    Pred,
+    Size,
+    Var,
+    run_diagram,
+    union_axes,
+)
+
+__all__ = ["FLOAT64", "SYMBOLIC", "Algebra", "Named", "bind_sizes", "evaluate", "evaluate_named"]
+
+
+@dataclass(frozen=True)
+class Named:
+    """An array with one name per axis (the run-time value of a wire bundle)."""
+
+    axes: Axes
+    data: Any
+
+    def aligned(self, axes: Axes) -> Any:
+        """The data transposed and expanded to broadcast against ``axes`` (a superset)."""
+        present = [a for a in axes if a in self.axes]
+        data = np.transpose(self.data, [self.axes.index(a) for a in present])
+        return data.reshape([data.shape[present.index(a)] if a in self.axes else 1 for a in axes])
+
+    def to(self, axes: Axes) -> Any:
+        """The data with its axes in exactly this order (a permutation of ``self.axes``)."""
+        assert sorted(axes) == sorted(self.axes), (axes, self.axes)
+        return np.transpose(self.data, [self.axes.index(a) for a in axes]) if axes else self.data
+
+
+class Algebra:
+    """Scalar semantics: float64 numpy (the reference) or sympy expressions (certify)."""
+
+    symbolic = False
+
+    def __init__(self) -> None:
+        self.unary: dict[str, Callable[[Any], Any]] = {}
+
+    def asarray(self, value: Any) -> Any:
+        raise NotImplementedError
+
+    def maximum(self, a: Any, b: Any) -> Any:
+        raise NotImplementedError
+
+    def minimum(self, a: Any, b: Any) -> Any:
+        raise NotImplementedError
+
+    def reduce(self, name: str, data: Any, axis: tuple[int, ...]) -> Any:
+        raise NotImplementedError
+
+    def normalise(self, name: str, data: Any, axis: tuple[int, ...], n: int) -> Any:
+        raise NotImplementedError
+
+    def nweights(self, params: tuple[str, ...], data: Any, axis: tuple[int, ...], n: int) -> Any:
+        """The weights a1(s_i) / b(Σ_j a2(s_j)) of a normalised contraction."""
+        raise NotImplementedError
+
+
+def _gelu(x: Any) -> Any:
+    return 0.5 * x * (1.0 + special.erf(x / math.sqrt(2.0)))
+
+
+class _Float64(Algebra):
+    def __init__(self) -> None:
+        super().__init__()
+        self.unary = {
+            "exp": np.exp, "log": np.log, "neg": np.negative, "sqrt": np.sqrt,
+            "rsqrt": lambda x: 1.0 / np.sqrt(x), "recip": lambda x: 1.0 / x, "square": np.square,
+            "abs": np.abs, "tanh": np.tanh, "sigmoid": special.expit,
+            "relu": lambda x: np.maximum(x, 0.0), "gelu": _gelu, "silu": lambda x: x * special.expit(x),
+            "id": lambda x: x,
+        }
+
+    def asarray(self, value: Any) -> Any:
+        return np.asarray(value, dtype=np.float64)
+
+    def maximum(self, a: Any, b: Any) -> Any:
+        return np.maximum(a, b)
+
+    def minimum(self, a: Any, b: Any) -> Any:
+        return np.minimum(a, b)
+
+    def reduce(self, name: str, data: Any, axis: tuple[int, ...]) -> Any:
+        if name == "sum":
+            return np.sum(data, axis=axis)
+        if name == "mean":
+            return np.mean(data, axis=axis)
+        if name == "prod":
+            return np.prod(data, axis=axis)
+        if name == "max":
+            return np.max(data, axis=axis, initial=-np.inf)
+        if name == "min":
+            return np.min(data, axis=axis, initial=np.inf)
+        assert name == "logsumexp", name
+        m = np.max(data, axis=axis, keepdims=True, initial=-np.inf)
+        safe = np.where(np.isfinite(m), m, 0.0)
+        total = np.sum(np.exp(data - safe), axis=axis, keepdims=True)
+        return np.squeeze(safe + np.log(total), axis=axis)
+
+    def normalise(self, name: str, data: Any, axis: tuple[int, ...], n: int) -> Any:
+        if name == "softmax":
+            return self.nweights(("exp", "exp", "id"), data, axis, n)
+        return self.nweights(("id", "square", "sqrt" if name == "l2norm" else "rms"), data, axis, n)
+
+    def nweights(self, params: tuple[str, ...], data: Any, axis: tuple[int, ...], n: int) -> Any:
+        a1, a2, b = params
+        if a1 == a2 == "exp":  # shift invariance (rules: softmax_shift) keeps exp finite
+            m = np.max(data, axis=axis, keepdims=True, initial=-np.inf)
+            data = data - np.where(np.isfinite(m), m, 0.0)
+        top = self.unary[a1](data)
+        z = np.sum(self.unary[a2](data), axis=axis, keepdims=True)
+        denom = {"id": z, "sqrt": np.sqrt(z), "rms": np.sqrt(z / n)}[b]
+        return np.where(denom == 0, 0.0, top / np.where(denom == 0, 1.0, denom))
+
+
+class _Symbolic(Algebra):
+    symbolic = True
+
+    def __init__(self) -> None:
+        super().__init__()
+
+        def lift(f: Callable[[Any], Any]) -> Callable[[Any], Any]:
+            return np.frompyfunc(f, 1, 1)  # type: ignore[no-any-return]
+
+        half = sympy.Rational(1, 2)
+        self.unary = {
+            "exp": lift(sympy.exp), "log": lift(sympy.log), "neg": lift(lambda x: -x), "sqrt": lift(sympy.sqrt),
+            "rsqrt": lift(lambda x: 1 / sympy.sqrt(x)), "recip": lift(lambda x: 1 / x),
+            "square": lift(lambda x: x**2), "abs": lift(sympy.Abs), "tanh": lift(sympy.tanh),
+            "sigmoid": lift(lambda x: 1 / (1 + sympy.exp(-x))), "relu": lift(lambda x: sympy.Max(x, 0)),
+            "gelu": lift(lambda x: half * x * (1 + sympy.erf(x / sympy.sqrt(2)))),
+            "silu": lift(lambda x: x / (1 + sympy.exp(-x))), "id": lambda x: x,
+        }
+        self._max = np.frompyfunc(sympy.Max, 2, 1)
+        self._min = np.frompyfunc(sympy.Min, 2, 1)
+        self._add = np.frompyfunc(lambda a, b: a + b, 2, 1)
+        self._mul = np.frompyfunc(lambda a, b: a * b, 2, 1)
+
+    def asarray(self, value: Any) -> Any:
+        if isinstance(value, float):
+            value = sympy.oo if value == math.inf else -sympy.oo if value == -math.inf else sympy.nsimplify(value)
+        return np.asarray(value, dtype=object)
+
+    def maximum(self, a: Any, b: Any) -> Any:
+        return self._max(a, b)
+
+    def minimum(self, a: Any, b: Any) -> Any:
+        return self._min(a, b)
+
+    def reduce(self, name: str, data: Any, axis: tuple[int, ...]) -> Any:
+        count = math.prod(data.shape[i] for i in axis)
+        if name in ("sum", "mean"):
+            total = self._fold(self._add, data, axis, sympy.Integer(0))
+            return total if name == "sum" else total / count
+        if name == "prod":
+            return self._fold(self._mul, data, axis, sympy.Integer(1))
+        if name == "max":
+            return self._fold(self._max, data, axis, -sympy.oo)
+        if name == "min":
+            return self._fold(self._min, data, axis, sympy.oo)
+        assert name == "logsumexp", name
+        return self.unary["log"](self._fold(self._add, self.unary["exp"](data), axis, sympy.Integer(0)))
+
+    def _fold(self, ufunc: Any, data: Any, axis: tuple[int, ...], identity: Any) -> Any:
+        out = data
+        for ax in sorted(axis, reverse=True):
+            if out.shape[ax] == 0:
+                out = np.full(out.shape[:ax] + out.shape[ax + 1:], identity, dtype=object)
+            else:
+                out = ufunc.reduce(out, axis=ax)
+        return np.asarray(out, dtype=object)
+
+    def normalise(self, name: str, data: Any, axis: tuple[int, ...], n: int) -> Any:
+        params = ("exp", "exp", "id") if name == "softmax" else ("id", "square", "sqrt" if name == "l2norm" else "rms")
+        return self.nweights(params, data, axis, n)
+
+    def nweights(self, params: tuple[str, ...], data: Any, axis: tuple[int, ...], n: int) -> Any:
+        a1, a2, b = params
+        z = np.expand_dims(self._fold(self._add, self.unary[a2](data), axis, sympy.Integer(0)), axis)
+        f = {"id": lambda v: v, "sqrt": sympy.sqrt, "rms": lambda v: sympy.sqrt(v / n)}[b]
+        return self.unary[a1](data) / np.frompyfunc(f, 1, 1)(z)
+
+
+FLOAT64: Algebra = _Float64()
+SYMBOLIC: Algebra = _Symbolic()
+
+
+# ---- sizes ---------------------------------------------------------------------------------
+
+
+def bind_sizes(diagram: Diagram, shapes: Sequence[tuple[int, ...]], sizes: Mapping[str, int] | None = None) -> dict[str, int]:
+    """Sizes of the diagram's axes from declarations, ``sizes`` and the input shapes."""
+    bound: dict[str, int] = {}
+    for axis, value in (sizes or {}).items():
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
+            raise NapkinError(error("eval.size_binding", axis=axis, got=value))
+        bound[axis] = int(value)
+    for axis in diagram.axes:
+        if axis.size is not None:
+            if axis.name in bound and bound[axis.name] != axis.size:
+                raise NapkinError(error("eval.size", axis=axis.name, expected=axis.size, name="sizes=",
+                                        got=bound[axis.name]))
+            bound[axis.name] = axis.size
+    if len(shapes) != len(diagram.inputs):
+        raise NapkinError(error("eval.arity", diagram=diagram.name, expected=len(diagram.inputs), got=len(shapes)))
+    for param, shape in zip(diagram.inputs, shapes, strict=True):
+        if len(shape) != len(param.axes):
+            raise NapkinError(error("eval.rank", name=param.name, rank=len(param.axes),
+                                    axes="[" + " ".join(param.axes) + "]", shape=tuple(shape)))
+        for axis, n in zip(param.axes, shape, strict=True):
+            if axis in bound and bound[axis] != n:
+                raise NapkinError(error("eval.size", axis=axis, expected=bound[axis], name=param.name, got=n))
+            bound[axis] = int(n)
+    return bound
+
+
+def _size(sizes: dict[str, int], axis: str) -> int:
+    if axis not in sizes:
+        raise NapkinError(error("eval.unbound", axis=axis))
+    return sizes[axis]
+
+
+# ---- the interpreter ---------------------------------------------------------------------------
+
+
+def _index(expr: IndexExpr, grids: Mapping[str, Any]) -> Any:
+    if isinstance(expr, Idx):
+        return grids[expr.axis]
+    if isinstance(expr, IInt):
+        return expr.value
+    assert isinstance(expr, IBin)
+    left, right = _index(expr.left, grids), _index(expr.right, grids)
+    return left + right if expr.op == "+" else left - right if expr.op == "-" else left * right
+
+
+def _pred(pred: Pred, grids: Mapping[str, Any]) -> Any:
+    if isinstance(pred, Cmp):
+        left, right = _index(pred.left, grids), _index(pred.right, grids)
+        return {">=": np.greater_equal, "<=": np.less_equal, "==": np.equal, "!=": np.not_equal,
+                ">": np.greater, "<": np.less}[pred.op](left, right)
+    assert isinstance(pred, Logic)
+    if pred.op == "not":
+        return np.logical_not(_pred(pred.left, grids))
+    assert pred.right is not None
+    combine = np.logical_and if pred.op == "and" else np.logical_or
+    return combine(_pred(pred.left, grids), _pred(pred.right, grids))
+
+
+def index_grids(axes: Axes, sizes: Mapping[str, int], offsets: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """Broadcastable integer position arrays, one per axis (``offsets`` shift a tile)."""
+    grids = {}
+    for i, axis in enumerate(axes):
+        shape = [1] * len(axes)
+        shape[i] = sizes[axis]
+        grids[axis] = np.arange(sizes[axis]).reshape(shape) + (offsets or {}).get(axis, 0)
+    return grids
+
+
+class _Interpreter:
+    def __init__(self, algebra: Algebra, sizes: dict[str, int]):
+        self.alg = algebra
+        self.sizes = sizes
+
+    def visit(self, node: Expr, kids: tuple[Named, ...], env: Mapping[str, Named]) -> Named | tuple[Named, ...]:
+        alg = self.alg
+        if isinstance(node, Var):
+            return env[node.name]
+        if isinstance(node, Const):
+            return Named((), alg.asarray(node.value))
+        if isinstance(node, Size):
+            return Named((), alg.asarray(float(_size(self.sizes, node.axis))))
+        if isinstance(node, Apply):
+            return self.apply(node, kids)
+        assert isinstance(node, Box)
+        return self.box(node, kids)
+
+    def apply(self, node: Apply, kids: tuple[Named, ...]) -> Named | tuple[Named, ...]:
+        outs = run_diagram(node.diagram, kids, self.visit)
+        results = tuple(Named(t, out.to(t)) for out, t in zip(outs, node.types, strict=True))
+        return results[0] if len(results) == 1 else results
+
+    def box(self, node: Box, kids: tuple[Named, ...]) -> Named:
+        alg = self.alg
+        info = ops.OPS[node.op]
+        kind = info.kind
+        with np.errstate(all="ignore"):
+            if kind == "unary":
+                return Named(kids[0].axes, alg.unary[node.op](kids[0].data))
+            if kind == "binary":
+                axes = union_axes(kids[0].axes, kids[1].axes)
+                a, b = kids[0].aligned(axes), kids[1].aligned(axes)
+                fn: dict[str, Callable[[Any, Any], Any]] = {
+                    "add": lambda x, y: x + y, "sub": lambda x, y: x - y, "mul": lambda x, y: x * y,
+                    "div": lambda x, y: x / y, "maximum": alg.maximum, "minimum": alg.minimum,
+                }
+                return Named(axes, np.asarray(fn[node.op](a, b), dtype=a.dtype if alg.symbolic else None))
+            if kind == "reduce":
+                arg = kids[0]
+                pos = tuple(arg.axes.index(a) for a in node.target)
+                return Named(tuple(a for a in arg.axes if a not in node.target), alg.reduce(node.op, arg.data, pos))
+            if kind == "normalise":
+                arg = kids[0]
+                pos = tuple(arg.axes.index(a) for a in node.target)
+                n = math.prod(arg.data.shape[i] for i in pos)
+                return Named(arg.axes, alg.normalise(node.op, arg.data, pos, n))
+            if kind in ("contract", "ncontract"):
+                return self.contract(node, kids)
+            if kind in ("where", "index"):
+                return self.indexed(node, kids)
+            return self.reshape(node, kids[0])
+
+    def contract(self, node: Box, kids: tuple[Named, ...]) -> Named:
+        operands = list(kids)
+        if node.op == "ncontract":
+            s = operands[0]
+            pos = tuple(s.axes.index(a) for a in node.target)
+            n = math.prod(s.data.shape[i] for i in pos)
+            operands[0] = Named(s.axes, self.alg.nweights(node.params, s.data, pos, n))
+        everything = union_axes(*(k.axes for k in operands))
+        out = tuple(a for a in everything if a not in node.target)
+        letters = {a: chr(ord("a") + i) if i < 26 else chr(ord("A") + i - 26) for i, a in enumerate(everything)}
+        spec = ",".join("".join(letters[a] for a in k.axes) for k in operands) + "->" + "".join(letters[a] for a in out)
+        if self.alg.symbolic:
+            data = np.einsum(spec, *(k.data for k in operands), dtype=object)
+        else:
+            data = np.einsum(spec, *(k.data for k in operands), optimize=len(operands) > 2)
+        return Named(out, np.asarray(data))
+
+    def indexed(self, node: Box, kids: tuple[Named, ...]) -> Named:
+        grids = index_grids(node.target, self.sizes)
+        if node.op == "index":
+            assert node.index is not None
+            value = np.broadcast_to(_index(node.index, grids), [self.sizes[a] for a in node.target])  # type: ignore[arg-type]
+            return Named(node.target, self.alg.asarray(value.astype(np.float64)) if not self.alg.symbolic
+                         else np.asarray(value, dtype=object) * sympy.Integer(1))
+        a, b = kids
+        axes = union_axes(a.axes, b.axes, node.target)
+        mask = Named(node.target, np.broadcast_to(_pred(node.index, grids), [self.sizes[x] for x in node.target]))  # type: ignore[arg-type]
+        return Named(axes, np.where(mask.aligned(axes), a.aligned(axes), b.aligned(axes)))
+
+    def reshape(self, node: Box, arg: Named) -> Named:
+        shape = dict(zip(arg.axes, arg.data.shape, strict=True))
+        if node.op == "transpose":
+            order = tuple(a for a in arg.axes if a not in node.target) + node.target
+            return Named(order, arg.to(order))
+        if node.op == "rename":
+            old, new = node.target[0], node.out[0]
+            if new in self.sizes and self.sizes[new] != shape[old]:
+                raise NapkinError(error("eval.size", axis=new, expected=self.sizes[new], name=f"rename[{old} -> {new}]",
+                                        got=shape[old]))
+            return Named(tuple(new if a == old else a for a in arg.axes), arg.data)
+        old, new = node.target, node.out
+        position = min(arg.axes.index(a) for a in old)
+        kept = [a for a in arg.axes if a not in old]
+        before, after = tuple(kept[:position]), tuple(kept[position:])
+        data = arg.to(before + old + after)
+        total = math.prod(shape[a] for a in old)
+        parts = [self.sizes.get(a) for a in new]
+        unknown = [i for i, p in enumerate(parts) if p is None]
+        if len(unknown) == 1:
+            known = math.prod(p for p in parts if p is not None)
+            parts[unknown[0]] = total // known if known and total % known == 0 else None
+        if any(p is None for p in parts) or math.prod(parts) != total:  # type: ignore[arg-type]
+            raise NapkinError(error("type.split_sizes", axis=" ".join(old), parts=" ".join(new),
+                                    sizes=" x ".join("?" if p is None else str(p) for p in parts), total=total))
+        for axis, p in zip(new, parts, strict=True):
+            self.sizes.setdefault(axis, p)  # type: ignore[arg-type]
+        shape_out = [shape[a] for a in before] + parts + [shape[a] for a in after]
+        return Named(before + new + after, data.reshape(shape_out))
+
+
+def evaluate_named(diagram: Diagram, inputs: Sequence[Named], sizes: dict[str, int],
+                   algebra: Algebra = FLOAT64) -> tuple[Named, ...]:
+    """Run the fold on named inputs; outputs in the declared axis order."""
+    outs = run_diagram(diagram, inputs, _Interpreter(algebra, sizes).visit)
+    return tuple(Named(t, out.to(t)) for out, t in zip(outs, diagram.out_types, strict=True))
+
+
+def evaluate(diagram: Diagram, arrays: Sequence[Any], sizes: Mapping[str, int] | None = None,
+             algebra: Algebra = FLOAT64) -> Any:
+    """Evaluate a diagram on arrays given in declared input order (float64 by default).
+
+    Symbolic axis sizes bind from the arrays; ``sizes`` gives those no input carries.
+    Returns one array, or a tuple of arrays for a diagram with several outputs.
+    """
+    data = [algebra.asarray(a) if not algebra.symbolic else np.asarray(a, dtype=object) for a in arrays]
+    bound = bind_sizes(diagram, [np.shape(d) for d in data], sizes)
+    inputs = [Named(p.axes, d) for p, d in zip(diagram.inputs, data, strict=True)]
+    outs = tuple(o.data for o in evaluate_named(diagram, inputs, bound, algebra))
+    return outs[0] if len(outs) == 1 else outs

@@ -1,0 +1,202 @@
+"""The catalogue of primitive boxes: signature, how each box treats its axes, FLOPs.
+
+Each op has one ``OpInfo``.  Its ``kind`` fixes how the box relates to the axes it names
+in brackets (architecture.md §3.1): a box *weaves* every axis it does not name; it
+*consumes* a named axis that is not on its output (sums, contractions); it *mixes* a named
+axis that stays on its output (softmax and other normalisations).  The interpreters
+(evaluate, cost, lower, draw) are tables keyed by these names; a test checks that every op
+has an entry in every table.
+
+FLOPs follow the paper's convention (§3.1 of the digest): a contraction over ``k``
+elements costs ``2k`` per output element for two operands (``n·k`` for ``n`` operands);
+every other box costs ``flops`` per element it reads, a transcendental counting as one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "ACCUMULATORS",
+    "BINARY",
+    "NORMALISERS",
+    "OPS",
+    "UNARY",
+    "Accumulator",
+    "OpInfo",
+    "accumulators_for",
+    "is_consuming",
+    "is_mixing",
+]
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    """What the elaborator and the kernel need to know about one primitive box.
+
+    kind:     unary | binary | reduce | normalise | contract | ncontract | where | index |
+              split | join | rename | transpose
+    arity:    number of array arguments (None: one or more)
+    target:   "none" (no brackets), "required" (named axes), "list" (axis list, may be empty)
+    arrow:    the brackets carry ``-> axes`` (split, join, rename)
+    nparams:  number of names after ``;`` in the brackets
+    flops:    FLOPs per element read (contractions: see module docstring)
+    accumulators: names of accumulators (below) that stream the axes this box consumes
+    """
+
+    name: str
+    kind: str
+    arity: int | None
+    target: str = "none"
+    arrow: bool = False
+    nparams: int = 0
+    flops: float = 1.0
+    accumulators: tuple[str, ...] = ()
+    doc: str = ""
+
+
+UNARY: dict[str, str] = {
+    "exp": "e^x",
+    "log": "natural logarithm",
+    "neg": "-x",
+    "sqrt": "square root",
+    "rsqrt": "1/sqrt(x)",
+    "recip": "1/x",
+    "square": "x^2",
+    "abs": "|x|",
+    "tanh": "hyperbolic tangent",
+    "sigmoid": "1/(1+e^-x)",
+    "relu": "max(x, 0)",
+    "gelu": "x·Φ(x), the exact (erf) form",
+    "silu": "x·sigmoid(x)",
+}
+
+#: binary elementwise boxes, with their infix symbol where they have one
+BINARY: dict[str, str | None] = {
+    "add": "+",
+    "sub": "-",
+    "mul": "*",
+    "div": "/",
+    "maximum": None,  # written max(A, B)
+    "minimum": None,  # written min(A, B)
+}
+
+#: the functions b(z) allowed as the aggregator of a normalised contraction
+NORMALISERS: dict[str, str] = {
+    "id": "b(z) = z",
+    "sqrt": "b(z) = sqrt(z)",
+    "rms": "b(z) = sqrt(z / n), n the size of the contracted axes",
+}
+
+
+def _ops() -> dict[str, OpInfo]:
+    table: dict[str, OpInfo] = {}
+    for name, doc in UNARY.items():
+        table[name] = OpInfo(name, "unary", 1, doc=doc)
+    for name in BINARY:
+        table[name] = OpInfo(name, "binary", 2, doc=f"elementwise {name}, broadcasting by axis name")
+    reduce_docs = {
+        "sum": ("sum", ("sum",)),
+        "max": ("maximum", ("max",)),
+        "min": ("minimum", ("min",)),
+        "prod": ("product", ("prod",)),
+        "mean": ("mean: sum / n", ("sum",)),
+        "logsumexp": ("log Σ exp, computed stably", ("logsumexp",)),
+    }
+    for name, (doc, accs) in reduce_docs.items():
+        flops = 4.0 if name == "logsumexp" else 1.0
+        table[name] = OpInfo(name, "reduce", 1, "required", flops=flops, accumulators=accs, doc=doc)
+    norm_docs = {
+        "softmax": ("exp(x - max) / Σ exp(x - max); a fully masked (-inf) row gives 0", 5.0),
+        "l2norm": ("x / sqrt(Σ x²); an all-zero row gives 0", 3.0),
+        "rmsnorm": ("x / sqrt(Σ x² / n); an all-zero row gives 0", 3.0),
+    }
+    for name, (doc, flops) in norm_docs.items():
+        table[name] = OpInfo(name, "normalise", 1, "required", flops=flops, doc=doc)
+    table["contract"] = OpInfo(
+        "contract", "contract", None, "list", flops=2.0, accumulators=("sum",),
+        doc="Σ over the named axes of the product of the operands (einsum)",
+    )
+    table["ncontract"] = OpInfo(
+        "ncontract", "ncontract", 2, "required", nparams=3, flops=2.0, accumulators=("normalised",),
+        doc="normalised contraction Σ_i a1(S_i)/b(Σ_j a2(S_j)) · V_i (2505.09326 Def. 2)",
+    )
+    table["where"] = OpInfo(
+        "where", "where", 2, "required",
+        doc="where[axes](predicate on indices, A, B): A where the predicate holds, else B",
+    )
+    table["index"] = OpInfo("index", "index", 0, "required", flops=0.0,
+                            doc="index[axes](expr): the value of an index expression")
+    table["split"] = OpInfo("split", "split", 1, "required", arrow=True, flops=0.0,
+                            doc="split[a -> b c]: a = b·|c| + c (b major)")
+    table["join"] = OpInfo("join", "join", 1, "required", arrow=True, flops=0.0,
+                           doc="join[b c -> a]: the inverse of split")
+    table["rename"] = OpInfo("rename", "rename", 1, "required", arrow=True, flops=0.0,
+                             doc="rename[a -> b]: the same values along a new axis name")
+    table["transpose"] = OpInfo("transpose", "transpose", 1, "required", flops=0.0,
+                                doc="transpose[axes]: reorder the operand's axes")
+    return table
+
+
+OPS: dict[str, OpInfo] = _ops()
+
+
+@dataclass(frozen=True)
+class Accumulator:
+    """A streaming accumulator: state, identity, and the recomposition law B(F(x), y) = F(x ⊕ y).
+
+    The law and the identity are lemmas in ``napkin_cat.rules`` that ``certify`` checks;
+    the kernel only accepts a stream step whose accumulator is certified.
+    """
+
+    name: str
+    state: tuple[str, ...]
+    identity: tuple[str, ...]
+    combine: str
+    finalise: str
+    doc: str = ""
+
+
+ACCUMULATORS: dict[str, Accumulator] = {
+    a.name: a
+    for a in (
+        Accumulator("sum", ("s",), ("0",), "s + Σ chunk", "s", "the (+, 0) monoid: sum, mean, contraction"),
+        Accumulator("max", ("m",), ("-inf",), "max(m, max chunk)", "m", "the (max, -inf) monoid"),
+        Accumulator("min", ("m",), ("inf",), "min(m, min chunk)", "m", "the (min, +inf) monoid"),
+        Accumulator("prod", ("p",), ("1",), "p · Π chunk", "p", "the (·, 1) monoid"),
+        Accumulator(
+            "logsumexp", ("m", "l"), ("-inf", "0"),
+            "m' = max(m, max chunk); l' = e^(m-m') l + Σ e^(chunk-m')", "m + log l",
+            "stable log-sum-exp with a running max",
+        ),
+        Accumulator(
+            "normalised", ("o", "z"), ("0", "0"),
+            "o' = o + Σ a1(s) v; z' = z + Σ a2(s)", "o / b(z)",
+            "the normalised contraction of 2505.09326 (Lemma 2), exact over the reals",
+        ),
+        Accumulator(
+            "online_softmax", ("m", "l", "o"), ("-inf", "0", "0"),
+            "m' = max(m, max s); c = e^(m-m'); l' = c l + Σ e^(s-m'); o' = c o + Σ e^(s-m') v",
+            "o / l",
+            "the stable (m, l, o) state of online softmax, for ncontract[x; exp, exp, id]",
+        ),
+    )
+}
+
+
+def accumulators_for(op: str, params: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The accumulators that can stream an axis this box consumes."""
+    info = OPS[op]
+    if op == "ncontract" and params == ("exp", "exp", "id"):
+        return ("normalised", "online_softmax")
+    return info.accumulators
+
+
+def is_consuming(op: str) -> bool:
+    """Does this box remove the axes it names from its output?"""
+    return OPS[op].kind in ("reduce", "contract", "ncontract")
+
+
+def is_mixing(op: str) -> bool:
+    """Does one output position read every input position along the named axes?"""
+    return OPS[op].kind in ("normalise", "split", "join", "rename")

@@ -1,0 +1,88 @@
+"""Text -> Lark tree, with syntax errors turned into diagnostics that say what was expected.
+
+The grammar is ``grammar/ncd.lark``; the wheel ships it inside the package as
+``napkin_cat/grammar/ncd.lark`` and a source checkout reads it from the repository root.
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib import resources
+from pathlib import Path
+
+from lark import Lark, Tree
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+from lark.lexer import PatternStr
+
+from napkin_cat.diagnostics import Diagnostic, NapkinError, Span, error
+
+__all__ = ["grammar_text", "parse_tree"]
+
+#: readable names for the grammar's named terminals
+_FRIENDLY = {
+    "NAME": "a name",
+    "INT": "an integer",
+    "NUMBER": "a number",
+    "STRING": "a quoted path",
+    "CMP": "a comparison",
+    "PAD": "`pad`",
+    "$END": "end of file",
+}
+
+
+def grammar_text() -> str:
+    """The grammar source: from the installed package, else from the source checkout."""
+    packaged = resources.files("napkin_cat").joinpath("grammar/ncd.lark")
+    if packaged.is_file():
+        return packaged.read_text(encoding="utf-8")
+    return (Path(__file__).resolve().parent.parent / "grammar" / "ncd.lark").read_text(encoding="utf-8")
+
+
+@functools.cache
+def _parser() -> Lark:
+    return Lark(grammar_text(), parser="lalr", propagate_positions=True, maybe_placeholders=False)
+
+
+def _describe(names: set[str] | frozenset[str]) -> str:
+    parser = _parser()
+    by_name = {t.name: t for t in parser.terminals}
+    words = set()
+    for name in names:
+        term = by_name.get(name)
+        if name in _FRIENDLY:
+            words.add(_FRIENDLY[name])
+        elif term is not None and isinstance(term.pattern, PatternStr):
+            words.add(f"`{term.pattern.value}`")
+        else:
+            words.add(name.lower())
+    ordered = sorted(words)
+    if len(ordered) > 8:
+        ordered = ordered[:8] + ["..."]
+    return ", ".join(ordered) if ordered else "nothing"
+
+
+def _diagnostic(exc: UnexpectedInput, path: str, text: str) -> Diagnostic:
+    line = getattr(exc, "line", 0) or 0
+    col = getattr(exc, "column", 0) or 0
+    if isinstance(exc, UnexpectedEOF) or (isinstance(exc, UnexpectedToken) and exc.token.type == "$END"):
+        lines = text.splitlines() or [""]
+        line, col = len(lines), len(lines[-1]) + 1
+        expected = exc.expected if isinstance(exc, UnexpectedEOF) else exc.expected
+        return error("syntax.unexpected_eof", Span(path, line, col), expected=_describe(set(expected)))
+    if isinstance(exc, UnexpectedToken):
+        tok = exc.token
+        span = Span(path, line, col, tok.end_line or line, tok.end_column or col + 1)
+        shown = f"`{tok.value}`" if tok.type not in ("NAME", "INT", "NUMBER") else f"{_FRIENDLY[tok.type]} `{tok.value}`"
+        return error("syntax.unexpected_token", span, token=shown, expected=_describe(exc.expected))
+    assert isinstance(exc, UnexpectedCharacters)
+    allowed = exc.allowed or set()
+    return error("syntax.unexpected_char", Span(path, line, col, line, col + 1),
+                 char=exc.char, expected=_describe(allowed))
+
+
+def parse_tree(text: str, path: str = "<string>") -> Tree:
+    """Parse ``text``; raise ``NapkinError`` with a located diagnostic on a syntax error."""
+    try:
+        return _parser().parse(text)
+    except UnexpectedInput as exc:
+        raise NapkinError(_diagnostic(exc, path, text)) from None

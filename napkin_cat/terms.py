@@ -1,0 +1,407 @@
+"""The IR: axes, typed expressions (boxes and wires), diagrams, proof steps, modules.
+
+Every term is an immutable, hashable frozen dataclass.  Source spans are kept on the
+terms but excluded from equality, so ``parse(print(m)) == m`` compares meaning, not
+layout.  An array type is a tuple of axis names; sizes live in one table per module
+(``Axis``), concrete or symbolic (``size=None``).
+
+A diagram is a list of let-bindings whose right-hand sides are expression trees; each
+``Box`` or ``Apply`` node of a tree is a box of the neural circuit diagram, each ``Var``
+a wire bundle.  ``fold`` is the one generic traversal that evaluation, costing,
+lowering and drawing reuse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar, Union
+
+from napkin_cat.diagnostics import Span
+
+Axes = tuple[str, ...]
+
+#: Memory levels from the largest and slowest to the smallest and fastest (paper §2.2).
+LEVELS: tuple[str, ...] = ("hbm", "l2", "smem", "reg")
+
+
+def _nospan() -> Span | None:
+    return field(default=None, compare=False, repr=False)  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class Axis:
+    """A named axis with a concrete size or ``None`` for a symbolic one."""
+
+    name: str
+    size: int | None = None
+    span: Span | None = _nospan()
+
+
+# ---- index expressions and predicates (inside `where[...]` and `index[...]`) ----------
+
+
+@dataclass(frozen=True)
+class Idx:
+    """The position along an axis: in ``where[q x](q >= x, ...)`` ``q`` is ``Idx('q')``."""
+
+    axis: str
+
+
+@dataclass(frozen=True)
+class IInt:
+    value: int
+
+
+@dataclass(frozen=True)
+class IBin:
+    """Integer arithmetic on indices: op is one of ``+ - *``."""
+
+    op: str
+    left: IndexExpr
+    right: IndexExpr
+
+
+@dataclass(frozen=True)
+class Cmp:
+    """A comparison of index expressions: op is one of ``>= <= == != > <``."""
+
+    op: str
+    left: IndexExpr
+    right: IndexExpr
+
+
+@dataclass(frozen=True)
+class Logic:
+    """``and``/``or`` of two predicates, or ``not`` of one (``right`` is None)."""
+
+    op: str
+    left: Pred
+    right: Pred | None = None
+
+
+IndexExpr = Union[Idx, IInt, IBin]
+Pred = Union[Cmp, Logic]
+
+
+# ---- array expressions -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Var:
+    """A reference to a diagram input or a let-bound array."""
+
+    name: str
+    axes: Axes
+    span: Span | None = _nospan()
+
+
+@dataclass(frozen=True)
+class Const:
+    """A real constant (possibly ``inf`` or ``-inf``); a scalar with no axes."""
+
+    value: float
+    span: Span | None = _nospan()
+
+    @property
+    def axes(self) -> Axes:
+        return ()
+
+
+@dataclass(frozen=True)
+class Size:
+    """The size of an axis used as a scalar, e.g. the ``d`` in ``rsqrt(d)``."""
+
+    axis: str
+    span: Span | None = _nospan()
+
+    @property
+    def axes(self) -> Axes:
+        return ()
+
+
+@dataclass(frozen=True)
+class Box:
+    """A primitive box from the op catalogue (``napkin_cat.ops``).
+
+    ``target`` are the axes the box names in brackets; ``out`` the axes after ``->``
+    (split, join, rename); ``params`` the names after ``;`` (ncontract); ``index`` the
+    predicate of ``where`` or the index expression of ``index``.  ``axes`` is the
+    inferred result type.
+    """
+
+    op: str
+    args: tuple[Expr, ...]
+    axes: Axes
+    target: Axes = ()
+    out: Axes = ()
+    params: tuple[str, ...] = ()
+    index: Pred | IndexExpr | None = None
+    span: Span | None = _nospan()
+
+
+@dataclass(frozen=True)
+class Apply:
+    """A diagram used as a box, woven over the extra axes ``woven`` of its arguments.
+
+    ``types`` holds one array type per output of the callee, each ``woven + declared``.
+    """
+
+    diagram: Diagram
+    args: tuple[Expr, ...]
+    woven: Axes
+    types: tuple[Axes, ...]
+    span: Span | None = _nospan()
+
+    @property
+    def axes(self) -> Axes:
+        assert len(self.types) == 1, "a multi-output Apply has no single type"
+        return self.types[0]
+
+
+Expr = Union[Var, Const, Size, Box, Apply]
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    axes: Axes
+    span: Span | None = _nospan()
+
+
+@dataclass(frozen=True)
+class Let:
+    """``names = expr``; several names bind the outputs of a multi-output Apply."""
+
+    names: tuple[str, ...]
+    expr: Expr
+    span: Span | None = _nospan()
+
+
+@dataclass(frozen=True)
+class Diagram:
+    """A named diagram: typed inputs, let-bindings, outputs and the axes it uses."""
+
+    name: str
+    inputs: tuple[Param, ...]
+    body: tuple[Let, ...]
+    outputs: tuple[Expr, ...]
+    out_types: tuple[Axes, ...]
+    axes: tuple[Axis, ...]
+    span: Span | None = _nospan()
+
+    def axis_sizes(self) -> dict[str, int | None]:
+        return {a.name: a.size for a in self.axes}
+
+    def binding(self, name: str) -> Let:
+        for let in self.body:
+            if name in let.names:
+                return let
+        raise KeyError(name)
+
+    def evaluate(self, *arrays: object, sizes: Mapping[str, int] | None = None) -> object:
+        """Evaluate in float64 on numpy arrays given in declared input order.
+
+        Returns one array, or a tuple for several outputs; see ``napkin_cat.evaluate``.
+        """
+        from napkin_cat.evaluate import evaluate
+
+        return evaluate(self, arrays, sizes=sizes)
+
+    def _repr_svg_(self) -> str:
+        from napkin_cat.draw import draw_svg
+
+        return draw_svg(self)
+
+
+# ---- proofs: steps, schedules and declarations --------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """``rewrite LEMMA at NAME, ...``: replace the named bindings by a lemma instance."""
+
+    lemma: str
+    at: tuple[str, ...]
+    span: Span | None = _nospan()
+
+
+@dataclass(frozen=True)
+class Partition:
+    """``group``/``stream`` AXIS ``by`` TILE [``at`` LEVEL] [``via`` ACC] [``pad``].
+
+    A group partition tiles an axis that every box weaves (paper R3); a stream
+    partition walks an axis in chunks with an accumulator (R4, R5).  ``tile`` is an
+    integer or the name of a tile-size symbol; ``level`` is where the tile lives.
+    """
+
+    kind: str
+    axis: str
+    tile: str | int
+    level: str = "smem"
+    via: str | None = None
+    pad: bool = False
+    span: Span | None = _nospan()
+
+
+@dataclass(frozen=True)
+class Place:
+    """``place NAME, ... at LEVEL``: keep these arrays at a memory level (R2)."""
+
+    names: tuple[str, ...]
+    level: str
+    span: Span | None = _nospan()
+
+
+@dataclass(frozen=True)
+class Quantise:
+    """``dtype NAME, ... as DTYPE tol T``: a marked approximation, never an equality (R10)."""
+
+    names: tuple[str, ...]
+    dtype: str
+    tol: float
+    span: Span | None = _nospan()
+
+
+Step = Union[Rewrite, Partition, Place, Quantise]
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The decorations on a diagram: partitions (outermost first), placements, dtypes."""
+
+    partitions: tuple[Partition, ...] = ()
+    placements: tuple[Place, ...] = ()
+    quantisations: tuple[Quantise, ...] = ()
+
+    def level_of(self, name: str, default: str = "hbm") -> str:
+        for place in reversed(self.placements):
+            if name in place.names:
+                return place.level
+        return default
+
+
+@dataclass(frozen=True)
+class TheoremDecl:
+    """``theorem NAME: DIAGRAM { steps }`` as written; the kernel checks it."""
+
+    name: str
+    diagram: str
+    steps: tuple[Step, ...]
+    span: Span | None = _nospan()
+
+
+@dataclass(frozen=True)
+class LemmaDecl:
+    """``lemma NAME(params) : lhs = rhs`` as written; rules.py validates and certifies."""
+
+    name: str
+    params: tuple[Param, ...]
+    lhs: Expr
+    rhs: Expr
+    axes: tuple[Axis, ...]
+    span: Span | None = _nospan()
+
+
+@dataclass(frozen=True)
+class Module:
+    """One .ncd file: its uses, its own declarations, and everything in scope."""
+
+    path: str = field(compare=False)
+    uses: tuple[str, ...]
+    axes: tuple[Axis, ...]
+    diagrams: tuple[Diagram, ...]
+    theorems: tuple[TheoremDecl, ...] = ()
+    lemmas: tuple[LemmaDecl, ...] = ()
+    #: everything visible in this module, imported items included (not part of equality)
+    scope_diagrams: tuple[Diagram, ...] = field(default=(), compare=False, repr=False)
+    scope_axes: tuple[Axis, ...] = field(default=(), compare=False, repr=False)
+    scope_lemmas: tuple[LemmaDecl, ...] = field(default=(), compare=False, repr=False)
+
+    def diagram(self, name: str) -> Diagram:
+        for d in self.scope_diagrams or self.diagrams:
+            if d.name == name:
+                return d
+        raise KeyError(f"no diagram `{name}` in {self.path}")
+
+    def theorem(self, name: str) -> TheoremDecl:
+        for t in self.theorems:
+            if t.name == name:
+                return t
+        raise KeyError(f"no theorem `{name}` in {self.path}")
+
+
+# ---- the generic fold ------------------------------------------------------------------------
+
+R = TypeVar("R")
+
+
+def children(expr: Expr) -> tuple[Expr, ...]:
+    """The array sub-expressions of a node (index predicates are not arrays)."""
+    if isinstance(expr, (Box, Apply)):
+        return expr.args
+    return ()
+
+
+def fold(expr: Expr, visit: Callable[[Expr, tuple[R, ...]], R], memo: dict[int, R] | None = None) -> R:
+    """Post-order fold: ``visit(node, results_of_children)``; shared nodes visited once."""
+    memo = {} if memo is None else memo
+    key = id(expr)
+    if key not in memo:
+        memo[key] = visit(expr, tuple(fold(c, visit, memo) for c in children(expr)))
+    return memo[key]
+
+
+def run_diagram(
+    diagram: Diagram,
+    inputs: Sequence[R],
+    visit: Callable[[Expr, tuple[R, ...], Mapping[str, R]], R | tuple[R, ...]],
+) -> tuple[R, ...]:
+    """Interpret a diagram: bind inputs, run each let through ``visit``, return outputs.
+
+    ``visit(node, child_results, env)`` is called bottom-up on every node; for a ``Var``
+    it is given the environment to look the name up in.  A multi-output ``Apply`` returns
+    a tuple, which a multi-name ``Let`` unpacks.
+    """
+    env: dict[str, R] = {p.name: v for p, v in zip(diagram.inputs, inputs, strict=True)}
+
+    def go(expr: Expr) -> R:
+        return fold(expr, lambda node, kids: visit(node, kids, env))  # type: ignore[arg-type,return-value]
+
+    for let in diagram.body:
+        value = go(let.expr)
+        if len(let.names) == 1:
+            env[let.names[0]] = value
+        else:
+            for name, part in zip(let.names, value, strict=True):  # type: ignore[call-overload]
+                env[name] = part
+    return tuple(go(out) for out in diagram.outputs)
+
+
+def walk(expr: Expr) -> Iterator[Expr]:
+    """Every node of an expression tree, parents before children."""
+    yield expr
+    for child in children(expr):
+        yield from walk(child)
+
+
+def boxes(diagram: Diagram) -> Iterator[tuple[Let | None, Expr]]:
+    """Every Box/Apply node of a diagram with the let it belongs to (None for outputs)."""
+    for let in diagram.body:
+        for node in walk(let.expr):
+            if isinstance(node, (Box, Apply)):
+                yield let, node
+    for out in diagram.outputs:
+        for node in walk(out):
+            if isinstance(node, (Box, Apply)):
+                yield None, node
+
+
+def union_axes(*types: Axes) -> Axes:
+    """Axes in order of first appearance: how binary boxes broadcast by name."""
+    seen: list[str] = []
+    for axes in types:
+        for a in axes:
+            if a not in seen:
+                seen.append(a)
+    return tuple(seen)

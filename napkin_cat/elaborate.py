@@ -523,6 +523,15 @@ class _Elaborator:
                 self.err("axis.missing", tree, box=f"join[{' '.join(target)}]", axis=missing[0], have=_fmt(have))
                 return None
             return self.reshape_type(name, tree, target, out or (), have)
+        if kind == "onehot":
+            have = args[0].axes
+            if len(target) != 1:
+                self.err("box.arity", tree, name="onehot's target", expected=1, got=len(target))
+                return None
+            if target[0] in have:
+                self.err("type.axis_exists", tree, box=f"onehot[{target[0]}]", axis=target[0])
+                return None
+            return have + target
         if kind in ("contract", "ncontract"):
             if kind == "ncontract":
                 missing = [a for a in target if a not in args[0].axes]

@@ -347,6 +347,8 @@ class _Interpreter:
                 return self.contract(node, kids)
             if kind in ("where", "index"):
                 return self.indexed(node, kids)
+            if kind == "onehot":
+                return self.onehot(node, kids[0])
             return self.reshape(node, kids[0])
 
     def contract(self, node: Box, kids: tuple[Named, ...]) -> Named:
@@ -367,7 +369,7 @@ class _Interpreter:
         return Named(out, np.asarray(data))
 
     def indexed(self, node: Box, kids: tuple[Named, ...]) -> Named:
-        grids = index_grids(node.target, self.sizes)
+        grids = index_grids(node.target, {a: _size(self.sizes, a) for a in node.target})
         if node.op == "index":
             assert node.index is not None
             value = np.broadcast_to(_index(node.index, grids), [self.sizes[a] for a in node.target])  # type: ignore[arg-type]
@@ -377,6 +379,14 @@ class _Interpreter:
         axes = union_axes(a.axes, b.axes, node.target)
         mask = Named(node.target, np.broadcast_to(_pred(node.index, grids), [self.sizes[x] for x in node.target]))  # type: ignore[arg-type]
         return Named(axes, np.where(mask.aligned(axes), a.aligned(axes), b.aligned(axes)))
+
+    def onehot(self, node: Box, arg: Named) -> Named:
+        """1 where the position along the new axis equals the operand's (integer) value, else 0."""
+        axes = arg.axes + node.target
+        n = _size(self.sizes, node.target[0])
+        hit = np.equal(arg.aligned(axes), np.arange(n).reshape((1,) * len(arg.axes) + (n,)))
+        one, zero = (sympy.Integer(1), sympy.Integer(0)) if self.alg.symbolic else (1.0, 0.0)
+        return Named(axes, self.alg.asarray(np.where(hit.astype(bool), one, zero)))
 
     def reshape(self, node: Box, arg: Named) -> Named:
         shape = dict(zip(arg.axes, arg.data.shape, strict=True))
@@ -388,6 +398,7 @@ class _Interpreter:
             if new in self.sizes and self.sizes[new] != shape[old]:
                 raise NapkinError(error("eval.size", axis=new, expected=self.sizes[new], name=f"rename[{old} -> {new}]",
                                         got=shape[old]))
+            self.sizes.setdefault(new, shape[old])
             return Named(tuple(new if a == old else a for a in arg.axes), arg.data)
         old, new = node.target, node.out
         position = min(arg.axes.index(a) for a in old)

@@ -35,7 +35,7 @@ class OpInfo:
     """What the elaborator and the kernel need to know about one primitive box.
 
     kind:     unary | binary | reduce | normalise | contract | ncontract | where | index |
-              split | join | rename | transpose
+              onehot | split | join | rename | transpose
     arity:    number of array arguments (None: one or more)
     target:   "none" (no brackets), "required" (named axes), "list" (axis list, may be empty)
     arrow:    the brackets carry ``-> axes`` (split, join, rename)
@@ -127,6 +127,8 @@ def _ops() -> dict[str, OpInfo]:
     )
     table["index"] = OpInfo("index", "index", 0, "required", flops=0.0,
                             doc="index[axes](expr): the value of an index expression")
+    table["onehot"] = OpInfo("onehot", "onehot", 1, "required", flops=1.0,
+                             doc="onehot[v](L): adds axis v; 1 where the position along v equals L, else 0")
     table["split"] = OpInfo("split", "split", 1, "required", arrow=True, flops=0.0,
                             doc="split[a -> b c]: a = b·|c| + c (b major)")
     table["join"] = OpInfo("join", "join", 1, "required", arrow=True, flops=0.0,

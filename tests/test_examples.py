@@ -1,0 +1,111 @@
+"""Every example file parses, round-trips through the printer, and each diagram agrees with
+a hand-written numpy reference on random inputs (float64)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy.special import erf, logsumexp
+
+import napkin_cat
+from napkin_cat.printer import print_module
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _softmax(s: np.ndarray, axis: int = -1) -> np.ndarray:
+    e = np.exp(s - s.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray | float = 0.0) -> np.ndarray:
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]) + bias
+    return _softmax(s) @ v
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1 + erf(x / np.sqrt(2)))
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(1234)
+
+
+def test_every_example_round_trips() -> None:
+    files = sorted(EXAMPLES.glob("*.ncd"))
+    assert {f.stem for f in files} >= {"matmul", "attention", "mlp", "layernorm", "cross_entropy"}
+    for path in files:
+        module = napkin_cat.load(path)
+        assert module.diagrams, path
+        assert napkin_cat.loads(print_module(module), str(path)) == module
+
+
+def test_matmul(rng: np.random.Generator) -> None:
+    d = napkin_cat.load(EXAMPLES / "matmul.ncd").diagram("matmul")
+    assert [(p.name, p.axes) for p in d.inputs] == [("A", ("a", "b")), ("B", ("b", "c"))]
+    assert d.out_types == (("a", "c"),)
+    a, b = rng.standard_normal((3, 4)), rng.standard_normal((4, 5))
+    np.testing.assert_allclose(d.evaluate(a, b), a @ b, rtol=1e-12)
+
+
+def test_attention_variants(rng: np.random.Generator) -> None:
+    m = napkin_cat.load(EXAMPLES / "attention.ncd")
+    q, k, v = (rng.standard_normal(s) for s in ((5, 64), (7, 64), (7, 64)))
+    np.testing.assert_allclose(m.diagram("attention").evaluate(q, k, v), _attention(q, k, v), rtol=1e-10)
+
+    causal = np.where(np.arange(5)[:, None] >= np.arange(7)[None, :], 0.0, -np.inf)
+    np.testing.assert_allclose(m.diagram("causal_attention").evaluate(q, k, v), _attention(q, k, v, causal),
+                               rtol=1e-10)
+
+    qb, kb, vb = (rng.standard_normal(s) for s in ((2, 3, 5, 64), (2, 3, 7, 64), (2, 3, 7, 64)))
+    np.testing.assert_allclose(m.diagram("mha").evaluate(qb, kb, vb), _attention(qb, kb, vb), rtol=1e-10)
+
+    # GQA: query heads [b h g], K/V heads [b h], each K/V head shared by its g query heads
+    qg = rng.standard_normal((2, 3, 4, 5, 64))
+    expected = _attention(qg, kb[:, :, None], vb[:, :, None])
+    np.testing.assert_allclose(m.diagram("gqa").evaluate(qg, kb, vb), expected, rtol=1e-10)
+
+
+def test_alibi_attention(rng: np.random.Generator) -> None:
+    m = napkin_cat.load(EXAMPLES / "attention.ncd")
+    qb, kb, vb = (rng.standard_normal(s) for s in ((2, 3, 5, 64), (2, 3, 5, 64), (2, 3, 5, 64)))
+    slopes = np.array([0.5, 0.25, 0.125])
+    distance = np.arange(5)[:, None] - np.arange(5)[None, :]
+    bias = np.where(distance >= 0, -slopes[:, None, None] * distance, -np.inf)
+    expected = _attention(qb, kb, vb, bias)
+    np.testing.assert_allclose(m.diagram("alibi_mha").evaluate(qb, kb, vb, slopes), expected, rtol=1e-10)
+
+
+def test_mlp(rng: np.random.Generator) -> None:
+    m = napkin_cat.load(EXAMPLES / "mlp.ncd")
+    x, w1, b1, w2, b2 = (rng.standard_normal(s) for s in ((6, 4), (4, 9), (9,), (9, 4), (4,)))
+    expected = _gelu(x @ w1 + b1) @ w2 + b2
+    np.testing.assert_allclose(m.diagram("mlp").evaluate(x, w1, b1, w2, b2), expected, rtol=1e-10)
+    np.testing.assert_allclose(m.diagram("linear").evaluate(x, w1, b1), x @ w1 + b1, rtol=1e-12)
+
+
+def test_layernorm_and_rmsnorm(rng: np.random.Generator) -> None:
+    m = napkin_cat.load(EXAMPLES / "layernorm.ncd")
+    x, g, b = rng.standard_normal((6, 8)), rng.standard_normal(8), rng.standard_normal(8)
+    mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+    np.testing.assert_allclose(m.diagram("layernorm").evaluate(x, g, b), (x - mu) / np.sqrt(var + 1e-5) * g + b,
+                               rtol=1e-10)
+    ms = (x**2).mean(-1, keepdims=True)
+    np.testing.assert_allclose(m.diagram("rms_norm").evaluate(x, g), x / np.sqrt(ms + 1e-6) * g, rtol=1e-10)
+    np.testing.assert_allclose(m.diagram("rms_norm_exact").evaluate(x, g), x / np.sqrt(ms) * g, rtol=1e-10)
+
+
+def test_cross_entropy_one_hot_and_index(rng: np.random.Generator) -> None:
+    m = napkin_cat.load(EXAMPLES / "cross_entropy.ncd")
+    z = rng.standard_normal((6, 11)) * 30  # large logits: the log-sum-exp must stay finite
+    labels = rng.integers(0, 11, size=6)
+    expected = logsumexp(z, -1) - z[np.arange(6), labels]
+    one_hot = np.eye(11)[labels]
+    np.testing.assert_allclose(m.diagram("cross_entropy").evaluate(z, one_hot), expected, rtol=1e-10)
+    np.testing.assert_allclose(m.diagram("cross_entropy_index").evaluate(z, labels.astype(float)), expected,
+                               rtol=1e-10)
+    np.testing.assert_allclose(m.diagram("mean_cross_entropy").evaluate(z, labels.astype(float)), expected.mean(),
+                               rtol=1e-10)

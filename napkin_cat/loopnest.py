@@ -1,0 +1,238 @@
+"""A scheduled diagram as a loop nest: the shared (untrusted) analysis for cost, lowering,
+pseudocode and the schedule interpreter.
+
+``flatten`` turns a diagram into SSA nodes, one per box, with diagrams used as boxes
+inlined (their woven axes added to every inner node's type).  ``loop_nest`` then reads a
+``Schedule``: group partitions become parallel loops (a grid), stream partitions become
+sequential loops, and every node is placed relative to each stream loop (paper R4/R5):
+
+- ``before``: does not depend on the streamed axis; computed once per group (hoisted);
+- ``chunk``: carries the streamed axis; computed per chunk (woven through the stream);
+- ``accumulate``: consumes the streamed axis; its state is updated per chunk;
+- ``after``: reads a consumed value; sees only the accumulator's final value.
+
+The kernel decides whether a schedule is admissible; this module assumes it is and only
+describes how it runs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from napkin_cat import ops
+from napkin_cat.terms import Apply, Axes, Box, Const, Diagram, Expr, Partition, Schedule, Size, Var
+
+__all__ = ["Loop", "LoopNest", "Node", "flatten", "loop_nest"]
+
+
+@dataclass(frozen=True)
+class Node:
+    """One box in SSA form: ``name = expr`` where every argument of ``expr`` is a Var.
+
+    ``axes`` is the node's full type, woven axes of inlined diagrams included.
+    """
+
+    name: str
+    expr: Expr
+    axes: Axes
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        args = self.expr.args if isinstance(self.expr, (Box, Apply)) else ()
+        return tuple(a.name for a in args if isinstance(a, Var))
+
+
+@dataclass(frozen=True)
+class Flat:
+    """A diagram as SSA nodes: inputs (name, axes), nodes in order, output names."""
+
+    inputs: tuple[tuple[str, Axes], ...]
+    nodes: tuple[Node, ...]
+    outputs: tuple[str, ...]
+    sizes: tuple[tuple[str, int | None], ...]
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def type_of(self, name: str) -> Axes:
+        for inp, axes in self.inputs:
+            if inp == name:
+                return axes
+        return self.node(name).axes
+
+
+def flatten(diagram: Diagram) -> Flat:
+    """SSA nodes for every box; let names are kept, inner boxes get ``prefix.k`` names.
+
+    Diagrams used as boxes are inlined; an alias let (``B = A``) or a scalar let adds no
+    node.  Constants and sizes stay inline as arguments (scalars need no storage); an
+    output that is not an array node gets a copy node so every output has a name.
+    """
+    nodes: list[Node] = []
+    sizes: dict[str, int | None] = {a.name: a.size for a in diagram.axes}
+    counter = [0]
+    Env = dict[str, tuple[Expr, Axes]]
+
+    def fresh(prefix: str) -> str:
+        counter[0] += 1
+        return f"{prefix}.{counter[0]}"
+
+    def emit(expr: Expr, env: Env, woven: Axes, name: str | None) -> tuple[Expr, Axes]:
+        """An argument expression (Var/Const/Size) for ``expr`` and its full type."""
+        if isinstance(expr, Var):
+            return env[expr.name]
+        if isinstance(expr, (Const, Size)):
+            return expr, ()
+        if isinstance(expr, Apply):
+            outs = inline(expr, env, woven)
+            assert len(outs) == 1, "a multi-output application is bound by a Let"
+            return outs[0]
+        args = [emit(a, env, woven, None) for a in expr.args]
+        carried = {a for _, t in args for a in t if a in woven}
+        full = tuple(a for a in woven if a in carried) + expr.axes
+        box = Box(expr.op, tuple(a for a, _ in args), full, expr.target, expr.out, expr.params, expr.index, expr.span)
+        node = Node(name or fresh("t"), box, full)
+        nodes.append(node)
+        return Var(node.name, full), full
+
+    def inline(app: Apply, env: Env, woven: Axes) -> list[tuple[Expr, Axes]]:
+        callee = app.diagram
+        for axis in callee.axes:
+            sizes.setdefault(axis.name, axis.size)
+        args = [emit(a, env, woven, None) for a in app.args]
+        inner: Env = {p.name: arg for p, arg in zip(callee.inputs, args, strict=True)}
+        return body(callee, inner, tuple(dict.fromkeys(woven + app.woven)), fresh(callee.name))
+
+    def body(d: Diagram, env: Env, woven: Axes, prefix: str | None) -> list[tuple[Expr, Axes]]:
+        for let in d.body:
+            if isinstance(let.expr, Apply) and len(let.names) > 1:
+                for name, out in zip(let.names, inline(let.expr, env, woven), strict=True):
+                    env[name] = out
+                continue
+            target = let.names[0] if prefix is None else f"{prefix}.{let.names[0]}"
+            env[let.names[0]] = emit(let.expr, env, woven, target)
+        return [emit(o, env, woven, None) for o in d.outputs]
+
+    outs = body(diagram, {p.name: (Var(p.name, p.axes), p.axes) for p in diagram.inputs}, (), None)
+    out_names = []
+    for value, axes in outs:
+        if not isinstance(value, Var):
+            name = fresh("out")
+            nodes.append(Node(name, Box("mul", (value, Const(1.0)), axes), axes))
+            value = Var(name, axes)
+        out_names.append(value.name)
+    inputs = tuple((p.name, p.axes) for p in diagram.inputs)
+    return Flat(inputs, tuple(nodes), tuple(out_names), tuple(sizes.items()))
+
+
+@dataclass(frozen=True)
+class Loop:
+    """One partition as a loop: ``trips = ceil(size / tile)`` iterations."""
+
+    partition: Partition
+
+    @property
+    def axis(self) -> str:
+        return self.partition.axis
+
+    @property
+    def kind(self) -> str:
+        return self.partition.kind
+
+    @property
+    def tile(self) -> str | int:
+        return self.partition.tile
+
+    @property
+    def level(self) -> str:
+        return self.partition.level
+
+
+@dataclass(frozen=True)
+class LoopNest:
+    """A flattened diagram with its loops and each node's phase per stream loop."""
+
+    flat: Flat
+    loops: tuple[Loop, ...]
+    #: per stream loop index (into ``loops``): node name -> before|chunk|accumulate|after
+    phases: tuple[tuple[int, tuple[tuple[str, str], ...]], ...]
+    placements: tuple[tuple[str, str], ...]
+
+    @property
+    def groups(self) -> tuple[Loop, ...]:
+        return tuple(lp for lp in self.loops if lp.kind == "group")
+
+    @property
+    def streams(self) -> tuple[Loop, ...]:
+        return tuple(lp for lp in self.loops if lp.kind == "stream")
+
+    def phase(self, loop: Loop, name: str) -> str:
+        index = self.loops.index(loop)
+        for i, table in self.phases:
+            if i == index:
+                return dict(table)[name]
+        raise KeyError(loop)
+
+    def consumers(self, loop: Loop) -> tuple[Node, ...]:
+        """The nodes that consume the loop's axis (each needs an accumulator)."""
+        return tuple(n for n in self.flat.nodes if self.phase(loop, n.name) == "accumulate")
+
+    def level_of(self, name: str) -> str:
+        """Where an array lives: its placement, else hbm for inputs/outputs, else the
+        innermost partition level (intermediates of a fused region stay on chip)."""
+        for array, level in self.placements:
+            if array == name:
+                return level
+        if name in self.flat.outputs or any(name == i for i, _ in self.flat.inputs):
+            return "hbm"
+        return self.loops[-1].level if self.loops else "hbm"
+
+    def tile_axes(self, axes: Axes, sizes: Mapping[str, object]) -> dict[str, object]:
+        """The extent of each axis inside the innermost tile (tile size if partitioned)."""
+        out: dict[str, object] = {}
+        for axis in axes:
+            extent = sizes.get(axis, axis)
+            for lp in self.loops:
+                if lp.axis == axis:
+                    extent = lp.tile
+            out[axis] = extent
+        return out
+
+
+def loop_nest(diagram: Diagram, schedule: Schedule) -> LoopNest:
+    """The loop nest of a (checked) schedule over ``diagram``; loops outermost first."""
+    flat = flatten(diagram)
+    loops = tuple(Loop(p) for p in schedule.partitions)
+    phases = []
+    for index, lp in enumerate(loops):
+        if lp.kind == "stream":
+            phases.append((index, tuple(_phases(flat, lp.axis).items())))
+    placements = tuple((name, p.level) for p in schedule.placements for name in p.names)
+    return LoopNest(flat, loops, tuple(phases), placements)
+
+
+def _phases(flat: Flat, axis: str) -> dict[str, str]:
+    phase: dict[str, str] = {name: ("chunk" if axis in axes else "before") for name, axes in flat.inputs}
+    for node in flat.nodes:
+        reads = [phase.get(r, "before") for r in node.reads]
+        expr = node.expr
+        consuming = isinstance(expr, Box) and ops.is_consuming(expr.op) and axis in expr.target
+        if any(r in ("accumulate", "after") for r in reads):
+            phase[node.name] = "after"
+        elif consuming:
+            phase[node.name] = "accumulate"
+        elif axis in node.axes or "chunk" in reads:
+            phase[node.name] = "chunk"
+        else:
+            phase[node.name] = "before"
+    return phase
+
+
+def trips(size: int, tile: int) -> int:
+    """Iterations of a loop over ``size`` in tiles of ``tile`` (the last may be ragged)."""
+    return math.ceil(size / tile)

@@ -1,0 +1,350 @@
+"""Every primitive box against a hand-written numpy reference, over hypothesis-drawn sizes
+and values; awkward inputs (huge logits, -inf masks, all-zero rows); weaving; size binding
+and its error messages; the sympy algebra agreeing with float64."""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import sympy
+from hypothesis import given
+from hypothesis import strategies as st
+from scipy import special
+
+from napkin_cat import ops
+from napkin_cat.diagnostics import NapkinError
+from napkin_cat.elaborate import loads
+from napkin_cat.evaluate import FLOAT64, SYMBOLIC, evaluate
+from napkin_cat.terms import Diagram
+from tests.strategies import FINITE, input_arrays, sizes_for
+
+AXES = "axis i, j, k\naxis p, r\n"
+POSITIVE = st.floats(0.05, 8.0)
+NONZERO = st.one_of(st.floats(-8.0, -0.05), st.floats(0.05, 8.0))
+
+
+@functools.cache
+def diagram(signature: str, body: str) -> Diagram:
+    """A one-line diagram ``f`` over the axes i, j, k, p, r (all symbolic)."""
+    return loads(f"{AXES}diagram f{signature} {{\n  return {body}\n}}\n").diagram("f")
+
+
+def check(data: st.DataObject, d: Diagram, reference: Callable[..., Any],
+          elements: st.SearchStrategy[float] = FINITE, rtol: float = 1e-9) -> None:
+    """Draw sizes then inputs for ``d``; compare ``d.evaluate`` with ``reference``."""
+    sizes = data.draw(sizes_for(d))
+    arrays = data.draw(input_arrays(d, sizes, elements))
+    got = d.evaluate(*arrays)
+    want = reference(*arrays)
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=1e-12)
+    assert np.shape(got) == tuple(sizes[a] for a in d.out_types[0])
+
+
+# ---- elementwise boxes --------------------------------------------------------------------
+
+UNARY_REFERENCE: dict[str, tuple[Callable[[np.ndarray], np.ndarray], st.SearchStrategy[float]]] = {
+    "exp": (np.exp, FINITE),
+    "log": (np.log, POSITIVE),
+    "neg": (lambda x: -x, FINITE),
+    "sqrt": (np.sqrt, POSITIVE),
+    "rsqrt": (lambda x: 1 / np.sqrt(x), POSITIVE),
+    "recip": (lambda x: 1 / x, NONZERO),
+    "square": (lambda x: x * x, FINITE),
+    "abs": (np.abs, FINITE),
+    "tanh": (np.tanh, FINITE),
+    "sigmoid": (lambda x: 1 / (1 + np.exp(-x)), FINITE),
+    "relu": (lambda x: np.where(x > 0, x, 0.0), FINITE),
+    "gelu": (lambda x: 0.5 * x * (1 + special.erf(x / math.sqrt(2))), FINITE),
+    "silu": (lambda x: x / (1 + np.exp(-x)), FINITE),
+}
+
+
+def test_every_unary_op_has_a_reference() -> None:
+    assert set(UNARY_REFERENCE) == set(ops.UNARY)
+
+
+@pytest.mark.parametrize("op", sorted(ops.UNARY))
+@given(data=st.data())
+def test_unary(op: str, data: st.DataObject) -> None:
+    reference, domain = UNARY_REFERENCE[op]
+    check(data, diagram("(X: [i j]) -> [i j]", f"{op}(X)"), reference, domain)
+
+
+BINARY_REFERENCE: dict[str, tuple[str, Callable[[Any, Any], Any]]] = {
+    "add": ("X + Y", np.add),
+    "sub": ("X - Y", np.subtract),
+    "mul": ("X * Y", np.multiply),
+    "div": ("X / Y", np.divide),
+    "maximum": ("max(X, Y)", np.maximum),
+    "minimum": ("min(X, Y)", np.minimum),
+}
+
+
+@pytest.mark.parametrize("op", sorted(ops.BINARY))
+@given(data=st.data())
+def test_binary_broadcasts_by_name(op: str, data: st.DataObject) -> None:
+    text, fn = BINARY_REFERENCE[op]
+    # X: [i j] and Y: [k j] meet on j; the result carries i, j, k
+    d = diagram("(X: [i j], Y: [k j]) -> [i j k]", text)
+    check(data, d, lambda x, y: fn(x[:, :, None], y.T[None, :, :]), NONZERO)
+
+
+@given(data=st.data())
+def test_constants_and_sizes(data: st.DataObject) -> None:
+    d = diagram("(X: [i j]) -> [i j]", "X * rsqrt(j) + 2.5 - -1")
+    sizes = data.draw(sizes_for(d))
+    (x,) = data.draw(input_arrays(d, sizes))
+    np.testing.assert_allclose(d.evaluate(x), x / math.sqrt(sizes["j"]) + 3.5, rtol=1e-12)
+
+
+# ---- reductions and normalisations ------------------------------------------------------------
+
+REDUCE_REFERENCE: dict[str, Callable[..., Any]] = {
+    "sum": np.sum, "max": np.max, "min": np.min, "prod": np.prod, "mean": np.mean, "logsumexp": special.logsumexp,
+}
+NORMALISE_REFERENCE: dict[str, Callable[[np.ndarray, tuple[int, ...]], np.ndarray]] = {
+    "softmax": lambda x, ax: np.exp(x - x.max(ax, keepdims=True)) / np.exp(x - x.max(ax, keepdims=True)).sum(
+        ax, keepdims=True),
+    "l2norm": lambda x, ax: x / np.sqrt((x * x).sum(ax, keepdims=True)),
+    "rmsnorm": lambda x, ax: x / np.sqrt((x * x).mean(ax, keepdims=True)),
+}
+TARGETS = {"j": (1,), "i k": (0, 2), "i j k": (0, 1, 2)}
+
+
+def test_every_reduction_and_normalisation_has_a_reference() -> None:
+    assert set(REDUCE_REFERENCE) | set(NORMALISE_REFERENCE) == {
+        name for name, info in ops.OPS.items() if info.kind in ("reduce", "normalise")}
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+@pytest.mark.parametrize("op", sorted(REDUCE_REFERENCE))
+@given(data=st.data())
+def test_reduce(op: str, target: str, data: st.DataObject) -> None:
+    kept = " ".join(a for a in "ijk" if a not in target.split())
+    d = diagram(f"(X: [i j k]) -> [{kept}]", f"{op}[{target}](X)")
+    check(data, d, lambda x: REDUCE_REFERENCE[op](x, axis=TARGETS[target]), st.floats(-3.0, 3.0))
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+@pytest.mark.parametrize("op", sorted(NORMALISE_REFERENCE))
+@given(data=st.data())
+def test_normalise(op: str, target: str, data: st.DataObject) -> None:
+    d = diagram("(X: [i j k]) -> [i j k]", f"{op}[{target}](X)")
+    check(data, d, lambda x: NORMALISE_REFERENCE[op](x, TARGETS[target]), NONZERO)
+
+
+@given(x=st.lists(st.floats(-1e300, 1e300), min_size=1, max_size=6))
+def test_huge_logits_stay_finite(x: list[float]) -> None:
+    row = np.array([x])
+    p = diagram("(X: [i j]) -> [i j]", "softmax[j](X)").evaluate(row)
+    lse = diagram("(X: [i j]) -> [i]", "logsumexp[j](X)").evaluate(row)
+    assert np.all(np.isfinite(p)) and np.isfinite(lse).all()
+    np.testing.assert_allclose(p.sum(), 1.0, rtol=1e-12)
+    np.testing.assert_allclose(lse, special.logsumexp(row, axis=1), rtol=1e-12)
+    assert lse[0] >= row.max()
+
+
+def test_masked_rows_follow_the_documented_conventions() -> None:
+    """A -inf entry gets weight 0; a fully masked row gives softmax 0 and logsumexp -inf."""
+    s = np.array([[0.5, -np.inf, 1.5], [-np.inf, -np.inf, -np.inf]])
+    p = diagram("(X: [i j]) -> [i j]", "softmax[j](X)").evaluate(s)
+    e = np.exp([0.5, 1.5])
+    np.testing.assert_allclose(p, [[e[0] / e.sum(), 0.0, e[1] / e.sum()], [0.0, 0.0, 0.0]])
+    lse = diagram("(X: [i j]) -> [i]", "logsumexp[j](X)").evaluate(s)
+    np.testing.assert_allclose(lse, [np.log(e.sum()), -np.inf])
+    v = np.arange(6.0).reshape(3, 2)
+    o = diagram("(S: [i j], V: [j k]) -> [i k]", "ncontract[j; exp, exp, id](S, V)").evaluate(s, v)
+    np.testing.assert_allclose(o, [p[0] @ v, [0.0, 0.0]])
+
+
+def test_zero_rows_normalise_to_zero() -> None:
+    x = np.array([[0.0, 0.0], [3.0, 4.0]])
+    for op, scale in (("l2norm", 5.0), ("rmsnorm", math.sqrt(12.5))):
+        got = diagram("(X: [i j]) -> [i j]", f"{op}[j](X)").evaluate(x)
+        np.testing.assert_allclose(got, [[0.0, 0.0], [3.0 / scale, 4.0 / scale]])
+
+
+# ---- contractions ---------------------------------------------------------------------------------
+
+CONTRACTIONS = {
+    "contract[j](X, Y)": ("(X: [i j], Y: [j k]) -> [i k]", "ij,jk->ik"),
+    "contract[](X, Y)": ("(X: [i j], Y: [j k]) -> [i j k]", "ij,jk->ijk"),
+    "contract[i j](X, Y)": ("(X: [i j], Y: [j k]) -> [k]", "ij,jk->k"),
+    "contract[j k](X, Y, Z)": ("(X: [i j], Y: [j k], Z: [k i]) -> [i]", "ij,jk,ki->i"),
+    "contract[i](X)": ("(X: [i j], Y: [j k]) -> [j]", "ij->j"),
+}
+
+
+@pytest.mark.parametrize("body", sorted(CONTRACTIONS))
+@given(data=st.data())
+def test_contract(body: str, data: st.DataObject) -> None:
+    signature, spec = CONTRACTIONS[body]
+    d = diagram(signature, body)
+    n_inputs = spec.split("->")[0].count(",") + 1
+    check(data, d, lambda *xs: np.einsum(spec, *xs[:n_inputs]))
+
+
+NCONTRACT_WEIGHTS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "exp, exp, id": lambda s: np.exp(s - s.max(1, keepdims=True)) / np.exp(s - s.max(1, keepdims=True)).sum(
+        1, keepdims=True),
+    "id, square, sqrt": lambda s: s / np.sqrt((s * s).sum(1, keepdims=True)),
+    "id, square, rms": lambda s: s / np.sqrt((s * s).mean(1, keepdims=True)),
+    "sigmoid, abs, id": lambda s: special.expit(s) / np.abs(s).sum(1, keepdims=True),
+}
+
+
+@pytest.mark.parametrize("params", sorted(NCONTRACT_WEIGHTS))
+@given(data=st.data())
+def test_ncontract(params: str, data: st.DataObject) -> None:
+    d = diagram("(S: [i j], V: [j k]) -> [i k]", f"ncontract[j; {params}](S, V)")
+    check(data, d, lambda s, v: NCONTRACT_WEIGHTS[params](s) @ v, NONZERO)
+
+
+# ---- index boxes, masks and reshaping -------------------------------------------------------------
+
+PREDICATES: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "i >= j": lambda i, j: i >= j,
+    "i - j < 2 and not i == j": lambda i, j: (i - j < 2) & (i != j),
+    "2 * i + 1 != j or j <= 0": lambda i, j: (2 * i + 1 != j) | (j <= 0),
+}
+
+
+@pytest.mark.parametrize("pred", sorted(PREDICATES))
+@given(data=st.data())
+def test_where_with_index_predicates(pred: str, data: st.DataObject) -> None:
+    # Y lacks i: it is shared along i; the result carries i and j
+    d = diagram("(X: [i j], Y: [j]) -> [i j]", f"where[i j]({pred}, X, Y)")
+
+    def reference(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        i, j = np.indices(x.shape)
+        return np.where(PREDICATES[pred](i, j), x, y[None, :])
+
+    check(data, d, reference)
+
+
+@given(data=st.data())
+def test_index(data: st.DataObject) -> None:
+    d = diagram("(X: [i j]) -> [i j]", "X + index[i j](i - 2 * j + 3)")
+    check(data, d, lambda x: x + np.indices(x.shape)[0] - 2 * np.indices(x.shape)[1] + 3)
+
+
+@given(data=st.data())
+def test_onehot(data: st.DataObject) -> None:
+    d = diagram("(L: [i], X: [i k]) -> [i k]", "onehot[k](L) + 0 * X")
+    sizes = data.draw(sizes_for(d))
+    labels = data.draw(st.lists(st.integers(0, sizes["k"] - 1), min_size=sizes["i"], max_size=sizes["i"]))
+    x = np.zeros((sizes["i"], sizes["k"]))
+    np.testing.assert_array_equal(d.evaluate(np.array(labels, dtype=float), x), np.eye(sizes["k"])[labels])
+
+
+@given(data=st.data())
+def test_split_join_inverse(data: st.DataObject) -> None:
+    d = loads(AXES + "axis io = 2, ii\n"
+              "diagram s(X: [k i j]) -> [k io ii j] { return split[i -> io ii](X) }\n"
+              "diagram sj(X: [k i j]) -> [k i j] { return join[io ii -> i](split[i -> io ii](X)) }\n")
+    sizes = data.draw(st.fixed_dictionaries({"k": st.integers(1, 3), "i": st.sampled_from([2, 4, 6]),
+                                             "j": st.integers(1, 3)}))
+    x = data.draw(input_arrays(d.diagram("sj"), sizes))[0]
+    np.testing.assert_array_equal(d.diagram("sj").evaluate(x), x)
+    # io is major: position i = io * |ii| + ii
+    np.testing.assert_array_equal(d.diagram("s").evaluate(x), x.reshape(sizes["k"], 2, sizes["i"] // 2, -1))
+
+
+def test_split_of_an_indivisible_axis_is_an_error() -> None:
+    d = loads(AXES + "axis io = 2, ii\ndiagram s(X: [i]) -> [io ii] { return split[i -> io ii](X) }\n")
+    with pytest.raises(NapkinError, match=r"split\[i -> io ii\]: sizes 2 x \? do not multiply to 3"):
+        d.diagram("s").evaluate(np.zeros(3))
+
+
+@given(data=st.data())
+def test_rename_and_transpose(data: st.DataObject) -> None:
+    d = diagram("(X: [i j], Y: [k]) -> [k i]", "contract[j](rename[j -> k](X) * Y, transpose[j i](X))")
+    # rename[j -> k] makes X's second axis k, so k and j have the same size
+    sizes = data.draw(sizes_for(d))
+    sizes["k"] = sizes["j"]
+    x, y = data.draw(input_arrays(d, sizes))
+    expected = np.einsum("ik,ij->ki", x * y[None, :], x)
+    np.testing.assert_allclose(d.evaluate(x, y), expected, rtol=1e-10, atol=1e-12)
+
+
+# ---- weaving ------------------------------------------------------------------------------------
+
+WOVEN = AXES + """
+diagram norm(X: [j], W: [j]) -> [j] { return softmax[j](X) * W }
+diagram woven(X: [p r j], W: [r j]) -> [p r j] { return norm(X, W) }
+"""
+
+
+@given(data=st.data())
+def test_a_diagram_is_woven_over_extra_axes_and_shares_inputs_that_lack_them(data: st.DataObject) -> None:
+    d = loads(WOVEN).diagram("woven")
+    check(data, d, lambda x, w: NORMALISE_REFERENCE["softmax"](x, (2,)) * w[None])
+
+
+def test_woven_outputs_put_the_woven_axes_first() -> None:
+    m = loads(AXES + "diagram t(X: [i]) -> [i], [] { return X, sum[i](X) }\n"
+                     "diagram w(X: [i p]) -> [p i], [p] { A, B = t(X)\n return A, B }\n")
+    a, b = m.diagram("w").evaluate(np.arange(6.0).reshape(3, 2))
+    np.testing.assert_array_equal(a, np.arange(6.0).reshape(3, 2).T)
+    np.testing.assert_array_equal(b, [6.0, 9.0])
+
+
+# ---- sizes bind from arrays; mismatches name the axis ------------------------------------------------
+
+SIZED = "axis i, j\naxis d = 3\ndiagram f(X: [i d], Y: [i j]) -> [d j] { return contract[i](X, Y) }\n"
+
+
+def test_symbolic_sizes_bind_from_the_arrays() -> None:
+    d = loads(SIZED).diagram("f")
+    assert d.evaluate(np.ones((4, 3)), np.ones((4, 5))).shape == (3, 5)
+    assert d.evaluate(np.ones((1, 3)), np.ones((1, 2))).shape == (3, 2)
+
+
+@pytest.mark.parametrize(("arrays", "sizes", "message"), [
+    ((np.ones((4, 3)), np.ones((5, 2))), None, "axis `i` has size 4 but input `Y` has 5 along it"),
+    ((np.ones((4, 2)), np.ones((4, 2))), None, "axis `d` has size 3 but input `X` has 2 along it"),
+    ((np.ones((4, 3)), np.ones(4)), None, r"input `Y` must have 2 axes \[i j\], got an array of shape \(4,\)"),
+    ((np.ones((4, 3)),), None, "`f` takes 2 inputs, got 1"),
+    ((np.ones((4, 3)), np.ones((4, 2))), {"i": 5}, "axis `i` has size 5 but input `X` has 4 along it"),
+    ((np.ones((4, 3)), np.ones((4, 2))), {"d": 4}, "axis `d` has size 3 but input `sizes=` has 4"),
+    ((np.ones((4, 3)), np.ones((4, 2))), {"j": 0}, "size for axis `j` must be a positive integer, got 0"),
+])
+def test_size_mismatches_name_the_axis(arrays: tuple[np.ndarray, ...], sizes: dict[str, int] | None,
+                                       message: str) -> None:
+    with pytest.raises(NapkinError, match=message):
+        loads(SIZED).diagram("f").evaluate(*arrays, sizes=sizes)
+
+
+def test_an_axis_no_input_carries_needs_a_size() -> None:
+    d = loads("axis i, j\ndiagram f(X: [i]) -> [i j] { return X + index[j](j) }\n").diagram("f")
+    with pytest.raises(NapkinError, match=r"axis `j` has no size: give it with sizes=\{'j': N\}"):
+        d.evaluate(np.ones(2))
+    np.testing.assert_array_equal(d.evaluate(np.ones(2), sizes={"j": 3}), [[1, 2, 3], [1, 2, 3]])
+
+
+# ---- the sympy algebra is the same fold -------------------------------------------------------------
+
+SYMBOLIC_CASES = [
+    ("(X: [i j]) -> [i j]", " + ".join(f"{op}(X)" for op in sorted(ops.UNARY))),
+    ("(X: [i j], Y: [j]) -> [i j]", "max(X, Y) - min(X, Y) * X / Y"),
+    ("(X: [i j], Y: [j]) -> [i]", " + ".join(f"{op}[j](X)" for op in sorted(REDUCE_REFERENCE))),
+    ("(X: [i j], Y: [j]) -> [i j]", "softmax[j](X) + l2norm[j](X) + rmsnorm[i j](X)"),
+    ("(X: [i j], Y: [j]) -> [i]", "contract[j](X, Y) + contract[j](ncontract[i; exp, exp, id](X, Y), X)"),
+    ("(X: [i j], Y: [j]) -> [i j]", "where[i j](i >= j, X, Y) + index[i j](i * j) + onehot[j](index[i](i))"),
+]
+
+
+@pytest.mark.parametrize(("signature", "body"), SYMBOLIC_CASES)
+def test_symbolic_algebra_agrees_with_float64(signature: str, body: str) -> None:
+    d = diagram(signature, body)
+    rng = np.random.default_rng(7)
+    arrays = [rng.uniform(0.5, 2.0, size=(2,) * len(p.axes)) for p in d.inputs]
+    exact = [np.vectorize(lambda v: sympy.Rational(v).limit_denominator(1000), otypes=[object])(a) for a in arrays]
+    floats = evaluate(d, [e.astype(float) for e in exact], algebra=FLOAT64)
+    symbolic = evaluate(d, exact, algebra=SYMBOLIC)
+    np.testing.assert_allclose(np.vectorize(lambda e: float(sympy.N(e)))(symbolic), floats, rtol=1e-10)

@@ -105,6 +105,7 @@ class _Elaborator:
         self.diagrams: dict[str, Diagram] = {}  # everything in scope
         self.own_diagrams: list[Diagram] = []
         self.lemmas: list[LemmaDecl] = []
+        self.failed: set[str] = set()  # diagrams with errors: calls to them report nothing more
         self.imported_lemmas: list[LemmaDecl] = []
         self.theorems: list[TheoremDecl] = []
         self.uses: list[str] = []
@@ -234,6 +235,7 @@ class _Elaborator:
                 site = next(c for c in calls[path[-1]] if c.value == name)
                 self.err("diagram.recursion", site, name=name, cycle=" -> ".join(cycle))
                 bad.update(cycle)
+                self.failed.update(cycle)
                 return
             for callee in calls[name]:
                 visit(callee.value, path + [name])
@@ -242,13 +244,18 @@ class _Elaborator:
                 if diagram is not None:
                     self.diagrams[name] = diagram
                     self.own_diagrams.append(diagram)
+                else:
+                    self.failed.add(name)
                 done.add(name)
 
         for name in by_name:
             visit(name, [])
 
-    def params(self, tree: Tree | None) -> list[Param]:
+    def params(self, tree: Tree | None) -> tuple[list[Param], dict[str, Axes | None]]:
+        """The well-typed inputs, and an environment that also binds the ill-typed ones to
+        ``None`` so that their uses report nothing more."""
         out: list[Param] = []
+        env: dict[str, Axes | None] = {}
         for p in tree.children if tree is not None else []:
             name = p.children[0]
             axes = self.axis_type(p.children[1])
@@ -256,11 +263,13 @@ class _Elaborator:
                 self.err("name.duplicate", name, kind="input", name=name.value,
                          first=next(q.span for q in out if q.name == name.value))
                 continue
+            env[name.value] = None
             if self.reserved(name, "an array"):
                 continue
             if axes is not None:
                 out.append(Param(name.value, axes, _span(name, self.path)))
-        return out
+                env[name.value] = axes
+        return out, env
 
     def reserved(self, name: Token, kind: str) -> bool:
         if name.value in self.axes or name.value == "inf":
@@ -276,9 +285,8 @@ class _Elaborator:
         out_tree = next(c for c in rest if isinstance(c, Tree) and c.data == "out_types")
         stmts = [c for c in rest if isinstance(c, Tree) and c.data in ("let", "ret")]
         n_errors = len(self.diags)
-        inputs = self.params(params_tree)
+        inputs, env = self.params(params_tree)
         out_types = [self.axis_type(t) for t in out_tree.children]
-        env: dict[str, Axes | None] = {p.name: p.axes for p in inputs}
         first_def: dict[str, Span] = {p.name: p.span for p in inputs if p.span}
         let_names = {tok.value: _span(tok, self.path) for s in stmts if s.data == "let"
                      for tok in s.children if isinstance(tok, Token)}
@@ -307,12 +315,7 @@ class _Elaborator:
                 if returned:
                     self.err("name.duplicate", stmt, kind="return", name="return", first="an earlier return")
                 returned = True
-                for e in stmt.children:
-                    value = self.expr(e, env, {})
-                    if value is not None and isinstance(value, Apply) and len(value.types) != 1:
-                        self.err("type.tuple_in_expr", e, callee=value.diagram.name, n=len(value.types))
-                        value = None
-                    outputs.append(value)  # type: ignore[arg-type]
+                outputs = [self.operand(e, env, {}) for e in stmt.children]  # type: ignore[misc]
                 self.check_return(name.value, stmt, outputs, out_types, stmt.children)
         if not returned:
             self.err("type.return_count", out_tree, diagram=name.value, declared=len(out_types), actual=0)
@@ -369,15 +372,15 @@ class _Elaborator:
         if kind == "var":
             return self.var(tree.children[0], env, later)
         if kind == "neg":
-            inner = self.expr(tree.children[0], env, later)
+            inner = self.operand(tree.children[0], env, later)
             if inner is None:
                 return None
             if isinstance(inner, Const):
                 return Const(-inner.value, sp)
             return Box("neg", (inner,), inner.axes, span=sp)
         if kind in _BINOPS:
-            left = self.expr(tree.children[0], env, later)
-            right = self.expr(tree.children[1], env, later)
+            left = self.operand(tree.children[0], env, later)
+            right = self.operand(tree.children[1], env, later)
             if left is None or right is None:
                 return None
             return Box(_BINOPS[kind], (left, right), union_axes(left.axes, right.axes), span=sp)
@@ -386,6 +389,14 @@ class _Elaborator:
             return None
         assert kind == "call", kind
         return self.call(tree, env, later)
+
+    def operand(self, tree: Tree, env: dict[str, Axes | None], later: dict[str, Span]) -> Expr | None:
+        """An expression used as an operand or output, where a multi-output call is refused."""
+        value = self.expr(tree, env, later)
+        if isinstance(value, Apply) and len(value.types) != 1:
+            self.err("type.tuple_in_expr", tree, callee=value.diagram.name, n=len(value.types))
+            return None
+        return value
 
     def var(self, tok: Token, env: dict[str, Axes | None], later: dict[str, Span]) -> Expr | None:
         name = tok.value
@@ -407,11 +418,15 @@ class _Elaborator:
         args_tree = next((c for c in tree.children[1:] if isinstance(c, Tree) and c.data == "args"), None)
         arg_trees = list(args_tree.children) if args_tree is not None else []
         op = name.value
+        if op in self.failed:  # already reported; still check the arguments
+            for a in arg_trees:
+                self.operand(a, env, later)
+            return None
         if op in self.diagrams:
             if target_tree is not None:
                 self.err("box.no_target", target_tree, name=op)
                 return None
-            args = [self.expr(a, env, later) for a in arg_trees]
+            args = [self.operand(a, env, later) for a in arg_trees]
             if any(a is None for a in args):
                 return None
             return self.apply(self.diagrams[op], args, tree)  # type: ignore[arg-type]
@@ -433,7 +448,7 @@ class _Elaborator:
         if info.arity is None and not arg_trees:
             self.err("box.arity", tree, name=name.value, expected="one or more", got=0)
             return None
-        args = [self.expr(a, env, later) for a in arg_trees]
+        args = [self.operand(a, env, later) for a in arg_trees]
         if any(a is None for a in args):
             return None
         typed = self.box_type(info, tree, target, out, params, args)  # type: ignore[arg-type]
@@ -596,7 +611,7 @@ class _Elaborator:
             self.err("type.predicate_expected", arg_trees[0])
             return None
         pred = self.predicate(arg_trees[0], target)
-        args = [self.expr(a, env, later) for a in arg_trees[1:]]
+        args = [self.operand(a, env, later) for a in arg_trees[1:]]
         if pred is None or any(a is None for a in args):
             return None
         axes = union_axes(args[0].axes, args[1].axes, target)  # type: ignore[union-attr]
@@ -680,11 +695,10 @@ class _Elaborator:
         name = tree.children[0]
         rest = tree.children[1:]
         params_tree = rest[0] if isinstance(rest[0], Tree) and rest[0].data == "params" else None
-        params = self.params(params_tree)
-        env: dict[str, Axes | None] = {p.name: p.axes for p in params}
+        params, env = self.params(params_tree)
         n_errors = len(self.diags)
-        lhs = self.expr(rest[-2], env, {})
-        rhs = self.expr(rest[-1], env, {})
+        lhs = self.operand(rest[-2], env, {})
+        rhs = self.operand(rest[-1], env, {})
         if lhs is None or rhs is None or len(self.diags) > n_errors:
             return
         if any(lemma.name == name.value for lemma in self.lemmas):

@@ -72,7 +72,8 @@ def _diagnostic(exc: UnexpectedInput, path: str, text: str) -> Diagnostic:
     if isinstance(exc, UnexpectedToken):
         tok = exc.token
         span = Span(path, line, col, tok.end_line or line, tok.end_column or col + 1)
-        shown = f"`{tok.value}`" if tok.type not in ("NAME", "INT", "NUMBER") else f"{_FRIENDLY[tok.type]} `{tok.value}`"
+        kind = _FRIENDLY[tok.type].split(" ", 1)[1] if tok.type in ("NAME", "INT", "NUMBER") else None
+        shown = f"{kind} `{tok.value}`" if kind else f"`{tok.value}`"
         return error("syntax.unexpected_token", span, token=shown, expected=_describe(exc.expected))
     assert isinstance(exc, UnexpectedCharacters)
     allowed = exc.allowed or set()

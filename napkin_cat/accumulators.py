@@ -1,0 +1,290 @@
+"""Streaming accumulators as IR terms (paper R4-R7; 2505.09326 Def. 1, Lemma 2).
+
+A stream partition walks a consumed axis in chunks.  The box that consumes it is
+replaced by an accumulator: ``lift`` computes the partial state of one chunk, ``combine``
+merges two states, ``identity`` is the state of an empty chunk, and ``final`` turns the
+state into the box's value.  The recomposition law B(F(x), y) = F(x ⊕ y) reads here as
+
+    combine(lift(x), lift(y)) = lift(x ⊕ y)         (⊕: concatenation along the axis)
+    combine(identity, s) = s                          final(lift(x)) = box(x)
+
+and ``certify`` checks all three for every plan.  Because lift, combine and final are
+ordinary ``Diagram`` terms, the numpy evaluator, the sympy certifier and the JAX/Pallas
+lowering evaluate them with their own folds, and extra (woven) axes of the consuming
+box flow through by name-broadcasting.
+
+Floating point (evaluate.py's conventions): the stable forms shift exponentials by a
+running maximum m.  A fully masked chunk has m = -inf, and exp(s - m) would be
+exp(-inf + inf) = NaN, so with ``guard=True`` the shift is ``max(m, -FLOAT_MAX)``: for
+any finite m it is m itself, and for m = -inf it is a finite number, so the chunk's
+exponentials are exp(-inf) = 0 and its state is the identity.  Finalisers divide by
+``max(z, TINY)`` (TINY the smallest normal float64): z is 0 only when every term is
+masked (or an l2/rms row is all zero), where the numerator is 0 too, giving the 0 that
+evaluate.py documents.  Over the reals the guards are the identity wherever the box is
+defined; ``certify`` checks the unguarded forms symbolically (``guard=False``) and the
+guarded ones numerically.
+
+Padding (ragged tiles): ``pad`` gives, per lift input, the value that fills the padded
+positions of a ragged chunk so that the chunk's state is unchanged (0 for sums, -inf for
+max and exponentials, +inf for min, 1 for products); ``None`` when no value works, in
+which case the kernel refuses a padded stream through this box.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from napkin_cat import ops
+from napkin_cat.evaluate import FLOAT64, Algebra, Named, evaluate_named
+from napkin_cat.kernel import typed_box
+from napkin_cat.terms import Axes, Axis, Box, Const, Diagram, Expr, Let, Param, Size, Var
+
+__all__ = ["FLOAT_MAX", "TINY", "AccumulatorPlan", "accumulators_for", "chunk", "padded", "plan", "stream_fold"]
+
+FLOAT_MAX = sys.float_info.max
+TINY = sys.float_info.min
+
+
+@dataclass(frozen=True)
+class AccumulatorPlan:
+    """How one consuming box streams one axis.
+
+    ``lift`` takes the box's operands restricted to one chunk along ``axis`` (operands
+    that lack the axis are passed whole) and returns the chunk's state; ``combine`` takes
+    two states (the first's variables, then the second's) and returns one; ``final``
+    takes a state and returns the box's value, using ``Size`` of the FULL axis where it
+    needs one (mean, rms).  ``pad`` is one fill value per lift input, or None.
+    """
+
+    name: str
+    box: Box
+    axis: str
+    state: tuple[tuple[str, Axes], ...]
+    lift: Diagram
+    combine: Diagram
+    identity: tuple[float, ...]
+    final: Diagram
+    pad: tuple[float, ...] | None
+
+
+def accumulators_for(box: Box, axis: str) -> tuple[str, ...]:
+    """The accumulators that can stream ``axis`` through ``box`` (empty if it does not consume it)."""
+    if not isinstance(box, Box) or not ops.is_consuming(box.op) or axis not in box.target:
+        return ()
+    return ops.accumulators_for(box.op, box.params)
+
+
+def plan(box: Box, axis: str, name: str | None = None, guard: bool = True) -> AccumulatorPlan:
+    """The accumulator ``name`` (default: the first admissible) for ``box`` streaming ``axis``.
+
+    Raises ``ValueError`` if the box does not consume the axis or the accumulator is
+    not admissible for it (the kernel reports these to users; this is the library call).
+    """
+    admissible = accumulators_for(box, axis)
+    if not admissible:
+        raise ValueError(f"{box.op}[{' '.join(box.target)}] does not consume axis `{axis}`")
+    chosen = name or admissible[0]
+    if chosen not in admissible:
+        raise ValueError(f"accumulator `{chosen}` cannot stream {box.op}; admissible: {', '.join(admissible)}")
+    return _Builder(box, axis, guard).build(chosen)
+
+
+# ---- construction helpers ---------------------------------------------------------------
+
+
+def _axis_table(*types: Axes) -> tuple[Axis, ...]:
+    return tuple(Axis(a) for a in dict.fromkeys(a for t in types for a in t))
+
+
+def _unary(op: str, x: Expr) -> Expr:
+    return x if op == "id" else typed_box(op, (x,))
+
+
+def _bin(op: str, a: Expr, b: Expr) -> Expr:
+    return typed_box(op, (a, b))
+
+
+class _Builder:
+    """Builds lift/combine/final for one box; every helper returns typed terms."""
+
+    def __init__(self, box: Box, axis: str, guard: bool):
+        self.box = box
+        self.axis = axis
+        self.guard = guard
+        self.operands = tuple(Param(f"X{i}", a.axes) for i, a in enumerate(box.args))
+        self.x = tuple(Var(p.name, p.axes) for p in self.operands)
+
+    def diagram(self, kind: str, inputs: tuple[Param, ...], body: list[tuple[str, Expr]],
+                outputs: tuple[Expr, ...]) -> Diagram:
+        lets = tuple(Let((n,), e) for n, e in body)
+        types = tuple(o.axes for o in outputs)
+        axes = _axis_table(*(p.axes for p in inputs), *types, *(e.axes for _, e in body), self.box.target)
+        return Diagram(f"{kind}", inputs, lets, outputs, types, axes)
+
+    def shift(self, m: Expr) -> Expr:
+        return _bin("maximum", m, Const(-FLOAT_MAX)) if self.guard else m
+
+    def safe(self, z: Expr) -> Expr:
+        return _bin("maximum", z, Const(TINY)) if self.guard else z
+
+    def count(self) -> Expr:
+        """The number of positions the box consumes, over the FULL axes."""
+        out: Expr = Size(self.box.target[0])
+        for a in self.box.target[1:]:
+            out = _bin("mul", out, Size(a))
+        return out
+
+    def states(self, state: tuple[tuple[str, Axes], ...], suffix: str) -> tuple[Param, ...]:
+        return tuple(Param(f"{n}{suffix}", t) for n, t in state)
+
+    def build(self, name: str) -> AccumulatorPlan:
+        box = self.box
+        target = box.target
+        if name in ("sum", "max", "min", "prod"):
+            return self.monoid(name)
+        if name == "logsumexp":
+            (x,) = self.x
+            m = typed_box("max", (x,), target)
+            mv = Var("m", m.axes)
+            l_ = typed_box("sum", (_unary("exp", _bin("sub", x, self.shift(mv))),), target)
+            return self.stable(name, [("m", m), ("l", l_)], pad=(-math.inf,),
+                               final=lambda st: _bin("add", st[0], _unary("log", st[1])))
+        a1, a2, b = box.params
+        s, v = self.x
+        if name == "online_softmax":
+            m = typed_box("max", (s,), target)
+            mv = Var("m", m.axes)
+            p = _unary("exp", _bin("sub", s, self.shift(mv)))
+            return self.stable(name, [("m", m), ("l", typed_box("sum", (p,), target)),
+                                      ("o", typed_box("contract", (p, v), target))],
+                               pad=(-math.inf, 0.0),
+                               final=lambda st: _bin("div", st[2], self.safe(st[1])))
+        assert name == "normalised", name
+        o = typed_box("contract", (_unary(a1, s), v), target)
+        z = typed_box("sum", (_unary(a2, s),), target)
+        state = (("o", o.axes), ("z", z.axes))
+        lift = self.diagram("lift", self.operands, [("o", o), ("z", z)], (Var("o", o.axes), Var("z", z.axes)))
+        one, two = self.states(state, "1"), self.states(state, "2")
+        merged = tuple(_bin("add", Var(p.name, p.axes), Var(q.name, q.axes)) for p, q in zip(one, two, strict=True))
+        combine = self.diagram("combine", one + two, [], merged)
+        zs = Var("z", z.axes)
+        denom = {"id": zs, "sqrt": _unary("sqrt", zs),
+                 "rms": _unary("sqrt", _bin("div", zs, self.count()))}[b]
+        final = self.diagram("final", self.states(state, ""), [],
+                             (_bin("div", Var("o", o.axes), self.safe(denom)),))
+        fill = _pad_for(a1, a2)
+        return AccumulatorPlan(name, box, self.axis, state, lift, combine, (0.0, 0.0), final,
+                               None if fill is None else (fill, 0.0))
+
+    def monoid(self, name: str) -> AccumulatorPlan:
+        """sum (sum, mean, contract), max, min, prod: the state is the box's own partial value."""
+        box = self.box
+        if box.op == "mean":
+            part: Expr = typed_box("sum", self.x, box.target)
+        else:
+            part = typed_box(box.op, self.x, box.target, params=box.params)
+        state = (("s", part.axes),)
+        lift = self.diagram("lift", self.operands, [("s", part)], (Var("s", part.axes),))
+        merge = {"sum": "add", "max": "maximum", "min": "minimum", "prod": "mul"}[name]
+        one, two = self.states(state, "1"), self.states(state, "2")
+        combine = self.diagram("combine", one + two, [],
+                               (_bin(merge, Var(one[0].name, part.axes), Var(two[0].name, part.axes)),))
+        sv = Var("s", part.axes)
+        value = _bin("div", sv, self.count()) if box.op == "mean" else sv
+        final = self.diagram("final", self.states(state, ""), [], (value,))
+        identity = {"sum": 0.0, "max": -math.inf, "min": math.inf, "prod": 1.0}[name]
+        fill = {"sum": 0.0, "max": -math.inf, "min": math.inf, "prod": 1.0}[name]
+        # a contraction is padded by zeroing every operand that carries the axis
+        pad = tuple(fill for _ in self.x)
+        return AccumulatorPlan(name, box, self.axis, state, lift, combine, (identity,), final, pad)
+
+    def stable(self, name: str, parts: list[tuple[str, Expr]], pad: tuple[float, ...],
+               final: Callable[[list[Var]], Expr]) -> AccumulatorPlan:
+        """States (m, l[, o]) with a running max m; l and o are relative to exp(m).
+
+        combine: m = max(m1, m2); c_i = exp(m_i - shift(m)); l = c1 l1 + c2 l2; o likewise.
+        """
+        state = tuple((n, e.axes) for n, e in parts)
+        lift = self.diagram("lift", self.operands, parts, tuple(Var(n, e.axes) for n, e in parts))
+        one, two = self.states(state, "1"), self.states(state, "2")
+        v1 = {p.name[:-1]: Var(p.name, p.axes) for p in one}
+        v2 = {p.name[:-1]: Var(p.name, p.axes) for p in two}
+        m = _bin("maximum", v1["m"], v2["m"])
+        mv = Var("m", m.axes)
+        c1 = _unary("exp", _bin("sub", v1["m"], self.shift(mv)))
+        c2 = _unary("exp", _bin("sub", v2["m"], self.shift(mv)))
+        body: list[tuple[str, Expr]] = [("m", m), ("c1", c1), ("c2", c2)]
+        cv1, cv2 = Var("c1", c1.axes), Var("c2", c2.axes)
+        outs: list[Expr] = [mv]
+        for n, _ in parts[1:]:
+            merged = _bin("add", _bin("mul", cv1, v1[n]), _bin("mul", cv2, v2[n]))
+            body.append((n, merged))
+            outs.append(Var(n, merged.axes))
+        combine = self.diagram("combine", one + two, body, tuple(outs))
+        finals = self.states(state, "")
+        final_d = self.diagram("final", finals, [], (final([Var(p.name, p.axes) for p in finals]),))
+        identity = (-math.inf,) + (0.0,) * (len(parts) - 1)
+        return AccumulatorPlan(name, self.box, self.axis, state, lift, combine, identity, final_d, pad)
+
+
+#: the score values at which each activation is exactly 0 (in float64, -inf included)
+_ZEROS: dict[str, frozenset[float]] = {
+    "id": frozenset({0.0}), "square": frozenset({0.0}), "abs": frozenset({0.0}), "tanh": frozenset({0.0}),
+    "relu": frozenset({0.0, -math.inf}), "silu": frozenset({0.0}), "gelu": frozenset({0.0}),
+    "sigmoid": frozenset({-math.inf}), "exp": frozenset({-math.inf}),
+}
+
+
+def _pad_for(a1: str, a2: str) -> float | None:
+    """A score value at which a1 and a2 are both 0, so padded positions add nothing."""
+    common = _ZEROS.get(a1, frozenset()) & _ZEROS.get(a2, frozenset())
+    return min(common) if common else None
+
+
+def chunk(value: Named, axis: str, start: int, stop: int) -> Named:
+    """Positions ``start:stop`` of ``value`` along ``axis`` (the whole value if it lacks the axis)."""
+    if axis not in value.axes:
+        return value
+    index = [slice(None)] * len(value.axes)
+    index[value.axes.index(axis)] = slice(start, stop)
+    return Named(value.axes, value.data[tuple(index)])
+
+
+def padded(value: Named, axis: str, length: int, fill: float) -> Named:
+    """``value`` extended along ``axis`` to ``length`` positions with ``fill``."""
+    if axis not in value.axes:
+        return value
+    position = value.axes.index(axis)
+    missing = length - value.data.shape[position]
+    if missing <= 0:
+        return value
+    shape = list(value.data.shape)
+    shape[position] = missing
+    extra = np.full(shape, fill, dtype=value.data.dtype)
+    return Named(value.axes, np.concatenate([value.data, extra], axis=position))
+
+
+def stream_fold(acc: AccumulatorPlan, operands: Sequence[Named], tile: int, sizes: Mapping[str, int],
+                algebra: Algebra = FLOAT64, pad: bool = False) -> Named:
+    """The box's value computed as a kernel would: identity, then lift and combine per chunk, then final.
+
+    ``sizes`` are the full sizes (the final uses them); with ``pad`` a ragged last chunk is
+    filled to ``tile`` positions with the plan's padding values.
+    """
+    n = sizes[acc.axis]
+    state = tuple(Named((), algebra.asarray(v)) for v in acc.identity)
+    for start in range(0, n, tile):
+        parts = [chunk(x, acc.axis, start, min(start + tile, n)) for x in operands]
+        if pad and start + tile > n:
+            assert acc.pad is not None, "the kernel refuses padding without a padding law"
+            parts = [padded(x, acc.axis, tile, fill) for x, fill in zip(parts, acc.pad, strict=True)]
+        local = {**sizes, acc.axis: tile if pad else min(start + tile, n) - start}
+        lifted = evaluate_named(acc.lift, parts, local, algebra)
+        state = evaluate_named(acc.combine, state + lifted, dict(sizes), algebra)
+    (value,) = evaluate_named(acc.final, state, dict(sizes), algebra)
+    return value

@@ -77,7 +77,7 @@ def _load(path: Path, stack: tuple[Path, ...]) -> Module:
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
         raise NapkinError(error("file.not_found", path=str(path), reason=reason)) from None
-    return _Elaborator(text, str(path), path.parent, stack + (path.resolve(),)).module()
+    return _Elaborator(text, str(path), path.parent, (*stack, path.resolve())).module()
 
 
 def _span(node: Tree | Token, path: str) -> Span:
@@ -216,7 +216,8 @@ class _Elaborator:
         for t in trees:
             name = t.children[0]
             if name.value in by_name or name.value in self.diagrams:
-                first = _span(by_name[name.value], self.path) if name.value in by_name else self.diagrams[name.value].span
+                prior = by_name.get(name.value)
+                first = _span(prior, self.path) if prior is not None else self.diagrams[name.value].span
                 self.err("name.duplicate", name, kind="diagram", name=name.value, first=first)
                 continue
             if name.value in ops.OPS:
@@ -231,14 +232,14 @@ class _Elaborator:
             if name in done or name in bad:
                 return
             if name in path:
-                cycle = path[path.index(name):] + [name]
+                cycle = [*path[path.index(name):], name]
                 site = next(c for c in calls[path[-1]] if c.value == name)
                 self.err("diagram.recursion", site, name=name, cycle=" -> ".join(cycle))
                 bad.update(cycle)
                 self.failed.update(cycle)
                 return
             for callee in calls[name]:
-                visit(callee.value, path + [name])
+                visit(callee.value, [*path, name])
             if name not in bad:
                 diagram = self.diagram(by_name[name])
                 if diagram is not None:
@@ -500,7 +501,7 @@ class _Elaborator:
             ok = False
         elif info.name == "ncontract":
             allowed_a = sorted(set(ops.UNARY) | {"id"})
-            for i, (p, allowed) in enumerate(zip(got, (allowed_a, allowed_a, sorted(ops.NORMALISERS)))):
+            for i, (p, allowed) in enumerate(zip(got, (allowed_a, allowed_a, sorted(ops.NORMALISERS)), strict=False)):
                 if p not in allowed:
                     self.err("box.param_value", tree, did_you_mean(p, allowed), name=name.value,
                              index=i + 1, allowed=", ".join(allowed), got=p)

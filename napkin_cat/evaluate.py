@@ -228,7 +228,8 @@ SYMBOLIC: Algebra = _Symbolic()
 # ---- sizes ---------------------------------------------------------------------------------
 
 
-def bind_sizes(diagram: Diagram, shapes: Sequence[tuple[int, ...]], sizes: Mapping[str, int] | None = None) -> dict[str, int]:
+def bind_sizes(diagram: Diagram, shapes: Sequence[tuple[int, ...]],
+               sizes: Mapping[str, int] | None = None) -> dict[str, int]:
     """Sizes of the diagram's axes from declarations, ``sizes`` and the input shapes."""
     bound: dict[str, int] = {}
     for axis, value in (sizes or {}).items():

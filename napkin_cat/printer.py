@@ -17,7 +17,6 @@ from napkin_cat.terms import (
     Const,
     Diagram,
     Expr,
-    IBin,
     Idx,
     IInt,
     IndexExpr,
@@ -70,7 +69,7 @@ def print_expr(expr: Expr, context: int = 0) -> str:
         symbol, prec = _INFIX[expr.op]
         left, right = expr.args
         return _paren(f"{print_expr(left, prec)} {symbol} {print_expr(right, prec + 1)}", prec, context)
-    if expr.op == "neg":
+    if expr.op == "neg" and not isinstance(expr.args[0], Const):  # `-2` would re-parse as the constant -2
         return _paren(f"-{print_expr(expr.args[0], _UNARY_PREC)}", _UNARY_PREC, context)
     name = {"maximum": "max", "minimum": "min"}.get(expr.op, expr.op)
     brackets = ""

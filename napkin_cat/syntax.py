@@ -57,7 +57,7 @@ def _describe(names: set[str] | frozenset[str]) -> str:
             words.add(name.lower())
     ordered = sorted(words)
     if len(ordered) > 8:
-        ordered = ordered[:8] + ["..."]
+        ordered = [*ordered[:8], "..."]
     return ", ".join(ordered) if ordered else "nothing"
 
 
@@ -67,8 +67,7 @@ def _diagnostic(exc: UnexpectedInput, path: str, text: str) -> Diagnostic:
     if isinstance(exc, UnexpectedEOF) or (isinstance(exc, UnexpectedToken) and exc.token.type == "$END"):
         lines = text.splitlines() or [""]
         line, col = len(lines), len(lines[-1]) + 1
-        expected = exc.expected if isinstance(exc, UnexpectedEOF) else exc.expected
-        return error("syntax.unexpected_eof", Span(path, line, col), expected=_describe(set(expected)))
+        return error("syntax.unexpected_eof", Span(path, line, col), expected=_describe(set(exc.expected)))
     if isinstance(exc, UnexpectedToken):
         tok = exc.token
         span = Span(path, line, col, tok.end_line or line, tok.end_column or col + 1)

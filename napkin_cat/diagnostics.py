@@ -88,6 +88,11 @@ MESSAGES: dict[str, str] = {
     "eval.size": "axis `{axis}` has size {expected} but input `{name}` has {got} along it",
     "eval.unbound": "axis `{axis}` has no size: give it with sizes={{'{axis}': N}}",
     "eval.size_binding": "size for axis `{axis}` must be a positive integer, got {got!r}",
+    # proofs (napkin_cat.kernel refuses; napkin_cat.proof reports)
+    "proof.refused": "{rule}: {reason}",
+    "proof.unknown_lemma": "unknown lemma `{name}`",
+    "proof.lemma_invalid": "lemma `{name}`: {reason}",
+    "proof.not_certified": "lemma `{name}` fails certification: {reason}",
 }
 
 

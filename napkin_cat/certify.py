@@ -1,0 +1,299 @@
+"""Certification of lemmas and accumulator laws (verification tiers T1 and T2).
+
+T1, symbolic: both sides are evaluated with the evaluator's own fold over sympy
+scalars (``evaluate.SYMBOLIC``) on symbolic inputs, at every assignment of axis sizes up
+to a bound, and each entry of the difference must simplify to 0.  Where ``Max``/``Min``
+occur (running maxima) the check splits into cases: for every ordering of the scalars
+inside them, the scalars are rewritten as t, t - p1, t - p1 - p2, ... with p_i >= 0,
+which decides every Max/Min and covers ties.
+T2, numeric: float64 evaluation on seeded random sizes and values (with fully masked
+rows for the accumulators with a running max) must agree to 1e-9.
+
+Accumulators are certified per consuming box signature (op, target, parameters,
+operand types, streamed axis): the recomposition law combine(lift(x), lift(y)) =
+lift(x ⊕ y), the identity law combine(identity, s) = s, the finaliser law
+final(lift(x)) = box(x), and with padding lift(x ⊕ fill) = lift(x).  The symbolic tier
+uses the unguarded forms (exact over the reals), the numeric tier the guarded ones.
+
+Results are cached; ``napkin check`` uses the ``quick`` level, ``napkin check
+--certify`` the ``full`` one.  Every certificate says what was checked.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import numpy as np
+import sympy
+
+from napkin_cat import accumulators as acc
+from napkin_cat.diagnostics import NapkinError
+from napkin_cat.evaluate import FLOAT64, SYMBOLIC, Algebra, Named, evaluate_named
+from napkin_cat.kernel import typed_box
+from napkin_cat.terms import Axis, Box, Diagram, Expr, LemmaDecl, Param, Var
+
+__all__ = ["LEVELS", "Certificate", "accumulator", "certify_lemma", "representative_boxes"]
+
+#: (symbolic size bound, random float64 cases) per level
+LEVELS: dict[str, tuple[int, int]] = {"quick": (2, 12), "full": (3, 60)}
+_MAX_ORDERED = 5  # at most 5! orderings per symbolic case
+
+
+@dataclass(frozen=True)
+class Certificate:
+    """The outcome of certifying one lemma or accumulator: ``ok``, how, or a counterexample."""
+
+    ok: bool
+    how: str
+    counterexample: str | None = None
+
+
+# ---- deciding equality of sympy scalars -------------------------------------------------------
+
+
+def _zero(d: Any) -> bool:
+    if d == 0:
+        return True
+    d = sympy.expand(d)
+    return bool(d == 0 or sympy.simplify(d) == 0)
+
+
+def _ordered(exprs: Sequence[Any]) -> list[dict[Any, Any]]:
+    """Substitutions covering every ordering of the scalars inside Max/Min (see module doc)."""
+    inside: set[Any] = set()
+    for e in exprs:
+        for atom in sympy.sympify(e).atoms(sympy.Max, sympy.Min):
+            inside |= atom.free_symbols
+    if not inside:
+        return [{}]
+    names = sorted(inside, key=str)
+    if len(names) > _MAX_ORDERED:
+        raise _TooLarge
+    top = sympy.Symbol("t", real=True)
+    gaps = [sympy.Symbol(f"p{i}", nonnegative=True) for i in range(1, len(names))]
+    cases = []
+    for order in itertools.permutations(names):
+        value: Any = top
+        sub = {order[0]: top}
+        for sym, gap in zip(order[1:], gaps, strict=True):
+            value = value - gap
+            sub[sym] = value
+        cases.append(sub)
+    return cases
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _symbolic_equal(left: Sequence[Any], right: Sequence[Any]) -> bool:
+    pairs = list(zip(left, right, strict=True))
+    if all(_zero(a - b) for a, b in pairs if not (a - b).has(sympy.Max, sympy.Min)) and \
+            all(not (a - b).has(sympy.Max, sympy.Min) for a, b in pairs):
+        return True
+    for sub in _ordered([a for p in pairs for a in p]):
+        if not all(_zero(sympy.sympify(a).subs(sub) - sympy.sympify(b).subs(sub)) for a, b in pairs):
+            return False
+    return True
+
+
+def _flat(values: Sequence[Named], order: Sequence[tuple[str, ...]] | None = None) -> list[Any]:
+    out: list[Any] = []
+    for i, v in enumerate(values):
+        data = v.to(order[i]) if order is not None else v.data
+        out.extend(np.asarray(data, dtype=object).ravel().tolist())
+    return out
+
+
+def _symbols(prefix: str, axes: tuple[str, ...], sizes: dict[str, int]) -> Named:
+    shape = tuple(sizes[a] for a in axes)
+    data = np.empty(shape, dtype=object)
+    for index in np.ndindex(*shape):
+        data[index] = sympy.Symbol(f"{prefix}{'_'.join(map(str, index))}", real=True)
+    return Named(axes, data)
+
+
+# ---- lemmas ------------------------------------------------------------------------------------
+
+
+def _side(lemma: LemmaDecl, side: Expr) -> Diagram:
+    return Diagram(lemma.name, lemma.params, (), (side,), (side.axes,), lemma.axes)
+
+
+def _size_cases(axes: Sequence[str], bound: int) -> list[dict[str, int]]:
+    return [dict(zip(axes, sizes, strict=True)) for sizes in itertools.product(range(1, bound + 1), repeat=len(axes))]
+
+
+@cache
+def certify_lemma(lemma: LemmaDecl, level: str = "quick") -> Certificate:
+    """Check ``lemma`` symbolically up to the level's size bound and numerically at random."""
+    bound, cases = LEVELS[level]
+    lhs, rhs = _side(lemma, lemma.lhs), _side(lemma, lemma.rhs)
+    axes = [a.name for a in lemma.axes]
+    checked, skipped = 0, 0
+    for sizes in _size_cases(axes, bound):
+        inputs = [_symbols(p.name, p.axes, sizes) for p in lemma.params]
+        try:
+            left = evaluate_named(lhs, inputs, dict(sizes), SYMBOLIC)
+            right = evaluate_named(rhs, inputs, dict(sizes), SYMBOLIC)
+        except NapkinError:
+            continue  # sizes the lemma's reshapes do not admit (e.g. |x| != |y|·|z|)
+        try:
+            same = _symbolic_equal(_flat(left), _flat(right, [v.axes for v in left]))
+        except _TooLarge:
+            skipped += 1
+            continue
+        if not same:
+            return Certificate(False, "sympy", f"sizes {_fmt(sizes)}: the sides differ symbolically")
+        checked += 1
+    rng = np.random.default_rng(0)
+    numeric = 0
+    for _ in range(40 * cases):  # draws the lemma's reshapes do not admit are redrawn
+        if numeric == cases:
+            break
+        sizes = {a: int(rng.integers(1, 5)) for a in axes}
+        inputs = [Named(p.axes, rng.standard_normal([sizes[a] for a in p.axes])) for p in lemma.params]
+        try:
+            left = evaluate_named(lhs, inputs, dict(sizes), FLOAT64)
+            right = evaluate_named(rhs, inputs, dict(sizes), FLOAT64)
+        except NapkinError:
+            continue
+        a, b = left[0].data, right[0].data if not left[0].axes else right[0].to(left[0].axes)
+        if not np.allclose(a, b, rtol=1e-9, atol=1e-9, equal_nan=True):
+            return Certificate(False, "float64", f"sizes {_fmt(sizes)}: {np.ravel(a)[:3]} vs {np.ravel(b)[:3]}")
+        numeric += 1
+    if checked == 0 or numeric == 0:
+        return Certificate(False, "none", "no admissible sizes to check")
+    extra = f", {skipped} too large for case splitting" if skipped else ""
+    return Certificate(True, f"sympy {checked} size cases ≤{bound}{extra}; float64 {numeric} random")
+
+
+def _fmt(sizes: dict[str, int]) -> str:
+    return ", ".join(f"{a}={n}" for a, n in sizes.items())
+
+
+# ---- accumulators ------------------------------------------------------------------------------
+
+
+def _canonical(box: Box, axis: str) -> Box:
+    """The box on typed variables, woven axes dropped: all that the laws depend on.
+
+    Woven axes only broadcast every term of lift, combine and final, so the laws hold
+    with them iff they hold without them.
+    """
+    keep = set(box.target) | {axis}
+    args = tuple(Var(f"X{i}", tuple(a for a in x.axes if a in keep)) for i, x in enumerate(box.args))
+    return typed_box(box.op, args, box.target, box.out, box.params)
+
+
+def accumulator(box: Box, axis: str, name: str, pad: bool) -> str | None:
+    """The kernel's oracle: how ``name`` was certified for ``box`` along ``axis``, or None."""
+    cert = certify_accumulator(_canonical(box, axis), axis, name, pad, "quick")
+    return cert.how if cert.ok else None
+
+
+def _box_diagram(box: Box) -> Diagram:
+    params = tuple(Param(a.name, a.axes) for a in box.args if isinstance(a, Var))
+    axes = tuple(Axis(a) for a in dict.fromkeys(a for p in params for a in p.axes))
+    return Diagram(box.op, params, (), (box,), (box.axes,), axes)
+
+
+@cache
+def certify_accumulator(box: Box, axis: str, name: str, pad: bool, level: str = "quick") -> Certificate:
+    """Check the accumulator laws for a canonical box (see the module docstring)."""
+    try:
+        exact, guarded = acc.plan(box, axis, name, guard=False), acc.plan(box, axis, name, guard=True)
+    except ValueError as exc:
+        return Certificate(False, "plan", str(exc))
+    if pad and exact.pad is None:
+        return Certificate(False, "padding", f"no padding value leaves `{name}` unchanged")
+    others = [a for a in dict.fromkeys(a for x in box.args for a in x.axes) if a != axis]
+    splits = [(1, 1), (1, 2), (2, 1)] if level == "quick" else [(1, 1), (1, 2), (2, 1), (2, 2), (1, 3)]
+    for n1, n2 in splits:
+        sizes = dict.fromkeys(others, 1) | {axis: n1 + n2}
+        problem = _laws(exact, box, sizes, n1, pad, SYMBOLIC, lambda i, s: _symbols(f"x{i}_", s.axes, s.sizes),
+                        _symbolic_equal)
+        if problem:
+            return Certificate(False, "sympy", problem)
+    rng = np.random.default_rng(1)
+    cases = LEVELS[level][1]
+    for case in range(cases):
+        sizes = {a: int(rng.integers(1, 4)) for a in others}
+        n1, n2 = int(rng.integers(1, 5)), int(rng.integers(1, 5))
+        sizes[axis] = n1 + n2
+        masked = case % 4 == 3 and name in ("max", "logsumexp", "online_softmax")
+
+        def draw(i: int, spec: _Spec, masked: bool = masked) -> Named:
+            data = rng.standard_normal([spec.sizes[a] for a in spec.axes])
+            if masked and i == 0 and data.ndim > 1:
+                data[(0,) * (data.ndim - 1)] = -math.inf  # one fully masked row
+            return Named(spec.axes, data)
+
+        problem = _laws(guarded, box, sizes, n1, pad, FLOAT64, draw, _numeric_equal)
+        if problem:
+            return Certificate(False, "float64", problem)
+    return Certificate(True, f"laws: sympy {len(splits)} splits; float64 {cases} random")
+
+
+@dataclass(frozen=True)
+class _Spec:
+    axes: tuple[str, ...]
+    sizes: dict[str, int]
+
+
+def _numeric_equal(left: Sequence[Any], right: Sequence[Any]) -> bool:
+    return bool(np.allclose(np.asarray(left, dtype=float), np.asarray(right, dtype=float), rtol=1e-9, atol=1e-9,
+                            equal_nan=True))
+
+
+def _laws(plan: acc.AccumulatorPlan, box: Box, sizes: dict[str, int], n1: int, pad: bool, algebra: Algebra,
+          draw: Callable[[int, _Spec], Named], equal: Callable[[Sequence[Any], Sequence[Any]], bool]) -> str | None:
+    """The first law that fails on one drawn input, or None."""
+    axis = plan.axis
+    n = sizes[axis]
+    xs = [draw(i, _Spec(a.axes, sizes)) for i, a in enumerate(box.args)]
+    part1 = [acc.chunk(x, axis, 0, n1) for x in xs]
+    part2 = [acc.chunk(x, axis, n1, n) for x in xs]
+
+    def lift(parts: list[Named], size: int) -> tuple[Named, ...]:
+        return evaluate_named(plan.lift, parts, sizes | {axis: size}, algebra)
+
+    def flat(values: Sequence[Named]) -> list[Any]:
+        return _flat(values, [t for _, t in plan.state])
+
+    whole = lift(xs, n)
+    merged = evaluate_named(plan.combine, lift(part1, n1) + lift(part2, n - n1), dict(sizes), algebra)
+    if not equal(flat(merged), flat(whole)):
+        return f"combine(lift(x), lift(y)) != lift(x ⊕ y) at {_fmt(sizes)}"
+    identity = tuple(Named((), algebra.asarray(v)) for v in plan.identity)
+    unit = evaluate_named(plan.combine, identity + whole, dict(sizes), algebra)
+    if not equal(flat(unit), flat(whole)):
+        return f"combine(identity, s) != s at {_fmt(sizes)}"
+    (final,) = evaluate_named(plan.final, whole, dict(sizes), algebra)
+    (value,) = evaluate_named(_box_diagram(box), xs, dict(sizes), algebra)
+    if not equal(_flat([final], [value.axes]), _flat([value])):
+        return f"final(lift(x)) != {box.op}(x) at {_fmt(sizes)}"
+    if pad and plan.pad is not None:
+        filled = [acc.padded(x, axis, n + 1, fill) for x, fill in zip(xs, plan.pad, strict=True)]
+        if algebra is SYMBOLIC:
+            filled = [Named(f.axes, np.asarray(algebra.asarray(f.data.astype(object)))) for f in filled]
+        if not equal(flat(lift(filled, n + 1)), flat(whole)):
+            return f"lift(x ⊕ padding) != lift(x) at {_fmt(sizes)}"
+    return None
+
+
+def representative_boxes() -> list[tuple[Box, str]]:
+    """One canonical box per accumulator family, for ``napkin check --certify``."""
+    s, v = Var("X0", ("q", "x")), Var("X1", ("x", "d"))
+    boxes: list[tuple[Box, str]] = []
+    for op in ("sum", "mean", "max", "min", "prod", "logsumexp"):
+        boxes.append((Box(op, (s,), ("q",), ("x",)), "x"))
+    boxes.append((Box("contract", (s, v), ("q", "d"), ("x",)), "x"))
+    for params in (("exp", "exp", "id"), ("id", "square", "sqrt"), ("id", "square", "rms")):
+        boxes.append((Box("ncontract", (s, v), ("q", "d"), ("x",), (), params), "x"))
+    return boxes

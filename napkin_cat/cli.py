@@ -88,6 +88,57 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    """Check every theorem in the given files and folders; exit 1 if any fails."""
+    from napkin_cat.proof import check_file
+
+    files: list[Path] = []
+    for item in args.paths:
+        path = Path(item)
+        if path.is_dir():
+            files.extend(sorted(path.rglob("*.ncd")))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise UsageError(f"no such file or folder: {item}")
+    level = "full" if args.certify else "quick"
+    if args.certify:
+        from napkin_cat import certify, rules
+
+        for lemma in rules.library().values():
+            cert = certify.certify_lemma(lemma, level)
+            print(f"lemma {lemma.name}: {'certified' if cert.ok else 'FAILED'} ({cert.how})"
+                  + (f": {cert.counterexample}" if cert.counterexample else ""))
+        for box, axis in certify.representative_boxes():
+            from napkin_cat.accumulators import accumulators_for
+
+            for name in accumulators_for(box, axis):
+                cert = certify.certify_accumulator(box, axis, name, True, level)
+                print(f"accumulator {name} for {box.op}: {'certified' if cert.ok else 'FAILED'} ({cert.how})")
+    failed = 0
+    theorems = 0
+    for file in files:
+        try:
+            results = check_file(file, level)
+        except NapkinError as exc:
+            failed += 1
+            for diag in exc.diagnostics:
+                print(render(diag), file=sys.stderr)
+            continue
+        for result in results:
+            theorems += 1
+            print(f"{file}: {result.summary()}")
+            if not result.ok:
+                failed += 1
+                assert result.failure is not None
+                print(render(result.failure), file=sys.stderr)
+                if result.counterexample:
+                    print(f"  counterexample: {result.counterexample}", file=sys.stderr)
+    print(f"{theorems - failed if failed <= theorems else 0} of {theorems} theorems checked"
+          + (f", {failed} failed" if failed else ""))
+    return 1 if failed else 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="napkin", description=__doc__.splitlines()[0] if __doc__ else None)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -102,6 +153,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--size", action="append", metavar="AXIS=N", help="size of a symbolic axis (repeatable)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("check", help="check the theorems of proof files (files or folders)")
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.add_argument("--certify", action="store_true", help="run the full certification of lemmas and accumulators")
+    p.set_defaults(func=cmd_check)
     return parser
 
 

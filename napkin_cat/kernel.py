@@ -516,6 +516,8 @@ def _nest(thm: Theorem, step: Partition) -> tuple[Divides, ...]:
     what = f"the `{outer[-1].level}` tile {outer[-1].tile}" if outer else f"axis `{step.axis}`"
     if dividend is None:
         dividend = step.axis
+    if step.tile == 1:
+        return ()
     if isinstance(step.tile, int) and isinstance(dividend, int):
         if dividend % step.tile == 0:
             return ()

@@ -1,0 +1,179 @@
+"""Proof blocks -> kernel calls: ``check_file``, ``check_module``, ``theorem``.
+
+Each ``theorem NAME: DIAGRAM { steps }`` starts from reflexivity on the diagram, unfolds
+diagrams used as boxes (δ), then runs each step through the kernel, wiring certify's
+results in: a rewrite's lemma must certify, a stream step asks certify (through an
+oracle) whether each accumulator's laws hold for the box it streams.  The first refused
+step stops the theorem; for a refused partition the checker also looks for a concrete
+counterexample: it runs the diagram tile by tile as the refused schedule would (tiles
+evaluated independently, outputs that lack the axis combined with the named
+accumulator's monoid or summed, no ragged tile without ``pad``) and compares with the
+plain evaluator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from napkin_cat import certify, kernel, rules
+from napkin_cat.accumulators import chunk
+from napkin_cat.diagnostics import Diagnostic, NapkinError, error
+from napkin_cat.elaborate import load
+from napkin_cat.evaluate import FLOAT64, Named, evaluate_named
+from napkin_cat.terms import Diagram, LemmaDecl, Module, Partition, Place, Quantise, Rewrite, Step, TheoremDecl
+
+__all__ = ["CheckResult", "check_file", "check_module", "check_theorem", "describe_step", "theorem"]
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One theorem's outcome: the Theorem, or the failing step (1-based) and why."""
+
+    name: str
+    path: str
+    steps: tuple[Step, ...]
+    theorem: kernel.Theorem | None = None
+    failure: Diagnostic | None = None
+    step: int | None = None
+    counterexample: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.theorem is not None
+
+    def summary(self) -> str:
+        """``NAME: step; step; ... [trust: ...]`` or ``NAME: FAILED at step N``."""
+        steps = "; ".join(describe_step(s) for s in self.steps) or "no steps"
+        if self.theorem is not None:
+            exact = "≡" if self.theorem.exact else "≈"
+            constraints = ", ".join(str(c) for c in self.theorem.constraints)
+            when = f" [assuming {constraints}]" if constraints else ""
+            return f"{self.name} {exact}: {steps}{when}  (trust: {'; '.join(self.theorem.trust)})"
+        return f"{self.name}: FAILED at step {self.step}: {describe_step(self.steps[self.step - 1])}" \
+            if self.step else f"{self.name}: FAILED"
+
+
+def describe_step(step: Step) -> str:
+    """A proof step in its source form."""
+    if isinstance(step, Rewrite):
+        return f"rewrite {step.lemma} at {', '.join(step.at)}"
+    if isinstance(step, Partition):
+        via = f" via {step.via}" if step.via else ""
+        return f"{step.kind} {step.axis} by {step.tile} at {step.level}{via}{' pad' if step.pad else ''}"
+    if isinstance(step, Place):
+        return f"place {', '.join(step.names)} at {step.level}"
+    return f"dtype {', '.join(step.names)} as {step.dtype} tol {step.tol:g}"
+
+
+def check_file(path: str | Path, level: str = "quick") -> list[CheckResult]:
+    """Check every theorem of an .ncd file (raises NapkinError if it does not elaborate)."""
+    return check_module(load(path), level)
+
+
+def check_module(module: Module, level: str = "quick") -> list[CheckResult]:
+    """Check every theorem of an elaborated module."""
+    lemmas = rules.lemmas_in_scope(module)
+    return [check_theorem(module, decl, lemmas, level) for decl in module.theorems]
+
+
+def theorem(path: str | Path, name: str) -> kernel.Theorem:
+    """The checked theorem ``name`` of a proof file; raises NapkinError if it fails."""
+    module = load(path)
+    try:
+        decl = module.theorem(name)
+    except KeyError:
+        known = ", ".join(t.name for t in module.theorems) or "none"
+        raise NapkinError(error("name.unknown", None, f"theorems here: {known}", kind="theorem", name=name)) from None
+    result = check_theorem(module, decl, rules.lemmas_in_scope(module))
+    if result.theorem is None:
+        assert result.failure is not None
+        raise NapkinError(result.failure)
+    return result.theorem
+
+
+def check_theorem(module: Module, decl: TheoremDecl, lemmas: dict[str, LemmaDecl],
+                  level: str = "quick") -> CheckResult:
+    """Run one theorem's steps through the kernel."""
+    diagram = module.diagram(decl.diagram)
+    thm = kernel.unfold(kernel.refl(decl.name, diagram))
+    for index, step in enumerate(decl.steps, start=1):
+        try:
+            thm = _apply(thm, step, lemmas, level)
+        except NapkinError as exc:
+            witness = _counterexample(thm.result, step) if isinstance(step, Partition) else None
+            return CheckResult(decl.name, module.path, decl.steps, None, exc.diagnostics[0], index, witness)
+    return CheckResult(decl.name, module.path, decl.steps, thm)
+
+
+def _apply(thm: kernel.Theorem, step: Step, lemmas: dict[str, LemmaDecl], level: str) -> kernel.Theorem:
+    if isinstance(step, Rewrite):
+        lemma = lemmas.get(step.lemma)
+        if lemma is None:
+            from napkin_cat.diagnostics import did_you_mean
+
+            raise NapkinError(error("proof.unknown_lemma", step.span, did_you_mean(step.lemma, lemmas),
+                                    name=step.lemma))
+        cert = certify.certify_lemma(lemma, level)
+        if not cert.ok:
+            raise NapkinError(error("proof.not_certified", step.span, name=lemma.name,
+                                    reason=f"{cert.how}: {cert.counterexample}"))
+        return kernel.rewrite(thm, lemma, step, {lemma.name: cert.how})
+    if isinstance(step, Partition):
+        if step.kind == "group":
+            return kernel.group(thm, step)
+        return kernel.stream(thm, step, certify.accumulator)
+    if isinstance(step, Place):
+        return kernel.place(thm, step)
+    assert isinstance(step, Quantise)
+    return kernel.quantise(thm, step)
+
+
+# ---- counterexamples for refused partitions ---------------------------------------------------
+
+_MERGE = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
+
+
+def _counterexample(diagram: Diagram, step: Partition) -> str | None:
+    """Inputs on which running ``diagram`` tile by tile as ``step`` claims differs from it."""
+    declared = diagram.axis_sizes()
+    tile = step.tile if isinstance(step.tile, int) else 2
+    sizes = {a: (n if n is not None else 3) for a, n in declared.items()}
+    if declared.get(step.axis) is None:
+        sizes[step.axis] = 2 * tile
+    if any(n > 4096 for n in sizes.values()):
+        return None
+    rng = np.random.default_rng(0)
+    inputs = [Named(p.axes, rng.standard_normal([sizes[a] for a in p.axes])) for p in diagram.inputs]
+    try:
+        whole = evaluate_named(diagram, inputs, dict(sizes), FLOAT64)
+        n = sizes[step.axis]
+        tiles = [(s, min(s + tile, n)) for s in range(0, n, tile) if step.pad or s + tile <= n]
+        pieces = [evaluate_named(diagram, [chunk(x, step.axis, a, b) for x in inputs],
+                                 dict(sizes) | {step.axis: b - a}, FLOAT64) for a, b in tiles]
+    except NapkinError:
+        return None
+    merge = _MERGE.get(step.via or "sum", np.add)
+    for k, (out, axes) in enumerate(zip(whole, diagram.out_types, strict=True)):
+        parts = [p[k].to(axes) for p in pieces]
+        if step.axis in axes:
+            got = np.concatenate(parts, axis=axes.index(step.axis))
+            if got.shape != out.data.shape:
+                return (f"with {_sizes(sizes)} and tile {tile}, the tiles cover {got.shape[axes.index(step.axis)]} "
+                        f"of {n} positions of `{step.axis}`")
+        else:
+            got = parts[0]
+            for p in parts[1:]:
+                got = merge(got, p)
+        bad = ~np.isclose(got, out.data, rtol=1e-6, atol=1e-9, equal_nan=True)
+        if bad.any():
+            where = tuple(int(i) for i in np.argwhere(bad)[0])
+            return (f"with {_sizes(sizes)}, tile {tile} and seeded normal inputs, output {k} at {list(where)} is "
+                    f"{got[where]:.6g} tile by tile but {out.data[where]:.6g} by the diagram")
+    return None
+
+
+def _sizes(sizes: dict[str, int]) -> str:
+    return ", ".join(f"{a}={n}" for a, n in sizes.items())

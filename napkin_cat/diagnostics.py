@@ -43,6 +43,7 @@ MESSAGES: dict[str, str] = {
     "syntax.unexpected_token": "unexpected {token}; expected {expected}",
     "syntax.unexpected_char": "unexpected character {char!r}; expected {expected}",
     "syntax.unexpected_eof": "unexpected end of file; expected {expected}",
+    "syntax.too_deep": "expression nested more than {limit} levels deep; name intermediate results with `=`",
     # files and modules
     "file.not_found": "cannot read {path}: {reason}",
     "use.cycle": "`use` cycle: {cycle}",

@@ -317,8 +317,16 @@ class _Interpreter:
 
     def apply(self, node: Apply, kids: tuple[Named, ...]) -> Named | tuple[Named, ...]:
         outs = run_diagram(node.diagram, kids, self.visit)
-        results = tuple(Named(t, out.to(t)) for out, t in zip(outs, node.types, strict=True))
-        return results[0] if len(results) == 1 else results
+        lengths = {a: n for value in (*kids, *outs) for a, n in zip(value.axes, np.shape(value.data), strict=True)}
+        results = []
+        for out, declared in zip(outs, node.types, strict=True):
+            # Axes this call is woven over from further out (a call inside a woven diagram)
+            # stay in front.  An output that does not depend on some woven axis (a constant,
+            # or computed only from arguments that lack it) is repeated along it.
+            axes = tuple(a for a in out.axes if a not in declared) + declared
+            data = np.broadcast_to(out.aligned(axes), [lengths[a] for a in axes])
+            results.append(Named(axes, np.array(data)))
+        return results[0] if len(results) == 1 else tuple(results)
 
     def box(self, node: Box, kids: tuple[Named, ...]) -> Named:
         alg = self.alg

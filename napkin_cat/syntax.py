@@ -80,9 +80,27 @@ def _diagnostic(exc: UnexpectedInput, path: str, text: str) -> Diagnostic:
                  char=exc.char, expected=_describe(allowed))
 
 
+#: deepest tree accepted; the elaborator, printer and every fold recurse along expressions
+MAX_DEPTH = 200
+
+
+def _check_depth(tree: Tree, path: str) -> None:
+    """Refuse absurdly nested expressions here, so no later recursive pass can overflow."""
+    stack: list[tuple[Tree, int]] = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            meta = node.meta
+            span = Span(path, meta.line, meta.column) if not getattr(meta, "empty", True) else None
+            raise NapkinError(error("syntax.too_deep", span, limit=MAX_DEPTH))
+        stack.extend((child, depth + 1) for child in node.children if isinstance(child, Tree))
+
+
 def parse_tree(text: str, path: str = "<string>") -> Tree:
     """Parse ``text``; raise ``NapkinError`` with a located diagnostic on a syntax error."""
     try:
-        return _parser().parse(text)
+        tree = _parser().parse(text)
     except UnexpectedInput as exc:
         raise NapkinError(_diagnostic(exc, path, text)) from None
+    _check_depth(tree, path)
+    return tree

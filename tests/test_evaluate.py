@@ -286,6 +286,23 @@ def test_a_diagram_is_woven_over_extra_axes_and_shares_inputs_that_lack_them(dat
     check(data, d, lambda x, w: NORMALISE_REFERENCE["softmax"](x, (2,)) * w[None])
 
 
+def test_weaving_nests_through_calls_inside_woven_diagrams() -> None:
+    m = loads(AXES + "diagram f(X: [j]) -> [j] { return softmax[j](X) }\n"
+                     "diagram g(X: [i j]) -> [i j] { return f(X) * index[i](i) }\n"
+                     "diagram h(X: [p i j]) -> [p i j] { return g(X) }\n")
+    x = np.random.default_rng(3).standard_normal((2, 3, 4))
+    expected = NORMALISE_REFERENCE["softmax"](x, (2,)) * np.arange(3)[None, :, None]
+    np.testing.assert_allclose(m.diagram("h").evaluate(x), expected, rtol=1e-12)
+
+
+def test_an_output_independent_of_a_woven_axis_is_repeated_along_it() -> None:
+    m = loads(AXES + "diagram c(X: [j]) -> [], [j] { return 2.5, sum[i](index[i j](i + j)) }\n"
+                     "diagram w(X: [p j]) -> [p], [p j] { A, B = c(X)\n return A, B }\n")
+    a, b = m.diagram("w").evaluate(np.zeros((2, 3)), sizes={"i": 4})
+    np.testing.assert_array_equal(a, [2.5, 2.5])
+    np.testing.assert_array_equal(b, np.broadcast_to(6 + 4 * np.arange(3.0), (2, 3)))
+
+
 def test_woven_outputs_put_the_woven_axes_first() -> None:
     m = loads(AXES + "diagram t(X: [i]) -> [i], [] { return X, sum[i](X) }\n"
                      "diagram w(X: [i p]) -> [p i], [p] { A, B = t(X)\n return A, B }\n")

@@ -1,0 +1,240 @@
+"""A diagram as a box-and-wire graph: the first half of drawing (paper-digest §1.1).
+
+``build_graph`` folds a ``terms.Diagram`` into the graph a neural circuit diagram shows:
+one node per input, per box (``Box`` or ``Apply``) and per output; one edge per array
+flowing from a producer's output port into a consumer.  An array is a bundle of wires,
+one per axis.  Sub-expressions without arrays (``rsqrt(d)``, ``-inf``) are not wires:
+they become part of the label of the box that uses them.  With ``expand=True`` an inner
+diagram (``Apply``) is inlined, its arrays carrying the axes it is woven over.
+
+How each wire meets a box is read off the axes (architecture.md §3.1): an axis on an
+input and on the output that the box does not name *passes over* the box (weaving); an
+axis the box names ends at the box, and re-emerges from it if it is also an output axis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from napkin_cat import ops
+from napkin_cat.printer import print_expr, print_index, print_pred
+from napkin_cat.terms import Apply, Axes, Box, Const, Diagram, Expr, Size, Var, union_axes
+
+__all__ = ["GLYPHS", "BoxText", "Edge", "Graph", "Node", "Port", "box_text", "build_graph"]
+
+#: How each primitive box is drawn: (shape, glyph, whether its target axes are written as a
+#: subscript of the glyph).  Softmax is the paper's triangle ◁ (digest N4); a contraction is
+#: Σ with the contracted axes below it.
+GLYPHS: dict[str, tuple[str, str, bool]] = {
+    **{name: ("rect", name, False) for name in ops.UNARY},
+    "neg": ("rect", "−", False),
+    "add": ("rect", "+", False),
+    "sub": ("rect", "−", False),
+    "mul": ("rect", "×", False),
+    "div": ("rect", "÷", False),
+    "maximum": ("rect", "max", False),
+    "minimum": ("rect", "min", False),
+    "sum": ("rect", "sum", True),
+    "max": ("rect", "max", True),
+    "min": ("rect", "min", True),
+    "prod": ("rect", "prod", True),
+    "mean": ("rect", "mean", True),
+    "logsumexp": ("rect", "lse", True),
+    "softmax": ("triangle", "softmax", True),
+    "l2norm": ("rect", "l2norm", True),
+    "rmsnorm": ("rect", "rmsnorm", True),
+    "contract": ("rect", "Σ", True),
+    "ncontract": ("rect", "◁Σ", True),
+    "where": ("rect", "where", False),
+    "index": ("rect", "index", False),
+    "onehot": ("rect", "onehot", True),
+    "split": ("rect", "split", False),
+    "join": ("rect", "join", False),
+    "rename": ("rect", "rename", False),
+    "transpose": ("rect", "transpose", False),
+}
+
+_INFIX = {"add", "sub", "mul", "div"}
+
+
+@dataclass(frozen=True)
+class Port:
+    """Output ``index`` of node ``node``."""
+
+    node: int
+    index: int = 0
+
+
+@dataclass
+class Node:
+    """An input, a box or an output of the drawn diagram.
+
+    ``inputs`` are the ports feeding it in argument order; ``outputs`` the array types it
+    produces; ``target`` the axes that end at the box instead of passing over it.
+    """
+
+    id: int
+    kind: str  # "input" | "box" | "output"
+    inputs: list[Port]
+    outputs: list[Axes]
+    label: str = ""  # drawn as label, then sub as a subscript, then suffix
+    sub: str = ""
+    suffix: str = ""
+    title: str = ""
+    shape: str = "rect"  # "rect" | "triangle" | "inner" (a diagram used as a box)
+    target: Axes = ()
+    name: str | None = None  # for inputs and outputs: the array's name
+
+    def passing(self, in_axes: Sequence[Axes]) -> Axes:
+        """The axes woven over this box: on some input and on an output, not targeted."""
+        present = union_axes(*in_axes)
+        return tuple(a for a in union_axes(*self.outputs) if a in present and a not in self.target)
+
+
+@dataclass(frozen=True)
+class Edge:
+    """The array on ``src`` flowing into input ``slot`` of node ``dst``."""
+
+    src: Port
+    dst: int
+    slot: int
+
+
+@dataclass
+class Graph:
+    nodes: list[Node] = field(default_factory=list)
+    edges: list[Edge] = field(default_factory=list)
+    #: array names of ports (let-bound and input names)
+    names: dict[Port, str] = field(default_factory=dict)
+
+    def add(self, kind: str, inputs: list[Port], outputs: list[Axes], **kw: object) -> Node:
+        node = Node(len(self.nodes), kind, inputs, outputs, **kw)  # type: ignore[arg-type]
+        self.nodes.append(node)
+        for slot, port in enumerate(inputs):
+            self.edges.append(Edge(port, node.id, slot))
+        return node
+
+    def axes(self, port: Port) -> Axes:
+        return self.nodes[port.node].outputs[port.index]
+
+    def consumers(self, port: Port) -> list[Edge]:
+        return [e for e in self.edges if e.src == port]
+
+
+Wired = Port | str  # a port, or the printed text of an array-free constant
+
+
+@dataclass(frozen=True)
+class BoxText:
+    """A box's drawn text ``label`` + subscript ``sub`` + ``suffix``, and its canonical ``title``."""
+
+    label: str
+    sub: str = ""
+    suffix: str = ""
+    title: str = ""
+
+    @property
+    def plain(self) -> str:
+        return self.label + self.sub + self.suffix
+
+
+def box_text(box: Box, args: Sequence[Wired]) -> BoxText:
+    """How a primitive box is labelled.
+
+    Constant arguments are printed into the label, with ``·`` standing for each wire:
+    ``contract[d](Q, K) * rsqrt(d)`` draws a box ``· × rsqrt(d)`` after the ``Σ`` box.
+    """
+    _, glyph, subscript = GLYPHS[box.op]
+    if box.op == "ncontract" and box.params != ("exp", "exp", "id"):
+        glyph = "N(" + ",".join(box.params) + ")Σ"
+    if box.op in ("split", "join", "rename"):
+        glyph += f"[{' '.join(box.target)} → {' '.join(box.out)}]"
+    sub = " ".join(box.target) if subscript else ""
+    texts = ["·" if isinstance(a, Port) else a for a in args]
+    consts = any(isinstance(a, str) for a in args)
+    title = print_expr(Box(box.op, tuple(Var(t, ()) for t in texts), box.axes, box.target, box.out,
+                           box.params, box.index))
+    if box.op in _INFIX and consts:
+        return BoxText(f"{texts[0]} {glyph} {texts[1]}", title=title)
+    if box.op == "where":
+        return BoxText(f"{glyph}({', '.join([print_pred(box.index), *texts])})", title=title)  # type: ignore[arg-type]
+    if box.op == "index":
+        return BoxText(f"{glyph}({print_index(box.index)})", title=title)  # type: ignore[arg-type]
+    return BoxText(glyph, sub, f"({', '.join(texts)})" if consts else "", title)
+
+
+def build_graph(diagram: Diagram, expand: bool = False) -> Graph:
+    """The box-and-wire graph of a diagram; inner diagrams inlined when ``expand``."""
+    graph = Graph()
+    env: dict[str, Wired] = {}
+    for param in diagram.inputs:
+        node = graph.add("input", [], [param.axes], name=param.name)
+        env[param.name] = Port(node.id)
+        graph.names[Port(node.id)] = param.name
+    results = _inline(graph, diagram, env, (), expand)
+    for i, result in enumerate(results):
+        port = result if isinstance(result, Port) else _const_node(graph, result)
+        name = graph.names.get(port) if isinstance(diagram.outputs[i], Var) else None
+        graph.add("output", [port], [], name=name)
+    return graph
+
+
+def _const_node(graph: Graph, text: str) -> Port:
+    """A constant used as an array (a diagram returning ``0``): a box with no inputs."""
+    return Port(graph.add("box", [], [()], label=text, title=text).id)
+
+
+def _inline(graph: Graph, diagram: Diagram, env: dict[str, Wired], woven: Axes, expand: bool) -> list[Wired]:
+    """Add the boxes of ``diagram`` to ``graph``; its arrays carry the extra axes ``woven``."""
+    env = dict(env)
+    memo: dict[int, Wired | list[Wired]] = {}
+
+    def go(expr: Expr) -> Wired | list[Wired]:
+        key = id(expr)
+        if key not in memo:
+            memo[key] = visit(expr)
+        return memo[key]
+
+    def one(expr: Expr) -> Wired:
+        result = go(expr)
+        assert not isinstance(result, list), "a multi-output diagram used as one argument"
+        return result
+
+    def visit(expr: Expr) -> Wired | list[Wired]:
+        if isinstance(expr, Var):
+            return env[expr.name]
+        if isinstance(expr, (Const, Size)):
+            return print_expr(expr)
+        args = [one(a) for a in expr.args]
+        if isinstance(expr, Box):
+            if not expr.axes and not any(isinstance(a, Port) for a in args):
+                return print_expr(expr)
+            shape = GLYPHS[expr.op][0]
+            text = box_text(expr, args)
+            ports = [a for a in args if isinstance(a, Port)]
+            out = union_axes(woven, expr.axes)
+            node = graph.add("box", ports, [out], label=text.label, sub=text.sub, suffix=text.suffix,
+                             title=text.title, shape=shape, target=expr.target)
+            return Port(node.id)
+        assert isinstance(expr, Apply)
+        inner = union_axes(woven, expr.woven)
+        if expand:
+            inner_env = {p.name: a for p, a in zip(expr.diagram.inputs, args, strict=True)}
+            results = _inline(graph, expr.diagram, inner_env, inner, expand)
+            return results if len(results) > 1 else results[0]
+        ports = [a for a in args if isinstance(a, Port)]
+        outs = [union_axes(woven, t) for t in expr.types]
+        declared = union_axes(*(p.axes for p in expr.diagram.inputs), *expr.diagram.out_types)
+        node = graph.add("box", ports, outs, label=expr.diagram.name, title=expr.diagram.name,
+                         shape="inner", target=tuple(a for a in declared if a not in inner))
+        return [Port(node.id, i) for i in range(len(outs))] if len(outs) > 1 else Port(node.id)
+
+    for let in diagram.body:
+        value = go(let.expr)
+        values = value if isinstance(value, list) else [value]
+        for name, item in zip(let.names, values, strict=True):
+            env[name] = item
+            if isinstance(item, Port):
+                graph.names.setdefault(item, name)
+    return [one(out) for out in diagram.outputs]

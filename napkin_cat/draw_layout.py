@@ -1,0 +1,537 @@
+"""Column layout of a box-and-wire graph: every coordinate of a drawing, derived from the term.
+
+Left to right (paper-digest §1.1, N5): each box sits in the column of its topological
+depth (inputs in the first column, outputs in the last); a wire that skips columns runs
+straight through them.  Top to bottom (N2, N3): each column is a tuple of arrays, each
+array a bundle of stacked wires, one per axis, with dashed separators between arrays.
+
+Vertical placement is computed, never set by hand: the items of each column are ordered
+by the barycentre of their neighbours (fewer crossings), then placed as close to their
+neighbours' ports as possible without overlapping, which is an isotonic regression per
+column (pool-adjacent-violators), swept left to right and back.
+
+Memory levels (``Decor``) only add room: a save marker right after a producer, a load
+marker right before a consumer, and labels where a relabelled wire (``g``/``s``) starts.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from napkin_cat.draw_graph import Edge, Graph, Node, Port
+from napkin_cat.terms import Axes
+
+__all__ = ["Decor", "Label", "Layout", "Marker", "PlacedBox", "Residency", "Run", "layout", "text_width", "triangle"]
+
+WIRE_GAP = 16.0  # between the wires of one array
+ITEM_GAP = 30.0  # between arrays or boxes in one column (room for a label above a wire)
+PORT_GAP = 18.0  # between the arrays entering (or leaving) one box
+HEAD = 22.0  # the band at the top of a box that holds its label
+PAD = 9.0  # box padding around its ports
+MARK_W = 12.0  # width of a load or save marker
+AXIS_FONT = 12.0
+NAME_FONT = 12.0
+BOX_FONT = 13.0
+
+
+def text_width(text: str, size: float) -> float:
+    """A generous estimate of the rendered width of ``text`` in DejaVu Sans / Verdana."""
+    narrow, wide = set("ijlrtf.,:;!|()[] ·'"), set("mwMW—ΣΠ◁")
+    total = 0.0
+    for ch in text:
+        total += 0.34 if ch in narrow else 0.92 if ch in wide else 0.72 if ch.isupper() else 0.62
+    return total * size
+
+
+def bundle_height(axes: Axes) -> float:
+    """From the first wire to the last; a scalar is drawn as one wire."""
+    return (max(len(axes), 1) - 1) * WIRE_GAP
+
+
+@dataclass(frozen=True)
+class Residency:
+    """Where an edge's array is produced, stored, and consumed (``None``: no levels drawn)."""
+
+    produced: str | None = None
+    stored: str | None = None
+    consumed: str | None = None
+
+    @property
+    def save(self) -> bool:
+        return self.produced != self.stored
+
+    @property
+    def load(self) -> bool:
+        return self.stored != self.consumed
+
+
+class Decor(Protocol):
+    """What a drawing adds to the bare graph: memory levels and wire labels."""
+
+    def residency(self, graph: Graph, edge: Edge) -> Residency: ...
+
+    def box_level(self, node: Node) -> str | None: ...
+
+    def label(self, axis: str, level: str | None) -> str: ...
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A straight or S-curved stretch of one wire at one memory level."""
+
+    x0: float
+    y0: float
+    x1: float
+    y1: float
+    level: str | None
+
+
+@dataclass(frozen=True)
+class Run:
+    """One wire (one axis of one array) as pieces; ``over``: woven over a box."""
+
+    axis: str
+    pieces: tuple[Piece, ...]
+    over: bool = False
+
+
+@dataclass(frozen=True)
+class Label:
+    x: float
+    y: float  # the text baseline
+    text: str
+    anchor: str  # "start" | "end"
+    level: str | None
+    kind: str  # "axis" | "name"
+
+
+@dataclass(frozen=True)
+class Marker:
+    """A load (``stored -> consumed``) or save (``produced -> stored``) across one array."""
+
+    kind: str
+    x: float
+    y0: float
+    y1: float
+
+
+@dataclass(frozen=True)
+class PlacedBox:
+    node: Node
+    x: float
+    y: float
+    w: float
+    h: float
+    level: str | None
+
+
+def triangle(box: PlacedBox) -> tuple[float, float, float]:
+    """The softmax triangle ◁ in a box: its apex x, top and bottom (its base is the right edge)."""
+    y0, y1 = box.y + HEAD - 6, box.y + box.h
+    return box.x + max(box.w - 1.1 * (y1 - y0), 0.0), y0, y1
+
+
+@dataclass
+class Layout:
+    width: float = 0.0
+    height: float = 0.0
+    boxes: list[PlacedBox] = field(default_factory=list)
+    runs: list[Run] = field(default_factory=list)
+    labels: list[Label] = field(default_factory=list)
+    markers: list[Marker] = field(default_factory=list)
+    separators: list[tuple[float, float, float]] = field(default_factory=list)  # x0, x1, y
+    forks: list[tuple[float, float]] = field(default_factory=list)
+    #: the x-range of each column of boxes (the first: inputs, the last: outputs)
+    columns: list[tuple[float, float]] = field(default_factory=list)
+
+
+@dataclass
+class _Item:
+    """Something occupying vertical space in one column: a node, or an edge passing through."""
+
+    node: Node | None
+    edge: int | None
+    height: float
+    in_off: list[float]
+    out_off: list[float]
+    y: float = 0.0
+
+
+def _layers(graph: Graph) -> list[int]:
+    layer = [0] * len(graph.nodes)
+    for node in graph.nodes:  # nodes are created in topological order
+        if node.kind == "box":
+            layer[node.id] = 1 + max((layer[p.node] for p in node.inputs), default=0)
+    last = 1 + max((layer[n.id] for n in graph.nodes if n.kind == "box"), default=0)
+    for node in graph.nodes:
+        if node.kind == "output":
+            layer[node.id] = last
+    for node in reversed(graph.nodes):  # boxes without inputs sit just before their first use
+        if node.kind == "box" and not node.inputs:
+            layer[node.id] = min(layer[e.dst] for e in graph.edges if e.src.node == node.id) - 1
+    return layer
+
+
+def _stack(axes_list: Sequence[Axes]) -> tuple[list[float], float]:
+    offsets, y = [], 0.0
+    for axes in axes_list:
+        offsets.append(y)
+        y += bundle_height(axes) + PORT_GAP
+    return offsets, max(y - PORT_GAP, 0.0)
+
+
+def _node_item(graph: Graph, node: Node) -> _Item:
+    if node.kind == "input":
+        return _Item(node, None, bundle_height(node.outputs[0]), [], [0.0])
+    if node.kind == "output":
+        return _Item(node, None, bundle_height(graph.axes(node.inputs[0])), [0.0], [])
+    ins, in_h = _stack([graph.axes(p) for p in node.inputs])
+    outs, out_h = _stack(node.outputs)
+    inner = max(in_h, out_h)
+    top = HEAD + PAD
+    return _Item(node, None, top + inner + PAD,
+                 [top + (inner - in_h) / 2 + o for o in ins], [top + (inner - out_h) / 2 + o for o in outs])
+
+
+def _isotonic(desired: list[float], weights: list[float]) -> list[float]:
+    """The non-decreasing sequence closest to ``desired`` in weighted least squares."""
+    blocks: list[list[float]] = []  # [value, weight, count]
+    for d, w in zip(desired, weights, strict=True):
+        blocks.append([d, w, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            v2, w2, n2 = blocks.pop()
+            v1, w1, n1 = blocks.pop()
+            blocks.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
+    return [v for v, _, n in blocks for _ in range(int(n))]
+
+
+def _place_column(items: list[_Item], desired: list[float | None]) -> None:
+    """Move items towards ``desired`` tops keeping their order and ``ITEM_GAP`` apart."""
+    offsets, c = [], 0.0
+    for item in items:
+        offsets.append(c)
+        c += item.height + ITEM_GAP
+    targets = [(d if d is not None else item.y) - off for item, d, off in zip(items, desired, offsets, strict=True)]
+    weights = [1.0 if d is not None else 0.05 for d in desired]
+    for item, z, off in zip(items, _isotonic(targets, weights), offsets, strict=True):
+        item.y = z + off
+
+
+class _Columns:
+    """The items of each column and the hops of each edge between consecutive columns."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.layer = _layers(graph)
+        self.n = max(self.layer) + 1
+        self.cols: list[list[_Item]] = [[] for _ in range(self.n)]
+        self.item_of: dict[int, _Item] = {}
+        for node in graph.nodes:
+            item = _node_item(graph, node)
+            self.item_of[node.id] = item
+            self.cols[self.layer[node.id]].append(item)
+        #: per edge, the items it passes from its source to its destination
+        self.chain: list[list[_Item]] = []
+        for k, edge in enumerate(graph.edges):
+            chain = [self.item_of[edge.src.node]]
+            h = bundle_height(graph.axes(edge.src))
+            for col in range(self.layer[edge.src.node] + 1, self.layer[edge.dst]):
+                dummy = _Item(None, k, h, [0.0], [0.0])
+                self.cols[col].append(dummy)
+                chain.append(dummy)
+            chain.append(self.item_of[edge.dst])
+            self.chain.append(chain)
+        for column in self.cols:
+            _place_column(column, [None] * len(column))
+
+    def out_y(self, k: int, step: int) -> float:
+        """The top wire of edge ``k`` leaving the ``step``-th item of its chain."""
+        item = self.chain[k][step]
+        return item.y + (item.out_off[self.graph.edges[k].src.index] if item.node else 0.0)
+
+    def in_y(self, k: int, step: int) -> float:
+        item = self.chain[k][step]
+        return item.y + (item.in_off[self.graph.edges[k].slot] if item.node else 0.0)
+
+    def hops(self, col: int) -> list[tuple[int, int]]:
+        """(edge, step) for every edge leaving column ``col`` at that step of its chain."""
+        out = []
+        for k, chain in enumerate(self.chain):
+            step = col - self.layer[self.graph.edges[k].src.node]
+            if 0 <= step < len(chain) - 1:
+                out.append((k, step))
+        return out
+
+    def neighbours(self, col: int, forward: bool) -> dict[int, list[float]]:
+        """For each item of ``col`` (by id), where its neighbours want its top to be."""
+        want: dict[int, list[float]] = {}
+        for k, step in self.hops(col - 1 if forward else col):
+            a, b = self.chain[k][step], self.chain[k][step + 1]
+            if forward:
+                want.setdefault(id(b), []).append(self.out_y(k, step) - (self.in_y(k, step + 1) - b.y))
+            else:
+                want.setdefault(id(a), []).append(self.in_y(k, step + 1) - (self.out_y(k, step) - a.y))
+        return want
+
+    def arrange(self, sweeps: int = 6) -> None:
+        for _ in range(3):  # order by barycentre, keeping inputs and outputs in declared order
+            for col in range(1, self.n - 1):
+                want = self.neighbours(col, True)
+                self.cols[col].sort(key=lambda it: _mean(want.get(id(it))) or it.y)
+                _place_column(self.cols[col], [None] * len(self.cols[col]))
+        for _ in range(sweeps):
+            for cols, forward in ((range(1, self.n), True), (range(self.n - 2, -1, -1), False)):
+                for col in cols:
+                    want = self.neighbours(col, forward)
+                    _place_column(self.cols[col], [_mean(want.get(id(it))) for it in self.cols[col]])
+        top = min(it.y for column in self.cols for it in column)
+        for column in self.cols:
+            for it in column:
+                it.y -= top
+
+
+def _mean(values: list[float] | None) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def layout(graph: Graph, decor: Decor, margin: float = 16.0, top: float = 0.0) -> Layout:
+    """Place every box, wire, label and marker of ``graph``; ``top`` reserves room above."""
+    cols = _Columns(graph)
+    cols.arrange()
+    return _Placer(graph, decor, cols, margin, top).place()
+
+
+class _Placer:
+    """The horizontal pass: column widths, gap strips, and the drawing primitives."""
+
+    def __init__(self, graph: Graph, decor: Decor, cols: _Columns, margin: float, top: float) -> None:
+        self.g, self.decor, self.c, self.margin, self.top = graph, decor, cols, margin, top
+        self.res = [decor.residency(graph, e) for e in graph.edges]
+        self.out = Layout()
+
+    def labels(self, axes: Axes, level: str | None) -> list[str]:
+        return [self.decor.label(a, level) for a in axes] if axes else [""]
+
+    def box_width(self, node: Node) -> float:
+        w = text_width(node.label + node.suffix, BOX_FONT) + 0.8 * text_width(node.sub, BOX_FONT) + 18
+        return max(w, 44.0 if node.shape == "triangle" else 30.0)
+
+    def start_ports(self, col: int) -> list[Port]:
+        """Ports of boxes in ``col`` whose arrays get labels right after the box."""
+        ports = {self.g.edges[k].src for k, step in self.c.hops(col) if step == 0}
+        return sorted((p for p in ports if self.g.nodes[p.node].kind == "box"), key=lambda p: (p.node, p.index))
+
+    def strip_width(self, port: Port) -> float:
+        res = next(self.res[k] for k, e in enumerate(self.g.edges) if e.src == port)
+        name = self.g.names.get(port, "")
+        texts = self.labels(self.g.axes(port), res.stored)
+        return (text_width(name, NAME_FONT) + 6 if name else 0) + max(text_width(t, AXIS_FONT) for t in texts) + 10
+
+    def loaded_labels(self, k: int) -> list[str] | None:
+        """Labels for the consumed-level stretch of edge ``k``, when they say something new."""
+        res, axes = self.res[k], self.g.axes(self.g.edges[k].src)
+        if not res.load:
+            return None
+        texts = self.labels(axes, res.consumed)
+        return texts if texts != self.labels(axes, res.stored) else None
+
+    def place(self) -> Layout:
+        g, c, out = self.g, self.c, self.out
+        for item in (it for col in c.cols for it in col):
+            item.y += self.top + self.margin
+        inputs = [n for n in g.nodes if n.kind == "input"]
+        outputs = [n for n in g.nodes if n.kind == "output"]
+        left = self.margin + max((self.side_width(n.outputs[0], n.name, self.stored_of_input(n)) for n in inputs),
+                                 default=0.0)
+        zones: list[tuple[float, float]] = []
+        gaps: list[tuple[float, float, float, float, float, float]] = []
+        x = left
+        for col in range(c.n):
+            boxes = [it.node for it in c.cols[col] if it.node is not None and it.node.kind == "box"]
+            w = max((self.box_width(n) for n in boxes), default=0.0)
+            zones.append((x, x + w))
+            x += w
+            if col == c.n - 1:
+                break
+            hops = c.hops(col)
+            save = MARK_W + 4 if any(self.res[k].save and step == 0 for k, step in hops) else 0.0
+            strip = max((self.strip_width(p) for p in self.start_ports(col)), default=0.0)
+            strip = max(strip, 22.0)
+            dy = max((abs(c.in_y(k, s + 1) - c.out_y(k, s)) for k, s in hops), default=0.0)
+            curve = min(max(36.0, 0.45 * dy), 110.0)
+            last = [k for k, s in hops if s == len(c.chain[k]) - 2]
+            load = MARK_W + 4 if any(self.res[k].load for k in last) else 0.0
+            loaded = max((max(text_width(t, AXIS_FONT) for t in texts) + 10
+                          for k in last if (texts := self.loaded_labels(k))), default=0.0)
+            gaps.append((x, x + save, x + save + strip, x + save + strip + curve,
+                         x + save + strip + curve + load, x + save + strip + curve + load + loaded))
+            x = gaps[-1][5]
+        out.columns = zones
+        for k in range(len(g.edges)):
+            self.edge(k, zones, gaps)
+        for col in range(c.n - 1):
+            self.strip(col, gaps[col])
+        for item in (it for col in c.cols for it in col if it.node is not None and it.node.kind == "box"):
+            assert item.node is not None
+            self.box(item, item.node, zones[c.layer[item.node.id]])
+        for node in inputs:
+            self.side(node.outputs[0], node.name, self.stored_of_input(node), left, c.item_of[node.id].y, "end")
+        for node in outputs:
+            src = node.inputs[0]
+            res = self.res[next(k for k, e in enumerate(g.edges) if e.dst == node.id)]
+            self.side(g.axes(src), node.name, res.stored, x, c.item_of[node.id].y, "start")
+        for col_nodes, x_side, anchor in ((inputs, left, "end"), (outputs, x, "start")):
+            bundles = [(c.item_of[n.id].y, c.item_of[n.id].height) for n in col_nodes]
+            xs = (x_side - 40, x_side - 4) if anchor == "end" else (x_side + 4, x_side + 40)
+            self.separate(bundles, *xs)
+        right = max((self.side_width(g.axes(n.inputs[0]), n.name, None) for n in outputs), default=0.0)
+        out.width = x + right + self.margin
+        out.height = max(it.y + it.height for col in c.cols for it in col) + self.margin + 12
+        return out
+
+    def stored_of_input(self, node: Node) -> str | None:
+        ks = [k for k, e in enumerate(self.g.edges) if e.src.node == node.id]
+        return self.res[ks[0]].stored if ks else None
+
+    def side_width(self, axes: Axes, name: str | None, level: str | None) -> float:
+        texts = self.labels(axes, level)
+        return max(text_width(t, AXIS_FONT) for t in texts) + (text_width(name, NAME_FONT) + 10 if name else 0) + 10
+
+    def side(self, axes: Axes, name: str | None, level: str | None, x: float, y: float, anchor: str) -> None:
+        """Labels beside a diagram input (left, ``end``) or output (right, ``start``)."""
+        sign = -1 if anchor == "end" else 1
+        texts = self.labels(axes, level)
+        for i, text in enumerate(texts):
+            self.out.labels.append(Label(x + sign * 5, y + i * WIRE_GAP + 4, text, anchor, level, "axis"))
+        if name:
+            width = max(text_width(t, AXIS_FONT) for t in texts)
+            mid = y + bundle_height(axes) / 2 + 4
+            self.out.labels.append(Label(x + sign * (width + 14), mid, name, anchor, level, "name"))
+
+    def separate(self, bundles: list[tuple[float, float]], x0: float, x1: float) -> None:
+        """Dashed tuple separators between consecutive arrays stacked in one column (N3)."""
+        bundles = sorted(bundles)
+        for (y0, h0), (y1, _) in itertools.pairwise(bundles):
+            self.out.separators.append((x0, x1, (y0 + h0 + y1) / 2))
+
+    def strip(self, col: int, gap: tuple[float, float, float, float, float, float]) -> None:
+        """Labels of the arrays leaving column ``col`` and the separators between them."""
+        c, g = self.c, self.g
+        labelled = len(self.out.labels)
+        for port in self.start_ports(col):
+            ks = [k for k, e in enumerate(g.edges) if e.src == port]
+            item = c.item_of[port.node]
+            y = item.y + item.out_off[port.index]
+            level = self.res[ks[0]].stored
+            if all(g.nodes[g.edges[k].dst].kind == "output" and len(c.chain[k]) == 2 for k in ks):
+                continue  # labelled at the right edge instead
+            name = g.names.get(port)
+            texts = self.labels(g.axes(port), level)
+            x_axis = gap[1] + 4 + (text_width(name, NAME_FONT) + 6 if name else 0)
+            if name:
+                self.out.labels.append(Label(gap[1] + 4, y - 4, name, "start", level, "name"))
+            for i, text in enumerate(texts):
+                self.out.labels.append(Label(x_axis, y + i * WIRE_GAP - 4, text, "start", level, "axis"))
+        if len(self.out.labels) == labelled:
+            return  # no array is labelled here: the column of arrays is shown elsewhere
+        bundles: dict[tuple[int, int], tuple[float, float]] = {}
+        for k, step in c.hops(col):
+            bundles[(c.chain[k][step].node.id, g.edges[k].src.index) if step == 0 else (-1, k)] = (  # type: ignore[union-attr]
+                c.out_y(k, step), bundle_height(g.axes(g.edges[k].src)))
+        self.separate(list(bundles.values()), gap[0] + 2, gap[2])
+
+    def edge(self, k: int, zones: Sequence[tuple[float, float]], gaps: Sequence[tuple[float, ...]]) -> None:
+        """The wires of edge ``k``, hop by hop, with its save and load markers."""
+        c, g, res, out = self.c, self.g, self.res[k], self.out
+        edge, chain = g.edges[k], self.c.chain[k]
+        axes = g.axes(edge.src)
+        first = c.layer[edge.src.node]
+        src_item, dst_item = chain[0], chain[-1]
+        dst_box = dst_item.node if dst_item.node and dst_item.node.kind == "box" else None
+        for i, axis in enumerate(axes or ("",)):
+            pieces: list[Piece] = []
+            dy = i * WIRE_GAP
+            y = c.out_y(k, 0) + dy
+            if src_item.node is not None and src_item.node.kind == "box":
+                x_start = self.box_right(src_item)
+                pieces.append(Piece(x_start, y, zones[first][1], y, res.produced))
+            for step in range(len(chain) - 1):
+                gap = gaps[first + step]
+                y0, y1 = c.out_y(k, step) + dy, c.in_y(k, step + 1) + dy
+                lvl0 = res.produced if step == 0 else res.stored
+                if step == 0 and res.save:
+                    mid = gap[0] + MARK_W / 2 + 2
+                    pieces += [Piece(gap[0], y0, mid, y0, res.produced), Piece(mid, y0, gap[2], y0, res.stored)]
+                else:
+                    pieces.append(Piece(gap[0], y0, gap[2], y0, lvl0 if step else res.stored))
+                pieces.append(Piece(gap[2], y0, gap[3], y1, res.stored))
+                last = step == len(chain) - 2
+                if last and res.load:
+                    mid = gap[3] + MARK_W / 2 + 2
+                    pieces += [Piece(gap[3], y1, mid, y1, res.stored), Piece(mid, y1, gap[5], y1, res.consumed)]
+                else:
+                    pieces.append(Piece(gap[3], y1, gap[5], y1, res.consumed if last else res.stored))
+                if not last:
+                    zone = zones[first + step + 1]
+                    pieces.append(Piece(zone[0], y1, zone[1], y1, res.stored))
+            if dst_box is not None:
+                x_end = self.box_left(dst_item, y - c.out_y(k, 0) + c.in_y(k, len(chain) - 1))
+                y_end = c.in_y(k, len(chain) - 1) + dy
+                pieces.append(Piece(zones[c.layer[dst_box.id]][0], y_end, x_end, y_end, res.consumed))
+            out.runs.append(Run(axis, tuple(p for p in pieces if p.x1 > p.x0 + 1e-6)))
+        y_top = c.out_y(k, 0) - 6
+        y_bot = c.out_y(k, 0) + bundle_height(axes) + 6
+        if res.save and edge == next(e for e in g.edges if e.src == edge.src):
+            out.markers.append(Marker("save", gaps[first][0] + 2, y_top, y_bot))
+        if res.load:
+            y_in = c.in_y(k, len(chain) - 1)
+            out.markers.append(Marker("load", gaps[first + len(chain) - 2][3] + 2, y_in - 6,
+                                      y_in + bundle_height(axes) + 6))
+            texts = self.loaded_labels(k)
+            if texts:
+                x = gaps[first + len(chain) - 2][4] + 4
+                for i, text in enumerate(texts):
+                    out.labels.append(Label(x, y_in + i * WIRE_GAP - 4, text, "start", res.consumed, "axis"))
+        if len(g.consumers(edge.src)) > 1 and edge == g.consumers(edge.src)[0]:
+            for i in range(max(len(axes), 1)):
+                out.forks.append((gaps[first][2], c.out_y(k, 0) + i * WIRE_GAP))
+
+    def box_geometry(self, item: _Item) -> tuple[float, float]:
+        assert item.node is not None
+        zone = self.out.columns[self.c.layer[item.node.id]]
+        w = self.box_width(item.node)
+        return (zone[0] + zone[1] - w) / 2, w
+
+    def box_right(self, item: _Item) -> float:
+        x, w = self.box_geometry(item)
+        return x + w
+
+    def box_left(self, item: _Item, y: float) -> float:
+        """Where a wire at height ``y`` meets the box: its left edge, or the triangle's side."""
+        x, w = self.box_geometry(item)
+        assert item.node is not None
+        if item.node.shape != "triangle":
+            return x
+        x0, y0, y1 = triangle(PlacedBox(item.node, x, item.y, w, item.height, None))
+        half = (y1 - y0) / 2
+        return x0 + (x + w - x0) * abs(y - (y0 + half)) / half
+
+    def box(self, item: _Item, node: Node, zone: tuple[float, float]) -> None:
+        """The box and the wires woven over it (drawn above it, N7)."""
+        x, w = self.box_geometry(item)
+        level = self.decor.box_level(node)
+        self.out.boxes.append(PlacedBox(node, x, item.y, w, item.height, level))
+        in_axes = [self.g.axes(p) for p in node.inputs]
+        passing = node.passing(in_axes)
+        for slot, axes in enumerate(in_axes):
+            for i, axis in enumerate(axes):
+                if axis not in passing:
+                    continue
+                y0 = item.y + item.in_off[slot] + i * WIRE_GAP
+                for o, out_axes in enumerate(node.outputs):
+                    if axis in out_axes:
+                        y1 = item.y + item.out_off[o] + out_axes.index(axis) * WIRE_GAP
+                        self.out.runs.append(Run(axis, (Piece(x, y0, x + w, y1, level),), over=True))

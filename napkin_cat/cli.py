@@ -65,6 +65,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     unknown = [a for a in sizes if a not in known]
     if unknown:
         raise UsageError(f"--size names axes that `{args.diagram}` does not use: {', '.join(unknown)}")
+    clashes = [f"{a}={n} (declared {known[a]})" for a, n in sizes.items() if known[a] not in (None, n)]
+    if clashes:
+        raise UsageError(f"--size contradicts a declared axis size: {', '.join(clashes)}")
     rng = np.random.default_rng(args.seed)
     shapes = []
     for param in diagram.inputs:  # type: ignore[attr-defined]

@@ -9,6 +9,7 @@ Prints a table (median/min/max seconds per stage) and writes results/checker_ben
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,6 +32,10 @@ def main() -> None:
     from napkin_cat.proof import check_file, check_module
 
     rows = []
+    napkin = str(Path(sys.executable).parent / "napkin")
+    cold = time_call(lambda: subprocess.run([napkin, "check", str(ROOT / "proofs")], check=True,
+                                            capture_output=True), warmup=0, repeats=args.repeats)
+    rows.append({"stage": "napkin check proofs/ (new process each)", "size": "all", "ok": True, **cold})
     for path in sorted((ROOT / "proofs").glob("*.ncd")):
         outcome = check_file(path)
         timing = time_call(lambda p=path: check_file(p), warmup=0, repeats=args.repeats)

@@ -118,27 +118,28 @@ def cmd_check(args: argparse.Namespace) -> int:
             for name in accumulators_for(box, axis):
                 cert = certify.certify_accumulator(box, axis, name, True, level)
                 print(f"accumulator {name} for {box.op}: {'certified' if cert.ok else 'FAILED'} ({cert.how})")
-    failed = 0
-    theorems = 0
+    theorems, failed, broken = 0, 0, 0
     for file in files:
         try:
             results = check_file(file, level)
         except NapkinError as exc:
-            failed += 1
+            broken += 1
             for diag in exc.diagnostics:
                 print(render(diag), file=sys.stderr)
             continue
         for result in results:
             theorems += 1
-            print(f"{file}: {result.summary()}")
+            print(f"{file}: {result.summary()}", flush=True)
             if not result.ok:
                 failed += 1
                 assert result.failure is not None
                 print(render(result.failure), file=sys.stderr)
                 if result.counterexample:
                     print(f"  counterexample: {result.counterexample}", file=sys.stderr)
-    print(f"{theorems - failed if failed <= theorems else 0} of {theorems} theorems checked"
-          + (f", {failed} failed" if failed else ""))
+                sys.stderr.flush()
+    print(f"{theorems - failed} of {theorems} theorems checked" + (f", {failed} refused" if failed else "")
+          + (f"; {broken} file(s) with errors" if broken else ""))
+    failed += broken
     return 1 if failed else 0
 
 

@@ -189,17 +189,6 @@ def typed_box(op: str, args: tuple[Expr, ...], target: Axes = (), out: Axes = ()
     return Box(op, args, axes, target, out, params, index, span)
 
 
-def _retype(expr: Expr, env: Mapping[str, Expr]) -> Expr:
-    """Substitute ``env`` for Vars and recompute every box's type bottom-up."""
-    if isinstance(expr, Var):
-        return env.get(expr.name, expr)
-    if isinstance(expr, Box):
-        args = tuple(_retype(a, env) for a in expr.args)
-        return typed_box(expr.op, args, expr.target, expr.out, expr.params, expr.index, expr.span)
-    assert not isinstance(expr, Apply), "inline applications before retyping"
-    return expr
-
-
 def treatment(box: Box, axis: str) -> str:
     """How a box treats an axis (architecture §3.1): weaves | consumes | mixes | absent.
 
@@ -369,7 +358,7 @@ def rewrite(thm: Theorem, lemma: LemmaDecl, step: Rewrite, certified: Mapping[st
         sigma = _Match()
         if sigma.expr(lemma.lhs, node):
             sigma.check_weaving(lemma, rule, step.span)
-            instance = sigma.instantiate(lemma.rhs)
+            instance = sigma.instantiate(lemma.rhs, lemma.name)
             if set(instance.axes) != set(node.axes):
                 raise KernelError(rule, f"lemma `{lemma.name}` gives type {list(instance.axes)} for "
                                         f"{list(node.axes)} at `{root.names[0]}`", step.span)
@@ -470,17 +459,32 @@ class _Match:
                 raise KernelError(rule, f"lemma `{lemma.name}`: `{param.name}` would carry axis `{min(clash)}`, "
                                         "which the lemma's boxes act on, so it is not woven (R1)", span)
 
-    def instantiate(self, expr: Expr) -> Expr:
+    def instantiate(self, expr: Expr, lemma: str) -> Expr:
+        """σ(expr); a variable or axis the match did not bind is refused (no invented terms)."""
+        unbound = [n.name for n in walk(expr) if isinstance(n, Var) and n.name not in self.vars] + \
+            [a for n in walk(expr) for a in _axes_named(n) if a not in self.axes]
+        if unbound:
+            raise KernelError("instantiate", f"lemma `{lemma}`'s right side uses `{unbound[0]}`, "
+                                             "which its left side does not bind")
+        return self._subst(expr)
+
+    def _subst(self, expr: Expr) -> Expr:
         if isinstance(expr, Var):
             return self.vars[expr.name]
         if isinstance(expr, Size):
             return Size(self.axes[expr.axis])
         if isinstance(expr, Box):
-            args = tuple(self.instantiate(a) for a in expr.args)
+            args = tuple(self._subst(a) for a in expr.args)
             target = tuple(self.axes[a] for a in expr.target)
             out = tuple(self.axes[a] for a in expr.out)
             return typed_box(expr.op, args, target, out, expr.params, expr.index)
         return expr
+
+
+def _axes_named(node: Expr) -> Axes:
+    if isinstance(node, Box):
+        return node.target + node.out
+    return (node.axis,) if isinstance(node, Size) else ()
 
 
 # ---- relabellings: partitions (R3, R4, R5, R8, R9), placement (R2), dtype (R10) -----------
@@ -605,9 +609,11 @@ def stream(thm: Theorem, step: Partition, accumulator: AccumulatorOracle) -> The
         candidates.append((let, node, ops.accumulators_for(node.op, node.params)))
         return _Flow(False, True)
 
-    lets_of = {id(n): let for let, n in ((let, n) for let, n in _boxes_with_lets(thm.result))}
+    lets_of = {id(n): let for let, n in _boxes(thm.result)}
     run_diagram(thm.result, [_Flow(axis in p.axes, False) for p in thm.result.inputs], visit)
-    if step.via is not None and candidates and not any(step.via in names for _, _, names in candidates):
+    if step.via is not None and not candidates:
+        raise KernelError("stream", f"`via {step.via}` names an accumulator but no box consumes `{axis}`", step.span)
+    if step.via is not None and not any(step.via in names for _, _, names in candidates):
         let, box, names = candidates[0]
         raise KernelError("stream", f"accumulator `{step.via}` cannot stream {_label(box, let)} along `{axis}`; "
                                     f"admissible: {', '.join(names) or 'none'}", step.span)
@@ -630,10 +636,6 @@ def stream(thm: Theorem, step: Partition, accumulator: AccumulatorOracle) -> The
     schedule = replace(thm.schedule, partitions=(*thm.schedule.partitions, replace(step, via=via)))
     return _extend(thm, step, ("stream", *trust), schedule=schedule, constraints=thm.constraints + constraints,
                    accumulators=thm.accumulators + tuple(chosen))
-
-
-def _boxes_with_lets(diagram: Diagram) -> list[tuple[Let | None, Box]]:
-    return _boxes(diagram)
 
 
 def _no_applications(thm: Theorem, step: Partition) -> None:

@@ -3,6 +3,7 @@ a hand-written numpy reference on random inputs (float64)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 from scipy.special import erf, logsumexp
 
 import napkin_cat
+from napkin_cat.cli import main
 from napkin_cat.printer import print_module
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -109,3 +111,16 @@ def test_cross_entropy_one_hot_and_index(rng: np.random.Generator) -> None:
                                rtol=1e-10)
     np.testing.assert_allclose(m.diagram("mean_cross_entropy").evaluate(z, labels.astype(float)), expected.mean(),
                                rtol=1e-10)
+
+
+def test_readme_ncd_blocks_elaborate_and_its_eval_line_is_current(capsys: pytest.CaptureFixture[str],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(EXAMPLES.parent)  # the README's commands run from the repository root
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    blocks = re.findall(r"```ncd\n(.*?)```", readme, flags=re.S)
+    assert blocks, "README.md has no ncd code block"
+    for block in blocks:
+        assert napkin_cat.loads(block).diagrams
+    command, expected = re.search(r"\.venv/bin/napkin (eval [^\n]+)\n# (output [^\n]+)", readme).groups()  # type: ignore[union-attr]
+    assert main(command.split()) == 0
+    assert capsys.readouterr().out.strip() == expected

@@ -298,9 +298,12 @@ def index_grids(axes: Axes, sizes: Mapping[str, int], offsets: Mapping[str, int]
 
 
 class _Interpreter:
-    def __init__(self, algebra: Algebra, sizes: dict[str, int]):
+    def __init__(self, algebra: Algebra, sizes: dict[str, int], offsets: Mapping[str, int] | None = None,
+                 full_sizes: Mapping[str, int] | None = None):
         self.alg = algebra
         self.sizes = sizes
+        self.offsets = dict(offsets or {})
+        self.full_sizes = dict(full_sizes or {})
 
     def visit(self, node: Expr, kids: tuple[Named, ...], env: Mapping[str, Named]) -> Named | tuple[Named, ...]:
         alg = self.alg
@@ -309,7 +312,7 @@ class _Interpreter:
         if isinstance(node, Const):
             return Named((), alg.asarray(node.value))
         if isinstance(node, Size):
-            return Named((), alg.asarray(float(_size(self.sizes, node.axis))))
+            return Named((), alg.asarray(float(_size({**self.sizes, **self.full_sizes}, node.axis))))
         if isinstance(node, Apply):
             return self.apply(node, kids)
         assert isinstance(node, Box)
@@ -378,7 +381,7 @@ class _Interpreter:
         return Named(out, np.asarray(data))
 
     def indexed(self, node: Box, kids: tuple[Named, ...]) -> Named:
-        grids = index_grids(node.target, {a: _size(self.sizes, a) for a in node.target})
+        grids = index_grids(node.target, {a: _size(self.sizes, a) for a in node.target}, self.offsets)
         if node.op == "index":
             assert node.index is not None
             value = np.broadcast_to(_index(node.index, grids), [self.sizes[a] for a in node.target])  # type: ignore[arg-type]
@@ -393,7 +396,8 @@ class _Interpreter:
         """1 where the position along the new axis equals the operand's (integer) value, else 0."""
         axes = arg.axes + node.target
         n = _size(self.sizes, node.target[0])
-        hit = np.equal(arg.aligned(axes), np.arange(n).reshape((1,) * len(arg.axes) + (n,)))
+        positions = np.arange(n) + self.offsets.get(node.target[0], 0)
+        hit = np.equal(arg.aligned(axes), positions.reshape((1,) * len(arg.axes) + (n,)))
         one, zero = (sympy.Integer(1), sympy.Integer(0)) if self.alg.symbolic else (1.0, 0.0)
         return Named(axes, self.alg.asarray(np.where(hit.astype(bool), one, zero)))
 
@@ -430,9 +434,15 @@ class _Interpreter:
 
 
 def evaluate_named(diagram: Diagram, inputs: Sequence[Named], sizes: dict[str, int],
-                   algebra: Algebra = FLOAT64) -> tuple[Named, ...]:
-    """Run the fold on named inputs; outputs in the declared axis order."""
-    outs = run_diagram(diagram, inputs, _Interpreter(algebra, sizes).visit)
+                   algebra: Algebra = FLOAT64, offsets: Mapping[str, int] | None = None,
+                   full_sizes: Mapping[str, int] | None = None) -> tuple[Named, ...]:
+    """Run the fold on named inputs; outputs in the declared axis order.
+
+    For one tile of a schedule: ``sizes`` are the tile's extents, ``offsets`` where the
+    tile starts along each axis (index-dependent boxes see global positions) and
+    ``full_sizes`` the whole axes (what ``Size`` means).
+    """
+    outs = run_diagram(diagram, inputs, _Interpreter(algebra, sizes, offsets, full_sizes).visit)
     return tuple(Named(t, out.to(t)) for out, t in zip(outs, diagram.out_types, strict=True))
 
 

@@ -143,6 +143,40 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def cmd_draw(args: argparse.Namespace) -> int:
+    """Draw a diagram or a checked theorem as SVG/PNG, or a theorem's derivation strip."""
+    from dataclasses import replace
+
+    from napkin_cat import draw, proof, rules
+
+    module = _module(args.file)
+    decl = next((t for t in module.theorems if t.name == args.name), None)
+    if decl is None:
+        if args.steps:
+            raise UsageError(f"--steps draws the steps of a theorem; `{args.name}` is not a theorem in {args.file}")
+        subject: object = _diagram_or_usage(module, args.name)
+    if args.steps:
+        assert decl is not None
+        lemmas = rules.lemmas_in_scope(module)
+        states = []
+        for k in range(len(decl.steps) + 1):  # the theorem after each prefix of its steps
+            result = proof.check_theorem(module, replace(decl, steps=decl.steps[:k]), lemmas)
+            if result.theorem is None:
+                assert result.failure is not None
+                raise NapkinError(result.failure)
+            states.append(result.theorem)
+        written = draw.draw_steps(states, args.output, expand=args.expand)
+        print(f"wrote {len(written) - 1} step pictures and {written[-1]}")
+        return 0
+    if Path(args.output).suffix not in (".svg", ".png"):
+        raise UsageError(f"-o must name a .svg or .png file (or a folder with --steps), got {args.output}")
+    if decl is not None:
+        subject = proof.theorem(args.file, args.name)
+    draw.save(subject, args.output, expand=args.expand)  # type: ignore[arg-type]
+    print(f"wrote {args.output}")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="napkin", description=__doc__.splitlines()[0] if __doc__ else None)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -162,6 +196,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.add_argument("--certify", action="store_true", help="run the full certification of lemmas and accumulators")
     p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("draw", help="draw a diagram or theorem (SVG/PNG), or a theorem's derivation strip")
+    p.add_argument("file")
+    p.add_argument("name", help="a diagram, or a theorem (drawn under its schedule)")
+    p.add_argument("-o", "--output", required=True, help="OUT.svg or OUT.png; a folder with --steps")
+    p.add_argument("--expand", action="store_true", help="draw diagrams used as boxes inline")
+    p.add_argument("--steps", action="store_true", help="one picture per proof step, and an index.html")
+    p.set_defaults(func=cmd_draw)
     return parser
 
 

@@ -85,16 +85,23 @@ class ScheduleDecor(PlainDecor):
 
     An array lives where ``loopnest.LoopNest.level_of`` says (its placement; else HBM for
     inputs and outputs; else the innermost partition's level).  Boxes run at the deepest
-    level the schedule names (``DEFAULT_COMPUTE`` if none), so an array is loaded before a
-    box that reads it from a higher level and saved after a box whose result lives higher.
+    level the schedule names (``DEFAULT_COMPUTE`` if none).  An array is loaded down, one
+    level at a time through the levels the schedule uses (R8), into every box that reads
+    it, and saved up the same way from the box that makes it.
     """
 
     def __init__(self, diagram: Diagram, schedule: Schedule):
         super().__init__(diagram)
         self.nest = loop_nest(diagram, schedule)
-        named = [p.level for p in schedule.partitions] + [p.level for p in schedule.placements]
+        named = {p.level for p in schedule.partitions} | {p.level for p in schedule.placements}
         self.compute = max(named, key=LEVELS.index) if named else DEFAULT_COMPUTE
+        self.used = sorted(named | {self.compute}, key=LEVELS.index)
         self.partitions = schedule.partitions
+
+    def path(self, high: str, low: str) -> tuple[str, ...]:
+        """``high``, then every level the schedule uses strictly below it, down to ``low``."""
+        depth = LEVELS.index
+        return (high, *(lv for lv in self.used if depth(high) < depth(lv) <= depth(low)))
 
     def residency(self, graph: Graph, edge: Edge) -> Residency:
         src = graph.nodes[edge.src.node]
@@ -103,9 +110,9 @@ class ScheduleDecor(PlainDecor):
             stored = "hbm"  # an unnamed output, like every output
         else:
             stored = self.nest.level_of(name or "")  # unnamed: an intermediate of the region
-        produced = stored if src.kind == "input" else self.compute
-        consumed = stored if graph.nodes[edge.dst].kind == "output" else self.compute
-        return Residency(produced, stored, consumed)
+        up = (stored,) if src.kind == "input" else tuple(reversed(self.path(stored, self.compute)))
+        down = (stored,) if graph.nodes[edge.dst].kind == "output" else self.path(stored, self.compute)
+        return Residency(up, down)
 
     def box_level(self, node: Node) -> str | None:
         return self.compute

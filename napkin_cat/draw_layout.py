@@ -53,19 +53,30 @@ def bundle_height(axes: Axes) -> float:
 
 @dataclass(frozen=True)
 class Residency:
-    """Where an edge's array is produced, stored, and consumed (``None``: no levels drawn)."""
+    """The memory levels an edge's array passes through (empty: no levels drawn).
 
-    produced: str | None = None
-    stored: str | None = None
-    consumed: str | None = None
+    ``up``: from where it is produced to where it is stored (one save per step);
+    ``down``: from where it is stored to where it is consumed (one load per step).
+    """
+
+    up: tuple[str, ...] = ()
+    down: tuple[str, ...] = ()
+
+    @property
+    def produced(self) -> str | None:
+        return self.up[0] if self.up else None
+
+    @property
+    def stored(self) -> str | None:
+        return self.up[-1] if self.up else None
+
+    @property
+    def consumed(self) -> str | None:
+        return self.down[-1] if self.down else None
 
     @property
     def save(self) -> bool:
-        return self.produced != self.stored
-
-    @property
-    def load(self) -> bool:
-        return self.stored != self.consumed
+        return len(self.up) > 1
 
 
 class Decor(Protocol):
@@ -330,13 +341,19 @@ class _Placer:
         texts = self.labels(self.g.axes(port), res.stored)
         return (text_width(name, NAME_FONT) + 6 if name else 0) + max(text_width(t, AXIS_FONT) for t in texts) + 10
 
-    def loaded_labels(self, k: int) -> list[str] | None:
-        """Labels for the consumed-level stretch of edge ``k``, when they say something new."""
+    def load_plan(self, k: int) -> list[tuple[str, list[str] | None]]:
+        """Each load of edge ``k``: the level loaded into, and labels if they say something new."""
         res, axes = self.res[k], self.g.axes(self.g.edges[k].src)
-        if not res.load:
-            return None
-        texts = self.labels(axes, res.consumed)
-        return texts if texts != self.labels(axes, res.stored) else None
+        plan, seen = [], self.labels(axes, res.stored)
+        for level in res.down[1:]:
+            texts = self.labels(axes, level)
+            plan.append((level, texts if texts != seen else None))
+            seen = texts
+        return plan
+
+    def load_width(self, k: int) -> float:
+        return sum(MARK_W + 4 + (max(text_width(t, AXIS_FONT) for t in texts) + 10 if texts else 0.0)
+                   for _, texts in self.load_plan(k))
 
     def place(self) -> Layout:
         g, c, out = self.g, self.c, self.out
@@ -347,7 +364,8 @@ class _Placer:
         left = self.margin + max((self.side_width(n.outputs[0], n.name, self.stored_of_input(n)) for n in inputs),
                                  default=0.0)
         zones: list[tuple[float, float]] = []
-        gaps: list[tuple[float, float, float, float, float, float]] = []
+        #: per gap between columns: start, end of saves, end of labels, end of curves, end
+        gaps: list[tuple[float, float, float, float, float]] = []
         x = left
         for col in range(c.n):
             boxes = [it.node for it in c.cols[col] if it.node is not None and it.node.kind == "box"]
@@ -357,18 +375,14 @@ class _Placer:
             if col == c.n - 1:
                 break
             hops = c.hops(col)
-            save = MARK_W + 4 if any(self.res[k].save and step == 0 for k, step in hops) else 0.0
+            save = max(((len(self.res[k].up) - 1) * (MARK_W + 4) for k, step in hops if step == 0), default=0.0)
             strip = max((self.strip_width(p) for p in self.start_ports(col)), default=0.0)
             strip = max(strip, 22.0)
             dy = max((abs(c.in_y(k, s + 1) - c.out_y(k, s)) for k, s in hops), default=0.0)
             curve = min(max(36.0, 0.45 * dy), 110.0)
-            last = [k for k, s in hops if s == len(c.chain[k]) - 2]
-            load = MARK_W + 4 if any(self.res[k].load for k in last) else 0.0
-            loaded = max((max(text_width(t, AXIS_FONT) for t in texts) + 10
-                          for k in last if (texts := self.loaded_labels(k))), default=0.0)
-            gaps.append((x, x + save, x + save + strip, x + save + strip + curve,
-                         x + save + strip + curve + load, x + save + strip + curve + load + loaded))
-            x = gaps[-1][5]
+            load = max((self.load_width(k) for k, s in hops if s == len(c.chain[k]) - 2), default=0.0)
+            gaps.append((x, x + save, x + save + strip, x + save + strip + curve, x + save + strip + curve + load))
+            x = gaps[-1][4]
         out.columns = zones
         for k in range(len(g.edges)):
             self.edge(k, zones, gaps)
@@ -417,7 +431,7 @@ class _Placer:
         for (y0, h0), (y1, _) in itertools.pairwise(bundles):
             self.out.separators.append((x0, x1, (y0 + h0 + y1) / 2))
 
-    def strip(self, col: int, gap: tuple[float, float, float, float, float, float]) -> None:
+    def strip(self, col: int, gap: tuple[float, ...]) -> None:
         """Labels of the arrays leaving column ``col`` and the separators between them."""
         c, g = self.c, self.g
         labelled = len(self.out.labels)
@@ -461,40 +475,56 @@ class _Placer:
             for step in range(len(chain) - 1):
                 gap = gaps[first + step]
                 y0, y1 = c.out_y(k, step) + dy, c.in_y(k, step + 1) + dy
-                lvl0 = res.produced if step == 0 else res.stored
-                if step == 0 and res.save:
-                    mid = gap[0] + MARK_W / 2 + 2
-                    pieces += [Piece(gap[0], y0, mid, y0, res.produced), Piece(mid, y0, gap[2], y0, res.stored)]
-                else:
-                    pieces.append(Piece(gap[0], y0, gap[2], y0, lvl0 if step else res.stored))
+                x = gap[0]
+                for level in res.up[1:] if step == 0 else ():
+                    mid = x + 2 + MARK_W / 2
+                    pieces.append(Piece(x, y0, mid, y0, pieces[-1].level if pieces else res.produced))
+                    x = mid
+                    pieces.append(Piece(x, y0, x + MARK_W / 2 + 2, y0, level))
+                    x += MARK_W / 2 + 2
+                pieces.append(Piece(x, y0, gap[2], y0, res.stored))
                 pieces.append(Piece(gap[2], y0, gap[3], y1, res.stored))
-                last = step == len(chain) - 2
-                if last and res.load:
-                    mid = gap[3] + MARK_W / 2 + 2
-                    pieces += [Piece(gap[3], y1, mid, y1, res.stored), Piece(mid, y1, gap[5], y1, res.consumed)]
+                x = gap[3]
+                if step == len(chain) - 2:
+                    for level, _ in self.load_plan(k):
+                        pieces.append(Piece(x, y1, x + 2 + MARK_W / 2, y1, pieces[-1].level))
+                        x += 2 + MARK_W / 2
+                        x_next = x + self.load_step_width(k, level) - 2 - MARK_W / 2
+                        pieces.append(Piece(x, y1, x_next, y1, level))
+                        x = x_next
+                    pieces.append(Piece(x, y1, gap[4], y1, res.consumed or res.stored))
                 else:
-                    pieces.append(Piece(gap[3], y1, gap[5], y1, res.consumed if last else res.stored))
-                if not last:
+                    pieces.append(Piece(x, y1, gap[4], y1, res.stored))
                     zone = zones[first + step + 1]
                     pieces.append(Piece(zone[0], y1, zone[1], y1, res.stored))
             if dst_box is not None:
-                x_end = self.box_left(dst_item, y - c.out_y(k, 0) + c.in_y(k, len(chain) - 1))
                 y_end = c.in_y(k, len(chain) - 1) + dy
+                x_end = self.box_left(dst_item, y_end)
                 pieces.append(Piece(zones[c.layer[dst_box.id]][0], y_end, x_end, y_end, res.consumed))
             out.runs.append(Run(axis, tuple(p for p in pieces if p.x1 > p.x0 + 1e-6)))
-        y_top = c.out_y(k, 0) - 6
-        y_bot = c.out_y(k, 0) + bundle_height(axes) + 6
-        if res.save and edge == next(e for e in g.edges if e.src == edge.src):
-            out.markers.append(Marker("save", gaps[first][0] + 2, y_top, y_bot))
-        if res.load:
-            y_in = c.in_y(k, len(chain) - 1)
-            out.markers.append(Marker("load", gaps[first + len(chain) - 2][3] + 2, y_in - 6,
-                                      y_in + bundle_height(axes) + 6))
-            texts = self.loaded_labels(k)
-            if texts:
-                x = gaps[first + len(chain) - 2][4] + 4
-                for i, text in enumerate(texts):
-                    out.labels.append(Label(x, y_in + i * WIRE_GAP - 4, text, "start", res.consumed, "axis"))
+        self.markers(k, gaps)
+
+    def load_step_width(self, k: int, level: str) -> float:
+        texts = dict(self.load_plan(k))[level]
+        return MARK_W + 4 + (max(text_width(t, AXIS_FONT) for t in texts) + 10 if texts else 0.0)
+
+    def markers(self, k: int, gaps: Sequence[tuple[float, ...]]) -> None:
+        """The save and load markers of edge ``k``, the labels after its loads, its fork dots."""
+        c, g, res, out = self.c, self.g, self.res[k], self.out
+        edge, axes = g.edges[k], g.axes(g.edges[k].src)
+        first, chain = c.layer[edge.src.node], c.chain[k]
+        height = bundle_height(axes)
+        if edge == g.consumers(edge.src)[0]:
+            y = c.out_y(k, 0)
+            for j in range(len(res.up) - 1):
+                out.markers.append(Marker("save", gaps[first][0] + 2 + j * (MARK_W + 4), y - 6, y + height + 6))
+        y_in = c.in_y(k, len(chain) - 1)
+        x = gaps[first + len(chain) - 2][3]
+        for level, texts in self.load_plan(k):
+            out.markers.append(Marker("load", x + 2, y_in - 6, y_in + height + 6))
+            for i, text in enumerate(texts or ()):
+                out.labels.append(Label(x + MARK_W + 8, y_in + i * WIRE_GAP - 4, text, "start", level, "axis"))
+            x += self.load_step_width(k, level)
         if len(g.consumers(edge.src)) > 1 and edge == g.consumers(edge.src)[0]:
             for i in range(max(len(axes), 1)):
                 out.forks.append((gaps[first][2], c.out_y(k, 0) + i * WIRE_GAP))

@@ -1,0 +1,261 @@
+"""Pictures: structural checks on the SVG of every example diagram and of checked theorems.
+
+Each drawing must be valid XML, show every axis and every box, keep box shapes apart,
+colour wires by memory level under a schedule with loads and saves where the colour
+changes, and convert to PNG; ``napkin draw --steps`` must write the derivation strip.
+"""
+
+from __future__ import annotations
+
+import itertools
+import struct
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from napkin_cat import ops
+from napkin_cat.cli import main
+from napkin_cat.draw import LEVEL_COLOURS, MARK_COLOURS, draw_steps, draw_svg, save
+from napkin_cat.draw_graph import GLYPHS
+from napkin_cat.elaborate import load, loads
+from napkin_cat.terms import Apply, Box, Diagram, Partition, Place, Rewrite, Schedule, Step, Var, walk
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((ROOT / "examples").glob("*.ncd"))
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+@dataclass(frozen=True)
+class StandIn:
+    """The fields of ``kernel.Theorem`` that drawing reads (no kernel needed to draw)."""
+
+    name: str
+    source: Diagram
+    result: Diagram
+    schedule: Schedule = field(default_factory=Schedule)
+    steps: tuple[Step, ...] = ()
+
+
+FLASH = """
+axis q, x
+axis d = 64
+diagram attention(Q: [q d], K: [x d], V: [x d]) -> [q d] {
+  S = contract[d](Q, K) * rsqrt(d)
+  P = softmax[x](S)
+  O = contract[x](P, V)
+  return O
+}
+diagram flash(Q: [q d], K: [x d], V: [x d]) -> [q d] {
+  S = contract[d](Q, K) * rsqrt(d)
+  O = ncontract[x; exp, exp, id](S, V)
+  return O
+}
+"""
+
+
+def _texts(root: ET.Element) -> list[str]:
+    return ["".join(t.itertext()) for t in root.iter(f"{SVG}text")]
+
+
+def _box_shapes(root: ET.Element) -> list[tuple[float, float, float, float]]:
+    """(x0, y0, x1, y1) of every box outline: rectangles and the softmax triangles."""
+    shapes = []
+    for el in root.iter():
+        if el.get("class") != "box-shape":
+            continue
+        if el.tag == f"{SVG}rect":
+            x, y, w, h = (float(el.get(k, "0")) for k in ("x", "y", "width", "height"))
+            shapes.append((x, y, x + w, y + h))
+        else:
+            nums = [float(v) for v in el.get("d", "").replace("M", " ").replace("L", " ").replace("Z", " ")
+                    .replace(",", " ").split()]
+            xs, ys = nums[0::2], nums[1::2]
+            shapes.append((min(xs), min(ys), max(xs), max(ys)))
+    return shapes
+
+
+def _strokes(root: ET.Element, kind: str = "wire") -> set[str]:
+    return {el.get("stroke", "") for el in root.iter() if kind in (el.get("class") or "").split()}
+
+
+def _drawn_boxes(diagram: Diagram, expand: bool) -> list[Box | Apply]:
+    """The boxes a drawing must show: every box that carries an array (constants are labels)."""
+    found: list[Box | Apply] = []
+
+    def visit(d: Diagram) -> None:
+        seen: set[int] = set()  # a shared sub-expression is one box
+        for node in (n for r in [let.expr for let in d.body] + list(d.outputs) for n in walk(r)):
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            if isinstance(node, Apply) and expand:
+                visit(node.diagram)
+            elif isinstance(node, Apply) or (
+                    isinstance(node, Box) and (node.axes or any(isinstance(n, Var) for n in walk(node)))):
+                found.append(node)
+
+    visit(diagram)
+    return found
+
+
+def _check_picture(diagram: Diagram, svg: str, expand: bool) -> ET.Element:
+    root = ET.fromstring(svg)  # valid XML
+    texts = _texts(root)
+    sizes = diagram.axis_sizes()
+    axes = {a for p in diagram.inputs for a in p.axes} | {a for t in diagram.out_types for a in t}
+    for box in _drawn_boxes(diagram, expand):
+        axes |= set(box.axes if isinstance(box, Box) else ())
+    for axis in axes:
+        label = axis if sizes.get(axis) is None else f"{axis}={sizes[axis]}"
+        assert label in texts, f"{diagram.name}: no wire labelled {label!r}"
+    groups = [g for g in root.iter(f"{SVG}g") if g.get("class") == "box"]
+    boxes = _drawn_boxes(diagram, expand)
+    assert len(groups) == len(boxes), f"{diagram.name}: {len(groups)} boxes drawn, {len(boxes)} in the term"
+    drawn = ["".join(t for el in g.iter(f"{SVG}text") for t in el.itertext()) for g in groups]
+    for box in boxes:
+        glyph = box.diagram.name if isinstance(box, Apply) else GLYPHS[box.op][1]
+        assert any(glyph in text for text in drawn), f"{diagram.name}: no box labelled {glyph!r} in {drawn}"
+    for a, b in itertools.combinations(_box_shapes(root), 2):
+        assert a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1], f"{diagram.name}: boxes overlap"
+    return root
+
+
+def _example_diagrams() -> list[tuple[str, Diagram]]:
+    return [(f"{p.stem}:{d.name}", d) for p in EXAMPLES for d in load(p).diagrams]
+
+
+@pytest.mark.parametrize(("name", "diagram"), _example_diagrams(), ids=[n for n, _ in _example_diagrams()])
+def test_every_example_draws_with_all_its_labels(name: str, diagram: Diagram) -> None:
+    for expand in (False, True):
+        _check_picture(diagram, draw_svg(diagram, expand), expand)
+
+
+def test_weaving_draws_woven_axes_over_the_inner_box() -> None:
+    mha = load(ROOT / "examples" / "attention.ncd").diagram("mha")
+    root = ET.fromstring(draw_svg(mha))
+    woven = [el for el in root.iter() if "woven" in (el.get("class") or "").split()]
+    # b and h of Q, K and V pass over the attention box into b and h of the output
+    assert len(woven) == 6
+    expanded = ET.fromstring(draw_svg(mha, expand=True))
+    titles = {"".join(t.itertext()) for t in expanded.iter(f"{SVG}title")}
+    assert "attention" not in titles and any(t.startswith("softmax") for t in titles)
+
+
+def test_tuples_are_separated_and_copies_fork() -> None:
+    layernorm = load(ROOT / "examples" / "layernorm.ncd").diagram("layernorm")
+    root = ET.fromstring(draw_svg(layernorm))
+    separators = [el for el in root.iter() if el.get("class") == "separator"]
+    assert len(separators) >= 2  # X | G | B at least
+    assert any(el.tag == f"{SVG}circle" for el in root.iter())  # X feeds two boxes
+
+
+def test_every_op_has_a_glyph() -> None:
+    assert set(GLYPHS) == set(ops.OPS)
+
+
+def test_drawing_is_deterministic() -> None:
+    diagram = load(ROOT / "examples" / "attention.ncd").diagram("causal_attention")
+    assert draw_svg(diagram) == draw_svg(diagram)
+
+
+def _flash() -> tuple[Diagram, Diagram]:
+    module = loads(FLASH)
+    return module.diagram("attention"), module.diagram("flash")
+
+
+def test_theorem_wires_take_the_colour_of_their_level() -> None:
+    source, flash = _flash()
+    group = Partition("group", "q", "gq", "smem")
+    stream = Partition("stream", "x", "sx", "smem", via="online_softmax")
+    thm = StandIn("flash_attention", source, flash, Schedule((group, stream)),
+                  (Rewrite("softmax_contract", ("P", "O")), group, stream))
+    svg = draw_svg(thm)
+    # the plain labels are on the HBM side of each wire, the tiled ones after the loads
+    root = _check_picture(flash, svg, False)
+    assert _strokes(root) == {LEVEL_COLOURS["hbm"], LEVEL_COLOURS["smem"]}
+    texts = _texts(root)
+    assert {"q g=gq", "x s=sx", "hbm", "smem", "load", "save"} <= set(texts)
+    markers = [el.get("class") for el in root.iter() if el.get("class") in MARK_COLOURS]
+    # Q, K and V are loaded into their first box; only O is saved (S stays on chip)
+    assert markers.count("load") == 3 and markers.count("save") == 1
+    assert "group q by gq at smem" in svg
+
+
+def test_unfused_schedule_saves_and_loads_every_intermediate() -> None:
+    source, _ = _flash()
+    root = ET.fromstring(draw_svg(StandIn("naive", source, source)))
+    markers = [el.get("class") for el in root.iter() if el.get("class") in MARK_COLOURS]
+    # four boxes, each its own kernel: 4 saves; loads: Q, K, the scores, S, P and V
+    assert markers.count("save") == 4 and markers.count("load") == 6
+    fused = StandIn("fused", source, source, Schedule(placements=(Place(("S", "P"), "smem"),)))
+    root = ET.fromstring(draw_svg(fused))
+    markers = [el.get("class") for el in root.iter() if el.get("class") in MARK_COLOURS]
+    assert markers.count("save") == 2 and markers.count("load") == 4  # the unnamed scores still go to HBM
+
+
+def test_two_levels_load_through_smem_into_registers() -> None:
+    source, flash = _flash()
+    parts = (Partition("group", "q", "gq", "smem"), Partition("stream", "x", "sx", "smem", via="online_softmax"),
+             Partition("group", "q", "wq", "reg"), Partition("stream", "x", "rx", "reg", via="online_softmax"))
+    root = ET.fromstring(draw_svg(StandIn("two_level", source, flash, Schedule(parts))))
+    assert _strokes(root) == {LEVEL_COLOURS[lv] for lv in ("hbm", "smem", "reg")}
+    texts = set(_texts(root))
+    assert {"q g=gq", "q g=wq", "x s=sx", "x s=rx"} <= texts
+    markers = [el.get("class") for el in root.iter() if el.get("class") in MARK_COLOURS]
+    assert markers.count("load") == 6 and markers.count("save") == 2
+
+
+def _png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+def test_png_output(tmp_path: Path) -> None:
+    diagram = load(ROOT / "examples" / "attention.ncd").diagram("attention")
+    out = save(diagram, tmp_path / "attention.png")
+    width, height = _png_size(out.read_bytes())
+    root = ET.fromstring(draw_svg(diagram))
+    assert width == pytest.approx(2 * float(root.get("width", "0")), abs=2)
+    assert height == pytest.approx(2 * float(root.get("height", "0")), abs=2)
+
+
+def test_draw_steps_writes_the_strip(tmp_path: Path) -> None:
+    source, flash = _flash()
+    group = Partition("group", "q", "gq", "smem")
+    steps: tuple[Step, ...] = (Rewrite("softmax_contract", ("P", "O")), group)
+    states = [StandIn("flash", source, source), StandIn("flash", source, flash, steps=steps[:1]),
+              StandIn("flash", source, flash, Schedule((group,)), steps)]
+    written = draw_steps(states, tmp_path / "strip")
+    assert [p.name for p in written] == ["step00.svg", "step01.svg", "step02.svg", "index.html"]
+    page = written[-1].read_text()
+    assert page.index("step00.svg") < page.index("step01.svg") < page.index("step02.svg")
+    assert "rewrite softmax_contract at P, O" in page and "group q by gq at smem" in page
+    for path in written[:-1]:
+        ET.fromstring(path.read_text())
+
+
+def test_cli_draws_diagrams_and_refuses_bad_requests(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    example = str(ROOT / "examples" / "attention.ncd")
+    assert main(["draw", example, "mha", "-o", str(tmp_path / "mha.svg"), "--expand"]) == 0
+    ET.fromstring((tmp_path / "mha.svg").read_text())
+    assert main(["draw", example, "attention", "-o", str(tmp_path / "a.png")]) == 0
+    _png_size((tmp_path / "a.png").read_bytes())
+    assert main(["draw", example, "nothing", "-o", str(tmp_path / "x.svg")]) == 2
+    assert main(["draw", example, "attention", "-o", str(tmp_path / "x.pdf")]) == 2
+    assert main(["draw", example, "attention", "--steps", "-o", str(tmp_path / "dir")]) == 2
+    assert "not a theorem" in capsys.readouterr().err
+
+
+def test_cli_draws_a_checked_theorem_and_its_steps(tmp_path: Path) -> None:
+    proofs = ROOT / "proofs" / "flash_attention.ncd"
+    if not proofs.exists():
+        pytest.skip("proofs/flash_attention.ncd not present")
+    assert main(["draw", str(proofs), "flash_attention", "-o", str(tmp_path / "flash.svg")]) == 0
+    root = ET.fromstring((tmp_path / "flash.svg").read_text())
+    assert LEVEL_COLOURS["smem"] in _strokes(root)
+    assert main(["draw", str(proofs), "flash_attention", "--steps", "-o", str(tmp_path / "strip")]) == 0
+    pages = sorted(p.name for p in (tmp_path / "strip").iterdir())
+    assert "index.html" in pages and len([p for p in pages if p.endswith(".svg")]) >= 4

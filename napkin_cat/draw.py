@@ -56,11 +56,20 @@ SERIF = "DejaVu Serif, Georgia, serif"
 class TheoremLike(Protocol):
     """What drawing needs of a ``kernel.Theorem``."""
 
-    name: str
-    source: Diagram
-    result: Diagram
-    schedule: Schedule
-    steps: tuple[Any, ...]
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def source(self) -> Diagram: ...
+
+    @property
+    def result(self) -> Diagram: ...
+
+    @property
+    def schedule(self) -> Schedule: ...
+
+    @property
+    def steps(self) -> tuple[Any, ...]: ...
 
 
 class PlainDecor:

@@ -1,17 +1,10 @@
-"""Column layout of a box-and-wire graph: every coordinate of a drawing, derived from the term.
+"""The horizontal half of the layout: every coordinate of a drawing, derived from the term.
 
-Left to right (paper-digest §1.1, N5): each box sits in the column of its topological
-depth (inputs in the first column, outputs in the last); a wire that skips columns runs
-straight through them.  Top to bottom (N2, N3): each column is a tuple of arrays, each
-array a bundle of stacked wires, one per axis, with dashed separators between arrays.
-
-Vertical placement is computed, never set by hand: the items of each column are ordered
-by the barycentre of their neighbours (fewer crossings), then placed as close to their
-neighbours' ports as possible without overlapping, which is an isotonic regression per
-column (pool-adjacent-violators), swept left to right and back.
-
-Memory levels (``Decor``) only add room: a save marker right after a producer, a load
-marker right before a consumer, and labels where a relabelled wire (``g``/``s``) starts.
+``draw_columns`` decides which column each box is in and its height; this module sizes
+each column and the gap after it (save markers, the labels of the arrays leaving the
+column, the S-curves, load markers with the labels of relabelled wires) and emits the
+primitives ``draw`` styles: wire pieces at a memory level, boxes, labels, markers,
+tuple separators and fork dots.  Memory levels come from a ``Decor``.
 """
 
 from __future__ import annotations
@@ -21,16 +14,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from napkin_cat.draw_columns import HEAD, WIRE_GAP, Columns, Item, bundle_height
 from napkin_cat.draw_graph import Edge, Graph, Node, Port
 from napkin_cat.terms import Axes
 
 __all__ = ["Decor", "Label", "Layout", "Marker", "PlacedBox", "Residency", "Run", "layout", "text_width", "triangle"]
 
-WIRE_GAP = 16.0  # between the wires of one array
-ITEM_GAP = 30.0  # between arrays or boxes in one column (room for a label above a wire)
-PORT_GAP = 18.0  # between the arrays entering (or leaving) one box
-HEAD = 22.0  # the band at the top of a box that holds its label
-PAD = 9.0  # box padding around its ports
 MARK_W = 12.0  # width of a load or save marker
 AXIS_FONT = 12.0
 NAME_FONT = 12.0
@@ -44,11 +33,6 @@ def text_width(text: str, size: float) -> float:
     for ch in text:
         total += 0.34 if ch in narrow else 0.92 if ch in wide else 0.72 if ch.isupper() else 0.62
     return total * size
-
-
-def bundle_height(axes: Axes) -> float:
-    """From the first wire to the last; a scalar is drawn as one wire."""
-    return (max(len(axes), 1) - 1) * WIRE_GAP
 
 
 @dataclass(frozen=True)
@@ -159,158 +143,9 @@ class Layout:
     columns: list[tuple[float, float]] = field(default_factory=list)
 
 
-@dataclass
-class _Item:
-    """Something occupying vertical space in one column: a node, or an edge passing through."""
-
-    node: Node | None
-    edge: int | None
-    height: float
-    in_off: list[float]
-    out_off: list[float]
-    y: float = 0.0
-
-
-def _layers(graph: Graph) -> list[int]:
-    layer = [0] * len(graph.nodes)
-    for node in graph.nodes:  # nodes are created in topological order
-        if node.kind == "box":
-            layer[node.id] = 1 + max((layer[p.node] for p in node.inputs), default=0)
-    last = 1 + max((layer[n.id] for n in graph.nodes if n.kind == "box"), default=0)
-    for node in graph.nodes:
-        if node.kind == "output":
-            layer[node.id] = last
-    for node in reversed(graph.nodes):  # boxes without inputs sit just before their first use
-        if node.kind == "box" and not node.inputs:
-            layer[node.id] = min(layer[e.dst] for e in graph.edges if e.src.node == node.id) - 1
-    return layer
-
-
-def _stack(axes_list: Sequence[Axes]) -> tuple[list[float], float]:
-    offsets, y = [], 0.0
-    for axes in axes_list:
-        offsets.append(y)
-        y += bundle_height(axes) + PORT_GAP
-    return offsets, max(y - PORT_GAP, 0.0)
-
-
-def _node_item(graph: Graph, node: Node) -> _Item:
-    if node.kind == "input":
-        return _Item(node, None, bundle_height(node.outputs[0]), [], [0.0])
-    if node.kind == "output":
-        return _Item(node, None, bundle_height(graph.axes(node.inputs[0])), [0.0], [])
-    ins, in_h = _stack([graph.axes(p) for p in node.inputs])
-    outs, out_h = _stack(node.outputs)
-    inner = max(in_h, out_h)
-    top = HEAD + PAD
-    return _Item(node, None, top + inner + PAD,
-                 [top + (inner - in_h) / 2 + o for o in ins], [top + (inner - out_h) / 2 + o for o in outs])
-
-
-def _isotonic(desired: list[float], weights: list[float]) -> list[float]:
-    """The non-decreasing sequence closest to ``desired`` in weighted least squares."""
-    blocks: list[list[float]] = []  # [value, weight, count]
-    for d, w in zip(desired, weights, strict=True):
-        blocks.append([d, w, 1])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            v2, w2, n2 = blocks.pop()
-            v1, w1, n1 = blocks.pop()
-            blocks.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
-    return [v for v, _, n in blocks for _ in range(int(n))]
-
-
-def _place_column(items: list[_Item], desired: list[float | None]) -> None:
-    """Move items towards ``desired`` tops keeping their order and ``ITEM_GAP`` apart."""
-    offsets, c = [], 0.0
-    for item in items:
-        offsets.append(c)
-        c += item.height + ITEM_GAP
-    targets = [(d if d is not None else item.y) - off for item, d, off in zip(items, desired, offsets, strict=True)]
-    weights = [1.0 if d is not None else 0.05 for d in desired]
-    for item, z, off in zip(items, _isotonic(targets, weights), offsets, strict=True):
-        item.y = z + off
-
-
-class _Columns:
-    """The items of each column and the hops of each edge between consecutive columns."""
-
-    def __init__(self, graph: Graph) -> None:
-        self.graph = graph
-        self.layer = _layers(graph)
-        self.n = max(self.layer) + 1
-        self.cols: list[list[_Item]] = [[] for _ in range(self.n)]
-        self.item_of: dict[int, _Item] = {}
-        for node in graph.nodes:
-            item = _node_item(graph, node)
-            self.item_of[node.id] = item
-            self.cols[self.layer[node.id]].append(item)
-        #: per edge, the items it passes from its source to its destination
-        self.chain: list[list[_Item]] = []
-        for k, edge in enumerate(graph.edges):
-            chain = [self.item_of[edge.src.node]]
-            h = bundle_height(graph.axes(edge.src))
-            for col in range(self.layer[edge.src.node] + 1, self.layer[edge.dst]):
-                dummy = _Item(None, k, h, [0.0], [0.0])
-                self.cols[col].append(dummy)
-                chain.append(dummy)
-            chain.append(self.item_of[edge.dst])
-            self.chain.append(chain)
-        for column in self.cols:
-            _place_column(column, [None] * len(column))
-
-    def out_y(self, k: int, step: int) -> float:
-        """The top wire of edge ``k`` leaving the ``step``-th item of its chain."""
-        item = self.chain[k][step]
-        return item.y + (item.out_off[self.graph.edges[k].src.index] if item.node else 0.0)
-
-    def in_y(self, k: int, step: int) -> float:
-        item = self.chain[k][step]
-        return item.y + (item.in_off[self.graph.edges[k].slot] if item.node else 0.0)
-
-    def hops(self, col: int) -> list[tuple[int, int]]:
-        """(edge, step) for every edge leaving column ``col`` at that step of its chain."""
-        out = []
-        for k, chain in enumerate(self.chain):
-            step = col - self.layer[self.graph.edges[k].src.node]
-            if 0 <= step < len(chain) - 1:
-                out.append((k, step))
-        return out
-
-    def neighbours(self, col: int, forward: bool) -> dict[int, list[float]]:
-        """For each item of ``col`` (by id), where its neighbours want its top to be."""
-        want: dict[int, list[float]] = {}
-        for k, step in self.hops(col - 1 if forward else col):
-            a, b = self.chain[k][step], self.chain[k][step + 1]
-            if forward:
-                want.setdefault(id(b), []).append(self.out_y(k, step) - (self.in_y(k, step + 1) - b.y))
-            else:
-                want.setdefault(id(a), []).append(self.in_y(k, step + 1) - (self.out_y(k, step) - a.y))
-        return want
-
-    def arrange(self, sweeps: int = 6) -> None:
-        for _ in range(3):  # order by barycentre, keeping inputs and outputs in declared order
-            for col in range(1, self.n - 1):
-                want = self.neighbours(col, True)
-                self.cols[col].sort(key=lambda it: _mean(want.get(id(it))) or it.y)
-                _place_column(self.cols[col], [None] * len(self.cols[col]))
-        for _ in range(sweeps):
-            for cols, forward in ((range(1, self.n), True), (range(self.n - 2, -1, -1), False)):
-                for col in cols:
-                    want = self.neighbours(col, forward)
-                    _place_column(self.cols[col], [_mean(want.get(id(it))) for it in self.cols[col]])
-        top = min(it.y for column in self.cols for it in column)
-        for column in self.cols:
-            for it in column:
-                it.y -= top
-
-
-def _mean(values: list[float] | None) -> float | None:
-    return sum(values) / len(values) if values else None
-
-
 def layout(graph: Graph, decor: Decor, margin: float = 16.0, top: float = 0.0) -> Layout:
     """Place every box, wire, label and marker of ``graph``; ``top`` reserves room above."""
-    cols = _Columns(graph)
+    cols = Columns(graph)
     cols.arrange()
     return _Placer(graph, decor, cols, margin, top).place()
 
@@ -318,7 +153,7 @@ def layout(graph: Graph, decor: Decor, margin: float = 16.0, top: float = 0.0) -
 class _Placer:
     """The horizontal pass: column widths, gap strips, and the drawing primitives."""
 
-    def __init__(self, graph: Graph, decor: Decor, cols: _Columns, margin: float, top: float) -> None:
+    def __init__(self, graph: Graph, decor: Decor, cols: Columns, margin: float, top: float) -> None:
         self.g, self.decor, self.c, self.margin, self.top = graph, decor, cols, margin, top
         self.res = [decor.residency(graph, e) for e in graph.edges]
         self.out = Layout()
@@ -529,17 +364,17 @@ class _Placer:
             for i in range(max(len(axes), 1)):
                 out.forks.append((gaps[first][2], c.out_y(k, 0) + i * WIRE_GAP))
 
-    def box_geometry(self, item: _Item) -> tuple[float, float]:
+    def box_geometry(self, item: Item) -> tuple[float, float]:
         assert item.node is not None
         zone = self.out.columns[self.c.layer[item.node.id]]
         w = self.box_width(item.node)
         return (zone[0] + zone[1] - w) / 2, w
 
-    def box_right(self, item: _Item) -> float:
+    def box_right(self, item: Item) -> float:
         x, w = self.box_geometry(item)
         return x + w
 
-    def box_left(self, item: _Item, y: float) -> float:
+    def box_left(self, item: Item, y: float) -> float:
         """Where a wire at height ``y`` meets the box: its left edge, or the triangle's side."""
         x, w = self.box_geometry(item)
         assert item.node is not None
@@ -549,7 +384,7 @@ class _Placer:
         half = (y1 - y0) / 2
         return x0 + (x + w - x0) * abs(y - (y0 + half)) / half
 
-    def box(self, item: _Item, node: Node, zone: tuple[float, float]) -> None:
+    def box(self, item: Item, node: Node, zone: tuple[float, float]) -> None:
         """The box and the wires woven over it (drawn above it, N7)."""
         x, w = self.box_geometry(item)
         level = self.decor.box_level(node)

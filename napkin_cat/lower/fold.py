@@ -1,0 +1,116 @@
+"""The fold over a scheduled diagram shared by both targets: phases become code.
+
+Relative to the streamed axis (``loopnest`` phases, paper R4/R5) a node is emitted
+
+- ``before`` the loop (once per program or call: it does not depend on the axis);
+- in the loop body (``chunk``: woven through the stream, on the current chunk);
+- as an accumulator update (``accumulate``): its operands are lifted into a partial
+  state by the plan's ``lift`` diagram, merged into the carry by ``combine``;
+- ``after`` the loop, on the values the plans' ``final`` diagrams give.
+
+Every accumulator diagram is inlined through the same op table as the diagram itself,
+so no accumulator has hand-written code.  The targets decide only how a chunk of an
+input is read, what the loop is, and where results go.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from napkin_cat.accumulators import AccumulatorPlan
+from napkin_cat.lower import codegen as cg
+from napkin_cat.lower.jaxops import Scope, Value, argument, emit_diagram, emit_node, mask_padded, saturate, transpose_to
+from napkin_cat.lower.layout import Layout
+from napkin_cat.terms import Axes, Box
+
+__all__ = ["Slot", "emit_after", "emit_before", "emit_identity", "emit_step", "slots"]
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One component of the loop carry: a state variable of one accumulating node."""
+
+    node: str
+    plan: AccumulatorPlan
+    index: int
+    axes: Axes
+
+    @property
+    def hint(self) -> str:
+        return f"{self.node}_{self.plan.state[self.index][0]}"
+
+
+def slots(lay: Layout, scope: Scope) -> list[Slot]:
+    """The loop carry, in node order then state order (squeezed axes dropped)."""
+    out: list[Slot] = []
+    for node in lay.flat.nodes:
+        plan = lay.plans.get(node.name)
+        if plan is not None:
+            out.extend(Slot(node.name, plan, i, scope.keep(t)) for i, (_, t) in enumerate(plan.state))
+    return out
+
+
+def _emit_phase(lay: Layout, phases: Sequence[str], env: dict[str, Value], scope: Scope) -> None:
+    for node in lay.flat.nodes:
+        if lay.phase[node.name] in phases:
+            assert isinstance(node.expr, Box)
+            emit_node(node.name, node.expr, env, scope)
+
+
+def emit_before(lay: Layout, env: dict[str, Value], scope: Scope) -> None:
+    """Nodes that do not depend on the streamed axis (all nodes when nothing streams)."""
+    _emit_phase(lay, ("before",), env, scope)
+
+
+def emit_identity(lay: Layout, scope: Scope) -> ast.expr:
+    """The initial carry: every state variable filled with its accumulator's identity."""
+    items = []
+    for slot in slots(lay, scope):
+        fill = saturate(slot.plan.identity[slot.index])
+        dims = cg.tuple_([scope.extents[a] for a in slot.axes])
+        items.append(cg.call("jnp.full", dims, fill, cg.attr("jnp.float32")))
+    return cg.tuple_(items)
+
+
+def emit_step(lay: Layout, env: dict[str, Value], scope: Scope, carry: Sequence[Value]) -> list[ast.expr]:
+    """One chunk: its woven nodes, then every accumulator's lift and combine.
+
+    ``env`` holds the chunk's inputs and everything computed before the loop; returns
+    the new carry, each state in its declared axis order so the carry's type is fixed.
+    """
+    for node in lay.flat.nodes:
+        phase = lay.phase[node.name]
+        if phase == "chunk":
+            assert isinstance(node.expr, Box)
+            emit_node(node.name, node.expr, env, scope)
+    updated: list[ast.expr] = []
+    all_slots = slots(lay, scope)
+    inner = scope.with_block(scope.block, padded=frozenset())  # operands are masked once, up front
+    for node in lay.flat.nodes:
+        plan = lay.plans.get(node.name)
+        if plan is None:
+            continue
+        box = node.expr
+        assert isinstance(box, Box)
+        operands = mask_padded(box, [argument(a, env, scope) for a in box.args], scope)
+        lifted = emit_diagram(plan.lift, operands, inner)
+        previous = [carry[i] for i, s in enumerate(all_slots) if s.node == node.name]
+        merged = emit_diagram(plan.combine, previous + lifted, inner)
+        for value, (_, axes) in zip(merged, plan.state, strict=True):
+            updated.append(transpose_to(value, scope.keep(axes)))
+    return updated
+
+
+def emit_after(lay: Layout, env: dict[str, Value], scope: Scope, carry: Sequence[Value]) -> None:
+    """Each accumulator's final value under its node's name, then the nodes after it."""
+    all_slots = slots(lay, scope)
+    for node in lay.flat.nodes:
+        plan = lay.plans.get(node.name)
+        if plan is None:
+            continue
+        state = [carry[i] for i, s in enumerate(all_slots) if s.node == node.name]
+        (value,) = emit_diagram(plan.final, state, scope)
+        env[node.name] = Value(scope.block.bind(node.name, value.expr), value.axes)
+    _emit_phase(lay, ("after",), env, scope)

@@ -1,0 +1,109 @@
+"""The plain-JAX target: the schedule as a streamed, vectorised, differentiable function.
+
+Group partitions need no code here: groups are independent, so the function is
+vectorised over them (XLA on CPU gains nothing from an explicit grid).  The streamed
+axis becomes a ``lax.fori_loop`` over full chunks whose carry is the accumulator state,
+plus one last ragged chunk when the tile does not divide the size, so no padding or
+masking is needed and memory stays O(chunk) instead of O(whole axis).  ``fori_loop``
+with static bounds lowers to ``scan``, so ``jax.grad`` works through it.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Sequence
+
+from napkin_cat.lower import codegen as cg
+from napkin_cat.lower.fold import emit_after, emit_before, emit_identity, emit_step, slots
+from napkin_cat.lower.jaxops import Scope, Value, transpose_to
+from napkin_cat.lower.layout import Layout
+
+__all__ = ["emit_function"]
+
+
+def sizes_dict(lay: Layout) -> ast.expr:
+    return cg.dict_([(a, cg.const(n)) for a, n in lay.flat.sizes if n is not None])
+
+
+def bind_inputs(lay: Layout, params: Sequence[str], block: cg.Block) -> None:
+    """``n = bind_sizes(...)``: every axis size from the inputs, checked against declarations."""
+    signature = cg.tuple_([cg.tuple_([cg.const(name), cg.tuple_([cg.const(a) for a in axes])])
+                           for name, axes in lay.flat.inputs])
+    arrays = cg.tuple_([cg.name(p) for p in params])
+    block.emit(cg.assign("n", cg.call("bind_sizes", arrays, signature, sizes_dict(lay))))
+
+
+def all_axes(lay: Layout) -> tuple[str, ...]:
+    axes = [a for _, t in lay.flat.inputs for a in t] + [a for node in lay.flat.nodes for a in node.axes]
+    return tuple(dict.fromkeys(axes))
+
+
+def size_of(axis: str) -> ast.expr:
+    return cg.subscript(cg.name("n"), cg.const(axis))
+
+
+def load(param: str, dtype: str) -> ast.expr:
+    """An input in the kernel dtype (its storage precision), computed on in f32."""
+    if dtype == "float32":
+        return cg.call("jnp.asarray", cg.name(param), cg.attr("jnp.float32"))
+    stored = cg.call(ast.Attribute(cg.call("jnp.asarray", cg.name(param)), "astype", ast.Load()),
+                     cg.attr(f"jnp.{dtype}"))
+    return cg.call(ast.Attribute(stored, "astype", ast.Load()), cg.attr("jnp.float32"))
+
+
+def emit_function(lay: Layout, fname: str, params: Sequence[str], doc: str, dtype: str,
+                  namer: cg.Namer) -> ast.FunctionDef:
+    """``def fname(*inputs)``: the whole scheduled diagram in plain JAX."""
+    block = cg.Block(namer)
+    bind_inputs(lay, params, block)
+    sizes = {a: size_of(a) for a in all_axes(lay)}
+    scope = Scope(block, sizes, dict(sizes), dot_dtype=dtype)
+    env: dict[str, Value] = {}
+    for (name, axes), param in zip(lay.flat.inputs, params, strict=True):
+        env[name] = Value(block.bind(param, load(param, dtype)), axes)
+    emit_before(lay, env, scope)
+    if lay.stream is not None:
+        _emit_stream(lay, env, scope)
+    results = [transpose_to(env[o], lay.flat.type_of(o)) for o in lay.flat.outputs]
+    block.emit(ast.Return(results[0] if len(results) == 1 else cg.tuple_(results)))
+    return cg.function(fname, params, block.stmts, doc)
+
+
+def _emit_stream(lay: Layout, env: dict[str, Value], scope: Scope) -> None:
+    """``step(carry, start, size)`` over full chunks with ``fori_loop``, then the ragged tail."""
+    axis = lay.stream
+    assert axis is not None
+    tile = cg.const(lay.tiles[axis])
+    block = scope.block
+    namer = block.namer
+    step, carry, start, size = namer.fresh("step"), namer.fresh("carry"), namer.fresh("start"), namer.fresh("size")
+    body = block.child()
+    inner = scope.with_block(body, extents={**scope.extents, axis: cg.name(size)},
+                             offsets={**scope.offsets, axis: cg.name(start)})
+    state = slots(lay, scope)
+    names = [namer.fresh(s.hint) for s in state]
+    body.emit(cg.assign(names, cg.name(carry)))
+    chunk_env = dict(env)
+    for name, axes in lay.flat.inputs:
+        if axis in axes:
+            sliced = cg.call("lax.dynamic_slice_in_dim", env[name].expr, cg.name(start), cg.name(size),
+                             keywords=[cg.kw("axis", cg.const(axes.index(axis)))])
+            chunk_env[name] = Value(body.bind(f"{name}_chunk", sliced), axes)
+    carried = [Value(cg.name(n), s.axes) for n, s in zip(names, state, strict=True)]
+    body.emit(ast.Return(cg.tuple_(emit_step(lay, chunk_env, inner, carried))))
+    block.emit(cg.function(step, [carry, start, size], body.stmts))
+    full = block.bind("full_chunks", cg.binop(size_of(axis), "//", tile))
+    j, c = namer.fresh("j"), namer.fresh("c")
+    lam = ast.Lambda(ast.arguments(posonlyargs=[], args=[ast.arg(j), ast.arg(c)], vararg=None, kwonlyargs=[],
+                                   kw_defaults=[], kwarg=None, defaults=[]),
+                     cg.call(step, cg.name(c), cg.binop(cg.name(j), "*", tile), tile))
+    state_name = namer.fresh("state")
+    block.emit(cg.assign(state_name, emit_identity(lay, scope)))
+    loop = cg.call("lax.fori_loop", cg.const(0), full, lam, cg.name(state_name))
+    block.emit(ast.If(full, [cg.assign(state_name, loop)], []))  # sizes are static: a Python `if`
+    tail = cg.binop(size_of(axis), "%", tile)
+    ragged = cg.call(step, cg.name(state_name), cg.binop(full, "*", tile), tail)
+    block.emit(ast.If(tail, [cg.assign(state_name, ragged)], []))
+    finals = [namer.fresh(s.hint) for s in state]
+    block.emit(cg.assign(finals, cg.name(state_name)))
+    emit_after(lay, env, scope, [Value(cg.name(n), s.axes) for n, s in zip(finals, state, strict=True)])

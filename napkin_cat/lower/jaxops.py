@@ -1,0 +1,396 @@
+"""The op table: every box of ``ops.OPS`` as ``jax.numpy`` code, shared by both targets.
+
+A value being emitted is a ``Value``: a Python expression (usually a name) and the axis
+names of its dimensions, in order.  Boxes broadcast by axis name, exactly as the
+evaluator does: each emitter aligns its operands (transpose, then ``None`` dimensions)
+and reports the axes of its result.  ``Scope`` says what the surrounding code knows:
+true sizes, in-code extents, each axis's global offset (a grid program's or a chunk's
+first position), axes squeezed out by the grid, and which axes may be padded.
+
+Numerics (documented conventions, identical in both targets):
+
+- all arithmetic is f32; contractions use ``jnp.einsum`` on operands cast to the
+  kernel's dot dtype with ``preferred_element_type=float32`` (f32 accumulation);
+- constants are saturated into f32 preserving order: ±inf becomes ±``INF`` (0.7 of the
+  f32 maximum: a finite mask value, pallas-notes §7), a finite value beyond f32 (the
+  accumulators' guard ``FLOAT_MAX``) becomes ±``BIG`` = ``INF / 2``, and a tiny non-zero
+  value becomes the smallest normal f32, so the guarded stable forms keep their meaning:
+  a fully masked row gives 0 from softmax, as in evaluate.py;
+- a box that consumes or mixes an axis that may be padded first replaces the padded
+  positions of its operands by fill values whose contribution is neutral
+  (``fill_values``: the accumulator's ``pad``, or -inf for softmax, 0 for l2/rms norms).
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from napkin_cat import ops
+from napkin_cat.loopnest import flatten
+from napkin_cat.lower import codegen as cg
+from napkin_cat.terms import Axes, Box, Cmp, Const, Diagram, Expr, IBin, Idx, IInt, IndexExpr, Logic, Pred, Size, Var
+
+__all__ = ["BIG", "INF", "TABLE", "TINY", "Scope", "Value", "emit_box", "emit_diagram", "fill_values", "saturate"]
+
+F32 = np.finfo(np.float32)
+INF = float(np.float32(0.7 * float(F32.max)))
+BIG = float(np.float32(INF / 2))
+TINY = float(F32.tiny)
+
+
+@dataclass(frozen=True)
+class Value:
+    """An emitted array: a Python expression and the names of its dimensions."""
+
+    expr: ast.expr
+    axes: Axes
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What emitted code can refer to at one point of a kernel (see module docstring)."""
+
+    block: cg.Block
+    sizes: Mapping[str, ast.expr]
+    extents: Mapping[str, ast.expr]
+    offsets: Mapping[str, ast.expr] = field(default_factory=dict)
+    squeezed: frozenset[str] = frozenset()
+    padded: frozenset[str] = frozenset()
+    dot_dtype: str = "float32"
+    batched_dot: bool = True
+
+    def keep(self, axes: Axes) -> Axes:
+        """The axes an in-kernel value has: the type less the squeezed grid axes."""
+        return tuple(a for a in axes if a not in self.squeezed)
+
+    def with_block(self, block: cg.Block, **changes: object) -> Scope:
+        return replace(self, block=block, **changes)  # type: ignore[arg-type]
+
+
+def saturate(value: float) -> ast.expr:
+    """A constant as f32 code, order-preserving (see module docstring)."""
+    if math.isinf(value):
+        return cg.name("INF") if value > 0 else ast.UnaryOp(ast.USub(), cg.name("INF"))
+    if abs(value) > float(F32.max):
+        return cg.name("BIG") if value > 0 else ast.UnaryOp(ast.USub(), cg.name("BIG"))
+    if value != 0 and abs(value) < TINY:
+        return cg.name("TINY") if value > 0 else ast.UnaryOp(ast.USub(), cg.name("TINY"))
+    return cg.const(float(value))
+
+
+# ---- shapes and positions ----------------------------------------------------------------
+
+
+def align(value: Value, axes: Axes) -> ast.expr:
+    """The value transposed and expanded to broadcast against ``axes`` (a superset)."""
+    if not value.axes:
+        return value.expr
+    present = tuple(a for a in axes if a in value.axes)
+    expr = value.expr
+    if present != value.axes:
+        perm = cg.tuple_([cg.const(value.axes.index(a)) for a in present])
+        expr = cg.call("jnp.transpose", expr, perm)
+    if len(present) < len(axes):
+        index = [ast.Slice() if a in value.axes else cg.const(None) for a in axes]
+        expr = cg.subscript(expr, index)
+    return expr
+
+
+def shape(axes: Axes, scope: Scope) -> ast.expr:
+    return cg.tuple_([scope.extents[a] for a in axes])
+
+
+def position(axis: str, axes: Axes, scope: Scope) -> ast.expr:
+    """Global positions along ``axis`` as an int array shaped like ``axes`` (a scalar if squeezed)."""
+    offset = scope.offsets.get(axis)
+    if axis in scope.squeezed:
+        assert offset is not None, axis
+        return offset
+    iota = cg.call("lax.broadcasted_iota", cg.attr("jnp.int32"), shape(axes, scope), cg.const(axes.index(axis)))
+    return iota if offset is None else cg.binop(iota, "+", offset)
+
+
+def index_expr(expr: IndexExpr, axes: Axes, scope: Scope) -> ast.expr:
+    if isinstance(expr, Idx):
+        return position(expr.axis, axes, scope)
+    if isinstance(expr, IInt):
+        return cg.const(expr.value)
+    assert isinstance(expr, IBin)
+    return cg.binop(index_expr(expr.left, axes, scope), expr.op, index_expr(expr.right, axes, scope))
+
+
+def predicate(pred: Pred, axes: Axes, scope: Scope) -> ast.expr:
+    if isinstance(pred, Cmp):
+        return cg.binop(index_expr(pred.left, axes, scope), pred.op, index_expr(pred.right, axes, scope))
+    assert isinstance(pred, Logic)
+    left = predicate(pred.left, axes, scope)
+    if pred.op == "not":
+        return cg.call("jnp.logical_not", left)
+    assert pred.right is not None
+    return cg.call("jnp.logical_and" if pred.op == "and" else "jnp.logical_or", left,
+                   predicate(pred.right, axes, scope))
+
+
+def positions(axes: Axes, target: Axes) -> ast.expr:
+    return cg.tuple_([cg.const(axes.index(a)) for a in target])
+
+
+def count(target: Axes, scope: Scope) -> ast.expr:
+    """The number of positions over the TRUE sizes of ``target`` (a float)."""
+    total: ast.expr = cg.call("float", scope.sizes[target[0]])
+    for a in target[1:]:
+        total = cg.binop(total, "*", scope.sizes[a])
+    return total
+
+
+# ---- the table ------------------------------------------------------------------------------
+
+UNARY: dict[str, Callable[[ast.expr], ast.expr]] = {
+    "exp": lambda x: cg.call("jnp.exp", x),
+    "log": lambda x: cg.call("jnp.log", x),
+    "neg": lambda x: ast.UnaryOp(ast.USub(), x),
+    "sqrt": lambda x: cg.call("jnp.sqrt", x),
+    "rsqrt": lambda x: cg.call("lax.rsqrt", x),
+    "recip": lambda x: cg.binop(cg.const(1.0), "/", x),
+    "square": lambda x: cg.binop(x, "*", x),
+    "abs": lambda x: cg.call("jnp.abs", x),
+    "tanh": lambda x: cg.call("jnp.tanh", x),
+    "sigmoid": lambda x: cg.call("jax.nn.sigmoid", x),
+    "relu": lambda x: cg.call("jnp.maximum", x, cg.const(0.0)),
+    # the exact (erf) form with the module's polynomial erf (runtime.erf): Triton lowers no erf
+    "gelu": lambda x: cg.binop(cg.binop(cg.const(0.5), "*", x), "*", cg.binop(
+        cg.const(1.0), "+", cg.call("erf", cg.binop(x, "*", cg.const(0.7071067811865476))))),
+    "silu": lambda x: cg.call("jax.nn.silu", x),
+    "id": lambda x: x,
+}
+
+BINARY: dict[str, Callable[[ast.expr, ast.expr], ast.expr]] = {
+    "add": lambda a, b: cg.binop(a, "+", b),
+    "sub": lambda a, b: cg.binop(a, "-", b),
+    "mul": lambda a, b: cg.binop(a, "*", b),
+    "div": lambda a, b: cg.binop(a, "/", b),
+    "maximum": lambda a, b: cg.call("jnp.maximum", a, b),
+    "minimum": lambda a, b: cg.call("jnp.minimum", a, b),
+}
+
+#: fill values of mixing boxes over padded positions (consuming boxes use their accumulator's)
+MIX_FILL: dict[str, float] = {"softmax": -math.inf, "l2norm": 0.0, "rmsnorm": 0.0}
+
+
+def fill_values(box: Box, axis: str) -> tuple[float, ...] | None:
+    """Per operand, the value padded positions along ``axis`` must hold so that ``box``
+    ignores them; None if there is none."""
+    from napkin_cat.accumulators import plan
+
+    if box.op in MIX_FILL:
+        return (MIX_FILL[box.op],)
+    if not ops.is_consuming(box.op):
+        return None
+    try:
+        return plan(box, axis).pad
+    except ValueError:
+        return None
+
+
+def _unary(box: Box, args: Sequence[Value], scope: Scope) -> Value:
+    (x,) = args
+    return Value(UNARY[box.op](x.expr), x.axes)
+
+
+def _binary(box: Box, args: Sequence[Value], scope: Scope) -> Value:
+    a, b = args
+    axes = tuple(dict.fromkeys(a.axes + b.axes))
+    return Value(BINARY[box.op](align(a, axes), align(b, axes)), axes)
+
+
+def _reduce(box: Box, args: Sequence[Value], scope: Scope) -> Value:
+    (x,) = args
+    target = scope.keep(box.target)
+    out = tuple(a for a in x.axes if a not in target)
+    where = positions(x.axes, target)
+    axis_kw = [cg.kw("axis", where)]
+    if box.op == "logsumexp":
+        shift = _shift(x, where, scope)
+        total = cg.call("jnp.sum", cg.call("jnp.exp", cg.binop(x.expr, "-", shift)), keywords=axis_kw)
+        return Value(cg.binop(cg.call("jnp.squeeze", shift, where), "+", cg.call("jnp.log", total)), out)
+    if box.op == "mean":
+        return Value(cg.binop(cg.call("jnp.sum", x.expr, keywords=axis_kw), "/", count(box.target, scope)), out)
+    return Value(cg.call(f"jnp.{box.op}", x.expr, keywords=axis_kw), out)
+
+
+def _shift(x: Value, where: ast.expr, scope: Scope) -> ast.expr:
+    """The guarded running maximum ``max(max x, -BIG)`` with kept dimensions, bound to a name."""
+    m = cg.call("jnp.max", x.expr, keywords=[cg.kw("axis", where), cg.kw("keepdims", cg.const(True))])
+    return scope.block.bind("shift", cg.call("jnp.maximum", m, saturate(-float(np.finfo(np.float64).max))))
+
+
+def _weights(params: Sequence[str], x: Value, target: Axes, scope: Scope) -> ast.expr:
+    """a1(s) / b(Σ a2(s)) along ``target``, shifted by the running max when a1 = a2 = exp."""
+    a1, a2, b = params
+    where = positions(x.axes, target)
+    s = x.expr
+    if a1 == a2 == "exp":
+        s = scope.block.bind("shifted", cg.binop(s, "-", _shift(x, where, scope)))
+    top = scope.block.bind("top", UNARY[a1](s))
+    bottom = top if a2 == a1 else UNARY[a2](s)
+    z: ast.expr = cg.call("jnp.sum", bottom, keywords=[cg.kw("axis", where), cg.kw("keepdims", cg.const(True))])
+    if b == "sqrt":
+        z = cg.call("jnp.sqrt", z)
+    elif b == "rms":
+        z = cg.call("jnp.sqrt", cg.binop(z, "/", count(target, scope)))
+    return cg.binop(top, "/", cg.call("jnp.maximum", z, saturate(TINY / 2)))
+
+
+def _normalise(box: Box, args: Sequence[Value], scope: Scope) -> Value:
+    (x,) = args
+    params = {"softmax": ("exp", "exp", "id"), "l2norm": ("id", "square", "sqrt"), "rmsnorm": ("id", "square", "rms")}
+    return Value(_weights(params[box.op], x, scope.keep(box.target), scope), x.axes)
+
+
+def _contract(box: Box, args: Sequence[Value], scope: Scope) -> Value:
+    operands = list(args)
+    target = scope.keep(box.target)
+    if box.op == "ncontract":
+        s = operands[0]
+        operands[0] = Value(scope.block.bind("weights", _weights(box.params, s, target, scope)), s.axes)
+    everything = tuple(dict.fromkeys(a for v in operands for a in v.axes))
+    out = tuple(a for a in everything if a not in target)
+    if _is_matmul(operands, target, scope):
+        letters = {a: chr(ord("a") + i) for i, a in enumerate(everything)}
+        spec = ",".join("".join(letters[a] for a in v.axes) for v in operands) + "->" + "".join(letters[a] for a in out)
+        dtype = cg.attr(f"jnp.{scope.dot_dtype}")
+        keywords = [cg.kw("preferred_element_type", cg.attr("jnp.float32"))]
+        if scope.dot_dtype == "float32":  # IEEE f32, not TF32 (pallas-notes §5.3)
+            keywords.append(cg.kw("precision", cg.attr("lax.Precision.HIGHEST")))
+        cast = [v.expr if scope.dot_dtype == "float32" else cg.call(ast.Attribute(v.expr, "astype", ast.Load()), dtype)
+                for v in operands]
+        return Value(cg.call("jnp.einsum", cg.const(spec), *cast, keywords=keywords), out)
+    product = align(operands[0], everything)
+    for v in operands[1:]:
+        product = cg.binop(product, "*", align(v, everything))
+    if not target:
+        return Value(product, everything)
+    return Value(cg.call("jnp.sum", product, keywords=[cg.kw("axis", positions(everything, target))]), out)
+
+
+def _is_matmul(operands: Sequence[Value], target: Axes, scope: Scope) -> bool:
+    """A two-operand contraction where each operand keeps a free axis: a dot_general."""
+    if len(operands) != 2 or not target:
+        return False
+    a, b = operands
+    if not all(t in a.axes and t in b.axes for t in target):
+        return False
+    batch = [x for x in a.axes if x in b.axes and x not in target]
+    free_a = [x for x in a.axes if x not in b.axes]
+    free_b = [x for x in b.axes if x not in a.axes]
+    return bool(free_a) and bool(free_b) and (scope.batched_dot or not batch)
+
+
+def _where(box: Box, args: Sequence[Value], scope: Scope) -> Value:
+    a, b = args
+    assert box.index is not None and not isinstance(box.index, (Idx, IInt, IBin))
+    axes = tuple(dict.fromkeys(a.axes + b.axes + scope.keep(box.target)))
+    mask = predicate(box.index, axes, scope)
+    return Value(cg.call("jnp.where", mask, align(a, axes), align(b, axes)), axes)
+
+
+def _index(box: Box, args: Sequence[Value], scope: Scope) -> Value:
+    assert box.index is not None and isinstance(box.index, (Idx, IInt, IBin))
+    axes = scope.keep(box.target)
+    value = index_expr(box.index, axes, scope)
+    return Value(cg.call("jnp.asarray", value, cg.attr("jnp.float32")), axes)
+
+
+def _onehot(box: Box, args: Sequence[Value], scope: Scope) -> Value:
+    (labels,) = args
+    axes = labels.axes + scope.keep(box.target)
+    where = position(box.target[0], axes, scope)
+    hit = cg.binop(align(labels, axes), "==", cg.call("jnp.asarray", where, cg.attr("jnp.float32")))
+    return Value(cg.call("jnp.where", hit, cg.const(1.0), cg.const(0.0)), axes)
+
+
+def _reshape(box: Box, args: Sequence[Value], scope: Scope) -> Value:
+    (x,) = args
+    if box.op == "transpose":  # axes are tracked by name: only the declared order changes
+        return x
+    if box.op == "rename":
+        return Value(x.expr, tuple(box.out[0] if a == box.target[0] else a for a in x.axes))
+    old, new = box.target, box.out
+    at = min(x.axes.index(a) for a in old)
+    kept = [a for a in x.axes if a not in old]
+    order = tuple(kept[:at]) + old + tuple(kept[at:])
+    expr = align(x, order)
+    axes = tuple(kept[:at]) + new + tuple(kept[at:])
+    return Value(cg.call("jnp.reshape", expr, shape(axes, scope)), axes)
+
+
+TABLE: dict[str, Callable[[Box, Sequence[Value], Scope], Value]] = {
+    "unary": _unary, "binary": _binary, "reduce": _reduce, "normalise": _normalise, "contract": _contract,
+    "ncontract": _contract, "where": _where, "index": _index, "onehot": _onehot, "split": _reshape,
+    "join": _reshape, "rename": _reshape, "transpose": _reshape,
+}
+
+
+# ---- boxes, nodes and whole diagrams ---------------------------------------------------------
+
+
+def mask_padded(box: Box, args: Sequence[Value], scope: Scope) -> list[Value]:
+    """Operands with padded positions of every consumed/mixed axis set to neutral fills."""
+    out = list(args)
+    if ops.OPS[box.op].kind not in ("reduce", "normalise", "contract", "ncontract"):
+        return out
+    for axis in box.target:
+        if axis not in scope.padded:
+            continue
+        fills = fill_values(box, axis)
+        assert fills is not None, (box.op, axis)  # layout refused this before emitting
+        for i, (v, fill) in enumerate(zip(out, fills, strict=False)):
+            if axis in v.axes:
+                valid = cg.binop(position(axis, v.axes, scope), "<", scope.sizes[axis])
+                masked = cg.call("jnp.where", valid, v.expr, saturate(fill))
+                out[i] = Value(scope.block.bind("masked", masked), v.axes)
+    return out
+
+
+def emit_box(box: Box, args: Sequence[Value], scope: Scope) -> Value:
+    """The code of one box applied to emitted operands (padded axes masked first)."""
+    return TABLE[ops.OPS[box.op].kind](box, mask_padded(box, args, scope), scope)
+
+
+def argument(expr: Expr, env: Mapping[str, Value], scope: Scope) -> Value:
+    """An SSA argument: a variable, a saturated constant or an axis size."""
+    if isinstance(expr, Var):
+        return env[expr.name]
+    if isinstance(expr, Const):
+        return Value(saturate(expr.value), ())
+    assert isinstance(expr, Size), expr
+    return Value(cg.call("float", scope.sizes[expr.axis]), ())
+
+
+def emit_node(name: str, box: Box, env: dict[str, Value], scope: Scope, hint: str | None = None) -> Value:
+    """Emit ``name = box(args)`` (the Python name derived from ``hint`` or ``name``) into ``env``."""
+    value = emit_box(box, [argument(a, env, scope) for a in box.args], scope)
+    bound = Value(scope.block.bind(hint or name, value.expr), value.axes)
+    env[name] = bound
+    return bound
+
+
+def emit_diagram(diagram: Diagram, args: Sequence[Value], scope: Scope) -> list[Value]:
+    """Inline a whole diagram (an accumulator's lift/combine/final) on emitted arguments."""
+    flat = flatten(diagram)
+    env = {p: v for (p, _), v in zip(flat.inputs, args, strict=True)}
+    for node in flat.nodes:
+        assert isinstance(node.expr, Box)
+        emit_node(node.name, node.expr, env, scope, hint=f"{diagram.name}_{node.name}")
+    return [env[o] for o in flat.outputs]
+
+
+def transpose_to(value: Value, axes: Axes) -> ast.expr:
+    """The value with exactly the axes ``axes`` in that order (a permutation)."""
+    assert sorted(value.axes) == sorted(axes), (value.axes, axes)
+    return align(value, axes)

@@ -1,0 +1,204 @@
+"""How a scheduled diagram maps onto a kernel: grid axes, the streamed axis, padding.
+
+This reads ``loopnest.loop_nest`` (the one analysis of schedules) and decides, per axis,
+where it lives in the emitted code:
+
+- ``grid``: a group-partitioned axis (blocks of its tile), or, for Pallas, an axis woven
+  through the whole diagram and present on every output (batch, heads: blocks of one,
+  squeezed out of the kernel).  Grid programs run in parallel on a GPU (pallas-notes
+  §5.4), so a grid axis is never consumed or mixed;
+- ``stream``: walked in chunks by an in-kernel loop whose carry holds accumulator states;
+- ``whole``: every other axis, present in full inside the kernel.
+
+It also refuses, with a diagnostic and before any code runs, what the targets cannot
+serve: accumulation across a grid axis, several streamed axes, a value that needs the
+whole streamed axis after the stream, padding with no neutral value, and (Pallas)
+tiles that are not powers of two of at least 16 (the Triton backend's rule).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from napkin_cat import ops
+from napkin_cat.accumulators import AccumulatorPlan, plan
+from napkin_cat.diagnostics import NapkinError, error
+from napkin_cat.loopnest import Flat, LoopNest, Node, loop_nest
+from napkin_cat.lower.runtime import pow2_extent
+from napkin_cat.terms import Box, Diagram, Schedule
+
+__all__ = ["MIN_BLOCK", "POSITIONAL", "Layout", "layout"]
+
+#: the smallest block the Triton backend's dot accepts on every dimension (pallas-notes §5.2)
+MIN_BLOCK = 16
+
+#: boxes whose bracketed axes are read as positions (an index offset), not reduced or moved
+POSITIONAL = frozenset({"where", "index", "onehot", "transpose"})
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A scheduled diagram placed onto a kernel (see the module docstring).
+
+    ``tiles`` maps every partitioned axis to its innermost tile; ``grid`` lists the grid
+    axes outermost first, ``squeezed`` those among them with blocks of one; ``phase``
+    gives each node's phase relative to the streamed axis (all ``before`` without one);
+    ``plans`` the accumulator of every node that consumes the streamed axis.
+    """
+
+    name: str
+    diagram: Diagram
+    schedule: Schedule
+    target: str
+    nest: LoopNest
+    tiles: Mapping[str, int]
+    grid: tuple[str, ...]
+    squeezed: frozenset[str]
+    stream: str | None
+    phase: Mapping[str, str]
+    plans: Mapping[str, AccumulatorPlan]
+
+    @property
+    def flat(self) -> Flat:
+        return self.nest.flat
+
+    def declared(self, axis: str) -> int | None:
+        return dict(self.flat.sizes).get(axis)
+
+    def kind(self, axis: str) -> str:
+        """grid | stream | whole."""
+        if axis in self.grid:
+            return "grid"
+        return "stream" if axis == self.stream else "whole"
+
+    def may_pad(self, axis: str) -> bool:
+        """Can the padded extent of this axis exceed its size (so consumers must mask)?"""
+        if self.target != "pallas" or axis in self.squeezed:
+            return False
+        size = self.declared(axis)
+        if size is None:
+            return True
+        if axis in self.tiles:
+            return size % self.tiles[axis] != 0
+        return size != pow2_extent(size, MIN_BLOCK)
+
+
+def layout(name: str, diagram: Diagram, schedule: Schedule, tiles: Mapping[str, int], target: str) -> Layout:
+    """Place the schedule onto a ``target`` ("pallas" or "jax") kernel, or refuse.
+
+    ``tiles`` binds every symbolic tile name of the schedule (and may override integers
+    by axis name); the result's ``tiles`` is keyed by axis.
+    """
+    nest = loop_nest(diagram, schedule)
+    flat = nest.flat
+    by_axis: dict[str, tuple[str, int]] = {}
+    for loop in nest.loops:
+        tile = _tile_value(loop.tile, loop.axis, tiles)
+        if loop.axis in by_axis:
+            # the outermost partition is the block (SMEM tile); inner (register) levels
+            # are the compiler's own tiling of that block
+            if by_axis[loop.axis][0] != loop.kind:
+                raise NapkinError(error("lower.mixed_partition", axis=loop.axis))
+            continue
+        by_axis[loop.axis] = (loop.kind, tile)
+    axis_tiles = {axis: tile for axis, (_, tile) in by_axis.items()}
+    streams = [axis for axis, (kind, _) in by_axis.items() if kind == "stream"]
+    if len(streams) > 1:
+        raise NapkinError(error("lower.streams", axes=", ".join(streams)))
+    stream = streams[0] if streams else None
+    groups = tuple(axis for axis, (kind, _) in by_axis.items() if kind == "group")
+    if target == "pallas":
+        for axis, tile in axis_tiles.items():
+            if (tile < MIN_BLOCK or tile & (tile - 1)) and not (tile == 1 and axis in groups):
+                raise NapkinError(error("lower.tile_pow2", axis=axis, tile=tile, least=MIN_BLOCK))
+    out_types = [flat.type_of(o) for o in flat.outputs]
+    for axis in groups:
+        _check_grid_axis(flat, axis, out_types)
+    _check_sizes(flat)
+    squeezed: tuple[str, ...] = ()
+    if target == "pallas" and out_types:
+        # woven axes and groups of one: one program per position, the axis squeezed away
+        squeezed = tuple(a for a in out_types[0] if (a not in by_axis and _woven_everywhere(flat, a, out_types))
+                         or (a in groups and axis_tiles[a] == 1))
+    grid = tuple(a for a in out_types[0] if a in squeezed or a in groups) if out_types else ()
+    grid += tuple(a for a in groups if a not in grid)
+    phase = {n.name: "before" for n in flat.nodes}
+    plans: dict[str, AccumulatorPlan] = {}
+    if stream is not None:
+        loop = next(lp for lp in nest.loops if lp.axis == stream)
+        phase = {n.name: nest.phase(loop, n.name) for n in flat.nodes}
+        for node in flat.nodes:
+            if phase[node.name] == "after" and stream in node.axes:
+                raise NapkinError(error("lower.after_axis", node=node.name, axis=stream))
+            if phase[node.name] == "accumulate":
+                assert isinstance(node.expr, Box)
+                via = loop.partition.via
+                if via is not None and via not in ops.accumulators_for(node.expr.op, node.expr.params):
+                    via = None
+                plans[node.name] = plan(node.expr, stream, via)
+        for out in flat.outputs:
+            if phase.get(out) == "chunk":
+                raise NapkinError(error("lower.chunk_output", output=out, axis=stream))
+    result = Layout(name, diagram, schedule, target, nest, axis_tiles, grid, frozenset(squeezed), stream, phase,
+                    plans)
+    _check_padding(result)
+    return result
+
+
+def _tile_value(tile: str | int, axis: str, tiles: Mapping[str, int]) -> int:
+    value = tiles.get(tile if isinstance(tile, str) else axis, tiles.get(axis, tile))
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise NapkinError(error("lower.tile_unbound", tile=tile, axis=axis))
+    return value
+
+
+def _touches(node: Node, axis: str) -> str:
+    """How a node treats an axis: weaves | positional | consumes/mixes/reshapes."""
+    expr = node.expr
+    if not isinstance(expr, Box) or axis not in expr.target + expr.out:
+        return "weaves"
+    return "positional" if expr.op in POSITIONAL else ops.OPS[expr.op].kind
+
+
+def _check_sizes(flat: Flat) -> None:
+    """Every axis must get its size from an input or a declaration."""
+    known = {a for _, axes in flat.inputs for a in axes} | {a for a, n in flat.sizes if n is not None}
+    for node in flat.nodes:
+        for axis in node.axes:
+            if axis not in known:
+                raise NapkinError(error("lower.unbound_axis", axis=axis, node=node.name))
+
+
+def _check_grid_axis(flat: Flat, axis: str, out_types: list[tuple[str, ...]]) -> None:
+    for node in flat.nodes:
+        how = _touches(node, axis)
+        if how not in ("weaves", "positional"):
+            raise NapkinError(error("lower.grid_consumed", axis=axis, node=node.name, op=how))
+    for index, axes in enumerate(out_types):
+        if axis not in axes:
+            raise NapkinError(error("lower.grid_output", axis=axis, index=index))
+
+
+def _woven_everywhere(flat: Flat, axis: str, out_types: list[tuple[str, ...]]) -> bool:
+    """Is the axis on every output and only ever woven (or read positionally)?"""
+    return all(axis in t for t in out_types) and all(_touches(n, axis) in ("weaves", "positional")
+                                                      for n in flat.nodes)
+
+
+def _check_padding(lay: Layout) -> None:
+    """Every box that consumes, mixes or reshapes a paddable axis must be able to mask it."""
+    from napkin_cat.lower.jaxops import fill_values
+
+    for node in lay.flat.nodes:
+        expr = node.expr
+        if not isinstance(expr, Box):
+            continue
+        for axis in expr.target + expr.out:
+            how = _touches(node, axis)
+            if how in ("weaves", "positional") or not lay.may_pad(axis):
+                continue
+            if how in ("split", "join", "rename"):
+                raise NapkinError(error("lower.reshape_padded", node=node.name, op=expr.op, axis=axis))
+            if fill_values(expr, axis) is None:
+                raise NapkinError(error("lower.no_pad", node=node.name, op=expr.op, axis=axis))

@@ -1,0 +1,168 @@
+"""The Pallas target: one ``pallas_call`` in the Triton style of pallas-notes §2-§5.
+
+- grid: the layout's grid axes (woven batch/head axes and groups of one squeezed out of
+  the block; other groups in blocks of their tile); every grid axis is parallel, so no
+  program accumulates into another's output (§5.4);
+- every input and output is padded in the wrapper to whole blocks: grouped and streamed
+  axes to a multiple of their tile, whole axes to a power of two of at least 16 (§5.1),
+  and outputs are sliced back; padded positions are masked where a box consumes or mixes
+  them (jaxops), so they never reach a result;
+- the streamed axis is a ``lax.fori_loop`` inside the kernel over ``pl.ds`` chunks of the
+  block, the accumulator states in the carry (no scratch memory, §5.5);
+- values are f32 inside the kernel, dots accumulate in f32, masks are finite.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Sequence
+
+from napkin_cat.lower import codegen as cg
+from napkin_cat.lower.fold import emit_after, emit_before, emit_identity, emit_step, slots
+from napkin_cat.lower.jax import all_axes, bind_inputs, size_of
+from napkin_cat.lower.jaxops import Scope, Value, transpose_to
+from napkin_cat.lower.layout import MIN_BLOCK, Layout
+from napkin_cat.terms import Axes
+
+__all__ = ["emit_function"]
+
+
+def padded_extent(lay: Layout, axis: str) -> ast.expr:
+    """The extent an axis is padded to in HBM (see module docstring)."""
+    kind = lay.kind(axis)
+    if axis in lay.squeezed:
+        return size_of(axis)
+    if kind in ("grid", "stream"):
+        return cg.call("round_up", size_of(axis), cg.const(lay.tiles[axis]))
+    return cg.call("pow2_extent", size_of(axis), cg.const(MIN_BLOCK))
+
+
+def extent_of(axis: str) -> ast.expr:
+    return cg.subscript(cg.name("p"), cg.const(axis))
+
+
+def block_spec(lay: Layout, axes: Axes) -> ast.expr:
+    """``pl.BlockSpec(block_shape, index_map)`` for an array with these axes."""
+    dims: list[ast.expr] = []
+    for axis in axes:
+        if axis in lay.squeezed:
+            dims.append(cg.const(None))
+        elif lay.kind(axis) == "grid":
+            dims.append(cg.const(lay.tiles[axis]))
+        else:
+            dims.append(extent_of(axis))
+    args = [f"i_{a}" for a in lay.grid]
+    index = cg.tuple_([cg.name(f"i_{a}") if a in lay.grid else cg.const(0) for a in axes])
+    lam = ast.Lambda(ast.arguments(posonlyargs=[], args=[ast.arg(a) for a in args], vararg=None, kwonlyargs=[],
+                                   kw_defaults=[], kwarg=None, defaults=[]), index)
+    return cg.call("pl.BlockSpec", cg.tuple_(dims), lam)
+
+
+def emit_function(lay: Layout, fname: str, params: Sequence[str], doc: str, dtype: str,
+                  namer: cg.Namer) -> ast.FunctionDef:
+    """``def fname(*inputs, interpret=None)``: pad, one ``pallas_call``, slice back."""
+    block = cg.Block(namer)
+    auto = cg.binop(cg.call("jax.default_backend"), "!=", cg.const("gpu"))
+    block.emit(ast.If(cg.binop(cg.name("interpret"), "is", cg.const(None)), [cg.assign("interpret", auto)], []))
+    bind_inputs(lay, params, block)
+    axes = all_axes(lay)
+    block.emit(cg.assign("p", cg.dict_([(a, padded_extent(lay, a)) for a in axes])))
+    storage = cg.attr(f"jnp.{dtype}")
+    padded = []
+    for (_, in_axes), param in zip(lay.flat.inputs, params, strict=True):
+        dims = cg.tuple_([extent_of(a) for a in in_axes])
+        padded.append(block.bind(f"{param}_padded", cg.call("pad_to", cg.name(param), dims, storage)))
+    out_types = [lay.flat.type_of(o) for o in lay.flat.outputs]
+    kernel = _emit_kernel(lay, params, out_types, dtype, namer)
+    block.emit(kernel)
+    shapes: list[ast.expr] = [cg.call("jax.ShapeDtypeStruct", cg.tuple_([extent_of(a) for a in t]), storage)
+                              for t in out_types]
+    grid = cg.tuple_([_grid_extent(lay, a) for a in lay.grid])
+    call = cg.call("pl.pallas_call", cg.name(kernel.name), keywords=[
+        cg.kw("out_shape", ast.List(shapes, ast.Load())),
+        cg.kw("grid", grid),
+        cg.kw("in_specs", ast.List([block_spec(lay, t) for _, t in lay.flat.inputs], ast.Load())),
+        cg.kw("out_specs", ast.List([block_spec(lay, t) for t in out_types], ast.Load())),
+        cg.kw("interpret", cg.name("interpret")),
+    ])
+    outs = block.bind("outs", ast.Call(call, list(padded), []))
+    results = []
+    for k, t in enumerate(out_types):
+        index = [ast.Slice(None, size_of(a)) for a in t]
+        value: ast.expr = cg.subscript(cg.name(outs.id), cg.const(k))
+        results.append(cg.subscript(value, index) if index else value)
+    block.emit(ast.Return(results[0] if len(results) == 1 else cg.tuple_(results)))
+    return cg.function(fname, params, block.stmts, doc, kwonly=[("interpret", cg.const(None))])
+
+
+def _grid_extent(lay: Layout, axis: str) -> ast.expr:
+    """Programs along a grid axis: one per position if squeezed, else one per block."""
+    if axis in lay.squeezed:
+        return size_of(axis)
+    return cg.binop(extent_of(axis), "//", cg.const(lay.tiles[axis]))
+
+
+def _emit_kernel(lay: Layout, params: Sequence[str], out_types: list[Axes], dtype: str,
+                 namer: cg.Namer) -> ast.FunctionDef:
+    """The kernel body: grid offsets, block loads, the phases, the stream loop, stores."""
+    block = cg.Block(namer)
+    kname = namer.fresh("kernel")
+    in_refs = [namer.fresh(f"{p}_ref") for p in params]
+    out_refs = [namer.fresh(f"out{k}_ref") for k in range(len(out_types))]
+    offsets: dict[str, ast.expr] = {}
+    for k, axis in enumerate(lay.grid):
+        pid = cg.call("pl.program_id", cg.const(k))
+        first = pid if axis in lay.squeezed else cg.binop(pid, "*", cg.const(lay.tiles[axis]))
+        offsets[axis] = block.bind(f"{axis}_first", first)
+    extents = {a: cg.const(lay.tiles[a]) if lay.kind(a) in ("grid", "stream") else extent_of(a)
+               for a in all_axes(lay) if a not in lay.squeezed}
+    scope = Scope(block, {a: size_of(a) for a in all_axes(lay)}, extents, offsets, lay.squeezed,
+                  frozenset(a for a in all_axes(lay) if lay.may_pad(a)), dtype, batched_dot=False)
+    env: dict[str, Value] = {}
+    for (name, axes), ref in zip(lay.flat.inputs, in_refs, strict=True):
+        if lay.stream not in axes:
+            env[name] = Value(block.bind(f"{name}_block", _load(ref, ())), scope.keep(axes))
+    emit_before(lay, env, scope)
+    if lay.stream is not None:
+        _emit_loop(lay, env, scope, in_refs)
+    for (out, t), ref in zip(zip(lay.flat.outputs, out_types, strict=True), out_refs, strict=True):
+        value = transpose_to(env[out], scope.keep(t))
+        cast = cg.call(ast.Attribute(value, "astype", ast.Load()), ast.Attribute(cg.name(ref), "dtype", ast.Load()))
+        block.emit(ast.Assign([ast.Subscript(cg.name(ref), ast.Constant(Ellipsis), ast.Store())], cast, lineno=0))
+    return cg.function(kname, [*in_refs, *out_refs], block.stmts)
+
+
+def _load(ref: str, index: Sequence[ast.expr]) -> ast.expr:
+    """``ref[index]`` (all of the block when ``index`` is empty) as f32."""
+    slot: ast.expr = cg.tuple_(list(index)) if index else ast.Constant(Ellipsis)
+    return cg.call(ast.Attribute(ast.Subscript(cg.name(ref), slot, ast.Load()), "astype", ast.Load()),
+                   cg.attr("jnp.float32"))
+
+
+def _emit_loop(lay: Layout, env: dict[str, Value], scope: Scope, in_refs: Sequence[str]) -> None:
+    """``lax.fori_loop`` over the chunks of the padded stream axis; the carry is the states."""
+    axis = lay.stream
+    assert axis is not None
+    tile = cg.const(lay.tiles[axis])
+    block = scope.block
+    namer = block.namer
+    body_name, j, carry = namer.fresh("body"), namer.fresh("j"), namer.fresh("carry")
+    body = block.child()
+    start = body.bind(f"{axis}_first", cg.binop(cg.name(j), "*", tile))
+    inner = scope.with_block(body, offsets={**scope.offsets, axis: start})
+    state = slots(lay, scope)
+    names = [namer.fresh(s.hint) for s in state]
+    body.emit(cg.assign(names, cg.name(carry)))
+    chunk_env = dict(env)
+    for (name, axes), ref in zip(lay.flat.inputs, in_refs, strict=True):
+        if axis in axes:
+            index = [cg.call("pl.ds", start, tile) if a == axis else ast.Slice() for a in scope.keep(axes)]
+            chunk_env[name] = Value(body.bind(f"{name}_chunk", _load(ref, index)), scope.keep(axes))
+    carried = [Value(cg.name(n), s.axes) for n, s in zip(names, state, strict=True)]
+    body.emit(ast.Return(cg.tuple_(emit_step(lay, chunk_env, inner, carried))))
+    block.emit(cg.function(body_name, [j, carry], body.stmts))
+    trips = cg.binop(extent_of(axis), "//", tile)
+    finals = [namer.fresh(s.hint) for s in state]
+    loop = cg.call("lax.fori_loop", cg.const(0), trips, cg.name(body_name), emit_identity(lay, scope))
+    block.emit(cg.assign(finals, loop))
+    emit_after(lay, env, scope, [Value(cg.name(n), s.axes) for n, s in zip(finals, state, strict=True)])

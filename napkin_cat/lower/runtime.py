@@ -1,0 +1,81 @@
+"""Helpers every generated module needs at call time, copied into it verbatim.
+
+The emitters put the source of these functions (via ``inspect``/``ast``) at the top of
+each generated module, so a lowered kernel is one self-contained file that imports only
+jax; they are ordinary functions here so they are tested once.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax.numpy as jnp
+
+__all__ = ["HELPERS", "bind_sizes", "erf", "helper_source", "pad_to", "pow2_extent", "round_up"]
+
+
+def bind_sizes(arrays: Sequence[Any], signature: Sequence[tuple[str, tuple[str, ...]]],
+               declared: Mapping[str, int]) -> dict[str, int]:
+    """Axis sizes from the inputs' shapes and the declared sizes; ValueError on a mismatch."""
+    sizes = dict(declared)
+    if len(arrays) != len(signature):
+        raise ValueError(f"expected {len(signature)} inputs, got {len(arrays)}")
+    for (name, axes), array in zip(signature, arrays, strict=True):
+        shape = tuple(jnp.shape(array))
+        if len(shape) != len(axes):
+            listed = " ".join(axes)
+            raise ValueError(f"input {name} must have axes [{listed}], got an array of shape {shape}")
+        for axis, size in zip(axes, shape, strict=True):
+            if sizes.setdefault(axis, size) != size:
+                raise ValueError(f"axis {axis} has size {sizes[axis]} but input {name} has {size} along it")
+    return sizes
+
+
+def round_up(size: int, tile: int) -> int:
+    """The smallest multiple of ``tile`` that is at least ``size``."""
+    return -(-size // tile) * tile
+
+
+def pow2_extent(size: int, least: int = 16) -> int:
+    """The power of two (at least ``least``) a whole axis is padded to (Triton's rule)."""
+    return max(least, 1 << (size - 1).bit_length())
+
+
+def pad_to(array: Any, extents: Sequence[int], dtype: Any) -> Any:
+    """The array cast to ``dtype`` and zero-padded at the end of each axis to ``extents``."""
+    array = jnp.asarray(array).astype(dtype)
+    widths = [(0, extent - size) for extent, size in zip(extents, array.shape, strict=True)]
+    return jnp.pad(array, widths) if any(w for _, w in widths) else array
+
+
+def erf(x: Any) -> Any:
+    """erf by Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7, below f32 resolution near 1).
+
+    The Triton backend lowers neither ``erf`` nor ``erfc`` (so not ``jax.nn.gelu``);
+    this uses only exp, abs, sign and arithmetic, which every target lowers.
+    """
+    t = 1.0 / (1.0 + 0.3275911 * jnp.abs(x))
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    return jnp.sign(x) * (1.0 - poly * jnp.exp(-x * x))
+
+
+HELPERS: dict[str, Callable[..., Any]] = {
+    "bind_sizes": bind_sizes, "round_up": round_up, "pow2_extent": pow2_extent, "pad_to": pad_to, "erf": erf,
+}
+
+
+def helper_source(names: Sequence[str]) -> list[ast.stmt]:
+    """The definitions of the named helpers, annotations dropped, as statements."""
+    out: list[ast.stmt] = []
+    for helper in names:
+        tree = ast.parse(inspect.getsource(HELPERS[helper]))
+        fn = tree.body[0]
+        assert isinstance(fn, ast.FunctionDef)
+        fn.returns = None
+        for arg in fn.args.args:
+            arg.annotation = None
+        out.append(fn)
+    return out

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from lark import Token, Tree
 
@@ -60,6 +62,9 @@ __all__ = ["load", "loads"]
 _BINOPS = {"add": "add", "sub": "sub", "mul": "mul", "div": "div"}
 _PRED_NODES = ("compare", "and_", "or_", "not_")
 
+#: a node of the Lark tree that ``syntax.parse_tree`` returns
+Node = Tree[Any]
+
 
 def load(path: str | Path) -> Module:
     """Read, parse and elaborate an .ncd file (and everything it ``use``s)."""
@@ -80,7 +85,7 @@ def _load(path: Path, stack: tuple[Path, ...]) -> Module:
     return _Elaborator(text, str(path), path.parent, (*stack, path.resolve())).module()
 
 
-def _span(node: Tree | Token, path: str) -> Span:
+def _span(node: Node | Token, path: str) -> Span:
     if isinstance(node, Token):
         return Span(path, node.line or 0, node.column or 0, node.end_line or 0, node.end_column or 0)
     meta = node.meta
@@ -89,7 +94,14 @@ def _span(node: Tree | Token, path: str) -> Span:
     return Span(path, meta.line, meta.column, meta.end_line, meta.end_column)
 
 
-def _tokens(tree: Tree | None) -> list[Token]:
+def _tok(tree: Node, index: int) -> Token:
+    """Child ``index`` of a node, where the grammar puts a token."""
+    child = tree.children[index]
+    assert isinstance(child, Token), child
+    return child
+
+
+def _tokens(tree: Node | None) -> list[Token]:
     return [c for c in tree.children if isinstance(c, Token)] if tree is not None else []
 
 
@@ -111,11 +123,11 @@ class _Elaborator:
         self.uses: list[str] = []
 
     # -- helpers ----------------------------------------------------------------------
-    def err(self, code: str, where: Tree | Token | Span | None, hint: str | None = None, **args: object) -> None:
+    def err(self, code: str, where: Node | Token | Span | None, hint: str | None = None, **args: object) -> None:
         span = where if isinstance(where, Span) or where is None else _span(where, self.path)
         self.diags.append(error(code, span, hint, **args))
 
-    def axis_type(self, tree: Tree) -> Axes | None:
+    def axis_type(self, tree: Node) -> Axes | None:
         names: list[str] = []
         ok = True
         for tok in _tokens(tree):
@@ -159,8 +171,8 @@ class _Elaborator:
             scope_lemmas=tuple(self.imported_lemmas + self.lemmas),
         )
 
-    def use(self, item: Tree) -> None:
-        tok = item.children[0]
+    def use(self, item: Node) -> None:
+        tok = _tok(item, 0)
         rel = tok.value[1:-1]
         self.uses.append(rel)
         target = (self.base / rel).resolve()
@@ -173,7 +185,7 @@ class _Elaborator:
         except NapkinError as exc:
             for d in exc.diagnostics:
                 if d.code == "file.not_found" and d.span is None:
-                    self.diags.append(error("file.not_found", _span(tok, self.path), **dict(d.args)))
+                    self.diags.append(replace(d, span=_span(tok, self.path)))
                 else:
                     self.diags.append(d)
             return
@@ -186,9 +198,9 @@ class _Elaborator:
             self.diagrams[diagram.name] = diagram
         self.imported_lemmas.extend(lm for lm in sub.scope_lemmas if lm not in self.imported_lemmas)
 
-    def axis(self, item: Tree) -> None:
-        name_tok = item.children[0]
-        size = int(item.children[1]) if len(item.children) > 1 else None
+    def axis(self, item: Node) -> None:
+        name_tok = _tok(item, 0)
+        size = int(_tok(item, 1)) if len(item.children) > 1 else None
         if size is not None and size <= 0:
             self.err("axis.bad_size", item.children[1], axis=name_tok.value, size=size)
             return
@@ -211,10 +223,10 @@ class _Elaborator:
             self.own_axes.append(axis)
 
     # -- diagrams, in dependency order --------------------------------------------------
-    def diagrams_of(self, trees: list[Tree]) -> None:
-        by_name: dict[str, Tree] = {}
+    def diagrams_of(self, trees: list[Node]) -> None:
+        by_name: dict[str, Node] = {}
         for t in trees:
-            name = t.children[0]
+            name = _tok(t, 0)
             if name.value in by_name or name.value in self.diagrams:
                 prior = by_name.get(name.value)
                 first = _span(prior, self.path) if prior is not None else self.diagrams[name.value].span
@@ -249,16 +261,16 @@ class _Elaborator:
                     self.failed.add(name)
                 done.add(name)
 
-        for name in by_name:
-            visit(name, [])
+        for diagram_name in by_name:
+            visit(diagram_name, [])
 
-    def params(self, tree: Tree | None) -> tuple[list[Param], dict[str, Axes | None]]:
+    def params(self, tree: Node | None) -> tuple[list[Param], dict[str, Axes | None]]:
         """The well-typed inputs, and an environment that also binds the ill-typed ones to
         ``None`` so that their uses report nothing more."""
         out: list[Param] = []
         env: dict[str, Axes | None] = {}
         for p in tree.children if tree is not None else []:
-            name = p.children[0]
+            name = _tok(p, 0)
             axes = self.axis_type(p.children[1])
             if any(q.name == name.value for q in out):
                 self.err("name.duplicate", name, kind="input", name=name.value,
@@ -279,8 +291,8 @@ class _Elaborator:
             return True
         return False
 
-    def diagram(self, tree: Tree) -> Diagram | None:
-        name = tree.children[0]
+    def diagram(self, tree: Node) -> Diagram | None:
+        name = _tok(tree, 0)
         rest = tree.children[1:]
         params_tree = rest[0] if rest and isinstance(rest[0], Tree) and rest[0].data == "params" else None
         out_tree = next(c for c in rest if isinstance(c, Tree) and c.data == "out_types")
@@ -292,7 +304,7 @@ class _Elaborator:
         let_names = {tok.value: _span(tok, self.path) for s in stmts if s.data == "let"
                      for tok in s.children if isinstance(tok, Token)}
         body: list[Let] = []
-        outputs: list[Expr] = []
+        outputs: list[Expr | None] = []
         returned = False
         for stmt in stmts:
             if stmt.data == "let":
@@ -316,17 +328,18 @@ class _Elaborator:
                 if returned:
                     self.err("name.duplicate", stmt, kind="return", name="return", first="an earlier return")
                 returned = True
-                outputs = [self.operand(e, env, {}) for e in stmt.children]  # type: ignore[misc]
+                outputs = [self.operand(e, env, {}) for e in stmt.children]
                 self.check_return(name.value, stmt, outputs, out_types, stmt.children)
         if not returned:
             self.err("type.return_count", out_tree, diagram=name.value, declared=len(out_types), actual=0)
-        if len(self.diags) > n_errors or any(o is None for o in outputs) or any(t is None for t in out_types):
+        results = [o for o in outputs if o is not None]
+        if len(self.diags) > n_errors or len(results) != len(outputs) or any(t is None for t in out_types):
             return None
-        diagram_axes = self.axes_used(inputs, body, outputs)
-        return Diagram(name.value, tuple(inputs), tuple(body), tuple(outputs),
+        diagram_axes = self.axes_used(inputs, body, results)
+        return Diagram(name.value, tuple(inputs), tuple(body), tuple(results),
                        tuple(out_types), diagram_axes, _span(tree, self.path))  # type: ignore[arg-type]
 
-    def bind_types(self, expr: Expr, names: list[Token], stmt: Tree) -> list[Axes | None]:
+    def bind_types(self, expr: Expr, names: list[Token], stmt: Node) -> list[Axes | None]:
         if isinstance(expr, Apply):
             if len(expr.types) != len(names):
                 self.err("type.tuple_arity", stmt, callee=expr.diagram.name, n=len(expr.types))
@@ -337,8 +350,8 @@ class _Elaborator:
             return [None] * len(names)
         return [expr.axes]
 
-    def check_return(self, name: str, stmt: Tree, outputs: list[Expr | None],
-                     out_types: list[Axes | None], trees: list[Tree]) -> None:
+    def check_return(self, name: str, stmt: Node, outputs: list[Expr | None],
+                     out_types: list[Axes | None], trees: list[Node]) -> None:
         if len(outputs) != len(out_types):
             self.err("type.return_count", stmt, diagram=name, declared=len(out_types), actual=len(outputs))
             return
@@ -360,18 +373,18 @@ class _Elaborator:
         return tuple(self.axes[n] for n in dict.fromkeys(names) if n in self.axes)
 
     # -- expressions ------------------------------------------------------------------------
-    def expr(self, tree: Tree | Token, env: dict[str, Axes | None], later: dict[str, Span]) -> Expr | None:
+    def expr(self, tree: Node | Token, env: dict[str, Axes | None], later: dict[str, Span]) -> Expr | None:
         """Elaborate one array expression; ``None`` after reporting an error."""
         if isinstance(tree, Token):  # pragma: no cover - the grammar wraps every token
             raise AssertionError(tree)
         kind = tree.data
         sp = _span(tree, self.path)
         if kind == "number":
-            return Const(float(tree.children[0]), sp)
+            return Const(float(_tok(tree, 0)), sp)
         if kind == "inf":
             return Const(math.inf, sp)
         if kind == "var":
-            return self.var(tree.children[0], env, later)
+            return self.var(_tok(tree, 0), env, later)
         if kind == "neg":
             inner = self.operand(tree.children[0], env, later)
             if inner is None:
@@ -391,13 +404,19 @@ class _Elaborator:
         assert kind == "call", kind
         return self.call(tree, env, later)
 
-    def operand(self, tree: Tree, env: dict[str, Axes | None], later: dict[str, Span]) -> Expr | None:
+    def operand(self, tree: Node, env: dict[str, Axes | None], later: dict[str, Span]) -> Expr | None:
         """An expression used as an operand or output, where a multi-output call is refused."""
         value = self.expr(tree, env, later)
         if isinstance(value, Apply) and len(value.types) != 1:
             self.err("type.tuple_in_expr", tree, callee=value.diagram.name, n=len(value.types))
             return None
         return value
+
+    def operands(self, trees: list[Node], env: dict[str, Axes | None], later: dict[str, Span]) -> list[Expr] | None:
+        """Elaborate every argument (reporting each one's errors); None if any failed."""
+        args = [self.operand(t, env, later) for t in trees]
+        present = [a for a in args if a is not None]
+        return present if len(present) == len(args) else None
 
     def var(self, tok: Token, env: dict[str, Axes | None], later: dict[str, Span]) -> Expr | None:
         name = tok.value
@@ -413,8 +432,8 @@ class _Elaborator:
         self.err("name.unknown", tok, did_you_mean(name, list(env) + list(self.axes)), kind="name", name=name)
         return None
 
-    def call(self, tree: Tree, env: dict[str, Axes | None], later: dict[str, Span]) -> Expr | None:
-        name = tree.children[0]
+    def call(self, tree: Node, env: dict[str, Axes | None], later: dict[str, Span]) -> Expr | None:
+        name = _tok(tree, 0)
         target_tree = next((c for c in tree.children[1:] if isinstance(c, Tree) and c.data == "target"), None)
         args_tree = next((c for c in tree.children[1:] if isinstance(c, Tree) and c.data == "args"), None)
         arg_trees = list(args_tree.children) if args_tree is not None else []
@@ -427,10 +446,8 @@ class _Elaborator:
             if target_tree is not None:
                 self.err("box.no_target", target_tree, name=op)
                 return None
-            args = [self.operand(a, env, later) for a in arg_trees]
-            if any(a is None for a in args):
-                return None
-            return self.apply(self.diagrams[op], args, tree)  # type: ignore[arg-type]
+            args = self.operands(arg_trees, env, later)
+            return None if args is None else self.apply(self.diagrams[op], args, tree)
         if op in ("max", "min") and target_tree is None:
             op = "maximum" if op == "max" else "minimum"
         if op not in ops.OPS:
@@ -449,15 +466,15 @@ class _Elaborator:
         if info.arity is None and not arg_trees:
             self.err("box.arity", tree, name=name.value, expected="one or more", got=0)
             return None
-        args = [self.operand(a, env, later) for a in arg_trees]
-        if any(a is None for a in args):
+        args = self.operands(arg_trees, env, later)
+        if args is None:
             return None
-        typed = self.box_type(info, tree, target, out, params, args)  # type: ignore[arg-type]
+        typed = self.box_type(info, tree, target, out, params, args)
         if typed is None:
             return None
         return Box(op, tuple(args), typed, target, out or (), params or (), span=_span(tree, self.path))
 
-    def target(self, tree: Tree | None) -> tuple[Axes, Axes | None, tuple[str, ...] | None]:
+    def target(self, tree: Node | None) -> tuple[Axes, Axes | None, tuple[str, ...] | None]:
         if tree is None:
             return (), None, None
         names = tuple(t.value for t in _tokens(tree))
@@ -467,7 +484,7 @@ class _Elaborator:
         params = tuple(t.value for t in _tokens(plist)) if plist is not None else None
         return names, out, params
 
-    def check_brackets(self, info: ops.OpInfo, name: Token, tree: Tree | None,
+    def check_brackets(self, info: ops.OpInfo, name: Token, tree: Node | None,
                        target: Axes, out: Axes | None, params: tuple[str, ...] | None) -> bool:
         if info.target == "none":
             if tree is not None:
@@ -508,7 +525,7 @@ class _Elaborator:
                     ok = False
         return ok
 
-    def box_type(self, info: ops.OpInfo, tree: Tree, target: Axes, out: Axes | None,
+    def box_type(self, info: ops.OpInfo, tree: Node, target: Axes, out: Axes | None,
                  params: tuple[str, ...] | None, args: list[Expr]) -> Axes | None:
         kind = info.kind
         name = info.name
@@ -564,7 +581,7 @@ class _Elaborator:
             return tuple(a for a in everything if a not in target)
         raise AssertionError(kind)  # pragma: no cover
 
-    def reshape_type(self, name: str, tree: Tree, target: Axes, out: Axes, have: Axes) -> Axes | None:
+    def reshape_type(self, name: str, tree: Node, target: Axes, out: Axes, have: Axes) -> Axes | None:
         if name == "join":
             new, old = out, target
             if len(new) != 1:
@@ -598,7 +615,7 @@ class _Elaborator:
         kept = [a for a in have if a not in old]
         return tuple(kept[:position]) + tuple(new) + tuple(kept[position:])
 
-    def indexed(self, info: ops.OpInfo, tree: Tree, target: Axes, arg_trees: list[Tree],
+    def indexed(self, info: ops.OpInfo, tree: Node, target: Axes, arg_trees: list[Node],
                 env: dict[str, Axes | None], later: dict[str, Span]) -> Expr | None:
         sp = _span(tree, self.path)
         expected = 3 if info.name == "where" else 1
@@ -612,13 +629,13 @@ class _Elaborator:
             self.err("type.predicate_expected", arg_trees[0])
             return None
         pred = self.predicate(arg_trees[0], target)
-        args = [self.operand(a, env, later) for a in arg_trees[1:]]
-        if pred is None or any(a is None for a in args):
+        args = self.operands(arg_trees[1:], env, later)
+        if pred is None or args is None:
             return None
-        axes = union_axes(args[0].axes, args[1].axes, target)  # type: ignore[union-attr]
-        return Box("where", tuple(args), axes, target, index=pred, span=sp)  # type: ignore[arg-type]
+        axes = union_axes(args[0].axes, args[1].axes, target)
+        return Box("where", tuple(args), axes, target, index=pred, span=sp)
 
-    def predicate(self, tree: Tree, axes: Axes) -> Pred | None:
+    def predicate(self, tree: Node, axes: Axes) -> Pred | None:
         kind = tree.data
         if kind == "compare":
             left = self.index_expr(tree.children[0], axes)
@@ -633,16 +650,16 @@ class _Elaborator:
             return None if inner is None else Logic("not", inner)
         raise AssertionError(kind)  # pragma: no cover
 
-    def predicate_or_report(self, tree: Tree, axes: Axes) -> Pred | None:
+    def predicate_or_report(self, tree: Node, axes: Axes) -> Pred | None:
         if tree.data not in _PRED_NODES:
             self.err("type.predicate_expected", tree)
             return None
         return self.predicate(tree, axes)
 
-    def index_expr(self, tree: Tree, axes: Axes) -> IndexExpr | None:
+    def index_expr(self, tree: Node, axes: Axes) -> IndexExpr | None:
         kind = tree.data
         if kind == "var":
-            name = tree.children[0].value
+            name = _tok(tree, 0).value
             if name not in axes:
                 self.err("type.index_axis", tree, name=name, axes=_fmt(axes))
                 return None
@@ -666,7 +683,7 @@ class _Elaborator:
         self.err("type.index_expr", tree)
         return None
 
-    def apply(self, callee: Diagram, args: list[Expr], tree: Tree) -> Expr | None:
+    def apply(self, callee: Diagram, args: list[Expr], tree: Node) -> Expr | None:
         if len(args) != len(callee.inputs):
             self.err("box.arity", tree, name=callee.name, expected=len(callee.inputs), got=len(args))
             return None
@@ -692,8 +709,8 @@ class _Elaborator:
         return Apply(callee, tuple(args), tuple(woven), types, _span(tree, self.path))
 
     # -- lemmas and theorems ----------------------------------------------------------------
-    def lemma(self, tree: Tree) -> None:
-        name = tree.children[0]
+    def lemma(self, tree: Node) -> None:
+        name = _tok(tree, 0)
         rest = tree.children[1:]
         params_tree = rest[0] if isinstance(rest[0], Tree) and rest[0].data == "params" else None
         params, env = self.params(params_tree)
@@ -709,8 +726,8 @@ class _Elaborator:
         axes = self.axes_used(params, (), (lhs, rhs))
         self.lemmas.append(LemmaDecl(name.value, tuple(params), lhs, rhs, axes, _span(tree, self.path)))
 
-    def theorem(self, tree: Tree) -> None:
-        name, diagram = tree.children[0], tree.children[1]
+    def theorem(self, tree: Node) -> None:
+        name, diagram = _tok(tree, 0), _tok(tree, 1)
         if diagram.value not in self.diagrams:
             self.err("name.unknown", diagram, did_you_mean(diagram.value, self.diagrams), kind="diagram",
                      name=diagram.value)
@@ -724,16 +741,16 @@ class _Elaborator:
             return
         self.theorems.append(TheoremDecl(name.value, diagram.value, tuple(steps), _span(tree, self.path)))  # type: ignore[arg-type]
 
-    def level(self, tree: Tree | None, default: str = "smem") -> str | None:
+    def level(self, tree: Node | None, default: str = "smem") -> str | None:
         if tree is None:
             return default
-        tok = tree.children[0]
+        tok = _tok(tree, 0)
         if tok.value not in LEVELS:
             self.err("name.unknown", tok, did_you_mean(tok.value, LEVELS), kind="memory level", name=tok.value)
             return None
         return str(tok.value)
 
-    def step(self, tree: Tree) -> Step | None:
+    def step(self, tree: Node) -> Step | None:
         sp = _span(tree, self.path)
         kids = tree.children
         toks = [str(t) for t in kids if isinstance(t, Token) and t.type == "NAME"]
@@ -741,7 +758,7 @@ class _Elaborator:
         if tree.data == "rewrite_step":
             return Rewrite(toks[0], tuple(toks[1:]), sp)
         if tree.data in ("group_step", "stream_step"):
-            tile_tok = sub["tile"].children[0]
+            tile_tok = _tok(sub["tile"], 0)
             tile: str | int = int(tile_tok) if tile_tok.type == "INT" else str(tile_tok)
             if isinstance(tile, int) and tile <= 0:
                 self.err("axis.bad_size", tile_tok, axis="tile", size=tile)
@@ -760,11 +777,15 @@ class _Elaborator:
         raise AssertionError(tree.data)  # pragma: no cover
 
 
-def _calls(tree: Tree) -> list[Token]:
+def _calls(tree: Node) -> list[Token]:
+    """The names of every call in a diagram, in source order."""
     out: list[Token] = []
-    for sub in tree.iter_subtrees_topdown():
-        if sub.data == "call":
-            out.append(sub.children[0])
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if node.data == "call":
+            out.append(_tok(node, 0))
+        stack.extend(reversed([c for c in node.children if isinstance(c, Tree)]))
     return out
 
 

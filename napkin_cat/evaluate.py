@@ -232,16 +232,16 @@ def bind_sizes(diagram: Diagram, shapes: Sequence[tuple[int, ...]],
                sizes: Mapping[str, int] | None = None) -> dict[str, int]:
     """Sizes of the diagram's axes from declarations, ``sizes`` and the input shapes."""
     bound: dict[str, int] = {}
-    for axis, value in (sizes or {}).items():
+    for name, value in (sizes or {}).items():
         if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
-            raise NapkinError(error("eval.size_binding", axis=axis, got=value))
-        bound[axis] = int(value)
-    for axis in diagram.axes:
-        if axis.size is not None:
-            if axis.name in bound and bound[axis.name] != axis.size:
-                raise NapkinError(error("eval.size", axis=axis.name, expected=axis.size, name="sizes=",
-                                        got=bound[axis.name]))
-            bound[axis.name] = axis.size
+            raise NapkinError(error("eval.size_binding", axis=name, got=value))
+        bound[name] = int(value)
+    for declared in diagram.axes:
+        if declared.size is not None:
+            if declared.name in bound and bound[declared.name] != declared.size:
+                raise NapkinError(error("eval.size", axis=declared.name, expected=declared.size, name="sizes=",
+                                        got=bound[declared.name]))
+            bound[declared.name] = declared.size
     if len(shapes) != len(diagram.inputs):
         raise NapkinError(error("eval.arity", diagram=diagram.name, expected=len(diagram.inputs), got=len(shapes)))
     for param, shape in zip(diagram.inputs, shapes, strict=True):
@@ -407,12 +407,12 @@ class _Interpreter:
             order = tuple(a for a in arg.axes if a not in node.target) + node.target
             return Named(order, arg.to(order))
         if node.op == "rename":
-            old, new = node.target[0], node.out[0]
-            if new in self.sizes and self.sizes[new] != shape[old]:
-                raise NapkinError(error("eval.size", axis=new, expected=self.sizes[new], name=f"rename[{old} -> {new}]",
-                                        got=shape[old]))
-            self.sizes.setdefault(new, shape[old])
-            return Named(tuple(new if a == old else a for a in arg.axes), arg.data)
+            src, dst = node.target[0], node.out[0]
+            if dst in self.sizes and self.sizes[dst] != shape[src]:
+                raise NapkinError(error("eval.size", axis=dst, expected=self.sizes[dst], name=f"rename[{src} -> {dst}]",
+                                        got=shape[src]))
+            self.sizes.setdefault(dst, shape[src])
+            return Named(tuple(dst if a == src else a for a in arg.axes), arg.data)
         old, new = node.target, node.out
         position = min(arg.axes.index(a) for a in old)
         kept = [a for a in arg.axes if a not in old]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from lark import Lark, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
@@ -84,9 +85,9 @@ def _diagnostic(exc: UnexpectedInput, path: str, text: str) -> Diagnostic:
 MAX_DEPTH = 200
 
 
-def _check_depth(tree: Tree, path: str) -> None:
+def _check_depth(tree: Tree[Any], path: str) -> None:
     """Refuse absurdly nested expressions here, so no later recursive pass can overflow."""
-    stack: list[tuple[Tree, int]] = [(tree, 1)]
+    stack: list[tuple[Tree[Any], int]] = [(tree, 1)]
     while stack:
         node, depth = stack.pop()
         if depth > MAX_DEPTH:
@@ -96,7 +97,7 @@ def _check_depth(tree: Tree, path: str) -> None:
         stack.extend((child, depth + 1) for child in node.children if isinstance(child, Tree))
 
 
-def parse_tree(text: str, path: str = "<string>") -> Tree:
+def parse_tree(text: str, path: str = "<string>") -> Tree[Any]:
     """Parse ``text``; raise ``NapkinError`` with a located diagnostic on a syntax error."""
     try:
         tree = _parser().parse(text)

@@ -337,6 +337,12 @@ def test_size_mismatches_name_the_axis(arrays: tuple[np.ndarray, ...], sizes: di
         loads(SIZED).diagram("f").evaluate(*arrays, sizes=sizes)
 
 
+def test_rename_onto_an_axis_of_another_size_names_the_axis() -> None:
+    d = diagram("(X: [i j], Y: [k]) -> [i k]", "rename[j -> k](X) * Y")
+    with pytest.raises(NapkinError, match=r"axis `k` has size 4 but input `rename\[j -> k\]` has 3 along it"):
+        d.evaluate(np.ones((2, 3)), np.ones(4))
+
+
 def test_an_axis_no_input_carries_needs_a_size() -> None:
     d = loads("axis i, j\ndiagram f(X: [i]) -> [i j] { return X + index[j](j) }\n").diagram("f")
     with pytest.raises(NapkinError, match=r"axis `j` has no size: give it with sizes=\{'j': N\}"):

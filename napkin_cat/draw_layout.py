@@ -31,7 +31,7 @@ def text_width(text: str, size: float) -> float:
     narrow, wide = set("ijlrtf.,:;!|()[] ·'"), set("mwMW—ΣΠ◁")
     total = 0.0
     for ch in text:
-        total += 0.34 if ch in narrow else 0.92 if ch in wide else 0.72 if ch.isupper() else 0.62
+        total += 0.36 if ch in narrow else 0.95 if ch in wide else 0.74 if ch.isupper() else 0.66
     return total * size
 
 

@@ -141,6 +141,11 @@ class Theorem:
                 return name
         return None
 
+    def _repr_svg_(self) -> str:  # notebook display: the picture, not a kernel concern
+        from napkin_cat.draw import draw_svg  # untrusted, imported only when displayed
+
+        return draw_svg(self)
+
 
 def _extend(thm: Theorem, step: Step | None, trust: tuple[str, ...], **changes: object) -> Theorem:
     fields = {f: getattr(thm, f) for f in ("name", "source", "result", "schedule", "steps", "trust", "constraints",

@@ -8,6 +8,7 @@ changes, and convert to PNG; ``napkin draw --steps`` must write the derivation s
 from __future__ import annotations
 
 import itertools
+import re
 import struct
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
@@ -259,3 +260,28 @@ def test_cli_draws_a_checked_theorem_and_its_steps(tmp_path: Path) -> None:
     assert main(["draw", str(proofs), "flash_attention", "--steps", "-o", str(tmp_path / "strip")]) == 0
     pages = sorted(p.name for p in (tmp_path / "strip").iterdir())
     assert "index.html" in pages and len([p for p in pages if p.endswith(".svg")]) >= 4
+
+
+def test_readme_draw_commands_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)  # the README's commands run from the repository root
+    commands = re.findall(r"\.venv/bin/napkin (draw [^\n]+)", (ROOT / "README.md").read_text())
+    assert len(commands) >= 3
+    for command in commands:
+        args = command.split()
+        out = args.index("-o") + 1
+        args[out] = str(tmp_path / Path(args[out]).name)  # not over the committed pictures
+        assert main(args) == 0, command
+        assert (tmp_path / Path(args[out]).name).exists()
+
+
+def test_diagrams_and_theorems_display_in_notebooks() -> None:
+    diagram = load(ROOT / "examples" / "matmul.ncd").diagram("matmul")
+    assert diagram._repr_svg_() == draw_svg(diagram)
+    proofs = ROOT / "proofs" / "matmul.ncd"
+    if not proofs.exists():
+        pytest.skip("proofs/matmul.ncd not present")
+    from napkin_cat import proof
+
+    thm = proof.theorem(proofs, "tiled_matmul")
+    assert thm._repr_svg_() == draw_svg(thm)
+    assert "b s=" in thm._repr_svg_()

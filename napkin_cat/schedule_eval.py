@@ -22,7 +22,7 @@ Execution follows ``loopnest`` (loops outermost first, each node's phase per str
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Union
 
 import numpy as np
@@ -55,16 +55,24 @@ class _Tile:
                      self.valid | {axis: valid}, self.full, self.partial)
 
 
-def run_schedule(theorem: Theorem, arrays: Sequence[Any], sizes: Mapping[str, int] | None = None) -> tuple[Any, ...]:
+def run_schedule(theorem: Theorem, arrays: Sequence[Any], sizes: Mapping[str, int] | None = None,
+                 tiles: Mapping[str, int] | None = None) -> tuple[Any, ...]:
     """Run ``theorem.result`` under ``theorem.schedule`` on float64 arrays (declared input order).
 
-    Symbolic tile sizes are not allowed here: every partition's tile must be an integer
-    (substitute symbols first, e.g. with ``dataclasses.replace``).
+    ``tiles`` gives a value to every symbolic tile size; ``sizes`` to axes no input carries.
+    Returns one array per output, in the declared axis order.
     """
     diagram = theorem.result
     data = [np.asarray(a, dtype=np.float64) for a in arrays]
     full = bind_sizes(diagram, [d.shape for d in data], sizes)
-    nest = loop_nest(diagram, theorem.schedule)
+    partitions = []
+    for p in theorem.schedule.partitions:
+        if isinstance(p.tile, str):
+            if p.tile not in (tiles or {}):
+                raise ValueError(f"tile `{p.tile}` of axis `{p.axis}` is symbolic: give it in tiles=")
+            p = replace(p, tile=int((tiles or {})[p.tile]))
+        partitions.append(p)
+    nest = loop_nest(diagram, replace(theorem.schedule, partitions=tuple(partitions)))
     env: dict[str, Value] = {p.name: Named(p.axes, d) for p, d in zip(diagram.inputs, data, strict=True)}
     tile = _Tile(dict(full), {}, dict(full), dict(full))
     values = _Runner(theorem, nest).run(list(nest.flat.nodes), list(nest.loops), env, tile)

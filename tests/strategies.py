@@ -156,8 +156,8 @@ def _expr(draw: Draw, scope: _Scope, depth: int) -> tuple[str, tuple[str, ...]]:
             return f"transpose[{' '.join(order)}]({text})", tuple(order)
         if kind == "rename":
             old = draw(st.sampled_from(axes))
-            fits = [a for a in axes_all if (a not in axes and None in (scope.sizes[a], scope.sizes[old]))
-                    or (scope.sizes[a] == scope.sizes[old] and a not in axes)]
+            fits = [a for a in axes_all if a not in axes
+                    and (None in (scope.sizes[a], scope.sizes[old]) or scope.sizes[a] == scope.sizes[old])]
             if not fits:
                 return text, axes
             new = draw(st.sampled_from(fits))
@@ -204,14 +204,16 @@ def _expr(draw: Draw, scope: _Scope, depth: int) -> tuple[str, tuple[str, ...]]:
         pred = _predicate(draw, target, 2)
         return f"where[{' '.join(target)}]({pred}, {left}, {right})", tuple(dict.fromkeys(la + ra + target))
     assert kind == "call"
-    callees = [d for d in scope.diagrams if len(d.out_types) == 1]
-    call = _call(draw, scope, callees)
-    return call if call is not None else _leaf(draw, scope)
+    call = _call(draw, scope, [d for d in scope.diagrams if len(d.out_types) == 1])
+    if call is None:
+        return _leaf(draw, scope)
+    callee, text, woven = call
+    return text, woven + callee.out_types[0]
 
 
-def _call(draw: Draw, scope: _Scope, callees: list[Diagram]) -> tuple[str, tuple[str, ...]] | None:
-    """A call of an earlier diagram on arrays in scope that carry its input axes (woven over
-    any extra ones it does not use inside); None if no such call exists."""
+def _call(draw: Draw, scope: _Scope, callees: list[Diagram]) -> tuple[Diagram, str, tuple[str, ...]] | None:
+    """A call of an earlier diagram on arrays in scope that carry its input axes, and the
+    extra axes it is woven over (never ones it uses inside); None if no such call exists."""
     if not callees:
         return None
     callee = draw(st.sampled_from(callees))
@@ -226,8 +228,7 @@ def _call(draw: Draw, scope: _Scope, callees: list[Diagram]) -> tuple[str, tuple
         name = draw(st.sampled_from(fits))
         args.append(name)
         woven.extend(a for a in scope.env[name] if a not in param.axes and a not in woven)
-    out = tuple(woven) + callee.out_types[0] if len(callee.out_types) == 1 else tuple(woven)
-    return f"{callee.name}({', '.join(args)})", out
+    return callee, f"{callee.name}({', '.join(args)})", tuple(woven)
 
 
 def _diagram_text(draw: Draw, name: str, scope: _Scope) -> str:
@@ -242,10 +243,9 @@ def _diagram_text(draw: Draw, name: str, scope: _Scope) -> str:
         multi = [d for d in scope.diagrams if len(d.out_types) > 1]
         call = _call(draw, scope, multi) if multi and draw(st.booleans()) else None
         if call is not None:
-            callee = next(d for d in multi if call[0].startswith(d.name + "("))
-            woven = call[1]
+            callee, text, woven = call
             names = [f"A{i}_{k}" for k in range(len(callee.out_types))]
-            lines.append(f"  {', '.join(names)} = {call[0]}")
+            lines.append(f"  {', '.join(names)} = {text}")
             for n, t in zip(names, callee.out_types, strict=True):
                 scope.env[n] = woven + t
             continue

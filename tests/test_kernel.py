@@ -1,0 +1,284 @@
+"""The trusted kernel: each rule accepts its valid instances and refuses invalid ones with a
+message that starts with the rule's name and names the failed condition and the box."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from napkin_cat import kernel, rules
+from napkin_cat.elaborate import loads
+from napkin_cat.kernel import KernelError, Theorem
+from napkin_cat.terms import Box, Const, Diagram, Partition, Place, Quantise, Rewrite, Var
+
+ATTENTION = """
+axis q, x
+axis d = 8
+diagram attention(Q: [q d], K: [x d], V: [x d]) -> [q d] {
+  S = contract[d](Q, K) * rsqrt(d)
+  P = softmax[x](S)
+  O = contract[x](P, V)
+  return O
+}
+diagram mha(Q: [b q d], K: [b x d], V: [b x d]) -> [b q d] {
+  return attention(Q, K, V)
+}
+axis b
+axis m = 10
+diagram rows(A: [m x]) -> [m] {
+  return sum[x](A)
+}
+diagram second_pass(X: [q x]) -> [q x] {
+  C = X - max[x](X)
+  return C
+}
+"""
+
+
+def _thm(name: str = "attention") -> Theorem:
+    module = loads(ATTENTION)
+    return kernel.unfold(kernel.refl("t", module.diagram(name)))
+
+
+def _ok(certified: Box, axis: str, name: str, pad: bool) -> str | None:
+    return "test oracle"
+
+
+def _never(certified: Box, axis: str, name: str, pad: bool) -> str | None:
+    return None
+
+
+def _lemma(name: str = "softmax_contract"):  # type: ignore[no-untyped-def]
+    return rules.library()[name]
+
+
+def _flash() -> Theorem:
+    thm = kernel.rewrite(_thm(), _lemma(), Rewrite("softmax_contract", ("P", "O")), {"softmax_contract": "test"})
+    return thm
+
+
+# ---- the Theorem type -----------------------------------------------------------------------
+
+
+def test_theorem_cannot_be_constructed_outside_the_kernel() -> None:
+    d = _thm().source
+    with pytest.raises(TypeError, match=r"only napkin_cat.kernel constructs theorems"):
+        Theorem("forged", d, d)
+    with pytest.raises(TypeError, match=r"only napkin_cat.kernel"):
+        dataclasses.replace(_thm(), result=d)
+
+
+def test_refl_states_the_identity_and_is_exact() -> None:
+    thm = kernel.refl("t", _thm().source)
+    assert thm.source == thm.result and thm.exact and thm.trust == ("refl",)
+
+
+# ---- unfolding, rewriting, transitivity -------------------------------------------------------
+
+
+def test_unfold_inlines_woven_calls_and_retypes() -> None:
+    thm = _thm("mha")
+    assert [let.names[0] for let in thm.result.body] == ["S", "P", "O"]
+    assert set(thm.result.binding("S").expr.axes) == {"b", "q", "x"}
+    assert "unfold" in thm.trust
+
+
+def test_rewrite_instantiates_with_woven_axes() -> None:
+    thm = _flash()
+    (let,) = thm.result.body[1:]
+    assert isinstance(let.expr, Box) and let.expr.op == "ncontract" and let.expr.params == ("exp", "exp", "id")
+    assert set(let.expr.axes) == {"q", "d"}
+    assert "congruence" in thm.trust and any(t.startswith("lemma softmax_contract") for t in thm.trust)
+
+
+def test_rewrite_refuses_uncertified_lemma() -> None:
+    with pytest.raises(KernelError, match=r"^instantiate: lemma `softmax_contract` is not certified"):
+        kernel.rewrite(_thm(), _lemma(), Rewrite("softmax_contract", ("P", "O")), {})
+
+
+def test_rewrite_refuses_non_matching_lemma() -> None:
+    with pytest.raises(KernelError, match=r"^instantiate: lemma `l2_contract`'s left side does not match `O`"):
+        kernel.rewrite(_thm(), _lemma("l2_contract"), Rewrite("l2_contract", ("P", "O")), {"l2_contract": "t"})
+
+
+def test_rewrite_refuses_unknown_binding_and_unused_binding() -> None:
+    with pytest.raises(KernelError, match=r"^congruence: no binding `Z`"):
+        kernel.rewrite(_thm(), _lemma(), Rewrite("softmax_contract", ("Z", "O")), {"softmax_contract": "t"})
+    with pytest.raises(KernelError, match=r"^congruence: binding `S` is not used by `O`"):
+        kernel.rewrite(_thm(), _lemma(), Rewrite("softmax_contract", ("S", "O")), {"softmax_contract": "t"})
+
+
+def test_rewrite_refuses_a_variable_that_is_not_woven() -> None:
+    module = loads("axis x, q\ndiagram w(W: [x], A: [q x]) -> [q] {\n  T = sum[x](W * A)\n  return T\n}\n")
+    thm = kernel.refl("t", module.diagram("w"))
+    with pytest.raises(KernelError, match=r"`c` would carry axis `x`, which the lemma's boxes act on"):
+        kernel.rewrite(thm, _lemma("sum_scale"), Rewrite("sum_scale", ("T",)), {"sum_scale": "t"})
+
+
+def test_rewrite_refuses_unbound_right_side() -> None:
+    module = loads("axis x\nlemma bad(A: [x], B: [x]) : sum[x](A) = sum[x](B)\n"
+                   "diagram one(A: [x]) -> [] {\n  T = sum[x](A)\n  return T\n}\n")
+    thm = kernel.refl("t", module.diagram("one"))
+    with pytest.raises(KernelError, match=r"^instantiate: lemma `bad`'s right side uses `B`"):
+        kernel.rewrite(thm, module.lemmas[0], Rewrite("bad", ("T",)), {"bad": "t"})
+
+
+def test_rewrite_after_relabelling_is_refused() -> None:
+    thm = kernel.group(_thm(), Partition("group", "q", "gq"))
+    with pytest.raises(KernelError, match=r"^congruence: the diagram already carries a schedule"):
+        kernel.rewrite(thm, _lemma(), Rewrite("softmax_contract", ("P", "O")), {"softmax_contract": "t"})
+
+
+def test_trans_composes_and_checks_the_middle() -> None:
+    first = _thm()
+    second = kernel.rewrite(kernel.refl("u", first.result), _lemma(), Rewrite("softmax_contract", ("P", "O")),
+                            {"softmax_contract": "t"})
+    both = kernel.trans(first, second)
+    assert both.source == first.source and both.result == second.result
+    with pytest.raises(KernelError, match=r"^trans: the first theorem's result"):
+        kernel.trans(second, first)
+    with pytest.raises(KernelError, match=r"^trans: the second theorem carries a schedule"):
+        kernel.trans(first, kernel.group(first, Partition("group", "q", 2)))
+
+
+# ---- group partition (R3) -----------------------------------------------------------------------
+
+
+def test_group_woven_axis_records_divisibility() -> None:
+    thm = kernel.group(_thm(), Partition("group", "q", "gq"))
+    assert [str(c) for c in thm.constraints] == ["gq | q"]
+    assert thm.schedule.partitions[0].axis == "q"
+
+
+@pytest.mark.parametrize(("axis", "message"), [
+    ("d", "group: box `contract[d]` (binding `S`) consumes axis `d`"),
+    ("x", "group: box `softmax[x]` (binding `P`) mixes axis `x`"),
+])
+def test_group_refuses_consumed_and_mixed_axes(axis: str, message: str) -> None:
+    with pytest.raises(KernelError) as info:
+        kernel.group(_thm(), Partition("group", axis, 4))
+    assert str(info.value).startswith(message)
+
+
+def test_group_tile_must_divide_or_pad() -> None:
+    thm = _thm("rows")
+    with pytest.raises(KernelError, match=r"^group: tile 4 does not divide axis `m` of size 10; declare `pad`"):
+        kernel.group(thm, Partition("group", "m", 4))
+    assert kernel.group(thm, Partition("group", "m", 4, pad=True)).constraints == ()
+    assert kernel.group(thm, Partition("group", "m", 5)).constraints == ()
+
+
+def test_group_refuses_missing_axis_and_axis_named_tile() -> None:
+    with pytest.raises(KernelError, match=r"^group: axis `b` does not occur"):
+        kernel.group(_thm(), Partition("group", "b", 2))
+    with pytest.raises(KernelError, match=r"^group: tile `x` is the name of an axis"):
+        kernel.group(_thm(), Partition("group", "q", "x"))
+
+
+# ---- stream partition (R4, R5) ------------------------------------------------------------------
+
+
+def test_stream_after_lemma_records_the_accumulator() -> None:
+    thm = kernel.stream(kernel.group(_flash(), Partition("group", "q", "gq")),
+                        Partition("stream", "x", "sx", via="online_softmax"), _ok)
+    ((axis, box, name),) = thm.accumulators
+    assert (axis, box.op, name) == ("x", "ncontract", "online_softmax")
+    assert thm.accumulator_of(box, "x") == "online_softmax"
+    assert any(t.startswith("accumulator online_softmax") for t in thm.trust)
+
+
+def test_stream_finds_an_accumulator_when_none_is_named() -> None:
+    thm = kernel.stream(_flash(), Partition("stream", "x", 4), _ok)
+    assert thm.schedule.partitions[0].via == "normalised"
+
+
+def test_stream_refuses_mixing_box() -> None:
+    with pytest.raises(KernelError, match=r"^stream: box `softmax\[x\]` \(binding `P`\) mixes axis `x`"):
+        kernel.stream(_thm(), Partition("stream", "x", 4, via="online_softmax"), _ok)
+
+
+def test_stream_refuses_wrong_and_uncertified_accumulators() -> None:
+    with pytest.raises(KernelError, match=r"^stream: accumulator `max` cannot stream `ncontract"):
+        kernel.stream(_flash(), Partition("stream", "x", 4, via="max"), _ok)
+    with pytest.raises(KernelError, match=r"^stream: no certified accumulator for `ncontract"):
+        kernel.stream(_flash(), Partition("stream", "x", 4), _never)
+
+
+def test_stream_refuses_a_second_pass() -> None:
+    with pytest.raises(KernelError, match=r"^stream: box `sub` .* reads a value computed from the whole of `x`"):
+        kernel.stream(_thm("second_pass"), Partition("stream", "x", 4), _ok)
+
+
+def test_stream_of_a_woven_axis_is_a_sequential_group() -> None:
+    thm = kernel.stream(_thm(), Partition("stream", "q", 4), _ok)
+    assert thm.accumulators == ()
+    with pytest.raises(KernelError, match=r"^stream: `via sum` names an accumulator but no box consumes `q`"):
+        kernel.stream(_thm(), Partition("stream", "q", 4, via="sum"), _ok)
+
+
+def test_stream_padding_needs_a_padding_law() -> None:
+    def no_pad(box: Box, axis: str, name: str, pad: bool) -> str | None:
+        return None if pad else "ok"
+
+    with pytest.raises(KernelError, match=r"^stream: no certified accumulator with padding"):
+        kernel.stream(_thm("rows"), Partition("stream", "x", 3, pad=True), no_pad)
+
+
+# ---- nesting (R8) ------------------------------------------------------------------------------
+
+
+def test_nesting_two_levels() -> None:
+    thm = kernel.group(_flash(), Partition("group", "q", "gq", "smem"))
+    thm = kernel.stream(thm, Partition("stream", "x", "sx", "smem", "online_softmax"), _ok)
+    thm = kernel.group(thm, Partition("group", "q", "wq", "reg"))
+    assert [str(c) for c in thm.constraints] == ["gq | q", "sx | x", "wq | gq"]
+
+
+def test_nesting_refusals() -> None:
+    thm = kernel.group(_thm(), Partition("group", "q", 8, "smem"))
+    with pytest.raises(KernelError, match=r"^nest: tile 3 does not divide the `smem` tile 8"):
+        kernel.group(thm, Partition("group", "q", 3, "reg"))
+    with pytest.raises(KernelError, match=r"^nest: axis `q` is already partitioned at `smem`"):
+        kernel.group(thm, Partition("group", "q", 4, "smem"))
+    deep = kernel.group(_thm(), Partition("group", "q", 8, "reg"))
+    with pytest.raises(KernelError, match=r"^nest: group at `smem` comes after a partition at `reg`"):
+        kernel.group(deep, Partition("group", "d", 8, "smem"))
+
+
+# ---- place (R2) and dtype (R10) ----------------------------------------------------------------
+
+
+def test_place_and_its_refusal() -> None:
+    thm = kernel.place(_thm(), Place(("S", "P"), "smem"))
+    assert thm.schedule.level_of("S") == "smem" and thm.exact
+    with pytest.raises(KernelError, match=r"^place: no array `P` in `attention`"):
+        kernel.place(_flash(), Place(("P",), "smem"))
+
+
+def test_dtype_is_an_approximation_never_an_equality() -> None:
+    thm = kernel.quantise(_thm(), Quantise(("K", "V"), "bf16", 0.01))
+    assert not thm.exact and thm.approximations[0].dtype == "bf16"
+    with pytest.raises(KernelError, match=r"^dtype: tolerance 1e-06 is below the unit roundoff"):
+        kernel.quantise(_thm(), Quantise(("K",), "bf16", 1e-6))
+    with pytest.raises(KernelError, match=r"^dtype: unknown number format `int4`"):
+        kernel.quantise(_thm(), Quantise(("K",), "int4", 0.1))
+    with pytest.raises(KernelError, match=r"^dtype: no array `W`"):
+        kernel.quantise(_thm(), Quantise(("W",), "bf16", 0.1))
+
+
+# ---- typing and treatment ----------------------------------------------------------------------
+
+
+def test_typed_box_and_treatment() -> None:
+    s, v = Var("S", ("q", "x")), Var("V", ("x", "d"))
+    box = kernel.typed_box("ncontract", (s, v), ("x",), params=("exp", "exp", "id"))
+    assert box.axes == ("q", "d")
+    assert [kernel.treatment(box, a) for a in ("q", "x", "d", "b")] == ["weaves", "consumes", "weaves", "absent"]
+    soft = kernel.typed_box("softmax", (s,), ("x",))
+    assert soft.axes == ("q", "x") and kernel.treatment(soft, "x") == "mixes"
+    split = kernel.typed_box("split", (v,), ("x",), ("xo", "xi"))
+    assert split.axes == ("xo", "xi", "d") and kernel.treatment(split, "xo") == "mixes"
+    mask = kernel.typed_box("where", (s, Const(0.0)), ("q", "x"))
+    assert kernel.treatment(mask, "x") == "weaves"
+    assert isinstance(_thm().source, Diagram)

@@ -61,6 +61,8 @@ __all__ = ["load", "loads"]
 
 _BINOPS = {"add": "add", "sub": "sub", "mul": "mul", "div": "div"}
 _PRED_NODES = ("compare", "and_", "or_", "not_")
+#: errors that a `use`d file with errors may cause, since its names are then missing
+_MAYBE_IMPORTED = ("name.unknown", "box.unknown", "axis.not_declared")
 
 #: a node of the Lark tree that ``syntax.parse_tree`` returns
 Node = Tree[Any]
@@ -121,10 +123,13 @@ class _Elaborator:
         self.imported_lemmas: list[LemmaDecl] = []
         self.theorems: list[TheoremDecl] = []
         self.uses: list[str] = []
+        self.broken_uses: list[str] = []  # `use`d files with errors: names from them are missing
 
     # -- helpers ----------------------------------------------------------------------
     def err(self, code: str, where: Node | Token | Span | None, hint: str | None = None, **args: object) -> None:
         span = where if isinstance(where, Span) or where is None else _span(where, self.path)
+        if hint is None and self.broken_uses and code in _MAYBE_IMPORTED:
+            hint = f"it may be defined in {', '.join(self.broken_uses)}, which has errors"
         self.diags.append(error(code, span, hint, **args))
 
     def axis_type(self, tree: Node) -> Axes | None:
@@ -188,6 +193,7 @@ class _Elaborator:
                     self.diags.append(replace(d, span=_span(tok, self.path)))
                 else:
                     self.diags.append(d)
+            self.broken_uses.append(rel)
             return
         for axis in sub.scope_axes:
             self.add_axis(axis, tok, own=False)

@@ -228,6 +228,18 @@ def test_errors_in_used_files_and_use_cycles(tmp_path: Path) -> None:
     assert inner.code == "name.unknown" and inner.span is not None and inner.span.file.endswith("bad.ncd")
 
 
+def test_names_missing_after_a_broken_use_point_at_it(tmp_path: Path) -> None:
+    (tmp_path / "lib.ncd").write_text("axis i\ndiagram f(X: [i]) -> [i] { return Y }\n")
+    (tmp_path / "main.ncd").write_text('use "lib.ncd"\naxis j\ndiagram g(X: [j]) -> [j] { return f(X) }\n')
+    with pytest.raises(NapkinError) as info:
+        load(tmp_path / "main.ncd")
+    by_code = {d.code: d for d in info.value.diagnostics}
+    assert sorted(by_code) == ["box.unknown", "name.unknown"]
+    inner, outer = by_code["name.unknown"], by_code["box.unknown"]
+    assert inner.code == "name.unknown" and inner.span is not None and inner.span.file.endswith("lib.ncd")
+    assert outer.code == "box.unknown" and outer.hint == "it may be defined in lib.ncd, which has errors"
+
+
 def test_using_a_file_twice_is_harmless(tmp_path: Path) -> None:
     (tmp_path / "c.ncd").write_text("axis i = 4\ndiagram f(X: [i]) -> [i] { return X }\n")
     (tmp_path / "twice.ncd").write_text('use "c.ncd"\nuse "c.ncd"\ndiagram g(X: [i]) -> [i] { return f(X) }\n')

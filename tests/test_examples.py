@@ -12,7 +12,6 @@ from scipy.special import erf, logsumexp
 
 import napkin_cat
 from napkin_cat.cli import main
-from napkin_cat.printer import print_module
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -36,13 +35,12 @@ def rng() -> np.random.Generator:
     return np.random.default_rng(1234)
 
 
-def test_every_example_round_trips() -> None:
+def test_the_examples_exist_and_load() -> None:
+    """(Their printer round trip is in test_printer.py.)"""
     files = sorted(EXAMPLES.glob("*.ncd"))
     assert {f.stem for f in files} >= {"matmul", "attention", "mlp", "layernorm", "cross_entropy"}
     for path in files:
-        module = napkin_cat.load(path)
-        assert module.diagrams, path
-        assert napkin_cat.loads(print_module(module), str(path)) == module
+        assert napkin_cat.load(path).diagrams, path
 
 
 def test_matmul(rng: np.random.Generator) -> None:

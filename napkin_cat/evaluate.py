@@ -393,7 +393,8 @@ class _Interpreter:
         return Named(axes, np.where(mask.aligned(axes), a.aligned(axes), b.aligned(axes)))
 
     def onehot(self, node: Box, arg: Named) -> Named:
-        """1 where the position along the new axis equals the operand's (integer) value, else 0."""
+        """1 where the position along the new axis equals the operand's value, else 0; a value
+        that is no position (fractional, negative, or past the end) gives a row of zeros."""
         axes = arg.axes + node.target
         n = _size(self.sizes, node.target[0])
         positions = np.arange(n) + self.offsets.get(node.target[0], 0)

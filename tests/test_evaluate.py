@@ -242,6 +242,12 @@ def test_onehot(data: st.DataObject) -> None:
     np.testing.assert_array_equal(d.evaluate(np.array(labels, dtype=float), x), np.eye(sizes["k"])[labels])
 
 
+def test_onehot_of_a_value_that_is_no_position_is_a_zero_row() -> None:
+    d = diagram("(L: [i]) -> [i k]", "onehot[k](L)")
+    np.testing.assert_array_equal(d.evaluate(np.array([1.0, 0.5, -1.0, 3.0]), sizes={"k": 3}),
+                                  [[0, 1, 0], [0, 0, 0], [0, 0, 0], [0, 0, 0]])
+
+
 @given(data=st.data())
 def test_split_join_inverse(data: st.DataObject) -> None:
     d = loads(AXES + "axis io = 2, ii\n"

@@ -177,6 +177,29 @@ def cmd_draw(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_lower(args: argparse.Namespace) -> int:
+    """Lower a checked theorem to a Pallas kernel or a streamed plain-JAX module."""
+    from napkin_cat import proof
+    from napkin_cat.lower import lower
+
+    module = _module(args.file)
+    if not any(t.name == args.theorem for t in module.theorems):
+        known = ", ".join(t.name for t in module.theorems) or "none"
+        raise UsageError(f"no theorem `{args.theorem}` in {args.file} (theorems: {known})")
+    tiles = {}
+    for item in args.tile or ():
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value.isdigit() or int(value) <= 0:
+            raise UsageError(f"--tile expects NAME=N with N a positive integer, got {item!r}")
+        tiles[name] = int(value)
+    lowered = lower(proof.theorem(args.file, args.theorem), target=args.target, tiles=tiles, dtype=args.dtype,
+                    hardware=args.hardware)
+    Path(args.output).write_text(lowered.source, encoding="utf-8")
+    placed = ", ".join(f"{axis}={tile}" for axis, tile in lowered.layout.tiles.items()) or "no tiles"
+    print(f"wrote {args.output}: {args.target} function `{args.theorem}` ({placed})")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="napkin", description=__doc__.splitlines()[0] if __doc__ else None)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -204,6 +227,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--expand", action="store_true", help="draw diagrams used as boxes inline")
     p.add_argument("--steps", action="store_true", help="one picture per proof step, and an index.html")
     p.set_defaults(func=cmd_draw)
+
+    p = sub.add_parser("lower", help="lower a theorem to a JAX Pallas kernel or streamed plain JAX (a .py module)")
+    p.add_argument("file")
+    p.add_argument("theorem")
+    p.add_argument("--target", choices=("pallas", "jax"), default="pallas")
+    p.add_argument("--tile", action="append", metavar="NAME=N", help="a tile size by tile name or axis (repeatable)")
+    p.add_argument("--dtype", default="float32", help="input/output dtype: float32, bfloat16 or float16")
+    p.add_argument("--hardware", default=None, help="hardware profile for default tiles (e.g. h100)")
+    p.add_argument("-o", "--output", required=True, help="OUT.py")
+    p.set_defaults(func=cmd_lower)
     return parser
 
 

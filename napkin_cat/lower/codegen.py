@@ -144,23 +144,34 @@ class Namer:
 
 @dataclass
 class Block:
-    """Statements being emitted, sharing one ``Namer``; ``bind`` names a value."""
+    """Statements being emitted, sharing one ``Namer``; ``bind`` names a value.
+
+    Emitted expressions are pure, so ``bind`` reuses the name of an identical expression
+    bound earlier in this block or an enclosing one (common subexpressions, e.g. the
+    running-max shift that an accumulator's lift uses twice, are computed once).
+    """
 
     namer: Namer
     stmts: list[ast.stmt] = field(default_factory=list)
+    bound: dict[str, str] = field(default_factory=dict)
 
     def bind(self, hint: str, value: ast.expr) -> ast.Name:
-        """Emit ``fresh = value`` and return the fresh name."""
-        ident = self.namer.fresh(hint)
-        self.stmts.append(assign(ident, value))
-        return name(ident)
+        """Emit ``fresh = value`` and return the fresh name (or the name it already has)."""
+        if isinstance(value, ast.Name):
+            return value
+        key = ast.dump(value)
+        if key not in self.bound:
+            ident = self.namer.fresh(hint)
+            self.stmts.append(assign(ident, value))
+            self.bound[key] = ident
+        return name(self.bound[key])
 
     def emit(self, stmt: ast.stmt) -> None:
         self.stmts.append(stmt)
 
     def child(self) -> Block:
-        """A nested block (a loop body) with the same namer."""
-        return Block(self.namer)
+        """A nested block (a loop body): same namer, sees the names bound so far."""
+        return Block(self.namer, bound=dict(self.bound))
 
 
 def import_(module_name: str, alias: str | None = None, names: Sequence[str] = ()) -> ast.stmt:

@@ -44,7 +44,9 @@ class Layout:
     ``tiles`` maps every partitioned axis to its innermost tile; ``grid`` lists the grid
     axes outermost first, ``squeezed`` those among them with blocks of one; ``phase``
     gives each node's phase relative to the streamed axis (all ``before`` without one);
-    ``plans`` the accumulator of every node that consumes the streamed axis.
+    ``plans`` the accumulator of every node that consumes the streamed axis;
+    ``padded_tiles`` the grouped axes (Pallas) whose tile is not a power of two of at
+    least ``MIN_BLOCK``: stored as (tiles, block) with each tile padded to a block.
     """
 
     name: str
@@ -58,6 +60,7 @@ class Layout:
     stream: str | None
     phase: Mapping[str, str]
     plans: Mapping[str, AccumulatorPlan]
+    padded_tiles: frozenset[str] = frozenset()
 
     @property
     def flat(self) -> Flat:
@@ -65,6 +68,11 @@ class Layout:
 
     def declared(self, axis: str) -> int | None:
         return dict(self.flat.sizes).get(axis)
+
+    def block(self, axis: str) -> int:
+        """The in-kernel extent of a grouped or streamed axis (its tile, or padded tile)."""
+        tile = self.tiles[axis]
+        return pow2_extent(tile, MIN_BLOCK) if axis in self.padded_tiles else tile
 
     def kind(self, axis: str) -> str:
         """grid | stream | whole."""
@@ -108,10 +116,8 @@ def layout(name: str, diagram: Diagram, schedule: Schedule, tiles: Mapping[str, 
         raise NapkinError(error("lower.streams", axes=", ".join(streams)))
     stream = streams[0] if streams else None
     groups = tuple(axis for axis, (kind, _) in by_axis.items() if kind == "group")
-    if target == "pallas":
-        for axis, tile in axis_tiles.items():
-            if (tile < MIN_BLOCK or tile & (tile - 1)) and not (tile == 1 and axis in groups):
-                raise NapkinError(error("lower.tile_pow2", axis=axis, tile=tile, least=MIN_BLOCK))
+    if target == "pallas" and stream is not None and not _block_ok(axis_tiles[stream]):
+        raise NapkinError(error("lower.tile_pow2", axis=stream, tile=axis_tiles[stream], least=MIN_BLOCK))
     out_types = [flat.type_of(o) for o in flat.outputs]
     for axis in groups:
         _check_grid_axis(flat, axis, out_types)
@@ -121,6 +127,8 @@ def layout(name: str, diagram: Diagram, schedule: Schedule, tiles: Mapping[str, 
         # woven axes and groups of one: one program per position, the axis squeezed away
         squeezed = tuple(a for a in out_types[0] if (a not in by_axis and _woven_everywhere(flat, a, out_types))
                          or (a in groups and axis_tiles[a] == 1))
+    # groups whose tile the Triton backend cannot use as a block: each tile padded to one
+    padded_tiles = tuple(a for a in groups if target == "pallas" and a not in squeezed and not _block_ok(axis_tiles[a]))
     grid = tuple(a for a in out_types[0] if a in squeezed or a in groups) if out_types else ()
     grid += tuple(a for a in groups if a not in grid)
     phase = {n.name: "before" for n in flat.nodes}
@@ -141,9 +149,14 @@ def layout(name: str, diagram: Diagram, schedule: Schedule, tiles: Mapping[str, 
             if phase.get(out) == "chunk":
                 raise NapkinError(error("lower.chunk_output", output=out, axis=stream))
     result = Layout(name, diagram, schedule, target, nest, axis_tiles, grid, frozenset(squeezed), stream, phase,
-                    plans)
+                    plans, frozenset(padded_tiles))
     _check_padding(result)
     return result
+
+
+def _block_ok(tile: int) -> bool:
+    """Can the Triton backend use this tile as a block (a power of two, at least MIN_BLOCK)?"""
+    return tile >= MIN_BLOCK and not tile & (tile - 1)
 
 
 def _tile_value(tile: str | int, axis: str, tiles: Mapping[str, int]) -> int:

@@ -44,18 +44,34 @@ def extent_of(axis: str) -> ast.expr:
 def block_spec(lay: Layout, axes: Axes) -> ast.expr:
     """``pl.BlockSpec(block_shape, index_map)`` for an array with these axes."""
     dims: list[ast.expr] = []
+    index: list[ast.expr] = []
     for axis in axes:
+        if axis in lay.padded_tiles:  # stored as (tiles, block): one tile, squeezed, per program
+            dims += [cg.const(None), cg.const(lay.block(axis))]
+            index += [cg.name(f"i_{axis}"), cg.const(0)]
+            continue
         if axis in lay.squeezed:
             dims.append(cg.const(None))
         elif lay.kind(axis) == "grid":
             dims.append(cg.const(lay.tiles[axis]))
         else:
             dims.append(extent_of(axis))
+        index.append(cg.name(f"i_{axis}") if axis in lay.grid else cg.const(0))
     args = [f"i_{a}" for a in lay.grid]
-    index = cg.tuple_([cg.name(f"i_{a}") if a in lay.grid else cg.const(0) for a in axes])
     lam = ast.Lambda(ast.arguments(posonlyargs=[], args=[ast.arg(a) for a in args], vararg=None, kwonlyargs=[],
-                                   kw_defaults=[], kwarg=None, defaults=[]), index)
+                                   kw_defaults=[], kwarg=None, defaults=[]), cg.tuple_(index))
     return cg.call("pl.BlockSpec", cg.tuple_(dims), lam)
+
+
+def stored_dims(lay: Layout, axes: Axes) -> list[ast.expr]:
+    """The shape of an array as the kernel reads it from HBM (tile-padded axes split in two)."""
+    dims: list[ast.expr] = []
+    for axis in axes:
+        if axis in lay.padded_tiles:
+            dims += [cg.binop(extent_of(axis), "//", cg.const(lay.tiles[axis])), cg.const(lay.block(axis))]
+        else:
+            dims.append(extent_of(axis))
+    return dims
 
 
 def emit_function(lay: Layout, fname: str, params: Sequence[str], doc: str, dtype: str,
@@ -71,11 +87,16 @@ def emit_function(lay: Layout, fname: str, params: Sequence[str], doc: str, dtyp
     padded = []
     for (_, in_axes), param in zip(lay.flat.inputs, params, strict=True):
         dims = cg.tuple_([extent_of(a) for a in in_axes])
-        padded.append(block.bind(f"{param}_padded", cg.call("pad_to", cg.name(param), dims, storage)))
+        value: ast.expr = cg.call("pad_to", cg.name(param), dims, storage)
+        for k in reversed(range(len(in_axes))):  # right to left: earlier positions stay put
+            if in_axes[k] in lay.padded_tiles:
+                value = cg.call("split_tiles", value, cg.const(k), cg.const(lay.tiles[in_axes[k]]),
+                                cg.const(lay.block(in_axes[k])))
+        padded.append(block.bind(f"{param}_padded", value))
     out_types = [lay.flat.type_of(o) for o in lay.flat.outputs]
     kernel = _emit_kernel(lay, params, out_types, dtype, namer)
     block.emit(kernel)
-    shapes: list[ast.expr] = [cg.call("jax.ShapeDtypeStruct", cg.tuple_([extent_of(a) for a in t]), storage)
+    shapes: list[ast.expr] = [cg.call("jax.ShapeDtypeStruct", cg.tuple_(stored_dims(lay, t)), storage)
                               for t in out_types]
     grid = cg.tuple_([_grid_extent(lay, a) for a in lay.grid])
     call = cg.call("pl.pallas_call", cg.name(kernel.name), keywords=[
@@ -89,7 +110,10 @@ def emit_function(lay: Layout, fname: str, params: Sequence[str], doc: str, dtyp
     results = []
     for k, t in enumerate(out_types):
         index = [ast.Slice(None, size_of(a)) for a in t]
-        value: ast.expr = cg.subscript(cg.name(outs.id), cg.const(k))
+        value = cg.subscript(cg.name(outs.id), cg.const(k))
+        for i in reversed(range(len(t))):
+            if t[i] in lay.padded_tiles:
+                value = cg.call("merge_tiles", value, cg.const(i), cg.const(lay.tiles[t[i]]))
         results.append(cg.subscript(value, index) if index else value)
     block.emit(ast.Return(results[0] if len(results) == 1 else cg.tuple_(results)))
     return cg.function(fname, params, block.stmts, doc, kwonly=[("interpret", cg.const(None))])
@@ -114,7 +138,7 @@ def _emit_kernel(lay: Layout, params: Sequence[str], out_types: list[Axes], dtyp
         pid = cg.call("pl.program_id", cg.const(k))
         first = pid if axis in lay.squeezed else cg.binop(pid, "*", cg.const(lay.tiles[axis]))
         offsets[axis] = block.bind(f"{axis}_first", first)
-    extents = {a: cg.const(lay.tiles[a]) if lay.kind(a) in ("grid", "stream") else extent_of(a)
+    extents = {a: cg.const(lay.block(a)) if lay.kind(a) in ("grid", "stream") else extent_of(a)
                for a in all_axes(lay) if a not in lay.squeezed}
     scope = Scope(block, {a: size_of(a) for a in all_axes(lay)}, extents, offsets, lay.squeezed,
                   frozenset(a for a in all_axes(lay) if lay.may_pad(a)), dtype, batched_dot=False)

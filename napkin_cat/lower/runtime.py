@@ -14,7 +14,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
-__all__ = ["HELPERS", "bind_sizes", "erf", "helper_source", "pad_to", "pow2_extent", "round_up"]
+__all__ = ["HELPERS", "bind_sizes", "erf", "helper_source", "merge_tiles", "pad_to", "pow2_extent", "round_up",
+           "split_tiles"]
 
 
 def bind_sizes(arrays: Sequence[Any], signature: Sequence[tuple[str, tuple[str, ...]]],
@@ -51,6 +52,22 @@ def pad_to(array: Any, extents: Sequence[int], dtype: Any) -> Any:
     return jnp.pad(array, widths) if any(w for _, w in widths) else array
 
 
+def split_tiles(array: Any, axis: int, tile: int, block: int) -> Any:
+    """Axis ``axis`` (a multiple of ``tile`` long) as (tiles, block): each tile zero-padded to a block."""
+    shape = array.shape
+    tiles = array.reshape((*shape[:axis], shape[axis] // tile, tile, *shape[axis + 1:]))
+    widths = [(0, 0)] * tiles.ndim
+    widths[axis + 1] = (0, block - tile)
+    return jnp.pad(tiles, widths)
+
+
+def merge_tiles(array: Any, axis: int, tile: int) -> Any:
+    """The inverse of ``split_tiles``: drop each block's padding and join the tiles."""
+    kept = array[(slice(None),) * (axis + 1) + (slice(0, tile),)]
+    shape = kept.shape
+    return kept.reshape((*shape[:axis], shape[axis] * tile, *shape[axis + 2:]))
+
+
 def erf(x: Any) -> Any:
     """erf by Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7, below f32 resolution near 1).
 
@@ -64,6 +81,7 @@ def erf(x: Any) -> Any:
 
 HELPERS: dict[str, Callable[..., Any]] = {
     "bind_sizes": bind_sizes, "round_up": round_up, "pow2_extent": pow2_extent, "pad_to": pad_to, "erf": erf,
+    "split_tiles": split_tiles, "merge_tiles": merge_tiles,
 }
 
 

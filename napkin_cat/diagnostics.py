@@ -71,7 +71,9 @@ MESSAGES: dict[str, str] = {
     "type.tuple_arity": "`{callee}` returns {n} outputs; bind them with {n} names",
     "type.tuple_in_expr": "`{callee}` returns {n} outputs and cannot be used inside an expression",
     "type.split_sizes": "split[{axis} -> {parts}]: sizes {sizes} do not multiply to {total}",
-    "type.woven_clash": "argument {index} of `{callee}` has axis `{axis}`, which `{callee}` uses inside; rename it before weaving",
+    "type.woven_clash": (
+        "argument {index} of `{callee}` has axis `{axis}`, which `{callee}` uses inside; rename it before weaving"
+    ),
     "type.axis_exists": "{box}: axis `{axis}` is already on the operand",
     "type.transpose": "transpose[{axes}]: must list exactly the operand's axes {have}",
     # boxes

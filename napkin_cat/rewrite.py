@@ -1,0 +1,424 @@
+"""UNTRUSTED: the search behind ``napkin derive``.  It proposes proof steps; it never builds
+a ``Theorem``.  Every candidate is a ``TheoremDecl`` run through the kernel by
+``proof.check_theorem`` exactly as ``napkin check`` will run the written file.
+
+What is searched (architecture §3.1, paper R3-R8):
+
+- **Rewrites**: the lemma library is matched against the diagram.  ``proposals`` walks
+  every binding's expression, looking through let-bound names where a lemma's pattern
+  needs a box, and proposes ``rewrite LEMMA at NAMES`` with the bindings it looked
+  through.  No lemma or box is recognised by name; a proposal the kernel refuses is
+  recorded and dropped.  Rewritten diagrams are explored best first (by the best cost
+  found so far on their parent), up to ``max_rewrites`` applications deep.
+- **Relabellings**: ``axis_roles`` reads how every box treats every axis (``kernel.
+  treatment``): an axis every box weaves is a group candidate; an axis some box consumes
+  and none mixes is a stream candidate.  A ``Plan`` picks groups, at most one stream axis
+  (with a preferred accumulator when several are admissible) and one or two memory
+  levels; a hill climb from the largest plan moves to the best neighbour (toggle a group,
+  change the stream axis or its accumulator, add or drop the second level) until none is
+  cheaper.
+- **Cost**: one pluggable callable ``CostFn`` (the cost model, or anything else in
+  tests) answers for a checked theorem its modelled cost, whether it fits the memory
+  capacities, and integer tile sizes.  A kernel-accepted candidate may still be screened
+  out by ``screen`` (the caller's floating-point check); it stays in the report with why.
+
+The search stops when every reachable diagram was explored (``saturated``), after
+``budget`` candidates (``budget``) or after ``seconds`` (``time``), and says which.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+
+from napkin_cat import kernel, ops
+from napkin_cat.diagnostics import NapkinError
+from napkin_cat.proof import check_theorem, describe_step
+from napkin_cat.terms import (
+    Box,
+    Const,
+    Diagram,
+    Expr,
+    LemmaDecl,
+    Module,
+    Partition,
+    Rewrite,
+    Size,
+    Step,
+    TheoremDecl,
+    Var,
+    boxes,
+    walk,
+)
+
+__all__ = ["Candidate", "CostFn", "Costed", "Plan", "Search", "axis_roles", "plan_steps", "proposals", "search"]
+
+
+@dataclass(frozen=True)
+class Costed:
+    """A cost model's answer for one checked theorem.
+
+    ``value``: the modelled cost (lower is better; the model's unit, named in ``summary``);
+    ``fits``: whether every level's memory bound holds with ``tiles``; ``tiles``: an integer
+    for every symbolic tile of the schedule; ``why_not``: the violated capacity if not.
+    """
+
+    value: float
+    fits: bool
+    tiles: Mapping[str, int]
+    summary: str
+    why_not: str = ""
+
+
+#: the pluggable cost function: a checked theorem -> its cost
+CostFn = Callable[[kernel.Theorem], Costed]
+#: an optional extra screen on accepted theorems: None if fine, else why it is rejected
+ScreenFn = Callable[[kernel.Theorem], "str | None"]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One proposed step list and what happened to it: a theorem and its cost, or a refusal."""
+
+    steps: tuple[Step, ...]
+    theorem: kernel.Theorem | None = None
+    cost: Costed | None = None
+    refused: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Kernel-accepted, not screened out, costed, and fits."""
+        return self.refused is None and self.cost is not None and self.cost.fits
+
+    def describe(self) -> str:
+        return "; ".join(describe_step(s) for s in self.steps) or "no steps (the diagram as written)"
+
+
+@dataclass(frozen=True)
+class Search:
+    """The outcome: the best candidate, the unscheduled baseline, everything evaluated."""
+
+    best: Candidate
+    baseline: Candidate
+    candidates: tuple[Candidate, ...]
+    stopped: str
+    detail: str
+    elapsed: float
+
+    @property
+    def helps(self) -> bool:
+        """Does the best candidate cost strictly less than the diagram as written?"""
+        if self.best is self.baseline or self.best.cost is None:
+            return False
+        return self.baseline.cost is None or not self.baseline.ok or self.best.cost.value < self.baseline.cost.value
+
+    def runners_up(self, limit: int = 5) -> list[Candidate]:
+        """The next best fitting candidates, then the closest that do not fit, then refusals."""
+        ranked = sorted((c for c in self.candidates if c.ok and c is not self.best), key=_rank)
+        unfit = sorted((c for c in self.candidates if c.refused is None and c.cost is not None and not c.cost.fits),
+                       key=_rank)
+        refused = [c for c in self.candidates if c.refused is not None]
+        return (ranked + unfit + refused)[:limit]
+
+
+def _rank(c: Candidate) -> tuple[float, int, int, str]:
+    """Cheapest first; among equal costs the simpler proof (fewer steps, fewer names)."""
+    assert c.cost is not None
+    names = sum(len(s.at) for s in c.steps if isinstance(s, Rewrite))
+    return (c.cost.value, len(c.steps), names, c.describe())
+
+
+# ---- lemma matching -----------------------------------------------------------------------
+
+
+class _Matcher:
+    """First-order matching of a lemma's left side, looking through let-bound names."""
+
+    def __init__(self, defs: Mapping[str, Expr]):
+        self.defs = defs
+        self.vars: dict[str, Expr] = {}
+        self.axes: dict[str, str] = {}
+        self.through: list[str] = []
+
+    def axis(self, pattern: str, actual: str) -> bool:
+        if pattern in self.axes:
+            return self.axes[pattern] == actual
+        if actual in self.axes.values():
+            return False
+        self.axes[pattern] = actual
+        return True
+
+    def axis_list(self, pattern: tuple[str, ...], actual: tuple[str, ...]) -> bool:
+        return len(pattern) == len(actual) and all(self.axis(p, a) for p, a in zip(pattern, actual, strict=True))
+
+    def expr(self, pattern: Expr, actual: Expr) -> bool:
+        if isinstance(pattern, Var):
+            bound = self.vars.setdefault(pattern.name, actual)
+            return bound == actual
+        if isinstance(actual, Var) and actual.name in self.defs and actual.name not in self.through:
+            self.through.append(actual.name)
+            return self.expr(pattern, self.defs[actual.name])
+        if isinstance(pattern, Const):
+            return isinstance(actual, Const) and pattern.value == actual.value
+        if isinstance(pattern, Size):
+            return isinstance(actual, Size) and self.axis(pattern.axis, actual.axis)
+        return (isinstance(pattern, Box) and isinstance(actual, Box) and pattern.op == actual.op
+                and pattern.params == actual.params and actual.index is None and len(pattern.args) == len(actual.args)
+                and self.axis_list(pattern.target, actual.target) and self.axis_list(pattern.out, actual.out)
+                and all(self.expr(p, a) for p, a in zip(pattern.args, actual.args, strict=True)))
+
+
+def proposals(diagram: Diagram, lemmas: Mapping[str, LemmaDecl]) -> list[Rewrite]:
+    """Every ``rewrite LEMMA at NAMES`` whose left side matches a sub-term of a binding.
+
+    The root of each proposal is a single-name binding; the other names are the bindings
+    the match looked through (the kernel inlines exactly those).  Proposals are in body
+    order, then library order; duplicates are dropped.  Whether a proposal is admissible
+    (weaving of the matched variables, types) is the kernel's call.
+    """
+    defs = {let.names[0]: let.expr for let in diagram.body if len(let.names) == 1}
+    order = {name: i for i, name in enumerate(n for let in diagram.body for n in let.names)}
+    found: dict[tuple[str, tuple[str, ...]], Rewrite] = {}
+    for let in diagram.body:
+        if len(let.names) != 1:
+            continue
+        for node in walk(let.expr):
+            if isinstance(node, Var):
+                continue  # a match through a name is proposed at that name's own binding
+            for lemma in lemmas.values():
+                match = _Matcher(defs)
+                if match.expr(lemma.lhs, node):
+                    at = tuple(sorted(set(match.through) - {let.names[0]}, key=order.__getitem__)) + let.names
+                    found.setdefault((lemma.name, at), Rewrite(lemma.name, at))
+    return list(found.values())
+
+
+# ---- relabelling candidates ---------------------------------------------------------------
+
+
+def axis_roles(diagram: Diagram) -> dict[str, frozenset[str]]:
+    """For each axis that reaches a box, how the boxes treat it (weaves, consumes, mixes).
+
+    Axes are listed in order of first appearance (inputs, then boxes).
+    """
+    roles: dict[str, set[str]] = {a: set() for p in diagram.inputs for a in p.axes}
+    for _, node in boxes(diagram):
+        if not isinstance(node, Box):
+            continue
+        for axis in dict.fromkeys(node.axes + node.target + tuple(a for x in node.args for a in x.axes)):
+            how = kernel.treatment(node, axis)
+            if how != "absent":
+                roles.setdefault(axis, set()).add(how)
+    return {a: frozenset(r) for a, r in roles.items() if r}
+
+
+def group_axes(diagram: Diagram) -> tuple[str, ...]:
+    """Axes every box weaves: tiles along them are independent (R3)."""
+    return tuple(a for a, r in axis_roles(diagram).items() if r == {"weaves"})
+
+
+def stream_axes(diagram: Diagram) -> tuple[str, ...]:
+    """Axes some box consumes and none mixes, and no output carries: stream candidates (R4).
+
+    An axis that survives to an output is still needed after its consumption (a second
+    pass over it), which no accumulator can stream.
+    """
+    outputs = {a for axes in diagram.out_types for a in axes}
+    return tuple(a for a, r in axis_roles(diagram).items()
+                 if "consumes" in r and "mixes" not in r and a not in outputs)
+
+
+def accumulator_choices(diagram: Diagram, axis: str) -> tuple[str, ...]:
+    """Accumulators admissible for some box consuming ``axis`` (the ``via`` choices)."""
+    names: list[str] = []
+    for _, node in boxes(diagram):
+        if isinstance(node, Box) and kernel.treatment(node, axis) == "consumes":
+            names.extend(ops.accumulators_for(node.op, node.params))
+    return tuple(dict.fromkeys(names))
+
+
+@dataclass(frozen=True, order=True)
+class Plan:
+    """A relabelling choice: grouped axes, a streamed axis and its accumulator, levels (1 or 2)."""
+
+    groups: tuple[str, ...] = ()
+    stream: str | None = None
+    via: str | None = None
+    levels: int = 1
+
+
+#: the memory level of each partition level, and the tile-name prefixes used there
+_LEVELS: tuple[tuple[str, str, str], ...] = (("smem", "g", "s"), ("reg", "w", "r"))
+
+
+def plan_steps(plan: Plan, diagram: Diagram) -> tuple[Partition, ...]:
+    """The partition steps of ``plan``, outer level first, groups before the stream.
+
+    Tile sizes are symbols named after the axis (``gq`` groups q at smem, ``sx`` streams x,
+    ``wq``/``rx`` the same at registers), renamed apart from the diagram's axes.
+    """
+    taken = set(diagram.axis_sizes()) | {a for p in diagram.inputs for a in p.axes}
+    steps: list[Partition] = []
+    for level, gprefix, sprefix in _LEVELS[: plan.levels]:
+        for axis in plan.groups:
+            steps.append(Partition("group", axis, _fresh(gprefix + axis, taken), level))
+        if plan.stream is not None:
+            steps.append(Partition("stream", plan.stream, _fresh(sprefix + plan.stream, taken), level, plan.via))
+    return tuple(steps)
+
+
+def _fresh(name: str, taken: set[str]) -> str:
+    candidate = name
+    for k in itertools.count(2):
+        if candidate not in taken:
+            break
+        candidate = f"{name}_{k}"
+    taken.add(candidate)
+    return candidate
+
+
+def _neighbours(plan: Plan, diagram: Diagram) -> Iterator[Plan]:
+    groups, streams = group_axes(diagram), stream_axes(diagram)
+    for axis in groups:
+        toggled = tuple(a for a in groups if (a in plan.groups) != (a == axis))
+        yield replace(plan, groups=toggled)
+    for stream in (None, *streams):
+        if stream != plan.stream:
+            yield replace(plan, stream=stream, via=None)
+    if plan.stream is not None:
+        for via in (None, *accumulator_choices(diagram, plan.stream)):
+            if via != plan.via:
+                yield replace(plan, via=via)
+    if plan.groups or plan.stream:
+        yield replace(plan, levels=3 - plan.levels)
+
+
+def _starts(diagram: Diagram) -> list[Plan]:
+    groups = group_axes(diagram)
+    return [Plan(groups, stream) for stream in (*stream_axes(diagram), None)]
+
+
+# ---- the search -----------------------------------------------------------------------------
+
+
+@dataclass
+class _State:
+    module: Module
+    decl: TheoremDecl
+    lemmas: Mapping[str, LemmaDecl]
+    cost: CostFn
+    screen: ScreenFn | None
+    budget: int
+    deadline: float
+    progress: Callable[[str], None] | None
+    seen: dict[tuple[Step, ...], Candidate] = field(default_factory=dict)
+    stop: str | None = None
+    reported: float = field(default_factory=time.monotonic)
+
+    def evaluate(self, steps: tuple[Step, ...]) -> Candidate:
+        if steps in self.seen:
+            return self.seen[steps]
+        if len(self.seen) >= self.budget:
+            self.stop = "budget"
+        elif time.monotonic() > self.deadline:
+            self.stop = "time"
+        if self.stop:
+            raise _Stop
+        result = check_theorem(self.module, replace(self.decl, steps=steps), dict(self.lemmas))
+        if result.theorem is None:
+            assert result.failure is not None
+            cand = Candidate(steps, refused=f"refused by the kernel at step {result.step}: {result.failure.message}")
+        else:
+            why = self.screen(result.theorem) if self.screen else None
+            try:
+                cost = self.cost(result.theorem)
+            except NapkinError as exc:
+                cand = Candidate(steps, result.theorem, refused=f"the cost model refused it: {exc}")
+            else:
+                cand = Candidate(steps, result.theorem, cost, refused=why)
+        self.seen[steps] = cand
+        now = time.monotonic()
+        if self.progress and now - self.reported >= _PROGRESS_EVERY:
+            self.reported = now
+            best = min((c for c in self.seen.values() if c.ok), key=_rank, default=None)
+            self.progress(f"{len(self.seen)} candidates checked; best so far: "
+                          + (f"{best.describe()} ({best.cost.summary})" if best and best.cost else "none"))
+        return cand
+
+
+#: seconds between progress reports (the first comes after this long, so short searches are quiet)
+_PROGRESS_EVERY = 2.0
+
+
+class _Stop(Exception):
+    pass
+
+
+def _climb(state: _State, prefix: tuple[Step, ...], diagram: Diagram) -> Candidate | None:
+    """Hill-climb over plans on one (rewritten) diagram; the best fitting candidate, if any."""
+    best: Candidate | None = None
+    for start in _starts(diagram):
+        plan = start
+        current = state.evaluate(prefix + plan_steps(plan, diagram))
+        while True:
+            moves = [(state.evaluate(prefix + plan_steps(p, diagram)), p) for p in _neighbours(plan, diagram)]
+            better = [(c, p) for c, p in moves if c.ok and (not current.ok or _rank(c) < _rank(current))]
+            if not better:
+                break
+            current, plan = min(better, key=lambda cp: _rank(cp[0]))
+        if current.ok and (best is None or _rank(current) < _rank(best)):
+            best = current
+    return best
+
+
+def search(module: Module, diagram: str, cost: CostFn, *, lemmas: Mapping[str, LemmaDecl],
+           theorem_name: str | None = None, max_rewrites: int = 2, budget: int = 2000, seconds: float = 60.0,
+           screen: ScreenFn | None = None, progress: Callable[[str], None] | None = None) -> Search:
+    """Search rewrites and relabellings of ``diagram`` for the cheapest fitting schedule.
+
+    Raises ``KeyError`` if ``module`` has no such diagram.  The baseline (no steps) is
+    always evaluated first; it is the answer when nothing else is cheaper.
+    """
+    source = module.diagram(diagram)
+    decl = TheoremDecl(theorem_name or f"{diagram}_derived", diagram, ())
+    state = _State(module, decl, lemmas, cost, screen, max(budget, 1), time.monotonic() + seconds, progress)
+    started = time.monotonic()
+    baseline = state.evaluate(())
+    best = baseline if baseline.ok else None
+    counter = itertools.count()
+    frontier: list[tuple[float, int, int, tuple[Step, ...], Diagram]] = []
+    root = baseline.theorem.result if baseline.theorem else kernel.unfold(kernel.refl(decl.name, source)).result
+    heapq.heappush(frontier, (0.0, 0, next(counter), (), root))
+    explored: set[Diagram] = {root}
+    beyond = 0
+    try:
+        while frontier:
+            _, depth, _, prefix, current = heapq.heappop(frontier)
+            found = _climb(state, prefix, current)
+            if found is not None and (best is None or _rank(found) < _rank(best)):
+                best = found
+            if depth >= max_rewrites:
+                beyond += len(proposals(current, lemmas))
+                continue
+            for step in proposals(current, lemmas):
+                child = state.evaluate((*prefix, step))
+                if child.theorem is None or child.theorem.result in explored:
+                    continue
+                explored.add(child.theorem.result)
+                # cost-guided: a rewrite that makes the unscheduled diagram cheaper is explored first
+                priority = child.cost.value if child.cost is not None else float("inf")
+                heapq.heappush(frontier, (priority, depth + 1, next(counter), child.steps, child.theorem.result))
+    except _Stop:
+        pass
+    stopped = state.stop or "saturated"
+    detail = {
+        "saturated": f"every diagram reachable with up to {max_rewrites} rewrites was explored"
+                     + (f"; {beyond} lemma applications beyond that bound were not" if beyond else ""),
+        "budget": f"the budget of {state.budget} candidates was spent ({len(frontier)} diagrams unexplored)",
+        "time": f"the time limit of {seconds:g} s was reached ({len(frontier)} diagrams unexplored)",
+    }[stopped]
+    return Search(best or baseline, baseline, tuple(state.seen.values()), stopped, detail,
+                  time.monotonic() - started)

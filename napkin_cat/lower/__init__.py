@@ -29,7 +29,8 @@ from napkin_cat.lower.runtime import helper_source
 from napkin_cat.printer import print_diagram, print_step
 from napkin_cat.terms import Diagram, Partition, Schedule
 
-__all__ = ["DEFAULT_TILE", "DTYPES", "TARGETS", "Lowered", "default_tiles", "lower", "lower_schedule"]
+__all__ = ["DEFAULT_TILE", "DTYPES", "REPRESENTATIVE_SIZE", "TARGETS", "Lowered", "default_tiles", "lower",
+           "lower_schedule"]
 
 TARGETS = ("pallas", "jax")
 
@@ -40,6 +41,9 @@ DTYPES: dict[str, str] = {"float32": "float32", "f32": "float32", "bfloat16": "b
 #: the tile used for a symbolic tile size when no cost model result is available: a power
 #: of two that the Triton backend accepts and that keeps interpret-mode grids small
 DEFAULT_TILE = 64
+
+#: the size assumed for symbolic axes when the cost model picks default tiles
+REPRESENTATIVE_SIZE = 4096
 
 _RESERVED = ("jax", "jnp", "lax", "pl", "n", "p", "INF", "BIG", "TINY", "interpret", "bind_sizes", "round_up",
              "pow2_extent", "pad_to", "erf", "split_tiles", "merge_tiles", "float", "tuple")
@@ -57,13 +61,28 @@ class Lowered:
     layout: Layout
 
 
-def default_tiles(schedule: Schedule, hardware: str | None = None) -> dict[str, int]:
-    """A size for every symbolic tile of the schedule: ``DEFAULT_TILE`` each.
+def default_tiles(diagram: Diagram, schedule: Schedule, hardware: str | None = None) -> tuple[dict[str, int], str]:
+    """A size for every symbolic tile, and where it came from.
 
-    ``hardware`` is recorded for the cost model's optimiser; until it chooses tiles the
-    default is the documented power of two.
+    The cost model's integer search (``optimise.search``: capacities, tensor-core and
+    Triton constraints of ``hardware``, default h100) picks the tiles for symbolic axes
+    of ``REPRESENTATIVE_SIZE``; without a cost model result every tile is ``DEFAULT_TILE``.
     """
-    return {p.tile: DEFAULT_TILE for p in schedule.partitions if isinstance(p.tile, str)}
+    names = [p.tile for p in schedule.partitions if isinstance(p.tile, str)]
+    if not names:
+        return {}, "fixed by the proof"
+    try:
+        from napkin_cat import cost, optimise
+
+        sizes = {a.name: REPRESENTATIVE_SIZE for a in diagram.axes if a.size is None}
+        model = cost.cost_of(diagram, schedule, hardware or "h100", sizes=sizes)
+        rows = optimise.search(model, top=1).rows
+        if rows and set(names) <= set(rows[0].tiles):
+            return {n: int(rows[0].tiles[n]) for n in names}, (
+                f"cost model optimum for {hardware or 'h100'} at symbolic sizes {REPRESENTATIVE_SIZE}")
+    except (ImportError, ValueError, KeyError, AttributeError) as exc:
+        return {n: DEFAULT_TILE for n in names}, f"default {DEFAULT_TILE} (cost model unavailable: {exc})"
+    return {n: DEFAULT_TILE for n in names}, f"default {DEFAULT_TILE} (no feasible cost-model configuration)"
 
 
 def lower(theorem: Any, target: str = "pallas", tiles: Mapping[str, int] | None = None,
@@ -81,12 +100,19 @@ def lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str 
     if target not in TARGETS:
         raise NapkinError(error("lower.target", target=target, targets=", ".join(TARGETS)))
     dtype_name = _dtype_name(dtype)
-    chosen = {**default_tiles(schedule, hardware), **(tiles or {})}
+    given = dict(tiles or {})
+    missing = [p for p in schedule.partitions if isinstance(p.tile, str) and p.tile not in given]
+    defaults, origin = default_tiles(diagram, schedule, hardware) if missing else ({}, "given")
+    if not any(isinstance(p.tile, str) for p in schedule.partitions) and not given:
+        origin = "fixed by the proof"
+    elif given and missing:
+        origin = f"{', '.join(sorted(given))} given; the others: {origin}"
+    chosen = {**defaults, **given}
     lay = layout(name, diagram, schedule, chosen, target)
     namer = cg.Namer(_RESERVED)
     fname = namer.fresh(name)
     params = [namer.fresh(p) for p, _ in lay.flat.inputs]
-    doc = _docstring(lay, target, chosen, dtype_name, hardware, proved)
+    doc = _docstring(lay, target, origin, dtype_name, hardware, proved)
     emitter = pallas_target if target == "pallas" else jax_target
     function = emitter.emit_function(lay, fname, params, doc.replace("\n", "\n    "), dtype_name, namer)
     body = [cg.import_("jax"), cg.import_("jax.numpy", "jnp"), cg.import_("jax", names=("lax",))]
@@ -129,8 +155,7 @@ def _describe(partition: Partition, lay: Layout) -> str:
     return f"{partition.axis}: {named}"
 
 
-def _docstring(lay: Layout, target: str, tiles: Mapping[str, int], dtype: str, hardware: str | None,
-               proved: str) -> str:
+def _docstring(lay: Layout, target: str, origin: str, dtype: str, hardware: str | None, proved: str) -> str:
     """What the module is: theorem, diagram, schedule, tiles, placement, cost bound, proof."""
     sched = lay.schedule
     steps: Sequence[Any] = (*sched.partitions, *sched.placements, *sched.quantisations)
@@ -142,9 +167,10 @@ def _docstring(lay: Layout, target: str, tiles: Mapping[str, int], dtype: str, h
         "Diagram (as the proof rewrote it):",
         *("    " + line for line in print_diagram(lay.diagram).splitlines()),
         "Schedule: " + ("; ".join(print_step(s) for s in steps) or "none"),
-        "Tiles: " + (", ".join(dict.fromkeys(_describe(p, lay) for p in sched.partitions)) or "none"),
+        "Tiles: " + (", ".join(dict.fromkeys(_describe(p, lay) for p in sched.partitions)) or "none")
+        + f" ({origin})",
         "Placement: " + _placement(lay, target),
-        "Cost bound: " + _cost_bound(lay, tiles, hardware),
+        "Cost bound: " + _cost_bound(lay, hardware),
         f"Dtype: inputs and outputs {dtype}; arithmetic and accumulation in float32.",
     ]
     return "\n".join(lines) + "\n"
@@ -164,12 +190,15 @@ def _placement(lay: Layout, target: str) -> str:
     return "; ".join(parts) or "one call, nothing partitioned"
 
 
-def _cost_bound(lay: Layout, tiles: Mapping[str, int], hardware: str | None) -> str:
+def _cost_bound(lay: Layout, hardware: str | None) -> str:
+    """H at the first level below HBM (values moved), symbolic and at the chosen tiles, and FLOPs."""
     try:
-        from napkin_cat import cost  # type: ignore[attr-defined]
-    except ImportError:
-        return "not derived (napkin_cat.cost is not available)"
-    describe = getattr(cost, "describe_bound", None)
-    if describe is None:
-        return "not derived (napkin_cat.cost has no describe_bound)"
-    return str(describe(lay.diagram, lay.schedule, tiles, hardware))
+        from napkin_cat import cost
+
+        model = cost.cost_of(lay.diagram, lay.schedule, hardware or "h100")
+    except (ImportError, ValueError, KeyError, AttributeError) as exc:
+        return f"not derived ({exc})"
+    level = model.first
+    values = {p.tile: lay.tiles[p.axis] for p in lay.schedule.partitions if isinstance(p.tile, str)}
+    return (f"H_{level.name} = {level.transfers} values between hbm and {level.name}"
+            f" (= {model.at(level.transfers, values)} at these tiles); FLOPs = {model.flops}")

@@ -149,7 +149,7 @@ def certify_lemma(lemma: LemmaDecl, level: str = "quick") -> Certificate:
             skipped += 1
             continue
         if not same:
-            return Certificate(False, "sympy", f"sizes {_fmt(sizes)}: the sides differ symbolically")
+            return Certificate(False, "sympy", _witness(lemma, lhs, rhs, sizes))
         checked += 1
     rng = np.random.default_rng(0)
     numeric = 0
@@ -174,7 +174,22 @@ def certify_lemma(lemma: LemmaDecl, level: str = "quick") -> Certificate:
 
 
 def _fmt(sizes: dict[str, int]) -> str:
-    return ", ".join(f"{a}={n}" for a, n in sizes.items())
+    return ", ".join(f"{a}={n}" for a, n in sizes.items()) or "no axes"
+
+
+def _witness(lemma: LemmaDecl, lhs: Diagram, rhs: Diagram, sizes: dict[str, int]) -> str:
+    """Concrete float64 inputs at ``sizes`` on which the sides differ, if random ones find it."""
+    rng = np.random.default_rng(2)
+    for _ in range(20):
+        inputs = [Named(p.axes, rng.standard_normal([sizes[a] for a in p.axes]).round(2)) for p in lemma.params]
+        (left,) = evaluate_named(lhs, inputs, dict(sizes), FLOAT64)
+        (right,) = evaluate_named(rhs, inputs, dict(sizes), FLOAT64)
+        a, b = np.ravel(left.data), np.ravel(right.to(left.axes))
+        if not np.allclose(a, b, rtol=1e-9, atol=1e-9, equal_nan=True):
+            shown = ", ".join(f"{p.name}={np.ravel(x.data).tolist()}"
+                              for p, x in zip(lemma.params, inputs, strict=True))
+            return f"{_fmt(sizes)}, {shown}: left side {a.tolist()}, right side {b.tolist()}"
+    return f"{_fmt(sizes)}: the sides differ symbolically"
 
 
 # ---- accumulators ------------------------------------------------------------------------------

@@ -1,0 +1,40 @@
+"""The lemma library is named data, validated as rewrite rules when built."""
+
+from __future__ import annotations
+
+import pytest
+
+from napkin_cat import rules
+from napkin_cat.diagnostics import NapkinError
+from napkin_cat.elaborate import loads
+
+
+def test_library_has_the_issue_lemmas() -> None:
+    names = set(rules.library())
+    for required in ("softmax_contract", "l2_contract", "rms_contract", "online_softmax_shift", "softmax_shift",
+                     "contract_comm", "contract_assoc", "contract_scale", "split_join", "join_split"):
+        assert required in names
+    assert rules.LIBRARY_PATH.name == "lemmas.ncd"
+
+
+@pytest.mark.parametrize(("text", "reason"), [
+    ("lemma a(A: [x], B: [x]) : sum[x](A) = sum[x](B)", "variable `B` of the right side does not occur on the left"),
+    ("lemma b(A: [x]) : A = A", "the left side is a bare variable"),
+    ("lemma c(A: [x y]) : exp(A) = exp(A)", "axis `x` is not named by any box on the left side"),
+    ("lemma d(A: [x y]) : sum[x](A) = sum[x y](A)", "the sides have different types"),
+])
+def test_validation_refuses_malformed_rules(text: str, reason: str) -> None:
+    lemma = loads("axis x, y\n" + text + "\n").lemmas[0]
+    problems = rules.validate(lemma)
+    assert any(reason in p.message for p in problems), [p.message for p in problems]
+    assert all(p.code == "proof.lemma_invalid" and p.span is not None for p in problems)
+
+
+def test_scope_merges_and_refuses_clashes() -> None:
+    module = loads("axis x\nlemma mine(A: [x]) : sum[x](exp(A)) = sum[x](exp(A))\n")
+    scope = rules.lemmas_in_scope(module)
+    assert "mine" in scope and "softmax_contract" in scope
+    clash = loads("axis x\nlemma softmax_shift(A: [x]) : sum[x](A) = sum[x](A)\n")
+    with pytest.raises(NapkinError) as info:
+        rules.lemmas_in_scope(clash)
+    assert info.value.codes == ("name.duplicate",)

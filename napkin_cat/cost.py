@@ -1,0 +1,270 @@
+"""Scheduled terms -> sympy cost expressions: per-level transfers H_ℓ and peak memory M_ℓ
+(values and bytes), FLOPs, the unfused baseline, and time estimates (paper §2.2, §4).
+
+``cost_of(diagram, schedule, ...)`` is the core; ``cost(theorem, ...)`` costs a checked
+theorem's result under its schedule.  Every quantity is a sympy expression in the axis
+sizes (symbols where the module leaves them symbolic) and the tile symbols of the schedule;
+``Cost.at(...)`` substitutes numbers.  The per-level programs come from ``napkin_cat.pseudo``
+(its docstring states the modelling choices); optimisation and lower bounds live in
+``napkin_cat.optimise`` and ``napkin_cat.bounds``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import sympy
+
+from napkin_cat import hardware as hw
+from napkin_cat import ops
+from napkin_cat.loopnest import loop_nest
+from napkin_cat.pseudo import Program, max_of, program, rank
+from napkin_cat.terms import Box, Diagram, Schedule, union_axes
+
+__all__ = ["CONVENTION", "Baseline", "Cost", "LevelCost", "Timing", "cost", "cost_of", "timing"]
+
+Expr = sympy.Expr
+
+#: the counting convention, printed beside every result (paper-digest §3.1, §8.2)
+CONVENTION = (
+    "H_l counts the values loaded into level l from its parent level and saved from l back, each "
+    "load or save once per iteration of every loop around it, so an array lacking a grouped axis is "
+    "re-loaded by every group (paper-digest §3.1). M_l is the largest live set at l over the columns "
+    "of the schedule, per group. FLOPs: 2k per output element of a contraction over k elements "
+    "(n·k for n operands), other boxes ops.OPS[op].flops per point of their iteration space; work "
+    "repeated by groups that lack an axis is counted. Tiles are assumed to divide their axes unless "
+    "padded (then trips are rounded up)."
+)
+
+
+@dataclass(frozen=True)
+class LevelCost:
+    """One memory level: transfers into and out of it (from/to ``parent``) and its peak memory.
+
+    The top level (hbm) has no parent: its ``transfers`` are 0 and its ``memory`` is the
+    footprint of the arrays that live there.
+    """
+
+    name: str
+    parent: str | None
+    transfers: Expr
+    transfers_bytes: Expr
+    memory: Expr
+    memory_bytes: Expr
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The unfused baseline: every box its own kernel, every intermediate saved to hbm and
+    loaded back by each consumer; memory is the largest single box's operands and result."""
+
+    transfers: Expr
+    transfers_bytes: Expr
+    memory: Expr
+    flops: Expr
+
+
+@dataclass(frozen=True)
+class Cost:
+    """The derived cost of a scheduled diagram on one hardware profile."""
+
+    diagram: str
+    levels: tuple[LevelCost, ...]
+    flops: Expr
+    baseline: Baseline
+    program: Program
+    hardware: hw.Hardware
+    dtype: str
+    bytes_of: dict[str, int] = field(compare=False)
+    sizes: dict[str, Expr] = field(compare=False)
+    tiles: dict[str, sympy.Symbol] = field(compare=False)
+    convention: str = CONVENTION
+
+    def level(self, name: str) -> LevelCost:
+        for level in self.levels:
+            if level.name == name:
+                return level
+        raise KeyError(f"no level `{name}` in this schedule (levels: {', '.join(lv.name for lv in self.levels)})")
+
+    @property
+    def first(self) -> LevelCost:
+        """The level below hbm: its transfers are the hbm traffic."""
+        return self.levels[1]
+
+    def at(self, expr: Expr, values: Mapping[str, float | int]) -> Expr:
+        """``expr`` with axis sizes and tiles given by name substituted."""
+        table = {sym: values[name] for name, sym in self.symbols().items() if name in values}
+        return sympy.sympify(expr).subs(table)
+
+    def symbols(self) -> dict[str, sympy.Symbol]:
+        """Every free symbol by name: symbolic axis sizes and tile names."""
+        syms = {name: s for name, s in self.sizes.items() if isinstance(s, sympy.Symbol)}
+        return syms | dict(self.tiles)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """A time estimate (seconds); ``serial`` adds compute and transfers, ``overlapped`` takes
+    their maximum (both are labelled in the output: the paper does not fix the combination)."""
+
+    flop_time: Expr
+    transfer_times: tuple[tuple[str, Expr], ...]
+    serial: Expr
+    overlapped: Expr
+    intensity: Expr
+    ridge: float
+
+
+def cost(theorem: Any, **options: Any) -> Cost:
+    """The cost of a checked theorem (``kernel.Theorem``): its result under its schedule.
+
+    Accumulators chosen by the kernel for each stream are used for the state sizes.
+    """
+    chosen = {_node_key(box): name for _axis, box, name in getattr(theorem, "accumulators", ())}
+    return cost_of(theorem.result, theorem.schedule, accumulators=chosen, source=theorem.source, **options)
+
+
+def _node_key(box: Box) -> str:
+    return f"{box.op}:{box.target}:{box.params}"
+
+
+def cost_of(diagram: Diagram, schedule: Schedule, hardware: str | hw.Hardware = "h100",
+            sizes: Mapping[str, int] | None = None, dtypes: Mapping[str, str] | None = None,
+            dtype: str = "bf16", accumulators: Mapping[str, str] | None = None,
+            source: Diagram | None = None) -> Cost:
+    """Derive H_ℓ, M_ℓ and FLOPs of ``diagram`` run under ``schedule``.
+
+    ``sizes`` gives symbolic axes a size (unknown names raise ValueError); ``dtypes`` maps array
+    names (inputs, let names) to number formats, overriding the schedule's ``dtype`` steps and
+    the default ``dtype``; ``accumulators`` maps a consuming box (``op:target:params``) to the
+    accumulator that streams it.  The unfused baseline is that of ``source`` (the diagram
+    before any rewrite; default ``diagram``).
+    """
+    prof = hardware if isinstance(hardware, hw.Hardware) else hw.load(hardware)
+    nest = loop_nest(diagram, schedule)
+    declared = dict(nest.flat.sizes)
+    unknown = sorted(set(sizes or {}) - set(declared))
+    if unknown:
+        raise ValueError(f"sizes name axes that `{diagram.name}` does not use: {', '.join(unknown)}")
+    size_syms: dict[str, Expr] = {}
+    for axis, n in declared.items():
+        given = (sizes or {}).get(axis, n)
+        size_syms[axis] = sympy.Integer(given) if given is not None else sympy.Symbol(axis, positive=True)
+    tile_syms = {lp.tile: sympy.Symbol(lp.tile, positive=True) for lp in nest.loops if isinstance(lp.tile, str)}
+    clash = sorted(set(tile_syms) & set(declared))
+    if clash:
+        raise ValueError(f"tile names clash with axis names: {', '.join(clash)}")
+    by_node = {n.name: accumulators[_node_key(n.expr)] for n in nest.flat.nodes
+               if isinstance(n.expr, Box) and accumulators and _node_key(n.expr) in accumulators}
+    prog = program(nest, size_syms, tile_syms, by_node)
+    bytes_of = _bytes_of(nest.flat, schedule, dtypes or {}, dtype)
+    for view in prog.views:
+        prof.level(view.level)  # every level the schedule uses must exist on the hardware
+    levels = [_top(prog, bytes_of)]
+    for view in prog.views:
+        levels.append(LevelCost(view.level, view.parent, sympy.simplify(view.transfers()),
+                                sympy.simplify(view.transfers(bytes_of)), view.memory(), view.memory(bytes_of)))
+    base = prog if source is None else program(loop_nest(source, Schedule()), size_syms, tile_syms)
+    base_bytes = bytes_of if source is None else \
+        _bytes_of(base.nest.flat, Schedule(), dtypes or {}, dtype, strict=False)
+    return Cost(diagram.name, tuple(levels), _flops(prog), _baseline(base, base_bytes), prog, prof,
+                hw.canonical_dtype(dtype), bytes_of, size_syms, tile_syms)
+
+
+def _bytes_of(flat: Any, schedule: Schedule, dtypes: Mapping[str, str], default: str,
+              strict: bool = True) -> dict[str, int]:
+    """Bytes per value of every array; ``strict`` refuses dtypes for arrays that do not exist
+    (the source diagram of a rewrite may lack arrays the rewrite introduced)."""
+    names = [name for name, _ in flat.inputs] + [n.name for n in flat.nodes]
+    chosen: dict[str, str] = {}
+    for q in schedule.quantisations:
+        for name in q.names:
+            chosen[name] = q.dtype
+    chosen.update(dtypes)
+    unknown = sorted(set(dtypes) - set(names) - {n.rsplit(".", 1)[-1] for n in names})
+    if unknown and strict:
+        raise ValueError(f"dtypes name arrays that do not exist: {', '.join(unknown)}")
+    return {n: hw.bytes_per_value(chosen.get(n, chosen.get(n.rsplit(".", 1)[-1], default))) for n in names}
+
+
+def _size(prog: Program, axes: tuple[str, ...]) -> Expr:
+    return sympy.Mul(*(e for _, e in prog.shape(axes, ())))
+
+
+def _top(prog: Program, bytes_of: Mapping[str, int]) -> LevelCost:
+    homes = dict(prog.homes)
+    flat = prog.nest.flat
+    resident = [n for n, h in homes.items() if h == "hbm"]
+    values = sympy.Add(*(_size(prog, flat.type_of(n)) for n in resident))
+    weighted = sympy.Add(*(_size(prog, flat.type_of(n)) * bytes_of[n] for n in resident))
+    return LevelCost("hbm", None, sympy.Integer(0), sympy.Integer(0), values, weighted)
+
+
+def _flops(prog: Program) -> Expr:
+    """FLOPs at the compute level: per point of each box's iteration space, times its trips."""
+    view = prog.views[-1]
+    total = sympy.Integer(0)
+    for step in view.steps:
+        if step.op != "compute":
+            continue
+        box = prog.nest.flat.node(step.array).expr
+        assert isinstance(box, Box)
+        space = union_axes(*(a.axes for a in box.args), box.axes)
+        total += step.count * _per_point(box) * sympy.Mul(*(e for _, e in prog.shape(space, step.path)))
+    return sympy.simplify(total)
+
+
+def _per_point(box: Box) -> Expr:
+    info = ops.OPS[box.op]
+    # ops docstring: a contraction of n operands costs n per point (2k per output element for two)
+    return sympy.Integer(len(box.args)) if info.kind == "contract" else sympy.nsimplify(info.flops)
+
+
+def _baseline(prog: Program, bytes_of: Mapping[str, int]) -> Baseline:
+    flat = prog.nest.flat
+    moved, weighted, sizes_per_box, flops = [], [], [], sympy.Integer(0)
+    for node in flat.nodes:
+        if node.name in prog.constants:
+            continue
+        box = node.expr
+        assert isinstance(box, Box)
+        arrays = [r for r in dict.fromkeys(node.reads) if r not in prog.constants] + [node.name]
+        moved += [_size(prog, flat.type_of(a)) for a in arrays]
+        weighted += [_size(prog, flat.type_of(a)) * bytes_of[a] for a in arrays]
+        sizes_per_box.append(sympy.Add(*(_size(prog, flat.type_of(a)) for a in arrays)))
+        space = union_axes(*(a.axes for a in box.args), box.axes)
+        flops += _per_point(box) * _size(prog, space)
+    return Baseline(sympy.Add(*moved), sympy.Add(*weighted), max_of(sizes_per_box), flops)
+
+
+def timing(c: Cost, values: Mapping[str, float | int] | None = None, flops: Expr | None = None,
+           transfers: Mapping[str, Expr] | None = None) -> Timing:
+    """Time estimate on ``c.hardware`` at the compute dtype's peak: FLOP time, and per level the
+    bytes moved into it over its parent's bandwidth; combined as a serial sum and as an
+    overlapped maximum.  ``intensity`` is FLOPs per byte of hbm traffic, ``ridge`` the
+    hardware's FLOPs per byte at which the two balance.  ``flops``/``transfers`` (bytes per
+    level) override the schedule's, e.g. to time the baseline."""
+    vals = values or {}
+    peak = c.hardware.peak_flops(c.dtype)
+    f = c.at(flops if flops is not None else c.flops, vals)
+    per_level = []
+    for level in c.levels[1:]:
+        assert level.parent is not None
+        bandwidth = c.hardware.level(level.parent).bandwidth
+        if bandwidth is None:
+            raise hw.HardwareError(f"{c.hardware.key}: level `{level.parent}` has no bandwidth")
+        moved = transfers[level.name] if transfers is not None else level.transfers_bytes
+        per_level.append((level.name, c.at(moved, vals) / bandwidth))
+    flop_time = f / peak
+    times = [t for _, t in per_level]
+    top_moved = transfers[c.first.name] if transfers is not None else c.first.transfers_bytes
+    hbm_bytes = c.at(top_moved, vals)
+    return Timing(flop_time, tuple(per_level), flop_time + sympy.Add(*times), sympy.Max(flop_time, *times),
+                  f / hbm_bytes, c.hardware.ridge(c.dtype, "hbm"))
+
+
+def levels_below(c: Cost, level: str) -> list[LevelCost]:
+    """The levels at or below ``level`` (faster), in order."""
+    return [lv for lv in c.levels if rank(lv.name) >= rank(level)]

@@ -1,0 +1,151 @@
+"""The `napkin cost` report: the derived cost, its optimum, the lower bound, the unfused
+baseline, time estimates and the configuration table, as JSON-ready data and as text.
+
+Every expression is written with ``str`` so that ``sympy.sympify`` parses it back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import sympy
+
+from napkin_cat import hardware as hw
+from napkin_cat.bounds import diagram_bound, lower_bounds
+from napkin_cat.cost import Cost, timing
+from napkin_cat.optimise import ConfigTable, M, continuous, multilevel, search
+
+__all__ = ["format_report", "report"]
+
+
+def _s(expr: Any) -> str:
+    return str(sympy.nsimplify(expr) if isinstance(expr, float) else expr)
+
+
+def _num(expr: Any) -> Any:
+    value = sympy.sympify(expr)
+    return float(value) if value.is_number else str(value)
+
+
+def report(c: Cost, name: str) -> dict[str, Any]:
+    """Everything `napkin cost` prints, for the cost ``c`` of theorem ``name``."""
+    numeric = not any(isinstance(s, sympy.Symbol) for s in c.sizes.values())
+    bpv = hw.bytes_per_value(c.dtype)
+    first = c.first
+    capacity = c.hardware.level(first.name).capacity / bpv
+    out: dict[str, Any] = {
+        "theorem": name, "diagram": c.diagram, "hardware": c.hardware.key, "dtype": c.dtype,
+        "sizes": {k: _s(v) for k, v in c.sizes.items()}, "convention": c.convention,
+        "compute_level": c.program.compute_level, "flops": _s(c.flops),
+        "levels": [{"name": lv.name, "parent": lv.parent, "transfers": _s(lv.transfers),
+                    "transfers_bytes": _s(lv.transfers_bytes), "memory": _s(lv.memory),
+                    "memory_bytes": _s(lv.memory_bytes),
+                    "capacity_bytes": c.hardware.level(lv.name).capacity} for lv in c.levels],
+    }
+    opt = continuous(c)
+    bounds = lower_bounds(c.program.nest.flat, c.sizes, M)
+    bound = diagram_bound(bounds)
+    if opt is None:
+        out["optimum"] = None
+        out["optimum_note"] = "no closed form: sympy could not solve the Lagrange conditions"
+    else:
+        at = {M: sympy.nsimplify(capacity)} if numeric else {}
+        out["optimum"] = {
+            "level": opt.level, "capacity_symbol": "M (values of the compute dtype)",
+            "tiles": {k: _num(v.subs(at)) if numeric else _s(v) for k, v in opt.tiles.items()},
+            "transfers": _num(opt.transfers.subs(at)) if numeric else _s(opt.transfers),
+            "terms": [[_s(a), _s(b)] for a, b in opt.terms], "beta": _s(opt.beta),
+            "transfers_bytes_symbolic": _s(opt.in_bytes()),
+        }
+        out["lower_bound"] = {"kind": bound.kind, "expr": _s(bound.expr), "source": bound.source,
+                              "value": _num(bound.expr.subs(at)) if numeric else _s(bound.expr),
+                              "ratio": _num(sympy.simplify((opt.transfers / bound.expr).subs(at)))}
+    if "lower_bound" not in out:
+        out["lower_bound"] = {"kind": bound.kind, "expr": _s(bound.expr), "source": bound.source}
+    out["compulsory"] = _s(bounds[-1].expr)
+    base = c.baseline
+    out["baseline"] = {"transfers": _s(base.transfers), "transfers_bytes": _s(base.transfers_bytes),
+                       "memory": _s(base.memory), "flops": _s(base.flops)}
+    ml = multilevel(c) if len(c.levels) > 2 else None
+    if ml is not None:
+        out["multilevel"] = {"levels": {k: _s(v.transfers) for k, v in ml[0].items()}, "time": _s(ml[1])}
+    if numeric:
+        _numeric(c, out)
+    return out
+
+
+def _numeric(c: Cost, out: dict[str, Any]) -> None:
+    """Configuration table and time estimates at the best integer tiles."""
+    table: ConfigTable = search(c)
+    out["configurations"] = [{"tiles": r.tiles, "memory_bytes": r.memory, "transfers_bytes": r.transfers,
+                              "transfer_time_s": r.transfer_time} for r in table.rows]
+    out["constraints"] = {k: list(v) for k, v in table.constraints.items()}
+    peak = c.hardware.peak_flops(c.dtype)
+    hbm = c.hardware.level("hbm").bandwidth or 0.0
+    base_flop, base_move = float(c.baseline.flops) / peak, float(c.baseline.transfers_bytes) / hbm
+    out["baseline"]["time_s"] = {"flops": base_flop, "transfers": base_move,
+                                 "serial": base_flop + base_move, "overlapped": max(base_flop, base_move)}
+    if not table.rows:
+        out["time"] = None
+        return
+    best: Mapping[str, int] = table.rows[0].tiles
+    t = timing(c, best)
+    serial, overlapped = float(t.serial), float(t.overlapped)
+    out["time"] = {"tiles": dict(best), "flops_s": float(t.flop_time),
+                   "transfers_s": {k: float(v) for k, v in t.transfer_times},
+                   "serial_s": serial, "overlapped_s": overlapped,
+                   "intensity_flop_per_byte": float(t.intensity), "ridge_flop_per_byte": t.ridge,
+                   "bound_by": "compute" if float(t.intensity) >= t.ridge else "memory",
+                   "gain_vs_unfused_serial": (base_flop + base_move) / serial,
+                   "gain_vs_unfused_overlapped": max(base_flop, base_move) / overlapped}
+
+
+def format_report(r: Mapping[str, Any]) -> str:
+    """A readable table of a report."""
+    lines = [f"theorem {r['theorem']} (diagram {r['diagram']}) on {r['hardware']}, dtype {r['dtype']}; "
+             f"boxes run at {r['compute_level']}",
+             "sizes: " + ", ".join(f"{k}={v}" for k, v in r["sizes"].items()),
+             f"convention: {r['convention']}", "", f"FLOPs: {r['flops']}",
+             f"{'level':<6} {'transfers H (values)':<40} {'memory M (values)':<36} capacity (bytes)"]
+    for lv in r["levels"]:
+        h = "-" if lv["parent"] is None else lv["transfers"]
+        lines.append(f"{lv['name']:<6} {h:<40} {lv['memory']:<36} {lv['capacity_bytes']:.6g}")
+    lines.append(f"unfused baseline (every box its own kernel): H = {r['baseline']['transfers']}, "
+                 f"M = {r['baseline']['memory']}")
+    opt = r.get("optimum")
+    if opt:
+        tiles = ", ".join(f"{k} = {v}" for k, v in opt["tiles"].items()) or "none free"
+        lines += ["", f"continuous optimum at {opt['level']} (M = capacity in values): {tiles}",
+                  f"  H* = {opt['transfers']}   (beta = {opt['beta']}; in bytes for M_bytes: "
+                  f"{opt['transfers_bytes_symbolic']})"]
+    else:
+        lines += ["", r.get("optimum_note", "no optimum")]
+    lb = r["lower_bound"]
+    lines.append(f"lower bound ({lb['kind']}; {lb['source']}): {lb.get('value', lb['expr'])}"
+                 + (f";  H*/bound = {lb['ratio']}" if "ratio" in lb else ""))
+    lines.append(f"compulsory traffic (M -> oo): {r['compulsory']}")
+    if "multilevel" in r:
+        lines.append(f"multi-level (bandwidth-weighted, seconds): T = {r['multilevel']['time']}")
+    if r.get("configurations") is not None:
+        lines += ["", "configurations (best first; bytes):"]
+        for row in r["configurations"]:
+            tiles = " ".join(f"{k}={v}" for k, v in row["tiles"].items())
+            mem = " ".join(f"M_{k}={v:.0f}" for k, v in row["memory_bytes"].items())
+            moved = " ".join(f"H_{k}={v:.4g}" for k, v in row["transfers_bytes"].items())
+            lines.append(f"  {tiles:<36} {mem:<28} {moved:<30} t_transfer={row['transfer_time_s']:.4g}s")
+        if not r["configurations"]:
+            lines.append("  none feasible under the capacity and divisibility constraints")
+        for k, v in r["constraints"].items():
+            lines.append(f"  {k}: {'; '.join(v)}")
+    t = r.get("time")
+    if t:
+        per = ", ".join(f"{k} {v:.4g}s" for k, v in t["transfers_s"].items())
+        b = r["baseline"]["time_s"]
+        lines += ["", f"time at {t['tiles']}: FLOPs {t['flops_s']:.4g}s; transfers {per}",
+                  f"  serial (sum) {t['serial_s']:.4g}s; overlapped (max) {t['overlapped_s']:.4g}s; "
+                  f"intensity {t['intensity_flop_per_byte']:.4g} FLOP/B vs ridge {t['ridge_flop_per_byte']:.4g} "
+                  f"({t['bound_by']}-bound)",
+                  f"  unfused baseline: serial {b['serial']:.4g}s, overlapped {b['overlapped']:.4g}s; gain "
+                  f"x{t['gain_vs_unfused_serial']:.3g} (serial), x{t['gain_vs_unfused_overlapped']:.3g} (overlapped)"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,260 @@
+"""Tile optimisation: the continuous optimum in closed form (paper §3.1, §4.1), the multi-level
+bandwidth-weighted model (§4.2), and the best integer tiles under the hardware's capacity and
+divisibility constraints as a configuration table (§5.6).
+
+``continuous`` minimises a level's transfers H_ℓ subject to M_ℓ = M with Lagrange multipliers
+(sympy ``solve``).  Tiles that do not change H_ℓ (typically stream chunks) only cost memory, so
+the relaxation takes them to their infimum 0 (the paper's "taking s_b small").  ``M`` is the
+level's capacity in values of the compute dtype; ``Optimum.in_bytes`` rewrites the optimum for a
+capacity in bytes, which is where quantisation's q^(1+β) law appears (§4.3).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import sympy
+
+from napkin_cat import hardware as hw
+from napkin_cat.cost import Cost
+from napkin_cat.pseudo import max_of
+from napkin_cat.terms import Box
+
+__all__ = ["M_BYTES", "Config", "ConfigTable", "M", "Optimum", "continuous", "multilevel", "search"]
+
+Expr = sympy.Expr
+#: the capacity of the optimised level, in values of the compute dtype
+M = sympy.Symbol("M", positive=True)
+#: the same capacity in bytes
+M_BYTES = sympy.Symbol("M_bytes", positive=True)
+
+
+@dataclass(frozen=True)
+class Optimum:
+    """A continuous optimum at one level: tiles and transfers H* as functions of ``M``."""
+
+    level: str
+    tiles: dict[str, Expr]
+    transfers: Expr
+    bpv: int
+
+    @property
+    def terms(self) -> tuple[tuple[Expr, Expr], ...]:
+        """The canonical form Σ α_t M^(-β_t) as (α, β) pairs, or () when H* is not of that form."""
+        out: dict[Expr, Expr] = {}
+        for term in sympy.Add.make_args(sympy.expand(self.transfers)):
+            coeff, exponent = term.as_coeff_exponent(M)
+            if coeff.has(M):
+                return ()
+            out[-exponent] = out.get(-exponent, sympy.Integer(0)) + coeff
+        return tuple((alpha, beta) for beta, alpha in sorted(out.items(), key=lambda t: -t[0]))
+
+    @property
+    def beta(self) -> Expr:
+        """The exponent of the leading M-dependent term: -lim M·R'(M)/R(M) with R = H* - H*(∞)."""
+        rest = self.transfers - sympy.limit(self.transfers, M, sympy.oo)
+        if sympy.simplify(rest) == 0:
+            return sympy.Integer(0)
+        return sympy.simplify(-sympy.limit(M * sympy.diff(rest, M) / rest, M, sympy.oo))
+
+    def in_bytes(self) -> Expr:
+        """Transfers in bytes for a capacity of ``M_bytes`` bytes: bpv · H*(M_bytes / bpv)."""
+        return sympy.simplify(self.bpv * self.transfers.subs(M, M_BYTES / self.bpv))
+
+
+def _tiles_at(c: Cost, level: str) -> list[sympy.Symbol]:
+    names = dict.fromkeys(lp.tile for lp in c.program.nest.loops if lp.level == level and isinstance(lp.tile, str))
+    return [c.tiles[n] for n in names]
+
+
+def continuous(c: Cost, level: str | None = None) -> Optimum | None:
+    """Minimise H_ℓ subject to M_ℓ = M over the level's tile symbols; None without a closed form.
+
+    ``level`` defaults to the first level below hbm.  Memory is counted in values of the
+    compute dtype (bytes / bpv), so mixed dtypes are weighted by their size.
+    """
+    lv = c.first if level is None else c.level(level)
+    bpv = hw.bytes_per_value(c.dtype)
+    transfers = lv.transfers
+    mine = _tiles_at(c, lv.name)
+    free = [t for t in mine if t in transfers.free_symbols]
+    if not free:
+        return Optimum(lv.name, {}, sympy.simplify(transfers), bpv)
+    memory = lv.memory_bytes.subs({t: 0 for t in mine if t not in free}) / bpv
+    if isinstance(memory, sympy.Max):
+        memory = max_of(list(memory.args))
+    if isinstance(memory, sympy.Max) or memory.has(sympy.ceiling):
+        return None
+    lam = sympy.Symbol("lambda_")
+    equations = [sympy.diff(transfers, t) - lam * sympy.diff(memory, t) for t in free] + [memory - M]
+    try:
+        solutions = sympy.solve(equations, [*free, lam], dict=True)
+    except NotImplementedError:
+        return None
+    for sol in solutions:
+        if all(t in sol or True for t in free) and all(sol.get(t, t).is_positive is not False for t in free):
+            tiles = {str(t): sympy.simplify(sol[t]) for t in free if t in sol}
+            best = sympy.simplify(transfers.subs(sol))
+            if not best.has(lam):
+                return Optimum(lv.name, tiles, best, bpv)
+    return None
+
+
+def multilevel(c: Cost) -> tuple[dict[str, Optimum], Expr] | None:
+    """Optimise every level below hbm for its own capacity ``M_<level>`` and weight each by its
+    parent's bandwidth: T = Σ_ℓ bpv · H*_ℓ(M_ℓ) / BW_parent(ℓ) = Σ_t α_t Σ_ℓ Ḣ_ℓ^-1 M_ℓ^-β_t (§4.2)."""
+    bpv = hw.bytes_per_value(c.dtype)
+    optima: dict[str, Optimum] = {}
+    total = sympy.Integer(0)
+    for lv in c.levels[1:]:
+        opt = continuous(c, lv.name)
+        if opt is None:
+            return None
+        optima[lv.name] = opt
+        assert lv.parent is not None
+        bandwidth = c.hardware.level(lv.parent).bandwidth
+        assert bandwidth is not None
+        capacity = sympy.Symbol(f"M_{lv.name}", positive=True)
+        total += opt.transfers.subs(M, capacity) * bpv / sympy.nsimplify(bandwidth)
+    return optima, total
+
+
+# ---- integer tiles --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Config:
+    """One integer tile configuration with its memory and transfers per level (bytes)."""
+
+    tiles: dict[str, int]
+    memory: dict[str, float]
+    transfers: dict[str, float]
+    transfer_time: float
+
+
+@dataclass(frozen=True)
+class ConfigTable:
+    """The best feasible integer configurations, best first, and each tile's constraints."""
+
+    rows: tuple[Config, ...]
+    constraints: dict[str, tuple[str, ...]]
+    considered: int
+
+
+def _constraints(c: Cost) -> dict[str, tuple[int, bool, int, list[str]]]:
+    """Per tile symbol: (multiple_of, power_of_two, min_tile, causes) from the hardware (R9)."""
+    div, tc = c.hardware.divisibility, c.hardware.tensor_core
+    flat = c.program.nest.flat
+    out: dict[str, tuple[int, bool, int, list[str]]] = {}
+    for lp in c.program.nest.loops:
+        if not isinstance(lp.tile, str):
+            continue
+        causes, multiple, lowest = [], 1, 1
+        if div.get("power_of_two"):
+            causes.append("power of two (Pallas Triton backend)")
+        coalesce = int(div.get("coalesce_bytes", 0))
+        for name, axes in list(flat.inputs) + [(o, flat.type_of(o)) for o in flat.outputs]:
+            if coalesce and axes and axes[-1] == lp.axis:
+                need = max(1, coalesce // c.bytes_of[name])
+                multiple = math.lcm(multiple, need)
+                causes.append(f"x{need} ({coalesce}-byte coalescing of {name})")
+        for node in flat.nodes:
+            box = node.expr
+            if not (isinstance(box, Box) and box.op in ("contract", "ncontract") and len(box.args) == 2):
+                continue
+            role = _role(box, lp.axis)
+            if role is None:
+                continue
+            if div.get("min_tile") and int(div["min_tile"]) > lowest:
+                lowest = int(div["min_tile"])
+                causes.append(f">= {lowest} (tl.dot operand dims)")
+            if tc:
+                need = max(1, tc["k_bytes"] // c.bytes_of[node.name]) if role == "k" else tc[role]
+                multiple = math.lcm(multiple, need)
+                causes.append(f"x{need} (tensor-core {role} of {node.name})")
+        prev = out.get(lp.tile)
+        if prev:
+            multiple, lowest, causes = math.lcm(multiple, prev[0]), max(lowest, prev[2]), prev[3] + causes
+        out[lp.tile] = (multiple, bool(div.get("power_of_two")), lowest, causes)
+    return out
+
+
+def _role(box: Box, axis: str) -> str | None:
+    """The tensor-core dimension an axis is for a two-operand contraction: ``k`` (contracted),
+    ``m`` (the innermost axis only the first operand has), ``n`` (likewise for the second).
+    The matrix rows and columns flatten several axes; the fragment shape constrains the
+    innermost one."""
+    first, second = (a.axes for a in box.args)
+    if axis in box.target:
+        return "k"
+    only_first = [a for a in first if a not in second and a not in box.target]
+    only_second = [a for a in second if a not in first and a not in box.target]
+    if only_first and axis == only_first[-1]:
+        return "m"
+    if only_second and axis == only_second[-1]:
+        return "n"
+    return None
+
+
+def _candidates(extent: int, multiple: int, pow2: bool, lowest: int, pad: bool) -> list[int]:
+    values = []
+    step = multiple
+    t = max(multiple, math.ceil(lowest / multiple) * multiple)
+    while t <= extent:
+        if (not pow2 or t & (t - 1) == 0) and (pad or extent % t == 0):
+            values.append(t)
+        t = t * 2 if pow2 and t & (t - 1) == 0 else t + step
+    if not values and (not pow2 or extent & (extent - 1) == 0):
+        values.append(extent)  # the whole axis as one tile is always a candidate
+    return values
+
+
+def search(c: Cost, top: int = 8) -> ConfigTable:
+    """The best integer tiles: feasible under every level's capacity (bytes) and the hardware's
+    divisibility constraints, ranked by bandwidth-weighted transfer time, then by fewer loop
+    trips.  All axis sizes must be numbers (raises ValueError otherwise)."""
+    symbolic = sorted(n for n, s in c.sizes.items() if isinstance(s, sympy.Symbol))
+    if symbolic:
+        raise ValueError(f"integer tiles need every axis size: give {', '.join(symbolic)}")
+    loops = c.program.nest.loops
+    cons = _constraints(c)
+    names = list(cons)
+    axes_of = {name: [lp for lp in loops if lp.tile == name] for name in names}
+    choices = [_candidates(int(c.sizes[axes_of[n][0].axis]), cons[n][0], cons[n][1], cons[n][2],
+                           any(lp.partition.pad for lp in axes_of[n])) for n in names]
+    combos = [dict(zip(names, values, strict=True)) for values in itertools.product(*choices)]
+    combos = [t for t in combos if _nested_ok(c, t)]
+    symbols = [c.tiles[n] for n in names]
+    levels = c.levels[1:]
+    exprs = [lv.memory_bytes for lv in levels] + [lv.transfers_bytes for lv in levels]
+    fn = sympy.lambdify(symbols, exprs, modules=[{"Max": np.maximum, "ceiling": np.ceil}, "numpy"])
+    rows: list[tuple[float, float, Config]] = []
+    for tiles in combos:
+        values = [float(v) for v in np.broadcast_to(fn(*[tiles[n] for n in names]), (len(exprs),))] \
+            if not names else [float(v) for v in fn(*[tiles[n] for n in names])]
+        memory = {lv.name: values[i] for i, lv in enumerate(levels)}
+        if any(memory[lv.name] > c.hardware.level(lv.name).capacity for lv in levels):
+            continue
+        moved = {lv.name: values[len(levels) + i] for i, lv in enumerate(levels)}
+        time = sum(moved[lv.name] / (c.hardware.level(lv.parent).bandwidth or math.inf)  # type: ignore[arg-type]
+                   for lv in levels)
+        trips = math.prod(float(c.at(t, tiles)) for t in c.program.trips)
+        rows.append((time, trips, Config(tiles, memory, moved, time)))
+    rows.sort(key=lambda r: (float(f"{r[0]:.9g}"), r[1]))
+    return ConfigTable(tuple(r[2] for r in rows[:top]), {n: tuple(cons[n][3]) for n in names}, len(combos))
+
+
+def _nested_ok(c: Cost, tiles: dict[str, int]) -> bool:
+    """Nested partitions of one axis: each inner tile divides the outer one (unless padded)."""
+    loops = c.program.nest.loops
+    for i, lp in enumerate(loops):
+        outer = [loops[j] for j in range(i) if loops[j].axis == lp.axis]
+        if outer and not lp.partition.pad:
+            big = tiles.get(str(outer[-1].tile), outer[-1].tile)
+            small = tiles.get(str(lp.tile), lp.tile)
+            if int(big) % int(small):
+                return False
+    return True

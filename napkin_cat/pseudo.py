@@ -1,0 +1,483 @@
+"""Scheduled terms -> pseudocode diagrams: the loop nest of each memory level, every column's
+live buffers with their shapes and sizes, and the transfers into the level (paper §5.1,
+digest §4.2-§4.3).  ``napkin_cat.cost`` sums over these programs; ``render`` prints them.
+
+The program is built from ``loopnest.loop_nest`` (nodes, loops, stream phases) with these
+explicit choices (paper-digest §8.2 lists them as open):
+
+- **One view per level.** The transfers into level ℓ and its memory are read off the loop nest
+  of the partitions at ℓ or slower (faster partitions iterate inside ℓ's tiles).  Inside a view,
+  group loops are outermost: groups are independent parallel tiles (R3), so they commute with
+  the streams; streams follow in schedule order, slower levels first.
+- **Homes.** Inputs and outputs live in hbm; an intermediate lives where it is placed, else at
+  the innermost partition's level.  Boxes run at the compute level (the fastest level used; smem
+  for an unscheduled diagram).  An array whose home is slower than the compute level is staged
+  through each level in between: loaded into it (each consumer's load hoisted out of every stream
+  that does not vary it) and saved from it.  Placing an intermediate at a slower level makes it a
+  materialisation boundary: it is saved there and its consumers load it back.
+- **Counting convention.** A load or save counts once per iteration of every loop around it, so
+  an array lacking a grouped axis is re-loaded by every group (digest §3.1).
+- **Columns.** Loads of inputs open their block (pre-allocation, digest §4.2); a node's loads sit
+  before it; saves follow the node (after its stream, if it accumulates).  A buffer is live from
+  its definition to its last use, through the end of every loop it is used in; a stream's
+  accumulator state lives through the whole stream.  An elementwise box writes over an operand
+  of the same shape that dies at it.  A buffer's extent along an axis is the tile of the
+  innermost loop over that axis enclosing its whole lifetime.
+- Compile-time scalars (boxes that read no input, e.g. ``rsqrt(d)``) are folded: they take no
+  storage, transfers or FLOPs.  Spilling an accumulator state (FlashAttention-1) is not modelled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import sympy
+
+from napkin_cat import ops
+from napkin_cat.loopnest import Loop, LoopNest, Node
+from napkin_cat.terms import LEVELS, Axes, Box
+
+__all__ = ["Buffer", "Program", "Step", "View", "program", "render"]
+
+Expr = sympy.Expr
+#: a loop instance in a view: (index into LoopNest.loops, serial number of the instance)
+Inst = tuple[int, int]
+
+
+def rank(level: str) -> int:
+    return LEVELS.index(level)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One column: ``load``/``save`` of an array into/out of the view's level, or ``compute``."""
+
+    index: int
+    op: str
+    array: str
+    path: tuple[Inst, ...]
+    count: Expr
+    size: Expr
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A buffer at the view's level, live over columns ``start..end`` (inclusive)."""
+
+    name: str
+    array: str  # the array stored (a state component belongs to its node)
+    role: str  # load | save | value | state
+    shape: tuple[tuple[str, Expr], ...]
+    start: int
+    end: int
+
+    @property
+    def size(self) -> Expr:
+        return sympy.Mul(*(extent for _, extent in self.shape))
+
+
+@dataclass(frozen=True)
+class View:
+    """The program seen from one level: its loops, columns and buffers."""
+
+    level: str
+    parent: str
+    loops: tuple[int, ...]
+    steps: tuple[Step, ...]
+    buffers: tuple[Buffer, ...]
+    ends: tuple[tuple[Inst, int], ...]  # last column of each stream instance
+
+    def live(self, column: int) -> tuple[Buffer, ...]:
+        return tuple(b for b in self.buffers if b.start <= column <= b.end)
+
+    def memory(self, bytes_of: Mapping[str, int] | None = None) -> Expr:
+        """The largest live set over the columns (values, or bytes when ``bytes_of`` is given),
+        dominated columns dropped."""
+        def weight(b: Buffer) -> int:
+            return bytes_of[b.array] if bytes_of is not None else 1
+        return max_of([sympy.Add(*(b.size * weight(b) for b in self.live(s.index))) for s in self.steps])
+
+    def transfers(self, bytes_of: Mapping[str, int] | None = None) -> Expr:
+        """Σ count·size over the loads and saves (in bytes when ``bytes_of`` is given)."""
+        total = sympy.Integer(0)
+        for s in self.steps:
+            if s.op != "compute":
+                total += s.count * s.size * (bytes_of[s.array] if bytes_of is not None else 1)
+        return total
+
+
+@dataclass(frozen=True)
+class Program:
+    """A scheduled diagram as per-level views (slowest first), with the symbols it uses."""
+
+    nest: LoopNest
+    views: tuple[View, ...]
+    compute_level: str
+    homes: tuple[tuple[str, str], ...]
+    sizes: tuple[tuple[str, Expr], ...]
+    tiles: tuple[Expr, ...]  # tile of each loop (index into nest.loops)
+    trips: tuple[Expr, ...]
+    constants: frozenset[str]
+
+    def view(self, level: str) -> View:
+        for v in self.views:
+            if v.level == level:
+                return v
+        raise KeyError(level)
+
+    def shape(self, axes: Axes, path: tuple[Inst, ...]) -> tuple[tuple[str, Expr], ...]:
+        """Each axis with its extent inside ``path``: the tile of the innermost loop over it
+        (latest in schedule order), else the axis size."""
+        out = []
+        for axis in axes:
+            inner = [i for i, _ in path if self.nest.loops[i].axis == axis]
+            out.append((axis, self.tiles[max(inner)] if inner else dict(self.sizes)[axis]))
+        return tuple(out)
+
+
+def max_of(columns: list[Expr]) -> Expr:
+    """``Max`` of column sizes without the columns another column dominates term by term."""
+    cols = list(dict.fromkeys(sympy.expand(c) for c in columns)) or [sympy.Integer(0)]
+    keep = [c for i, c in enumerate(cols)
+            if not any(j != i and _dominates(o, c) and (not _dominates(c, o) or j < i) for j, o in enumerate(cols))]
+    return sympy.Max(*keep) if len(keep) > 1 else keep[0]
+
+
+def _dominates(big: Expr, small: Expr) -> bool:
+    """``big - small`` is a polynomial with non-negative coefficients (all symbols positive)."""
+    diff = sympy.expand(big - small)
+    if diff == 0:
+        return True
+    terms = sympy.Add.make_args(diff)
+    return all(t.as_coeff_Mul()[0] >= 0 for t in terms)
+
+
+def program(nest: LoopNest, sizes: Mapping[str, Expr], tiles: Mapping[str, Expr],
+            accumulators: Mapping[str, str] | None = None) -> Program:
+    """Build the per-level views of a loop nest.
+
+    ``sizes`` maps every axis to its size (an integer or a positive symbol), ``tiles`` every
+    symbolic tile name to its symbol; ``accumulators`` names the accumulator streaming each
+    consuming node (else the partition's ``via``, else the op's first accumulator).
+    """
+    return _Builder(nest, sizes, tiles, accumulators or {}).build()
+
+
+class _Builder:
+    def __init__(self, nest: LoopNest, sizes: Mapping[str, Expr], tiles: Mapping[str, Expr],
+                 accumulators: Mapping[str, str]) -> None:
+        self.nest, self.flat = nest, nest.flat
+        self.sizes = dict(sizes)
+        self.tiles = tuple(sympy.Integer(lp.tile) if isinstance(lp.tile, int) else tiles[lp.tile]
+                           for lp in nest.loops)
+        self.trips = tuple(self._trips(i) for i in range(len(nest.loops)))
+        self.accumulators = accumulators
+        inputs = {name for name, _ in self.flat.inputs}
+        self.constants = self._constants(inputs)
+        self.nodes = [n for n in self.flat.nodes if n.name not in self.constants]
+        self.homes = {name: "hbm" for name in inputs} | {n.name: self._home(n.name) for n in self.nodes}
+        used = {lp.level for lp in nest.loops} | set(self.homes.values())
+        self.compute = max(used, key=rank) if used != {"hbm"} else "smem"
+        self.levels = sorted(used | {"hbm", self.compute}, key=rank)
+        self.stub = Program(nest, (), self.compute, tuple(self.homes.items()), tuple(self.sizes.items()),
+                            self.tiles, self.trips, self.constants)
+
+    def _trips(self, index: int) -> Expr:
+        loop = self.nest.loops[index]
+        outer = self.sizes[loop.axis]
+        for j in range(index):
+            if self.nest.loops[j].axis == loop.axis:
+                outer = self.tiles[j]
+        ratio = outer / self.tiles[index]
+        return sympy.ceiling(ratio) if loop.partition.pad else ratio
+
+    def _constants(self, inputs: set[str]) -> frozenset[str]:
+        depends: set[str] = set(inputs)
+        for n in self.flat.nodes:
+            if any(r in depends for r in n.reads):
+                depends.add(n.name)
+        return frozenset(n.name for n in self.flat.nodes if n.name not in depends)
+
+    def _home(self, name: str) -> str:
+        return "hbm" if name in self.flat.outputs else self.nest.level_of(name)
+
+    def build(self) -> Program:
+        views = tuple(self._view(level, parent) for parent, level in zip(self.levels, self.levels[1:], strict=False))
+        return Program(self.nest, views, self.compute, tuple(self.homes.items()), tuple(self.sizes.items()),
+                       self.tiles, self.trips, self.constants)
+
+    # ---- one view ------------------------------------------------------------------------
+
+    def _view(self, level: str, parent: str) -> View:
+        visible = [i for i, lp in enumerate(self.nest.loops) if rank(lp.level) <= rank(level)]
+        groups = sorted((i for i in visible if self.nest.loops[i].kind == "group"),
+                        key=lambda i: rank(self.nest.loops[i].level))
+        streams = sorted((i for i in visible if self.nest.loops[i].kind == "stream"),
+                         key=lambda i: rank(self.nest.loops[i].level))
+        return _ViewBuilder(self, level, parent, tuple(groups), tuple(streams)).build()
+
+    def phase(self, loop: int, name: str) -> str:
+        """The node's phase in a stream loop (loopnest's phases); ``group`` for a group loop."""
+        lp = self.nest.loops[loop]
+        return "group" if lp.kind == "group" else self.nest.phase(lp, name)
+
+    def state_shapes(self, node: Node, loop: int) -> list[tuple[str, Axes]]:
+        """The accumulator state of a node consuming loop's axis: (component, axes) pairs."""
+        box = node.expr
+        assert isinstance(box, Box)
+        name = (self.accumulators.get(node.name) or self.nest.loops[loop].partition.via
+                or ops.accumulators_for(box.op, box.params)[0])
+        if ops.OPS[box.op].kind == "ncontract":
+            rows = tuple(a for a in box.args[0].axes if a not in box.target)
+            return [(c, node.axes if c == "o" else rows) for c in ops.ACCUMULATORS[name].state]
+        return [(c, node.axes) for c in ops.ACCUMULATORS[name].state]
+
+
+class _ViewBuilder:
+    """Lays out one view's columns (a tree of blocks), then its buffers."""
+
+    def __init__(self, b: _Builder, level: str, parent: str, groups: tuple[int, ...], streams: tuple[int, ...]):
+        self.b, self.level, self.parent = b, level, parent
+        self.groups, self.streams = groups, streams
+        self.serial = 0
+        self.paths: dict[str, tuple[Inst, ...]] = {}
+        root = tuple((g, 0) for g in groups)
+        self.blocks: dict[tuple[Inst, ...], list[object]] = {}
+        self.blocks[root] = self._tree(list(b.nodes), list(streams), root)
+
+    def _tree(self, nodes: list[Node], streams: list[int], path: tuple[Inst, ...]) -> list[object]:
+        """Items of one block: node names and sub-blocks (keyed by their path)."""
+        if not streams:
+            for n in nodes:
+                self.paths[n.name] = path
+            return [n.name for n in nodes]
+        head, rest = streams[0], streams[1:]
+        part = {p: [n for n in nodes if self._phase(head, n.name) in p]
+                for p in (("before",), ("chunk", "accumulate"), ("after",))}
+        items = self._tree(part[("before",)], rest, path)
+        if part[("chunk", "accumulate")]:
+            self.serial += 1
+            inner = (*path, (head, self.serial))
+            self.blocks[inner] = self._tree(part[("chunk", "accumulate")], rest, inner)
+            items.append(inner)
+        return items + self._tree(part[("after",)], rest, path)
+
+    def _phase(self, loop: int, name: str) -> str:
+        return self.b.phase(loop, name)
+
+    def _kept(self, inst: Inst, name: str) -> bool:
+        """Must a load or save of ``name`` sit inside this loop instance?"""
+        loop = self.b.nest.loops[inst[0]]
+        return loop.kind == "group" or loop.axis in self.b.flat.type_of(name) or self._phase(inst[0], name) == "chunk"
+
+    def _position(self, path: tuple[Inst, ...], name: str, skip: tuple[Inst, ...] = ()) -> tuple[Inst, ...]:
+        kept = [i for i, inst in enumerate(path) if inst not in skip and self._kept(inst, name)]
+        cut = kept[-1] + 1 if kept else 0
+        return path[:cut]
+
+    def build(self) -> View:
+        b, rank_l = self.b, rank(self.level)
+        staged = rank_l <= rank(b.compute)
+        loads: dict[tuple[str, tuple[Inst, ...]], list[str]] = {}
+        saves: list[tuple[str, tuple[Inst, ...]]] = []
+        for n in b.nodes:
+            for arg in dict.fromkeys(n.reads):
+                if arg not in b.constants and staged and rank(b.homes[arg]) < rank_l:
+                    loads.setdefault((arg, self._position(self.paths[n.name], arg)), []).append(n.name)
+            if staged and rank(b.homes[n.name]) < rank_l:
+                own = tuple(inst for inst in self.paths[n.name] if self._phase(inst[0], n.name) == "accumulate")
+                saves.append((n.name, self._position(self.paths[n.name], n.name, own)))
+        self._insert(loads, saves)
+        steps, ends = self._linearise()
+        return View(self.level, self.parent, self.groups + self.streams, tuple(steps),
+                    tuple(self._buffers(steps, ends)), tuple(ends.items()))
+
+    def _insert(self, loads: dict[tuple[str, tuple[Inst, ...]], list[str]],
+                saves: list[tuple[str, tuple[Inst, ...]]]) -> None:
+        inputs = {name for name, _ in self.b.flat.inputs}
+        for (arg, pos), users in loads.items():
+            block = self.blocks[pos]
+            if arg in inputs:
+                at = sum(1 for it in block if isinstance(it, tuple) and it[0] == "load" and it[1] in inputs)
+            else:
+                at = min(self._index_of(block, pos, u) for u in users)
+            block.insert(at, ("load", arg, tuple(users)))
+        for name, pos in saves:
+            block = self.blocks[pos]
+            block.insert(self._index_of(block, pos, name) + 1, ("save", name, ()))
+
+    def _index_of(self, block: list[object], pos: tuple[Inst, ...], name: str) -> int:
+        """The index in ``block`` of the item (node or sub-block) that contains node ``name``."""
+        target = self.paths[name]
+        for i, item in enumerate(block):
+            if item == name or (isinstance(item, tuple) and item and isinstance(item[0], tuple)
+                                and target[:len(item)] == item):
+                return i
+        raise AssertionError(f"{name} not under {pos}")
+
+    def _linearise(self) -> tuple[list[Step], dict[Inst, int]]:
+        steps: list[Step] = []
+        ends: dict[Inst, int] = {}
+        self.columns: dict[tuple[str, str], list[int]] = {}
+
+        def walk(path: tuple[Inst, ...]) -> None:
+            for item in self.blocks[path]:
+                if isinstance(item, str):
+                    self._step(steps, "compute", item, path)
+                elif item and isinstance(item[0], tuple):
+                    walk(item)  # type: ignore[arg-type]
+                    ends[item[-1]] = len(steps) - 1  # type: ignore[index]
+                else:
+                    op, name, _ = item  # type: ignore[misc]
+                    self._step(steps, op, name, path)
+
+        walk(tuple((g, 0) for g in self.groups))
+        return steps, ends
+
+    def _step(self, steps: list[Step], op: str, name: str, path: tuple[Inst, ...]) -> None:
+        count = sympy.Mul(*(self.b.trips[i] for i, _ in path))
+        size = sympy.Mul(*(e for _, e in self._shape(self.b.flat.type_of(name), path))) if op != "compute" else 0
+        steps.append(Step(len(steps), op, name, path, count, sympy.sympify(size)))
+        self.columns.setdefault((op, name), []).append(len(steps) - 1)
+
+    def _shape(self, axes: Axes, scope: tuple[Inst, ...]) -> tuple[tuple[str, Expr], ...]:
+        return Program.shape(self.b.stub, axes, scope)
+
+    def _buffers(self, steps: list[Step], ends: dict[Inst, int]) -> list[Buffer]:
+        b, level = self.b, self.level
+        computed = {s.array: s.index for s in steps if s.op == "compute"}
+        buffers: list[Buffer] = []
+
+        def span(name: str, role: str, start: int, uses: list[int], scope: tuple[Inst, ...]) -> None:
+            end = max([start, *uses])
+            for u in uses:
+                for inst in steps[u].path:
+                    if inst not in steps[start].path and inst in ends:
+                        end = max(end, ends[inst])
+            buffers.append(Buffer(name, name, role, self._shape(b.flat.type_of(name), scope), start, end))
+
+        for s in steps:
+            if s.op == "load":
+                users = [computed[u] for u in self._users(s)]
+                span(s.array, "load", s.index, users, s.path)
+            elif s.op == "save" and level != b.compute:
+                shape = self._shape(b.flat.type_of(s.array), s.path)
+                buffers.append(Buffer(s.array, s.array, "save", shape, s.index, s.index))
+        for n in b.nodes:
+            if level != b.compute and b.homes[n.name] != level:
+                continue
+            if level == b.compute and rank(b.homes[n.name]) > rank(level):
+                continue
+            i = computed[n.name]
+            uses = [computed[c.name] for c in b.nodes if n.name in c.reads]
+            uses += [s.index for s in steps if s.op == "save" and s.array == n.name]
+            own = [inst for inst in steps[i].path if inst[0] in self.streams
+                   and b.phase(inst[0], n.name) == "accumulate"]
+            if own and level == b.compute:
+                outer = own[0]
+                scope = steps[i].path[:steps[i].path.index(outer)]
+                first = min(s.index for s in steps if outer in s.path)
+                for component, axes in b.state_shapes(b.flat.node(n.name), outer[0]):
+                    shape = self._shape(axes, scope)
+                    buffers.append(Buffer(f"{n.name}.{component}", n.name, "state", shape, first, ends[outer]))
+                start = ends[outer] + 1
+                if uses:
+                    span(n.name, "value", min(start, *uses), uses, _common([steps[u].path for u in uses]))
+                continue
+            scope = _common([steps[i].path] + [steps[u].path for u in uses])
+            span(n.name, "value", i, uses, scope)
+        return _in_place(b, buffers, steps)
+
+    def _users(self, step: Step) -> tuple[str, ...]:
+        for path, block in self.blocks.items():
+            if path == step.path:
+                for item in block:
+                    if isinstance(item, tuple) and item and item[0] == "load" and item[1] == step.array:
+                        return item[2]  # type: ignore[no-any-return]
+        raise AssertionError(step)
+
+
+def _common(paths: list[tuple[Inst, ...]]) -> tuple[Inst, ...]:
+    first = paths[0]
+    n = 0
+    while all(len(p) > n and p[n] == first[n] for p in paths):
+        n += 1
+    return first[:n]
+
+
+def _in_place(b: _Builder, buffers: list[Buffer], steps: list[Step]) -> list[Buffer]:
+    """An elementwise box writes over an operand buffer of the same size that dies at it."""
+    out = list(buffers)
+    for s in steps:
+        if s.op != "compute":
+            continue
+        node = b.flat.node(s.array)
+        if not isinstance(node.expr, Box) or ops.OPS[node.expr.op].kind not in ("unary", "binary", "where"):
+            continue
+        mine = [x for x in out if x.name == node.name and x.start == s.index]
+        for k, x in enumerate(out):
+            if mine and x.name in node.reads and x.end == s.index and x.start < s.index \
+                    and sympy.expand(x.size - mine[0].size) == 0:
+                out[k] = Buffer(x.name, x.array, x.role, x.shape, x.start, s.index - 1)
+                break
+    return out
+
+
+# ---- rendering -----------------------------------------------------------------------------
+
+
+def render(prog: Program, bytes_of: Mapping[str, int] | None = None) -> str:
+    """The pseudocode diagram: per level, the loop nest, each column's live buffers, transfers."""
+    lines: list[str] = []
+    loops = prog.nest.loops
+    for view in prog.views:
+        lines.append(f"== level {view.level} (transfers {view.parent} <-> {view.level}; "
+                     f"boxes run at {prog.compute_level}) ==")
+        depth_of: dict[Inst, int] = {}
+        opened: list[Inst] = []
+        for step in view.steps:
+            while opened and opened[-1] not in step.path:
+                opened.pop()
+            for inst in step.path:
+                if inst not in opened:
+                    depth = len(opened)
+                    opened.append(inst)
+                    depth_of[inst] = depth
+                    lines.append("  " * depth + _loop_line(loops[inst[0]], prog.trips[inst[0]],
+                                                           prog.tiles[inst[0]]))
+            indent = "  " * len(step.path)
+            live = ", ".join(f"{b.name}[{' '.join(str(e) for _, e in b.shape)}]" for b in view.live(step.index))
+            what = _step_line(prog, view, step)
+            lines.append(f"{indent}col {step.index:<3} {what:<44} | live@{view.level}: {live or '-'}")
+        groups = sympy.Mul(*(prog.trips[i] for i in view.loops if loops[i].kind == "group"))
+        total = view.transfers()
+        lines.append(f"  memory M_{view.level} = {view.memory()}   (values, largest live set over the columns)")
+        lines.append(f"  transfers H_{view.level} = {sympy.simplify(total)}   "
+                     f"(per group: {sympy.simplify(total / groups)}; groups: {groups})")
+        if bytes_of is not None:
+            lines.append(f"  transfers in bytes = {sympy.simplify(view.transfers(bytes_of))}")
+    return "\n".join(lines) + "\n"
+
+
+def _loop_line(loop: Loop, trips: Expr, tile: Expr) -> str:
+    if loop.kind == "group":
+        return f"parallel for each {loop.axis}-tile of {tile} ({trips} tiles) at {loop.level}:"
+    via = f" via {loop.partition.via}" if loop.partition.via else ""
+    return f"for each {loop.axis}-chunk of {tile} ({trips} chunks) at {loop.level}{via}:"
+
+
+def _step_line(prog: Program, view: View, step: Step) -> str:
+    homes = dict(prog.homes)
+    if step.op == "load":
+        source = homes[step.array] if homes[step.array] == view.parent else f"{homes[step.array]} via {view.parent}"
+        return f"load {step.array} {source} -> {view.level} ({step.size})"
+    if step.op == "save":
+        sink = homes[step.array] if homes[step.array] == view.parent else f"{view.parent} on to {homes[step.array]}"
+        return f"save {step.array} {view.level} -> {sink} ({step.size})"
+    node = prog.nest.flat.node(step.array)
+    box = node.expr
+    assert isinstance(box, Box)
+    target = f"[{' '.join(box.target)}]" if box.target else ""
+    args = ", ".join(getattr(a, "name", str(a)) for a in box.args)
+    return f"{step.array} = {box.op}{target}({args})"

@@ -146,15 +146,72 @@ def draw_svg(obj: Diagram | TheoremLike, expand: bool = False) -> str:
     ``expand`` draws diagrams used as boxes inline instead of as boxes.
     """
     if isinstance(obj, Diagram):
-        return _render(obj, PlainDecor(obj), expand, obj.name, [])
+        return _render(obj, PlainDecor(obj), expand, obj.name, [], None)
     if not _is_theorem(obj):
         raise TypeError(f"draw_svg draws a Diagram or a Theorem, not {type(obj).__name__}")
-    diagram, schedule = obj.result, obj.schedule
-    decor = ScheduleDecor(diagram, schedule)
+    diagram = obj.result
     steps = [print_step(s) for s in obj.steps]
     title = f"{obj.name}: {obj.source.name}" if obj.source.name == diagram.name else \
         f"{obj.name}: {obj.source.name} ≡ {diagram.name}"
-    return _render(diagram, decor, expand, title, steps)
+    return _render(diagram, ScheduleDecor(diagram, obj.schedule), expand, title, steps, cost_table(obj))
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """The cost model's rows under the picture: (header, cell text by column), and totals."""
+
+    rows: tuple[tuple[str, dict[int, str]], ...]
+    totals: tuple[str, ...]
+
+
+def cost_table(theorem: TheoremLike) -> CostTable | None:
+    """Per column of the picture, M and H at each level below HBM (paper Fig. 9, digest N15).
+
+    The cost model's own columns (one per load, box and save, ``pseudo``) are gathered under
+    the picture's columns: a box's column, its result's saves, and the loads it is the first
+    reader of.  ``None`` when the cost model is not installed.
+    """
+    try:
+        from napkin_cat import cost
+        from napkin_cat.pseudo import max_of
+    except ImportError:
+        return None
+    import sympy
+
+    result = cost.cost(theorem)
+    prog = result.program
+    flat = prog.nest.flat
+    column: dict[str, int] = {name: 0 for name, _ in flat.inputs}
+    for node in flat.nodes:  # the picture's columns: topological depth, constants folded
+        if node.name not in prog.constants:
+            column[node.name] = 1 + max((column[r] for r in node.reads if r in column), default=0)
+    readers: dict[str, list[int]] = {}
+    for node in flat.nodes:
+        for r in node.reads:
+            if node.name in column:
+                readers.setdefault(r, []).append(column[node.name])
+    rows: list[tuple[str, dict[int, str]]] = []
+    for view in prog.views:
+        memory: dict[int, list[sympy.Expr]] = {}
+        moved: dict[int, sympy.Expr] = {}
+        for step in view.steps:
+            col = min(readers.get(step.array, [0])) if step.op == "load" else column.get(step.array, 0)
+            memory.setdefault(col, []).append(sympy.Add(*(b.size for b in view.live(step.index))))
+            if step.op != "compute":
+                moved[col] = moved.get(col, sympy.Integer(0)) + sympy.Mul(step.count, step.size)
+        rows.append((f"M {view.level}", {c: _expr(max_of(v)) for c, v in memory.items()}))
+        rows.append((f"H {view.level}", {c: _expr(moved.get(c, sympy.Integer(0))) for c in memory}))
+    totals = tuple(f"{lv.name}: M = {_expr(lv.memory)}, H = {_expr(lv.transfers)} (from {lv.parent})"
+                   for lv in result.levels if lv.parent is not None)
+    return CostTable(tuple(rows), totals)
+
+
+def _expr(expr: Any) -> str:
+    """The shorter of a sympy expression and its factored form."""
+    import sympy
+
+    plain, factored = str(sympy.expand(expr)), str(sympy.factor(expr))
+    return factored if len(factored) < len(plain) else plain
 
 
 @dataclass(frozen=True)
@@ -203,22 +260,84 @@ def _colour(level: str | None) -> str:
     return LEVEL_COLOURS.get(level or "hbm", "#1a1a1a")
 
 
-def _render(diagram: Diagram, decor: PlainDecor, expand: bool, title: str, steps: Sequence[str]) -> str:
+CELL_FONT = 11.0
+
+
+def _render(diagram: Diagram, decor: PlainDecor, expand: bool, title: str, steps: Sequence[str],
+            table: CostTable | None) -> str:
     graph = build_graph(diagram, expand)
-    header = 30.0 + (18.0 if steps else 0.0)
+    step_lines = _wrap(steps, 900.0)
+    header = 30.0 + 18.0 * len(step_lines)
+    widths: dict[int, float] = {}
     lay = layout(graph, decor, top=header)
+    for _ in range(2 * len(lay.columns)):  # widen columns until the cost cells fit
+        crowded = _crowded(lay, table) if table else {}
+        if not crowded:
+            break
+        for col, need in crowded.items():
+            widths[col] = lay.columns[col][1] - lay.columns[col][0] + need
+        lay = layout(graph, decor, top=header, min_widths=widths)
     levels = sorted({p.level for r in lay.runs for p in r.pieces if p.level}, key=LEVELS.index)
+    table_h = 10.0 + 17.0 * (len(table.rows) + len(table.totals)) if table else 0.0
     legend_h = 30.0 if levels else 0.0
-    width = max(lay.width, text_width(title, 15) + 32, text_width("; ".join(steps), 12) + 32)
-    d = dw.Drawing(width, lay.height + legend_h)
-    d.append(dw.Rectangle(0, 0, width, lay.height + legend_h, fill="white"))
+    lines = [title, *step_lines, *(table.totals if table else ())]
+    cells = [((x0 + x1) / 2 + text_width(t, CELL_FONT) / 2 + 16) for _, row in (table.rows if table else ())
+             for col, t in row.items() for x0, x1 in [lay.columns[col]]]
+    width = max(lay.width, *cells, *(text_width(t, 15) + 32 for t in lines))
+    d = dw.Drawing(width, lay.height + table_h + legend_h)
+    d.append(dw.Rectangle(0, 0, width, lay.height + table_h + legend_h, fill="white"))
     _text(d, 16, 22, title, _Text(15, weight="bold"))
-    if steps:
-        _text(d, 16, 42, "; ".join(steps), _Text(12, family=SERIF))
+    for i, line in enumerate(step_lines):
+        _text(d, 16, 42 + 18 * i, line, _Text(12, family=SERIF))
     _draw_body(d, lay)
+    if table:
+        _table(d, lay, table, width)
     if levels:
-        _legend(d, 16, lay.height + 6, levels, any(True for _ in lay.markers))
+        _legend(d, 16, lay.height + table_h + 6, levels, any(True for _ in lay.markers))
     return str(d.as_svg())
+
+
+def _wrap(steps: Sequence[str], width: float) -> list[str]:
+    """The proof steps as ``;``-separated lines no wider than ``width`` (one step may exceed it)."""
+    lines: list[str] = []
+    for step in steps:
+        if lines and text_width(f"{lines[-1]}; {step}", 12) <= width:
+            lines[-1] = f"{lines[-1]}; {step}"
+        else:
+            lines.append(step)
+    return lines
+
+
+def _crowded(lay: Layout, table: CostTable) -> dict[int, float]:
+    """Columns whose cost cells collide with their left neighbour: how much wider each must be."""
+    need: dict[int, float] = {}
+    for header, cells in table.rows:
+        left = 16 + text_width(header, CELL_FONT)  # the row header
+        for col, text in sorted(cells.items()):
+            x0, x1 = lay.columns[col]
+            half = text_width(text, CELL_FONT) / 2
+            overlap = left + 14 - ((x0 + x1) / 2 - half)
+            if overlap > 0:
+                need[col] = max(need.get(col, 0.0), 2 * overlap)
+            left = (x0 + x1) / 2 + half
+    return need
+
+
+def _table(d: dw.Drawing, lay: Layout, table: CostTable, width: float) -> None:
+    """The cost rows, each cell centred under its column, then the totals per level."""
+    y = lay.height
+    d.append(dw.Line(16, y, width - 16, y, stroke="#b0b0b0", stroke_width=0.8))
+    group = dw.Group(class_="cost")
+    for header, cells in table.rows:
+        y += 17
+        _text(group, 16, y, header, _Text(CELL_FONT, weight="bold"))
+        for col, text in sorted(cells.items()):
+            x0, x1 = lay.columns[col]
+            _text(group, (x0 + x1) / 2, y, text, _Text(CELL_FONT, SERIF), anchor="middle")
+    for total in table.totals:
+        y += 17
+        _text(group, 16, y, total, _Text(CELL_FONT, SERIF))
+    d.append(group)
 
 
 def _draw_body(d: dw.Drawing, lay: Layout) -> None:

@@ -10,7 +10,7 @@ tuple separators and fork dots.  Memory levels come from a ``Decor``.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -143,18 +143,22 @@ class Layout:
     columns: list[tuple[float, float]] = field(default_factory=list)
 
 
-def layout(graph: Graph, decor: Decor, margin: float = 16.0, top: float = 0.0) -> Layout:
-    """Place every box, wire, label and marker of ``graph``; ``top`` reserves room above."""
+def layout(graph: Graph, decor: Decor, margin: float = 16.0, top: float = 0.0,
+           min_widths: Mapping[int, float] | None = None) -> Layout:
+    """Place every box, wire, label and marker of ``graph``; ``top`` reserves room above,
+    ``min_widths`` widens columns (by index) to fit what is drawn under them."""
     cols = Columns(graph)
     cols.arrange()
-    return _Placer(graph, decor, cols, margin, top).place()
+    return _Placer(graph, decor, cols, margin, top, min_widths or {}).place()
 
 
 class _Placer:
     """The horizontal pass: column widths, gap strips, and the drawing primitives."""
 
-    def __init__(self, graph: Graph, decor: Decor, cols: Columns, margin: float, top: float) -> None:
+    def __init__(self, graph: Graph, decor: Decor, cols: Columns, margin: float, top: float,
+                 min_widths: Mapping[int, float]) -> None:
         self.g, self.decor, self.c, self.margin, self.top = graph, decor, cols, margin, top
+        self.min_widths = min_widths
         self.res = [decor.residency(graph, e) for e in graph.edges]
         self.out = Layout()
 
@@ -204,7 +208,7 @@ class _Placer:
         x = left
         for col in range(c.n):
             boxes = [it.node for it in c.cols[col] if it.node is not None and it.node.kind == "box"]
-            w = max((self.box_width(n) for n in boxes), default=0.0)
+            w = max([self.box_width(n) for n in boxes] + [self.min_widths.get(col, 0.0)])
             zones.append((x, x + w))
             x += w
             if col == c.n - 1:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import sympy
 
 from napkin_cat import ops
 from napkin_cat.cli import main
@@ -285,3 +286,24 @@ def test_diagrams_and_theorems_display_in_notebooks() -> None:
     thm = proof.theorem(proofs, "tiled_matmul")
     assert thm._repr_svg_() == draw_svg(thm)
     assert "b s=" in thm._repr_svg_()
+
+
+def test_theorems_carry_the_cost_models_row() -> None:
+    cost = pytest.importorskip("napkin_cat.cost")
+    source, flash = _flash()
+    group = Partition("group", "q", "gq", "smem")
+    stream = Partition("stream", "x", "sx", "smem", via="online_softmax")
+    thm = StandIn("flash_attention", source, flash, Schedule((group, stream)), (group, stream))
+    root = ET.fromstring(draw_svg(thm))
+    table = next(g for g in root.iter(f"{SVG}g") if g.get("class") == "cost")
+    texts = ["".join(t.itertext()) for t in table.iter(f"{SVG}text")]
+    assert texts[0] == "M smem" and "H smem" in texts
+    smem = cost.cost(thm).level("smem")
+    total = next(t for t in texts if t.startswith("smem: M = "))
+    memory, transfers = re.fullmatch(r"smem: M = (.*), H = (.*) \(from hbm\)", total).groups()  # type: ignore[union-attr]
+    symbols = {s.name: s for s in smem.transfers.free_symbols | smem.memory.free_symbols}
+    assert sympy.simplify(sympy.sympify(transfers, locals=symbols) - smem.transfers) == 0
+    assert sympy.simplify(sympy.sympify(memory, locals=symbols) - smem.memory) == 0
+    # one M and one H cell per column of boxes (Σ_d, · × rsqrt(d), ◁Σ_x), under its box
+    boxes = [g for g in root.iter(f"{SVG}g") if g.get("class") == "box"]
+    assert len([t for t in texts if t not in ("M smem", "H smem") and not t.startswith("smem:")]) == 2 * len(boxes)

@@ -53,7 +53,6 @@ from napkin_cat.terms import (
     Step,
     Var,
     run_diagram,
-    union_axes,
     walk,
 )
 
@@ -162,35 +161,8 @@ def _extend(thm: Theorem, step: Step | None, trust: tuple[str, ...], **changes: 
 
 def typed_box(op: str, args: tuple[Expr, ...], target: Axes = (), out: Axes = (), params: tuple[str, ...] = (),
               index: Pred | IndexExpr | None = None, span: Span | None = None) -> Box:
-    """A primitive box with its result type computed from its operands' types.
-
-    unary: the operand's axes; binary/where: union by name; reduce: the operand minus the
-    target; normalise: the operand; (n)contract: the union minus the target; index: the
-    target; onehot: the operand plus the target; split/join/rename: the replaced axes
-    take the place of the first old one; transpose: the target order.
-    """
-    kind = ops.OPS[op].kind
-    have = args[0].axes if args else ()
-    if kind in ("unary", "normalise"):
-        axes = have
-    elif kind == "binary":
-        axes = union_axes(*(a.axes for a in args))
-    elif kind == "where":
-        axes = union_axes(*(a.axes for a in args), target)
-    elif kind == "reduce":
-        axes = tuple(a for a in have if a not in target)
-    elif kind in ("contract", "ncontract"):
-        axes = tuple(a for a in union_axes(*(a.axes for a in args)) if a not in target)
-    elif kind == "index":
-        axes = target
-    elif kind == "onehot":
-        axes = have + target
-    elif kind == "transpose":
-        axes = target
-    else:  # split, join, rename
-        position = min(have.index(a) for a in target)
-        kept = [a for a in have if a not in target]
-        axes = tuple(kept[:position]) + out + tuple(kept[position:])
+    """A primitive box with its result type from ``ops.result_axes`` (the one typing rule)."""
+    axes = ops.result_axes(op, tuple(a.axes for a in args), target, out)
     return Box(op, args, axes, target, out, params, index, span)
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "accumulators_for",
     "is_consuming",
     "is_mixing",
+    "result_axes",
 ]
 
 
@@ -202,3 +203,38 @@ def is_consuming(op: str) -> bool:
 def is_mixing(op: str) -> bool:
     """Does one output position read every input position along the named axes?"""
     return OPS[op].kind in ("normalise", "split", "join", "rename")
+
+
+def result_axes(op: str, args: tuple[tuple[str, ...], ...], target: tuple[str, ...] = (),
+                out: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The typing rule of a primitive box: its result axes from its operands' axes.
+
+    unary/normalise: the operand's axes; binary: the union by name (order of first
+    appearance); where: that union and the target; reduce: the operand minus the target;
+    (n)contract: the union minus the target; index: the target; onehot: the operand plus
+    the target; transpose: the target order; split/join/rename: the new axes take the
+    place of the first old one.  Assumes a well-formed box (the elaborator checks that).
+    """
+    kind = OPS[op].kind
+    have = args[0] if args else ()
+    union: list[str] = []
+    for axes in args:
+        union.extend(a for a in axes if a not in union)
+    if kind in ("unary", "normalise"):
+        return have
+    if kind == "binary":
+        return tuple(union)
+    if kind == "where":
+        return tuple(union) + tuple(a for a in target if a not in union)
+    if kind == "reduce":
+        return tuple(a for a in have if a not in target)
+    if kind in ("contract", "ncontract"):
+        return tuple(a for a in union if a not in target)
+    if kind in ("index", "transpose"):
+        return target
+    if kind == "onehot":
+        return have + target
+    assert kind in ("split", "join", "rename"), kind
+    position = min(have.index(a) for a in target)
+    kept = [a for a in have if a not in target]
+    return tuple(kept[:position]) + out + tuple(kept[position:])

@@ -1,0 +1,84 @@
+"""Proof files through the kernel, and `napkin check`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from napkin_cat.cli import main
+from napkin_cat.diagnostics import NapkinError
+from napkin_cat.elaborate import loads
+from napkin_cat.proof import check_file, check_module, describe_step, theorem
+
+ROOT = Path(__file__).resolve().parent.parent
+PROOFS = ROOT / "proofs"
+UNSOUND = Path(__file__).with_name("unsound")
+
+
+def test_every_proof_file_checks() -> None:
+    names = {r.name: r for path in PROOFS.glob("*.ncd") for r in check_file(path)}
+    for required in ("tiled_matmul", "flash_attention", "flash_attention_causal", "flash_attention_two_level",
+                     "flash_gqa", "flash_sign", "streamed_cross_entropy", "fused_linear"):
+        assert names[required].ok, names[required].failure
+    assert all(r.ok for r in names.values())
+
+
+def test_flash_attention_theorem_exposes_the_schedule() -> None:
+    thm = theorem(PROOFS / "flash_attention.ncd", "flash_attention")
+    kinds = [(p.kind, p.axis, p.tile, p.via) for p in thm.schedule.partitions]
+    assert kinds == [("group", "q", "gq", None), ("stream", "x", "sx", "online_softmax")]
+    assert thm.schedule.level_of("S") == "smem"
+    assert [str(c) for c in thm.constraints] == ["gq | q", "sx | x"]
+    assert thm.result.binding("O").expr.op == "ncontract"  # type: ignore[union-attr]
+    assert thm.source.binding("P").expr.op == "softmax"  # type: ignore[union-attr]
+
+
+def test_two_level_records_nested_divisibility() -> None:
+    thm = theorem(PROOFS / "flash_attention.ncd", "flash_attention_two_level")
+    assert "wq | gq" in [str(c) for c in thm.constraints]
+    assert [p.level for p in thm.schedule.partitions] == ["smem", "smem", "reg", "reg"]
+
+
+def test_summary_lines() -> None:
+    (ok,) = [r for r in check_file(PROOFS / "matmul.ncd") if r.name == "tiled_matmul"]
+    line = ok.summary()
+    assert line.startswith("tiled_matmul ≡: group a by ga at smem; group c by gc at smem; stream b by sb")
+    assert "trust:" in line and "accumulator sum" in line and "gc | c" in line
+    (bad,) = check_file(UNSOUND / "stream_softmax_before_lemma.ncd")
+    assert bad.summary() == "wrong: FAILED at step 2: stream x by sx at smem via online_softmax"
+    assert bad.counterexample and "tile by tile" in bad.counterexample
+
+
+def test_refusal_carries_location() -> None:
+    (bad,) = check_file(UNSOUND / "group_consumed_head_dim.ncd")
+    assert bad.failure is not None and bad.failure.span is not None
+    assert (bad.failure.span.line, bad.failure.span.col) == (7, 3)
+    assert bad.failure.message.startswith("group: ")
+
+
+def test_theorem_lookup_errors() -> None:
+    with pytest.raises(NapkinError, match="unknown theorem `nope`"):
+        theorem(PROOFS / "matmul.ncd", "nope")
+    with pytest.raises(NapkinError, match="stream: box `softmax"):
+        theorem(UNSOUND / "stream_softmax_before_lemma.ncd", "wrong")
+
+
+def test_quantised_theorem_is_approximate() -> None:
+    module = loads('use "examples/attention.ncd"\n'
+                   "theorem q8: attention {\n  dtype K, V as bf16 tol 0.01\n}\n", str(ROOT / "q.ncd"))
+    (result,) = check_module(module)
+    assert result.ok and result.theorem is not None and not result.theorem.exact
+    assert result.summary().startswith("q8 ≈: dtype K, V as bf16 tol 0.01")
+    assert describe_step(module.theorems[0].steps[0]) == "dtype K, V as bf16 tol 0.01"
+
+
+def test_cli_check_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", str(PROOFS / "matmul.ncd")]) == 0
+    out = capsys.readouterr().out
+    assert "tiled_matmul ≡" in out and "2 of 2 theorems checked" in out
+    assert main(["check", str(UNSOUND / "wrong_accumulator_max.ncd")]) == 1
+    captured = capsys.readouterr()
+    assert "wrong_accumulator_max.ncd:9:3: error: stream: accumulator `max` cannot stream" in captured.err
+    assert "counterexample:" in captured.err
+    assert main(["check", str(ROOT / "no_such_dir")]) == 2

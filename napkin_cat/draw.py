@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 import drawsvg as dw
 
+from napkin_cat.draw_cost import CELL_FONT, CostTable, cost_table, crowded
 from napkin_cat.draw_graph import Edge, Graph, Node, build_graph
 from napkin_cat.draw_layout import (
     AXIS_FONT,
@@ -157,64 +158,6 @@ def draw_svg(obj: Diagram | TheoremLike, expand: bool = False) -> str:
 
 
 @dataclass(frozen=True)
-class CostTable:
-    """The cost model's rows under the picture: (header, cell text by column), and totals."""
-
-    rows: tuple[tuple[str, dict[int, str]], ...]
-    totals: tuple[str, ...]
-
-
-def cost_table(theorem: TheoremLike) -> CostTable | None:
-    """Per column of the picture, M and H at each level below HBM (paper Fig. 9, digest N15).
-
-    The cost model's own columns (one per load, box and save, ``pseudo``) are gathered under
-    the picture's columns: a box's column, its result's saves, and the loads it is the first
-    reader of.  ``None`` when the cost model is not installed.
-    """
-    try:
-        from napkin_cat import cost
-        from napkin_cat.pseudo import max_of
-    except ImportError:
-        return None
-    import sympy
-
-    result = cost.cost(theorem)
-    prog = result.program
-    flat = prog.nest.flat
-    column: dict[str, int] = {name: 0 for name, _ in flat.inputs}
-    for node in flat.nodes:  # the picture's columns: topological depth, constants folded
-        if node.name not in prog.constants:
-            column[node.name] = 1 + max((column[r] for r in node.reads if r in column), default=0)
-    readers: dict[str, list[int]] = {}
-    for node in flat.nodes:
-        for r in node.reads:
-            if node.name in column:
-                readers.setdefault(r, []).append(column[node.name])
-    rows: list[tuple[str, dict[int, str]]] = []
-    for view in prog.views:
-        memory: dict[int, list[sympy.Expr]] = {}
-        moved: dict[int, sympy.Expr] = {}
-        for step in view.steps:
-            col = min(readers.get(step.array, [0])) if step.op == "load" else column.get(step.array, 0)
-            memory.setdefault(col, []).append(sympy.Add(*(b.size for b in view.live(step.index))))
-            if step.op != "compute":
-                moved[col] = moved.get(col, sympy.Integer(0)) + sympy.Mul(step.count, step.size)
-        rows.append((f"M {view.level}", {c: _expr(max_of(v)) for c, v in memory.items()}))
-        rows.append((f"H {view.level}", {c: _expr(moved.get(c, sympy.Integer(0))) for c in memory}))
-    totals = tuple(f"{lv.name}: M = {_expr(lv.memory)}, H = {_expr(lv.transfers)} (from {lv.parent})"
-                   for lv in result.levels if lv.parent is not None)
-    return CostTable(tuple(rows), totals)
-
-
-def _expr(expr: Any) -> str:
-    """The shorter of a sympy expression and its factored form."""
-    import sympy
-
-    plain, factored = str(sympy.expand(expr)), str(sympy.factor(expr))
-    return factored if len(factored) < len(plain) else plain
-
-
-@dataclass(frozen=True)
 class _Text:
     size: float
     family: str = SANS
@@ -260,9 +203,6 @@ def _colour(level: str | None) -> str:
     return LEVEL_COLOURS.get(level or "hbm", "#1a1a1a")
 
 
-CELL_FONT = 11.0
-
-
 def _render(diagram: Diagram, decor: PlainDecor, expand: bool, title: str, steps: Sequence[str],
             table: CostTable | None) -> str:
     graph = build_graph(diagram, expand)
@@ -271,10 +211,10 @@ def _render(diagram: Diagram, decor: PlainDecor, expand: bool, title: str, steps
     widths: dict[int, float] = {}
     lay = layout(graph, decor, top=header)
     for _ in range(2 * len(lay.columns)):  # widen columns until the cost cells fit
-        crowded = _crowded(lay, table) if table else {}
-        if not crowded:
+        tight = crowded(lay, table) if table else {}
+        if not tight:
             break
-        for col, need in crowded.items():
+        for col, need in tight.items():
             widths[col] = lay.columns[col][1] - lay.columns[col][0] + need
         lay = layout(graph, decor, top=header, min_widths=widths)
     levels = sorted({p.level for r in lay.runs for p in r.pieces if p.level}, key=LEVELS.index)
@@ -306,21 +246,6 @@ def _wrap(steps: Sequence[str], width: float) -> list[str]:
         else:
             lines.append(step)
     return lines
-
-
-def _crowded(lay: Layout, table: CostTable) -> dict[int, float]:
-    """Columns whose cost cells collide with their left neighbour: how much wider each must be."""
-    need: dict[int, float] = {}
-    for header, cells in table.rows:
-        left = 16 + text_width(header, CELL_FONT)  # the row header
-        for col, text in sorted(cells.items()):
-            x0, x1 = lay.columns[col]
-            half = text_width(text, CELL_FONT) / 2
-            overlap = left + 14 - ((x0 + x1) / 2 - half)
-            if overlap > 0:
-                need[col] = max(need.get(col, 0.0), 2 * overlap)
-            left = (x0 + x1) / 2 + half
-    return need
 
 
 def _table(d: dw.Drawing, lay: Layout, table: CostTable, width: float) -> None:

@@ -13,13 +13,13 @@ possible without overlapping, which is an isotonic regression per column
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from napkin_cat.draw_graph import Graph, Node
+from napkin_cat.draw_graph import Graph, Node, Port
 from napkin_cat.terms import Axes
 
-__all__ = ["HEAD", "PAD", "WIRE_GAP", "Columns", "Item", "bundle_height"]
+__all__ = ["HEAD", "PAD", "WIRE_GAP", "Columns", "Item", "bundle_height", "depths"]
 
 WIRE_GAP = 16.0  # between the wires of one array
 ITEM_GAP = 30.0  # between arrays or boxes in one column (room for a label above a wire)
@@ -45,19 +45,32 @@ class Item:
     y: float = 0.0
 
 
+def depths[K](reads: Mapping[K, Sequence[K]], sources: Iterable[K]) -> dict[K, int]:
+    """The column of each node: sources 0, a node 1 + its deepest read, and a node that
+    reads nothing just before its first reader.  ``reads`` is in topological order.
+
+    The one rule for columns, shared by the picture and the cost rows under it.
+    """
+    depth = dict.fromkeys(sources, 0)
+    for node, rs in reads.items():
+        depth[node] = 1 + max((depth[r] for r in rs), default=0)
+    for node in reversed(list(reads)):
+        if not reads[node]:
+            depth[node] = min((depth[n] for n, rs in reads.items() if node in rs), default=depth[node] + 1) - 1
+    return depth
+
+
 def _layers(graph: Graph) -> list[int]:
-    layer = [0] * len(graph.nodes)
-    for node in graph.nodes:  # nodes are created in topological order
-        if node.kind == "box":
-            layer[node.id] = 1 + max((layer[p.node] for p in node.inputs), default=0)
-    last = 1 + max((layer[n.id] for n in graph.nodes if n.kind == "box"), default=0)
+    boxes = {n.id: [p.node for p in n.inputs] for n in graph.nodes if n.kind == "box"}
+    depth = depths(boxes, (n.id for n in graph.nodes if n.kind == "input"))
+    last = 1 + max((depth[b] for b in boxes), default=0)
     for node in graph.nodes:
         if node.kind == "output":
-            layer[node.id] = last
-    for node in reversed(graph.nodes):  # boxes without inputs sit just before their first use
-        if node.kind == "box" and not node.inputs:
-            layer[node.id] = min(layer[e.dst] for e in graph.edges if e.src.node == node.id) - 1
-    return layer
+            depth[node.id] = last
+    for node in graph.nodes:  # a box read only by outputs sits just before them
+        if node.kind == "box" and not node.inputs and all(e.dst not in boxes for e in graph.consumers(Port(node.id))):
+            depth[node.id] = last - 1
+    return [depth[n.id] for n in graph.nodes]
 
 
 def _stack(axes_list: Sequence[Axes]) -> tuple[list[float], float]:

@@ -1,0 +1,235 @@
+"""The cost model: the paper's closed forms reproduced exactly, quantisation, multi-level,
+lower bounds, baselines, time estimates, the CLI, and every theorem in proofs/."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import sympy
+
+from napkin_cat import cli, hardware, proof
+from napkin_cat.bounds import diagram_bound, lower_bounds
+from napkin_cat.cost import cost, cost_of, timing
+from napkin_cat.elaborate import loads
+from napkin_cat.optimise import M, M_BYTES, continuous, multilevel, search
+from napkin_cat.terms import Partition, Schedule
+
+ROOT = Path(__file__).resolve().parent.parent
+a, b, c, q, x, d, gq, sx = sympy.symbols("a b c q x d gq sx", positive=True)
+
+# Names deliberately unlike the paper's: the model must not recognise anything by name.
+TEXT = """
+axis i, j, k
+axis q, x, d
+diagram product(L: [i k], R: [k j]) -> [i j] {
+  return contract[k](L, R)
+}
+diagram streamed(Q: [q d], K: [x d], V: [x d]) -> [q d] {
+  S = contract[d](Q, K)
+  return ncontract[x; exp, exp, id](S, V)
+}
+diagram plain(Q: [q d], K: [x d], V: [x d]) -> [q d] {
+  S = contract[d](Q, K)
+  P = softmax[x](S)
+  return contract[x](P, V)
+}
+"""
+MODULE = loads(TEXT)
+
+
+def grid(*parts: tuple[str, str, str | int, str]) -> Schedule:
+    return Schedule(tuple(Partition(kind, axis, tile, level) for kind, axis, tile, level in parts))
+
+
+MATMUL = grid(("group", "i", "gi", "smem"), ("group", "j", "gj", "smem"), ("stream", "k", "sk", "smem"))
+FLASH = grid(("group", "q", "gq", "smem"), ("stream", "x", "sx", "smem"))
+i, j, k = sympy.symbols("i j k", positive=True)
+
+
+def test_matmul_transfers_memory_flops() -> None:
+    co = cost_of(MODULE.diagram("product"), MATMUL)
+    gi, gj, sk = sympy.symbols("gi gj sk", positive=True)
+    smem = co.level("smem")
+    assert sympy.simplify(smem.transfers - (i * j * k / gj + i * j * k / gi + i * j)) == 0
+    assert sympy.expand(smem.memory - (gi * gj + gi * sk + sk * gj)) == 0
+    assert co.flops == 2 * i * j * k
+    assert co.level("hbm").transfers == 0
+
+
+def test_matmul_optimum_is_square_tiles_and_the_paper_closed_form() -> None:
+    opt = continuous(cost_of(MODULE.diagram("product"), MATMUL))
+    assert opt is not None
+    assert opt.tiles == {"gi": sympy.sqrt(M), "gj": sympy.sqrt(M)}
+    assert sympy.Eq(opt.transfers, 2 * i * j * k * M ** sympy.Rational(-1, 2) + i * j).simplify() is sympy.true
+    assert opt.beta == sympy.Rational(1, 2)
+
+
+def test_attention_transfers_and_memory_match_the_reconstruction() -> None:
+    co = cost_of(MODULE.diagram("streamed"), FLASH, accumulators={"ncontract:('x',):('exp', 'exp', 'id')":
+                                                                  "online_softmax"})
+    smem = co.level("smem")
+    assert sympy.simplify(smem.transfers - (2 * q * d + 2 * q * x * d / gq)) == 0
+    # Q tile, (m, l, o) state, K and V chunks, one score chunk (digest §3.3)
+    assert sympy.expand(smem.memory - (gq * (2 * d + sx + 2) + 2 * sx * d)) == 0
+    assert sympy.expand(co.flops - 4 * q * x * d) == 0
+    opt = continuous(co)
+    assert opt is not None and opt.beta == 1
+    assert sympy.simplify(opt.transfers - (2 * q * d + 2 * q * x * d * (2 * d + 2) / M)) == 0
+
+
+def leading(expr: sympy.Expr) -> sympy.Expr:
+    """The coefficient times power of the M_bytes-dependent term with the largest exponent."""
+    terms = [t for t in sympy.Add.make_args(sympy.expand(expr)) if t.has(M_BYTES)]
+    return max(terms, key=lambda t: -t.as_coeff_exponent(M_BYTES)[1])
+
+
+@pytest.mark.parametrize(("diagram", "schedule", "ratio"), [("streamed", FLASH, 4), ("product", MATMUL, 2 ** 1.5)])
+def test_quantisation_law_fp16_to_fp8(diagram: str, schedule: Schedule, ratio: float) -> None:
+    wide = continuous(cost_of(MODULE.diagram(diagram), schedule, dtype="fp16"))
+    narrow = continuous(cost_of(MODULE.diagram(diagram), schedule, dtype="fp8_e4m3"))
+    assert wide is not None and narrow is not None
+    assert sympy.simplify(leading(wide.in_bytes()) / leading(narrow.in_bytes()) - sympy.nsimplify(ratio)) == 0
+
+
+def test_multilevel_model_is_the_bandwidth_weighted_sum() -> None:
+    nested = grid(("group", "i", "gi", "smem"), ("group", "j", "gj", "smem"), ("stream", "k", "sk", "smem"),
+                  ("group", "i", "ri", "reg"), ("group", "j", "rj", "reg"), ("stream", "k", "rk", "reg"))
+    co = cost_of(MODULE.diagram("product"), nested, hardware="h100")
+    result = multilevel(co)
+    assert result is not None
+    optima, total = result
+    assert set(optima) == {"smem", "reg"}
+    prof = hardware.load("h100")
+    inverse = {"smem": 2 / sympy.nsimplify(prof.level("hbm").bandwidth),
+               "reg": 2 / sympy.nsimplify(prof.level("smem").bandwidth)}
+    terms = {(2 * i * j * k, sympy.Rational(1, 2)), (i * j, 0)}
+    expected = sum(alpha * sum(inverse[lv] * sympy.Symbol(f"M_{lv}", positive=True) ** -beta for lv in inverse)
+                   for alpha, beta in terms)
+    assert sympy.simplify(total - expected) == 0
+
+
+def test_arrays_lacking_a_grouped_axis_are_reloaded_by_every_group() -> None:
+    co = cost_of(MODULE.diagram("product"), grid(("group", "i", "gi", "smem")))
+    gi = sympy.Symbol("gi", positive=True)
+    # L is loaded once, R (no i) once per i-group, the result saved once
+    assert sympy.simplify(co.level("smem").transfers - (i * k + k * j * i / gi + i * j)) == 0
+    assert "re-loaded by every group" in co.convention
+
+
+def test_lower_bounds_are_recognised_by_structure() -> None:
+    for name, kind, expr in (("product", "matmul", 2 * i * j * k / sympy.sqrt(M)),
+                             ("streamed", "attention", q * x * d ** 2 / M),
+                             ("plain", "attention", q * x * d ** 2 / M)):
+        co = cost_of(MODULE.diagram(name), Schedule())
+        bound = diagram_bound(lower_bounds(co.program.nest.flat, co.sizes, M))
+        assert bound.kind == kind and sympy.simplify(bound.expr - expr) == 0
+    opt = continuous(cost_of(MODULE.diagram("product"), MATMUL))
+    assert opt is not None
+    ratio = sympy.simplify(opt.transfers / (2 * i * j * k / sympy.sqrt(M)))
+    assert sympy.simplify(ratio - (1 + sympy.sqrt(M) / (2 * k))) == 0
+
+
+def test_unfused_attention_baseline_versus_flash() -> None:
+    thm = proof.theorem(ROOT / "proofs" / "flash_attention.ncd", "flash_attention")
+    symbolic = cost(thm)
+    d64 = 64
+    # the source diagram, every box its own kernel: Q K^T, the scale, softmax, P V
+    assert sympy.expand(symbolic.baseline.transfers - (2 * q * d64 + 2 * x * d64 + 6 * q * x)) == 0
+    co = cost(thm, hardware="h100", sizes={"q": 8192, "x": 8192})
+    best = search(co).rows[0]
+    assert best.transfers["smem"] * 10 < float(co.baseline.transfers_bytes)
+    t = timing(co, best.tiles)
+    assert float(t.serial) >= float(t.overlapped) > 0
+    assert float(t.intensity) > t.ridge  # FlashAttention at long sequences is compute-bound
+
+
+def test_padded_tiles_round_trips_up_and_dtypes_override() -> None:
+    co = cost_of(MODULE.diagram("product"), Schedule((Partition("group", "i", 48, "smem", pad=True),)),
+                 sizes={"i": 100, "j": 8, "k": 8}, dtypes={"L": "f32"})
+    assert co.flops == 3 * 48 * 2 * 8 * 8  # three padded tiles of 48 rows
+    assert co.bytes_of["L"] == 4 and co.bytes_of["R"] == 2
+    with pytest.raises(ValueError, match="do not exist"):
+        cost_of(MODULE.diagram("product"), MATMUL, dtypes={"nope": "f32"})
+    with pytest.raises(ValueError, match="does not use"):
+        cost_of(MODULE.diagram("product"), MATMUL, sizes={"zz": 4})
+
+
+def test_a_level_the_hardware_lacks_is_refused() -> None:
+    with pytest.raises(hardware.HardwareError, match="no memory level `l2`"):
+        cost_of(MODULE.diagram("product"), grid(("group", "i", "gi", "l2")), hardware="a100")
+
+
+# β of the leading term of each theorem's optimum, with the reason (paper §4.1).
+BETA = {
+    "streamed_cross_entropy": 0,  # every array is read once whatever gt is
+    "streamed_cross_entropy_index": 0,
+    "flash_attention": 1,  # K and V re-broadcast to every query tile
+    "flash_attention_causal": 1,
+    "flash_attention_two_level": 1,
+    "flash_mha": 0,  # all tiles fixed integers: nothing to optimise
+    "flash_gqa": 1,
+    "tiled_matmul": sympy.Rational(1, 2),  # square tiles
+    "tiled_matmul_padded": 0,
+    "fused_linear": sympy.Rational(1, 2),
+    "fused_mlp_first_layer": 1,  # one tile axis: W1, W2 re-broadcast to every token tile
+    "flash_sign": 1,
+    "flash_rms_attention": 1,
+}
+
+
+def all_theorems() -> list[proof.CheckResult]:
+    return [r for p in sorted((ROOT / "proofs").glob("*.ncd")) for r in proof.check_file(p)]
+
+
+def test_every_theorem_in_proofs_has_a_cost_and_its_beta() -> None:
+    results = all_theorems()
+    assert {r.name for r in results} == set(BETA)
+    for r in results:
+        assert r.theorem is not None, r.summary()
+        co = cost(r.theorem)
+        assert co.flops.free_symbols <= set(co.symbols().values())
+        opt = continuous(co)
+        assert opt is not None, r.name
+        assert opt.beta == BETA[r.name], (r.name, opt.transfers)
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    rc = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_cli_json_is_sympy_parsable(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run(capsys, "cost", str(ROOT / "proofs" / "matmul.ncd"), "tiled_matmul", "--json")
+    assert rc == 0
+    data = json.loads(out)
+    names = {"a": a, "b": b, "c": c, "M": M}
+    assert sympy.sympify(data["flops"], locals=names) == 2 * a * b * c
+    assert [lv["name"] for lv in data["levels"]] == ["hbm", "smem"]
+    for lv in data["levels"]:
+        sympy.sympify(lv["transfers"]), sympy.sympify(lv["memory"])
+    assert sympy.simplify(sympy.sympify(data["optimum"]["transfers"], locals=names)
+                          - (2 * a * b * c / sympy.sqrt(M) + a * c)) == 0
+    assert sympy.sympify(data["lower_bound"]["expr"], locals=names) == 2 * a * b * c / sympy.sqrt(M)
+
+
+def test_cli_numeric_table(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run(capsys, "cost", str(ROOT / "proofs" / "flash_attention.ncd"), "flash_attention",
+                     "--hardware", "h200", "--size", "q=4096", "--size", "x=4096", "--json")
+    assert rc == 0
+    data = json.loads(out)
+    assert isinstance(data["optimum"]["transfers"], float)
+    assert data["configurations"] and data["time"]["serial_s"] >= data["time"]["overlapped_s"]
+    rc, out, _ = run(capsys, "cost", str(ROOT / "proofs" / "flash_attention.ncd"), "flash_attention",
+                     "--size", "q=4096", "--size", "x=4096")
+    assert rc == 0 and "configurations" in out and "serial (sum)" in out and "overlapped (max)" in out
+
+
+@pytest.mark.parametrize(("extra", "message"), [(("nope",), "no theorem `nope`"),
+                                                (("flash_attention", "--hardware", "tpu"), "no hardware profile"),
+                                                (("flash_attention", "--dtype", "int3"), "unknown dtype")])
+def test_cli_usage_errors(capsys: pytest.CaptureFixture[str], extra: tuple[str, ...], message: str) -> None:
+    rc, _, err = run(capsys, "cost", str(ROOT / "proofs" / "flash_attention.ncd"), *extra)
+    assert rc == 2 and message in err

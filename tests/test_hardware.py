@@ -1,0 +1,67 @@
+"""Hardware profiles: shipped as package data, every number sourced, units consistent."""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+
+import pytest
+
+from napkin_cat import hardware as hw
+from napkin_cat import kernel
+from napkin_cat.terms import LEVELS
+
+
+def test_three_profiles_ship_inside_the_package() -> None:
+    assert {"h100", "h200", "a100"} <= set(hw.available())
+    for key in hw.available():
+        assert resources.files("napkin_cat.hardware").joinpath(f"{key}.toml").is_file()
+
+
+@pytest.mark.parametrize("key", ["h100", "h200", "a100"])
+def test_profile_levels_are_ordered_and_positive(key: str) -> None:
+    prof = hw.load(key)
+    names = [lv.name for lv in prof.levels]
+    assert names == sorted(names, key=LEVELS.index)
+    assert {"hbm", "smem", "reg"} <= set(names)
+    for lv in prof.levels:
+        assert lv.capacity > 0
+        assert lv.bandwidth is None or lv.bandwidth > 0
+    # capacities shrink and bandwidths grow towards the compute units
+    caps = [lv.capacity for lv in prof.levels if lv.per == "device"]
+    assert caps == sorted(caps, reverse=True)
+    assert prof.level("smem").bandwidth > prof.level("hbm").bandwidth  # type: ignore[operator]
+    assert prof.peak_flops("bf16") > prof.peak_flops("f32")
+
+
+@pytest.mark.parametrize("key", ["h100", "h200", "a100"])
+def test_every_number_cites_a_source(key: str) -> None:
+    text = resources.files("napkin_cat.hardware").joinpath(f"{key}.toml").read_text(encoding="utf-8")
+    numbers = [line for line in text.splitlines() if re.match(r"^\w+ = [0-9]", line)]
+    assert numbers
+    for line in numbers:
+        assert "#" in line and len(line.split("#", 1)[1].strip()) > 10, line
+
+
+def test_ridge_points_match_the_anchors() -> None:
+    # anchors.md: H100 ≈ 295 FLOP/byte, H200 ≈ 206 FLOP/byte (dense BF16 over HBM bandwidth)
+    assert hw.load("h100").ridge("bf16") == pytest.approx(295, abs=1)
+    assert hw.load("h200").ridge("bf16") == pytest.approx(206, abs=1)
+
+
+def test_bytes_per_value_and_aliases() -> None:
+    assert hw.bytes_per_value("f32") == hw.bytes_per_value("fp32") == 4
+    assert hw.bytes_per_value("bf16") == hw.bytes_per_value("fp16") == 2
+    assert hw.bytes_per_value("fp8_e4m3") == hw.bytes_per_value("fp8e5m2") == 1
+    assert set(kernel.DTYPE_ROUNDOFF) <= set(hw.BYTES)  # every format the kernel accepts has a size
+
+
+def test_clear_errors() -> None:
+    with pytest.raises(hw.HardwareError, match="no hardware profile `tpu`"):
+        hw.load("tpu")
+    with pytest.raises(hw.HardwareError, match="unknown dtype"):
+        hw.bytes_per_value("int3")
+    with pytest.raises(hw.HardwareError, match="no peak FLOP/s for fp8e4m3"):
+        hw.load("a100").peak_flops("fp8")
+    with pytest.raises(hw.HardwareError, match="no memory level `l2`"):
+        hw.load("a100").level("l2")

@@ -200,6 +200,47 @@ def cmd_lower(args: argparse.Namespace) -> int:
     return 0
 
 
+def _theorem_or_usage(path: str, name: str) -> object:
+    from napkin_cat import proof
+
+    module = _module(path)
+    if not any(t.name == name for t in module.theorems):
+        known = ", ".join(t.name for t in module.theorems) or "none"
+        raise UsageError(f"no theorem `{name}` in {path} (theorems: {known})")
+    return proof.theorem(path, name)
+
+
+def cmd_cost(args: argparse.Namespace) -> int:
+    """Derive a theorem's per-level transfers, memory, FLOPs, optimum, lower bound and times."""
+    import json
+
+    from napkin_cat import cost, cost_report
+    from napkin_cat.hardware import HardwareError
+
+    thm = _theorem_or_usage(args.file, args.theorem)
+    try:
+        c = cost.cost(thm, hardware=args.hardware, sizes=parse_sizes(args.size), dtype=args.dtype)
+        data = cost_report.report(c, args.theorem)
+    except (HardwareError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    print(json.dumps(data, indent=2) if args.json else cost_report.format_report(data), end="\n" if args.json else "")
+    return 0
+
+
+def cmd_pseudo(args: argparse.Namespace) -> int:
+    """Print a theorem's pseudocode diagram: loops, columns, live buffers, transfers per level."""
+    from napkin_cat import cost, pseudo
+    from napkin_cat.hardware import HardwareError
+
+    thm = _theorem_or_usage(args.file, args.theorem)
+    try:
+        c = cost.cost(thm, hardware=args.hardware, sizes=parse_sizes(args.size), dtype=args.dtype)
+    except (HardwareError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    print(pseudo.render(c.program, c.bytes_of), end="")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="napkin", description=__doc__.splitlines()[0] if __doc__ else None)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -237,6 +278,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--hardware", default=None, help="hardware profile for default tiles (e.g. h100)")
     p.add_argument("-o", "--output", required=True, help="OUT.py")
     p.set_defaults(func=cmd_lower)
+
+    for name, func, text in (("cost", cmd_cost, "derive a theorem's IO cost, optimum tiles and lower bound"),
+                             ("pseudo", cmd_pseudo, "print a theorem's pseudocode diagram (loops, live buffers)")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("file")
+        p.add_argument("theorem")
+        p.add_argument("--hardware", default="h100", help="hardware profile (h100, h200, a100)")
+        p.add_argument("--dtype", default="bf16", help="number format of the arrays (bf16, f16, f32, fp8e4m3, ...)")
+        p.add_argument("--size", action="append", metavar="AXIS=N", help="size of a symbolic axis (repeatable)")
+        if name == "cost":
+            p.add_argument("--json", action="store_true", help="print sympy-parsable JSON")
+        p.set_defaults(func=func)
     return parser
 
 

@@ -13,7 +13,7 @@ from napkin_cat import cli, hardware, proof
 from napkin_cat.bounds import diagram_bound, lower_bounds
 from napkin_cat.cost import cost, cost_of, timing
 from napkin_cat.elaborate import loads
-from napkin_cat.optimise import M, M_BYTES, continuous, multilevel, search
+from napkin_cat.optimise import M_BYTES, M, continuous, multilevel, search
 from napkin_cat.terms import Partition, Schedule
 
 ROOT = Path(__file__).resolve().parent.parent

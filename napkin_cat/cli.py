@@ -200,6 +200,60 @@ def cmd_lower(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_derive(args: argparse.Namespace) -> int:
+    """Search checked rewrites and relabellings for the cheapest schedule; write it as a proof."""
+    from napkin_cat import derive
+    from napkin_cat.hardware import HardwareError
+
+    module = _module(args.file)
+    _diagram_or_usage(module, args.diagram)
+    out = Path(args.output)
+    if out.suffix != ".ncd":
+        raise UsageError(f"-o expects a proof file name ending in .ncd, got {args.output!r}")
+    sizes = parse_sizes(args.size)
+    axes = derive.axes_of(args.file, args.diagram)
+    unknown = [a for a in sizes if a not in axes]
+    if unknown:
+        raise UsageError(f"--size names axes that `{args.diagram}` does not use: {', '.join(unknown)}")
+    missing = [a for a, n in axes.items() if n is None and a not in sizes]
+    if missing:
+        raise UsageError(f"axes {', '.join(missing)} of `{args.diagram}` are symbolic: give their sizes with "
+                         f"--size AXIS=N")
+    try:
+        cost = derive.model_cost(args.hardware, args.dtype, sizes)
+    except HardwareError as exc:
+        raise UsageError(str(exc)) from None
+    settings = {"hardware": args.hardware, "dtype": args.dtype} | {a: str(n) for a, n in sizes.items()}
+    found = derive.derive(args.file, args.diagram, cost, settings=settings, max_rewrites=args.max_rewrites,
+                          budget=args.budget, seconds=args.seconds,
+                          progress=lambda message: print(f"napkin derive: {message}", file=sys.stderr))
+    search = found.search
+    print(f"search stopped: {search.stopped} ({search.detail}); {len(search.candidates)} candidates checked "
+          f"in {search.elapsed:.2f} s")
+    best = found.best
+    if search.helps and best.cost is not None:
+        print(f"best: {best.describe()}\n  {best.cost.summary}")
+        if best.cost.tiles:
+            print("  tiles: " + ", ".join(f"{k}={v}" for k, v in best.cost.tiles.items()))
+    else:
+        print("nothing helps: no checked rewrite or relabelling is cheaper than the diagram as written")
+    checked = derive.write(found, out)
+    if checked.theorem is None:
+        assert checked.failure is not None
+        print(render(checked.failure), file=sys.stderr)
+        return 1
+    print(f"wrote {out}: {checked.summary()}")
+    if args.lower:
+        from napkin_cat.lower import lower
+
+        tiles = dict(best.cost.tiles) if best.cost is not None else {}
+        lowered = lower(checked.theorem, target=args.lower, tiles=tiles, dtype=args.dtype, hardware=args.hardware)
+        kernel_path = out.with_suffix(".py")
+        kernel_path.write_text(lowered.source, encoding="utf-8")
+        print(f"wrote {kernel_path}: {args.lower} function `{found.theorem_name}`")
+    return 0
+
+
 def _theorem_or_usage(path: str, name: str) -> object:
     from napkin_cat import proof
 
@@ -278,6 +332,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--hardware", default=None, help="hardware profile for default tiles (e.g. h100)")
     p.add_argument("-o", "--output", required=True, help="OUT.py")
     p.set_defaults(func=cmd_lower)
+
+    p = sub.add_parser("derive", help="search for the cheapest checked schedule of a diagram; write the proof")
+    p.add_argument("file")
+    p.add_argument("diagram")
+    p.add_argument("--hardware", default="h100", help="hardware profile (h100, h200, a100)")
+    p.add_argument("--dtype", default="bf16", help="number format of the arrays (bf16, f16, f32, ...)")
+    p.add_argument("--size", action="append", metavar="AXIS=N", help="size of a symbolic axis (repeatable)")
+    p.add_argument("-o", "--output", required=True, help="OUT.ncd, the proof file to write")
+    p.add_argument("--lower", choices=("pallas", "jax"), help="also write the kernel next to it (OUT.py)")
+    p.add_argument("--budget", type=int, default=2000, help="most candidates to check (default 2000)")
+    p.add_argument("--seconds", type=float, default=120.0, help="time limit of the search (default 120)")
+    p.add_argument("--max-rewrites", type=int, default=2, help="most lemma applications in a row (default 2)")
+    p.set_defaults(func=cmd_derive)
 
     for name, func, text in (("cost", cmd_cost, "derive a theorem's IO cost, optimum tiles and lower bound"),
                              ("pseudo", cmd_pseudo, "print a theorem's pseudocode diagram (loops, live buffers)")):

@@ -24,16 +24,16 @@ from pathlib import Path
 import numpy as np
 import sympy
 
-from napkin_cat import accumulators, cost, kernel, ops, rules
+from napkin_cat import accumulators, cost, kernel, rules
 from napkin_cat import hardware as hw
 from napkin_cat.elaborate import load
 from napkin_cat.evaluate import FLOAT64, Named, evaluate_named
 from napkin_cat.printer import print_step
 from napkin_cat.proof import CheckResult, check_file
 from napkin_cat.rewrite import Candidate, Costed, CostFn, Search, search
-from napkin_cat.terms import Axis, Box, Diagram, Param, Var, boxes
+from napkin_cat.terms import Axis, Box, Diagram, Param, Var
 
-__all__ = ["Derivation", "choose_tiles", "derive", "missing_sizes", "model_cost", "overflow_screen", "proof_text",
+__all__ = ["Derivation", "axes_of", "choose_tiles", "derive", "model_cost", "overflow_screen", "proof_text",
            "write"]
 
 #: input magnitude of the floating-point screen: exp of it overflows float64
@@ -187,22 +187,23 @@ def write(derivation: Derivation, out_path: str | Path) -> CheckResult:
 # ---- the cost model as the search's cost function -------------------------------------------
 
 
-def missing_sizes(module_path: str | Path, diagram: str, sizes: Mapping[str, int]) -> list[str]:
-    """Symbolic axes of ``diagram`` (after unfolding) that ``sizes`` leaves without a size."""
+def axes_of(module_path: str | Path, diagram: str) -> dict[str, int | None]:
+    """Every axis ``diagram`` uses once diagrams used as boxes are unfolded, with its size
+    (None where symbolic): the axes ``--size`` may and must name."""
     source = load(module_path).diagram(diagram)
-    unfolded = kernel.unfold(kernel.refl(diagram, source)).result
-    return [a for a, n in unfolded.axis_sizes().items() if n is None and a not in sizes]
+    return kernel.unfold(kernel.refl(diagram, source)).result.axis_sizes()
 
 
 def model_cost(hardware: str = "h100", dtype: str = "bf16", sizes: Mapping[str, int] | None = None) -> CostFn:
     """The cost model (``napkin_cat.cost``) as a search cost function: modelled seconds.
 
-    A schedule with partitions is one fused kernel: its time is FLOPs at the dtype's peak
-    plus, per level, the bytes moved into it over its parent's bandwidth (the paper's
-    multi-level sum, §4.2), at the best tiles that fit every level's capacity
-    (``choose_tiles``).  A diagram without partitions runs as written, box by box (the
-    model's unfused baseline), which needs no capacity.  Raises HardwareError for an
-    unknown profile or dtype.
+    A schedule is one fused kernel: its time is FLOPs at the dtype's peak plus, per level,
+    the bytes moved into it over its parent's bandwidth (the paper's multi-level sum,
+    §4.2), at the best tiles that fit every level's capacity (``choose_tiles``).  A
+    diagram without partitions is one kernel holding whole arrays; when that does not
+    fit, its value is the model's unfused baseline time (each box its own kernel with
+    unlimited memory) with ``fits=False``: a reference and a guide for ordering rewrites,
+    never a winner.  Raises HardwareError for an unknown profile or dtype.
     """
     profile = hw.load(hardware)
     peak = profile.peak_flops(dtype)
@@ -211,13 +212,16 @@ def model_cost(hardware: str = "h100", dtype: str = "bf16", sizes: Mapping[str, 
     def evaluate(thm: kernel.Theorem) -> Costed:
         used = thm.result.axis_sizes()
         c = cost.cost(thm, hardware=profile, sizes={a: n for a, n in given.items() if a in used}, dtype=dtype)
-        if not thm.schedule.partitions:
-            hbm = profile.level("hbm").bandwidth or math.inf
-            moved, flops = float(c.baseline.transfers_bytes), float(c.baseline.flops)
-            seconds = flops / peak + moved / hbm
-            return Costed(seconds, True, {}, f"{_us(seconds)} unfused (each box its own kernel): "
-                                               f"{_mb(moved)} moved, {flops / 1e9:.3g} GFLOP")
-        return choose_tiles(c, thm, peak)
+        fused = choose_tiles(c, thm, peak)
+        if thm.schedule.partitions or fused.fits:
+            return fused
+        # no partitions and too large for one kernel: keep the unfused time as a guide for
+        # the search's ordering of rewrites, but it is not a schedule that fits
+        hbm = profile.level("hbm").bandwidth or math.inf
+        moved, flops = float(c.baseline.transfers_bytes), float(c.baseline.flops)
+        seconds = flops / peak + moved / hbm
+        return Costed(seconds, False, {}, f"{_us(seconds)} if run unfused, each box its own kernel with unlimited "
+                                          f"memory ({_mb(moved)} moved, {flops / 1e9:.3g} GFLOP)", fused.why_not)
 
     return evaluate
 
@@ -243,24 +247,19 @@ def _tile_values(size: int, least: int = 1) -> list[int]:
     return sorted(v for v in values if v >= floor)
 
 
-def _dot_axes(diagram: Diagram) -> set[str]:
-    """Axes that are matrix dimensions of some contraction: its target (k) or an axis on
-    only some operands (m, n).  Axes on every operand and the output are batch axes."""
-    found: set[str] = set()
-    for _, node in boxes(diagram):
-        if isinstance(node, Box) and ops.OPS[node.op].kind in ("contract", "ncontract"):
-            for axis in dict.fromkeys(a for x in node.args for a in x.axes):
-                if axis in node.target or not all(axis in x.axes for x in node.args):
-                    found.add(axis)
-    return found
+def _batch_axes(diagram: Diagram) -> set[str]:
+    """Axes on every (non-scalar) input and every output: independent problems, which
+    may take any tile.  Every other axis is a matrix dimension of some box."""
+    arrays = [p.axes for p in diagram.inputs if p.axes] + list(diagram.out_types)
+    return set.intersection(*(set(a) for a in arrays)) if arrays else set()
 
 
 def choose_tiles(c: cost.Cost, thm: kernel.Theorem, peak: float, grid_limit: int = 200_000) -> Costed:
     """The fastest integer tiles that fit every level and satisfy the theorem's constraints.
 
     Candidates per tile: the powers of two dividing its axis and the axis size, at least
-    the profile's ``min_tile`` for a matrix dimension of a contraction (tensor-core
-    operand shapes; batch axes may take any tile).
+    the profile's ``min_tile`` (tensor-core operand shapes) unless the axis is a batch
+    axis (``_batch_axes``).
     The whole grid is evaluated (vectorised) when it has at most ``grid_limit`` points;
     beyond that, coordinate descent from every "diagonal" start (all tiles the same
     power of two, which reaches square tiles) keeps the search polynomial.
@@ -269,8 +268,8 @@ def choose_tiles(c: cost.Cost, thm: kernel.Theorem, peak: float, grid_limit: int
     names = list(c.tiles)
     axis_of = {p.tile: p.axis for p in thm.schedule.partitions if isinstance(p.tile, str)}
     least = int(c.hardware.divisibility.get("min_tile", 1))
-    dots = _dot_axes(thm.result)
-    values = [np.array(_tile_values(sizes[axis_of[n]], least if axis_of[n] in dots else 1), dtype=float)
+    batch = _batch_axes(thm.result)
+    values = [np.array(_tile_values(sizes[axis_of[n]], 1 if axis_of[n] in batch else least), dtype=float)
               for n in names]
     symbols = [c.tiles[n] for n in names]
     hardware = c.hardware
@@ -306,13 +305,15 @@ def choose_tiles(c: cost.Cost, thm: kernel.Theorem, peak: float, grid_limit: int
         smallest = [float(v[0]) for v in values]
         need = ", ".join(f"{name} needs {float(fn(*smallest)) / 1024:.4g} KiB of {capacity / 1024:.4g} KiB"
                          for name, capacity, fn in memory if float(fn(*smallest)) > capacity)
+        what = "even the smallest tiles overflow" if names else "whole arrays overflow"
         return Costed(math.inf, False, {n: int(v) for n, v in zip(names, smallest, strict=True)},
-                      "no tiles fit", f"even the smallest tiles overflow: {need or 'the tile constraints fail'}")
+                      "does not fit", f"{what}: {need or 'the tile constraints fail'}")
     moved = sum(float(c.at(lv.transfers_bytes, sizes | tiles)) for lv in c.levels[1:2])
     used = "; ".join(f"{name} {float(fn(*chosen)) / 1024:.4g} of {capacity / 1024:.4g} KiB"
                      for name, capacity, fn in memory)
+    footprint = max((float(fn(*chosen)) / capacity for _, capacity, fn in memory), default=0.0)
     return Costed(seconds, True, tiles, f"{_us(seconds)} fused: {_mb(moved)} moved from hbm; {used}; "
-                                        f"{float(c.at(c.flops, sizes | tiles)) / 1e9:.3g} GFLOP")
+                                        f"{float(c.at(c.flops, sizes | tiles)) / 1e9:.3g} GFLOP", footprint=footprint)
 
 
 Score = Callable[[list[np.ndarray]], tuple[np.ndarray, np.ndarray]]

@@ -8,8 +8,12 @@ What is searched (architecture §3.1, paper R3-R8):
   every binding's expression, looking through let-bound names where a lemma's pattern
   needs a box, and proposes ``rewrite LEMMA at NAMES`` with the bindings it looked
   through.  No lemma or box is recognised by name; a proposal the kernel refuses is
-  recorded and dropped.  Rewritten diagrams are explored best first (by the best cost
-  found so far on their parent), up to ``max_rewrites`` applications deep.
+  recorded and dropped.  Rewritten diagrams are explored best first (cheapest as
+  written first), up to ``max_rewrites`` applications deep.  A rewrite that makes the
+  diagram as written costlier is pursued only if it changes how some box treats some
+  axis (``axis_roles``), i.e. only if it can open a relabelling: moving work into a form
+  the cost model merely under-prices (``contract`` as ``sum`` of a product, say) is not
+  an optimisation.
 - **Relabellings**: ``axis_roles`` reads how every box treats every axis (``kernel.
   treatment``): an axis every box weaves is a group candidate; an axis some box consumes
   and none mixes is a stream candidate.  A ``Plan`` picks groups, at most one stream axis
@@ -63,7 +67,9 @@ class Costed:
 
     ``value``: the modelled cost (lower is better; the model's unit, named in ``summary``);
     ``fits``: whether every level's memory bound holds with ``tiles``; ``tiles``: an integer
-    for every symbolic tile of the schedule; ``why_not``: the violated capacity if not.
+    for every symbolic tile of the schedule; ``why_not``: the violated capacity if not;
+    ``footprint``: the largest fraction of a level's capacity in use (the tie-breaker:
+    at equal cost, the schedule that leaves more fast memory free wins).
     """
 
     value: float
@@ -71,6 +77,7 @@ class Costed:
     tiles: Mapping[str, int]
     summary: str
     why_not: str = ""
+    footprint: float = 0.0
 
 
 #: the pluggable cost function: a checked theorem -> its cost
@@ -124,11 +131,11 @@ class Search:
         return (ranked + unfit + refused)[:limit]
 
 
-def _rank(c: Candidate) -> tuple[float, int, int, str]:
-    """Cheapest first; among equal costs the simpler proof (fewer steps, fewer names)."""
+def _rank(c: Candidate) -> tuple[float, float, int, int, str]:
+    """Cheapest first; at equal cost the smaller footprint, then the simpler proof."""
     assert c.cost is not None
     names = sum(len(s.at) for s in c.steps if isinstance(s, Rewrite))
-    return (c.cost.value, len(c.steps), names, c.describe())
+    return (c.cost.value, c.cost.footprint, len(c.steps), names, c.describe())
 
 
 # ---- lemma matching -----------------------------------------------------------------------
@@ -374,6 +381,13 @@ def _climb(state: _State, prefix: tuple[Step, ...], diagram: Diagram) -> Candida
     return best
 
 
+def _costlier(child: Candidate, parent: Costed | None) -> bool:
+    """Does a rewrite make the diagram as written (no relabelling) cost more?"""
+    if child.cost is None or parent is None:
+        return False
+    return child.cost.value > parent.value * (1 + 1e-9)
+
+
 def search(module: Module, diagram: str, cost: CostFn, *, lemmas: Mapping[str, LemmaDecl],
            theorem_name: str | None = None, max_rewrites: int = 2, budget: int = 2000, seconds: float = 60.0,
            screen: ScreenFn | None = None, progress: Callable[[str], None] | None = None) -> Search:
@@ -393,7 +407,7 @@ def search(module: Module, diagram: str, cost: CostFn, *, lemmas: Mapping[str, L
     root = baseline.theorem.result if baseline.theorem else kernel.unfold(kernel.refl(decl.name, source)).result
     heapq.heappush(frontier, (0.0, 0, next(counter), (), root))
     explored: set[Diagram] = {root}
-    beyond = 0
+    beyond = pruned = 0
     try:
         while frontier:
             _, depth, _, prefix, current = heapq.heappop(frontier)
@@ -403,11 +417,15 @@ def search(module: Module, diagram: str, cost: CostFn, *, lemmas: Mapping[str, L
             if depth >= max_rewrites:
                 beyond += len(proposals(current, lemmas))
                 continue
+            here = state.evaluate(prefix).cost
             for step in proposals(current, lemmas):
                 child = state.evaluate((*prefix, step))
                 if child.theorem is None or child.theorem.result in explored:
                     continue
                 explored.add(child.theorem.result)
+                if _costlier(child, here) and axis_roles(child.theorem.result) == axis_roles(current):
+                    pruned += 1
+                    continue
                 # cost-guided: a rewrite that makes the unscheduled diagram cheaper is explored first
                 priority = child.cost.value if child.cost is not None else float("inf")
                 heapq.heappush(frontier, (priority, depth + 1, next(counter), child.steps, child.theorem.result))
@@ -416,7 +434,9 @@ def search(module: Module, diagram: str, cost: CostFn, *, lemmas: Mapping[str, L
     stopped = state.stop or "saturated"
     detail = {
         "saturated": f"every diagram reachable with up to {max_rewrites} rewrites was explored"
-                     + (f"; {beyond} lemma applications beyond that bound were not" if beyond else ""),
+                     + (f"; {beyond} lemma applications beyond that bound were not" if beyond else "")
+                     + (f"; {pruned} rewrites that made the diagram costlier without opening a new relabelling "
+                        "were not pursued" if pruned else ""),
         "budget": f"the budget of {state.budget} candidates was spent ({len(frontier)} diagrams unexplored)",
         "time": f"the time limit of {seconds:g} s was reached ({len(frontier)} diagrams unexplored)",
     }[stopped]

@@ -109,6 +109,10 @@ def test_cross_entropy_one_hot_and_index(rng: np.random.Generator) -> None:
                                rtol=1e-10)
     np.testing.assert_allclose(m.diagram("mean_cross_entropy").evaluate(z, labels.astype(float)), expected.mean(),
                                rtol=1e-10)
+    h, w = rng.standard_normal((6, 4)), rng.standard_normal((4, 11)) * 5
+    logits = h @ w
+    np.testing.assert_allclose(m.diagram("linear_cross_entropy").evaluate(h, w, labels.astype(float)),
+                               logsumexp(logits, -1) - logits[np.arange(6), labels], rtol=1e-10)
 
 
 def test_readme_ncd_blocks_elaborate_and_its_eval_line_is_current(capsys: pytest.CaptureFixture[str],

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import sympy
+from sympy import Expr
 
 from napkin_cat import ops
 from napkin_cat.loopnest import Flat, Node
@@ -26,7 +27,6 @@ from napkin_cat.terms import Box, Var
 
 __all__ = ["Bound", "diagram_bound", "lower_bounds"]
 
-Expr = sympy.Expr
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import sympy
+from sympy import Expr
 
 from napkin_cat import hardware as hw
 from napkin_cat import ops
@@ -25,7 +26,6 @@ from napkin_cat.terms import Box, Diagram, Schedule, union_axes
 
 __all__ = ["CONVENTION", "Baseline", "Cost", "LevelCost", "Timing", "cost", "cost_of", "timing"]
 
-Expr = sympy.Expr
 
 #: the counting convention, printed beside every result (paper-digest §3.1, §8.2)
 CONVENTION = (

@@ -15,8 +15,8 @@ import itertools
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import sympy
+from sympy import Expr
 
 from napkin_cat import hardware as hw
 from napkin_cat.cost import Cost
@@ -25,7 +25,6 @@ from napkin_cat.terms import Box
 
 __all__ = ["M_BYTES", "Config", "ConfigTable", "M", "Optimum", "continuous", "multilevel", "search"]
 
-Expr = sympy.Expr
 #: the capacity of the optimised level, in values of the compute dtype
 M = sympy.Symbol("M", positive=True)
 #: the same capacity in bytes
@@ -95,7 +94,7 @@ def continuous(c: Cost, level: str | None = None) -> Optimum | None:
     except NotImplementedError:
         return None
     for sol in solutions:
-        if all(t in sol or True for t in free) and all(sol.get(t, t).is_positive is not False for t in free):
+        if all(sol.get(t, t).is_positive is not False for t in free):
             tiles = {str(t): sympy.simplify(sol[t]) for t in free if t in sol}
             best = sympy.simplify(transfers.subs(sol))
             if not best.has(lam):
@@ -229,20 +228,23 @@ def search(c: Cost, top: int = 8) -> ConfigTable:
     combos = [t for t in combos if _nested_ok(c, t)]
     symbols = [c.tiles[n] for n in names]
     levels = c.levels[1:]
+    capacity = [c.hardware.level(lv.name).capacity for lv in levels]
+    bandwidth = []
+    for lv in levels:
+        assert lv.parent is not None
+        bandwidth.append(c.hardware.level(lv.parent).bandwidth or math.inf)
     exprs = [lv.memory_bytes for lv in levels] + [lv.transfers_bytes for lv in levels]
-    fn = sympy.lambdify(symbols, exprs, modules=[{"Max": np.maximum, "ceiling": np.ceil}, "numpy"])
+    exprs.append(sympy.Mul(*c.program.trips))
+    fn = sympy.lambdify(symbols, exprs, modules=[{"Max": max, "ceiling": math.ceil}, "math"])
     rows: list[tuple[float, float, Config]] = []
     for tiles in combos:
-        values = [float(v) for v in np.broadcast_to(fn(*[tiles[n] for n in names]), (len(exprs),))] \
-            if not names else [float(v) for v in fn(*[tiles[n] for n in names])]
+        values = [float(v) for v in fn(*[tiles[n] for n in names])]
         memory = {lv.name: values[i] for i, lv in enumerate(levels)}
-        if any(memory[lv.name] > c.hardware.level(lv.name).capacity for lv in levels):
+        if any(memory[lv.name] > cap for lv, cap in zip(levels, capacity, strict=True)):
             continue
         moved = {lv.name: values[len(levels) + i] for i, lv in enumerate(levels)}
-        time = sum(moved[lv.name] / (c.hardware.level(lv.parent).bandwidth or math.inf)  # type: ignore[arg-type]
-                   for lv in levels)
-        trips = math.prod(float(c.at(t, tiles)) for t in c.program.trips)
-        rows.append((time, trips, Config(tiles, memory, moved, time)))
+        time = sum(moved[lv.name] / bw for lv, bw in zip(levels, bandwidth, strict=True))
+        rows.append((time, values[-1], Config(tiles, memory, moved, time)))
     rows.sort(key=lambda r: (float(f"{r[0]:.9g}"), r[1]))
     return ConfigTable(tuple(r[2] for r in rows[:top]), {n: tuple(cons[n][3]) for n in names}, len(combos))
 

@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import sympy
+from sympy import Expr
 
 from napkin_cat import ops
 from napkin_cat.loopnest import Loop, LoopNest, Node
@@ -40,7 +41,6 @@ from napkin_cat.terms import LEVELS, Axes, Box
 
 __all__ = ["Buffer", "Program", "Step", "View", "program", "render"]
 
-Expr = sympy.Expr
 #: a loop instance in a view: (index into LoopNest.loops, serial number of the instance)
 Inst = tuple[int, int]
 
@@ -51,7 +51,12 @@ def rank(level: str) -> int:
 
 @dataclass(frozen=True)
 class Step:
-    """One column: ``load``/``save`` of an array into/out of the view's level, or ``compute``."""
+    """One column: ``load``/``save`` of an array into/out of the view's level, or ``compute``.
+
+    ``path`` is the loop instances around it (outermost first), ``count`` their trips
+    multiplied, ``size`` the values moved by one load or save, ``users`` the nodes a load
+    serves.
+    """
 
     index: int
     op: str
@@ -59,6 +64,26 @@ class Step:
     path: tuple[Inst, ...]
     count: Expr
     size: Expr
+    users: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class _Block:
+    """A stream loop instance inside a block (its body is ``_ViewBuilder.blocks[path]``)."""
+
+    path: tuple[Inst, ...]
+
+
+@dataclass(frozen=True)
+class _Move:
+    """A load or save placed in a block."""
+
+    op: str
+    array: str
+    users: tuple[str, ...] = ()
+
+
+_Item = str | _Block | _Move
 
 
 @dataclass(frozen=True)
@@ -243,11 +268,11 @@ class _ViewBuilder:
         self.serial = 0
         self.paths: dict[str, tuple[Inst, ...]] = {}
         root = tuple((g, 0) for g in groups)
-        self.blocks: dict[tuple[Inst, ...], list[object]] = {}
+        self.blocks: dict[tuple[Inst, ...], list[_Item]] = {}
         self.blocks[root] = self._tree(list(b.nodes), list(streams), root)
 
-    def _tree(self, nodes: list[Node], streams: list[int], path: tuple[Inst, ...]) -> list[object]:
-        """Items of one block: node names and sub-blocks (keyed by their path)."""
+    def _tree(self, nodes: list[Node], streams: list[int], path: tuple[Inst, ...]) -> list[_Item]:
+        """Items of one block: node names and stream sub-blocks (in phase order, R4)."""
         if not streams:
             for n in nodes:
                 self.paths[n.name] = path
@@ -255,12 +280,12 @@ class _ViewBuilder:
         head, rest = streams[0], streams[1:]
         part = {p: [n for n in nodes if self._phase(head, n.name) in p]
                 for p in (("before",), ("chunk", "accumulate"), ("after",))}
-        items = self._tree(part[("before",)], rest, path)
+        items: list[_Item] = self._tree(part[("before",)], rest, path)
         if part[("chunk", "accumulate")]:
             self.serial += 1
             inner = (*path, (head, self.serial))
             self.blocks[inner] = self._tree(part[("chunk", "accumulate")], rest, inner)
-            items.append(inner)
+            items.append(_Block(inner))
         return items + self._tree(part[("after",)], rest, path)
 
     def _phase(self, loop: int, name: str) -> str:
@@ -298,48 +323,45 @@ class _ViewBuilder:
         inputs = {name for name, _ in self.b.flat.inputs}
         for (arg, pos), users in loads.items():
             block = self.blocks[pos]
-            if arg in inputs:
-                at = sum(1 for it in block if isinstance(it, tuple) and it[0] == "load" and it[1] in inputs)
-            else:
+            if arg in inputs:  # inputs open their block (pre-allocation)
+                at = sum(1 for it in block if isinstance(it, _Move) and it.op == "load" and it.array in inputs)
+            else:  # an intermediate can only be loaded back after it was saved
                 at = min(self._index_of(block, pos, u) for u in users)
-            block.insert(at, ("load", arg, tuple(users)))
+            block.insert(at, _Move("load", arg, tuple(users)))
         for name, pos in saves:
             block = self.blocks[pos]
-            block.insert(self._index_of(block, pos, name) + 1, ("save", name, ()))
+            block.insert(self._index_of(block, pos, name) + 1, _Move("save", name))
 
-    def _index_of(self, block: list[object], pos: tuple[Inst, ...], name: str) -> int:
+    def _index_of(self, block: list[_Item], pos: tuple[Inst, ...], name: str) -> int:
         """The index in ``block`` of the item (node or sub-block) that contains node ``name``."""
         target = self.paths[name]
         for i, item in enumerate(block):
-            if item == name or (isinstance(item, tuple) and item and isinstance(item[0], tuple)
-                                and target[:len(item)] == item):
+            if item == name or (isinstance(item, _Block) and target[:len(item.path)] == item.path):
                 return i
         raise AssertionError(f"{name} not under {pos}")
 
     def _linearise(self) -> tuple[list[Step], dict[Inst, int]]:
         steps: list[Step] = []
         ends: dict[Inst, int] = {}
-        self.columns: dict[tuple[str, str], list[int]] = {}
 
         def walk(path: tuple[Inst, ...]) -> None:
             for item in self.blocks[path]:
                 if isinstance(item, str):
-                    self._step(steps, "compute", item, path)
-                elif item and isinstance(item[0], tuple):
-                    walk(item)  # type: ignore[arg-type]
-                    ends[item[-1]] = len(steps) - 1  # type: ignore[index]
+                    self._step(steps, _Move("compute", item), path)
+                elif isinstance(item, _Block):
+                    walk(item.path)
+                    ends[item.path[-1]] = len(steps) - 1
                 else:
-                    op, name, _ = item  # type: ignore[misc]
-                    self._step(steps, op, name, path)
+                    self._step(steps, item, path)
 
         walk(tuple((g, 0) for g in self.groups))
         return steps, ends
 
-    def _step(self, steps: list[Step], op: str, name: str, path: tuple[Inst, ...]) -> None:
+    def _step(self, steps: list[Step], move: _Move, path: tuple[Inst, ...]) -> None:
         count = sympy.Mul(*(self.b.trips[i] for i, _ in path))
-        size = sympy.Mul(*(e for _, e in self._shape(self.b.flat.type_of(name), path))) if op != "compute" else 0
-        steps.append(Step(len(steps), op, name, path, count, sympy.sympify(size)))
-        self.columns.setdefault((op, name), []).append(len(steps) - 1)
+        shape = self._shape(self.b.flat.type_of(move.array), path)
+        size = sympy.Mul(*(e for _, e in shape)) if move.op != "compute" else sympy.Integer(0)
+        steps.append(Step(len(steps), move.op, move.array, path, count, size, move.users))
 
     def _shape(self, axes: Axes, scope: tuple[Inst, ...]) -> tuple[tuple[str, Expr], ...]:
         return Program.shape(self.b.stub, axes, scope)
@@ -359,7 +381,7 @@ class _ViewBuilder:
 
         for s in steps:
             if s.op == "load":
-                users = [computed[u] for u in self._users(s)]
+                users = [computed[u] for u in s.users]
                 span(s.array, "load", s.index, users, s.path)
             elif s.op == "save" and level != b.compute:
                 shape = self._shape(b.flat.type_of(s.array), s.path)
@@ -388,14 +410,6 @@ class _ViewBuilder:
             scope = _common([steps[i].path] + [steps[u].path for u in uses])
             span(n.name, "value", i, uses, scope)
         return _in_place(b, buffers, steps)
-
-    def _users(self, step: Step) -> tuple[str, ...]:
-        for path, block in self.blocks.items():
-            if path == step.path:
-                for item in block:
-                    if isinstance(item, tuple) and item and item[0] == "load" and item[1] == step.array:
-                        return item[2]  # type: ignore[no-any-return]
-        raise AssertionError(step)
 
 
 def _common(paths: list[tuple[Inst, ...]]) -> tuple[Inst, ...]:

@@ -1,0 +1,100 @@
+"""Pseudocode diagrams: loop nests per level, columns, live buffers, memory and transfers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import sympy
+
+from napkin_cat import cli, proof
+from napkin_cat.cost import cost, cost_of
+from napkin_cat.elaborate import loads
+from napkin_cat.pseudo import max_of, render
+from napkin_cat.terms import Partition, Place, Schedule
+
+ROOT = Path(__file__).resolve().parent.parent
+gq, sx, wq, rx, q, x = sympy.symbols("gq sx wq rx q x", positive=True)
+
+TEXT = """
+axis t, e
+diagram scaled_rows(X: [t e], W: [e]) -> [t e] {
+  N = rsqrt(mean[e](square(X)) + 0.001)
+  return X * N * W
+}
+"""
+
+
+def flash() -> object:
+    return proof.theorem(ROOT / "proofs" / "flash_attention.ncd", "flash_attention")
+
+
+def test_flash_columns_and_residency() -> None:
+    prog = cost(flash()).program
+    (view,) = prog.views
+    ops = [(s.op, s.array) for s in view.steps]
+    # Q is loaded once per query tile, before the stream; K and V per chunk; O saved after it
+    assert ops[0] == ("load", "Q") and ops[-1] == ("save", "O")
+    assert next(s.path for s in view.steps if s.array == "Q" and s.op == "load") == ((0, 0),)
+    k_load = next(s for s in view.steps if s.op == "load" and s.array == "K")
+    assert len(k_load.path) == 2 and sympy.simplify(k_load.count * k_load.size - q * x * 64 / gq) == 0
+    # the state (m, l, o) lives through the whole stream
+    states = {b.name for b in view.buffers if b.role == "state"}
+    assert states == {"O.m", "O.l", "O.o"}
+    # an elementwise box writes over its dying operand: never two score chunks at once
+    for s in view.steps:
+        assert sum(1 for b in view.live(s.index) if b.array in ("t.1", "S")) <= 1
+    assert sympy.expand(view.memory() - (gq * (2 * 64 + sx + 2) + 2 * sx * 64)) == 0
+
+
+def test_two_level_views() -> None:
+    thm = proof.theorem(ROOT / "proofs" / "flash_attention.ncd", "flash_attention_two_level")
+    prog = cost(thm).program
+    assert [(v.parent, v.level) for v in prog.views] == [("hbm", "smem"), ("smem", "reg")]
+    smem, reg = prog.views
+    assert sympy.simplify(smem.transfers() - (128 * q + 128 * q * x / gq)) == 0
+    assert sympy.simplify(reg.transfers() - (128 * q + 128 * q * x / wq)) == 0
+    # state and scores live in registers; SMEM holds only the staged tiles
+    assert not any(b.role == "state" for b in smem.buffers)
+    assert sympy.expand(smem.memory() - (64 * gq + 128 * sx)) == 0
+    text = render(prog)
+    assert "== level reg (transfers smem <-> reg" in text
+    assert "load K hbm via smem -> reg" in text
+
+
+def test_render_lists_loops_columns_and_totals() -> None:
+    co = cost(flash(), sizes={"q": 1024, "x": 2048})
+    text = render(co.program, co.bytes_of)
+    assert "parallel for each q-tile of gq (1024/gq tiles) at smem:" in text
+    assert "for each x-chunk of sx (2048/sx chunks) at smem via online_softmax:" in text
+    assert "live@smem: Q[gq 64]" in text
+    assert "memory M_smem" in text and "transfers H_smem" in text and "transfers in bytes" in text
+
+
+def test_a_diagram_not_in_the_repo() -> None:
+    # row normalisation with the feature axis streamed: X is read twice (the mean, then the
+    # scaling after the stream), N and W once per token tile
+    module = loads(TEXT)
+    schedule = Schedule((Partition("group", "t", "gt", "smem"), Partition("stream", "e", "se", "smem", "sum")))
+    co = cost_of(module.diagram("scaled_rows"), schedule)
+    t, e, gt = sympy.symbols("t e gt", positive=True)
+    view = co.program.views[0]
+    assert [s.array for s in view.steps if s.op == "load"].count("X") == 2
+    assert sympy.simplify(view.transfers() - (3 * t * e + e * t / gt)) == 0
+    # placing the mean in hbm makes it a materialisation boundary: saved, then loaded back
+    placed = Schedule(schedule.partitions, (Place(("N",), "hbm"),))
+    view2 = cost_of(module.diagram("scaled_rows"), placed).program.views[0]
+    assert [s.op for s in view2.steps if s.array == "N"] == ["compute", "save", "load"]
+
+
+def test_max_of_drops_dominated_columns() -> None:
+    a, b = sympy.symbols("a b", positive=True)
+    assert max_of([a, a + b, 2 * a + b]) == 2 * a + b
+    assert max_of([a * b, a + b]) == sympy.Max(a * b, a + b)
+
+
+def test_cli_pseudo(capsys) -> None:  # type: ignore[no-untyped-def]
+    rc = cli.main(["pseudo", str(ROOT / "proofs" / "matmul.ncd"), "tiled_matmul"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "for each b-chunk of sb (b/sb chunks) at smem via sum:" in out
+    assert "memory M_smem = ga*gc + ga*sb + gc*sb" in out

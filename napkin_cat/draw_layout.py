@@ -125,7 +125,7 @@ class PlacedBox:
 
 def triangle(box: PlacedBox) -> tuple[float, float, float]:
     """The softmax triangle ◁ in a box: its apex x, top and bottom (its base is the right edge)."""
-    y0, y1 = box.y + HEAD - 6, box.y + box.h
+    y0, y1 = box.y + HEAD - 1, box.y + box.h
     return box.x + max(box.w - 1.1 * (y1 - y0), 0.0), y0, y1
 
 
@@ -214,7 +214,7 @@ class _Placer:
             if col == c.n - 1:
                 break
             hops = c.hops(col)
-            save = max(((len(self.res[k].up) - 1) * (MARK_W + 4) for k, step in hops if step == 0), default=0.0)
+            save = max((max(len(self.res[k].up) - 1, 0) * (MARK_W + 4) for k, step in hops if step == 0), default=0.0)
             strip = max((self.strip_width(p) for p in self.start_ports(col)), default=0.0)
             strip = max(strip, 22.0)
             dy = max((abs(c.in_y(k, s + 1) - c.out_y(k, s)) for k, s in hops), default=0.0)

@@ -21,7 +21,7 @@ from sympy import Expr
 from napkin_cat import hardware as hw
 from napkin_cat import ops
 from napkin_cat.loopnest import loop_nest
-from napkin_cat.pseudo import Program, max_of, program, rank
+from napkin_cat.pseudo import Program, max_of, program
 from napkin_cat.terms import Box, Diagram, Schedule, union_axes
 
 __all__ = ["CONVENTION", "Baseline", "Cost", "LevelCost", "Timing", "cost", "cost_of", "timing"]
@@ -264,7 +264,3 @@ def timing(c: Cost, values: Mapping[str, float | int] | None = None, flops: Expr
     return Timing(flop_time, tuple(per_level), flop_time + sympy.Add(*times), sympy.Max(flop_time, *times),
                   f / hbm_bytes, c.hardware.ridge(c.dtype, "hbm"))
 
-
-def levels_below(c: Cost, level: str) -> list[LevelCost]:
-    """The levels at or below ``level`` (faster), in order."""
-    return [lv for lv in c.levels if rank(lv.name) >= rank(level)]

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import InitVar, dataclass, replace
+from dataclasses import InitVar, dataclass, fields, replace
 
 from napkin_cat import ops
 from napkin_cat.diagnostics import NapkinError, Span, error
@@ -56,22 +56,8 @@ from napkin_cat.terms import (
     walk,
 )
 
-__all__ = [
-    "DTYPE_ROUNDOFF",
-    "Divides",
-    "KernelError",
-    "Theorem",
-    "group",
-    "place",
-    "quantise",
-    "refl",
-    "rewrite",
-    "stream",
-    "trans",
-    "treatment",
-    "typed_box",
-    "unfold",
-]
+__all__ = ["DTYPE_ROUNDOFF", "Divides", "KernelError", "Theorem", "group", "place", "quantise", "refl", "rewrite",
+           "stream", "trans", "treatment", "typed_box", "unfold"]
 
 _TOKEN = object()
 _EMPTY = Schedule()
@@ -147,13 +133,10 @@ class Theorem:
 
 
 def _extend(thm: Theorem, step: Step | None, trust: tuple[str, ...], **changes: object) -> Theorem:
-    fields = {f: getattr(thm, f) for f in ("name", "source", "result", "schedule", "steps", "trust", "constraints",
-                                           "accumulators", "approximations")}
-    fields.update(changes)
-    fields["trust"] = tuple(dict.fromkeys(thm.trust + trust))
-    if step is not None:
-        fields["steps"] = (*thm.steps, step)
-    return Theorem(**fields, token=_TOKEN)  # type: ignore[arg-type,unused-ignore]
+    values = {f.name: getattr(thm, f.name) for f in fields(thm)} | changes
+    values["trust"] = tuple(dict.fromkeys(thm.trust + trust))
+    values["steps"] = values["steps"] if step is None else (*thm.steps, step)
+    return Theorem(**values, token=_TOKEN)  # type: ignore[arg-type,unused-ignore]
 
 
 # ---- typing of boxes (the same rules as the elaborator) -------------------------------------
@@ -182,18 +165,15 @@ def treatment(box: Box, axis: str) -> str:
     return "consumes" if ops.is_consuming(box.op) else "mixes"
 
 
-def _label(box: Box, let: Let | None) -> str:
-    inside = f"[{' '.join(box.target)}{'; ' + ', '.join(box.params) if box.params else ''}]" if box.target else ""
-    where = f"binding `{let.names[0]}`" if let is not None else "the returned expression"
-    return f"`{box.op}{inside}` ({where})"
-
-
-def _boxes(diagram: Diagram) -> list[tuple[Let | None, Box]]:
-    out: list[tuple[Let | None, Box]] = []
-    for let in diagram.body:
-        out.extend((let, n) for n in walk(let.expr) if isinstance(n, Box))
-    for o in diagram.outputs:
-        out.extend((None, n) for n in walk(o) if isinstance(n, Box))
+def _boxes(diagram: Diagram) -> list[tuple[str, Box]]:
+    """Every box with the label refusals name it by: `op[target; params]` (binding `X`)."""
+    out: list[tuple[str, Box]] = []
+    for where, expr in [(f"binding `{let.names[0]}`", let.expr) for let in diagram.body] + \
+            [("the returned expression", o) for o in diagram.outputs]:
+        for n in walk(expr):
+            if isinstance(n, Box):
+                inside = f"[{' '.join(n.target)}{'; ' + ', '.join(n.params) if n.params else ''}]" if n.target else ""
+                out.append((f"`{n.op}{inside}` ({where})", n))
     return out
 
 
@@ -213,73 +193,53 @@ def unfold(thm: Theorem) -> Theorem:
     axes by name (terms.Apply), so inlining it, with every inner box retyped to carry the
     woven axes, is an equality.  Inner names are kept unless they clash.
     """
-    if not any(isinstance(n, Apply) for let in thm.result.body for n in walk(let.expr)) and \
-            not any(isinstance(n, Apply) for o in thm.result.outputs for n in walk(o)):
+    exprs = [let.expr for let in thm.result.body] + list(thm.result.outputs)
+    calls = [n for e in exprs for n in walk(e) if isinstance(n, Apply)]
+    if not calls:
         return thm
     _no_schedule(thm, "unfold", None)
     taken = {p.name for p in thm.result.inputs} | {n for let in thm.result.body for n in let.names}
     lets: list[Let] = []
 
-    def fresh(name: str) -> str:
-        candidate, k = name, 1
-        while candidate in taken:
-            k += 1
-            candidate = f"{name}_{k}"
-        taken.add(candidate)
-        return candidate
+    def bind(name: str, value: Expr, span: Span | None) -> Var:
+        fresh, k = name, 1
+        while fresh in taken:
+            k, fresh = k + 1, f"{name}_{k + 1}"
+        taken.add(fresh)
+        lets.append(Let((fresh,), value, span))
+        return Var(fresh, value.axes)
 
-    def inline(expr: Expr, env: dict[str, Expr]) -> Expr | tuple[Expr, ...]:
+    def inline(expr: Expr, env: dict[str, Expr]) -> tuple[Expr, ...]:
         if isinstance(expr, Var):
-            return env.get(expr.name, expr)
+            return (env.get(expr.name, expr),)
         if isinstance(expr, Box):
-            args = tuple(_single(inline(a, env)) for a in expr.args)
-            return typed_box(expr.op, args, expr.target, expr.out, expr.params, expr.index, expr.span)
-        if isinstance(expr, Apply):
-            inner: dict[str, Expr] = {}
-            for param, arg in zip(expr.diagram.inputs, expr.args, strict=True):
-                value = _single(inline(arg, env))
-                if not isinstance(value, (Var, Const, Size)):
-                    name = fresh(param.name)
-                    lets.append(Let((name,), value, expr.span))
-                    value = Var(name, value.axes)
-                inner[param.name] = value
-            for let in expr.diagram.body:
-                value_or_tuple = inline(let.expr, inner)
-                parts = value_or_tuple if isinstance(value_or_tuple, tuple) else (value_or_tuple,)
-                for n, part in zip(let.names, parts, strict=True):
-                    name = fresh(n)
-                    lets.append(Let((name,), part, let.span))
-                    inner[n] = Var(name, part.axes)
-            outs = tuple(_single(inline(o, inner)) for o in expr.diagram.outputs)
-            return outs if len(outs) > 1 else outs[0]
-        return expr
+            args = tuple(inline(a, env)[0] for a in expr.args)
+            return (typed_box(expr.op, args, expr.target, expr.out, expr.params, expr.index, expr.span),)
+        if not isinstance(expr, Apply):
+            return (expr,)
+        inner: dict[str, Expr] = {}
+        for param, arg in zip(expr.diagram.inputs, expr.args, strict=True):
+            value = inline(arg, env)[0]
+            inner[param.name] = value if isinstance(value, (Var, Const, Size)) else bind(param.name, value, expr.span)
+        for let in expr.diagram.body:
+            for n, part in zip(let.names, inline(let.expr, inner), strict=True):
+                inner[n] = bind(n, part, let.span)
+        return tuple(inline(o, inner)[0] for o in expr.diagram.outputs)
 
     env: dict[str, Expr] = {}
     for let in thm.result.body:
-        value = inline(let.expr, env)
-        parts = value if isinstance(value, tuple) else (value,)
-        for n, part in zip(let.names, parts, strict=True):
-            lets.append(Let((n,), part, let.span))
-            env[n] = Var(n, part.axes)
-    outputs = tuple(_single(inline(o, env)) for o in thm.result.outputs)
-    axes = tuple(dict.fromkeys(thm.result.axes + tuple(a for _, b in _apply_axes(thm.result) for a in b)))
-    result = replace(thm.result, body=tuple(lets), outputs=outputs, axes=axes)
+        for n, part in zip(let.names, inline(let.expr, env), strict=True):
+            taken.discard(n)
+            env[n] = bind(n, part, let.span)
+    outputs = tuple(inline(o, env)[0] for o in thm.result.outputs)
+    axes: dict[str, Axis] = {a.name: a for a in thm.result.axes}
+    while calls:
+        call = calls.pop()
+        axes.update((a.name, a) for a in call.diagram.axes if a.name not in axes)
+        calls.extend(n for e in [let.expr for let in call.diagram.body] + list(call.diagram.outputs)
+                     for n in walk(e) if isinstance(n, Apply))
+    result = replace(thm.result, body=tuple(lets), outputs=outputs, axes=tuple(axes.values()))
     return _extend(thm, None, ("unfold",), result=result)
-
-
-def _apply_axes(diagram: Diagram) -> list[tuple[str, tuple[Axis, ...]]]:
-    found: list[tuple[str, tuple[Axis, ...]]] = []
-    for expr in [let.expr for let in diagram.body] + list(diagram.outputs):
-        for n in walk(expr):
-            if isinstance(n, Apply):
-                found.append((n.diagram.name, n.diagram.axes))
-                found.extend(_apply_axes(n.diagram))
-    return found
-
-
-def _single(value: Expr | tuple[Expr, ...]) -> Expr:
-    assert not isinstance(value, tuple), "a multi-output diagram is bound by a multi-name let"
-    return value
 
 
 def trans(first: Theorem, second: Theorem) -> Theorem:
@@ -311,42 +271,41 @@ def rewrite(thm: Theorem, lemma: LemmaDecl, step: Rewrite, certified: Mapping[st
 
     The bindings named by ``at`` are inlined into the last of them (the root) and the
     first sub-term matching ``lhs`` is replaced; named bindings left unused are dropped.
-    Side conditions: the lemma is certified; an extra axis of a matched variable is not
-    the image of a lemma axis (so every box of the pattern weaves it, R1).
+    Side conditions: the lemma is certified; σ binds every variable and axis of ``rhs``;
+    an extra axis of a matched variable is not the image of a lemma axis (so every box of
+    the pattern weaves it, R1); both sides get the same type.
     """
-    rule = "instantiate"
     if lemma.name not in certified:
-        raise KernelError(rule, f"lemma `{lemma.name}` is not certified", step.span)
+        raise KernelError("instantiate", f"lemma `{lemma.name}` is not certified", step.span)
     _no_schedule(thm, "congruence", step.span)
-    diagram = thm.result
-    names = [n for let in diagram.body for n in let.names]
+    body = list(thm.result.body)
+    names = [n for let in body for n in let.names]
     for n in step.at:
         if n not in names:
-            raise KernelError("congruence", f"no binding `{n}` in `{diagram.name}` (bindings: {', '.join(names)})",
+            raise KernelError("congruence", f"no binding `{n}` in `{thm.result.name}` (bindings: {', '.join(names)})",
                               step.span)
-    root_index = max(names.index(n) for n in step.at)
-    root = diagram.body[root_index]
-    defs = {let.names[0]: let.expr for let in diagram.body if len(let.names) == 1 and let.names[0] in step.at}
+    index = max(names.index(n) for n in step.at)
+    root = body[index]
+    defs = {let.names[0]: let.expr for let in body if len(let.names) == 1 and let.names[0] in step.at}
+    for n in step.at:
+        if n not in root.names and not _mentions(root.expr, n, defs):
+            raise KernelError("congruence", f"binding `{n}` is not used by `{root.names[0]}`", step.span)
     inlined = _inline_named(root.expr, defs, set(root.names))
-    unused = [n for n in step.at if n not in root.names and not _mentions(root.expr, n, defs)]
-    if unused:
-        raise KernelError("congruence", f"binding `{unused[0]}` is not used by `{root.names[0]}`", step.span)
     for node in walk(inlined):
-        sigma = _Match()
-        if sigma.expr(lemma.lhs, node):
-            sigma.check_weaving(lemma, rule, step.span)
-            instance = sigma.instantiate(lemma.rhs, lemma.name)
+        vars_: dict[str, Expr] = {}
+        axes: dict[str, str] = {}
+        if _match(lemma.lhs, node, vars_, axes):
+            instance = _instantiate(lemma, vars_, axes, step.span)
             if set(instance.axes) != set(node.axes):
-                raise KernelError(rule, f"lemma `{lemma.name}` gives type {list(instance.axes)} for "
-                                        f"{list(node.axes)} at `{root.names[0]}`", step.span)
-            new_root = Let(root.names, _replace(inlined, node, instance), root.span)
-            body = list(diagram.body)
-            body[root_index] = new_root
-            result = replace(diagram, body=tuple(_drop_unused(body, diagram.outputs, set(step.at))))
-            return _extend(thm, step, ("congruence", f"lemma {lemma.name} ({certified[lemma.name]})"), result=result)
-    raise KernelError(rule, f"lemma `{lemma.name}`'s left side does not match `{root.names[0]}` "
-                            f"with {', '.join(n for n in step.at if n not in root.names) or 'nothing'} inlined",
-                      step.span)
+                raise KernelError("instantiate", f"lemma `{lemma.name}` gives type {list(instance.axes)} for "
+                                                 f"{list(node.axes)} at `{root.names[0]}`", step.span)
+            body[index] = Let(root.names, _replace(inlined, node, instance), root.span)
+            used = _drop_unused(body, thm.result.outputs, set(step.at))
+            return _extend(thm, step, ("congruence", f"lemma {lemma.name} ({certified[lemma.name]})"),
+                           result=replace(thm.result, body=tuple(used)))
+    inlined_names = ", ".join(n for n in step.at if n not in root.names) or "nothing"
+    raise KernelError("instantiate", f"lemma `{lemma.name}`'s left side does not match `{root.names[0]}` "
+                                     f"with {inlined_names} inlined", step.span)
 
 
 def _inline_named(expr: Expr, defs: Mapping[str, Expr], seen: set[str]) -> Expr:
@@ -358,20 +317,18 @@ def _inline_named(expr: Expr, defs: Mapping[str, Expr], seen: set[str]) -> Expr:
 
 
 def _mentions(expr: Expr, name: str, defs: Mapping[str, Expr]) -> bool:
-    for n in walk(expr):
-        if isinstance(n, Var) and (n.name == name or (n.name in defs and _mentions(defs[n.name], name, defs))):
-            return True
-    return False
+    return any(isinstance(n, Var) and (n.name == name or (n.name in defs and _mentions(defs[n.name], name, defs)))
+               for n in walk(expr))
 
 
 def _replace(expr: Expr, old: Expr, new: Expr) -> Expr:
     if expr is old:
         return new
-    if isinstance(expr, Box):
-        args = tuple(_replace(a, old, new) for a in expr.args)
-        return expr if args == expr.args else typed_box(expr.op, args, expr.target, expr.out, expr.params,
-                                                        expr.index, expr.span)
-    return expr
+    if not isinstance(expr, Box):
+        return expr
+    args = tuple(_replace(a, old, new) for a in expr.args)
+    return expr if args == expr.args else typed_box(expr.op, args, expr.target, expr.out, expr.params, expr.index,
+                                                    expr.span)
 
 
 def _drop_unused(body: list[Let], outputs: tuple[Expr, ...], candidates: set[str]) -> list[Let]:
@@ -383,92 +340,73 @@ def _drop_unused(body: list[Let], outputs: tuple[Expr, ...], candidates: set[str
         body = [let for let in body if let not in dead]
 
 
-class _Match:
-    """A first-order match of a lemma side against a diagram term, with an axis map."""
-
-    def __init__(self) -> None:
-        self.vars: dict[str, Expr] = {}
-        self.axes: dict[str, str] = {}
-
-    def axis(self, pattern: str, actual: str) -> bool:
-        if pattern in self.axes:
-            return self.axes[pattern] == actual
-        if actual in self.axes.values():
-            return False
-        self.axes[pattern] = actual
-        return True
-
-    def axes_list(self, pattern: Axes, actual: Axes) -> bool:
-        return len(pattern) == len(actual) and all(self.axis(p, a) for p, a in zip(pattern, actual, strict=True))
-
-    def expr(self, pattern: Expr, actual: Expr) -> bool:
-        if isinstance(pattern, Var):
-            if pattern.name in self.vars:
-                return self.vars[pattern.name] == actual
-            self.vars[pattern.name] = actual
-            return True
-        if isinstance(pattern, Const):
-            return isinstance(actual, Const) and (pattern.value == actual.value)
-        if isinstance(pattern, Size):
-            return isinstance(actual, Size) and self.axis(pattern.axis, actual.axis)
-        if isinstance(pattern, Box):
-            return (isinstance(actual, Box) and pattern.op == actual.op and pattern.params == actual.params
-                    and pattern.index is None and actual.index is None and len(pattern.args) == len(actual.args)
-                    and self.axes_list(pattern.target, actual.target) and self.axes_list(pattern.out, actual.out)
-                    and all(self.expr(p, a) for p, a in zip(pattern.args, actual.args, strict=True)))
+def _match_axes(pattern: Axes, actual: Axes, axes: dict[str, str]) -> bool:
+    """Extend the injective axis map ``axes`` so that ``pattern`` maps onto ``actual``."""
+    if len(pattern) != len(actual):
         return False
+    for p, a in zip(pattern, actual, strict=True):
+        if axes.get(p, a) != a or (p not in axes and a in axes.values()):
+            return False
+        axes[p] = a
+    return True
 
-    def check_weaving(self, lemma: LemmaDecl, rule: str, span: Span | None) -> None:
-        image = set(self.axes.values())
-        for param in lemma.params:
-            if param.name not in self.vars:
-                continue
-            value = self.vars[param.name]
-            own = {self.axes.get(a, a) for a in param.axes}
-            if any(a not in self.axes for a in param.axes):
-                raise KernelError(rule, f"lemma `{lemma.name}`: axis of `{param.name}` is not fixed by the match",
-                                  span)
-            if not own <= set(value.axes):
-                raise KernelError(rule, f"lemma `{lemma.name}`: `{param.name}` needs axes {sorted(own)}, "
-                                        f"the matched term has {list(value.axes)}", span)
-            clash = (set(value.axes) - own) & image
-            if clash:
-                raise KernelError(rule, f"lemma `{lemma.name}`: `{param.name}` would carry axis `{min(clash)}`, "
-                                        "which the lemma's boxes act on, so it is not woven (R1)", span)
 
-    def instantiate(self, expr: Expr, lemma: str) -> Expr:
-        """σ(expr); a variable or axis the match did not bind is refused (no invented terms)."""
-        unbound = [n.name for n in walk(expr) if isinstance(n, Var) and n.name not in self.vars] + \
-            [a for n in walk(expr) for a in _axes_named(n) if a not in self.axes]
-        if unbound:
-            raise KernelError("instantiate", f"lemma `{lemma}`'s right side uses `{unbound[0]}`, "
-                                             "which its left side does not bind")
-        return self._subst(expr)
+def _match(pattern: Expr, actual: Expr, vars_: dict[str, Expr], axes: dict[str, str]) -> bool:
+    """First-order matching of a lemma side against a term, extending ``vars_`` and ``axes``."""
+    if isinstance(pattern, Var):
+        return vars_.setdefault(pattern.name, actual) == actual
+    if isinstance(pattern, Const):
+        return isinstance(actual, Const) and pattern.value == actual.value
+    if isinstance(pattern, Size):
+        return isinstance(actual, Size) and _match_axes((pattern.axis,), (actual.axis,), axes)
+    return (isinstance(pattern, Box) and isinstance(actual, Box) and pattern.op == actual.op
+            and pattern.params == actual.params and pattern.index is None and actual.index is None
+            and len(pattern.args) == len(actual.args) and _match_axes(pattern.target + pattern.out,
+                                                                      actual.target + actual.out, axes)
+            and all(_match(p, a, vars_, axes) for p, a in zip(pattern.args, actual.args, strict=True)))
 
-    def _subst(self, expr: Expr) -> Expr:
+
+def _instantiate(lemma: LemmaDecl, vars_: dict[str, Expr], axes: dict[str, str], span: Span | None) -> Expr:
+    """σ(rhs), after checking that σ binds it and that every extra axis is woven (R1)."""
+    image = set(axes.values())
+    for param in lemma.params:
+        if param.name not in vars_:
+            continue
+        have = set(vars_[param.name].axes)
+        if any(a not in axes for a in param.axes):
+            raise KernelError("instantiate", f"lemma `{lemma.name}`: an axis of `{param.name}` is not fixed by "
+                                             "the match", span)
+        own = {axes[a] for a in param.axes}
+        if not own <= have:
+            raise KernelError("instantiate", f"lemma `{lemma.name}`: `{param.name}` needs axes {sorted(own)}, "
+                                             f"the matched term has {sorted(have)}", span)
+        if (have - own) & image:
+            raise KernelError("instantiate", f"lemma `{lemma.name}`: `{param.name}` would carry axis "
+                                             f"`{min((have - own) & image)}`, which the lemma's boxes act on, "
+                                             "so it is not woven (R1)", span)
+    for n in walk(lemma.rhs):
+        names = (n.name,) if isinstance(n, Var) else (n.axis,) if isinstance(n, Size) else \
+            n.target + n.out if isinstance(n, Box) else ()
+        for name in names:
+            if name not in (vars_ if isinstance(n, Var) else axes):
+                raise KernelError("instantiate", f"lemma `{lemma.name}`'s right side uses `{name}`, "
+                                                 "which its left side does not bind", span)
+
+    def subst(expr: Expr) -> Expr:
         if isinstance(expr, Var):
-            return self.vars[expr.name]
+            return vars_[expr.name]
         if isinstance(expr, Size):
-            return Size(self.axes[expr.axis])
-        if isinstance(expr, Box):
-            args = tuple(self._subst(a) for a in expr.args)
-            target = tuple(self.axes[a] for a in expr.target)
-            out = tuple(self.axes[a] for a in expr.out)
-            return typed_box(expr.op, args, target, out, expr.params, expr.index)
-        return expr
+            return Size(axes[expr.axis])
+        if not isinstance(expr, Box):
+            return expr
+        named = tuple(axes[a] for a in expr.target + expr.out)
+        return typed_box(expr.op, tuple(subst(a) for a in expr.args), named[:len(expr.target)],
+                         named[len(expr.target):], expr.params, expr.index)
 
-
-def _axes_named(node: Expr) -> Axes:
-    if isinstance(node, Box):
-        return node.target + node.out
-    return (node.axis,) if isinstance(node, Size) else ()
+    return subst(lemma.rhs)
 
 
 # ---- relabellings: partitions (R3, R4, R5, R8, R9), placement (R2), dtype (R10) -----------
-
-
-def _axis_size(diagram: Diagram, axis: str) -> int | None:
-    return diagram.axis_sizes().get(axis)
 
 
 def _nest(thm: Theorem, step: Partition) -> tuple[Divides, ...]:
@@ -478,38 +416,35 @@ def _nest(thm: Theorem, step: Partition) -> tuple[Divides, ...]:
     an axis is partitioned at most once per level; an inner tile divides the outer tile;
     the outermost tile divides the axis unless ``pad`` declares a masked ragged tile.
     """
-    rule = step.kind
-    diagram = thm.result
+    rule, diagram, span = step.kind, thm.result, step.span
     sizes = diagram.axis_sizes()
-    if step.axis not in sizes or (not any(step.axis in b.axes or step.axis in b.target for _, b in _boxes(diagram)) \
-            and not any(step.axis in p.axes for p in diagram.inputs)):
-        raise KernelError(rule, f"axis `{step.axis}` does not occur in `{diagram.name}`", step.span)
+    exprs = [let.expr for let in diagram.body] + list(diagram.outputs)
+    if any(isinstance(n, Apply) for e in exprs for n in walk(e)):
+        raise KernelError(rule, "the diagram uses a diagram as a box; unfold it first", span)
+    if step.axis not in sizes or not (any(treatment(b, step.axis) != "absent" for _, b in _boxes(diagram))
+                                      or any(step.axis in p.axes for p in diagram.inputs)):
+        raise KernelError(rule, f"axis `{step.axis}` does not occur in `{diagram.name}`", span)
     if isinstance(step.tile, str) and step.tile in sizes:
-        raise KernelError(rule, f"tile `{step.tile}` is the name of an axis; name tile sizes apart", step.span)
+        raise KernelError(rule, f"tile `{step.tile}` is the name of an axis; name tile sizes apart", span)
     deepest = max((LEVELS.index(p.level) for p in thm.schedule.partitions), default=0)
     if LEVELS.index(step.level) < deepest:
         raise KernelError("nest", f"{rule} at `{step.level}` comes after a partition at `{LEVELS[deepest]}`; "
-                                  "list outer (larger) levels first (R8)", step.span)
+                                  "list outer (larger) levels first (R8)", span)
     outer = [p for p in thm.schedule.partitions if p.axis == step.axis]
     if any(p.level == step.level for p in outer):
-        raise KernelError("nest", f"axis `{step.axis}` is already partitioned at `{step.level}`", step.span)
-    dividend: str | int | None = outer[-1].tile if outer else sizes[step.axis]
-    what = f"the `{outer[-1].level}` tile {outer[-1].tile}" if outer else f"axis `{step.axis}`"
-    if dividend is None:
-        dividend = step.axis
-    if step.tile == 1:
+        raise KernelError("nest", f"axis `{step.axis}` is already partitioned at `{step.level}`", span)
+    size = sizes[step.axis]
+    dividend: str | int = outer[-1].tile if outer else (step.axis if size is None else size)
+    padded = step.pad and not outer  # a ragged tile is masked; nested tiles must divide exactly
+    if step.tile == 1 or padded:
         return ()
-    if isinstance(step.tile, int) and isinstance(dividend, int):
-        if dividend % step.tile == 0:
-            return ()
-        if step.pad and not outer:
-            return ()
-        raise KernelError("nest" if outer else rule,
-                          f"tile {step.tile} does not divide {what} of size {dividend}"
-                          + ("" if outer else "; declare `pad` to mask the ragged last tile"), step.span)
-    if step.pad and not outer:
-        return ()
-    return (Divides(step.tile, dividend),)
+    if isinstance(step.tile, str) or isinstance(dividend, str):
+        return (Divides(step.tile, dividend),)
+    if dividend % step.tile:
+        what = f"the `{outer[-1].level}` tile {dividend}" if outer else f"axis `{step.axis}` of size {dividend}"
+        hint = "" if outer else "; declare `pad` to mask the ragged last tile"
+        raise KernelError("nest" if outer else rule, f"tile {step.tile} does not divide {what}{hint}", span)
+    return ()
 
 
 def group(thm: Theorem, step: Partition) -> Theorem:
@@ -523,25 +458,16 @@ def group(thm: Theorem, step: Partition) -> Theorem:
     """
     assert step.kind == "group"
     constraints = _nest(thm, step)
-    _no_applications(thm, step)
-    for let, box in _boxes(thm.result):
+    for label, box in _boxes(thm.result):
         how = treatment(box, step.axis)
         if how == "consumes":
-            raise KernelError("group", f"box {_label(box, let)} consumes axis `{step.axis}`; "
+            raise KernelError("group", f"box {label} consumes axis `{step.axis}`; "
                                        "a consumed axis can only be streamed (R3)", step.span)
         if how == "mixes":
-            raise KernelError("group", f"box {_label(box, let)} mixes axis `{step.axis}`: its outputs read "
+            raise KernelError("group", f"box {label} mixes axis `{step.axis}`: its outputs read "
                                        f"every position along `{step.axis}` (R3)", step.span)
     schedule = replace(thm.schedule, partitions=(*thm.schedule.partitions, step))
     return _extend(thm, step, ("group",), schedule=schedule, constraints=thm.constraints + constraints)
-
-
-@dataclass(frozen=True)
-class _Flow:
-    """Per value during a stream check: does it carry the axis, does it need the finished stream."""
-
-    carries: bool
-    after: bool
 
 
 def stream(thm: Theorem, step: Partition, accumulator: AccumulatorOracle) -> Theorem:
@@ -559,70 +485,55 @@ def stream(thm: Theorem, step: Partition, accumulator: AccumulatorOracle) -> The
     """
     assert step.kind == "stream"
     constraints = _nest(thm, step)
-    _no_applications(thm, step)
-    axis = step.axis
-    chosen: list[tuple[str, Box, str]] = []
-    trust: list[str] = []
-    candidates: list[tuple[Let | None, Box, tuple[str, ...]]] = []
+    axis, span = step.axis, step.span
+    labels = {id(n): label for label, n in _boxes(thm.result)}
+    consumers: list[tuple[str, tuple[str, ...], Box]] = []
 
-    def visit(node: Expr, kids: tuple[_Flow, ...], env: Mapping[str, _Flow]) -> _Flow:
+    def visit(node: Expr, kids: tuple[bool, ...], env: Mapping[str, bool]) -> bool:
+        """True for a value that needs the finished stream (computed after a consumption)."""
         if isinstance(node, Var):
             return env[node.name]
         if not isinstance(node, Box):
-            return _Flow(False, False)
-        let = lets_of[id(node)]
-        after = any(k.after for k in kids)
-        how = treatment(node, axis)
-        if how == "absent":
-            return _Flow(False, after)
+            return False
+        how, label = treatment(node, axis), labels[id(node)]
         if how == "mixes":
-            raise KernelError("stream", f"box {_label(node, let)} mixes axis `{axis}` and has no accumulator; "
-                                        "rewrite it with a certified lemma into a consuming box first (R4)", step.span)
-        if after:
-            raise KernelError("stream", f"box {_label(node, let)} reads a value computed from the whole of "
-                                        f"`{axis}` while `{axis}` is still being streamed (a second pass)", step.span)
-        if how == "weaves":
-            return _Flow(axis in node.axes, False)
-        candidates.append((let, node, ops.accumulators_for(node.op, node.params)))
-        return _Flow(False, True)
+            raise KernelError("stream", f"box {label} mixes axis `{axis}` and has no accumulator; rewrite it "
+                                        "with a certified lemma into a consuming box first (R4)", span)
+        if how != "absent" and any(kids):
+            raise KernelError("stream", f"box {label} reads a value computed from the whole of `{axis}` while "
+                                        f"`{axis}` is still being streamed (a second pass)", span)
+        if how == "consumes":
+            consumers.append((label, ops.accumulators_for(node.op, node.params), node))
+        return how == "consumes" or any(kids)
 
-    lets_of = {id(n): let for let, n in _boxes(thm.result)}
-    run_diagram(thm.result, [_Flow(axis in p.axes, False) for p in thm.result.inputs], visit)
-    if step.via is not None and not candidates:
-        raise KernelError("stream", f"`via {step.via}` names an accumulator but no box consumes `{axis}`", step.span)
-    if step.via is not None and not any(step.via in names for _, _, names in candidates):
-        let, box, names = candidates[0]
-        raise KernelError("stream", f"accumulator `{step.via}` cannot stream {_label(box, let)} along `{axis}`; "
-                                    f"admissible: {', '.join(names) or 'none'}", step.span)
-    for let, box, names in candidates:
-        if not names:
-            raise KernelError("stream", f"box {_label(box, let)} consumes `{axis}` but has no accumulator", step.span)
-        order = ((step.via,) if step.via in names else ()) + tuple(n for n in names if n != step.via)
-        how_certified = None
-        for name in order:
-            how_certified = accumulator(box, axis, name, step.pad)
-            if how_certified is not None:
-                chosen.append((axis, box, name))
-                trust.append(f"accumulator {name} for {_label(box, let)} ({how_certified})")
-                break
-        if how_certified is None:
-            pad = " with padding" if step.pad else ""
-            raise KernelError("stream", f"no certified accumulator{pad} for {_label(box, let)} "
-                                        f"(tried {', '.join(order)})", step.span)
+    run_diagram(thm.result, [False for _ in thm.result.inputs], visit)
+    if step.via is not None and not consumers:
+        raise KernelError("stream", f"`via {step.via}` names an accumulator but no box consumes `{axis}`", span)
+    if step.via is not None and not any(step.via in names for _, names, _ in consumers):
+        label, names, _ = consumers[0]
+        raise KernelError("stream", f"accumulator `{step.via}` cannot stream {label} along `{axis}`; "
+                                    f"admissible: {', '.join(names) or 'none'}", span)
+    chosen: list[tuple[str, Box, str]] = []
+    trust: list[str] = []
+    for label, names, box in consumers:
+        order = sorted(names, key=lambda n: n != step.via)  # the named accumulator first
+        found = next(((n, how) for n in order if (how := accumulator(box, axis, n, step.pad)) is not None), None)
+        if found is None:
+            raise KernelError("stream", f"no certified accumulator{' with padding' if step.pad else ''} for "
+                                        f"{label} (tried {', '.join(order) or 'none'})", span)
+        chosen.append((axis, box, found[0]))
+        trust.append(f"accumulator {found[0]} for {label} ({found[1]})")
     via = step.via if step.via is not None else (chosen[0][2] if len({c[2] for c in chosen}) == 1 else None)
     schedule = replace(thm.schedule, partitions=(*thm.schedule.partitions, replace(step, via=via)))
     return _extend(thm, step, ("stream", *trust), schedule=schedule, constraints=thm.constraints + constraints,
                    accumulators=thm.accumulators + tuple(chosen))
 
 
-def _no_applications(thm: Theorem, step: Partition) -> None:
-    for expr in [let.expr for let in thm.result.body] + list(thm.result.outputs):
-        if any(isinstance(n, Apply) for n in walk(expr)):
-            raise KernelError(step.kind, "the diagram uses a diagram as a box; unfold it first", step.span)
-
-
-def _arrays(diagram: Diagram) -> list[str]:
-    return [p.name for p in diagram.inputs] + [n for let in diagram.body for n in let.names]
+def _arrays(thm: Theorem, names: tuple[str, ...], rule: str, span: Span | None) -> None:
+    arrays = [p.name for p in thm.result.inputs] + [n for let in thm.result.body for n in let.names]
+    for name in names:
+        if name not in arrays:
+            raise KernelError(rule, f"no array `{name}` in `{thm.result.name}` (arrays: {', '.join(arrays)})", span)
 
 
 def place(thm: Theorem, step: Place) -> Theorem:
@@ -631,11 +542,7 @@ def place(thm: Theorem, step: Place) -> Theorem:
     A level is a decoration: the value is the same wherever it is kept.  The memory bound
     is the cost model's concern, not an equality's.
     """
-    arrays = _arrays(thm.result)
-    for name in step.names:
-        if name not in arrays:
-            raise KernelError("place", f"no array `{name}` in `{thm.result.name}` (arrays: {', '.join(arrays)})",
-                              step.span)
+    _arrays(thm, step.names, "place", step.span)
     schedule = replace(thm.schedule, placements=(*thm.schedule.placements, step))
     return _extend(thm, step, ("place",), schedule=schedule)
 
@@ -647,10 +554,7 @@ def quantise(thm: Theorem, step: Quantise) -> Theorem:
         ────────────────────────────────────────────────────────────────
                  ⊢ A ≈_tol D[X : dtype]      (never an equality)
     """
-    arrays = _arrays(thm.result)
-    for name in step.names:
-        if name not in arrays:
-            raise KernelError("dtype", f"no array `{name}` in `{thm.result.name}`", step.span)
+    _arrays(thm, step.names, "dtype", step.span)
     if step.dtype not in DTYPE_ROUNDOFF:
         raise KernelError("dtype", f"unknown number format `{step.dtype}` (known: {', '.join(DTYPE_ROUNDOFF)})",
                           step.span)

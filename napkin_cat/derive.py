@@ -31,7 +31,7 @@ from napkin_cat.evaluate import FLOAT64, Named, evaluate_named
 from napkin_cat.printer import print_step
 from napkin_cat.proof import CheckResult, check_file
 from napkin_cat.rewrite import Candidate, Costed, CostFn, Search, search
-from napkin_cat.terms import Axis, Box, Diagram, Param, Var
+from napkin_cat.terms import Axis, Box, Diagram, Param, Partition, Step, Var
 
 __all__ = ["Derivation", "axes_of", "choose_tiles", "derive", "model_cost", "overflow_screen", "proof_text",
            "write"]
@@ -161,7 +161,7 @@ def proof_text(derivation: Derivation, out_path: str | Path, runners_up: int = 6
         lines += _comment("Nothing helps: no checked rewrite or relabelling has a lower modelled cost than the "
                           "diagram as written" + (f" ({baseline.cost.summary})." if baseline.cost else "."))
     lines += [f'use "{use}"', "", f"theorem {derivation.theorem_name}: {derivation.diagram} {{"]
-    lines += [f"  {print_step(step)}" for step in best.steps]
+    lines += [f"  {print_step(step)}" for step in _explicit(best)]
     lines += ["}"]
     others = found.runners_up(runners_up)
     if others:
@@ -169,6 +169,14 @@ def proof_text(derivation: Derivation, out_path: str | Path, runners_up: int = 6
         for k, other in enumerate(others, start=1):
             lines += [f"#   {k}. {other.describe()}", f"#      {_why_lost(other, best)}"]
     return "\n".join(lines) + "\n"
+
+
+def _explicit(candidate: Candidate) -> tuple[Step, ...]:
+    """The candidate's steps with each stream's accumulator as the kernel chose it."""
+    if candidate.theorem is None:
+        return candidate.steps
+    chosen = iter(candidate.theorem.schedule.partitions)
+    return tuple(next(chosen) if isinstance(step, Partition) else step for step in candidate.steps)
 
 
 def write(derivation: Derivation, out_path: str | Path) -> CheckResult:

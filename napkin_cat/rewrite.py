@@ -328,7 +328,9 @@ class _State:
     def evaluate(self, steps: tuple[Step, ...]) -> Candidate:
         if steps in self.seen:
             return self.seen[steps]
-        if len(self.seen) >= self.budget:
+        if not self.seen:
+            pass  # the first candidate (the diagram as written) is always evaluated
+        elif len(self.seen) >= self.budget:
             self.stop = "budget"
         elif time.monotonic() > self.deadline:
             self.stop = "time"

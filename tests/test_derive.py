@@ -1,0 +1,246 @@
+"""``napkin derive``: the untrusted search (rewrite.py) and the proof writer (derive.py).
+
+The search must rediscover the hand-written proofs from the diagrams alone, on the
+examples and on generated variants the repository does not contain (renamed axes and
+bindings, extra woven batch axes, an extra elementwise box before the normaliser, other
+normalisers), say when nothing helps, stop for the stated reason, and write files that
+``napkin check`` accepts.  Searches run under the real cost model on the H100 profile at
+small sizes; each derivation is computed once per module (the fixture cache).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+from napkin_cat import derive, kernel, proof, rewrite, rules
+from napkin_cat.cli import main
+from napkin_cat.elaborate import load, loads
+from napkin_cat.terms import Partition, Rewrite
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+
+SIZES = {"q": 1024, "x": 1024, "a": 1024, "b": 1024, "c": 1024, "t": 1024, "v": 8192, "d": 256, "f": 1024,
+         "h": 4, "g": 4}
+_CACHE: dict[tuple[str, str, int], derive.Derivation] = {}
+
+
+def derived(path: Path, diagram: str, max_rewrites: int = 1) -> derive.Derivation:
+    key = (str(path), diagram, max_rewrites)
+    if key not in _CACHE:
+        axes = derive.axes_of(path, diagram)
+        sizes = {a: n for a, n in SIZES.items() if a in axes and axes[a] is None}
+        cost = derive.model_cost("h100", "bf16", sizes)
+        _CACHE[key] = derive.derive(path, diagram, cost, settings={"hardware": "h100"}, max_rewrites=max_rewrites)
+    return _CACHE[key]
+
+
+def partitions(found: derive.Derivation) -> list[tuple[str, str, str | None]]:
+    """The best schedule's smem partitions, with the accumulators the kernel chose."""
+    assert found.best.theorem is not None
+    return [(p.kind, p.axis, p.via) for p in found.best.theorem.schedule.partitions if p.level == "smem"]
+
+
+def lemmas_used(found: derive.Derivation) -> list[str]:
+    return [s.lemma for s in found.best.steps if isinstance(s, Rewrite)]
+
+
+# ---- the search's pieces ----------------------------------------------------------------------
+
+
+def test_lemmas_are_matched_through_bindings_not_by_name() -> None:
+    module = load(EXAMPLES / "attention.ncd")
+    found = rewrite.proposals(module.diagram("attention"), rules.lemmas_in_scope(module))
+    assert Rewrite("softmax_contract", ("P", "O")) in found
+    assert all(r.lemma != "l2_contract" for r in found)  # no l2norm box, so no match
+    renamed = loads("axis i, j\naxis k = 8\ndiagram f(A: [i k], B: [j k], C: [j k]) -> [i k] {\n"
+                    "  T = contract[k](A, B)\n  W = softmax[j](T)\n  R = contract[j](W, C)\n  return R\n}\n")
+    assert Rewrite("softmax_contract", ("W", "R")) in rewrite.proposals(renamed.diagram("f"), rules.library())
+
+
+def test_axis_roles_give_group_and_stream_candidates() -> None:
+    module = load(EXAMPLES / "attention.ncd")
+    attention = module.diagram("attention")
+    assert rewrite.group_axes(attention) == ("q",)
+    assert rewrite.stream_axes(attention) == ()  # x is mixed by softmax until the lemma is applied
+    thm = kernel.rewrite(kernel.refl("t", attention), rules.library()["softmax_contract"],
+                         Rewrite("softmax_contract", ("P", "O")), {"softmax_contract": "test"})
+    assert rewrite.stream_axes(thm.result) == ("x",)
+    assert set(rewrite.accumulator_choices(thm.result, "x")) == {"normalised", "online_softmax"}
+    matmul = load(EXAMPLES / "matmul.ncd").diagram("matmul")
+    assert (rewrite.group_axes(matmul), rewrite.stream_axes(matmul)) == (("a", "c"), ("b",))
+
+
+def test_overflow_screen_refuses_the_plain_normalised_contraction_with_exp() -> None:
+    module = load(EXAMPLES / "attention.ncd")
+    base = kernel.rewrite(kernel.refl("t", module.diagram("attention")), rules.library()["softmax_contract"],
+                          Rewrite("softmax_contract", ("P", "O")), {"softmax_contract": "test"})
+    from napkin_cat import certify
+
+    base = kernel.group(base, Partition("group", "q", "gq"))
+    plain = kernel.stream(base, Partition("stream", "x", "sx", via="normalised"), certify.accumulator)
+    stable = kernel.stream(base, Partition("stream", "x", "sx", via="online_softmax"), certify.accumulator)
+    assert "fails in floating point" in (derive.overflow_screen(plain) or "")
+    assert derive.overflow_screen(stable) is None
+
+
+# ---- rediscovering the hand-written proofs ---------------------------------------------------
+
+
+def test_attention_rediscovers_flash_attention_at_no_more_than_the_hand_written_cost(tmp_path: Path) -> None:
+    found = derived(EXAMPLES / "attention.ncd", "attention", max_rewrites=2)
+    assert "softmax_contract" in lemmas_used(found)
+    assert partitions(found) == [("group", "q", None), ("stream", "x", "online_softmax")]
+    assert "stream x by sx at smem via online_softmax" in derive.proof_text(found, ROOT / "proofs" / "x.ncd")
+    cost = derive.model_cost("h100", "bf16", {"q": 1024, "x": 1024})
+    hand = cost(proof.theorem(ROOT / "proofs" / "flash_attention.ncd", "flash_attention"))
+    assert found.best.cost is not None and found.best.cost.value <= hand.value
+    assert found.search.stopped == "saturated" and found.search.helps
+    out = tmp_path / "deep" / "flash.ncd"
+    out.parent.mkdir()
+    result = derive.write(found, out)
+    assert result.ok
+    text = out.read_text()
+    use = re.search(r'use "(.*)"', text)
+    assert use is not None and (out.parent / use[1]).resolve() == (EXAMPLES / "attention.ncd").resolve()
+    assert "# Runners-up, and why they lost:" in text and "x the best" in text
+    assert re.search(r"gq = \d+", text)  # the chosen tile values, in a comment
+
+
+@pytest.mark.parametrize("diagram", ["causal_attention", "gqa"])
+def test_attention_variants_get_the_flash_schedule(diagram: str) -> None:
+    found = derived(EXAMPLES / "attention.ncd", diagram)
+    assert lemmas_used(found) == ["softmax_contract"]
+    assert ("group", "q", None) in partitions(found)
+    assert ("stream", "x", "online_softmax") in partitions(found)
+
+
+def test_matmul_gets_square_tiles() -> None:
+    found = derived(EXAMPLES / "matmul.ncd", "matmul")
+    assert [(k, a) for k, a, _ in partitions(found)] == [("group", "a"), ("group", "c"), ("stream", "b")]
+    assert found.best.cost is not None and found.best.cost.tiles["ga"] == found.best.cost.tiles["gc"]
+
+
+def test_cross_entropy_streams_the_vocabulary() -> None:
+    found = derived(EXAMPLES / "cross_entropy.ncd", "cross_entropy")
+    assert [(k, a) for k, a, _ in partitions(found)] == [("group", "t"), ("stream", "v")]
+
+
+def test_spherical_attention_uses_the_l2_lemma_and_the_normalised_state() -> None:
+    found = derived(EXAMPLES / "spherical_attention.ncd", "spherical_attention")
+    assert lemmas_used(found) == ["l2_contract"]
+    assert partitions(found) == [("group", "q", None), ("stream", "x", "normalised")]
+
+
+def test_mlp_fuses_both_layers_streaming_the_hidden_axis() -> None:
+    found = derived(EXAMPLES / "mlp.ncd", "mlp")
+    assert lemmas_used(found) == []
+    assert [(k, a) for k, a, _ in partitions(found)] == [("group", "t"), ("stream", "f")]
+
+
+# ---- generated variants the repository does not contain ----------------------------------------
+
+_NORMALISERS = {"softmax": ("softmax_contract", "online_softmax"), "l2norm": ("l2_contract", "normalised"),
+                "rmsnorm": ("rms_contract", "normalised")}
+
+
+def variant(seed: int) -> tuple[str, str, str, str, str]:
+    """An attention-like diagram with fresh names, extra batch axes, maybe an extra box.
+
+    Returns (source text, query axis, key axis, expected lemma, expected accumulator).
+    """
+    rng = random.Random(seed)
+    names = rng.sample(["i", "j", "k", "m", "n", "p", "r", "u", "w", "z"], 3 + 2)
+    query, key, feature, *batch = names
+    batch = batch[: rng.randint(0, 2)]
+    normaliser = rng.choice(sorted(_NORMALISERS))
+    extra = rng.choice(["", "tanh(T) * 30", "T - 1.5", "where[{q} {k}]({q} >= {k}, T, -inf)"]).format(q=query,
+                                                                                                      k=key)
+    if normaliser != "softmax" and "inf" in extra:
+        extra = "T * 2"  # a -inf mask only makes sense before a softmax
+    b = " ".join(batch)
+    text = (f"axis {query}, {key}{''.join(', ' + a for a in batch)}\naxis {feature} = 64\n"
+            f"diagram att(A: [{b} {query} {feature}], B: [{b} {key} {feature}], C: [{b} {key} {feature}]) "
+            f"-> [{b} {query} {feature}] {{\n"
+            f"  T = contract[{feature}](A, B)\n"
+            + (f"  T2 = {extra}\n  W = {normaliser}[{key}](T2)\n" if extra else f"  W = {normaliser}[{key}](T)\n")
+            + f"  R = contract[{key}](W, C)\n  return R\n}}\n")
+    lemma, accumulator = _NORMALISERS[normaliser]
+    return text, query, key, lemma, accumulator
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_generated_variants_are_derived_generically(seed: int, tmp_path: Path) -> None:
+    text, query, key, lemma, accumulator = variant(seed)
+    source = tmp_path / "src" / "variant.ncd"
+    source.parent.mkdir()
+    source.write_text(text)
+    axes = derive.axes_of(source, "att")
+    sizes = {a: 4096 if a in (query, key) else 2 for a, n in axes.items() if n is None}
+    found = derive.derive(source, "att", derive.model_cost("h100", "bf16", sizes), max_rewrites=1)
+    assert lemmas_used(found) == [lemma], text
+    assert ("group", query, None) in partitions(found) and ("stream", key, accumulator) in partitions(found), text
+    (tmp_path / "out").mkdir()
+    assert derive.write(found, tmp_path / "out" / "derived.ncd").ok
+
+
+def test_nothing_helps_is_said_and_still_checks(tmp_path: Path) -> None:
+    source = tmp_path / "norm.ncd"
+    source.write_text("axis x\ndiagram norm(X: [x]) -> [x] {\n  return softmax[x](X)\n}\n")
+    found = derive.derive(source, "norm", derive.model_cost("h100", "bf16", {"x": 1 << 20}))
+    assert not found.search.helps and found.best.steps == ()
+    assert found.search.stopped == "saturated"
+    out = tmp_path / "norm_derived.ncd"
+    assert derive.write(found, out).ok
+    assert "Nothing helps" in out.read_text()
+
+
+# ---- stopping, progress, the command line ------------------------------------------------------
+
+
+def _steps_cost(thm: kernel.Theorem) -> rewrite.Costed:
+    """A fast stand-in cost: more partitions are cheaper (exercises the search, not the model)."""
+    return rewrite.Costed(10.0 - len(thm.schedule.partitions), True, {}, "stand-in")
+
+
+def test_the_search_says_why_it_stopped_and_reports_progress(monkeypatch: pytest.MonkeyPatch) -> None:
+    module = load(EXAMPLES / "attention.ncd")
+    lemmas = rules.lemmas_in_scope(module)
+    assert rewrite.search(module, "attention", _steps_cost, lemmas=lemmas, budget=5).stopped == "budget"
+    assert rewrite.search(module, "attention", _steps_cost, lemmas=lemmas, seconds=0.0).stopped == "time"
+    messages: list[str] = []
+    monkeypatch.setattr(rewrite, "_PROGRESS_EVERY", 0.0)
+    done = rewrite.search(module, "attention", _steps_cost, lemmas=lemmas, max_rewrites=1, progress=messages.append)
+    assert done.stopped == "saturated" and "candidates checked" in messages[-1]
+    mlp = load(EXAMPLES / "mlp.ncd")
+    refused = [c.refused for c in rewrite.search(mlp, "mlp", _steps_cost, lemmas=rules.lemmas_in_scope(mlp)).candidates
+               if c.refused]
+    assert refused and all(r.startswith("refused by the kernel at step") for r in refused)
+
+
+def test_cli_derive_writes_a_checked_proof_and_a_kernel(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "mm.ncd"
+    code = main(["derive", str(EXAMPLES / "matmul.ncd"), "matmul", "--size", "a=256", "--size", "b=256",
+                 "--size", "c=256", "-o", str(out), "--lower", "jax"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "search stopped: saturated" in printed and "group a by ga" in printed
+    assert out.with_suffix(".py").exists()
+    assert main(["check", str(out)]) == 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--size", "a=8", "-o", "X.ncd"], "are symbolic: give their sizes"),
+    (["--size", "a=8", "--size", "b=8", "--size", "c=8", "--size", "zz=3", "-o", "X.ncd"], "does not use: zz"),
+    (["--size", "a=8", "--size", "b=8", "--size", "c=8", "-o", "X.txt"], "ending in .ncd"),
+    (["--size", "a=8", "--size", "b=8", "--size", "c=8", "--hardware", "tpu", "-o", "X.ncd"], "no hardware profile"),
+])
+def test_cli_derive_usage_errors(argv: list[str], message: str, tmp_path: Path,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [str(tmp_path / a) if a.startswith("X.") else a for a in argv]
+    assert main(["derive", str(EXAMPLES / "matmul.ncd"), "matmul", *argv]) == 2
+    assert message in capsys.readouterr().err

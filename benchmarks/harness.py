@@ -21,7 +21,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parent / "results"
+#: where results are written; tests point NAPKIN_BENCH_RESULTS at a temporary folder
+RESULTS = Path(os.environ.get("NAPKIN_BENCH_RESULTS", Path(__file__).resolve().parent / "results"))
 
 
 def machine() -> dict[str, Any]:

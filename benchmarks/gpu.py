@@ -1,0 +1,209 @@
+"""napkin's generated Pallas kernels on an H200, side by side with JAX's own, in one run.
+
+    python benchmarks/gpu.py                 # on the GPU machine (jax 0.11.2 + CUDA, offline)
+    python benchmarks/gpu.py --dry-run       # the same code on CPU, interpret mode, tiny sizes
+
+Self-contained for an offline machine: napkin is imported from this checkout and lark
+(the one dependency the GPU image lacks) from the wheel in benchmarks/wheels/, which is
+put on sys.path (a pure-Python wheel imports as a zip). It
+
+1. checks every kernel against XLA at one size (flash attention causal and non-causal,
+   d = 64 and 128, bf16; tiled matmul, bf16 in, f32 accumulation);
+2. times them against `jax.experimental.pallas.ops.gpu.attention.mha`,
+   `jax.nn.dot_product_attention(implementation='cudnn')`, naive XLA attention and
+   `jnp.dot`, at N = 2k, 8k, 16k with batch × N = 16k tokens and d × heads = 2048;
+3. prints TFLOP/s and % of the H200's dense bf16 peak, with the cost model's predicted
+   HBM bytes and time beside each napkin kernel, and writes results/gpu.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+sys.path.extend(str(w) for w in sorted((HERE / "wheels").glob("*.whl")))
+warnings.filterwarnings("ignore", message="The Pallas Triton backend is deprecated")
+warnings.filterwarnings("ignore", message="jax.experimental.pallas.ops.gpu.attention is deprecated")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+PEAK_BF16 = 989e12  # H200 SXM dense bf16 tensor-core FLOP/s (pallas-notes §6, anchors.md)
+TOKENS, HIDDEN = 16384, 2048
+
+
+def bench(fn: Callable[[], Any], warmup: int, iters: int) -> tuple[float, float]:
+    """Median and min seconds of ``fn()`` (blocking), after compile and warm-up."""
+    jax.block_until_ready(fn())
+    for _ in range(warmup):
+        jax.block_until_ready(fn())
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), min(times)
+
+
+def napkin_attention(causal: bool, tiles: dict[str, int]) -> tuple[Any, Any]:
+    from napkin_cat.lower import lower
+    from napkin_cat.proof import theorem
+
+    thm = theorem(HERE / "gpu_attention.ncd", "flash_causal_mha" if causal else "flash_mha")
+    return thm, lower(thm, target="pallas", tiles=tiles, dtype="bf16")
+
+
+def predicted(thm: Any, sizes: dict[str, int], tiles: dict[str, int]) -> tuple[float, float]:
+    """The cost model's HBM bytes and overlapped time for this kernel at these sizes."""
+    from napkin_cat.cost import cost, timing
+
+    c = cost(thm, hardware="h200", sizes=sizes, dtype="bf16")
+    hbm_bytes = float(c.at(c.first.transfers_bytes, tiles))
+    return hbm_bytes, float(timing(c, tiles).overlapped)
+
+
+def naive_attention(q: Any, k: Any, v: Any, causal: bool) -> Any:
+    s = jnp.einsum("bhqd,bhxd->bhqx", q, k, preferred_element_type=jnp.float32) / math.sqrt(q.shape[-1])
+    if causal:
+        n = q.shape[2]
+        s = jnp.where(jnp.arange(n)[:, None] >= jnp.arange(k.shape[2])[None, :], s, -jnp.inf)
+    p = jax.nn.softmax(s, axis=-1).astype(q.dtype)
+    return jnp.einsum("bhqx,bhxd->bhqd", p, v, preferred_element_type=jnp.float32).astype(q.dtype)
+
+
+def attention_cases(n: int, d: int, causal: bool, dry: bool, tiles: dict[str, int]) -> list[dict[str, Any]]:
+    """napkin's kernel and every baseline at one size; correctness against naive f32 XLA."""
+    from jax.experimental.pallas.ops.gpu import attention as pallas_attention
+
+    batch = 1 if dry else max(1, TOKENS // n)
+    heads = 2 if dry else HIDDEN // d
+    keys = jax.random.split(jax.random.PRNGKey(n + d + causal), 3)
+    q, k, v = (jax.random.normal(kk, (batch, heads, n, d), jnp.bfloat16) for kk in keys)
+    flops = 4 * batch * heads * n * n * d / (2 if causal else 1)
+    thm, kernel = napkin_attention(causal, tiles)
+    interpret = True if dry else None
+    ours = jax.jit(lambda q, k, v: kernel.fn(q, k, v, interpret=interpret))
+    ref = naive_attention(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32), causal)
+    err = float(jnp.max(jnp.abs(ours(q, k, v).astype(jnp.float32) - ref)))
+    sizes = {"b": batch, "h": heads, "q": n, "x": n, "d": d}
+    hbm, t_pred = predicted(thm, sizes, tiles)
+    minimal = 4 * batch * heads * n * d * 2
+    qt, kt, vt = (jnp.swapaxes(a, 1, 2) for a in (q, k, v))  # [batch, seq, heads, d] for mha and cudnn
+    blocks = pallas_attention.BlockSizes(block_q=tiles["bq"], block_k=tiles["bk"], block_q_dkv=32,
+                                         block_kv_dkv=32, block_q_dq=32, block_kv_dq=32)
+    cases: dict[str, Callable[[], Any]] = {
+        "napkin": lambda: ours(q, k, v),
+        "pallas mha": jax.jit(lambda: pallas_attention.mha(qt, kt, vt, None, sm_scale=1 / math.sqrt(d), causal=causal,
+                                                            block_sizes=blocks, interpret=dry)),
+        "naive xla": jax.jit(lambda: naive_attention(q, k, v, causal)),
+    }
+    if not dry:
+        cases["cudnn"] = jax.jit(lambda: jax.nn.dot_product_attention(qt, kt, vt, is_causal=causal,
+                                                                      implementation="cudnn"))
+    rows = []
+    for name, fn in cases.items():
+        row: dict[str, Any] = {"kernel": f"attention d={d}{' causal' if causal else ''}", "impl": name, "n": n}
+        try:
+            median, best = bench(fn, warmup=1 if dry else 3, iters=2 if dry else 20)
+            row |= {"median_ms": median * 1e3, "min_ms": best * 1e3, "tflops": flops / median / 1e12,
+                    "pct_peak": 100 * flops / median / PEAK_BF16}
+        except Exception as exc:  # a baseline that cannot run here is reported, not fatal
+            row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
+        if name == "napkin":
+            row |= {"max_err": err, "pred_hbm_mb": hbm / 1e6, "min_hbm_mb": minimal / 1e6,
+                    "pred_ms": t_pred * 1e3}
+        rows.append(row)
+    return rows
+
+
+def matmul_cases(n: int, dry: bool, tiles: dict[str, int]) -> list[dict[str, Any]]:
+    from napkin_cat.cost import cost, timing
+    from napkin_cat.lower import lower
+    from napkin_cat.proof import theorem
+
+    thm = theorem(ROOT / "proofs" / "matmul.ncd", "tiled_matmul")
+    kernel = lower(thm, target="pallas", tiles=tiles, dtype="bf16")
+    ka, kb = jax.random.split(jax.random.PRNGKey(n))
+    a = jax.random.normal(ka, (n, n), jnp.bfloat16)
+    b = jax.random.normal(kb, (n, n), jnp.bfloat16)
+    interpret = True if dry else None
+    ours = jax.jit(lambda a, b: kernel.fn(a, b, interpret=interpret))
+    ref = jnp.dot(a.astype(jnp.float32), b.astype(jnp.float32))
+    err = float(jnp.max(jnp.abs(ours(a, b).astype(jnp.float32) - ref)) / jnp.max(jnp.abs(ref)))
+    c = cost(thm, hardware="h200", sizes={"a": n, "b": n, "c": n}, dtype="bf16")
+    hbm = float(c.at(c.first.transfers_bytes, tiles))
+    t_pred = float(timing(c, tiles).overlapped)
+    flops = 2 * n**3
+    rows = []
+    for name, fn in {"napkin": lambda: ours(a, b),
+                     "jnp.dot": jax.jit(lambda: jnp.dot(a, b, preferred_element_type=jnp.float32))}.items():
+        row: dict[str, Any] = {"kernel": "matmul", "impl": name, "n": n}
+        median, best = bench(fn, warmup=1 if dry else 3, iters=2 if dry else 20)
+        row |= {"median_ms": median * 1e3, "min_ms": best * 1e3, "tflops": flops / median / 1e12,
+                "pct_peak": 100 * flops / median / PEAK_BF16}
+        if name == "napkin":
+            row |= {"max_err": err, "pred_hbm_mb": hbm / 1e6, "min_hbm_mb": 3 * n * n * 2 / 1e6,
+                    "pred_ms": t_pred * 1e3}
+        rows.append(row)
+    return rows
+
+
+def render(rows: list[dict[str, Any]]) -> str:
+    cols = [("kernel", "kernel"), ("impl", "impl"), ("n", "N"), ("median_ms", "median ms"), ("min_ms", "min ms"),
+            ("tflops", "TFLOP/s"), ("pct_peak", "% peak"), ("max_err", "max err"), ("pred_hbm_mb", "pred HBM MB"),
+            ("min_hbm_mb", "min HBM MB"), ("pred_ms", "pred ms"), ("error", "error")]
+    cells = [[h for _, h in cols]] + [[_fmt(r.get(k)) for k, _ in cols] for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(cols))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)) for line in cells)
+
+
+def _fmt(value: Any) -> str:
+    return "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--dry-run", action="store_true", help="CPU, interpret mode, tiny sizes")
+    parser.add_argument("--sizes", type=int, nargs="+", default=None)
+    parser.add_argument("--out", default=str(HERE / "results" / "gpu.json"))
+    args = parser.parse_args()
+    dry = args.dry_run
+    sizes = args.sizes or ([128] if dry else [2048, 8192, 16384])
+    attn_tiles = {"bq": 64, "bk": 64} if dry else {"bq": 128, "bk": 64}
+    mm_tiles = {"ga": 64, "gc": 64, "sb": 32} if dry else {"ga": 128, "gc": 128, "sb": 64}
+    print(f"jax {jax.__version__} backend={jax.default_backend()} devices={[d.device_kind for d in jax.devices()]}"
+          f"{' (dry run: interpret mode)' if dry else ''}", flush=True)
+    if not dry and jax.default_backend() != "gpu":
+        sys.exit("no GPU found: run with --dry-run on a CPU")
+    rows: list[dict[str, Any]] = []
+    for n in sizes:
+        for d in (64, 128):
+            for causal in (False, True):
+                rows += attention_cases(n, d, causal, dry, attn_tiles)
+                print(f"attention N={n} d={d} causal={causal} done", flush=True)
+        rows += matmul_cases(n, dry, mm_tiles)
+    print("\n" + render(rows))
+    failed = [r for r in rows if r["impl"] == "napkin" and not r.get("max_err", 1) < (5e-2 if r["kernel"] != "matmul"
+                                                                                          else 2e-2)]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"jax": jax.__version__, "devices": [d.device_kind for d in jax.devices()],
+                               "dry_run": dry, "command": " ".join(sys.argv), "rows": rows}, indent=2) + "\n")
+    print(f"wrote {out}")
+    if failed:
+        sys.exit(f"correctness check failed: {[(r['kernel'], r['n'], r.get('max_err')) for r in failed]}")
+
+
+if __name__ == "__main__":
+    main()

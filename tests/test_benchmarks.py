@@ -1,0 +1,55 @@
+"""The benchmark scripts keep working: each runs end to end at tiny sizes.
+
+They are measurement tools, so nothing here asserts a speed; it asserts that every case
+ran (no error rows), that results are written where asked, and that the GPU script's dry
+run (the same code as on the H200, in interpret mode) checks its kernels' correctness.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def _run(args: list[str], tmp_path: Path, timeout: int = 300) -> str:
+    env = dict(os.environ, NAPKIN_BENCH_RESULTS=str(tmp_path))
+    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=env,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+@pytest.mark.parametrize(("script", "size"), [("attention_cpu.py", "256"), ("matmul_cpu.py", "128"),
+                                              ("cross_entropy_cpu.py", "512")])
+def test_cpu_benchmark_runs_every_case(script: str, size: str, tmp_path: Path) -> None:
+    out = _run([str(BENCH / script), "--sizes", size, "--repeats", "1"], tmp_path)
+    result = json.loads((tmp_path / script.replace(".py", ".json")).read_text())
+    assert result["machine"]["cores"] and result["rows"]
+    assert all("error" not in row and row["median_s"] > 0 and row["peak_rss_mib"] > 0 for row in result["rows"])
+    assert {row["case"] for row in result["rows"]} >= {"napkin"}
+    if script == "attention_cpu.py":
+        assert out.strip().splitlines()[-1].startswith("speedup_vs_dpa=")
+
+
+def test_checker_benchmark_runs(tmp_path: Path) -> None:
+    _run([str(BENCH / "checker_bench.py"), "--layers", "2", "--repeats", "1"], tmp_path)
+    rows = json.loads((tmp_path / "checker_bench.json").read_text())["rows"]
+    assert rows and all(row["ok"] for row in rows)
+
+
+def test_gpu_script_dry_run_checks_its_kernels(tmp_path: Path) -> None:
+    out = tmp_path / "gpu.json"
+    _run([str(BENCH / "gpu.py"), "--dry-run", "--out", str(out)], tmp_path, timeout=600)
+    result = json.loads(out.read_text())
+    assert result["dry_run"]
+    ours = [r for r in result["rows"] if r["impl"] == "napkin"]
+    assert len(ours) == 5  # attention d=64/128 x causal/not, and matmul
+    assert all(r["max_err"] < 5e-2 and r["pred_hbm_mb"] >= r["min_hbm_mb"] for r in ours)
+    assert all("error" not in r for r in result["rows"])

@@ -63,6 +63,7 @@ class Baseline:
     transfers: Expr
     transfers_bytes: Expr
     memory: Expr
+    memory_bytes: Expr
     flops: Expr
 
 
@@ -224,7 +225,7 @@ def _per_point(box: Box) -> Expr:
 
 def _baseline(prog: Program, bytes_of: Mapping[str, int]) -> Baseline:
     flat = prog.nest.flat
-    moved, weighted, sizes_per_box, flops = [], [], [], sympy.Integer(0)
+    moved, weighted, sizes_per_box, bytes_per_box, flops = [], [], [], [], sympy.Integer(0)
     for node in flat.nodes:
         if node.name in prog.constants:
             continue
@@ -234,9 +235,10 @@ def _baseline(prog: Program, bytes_of: Mapping[str, int]) -> Baseline:
         moved += [_size(prog, flat.type_of(a)) for a in arrays]
         weighted += [_size(prog, flat.type_of(a)) * bytes_of[a] for a in arrays]
         sizes_per_box.append(sympy.Add(*(_size(prog, flat.type_of(a)) for a in arrays)))
+        bytes_per_box.append(sympy.Add(*(_size(prog, flat.type_of(a)) * bytes_of[a] for a in arrays)))
         space = union_axes(*(a.axes for a in box.args), box.axes)
         flops += _per_point(box) * _size(prog, space)
-    return Baseline(sympy.Add(*moved), sympy.Add(*weighted), max_of(sizes_per_box), flops)
+    return Baseline(sympy.Add(*moved), sympy.Add(*weighted), max_of(sizes_per_box), max_of(bytes_per_box), flops)
 
 
 def timing(c: Cost, values: Mapping[str, float | int] | None = None, flops: Expr | None = None,

@@ -87,6 +87,7 @@ def _numeric(c: Cost, out: dict[str, Any]) -> None:
     base_flop, base_move = float(c.baseline.flops) / peak, float(c.baseline.transfers_bytes) / hbm
     out["baseline"]["time_s"] = {"flops": base_flop, "transfers": base_move,
                                  "serial": base_flop + base_move, "overlapped": max(base_flop, base_move)}
+    out["baseline"]["fits"] = float(c.baseline.memory_bytes) <= c.hardware.level(c.first.name).capacity
     if not table.rows:
         out["time"] = None
         return
@@ -148,5 +149,7 @@ def format_report(r: Mapping[str, Any]) -> str:
                   f"intensity {t['intensity_flop_per_byte']:.4g} FLOP/B vs ridge {t['ridge_flop_per_byte']:.4g} "
                   f"({t['bound_by']}-bound)",
                   f"  unfused baseline: serial {b['serial']:.4g}s, overlapped {b['overlapped']:.4g}s; gain "
-                  f"x{t['gain_vs_unfused_serial']:.3g} (serial), x{t['gain_vs_unfused_overlapped']:.3g} (overlapped)"]
+                  f"x{t['gain_vs_unfused_serial']:.3g} (serial), x{t['gain_vs_unfused_overlapped']:.3g} (overlapped)"
+                  + ("" if r["baseline"]["fits"] else f"; the baseline does not fit {r['levels'][1]['name']} "
+                     "(its kernels need more than the capacity), so it is an ideal, not a real kernel")]
     return "\n".join(lines) + "\n"

@@ -261,3 +261,39 @@ def test_one_tile_per_axis_costs_the_compulsory_traffic_on_generated_schedules()
             unscheduled = cost_of(result.theorem.result, Schedule()).flops
             assert sympy.simplify(co.flops.subs(whole) - unscheduled) == 0, result.name
     assert accepted >= 20
+
+
+def test_integer_search_respects_capacity_and_divisibility() -> None:
+    thm = proof.theorem(ROOT / "proofs" / "flash_attention.ncd", "flash_attention")
+    with pytest.raises(ValueError, match="give q, x"):
+        search(cost(thm))
+    co = cost(thm, hardware="a100", sizes={"q": 4096, "x": 4096})
+    table = search(co, top=20)
+    assert table.rows and table.considered >= len(table.rows)
+    capacity = hardware.load("a100").level("smem").capacity
+    times = [row.transfer_time for row in table.rows]
+    assert times == sorted(times)
+    for row in table.rows:
+        assert row.memory["smem"] <= capacity
+        for tile in row.tiles.values():
+            assert tile & (tile - 1) == 0 and tile >= 16  # Triton powers of two, tl.dot >= 16
+        assert row.tiles["gq"] % 16 == 0  # Ampere mma m = 16 for the query rows
+        exact = co.at(co.first.transfers_bytes, row.tiles)
+        assert float(exact) == pytest.approx(row.transfers["smem"])
+    assert any("tensor-core m" in cause for cause in table.constraints["gq"])
+
+
+def test_time_estimate_combines_flops_and_transfers() -> None:
+    thm = proof.theorem(ROOT / "proofs" / "matmul.ncd", "tiled_matmul")
+    co = cost(thm, hardware="h100", sizes={"a": 1024, "b": 1024, "c": 1024})
+    tiles = {"ga": 128, "gc": 128, "sb": 64}
+    t = timing(co, tiles)
+    prof = hardware.load("h100")
+    flop_time = 2 * 1024 ** 3 / prof.peak_flops("bf16")
+    moved = float(co.at(co.first.transfers_bytes, tiles))
+    assert float(t.flop_time) == pytest.approx(flop_time)
+    assert dict(t.transfer_times)["smem"] == pytest.approx(moved / prof.level("hbm").bandwidth)  # type: ignore[operator]
+    assert float(t.serial) == pytest.approx(flop_time + moved / prof.level("hbm").bandwidth)  # type: ignore[operator]
+    assert float(t.overlapped) == pytest.approx(max(flop_time, moved / prof.level("hbm").bandwidth))  # type: ignore[operator]
+    assert float(t.intensity) == pytest.approx(2 * 1024 ** 3 / moved)
+    assert t.ridge == pytest.approx(prof.ridge("bf16"))

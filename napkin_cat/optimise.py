@@ -85,8 +85,24 @@ def continuous(c: Cost, level: str | None = None) -> Optimum | None:
     memory = lv.memory_bytes.subs({t: 0 for t in mine if t not in free}) / bpv
     if isinstance(memory, sympy.Max):
         memory = max_of(list(memory.args))
-    if isinstance(memory, sympy.Max) or memory.has(sympy.ceiling):
+    columns = list(memory.args) if isinstance(memory, sympy.Max) else [memory]
+    if memory.has(sympy.ceiling):
         return None
+    # with several candidate peak columns, one of them is the active constraint: take the
+    # first whose optimum provably keeps every other column within M
+    for active in columns:
+        found = _lagrange(transfers, active, free)
+        if found is None:
+            continue
+        tiles, best = found
+        others = [col for col in columns if col is not active]
+        if all(sympy.simplify(col.subs(tiles) - M).is_nonpositive for col in others):
+            return Optimum(lv.name, {str(t): v for t, v in tiles.items()}, best, bpv)
+    return None
+
+
+def _lagrange(transfers: Expr, memory: Expr, free: list[sympy.Symbol]) -> tuple[dict[sympy.Symbol, Expr], Expr] | None:
+    """Stationary point of H - λ(M_ℓ - M) with positive tiles: (tiles, H*), or None."""
     lam = sympy.Symbol("lambda_")
     equations = [sympy.diff(transfers, t) - lam * sympy.diff(memory, t) for t in free] + [memory - M]
     try:
@@ -95,10 +111,9 @@ def continuous(c: Cost, level: str | None = None) -> Optimum | None:
         return None
     for sol in solutions:
         if all(sol.get(t, t).is_positive is not False for t in free):
-            tiles = {str(t): sympy.simplify(sol[t]) for t in free if t in sol}
             best = sympy.simplify(transfers.subs(sol))
             if not best.has(lam):
-                return Optimum(lv.name, tiles, best, bpv)
+                return {t: sympy.simplify(sol[t]) for t in free if t in sol}, best
     return None
 
 

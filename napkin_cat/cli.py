@@ -236,7 +236,7 @@ def cmd_derive(args: argparse.Namespace) -> int:
         if best.cost.tiles:
             print("  tiles: " + ", ".join(f"{k}={v}" for k, v in best.cost.tiles.items()))
     else:
-        print("nothing helps: no checked rewrite or relabelling is cheaper than the diagram as written")
+        print(found.verdict())
     checked = derive.write(found, out)
     if checked.theorem is None:
         assert checked.failure is not None

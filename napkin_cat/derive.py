@@ -24,14 +24,14 @@ from pathlib import Path
 import numpy as np
 import sympy
 
-from napkin_cat import accumulators, cost, kernel, rules
+from napkin_cat import accumulators, cost, kernel, optimise, rules
 from napkin_cat import hardware as hw
 from napkin_cat.elaborate import load
 from napkin_cat.evaluate import FLOAT64, Named, evaluate_named
 from napkin_cat.printer import print_step
 from napkin_cat.proof import CheckResult, check_file
 from napkin_cat.rewrite import Candidate, Costed, CostFn, Search, search
-from napkin_cat.terms import Axis, Box, Diagram, Param, Partition, Step, Var
+from napkin_cat.terms import Axis, Box, Diagram, Param, Partition, Var
 
 __all__ = ["Derivation", "axes_of", "choose_tiles", "derive", "model_cost", "overflow_screen", "proof_text",
            "write"]
@@ -56,6 +56,21 @@ class Derivation:
     @property
     def theorem_name(self) -> str:
         return f"{self.diagram}_derived"
+
+    def verdict(self) -> str:
+        """One sentence: what was found, or why nothing helps."""
+        found = self.search
+        best, baseline = found.best, found.baseline
+        if found.helps and best.cost is not None:
+            return f"best: {best.describe()}: {best.cost.summary}"
+        if baseline.ok and baseline.cost is not None:
+            return ("Nothing helps: the diagram as written already fits one kernel and no checked rewrite or "
+                    f"relabelling is cheaper ({baseline.cost.summary}).")
+        closest = next((c for c in found.runners_up(len(found.candidates))
+                        if c.refused is None and any(isinstance(s, Partition) for s in c.steps)), None)
+        reason = f"; the closest, {closest.describe()}: {_why_lost(closest, best)}" if closest else ""
+        return ("Nothing helps: no checked rewrite or relabelling fits the hardware at these sizes, so the diagram "
+                f"stays as written{reason}.")
 
 
 def derive(path: str | Path, diagram: str, cost: CostFn, *, settings: Mapping[str, str] | None = None,
@@ -158,10 +173,9 @@ def proof_text(derivation: Derivation, out_path: str | Path, runners_up: int = 6
             lines += _comment(f"Tile sizes chosen for these settings: {chosen}.  The theorem holds for any tile "
                               "that divides its axis;\nthe checker records those conditions.")
     else:
-        lines += _comment("Nothing helps: no checked rewrite or relabelling has a lower modelled cost than the "
-                          "diagram as written" + (f" ({baseline.cost.summary})." if baseline.cost else "."))
+        lines += _comment(derivation.verdict())
     lines += [f'use "{use}"', "", f"theorem {derivation.theorem_name}: {derivation.diagram} {{"]
-    lines += [f"  {print_step(step)}" for step in _explicit(best)]
+    lines += [f"  {print_step(step)}" for step in best.explicit]
     lines += ["}"]
     others = found.runners_up(runners_up)
     if others:
@@ -169,14 +183,6 @@ def proof_text(derivation: Derivation, out_path: str | Path, runners_up: int = 6
         for k, other in enumerate(others, start=1):
             lines += [f"#   {k}. {other.describe()}", f"#      {_why_lost(other, best)}"]
     return "\n".join(lines) + "\n"
-
-
-def _explicit(candidate: Candidate) -> tuple[Step, ...]:
-    """The candidate's steps with each stream's accumulator as the kernel chose it."""
-    if candidate.theorem is None:
-        return candidate.steps
-    chosen = iter(candidate.theorem.schedule.partitions)
-    return tuple(next(chosen) if isinstance(step, Partition) else step for step in candidate.steps)
 
 
 def write(derivation: Derivation, out_path: str | Path) -> CheckResult:
@@ -242,107 +248,28 @@ def _mb(moved: float) -> str:
     return f"{moved / 1e6:.4g} MB"
 
 
-def _tile_values(size: int, least: int = 1) -> list[int]:
-    """The powers of two that divide ``size`` and ``size`` itself, from ``least`` up
-    (every divisor of the listed kind when ``size`` is below ``least``)."""
-    values = {1, size}
-    k = 2
-    while k < size:
-        if size % k == 0:
-            values.add(k)
-        k *= 2
-    floor = least if size >= least else 1
-    return sorted(v for v in values if v >= floor)
-
-
-def _batch_axes(diagram: Diagram) -> set[str]:
-    """Axes on every (non-scalar) input and every output: independent problems, which
-    may take any tile.  Every other axis is a matrix dimension of some box."""
-    arrays = [p.axes for p in diagram.inputs if p.axes] + list(diagram.out_types)
-    return set.intersection(*(set(a) for a in arrays)) if arrays else set()
-
-
-def choose_tiles(c: cost.Cost, thm: kernel.Theorem, peak: float, grid_limit: int = 200_000) -> Costed:
-    """The fastest integer tiles that fit every level and satisfy the theorem's constraints.
-
-    Candidates per tile: the powers of two dividing its axis and the axis size, at least
-    the profile's ``min_tile`` (tensor-core operand shapes) unless the axis is a batch
-    axis (``_batch_axes``).
-    The whole grid is evaluated (vectorised) when it has at most ``grid_limit`` points;
-    beyond that, coordinate descent from every "diagonal" start (all tiles the same
-    power of two, which reaches square tiles) keeps the search polynomial.
-    """
+def choose_tiles(c: cost.Cost, thm: kernel.Theorem, peak: float) -> Costed:
+    """The best integer tiles of the cost model's search (``optimise.search``: every level's
+    capacity and the hardware's divisibility constraints, least transfer time, then fewest
+    loop trips), costed as transfer time plus FLOP time at the dtype's peak."""
     sizes = {a: int(n) for a, n in c.sizes.items() if isinstance(n, sympy.Integer)}
-    names = list(c.tiles)
-    axis_of = {p.tile: p.axis for p in thm.schedule.partitions if isinstance(p.tile, str)}
-    least = int(c.hardware.divisibility.get("min_tile", 1))
-    batch = _batch_axes(thm.result)
-    values = [np.array(_tile_values(sizes[axis_of[n]], 1 if axis_of[n] in batch else least), dtype=float)
-              for n in names]
-    symbols = [c.tiles[n] for n in names]
-    hardware = c.hardware
-    time_expr = c.flops / peak + sum((lv.transfers_bytes / (hardware.level(lv.parent).bandwidth or math.inf)
-                                      for lv in c.levels[1:] if lv.parent is not None), sympy.Integer(0))
-    time_fn = sympy.lambdify(symbols, c.at(time_expr, sizes), "numpy")
-    memory = [(lv.name, hardware.level(lv.name).capacity, sympy.lambdify(symbols, c.at(lv.memory_bytes, sizes),
-                                                                          "numpy")) for lv in c.levels[1:]]
-    divides = [(d.divisor, d.dividend) for d in thm.constraints]
-
-    def score(points: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        env = dict(zip(names, points, strict=True))
-        shape = np.broadcast_shapes(*(p.shape for p in points)) if points else ()
-        ok = np.ones(shape, dtype=bool)
-        for _, capacity, fn in memory:
-            ok &= np.broadcast_to(fn(*points), shape) <= capacity
-        for divisor, dividend in divides:
-            num = env[divisor] if isinstance(divisor, str) else divisor
-            den = env[dividend] if isinstance(dividend, str) and dividend in env else sizes.get(str(dividend), dividend)
-            ok &= np.broadcast_to(np.mod(den, num) == 0, shape)
-        return np.where(ok, np.broadcast_to(time_fn(*points), shape), np.inf), ok
-
-    if math.prod(len(v) for v in values) <= grid_limit:
-        grids = np.meshgrid(*values, indexing="ij") if values else []
-        times, _ = score(list(grids))
-        best = np.unravel_index(np.argmin(times), times.shape) if values else ()
-        chosen = [float(g[best]) for g in grids]
-        seconds = float(times[best]) if values else float(times)
-    else:
-        chosen, seconds = _descend(values, score)
-    tiles = {n: int(v) for n, v in zip(names, chosen, strict=True)}
-    if not math.isfinite(seconds):
-        smallest = [float(v[0]) for v in values]
-        need = ", ".join(f"{name} needs {float(fn(*smallest)) / 1024:.4g} KiB of {capacity / 1024:.4g} KiB"
-                         for name, capacity, fn in memory if float(fn(*smallest)) > capacity)
-        what = "even the smallest tiles overflow" if names else "whole arrays overflow"
-        return Costed(math.inf, False, {n: int(v) for n, v in zip(names, smallest, strict=True)},
-                      "does not fit", f"{what}: {need or 'the tile constraints fail'}")
-    moved = sum(float(c.at(lv.transfers_bytes, sizes | tiles)) for lv in c.levels[1:2])
-    used = "; ".join(f"{name} {float(fn(*chosen)) / 1024:.4g} of {capacity / 1024:.4g} KiB"
-                     for name, capacity, fn in memory)
-    footprint = max((float(fn(*chosen)) / capacity for _, capacity, fn in memory), default=0.0)
-    return Costed(seconds, True, tiles, f"{_us(seconds)} fused: {_mb(moved)} moved from hbm; {used}; "
-                                        f"{float(c.at(c.flops, sizes | tiles)) / 1e9:.3g} GFLOP", footprint=footprint)
-
-
-Score = Callable[[list[np.ndarray]], tuple[np.ndarray, np.ndarray]]
-
-
-def _descend(values: list[np.ndarray], score: Score) -> tuple[list[float], float]:
-    best: tuple[float, list[float]] = (math.inf, [float(v[0]) for v in values])
-    for rank in range(max(len(v) for v in values)):
-        point = [float(v[min(rank, len(v) - 1)]) for v in values]
-        current = float(score([np.array(p) for p in point])[0])
-        for _ in range(20):
-            moved = False
-            for i, options in enumerate(values):
-                trial = [np.array(p) for p in point]
-                trial[i] = options
-                times, _ = score(trial)
-                j = int(np.argmin(times))
-                if times[j] < current:
-                    point[i], current, moved = float(options[j]), float(times[j]), True
-            if not moved:
-                break
-        if current < best[0]:
-            best = (current, point)
-    return best[1], best[0]
+    table = optimise.search(c, top=1)
+    capacities = {lv.name: c.hardware.level(lv.name).capacity for lv in c.levels[1:]}
+    if not table.rows:
+        if c.tiles:
+            why = (f"none of the {table.considered} tile configurations allowed by the hardware fits "
+                   + ", ".join(f"{name} ({cap / 1024:.4g} KiB)" for name, cap in capacities.items()))
+        else:
+            why = "whole arrays overflow: " + ", ".join(
+                f"{lv.name} needs {float(c.at(lv.memory_bytes, sizes)) / 1024:.4g} KiB of "
+                f"{capacities[lv.name] / 1024:.4g} KiB" for lv in c.levels[1:])
+        return Costed(math.inf, False, {}, "does not fit", why)
+    best = table.rows[0]
+    flops = float(c.at(c.flops, sizes | best.tiles))
+    seconds = best.transfer_time + flops / peak
+    used = "; ".join(f"{name} {best.memory[name] / 1024:.4g} of {cap / 1024:.4g} KiB"
+                     for name, cap in capacities.items())
+    moved = best.transfers[c.levels[1].name]
+    footprint = max(best.memory[name] / cap for name, cap in capacities.items())
+    return Costed(seconds, True, dict(best.tiles), f"{_us(seconds)} fused: {_mb(moved)} moved from hbm; {used}; "
+                                                   f"{flops / 1e9:.3g} GFLOP", footprint=footprint)

@@ -100,8 +100,16 @@ class Candidate:
         """Kernel-accepted, not screened out, costed, and fits."""
         return self.refused is None and self.cost is not None and self.cost.fits
 
+    @property
+    def explicit(self) -> tuple[Step, ...]:
+        """The steps with each stream's accumulator as the kernel chose it (``via``)."""
+        if self.theorem is None:
+            return self.steps
+        chosen = iter(self.theorem.schedule.partitions)
+        return tuple(next(chosen) if isinstance(step, Partition) else step for step in self.steps)
+
     def describe(self) -> str:
-        return "; ".join(describe_step(s) for s in self.steps) or "no steps (the diagram as written)"
+        return "; ".join(describe_step(s) for s in self.explicit) or "no steps (the diagram as written)"
 
 
 @dataclass(frozen=True)
@@ -128,7 +136,12 @@ class Search:
         unfit = sorted((c for c in self.candidates if c.refused is None and c.cost is not None and not c.cost.fits),
                        key=_rank)
         refused = [c for c in self.candidates if c.refused is not None]
-        return (ranked + unfit + refused)[:limit]
+        shown, seen = [], {self.best.describe()}
+        for c in ranked + unfit + refused:
+            if c.describe() not in seen:  # the same proof reached with and without an explicit `via`
+                seen.add(c.describe())
+                shown.append(c)
+        return shown[:limit]
 
 
 def _rank(c: Candidate) -> tuple[float, float, int, int, str]:
@@ -238,6 +251,13 @@ def stream_axes(diagram: Diagram) -> tuple[str, ...]:
                  if "consumes" in r and "mixes" not in r and a not in outputs)
 
 
+def batch_axes(diagram: Diagram) -> tuple[str, ...]:
+    """Axes on every (non-scalar) input and every output: independent problems.  No array
+    is shared across them, so sub-tiling one at a faster level changes no transfer."""
+    arrays = [p.axes for p in diagram.inputs if p.axes] + list(diagram.out_types)
+    return tuple(a for a in (arrays[0] if arrays else ()) if all(a in axes for axes in arrays))
+
+
 def accumulator_choices(diagram: Diagram, axis: str) -> tuple[str, ...]:
     """Accumulators admissible for some box consuming ``axis`` (the ``via`` choices)."""
     names: list[str] = []
@@ -265,12 +285,16 @@ def plan_steps(plan: Plan, diagram: Diagram) -> tuple[Partition, ...]:
     """The partition steps of ``plan``, outer level first, groups before the stream.
 
     Tile sizes are symbols named after the axis (``gq`` groups q at smem, ``sx`` streams x,
-    ``wq``/``rx`` the same at registers), renamed apart from the diagram's axes.
+    ``wq``/``rx`` the same at registers), renamed apart from the diagram's axes.  The second
+    level re-partitions the same axes except batch axes (``batch_axes``).
     """
     taken = set(diagram.axis_sizes()) | {a for p in diagram.inputs for a in p.axes}
+    batch = batch_axes(diagram)
     steps: list[Partition] = []
-    for level, gprefix, sprefix in _LEVELS[: plan.levels]:
+    for depth, (level, gprefix, sprefix) in enumerate(_LEVELS[: plan.levels]):
         for axis in plan.groups:
+            if depth > 0 and axis in batch:
+                continue  # sub-tiling an independent-problem axis saves nothing
             steps.append(Partition("group", axis, _fresh(gprefix + axis, taken), level))
         if plan.stream is not None:
             steps.append(Partition("stream", plan.stream, _fresh(sprefix + plan.stream, taken), level, plan.via))

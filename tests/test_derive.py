@@ -224,8 +224,8 @@ def test_the_search_says_why_it_stopped_and_reports_progress(monkeypatch: pytest
 
 def test_cli_derive_writes_a_checked_proof_and_a_kernel(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "mm.ncd"
-    code = main(["derive", str(EXAMPLES / "matmul.ncd"), "matmul", "--size", "a=256", "--size", "b=256",
-                 "--size", "c=256", "-o", str(out), "--lower", "jax"])
+    code = main(["derive", str(EXAMPLES / "matmul.ncd"), "matmul", "--size", "a=2048", "--size", "b=2048",
+                 "--size", "c=2048", "-o", str(out), "--lower", "jax"])
     printed = capsys.readouterr().out
     assert code == 0, printed
     assert "search stopped: saturated" in printed and "group a by ga" in printed

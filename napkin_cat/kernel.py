@@ -15,7 +15,7 @@ and the box):
     stream(thm, step, accumulator)       R4 + R5 stream partition with certified accumulators
     place(thm, step)                     R2 placement (recolouring)
     quantise(thm, step)                  R10 dtype change: a marked approximation, never an equality
-    typed_box(op, args, ...)             the typing rule of a primitive box (shared with rules)
+    typed_box(op, args, ...)             the typing rule of a primitive box (ops.result_axes)
     treatment(box, axis)                 weaves | consumes | mixes | absent (architecture §3.1)
 
 The kernel imports only the IR, the op catalogue and diagnostics.  Certification is an
@@ -35,7 +35,6 @@ from napkin_cat.terms import (
     LEVELS,
     Apply,
     Axes,
-    Axis,
     Box,
     Const,
     Diagram,
@@ -52,6 +51,7 @@ from napkin_cat.terms import (
     Size,
     Step,
     Var,
+    inline_calls,
     run_diagram,
     walk,
 )
@@ -63,10 +63,8 @@ _TOKEN = object()
 _EMPTY = Schedule()
 
 #: unit roundoff of each number format a ``dtype`` step may name
-DTYPE_ROUNDOFF: dict[str, float] = {
-    "f64": 2.0**-53, "f32": 2.0**-24, "tf32": 2.0**-11, "f16": 2.0**-11, "bf16": 2.0**-8,
-    "fp8e4m3": 2.0**-4, "fp8e5m2": 2.0**-3,
-}
+DTYPE_ROUNDOFF: dict[str, float] = {"f64": 2.0**-53, "f32": 2.0**-24, "tf32": 2.0**-11, "f16": 2.0**-11,
+                                    "bf16": 2.0**-8, "fp8e4m3": 2.0**-4, "fp8e5m2": 2.0**-3}
 
 #: certify's answer for an accumulator: how it was certified, or None if its laws fail
 AccumulatorOracle = Callable[[Box, str, str, bool], "str | None"]
@@ -76,8 +74,7 @@ class KernelError(NapkinError):
     """A refused proof step: ``rule``, the failed ``condition``, where it was written."""
 
     def __init__(self, rule: str, condition: str, span: Span | None = None):
-        self.rule = rule
-        self.condition = condition
+        self.rule, self.condition = rule, condition
         super().__init__(error("proof.refused", span, rule=rule, reason=condition))
 
 
@@ -121,10 +118,7 @@ class Theorem:
 
     def accumulator_of(self, box: Box, axis: str) -> str | None:
         """The accumulator chosen for ``box`` streaming ``axis``, if any."""
-        for a, b, name in self.accumulators:
-            if a == axis and b == box:
-                return name
-        return None
+        return next((name for a, b, name in self.accumulators if a == axis and b == box), None)
 
     def _repr_svg_(self) -> str:  # notebook display: the picture, not a kernel concern
         from napkin_cat.draw import draw_svg  # untrusted, imported only when displayed
@@ -139,14 +133,11 @@ def _extend(thm: Theorem, step: Step | None, trust: tuple[str, ...], **changes: 
     return Theorem(**values, token=_TOKEN)  # type: ignore[arg-type,unused-ignore]
 
 
-# ---- typing of boxes (the same rules as the elaborator) -------------------------------------
-
-
 def typed_box(op: str, args: tuple[Expr, ...], target: Axes = (), out: Axes = (), params: tuple[str, ...] = (),
               index: Pred | IndexExpr | None = None, span: Span | None = None) -> Box:
     """A primitive box with its result type from ``ops.result_axes`` (the one typing rule)."""
-    axes = ops.result_axes(op, tuple(a.axes for a in args), target, out)
-    return Box(op, args, axes, target, out, params, index, span)
+    return Box(op, args, ops.result_axes(op, tuple(a.axes for a in args), target, out), target, out, params,
+               index, span)
 
 
 def treatment(box: Box, axis: str) -> str:
@@ -157,10 +148,9 @@ def treatment(box: Box, axis: str) -> str:
     """
     if axis not in box.axes and axis not in box.target and all(axis not in a.axes for a in box.args):
         return "absent"
-    kind = ops.OPS[box.op].kind
     if axis in box.out:
         return "mixes"
-    if axis not in box.target or kind in ("where", "index", "onehot", "transpose"):
+    if axis not in box.target or ops.OPS[box.op].kind in ("where", "index", "onehot", "transpose"):
         return "weaves"
     return "consumes" if ops.is_consuming(box.op) else "mixes"
 
@@ -177,7 +167,15 @@ def _boxes(diagram: Diagram) -> list[tuple[str, Box]]:
     return out
 
 
-# ---- reflexivity, unfolding, transitivity ------------------------------------------------
+def _calls(exprs: list[Expr]) -> list[Apply]:
+    return [n for e in exprs for n in walk(e) if isinstance(n, Apply)]
+
+
+def _no_schedule(thm: Theorem, rule: str, span: Span | None) -> None:
+    if thm.schedule != _EMPTY:
+        raise KernelError(rule, "the diagram already carries a schedule (group/stream/place/dtype); "
+                                "rewrite first, then relabel", span)
+
 
 
 def refl(name: str, diagram: Diagram) -> Theorem:
@@ -191,54 +189,13 @@ def unfold(thm: Theorem) -> Theorem:
 
     A diagram used as a box means its body run on the arguments, woven over the extra
     axes by name (terms.Apply), so inlining it, with every inner box retyped to carry the
-    woven axes, is an equality.  Inner names are kept unless they clash.
+    woven axes (terms.inline_calls with the kernel's typing rule), is an equality.
     """
-    exprs = [let.expr for let in thm.result.body] + list(thm.result.outputs)
-    calls = [n for e in exprs for n in walk(e) if isinstance(n, Apply)]
-    if not calls:
+    if not _calls([let.expr for let in thm.result.body] + list(thm.result.outputs)):
         return thm
     _no_schedule(thm, "unfold", None)
-    taken = {p.name for p in thm.result.inputs} | {n for let in thm.result.body for n in let.names}
-    lets: list[Let] = []
-
-    def bind(name: str, value: Expr, span: Span | None) -> Var:
-        fresh, k = name, 1
-        while fresh in taken:
-            k, fresh = k + 1, f"{name}_{k + 1}"
-        taken.add(fresh)
-        lets.append(Let((fresh,), value, span))
-        return Var(fresh, value.axes)
-
-    def inline(expr: Expr, env: dict[str, Expr]) -> tuple[Expr, ...]:
-        if isinstance(expr, Var):
-            return (env.get(expr.name, expr),)
-        if isinstance(expr, Box):
-            args = tuple(inline(a, env)[0] for a in expr.args)
-            return (typed_box(expr.op, args, expr.target, expr.out, expr.params, expr.index, expr.span),)
-        if not isinstance(expr, Apply):
-            return (expr,)
-        inner: dict[str, Expr] = {}
-        for param, arg in zip(expr.diagram.inputs, expr.args, strict=True):
-            value = inline(arg, env)[0]
-            inner[param.name] = value if isinstance(value, (Var, Const, Size)) else bind(param.name, value, expr.span)
-        for let in expr.diagram.body:
-            for n, part in zip(let.names, inline(let.expr, inner), strict=True):
-                inner[n] = bind(n, part, let.span)
-        return tuple(inline(o, inner)[0] for o in expr.diagram.outputs)
-
-    env: dict[str, Expr] = {}
-    for let in thm.result.body:
-        for n, part in zip(let.names, inline(let.expr, env), strict=True):
-            taken.discard(n)
-            env[n] = bind(n, part, let.span)
-    outputs = tuple(inline(o, env)[0] for o in thm.result.outputs)
-    axes: dict[str, Axis] = {a.name: a for a in thm.result.axes}
-    while calls:
-        call = calls.pop()
-        axes.update((a.name, a) for a in call.diagram.axes if a.name not in axes)
-        calls.extend(n for e in [let.expr for let in call.diagram.body] + list(call.diagram.outputs)
-                     for n in walk(e) if isinstance(n, Apply))
-    result = replace(thm.result, body=tuple(lets), outputs=outputs, axes=tuple(axes.values()))
+    result = inline_calls(thm.result, lambda box, args: typed_box(box.op, args, box.target, box.out, box.params,
+                                                                  box.index, box.span))
     return _extend(thm, None, ("unfold",), result=result)
 
 
@@ -252,14 +209,6 @@ def trans(first: Theorem, second: Theorem) -> Theorem:
         raise KernelError("trans", "the second theorem carries a schedule; relabel after the last rewrite")
     return _extend(first, None, second.trust, result=second.result, steps=first.steps + second.steps)
 
-
-def _no_schedule(thm: Theorem, rule: str, span: Span | None) -> None:
-    if thm.schedule != _EMPTY:
-        raise KernelError(rule, "the diagram already carries a schedule (group/stream/place/dtype); "
-                                "rewrite first, then relabel", span)
-
-
-# ---- instantiation of a certified lemma, under congruence ---------------------------------
 
 
 def rewrite(thm: Theorem, lemma: LemmaDecl, step: Rewrite, certified: Mapping[str, str]) -> Theorem:
@@ -284,7 +233,7 @@ def rewrite(thm: Theorem, lemma: LemmaDecl, step: Rewrite, certified: Mapping[st
         if n not in names:
             raise KernelError("congruence", f"no binding `{n}` in `{thm.result.name}` (bindings: {', '.join(names)})",
                               step.span)
-    index = max(names.index(n) for n in step.at)
+    index = max(i for i, let in enumerate(body) if set(let.names) & set(step.at))
     root = body[index]
     defs = {let.names[0]: let.expr for let in body if len(let.names) == 1 and let.names[0] in step.at}
     for n in step.at:
@@ -300,9 +249,12 @@ def rewrite(thm: Theorem, lemma: LemmaDecl, step: Rewrite, certified: Mapping[st
                 raise KernelError("instantiate", f"lemma `{lemma.name}` gives type {list(instance.axes)} for "
                                                  f"{list(node.axes)} at `{root.names[0]}`", step.span)
             body[index] = Let(root.names, _replace(inlined, node, instance), root.span)
-            used = _drop_unused(body, thm.result.outputs, set(step.at))
+            while dead := [let for let in body if len(let.names) == 1 and let.names[0] in step.at
+                           and not any(_mentions(e, let.names[0], {}) for e in
+                                       [b.expr for b in body] + list(thm.result.outputs))]:
+                body = [let for let in body if let not in dead]
             return _extend(thm, step, ("congruence", f"lemma {lemma.name} ({certified[lemma.name]})"),
-                           result=replace(thm.result, body=tuple(used)))
+                           result=replace(thm.result, body=tuple(body)))
     inlined_names = ", ".join(n for n in step.at if n not in root.names) or "nothing"
     raise KernelError("instantiate", f"lemma `{lemma.name}`'s left side does not match `{root.names[0]}` "
                                      f"with {inlined_names} inlined", step.span)
@@ -331,15 +283,6 @@ def _replace(expr: Expr, old: Expr, new: Expr) -> Expr:
                                                     expr.span)
 
 
-def _drop_unused(body: list[Let], outputs: tuple[Expr, ...], candidates: set[str]) -> list[Let]:
-    while True:
-        used = {n.name for e in [let.expr for let in body] + list(outputs) for n in walk(e) if isinstance(n, Var)}
-        dead = [let for let in body if len(let.names) == 1 and let.names[0] in candidates and let.names[0] not in used]
-        if not dead:
-            return body
-        body = [let for let in body if let not in dead]
-
-
 def _match_axes(pattern: Axes, actual: Axes, axes: dict[str, str]) -> bool:
     """Extend the injective axis map ``axes`` so that ``pattern`` maps onto ``actual``."""
     if len(pattern) != len(actual):
@@ -361,17 +304,15 @@ def _match(pattern: Expr, actual: Expr, vars_: dict[str, Expr], axes: dict[str, 
         return isinstance(actual, Size) and _match_axes((pattern.axis,), (actual.axis,), axes)
     return (isinstance(pattern, Box) and isinstance(actual, Box) and pattern.op == actual.op
             and pattern.params == actual.params and pattern.index is None and actual.index is None
-            and len(pattern.args) == len(actual.args) and _match_axes(pattern.target + pattern.out,
-                                                                      actual.target + actual.out, axes)
+            and len(pattern.args) == len(actual.args) and len(pattern.target) == len(actual.target)
+            and _match_axes(pattern.target + pattern.out, actual.target + actual.out, axes)
             and all(_match(p, a, vars_, axes) for p, a in zip(pattern.args, actual.args, strict=True)))
 
 
 def _instantiate(lemma: LemmaDecl, vars_: dict[str, Expr], axes: dict[str, str], span: Span | None) -> Expr:
     """σ(rhs), after checking that σ binds it and that every extra axis is woven (R1)."""
     image = set(axes.values())
-    for param in lemma.params:
-        if param.name not in vars_:
-            continue
+    for param in (p for p in lemma.params if p.name in vars_):
         have = set(vars_[param.name].axes)
         if any(a not in axes for a in param.axes):
             raise KernelError("instantiate", f"lemma `{lemma.name}`: an axis of `{param.name}` is not fixed by "
@@ -406,8 +347,6 @@ def _instantiate(lemma: LemmaDecl, vars_: dict[str, Expr], axes: dict[str, str],
     return subst(lemma.rhs)
 
 
-# ---- relabellings: partitions (R3, R4, R5, R8, R9), placement (R2), dtype (R10) -----------
-
 
 def _nest(thm: Theorem, step: Partition) -> tuple[Divides, ...]:
     """R8 nesting and R9 divisibility; returns the divisibility constraints to record.
@@ -416,34 +355,31 @@ def _nest(thm: Theorem, step: Partition) -> tuple[Divides, ...]:
     an axis is partitioned at most once per level; an inner tile divides the outer tile;
     the outermost tile divides the axis unless ``pad`` declares a masked ragged tile.
     """
-    rule, diagram, span = step.kind, thm.result, step.span
+    rule, diagram, span, axis = step.kind, thm.result, step.span, step.axis
     sizes = diagram.axis_sizes()
-    exprs = [let.expr for let in diagram.body] + list(diagram.outputs)
-    if any(isinstance(n, Apply) for e in exprs for n in walk(e)):
+    if _calls([let.expr for let in diagram.body] + list(diagram.outputs)):
         raise KernelError(rule, "the diagram uses a diagram as a box; unfold it first", span)
-    if step.axis not in sizes or not (any(treatment(b, step.axis) != "absent" for _, b in _boxes(diagram))
-                                      or any(step.axis in p.axes for p in diagram.inputs)):
-        raise KernelError(rule, f"axis `{step.axis}` does not occur in `{diagram.name}`", span)
+    if axis not in sizes or not (any(treatment(b, axis) != "absent" for _, b in _boxes(diagram))
+                                 or any(axis in p.axes for p in diagram.inputs)):
+        raise KernelError(rule, f"axis `{axis}` does not occur in `{diagram.name}`", span)
     if isinstance(step.tile, str) and step.tile in sizes:
         raise KernelError(rule, f"tile `{step.tile}` is the name of an axis; name tile sizes apart", span)
     deepest = max((LEVELS.index(p.level) for p in thm.schedule.partitions), default=0)
     if LEVELS.index(step.level) < deepest:
         raise KernelError("nest", f"{rule} at `{step.level}` comes after a partition at `{LEVELS[deepest]}`; "
                                   "list outer (larger) levels first (R8)", span)
-    outer = [p for p in thm.schedule.partitions if p.axis == step.axis]
+    outer = [p for p in thm.schedule.partitions if p.axis == axis]
     if any(p.level == step.level for p in outer):
-        raise KernelError("nest", f"axis `{step.axis}` is already partitioned at `{step.level}`", span)
-    size = sizes[step.axis]
-    dividend: str | int = outer[-1].tile if outer else (step.axis if size is None else size)
-    padded = step.pad and not outer  # a ragged tile is masked; nested tiles must divide exactly
-    if step.tile == 1 or padded:
+        raise KernelError("nest", f"axis `{axis}` is already partitioned at `{step.level}`", span)
+    dividend: str | int = outer[-1].tile if outer else sizes[axis] or axis
+    if step.tile == 1 or (step.pad and not outer):  # a ragged outer tile is masked; nested ones divide
         return ()
     if isinstance(step.tile, str) or isinstance(dividend, str):
         return (Divides(step.tile, dividend),)
     if dividend % step.tile:
-        what = f"the `{outer[-1].level}` tile {dividend}" if outer else f"axis `{step.axis}` of size {dividend}"
-        hint = "" if outer else "; declare `pad` to mask the ragged last tile"
-        raise KernelError("nest" if outer else rule, f"tile {step.tile} does not divide {what}{hint}", span)
+        what = f"the `{outer[-1].level}` tile {dividend}" if outer else f"axis `{axis}` of size {dividend}"
+        raise KernelError("nest" if outer else rule, f"tile {step.tile} does not divide {what}"
+                          + ("" if outer else "; declare `pad` to mask the ragged last tile"), span)
     return ()
 
 
@@ -460,12 +396,10 @@ def group(thm: Theorem, step: Partition) -> Theorem:
     constraints = _nest(thm, step)
     for label, box in _boxes(thm.result):
         how = treatment(box, step.axis)
-        if how == "consumes":
-            raise KernelError("group", f"box {label} consumes axis `{step.axis}`; "
-                                       "a consumed axis can only be streamed (R3)", step.span)
-        if how == "mixes":
-            raise KernelError("group", f"box {label} mixes axis `{step.axis}`: its outputs read "
-                                       f"every position along `{step.axis}` (R3)", step.span)
+        if how in ("consumes", "mixes"):
+            why = ("a consumed axis can only be streamed" if how == "consumes"
+                   else f"its outputs read every position along `{step.axis}`")
+            raise KernelError("group", f"box {label} {how} axis `{step.axis}`; {why} (R3)", step.span)
     schedule = replace(thm.schedule, partitions=(*thm.schedule.partitions, step))
     return _extend(thm, step, ("group",), schedule=schedule, constraints=thm.constraints + constraints)
 
@@ -485,7 +419,7 @@ def stream(thm: Theorem, step: Partition, accumulator: AccumulatorOracle) -> The
     """
     assert step.kind == "stream"
     constraints = _nest(thm, step)
-    axis, span = step.axis, step.span
+    axis, span, via = step.axis, step.span, step.via
     labels = {id(n): label for label, n in _boxes(thm.result)}
     consumers: list[tuple[str, tuple[str, ...], Box]] = []
 
@@ -507,23 +441,22 @@ def stream(thm: Theorem, step: Partition, accumulator: AccumulatorOracle) -> The
         return how == "consumes" or any(kids)
 
     run_diagram(thm.result, [False for _ in thm.result.inputs], visit)
-    if step.via is not None and not consumers:
-        raise KernelError("stream", f"`via {step.via}` names an accumulator but no box consumes `{axis}`", span)
-    if step.via is not None and not any(step.via in names for _, names, _ in consumers):
-        label, names, _ = consumers[0]
-        raise KernelError("stream", f"accumulator `{step.via}` cannot stream {label} along `{axis}`; "
-                                    f"admissible: {', '.join(names) or 'none'}", span)
+    if via is not None and not consumers:
+        raise KernelError("stream", f"`via {via}` names an accumulator but no box consumes `{axis}`", span)
+    if via is not None and not any(via in names for _, names, _ in consumers):
+        raise KernelError("stream", f"accumulator `{via}` cannot stream {consumers[0][0]} along `{axis}`; "
+                                    f"admissible: {', '.join(consumers[0][1]) or 'none'}", span)
     chosen: list[tuple[str, Box, str]] = []
     trust: list[str] = []
     for label, names, box in consumers:
-        order = sorted(names, key=lambda n: n != step.via)  # the named accumulator first
+        order = sorted(names, key=lambda n: n != via)  # the named accumulator first
         found = next(((n, how) for n in order if (how := accumulator(box, axis, n, step.pad)) is not None), None)
         if found is None:
             raise KernelError("stream", f"no certified accumulator{' with padding' if step.pad else ''} for "
                                         f"{label} (tried {', '.join(order) or 'none'})", span)
         chosen.append((axis, box, found[0]))
         trust.append(f"accumulator {found[0]} for {label} ({found[1]})")
-    via = step.via if step.via is not None else (chosen[0][2] if len({c[2] for c in chosen}) == 1 else None)
+    via = via if via is not None else (chosen[0][2] if len({c[2] for c in chosen}) == 1 else None)
     schedule = replace(thm.schedule, partitions=(*thm.schedule.partitions, replace(step, via=via)))
     return _extend(thm, step, ("stream", *trust), schedule=schedule, constraints=thm.constraints + constraints,
                    accumulators=thm.accumulators + tuple(chosen))
@@ -531,9 +464,8 @@ def stream(thm: Theorem, step: Partition, accumulator: AccumulatorOracle) -> The
 
 def _arrays(thm: Theorem, names: tuple[str, ...], rule: str, span: Span | None) -> None:
     arrays = [p.name for p in thm.result.inputs] + [n for let in thm.result.body for n in let.names]
-    for name in names:
-        if name not in arrays:
-            raise KernelError(rule, f"no array `{name}` in `{thm.result.name}` (arrays: {', '.join(arrays)})", span)
+    for name in (n for n in names if n not in arrays):
+        raise KernelError(rule, f"no array `{name}` in `{thm.result.name}` (arrays: {', '.join(arrays)})", span)
 
 
 def place(thm: Theorem, step: Place) -> Theorem:
@@ -543,8 +475,8 @@ def place(thm: Theorem, step: Place) -> Theorem:
     is the cost model's concern, not an equality's.
     """
     _arrays(thm, step.names, "place", step.span)
-    schedule = replace(thm.schedule, placements=(*thm.schedule.placements, step))
-    return _extend(thm, step, ("place",), schedule=schedule)
+    return _extend(thm, step, ("place",), schedule=replace(thm.schedule,
+                                                           placements=(*thm.schedule.placements, step)))
 
 
 def quantise(thm: Theorem, step: Quantise) -> Theorem:

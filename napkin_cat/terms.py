@@ -405,3 +405,50 @@ def union_axes(*types: Axes) -> Axes:
             if a not in seen:
                 seen.append(a)
     return tuple(seen)
+
+
+def inline_calls(diagram: Diagram, retype: Callable[[Box, tuple[Expr, ...]], Box]) -> Diagram:
+    """The diagram with every diagram used as a box (``Apply``) replaced by its body.
+
+    Each callee binding becomes a binding of the caller (its name kept unless it clashes,
+    else suffixed ``_2``, ``_3``...); a non-trivial argument is bound first.  Every box is
+    rebuilt by ``retype(box, new_args)``, which recomputes its type so that the woven
+    axes of a call flow through the inlined boxes by name.  The result uses no ``Apply``.
+    """
+    taken = {p.name for p in diagram.inputs} | {n for let in diagram.body for n in let.names}
+    lets: list[Let] = []
+    axes = {a.name: a for a in diagram.axes}
+
+    def bind(name: str, value: Expr, span: Span | None) -> Var:
+        fresh, k = name, 1
+        while fresh in taken:
+            k, fresh = k + 1, f"{name}_{k + 1}"
+        taken.add(fresh)
+        lets.append(Let((fresh,), value, span))
+        return Var(fresh, value.axes)
+
+    def inline(expr: Expr, env: dict[str, Expr]) -> tuple[Expr, ...]:
+        if isinstance(expr, Var):
+            return (env.get(expr.name, expr),)
+        if isinstance(expr, Box):
+            return (retype(expr, tuple(inline(a, env)[0] for a in expr.args)),)
+        if not isinstance(expr, Apply):
+            return (expr,)
+        axes.update((a.name, a) for a in expr.diagram.axes if a.name not in axes)
+        inner: dict[str, Expr] = {}
+        for param, arg in zip(expr.diagram.inputs, expr.args, strict=True):
+            value = inline(arg, env)[0]
+            inner[param.name] = value if isinstance(value, (Var, Const, Size)) else bind(param.name, value, expr.span)
+        for let in expr.diagram.body:
+            for n, part in zip(let.names, inline(let.expr, inner), strict=True):
+                inner[n] = bind(n, part, let.span)
+        return tuple(inline(o, inner)[0] for o in expr.diagram.outputs)
+
+    env: dict[str, Expr] = {}
+    for let in diagram.body:
+        for n, part in zip(let.names, inline(let.expr, env), strict=True):
+            taken.discard(n)
+            env[n] = bind(n, part, let.span)
+    outputs = tuple(inline(o, env)[0] for o in diagram.outputs)
+    return Diagram(diagram.name, diagram.inputs, tuple(lets), outputs, diagram.out_types, tuple(axes.values()),
+                   diagram.span)

@@ -4,8 +4,9 @@
 one node per input, per box (``Box`` or ``Apply``) and per output; one edge per array
 flowing from a producer's output port into a consumer.  An array is a bundle of wires,
 one per axis.  Sub-expressions without arrays (``rsqrt(d)``, ``-inf``) are not wires:
-they become part of the label of the box that uses them.  With ``expand=True`` an inner
-diagram (``Apply``) is inlined, its arrays carrying the axes it is woven over.
+they become part of the label of the box that uses them; bindings no output depends on
+are not drawn.  With ``expand=True`` diagrams used as boxes (``Apply``) are inlined by
+``terms.inline_calls``, their arrays carrying the axes they are woven over.
 
 How each wire meets a box is read off the axes (architecture.md §3.1): an axis on an
 input and on the output that the box does not name *passes over* the box (weaving); an
@@ -15,11 +16,11 @@ axis the box names ends at the box, and re-emerges from it if it is also an outp
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from napkin_cat import ops
 from napkin_cat.printer import print_expr, print_index, print_pred
-from napkin_cat.terms import Apply, Axes, Box, Const, Diagram, Expr, Size, Var, union_axes
+from napkin_cat.terms import Apply, Axes, Box, Const, Diagram, Expr, Size, Var, inline_calls, union_axes
 
 __all__ = ["GLYPHS", "BoxText", "Edge", "Graph", "Node", "Port", "box_text", "build_graph"]
 
@@ -45,7 +46,7 @@ GLYPHS: dict[str, tuple[str, str, bool]] = {
     "l2norm": ("rect", "l2norm", True),
     "rmsnorm": ("rect", "rmsnorm", True),
     "contract": ("rect", "Σ", True),
-    "ncontract": ("rect", "◁Σ", True),
+    "ncontract": ("rect", "Σ", True),  # after its normaliser: ◁ for softmax, else N(a1,a2,b)
     "where": ("rect", "where", False),
     "index": ("rect", "index", False),
     "onehot": ("rect", "onehot", True),
@@ -55,6 +56,7 @@ GLYPHS: dict[str, tuple[str, str, bool]] = {
     "transpose": ("rect", "transpose", False),
 }
 
+_ATOM = 4  # the printer's precedence of an atom: compound operands get parentheses
 _INFIX = {"add", "sub", "mul", "div"}
 
 
@@ -122,7 +124,9 @@ class Graph:
         return [e for e in self.edges if e.src == port]
 
 
-Wired = Port | str  # a port, or the printed text of an array-free constant
+Wired = Port | Expr  # a port, or an array-free constant (its variables substituted)
+
+_WIRE = Var("·", ())  # how a wire is written inside a box's label
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,11 @@ class BoxText:
         return self.label + self.sub + self.suffix
 
 
+def _with_args(box: Box, args: Sequence[Wired]) -> Box:
+    """The box with each wire written ``·`` and each constant argument substituted."""
+    return replace(box, args=tuple(_WIRE if isinstance(a, Port) else a for a in args))
+
+
 def box_text(box: Box, args: Sequence[Wired]) -> BoxText:
     """How a primitive box is labelled.
 
@@ -146,17 +155,17 @@ def box_text(box: Box, args: Sequence[Wired]) -> BoxText:
     ``contract[d](Q, K) * rsqrt(d)`` draws a box ``· × rsqrt(d)`` after the ``Σ`` box.
     """
     _, glyph, subscript = GLYPHS[box.op]
-    if box.op == "ncontract" and box.params != ("exp", "exp", "id"):
-        glyph = "N(" + ",".join(box.params) + ")Σ"
+    if box.op == "ncontract":  # the normalised contraction a1(S_i)/b(Σ a2(S_j)) · V_i (ops.OPS)
+        glyph = ("◁" if box.params == ("exp", "exp", "id") else "N(" + ",".join(box.params) + ")") + glyph
     if box.op in ("split", "join", "rename"):
         glyph += f"[{' '.join(box.target)} → {' '.join(box.out)}]"
     sub = " ".join(box.target) if subscript else ""
-    texts = ["·" if isinstance(a, Port) else a for a in args]
-    consts = any(isinstance(a, str) for a in args)
-    title = print_expr(Box(box.op, tuple(Var(t, ()) for t in texts), box.axes, box.target, box.out,
-                           box.params, box.index))
-    if box.op in _INFIX and consts:
-        return BoxText(f"{texts[0]} {glyph} {texts[1]}", title=title)
+    consts = not all(isinstance(a, Port) for a in args)
+    title = print_expr(_with_args(box, args))
+    if box.op in _INFIX and consts:  # operands parenthesised as the printer would
+        left, right = (print_expr(_WIRE if isinstance(a, Port) else a, _ATOM) for a in args)
+        return BoxText(f"{left} {glyph} {right}", title=title)
+    texts = ["·" if isinstance(a, Port) else print_expr(a) for a in args]
     if box.op == "where":
         return BoxText(f"{glyph}({', '.join([print_pred(box.index), *texts])})", title=title)  # type: ignore[arg-type]
     if box.op == "index":
@@ -165,14 +174,16 @@ def box_text(box: Box, args: Sequence[Wired]) -> BoxText:
 
 
 def build_graph(diagram: Diagram, expand: bool = False) -> Graph:
-    """The box-and-wire graph of a diagram; inner diagrams inlined when ``expand``."""
+    """The box-and-wire graph of a diagram; diagrams used as boxes inlined when ``expand``."""
+    if expand:  # the kernel's δ-unfolding, typed by the op catalogue's one typing rule
+        diagram = inline_calls(diagram, _retype)
     graph = Graph()
     env: dict[str, Wired] = {}
     for param in diagram.inputs:
         node = graph.add("input", [], [param.axes], name=param.name)
         env[param.name] = Port(node.id)
         graph.names[Port(node.id)] = param.name
-    results = _inline(graph, diagram, env, (), expand)
+    results = _fold(graph, diagram, env)
     for i, result in enumerate(results):
         port = result if isinstance(result, Port) else _const_node(graph, result)
         name = graph.names.get(port) if isinstance(diagram.outputs[i], Var) else None
@@ -180,15 +191,31 @@ def build_graph(diagram: Diagram, expand: bool = False) -> Graph:
     return graph
 
 
-def _const_node(graph: Graph, text: str) -> Port:
+def _retype(box: Box, args: tuple[Expr, ...]) -> Box:
+    return replace(box, args=args, axes=ops.result_axes(box.op, tuple(a.axes for a in args), box.target, box.out))
+
+
+def _const_node(graph: Graph, const: Expr) -> Port:
     """A constant used as an array (a diagram returning ``0``): a box with no inputs."""
+    text = print_expr(const)
     return Port(graph.add("box", [], [()], label=text, title=text).id)
 
 
-def _inline(graph: Graph, diagram: Diagram, env: dict[str, Wired], woven: Axes, expand: bool) -> list[Wired]:
-    """Add the boxes of ``diagram`` to ``graph``; its arrays carry the extra axes ``woven``."""
-    env = dict(env)
+def _fold(graph: Graph, diagram: Diagram, env: dict[str, Wired]) -> list[Wired]:
+    """Add the boxes of ``diagram`` that its outputs depend on to ``graph``."""
     memo: dict[int, Wired | list[Wired]] = {}
+    pending = {name: let for let in diagram.body for name in let.names}
+
+    def lookup(name: str) -> Wired:
+        """A let is drawn when first used: bindings no output depends on are not drawn."""
+        if name not in env:
+            let = pending[name]
+            value = go(let.expr)
+            for bound, item in zip(let.names, value if isinstance(value, list) else [value], strict=True):
+                env[bound] = item
+                if isinstance(item, Port):
+                    graph.names.setdefault(item, bound)
+        return env[name]
 
     def go(expr: Expr) -> Wired | list[Wired]:
         key = id(expr)
@@ -203,38 +230,22 @@ def _inline(graph: Graph, diagram: Diagram, env: dict[str, Wired], woven: Axes, 
 
     def visit(expr: Expr) -> Wired | list[Wired]:
         if isinstance(expr, Var):
-            return env[expr.name]
+            return lookup(expr.name)
         if isinstance(expr, (Const, Size)):
-            return print_expr(expr)
+            return expr
         args = [one(a) for a in expr.args]
+        ports = [a for a in args if isinstance(a, Port)]
         if isinstance(expr, Box):
-            if not expr.axes and not any(isinstance(a, Port) for a in args):
-                return print_expr(expr)
-            shape = GLYPHS[expr.op][0]
+            if not expr.axes and not ports:
+                return _with_args(expr, args)  # a constant
             text = box_text(expr, args)
-            ports = [a for a in args if isinstance(a, Port)]
-            out = union_axes(woven, expr.axes)
-            node = graph.add("box", ports, [out], label=text.label, sub=text.sub, suffix=text.suffix,
-                             title=text.title, shape=shape, target=expr.target)
+            node = graph.add("box", ports, [expr.axes], label=text.label, sub=text.sub, suffix=text.suffix,
+                             title=text.title, shape=GLYPHS[expr.op][0], target=expr.target)
             return Port(node.id)
         assert isinstance(expr, Apply)
-        inner = union_axes(woven, expr.woven)
-        if expand:
-            inner_env = {p.name: a for p, a in zip(expr.diagram.inputs, args, strict=True)}
-            results = _inline(graph, expr.diagram, inner_env, inner, expand)
-            return results if len(results) > 1 else results[0]
-        ports = [a for a in args if isinstance(a, Port)]
-        outs = [union_axes(woven, t) for t in expr.types]
         declared = union_axes(*(p.axes for p in expr.diagram.inputs), *expr.diagram.out_types)
-        node = graph.add("box", ports, outs, label=expr.diagram.name, title=expr.diagram.name,
-                         shape="inner", target=tuple(a for a in declared if a not in inner))
-        return [Port(node.id, i) for i in range(len(outs))] if len(outs) > 1 else Port(node.id)
+        node = graph.add("box", ports, list(expr.types), label=expr.diagram.name, title=expr.diagram.name,
+                         shape="inner", target=tuple(a for a in declared if a not in expr.woven))
+        return [Port(node.id, i) for i in range(len(expr.types))] if len(expr.types) > 1 else Port(node.id)
 
-    for let in diagram.body:
-        value = go(let.expr)
-        values = value if isinstance(value, list) else [value]
-        for name, item in zip(let.names, values, strict=True):
-            env[name] = item
-            if isinstance(item, Port):
-                graph.names.setdefault(item, name)
     return [one(out) for out in diagram.outputs]

@@ -11,18 +11,35 @@ import itertools
 import re
 import struct
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
 import sympy
+from hypothesis import given, settings
 
 from napkin_cat import ops
 from napkin_cat.cli import main
 from napkin_cat.draw import LEVEL_COLOURS, MARK_COLOURS, draw_steps, draw_svg, save
 from napkin_cat.draw_graph import GLYPHS
 from napkin_cat.elaborate import load, loads
-from napkin_cat.terms import Apply, Box, Diagram, Partition, Place, Rewrite, Schedule, Step, Var, walk
+from napkin_cat.terms import (
+    Apply,
+    Box,
+    Diagram,
+    Expr,
+    Let,
+    Module,
+    Partition,
+    Place,
+    Rewrite,
+    Schedule,
+    Step,
+    Var,
+    inline_calls,
+    walk,
+)
+from tests.strategies import modules
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.ncd"))
@@ -82,24 +99,49 @@ def _strokes(root: ET.Element, kind: str = "wire") -> set[str]:
     return {el.get("stroke", "") for el in root.iter() if kind in (el.get("class") or "").split()}
 
 
-def _drawn_boxes(diagram: Diagram, expand: bool) -> list[Box | Apply]:
-    """The boxes a drawing must show: every box that carries an array (constants are labels)."""
+def _drawn_boxes(diagram: Diagram, expand: bool) -> tuple[list[Box | Apply], int]:
+    """The boxes a drawing must show, and how many constant outputs it draws as boxes too.
+
+    A box over constants only (``rsqrt(d)``) is not a box of the picture: it is written into
+    the label of the box that uses it; bindings no output depends on are not drawn.
+    """
     found: list[Box | Apply] = []
 
-    def visit(d: Diagram) -> None:
+    def is_constant(expr: Expr, consts: set[str]) -> bool:
+        if isinstance(expr, Var):
+            return expr.name in consts
+        if isinstance(expr, Box):
+            return not expr.axes and all(is_constant(a, consts) for a in expr.args)
+        return not isinstance(expr, Apply)
+
+    def live_lets(d: Diagram) -> list[Let]:
+        needed = {v.name for out in d.outputs for v in walk(out) if isinstance(v, Var)}
+        live: list[Let] = []
+        for let in reversed(d.body):
+            if needed & set(let.names):
+                live.insert(0, let)
+                needed |= {v.name for v in walk(let.expr) if isinstance(v, Var)}
+        return live
+
+    def visit(d: Diagram, consts: set[str]) -> set[str]:
         seen: set[int] = set()  # a shared sub-expression is one box
-        for node in (n for r in [let.expr for let in d.body] + list(d.outputs) for n in walk(r)):
+        lets = live_lets(d)
+        for let in lets:
+            if is_constant(let.expr, consts):
+                consts = consts | set(let.names)
+        for node in (n for r in [let.expr for let in lets] + list(d.outputs) for n in walk(r)):
             if id(node) in seen:
                 continue
             seen.add(id(node))
-            if isinstance(node, Apply) and expand:
-                visit(node.diagram)
-            elif isinstance(node, Apply) or (
-                    isinstance(node, Box) and (node.axes or any(isinstance(n, Var) for n in walk(node)))):
+            if isinstance(node, (Box, Apply)) and not is_constant(node, consts):
                 found.append(node)
+        return consts
 
-    visit(diagram)
-    return found
+    if expand:  # drawn as the kernel unfolds it: every diagram used as a box inlined
+        diagram = inline_calls(diagram, lambda box, args: replace(
+            box, args=args, axes=ops.result_axes(box.op, tuple(a.axes for a in args), box.target, box.out)))
+    consts = visit(diagram, set())
+    return found, sum(is_constant(out, consts) for out in diagram.outputs)
 
 
 def _check_picture(diagram: Diagram, svg: str, expand: bool) -> ET.Element:
@@ -107,14 +149,14 @@ def _check_picture(diagram: Diagram, svg: str, expand: bool) -> ET.Element:
     texts = _texts(root)
     sizes = diagram.axis_sizes()
     axes = {a for p in diagram.inputs for a in p.axes} | {a for t in diagram.out_types for a in t}
-    for box in _drawn_boxes(diagram, expand):
+    for box in _drawn_boxes(diagram, expand)[0]:
         axes |= set(box.axes if isinstance(box, Box) else ())
     for axis in axes:
         label = axis if sizes.get(axis) is None else f"{axis}={sizes[axis]}"
         assert label in texts, f"{diagram.name}: no wire labelled {label!r}"
     groups = [g for g in root.iter(f"{SVG}g") if g.get("class") == "box"]
-    boxes = _drawn_boxes(diagram, expand)
-    assert len(groups) == len(boxes), f"{diagram.name}: {len(groups)} boxes drawn, {len(boxes)} in the term"
+    boxes, constants = _drawn_boxes(diagram, expand)
+    assert len(groups) == len(boxes) + constants, f"{diagram.name}: {len(groups)} boxes drawn, {len(boxes)} in the term"
     drawn = ["".join(t for el in g.iter(f"{SVG}text") for t in el.itertext()) for g in groups]
     for box in boxes:
         glyph = box.diagram.name if isinstance(box, Apply) else GLYPHS[box.op][1]
@@ -307,3 +349,11 @@ def test_theorems_carry_the_cost_models_row() -> None:
     # one M and one H cell per column of boxes (Σ_d, · × rsqrt(d), ◁Σ_x), under its box
     boxes = [g for g in root.iter(f"{SVG}g") if g.get("class") == "box"]
     assert len([t for t in texts if t not in ("M smem", "H smem") and not t.startswith("smem:")]) == 2 * len(boxes)
+
+
+@settings(max_examples=25)
+@given(module=modules(max_diagrams=3))
+def test_random_diagrams_draw_with_all_labels_and_no_overlaps(module: Module) -> None:
+    for diagram in module.diagrams:
+        for expand in (False, True):
+            _check_picture(diagram, draw_svg(diagram, expand), expand)

@@ -58,7 +58,7 @@ def cost_table(theorem: Any) -> CostTable | None:
         for step in view.steps:
             col = min(readers.get(step.array, [0])) if step.op == "load" else column.get(step.array, 0)
             memory.setdefault(col, []).append(sympy.Add(*(b.size for b in view.live(step.index))))
-            if step.op != "compute":
+            if step.op in ("load", "save"):  # the steps that move values (View.transfers)
                 moved[col] = moved.get(col, sympy.Integer(0)) + sympy.Mul(step.count, step.size)
         rows.append((f"M {view.level}", {c: _expr(max_of(v)) for c, v in memory.items()}))
         rows.append((f"H {view.level}", {c: _expr(moved.get(c, sympy.Integer(0))) for c in memory}))

@@ -51,7 +51,8 @@ def rank(level: str) -> int:
 
 @dataclass(frozen=True)
 class Step:
-    """One column: ``load``/``save`` of an array into/out of the view's level, or ``compute``.
+    """One column: ``load``/``save`` of an array into/out of the view's level, ``compute`` of a
+    node, or ``init``/``final`` of a node's accumulator state around its stream.
 
     ``path`` is the loop instances around it (outermost first), ``count`` their trips
     multiplied, ``size`` the values moved by one load or save, ``users`` the nodes a load
@@ -127,7 +128,7 @@ class View:
         """Σ count·size over the loads and saves (in bytes when ``bytes_of`` is given)."""
         total = sympy.Integer(0)
         for s in self.steps:
-            if s.op != "compute":
+            if s.op in ("load", "save"):
                 total += s.count * s.size * (bytes_of[s.array] if bytes_of is not None else 1)
         return total
 
@@ -311,12 +312,30 @@ class _ViewBuilder:
                 if arg not in b.constants and staged and rank(b.homes[arg]) < rank_l:
                     loads.setdefault((arg, self._position(self.paths[n.name], arg)), []).append(n.name)
             if staged and rank(b.homes[n.name]) < rank_l:
-                own = tuple(inst for inst in self.paths[n.name] if self._phase(inst[0], n.name) == "accumulate")
-                saves.append((n.name, self._position(self.paths[n.name], n.name, own)))
+                saves.append((n.name, self._position(self.paths[n.name], n.name, tuple(self._own(n.name)))))
+        if self.level == b.compute:
+            self._insert_state()
         self._insert(loads, saves)
         steps, ends = self._linearise()
         return View(self.level, self.parent, self.groups + self.streams, tuple(steps),
                     tuple(self._buffers(steps, ends)), tuple(ends.items()))
+
+    def _own(self, name: str) -> list[Inst]:
+        """The stream instances around a node that it accumulates over (outermost first)."""
+        return [inst for inst in self.paths[name] if self._phase(inst[0], name) == "accumulate"]
+
+    def _insert_state(self) -> None:
+        """``init`` before, and ``final`` after, the outermost stream each node accumulates over
+        (R4: identity, then the finaliser t once the stream is done)."""
+        for n in self.b.nodes:
+            own = self._own(n.name)
+            if own:
+                path = self.paths[n.name]
+                scope = path[:path.index(own[0])]
+                block = self.blocks[scope]
+                at = block.index(_Block((*scope, own[0])))
+                block.insert(at + 1, _Move("final", n.name))
+                block.insert(at, _Move("init", n.name))
 
     def _insert(self, loads: dict[tuple[str, tuple[Inst, ...]], list[str]],
                 saves: list[tuple[str, tuple[Inst, ...]]]) -> None:
@@ -330,7 +349,10 @@ class _ViewBuilder:
             block.insert(at, _Move("load", arg, tuple(users)))
         for name, pos in saves:
             block = self.blocks[pos]
-            block.insert(self._index_of(block, pos, name) + 1, _Move("save", name))
+            at = self._index_of(block, pos, name) + 1
+            if at < len(block) and block[at] == _Move("final", name):
+                at += 1  # a state is saved once it is finalised
+            block.insert(at, _Move("save", name))
 
     def _index_of(self, block: list[_Item], pos: tuple[Inst, ...], name: str) -> int:
         """The index in ``block`` of the item (node or sub-block) that contains node ``name``."""
@@ -360,7 +382,7 @@ class _ViewBuilder:
     def _step(self, steps: list[Step], move: _Move, path: tuple[Inst, ...]) -> None:
         count = sympy.Mul(*(self.b.trips[i] for i, _ in path))
         shape = self._shape(self.b.flat.type_of(move.array), path)
-        size = sympy.Mul(*(e for _, e in shape)) if move.op != "compute" else sympy.Integer(0)
+        size = sympy.Mul(*(e for _, e in shape)) if move.op in ("load", "save") else sympy.Integer(0)
         steps.append(Step(len(steps), move.op, move.array, path, count, size, move.users))
 
     def _shape(self, axes: Axes, scope: tuple[Inst, ...]) -> tuple[tuple[str, Expr], ...]:
@@ -399,13 +421,13 @@ class _ViewBuilder:
             if own and level == b.compute:
                 outer = own[0]
                 scope = steps[i].path[:steps[i].path.index(outer)]
-                first = min(s.index for s in steps if outer in s.path)
+                init = next(s.index for s in steps if s.op == "init" and s.array == n.name)
+                final = next(s.index for s in steps if s.op == "final" and s.array == n.name)
                 for component, axes in b.state_shapes(b.flat.node(n.name), outer[0]):
                     shape = self._shape(axes, scope)
-                    buffers.append(Buffer(f"{n.name}.{component}", n.name, "state", shape, first, ends[outer]))
-                start = ends[outer] + 1
-                if uses:
-                    span(n.name, "value", min(start, *uses), uses, _common([steps[u].path for u in uses]))
+                    buffers.append(Buffer(f"{n.name}.{component}", n.name, "state", shape, init, final))
+                if uses:  # the finaliser writes the value over the state (in place)
+                    span(n.name, "value", min(final + 1, *uses), uses, _common([steps[u].path for u in uses]))
                 continue
             scope = _common([steps[i].path] + [steps[u].path for u in uses])
             span(n.name, "value", i, uses, scope)
@@ -489,6 +511,12 @@ def _step_line(prog: Program, view: View, step: Step) -> str:
     if step.op == "save":
         sink = homes[step.array] if homes[step.array] == view.parent else f"{view.parent} on to {homes[step.array]}"
         return f"save {step.array} {view.level} -> {sink} ({step.size})"
+    if step.op == "init":
+        states = ", ".join(b.name.rsplit(".", 1)[1] for b in view.buffers
+                           if b.role == "state" and b.array == step.array)
+        return f"init {step.array} state ({states}) = identity"
+    if step.op == "final":
+        return f"{step.array} = final({step.array} state)"
     node = prog.nest.flat.node(step.array)
     box = node.expr
     assert isinstance(box, Box)

@@ -149,6 +149,10 @@ def cost_of(diagram: Diagram, schedule: Schedule, hardware: str | hw.Hardware = 
     unknown = sorted(set(sizes or {}) - set(declared))
     if unknown:
         raise ValueError(f"sizes name axes that `{diagram.name}` does not use: {', '.join(unknown)}")
+    clash_sizes = sorted(a for a, n in (sizes or {}).items() if declared[a] is not None and declared[a] != n)
+    if clash_sizes:
+        raise ValueError("sizes contradict declared sizes: "
+                         + ", ".join(f"{a}={sizes[a]} (declared {declared[a]})" for a in clash_sizes))  # type: ignore[index]
     size_syms: dict[str, Expr] = {}
     for axis, n in declared.items():
         given = (sizes or {}).get(axis, n)

@@ -130,10 +130,11 @@ def format_report(r: Mapping[str, Any]) -> str:
     if "multilevel" in r:
         lines.append(f"multi-level (bandwidth-weighted, seconds): T = {r['multilevel']['time']}")
     if r.get("configurations") is not None:
-        lines += ["", "configurations (best first; bytes):"]
+        capacity = {lv["name"]: lv["capacity_bytes"] for lv in r["levels"]}
+        lines += ["", "configurations (best first; bytes, % of the level's capacity):"]
         for row in r["configurations"]:
             tiles = " ".join(f"{k}={v}" for k, v in row["tiles"].items())
-            mem = " ".join(f"M_{k}={v:.0f}" for k, v in row["memory_bytes"].items())
+            mem = " ".join(f"M_{k}={v:.0f} ({100 * v / capacity[k]:.0f}%)" for k, v in row["memory_bytes"].items())
             moved = " ".join(f"H_{k}={v:.4g}" for k, v in row["transfers_bytes"].items())
             lines.append(f"  {tiles:<36} {mem:<28} {moved:<30} t_transfer={row['transfer_time_s']:.4g}s")
         if not r["configurations"]:

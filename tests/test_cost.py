@@ -154,6 +154,9 @@ def test_padded_tiles_round_trips_up_and_dtypes_override() -> None:
         cost_of(MODULE.diagram("product"), MATMUL, dtypes={"nope": "f32"})
     with pytest.raises(ValueError, match="does not use"):
         cost_of(MODULE.diagram("product"), MATMUL, sizes={"zz": 4})
+    fixed = loads("axis n = 8\ndiagram twice(X: [n]) -> [n] {\n  return X + X\n}\n")
+    with pytest.raises(ValueError, match=r"contradict declared sizes: n=9 \(declared 8\)"):
+        cost_of(fixed.diagram("twice"), Schedule(), sizes={"n": 9})
 
 
 def test_a_level_the_hardware_lacks_is_refused() -> None:

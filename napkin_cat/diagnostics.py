@@ -100,6 +100,7 @@ MESSAGES: dict[str, str] = {
     "lower.streams": "the lowering streams one axis per kernel; this schedule streams {axes}",
     "lower.grid_consumed": "axis `{axis}` cannot be a grid axis: `{node}` ({op}) reads across its positions, and grid programs run in parallel",
     "lower.grid_output": "grid axis `{axis}` is not on output {index}: every program would write all of it",
+    "lower.stream_mixed": "`{node}` ({op}) reads across positions of the streamed axis `{axis}`; rewrite it into a consuming box first",
     "lower.after_axis": "`{node}` needs the whole streamed axis `{axis}` after its accumulators finish (a second pass)",
     "lower.chunk_output": "output `{output}` carries the streamed axis `{axis}`, which no box consumes; group `{axis}` instead",
     "lower.reshape_padded": "`{node}` ({op}) reshapes axis `{axis}`, which is padded to whole blocks",

@@ -35,6 +35,7 @@ def bind_inputs(lay: Layout, params: Sequence[str], block: cg.Block) -> None:
 
 def all_axes(lay: Layout) -> tuple[str, ...]:
     axes = [a for _, t in lay.flat.inputs for a in t] + [a for node in lay.flat.nodes for a in node.axes]
+    axes += [a for a, n in lay.flat.sizes if n is not None]  # declared, maybe only read by Size
     return tuple(dict.fromkeys(axes))
 
 
@@ -64,7 +65,9 @@ def emit_function(lay: Layout, fname: str, params: Sequence[str], doc: str, dtyp
     emit_before(lay, env, scope)
     if lay.stream is not None:
         _emit_stream(lay, env, scope)
-    results = [transpose_to(env[o], lay.flat.type_of(o)) for o in lay.flat.outputs]
+    results = [transpose_to(env[o], t) for o, t in zip(lay.flat.outputs, lay.diagram.out_types, strict=True)]
+    if dtype != "float32":  # outputs in the kernel dtype, like the Pallas target's
+        results = [cg.call(ast.Attribute(r, "astype", ast.Load()), cg.attr(f"jnp.{dtype}")) for r in results]
     block.emit(ast.Return(results[0] if len(results) == 1 else cg.tuple_(results)))
     return cg.function(fname, params, block.stmts, doc)
 

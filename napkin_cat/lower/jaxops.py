@@ -49,6 +49,8 @@ class Value:
 
     expr: ast.expr
     axes: Axes
+    #: a Python number (a constant or a size), not yet a jax value
+    python: bool = False
 
 
 @dataclass(frozen=True)
@@ -296,14 +298,30 @@ def _where(box: Box, args: Sequence[Value], scope: Scope) -> Value:
     assert box.index is not None and not isinstance(box.index, (Idx, IInt, IBin))
     axes = tuple(dict.fromkeys(a.axes + b.axes + scope.keep(box.target)))
     mask = predicate(box.index, axes, scope)
-    return Value(cg.call("jnp.where", mask, align(a, axes), align(b, axes)), axes)
+    value = cg.call("jnp.where", mask, align(a, axes), align(b, axes))
+    return Value(_broadcast(value, axes, a.axes + b.axes, scope), axes)
+
+
+def _broadcast(value: ast.expr, axes: Axes, carried: Axes, scope: Scope) -> ast.expr:
+    """The value broadcast to ``axes`` when some come only from a box's brackets (a
+    predicate or index expression that does not mention them)."""
+    if all(a in carried for a in axes):
+        return value
+    return cg.call("jnp.broadcast_to", value, shape(axes, scope))
 
 
 def _index(box: Box, args: Sequence[Value], scope: Scope) -> Value:
     assert box.index is not None and isinstance(box.index, (Idx, IInt, IBin))
     axes = scope.keep(box.target)
-    value = index_expr(box.index, axes, scope)
-    return Value(cg.call("jnp.asarray", value, cg.attr("jnp.float32")), axes)
+    value = cg.call("jnp.asarray", index_expr(box.index, axes, scope), cg.attr("jnp.float32"))
+    mentioned = tuple(n.axis for n in _walk_index(box.index) if isinstance(n, Idx) and n.axis not in scope.squeezed)
+    return Value(_broadcast(value, axes, mentioned, scope), axes)
+
+
+def _walk_index(expr: IndexExpr) -> list[IndexExpr]:
+    if isinstance(expr, IBin):
+        return [expr, *_walk_index(expr.left), *_walk_index(expr.right)]
+    return [expr]
 
 
 def _onehot(box: Box, args: Sequence[Value], scope: Scope) -> Value:
@@ -358,7 +376,13 @@ def mask_padded(box: Box, args: Sequence[Value], scope: Scope) -> list[Value]:
 
 
 def emit_box(box: Box, args: Sequence[Value], scope: Scope) -> Value:
-    """The code of one box applied to emitted operands (padded axes masked first)."""
+    """The code of one box applied to emitted operands (padded axes masked first).
+
+    A box on Python numbers only (``recip(0.0)``) gets an f32 operand, so it computes
+    with f32 semantics (inf, not ZeroDivisionError) like every other box.
+    """
+    if args and all(a.python for a in args):
+        args = [Value(cg.call("jnp.float32", args[0].expr), ()), *args[1:]]
     return TABLE[ops.OPS[box.op].kind](box, mask_padded(box, args, scope), scope)
 
 
@@ -367,9 +391,9 @@ def argument(expr: Expr, env: Mapping[str, Value], scope: Scope) -> Value:
     if isinstance(expr, Var):
         return env[expr.name]
     if isinstance(expr, Const):
-        return Value(saturate(expr.value), ())
+        return Value(saturate(expr.value), (), python=True)
     assert isinstance(expr, Size), expr
-    return Value(cg.call("float", scope.sizes[expr.axis]), ())
+    return Value(cg.call("float", scope.sizes[expr.axis]), (), python=True)
 
 
 def emit_node(name: str, box: Box, env: dict[str, Value], scope: Scope, hint: str | None = None) -> Value:

@@ -26,7 +26,7 @@ from napkin_cat.accumulators import AccumulatorPlan, plan
 from napkin_cat.diagnostics import NapkinError, error
 from napkin_cat.loopnest import Flat, LoopNest, Node, loop_nest
 from napkin_cat.lower.runtime import pow2_extent
-from napkin_cat.terms import Box, Diagram, Schedule
+from napkin_cat.terms import Box, Diagram, Schedule, Size
 
 __all__ = ["MIN_BLOCK", "POSITIONAL", "Layout", "layout"]
 
@@ -118,7 +118,7 @@ def layout(name: str, diagram: Diagram, schedule: Schedule, tiles: Mapping[str, 
     groups = tuple(axis for axis, (kind, _) in by_axis.items() if kind == "group")
     if target == "pallas" and stream is not None and not _block_ok(axis_tiles[stream]):
         raise NapkinError(error("lower.tile_pow2", axis=stream, tile=axis_tiles[stream], least=MIN_BLOCK))
-    out_types = [flat.type_of(o) for o in flat.outputs]
+    out_types = list(diagram.out_types)
     for axis in groups:
         _check_grid_axis(flat, axis, out_types)
     _check_sizes(flat)
@@ -137,6 +137,9 @@ def layout(name: str, diagram: Diagram, schedule: Schedule, tiles: Mapping[str, 
         loop = next(lp for lp in nest.loops if lp.axis == stream)
         phase = {n.name: nest.phase(loop, n.name) for n in flat.nodes}
         for node in flat.nodes:
+            if phase[node.name] == "chunk" and _touches(node, stream) not in ("weaves", "positional"):
+                raise NapkinError(error("lower.stream_mixed", node=node.name, op=_touches(node, stream),
+                                        axis=stream))
             if phase[node.name] == "after" and stream in node.axes:
                 raise NapkinError(error("lower.after_axis", node=node.name, axis=stream))
             if phase[node.name] == "accumulate":
@@ -178,7 +181,8 @@ def _check_sizes(flat: Flat) -> None:
     """Every axis must get its size from an input or a declaration."""
     known = {a for _, axes in flat.inputs for a in axes} | {a for a, n in flat.sizes if n is not None}
     for node in flat.nodes:
-        for axis in node.axes:
+        sized = [a.axis for a in node.expr.args if isinstance(a, Size)] if isinstance(node.expr, Box) else []
+        for axis in (*node.axes, *sized):
             if axis not in known:
                 raise NapkinError(error("lower.unbound_axis", axis=axis, node=node.name))
 

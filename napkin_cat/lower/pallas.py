@@ -93,7 +93,7 @@ def emit_function(lay: Layout, fname: str, params: Sequence[str], doc: str, dtyp
                 value = cg.call("split_tiles", value, cg.const(k), cg.const(lay.tiles[in_axes[k]]),
                                 cg.const(lay.block(in_axes[k])))
         padded.append(block.bind(f"{param}_padded", value))
-    out_types = [lay.flat.type_of(o) for o in lay.flat.outputs]
+    out_types = list(lay.diagram.out_types)
     kernel = _emit_kernel(lay, params, out_types, dtype, namer)
     block.emit(kernel)
     shapes: list[ast.expr] = [cg.call("jax.ShapeDtypeStruct", cg.tuple_(stored_dims(lay, t)), storage)

@@ -1,0 +1,118 @@
+"""Shared cases for the lowering tests: every theorem of proofs/ plus theorems on diagrams
+that are not in the repository, random inputs at ragged sizes, tolerances.
+
+Tolerances (documented in README "Kernels"): errors are measured relative to the largest
+reference magnitude (at least 1).  f32 kernels must agree with the float64 evaluator to
+``F32_TOL``; bf16 kernels (inputs and outputs rounded to bf16, 8-bit mantissa, unit
+roundoff 2^-8, f32 arithmetic inside) to ``BF16_TOL``.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from napkin_cat import loads
+from napkin_cat.evaluate import evaluate
+from napkin_cat.proof import check_file, check_module
+
+ROOT = Path(__file__).resolve().parent.parent
+F32_TOL = 2e-5
+BF16_TOL = 4e-2
+
+#: small power-of-two tiles for every tile name the proofs use (interpret mode is slow)
+TILES = {name: 32 for name in ("ga", "gc", "sb", "gq", "sx", "wq", "rx", "gt", "sv", "gf", "sd", "sf")} | {"gg": 1}
+
+#: theorems on diagrams that are not in the repo: several accumulators in one loop, masks
+#: with grid offsets, a non-power-of-two head dimension, a whole-axis softmax, a per-head
+#: input squeezed to a scalar block, the index box
+EXTRA = """
+axis t, v, q, x, b, h
+axis d = 80
+
+diagram stats(X: [t v]) -> [t], [t], [t], [t], [t] {
+  return max[v](X), min[v](X), mean[v](X), logsumexp[v](X), sum[v](where[t v](v <= t + 3, exp(X), 0))
+}
+theorem streamed_stats: stats {
+  group t by gt
+  stream v by sv
+}
+
+diagram wide(Q: [q d], K: [x d], V: [x d]) -> [q d] {
+  S = contract[d](Q, K) * rsqrt(d)
+  P = softmax[x](S)
+  O = contract[x](P, V)
+  return O
+}
+theorem flash_wide: wide {
+  rewrite softmax_contract at P, O
+  group q by gq
+  stream x by sx via online_softmax
+}
+theorem grouped_wide: wide {
+  group q by gq
+}
+
+diagram alibi(Q: [b h q d], K: [b h x d], V: [b h x d], m: [h]) -> [b h q d] {
+  S = contract[d](Q, K) * rsqrt(d) - m * index[q x](q - x)
+  M = where[q x](q >= x, S, -inf)
+  return contract[x](softmax[x](M), V)
+}
+theorem alibi_grouped: alibi {
+  group q by gq
+}
+"""
+
+
+@functools.cache
+def theorems() -> dict[str, Any]:
+    """Every checked theorem: proofs/*.ncd, then ``EXTRA`` (all must check)."""
+    found: dict[str, Any] = {}
+    results = [r for path in sorted((ROOT / "proofs").glob("*.ncd")) for r in check_file(path)]
+    results += check_module(loads(EXTRA, "<extra>"))
+    for result in results:
+        assert result.theorem is not None, (result.name, result.failure)
+        found[result.name] = result.theorem
+    return found
+
+
+def inputs(theorem: Any, seed: int, low: int = 17, high: int = 100) -> tuple[dict[str, int], list[np.ndarray]]:
+    """Ragged sizes for symbolic axes (batch-like axes small) and float64 inputs."""
+    rng = np.random.default_rng(seed)
+    diagram = theorem.result
+    sizes = {}
+    for axis in diagram.axes:
+        if axis.size is not None:
+            sizes[axis.name] = axis.size
+        elif axis.name in ("b", "h", "g"):
+            sizes[axis.name] = int(rng.integers(1, 4))
+        else:
+            sizes[axis.name] = int(rng.integers(low, high))
+    arrays = []
+    for param in diagram.inputs:
+        shape = [sizes[a] for a in param.axes]
+        if param.name == "L":  # class labels
+            arrays.append(rng.integers(0, sizes["v"], size=shape).astype(np.float64))
+        else:
+            arrays.append(rng.standard_normal(shape))
+    return sizes, arrays
+
+
+def reference(theorem: Any, arrays: list[np.ndarray], sizes: dict[str, int]) -> tuple[np.ndarray, ...]:
+    """The float64 evaluator on the theorem's source diagram (what the proof says it equals)."""
+    out = evaluate(theorem.source, arrays, sizes=sizes)
+    return out if isinstance(out, tuple) else (out,)
+
+
+def relative_error(got: Any, want: np.ndarray) -> float:
+    got = np.asarray(got, dtype=np.float64)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    assert np.all(np.isfinite(got)), "non-finite values in a kernel output"
+    return float(np.max(np.abs(got - want), initial=0.0) / max(1.0, float(np.max(np.abs(want), initial=0.0))))
+
+
+def as_tuple(value: Any) -> tuple[Any, ...]:
+    return value if isinstance(value, tuple) else (value,)

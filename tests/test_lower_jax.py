@@ -1,0 +1,177 @@
+"""The plain-JAX target (napkin_cat.lower.jax) and what both targets share: the op table,
+the module's contract (source, docstring, determinism, jit), gradients, memory, refusals.
+
+Every theorem of proofs/ (and of tests/lower_cases.EXTRA) is lowered and run against the
+float64 evaluator at ragged sizes; random diagrams from tests/strategies.py, lowered with
+no schedule, check the op table on every box.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from napkin_cat import loads, ops
+from napkin_cat.diagnostics import NapkinError
+from napkin_cat.evaluate import evaluate
+from napkin_cat.lower import lower, lower_schedule
+from napkin_cat.lower.jaxops import INF, TABLE, UNARY
+from napkin_cat.terms import Partition, Schedule
+from tests import lower_cases as cases
+from tests.strategies import input_arrays, modules, sizes_for
+
+NAMES = sorted(cases.theorems())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_theorem_matches_evaluator_f32_ragged(name: str) -> None:
+    thm = cases.theorems()[name]
+    sizes, arrays = cases.inputs(thm, seed=len(name))
+    fn = lower(thm, target="jax", tiles=cases.TILES).fn
+    got = cases.as_tuple(jax.jit(fn)(*[jnp.asarray(a, jnp.float32) for a in arrays]))
+    for out, want in zip(got, cases.reference(thm, arrays, sizes), strict=True):
+        assert cases.relative_error(out, want) < cases.F32_TOL
+
+
+@pytest.mark.parametrize("name", ["flash_attention_causal", "tiled_matmul", "streamed_cross_entropy", "flash_sign"])
+def test_theorem_matches_evaluator_bf16(name: str) -> None:
+    thm = cases.theorems()[name]
+    sizes, arrays = cases.inputs(thm, seed=1)
+    fn = lower(thm, target="jax", tiles=cases.TILES, dtype="bfloat16").fn
+    got = cases.as_tuple(fn(*[jnp.asarray(a, jnp.float32) for a in arrays]))
+    for out, want in zip(got, cases.reference(thm, arrays, sizes), strict=True):
+        assert out.dtype == jnp.bfloat16
+        assert cases.relative_error(out, want) < cases.BF16_TOL
+
+
+@pytest.mark.parametrize("name", ["flash_attention_causal", "fused_mlp_first_layer", "streamed_cross_entropy",
+                                  "flash_rms_attention"])
+def test_grad_matches_plain_jax(name: str) -> None:
+    """jax.grad through the streamed function equals the gradient of the unscheduled diagram
+    lowered by the same op table (a plain JAX version of the diagram)."""
+    thm = cases.theorems()[name]
+    _, arrays = cases.inputs(thm, seed=3, high=60)
+    streamed = lower(thm, target="jax", tiles=cases.TILES).fn
+    plain = lower_schedule(name, thm.source, Schedule(), target="jax").fn
+    xs = [jnp.asarray(a, jnp.float32) for a in arrays]
+    differentiable = [i for i, p in enumerate(thm.result.inputs) if p.name != "L"]  # labels are data
+
+    def loss(f: object, *args: jax.Array) -> jax.Array:
+        return sum(jnp.sum(jnp.sin(o)) for o in cases.as_tuple(f(*args)))  # type: ignore[operator]
+
+    want = jax.grad(lambda *a: loss(plain, *a), argnums=differentiable)(*xs)
+    got = jax.grad(lambda *a: loss(streamed, *a), argnums=differentiable)(*xs)
+    for g, w in zip(got, want, strict=True):
+        assert cases.relative_error(g, np.asarray(w, np.float64)) < 1e-4
+
+
+def test_memory_is_per_chunk_not_quadratic() -> None:
+    """The streamed attention's XLA temporaries stay far below the q·x score matrix."""
+    thm = cases.theorems()["flash_attention"]
+    n = 2048
+    fn = lower(thm, target="jax", tiles={"gq": 128, "sx": 128}).fn
+    spec = jax.ShapeDtypeStruct((n, 64), jnp.float32)
+    temp = jax.jit(fn).lower(spec, spec, spec).compile().memory_analysis().temp_size_in_bytes
+    assert temp < n * n * 4 / 4, temp  # the scores alone would be n*n*4 bytes
+
+
+def test_source_is_deterministic_and_documented() -> None:
+    thm = cases.theorems()["flash_attention"]
+    first = lower(thm, target="jax", tiles={"gq": 64, "sx": 32})
+    second = lower(thm, target="jax", tiles={"gq": 64, "sx": 32})
+    assert first.source == second.source
+    doc = first.fn.__doc__
+    assert first.fn.__name__ == "flash_attention"
+    for needle in ("Theorem: flash_attention", "Proved by:", "softmax_contract", "stream x by sx",
+                   "x: sx = 32", "Cost bound:"):
+        assert needle in doc, needle
+    compile(first.source, "<golden>", "exec")
+
+
+def test_sizes_are_checked_at_call_time() -> None:
+    fn = lower(cases.theorems()["flash_attention"], target="jax", tiles={"gq": 64, "sx": 32}).fn
+    q = jnp.zeros((10, 64))
+    with pytest.raises(ValueError, match="axis d has size 64 but input K has 32"):
+        fn(q, jnp.zeros((12, 32)), jnp.zeros((12, 32)))
+    with pytest.raises(ValueError, match="must have axes"):
+        fn(jnp.zeros((10,)), q, q)
+
+
+def test_op_table_covers_every_op() -> None:
+    assert {info.kind for info in ops.OPS.values()} <= set(TABLE)
+    assert set(ops.UNARY) | {"id"} <= set(UNARY)
+
+
+def _close_or_both_masked(got: np.ndarray, want: np.ndarray) -> bool:
+    """Equal within f32 tolerance where the evaluator is finite; where it gives ±inf the
+    kernel may give a huge finite value (±inf constants saturate to ±INF, jaxops docstring), and
+    where it gives NaN (say 0·inf) the saturated kernel may give a number."""
+    finite = np.isfinite(want)
+    scale = max(1.0, float(np.max(np.abs(want[finite]), initial=0.0)))
+    close = np.abs(got - want) <= 1e-4 * scale
+    masked = np.isinf(want) & (np.abs(got) >= 1e30) & (np.sign(got) == np.sign(want))
+    return bool(np.all(close | masked | np.isnan(want)))
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(data=st.data(), module=modules(max_diagrams=2))
+def test_random_diagrams_lower_to_their_meaning(data: st.DataObject, module: object) -> None:
+    """Diagrams that are not in the repo: the unscheduled lowering is the evaluator in f32."""
+    diagram = data.draw(st.sampled_from(module.diagrams))  # type: ignore[attr-defined]
+    sizes = data.draw(sizes_for(diagram, 1, 4))
+    # values on a 0.01 grid: no subnormals, which f32 flushes and float64 keeps
+    arrays = data.draw(input_arrays(diagram, sizes, st.integers(-300, 300).map(lambda i: i / 100)))
+    try:
+        fn = lower_schedule(diagram.name, diagram, Schedule(), target="jax").fn
+    except NapkinError as exc:
+        assume("lower.unbound_axis" not in exc.codes)
+        raise
+    try:
+        want = cases.as_tuple(evaluate(diagram, arrays, sizes=sizes))
+    except NapkinError:
+        assume(False)
+        return
+    got = cases.as_tuple(jax.jit(fn)(*[jnp.asarray(a, jnp.float32) for a in arrays]))
+    for g, w in zip(got, want, strict=True):
+        w64 = np.asarray(w, np.float64)
+        assume(np.all(np.abs(w64[np.isfinite(w64)]) < 1e30))  # f32 overflow is not a lowering question
+        assert _close_or_both_masked(np.asarray(g, np.float64), w64), (diagram, g, w)
+
+
+def _module(text: str) -> object:
+    return loads("axis q, x, t, v\naxis d = 16\n" + text)
+
+
+def test_refusals_name_the_problem() -> None:
+    mod = _module("diagram f(X: [t v]) -> [t] { return sum[v](X) }\n"
+                  "diagram g(X: [t v]) -> [t v] { return X - max[v](X) }\n"
+                  "diagram s(X: [t v]) -> [t v] { return softmax[v](X) }\n"
+                  "diagram k(X: [t v]) -> [t v] { return exp(X) }\n")
+    f, g, k, s = (mod.diagram(n) for n in "fgks")  # type: ignore[attr-defined]
+
+    def codes(diagram: object, *parts: Partition, **kw: object) -> tuple[str, ...]:
+        with pytest.raises(NapkinError) as err:
+            lower_schedule("bad", diagram, Schedule(parts), **kw)  # type: ignore[arg-type]
+        return err.value.codes
+
+    assert codes(f, Partition("group", "v", 16)) == ("lower.grid_consumed",)
+    assert codes(f, Partition("stream", "t", 16), Partition("stream", "v", 16)) == ("lower.streams",)
+    assert codes(f, Partition("stream", "v", 48), target="pallas") == ("lower.tile_pow2",)
+    assert codes(g, Partition("stream", "v", 16)) == ("lower.after_axis",)
+    assert codes(k, Partition("stream", "v", 16)) == ("lower.chunk_output",)
+    assert codes(s, Partition("stream", "v", 16)) == ("lower.stream_mixed",)
+    assert codes(f, Partition("stream", "v", "sv"), tiles={"sv": 0}) == ("lower.tile_unbound",)
+    assert codes(f, target="cuda") == ("lower.target",)
+    assert codes(f, dtype="int8") == ("lower.dtype",)
+
+
+def test_ragged_tail_without_full_chunks() -> None:
+    """An axis shorter than the chunk runs as one ragged chunk (no empty fori_loop)."""
+    thm = cases.theorems()["tiled_matmul"]
+    fn = lower(thm, target="jax", tiles={"ga": 16, "gc": 16, "sb": 64}).fn
+    a, b = np.random.default_rng(0).standard_normal((2, 5, 7))
+    assert cases.relative_error(fn(jnp.asarray(a), jnp.asarray(b.T)), a @ b.T) < cases.F32_TOL

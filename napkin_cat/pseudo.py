@@ -18,9 +18,11 @@ explicit choices (paper-digest §8.2 lists them as open):
 - **Counting convention.** A load or save counts once per iteration of every loop around it, so
   an array lacking a grouped axis is re-loaded by every group (digest §3.1).
 - **Columns.** Loads of inputs open their block (pre-allocation, digest §4.2); a node's loads sit
-  before it; saves follow the node (after its stream, if it accumulates).  A buffer is live from
-  its definition to its last use, through the end of every loop it is used in; a stream's
-  accumulator state lives through the whole stream.  An elementwise box writes over an operand
+  before it; saves follow the node.  A node that accumulates over a stream gets an ``init``
+  column before the stream and a ``final`` column after it (R4: identity, then the finaliser),
+  and is saved after that.  A buffer is live from its definition to its last use, through the
+  end of every loop it is used in; an accumulator state lives from its init to its final, and
+  the finaliser writes the value over it.  An elementwise box writes over an operand
   of the same shape that dies at it.  A buffer's extent along an axis is the tile of the
   innermost loop over that axis enclosing its whole lifetime.
 - Compile-time scalars (boxes that read no input, e.g. ``rsqrt(d)``) are folded: they take no
@@ -30,7 +32,7 @@ explicit choices (paper-digest §8.2 lists them as open):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import sympy
 from sympy import Expr
@@ -39,13 +41,14 @@ from napkin_cat import ops
 from napkin_cat.loopnest import Loop, LoopNest, Node
 from napkin_cat.terms import LEVELS, Axes, Box
 
-__all__ = ["Buffer", "Program", "Step", "View", "program", "render"]
+__all__ = ["Buffer", "Program", "Step", "View", "max_of", "program", "rank", "render"]
 
 #: a loop instance in a view: (index into LoopNest.loops, serial number of the instance)
 Inst = tuple[int, int]
 
 
 def rank(level: str) -> int:
+    """Position in the hierarchy: 0 for hbm, larger is faster and smaller."""
     return LEVELS.index(level)
 
 
@@ -77,7 +80,7 @@ class _Block:
 
 @dataclass(frozen=True)
 class _Move:
-    """A load or save placed in a block."""
+    """A load, save, init or final placed in a block (``compute`` when linearised)."""
 
     op: str
     array: str
@@ -115,6 +118,7 @@ class View:
     ends: tuple[tuple[Inst, int], ...]  # last column of each stream instance
 
     def live(self, column: int) -> tuple[Buffer, ...]:
+        """The buffers at this level live in a column."""
         return tuple(b for b in self.buffers if b.start <= column <= b.end)
 
     def memory(self, bytes_of: Mapping[str, int] | None = None) -> Expr:
@@ -191,6 +195,8 @@ def program(nest: LoopNest, sizes: Mapping[str, Expr], tiles: Mapping[str, Expr]
 
 
 class _Builder:
+    """Symbols, homes and the compute level shared by the views of one loop nest."""
+
     def __init__(self, nest: LoopNest, sizes: Mapping[str, Expr], tiles: Mapping[str, Expr],
                  accumulators: Mapping[str, str]) -> None:
         self.nest, self.flat = nest, nest.flat
@@ -230,8 +236,7 @@ class _Builder:
 
     def build(self) -> Program:
         views = tuple(self._view(level, parent) for parent, level in zip(self.levels, self.levels[1:], strict=False))
-        return Program(self.nest, views, self.compute, tuple(self.homes.items()), tuple(self.sizes.items()),
-                       self.tiles, self.trips, self.constants)
+        return replace(self.stub, views=views)
 
     # ---- one view ------------------------------------------------------------------------
 
@@ -304,14 +309,13 @@ class _ViewBuilder:
 
     def build(self) -> View:
         b, rank_l = self.b, rank(self.level)
-        staged = rank_l <= rank(b.compute)
         loads: dict[tuple[str, tuple[Inst, ...]], list[str]] = {}
         saves: list[tuple[str, tuple[Inst, ...]]] = []
         for n in b.nodes:
             for arg in dict.fromkeys(n.reads):
-                if arg not in b.constants and staged and rank(b.homes[arg]) < rank_l:
+                if arg not in b.constants and rank(b.homes[arg]) < rank_l:
                     loads.setdefault((arg, self._position(self.paths[n.name], arg)), []).append(n.name)
-            if staged and rank(b.homes[n.name]) < rank_l:
+            if rank(b.homes[n.name]) < rank_l:
                 saves.append((n.name, self._position(self.paths[n.name], n.name, tuple(self._own(n.name)))))
         if self.level == b.compute:
             self._insert_state()

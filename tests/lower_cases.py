@@ -10,6 +10,7 @@ roundoff 2^-8, f32 arithmetic inside) to ``BF16_TOL``.
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 from typing import Any
 
@@ -116,3 +117,29 @@ def relative_error(got: Any, want: np.ndarray) -> float:
 
 def as_tuple(value: Any) -> tuple[Any, ...]:
     return value if isinstance(value, tuple) else (value,)
+
+
+GOLDEN = ROOT / "tests" / "golden" / "lower"
+#: docstring lines that quote other modules (the kernel's trust basis, the cost model): the
+#: golden files pin the lowering's own output, so these lines are compared as placeholders
+VOLATILE = ("Proved by:", "Cost bound:")
+
+
+def normalised(source: str) -> str:
+    lines = []
+    for line in source.splitlines():
+        stripped = line.strip()
+        prefix = next((v for v in VOLATILE if stripped.startswith(v)), None)
+        lines.append(line[: line.index(prefix) + len(prefix)] + " ..." if prefix else line)
+    return "\n".join(lines) + "\n"
+
+
+def check_golden(name: str, target: str, source: str) -> None:
+    """Compare with tests/golden/lower/NAME.TARGET.py; NAPKIN_UPDATE_GOLDEN=1 rewrites it."""
+    path = GOLDEN / f"{name}.{target}.py"
+    text = normalised(source)
+    if os.environ.get("NAPKIN_UPDATE_GOLDEN") == "1":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    assert path.exists(), f"no golden file {path}; run with NAPKIN_UPDATE_GOLDEN=1"
+    assert path.read_text(encoding="utf-8") == text, f"{path} differs; NAPKIN_UPDATE_GOLDEN=1 updates it"

@@ -19,7 +19,7 @@ from napkin_cat import loads, ops
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.evaluate import evaluate
 from napkin_cat.lower import lower, lower_schedule
-from napkin_cat.lower.jaxops import INF, TABLE, UNARY
+from napkin_cat.lower.jaxops import TABLE, UNARY
 from napkin_cat.terms import Partition, Schedule
 from tests import lower_cases as cases
 from tests.strategies import input_arrays, modules, sizes_for
@@ -90,6 +90,11 @@ def test_source_is_deterministic_and_documented() -> None:
                    "x: sx = 32", "Cost bound:"):
         assert needle in doc, needle
     compile(first.source, "<golden>", "exec")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_golden_source(name: str) -> None:
+    cases.check_golden(name, "jax", lower(cases.theorems()[name], target="jax", tiles=cases.TILES).source)
 
 
 def test_sizes_are_checked_at_call_time() -> None:

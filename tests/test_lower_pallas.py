@@ -1,0 +1,107 @@
+"""The Pallas target (napkin_cat.lower.pallas), run with ``interpret=True`` on CPU.
+
+Every theorem of proofs/ and of tests/lower_cases.EXTRA is lowered and run against the
+float64 evaluator at ragged sizes (padding and masking must leave no NaN and no garbage),
+in f32 and, for a subset, bf16.  Sizes stay below 100 with 32-wide tiles: interpret mode
+discharges the grid into an XLA loop, which is slow for many small blocks.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from napkin_cat import loads
+from napkin_cat.diagnostics import NapkinError
+from napkin_cat.lower import lower, lower_schedule
+from napkin_cat.terms import Partition, Schedule
+from tests import lower_cases as cases
+
+NAMES = sorted(cases.theorems())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_theorem_matches_evaluator_f32_ragged(name: str) -> None:
+    thm = cases.theorems()[name]
+    sizes, arrays = cases.inputs(thm, seed=len(name) + 7)
+    fn = lower(thm, target="pallas", tiles=cases.TILES).fn
+    got = cases.as_tuple(jax.jit(lambda *a: fn(*a, interpret=True))(*[jnp.asarray(a, jnp.float32) for a in arrays]))
+    for out, want in zip(got, cases.reference(thm, arrays, sizes), strict=True):
+        assert out.dtype == jnp.float32
+        assert cases.relative_error(out, want) < cases.F32_TOL
+
+
+@pytest.mark.parametrize("name", ["flash_attention_causal", "tiled_matmul_padded", "streamed_cross_entropy_index",
+                                  "flash_mha", "flash_wide"])
+def test_theorem_matches_evaluator_bf16(name: str) -> None:
+    thm = cases.theorems()[name]
+    sizes, arrays = cases.inputs(thm, seed=5)
+    fn = lower(thm, target="pallas", tiles=cases.TILES, dtype="bfloat16").fn
+    got = cases.as_tuple(fn(*[jnp.asarray(a, jnp.bfloat16) for a in arrays]))  # interpret: auto on CPU
+    for out, want in zip(got, cases.reference(thm, arrays, sizes), strict=True):
+        assert out.dtype == jnp.bfloat16
+        assert cases.relative_error(out, want) < cases.BF16_TOL
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_golden_source(name: str) -> None:
+    cases.check_golden(name, "pallas", lower(cases.theorems()[name], target="pallas", tiles=cases.TILES).source)
+
+
+def test_kernel_structure_follows_the_schedule() -> None:
+    """Groups become the grid, woven batch/heads squeezed grid axes, the stream a fori_loop."""
+    lowered = lower(cases.theorems()["flash_mha"], target="pallas")
+    src = lowered.source
+    assert lowered.layout.grid == ("b", "h", "q") and lowered.layout.squeezed == {"b", "h"}
+    assert "pl.BlockSpec((None, None, 128, p['d'])" in src
+    assert "lax.fori_loop(0, p['x'] // 64" in src and "pl.ds(x_first, 64)" in src
+    assert "preferred_element_type=jnp.float32" in src
+    assert "-inf" not in src and "inf)" not in src  # finite masks only
+
+
+def test_non_power_of_two_tiles_are_padded_per_tile() -> None:
+    """group a by 48: each 48-row tile is stored as a 64-row block (Triton needs powers of two)."""
+    lowered = lower(cases.theorems()["tiled_matmul_padded"], target="pallas")
+    assert lowered.layout.padded_tiles == {"a"}
+    assert "split_tiles(" in lowered.source and "merge_tiles(" in lowered.source
+    a, b = np.random.default_rng(2).standard_normal((2, 100, 70))
+    got = lowered.fn(jnp.asarray(a, jnp.float32), jnp.asarray(b.T, jnp.float32))
+    assert cases.relative_error(got, a @ b.T) < cases.F32_TOL
+
+
+def test_fully_masked_rows_and_tiles_stay_finite() -> None:
+    """Causal attention with more queries than keys: key tiles beyond the diagonal are fully
+    masked for early rows and the last tiles are padding; nothing may become NaN."""
+    thm = cases.theorems()["flash_attention_causal"]
+    rng = np.random.default_rng(4)
+    q, k, v = rng.standard_normal((70, 64)), rng.standard_normal((33, 64)), rng.standard_normal((33, 64))
+    got = lower(thm, target="pallas", tiles={"gq": 16, "sx": 16}).fn(*(jnp.asarray(t, jnp.float32) for t in (q, k, v)))
+    want = cases.reference(thm, [q, k, v], {"q": 70, "x": 33})[0]
+    assert cases.relative_error(got, want) < cases.F32_TOL
+
+
+def test_head_dimension_not_a_power_of_two_is_padded() -> None:
+    lowered = lower(cases.theorems()["flash_wide"], target="pallas", tiles={"gq": 32, "sx": 32})
+    assert "pow2_extent(n['d'], 16)" in lowered.source
+    q = jnp.ones((40, 80))
+    assert lowered.fn(q, q, q).shape == (40, 80)
+
+
+def test_refused_before_running() -> None:
+    """What the Triton backend cannot serve is refused at lowering time, not at run time."""
+    mod = loads("axis t, v\ndiagram f(X: [t v]) -> [t] { return sum[v](X) }\n")
+    with pytest.raises(NapkinError) as err:
+        lower_schedule("f", mod.diagram("f"), Schedule((Partition("stream", "v", 24),)), target="pallas")
+    assert err.value.codes == ("lower.tile_pow2",)
+    assert "power-of-two" in str(err.value)
+
+
+def test_interpret_false_on_cpu_is_jax_error() -> None:
+    """``interpret=False`` asks for the GPU backend; on CPU jax itself refuses (pallas-notes §7)."""
+    if jax.default_backend() == "gpu":
+        pytest.skip("a GPU is present")
+    fn = lower(cases.theorems()["tiled_matmul"], target="pallas", tiles=cases.TILES).fn
+    with pytest.raises(Exception, match="interpret mode"):
+        fn(jnp.ones((16, 16)), jnp.ones((16, 16)), interpret=False)

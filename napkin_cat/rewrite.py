@@ -136,12 +136,21 @@ class Search:
         unfit = sorted((c for c in self.candidates if c.refused is None and c.cost is not None and not c.cost.fits),
                        key=_rank)
         refused = [c for c in self.candidates if c.refused is not None]
-        shown, seen = [], {self.best.describe()}
+        shown: list[Candidate] = []
+        seen = {self.best.describe(), _schedule_key(self.best)}
         for c in ranked + unfit + refused:
-            if c.describe() not in seen:  # the same proof reached with and without an explicit `via`
-                seen.add(c.describe())
+            # the same proof reached with and without an explicit `via`, or the same schedule at the same
+            # cost after a different neutral rewrite (contract_comm, say), is shown once
+            keys = {c.describe(), _schedule_key(c)}
+            if not keys & seen:
+                seen |= keys
                 shown.append(c)
         return shown[:limit]
+
+
+def _schedule_key(c: Candidate) -> str:
+    relabelling = "; ".join(describe_step(s) for s in c.explicit if not isinstance(s, Rewrite))
+    return f"{relabelling} @ {c.cost.value:.6g}" if c.cost is not None and relabelling else c.describe()
 
 
 def _rank(c: Candidate) -> tuple[float, float, int, int, str]:
@@ -368,7 +377,7 @@ class _State:
             why = self.screen(result.theorem) if self.screen else None
             try:
                 cost = self.cost(result.theorem)
-            except NapkinError as exc:
+            except (NapkinError, ValueError) as exc:  # e.g. a level the hardware lacks (HardwareError)
                 cand = Candidate(steps, result.theorem, refused=f"the cost model refused it: {exc}")
             else:
                 cand = Candidate(steps, result.theorem, cost, refused=why)

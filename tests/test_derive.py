@@ -264,3 +264,15 @@ def test_cli_derive_usage_errors(argv: list[str], message: str, tmp_path: Path,
     argv = [str(tmp_path / a) if a.startswith("X.") else a for a in argv]
     assert main(["derive", str(EXAMPLES / "matmul.ncd"), "matmul", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_readme_derive_command_gives_the_theorem_shown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(ROOT)  # the README's commands run from the repository root
+    readme = (ROOT / "README.md").read_text()
+    found = re.search(r"\.venv/bin/napkin (derive [^\n]+)\n```\n```text\n(theorem .*?\n\})", readme, flags=re.S)
+    assert found is not None, "README.md has no derive example"
+    argv = found[1].split()
+    argv[argv.index("-o") + 1] = str(tmp_path / "derived.ncd")
+    assert main(argv) == 0, capsys.readouterr().err
+    assert found[2] in (tmp_path / "derived.ncd").read_text()

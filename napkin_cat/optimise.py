@@ -102,17 +102,23 @@ def continuous(c: Cost, level: str | None = None) -> Optimum | None:
 
 
 def _lagrange(transfers: Expr, memory: Expr, free: list[sympy.Symbol]) -> tuple[dict[sympy.Symbol, Expr], Expr] | None:
-    """Stationary point of H - λ(M_ℓ - M) with positive tiles: (tiles, H*), or None."""
-    lam = sympy.Symbol("lambda_")
-    equations = [sympy.diff(transfers, t) - lam * sympy.diff(memory, t) for t in free] + [memory - M]
+    """Stationary point of H subject to M_ℓ = M with positive tiles: (tiles, H*), or None.
+
+    The multiplier is eliminated first: ∇H ∥ ∇M_ℓ is ∂H/∂t₀·∂M/∂tᵢ = ∂H/∂tᵢ·∂M/∂t₀ for each i.
+    """
+    first = free[0]
+    parallel = [sympy.numer(sympy.together(sympy.diff(transfers, first) * sympy.diff(memory, t)
+                                           - sympy.diff(transfers, t) * sympy.diff(memory, first)))
+                for t in free[1:]]
     try:
-        solutions = sympy.solve(equations, [*free, lam], dict=True)
+        solutions = sympy.solve([*parallel, memory - M], free, dict=True)
     except NotImplementedError:
         return None
     for sol in solutions:
         if all(sol.get(t, t).is_positive is not False for t in free):
             best = sympy.simplify(transfers.subs(sol))
-            if not best.has(lam):
+            # a tile left free must not matter (H depends on a product of tiles, e.g. GQA)
+            if not best.has(*free):
                 return {t: sympy.simplify(sol[t]) for t in free if t in sol}, best
     return None
 

@@ -94,11 +94,15 @@ def _numeric(c: Cost, out: dict[str, Any]) -> None:
     best: Mapping[str, int] = table.rows[0].tiles
     t = timing(c, best)
     serial, overlapped = float(t.serial), float(t.overlapped)
+    loops = c.program.nest.loops
+    groups = float(c.at(sympy.Mul(*(trips for lp, trips in zip(loops, c.program.trips, strict=True)
+                                    if lp.kind == "group" and lp.level == c.first.name)), best))
     out["time"] = {"tiles": dict(best), "flops_s": float(t.flop_time),
                    "transfers_s": {k: float(v) for k, v in t.transfer_times},
                    "serial_s": serial, "overlapped_s": overlapped,
                    "intensity_flop_per_byte": float(t.intensity), "ridge_flop_per_byte": t.ridge,
                    "bound_by": "compute" if float(t.intensity) >= t.ridge else "memory",
+                   "parallel_groups": groups, "sms": c.hardware.sms,
                    "gain_vs_unfused_serial": (base_flop + base_move) / serial,
                    "gain_vs_unfused_overlapped": max(base_flop, base_move) / overlapped}
 
@@ -148,7 +152,9 @@ def format_report(r: Mapping[str, Any]) -> str:
         lines += ["", f"time at {t['tiles']}: FLOPs {t['flops_s']:.4g}s; transfers {per}",
                   f"  serial (sum) {t['serial_s']:.4g}s; overlapped (max) {t['overlapped_s']:.4g}s; "
                   f"intensity {t['intensity_flop_per_byte']:.4g} FLOP/B vs ridge {t['ridge_flop_per_byte']:.4g} "
-                  f"({t['bound_by']}-bound)",
+                  f"({t['bound_by']}-bound); {t['parallel_groups']:.0f} parallel groups on {t['sms']} SMs"
+                  + (" (fewer groups than SMs: the peaks above are not reachable)"
+                     if t["parallel_groups"] < t["sms"] else ""),
                   f"  unfused baseline: serial {b['serial']:.4g}s, overlapped {b['overlapped']:.4g}s; gain "
                   f"x{t['gain_vs_unfused_serial']:.3g} (serial), x{t['gain_vs_unfused_overlapped']:.3g} (overlapped)"
                   + ("" if r["baseline"]["fits"] else f"; the baseline does not fit {r['levels'][1]['name']} "

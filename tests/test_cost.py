@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 import sympy
+from hypothesis import given
+from hypothesis import strategies as st
 
 from napkin_cat import cli, hardware, proof
 from napkin_cat.bounds import diagram_bound, lower_bounds
@@ -300,3 +302,16 @@ def test_time_estimate_combines_flops_and_transfers() -> None:
     assert float(t.overlapped) == pytest.approx(max(flop_time, moved / prof.level("hbm").bandwidth))  # type: ignore[operator]
     assert float(t.intensity) == pytest.approx(2 * 1024 ** 3 / moved)
     assert t.ridge == pytest.approx(prof.ridge("bf16"))
+
+
+@given(st.integers(4, 9), st.integers(4, 9), st.integers(4, 9), st.integers(10, 13))
+def test_derived_transfers_never_beat_the_lower_bound(log_gi: int, log_gj: int, log_sk: int, log_n: int) -> None:
+    """At any tiles, the derived H is at least the known bound at the memory those tiles use."""
+    n = 2 ** log_n
+    tiles = {"gi": 2 ** log_gi, "gj": 2 ** log_gj, "sk": 2 ** log_sk, "gq": 2 ** log_gi, "sx": 2 ** log_sk}
+    for name, schedule, sizes in (("product", MATMUL, {"i": n, "j": n, "k": n}),
+                                  ("streamed", FLASH, {"q": n, "x": n, "d": 2 ** log_gj})):
+        co = cost_of(MODULE.diagram(name), schedule, sizes=sizes)
+        bound = diagram_bound(lower_bounds(co.program.nest.flat, co.sizes, M)).expr
+        memory = co.at(co.first.memory, tiles)
+        assert float(co.at(co.first.transfers, tiles)) >= float(bound.subs(M, memory))

@@ -8,6 +8,8 @@ no schedule, check the op table on every box.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -180,3 +182,22 @@ def test_ragged_tail_without_full_chunks() -> None:
     fn = lower(thm, target="jax", tiles={"ga": 16, "gc": 16, "sb": 64}).fn
     a, b = np.random.default_rng(0).standard_normal((2, 5, 7))
     assert cases.relative_error(fn(jnp.asarray(a), jnp.asarray(b.T)), a @ b.T) < cases.F32_TOL
+
+
+def test_readme_kernels_section_runs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The README's "Kernels" Python block and `napkin lower` command run as written."""
+    import re
+
+    from napkin_cat.cli import main
+
+    monkeypatch.chdir(cases.ROOT)
+    section = (cases.ROOT / "README.md").read_text(encoding="utf-8").split("## Kernels", 1)[1].split("\n## ", 1)[0]
+    (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    namespace: dict[str, object] = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    assert namespace["out"].shape == (100, 64)  # type: ignore[attr-defined]
+    assert np.all(np.isfinite(np.asarray(namespace["dq"])))
+    (command,) = re.findall(r"\.venv/bin/napkin (lower [^\n]+)", section)
+    out = tmp_path / "kernel.py"
+    assert main([*command.split()[:-2], "-o", str(out)]) == 0
+    assert "def flash_attention_causal(Q, K, V, *, interpret=None):" in out.read_text(encoding="utf-8")

@@ -146,16 +146,17 @@ def cost_of(diagram: Diagram, schedule: Schedule, hardware: str | hw.Hardware = 
     prof = hardware if isinstance(hardware, hw.Hardware) else hw.load(hardware)
     nest = loop_nest(diagram, schedule)
     declared = dict(nest.flat.sizes)
-    unknown = sorted(set(sizes or {}) - set(declared))
+    given_sizes = dict(sizes or {})
+    unknown = sorted(set(given_sizes) - set(declared))
     if unknown:
         raise ValueError(f"sizes name axes that `{diagram.name}` does not use: {', '.join(unknown)}")
-    clash_sizes = sorted(a for a, n in (sizes or {}).items() if declared[a] is not None and declared[a] != n)
-    if clash_sizes:
-        raise ValueError("sizes contradict declared sizes: "
-                         + ", ".join(f"{a}={sizes[a]} (declared {declared[a]})" for a in clash_sizes))  # type: ignore[index]
+    contradicted = [f"{a}={n} (declared {declared[a]})" for a, n in sorted(given_sizes.items())
+                    if declared[a] is not None and declared[a] != n]
+    if contradicted:
+        raise ValueError(f"sizes contradict declared sizes: {', '.join(contradicted)}")
     size_syms: dict[str, Expr] = {}
     for axis, n in declared.items():
-        given = (sizes or {}).get(axis, n)
+        given = given_sizes.get(axis, n)
         size_syms[axis] = sympy.Integer(given) if given is not None else sympy.Symbol(axis, positive=True)
     tile_syms = {lp.tile: sympy.Symbol(lp.tile, positive=True) for lp in nest.loops if isinstance(lp.tile, str)}
     clash = sorted(set(tile_syms) & set(declared))

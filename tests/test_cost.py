@@ -4,6 +4,7 @@ lower bounds, baselines, time estimates, the CLI, and every theorem in proofs/."
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -315,3 +316,16 @@ def test_derived_transfers_never_beat_the_lower_bound(log_gi: int, log_gj: int, 
         bound = diagram_bound(lower_bounds(co.program.nest.flat, co.sizes, M)).expr
         memory = co.at(co.first.memory, tiles)
         assert float(co.at(co.first.transfers, tiles)) >= float(bound.subs(M, memory))
+
+
+def test_readme_cost_examples_are_current(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)  # the README's commands run from the repository root
+    readme = (ROOT / "README.md").read_text()
+    examples = re.findall(r"```sh\n\.venv/bin/napkin (cost [^\n]+)\n```\n```text\n(.*?)```", readme, flags=re.S)
+    assert len(examples) >= 2
+    for command, shown in examples:
+        rc, out, _ = run(capsys, *command.split())
+        assert rc == 0
+        for line in shown.splitlines():
+            if line.strip() != "...":
+                assert line.strip() in out, line

@@ -175,12 +175,15 @@ def max_of(columns: list[Expr]) -> Expr:
 
 
 def _dominates(big: Expr, small: Expr) -> bool:
-    """``big - small`` is a polynomial with non-negative coefficients (all symbols positive)."""
+    """``big >= small`` for all sizes and tiles >= 1: ``big - small`` with every symbol s
+    written 1 + s' is a polynomial in the s' >= 0 with non-negative coefficients."""
     diff = sympy.expand(big - small)
     if diff == 0:
         return True
-    terms = sympy.Add.make_args(diff)
-    return all(t.as_coeff_Mul()[0] >= 0 for t in terms)
+    symbols = sorted(diff.free_symbols, key=str)
+    if symbols and diff.is_polynomial(*symbols):
+        diff = sympy.expand(diff.subs({s: s + 1 for s in symbols}, simultaneous=True))
+    return all(t.as_coeff_Mul()[0] >= 0 for t in sympy.Add.make_args(diff))
 
 
 def program(nest: LoopNest, sizes: Mapping[str, Expr], tiles: Mapping[str, Expr],
@@ -338,7 +341,10 @@ class _ViewBuilder:
                 scope = path[:path.index(own[0])]
                 block = self.blocks[scope]
                 at = block.index(_Block((*scope, own[0])))
-                block.insert(at + 1, _Move("final", n.name))
+                after = at + 1
+                while after < len(block) and _is_final(block[after]):
+                    after += 1  # finals in node order
+                block.insert(after, _Move("final", n.name))
                 block.insert(at, _Move("init", n.name))
 
     def _insert(self, loads: dict[tuple[str, tuple[Inst, ...]], list[str]],
@@ -353,9 +359,9 @@ class _ViewBuilder:
             block.insert(at, _Move("load", arg, tuple(users)))
         for name, pos in saves:
             block = self.blocks[pos]
-            at = self._index_of(block, pos, name) + 1
-            if at < len(block) and block[at] == _Move("final", name):
-                at += 1  # a state is saved once it is finalised
+            final = _Move("final", name)
+            # a state is saved once it is finalised; anything else right after it is computed
+            at = block.index(final) + 1 if final in block else self._index_of(block, pos, name) + 1
             block.insert(at, _Move("save", name))
 
     def _index_of(self, block: list[_Item], pos: tuple[Inst, ...], name: str) -> int:
@@ -436,6 +442,10 @@ class _ViewBuilder:
             scope = _common([steps[i].path] + [steps[u].path for u in uses])
             span(n.name, "value", i, uses, scope)
         return _in_place(b, buffers, steps)
+
+
+def _is_final(item: _Item) -> bool:
+    return isinstance(item, _Move) and item.op == "final"
 
 
 def _common(paths: list[tuple[Inst, ...]]) -> tuple[Inst, ...]:

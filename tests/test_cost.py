@@ -17,7 +17,7 @@ from napkin_cat.bounds import diagram_bound, lower_bounds
 from napkin_cat.cost import cost, cost_of, timing
 from napkin_cat.elaborate import loads
 from napkin_cat.optimise import M_BYTES, M, continuous, multilevel, search
-from napkin_cat.terms import Partition, Schedule
+from napkin_cat.terms import Partition, Quantise, Schedule
 
 ROOT = Path(__file__).resolve().parent.parent
 a, b, c, q, x, d, gq, sx = sympy.symbols("a b c q x d gq sx", positive=True)
@@ -329,3 +329,10 @@ def test_readme_cost_examples_are_current(capsys: pytest.CaptureFixture[str], mo
         for line in shown.splitlines():
             if line.strip() != "...":
                 assert line.strip() in out, line
+
+
+def test_dtype_steps_of_the_schedule_weight_the_bytes() -> None:
+    quantised = Schedule(FLASH.partitions, quantisations=(Quantise(("K", "V"), "fp8e4m3", 0.2),))
+    co = cost_of(MODULE.diagram("streamed"), quantised, dtype="bf16")
+    smem = co.level("smem")
+    assert sympy.simplify(smem.transfers_bytes - (2 * 2 * q * d + 2 * q * x * d / gq)) == 0

@@ -98,3 +98,14 @@ def test_cli_pseudo(capsys) -> None:  # type: ignore[no-untyped-def]
     assert rc == 0
     assert "for each b-chunk of sb (b/sb chunks) at smem via sum:" in out
     assert "memory M_smem = ga*gc + ga*sb + gc*sb" in out
+
+
+def test_two_accumulators_on_one_stream() -> None:
+    module = loads("axis t, v\ndiagram stats(X: [t v]) -> [t], [t] {\n  return max[v](X), sum[v](X)\n}\n")
+    schedule = Schedule((Partition("group", "t", "gt", "smem"), Partition("stream", "v", "sv", "smem")))
+    view = cost_of(module.diagram("stats"), schedule).program.views[0]
+    order = [(s.op, s.array) for s in view.steps if s.op in ("init", "final", "save")]
+    for name in {a for _, a in order}:
+        assert order.index(("init", name)) < order.index(("final", name)) < order.index(("save", name))
+    gt, sv = sympy.symbols("gt sv", positive=True)
+    assert sympy.expand(view.memory() - (gt * sv + 2 * gt)) == 0  # X chunk and two running states

@@ -232,10 +232,11 @@ def _candidates(extent: int, multiple: int, pow2: bool, lowest: int, pad: bool) 
     return values
 
 
-def search(c: Cost, top: int = 8) -> ConfigTable:
+def search(c: Cost, top: int = 8, limit: int = 500_000) -> ConfigTable:
     """The best integer tiles: feasible under every level's capacity (bytes) and the hardware's
     divisibility constraints, ranked by bandwidth-weighted transfer time, then by fewer loop
-    trips.  All axis sizes must be numbers (raises ValueError otherwise)."""
+    trips.  All axis sizes must be numbers (raises ValueError otherwise).  Past ``limit``
+    combinations the longest candidate lists are thinned to every other value."""
     symbolic = sorted(n for n, s in c.sizes.items() if isinstance(s, sympy.Symbol))
     if symbolic:
         raise ValueError(f"integer tiles need every axis size: give {', '.join(symbolic)}")
@@ -245,6 +246,9 @@ def search(c: Cost, top: int = 8) -> ConfigTable:
     axes_of = {name: [lp for lp in loops if lp.tile == name] for name in names}
     choices = [_candidates(int(c.sizes[axes_of[n][0].axis]), cons[n][0], cons[n][1], cons[n][2],
                            any(lp.partition.pad for lp in axes_of[n])) for n in names]
+    while math.prod(len(c) for c in choices) > limit:  # thin the longest list, keeping its ends
+        longest = max(range(len(choices)), key=lambda k: len(choices[k]))
+        choices[longest] = choices[longest][::2] + ([choices[longest][-1]] if len(choices[longest]) % 2 == 0 else [])
     combos = [dict(zip(names, values, strict=True)) for values in itertools.product(*choices)]
     combos = [t for t in combos if _nested_ok(c, t)]
     symbols = [c.tiles[n] for n in names]

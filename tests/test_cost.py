@@ -287,6 +287,8 @@ def test_integer_search_respects_capacity_and_divisibility() -> None:
         exact = co.at(co.first.transfers_bytes, row.tiles)
         assert float(exact) == pytest.approx(row.transfers["smem"])
     assert any("tensor-core m" in cause for cause in table.constraints["gq"])
+    thinned = search(co, limit=4)
+    assert thinned.rows and thinned.considered <= 4
 
 
 def test_time_estimate_combines_flops_and_transfers() -> None:

@@ -42,6 +42,8 @@ def report(c: Cost, name: str) -> dict[str, Any]:
                     "transfers_bytes": _s(lv.transfers_bytes), "memory": _s(lv.memory),
                     "memory_bytes": _s(lv.memory_bytes),
                     "capacity_bytes": c.hardware.level(lv.name).capacity} for lv in c.levels],
+        "levels_note": "transfers are the values moved between a level and its parent; hbm has no parent "
+                       "(0): its traffic is the transfers of the level below it",
     }
     opt = continuous(c)
     bounds = lower_bounds(c.program.nest.flat, c.sizes, M)

@@ -53,6 +53,12 @@ theorem flash_wide: wide {
   group q by gq
   stream x by sx via online_softmax
 }
+theorem flash_wide_bf16_kv: wide {
+  rewrite softmax_contract at P, O
+  group q by gq
+  stream x by sx via online_softmax
+  dtype K, V, S as bf16 tol 0.01
+}
 theorem grouped_wide: wide {
   group q by gq
 }
@@ -106,6 +112,11 @@ def reference(theorem: Any, arrays: list[np.ndarray], sizes: dict[str, int]) -> 
     """The float64 evaluator on the theorem's source diagram (what the proof says it equals)."""
     out = evaluate(theorem.source, arrays, sizes=sizes)
     return out if isinstance(out, tuple) else (out,)
+
+
+def tolerance(theorem: Any) -> float:
+    """f32 kernels of exact theorems: F32_TOL; a theorem with ``dtype`` steps: BF16_TOL."""
+    return BF16_TOL if getattr(theorem, "approximations", ()) else F32_TOL
 
 
 def relative_error(got: Any, want: np.ndarray) -> float:

@@ -52,16 +52,22 @@ def load(param: str, dtype: str) -> ast.expr:
     return cg.call(ast.Attribute(stored, "astype", ast.Load()), cg.attr("jnp.float32"))
 
 
+def rounded_nodes(lay: Layout) -> dict[str, str]:
+    """Intermediates (not inputs) that ``dtype`` steps store in a narrower format."""
+    inputs = {name for name, _ in lay.flat.inputs}
+    return {n.name: fmt for n in lay.flat.nodes if n.name not in inputs and (fmt := lay.stored_as(n.name))}
+
+
 def emit_function(lay: Layout, fname: str, params: Sequence[str], doc: str, dtype: str,
                   namer: cg.Namer) -> ast.FunctionDef:
     """``def fname(*inputs)``: the whole scheduled diagram in plain JAX."""
     block = cg.Block(namer)
     bind_inputs(lay, params, block)
     sizes = {a: size_of(a) for a in all_axes(lay)}
-    scope = Scope(block, sizes, dict(sizes), dot_dtype=dtype)
+    scope = Scope(block, sizes, dict(sizes), dot_dtype=dtype, rounded=rounded_nodes(lay))
     env: dict[str, Value] = {}
     for (name, axes), param in zip(lay.flat.inputs, params, strict=True):
-        env[name] = Value(block.bind(param, load(param, dtype)), axes)
+        env[name] = Value(block.bind(param, load(param, lay.stored_as(name) or dtype)), axes)
     emit_before(lay, env, scope)
     if lay.stream is not None:
         _emit_stream(lay, env, scope)

@@ -65,6 +65,8 @@ class Scope:
     padded: frozenset[str] = frozenset()
     dot_dtype: str = "float32"
     batched_dot: bool = True
+    #: intermediate arrays a ``dtype`` step stores in a narrower format: name -> jnp dtype
+    rounded: Mapping[str, str] = field(default_factory=dict)
 
     def keep(self, axes: Axes) -> Axes:
         """The axes an in-kernel value has: the type less the squeezed grid axes."""
@@ -399,6 +401,8 @@ def argument(expr: Expr, env: Mapping[str, Value], scope: Scope) -> Value:
 def emit_node(name: str, box: Box, env: dict[str, Value], scope: Scope, hint: str | None = None) -> Value:
     """Emit ``name = box(args)`` (the Python name derived from ``hint`` or ``name``) into ``env``."""
     value = emit_box(box, [argument(a, env, scope) for a in box.args], scope)
+    if name in scope.rounded:  # a marked approximation (R10): round to the format, compute on in f32
+        value = Value(rounded(value.expr, scope.rounded[name]), value.axes)
     bound = Value(scope.block.bind(hint or name, value.expr), value.axes)
     env[name] = bound
     return bound
@@ -412,6 +416,12 @@ def emit_diagram(diagram: Diagram, args: Sequence[Value], scope: Scope) -> list[
         assert isinstance(node.expr, Box)
         emit_node(node.name, node.expr, env, scope, hint=f"{diagram.name}_{node.name}")
     return [env[o] for o in flat.outputs]
+
+
+def rounded(expr: ast.expr, dtype: str) -> ast.expr:
+    """``expr.astype(jnp.DTYPE).astype(jnp.float32)``: the value as the format stores it."""
+    narrow = cg.call(ast.Attribute(expr, "astype", ast.Load()), cg.attr(f"jnp.{dtype}"))
+    return cg.call(ast.Attribute(narrow, "astype", ast.Load()), cg.attr("jnp.float32"))
 
 
 def transpose_to(value: Value, axes: Axes) -> ast.expr:

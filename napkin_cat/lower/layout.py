@@ -28,10 +28,14 @@ from napkin_cat.loopnest import Flat, LoopNest, Node, loop_nest
 from napkin_cat.lower.runtime import pow2_extent
 from napkin_cat.terms import Box, Diagram, Schedule, Size
 
-__all__ = ["MIN_BLOCK", "POSITIONAL", "Layout", "layout"]
+__all__ = ["FORMATS", "MIN_BLOCK", "POSITIONAL", "Layout", "layout"]
 
 #: the smallest block the Triton backend's dot accepts on every dimension (pallas-notes §5.2)
 MIN_BLOCK = 16
+
+#: jnp dtype of each number format a ``dtype`` step may name (f64 needs jax_enable_x64: refused)
+FORMATS: dict[str, str] = {"f32": "float32", "tf32": "float32", "bf16": "bfloat16", "f16": "float16",
+                           "fp8e4m3": "float8_e4m3fn", "fp8e5m2": "float8_e5m2"}
 
 #: boxes whose bracketed axes are read as positions (an index offset), not reduced or moved
 POSITIONAL = frozenset({"where", "index", "onehot", "transpose"})
@@ -61,6 +65,13 @@ class Layout:
     phase: Mapping[str, str]
     plans: Mapping[str, AccumulatorPlan]
     padded_tiles: frozenset[str] = frozenset()
+
+    def stored_as(self, name: str) -> str | None:
+        """The jnp dtype name a ``dtype`` step stores this array in (None: the kernel's)."""
+        for step in reversed(self.schedule.quantisations):
+            if name in step.names:
+                return FORMATS[step.dtype]
+        return None
 
     @property
     def flat(self) -> Flat:
@@ -151,6 +162,9 @@ def layout(name: str, diagram: Diagram, schedule: Schedule, tiles: Mapping[str, 
         for out in flat.outputs:
             if phase.get(out) == "chunk":
                 raise NapkinError(error("lower.chunk_output", output=out, axis=stream))
+    for step in schedule.quantisations:
+        if step.dtype not in FORMATS:
+            raise NapkinError(error("lower.dtype", dtype=step.dtype, known=", ".join(FORMATS)))
     result = Layout(name, diagram, schedule, target, nest, axis_tiles, grid, frozenset(squeezed), stream, phase,
                     plans, frozenset(padded_tiles))
     _check_padding(result)

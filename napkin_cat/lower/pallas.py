@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from napkin_cat.lower import codegen as cg
 from napkin_cat.lower.fold import emit_after, emit_before, emit_identity, emit_step, slots
-from napkin_cat.lower.jax import all_axes, bind_inputs, size_of
+from napkin_cat.lower.jax import all_axes, bind_inputs, rounded_nodes, size_of
 from napkin_cat.lower.jaxops import Scope, Value, transpose_to
 from napkin_cat.lower.layout import MIN_BLOCK, Layout
 from napkin_cat.terms import Axes
@@ -85,9 +85,10 @@ def emit_function(lay: Layout, fname: str, params: Sequence[str], doc: str, dtyp
     block.emit(cg.assign("p", cg.dict_([(a, padded_extent(lay, a)) for a in axes])))
     storage = cg.attr(f"jnp.{dtype}")
     padded = []
-    for (_, in_axes), param in zip(lay.flat.inputs, params, strict=True):
+    for (name, in_axes), param in zip(lay.flat.inputs, params, strict=True):
         dims = cg.tuple_([extent_of(a) for a in in_axes])
-        value: ast.expr = cg.call("pad_to", cg.name(param), dims, storage)
+        stored = cg.attr(f"jnp.{lay.stored_as(name)}") if lay.stored_as(name) else storage
+        value: ast.expr = cg.call("pad_to", cg.name(param), dims, stored)
         for k in reversed(range(len(in_axes))):  # right to left: earlier positions stay put
             if in_axes[k] in lay.padded_tiles:
                 value = cg.call("split_tiles", value, cg.const(k), cg.const(lay.tiles[in_axes[k]]),
@@ -141,7 +142,8 @@ def _emit_kernel(lay: Layout, params: Sequence[str], out_types: list[Axes], dtyp
     extents = {a: cg.const(lay.block(a)) if lay.kind(a) in ("grid", "stream") else extent_of(a)
                for a in all_axes(lay) if a not in lay.squeezed}
     scope = Scope(block, {a: size_of(a) for a in all_axes(lay)}, extents, offsets, lay.squeezed,
-                  frozenset(a for a in all_axes(lay) if lay.may_pad(a)), dtype, batched_dot=False)
+                  frozenset(a for a in all_axes(lay) if lay.may_pad(a)), dtype, batched_dot=False,
+                  rounded=rounded_nodes(lay))
     env: dict[str, Value] = {}
     for (name, axes), ref in zip(lay.flat.inputs, in_refs, strict=True):
         if lay.stream not in axes:

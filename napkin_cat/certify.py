@@ -57,10 +57,13 @@ class Certificate:
 
 
 def _zero(d: Any) -> bool:
-    if d == 0:
-        return True
-    d = sympy.expand(d)
-    return bool(d == 0 or sympy.simplify(d) == 0)
+    """Does ``d`` simplify to 0?  Cheap normal forms first (exponentials combined), then simplify."""
+    for step in (sympy.expand, lambda e: sympy.powsimp(e, combine="exp"),
+                 lambda e: sympy.expand(sympy.powsimp(sympy.together(e), combine="exp")), sympy.cancel):
+        d = step(d)
+        if d == 0:
+            return True
+    return bool(sympy.simplify(d) == 0)
 
 
 def _ordered(exprs: Sequence[Any]) -> list[dict[Any, Any]]:

@@ -117,7 +117,9 @@ def cmd_check(args: argparse.Namespace) -> int:
 
             for name in accumulators_for(box, axis):
                 cert = certify.certify_accumulator(box, axis, name, True, level)
-                print(f"accumulator {name} for {box.op}: {'certified' if cert.ok else 'FAILED'} ({cert.how})")
+                params = f"; {', '.join(box.params)}" if box.params else ""
+                print(f"accumulator {name} for {box.op}[{' '.join(box.target)}{params}]: "
+                      f"{'certified' if cert.ok else 'FAILED'} ({cert.how})")
     theorems, failed, broken = 0, 0, 0
     for file in files:
         try:

@@ -14,7 +14,8 @@ explicit choices (paper-digest §8.2 lists them as open):
   for an unscheduled diagram).  An array whose home is slower than the compute level is staged
   through each level in between: loaded into it (each consumer's load hoisted out of every stream
   that does not vary it) and saved from it.  Placing an intermediate at a slower level makes it a
-  materialisation boundary: it is saved there and its consumers load it back.
+  materialisation boundary: it is saved there and its consumers load it back; a box that reads
+  an output (not placed) uses the value still on chip.
 - **Counting convention.** A load or save counts once per iteration of every loop around it, so
   an array lacking a grouped axis is re-loaded by every group (digest §3.1).
 - **Columns.** Loads of inputs open their block (pre-allocation, digest §4.2); a node's loads sit
@@ -39,7 +40,7 @@ from sympy import Expr
 
 from napkin_cat import ops
 from napkin_cat.loopnest import Loop, LoopNest, Node
-from napkin_cat.terms import LEVELS, Axes, Box
+from napkin_cat.terms import LEVELS, Axes, Box, Const, Size
 
 __all__ = ["Buffer", "Program", "Step", "View", "max_of", "program", "rank", "render"]
 
@@ -212,6 +213,9 @@ class _Builder:
         self.constants = self._constants(inputs)
         self.nodes = [n for n in self.flat.nodes if n.name not in self.constants]
         self.homes = {name: "hbm" for name in inputs} | {n.name: self._home(n.name) for n in self.nodes}
+        placed = {name for name, _ in nest.placements}
+        # an output's hbm home is only its sink: boxes reading it use the value still on chip
+        self.sink_only = frozenset(o for o in self.flat.outputs if o not in placed)
         used = {lp.level for lp in nest.loops} | set(self.homes.values())
         self.compute = max(used, key=rank) if used != {"hbm"} else "smem"
         self.levels = sorted(used | {"hbm", self.compute}, key=rank)
@@ -316,7 +320,7 @@ class _ViewBuilder:
         saves: list[tuple[str, tuple[Inst, ...]]] = []
         for n in b.nodes:
             for arg in dict.fromkeys(n.reads):
-                if arg not in b.constants and rank(b.homes[arg]) < rank_l:
+                if arg not in b.constants and arg not in b.sink_only and rank(b.homes[arg]) < rank_l:
                     loads.setdefault((arg, self._position(self.paths[n.name], arg)), []).append(n.name)
             if rank(b.homes[n.name]) < rank_l:
                 saves.append((n.name, self._position(self.paths[n.name], n.name, tuple(self._own(n.name)))))
@@ -510,6 +514,14 @@ def render(prog: Program, bytes_of: Mapping[str, int] | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _arg(expr: object) -> str:
+    if isinstance(expr, Const):
+        return f"{expr.value:g}"
+    if isinstance(expr, Size):
+        return f"|{expr.axis}|"
+    return str(getattr(expr, "name", expr))
+
+
 def _loop_line(loop: Loop, trips: Expr, tile: Expr) -> str:
     if loop.kind == "group":
         return f"parallel for each {loop.axis}-tile of {tile} ({trips} tiles) at {loop.level}:"
@@ -535,5 +547,5 @@ def _step_line(prog: Program, view: View, step: Step) -> str:
     box = node.expr
     assert isinstance(box, Box)
     target = f"[{' '.join(box.target)}]" if box.target else ""
-    args = ", ".join(getattr(a, "name", str(a)) for a in box.args)
+    args = ", ".join(_arg(a) for a in box.args)
     return f"{step.array} = {box.op}{target}({args})"

@@ -109,3 +109,14 @@ def test_two_accumulators_on_one_stream() -> None:
         assert order.index(("init", name)) < order.index(("final", name)) < order.index(("save", name))
     gt, sv = sympy.symbols("gt sv", positive=True)
     assert sympy.expand(view.memory() - (gt * sv + 2 * gt)) == 0  # X chunk and two running states
+
+
+def test_a_box_reading_an_output_uses_the_value_on_chip() -> None:
+    module = loads("axis t, v\ndiagram f(X: [t v]) -> [t], [t] {\n  A = sum[v](X)\n  return A, A * 2\n}\n")
+    schedule = Schedule((Partition("group", "t", "gt", "smem"), Partition("stream", "v", "sv", "smem", "sum")))
+    view = cost_of(module.diagram("f"), schedule).program.views[0]
+    assert [(s.op, s.array) for s in view.steps if s.array == "A"] == \
+        [("init", "A"), ("compute", "A"), ("final", "A"), ("save", "A")]
+    t, v = sympy.symbols("t v", positive=True)
+    assert sympy.simplify(view.transfers() - (t * v + 2 * t)) == 0
+    assert "mul(A, 2)" in render(cost_of(module.diagram("f"), schedule).program)

@@ -95,16 +95,23 @@ MESSAGES: dict[str, str] = {
     "lower.target": "unknown lowering target `{target}`; targets: {targets}",
     "lower.dtype": "unknown dtype `{dtype}`; known: {known}",
     "lower.tile_unbound": "tile `{tile}` of axis `{axis}` has no positive integer size; give it with --tile {tile}=N",
-    "lower.tile_pow2": "tile {tile} of axis `{axis}`: the Pallas GPU (Triton) backend needs power-of-two blocks of at least {least} (or groups of 1)",
+    "lower.tile_pow2": "tile {tile} of axis `{axis}`: the Pallas GPU (Triton) backend needs power-of-two blocks "
+        "of at least {least} (or groups of 1)",
     "lower.mixed_partition": "axis `{axis}` is both grouped and streamed; a kernel walks an axis one way",
     "lower.streams": "the lowering streams one axis per kernel; this schedule streams {axes}",
-    "lower.grid_consumed": "axis `{axis}` cannot be a grid axis: `{node}` ({op}) reads across its positions, and grid programs run in parallel",
+    "lower.grid_consumed": "axis `{axis}` cannot be a grid axis: `{node}` ({op}) reads across its positions, and "
+        "grid programs run in parallel",
     "lower.grid_output": "grid axis `{axis}` is not on output {index}: every program would write all of it",
-    "lower.stream_mixed": "`{node}` ({op}) reads across positions of the streamed axis `{axis}`; rewrite it into a consuming box first",
+    "lower.triton_op": "`{node}` ({op}) needs `{missing}`, which the Pallas Triton backend cannot lower; use "
+        "--target jax",
+    "lower.stream_mixed": "`{node}` ({op}) reads across positions of the streamed axis `{axis}`; rewrite it into "
+        "a consuming box first",
     "lower.after_axis": "`{node}` needs the whole streamed axis `{axis}` after its accumulators finish (a second pass)",
-    "lower.chunk_output": "output `{output}` carries the streamed axis `{axis}`, which no box consumes; group `{axis}` instead",
+    "lower.chunk_output": "output `{output}` carries the streamed axis `{axis}`, which no box consumes; group "
+        "`{axis}` instead",
     "lower.reshape_padded": "`{node}` ({op}) reshapes axis `{axis}`, which is padded to whole blocks",
-    "lower.no_pad": "`{node}` ({op}) consumes or mixes the padded axis `{axis}` and no padding value leaves it unchanged",
+    "lower.no_pad": "`{node}` ({op}) consumes or mixes the padded axis `{axis}` and no padding value leaves it "
+        "unchanged",
     "lower.unbound_axis": "axis `{axis}` of `{node}` gets its size from no input and has no declared size",
     # proofs (napkin_cat.kernel refuses; napkin_cat.proof reports)
     "proof.refused": "{rule}: {reason}",

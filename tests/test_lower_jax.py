@@ -176,6 +176,19 @@ def test_refusals_name_the_problem() -> None:
     assert codes(f, dtype="int8") == ("lower.dtype",)
 
 
+def test_reshapes_derive_sizes() -> None:
+    """split with one unknown part, join and rename get their sizes from the inputs at call time."""
+    mod = loads("axis t, v, e, w, u\naxis c = 4\n"
+                "diagram s(X: [t v]) -> [t e] { return sum[c](split[v -> e c](X)) }\n"
+                "diagram r(X: [t v]) -> [w t] { return transpose[w t](rename[v -> w](X)) }\n"
+                "diagram j(X: [t v]) -> [u] { return join[t v -> u](X) }\n")
+    x = np.random.default_rng(0).standard_normal((3, 8))
+    for name in "srj":
+        diagram = mod.diagram(name)
+        fn = lower_schedule(name, diagram, Schedule(), target="jax").fn
+        assert cases.relative_error(fn(jnp.asarray(x, jnp.float32)), evaluate(diagram, [x])) < cases.F32_TOL
+
+
 def test_ragged_tail_without_full_chunks() -> None:
     """An axis shorter than the chunk runs as one ragged chunk (no empty fori_loop)."""
     thm = cases.theorems()["tiled_matmul"]
@@ -201,3 +214,17 @@ def test_readme_kernels_section_runs(monkeypatch: pytest.MonkeyPatch, tmp_path: 
     out = tmp_path / "kernel.py"
     assert main([*command.split()[:-2], "-o", str(out)]) == 0
     assert "def flash_attention_causal(Q, K, V, *, interpret=None):" in out.read_text(encoding="utf-8")
+
+
+def test_cli_lower(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from napkin_cat.cli import main
+
+    out = tmp_path / "mm.py"
+    matmul = str(cases.ROOT / "proofs" / "matmul.ncd")
+    assert main(["lower", matmul, "tiled_matmul", "--target", "jax", "--tile", "sb=32", "-o", str(out)]) == 0
+    assert "def tiled_matmul(A, B):" in out.read_text(encoding="utf-8")
+    assert main(["lower", matmul, "nope", "-o", str(out)]) == 2
+    assert "theorems: tiled_matmul" in capsys.readouterr().err
+    assert main(["lower", matmul, "tiled_matmul", "--tile", "sb=x", "-o", str(out)]) == 2
+    assert main(["lower", matmul, "tiled_matmul", "--tile", "sb=24", "-o", str(out)]) == 1  # refused: Triton
+    assert "power-of-two" in capsys.readouterr().err

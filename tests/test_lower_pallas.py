@@ -103,6 +103,21 @@ def test_refused_before_running() -> None:
         lower_schedule("f", mod.diagram("f"), Schedule((Partition("stream", "v", 24),)), target="pallas")
     assert err.value.codes == ("lower.tile_pow2",)
     assert "power-of-two" in str(err.value)
+    prod = loads("axis t, v\ndiagram p(X: [t v]) -> [t] { return prod[v](X) }\n").diagram("p")
+    with pytest.raises(NapkinError) as err:
+        lower_schedule("p", prod, Schedule((Partition("group", "t", 16),)), target="pallas")
+    assert err.value.codes == ("lower.triton_op",)  # Triton has no reduce_prod; the jax target serves it
+    x = np.random.default_rng(0).uniform(0.5, 1.5, (20, 30))
+    got = lower_schedule("p", prod, Schedule((Partition("stream", "v", 16),)), target="jax").fn(jnp.asarray(x))
+    assert cases.relative_error(got, x.prod(axis=1)) < cases.F32_TOL
+
+
+def test_rename_of_a_padded_axis() -> None:
+    """rename keeps the extent, so the renamed axis is padded and masked like the original."""
+    mod = loads("axis t, v, w\ndiagram r(X: [t v]) -> [t] { return sum[w](exp(rename[v -> w](X))) }\n")
+    fn = lower_schedule("r", mod.diagram("r"), Schedule((Partition("group", "t", 16),)), target="pallas").fn
+    x = np.random.default_rng(1).standard_normal((20, 30))
+    assert cases.relative_error(fn(jnp.asarray(x, jnp.float32)), np.exp(x).sum(axis=1)) < cases.F32_TOL
 
 
 def test_interpret_false_on_cpu_is_jax_error() -> None:

@@ -31,6 +31,12 @@ def bind_inputs(lay: Layout, params: Sequence[str], block: cg.Block) -> None:
                            for name, axes in lay.flat.inputs])
     arrays = cg.tuple_([cg.name(p) for p in params])
     block.emit(cg.assign("n", cg.call("bind_sizes", arrays, signature, sizes_dict(lay))))
+    for axis, how, operands in lay.derived:  # sizes that reshapes determine
+        value = size_of(operands[0])
+        for other in operands[1:]:
+            value = cg.binop(value, "*" if how == "product" else "//", size_of(other))
+        target = ast.Subscript(cg.name("n"), cg.const(axis), ast.Store())
+        block.emit(ast.Assign([target], value, lineno=0))
 
 
 def all_axes(lay: Layout) -> tuple[str, ...]:

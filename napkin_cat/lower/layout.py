@@ -28,7 +28,7 @@ from napkin_cat.loopnest import Flat, LoopNest, Node, loop_nest
 from napkin_cat.lower.runtime import pow2_extent
 from napkin_cat.terms import Box, Diagram, Schedule, Size
 
-__all__ = ["FORMATS", "MIN_BLOCK", "POSITIONAL", "Layout", "layout"]
+__all__ = ["FORMATS", "MIN_BLOCK", "POSITIONAL", "TRITON_MISSING", "Layout", "layout"]
 
 #: the smallest block the Triton backend's dot accepts on every dimension (pallas-notes §5.2)
 MIN_BLOCK = 16
@@ -36,6 +36,10 @@ MIN_BLOCK = 16
 #: jnp dtype of each number format a ``dtype`` step may name (f64 needs jax_enable_x64: refused)
 FORMATS: dict[str, str] = {"f32": "float32", "tf32": "float32", "bf16": "bfloat16", "f16": "float16",
                            "fp8e4m3": "float8_e4m3fn", "fp8e5m2": "float8_e5m2"}
+
+#: boxes whose lowering needs a primitive the Pallas Triton backend lacks (measured by
+#: cross-lowering every op, tests/test_crosslower.py)
+TRITON_MISSING: dict[str, str] = {"prod": "reduce_prod"}
 
 #: boxes whose bracketed axes are read as positions (an index offset), not reduced or moved
 POSITIONAL = frozenset({"where", "index", "onehot", "transpose"})
@@ -50,7 +54,8 @@ class Layout:
     gives each node's phase relative to the streamed axis (all ``before`` without one);
     ``plans`` the accumulator of every node that consumes the streamed axis;
     ``padded_tiles`` the grouped axes (Pallas) whose tile is not a power of two of at
-    least ``MIN_BLOCK``: stored as (tiles, block) with each tile padded to a block.
+    least ``MIN_BLOCK``: stored as (tiles, block) with each tile padded to a block;
+    ``derived`` the sizes that reshapes determine (``_derive_sizes``).
     """
 
     name: str
@@ -65,6 +70,7 @@ class Layout:
     phase: Mapping[str, str]
     plans: Mapping[str, AccumulatorPlan]
     padded_tiles: frozenset[str] = frozenset()
+    derived: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
 
     def stored_as(self, name: str) -> str | None:
         """The jnp dtype name a ``dtype`` step stores this array in (None: the kernel's)."""
@@ -132,7 +138,12 @@ def layout(name: str, diagram: Diagram, schedule: Schedule, tiles: Mapping[str, 
     out_types = list(diagram.out_types)
     for axis in groups:
         _check_grid_axis(flat, axis, out_types)
-    _check_sizes(flat)
+    derived = _derive_sizes(flat)
+    if target == "pallas":
+        for node in flat.nodes:
+            if isinstance(node.expr, Box) and node.expr.op in TRITON_MISSING:
+                raise NapkinError(error("lower.triton_op", node=node.name, op=node.expr.op,
+                                        missing=TRITON_MISSING[node.expr.op]))
     squeezed: tuple[str, ...] = ()
     if target == "pallas" and out_types:
         # woven axes and groups of one: one program per position, the axis squeezed away
@@ -166,7 +177,7 @@ def layout(name: str, diagram: Diagram, schedule: Schedule, tiles: Mapping[str, 
         if step.dtype not in FORMATS:
             raise NapkinError(error("lower.dtype", dtype=step.dtype, known=", ".join(FORMATS)))
     result = Layout(name, diagram, schedule, target, nest, axis_tiles, grid, frozenset(squeezed), stream, phase,
-                    plans, frozenset(padded_tiles))
+                    plans, frozenset(padded_tiles), derived)
     _check_padding(result)
     return result
 
@@ -191,14 +202,29 @@ def _touches(node: Node, axis: str) -> str:
     return "positional" if expr.op in POSITIONAL else ops.OPS[expr.op].kind
 
 
-def _check_sizes(flat: Flat) -> None:
-    """Every axis must get its size from an input or a declaration."""
+def _derive_sizes(flat: Flat) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
+    """How each axis gets its size: from an input or a declaration, or derived from a
+    reshape in node order as (axis, "same" | "product" | "quotient", operand axes):
+    rename[a -> b] gives |b| = |a|, join[b c -> a] |a| = |b|·|c|, split[a -> b c] with
+    one part unknown |c| = |a| / |b|.  Refuses an axis none of these sizes."""
     known = {a for _, axes in flat.inputs for a in axes} | {a for a, n in flat.sizes if n is not None}
+    derived: list[tuple[str, str, tuple[str, ...]]] = []
     for node in flat.nodes:
-        sized = [a.axis for a in node.expr.args if isinstance(a, Size)] if isinstance(node.expr, Box) else []
+        expr = node.expr
+        if isinstance(expr, Box) and expr.op in ("rename", "join", "split") and set(expr.target) <= known:
+            unknown = [a for a in expr.out if a not in known]
+            if expr.op == "rename" and unknown:
+                derived.append((unknown[0], "same", expr.target))
+            elif expr.op == "join" and unknown:
+                derived.append((unknown[0], "product", expr.target))
+            elif expr.op == "split" and len(unknown) == 1:
+                derived.append((unknown[0], "quotient", expr.target + tuple(a for a in expr.out if a in known)))
+            known.update(expr.out if len(unknown) <= 1 else ())
+        sized = [a.axis for a in expr.args if isinstance(a, Size)] if isinstance(expr, Box) else []
         for axis in (*node.axes, *sized):
             if axis not in known:
                 raise NapkinError(error("lower.unbound_axis", axis=axis, node=node.name))
+    return tuple(derived)
 
 
 def _check_grid_axis(flat: Flat, axis: str, out_types: list[tuple[str, ...]]) -> None:
@@ -227,9 +253,9 @@ def _check_padding(lay: Layout) -> None:
             continue
         for axis in expr.target + expr.out:
             how = _touches(node, axis)
-            if how in ("weaves", "positional") or not lay.may_pad(axis):
+            if how in ("weaves", "positional", "rename") or not lay.may_pad(axis):  # a rename keeps the extent
                 continue
-            if how in ("split", "join", "rename"):
+            if how in ("split", "join"):
                 raise NapkinError(error("lower.reshape_padded", node=node.name, op=expr.op, axis=axis))
             if fill_values(expr, axis) is None:
                 raise NapkinError(error("lower.no_pad", node=node.name, op=expr.op, axis=axis))

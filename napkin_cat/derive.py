@@ -225,14 +225,17 @@ def model_cost(hardware: str = "h100", dtype: str = "bf16", sizes: Mapping[str, 
 
     def evaluate(thm: kernel.Theorem) -> Costed:
         used = thm.result.axis_sizes()
-        c = cost.cost(thm, hardware=profile, sizes={a: n for a, n in given.items() if a in used}, dtype=dtype)
+        known = {a: n for a, n in given.items() if a in used}
+        c = cost.cost(thm, hardware=profile, sizes=known, dtype=dtype)
         fused = choose_tiles(c, thm, peak)
         if thm.schedule.partitions or fused.fits:
             return fused
         # no partitions and too large for one kernel: keep the unfused time as a guide for
         # the search's ordering of rewrites, but it is not a schedule that fits
+        # the unfused baseline of this (possibly rewritten) diagram itself, not of the source
+        own = cost.cost_of(thm.result, thm.schedule, hardware=profile, sizes=known, dtype=dtype).baseline
         hbm = profile.level("hbm").bandwidth or math.inf
-        moved, flops = float(c.baseline.transfers_bytes), float(c.baseline.flops)
+        moved, flops = float(own.transfers_bytes), float(own.flops)
         seconds = flops / peak + moved / hbm
         return Costed(seconds, False, {}, f"{_us(seconds)} if run unfused, each box its own kernel with unlimited "
                                           f"memory ({_mb(moved)} moved, {flops / 1e9:.3g} GFLOP)", fused.why_not)

@@ -13,14 +13,17 @@ What is searched (architecture §3.1, paper R3-R8):
   diagram as written costlier is pursued only if it changes how some box treats some
   axis (``axis_roles``), i.e. only if it can open a relabelling: moving work into a form
   the cost model merely under-prices (``contract`` as ``sum`` of a product, say) is not
-  an optimisation.
+  an optimisation.  A diagram with the same typed boxes (up to operand order) and the same
+  axis roles as one already searched (``contract_comm`` reorders operands) is expanded,
+  since a later lemma may need the new order, but its relabellings are not searched again.
 - **Relabellings**: ``axis_roles`` reads how every box treats every axis (``kernel.
   treatment``): an axis every box weaves is a group candidate; an axis some box consumes
   and none mixes is a stream candidate.  A ``Plan`` picks groups, at most one stream axis
   (with a preferred accumulator when several are admissible) and one or two memory
-  levels; a hill climb from the largest plan moves to the best neighbour (toggle a group,
-  change the stream axis or its accumulator, add or drop the second level) until none is
-  cheaper.
+  levels, and with two levels which intermediates stay at the outer level (``place``); a
+  hill climb from the largest plan moves to the best neighbour (toggle a group, change the
+  stream axis or its accumulator, add or drop the second level, toggle a placement) until
+  none is cheaper.
 - **Cost**: one pluggable callable ``CostFn`` (the cost model, or anything else in
   tests) answers for a checked theorem its modelled cost, whether it fits the memory
   capacities, and integer tile sizes.  A kernel-accepted candidate may still be screened
@@ -49,6 +52,7 @@ from napkin_cat.terms import (
     LemmaDecl,
     Module,
     Partition,
+    Place,
     Rewrite,
     Size,
     Step,
@@ -58,7 +62,8 @@ from napkin_cat.terms import (
     walk,
 )
 
-__all__ = ["Candidate", "CostFn", "Costed", "Plan", "Search", "axis_roles", "plan_steps", "proposals", "search"]
+__all__ = ["Candidate", "CostFn", "Costed", "Plan", "Search", "accumulator_choices", "axis_roles", "batch_axes",
+           "group_axes", "intermediates", "plan_steps", "proposals", "search", "stream_axes"]
 
 
 @dataclass(frozen=True)
@@ -278,20 +283,24 @@ def accumulator_choices(diagram: Diagram, axis: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True, order=True)
 class Plan:
-    """A relabelling choice: grouped axes, a streamed axis and its accumulator, levels (1 or 2)."""
+    """A relabelling choice: grouped axes, a streamed axis and its accumulator, levels (1 or
+    2), and with two levels the intermediates kept at the outer one (R2; by default an
+    intermediate lives at the innermost partition's level)."""
 
     groups: tuple[str, ...] = ()
     stream: str | None = None
     via: str | None = None
     levels: int = 1
+    placed: tuple[str, ...] = ()
 
 
 #: the memory level of each partition level, and the tile-name prefixes used there
 _LEVELS: tuple[tuple[str, str, str], ...] = (("smem", "g", "s"), ("reg", "w", "r"))
 
 
-def plan_steps(plan: Plan, diagram: Diagram) -> tuple[Partition, ...]:
-    """The partition steps of ``plan``, outer level first, groups before the stream.
+def plan_steps(plan: Plan, diagram: Diagram) -> tuple[Partition | Place, ...]:
+    """The steps of ``plan``: partitions, outer level first, groups before the stream; then
+    one ``place`` step for the intermediates kept at the outer level.
 
     Tile sizes are symbols named after the axis (``gq`` groups q at smem, ``sx`` streams x,
     ``wq``/``rx`` the same at registers), renamed apart from the diagram's axes.  The second
@@ -299,7 +308,7 @@ def plan_steps(plan: Plan, diagram: Diagram) -> tuple[Partition, ...]:
     """
     taken = set(diagram.axis_sizes()) | {a for p in diagram.inputs for a in p.axes}
     batch = batch_axes(diagram)
-    steps: list[Partition] = []
+    steps: list[Partition | Place] = []
     for depth, (level, gprefix, sprefix) in enumerate(_LEVELS[: plan.levels]):
         for axis in plan.groups:
             if depth > 0 and axis in batch:
@@ -307,7 +316,15 @@ def plan_steps(plan: Plan, diagram: Diagram) -> tuple[Partition, ...]:
             steps.append(Partition("group", axis, _fresh(gprefix + axis, taken), level))
         if plan.stream is not None:
             steps.append(Partition("stream", plan.stream, _fresh(sprefix + plan.stream, taken), level, plan.via))
+    if plan.placed and plan.levels > 1:
+        steps.append(Place(plan.placed, _LEVELS[0][0]))
     return tuple(steps)
+
+
+def intermediates(diagram: Diagram) -> tuple[str, ...]:
+    """Let-bound arrays that are not returned as they are: the placement candidates."""
+    returned = {o.name for o in diagram.outputs if isinstance(o, Var)}
+    return tuple(n for let in diagram.body for n in let.names if n not in returned)
 
 
 def _fresh(name: str, taken: set[str]) -> str:
@@ -333,7 +350,11 @@ def _neighbours(plan: Plan, diagram: Diagram) -> Iterator[Plan]:
             if via != plan.via:
                 yield replace(plan, via=via)
     if plan.groups or plan.stream:
-        yield replace(plan, levels=3 - plan.levels)
+        yield replace(plan, levels=3 - plan.levels, placed=())
+    if plan.levels > 1:
+        for name in intermediates(diagram):
+            placed = tuple(n for n in intermediates(diagram) if (n in plan.placed) != (n == name))
+            yield replace(plan, placed=placed)
 
 
 def _starts(diagram: Diagram) -> list[Plan]:
@@ -416,6 +437,14 @@ def _climb(state: _State, prefix: tuple[Step, ...], diagram: Diagram) -> Candida
     return best
 
 
+def _signature(diagram: Diagram) -> tuple[object, ...]:
+    """The typed boxes of a diagram up to operand order, with its axis roles."""
+    typed = sorted(repr((node.op, node.target, node.out, node.params, node.index, node.axes,
+                         sorted(a.axes for a in node.args)))
+                   for _, node in boxes(diagram) if isinstance(node, Box))
+    return tuple(typed), tuple(sorted(axis_roles(diagram).items()))
+
+
 def _costlier(child: Candidate, parent: Costed | None) -> bool:
     """Does a rewrite make the diagram as written (no relabelling) cost more?"""
     if child.cost is None or parent is None:
@@ -443,16 +472,20 @@ def search(module: Module, diagram: str, cost: CostFn, *, lemmas: Mapping[str, L
     heapq.heappush(frontier, (0.0, 0, next(counter), (), root))
     explored: set[Diagram] = {root}
     beyond = pruned = 0
+    climbed: set[tuple[object, ...]] = set()
     try:
         while frontier:
             _, depth, _, prefix, current = heapq.heappop(frontier)
-            found = _climb(state, prefix, current)
-            if found is not None and (best is None or _rank(found) < _rank(best)):
-                best = found
+            here = state.evaluate(prefix).cost
+            signature = _signature(current)
+            if signature not in climbed:  # a rewrite that only reorders operands is expanded, not re-climbed
+                climbed.add(signature)
+                found = _climb(state, prefix, current)
+                if found is not None and (best is None or _rank(found) < _rank(best)):
+                    best = found
             if depth >= max_rewrites:
                 beyond += len(proposals(current, lemmas))
                 continue
-            here = state.evaluate(prefix).cost
             for step in proposals(current, lemmas):
                 child = state.evaluate((*prefix, step))
                 if child.theorem is None or child.theorem.result in explored:

@@ -38,7 +38,8 @@ def derived(path: Path, diagram: str, max_rewrites: int = 1) -> derive.Derivatio
         axes = derive.axes_of(path, diagram)
         sizes = {a: n for a, n in SIZES[path.name].items() if a in axes and axes[a] is None}
         cost = derive.model_cost("h100", "bf16", sizes)
-        _CACHE[key] = derive.derive(path, diagram, cost, settings={"hardware": "h100"}, max_rewrites=max_rewrites)
+        _CACHE[key] = derive.derive(path, diagram, cost, settings={"hardware": "h100"}, max_rewrites=max_rewrites,
+                                    seconds=600)  # results, not speed, are tested here: no time limit on busy CI
     return _CACHE[key]
 
 
@@ -201,7 +202,8 @@ def test_generated_variants_are_derived_generically(seed: int, tmp_path: Path) -
     source.write_text(text)
     axes = derive.axes_of(source, "att")
     sizes = {a: 4096 if a in (query, key) else 2 for a, n in axes.items() if n is None}
-    found = derive.derive(source, "att", derive.model_cost("h100", "bf16", sizes), max_rewrites=2 if flip else 1)
+    found = derive.derive(source, "att", derive.model_cost("h100", "bf16", sizes), max_rewrites=2 if flip else 1,
+                          seconds=600)
     assert lemma in lemmas_used(found), text
     assert ("group", query, None) in partitions(found) and ("stream", key, accumulator) in partitions(found), text
     (tmp_path / "out").mkdir()

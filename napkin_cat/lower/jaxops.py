@@ -51,6 +51,8 @@ class Value:
     axes: Axes
     #: a Python number (a constant or a size), not yet a jax value
     python: bool = False
+    #: an input block the wrapper zero-padded: its padded positions already hold 0
+    zero_padded: bool = False
 
 
 @dataclass(frozen=True)
@@ -370,7 +372,7 @@ def mask_padded(box: Box, args: Sequence[Value], scope: Scope) -> list[Value]:
         fills = fill_values(box, axis)
         assert fills is not None, (box.op, axis)  # layout refused this before emitting
         for i, (v, fill) in enumerate(zip(out, fills, strict=False)):
-            if axis in v.axes:
+            if axis in v.axes and not (fill == 0.0 and v.zero_padded):
                 valid = cg.binop(position(axis, v.axes, scope), "<", scope.sizes[axis])
                 masked = cg.call("jnp.where", valid, v.expr, saturate(fill))
                 out[i] = Value(scope.block.bind("masked", masked), v.axes)

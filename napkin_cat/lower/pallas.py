@@ -110,7 +110,9 @@ def emit_function(lay: Layout, fname: str, params: Sequence[str], doc: str, dtyp
     outs = block.bind("outs", ast.Call(call, list(padded), []))
     results = []
     for k, t in enumerate(out_types):
-        index = [ast.Slice(None, size_of(a)) for a in t]
+        index = [ast.Slice() if a in lay.squeezed else ast.Slice(None, size_of(a)) for a in t]
+        while index and isinstance(index[-1], ast.Slice) and index[-1].upper is None:
+            index.pop()
         value = cg.subscript(cg.name(outs.id), cg.const(k))
         for i in reversed(range(len(t))):
             if t[i] in lay.padded_tiles:
@@ -147,7 +149,7 @@ def _emit_kernel(lay: Layout, params: Sequence[str], out_types: list[Axes], dtyp
     env: dict[str, Value] = {}
     for (name, axes), ref in zip(lay.flat.inputs, in_refs, strict=True):
         if lay.stream not in axes:
-            env[name] = Value(block.bind(f"{name}_block", _load(ref, ())), scope.keep(axes))
+            env[name] = Value(block.bind(f"{name}_block", _load(ref, ())), scope.keep(axes), zero_padded=True)
     emit_before(lay, env, scope)
     if lay.stream is not None:
         _emit_loop(lay, env, scope, in_refs)
@@ -183,7 +185,7 @@ def _emit_loop(lay: Layout, env: dict[str, Value], scope: Scope, in_refs: Sequen
     for (name, axes), ref in zip(lay.flat.inputs, in_refs, strict=True):
         if axis in axes:
             index = [cg.call("pl.ds", start, tile) if a == axis else ast.Slice() for a in scope.keep(axes)]
-            chunk_env[name] = Value(body.bind(f"{name}_chunk", _load(ref, index)), scope.keep(axes))
+            chunk_env[name] = Value(body.bind(f"{name}_chunk", _load(ref, index)), scope.keep(axes), zero_padded=True)
     carried = [Value(cg.name(n), s.axes) for n, s in zip(names, state, strict=True)]
     body.emit(ast.Return(cg.tuple_(emit_step(lay, chunk_env, inner, carried))))
     block.emit(cg.function(body_name, [j, carry], body.stmts))

@@ -73,23 +73,20 @@ def alibi_grouped(Q, K, V, m, *, interpret=None):
         K_block = K_ref[...].astype(jnp.float32)
         V_block = V_ref[...].astype(jnp.float32)
         m_block = m_ref[...].astype(jnp.float32)
-        masked = jnp.where(lax.broadcasted_iota(jnp.int32, (32, p['d']), 1) < n['d'], Q_block, 0.0)
-        masked_2 = jnp.where(lax.broadcasted_iota(jnp.int32, (p['x'], p['d']), 1) < n['d'], K_block, 0.0)
-        t_1 = jnp.einsum('ab,cb->ac', masked, masked_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+        t_1 = jnp.einsum('ab,cb->ac', Q_block, K_block, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
         t_2 = lax.rsqrt(jnp.float32(float(n['d'])))
         t_3 = t_1 * t_2
         t_4 = jnp.asarray(lax.broadcasted_iota(jnp.int32, (32, p['x']), 0) + q_first - lax.broadcasted_iota(jnp.int32, (32, p['x']), 1), jnp.float32)
         t_5 = m_block * t_4
         S = t_3 - t_5
         M = jnp.where(lax.broadcasted_iota(jnp.int32, (32, p['x']), 0) + q_first >= lax.broadcasted_iota(jnp.int32, (32, p['x']), 1), S, -INF)
-        masked_3 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, p['x']), 1) < n['x'], M, -INF)
-        shift = jnp.maximum(jnp.max(masked_3, axis=(1,), keepdims=True), -BIG)
-        shifted = masked_3 - shift
+        masked = jnp.where(lax.broadcasted_iota(jnp.int32, (32, p['x']), 1) < n['x'], M, -INF)
+        shift = jnp.maximum(jnp.max(masked, axis=(1,), keepdims=True), -BIG)
+        shifted = masked - shift
         top = jnp.exp(shifted)
         t_6 = top / jnp.maximum(jnp.sum(top, axis=(1,), keepdims=True), TINY)
-        masked_4 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, p['x']), 1) < n['x'], t_6, 0.0)
-        masked_5 = jnp.where(lax.broadcasted_iota(jnp.int32, (p['x'], p['d']), 0) < n['x'], V_block, 0.0)
-        t_7 = jnp.einsum('ab,bc->ac', masked_4, masked_5, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+        masked_2 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, p['x']), 1) < n['x'], t_6, 0.0)
+        t_7 = jnp.einsum('ab,bc->ac', masked_2, V_block, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
         out0_ref[...] = t_7.astype(out0_ref.dtype)
     outs = pl.pallas_call(kernel, out_shape=[jax.ShapeDtypeStruct((p['b'], p['h'], p['q'], p['d']), jnp.float32)], grid=(n['b'], n['h'], p['q'] // 32), in_specs=[pl.BlockSpec((None, None, 32, p['d']), lambda i_b, i_h, i_q: (i_b, i_h, i_q, 0)), pl.BlockSpec((None, None, p['x'], p['d']), lambda i_b, i_h, i_q: (i_b, i_h, 0, 0)), pl.BlockSpec((None, None, p['x'], p['d']), lambda i_b, i_h, i_q: (i_b, i_h, 0, 0)), pl.BlockSpec((None,), lambda i_b, i_h, i_q: (i_h,))], out_specs=[pl.BlockSpec((None, None, 32, p['d']), lambda i_b, i_h, i_q: (i_b, i_h, i_q, 0))], interpret=interpret)(Q_padded, K_padded, V_padded, m_padded)
-    return outs[0][:n['b'], :n['h'], :n['q'], :n['d']]
+    return outs[0][:, :, :n['q'], :n['d']]

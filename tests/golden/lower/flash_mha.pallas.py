@@ -79,13 +79,12 @@ def flash_mha(Q, K, V, *, interpret=None):
             t_1 = jnp.einsum('ab,cb->ac', Q_block, K_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
             S = t_1 * t_2
             masked = jnp.where(lax.broadcasted_iota(jnp.int32, (128, 64), 1) + x_first < n['x'], S, -INF)
-            masked_2 = jnp.where(lax.broadcasted_iota(jnp.int32, (64, p['d']), 0) + x_first < n['x'], V_chunk, 0.0)
             lift_m = jnp.max(masked, axis=(1,))
             lift_t_1 = jnp.maximum(lift_m, -BIG)
             lift_t_2 = masked - lift_t_1[:, None]
             lift_t_3 = jnp.exp(lift_t_2)
             lift_l = jnp.sum(lift_t_3, axis=(1,))
-            lift_o = jnp.einsum('ab,bc->ac', lift_t_3, masked_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+            lift_o = jnp.einsum('ab,bc->ac', lift_t_3, V_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
             combine_m = jnp.maximum(O_m, lift_m)
             combine_t_1 = jnp.maximum(combine_m, -BIG)
             combine_t_2 = O_m - combine_t_1
@@ -104,4 +103,4 @@ def flash_mha(Q, K, V, *, interpret=None):
         final_t_2 = O_o_2 / final_t_1[:, None]
         out0_ref[...] = final_t_2.astype(out0_ref.dtype)
     outs = pl.pallas_call(kernel, out_shape=[jax.ShapeDtypeStruct((p['b'], p['h'], p['q'], p['d']), jnp.float32)], grid=(n['b'], n['h'], p['q'] // 128), in_specs=[pl.BlockSpec((None, None, 128, p['d']), lambda i_b, i_h, i_q: (i_b, i_h, i_q, 0)), pl.BlockSpec((None, None, p['x'], p['d']), lambda i_b, i_h, i_q: (i_b, i_h, 0, 0)), pl.BlockSpec((None, None, p['x'], p['d']), lambda i_b, i_h, i_q: (i_b, i_h, 0, 0))], out_specs=[pl.BlockSpec((None, None, 128, p['d']), lambda i_b, i_h, i_q: (i_b, i_h, i_q, 0))], interpret=interpret)(Q_padded, K_padded, V_padded)
-    return outs[0][:n['b'], :n['h'], :n['q'], :n['d']]
+    return outs[0][:, :, :n['q'], :n['d']]

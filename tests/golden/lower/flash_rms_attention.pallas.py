@@ -75,8 +75,7 @@ def flash_rms_attention(Q, K, V, *, interpret=None):
             V_chunk = V_ref[pl.ds(x_first, 32), :].astype(jnp.float32)
             S = jnp.einsum('ab,cb->ac', Q_block, K_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
             masked = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + x_first < n['x'], S, 0.0)
-            masked_2 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, p['d']), 0) + x_first < n['x'], V_chunk, 0.0)
-            lift_o = jnp.einsum('ab,bc->ac', masked, masked_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+            lift_o = jnp.einsum('ab,bc->ac', masked, V_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
             lift_t_1 = masked * masked
             lift_z = jnp.sum(lift_t_1, axis=(1,))
             combine_t_1 = O_o + lift_o

@@ -74,18 +74,15 @@ def flash_wide_bf16_kv(Q, K, V, *, interpret=None):
             O_m, O_l, O_o = carry
             K_chunk = K_ref[pl.ds(x_first, 32), :].astype(jnp.float32)
             V_chunk = V_ref[pl.ds(x_first, 32), :].astype(jnp.float32)
-            masked = jnp.where(lax.broadcasted_iota(jnp.int32, (32, p['d']), 1) < n['d'], Q_block, 0.0)
-            masked_2 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, p['d']), 1) < n['d'], K_chunk, 0.0)
-            t_1 = jnp.einsum('ab,cb->ac', masked, masked_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+            t_1 = jnp.einsum('ab,cb->ac', Q_block, K_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
             S = (t_1 * t_2).astype(jnp.bfloat16).astype(jnp.float32)
-            masked_3 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + x_first < n['x'], S, -INF)
-            masked_4 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, p['d']), 0) + x_first < n['x'], V_chunk, 0.0)
-            lift_m = jnp.max(masked_3, axis=(1,))
+            masked = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + x_first < n['x'], S, -INF)
+            lift_m = jnp.max(masked, axis=(1,))
             lift_t_1 = jnp.maximum(lift_m, -BIG)
-            lift_t_2 = masked_3 - lift_t_1[:, None]
+            lift_t_2 = masked - lift_t_1[:, None]
             lift_t_3 = jnp.exp(lift_t_2)
             lift_l = jnp.sum(lift_t_3, axis=(1,))
-            lift_o = jnp.einsum('ab,bc->ac', lift_t_3, masked_4, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+            lift_o = jnp.einsum('ab,bc->ac', lift_t_3, V_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
             combine_m = jnp.maximum(O_m, lift_m)
             combine_t_1 = jnp.maximum(combine_m, -BIG)
             combine_t_2 = O_m - combine_t_1

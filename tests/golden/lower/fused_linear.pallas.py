@@ -72,9 +72,7 @@ def fused_linear(X, W, B, *, interpret=None):
             t_1_s, = carry
             X_chunk = X_ref[:, pl.ds(d_first, 32)].astype(jnp.float32)
             W_chunk = W_ref[pl.ds(d_first, 32), :].astype(jnp.float32)
-            masked = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + d_first < n['d'], X_chunk, 0.0)
-            masked_2 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 0) + d_first < n['d'], W_chunk, 0.0)
-            lift_s = jnp.einsum('ab,bc->ac', masked, masked_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+            lift_s = jnp.einsum('ab,bc->ac', X_chunk, W_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
             combine_t_1 = t_1_s + lift_s
             return (combine_t_1,)
         t_1_s_2, = lax.fori_loop(0, p['d'] // 32, body, (jnp.full((32, 32), 0.0, jnp.float32),))

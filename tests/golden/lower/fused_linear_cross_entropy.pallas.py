@@ -72,14 +72,12 @@ def fused_linear_cross_entropy(H, W, L, *, interpret=None):
             v_first = j * 32
             t_1_m, t_1_l, t_3_s = carry
             W_chunk = W_ref[:, pl.ds(v_first, 32)].astype(jnp.float32)
-            masked = jnp.where(lax.broadcasted_iota(jnp.int32, (32, p['e']), 1) < n['e'], H_block, 0.0)
-            masked_2 = jnp.where(lax.broadcasted_iota(jnp.int32, (p['e'], 32), 0) < n['e'], W_chunk, 0.0)
-            Z = jnp.einsum('ab,bc->ac', masked, masked_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+            Z = jnp.einsum('ab,bc->ac', H_block, W_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
             t_2 = jnp.where(L_block[:, None] == jnp.asarray(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first, jnp.float32), 1.0, 0.0)
-            masked_3 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first < n['v'], Z, -INF)
-            lift_m = jnp.max(masked_3, axis=(1,))
+            masked = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first < n['v'], Z, -INF)
+            lift_m = jnp.max(masked, axis=(1,))
             lift_t_1 = jnp.maximum(lift_m, -BIG)
-            lift_t_2 = masked_3 - lift_t_1[:, None]
+            lift_t_2 = masked - lift_t_1[:, None]
             lift_t_3 = jnp.exp(lift_t_2)
             lift_l = jnp.sum(lift_t_3, axis=(1,))
             combine_m = jnp.maximum(t_1_m, lift_m)
@@ -91,9 +89,9 @@ def fused_linear_cross_entropy(H, W, L, *, interpret=None):
             combine_t_5 = combine_c1 * t_1_l
             combine_t_6 = combine_c2 * lift_l
             combine_l = combine_t_5 + combine_t_6
-            masked_4 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first < n['v'], t_2, 0.0)
-            masked_5 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first < n['v'], Z, 0.0)
-            lift_s = jnp.sum(masked_4 * masked_5, axis=(1,))
+            masked_2 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first < n['v'], t_2, 0.0)
+            masked_3 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first < n['v'], Z, 0.0)
+            lift_s = jnp.sum(masked_2 * masked_3, axis=(1,))
             combine_t_1_2 = t_3_s + lift_s
             return (combine_m, combine_l, combine_t_1_2)
         t_1_m_2, t_1_l_2, t_3_s_2 = lax.fori_loop(0, p['v'] // 32, body, (jnp.full((32,), -INF, jnp.float32), jnp.full((32,), 0.0, jnp.float32), jnp.full((32,), 0.0, jnp.float32)))

@@ -87,14 +87,11 @@ def fused_mlp_first_layer(X, W1, B1, W2, B2, *, interpret=None):
             W1_chunk = W1_ref[:, pl.ds(f_first, 32)].astype(jnp.float32)
             B1_chunk = B1_ref[pl.ds(f_first, 32),].astype(jnp.float32)
             W2_chunk = W2_ref[pl.ds(f_first, 32), :].astype(jnp.float32)
-            masked = jnp.where(lax.broadcasted_iota(jnp.int32, (32, p['d']), 1) < n['d'], X_block, 0.0)
-            masked_2 = jnp.where(lax.broadcasted_iota(jnp.int32, (p['d'], 32), 0) < n['d'], W1_chunk, 0.0)
-            t_1 = jnp.einsum('ab,bc->ac', masked, masked_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+            t_1 = jnp.einsum('ab,bc->ac', X_block, W1_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
             t_2 = t_1 + B1_chunk[None, :]
             H = 0.5 * t_2 * (1.0 + erf(t_2 * 0.7071067811865476))
-            masked_3 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + f_first < n['f'], H, 0.0)
-            masked_4 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, p['d']), 0) + f_first < n['f'], W2_chunk, 0.0)
-            lift_s = jnp.einsum('ab,bc->ac', masked_3, masked_4, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+            masked = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + f_first < n['f'], H, 0.0)
+            lift_s = jnp.einsum('ab,bc->ac', masked, W2_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
             combine_t_1 = t_3_s + lift_s
             return (combine_t_1,)
         t_3_s_2, = lax.fori_loop(0, p['f'] // 32, body, (jnp.full((32, p['d']), 0.0, jnp.float32),))

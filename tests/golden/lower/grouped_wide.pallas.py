@@ -70,19 +70,16 @@ def grouped_wide(Q, K, V, *, interpret=None):
         Q_block = Q_ref[...].astype(jnp.float32)
         K_block = K_ref[...].astype(jnp.float32)
         V_block = V_ref[...].astype(jnp.float32)
-        masked = jnp.where(lax.broadcasted_iota(jnp.int32, (32, p['d']), 1) < n['d'], Q_block, 0.0)
-        masked_2 = jnp.where(lax.broadcasted_iota(jnp.int32, (p['x'], p['d']), 1) < n['d'], K_block, 0.0)
-        t_1 = jnp.einsum('ab,cb->ac', masked, masked_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+        t_1 = jnp.einsum('ab,cb->ac', Q_block, K_block, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
         t_2 = lax.rsqrt(jnp.float32(float(n['d'])))
         S = t_1 * t_2
-        masked_3 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, p['x']), 1) < n['x'], S, -INF)
-        shift = jnp.maximum(jnp.max(masked_3, axis=(1,), keepdims=True), -BIG)
-        shifted = masked_3 - shift
+        masked = jnp.where(lax.broadcasted_iota(jnp.int32, (32, p['x']), 1) < n['x'], S, -INF)
+        shift = jnp.maximum(jnp.max(masked, axis=(1,), keepdims=True), -BIG)
+        shifted = masked - shift
         top = jnp.exp(shifted)
         P = top / jnp.maximum(jnp.sum(top, axis=(1,), keepdims=True), TINY)
-        masked_4 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, p['x']), 1) < n['x'], P, 0.0)
-        masked_5 = jnp.where(lax.broadcasted_iota(jnp.int32, (p['x'], p['d']), 0) < n['x'], V_block, 0.0)
-        O = jnp.einsum('ab,bc->ac', masked_4, masked_5, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+        masked_2 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, p['x']), 1) < n['x'], P, 0.0)
+        O = jnp.einsum('ab,bc->ac', masked_2, V_block, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
         out0_ref[...] = O.astype(out0_ref.dtype)
     outs = pl.pallas_call(kernel, out_shape=[jax.ShapeDtypeStruct((p['q'], p['d']), jnp.float32)], grid=(p['q'] // 32,), in_specs=[pl.BlockSpec((32, p['d']), lambda i_q: (i_q, 0)), pl.BlockSpec((p['x'], p['d']), lambda i_q: (0, 0)), pl.BlockSpec((p['x'], p['d']), lambda i_q: (0, 0))], out_specs=[pl.BlockSpec((32, p['d']), lambda i_q: (i_q, 0))], interpret=interpret)(Q_padded, K_padded, V_padded)
     return outs[0][:n['q'], :n['d']]

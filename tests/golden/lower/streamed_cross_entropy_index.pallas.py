@@ -87,8 +87,7 @@ def streamed_cross_entropy_index(Z, L, *, interpret=None):
             combine_t_6 = combine_c2 * lift_l
             combine_l = combine_t_5 + combine_t_6
             masked_2 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first < n['v'], Y, 0.0)
-            masked_3 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first < n['v'], Z_chunk, 0.0)
-            lift_s = jnp.sum(masked_2 * masked_3, axis=(1,))
+            lift_s = jnp.sum(masked_2 * Z_chunk, axis=(1,))
             combine_t_1_2 = t_2_s + lift_s
             return (combine_m, combine_l, combine_t_1_2)
         t_1_m_2, t_1_l_2, t_2_s_2 = lax.fori_loop(0, p['v'] // 32, body, (jnp.full((32,), -INF, jnp.float32), jnp.full((32,), 0.0, jnp.float32), jnp.full((32,), 0.0, jnp.float32)))

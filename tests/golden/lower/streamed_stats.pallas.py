@@ -75,8 +75,7 @@ def streamed_stats(X, *, interpret=None):
             masked_2 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first < n['v'], X_chunk, INF)
             lift_s_2 = jnp.min(masked_2, axis=(1,))
             combine_t_1_2 = jnp.minimum(t_2_s, lift_s_2)
-            masked_3 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first < n['v'], X_chunk, 0.0)
-            lift_s_3 = jnp.sum(masked_3, axis=(1,))
+            lift_s_3 = jnp.sum(X_chunk, axis=(1,))
             combine_t_1_3 = t_3_s + lift_s_3
             lift_t_1 = jnp.maximum(lift_s, -BIG)
             lift_t_2 = masked - lift_t_1[:, None]
@@ -91,8 +90,8 @@ def streamed_stats(X, *, interpret=None):
             combine_t_5 = combine_c1 * t_4_l
             combine_t_6 = combine_c2 * lift_l
             combine_l = combine_t_5 + combine_t_6
-            masked_4 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first < n['v'], t_6, 0.0)
-            lift_s_4 = jnp.sum(masked_4, axis=(1,))
+            masked_3 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first < n['v'], t_6, 0.0)
+            lift_s_4 = jnp.sum(masked_3, axis=(1,))
             combine_t_1_5 = t_7_s + lift_s_4
             return (combine_t_1, combine_t_1_2, combine_t_1_3, combine_m, combine_l, combine_t_1_5)
         t_1_s_2, t_2_s_2, t_3_s_2, t_4_m_2, t_4_l_2, t_7_s_2 = lax.fori_loop(0, p['v'] // 32, body, (jnp.full((32,), -INF, jnp.float32), jnp.full((32,), INF, jnp.float32), jnp.full((32,), 0.0, jnp.float32), jnp.full((32,), -INF, jnp.float32), jnp.full((32,), 0.0, jnp.float32), jnp.full((32,), 0.0, jnp.float32)))

@@ -70,9 +70,7 @@ def tiled_matmul(A, B, *, interpret=None):
             t_1_s, = carry
             A_chunk = A_ref[:, pl.ds(b_first, 32)].astype(jnp.float32)
             B_chunk = B_ref[pl.ds(b_first, 32), :].astype(jnp.float32)
-            masked = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + b_first < n['b'], A_chunk, 0.0)
-            masked_2 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 0) + b_first < n['b'], B_chunk, 0.0)
-            lift_s = jnp.einsum('ab,bc->ac', masked, masked_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+            lift_s = jnp.einsum('ab,bc->ac', A_chunk, B_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
             combine_t_1 = t_1_s + lift_s
             return (combine_t_1,)
         t_1_s_2, = lax.fori_loop(0, p['b'] // 32, body, (jnp.full((32, 32), 0.0, jnp.float32),))

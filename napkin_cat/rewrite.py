@@ -420,11 +420,10 @@ class _Stop(Exception):
     pass
 
 
-def _climb(state: _State, prefix: tuple[Step, ...], diagram: Diagram) -> Candidate | None:
-    """Hill-climb over plans on one (rewritten) diagram; the best fitting candidate, if any."""
-    best: Candidate | None = None
-    for start in _starts(diagram):
-        plan = start
+def _climb(state: _State, prefix: tuple[Step, ...], diagram: Diagram) -> None:
+    """Hill-climb over plans on one (rewritten) diagram from each start to a local optimum;
+    every candidate it evaluates is recorded in ``state``."""
+    for plan in _starts(diagram):
         current = state.evaluate(prefix + plan_steps(plan, diagram))
         while True:
             moves = [(state.evaluate(prefix + plan_steps(p, diagram)), p) for p in _neighbours(plan, diagram)]
@@ -432,9 +431,6 @@ def _climb(state: _State, prefix: tuple[Step, ...], diagram: Diagram) -> Candida
             if not better:
                 break
             current, plan = min(better, key=lambda cp: _rank(cp[0]))
-        if current.ok and (best is None or _rank(current) < _rank(best)):
-            best = current
-    return best
 
 
 def _signature(diagram: Diagram) -> tuple[object, ...]:
@@ -465,7 +461,6 @@ def search(module: Module, diagram: str, cost: CostFn, *, lemmas: Mapping[str, L
     state = _State(module, decl, lemmas, cost, screen, max(budget, 1), time.monotonic() + seconds, progress)
     started = time.monotonic()
     baseline = state.evaluate(())
-    best = baseline if baseline.ok else None
     counter = itertools.count()
     frontier: list[tuple[float, int, int, tuple[Step, ...], Diagram]] = []
     root = baseline.theorem.result if baseline.theorem else kernel.unfold(kernel.refl(decl.name, source)).result
@@ -480,9 +475,7 @@ def search(module: Module, diagram: str, cost: CostFn, *, lemmas: Mapping[str, L
             signature = _signature(current)
             if signature not in climbed:  # a rewrite that only reorders operands is expanded, not re-climbed
                 climbed.add(signature)
-                found = _climb(state, prefix, current)
-                if found is not None and (best is None or _rank(found) < _rank(best)):
-                    best = found
+                _climb(state, prefix, current)
             if depth >= max_rewrites:
                 beyond += len(proposals(current, lemmas))
                 continue
@@ -508,5 +501,8 @@ def search(module: Module, diagram: str, cost: CostFn, *, lemmas: Mapping[str, L
         "budget": f"the budget of {state.budget} candidates was spent ({len(frontier)} diagrams unexplored)",
         "time": f"the time limit of {seconds:g} s was reached ({len(frontier)} diagrams unexplored)",
     }[stopped]
-    return Search(best or baseline, baseline, tuple(state.seen.values()), stopped, detail,
-                  time.monotonic() - started)
+    best = min((c for c in state.seen.values() if c.ok), key=_rank, default=baseline)
+    if baseline.ok and best.cost is not None and baseline.cost is not None and \
+            best.cost.value >= baseline.cost.value:
+        best = baseline  # only a strictly cheaper schedule replaces a diagram that already fits
+    return Search(best, baseline, tuple(state.seen.values()), stopped, detail, time.monotonic() - started)

@@ -73,7 +73,7 @@ class Derivation:
                 f"stays as written{reason}.")
 
 
-def derive(path: str | Path, diagram: str, cost: CostFn, *, settings: Mapping[str, str] | None = None,
+def derive(path: str | Path, diagram: str, cost_fn: CostFn, *, settings: Mapping[str, str] | None = None,
            max_rewrites: int = 2, budget: int = 2000, seconds: float = 60.0,
            progress: Callable[[str], None] | None = None) -> Derivation:
     """Search ``diagram`` of the file at ``path`` for its cheapest fitting schedule.
@@ -83,7 +83,7 @@ def derive(path: str | Path, diagram: str, cost: CostFn, *, settings: Mapping[st
     """
     source = Path(path)
     module = load(source)
-    result = search(module, diagram, cost, lemmas=rules.lemmas_in_scope(module),
+    result = search(module, diagram, cost_fn, lemmas=rules.lemmas_in_scope(module),
                     theorem_name=f"{diagram}_derived", max_rewrites=max_rewrites, budget=budget, seconds=seconds,
                     screen=overflow_screen, progress=progress)
     return Derivation(source, diagram, result, dict(settings or {}))

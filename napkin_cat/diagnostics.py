@@ -94,6 +94,7 @@ MESSAGES: dict[str, str] = {
     # lowering (napkin_cat.lower refuses what a target cannot serve, before anything runs)
     "lower.target": "unknown lowering target `{target}`; targets: {targets}",
     "lower.dtype": "unknown dtype `{dtype}`; known: {known}",
+    "lower.hardware": "unknown hardware profile `{hardware}`; profiles: {known}",
     "lower.tile_unbound": "tile `{tile}` of axis `{axis}` has no positive integer size; give it with --tile {tile}=N",
     "lower.tile_pow2": "tile {tile} of axis `{axis}`: the Pallas GPU (Triton) backend needs power-of-two blocks "
         "of at least {least} (or groups of 1)",

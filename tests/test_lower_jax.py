@@ -174,6 +174,7 @@ def test_refusals_name_the_problem() -> None:
     assert codes(f, Partition("stream", "v", "sv"), tiles={"sv": 0}) == ("lower.tile_unbound",)
     assert codes(f, target="cuda") == ("lower.target",)
     assert codes(f, dtype="int8") == ("lower.dtype",)
+    assert codes(f, hardware="tpu9") == ("lower.hardware",)
 
 
 def test_reshapes_derive_sizes() -> None:

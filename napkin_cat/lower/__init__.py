@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from napkin_cat import cost, optimise
+from napkin_cat import hardware as hw
 from napkin_cat.diagnostics import NapkinError, error
 from napkin_cat.lower import codegen as cg
 from napkin_cat.lower import jax as jax_target
@@ -72,16 +74,14 @@ def default_tiles(diagram: Diagram, schedule: Schedule, hardware: str | None = N
     if not names:
         return {}, "fixed by the proof"
     try:
-        from napkin_cat import cost, optimise
-
         sizes = {a.name: REPRESENTATIVE_SIZE for a in diagram.axes if a.size is None}
         model = cost.cost_of(diagram, schedule, hardware or "h100", sizes=sizes)
         rows = optimise.search(model, top=1).rows
         if rows and set(names) <= set(rows[0].tiles):
             return {n: int(rows[0].tiles[n]) for n in names}, (
                 f"cost model optimum for {hardware or 'h100'} at symbolic sizes {REPRESENTATIVE_SIZE}")
-    except (ImportError, ValueError, KeyError, AttributeError) as exc:
-        return {n: DEFAULT_TILE for n in names}, f"default {DEFAULT_TILE} (cost model unavailable: {exc})"
+    except (ValueError, KeyError) as exc:  # e.g. a level the hardware profile lacks
+        return {n: DEFAULT_TILE for n in names}, f"default {DEFAULT_TILE} (the cost model could not choose: {exc})"
     return {n: DEFAULT_TILE for n in names}, f"default {DEFAULT_TILE} (no feasible cost-model configuration)"
 
 
@@ -100,6 +100,8 @@ def lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str 
     if target not in TARGETS:
         raise NapkinError(error("lower.target", target=target, targets=", ".join(TARGETS)))
     dtype_name = _dtype_name(dtype)
+    if hardware is not None and hardware not in hw.available():
+        raise NapkinError(error("lower.hardware", hardware=hardware, known=", ".join(hw.available())))
     given = dict(tiles or {})
     missing = [p for p in schedule.partitions if isinstance(p.tile, str) and p.tile not in given]
     defaults, origin = default_tiles(diagram, schedule, hardware) if missing else ({}, "given")
@@ -193,10 +195,8 @@ def _placement(lay: Layout, target: str) -> str:
 def _cost_bound(lay: Layout, hardware: str | None) -> str:
     """H at the first level below HBM (values moved), symbolic and at the chosen tiles, and FLOPs."""
     try:
-        from napkin_cat import cost
-
         model = cost.cost_of(lay.diagram, lay.schedule, hardware or "h100")
-    except (ImportError, ValueError, KeyError, AttributeError) as exc:
+    except (ValueError, KeyError) as exc:
         return f"not derived ({exc})"
     level = model.first
     values = {p.tile: lay.tiles[p.axis] for p in lay.schedule.partitions if isinstance(p.tile, str)}

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from napkin_cat import ops
+from napkin_cat.accumulators import plan
 from napkin_cat.loopnest import flatten
 from napkin_cat.lower import codegen as cg
 from napkin_cat.terms import Axes, Box, Cmp, Const, Diagram, Expr, IBin, Idx, IInt, IndexExpr, Logic, Pred, Size, Var
@@ -191,8 +192,6 @@ MIX_FILL: dict[str, float] = {"softmax": -math.inf, "l2norm": 0.0, "rmsnorm": 0.
 def fill_values(box: Box, axis: str) -> tuple[float, ...] | None:
     """Per operand, the value padded positions along ``axis`` must hold so that ``box``
     ignores them; None if there is none."""
-    from napkin_cat.accumulators import plan
-
     if box.op in MIX_FILL:
         return (MIX_FILL[box.op],)
     if not ops.is_consuming(box.op):

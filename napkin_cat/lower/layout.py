@@ -25,6 +25,7 @@ from napkin_cat import ops
 from napkin_cat.accumulators import AccumulatorPlan, plan
 from napkin_cat.diagnostics import NapkinError, error
 from napkin_cat.loopnest import Flat, LoopNest, Node, loop_nest
+from napkin_cat.lower.jaxops import fill_values
 from napkin_cat.lower.runtime import pow2_extent
 from napkin_cat.terms import Box, Diagram, Schedule, Size
 
@@ -245,8 +246,6 @@ def _woven_everywhere(flat: Flat, axis: str, out_types: list[tuple[str, ...]]) -
 
 def _check_padding(lay: Layout) -> None:
     """Every box that consumes, mixes or reshapes a paddable axis must be able to mask it."""
-    from napkin_cat.lower.jaxops import fill_values
-
     for node in lay.flat.nodes:
         expr = node.expr
         if not isinstance(expr, Box):

@@ -338,3 +338,12 @@ def test_dtype_steps_of_the_schedule_weight_the_bytes() -> None:
     co = cost_of(MODULE.diagram("streamed"), quantised, dtype="bf16")
     smem = co.level("smem")
     assert sympy.simplify(smem.transfers_bytes - (2 * 2 * q * d + 2 * q * x * d / gq)) == 0
+
+
+@pytest.mark.parametrize(("path", "name", "ratio"), [("flash_attention.ncd", "flash_attention", 4),
+                                                     ("matmul.ncd", "tiled_matmul", 2 ** 1.5)])
+def test_quantisation_law_on_the_proved_theorems(path: str, name: str, ratio: float) -> None:
+    thm = proof.theorem(ROOT / "proofs" / path, name)
+    wide, narrow = continuous(cost(thm, dtype="f16")), continuous(cost(thm, dtype="fp8e4m3"))
+    assert wide is not None and narrow is not None
+    assert sympy.simplify(leading(wide.in_bytes()) / leading(narrow.in_bytes()) - sympy.nsimplify(ratio)) == 0

@@ -246,28 +246,22 @@ def _baseline(prog: Program, bytes_of: Mapping[str, int]) -> Baseline:
     return Baseline(sympy.Add(*moved), sympy.Add(*weighted), max_of(sizes_per_box), max_of(bytes_per_box), flops)
 
 
-def timing(c: Cost, values: Mapping[str, float | int] | None = None, flops: Expr | None = None,
-           transfers: Mapping[str, Expr] | None = None) -> Timing:
+def timing(c: Cost, values: Mapping[str, float | int] | None = None) -> Timing:
     """Time estimate on ``c.hardware`` at the compute dtype's peak: FLOP time, and per level the
     bytes moved into it over its parent's bandwidth; combined as a serial sum and as an
     overlapped maximum.  ``intensity`` is FLOPs per byte of hbm traffic, ``ridge`` the
-    hardware's FLOPs per byte at which the two balance.  ``flops``/``transfers`` (bytes per
-    level) override the schedule's, e.g. to time the baseline."""
+    hardware's FLOPs per byte at which the two balance.  ``values`` substitutes sizes and
+    tiles by name (symbols left free stay in the expressions)."""
     vals = values or {}
-    peak = c.hardware.peak_flops(c.dtype)
-    f = c.at(flops if flops is not None else c.flops, vals)
+    flops = c.at(c.flops, vals)
     per_level = []
     for level in c.levels[1:]:
         assert level.parent is not None
         bandwidth = c.hardware.level(level.parent).bandwidth
         if bandwidth is None:
             raise hw.HardwareError(f"{c.hardware.key}: level `{level.parent}` has no bandwidth")
-        moved = transfers[level.name] if transfers is not None else level.transfers_bytes
-        per_level.append((level.name, c.at(moved, vals) / bandwidth))
-    flop_time = f / peak
+        per_level.append((level.name, c.at(level.transfers_bytes, vals) / bandwidth))
+    flop_time = flops / c.hardware.peak_flops(c.dtype)
     times = [t for _, t in per_level]
-    top_moved = transfers[c.first.name] if transfers is not None else c.first.transfers_bytes
-    hbm_bytes = c.at(top_moved, vals)
     return Timing(flop_time, tuple(per_level), flop_time + sympy.Add(*times), sympy.Max(flop_time, *times),
-                  f / hbm_bytes, c.hardware.ridge(c.dtype, "hbm"))
-
+                  flops / c.at(c.first.transfers_bytes, vals), c.hardware.ridge(c.dtype, "hbm"))

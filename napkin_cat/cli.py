@@ -229,7 +229,7 @@ def cmd_derive(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     settings = {"hardware": args.hardware, "dtype": args.dtype} | {a: str(n) for a, n in sizes.items()}
     found = derive.derive(args.file, args.diagram, cost, settings=settings, max_rewrites=args.max_rewrites,
-                          budget=args.budget, seconds=args.seconds,
+                          budget=args.budget, seconds=args.seconds, lower=args.lower,
                           progress=lambda message: print(f"napkin derive: {message}", file=sys.stderr))
     search = found.search
     print(f"search stopped: {search.stopped} ({search.detail}); {len(search.candidates)} candidates checked "
@@ -277,7 +277,8 @@ def cmd_cost(args: argparse.Namespace) -> int:
 
     thm = _theorem_or_usage(args.file, args.theorem)
     try:
-        c = cost.cost(thm, hardware=args.hardware, sizes=parse_sizes(args.size), dtype=args.dtype)
+        c = cost.cost(thm, hardware=args.hardware, sizes=parse_sizes(args.size), dtype=args.dtype,
+                      stages=args.stages)
         data = cost_report.report(c, args.theorem)
     except (HardwareError, ValueError) as exc:
         raise UsageError(str(exc)) from None
@@ -292,7 +293,8 @@ def cmd_pseudo(args: argparse.Namespace) -> int:
 
     thm = _theorem_or_usage(args.file, args.theorem)
     try:
-        c = cost.cost(thm, hardware=args.hardware, sizes=parse_sizes(args.size), dtype=args.dtype)
+        c = cost.cost(thm, hardware=args.hardware, sizes=parse_sizes(args.size), dtype=args.dtype,
+                      stages=args.stages)
     except (HardwareError, ValueError) as exc:
         raise UsageError(str(exc)) from None
     print(pseudo.render(c.program, c.bytes_of), end="")
@@ -358,6 +360,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--hardware", default="h100", help="hardware profile (h100, h200, a100)")
         p.add_argument("--dtype", default="bf16", help="number format of the arrays (bf16, f16, f32, fp8e4m3, ...)")
         p.add_argument("--size", action="append", metavar="AXIS=N", help="size of a symbolic axis (repeatable)")
+        p.add_argument("--stages", type=int, default=1,
+                       help="buffers per streamed chunk (2: double buffering; Pallas Triton's default is 3)")
         if name == "cost":
             p.add_argument("--json", action="store_true", help="print sympy-parsable JSON")
         p.set_defaults(func=func)

@@ -134,14 +134,15 @@ def _node_key(box: Box) -> str:
 def cost_of(diagram: Diagram, schedule: Schedule, hardware: str | hw.Hardware = "h100",
             sizes: Mapping[str, int] | None = None, dtypes: Mapping[str, str] | None = None,
             dtype: str = "bf16", accumulators: Mapping[str, str] | None = None,
-            source: Diagram | None = None) -> Cost:
+            source: Diagram | None = None, stages: int = 1) -> Cost:
     """Derive H_ℓ, M_ℓ and FLOPs of ``diagram`` run under ``schedule``.
 
     ``sizes`` gives symbolic axes a size (unknown names raise ValueError); ``dtypes`` maps array
     names (inputs, let names) to number formats, overriding the schedule's ``dtype`` steps and
     the default ``dtype``; ``accumulators`` maps a consuming box (``op:target:params``) to the
     accumulator that streams it.  The unfused baseline is that of ``source`` (the diagram
-    before any rewrite; default ``diagram``).
+    before any rewrite; default ``diagram``).  ``stages`` multi-buffers every chunk loaded in a
+    stream (``pseudo.program``): 1 is the paper's model, 2 double buffering.
     """
     prof = hardware if isinstance(hardware, hw.Hardware) else hw.load(hardware)
     nest = loop_nest(diagram, schedule)
@@ -164,7 +165,7 @@ def cost_of(diagram: Diagram, schedule: Schedule, hardware: str | hw.Hardware = 
         raise ValueError(f"tile names clash with axis names: {', '.join(clash)}")
     by_node = {n.name: accumulators[_node_key(n.expr)] for n in nest.flat.nodes
                if isinstance(n.expr, Box) and accumulators and _node_key(n.expr) in accumulators}
-    prog = program(nest, size_syms, tile_syms, by_node)
+    prog = program(nest, size_syms, tile_syms, by_node, stages)
     bytes_of = _bytes_of(nest.flat, schedule, dtypes or {}, dtype)
     for view in prog.views:
         prof.level(view.level)  # every level the schedule uses must exist on the hardware

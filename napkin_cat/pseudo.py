@@ -101,10 +101,11 @@ class Buffer:
     shape: tuple[tuple[str, Expr], ...]
     start: int
     end: int
+    copies: int = 1  # pipeline stages of a chunk load (multi-buffering)
 
     @property
     def size(self) -> Expr:
-        return sympy.Mul(*(extent for _, extent in self.shape))
+        return self.copies * sympy.Mul(*(extent for _, extent in self.shape))
 
 
 @dataclass(frozen=True)
@@ -188,22 +189,28 @@ def _dominates(big: Expr, small: Expr) -> bool:
 
 
 def program(nest: LoopNest, sizes: Mapping[str, Expr], tiles: Mapping[str, Expr],
-            accumulators: Mapping[str, str] | None = None) -> Program:
+            accumulators: Mapping[str, str] | None = None, stages: int = 1) -> Program:
     """Build the per-level views of a loop nest.
 
     ``sizes`` maps every axis to its size (an integer or a positive symbol), ``tiles`` every
     symbolic tile name to its symbol; ``accumulators`` names the accumulator streaming each
     consuming node (else the partition's ``via``, else the op's first accumulator).
+    ``stages`` buffers each chunk loaded inside a stream that many times (software
+    pipelining: 2 is double buffering, digest §4.2 step 5; the Pallas Triton backend's default
+    ``num_stages`` is 3): memory grows, transfers do not change.
     """
-    return _Builder(nest, sizes, tiles, accumulators or {}).build()
+    if stages < 1:
+        raise ValueError(f"stages must be at least 1, got {stages}")
+    return _Builder(nest, sizes, tiles, accumulators or {}, stages).build()
 
 
 class _Builder:
     """Symbols, homes and the compute level shared by the views of one loop nest."""
 
     def __init__(self, nest: LoopNest, sizes: Mapping[str, Expr], tiles: Mapping[str, Expr],
-                 accumulators: Mapping[str, str]) -> None:
+                 accumulators: Mapping[str, str], stages: int = 1) -> None:
         self.nest, self.flat = nest, nest.flat
+        self.stages = stages
         self.sizes = dict(sizes)
         self.tiles = tuple(sympy.Integer(lp.tile) if isinstance(lp.tile, int) else tiles[lp.tile]
                            for lp in nest.loops)
@@ -407,18 +414,20 @@ class _ViewBuilder:
         computed = {s.array: s.index for s in steps if s.op == "compute"}
         buffers: list[Buffer] = []
 
-        def span(name: str, role: str, start: int, uses: list[int], scope: tuple[Inst, ...]) -> None:
+        def span(name: str, role: str, start: int, uses: list[int], scope: tuple[Inst, ...],
+                 copies: int = 1) -> None:
             end = max([start, *uses])
             for u in uses:
                 for inst in steps[u].path:
                     if inst not in steps[start].path and inst in ends:
                         end = max(end, ends[inst])
-            buffers.append(Buffer(name, name, role, self._shape(b.flat.type_of(name), scope), start, end))
+            buffers.append(Buffer(name, name, role, self._shape(b.flat.type_of(name), scope), start, end, copies))
 
         for s in steps:
             if s.op == "load":
                 users = [computed[u] for u in s.users]
-                span(s.array, "load", s.index, users, s.path)
+                chunked = any(inst[0] in self.streams for inst in s.path)
+                span(s.array, "load", s.index, users, s.path, b.stages if chunked else 1)
             elif s.op == "save" and level != b.compute:
                 shape = self._shape(b.flat.type_of(s.array), s.path)
                 buffers.append(Buffer(s.array, s.array, "save", shape, s.index, s.index))
@@ -473,7 +482,7 @@ def _in_place(b: _Builder, buffers: list[Buffer], steps: list[Step]) -> list[Buf
         for k, x in enumerate(out):
             if mine and x.name in node.reads and x.end == s.index and x.start < s.index \
                     and sympy.expand(x.size - mine[0].size) == 0:
-                out[k] = Buffer(x.name, x.array, x.role, x.shape, x.start, s.index - 1)
+                out[k] = Buffer(x.name, x.array, x.role, x.shape, x.start, s.index - 1, x.copies)
                 break
     return out
 
@@ -501,7 +510,7 @@ def render(prog: Program, bytes_of: Mapping[str, int] | None = None) -> str:
                     lines.append("  " * depth + _loop_line(loops[inst[0]], prog.trips[inst[0]],
                                                            prog.tiles[inst[0]]))
             indent = "  " * len(step.path)
-            live = ", ".join(f"{b.name}[{' '.join(str(e) for _, e in b.shape)}]" for b in view.live(step.index))
+            live = ", ".join(_buffer_label(b) for b in view.live(step.index))
             what = _step_line(prog, view, step)
             lines.append(f"{indent}col {step.index:<3} {what:<44} | live@{view.level}: {live or '-'}")
         groups = sympy.Mul(*(prog.trips[i] for i in view.loops if loops[i].kind == "group"))
@@ -512,6 +521,11 @@ def render(prog: Program, bytes_of: Mapping[str, int] | None = None) -> str:
         if bytes_of is not None:
             lines.append(f"  transfers in bytes = {sympy.simplify(view.transfers(bytes_of))}")
     return "\n".join(lines) + "\n"
+
+
+def _buffer_label(b: Buffer) -> str:
+    copies = f"x{b.copies}" if b.copies > 1 else ""
+    return f"{b.name}[{' '.join(str(e) for _, e in b.shape)}]{copies}"
 
 
 def _arg(expr: object) -> str:

@@ -120,3 +120,11 @@ def test_a_box_reading_an_output_uses_the_value_on_chip() -> None:
     t, v = sympy.symbols("t v", positive=True)
     assert sympy.simplify(view.transfers() - (t * v + 2 * t)) == 0
     assert "mul(A, 2)" in render(cost_of(module.diagram("f"), schedule).program)
+
+
+def test_multi_buffered_chunks_grow_memory_not_transfers() -> None:
+    single, double = (cost(flash(), stages=n) for n in (1, 2))
+    assert single.first.transfers == double.first.transfers
+    # K and V chunks (2·sx·d) are held twice
+    assert sympy.expand(double.first.memory - single.first.memory - 2 * sx * 64) == 0
+    assert "V[sx 64]x2" in render(double.program)

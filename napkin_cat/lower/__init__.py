@@ -25,9 +25,9 @@ from napkin_cat.diagnostics import NapkinError, error
 from napkin_cat.lower import codegen as cg
 from napkin_cat.lower import jax as jax_target
 from napkin_cat.lower import pallas as pallas_target
-from napkin_cat.lower.jaxops import BIG, INF, TINY
 from napkin_cat.lower.layout import Layout, layout
 from napkin_cat.lower.runtime import helper_source
+from napkin_cat.lower.values import BIG, INF, TINY
 from napkin_cat.printer import print_diagram, print_step
 from napkin_cat.terms import Diagram, Partition, Schedule
 

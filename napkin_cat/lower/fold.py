@@ -21,8 +21,9 @@ from dataclasses import dataclass
 
 from napkin_cat.accumulators import AccumulatorPlan
 from napkin_cat.lower import codegen as cg
-from napkin_cat.lower.jaxops import Scope, Value, argument, emit_diagram, emit_node, mask_padded, saturate, transpose_to
+from napkin_cat.lower.jaxops import argument, emit_diagram, emit_node, mask_padded
 from napkin_cat.lower.layout import Layout
+from napkin_cat.lower.values import Scope, Value, saturate, transpose_to
 from napkin_cat.terms import Axes, Box
 
 __all__ = ["Slot", "emit_after", "emit_before", "emit_identity", "emit_step", "slots"]

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 from napkin_cat.lower import codegen as cg
 from napkin_cat.lower.fold import emit_after, emit_before, emit_identity, emit_step, slots
-from napkin_cat.lower.jaxops import Scope, Value, transpose_to
 from napkin_cat.lower.layout import Layout
+from napkin_cat.lower.values import Scope, Value, transpose_to
 
 __all__ = ["emit_function"]
 

@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from napkin_cat.lower import codegen as cg
 from napkin_cat.lower.fold import emit_after, emit_before, emit_identity, emit_step, slots
 from napkin_cat.lower.jax import all_axes, bind_inputs, rounded_nodes, size_of
-from napkin_cat.lower.jaxops import Scope, Value, transpose_to
 from napkin_cat.lower.layout import MIN_BLOCK, Layout
+from napkin_cat.lower.values import Scope, Value, transpose_to
 from napkin_cat.terms import Axes
 
 __all__ = ["emit_function"]

@@ -1,0 +1,158 @@
+"""Emitted values and the scope they live in, shared by the op table and both targets.
+
+A value being emitted is a ``Value``: a Python expression (usually a name) and the axis
+names of its dimensions, in order.  Boxes broadcast by axis name, exactly as the
+evaluator does: ``align`` transposes an operand and adds ``None`` dimensions.  ``Scope``
+says what the surrounding code knows: true sizes, in-code extents, each axis's global
+offset (a grid program's or a chunk's first position), axes squeezed out by the grid,
+which axes may be padded, the dot dtype and the arrays a ``dtype`` step rounds.
+
+Constants are saturated into f32 preserving order (``saturate``): ±inf becomes ±``INF``
+(0.7 of the f32 maximum: a finite mask value, pallas-notes §7), a finite value beyond f32
+(the accumulators' guard ``FLOAT_MAX``) becomes ±``BIG`` = ``INF / 2``, and a tiny
+non-zero value becomes the smallest normal f32, so the guarded stable forms keep their
+meaning: a fully masked row gives 0 from softmax, as in evaluate.py.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from napkin_cat.lower import codegen as cg
+from napkin_cat.terms import Axes, Cmp, IBin, Idx, IInt, IndexExpr, Logic, Pred
+
+__all__ = ["BIG", "INF", "TINY", "Scope", "Value", "align", "count", "index_expr", "position", "positions",
+           "predicate", "rounded", "saturate", "shape", "transpose_to"]
+
+F32 = np.finfo(np.float32)
+INF = float(np.float32(0.7 * float(F32.max)))
+BIG = float(np.float32(INF / 2))
+TINY = float(F32.tiny)
+
+
+@dataclass(frozen=True)
+class Value:
+    """An emitted array: a Python expression and the names of its dimensions."""
+
+    expr: ast.expr
+    axes: Axes
+    #: a Python number (a constant or a size), not yet a jax value
+    python: bool = False
+    #: an input block the wrapper zero-padded: its padded positions already hold 0
+    zero_padded: bool = False
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What emitted code can refer to at one point of a kernel (see module docstring)."""
+
+    block: cg.Block
+    sizes: Mapping[str, ast.expr]
+    extents: Mapping[str, ast.expr]
+    offsets: Mapping[str, ast.expr] = field(default_factory=dict)
+    squeezed: frozenset[str] = frozenset()
+    padded: frozenset[str] = frozenset()
+    dot_dtype: str = "float32"
+    batched_dot: bool = True
+    #: intermediate arrays a ``dtype`` step stores in a narrower format: name -> jnp dtype
+    rounded: Mapping[str, str] = field(default_factory=dict)
+
+    def keep(self, axes: Axes) -> Axes:
+        """The axes an in-kernel value has: the type less the squeezed grid axes."""
+        return tuple(a for a in axes if a not in self.squeezed)
+
+    def with_block(self, block: cg.Block, **changes: object) -> Scope:
+        return replace(self, block=block, **changes)  # type: ignore[arg-type]
+
+
+def saturate(value: float) -> ast.expr:
+    """A constant as f32 code, order-preserving (see module docstring)."""
+    if math.isinf(value):
+        return cg.name("INF") if value > 0 else ast.UnaryOp(ast.USub(), cg.name("INF"))
+    if abs(value) > float(F32.max):
+        return cg.name("BIG") if value > 0 else ast.UnaryOp(ast.USub(), cg.name("BIG"))
+    if value != 0 and abs(value) < TINY:
+        return cg.name("TINY") if value > 0 else ast.UnaryOp(ast.USub(), cg.name("TINY"))
+    return cg.const(float(value))
+
+
+# ---- shapes and positions ----------------------------------------------------------------
+
+
+def align(value: Value, axes: Axes) -> ast.expr:
+    """The value transposed and expanded to broadcast against ``axes`` (a superset)."""
+    if not value.axes:
+        return value.expr
+    present = tuple(a for a in axes if a in value.axes)
+    expr = value.expr
+    if present != value.axes:
+        perm = cg.tuple_([cg.const(value.axes.index(a)) for a in present])
+        expr = cg.call("jnp.transpose", expr, perm)
+    if len(present) < len(axes):
+        index = [ast.Slice() if a in value.axes else cg.const(None) for a in axes]
+        expr = cg.subscript(expr, index)
+    return expr
+
+
+def shape(axes: Axes, scope: Scope) -> ast.expr:
+    return cg.tuple_([scope.extents[a] for a in axes])
+
+
+def position(axis: str, axes: Axes, scope: Scope) -> ast.expr:
+    """Global positions along ``axis`` as an int array shaped like ``axes`` (a scalar if squeezed)."""
+    offset = scope.offsets.get(axis)
+    if axis in scope.squeezed:
+        assert offset is not None, axis
+        return offset
+    iota = cg.call("lax.broadcasted_iota", cg.attr("jnp.int32"), shape(axes, scope), cg.const(axes.index(axis)))
+    return iota if offset is None else cg.binop(iota, "+", offset)
+
+
+def index_expr(expr: IndexExpr, axes: Axes, scope: Scope) -> ast.expr:
+    if isinstance(expr, Idx):
+        return position(expr.axis, axes, scope)
+    if isinstance(expr, IInt):
+        return cg.const(expr.value)
+    assert isinstance(expr, IBin)
+    return cg.binop(index_expr(expr.left, axes, scope), expr.op, index_expr(expr.right, axes, scope))
+
+
+def predicate(pred: Pred, axes: Axes, scope: Scope) -> ast.expr:
+    if isinstance(pred, Cmp):
+        return cg.binop(index_expr(pred.left, axes, scope), pred.op, index_expr(pred.right, axes, scope))
+    assert isinstance(pred, Logic)
+    left = predicate(pred.left, axes, scope)
+    if pred.op == "not":
+        return cg.call("jnp.logical_not", left)
+    assert pred.right is not None
+    return cg.call("jnp.logical_and" if pred.op == "and" else "jnp.logical_or", left,
+                   predicate(pred.right, axes, scope))
+
+
+def positions(axes: Axes, target: Axes) -> ast.expr:
+    return cg.tuple_([cg.const(axes.index(a)) for a in target])
+
+
+def count(target: Axes, scope: Scope) -> ast.expr:
+    """The number of positions over the TRUE sizes of ``target`` (a float)."""
+    total: ast.expr = cg.call("float", scope.sizes[target[0]])
+    for a in target[1:]:
+        total = cg.binop(total, "*", scope.sizes[a])
+    return total
+
+
+def rounded(expr: ast.expr, dtype: str) -> ast.expr:
+    """``expr.astype(jnp.DTYPE).astype(jnp.float32)``: the value as the format stores it."""
+    narrow = cg.call(ast.Attribute(expr, "astype", ast.Load()), cg.attr(f"jnp.{dtype}"))
+    return cg.call(ast.Attribute(narrow, "astype", ast.Load()), cg.attr("jnp.float32"))
+
+
+def transpose_to(value: Value, axes: Axes) -> ast.expr:
+    """The value with exactly the axes ``axes`` in that order (a permutation)."""
+    assert sorted(value.axes) == sorted(axes), (value.axes, axes)
+    return align(value, axes)

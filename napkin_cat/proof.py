@@ -20,7 +20,7 @@ import numpy as np
 
 from napkin_cat import certify, kernel, rules
 from napkin_cat.accumulators import chunk
-from napkin_cat.diagnostics import Diagnostic, NapkinError, error
+from napkin_cat.diagnostics import Diagnostic, NapkinError, did_you_mean, error
 from napkin_cat.elaborate import load
 from napkin_cat.evaluate import FLOAT64, Named, evaluate_named
 from napkin_cat.terms import Diagram, LemmaDecl, Module, Partition, Place, Quantise, Rewrite, Step, TheoremDecl
@@ -112,8 +112,6 @@ def _apply(thm: kernel.Theorem, step: Step, lemmas: dict[str, LemmaDecl], level:
     if isinstance(step, Rewrite):
         lemma = lemmas.get(step.lemma)
         if lemma is None:
-            from napkin_cat.diagnostics import did_you_mean
-
             raise NapkinError(error("proof.unknown_lemma", step.span, did_you_mean(step.lemma, lemmas),
                                     name=step.lemma))
         cert = certify.certify_lemma(lemma, level)

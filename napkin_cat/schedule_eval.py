@@ -140,14 +140,18 @@ class _Runner:
         states: dict[str, State] = {n: tuple(Named((), np.float64(v)) for v in p.identity) for n, p in plans.items()}
         body = [n for n in nodes if phase[n.name] in ("chunk", "accumulate")]
         partial = tile.partial | {axis}
+        pieces: list[tuple[int, dict[str, Value]]] = []
         for start, extent, valid in self.tiles(loop, size, tile):
             sub_tile = tile.enter(axis, start, extent, valid)
             sub_tile = _Tile(sub_tile.extents, sub_tile.offsets, sub_tile.valid, sub_tile.full, partial)
             chunk = self.run(body, inner, self.slice_env(env | values, axis, start, extent), sub_tile)
+            pieces.append((valid, {n: v for n, v in chunk.items() if phase[n] == "chunk"}))
             for name, p in plans.items():
                 lifted = chunk[name]
                 assert isinstance(lifted, tuple)
                 states[name] = evaluate_named(p.combine, states[name] + lifted, dict(tile.full))
+        for name in pieces[0][1] if pieces else ():  # chunk values (outputs among them) written back
+            values[name] = _join([(v, p[name]) for v, p in pieces], axis)
         for name, p in plans.items():
             if axis in tile.partial:
                 values[name] = states[name]  # an enclosing stream of the same axis combines it

@@ -126,3 +126,17 @@ def _copy(thm: Theorem) -> Theorem:
     import copy
 
     return copy.copy(thm)
+
+
+def test_stream_of_a_woven_axis_writes_every_chunk() -> None:
+    """A stream over an axis nothing consumes is a sequential group: chunk outputs are kept."""
+    from napkin_cat import certify, kernel
+    from napkin_cat.elaborate import loads
+
+    module = loads("axis q, x\ndiagram f(S: [q x]) -> [q x], [q] {\n  E = exp(S)\n  return E, sum[x](E)\n}\n")
+    thm = kernel.stream(kernel.refl("t", module.diagram("f")), Partition("stream", "q", 2), certify.accumulator)
+    thm = kernel.stream(thm, Partition("stream", "x", 3, pad=True), certify.accumulator)
+    s = np.random.default_rng(3).standard_normal((5, 7))
+    e, total = run_schedule(thm, [s])
+    np.testing.assert_allclose(e, np.exp(s))
+    np.testing.assert_allclose(total, np.exp(s).sum(axis=1))

@@ -229,7 +229,7 @@ def cmd_derive(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     settings = {"hardware": args.hardware, "dtype": args.dtype} | {a: str(n) for a, n in sizes.items()}
     found = derive.derive(args.file, args.diagram, cost, settings=settings, max_rewrites=args.max_rewrites,
-                          budget=args.budget, seconds=args.seconds,
+                          budget=args.budget, seconds=args.seconds, lower=args.lower,
                           progress=lambda message: print(f"napkin derive: {message}", file=sys.stderr))
     search = found.search
     print(f"search stopped: {search.stopped} ({search.detail}); {len(search.candidates)} candidates checked "

@@ -1,7 +1,8 @@
 """``napkin derive``: search for the cheapest checked schedule and write it as a proof file.
 
 ``derive`` runs the untrusted search (``rewrite.search``) with the cost model as its cost
-function and a floating-point screen (``overflow_screen``), then ``proof_text`` writes the
+function, a floating-point screen (``overflow_screen``) and, when a kernel is wanted, a
+lowering screen (``lowering_screen``), then ``proof_text`` writes the
 winner as a theorem that ``napkin check`` accepts: a ``use`` of the source file by its
 path relative to the output, the steps, the modelled cost and tile sizes, and the
 runners-up with why each lost.  ``write`` writes the file and checks it again through
@@ -26,15 +27,17 @@ import sympy
 
 from napkin_cat import accumulators, cost, kernel, optimise, rules
 from napkin_cat import hardware as hw
+from napkin_cat.diagnostics import NapkinError
 from napkin_cat.elaborate import load
 from napkin_cat.evaluate import FLOAT64, Named, evaluate_named
+from napkin_cat.lower.layout import layout
 from napkin_cat.printer import print_step
 from napkin_cat.proof import CheckResult, check_file
-from napkin_cat.rewrite import Candidate, Costed, CostFn, Search, search
+from napkin_cat.rewrite import Candidate, Costed, CostFn, ScreenFn, Search, search
 from napkin_cat.terms import Axis, Box, Diagram, Param, Partition, Var
 
-__all__ = ["Derivation", "axes_of", "choose_tiles", "derive", "model_cost", "overflow_screen", "proof_text",
-           "write"]
+__all__ = ["Derivation", "axes_of", "choose_tiles", "derive", "lowering_screen", "model_cost", "overflow_screen",
+           "proof_text", "write"]
 
 #: input magnitude of the floating-point screen: exp of it overflows float64
 _SCREEN_SCALE = 1000.0
@@ -67,16 +70,19 @@ class Derivation:
             return ("Nothing helps: the diagram as written already fits one kernel and no checked rewrite or "
                     f"relabelling is cheaper ({baseline.cost.summary}).")
         closest = next((c for c in found.runners_up(len(found.candidates))
-                        if c.refused is None and any(isinstance(s, Partition) for s in c.steps)), None)
+                        if c.cost is not None and any(isinstance(s, Partition) for s in c.steps)), None)
         reason = f"; the closest, {closest.describe()}: {_why_lost(closest, best)}" if closest else ""
-        return ("Nothing helps: no checked rewrite or relabelling fits the hardware at these sizes, so the diagram "
-                f"stays as written{reason}.")
+        return ("Nothing helps: no checked rewrite or relabelling fits the hardware at these sizes (and passes "
+                f"the floating-point and lowering checks), so the diagram stays as written{reason}.")
 
 
 def derive(path: str | Path, diagram: str, cost_fn: CostFn, *, settings: Mapping[str, str] | None = None,
-           max_rewrites: int = 2, budget: int = 2000, seconds: float = 60.0,
+           max_rewrites: int = 2, budget: int = 2000, seconds: float = 60.0, lower: str | None = None,
            progress: Callable[[str], None] | None = None) -> Derivation:
     """Search ``diagram`` of the file at ``path`` for its cheapest fitting schedule.
+
+    With ``lower`` ("pallas" or "jax") only schedules that target can lower are accepted
+    (``lowering_screen``); every candidate passes ``overflow_screen``.
 
     ``settings`` (hardware, dtype, sizes, ...) are only recorded for the written file.
     Raises NapkinError if the file does not elaborate and KeyError for an unknown diagram.
@@ -85,11 +91,27 @@ def derive(path: str | Path, diagram: str, cost_fn: CostFn, *, settings: Mapping
     module = load(source)
     result = search(module, diagram, cost_fn, lemmas=rules.lemmas_in_scope(module),
                     theorem_name=f"{diagram}_derived", max_rewrites=max_rewrites, budget=budget, seconds=seconds,
-                    screen=overflow_screen, progress=progress)
+                    screen=_screens(lower), progress=progress)
     return Derivation(source, diagram, result, dict(settings or {}))
 
 
 # ---- the floating-point screen ----------------------------------------------------------
+
+
+def _screens(target: str | None) -> ScreenFn:
+    def screen(thm: kernel.Theorem, costed: Costed) -> str | None:
+        return overflow_screen(thm) or (lowering_screen(thm, costed, target) if target else None)
+
+    return screen
+
+
+def lowering_screen(thm: kernel.Theorem, costed: Costed, target: str) -> str | None:
+    """Why ``target`` cannot lower the theorem's schedule at the chosen tiles, or None."""
+    try:
+        layout(thm.name, thm.result, thm.schedule, costed.tiles, target)
+    except NapkinError as exc:
+        return f"the {target} lowering refuses it: {exc}"
+    return None
 
 
 def overflow_screen(thm: kernel.Theorem) -> str | None:

@@ -18,16 +18,17 @@ What is searched (architecture §3.1, paper R3-R8):
   since a later lemma may need the new order, but its relabellings are not searched again.
 - **Relabellings**: ``axis_roles`` reads how every box treats every axis (``kernel.
   treatment``): an axis every box weaves is a group candidate; an axis some box consumes
-  and none mixes is a stream candidate.  A ``Plan`` picks groups, at most one stream axis
-  (with a preferred accumulator when several are admissible) and one or two memory
+  and none mixes is a stream candidate.  A ``Plan`` picks groups, stream axes in order
+  (each with a preferred accumulator when several are admissible) and one or two memory
   levels, and with two levels which intermediates stay at the outer level (``place``); a
-  hill climb from the largest plan moves to the best neighbour (toggle a group, change the
-  stream axis or its accumulator, add or drop the second level, toggle a placement) until
-  none is cheaper.
+  hill climb from the largest plans moves to the best neighbour (toggle a group; add, drop
+  or replace a stream or change its accumulator; add or drop the second level; toggle a
+  placement) until none is cheaper.
 - **Cost**: one pluggable callable ``CostFn`` (the cost model, or anything else in
   tests) answers for a checked theorem its modelled cost, whether it fits the memory
-  capacities, and integer tile sizes.  A kernel-accepted candidate may still be screened
-  out by ``screen`` (the caller's floating-point check); it stays in the report with why.
+  capacities, and integer tile sizes.  A kernel-accepted candidate that fits may still be
+  screened out by ``screen`` (the caller's floating-point and lowering checks); it stays in
+  the report with why.
 
 The search stops when every reachable diagram was explored (``saturated``), after
 ``budget`` candidates (``budget``) or after ``seconds`` (``time``), and says which.
@@ -62,8 +63,8 @@ from napkin_cat.terms import (
     walk,
 )
 
-__all__ = ["Candidate", "CostFn", "Costed", "Plan", "Search", "accumulator_choices", "axis_roles", "batch_axes",
-           "group_axes", "intermediates", "plan_steps", "proposals", "search", "stream_axes"]
+__all__ = ["Candidate", "CostFn", "Costed", "Plan", "ScreenFn", "Search", "accumulator_choices", "axis_roles",
+           "batch_axes", "group_axes", "intermediates", "plan_steps", "proposals", "search", "stream_axes"]
 
 
 @dataclass(frozen=True)
@@ -87,8 +88,9 @@ class Costed:
 
 #: the pluggable cost function: a checked theorem -> its cost
 CostFn = Callable[[kernel.Theorem], Costed]
-#: an optional extra screen on accepted theorems: None if fine, else why it is rejected
-ScreenFn = Callable[[kernel.Theorem], "str | None"]
+#: an optional extra screen on accepted theorems that fit, given their cost (chosen tiles):
+#: None if fine, else why it is rejected
+ScreenFn = Callable[[kernel.Theorem, Costed], "str | None"]
 
 
 @dataclass(frozen=True)
@@ -136,14 +138,16 @@ class Search:
         return self.baseline.cost is None or not self.baseline.ok or self.best.cost.value < self.baseline.cost.value
 
     def runners_up(self, limit: int = 5) -> list[Candidate]:
-        """The next best fitting candidates, then the closest that do not fit, then refusals."""
+        """The next best fitting candidates, then those that fit but were screened out, then
+        the closest that do not fit, then the kernel's and the cost model's refusals."""
         ranked = sorted((c for c in self.candidates if c.ok and c is not self.best), key=_rank)
-        unfit = sorted((c for c in self.candidates if c.refused is None and c.cost is not None and not c.cost.fits),
-                       key=_rank)
-        refused = [c for c in self.candidates if c.refused is not None]
+        costed = [c for c in self.candidates if c.cost is not None and not c.ok]
+        screened = sorted((c for c in costed if c.refused is not None and c.cost and c.cost.fits), key=_rank)
+        unfit = sorted((c for c in costed if c.refused is None), key=_rank)
+        refused = [c for c in self.candidates if c.cost is None]
         shown: list[Candidate] = []
         seen = {self.best.describe(), _schedule_key(self.best)}
-        for c in ranked + unfit + refused:
+        for c in ranked + screened + unfit + refused:
             # the same proof reached with and without an explicit `via`, or the same schedule at the same
             # cost after a different neutral rewrite (contract_comm, say), is shown once
             keys = {c.describe(), _schedule_key(c)}
@@ -283,13 +287,13 @@ def accumulator_choices(diagram: Diagram, axis: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True, order=True)
 class Plan:
-    """A relabelling choice: grouped axes, a streamed axis and its accumulator, levels (1 or
-    2), and with two levels the intermediates kept at the outer one (R2; by default an
+    """A relabelling choice: grouped axes; streamed axes, outermost first, each with its
+    preferred accumulator (None: the kernel's first certified one); levels (1 or 2); and
+    with two levels the intermediates kept at the outer one (R2; by default an
     intermediate lives at the innermost partition's level)."""
 
     groups: tuple[str, ...] = ()
-    stream: str | None = None
-    via: str | None = None
+    streams: tuple[tuple[str, str | None], ...] = ()
     levels: int = 1
     placed: tuple[str, ...] = ()
 
@@ -314,8 +318,8 @@ def plan_steps(plan: Plan, diagram: Diagram) -> tuple[Partition | Place, ...]:
             if depth > 0 and axis in batch:
                 continue  # sub-tiling an independent-problem axis saves nothing
             steps.append(Partition("group", axis, _fresh(gprefix + axis, taken), level))
-        if plan.stream is not None:
-            steps.append(Partition("stream", plan.stream, _fresh(sprefix + plan.stream, taken), level, plan.via))
+        for axis, via in plan.streams:
+            steps.append(Partition("stream", axis, _fresh(sprefix + axis, taken), level, via))
     if plan.placed and plan.levels > 1:
         steps.append(Place(plan.placed, _LEVELS[0][0]))
     return tuple(steps)
@@ -338,18 +342,23 @@ def _fresh(name: str, taken: set[str]) -> str:
 
 
 def _neighbours(plan: Plan, diagram: Diagram) -> Iterator[Plan]:
-    groups, streams = group_axes(diagram), stream_axes(diagram)
+    groups, candidates = group_axes(diagram), stream_axes(diagram)
     for axis in groups:
         toggled = tuple(a for a in groups if (a in plan.groups) != (a == axis))
         yield replace(plan, groups=toggled)
-    for stream in (None, *streams):
-        if stream != plan.stream:
-            yield replace(plan, stream=stream, via=None)
-    if plan.stream is not None:
-        for via in (None, *accumulator_choices(diagram, plan.stream)):
-            if via != plan.via:
-                yield replace(plan, via=via)
-    if plan.groups or plan.stream:
+    streamed = [a for a, _ in plan.streams]
+    for k, (axis, via) in enumerate(plan.streams):
+        yield replace(plan, streams=plan.streams[:k] + plan.streams[k + 1:])  # drop it
+        for other in candidates:  # stream another axis in its place
+            if other not in streamed:
+                yield replace(plan, streams=(*plan.streams[:k], (other, None), *plan.streams[k + 1:]))
+        for choice in (None, *accumulator_choices(diagram, axis)):
+            if choice != via:
+                yield replace(plan, streams=(*plan.streams[:k], (axis, choice), *plan.streams[k + 1:]))
+    for other in candidates:  # stream one more axis, innermost
+        if other not in streamed:
+            yield replace(plan, streams=(*plan.streams, (other, None)))
+    if plan.groups or plan.streams:
         yield replace(plan, levels=3 - plan.levels, placed=())
     if plan.levels > 1:
         for name in intermediates(diagram):
@@ -358,8 +367,9 @@ def _neighbours(plan: Plan, diagram: Diagram) -> Iterator[Plan]:
 
 
 def _starts(diagram: Diagram) -> list[Plan]:
+    """Every group candidate grouped, with each single stream candidate, and with none."""
     groups = group_axes(diagram)
-    return [Plan(groups, stream) for stream in (*stream_axes(diagram), None)]
+    return [Plan(groups, ((axis, None),)) for axis in stream_axes(diagram)] + [Plan(groups)]
 
 
 # ---- the search -----------------------------------------------------------------------------
@@ -395,12 +405,12 @@ class _State:
             assert result.failure is not None
             cand = Candidate(steps, refused=f"refused by the kernel at step {result.step}: {result.failure.message}")
         else:
-            why = self.screen(result.theorem) if self.screen else None
             try:
                 cost = self.cost(result.theorem)
             except (NapkinError, ValueError) as exc:  # e.g. a level the hardware lacks (HardwareError)
                 cand = Candidate(steps, result.theorem, refused=f"the cost model refused it: {exc}")
             else:
+                why = self.screen(result.theorem, cost) if self.screen and cost.fits else None
                 cand = Candidate(steps, result.theorem, cost, refused=why)
         self.seen[steps] = cand
         now = time.monotonic()

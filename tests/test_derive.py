@@ -155,6 +155,16 @@ def test_spherical_attention_uses_the_l2_lemma_and_the_normalised_state() -> Non
     assert partitions(found) == [("group", "q", None), ("stream", "x", "normalised")]
 
 
+def test_mean_cross_entropy_streams_tokens_then_vocabulary_unless_the_lowering_cannot() -> None:
+    path = EXAMPLES / "cross_entropy.ncd"
+    sizes = {"t": 4096, "v": 65536}  # one token row of logits alone does not fit next to its labels
+    found = derive.derive(path, "mean_cross_entropy", derive.model_cost("h100", "bf16", sizes))
+    assert [(k, a) for k, a, _ in partitions(found)] == [("stream", "t"), ("stream", "v")]
+    for_jax = derive.derive(path, "mean_cross_entropy", derive.model_cost("h100", "bf16", sizes), lower="jax")
+    assert not for_jax.search.helps
+    assert "the jax lowering refuses it" in for_jax.verdict()
+
+
 def test_mlp_fuses_both_layers_streaming_the_hidden_axis() -> None:
     found = derived(EXAMPLES / "mlp.ncd", "mlp")
     assert lemmas_used(found) == []

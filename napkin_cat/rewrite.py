@@ -173,7 +173,13 @@ def _rank(c: Candidate) -> tuple[float, float, int, int, str]:
 
 
 class _Matcher:
-    """First-order matching of a lemma's left side, looking through let-bound names."""
+    """First-order matching of a lemma's left side, looking through let-bound names.
+
+    The kernel's instantiation rule matches the same way (injective axis map, variables
+    bound to sub-terms) but only on the term with the named bindings already inlined;
+    this search-side matcher also decides *which* names to inline, and stays out of the
+    trusted kernel, which re-checks every proposal anyway.
+    """
 
     def __init__(self, defs: Mapping[str, Expr]):
         self.defs = defs
@@ -240,7 +246,8 @@ def proposals(diagram: Diagram, lemmas: Mapping[str, LemmaDecl]) -> list[Rewrite
 def axis_roles(diagram: Diagram) -> dict[str, frozenset[str]]:
     """For each axis that reaches a box, how the boxes treat it (weaves, consumes, mixes).
 
-    Axes are listed in order of first appearance (inputs, then boxes).
+    Axes are listed in order of first appearance (inputs, then boxes).  The diagram is
+    expected unfolded (``kernel.unfold``): diagrams used as boxes are not looked into.
     """
     roles: dict[str, set[str]] = {a: set() for p in diagram.inputs for a in p.axes}
     for _, node in boxes(diagram):

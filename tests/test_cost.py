@@ -252,7 +252,7 @@ def test_one_tile_per_axis_costs_the_compulsory_traffic_on_generated_schedules()
     for example in sorted((ROOT / "examples").glob("*.ncd")):
         module = loads(example.read_text(), path=str(example))
         lines = [f'use "../examples/{example.name}"']
-        for diagram in module.diagrams:
+        for diagram in module.diagrams[:3]:  # a sample per file keeps the test fast
             for axis in (ax.name for ax in diagram.axes if ax.size is None):
                 lines += [f"theorem g_{diagram.name}_{kind}_{axis}: {diagram.name} {{ {kind} {axis} by t_{axis} }}"
                           for kind in ("group", "stream")]

@@ -214,6 +214,8 @@ def cmd_derive(args: argparse.Namespace) -> int:
         raise UsageError(f"-o expects a proof file name ending in .ncd, got {args.output!r}")
     if not out.parent.is_dir():
         raise UsageError(f"no such folder for -o: {out.parent}")
+    if out.resolve() == Path(args.file).resolve():
+        raise UsageError("-o names the source file itself; write the proof to another file")
     sizes = parse_sizes(args.size)
     axes = derive.axes_of(args.file, args.diagram)
     unknown = [a for a in sizes if a not in axes]

@@ -278,10 +278,12 @@ def test_cli_derive_writes_a_checked_proof_and_a_kernel(tmp_path: Path, capsys: 
     (["--size", "a=8", "--size", "b=8", "--size", "c=8", "-o", "X.txt"], "ending in .ncd"),
     (["--size", "a=8", "--size", "b=8", "--size", "c=8", "--hardware", "tpu", "-o", "X.ncd"], "no hardware profile"),
     (["--size", "a=8", "--size", "b=8", "--size", "c=8", "-o", "X.missing/out.ncd"], "no such folder"),
+    (["--size", "a=8", "--size", "b=8", "--size", "c=8", "-o", "SOURCE"], "the source file itself"),
 ])
 def test_cli_derive_usage_errors(argv: list[str], message: str, tmp_path: Path,
                                  capsys: pytest.CaptureFixture[str]) -> None:
     argv = [str(tmp_path / a) if a.startswith("X.") else a for a in argv]
+    argv = [str(EXAMPLES / "matmul.ncd") if a == "SOURCE" else a for a in argv]
     assert main(["derive", str(EXAMPLES / "matmul.ncd"), "matmul", *argv]) == 2
     assert message in capsys.readouterr().err
 

@@ -116,7 +116,6 @@ class _Builder:
         self.box = box
         self.axis = axis
         self.guard = guard
-        self.name = ""
         self.operands = tuple(Param(f"X{i}", a.axes) for i, a in enumerate(box.args))
         self.x = tuple(Var(p.name, p.axes) for p in self.operands)
 
@@ -125,7 +124,7 @@ class _Builder:
         lets = tuple(Let((n,), e) for n, e in body)
         types = tuple(o.axes for o in outputs)
         axes = _axis_table(*(p.axes for p in inputs), *types, *(e.axes for _, e in body), self.box.target)
-        return Diagram(f"{self.name}_{kind}", inputs, lets, outputs, types, axes)
+        return Diagram(kind, inputs, lets, outputs, types, axes)  # lowering prefixes generated names with it
 
     def shift(self, m: Expr) -> Expr:
         return _bin("maximum", m, Const(-FLOAT_MAX)) if self.guard else m
@@ -144,7 +143,6 @@ class _Builder:
         return tuple(Param(f"{n}{suffix}", t) for n, t in state)
 
     def build(self, name: str) -> AccumulatorPlan:
-        self.name = name
         box = self.box
         target = box.target
         if name in ("sum", "max", "min", "prod"):

@@ -298,3 +298,16 @@ def test_readme_derive_command_gives_the_theorem_shown(tmp_path: Path, monkeypat
     argv[argv.index("-o") + 1] = str(tmp_path / "derived.ncd")
     assert main(argv) == 0, capsys.readouterr().err
     assert found[2] in (tmp_path / "derived.ncd").read_text()
+
+
+def test_the_benchmark_generates_attention_diagrams_of_growing_size() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("derive_bench", ROOT / "benchmarks" / "derive_bench.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    small, large = (loads(bench.attention_source(n, k)).diagram("att") for n, k in ((0, 0), (8, 3)))
+    assert len(large.body) == len(small.body) + 8
+    assert len(large.inputs[0].axes) == len(small.inputs[0].axes) + 3
+    assert rewrite.group_axes(large)[:3] == ("b", "h", "n")  # the extra batch axes are group candidates

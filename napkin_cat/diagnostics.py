@@ -108,8 +108,6 @@ MESSAGES: dict[str, str] = {
     "lower.stream_mixed": "`{node}` ({op}) reads across positions of the streamed axis `{axis}`; rewrite it into "
         "a consuming box first",
     "lower.after_axis": "`{node}` needs the whole streamed axis `{axis}` after its accumulators finish (a second pass)",
-    "lower.chunk_output": "output `{output}` carries the streamed axis `{axis}`, which no box consumes; group "
-        "`{axis}` instead",
     "lower.reshape_padded": "`{node}` ({op}) reshapes axis `{axis}`, which is padded to whole blocks",
     "lower.no_pad": "`{node}` ({op}) consumes or mixes the padded axis `{axis}` and no padding value leaves it "
         "unchanged",

@@ -127,3 +127,17 @@ def test_interpret_false_on_cpu_is_jax_error() -> None:
     fn = lower(cases.theorems()["tiled_matmul"], target="pallas", tiles=cases.TILES).fn
     with pytest.raises(Exception, match="interpret mode"):
         fn(jnp.ones((16, 16)), jnp.ones((16, 16)), interpret=False)
+
+
+@pytest.mark.parametrize("target", ["pallas", "jax"])
+def test_stream_over_an_axis_no_box_consumes(target: str) -> None:
+    """A stream that nothing consumes is a sequential group: outputs are written per chunk,
+    beside accumulators of other outputs."""
+    mod = loads("axis t, v\ndiagram f(X: [t v], Y: [v]) -> [t v], [t] { return exp(X) * Y, sum[v](X) }\n")
+    schedule = Schedule((Partition("group", "t", 16), Partition("stream", "v", 16)))
+    fn = lower_schedule("f", mod.diagram("f"), schedule, target=target).fn
+    rng = np.random.default_rng(3)
+    x, y = rng.standard_normal((37, 21)), rng.standard_normal(21)
+    scaled, total = fn(jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32))
+    assert cases.relative_error(scaled, np.exp(x) * y) < cases.F32_TOL
+    assert cases.relative_error(total, x.sum(axis=1)) < cases.F32_TOL

@@ -65,7 +65,7 @@ def emit_before(lay: Layout, env: dict[str, Value], scope: Scope) -> None:
     _emit_phase(lay, ("before",), env, scope)
 
 
-def emit_identity(lay: Layout, scope: Scope) -> ast.expr:
+def emit_identity(lay: Layout, scope: Scope) -> ast.Tuple:
     """The initial carry: every state variable filled with its accumulator's identity."""
     items = []
     for slot in slots(lay, scope):

@@ -97,7 +97,8 @@ def _emit_stream(lay: Layout, env: dict[str, Value], scope: Scope) -> None:
                              offsets={**scope.offsets, axis: cg.name(start)})
     state = slots(lay, scope)
     names = [namer.fresh(s.hint) for s in state]
-    body.emit(cg.assign(names, cg.name(carry)))
+    buffers = [namer.fresh(f"out{k}") for k in lay.chunk_outputs]  # outputs written chunk by chunk
+    body.emit(cg.assign(names + buffers, cg.name(carry)))
     chunk_env = dict(env)
     for name, axes in lay.flat.inputs:
         if axis in axes:
@@ -105,7 +106,13 @@ def _emit_stream(lay: Layout, env: dict[str, Value], scope: Scope) -> None:
                              keywords=[cg.kw("axis", cg.const(axes.index(axis)))])
             chunk_env[name] = Value(body.bind(f"{name}_chunk", sliced), axes)
     carried = [Value(cg.name(n), s.axes) for n, s in zip(names, state, strict=True)]
-    body.emit(ast.Return(cg.tuple_(emit_step(lay, chunk_env, inner, carried))))
+    updated = emit_step(lay, chunk_env, inner, carried)
+    for k, buffer in zip(lay.chunk_outputs, buffers, strict=True):
+        out_type = lay.diagram.out_types[k]
+        value = transpose_to(chunk_env[lay.flat.outputs[k]], out_type)
+        updated.append(cg.call("lax.dynamic_update_slice_in_dim", cg.name(buffer), value, cg.name(start),
+                               keywords=[cg.kw("axis", cg.const(out_type.index(axis)))]))
+    body.emit(ast.Return(cg.tuple_(updated)))
     block.emit(cg.function(step, [carry, start, size], body.stmts))
     full = block.bind("full_chunks", cg.binop(size_of(axis), "//", tile))
     j, c = namer.fresh("j"), namer.fresh("c")
@@ -113,12 +120,20 @@ def _emit_stream(lay: Layout, env: dict[str, Value], scope: Scope) -> None:
                                    kw_defaults=[], kwarg=None, defaults=[]),
                      cg.call(step, cg.name(c), cg.binop(cg.name(j), "*", tile), tile))
     state_name = namer.fresh("state")
-    block.emit(cg.assign(state_name, emit_identity(lay, scope)))
+    initial = emit_identity(lay, scope)
+    assert isinstance(initial, ast.Tuple)
+    for k in lay.chunk_outputs:
+        dims = cg.tuple_([size_of(a) for a in lay.diagram.out_types[k]])
+        initial.elts.append(cg.call("jnp.zeros", dims, cg.attr("jnp.float32")))
+    block.emit(cg.assign(state_name, initial))
     loop = cg.call("lax.fori_loop", cg.const(0), full, lam, cg.name(state_name))
     block.emit(ast.If(full, [cg.assign(state_name, loop)], []))  # sizes are static: a Python `if`
     tail = cg.binop(size_of(axis), "%", tile)
     ragged = cg.call(step, cg.name(state_name), cg.binop(full, "*", tile), tail)
     block.emit(ast.If(tail, [cg.assign(state_name, ragged)], []))
     finals = [namer.fresh(s.hint) for s in state]
-    block.emit(cg.assign(finals, cg.name(state_name)))
+    written = [namer.fresh(f"out{k}") for k in lay.chunk_outputs]
+    block.emit(cg.assign(finals + written, cg.name(state_name)))
     emit_after(lay, env, scope, [Value(cg.name(n), s.axes) for n, s in zip(finals, state, strict=True)])
+    for k, name in zip(lay.chunk_outputs, written, strict=True):
+        env[lay.flat.outputs[k]] = Value(cg.name(name), lay.diagram.out_types[k])

@@ -73,6 +73,14 @@ class Layout:
     padded_tiles: frozenset[str] = frozenset()
     derived: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
 
+    @property
+    def chunk_outputs(self) -> tuple[int, ...]:
+        """Outputs that carry the streamed axis (no box consumes it on their way): each
+        chunk of them is written as the stream passes, a sequential group (§3.1)."""
+        if self.stream is None:
+            return ()
+        return tuple(k for k, t in enumerate(self.diagram.out_types) if self.stream in t)
+
     def stored_as(self, name: str) -> str | None:
         """The jnp dtype name a ``dtype`` step stores this array in (None: the kernel's)."""
         for step in reversed(self.schedule.quantisations):
@@ -171,9 +179,6 @@ def layout(name: str, diagram: Diagram, schedule: Schedule, tiles: Mapping[str, 
                 if via is not None and via not in ops.accumulators_for(node.expr.op, node.expr.params):
                     via = None
                 plans[node.name] = plan(node.expr, stream, via)
-        for out in flat.outputs:
-            if phase.get(out) == "chunk":
-                raise NapkinError(error("lower.chunk_output", output=out, axis=stream))
     for step in schedule.quantisations:
         if step.dtype not in FORMATS:
             raise NapkinError(error("lower.dtype", dtype=step.dtype, known=", ".join(FORMATS)))

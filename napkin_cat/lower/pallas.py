@@ -152,8 +152,10 @@ def _emit_kernel(lay: Layout, params: Sequence[str], out_types: list[Axes], dtyp
             env[name] = Value(block.bind(f"{name}_block", _load(ref, ())), scope.keep(axes), zero_padded=True)
     emit_before(lay, env, scope)
     if lay.stream is not None:
-        _emit_loop(lay, env, scope, in_refs)
-    for (out, t), ref in zip(zip(lay.flat.outputs, out_types, strict=True), out_refs, strict=True):
+        _emit_loop(lay, env, scope, in_refs, out_refs)
+    for k, (out, t, ref) in enumerate(zip(lay.flat.outputs, out_types, out_refs, strict=True)):
+        if k in lay.chunk_outputs:
+            continue  # written chunk by chunk inside the loop
         value = transpose_to(env[out], scope.keep(t))
         cast = cg.call(ast.Attribute(value, "astype", ast.Load()), ast.Attribute(cg.name(ref), "dtype", ast.Load()))
         block.emit(ast.Assign([ast.Subscript(cg.name(ref), ast.Constant(Ellipsis), ast.Store())], cast, lineno=0))
@@ -167,7 +169,8 @@ def _load(ref: str, index: Sequence[ast.expr]) -> ast.expr:
                    cg.attr("jnp.float32"))
 
 
-def _emit_loop(lay: Layout, env: dict[str, Value], scope: Scope, in_refs: Sequence[str]) -> None:
+def _emit_loop(lay: Layout, env: dict[str, Value], scope: Scope, in_refs: Sequence[str],
+               out_refs: Sequence[str]) -> None:
     """``lax.fori_loop`` over the chunks of the padded stream axis; the carry is the states."""
     axis = lay.stream
     assert axis is not None
@@ -180,17 +183,26 @@ def _emit_loop(lay: Layout, env: dict[str, Value], scope: Scope, in_refs: Sequen
     inner = scope.with_block(body, offsets={**scope.offsets, axis: start})
     state = slots(lay, scope)
     names = [namer.fresh(s.hint) for s in state]
-    body.emit(cg.assign(names, cg.name(carry)))
+    if names:
+        body.emit(cg.assign(names, cg.name(carry)))
     chunk_env = dict(env)
     for (name, axes), ref in zip(lay.flat.inputs, in_refs, strict=True):
         if axis in axes:
             index = [cg.call("pl.ds", start, tile) if a == axis else ast.Slice() for a in scope.keep(axes)]
             chunk_env[name] = Value(body.bind(f"{name}_chunk", _load(ref, index)), scope.keep(axes), zero_padded=True)
     carried = [Value(cg.name(n), s.axes) for n, s in zip(names, state, strict=True)]
-    body.emit(ast.Return(cg.tuple_(emit_step(lay, chunk_env, inner, carried))))
+    updated = emit_step(lay, chunk_env, inner, carried)
+    for k in lay.chunk_outputs:  # a sequential group: store this chunk of the output
+        kept = scope.keep(lay.diagram.out_types[k])
+        value = transpose_to(chunk_env[lay.flat.outputs[k]], kept)
+        where = cg.tuple_([cg.call("pl.ds", start, tile) if a == axis else ast.Slice() for a in kept])
+        cast = cg.call(ast.Attribute(value, "astype", ast.Load()),
+                       ast.Attribute(cg.name(out_refs[k]), "dtype", ast.Load()))
+        body.emit(ast.Assign([ast.Subscript(cg.name(out_refs[k]), where, ast.Store())], cast, lineno=0))
+    body.emit(ast.Return(cg.tuple_(updated)))
     block.emit(cg.function(body_name, [j, carry], body.stmts))
     trips = cg.binop(extent_of(axis), "//", tile)
     finals = [namer.fresh(s.hint) for s in state]
     loop = cg.call("lax.fori_loop", cg.const(0), trips, cg.name(body_name), emit_identity(lay, scope))
-    block.emit(cg.assign(finals, loop))
+    block.emit(cg.assign(finals, loop) if finals else ast.Expr(loop))
     emit_after(lay, env, scope, [Value(cg.name(n), s.axes) for n, s in zip(finals, state, strict=True)])

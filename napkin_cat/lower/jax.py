@@ -5,7 +5,9 @@ vectorised over them (XLA on CPU gains nothing from an explicit grid).  The stre
 axis becomes a ``lax.fori_loop`` over full chunks whose carry is the accumulator state,
 plus one last ragged chunk when the tile does not divide the size, so no padding or
 masking is needed and memory stays O(chunk) instead of O(whole axis).  ``fori_loop``
-with static bounds lowers to ``scan``, so ``jax.grad`` works through it.
+with static bounds lowers to ``scan``, so ``jax.grad`` works through it; the step is
+``jax.checkpoint``-ed, so the backward pass stores one carry per chunk and recomputes
+the chunk's intermediates (as FlashAttention's backward recomputes the scores).
 """
 
 from __future__ import annotations
@@ -114,6 +116,11 @@ def _emit_stream(lay: Layout, env: dict[str, Value], scope: Scope) -> None:
                                keywords=[cg.kw("axis", cg.const(out_type.index(axis)))]))
     body.emit(ast.Return(cg.tuple_(updated)))
     block.emit(cg.function(step, [carry, start, size], body.stmts))
+    # rematerialise each chunk in the backward pass: jax.grad keeps one carry per chunk,
+    # not the chunk's intermediates (O(q·x) for attention scores)
+    static = cg.kw("static_argnums", cg.tuple_([cg.const(2)]))
+    checkpointed = cg.call("jax.checkpoint", cg.name(step), keywords=[static])
+    block.emit(cg.assign(step, checkpointed))
     full = block.bind("full_chunks", cg.binop(size_of(axis), "//", tile))
     j, c = namer.fresh("j"), namer.fresh("c")
     lam = ast.Lambda(ast.arguments(posonlyargs=[], args=[ast.arg(j), ast.arg(c)], vararg=None, kwonlyargs=[],

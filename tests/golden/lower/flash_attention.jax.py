@@ -72,6 +72,7 @@ def flash_attention(Q, K, V):
         combine_t_8 = combine_c2[:, None] * lift_o
         combine_o = combine_t_7 + combine_t_8
         return (combine_m, combine_l, combine_o)
+    step = jax.checkpoint(step, static_argnums=(2,))
     full_chunks = n['x'] // 32
     state = (jnp.full((n['q'],), -INF, jnp.float32), jnp.full((n['q'],), 0.0, jnp.float32), jnp.full((n['q'], n['d']), 0.0, jnp.float32))
     if full_chunks:

@@ -57,6 +57,7 @@ def flash_rms_attention(Q, K, V):
         combine_t_1 = O_o + lift_o
         combine_t_2 = O_z + lift_z
         return (combine_t_1, combine_t_2)
+    step = jax.checkpoint(step, static_argnums=(2,))
     full_chunks = n['x'] // 32
     state = (jnp.full((n['q'], n['d']), 0.0, jnp.float32), jnp.full((n['q'],), 0.0, jnp.float32))
     if full_chunks:

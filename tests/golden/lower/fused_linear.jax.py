@@ -51,6 +51,7 @@ def fused_linear(X, W, B):
         lift_s = jnp.einsum('ab,bc->ac', X_chunk, W_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
         combine_t_1 = t_1_s + lift_s
         return (combine_t_1,)
+    step = jax.checkpoint(step, static_argnums=(2,))
     full_chunks = n['d'] // 32
     state = (jnp.full((n['t'], n['f']), 0.0, jnp.float32),)
     if full_chunks:

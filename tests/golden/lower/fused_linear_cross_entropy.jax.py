@@ -67,6 +67,7 @@ def fused_linear_cross_entropy(H, W, L):
         lift_s = jnp.sum(t_2 * Z, axis=(1,))
         combine_t_1_2 = t_3_s + lift_s
         return (combine_m, combine_l, combine_t_1_2)
+    step = jax.checkpoint(step, static_argnums=(2,))
     full_chunks = n['v'] // 32
     state = (jnp.full((n['t'],), -INF, jnp.float32), jnp.full((n['t'],), 0.0, jnp.float32), jnp.full((n['t'],), 0.0, jnp.float32))
     if full_chunks:

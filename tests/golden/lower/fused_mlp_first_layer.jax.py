@@ -69,6 +69,7 @@ def fused_mlp_first_layer(X, W1, B1, W2, B2):
         lift_s = jnp.einsum('ab,bc->ac', H, W2_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
         combine_t_1 = t_3_s + lift_s
         return (combine_t_1,)
+    step = jax.checkpoint(step, static_argnums=(2,))
     full_chunks = n['f'] // 32
     state = (jnp.full((n['t'], n['d']), 0.0, jnp.float32),)
     if full_chunks:

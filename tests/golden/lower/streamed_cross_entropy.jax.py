@@ -64,6 +64,7 @@ def streamed_cross_entropy(Z, Y):
         lift_s = jnp.sum(Y_chunk * Z_chunk, axis=(1,))
         combine_t_1_2 = t_2_s + lift_s
         return (combine_m, combine_l, combine_t_1_2)
+    step = jax.checkpoint(step, static_argnums=(2,))
     full_chunks = n['v'] // 32
     state = (jnp.full((n['t'],), -INF, jnp.float32), jnp.full((n['t'],), 0.0, jnp.float32), jnp.full((n['t'],), 0.0, jnp.float32))
     if full_chunks:

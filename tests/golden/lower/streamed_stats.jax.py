@@ -69,6 +69,7 @@ def streamed_stats(X):
         lift_s_4 = jnp.sum(t_6, axis=(1,))
         combine_t_1_5 = t_7_s + lift_s_4
         return (combine_t_1, combine_t_1_2, combine_t_1_3, combine_m, combine_l, combine_t_1_5)
+    step = jax.checkpoint(step, static_argnums=(2,))
     full_chunks = n['v'] // 32
     state = (jnp.full((n['t'],), -INF, jnp.float32), jnp.full((n['t'],), INF, jnp.float32), jnp.full((n['t'],), 0.0, jnp.float32), jnp.full((n['t'],), -INF, jnp.float32), jnp.full((n['t'],), 0.0, jnp.float32), jnp.full((n['t'],), 0.0, jnp.float32))
     if full_chunks:

@@ -50,6 +50,7 @@ def tiled_matmul(A, B):
         lift_s = jnp.einsum('ab,bc->ac', A_chunk, B_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
         combine_t_1 = t_1_s + lift_s
         return (combine_t_1,)
+    step = jax.checkpoint(step, static_argnums=(2,))
     full_chunks = n['b'] // 32
     state = (jnp.full((n['a'], n['c']), 0.0, jnp.float32),)
     if full_chunks:

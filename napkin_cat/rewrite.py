@@ -158,8 +158,16 @@ class Search:
 
 
 def _schedule_key(c: Candidate) -> str:
-    relabelling = "; ".join(describe_step(s) for s in c.explicit if not isinstance(s, Rewrite))
-    return f"{relabelling} @ {c.cost.value:.6g}" if c.cost is not None and relabelling else c.describe()
+    """The relabelling as the kernel settled it (partitions, placements, the accumulator of
+    every consuming box) and its cost: two proofs with the same key differ only in a
+    neutral rewrite or in how ``via`` was spelled."""
+    if c.theorem is None or c.cost is None or not c.theorem.steps:
+        return c.describe()
+    sched = c.theorem.schedule
+    parts = [describe_step(replace(p, via=None)) for p in sched.partitions]
+    places = [describe_step(p) for p in sched.placements]
+    chosen = [f"{axis}:{name}" for axis, _, name in c.theorem.accumulators]
+    return f"{parts} {places} {chosen} @ {c.cost.value:.6g}"
 
 
 def _rank(c: Candidate) -> tuple[float, float, int, int, str]:

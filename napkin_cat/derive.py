@@ -71,7 +71,8 @@ class Derivation:
                     f"relabelling is cheaper ({baseline.cost.summary}).")
         closest = next((c for c in found.runners_up(len(found.candidates))
                         if c.cost is not None and any(isinstance(s, Partition) for s in c.steps)), None)
-        reason = f"; the closest, {closest.describe()}: {_why_lost(closest, best)}" if closest else ""
+        reason = f"; the closest, {closest.describe()}: {_why_lost(closest, best)}" if closest else \
+            (f"; the diagram as written: {baseline.refused}" if baseline.refused else "")
         return ("Nothing helps: no checked rewrite or relabelling fits the hardware at these sizes (and passes "
                 f"the floating-point and lowering checks), so the diagram stays as written{reason}.")
 

@@ -4,11 +4,11 @@ a ``Theorem``.  Every candidate is a ``TheoremDecl`` run through the kernel by
 
 What is searched (architecture §3.1, paper R3-R8):
 
-- **Rewrites**: the lemma library is matched against the diagram.  ``proposals`` walks
-  every binding's expression, looking through let-bound names where a lemma's pattern
-  needs a box, and proposes ``rewrite LEMMA at NAMES`` with the bindings it looked
-  through.  No lemma or box is recognised by name; a proposal the kernel refuses is
-  recorded and dropped.  Rewritten diagrams are explored best first (cheapest as
+The moves (lemma proposals by matching, relabelling plans from the axis roles) are in
+``napkin_cat.moves``; this module runs them through the kernel and the cost function.
+
+- **Rewrites**: the lemma library is matched against the diagram (``moves.proposals``);
+  a proposal the kernel refuses is recorded and dropped.  Rewritten diagrams are explored best first (cheapest as
   written first), up to ``max_rewrites`` applications deep.  A rewrite that makes the
   diagram as written costlier is pursued only if it changes how some box treats some
   axis (``axis_roles``), i.e. only if it can open a relabelling: moving work into a form
@@ -16,14 +16,9 @@ What is searched (architecture §3.1, paper R3-R8):
   an optimisation.  A diagram with the same typed boxes (up to operand order) and the same
   axis roles as one already searched (``contract_comm`` reorders operands) is expanded,
   since a later lemma may need the new order, but its relabellings are not searched again.
-- **Relabellings**: ``axis_roles`` reads how every box treats every axis (``kernel.
-  treatment``): an axis every box weaves is a group candidate; an axis some box consumes
-  and none mixes is a stream candidate.  A ``Plan`` picks groups, stream axes in order
-  (each with a preferred accumulator when several are admissible) and one or two memory
-  levels, and with two levels which intermediates stay at the outer level (``place``); a
-  hill climb from the largest plans moves to the best neighbour (toggle a group; add, drop
-  or replace a stream or change its accumulator; add or drop the second level; toggle a
-  placement) until none is cheaper.
+- **Relabellings**: on each rewritten diagram a hill climb over ``moves.Plan`` (groups,
+  ordered streams and their accumulators, one or two levels, placements) starts from the
+  largest plans and moves to the best neighbour until none is cheaper.
 - **Cost**: one pluggable callable ``CostFn`` (the cost model, or anything else in
   tests) answers for a checked theorem its modelled cost, whether it fits the memory
   capacities, and integer tile sizes.  A kernel-accepted candidate that fits may still be
@@ -39,32 +34,16 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
-from napkin_cat import kernel, ops
+from napkin_cat import kernel
 from napkin_cat.diagnostics import NapkinError
+from napkin_cat.moves import axis_roles, neighbours, plan_steps, proposals, signature, starts
 from napkin_cat.proof import check_theorem, describe_step
-from napkin_cat.terms import (
-    Box,
-    Const,
-    Diagram,
-    Expr,
-    LemmaDecl,
-    Module,
-    Partition,
-    Place,
-    Rewrite,
-    Size,
-    Step,
-    TheoremDecl,
-    Var,
-    boxes,
-    walk,
-)
+from napkin_cat.terms import Diagram, LemmaDecl, Module, Partition, Rewrite, Step, TheoremDecl
 
-__all__ = ["Candidate", "CostFn", "Costed", "Plan", "ScreenFn", "Search", "accumulator_choices", "axis_roles",
-           "batch_axes", "group_axes", "intermediates", "plan_steps", "proposals", "search", "stream_axes"]
+__all__ = ["Candidate", "CostFn", "Costed", "ScreenFn", "Search", "search"]
 
 
 @dataclass(frozen=True)
@@ -177,216 +156,6 @@ def _rank(c: Candidate) -> tuple[float, float, int, int, str]:
     return (c.cost.value, c.cost.footprint, len(c.steps), names, c.describe())
 
 
-# ---- lemma matching -----------------------------------------------------------------------
-
-
-class _Matcher:
-    """First-order matching of a lemma's left side, looking through let-bound names.
-
-    The kernel's instantiation rule matches the same way (injective axis map, variables
-    bound to sub-terms) but only on the term with the named bindings already inlined;
-    this search-side matcher also decides *which* names to inline, and stays out of the
-    trusted kernel, which re-checks every proposal anyway.
-    """
-
-    def __init__(self, defs: Mapping[str, Expr]):
-        self.defs = defs
-        self.vars: dict[str, Expr] = {}
-        self.axes: dict[str, str] = {}
-        self.through: list[str] = []
-
-    def axis(self, pattern: str, actual: str) -> bool:
-        if pattern in self.axes:
-            return self.axes[pattern] == actual
-        if actual in self.axes.values():
-            return False
-        self.axes[pattern] = actual
-        return True
-
-    def axis_list(self, pattern: tuple[str, ...], actual: tuple[str, ...]) -> bool:
-        return len(pattern) == len(actual) and all(self.axis(p, a) for p, a in zip(pattern, actual, strict=True))
-
-    def expr(self, pattern: Expr, actual: Expr) -> bool:
-        if isinstance(pattern, Var):
-            bound = self.vars.setdefault(pattern.name, actual)
-            return bound == actual
-        if isinstance(actual, Var) and actual.name in self.defs and actual.name not in self.through:
-            self.through.append(actual.name)
-            return self.expr(pattern, self.defs[actual.name])
-        if isinstance(pattern, Const):
-            return isinstance(actual, Const) and pattern.value == actual.value
-        if isinstance(pattern, Size):
-            return isinstance(actual, Size) and self.axis(pattern.axis, actual.axis)
-        return (isinstance(pattern, Box) and isinstance(actual, Box) and pattern.op == actual.op
-                and pattern.params == actual.params and actual.index is None and len(pattern.args) == len(actual.args)
-                and self.axis_list(pattern.target, actual.target) and self.axis_list(pattern.out, actual.out)
-                and all(self.expr(p, a) for p, a in zip(pattern.args, actual.args, strict=True)))
-
-
-def proposals(diagram: Diagram, lemmas: Mapping[str, LemmaDecl]) -> list[Rewrite]:
-    """Every ``rewrite LEMMA at NAMES`` whose left side matches a sub-term of a binding.
-
-    The root of each proposal is a single-name binding; the other names are the bindings
-    the match looked through (the kernel inlines exactly those).  Proposals are in body
-    order, then library order; duplicates are dropped.  Whether a proposal is admissible
-    (weaving of the matched variables, types) is the kernel's call.
-    """
-    defs = {let.names[0]: let.expr for let in diagram.body if len(let.names) == 1}
-    order = {name: i for i, name in enumerate(n for let in diagram.body for n in let.names)}
-    found: dict[tuple[str, tuple[str, ...]], Rewrite] = {}
-    for let in diagram.body:
-        if len(let.names) != 1:
-            continue
-        for node in walk(let.expr):
-            if isinstance(node, Var):
-                continue  # a match through a name is proposed at that name's own binding
-            for lemma in lemmas.values():
-                match = _Matcher(defs)
-                if match.expr(lemma.lhs, node):
-                    at = tuple(sorted(set(match.through) - {let.names[0]}, key=order.__getitem__)) + let.names
-                    found.setdefault((lemma.name, at), Rewrite(lemma.name, at))
-    return list(found.values())
-
-
-# ---- relabelling candidates ---------------------------------------------------------------
-
-
-def axis_roles(diagram: Diagram) -> dict[str, frozenset[str]]:
-    """For each axis that reaches a box, how the boxes treat it (weaves, consumes, mixes).
-
-    Axes are listed in order of first appearance (inputs, then boxes).  The diagram is
-    expected unfolded (``kernel.unfold``): diagrams used as boxes are not looked into.
-    """
-    roles: dict[str, set[str]] = {a: set() for p in diagram.inputs for a in p.axes}
-    for _, node in boxes(diagram):
-        if not isinstance(node, Box):
-            continue
-        for axis in dict.fromkeys(node.axes + node.target + tuple(a for x in node.args for a in x.axes)):
-            how = kernel.treatment(node, axis)
-            if how != "absent":
-                roles.setdefault(axis, set()).add(how)
-    return {a: frozenset(r) for a, r in roles.items() if r}
-
-
-def group_axes(diagram: Diagram) -> tuple[str, ...]:
-    """Axes every box weaves: tiles along them are independent (R3)."""
-    return tuple(a for a, r in axis_roles(diagram).items() if r == {"weaves"})
-
-
-def stream_axes(diagram: Diagram) -> tuple[str, ...]:
-    """Axes some box consumes and none mixes, and no output carries: stream candidates (R4).
-
-    An axis that survives to an output is still needed after its consumption (a second
-    pass over it), which no accumulator can stream.
-    """
-    outputs = {a for axes in diagram.out_types for a in axes}
-    return tuple(a for a, r in axis_roles(diagram).items()
-                 if "consumes" in r and "mixes" not in r and a not in outputs)
-
-
-def batch_axes(diagram: Diagram) -> tuple[str, ...]:
-    """Axes on every (non-scalar) input and every output: independent problems.  No array
-    is shared across them, so sub-tiling one at a faster level changes no transfer."""
-    arrays = [p.axes for p in diagram.inputs if p.axes] + list(diagram.out_types)
-    return tuple(a for a in (arrays[0] if arrays else ()) if all(a in axes for axes in arrays))
-
-
-def accumulator_choices(diagram: Diagram, axis: str) -> tuple[str, ...]:
-    """Accumulators admissible for some box consuming ``axis`` (the ``via`` choices)."""
-    names: list[str] = []
-    for _, node in boxes(diagram):
-        if isinstance(node, Box) and kernel.treatment(node, axis) == "consumes":
-            names.extend(ops.accumulators_for(node.op, node.params))
-    return tuple(dict.fromkeys(names))
-
-
-@dataclass(frozen=True, order=True)
-class Plan:
-    """A relabelling choice: grouped axes; streamed axes, outermost first, each with its
-    preferred accumulator (None: the kernel's first certified one); levels (1 or 2); and
-    with two levels the intermediates kept at the outer one (R2; by default an
-    intermediate lives at the innermost partition's level)."""
-
-    groups: tuple[str, ...] = ()
-    streams: tuple[tuple[str, str | None], ...] = ()
-    levels: int = 1
-    placed: tuple[str, ...] = ()
-
-
-#: the memory level of each partition level, and the tile-name prefixes used there
-_LEVELS: tuple[tuple[str, str, str], ...] = (("smem", "g", "s"), ("reg", "w", "r"))
-
-
-def plan_steps(plan: Plan, diagram: Diagram) -> tuple[Partition | Place, ...]:
-    """The steps of ``plan``: partitions, outer level first, groups before the stream; then
-    one ``place`` step for the intermediates kept at the outer level.
-
-    Tile sizes are symbols named after the axis (``gq`` groups q at smem, ``sx`` streams x,
-    ``wq``/``rx`` the same at registers), renamed apart from the diagram's axes.  The second
-    level re-partitions the same axes except batch axes (``batch_axes``).
-    """
-    taken = set(diagram.axis_sizes()) | {a for p in diagram.inputs for a in p.axes}
-    batch = batch_axes(diagram)
-    steps: list[Partition | Place] = []
-    for depth, (level, gprefix, sprefix) in enumerate(_LEVELS[: plan.levels]):
-        for axis in plan.groups:
-            if depth > 0 and axis in batch:
-                continue  # sub-tiling an independent-problem axis saves nothing
-            steps.append(Partition("group", axis, _fresh(gprefix + axis, taken), level))
-        for axis, via in plan.streams:
-            steps.append(Partition("stream", axis, _fresh(sprefix + axis, taken), level, via))
-    if plan.placed and plan.levels > 1:
-        steps.append(Place(plan.placed, _LEVELS[0][0]))
-    return tuple(steps)
-
-
-def intermediates(diagram: Diagram) -> tuple[str, ...]:
-    """Let-bound arrays that are not returned as they are: the placement candidates."""
-    returned = {o.name for o in diagram.outputs if isinstance(o, Var)}
-    return tuple(n for let in diagram.body for n in let.names if n not in returned)
-
-
-def _fresh(name: str, taken: set[str]) -> str:
-    candidate = name
-    for k in itertools.count(2):
-        if candidate not in taken:
-            break
-        candidate = f"{name}_{k}"
-    taken.add(candidate)
-    return candidate
-
-
-def _neighbours(plan: Plan, diagram: Diagram) -> Iterator[Plan]:
-    groups, candidates = group_axes(diagram), stream_axes(diagram)
-    for axis in groups:
-        toggled = tuple(a for a in groups if (a in plan.groups) != (a == axis))
-        yield replace(plan, groups=toggled)
-    streamed = [a for a, _ in plan.streams]
-    for k, (axis, via) in enumerate(plan.streams):
-        yield replace(plan, streams=plan.streams[:k] + plan.streams[k + 1:])  # drop it
-        for other in candidates:  # stream another axis in its place
-            if other not in streamed:
-                yield replace(plan, streams=(*plan.streams[:k], (other, None), *plan.streams[k + 1:]))
-        for choice in (None, *accumulator_choices(diagram, axis)):
-            if choice != via:
-                yield replace(plan, streams=(*plan.streams[:k], (axis, choice), *plan.streams[k + 1:]))
-    for other in candidates:  # stream one more axis, innermost
-        if other not in streamed:
-            yield replace(plan, streams=(*plan.streams, (other, None)))
-    if plan.groups or plan.streams:
-        yield replace(plan, levels=3 - plan.levels, placed=())
-    if plan.levels > 1:
-        for name in intermediates(diagram):
-            placed = tuple(n for n in intermediates(diagram) if (n in plan.placed) != (n == name))
-            yield replace(plan, placed=placed)
-
-
-def _starts(diagram: Diagram) -> list[Plan]:
-    """Every group candidate grouped, with each single stream candidate, and with none."""
-    groups = group_axes(diagram)
-    return [Plan(groups, ((axis, None),)) for axis in stream_axes(diagram)] + [Plan(groups)]
-
-
 # ---- the search -----------------------------------------------------------------------------
 
 
@@ -448,22 +217,14 @@ class _Stop(Exception):
 def _climb(state: _State, prefix: tuple[Step, ...], diagram: Diagram) -> None:
     """Hill-climb over plans on one (rewritten) diagram from each start to a local optimum;
     every candidate it evaluates is recorded in ``state``."""
-    for plan in _starts(diagram):
+    for plan in starts(diagram):
         current = state.evaluate(prefix + plan_steps(plan, diagram))
         while True:
-            moves = [(state.evaluate(prefix + plan_steps(p, diagram)), p) for p in _neighbours(plan, diagram)]
+            moves = [(state.evaluate(prefix + plan_steps(p, diagram)), p) for p in neighbours(plan, diagram)]
             better = [(c, p) for c, p in moves if c.ok and (not current.ok or _rank(c) < _rank(current))]
             if not better:
                 break
             current, plan = min(better, key=lambda cp: _rank(cp[0]))
-
-
-def _signature(diagram: Diagram) -> tuple[object, ...]:
-    """The typed boxes of a diagram up to operand order, with its axis roles."""
-    typed = sorted(repr((node.op, node.target, node.out, node.params, node.index, node.axes,
-                         sorted(a.axes for a in node.args)))
-                   for _, node in boxes(diagram) if isinstance(node, Box))
-    return tuple(typed), tuple(sorted(axis_roles(diagram).items()))
 
 
 def _costlier(child: Candidate, parent: Costed | None) -> bool:
@@ -497,9 +258,9 @@ def search(module: Module, diagram: str, cost: CostFn, *, lemmas: Mapping[str, L
         while frontier:
             _, depth, _, prefix, current = heapq.heappop(frontier)
             here = state.evaluate(prefix).cost
-            signature = _signature(current)
-            if signature not in climbed:  # a rewrite that only reorders operands is expanded, not re-climbed
-                climbed.add(signature)
+            key = signature(current)
+            if key not in climbed:  # a rewrite that only reorders operands is expanded, not re-climbed
+                climbed.add(key)
                 _climb(state, prefix, current)
             if depth >= max_rewrites:
                 beyond += len(proposals(current, lemmas))

@@ -1,0 +1,248 @@
+"""The moves of the schedule search (``rewrite.search``): lemma applications found by
+matching, and relabelling plans built from how the boxes treat the axes.  UNTRUSTED: it
+proposes proof steps; the kernel decides.
+
+- ``proposals``: every ``rewrite LEMMA at NAMES`` whose left side matches a sub-term of a
+  binding, looking through let-bound names where the pattern needs a box.  No lemma or
+  box is recognised by name.
+- ``axis_roles``: how the boxes treat each axis (``kernel.treatment``), which gives the
+  group candidates (every box weaves the axis, R3) and the stream candidates (some box
+  consumes it, none mixes it, no output carries it, R4).
+- ``Plan`` / ``plan_steps``: a relabelling (groups; ordered streams, each with a
+  preferred accumulator; one or two levels; placements) as proof steps with symbolic
+  tile names; ``neighbours`` and ``starts`` define the hill climb over plans.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
+
+from napkin_cat import kernel, ops
+from napkin_cat.terms import Box, Const, Diagram, Expr, LemmaDecl, Partition, Place, Rewrite, Size, Var, boxes, walk
+
+__all__ = ["Plan", "accumulator_choices", "axis_roles", "batch_axes", "group_axes", "intermediates", "neighbours",
+           "plan_steps", "proposals", "signature", "starts", "stream_axes"]
+
+
+# ---- lemma matching -----------------------------------------------------------------------
+
+
+class _Matcher:
+    """First-order matching of a lemma's left side, looking through let-bound names.
+
+    The kernel's instantiation rule matches the same way (injective axis map, variables
+    bound to sub-terms) but only on the term with the named bindings already inlined;
+    this search-side matcher also decides *which* names to inline, and stays out of the
+    trusted kernel, which re-checks every proposal anyway.
+    """
+
+    def __init__(self, defs: Mapping[str, Expr]):
+        self.defs = defs
+        self.vars: dict[str, Expr] = {}
+        self.axes: dict[str, str] = {}
+        self.through: list[str] = []
+
+    def axis(self, pattern: str, actual: str) -> bool:
+        if pattern in self.axes:
+            return self.axes[pattern] == actual
+        if actual in self.axes.values():
+            return False
+        self.axes[pattern] = actual
+        return True
+
+    def axis_list(self, pattern: tuple[str, ...], actual: tuple[str, ...]) -> bool:
+        return len(pattern) == len(actual) and all(self.axis(p, a) for p, a in zip(pattern, actual, strict=True))
+
+    def expr(self, pattern: Expr, actual: Expr) -> bool:
+        if isinstance(pattern, Var):
+            bound = self.vars.setdefault(pattern.name, actual)
+            return bound == actual
+        if isinstance(actual, Var) and actual.name in self.defs and actual.name not in self.through:
+            self.through.append(actual.name)
+            return self.expr(pattern, self.defs[actual.name])
+        if isinstance(pattern, Const):
+            return isinstance(actual, Const) and pattern.value == actual.value
+        if isinstance(pattern, Size):
+            return isinstance(actual, Size) and self.axis(pattern.axis, actual.axis)
+        return (isinstance(pattern, Box) and isinstance(actual, Box) and pattern.op == actual.op
+                and pattern.params == actual.params and actual.index is None and len(pattern.args) == len(actual.args)
+                and self.axis_list(pattern.target, actual.target) and self.axis_list(pattern.out, actual.out)
+                and all(self.expr(p, a) for p, a in zip(pattern.args, actual.args, strict=True)))
+
+
+def proposals(diagram: Diagram, lemmas: Mapping[str, LemmaDecl]) -> list[Rewrite]:
+    """Every ``rewrite LEMMA at NAMES`` whose left side matches a sub-term of a binding.
+
+    The root of each proposal is a single-name binding; the other names are the bindings
+    the match looked through (the kernel inlines exactly those).  Proposals are in body
+    order, then library order; duplicates are dropped.  Whether a proposal is admissible
+    (weaving of the matched variables, types) is the kernel's call.
+    """
+    defs = {let.names[0]: let.expr for let in diagram.body if len(let.names) == 1}
+    order = {name: i for i, name in enumerate(n for let in diagram.body for n in let.names)}
+    found: dict[tuple[str, tuple[str, ...]], Rewrite] = {}
+    for let in diagram.body:
+        if len(let.names) != 1:
+            continue
+        for node in walk(let.expr):
+            if isinstance(node, Var):
+                continue  # a match through a name is proposed at that name's own binding
+            for lemma in lemmas.values():
+                match = _Matcher(defs)
+                if match.expr(lemma.lhs, node):
+                    at = tuple(sorted(set(match.through) - {let.names[0]}, key=order.__getitem__)) + let.names
+                    found.setdefault((lemma.name, at), Rewrite(lemma.name, at))
+    return list(found.values())
+
+
+# ---- relabelling candidates ---------------------------------------------------------------
+
+
+def axis_roles(diagram: Diagram) -> dict[str, frozenset[str]]:
+    """For each axis that reaches a box, how the boxes treat it (weaves, consumes, mixes).
+
+    Axes are listed in order of first appearance (inputs, then boxes).  The diagram is
+    expected unfolded (``kernel.unfold``): diagrams used as boxes are not looked into.
+    """
+    roles: dict[str, set[str]] = {a: set() for p in diagram.inputs for a in p.axes}
+    for _, node in boxes(diagram):
+        if not isinstance(node, Box):
+            continue
+        for axis in dict.fromkeys(node.axes + node.target + tuple(a for x in node.args for a in x.axes)):
+            how = kernel.treatment(node, axis)
+            if how != "absent":
+                roles.setdefault(axis, set()).add(how)
+    return {a: frozenset(r) for a, r in roles.items() if r}
+
+
+def group_axes(diagram: Diagram) -> tuple[str, ...]:
+    """Axes every box weaves: tiles along them are independent (R3)."""
+    return tuple(a for a, r in axis_roles(diagram).items() if r == {"weaves"})
+
+
+def stream_axes(diagram: Diagram) -> tuple[str, ...]:
+    """Axes some box consumes and none mixes, and no output carries: stream candidates (R4).
+
+    An axis that survives to an output is still needed after its consumption (a second
+    pass over it), which no accumulator can stream.
+    """
+    outputs = {a for axes in diagram.out_types for a in axes}
+    return tuple(a for a, r in axis_roles(diagram).items()
+                 if "consumes" in r and "mixes" not in r and a not in outputs)
+
+
+def batch_axes(diagram: Diagram) -> tuple[str, ...]:
+    """Axes on every (non-scalar) input and every output: independent problems.  No array
+    is shared across them, so sub-tiling one at a faster level changes no transfer."""
+    arrays = [p.axes for p in diagram.inputs if p.axes] + list(diagram.out_types)
+    return tuple(a for a in (arrays[0] if arrays else ()) if all(a in axes for axes in arrays))
+
+
+def accumulator_choices(diagram: Diagram, axis: str) -> tuple[str, ...]:
+    """Accumulators admissible for some box consuming ``axis`` (the ``via`` choices)."""
+    names: list[str] = []
+    for _, node in boxes(diagram):
+        if isinstance(node, Box) and kernel.treatment(node, axis) == "consumes":
+            names.extend(ops.accumulators_for(node.op, node.params))
+    return tuple(dict.fromkeys(names))
+
+
+@dataclass(frozen=True, order=True)
+class Plan:
+    """A relabelling choice: grouped axes; streamed axes, outermost first, each with its
+    preferred accumulator (None: the kernel's first certified one); levels (1 or 2); and
+    with two levels the intermediates kept at the outer one (R2; by default an
+    intermediate lives at the innermost partition's level)."""
+
+    groups: tuple[str, ...] = ()
+    streams: tuple[tuple[str, str | None], ...] = ()
+    levels: int = 1
+    placed: tuple[str, ...] = ()
+
+
+#: the memory level of each partition level, and the tile-name prefixes used there
+_LEVELS: tuple[tuple[str, str, str], ...] = (("smem", "g", "s"), ("reg", "w", "r"))
+
+
+def plan_steps(plan: Plan, diagram: Diagram) -> tuple[Partition | Place, ...]:
+    """The steps of ``plan``: partitions, outer level first, groups before the stream; then
+    one ``place`` step for the intermediates kept at the outer level.
+
+    Tile sizes are symbols named after the axis (``gq`` groups q at smem, ``sx`` streams x,
+    ``wq``/``rx`` the same at registers), renamed apart from the diagram's axes.  The second
+    level re-partitions the same axes except batch axes (``batch_axes``).
+    """
+    taken = set(diagram.axis_sizes()) | {a for p in diagram.inputs for a in p.axes}
+    batch = batch_axes(diagram)
+    steps: list[Partition | Place] = []
+    for depth, (level, gprefix, sprefix) in enumerate(_LEVELS[: plan.levels]):
+        for axis in plan.groups:
+            if depth > 0 and axis in batch:
+                continue  # sub-tiling an independent-problem axis saves nothing
+            steps.append(Partition("group", axis, _fresh(gprefix + axis, taken), level))
+        for axis, via in plan.streams:
+            steps.append(Partition("stream", axis, _fresh(sprefix + axis, taken), level, via))
+    if plan.placed and plan.levels > 1:
+        steps.append(Place(plan.placed, _LEVELS[0][0]))
+    return tuple(steps)
+
+
+def intermediates(diagram: Diagram) -> tuple[str, ...]:
+    """Let-bound arrays that are not returned as they are: the placement candidates."""
+    returned = {o.name for o in diagram.outputs if isinstance(o, Var)}
+    return tuple(n for let in diagram.body for n in let.names if n not in returned)
+
+
+def _fresh(name: str, taken: set[str]) -> str:
+    candidate = name
+    for k in itertools.count(2):
+        if candidate not in taken:
+            break
+        candidate = f"{name}_{k}"
+    taken.add(candidate)
+    return candidate
+
+
+def neighbours(plan: Plan, diagram: Diagram) -> Iterator[Plan]:
+    """The plans one move away: toggle a group; drop, replace or add a stream, or change
+    its accumulator; add or drop the second level; toggle a placement."""
+    groups, candidates = group_axes(diagram), stream_axes(diagram)
+    for axis in groups:
+        toggled = tuple(a for a in groups if (a in plan.groups) != (a == axis))
+        yield replace(plan, groups=toggled)
+    streamed = [a for a, _ in plan.streams]
+    for k, (axis, via) in enumerate(plan.streams):
+        yield replace(plan, streams=plan.streams[:k] + plan.streams[k + 1:])  # drop it
+        for other in candidates:  # stream another axis in its place
+            if other not in streamed:
+                yield replace(plan, streams=(*plan.streams[:k], (other, None), *plan.streams[k + 1:]))
+        for choice in (None, *accumulator_choices(diagram, axis)):
+            if choice != via:
+                yield replace(plan, streams=(*plan.streams[:k], (axis, choice), *plan.streams[k + 1:]))
+    for other in candidates:  # stream one more axis, innermost
+        if other not in streamed:
+            yield replace(plan, streams=(*plan.streams, (other, None)))
+    if plan.groups or plan.streams:
+        yield replace(plan, levels=3 - plan.levels, placed=())
+    if plan.levels > 1:
+        for name in intermediates(diagram):
+            placed = tuple(n for n in intermediates(diagram) if (n in plan.placed) != (n == name))
+            yield replace(plan, placed=placed)
+
+
+def starts(diagram: Diagram) -> list[Plan]:
+    """Every group candidate grouped, with each single stream candidate, and with none."""
+    groups = group_axes(diagram)
+    return [Plan(groups, ((axis, None),)) for axis in stream_axes(diagram)] + [Plan(groups)]
+
+
+def signature(diagram: Diagram) -> tuple[object, ...]:
+    """The typed boxes of a diagram up to operand order (and axis order, which is layout,
+    not meaning), with its axis roles: diagrams with equal signatures have the same
+    relabellings at the same cost."""
+    typed = sorted(repr((node.op, node.target, node.out, node.params, node.index, sorted(node.axes),
+                         sorted(sorted(a.axes) for a in node.args)))
+                   for _, node in boxes(diagram) if isinstance(node, Box))
+    return tuple(typed), tuple(sorted(axis_roles(diagram).items()))

@@ -97,7 +97,7 @@ def test_source_is_deterministic_and_documented() -> None:
     compile(first.source, "<golden>", "exec")
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", cases.GOLDEN_NAMES)
 def test_golden_source(name: str) -> None:
     cases.check_golden(name, "jax", lower(cases.theorems()[name], target="jax", tiles=cases.TILES).source)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar, Union
+from typing import Union
 
 from napkin_cat.diagnostics import Span
 
@@ -25,17 +25,13 @@ Axes = tuple[str, ...]
 LEVELS: tuple[str, ...] = ("hbm", "l2", "smem", "reg")
 
 
-def _nospan() -> Span | None:
-    return field(default=None, compare=False, repr=False)  # type: ignore[return-value]
-
-
 @dataclass(frozen=True)
 class Axis:
     """A named axis with a concrete size or ``None`` for a symbolic one."""
 
     name: str
     size: int | None = None
-    span: Span | None = _nospan()
+    span: Span | None = field(default=None, compare=False, repr=False)
 
 
 # ---- index expressions and predicates (inside `where[...]` and `index[...]`) ----------
@@ -93,7 +89,7 @@ class Var:
 
     name: str
     axes: Axes
-    span: Span | None = _nospan()
+    span: Span | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -101,7 +97,7 @@ class Const:
     """A real constant (possibly ``inf`` or ``-inf``); a scalar with no axes."""
 
     value: float
-    span: Span | None = _nospan()
+    span: Span | None = field(default=None, compare=False, repr=False)
 
     @property
     def axes(self) -> Axes:
@@ -113,7 +109,7 @@ class Size:
     """The size of an axis used as a scalar, e.g. the ``d`` in ``rsqrt(d)``."""
 
     axis: str
-    span: Span | None = _nospan()
+    span: Span | None = field(default=None, compare=False, repr=False)
 
     @property
     def axes(self) -> Axes:
@@ -137,7 +133,7 @@ class Box:
     out: Axes = ()
     params: tuple[str, ...] = ()
     index: Pred | IndexExpr | None = None
-    span: Span | None = _nospan()
+    span: Span | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -151,7 +147,7 @@ class Apply:
     args: tuple[Expr, ...]
     woven: Axes
     types: tuple[Axes, ...]
-    span: Span | None = _nospan()
+    span: Span | None = field(default=None, compare=False, repr=False)
 
     @property
     def axes(self) -> Axes:
@@ -166,7 +162,7 @@ Expr = Union[Var, Const, Size, Box, Apply]
 class Param:
     name: str
     axes: Axes
-    span: Span | None = _nospan()
+    span: Span | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -175,7 +171,7 @@ class Let:
 
     names: tuple[str, ...]
     expr: Expr
-    span: Span | None = _nospan()
+    span: Span | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -188,7 +184,7 @@ class Diagram:
     outputs: tuple[Expr, ...]
     out_types: tuple[Axes, ...]
     axes: tuple[Axis, ...]
-    span: Span | None = _nospan()
+    span: Span | None = field(default=None, compare=False, repr=False)
 
     def axis_sizes(self) -> dict[str, int | None]:
         return {a.name: a.size for a in self.axes}
@@ -223,7 +219,7 @@ class Rewrite:
 
     lemma: str
     at: tuple[str, ...]
-    span: Span | None = _nospan()
+    span: Span | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -241,7 +237,7 @@ class Partition:
     level: str = "smem"
     via: str | None = None
     pad: bool = False
-    span: Span | None = _nospan()
+    span: Span | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -250,7 +246,7 @@ class Place:
 
     names: tuple[str, ...]
     level: str
-    span: Span | None = _nospan()
+    span: Span | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -260,7 +256,7 @@ class Quantise:
     names: tuple[str, ...]
     dtype: str
     tol: float
-    span: Span | None = _nospan()
+    span: Span | None = field(default=None, compare=False, repr=False)
 
 
 Step = Union[Rewrite, Partition, Place, Quantise]
@@ -288,7 +284,7 @@ class TheoremDecl:
     name: str
     diagram: str
     steps: tuple[Step, ...]
-    span: Span | None = _nospan()
+    span: Span | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -300,7 +296,7 @@ class LemmaDecl:
     lhs: Expr
     rhs: Expr
     axes: tuple[Axis, ...]
-    span: Span | None = _nospan()
+    span: Span | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -333,7 +329,6 @@ class Module:
 
 # ---- the generic fold ------------------------------------------------------------------------
 
-R = TypeVar("R")
 
 
 def children(expr: Expr) -> tuple[Expr, ...]:
@@ -343,7 +338,7 @@ def children(expr: Expr) -> tuple[Expr, ...]:
     return ()
 
 
-def fold(expr: Expr, visit: Callable[[Expr, tuple[R, ...]], R], memo: dict[int, R] | None = None) -> R:
+def fold[R](expr: Expr, visit: Callable[[Expr, tuple[R, ...]], R], memo: dict[int, R] | None = None) -> R:
     """Post-order fold: ``visit(node, results_of_children)``; shared nodes visited once."""
     memo = {} if memo is None else memo
     key = id(expr)
@@ -352,7 +347,7 @@ def fold(expr: Expr, visit: Callable[[Expr, tuple[R, ...]], R], memo: dict[int, 
     return memo[key]
 
 
-def run_diagram(
+def run_diagram[R](
     diagram: Diagram,
     inputs: Sequence[R],
     visit: Callable[[Expr, tuple[R, ...], Mapping[str, R]], R | tuple[R, ...]],

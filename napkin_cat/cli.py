@@ -304,7 +304,9 @@ def cmd_pseudo(args: argparse.Namespace) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="napkin", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        prog="napkin",
+        description="Neural circuit diagrams as text: check relabelling proofs, derive IO costs, lower to JAX kernels.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("parse", help="print the canonical form of an .ncd file")

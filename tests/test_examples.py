@@ -12,6 +12,7 @@ from scipy.special import erf, logsumexp
 
 import napkin_cat
 from napkin_cat.cli import main
+from napkin_cat.proof import check_module
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -121,8 +122,10 @@ def test_readme_ncd_blocks_elaborate_and_its_eval_line_is_current(capsys: pytest
     readme = (EXAMPLES.parent / "README.md").read_text()
     blocks = re.findall(r"```ncd\n(.*?)```", readme, flags=re.S)
     assert blocks, "README.md has no ncd code block"
-    for block in blocks:
-        assert napkin_cat.loads(block).diagrams
+    for block in blocks:  # a block is read as if it were a file in proofs/ (its `use` paths say so)
+        module = napkin_cat.loads(block, str(EXAMPLES.parent / "proofs" / "README.ncd"))
+        assert module.diagrams or module.theorems
+        assert all(result.ok for result in check_module(module))
     command, expected = re.search(r"\.venv/bin/napkin (eval [^\n]+)\n# (output [^\n]+)", readme).groups()  # type: ignore[union-attr]
     assert main(command.split()) == 0
     assert capsys.readouterr().out.strip() == expected

@@ -6,7 +6,8 @@ to a bound, and each entry of the difference must simplify to 0.  Where ``Max``/
 occur (running maxima) the check splits into cases: for every ordering of the scalars
 inside them, the scalars are rewritten as t, t - p1, t - p1 - p2, ... with p_i >= 0,
 which decides every Max/Min and covers ties.
-T2, numeric: float64 evaluation on seeded random sizes and values (with fully masked
+T2, numeric: float64 evaluation at every size up to the lemma's reach, then on seeded
+random sizes and values (with fully masked
 rows for the accumulators with a running max) must agree to 1e-9.
 
 Accumulators are certified per consuming box signature (op, target, parameters,
@@ -23,8 +24,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, fields, is_dataclass
 from functools import cache
 from typing import Any
 
@@ -35,13 +36,14 @@ from napkin_cat import accumulators as acc
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.evaluate import FLOAT64, SYMBOLIC, Algebra, Named, evaluate_named
 from napkin_cat.kernel import typed_box
-from napkin_cat.terms import Axis, Box, Diagram, Expr, LemmaDecl, Param, Var
+from napkin_cat.terms import Axis, Box, Diagram, Expr, IInt, LemmaDecl, Param, Size, Var, walk
 
 __all__ = ["LEVELS", "Certificate", "accumulator", "certify_lemma", "representative_boxes"]
 
 #: (symbolic size bound, random float64 cases) per level
 LEVELS: dict[str, tuple[int, int]] = {"quick": (2, 12), "full": (3, 60)}
 _MAX_ORDERED = 5  # at most 5! orderings per symbolic case
+_MAX_REACH = 12  # the largest size the float64 tier sweeps a lemma to (see _reach)
 
 
 @dataclass(frozen=True)
@@ -132,12 +134,47 @@ def _size_cases(axes: Sequence[str], bound: int) -> list[dict[str, int]]:
     return [dict(zip(axes, sizes, strict=True)) for sizes in itertools.product(range(1, bound + 1), repeat=len(axes))]
 
 
+def _reach(lemma: LemmaDecl) -> int:
+    """The largest axis size a bounded check of ``lemma`` must reach to see how sizes enter it.
+
+    Sizes enter values only through ``Size`` scalars, reductions and normalisations (each
+    a sum of |axis| terms, or a division by |axis|) and index expressions.  Two sides that
+    are rational in a size with k such sources agree at more than k sizes only if they are
+    equal, and an index predicate with integer coefficients c_i changes truth only at
+    positions below 1 + Σ|c_i| (Cauchy's root bound).  So a side can be made to agree up
+    to a size n only with n sources or constants summing to n: ``(x-1)(x-2)(x-3)(x-4)``,
+    ``where[x](x < 5, X, 0)``.  The check covers every size up to 2 + sources + constants.
+    """
+    sources, constants = 0, 0
+    for node in (n for side in (lemma.lhs, lemma.rhs) for n in walk(side)):
+        sources += isinstance(node, Size) or (isinstance(node, Box) and bool(node.target))
+        if isinstance(node, Box) and node.index is not None:
+            constants = max(constants, 1 + sum(abs(v) for v in _index_ints(node.index)))
+    return 2 + sources + constants
+
+
+def _index_ints(node: object) -> Iterator[int]:
+    if isinstance(node, IInt):
+        yield node.value
+    for f in fields(node) if is_dataclass(node) else ():
+        yield from _index_ints(getattr(node, f.name))
+
+
 @cache
 def certify_lemma(lemma: LemmaDecl, level: str = "quick") -> Certificate:
-    """Check ``lemma`` symbolically up to the level's size bound and numerically at random."""
+    """Check ``lemma`` symbolically up to the level's size bound and numerically at random.
+
+    The float64 tier also checks every size up to the lemma's reach (``_reach``): all axes
+    at each size 1..reach, then random sizes up to it.  A lemma reaching past
+    ``_MAX_REACH`` is refused: bounded certification cannot vouch for it.
+    """
     bound, cases = LEVELS[level]
     lhs, rhs = _side(lemma, lemma.lhs), _side(lemma, lemma.rhs)
     axes = [a.name for a in lemma.axes]
+    reach = _reach(lemma)
+    if reach > _MAX_REACH:
+        return Certificate(False, "reach", f"its sizes and index constants reach {reach}, past the {_MAX_REACH} "
+                                           "that bounded certification checks")
     checked, skipped = 0, 0
     for sizes in _size_cases(axes, bound):
         inputs = [_symbols(p.name, p.axes, sizes) for p in lemma.params]
@@ -156,10 +193,11 @@ def certify_lemma(lemma: LemmaDecl, level: str = "quick") -> Certificate:
         checked += 1
     rng = np.random.default_rng(0)
     numeric = 0
-    for _ in range(40 * cases):  # draws the lemma's reshapes do not admit are redrawn
-        if numeric == cases:
+    sweep = [dict.fromkeys(axes, n) for n in range(1, reach + 1)]
+    for draw in range(len(sweep) + 40 * cases):  # draws the lemma's reshapes do not admit are redrawn
+        if numeric == cases + len(sweep):
             break
-        sizes = {a: int(rng.integers(1, 5)) for a in axes}
+        sizes = sweep[draw] if draw < len(sweep) else {a: int(rng.integers(1, max(5, reach + 1))) for a in axes}
         inputs = [Named(p.axes, rng.standard_normal([sizes[a] for a in p.axes])) for p in lemma.params]
         try:
             left = evaluate_named(lhs, inputs, dict(sizes), FLOAT64)
@@ -173,7 +211,7 @@ def certify_lemma(lemma: LemmaDecl, level: str = "quick") -> Certificate:
     if checked == 0 or numeric == 0:
         return Certificate(False, "none", "no admissible sizes to check")
     extra = f", {skipped} too large for case splitting" if skipped else ""
-    return Certificate(True, f"sympy {checked} size cases ≤{bound}{extra}; float64 {numeric} random")
+    return Certificate(True, f"sympy {checked} size cases ≤{bound}{extra}; float64 {numeric} cases, sizes ≤{reach}")
 
 
 def _fmt(sizes: dict[str, int]) -> str:

@@ -29,7 +29,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import InitVar, dataclass, fields, replace
 
-from napkin_cat import ops
+from napkin_cat import ops, terms
 from napkin_cat.diagnostics import NapkinError, Span, error
 from napkin_cat.terms import (
     LEVELS,
@@ -122,7 +122,6 @@ class Theorem:
 
     def _repr_svg_(self) -> str:  # notebook display: the picture, not a kernel concern
         from napkin_cat.draw import draw_svg  # untrusted, imported only when displayed
-
         return draw_svg(self)
 
 
@@ -160,10 +159,9 @@ def _boxes(diagram: Diagram) -> list[tuple[str, Box]]:
     out: list[tuple[str, Box]] = []
     for where, expr in [(f"binding `{let.names[0]}`", let.expr) for let in diagram.body] + \
             [("the returned expression", o) for o in diagram.outputs]:
-        for n in walk(expr):
-            if isinstance(n, Box):
-                inside = f"[{' '.join(n.target)}{'; ' + ', '.join(n.params) if n.params else ''}]" if n.target else ""
-                out.append((f"`{n.op}{inside}` ({where})", n))
+        for n in (n for n in walk(expr) if isinstance(n, Box)):
+            inside = f"[{' '.join(n.target)}{'; ' + ', '.join(n.params) if n.params else ''}]" if n.target else ""
+            out.append((f"`{n.op}{inside}` ({where})", n))
     return out
 
 
@@ -175,7 +173,6 @@ def _no_schedule(thm: Theorem, rule: str, span: Span | None) -> None:
     if thm.schedule != _EMPTY:
         raise KernelError(rule, "the diagram already carries a schedule (group/stream/place/dtype); "
                                 "rewrite first, then relabel", span)
-
 
 
 def refl(name: str, diagram: Diagram) -> Theorem:
@@ -208,7 +205,6 @@ def trans(first: Theorem, second: Theorem) -> Theorem:
     if second.schedule != _EMPTY:
         raise KernelError("trans", "the second theorem carries a schedule; relabel after the last rewrite")
     return _extend(first, None, second.trust, result=second.result, steps=first.steps + second.steps)
-
 
 
 def rewrite(thm: Theorem, lemma: LemmaDecl, step: Rewrite, certified: Mapping[str, str]) -> Theorem:
@@ -342,10 +338,16 @@ def _instantiate(lemma: LemmaDecl, vars_: dict[str, Expr], axes: dict[str, str],
             return expr
         named = tuple(axes[a] for a in expr.target + expr.out)
         return typed_box(expr.op, tuple(subst(a) for a in expr.args), named[:len(expr.target)],
-                         named[len(expr.target):], expr.params, expr.index)
+                         named[len(expr.target):], expr.params, _reindex(expr.index, axes))
 
     return subst(lemma.rhs)
 
+
+def _reindex(index: Pred | IndexExpr | None, axes: Mapping[str, str]) -> Pred | IndexExpr | None:
+    """σ on an index expression: its positions are along the box's axes, renamed with them."""
+    if isinstance(index, (terms.IBin, terms.Cmp, terms.Logic)):
+        return replace(index, left=_reindex(index.left, axes), right=_reindex(index.right, axes))  # type: ignore[arg-type]
+    return terms.Idx(axes[index.axis]) if isinstance(index, terms.Idx) else index
 
 
 def _nest(thm: Theorem, step: Partition) -> tuple[Divides, ...]:
@@ -475,8 +477,7 @@ def place(thm: Theorem, step: Place) -> Theorem:
     is the cost model's concern, not an equality's.
     """
     _arrays(thm, step.names, "place", step.span)
-    return _extend(thm, step, ("place",), schedule=replace(thm.schedule,
-                                                           placements=(*thm.schedule.placements, step)))
+    return _extend(thm, step, ("place",), schedule=replace(thm.schedule, placements=(*thm.schedule.placements, step)))
 
 
 def quantise(thm: Theorem, step: Quantise) -> Theorem:
@@ -490,8 +491,7 @@ def quantise(thm: Theorem, step: Quantise) -> Theorem:
     if step.dtype not in DTYPE_ROUNDOFF:
         raise KernelError("dtype", f"unknown number format `{step.dtype}` (known: {', '.join(DTYPE_ROUNDOFF)})",
                           step.span)
-    roundoff = DTYPE_ROUNDOFF[step.dtype]
-    if not math.isfinite(step.tol) or step.tol < roundoff:
+    if not math.isfinite(step.tol) or step.tol < (roundoff := DTYPE_ROUNDOFF[step.dtype]):
         raise KernelError("dtype", f"tolerance {step.tol:g} is below the unit roundoff {roundoff:g} of "
                                    f"{step.dtype}; an approximation cannot claim more than its format", step.span)
     schedule = replace(thm.schedule, quantisations=(*thm.schedule.quantisations, step))

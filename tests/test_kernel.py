@@ -6,10 +6,12 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from napkin_cat import kernel, rules
 from napkin_cat.elaborate import loads
+from napkin_cat.evaluate import FLOAT64, Named, evaluate_named
 from napkin_cat.kernel import KernelError, Theorem
 from napkin_cat.terms import Box, Const, Diagram, Partition, Place, Quantise, Rewrite, Var
 
@@ -91,6 +93,31 @@ def test_rewrite_instantiates_with_woven_axes() -> None:
     assert isinstance(let.expr, Box) and let.expr.op == "ncontract" and let.expr.params == ("exp", "exp", "id")
     assert set(let.expr.axes) == {"q", "d"}
     assert "congruence" in thm.trust and any(t.startswith("lemma softmax_contract") for t in thm.trust)
+
+
+SWAPPED_INDEX = """
+axis x, y
+lemma tri(A: [x y]) : sum[x y](A) = sum[x y](A) + sum[x y](index[x y](x)) * 2 - y * x * (x - 1)
+diagram f(S: [x y]) -> [] {
+  T = sum[y x](S)
+  return T
+}
+"""
+
+
+def test_rewrite_renames_the_axes_of_index_expressions() -> None:
+    """σ maps the lemma's x to y and y to x: `index[x y](x)` must become `index[y x](y)`.
+
+    Left with the lemma's name, the position read would be along the other axis (Σ index
+    would be |x||y|(|x|-1)/2, not |x||y|(|y|-1)/2), and the rewrite would change the diagram's value.
+    """
+    module = loads(SWAPPED_INDEX)
+    lemma = module.lemmas[0]
+    thm = kernel.rewrite(kernel.refl("t", module.diagram("f")), lemma, Rewrite("tri", ("T",)), {"tri": "test"})
+    rng = np.random.default_rng(0)
+    arrays = [Named(("x", "y"), rng.standard_normal((3, 4)))]
+    (want,), (got,) = (evaluate_named(d, arrays, {"x": 3, "y": 4}, FLOAT64) for d in (thm.source, thm.result))
+    np.testing.assert_allclose(got.to(want.axes), want.data)
 
 
 def test_rewrite_refuses_uncertified_lemma() -> None:

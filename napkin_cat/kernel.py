@@ -397,8 +397,7 @@ def group(thm: Theorem, step: Partition) -> Theorem:
     assert step.kind == "group"
     constraints = _nest(thm, step)
     for label, box in _boxes(thm.result):
-        how = treatment(box, step.axis)
-        if how in ("consumes", "mixes"):
+        if (how := treatment(box, step.axis)) in ("consumes", "mixes"):
             why = ("a consumed axis can only be streamed" if how == "consumes"
                    else f"its outputs read every position along `{step.axis}`")
             raise KernelError("group", f"box {label} {how} axis `{step.axis}`; {why} (R3)", step.span)
@@ -427,10 +426,8 @@ def stream(thm: Theorem, step: Partition, accumulator: AccumulatorOracle) -> The
 
     def visit(node: Expr, kids: tuple[bool, ...], env: Mapping[str, bool]) -> bool:
         """True for a value that needs the finished stream (computed after a consumption)."""
-        if isinstance(node, Var):
-            return env[node.name]
         if not isinstance(node, Box):
-            return False
+            return isinstance(node, Var) and env[node.name]
         how, label = treatment(node, axis), labels[id(node)]
         if how == "mixes":
             raise KernelError("stream", f"box {label} mixes axis `{axis}` and has no accumulator; rewrite it "
@@ -443,15 +440,17 @@ def stream(thm: Theorem, step: Partition, accumulator: AccumulatorOracle) -> The
         return how == "consumes" or any(kids)
 
     run_diagram(thm.result, [False for _ in thm.result.inputs], visit)
-    if via is not None and not consumers:
-        raise KernelError("stream", f"`via {via}` names an accumulator but no box consumes `{axis}`", span)
     if via is not None and not any(via in names for _, names, _ in consumers):
-        raise KernelError("stream", f"accumulator `{via}` cannot stream {consumers[0][0]} along `{axis}`; "
-                                    f"admissible: {', '.join(consumers[0][1]) or 'none'}", span)
+        raise KernelError("stream", f"accumulator `{via}` cannot stream {consumers[0][0]} along `{axis}`; admissible: "
+                                    f"{', '.join(consumers[0][1]) or 'none'}" if consumers else
+                                    f"`via {via}` names an accumulator but no box consumes `{axis}`", span)
     chosen: list[tuple[str, Box, str]] = []
     trust: list[str] = []
     for label, names, box in consumers:
-        order = sorted(names, key=lambda n: n != via)  # the named accumulator first
+        if (prior := thm.accumulator_of(box, axis)) is not None and via in names and via != prior:
+            raise KernelError("nest", f"{label} streams `{axis}` via `{prior}` at an outer level; a nested stream "
+                                      f"continues that state (R8), so it cannot switch to `{via}`", span)
+        order = [prior] if prior else sorted(names, key=lambda n: n != via)  # the named accumulator first
         found = next(((n, how) for n in order if (how := accumulator(box, axis, n, step.pad)) is not None), None)
         if found is None:
             raise KernelError("stream", f"no certified accumulator{' with padding' if step.pad else ''} for "

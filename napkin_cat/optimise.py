@@ -227,8 +227,10 @@ def _candidates(extent: int, multiple: int, pow2: bool, lowest: int, pad: bool) 
         if (not pow2 or t & (t - 1) == 0) and (pad or extent % t == 0):
             values.append(t)
         t = t * 2 if pow2 and t & (t - 1) == 0 else t + step
-    if not values and (not pow2 or extent & (extent - 1) == 0):
-        values.append(extent)  # the whole axis as one tile is always a candidate
+    if not values:
+        # the whole axis as one tile is always a candidate: it partitions nothing, and the
+        # lowering pads a non-power-of-two block (as it pads an ungrouped axis, d=80 to 128)
+        values.append(extent)
     return values
 
 

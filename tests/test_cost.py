@@ -347,3 +347,15 @@ def test_quantisation_law_on_the_proved_theorems(path: str, name: str, ratio: fl
     wide, narrow = continuous(cost(thm, dtype="f16")), continuous(cost(thm, dtype="fp8e4m3"))
     assert wide is not None and narrow is not None
     assert sympy.simplify(leading(wide.in_bytes()) / leading(narrow.in_bytes()) - sympy.nsimplify(ratio)) == 0
+
+
+def test_a_whole_axis_tile_is_a_candidate_when_no_power_of_two_divides() -> None:
+    """Regression: grouping a value dimension e=48 (coalescing wants x64, Triton powers of two)
+    had no configuration at all, so `derive` found nothing for attention with e != d."""
+    module = loads("axis q, x\naxis d = 64\naxis e = 48\n"
+                   "diagram vdim(Q: [q d], K: [x d], V: [x e]) -> [q e] {\n"
+                   "  return ncontract[x; exp, exp, id](contract[d](Q, K), V)\n}\n")
+    sched = grid(("group", "q", "gq", "smem"), ("group", "e", "ge", "smem"), ("stream", "x", "sx", "smem"))
+    co = cost_of(module.diagram("vdim"), sched, sizes={"q": 4096, "x": 4096})
+    table = search(co)
+    assert table.rows and {row.tiles["ge"] for row in table.rows} == {48}

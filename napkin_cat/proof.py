@@ -149,6 +149,8 @@ def _counterexample(diagram: Diagram, step: Partition) -> str | None:
         whole = evaluate_named(diagram, inputs, dict(sizes), FLOAT64)
         n = sizes[step.axis]
         tiles = [(s, min(s + tile, n)) for s in range(0, n, tile) if step.pad or s + tile <= n]
+        if not tiles:
+            return f"with {_sizes(sizes)}, no whole tile of {tile} fits in the {n} positions of `{step.axis}`"
         pieces = [evaluate_named(diagram, [chunk(x, step.axis, a, b) for x in inputs],
                                  dict(sizes) | {step.axis: b - a}, FLOAT64) for a, b in tiles]
     except NapkinError:

@@ -490,8 +490,9 @@ def quantise(thm: Theorem, step: Quantise) -> Theorem:
     if step.dtype not in DTYPE_ROUNDOFF:
         raise KernelError("dtype", f"unknown number format `{step.dtype}` (known: {', '.join(DTYPE_ROUNDOFF)})",
                           step.span)
-    if not math.isfinite(step.tol) or step.tol < (roundoff := DTYPE_ROUNDOFF[step.dtype]):
-        raise KernelError("dtype", f"tolerance {step.tol:g} is below the unit roundoff {roundoff:g} of "
+    if not (roundoff := DTYPE_ROUNDOFF[step.dtype]) <= step.tol < math.inf:
+        why = "below the unit roundoff" if step.tol < roundoff else "not a finite bound at least the unit roundoff"
+        raise KernelError("dtype", f"tolerance {step.tol:g} is {why} {roundoff:g} of "
                                    f"{step.dtype}; an approximation cannot claim more than its format", step.span)
     schedule = replace(thm.schedule, quantisations=(*thm.schedule.quantisations, step))
     return _extend(thm, step, (f"approximation: {', '.join(step.names)} as {step.dtype} tol {step.tol:g}",),

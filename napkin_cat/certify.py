@@ -166,7 +166,10 @@ def certify_lemma(lemma: LemmaDecl, level: str = "quick") -> Certificate:
 
     The float64 tier also checks every size up to the lemma's reach (``_reach``): all axes
     at each size 1..reach, then random sizes up to it.  A lemma reaching past
-    ``_MAX_REACH`` is refused: bounded certification cannot vouch for it.
+    ``_MAX_REACH`` is refused: bounded certification cannot vouch for it.  A lemma with a
+    ``onehot`` box (a value read as a position) has no symbolic tier (a symbol is never
+    equal to a position, so sympy would see only rows of zeros); its float64 tier draws
+    integer-valued inputs in every other case, so both branches of the box are exercised.
     """
     bound, cases = LEVELS[level]
     lhs, rhs = _side(lemma, lemma.lhs), _side(lemma, lemma.rhs)
@@ -175,8 +178,9 @@ def certify_lemma(lemma: LemmaDecl, level: str = "quick") -> Certificate:
     if reach > _MAX_REACH:
         return Certificate(False, "reach", f"its sizes and index constants reach {reach}, past the {_MAX_REACH} "
                                            "that bounded certification checks")
+    labels = any(isinstance(n, Box) and n.op == "onehot" for side in (lemma.lhs, lemma.rhs) for n in walk(side))
     checked, skipped = 0, 0
-    for sizes in _size_cases(axes, bound):
+    for sizes in [] if labels else _size_cases(axes, bound):
         inputs = [_symbols(p.name, p.axes, sizes) for p in lemma.params]
         try:
             left = evaluate_named(lhs, inputs, dict(sizes), SYMBOLIC)
@@ -191,14 +195,32 @@ def certify_lemma(lemma: LemmaDecl, level: str = "quick") -> Certificate:
         if not same:
             return Certificate(False, "sympy", _witness(lemma, lhs, rhs, sizes))
         checked += 1
+    numeric, problem = _float64_tier(lemma, lhs, rhs, reach, cases, labels)
+    if problem is not None:
+        return Certificate(False, "float64", problem)
+    if (checked == 0 and not labels) or numeric == 0:
+        return Certificate(False, "none", "no admissible sizes to check")
+    extra = f", {skipped} too large for case splitting" if skipped else ""
+    symbolic = "no sympy (onehot)" if labels else f"sympy {checked} size cases ≤{bound}{extra}"
+    return Certificate(True, f"{symbolic}; float64 {numeric} cases, sizes ≤{reach}")
+
+
+def _float64_tier(lemma: LemmaDecl, lhs: Diagram, rhs: Diagram, reach: int, cases: int,
+                  labels: bool) -> tuple[int, str | None]:
+    """(cases checked, first disagreement): every size up to ``reach``, then random sizes;
+    with ``labels``, every other case draws integers in [-1, reach] instead of normals."""
     rng = np.random.default_rng(0)
+    axes = [a.name for a in lemma.axes]
     numeric = 0
     sweep = [dict.fromkeys(axes, n) for n in range(1, reach + 1)]
     for draw in range(len(sweep) + 40 * cases):  # draws the lemma's reshapes do not admit are redrawn
         if numeric == cases + len(sweep):
             break
         sizes = sweep[draw] if draw < len(sweep) else {a: int(rng.integers(1, max(5, reach + 1))) for a in axes}
-        inputs = [Named(p.axes, rng.standard_normal([sizes[a] for a in p.axes])) for p in lemma.params]
+        shapes = [[sizes[a] for a in p.axes] for p in lemma.params]
+        values = [rng.integers(-1, reach + 1, s).astype(float) if labels and draw % 2 else rng.standard_normal(s)
+                  for s in shapes]
+        inputs = [Named(p.axes, v) for p, v in zip(lemma.params, values, strict=True)]
         try:
             left = evaluate_named(lhs, inputs, dict(sizes), FLOAT64)
             right = evaluate_named(rhs, inputs, dict(sizes), FLOAT64)
@@ -206,12 +228,9 @@ def certify_lemma(lemma: LemmaDecl, level: str = "quick") -> Certificate:
             continue
         a, b = left[0].data, right[0].data if not left[0].axes else right[0].to(left[0].axes)
         if not np.allclose(a, b, rtol=1e-9, atol=1e-9, equal_nan=True):
-            return Certificate(False, "float64", f"sizes {_fmt(sizes)}: {np.ravel(a)[:3]} vs {np.ravel(b)[:3]}")
+            return numeric, f"sizes {_fmt(sizes)}: {np.ravel(a)[:3]} vs {np.ravel(b)[:3]}"
         numeric += 1
-    if checked == 0 or numeric == 0:
-        return Certificate(False, "none", "no admissible sizes to check")
-    extra = f", {skipped} too large for case splitting" if skipped else ""
-    return Certificate(True, f"sympy {checked} size cases ≤{bound}{extra}; float64 {numeric} cases, sizes ≤{reach}")
+    return numeric, None
 
 
 def _fmt(sizes: dict[str, int]) -> str:

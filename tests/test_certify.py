@@ -25,6 +25,9 @@ lemma swapped(S: [x], V: [x]) : contract[x](softmax[x](S), V) = ncontract[x; exp
 lemma shift_wrong(S: [x], V: [x]) :
   ncontract[x; exp, exp, id](S, V) = ncontract[x; exp, exp, id](S - min[x](S) * 2, V) * 2
 lemma max_order(A: [], B: []) : max(A, B) = A
+lemma vanishes_to_4(A: [x]) : sum[x](A) = sum[x](A) + (x - 1) * (x - 2) * (x - 3) * (x - 4)
+lemma cut_at_5(A: [x]) : sum[x](A) = sum[x](where[x](x < 5, A, 0))
+lemma labels_never_hit(L: []) : sum[x](onehot[x](L)) = L * 0
 """
 
 
@@ -40,6 +43,15 @@ def test_false_lemmas_are_caught(lemma) -> None:  # type: ignore[no-untyped-def]
     cert = certify.certify_lemma(lemma)
     assert not cert.ok
     assert cert.counterexample and "=" in cert.counterexample
+
+
+def test_bounded_checks_reach_past_the_lemma_constants() -> None:
+    """Sizes are swept to 2 + size sources + index constants; a lemma reaching too far is refused."""
+    far = loads("axis x\nlemma far(A: [x]) : sum[x](A) = sum[x](where[x](x < 100, A, 0))").lemmas[0]
+    assert certify.certify_lemma(far).how == "reach"
+    true = loads("axis x\nlemma hits(L: []) : sum[x](onehot[x](L)) * 0 = L * 0").lemmas[0]
+    cert = certify.certify_lemma(true)
+    assert cert.ok and cert.how.startswith("no sympy (onehot)"), cert
 
 
 def test_max_case_split_decides_running_maxima() -> None:

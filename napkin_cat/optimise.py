@@ -220,16 +220,21 @@ def _role(box: Box, axis: str) -> str | None:
 
 
 def _candidates(extent: int, multiple: int, pow2: bool, lowest: int, pad: bool) -> list[int]:
+    """Tile sizes for an axis of ``extent``: allowed sizes (multiples of ``multiple``, powers of
+    two if ``pow2``, at least ``lowest``) that divide it, or with ``pad`` any below it and the
+    first allowed size that covers it in one padded tile; else the whole axis as one tile."""
     values = []
     step = multiple
     t = max(multiple, math.ceil(lowest / multiple) * multiple)
-    while t <= extent:
+    while t < extent:
         if (not pow2 or t & (t - 1) == 0) and (pad or extent % t == 0):
             values.append(t)
         t = t * 2 if pow2 and t & (t - 1) == 0 else t + step
+    if (not pow2 or t & (t - 1) == 0) and (t == extent or pad):
+        values.append(t)
     if not values:
-        # the whole axis as one tile is always a candidate: it partitions nothing, and the
-        # lowering pads a non-power-of-two block (as it pads an ungrouped axis, d=80 to 128)
+        # the whole axis as one tile partitions nothing; the lowering pads a block that is not
+        # a power of two (as it pads an ungrouped axis, d=80 to 128)
         values.append(extent)
     return values
 

@@ -359,3 +359,14 @@ def test_a_whole_axis_tile_is_a_candidate_when_no_power_of_two_divides() -> None
     co = cost_of(module.diagram("vdim"), sched, sizes={"q": 4096, "x": 4096})
     table = search(co)
     assert table.rows and {row.tiles["ge"] for row in table.rows} == {48}
+
+
+def test_a_padded_axis_gets_a_power_of_two_tile_that_covers_it() -> None:
+    """Regression: `stream k by sk pad` with k=41 had only the raw 41 (or nothing) as a candidate,
+    a stream block the Pallas Triton lowering refuses; one padded block of 64 is legal."""
+    sched = Schedule((Partition("group", "i", "gi", "smem", pad=True), Partition("group", "j", "gj", "smem", pad=True),
+                      Partition("stream", "k", "sk", "smem", pad=True)))
+    co = cost_of(MODULE.diagram("product"), sched, sizes={"i": 100, "j": 77, "k": 41})
+    rows = search(co, top=50).rows
+    assert rows and all(t & (t - 1) == 0 for row in rows for t in row.tiles.values())
+    assert {row.tiles["sk"] for row in rows} == {64} and 128 in {row.tiles["gj"] for row in rows}

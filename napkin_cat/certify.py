@@ -36,7 +36,7 @@ from napkin_cat import accumulators as acc
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.evaluate import FLOAT64, SYMBOLIC, Algebra, Named, evaluate_named
 from napkin_cat.kernel import typed_box
-from napkin_cat.terms import Axis, Box, Diagram, Expr, IInt, LemmaDecl, Param, Size, Var, walk
+from napkin_cat.terms import Axis, Box, Const, Diagram, Expr, IInt, LemmaDecl, Param, Size, Var, walk
 
 __all__ = ["LEVELS", "Certificate", "accumulator", "certify_lemma", "representative_boxes"]
 
@@ -141,16 +141,22 @@ def _reach(lemma: LemmaDecl) -> int:
     a sum of |axis| terms, or a division by |axis|) and index expressions.  Two sides that
     are rational in a size with k such sources agree at more than k sizes only if they are
     equal, and an index predicate with integer coefficients c_i changes truth only at
-    positions below 1 + Σ|c_i| (Cauchy's root bound).  So a side can be made to agree up
-    to a size n only with n sources or constants summing to n: ``(x-1)(x-2)(x-3)(x-4)``,
-    ``where[x](x < 5, X, 0)``.  The check covers every size up to 2 + sources + constants.
+    positions below 1 + Σ|c_i| (Cauchy's root bound); a size-dependent value compared with
+    a constant c by a piecewise box (``relu(x - 10)``) changes only near c.  So a side can be
+    made to agree up to a size n only with n sources or constants as large as n:
+    ``(x-1)(x-2)(x-3)(x-4)``, ``where[x](x < 5, X, 0)``, ``relu(x - 10)``.  The check covers
+    every size up to 2 + sources + the largest constant (scalar constants count when the
+    lemma has a size source).
     """
-    sources, constants = 0, 0
+    sources, constants, scalars = 0, 0, [0.0]
     for node in (n for side in (lemma.lhs, lemma.rhs) for n in walk(side)):
         sources += isinstance(node, Size) or (isinstance(node, Box) and bool(node.target))
         if isinstance(node, Box) and node.index is not None:
             constants = max(constants, 1 + sum(abs(v) for v in _index_ints(node.index)))
-    return 2 + sources + constants
+        if isinstance(node, Const) and math.isfinite(node.value):
+            scalars.append(abs(node.value))
+    # a size compared with a constant by a piecewise box (relu(x - 10), min(x, 10)) is a step there
+    return 2 + sources + max(constants, math.ceil(max(scalars)) if sources else 0)
 
 
 def _index_ints(node: object) -> Iterator[int]:
@@ -176,7 +182,7 @@ def certify_lemma(lemma: LemmaDecl, level: str = "quick") -> Certificate:
     axes = [a.name for a in lemma.axes]
     reach = _reach(lemma)
     if reach > _MAX_REACH:
-        return Certificate(False, "reach", f"its sizes and index constants reach {reach}, past the {_MAX_REACH} "
+        return Certificate(False, "reach", f"its sizes and constants reach {reach}, past the {_MAX_REACH} "
                                            "that bounded certification checks")
     labels = any(isinstance(n, Box) and n.op == "onehot" for side in (lemma.lhs, lemma.rhs) for n in walk(side))
     checked, skipped = 0, 0

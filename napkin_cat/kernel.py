@@ -322,6 +322,9 @@ def _instantiate(lemma: LemmaDecl, vars_: dict[str, Expr], axes: dict[str, str],
                                              f"`{min((have - own) & image)}`, which the lemma's boxes act on, "
                                              "so it is not woven (R1)", span)
     for n in walk(lemma.rhs):
+        if isinstance(n, Apply):  # its arguments would escape σ: a lemma is stated on primitive boxes
+            raise KernelError("instantiate", f"lemma `{lemma.name}` uses diagram `{n.diagram.name}` as a box; "
+                                             "state lemmas on primitive boxes", span)
         names = (n.name,) if isinstance(n, Var) else (n.axis,) if isinstance(n, Size) else \
             n.target + n.out if isinstance(n, Box) else ()
         for name in names:
@@ -330,12 +333,9 @@ def _instantiate(lemma: LemmaDecl, vars_: dict[str, Expr], axes: dict[str, str],
                                                  "which its left side does not bind", span)
 
     def subst(expr: Expr) -> Expr:
-        if isinstance(expr, Var):
-            return vars_[expr.name]
-        if isinstance(expr, Size):
-            return Size(axes[expr.axis])
-        if not isinstance(expr, Box):
-            return expr
+        if not isinstance(expr, Box):  # Var, Size or Const
+            return vars_[expr.name] if isinstance(expr, Var) else \
+                Size(axes[expr.axis]) if isinstance(expr, Size) else expr
         named = tuple(axes[a] for a in expr.target + expr.out)
         return typed_box(expr.op, tuple(subst(a) for a in expr.args), named[:len(expr.target)],
                          named[len(expr.target):], expr.params, _reindex(expr.index, axes))

@@ -166,9 +166,10 @@ class Plan:
 _LEVELS: tuple[tuple[str, str, str], ...] = (("smem", "g", "s"), ("reg", "w", "r"))
 
 
-def plan_steps(plan: Plan, diagram: Diagram) -> tuple[Partition | Place, ...]:
+def plan_steps(plan: Plan, diagram: Diagram, pad: bool = False) -> tuple[Partition | Place, ...]:
     """The steps of ``plan``: partitions, outer level first, groups before the stream; then
-    one ``place`` step for the intermediates kept at the outer level.
+    one ``place`` step for the intermediates kept at the outer level.  With ``pad`` every
+    partition is ``pad`` (masked ragged tiles: no tile need divide its axis).
 
     Tile sizes are symbols named after the axis (``gq`` groups q at smem, ``sx`` streams x,
     ``wq``/``rx`` the same at registers), renamed apart from the diagram's axes.  The second
@@ -181,9 +182,9 @@ def plan_steps(plan: Plan, diagram: Diagram) -> tuple[Partition | Place, ...]:
         for axis in plan.groups:
             if depth > 0 and axis in batch:
                 continue  # sub-tiling an independent-problem axis saves nothing
-            steps.append(Partition("group", axis, _fresh(gprefix + axis, taken), level))
+            steps.append(Partition("group", axis, _fresh(gprefix + axis, taken), level, pad=pad))
         for axis, via in plan.streams:
-            steps.append(Partition("stream", axis, _fresh(sprefix + axis, taken), level, via))
+            steps.append(Partition("stream", axis, _fresh(sprefix + axis, taken), level, via, pad=pad))
     if plan.placed and plan.levels > 1:
         steps.append(Place(plan.placed, _LEVELS[0][0]))
     return tuple(steps)

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 
 from napkin_cat import kernel
 from napkin_cat.diagnostics import NapkinError
-from napkin_cat.moves import axis_roles, neighbours, plan_steps, proposals, signature, starts
+from napkin_cat.moves import Plan, axis_roles, neighbours, plan_steps, proposals, signature, starts
 from napkin_cat.proof import check_theorem, describe_step
 from napkin_cat.terms import Diagram, LemmaDecl, Module, Partition, Rewrite, Step, TheoremDecl
 
@@ -218,13 +218,24 @@ def _climb(state: _State, prefix: tuple[Step, ...], diagram: Diagram) -> None:
     """Hill-climb over plans on one (rewritten) diagram from each start to a local optimum;
     every candidate it evaluates is recorded in ``state``."""
     for plan in starts(diagram):
-        current = state.evaluate(prefix + plan_steps(plan, diagram))
+        current = _plan(state, prefix, plan, diagram)
         while True:
-            moves = [(state.evaluate(prefix + plan_steps(p, diagram)), p) for p in neighbours(plan, diagram)]
+            moves = [(_plan(state, prefix, p, diagram), p) for p in neighbours(plan, diagram)]
             better = [(c, p) for c, p in moves if c.ok and (not current.ok or _rank(c) < _rank(current))]
             if not better:
                 break
             current, plan = min(better, key=lambda cp: _rank(cp[0]))
+
+
+def _plan(state: _State, prefix: tuple[Step, ...], plan: Plan, diagram: Diagram) -> Candidate:
+    """The candidate of ``plan``; where no integer tiles that divide the axes fit (ragged
+    sizes: q=2000 has no power-of-two tile that is x64), the same plan with ``pad`` partitions
+    (masked ragged tiles) if that one fits."""
+    plain = state.evaluate(prefix + plan_steps(plan, diagram))
+    if plain.ok or plain.cost is None or plain.cost.tiles or not plain.theorem or not plain.theorem.schedule.partitions:
+        return plain
+    padded = state.evaluate(prefix + plan_steps(plan, diagram, pad=True))
+    return padded if padded.ok else plain
 
 
 def _costlier(child: Candidate, parent: Costed | None) -> bool:

@@ -285,3 +285,35 @@ def test_the_benchmark_generates_attention_diagrams_of_growing_size() -> None:
     assert len(large.body) == len(small.body) + 8
     assert len(large.inputs[0].axes) == len(small.inputs[0].axes) + 3
     assert moves.group_axes(large)[:3] == ("b", "h", "n")  # the extra batch axes are group candidates
+
+
+# ---- regressions from diagrams users write (found by red-teaming, not in examples/) -------------
+
+
+def _derive_text(text: str, diagram: str, sizes: dict[str, int], tmp_path: Path) -> derive.Derivation:
+    path = tmp_path / "user.ncd"
+    path.write_text(text, encoding="utf-8")
+    return derive.derive(path, diagram, derive.model_cost("h100", "bf16", sizes), max_rewrites=1, seconds=600,
+                         lower="pallas")
+
+
+def test_ragged_sizes_get_padded_partitions(tmp_path: Path) -> None:
+    """q=2000, x=3000 have no power-of-two tile that is x64: every unpadded plan had zero
+    configurations and derive said "nothing helps"; the same plan with `pad` fits."""
+    text = ("axis q, x\naxis d = 64\ndiagram attn(Q: [q d], K: [x d], V: [x d]) -> [q d] {\n"
+            "  P = softmax[x](contract[d](Q, K))\n  O = contract[x](P, V)\n  return O\n}\n")
+    found = _derive_text(text, "attn", {"q": 2000, "x": 3000}, tmp_path)
+    assert found.search.helps and found.best.theorem is not None
+    parts = [p for p in found.best.theorem.schedule.partitions if p.level == "smem"]
+    assert [(p.kind, p.axis, p.via, p.pad) for p in parts] == [("group", "q", None, True),
+                                                               ("stream", "x", "online_softmax", True)]
+    assert derive.write(found, tmp_path / "out.ncd").theorem is not None
+
+
+def test_a_value_dim_unlike_the_head_dim_is_derived(tmp_path: Path) -> None:
+    """V: [x e] with e=48: grouping e had no tile (none is a power of two and x64), which
+    stranded the search's starts; the whole axis is now a candidate."""
+    text = ("axis q, x\naxis d = 64\naxis e = 48\ndiagram attn(Q: [q d], K: [x d], V: [x e]) -> [q e] {\n"
+            "  P = softmax[x](contract[d](Q, K))\n  O = contract[x](P, V)\n  return O\n}\n")
+    found = _derive_text(text, "attn", {"q": 4096, "x": 4096}, tmp_path)
+    assert ("stream", "x", "online_softmax") in partitions(found)

@@ -447,9 +447,9 @@ def stream(thm: Theorem, step: Partition, accumulator: AccumulatorOracle) -> The
     chosen: list[tuple[str, Box, str]] = []
     trust: list[str] = []
     for label, names, box in consumers:
-        if (prior := thm.accumulator_of(box, axis)) is not None and via in names and via != prior:
-            raise KernelError("nest", f"{label} streams `{axis}` via `{prior}` at an outer level; a nested stream "
-                                      f"continues that state (R8), so it cannot switch to `{via}`", span)
+        if (prior := next((n for _, b, n in thm.accumulators if b == box), None)) and via in names and via != prior:
+            raise KernelError("nest", f"{label} is streamed via `{prior}` at an outer level; a nested stream (of "
+                                      f"any axis it consumes) continues that state (R8), not `{via}`", span)
         order = [prior] if prior else sorted(names, key=lambda n: n != via)  # the named accumulator first
         found = next(((n, how) for n in order if (how := accumulator(box, axis, n, step.pad)) is not None), None)
         if found is None:

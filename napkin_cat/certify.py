@@ -43,7 +43,7 @@ __all__ = ["LEVELS", "Certificate", "accumulator", "certify_lemma", "representat
 #: (symbolic size bound, random float64 cases) per level
 LEVELS: dict[str, tuple[int, int]] = {"quick": (2, 12), "full": (3, 60)}
 _MAX_ORDERED = 5  # at most 5! orderings per symbolic case
-_MAX_REACH = 12  # the largest size the float64 tier sweeps a lemma to (see _reach)
+_MAX_REACH = 24  # the largest size the float64 tier sweeps a lemma to (see _reach)
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from napkin_cat import accumulators as acc
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.evaluate import FLOAT64, SYMBOLIC, Algebra, Named, evaluate_named
 from napkin_cat.kernel import typed_box
-from napkin_cat.terms import Axis, Box, Const, Diagram, Expr, IInt, LemmaDecl, Param, Size, Var, walk
+from napkin_cat.terms import Axis, Box, Diagram, Expr, IInt, LemmaDecl, Param, Size, Var, walk
 
 __all__ = ["LEVELS", "Certificate", "accumulator", "certify_lemma", "representative_boxes"]
 
@@ -142,7 +142,8 @@ def _reach(lemma: LemmaDecl) -> int:
     are rational in a size with k such sources agree at more than k sizes only if they are
     equal, and an index predicate with integer coefficients c_i changes truth only at
     positions below 1 + Σ|c_i| (Cauchy's root bound); a size-dependent value compared with
-    a constant c by a piecewise box (``relu(x - 10)``) changes only near c.  So a side can be
+    a constant c by a piecewise box (``relu(x - 10)``) changes only near c, where a constant
+    is any closed scalar term (``exp(exp(2))`` counts as 1619).  So a side can be
     made to agree up to a size n only with n sources or constants as large as n:
     ``(x-1)(x-2)(x-3)(x-4)``, ``where[x](x < 5, X, 0)``, ``relu(x - 10)``.  The check covers
     every size up to 2 + sources + the largest constant (scalar constants count when the
@@ -153,10 +154,17 @@ def _reach(lemma: LemmaDecl) -> int:
         sources += isinstance(node, Size) or (isinstance(node, Box) and bool(node.target))
         if isinstance(node, Box) and node.index is not None:
             constants = max(constants, 1 + sum(abs(v) for v in _index_ints(node.index)))
-        if isinstance(node, Const) and math.isfinite(node.value):
-            scalars.append(abs(node.value))
+        if not node.axes and not any(isinstance(n, (Var, Size)) for n in walk(node)):  # a closed scalar term
+            scalars.append(abs(_closed_value(node)))
     # a size compared with a constant by a piecewise box (relu(x - 10), min(x, 10)) is a step there
-    return 2 + sources + max(constants, math.ceil(max(scalars)) if sources else 0)
+    finite = [v for v in scalars if math.isfinite(v)]
+    return 2 + sources + max(constants, math.ceil(max(finite)) if sources else 0)
+
+
+def _closed_value(expr: Expr) -> float:
+    """The float64 value of a term with no variables and no sizes (``exp(exp(2))``)."""
+    (value,) = evaluate_named(Diagram("closed", (), (), (expr,), ((),), ()), [], {}, FLOAT64)
+    return float(value.data)
 
 
 def _index_ints(node: object) -> Iterator[int]:

@@ -16,6 +16,7 @@ import pytest
 from napkin_cat import loads
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.lower import lower, lower_schedule
+from napkin_cat.proof import check_module
 from napkin_cat.terms import Partition, Schedule
 from tests import lower_cases as cases
 
@@ -141,3 +142,21 @@ def test_stream_over_an_axis_no_box_consumes(target: str) -> None:
     scaled, total = fn(jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32))
     assert cases.relative_error(scaled, np.exp(x) * y) < cases.F32_TOL
     assert cases.relative_error(total, x.sum(axis=1)) < cases.F32_TOL
+
+
+def test_bf16_dot_feeding_a_transpose_runs_in_interpret_mode() -> None:
+    """Regression: a bf16 x bf16 -> f32 dot whose result is transposed crashed XLA:CPU in
+    interpret mode (no DotThunk for that type); interpreting, operands are rounded to bf16
+    and multiplied in f32 (the same products), on a GPU they stay bf16."""
+    module = loads("axis q = 40\naxis x = 37\naxis d = 80\n"
+                   "diagram t(Q: [q d], K: [x d], V: [x d]) -> [d q] {\n"
+                   "  return transpose[d q](contract[x](softmax[x](contract[d](Q, K)), V))\n}\n"
+                   "theorem grouped_t: t {\n  group q by 32 pad\n}\n")
+    thm = check_module(module)[0].theorem
+    lowered = lower(thm, target="pallas", dtype="bfloat16")
+    assert "jnp.float32 if interpret else jnp.bfloat16" in lowered.source
+    rng = np.random.default_rng(3)
+    q, k, v = rng.standard_normal((40, 80)), rng.standard_normal((37, 80)), rng.standard_normal((37, 80))
+    got = lowered.fn(*[jnp.asarray(a, jnp.bfloat16) for a in (q, k, v)], interpret=True)
+    want = cases.reference(thm, [q, k, v], {"q": 40, "x": 37, "d": 80})[0]
+    assert got.dtype == jnp.bfloat16 and cases.relative_error(got, want) < cases.BF16_TOL

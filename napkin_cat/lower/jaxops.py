@@ -167,6 +167,8 @@ def _contract(box: Box, args: Sequence[Value], scope: Scope) -> Value:
             keywords.append(cg.kw("precision", cg.attr("lax.Precision.HIGHEST")))
         cast = [v.expr if scope.dot_dtype == "float32" else cg.call(ast.Attribute(v.expr, "astype", ast.Load()), dtype)
                 for v in operands]
+        if scope.dot_operand and scope.dot_dtype != "float32":
+            cast = [cg.call(ast.Attribute(c, "astype", ast.Load()), cg.name(scope.dot_operand)) for c in cast]
         return Value(cg.call("jnp.einsum", cg.const(spec), *cast, keywords=keywords), out)
     product = align(operands[0], everything)
     for v in operands[1:]:

@@ -80,6 +80,11 @@ def emit_function(lay: Layout, fname: str, params: Sequence[str], doc: str, dtyp
     block = cg.Block(namer)
     auto = cg.binop(cg.call("jax.default_backend"), "!=", cg.const("gpu"))
     block.emit(ast.If(cg.binop(cg.name("interpret"), "is", cg.const(None)), [cg.assign("interpret", auto)], []))
+    dot_operand = None
+    if dtype != "float32":  # interpret mode on CPU: round to the dot dtype, multiply in f32
+        choice = ast.IfExp(cg.name("interpret"), cg.attr("jnp.float32"), cg.attr(f"jnp.{dtype}"))
+        dot_operand = namer.fresh("dot_operand")
+        block.emit(cg.assign(dot_operand, choice))
     bind_inputs(lay, params, block)
     axes = all_axes(lay)
     block.emit(cg.assign("p", cg.dict_([(a, padded_extent(lay, a)) for a in axes])))
@@ -95,7 +100,7 @@ def emit_function(lay: Layout, fname: str, params: Sequence[str], doc: str, dtyp
                                 cg.const(lay.block(in_axes[k])))
         padded.append(block.bind(f"{param}_padded", value))
     out_types = list(lay.diagram.out_types)
-    kernel = _emit_kernel(lay, params, out_types, dtype, namer)
+    kernel = _emit_kernel(lay, params, out_types, dtype, namer, dot_operand)
     block.emit(kernel)
     shapes: list[ast.expr] = [cg.call("jax.ShapeDtypeStruct", cg.tuple_(stored_dims(lay, t)), storage)
                               for t in out_types]
@@ -130,7 +135,7 @@ def _grid_extent(lay: Layout, axis: str) -> ast.expr:
 
 
 def _emit_kernel(lay: Layout, params: Sequence[str], out_types: list[Axes], dtype: str,
-                 namer: cg.Namer) -> ast.FunctionDef:
+                 namer: cg.Namer, dot_operand: str | None = None) -> ast.FunctionDef:
     """The kernel body: grid offsets, block loads, the phases, the stream loop, stores."""
     block = cg.Block(namer)
     kname = namer.fresh("kernel")
@@ -144,7 +149,7 @@ def _emit_kernel(lay: Layout, params: Sequence[str], out_types: list[Axes], dtyp
     extents = {a: cg.const(lay.block(a)) if lay.kind(a) in ("grid", "stream") else extent_of(a)
                for a in all_axes(lay) if a not in lay.squeezed}
     scope = Scope(block, {a: size_of(a) for a in all_axes(lay)}, extents, offsets, lay.squeezed,
-                  frozenset(a for a in all_axes(lay) if lay.may_pad(a)), dtype, batched_dot=False,
+                  frozenset(a for a in all_axes(lay) if lay.may_pad(a)), dtype, dot_operand, batched_dot=False,
                   rounded=rounded_nodes(lay))
     env: dict[str, Value] = {}
     for (name, axes), ref in zip(lay.flat.inputs, in_refs, strict=True):

@@ -58,6 +58,10 @@ class Scope:
     squeezed: frozenset[str] = frozenset()
     padded: frozenset[str] = frozenset()
     dot_dtype: str = "float32"
+    #: the name of a runtime variable holding the dtype that dot operands, once rounded to
+    #: ``dot_dtype``, are computed in (Pallas: f32 when interpreting, where XLA:CPU has no
+    #: bf16 x bf16 -> f32 dot; the same products, exact in f32) or None to dot in ``dot_dtype``
+    dot_operand: str | None = None
     batched_dot: bool = True
     #: intermediate arrays a ``dtype`` step stores in a narrower format: name -> jnp dtype
     rounded: Mapping[str, str] = field(default_factory=dict)

@@ -6,6 +6,8 @@ to a bound, and each entry of the difference must simplify to 0.  Where ``Max``/
 occur (running maxima) the check splits into cases: for every ordering of the scalars
 inside them, the scalars are rewritten as t, t - p1, t - p1 - p2, ... with p_i >= 0,
 which decides every Max/Min and covers ties.
+T1½, exact (lemmas): every size up to the lemma's reach (``_reach``) on random rational
+inputs, evaluated over sympy and compared to 50 digits.
 T2, numeric: float64 evaluation at every size up to the lemma's reach, then on seeded
 random sizes and values (with fully masked
 rows for the accumulators with a running max) must agree to 1e-9.
@@ -43,6 +45,7 @@ __all__ = ["LEVELS", "Certificate", "accumulator", "certify_lemma", "representat
 #: (symbolic size bound, random float64 cases) per level
 LEVELS: dict[str, tuple[int, int]] = {"quick": (2, 12), "full": (3, 60)}
 _MAX_ORDERED = 5  # at most 5! orderings per symbolic case
+_EXACT_ENTRIES = 512  # the exact tier's largest input (entries over all parameters)
 _MAX_REACH = 24  # the largest size the float64 tier sweeps a lemma to (see _reach)
 
 
@@ -209,6 +212,9 @@ def certify_lemma(lemma: LemmaDecl, level: str = "quick") -> Certificate:
         if not same:
             return Certificate(False, "sympy", _witness(lemma, lhs, rhs, sizes))
         checked += 1
+    exact, problem = _exact_tier(lemma, lhs, rhs, reach, labels)
+    if problem is not None:
+        return Certificate(False, "exact", problem)
     numeric, problem = _float64_tier(lemma, lhs, rhs, reach, cases, labels)
     if problem is not None:
         return Certificate(False, "float64", problem)
@@ -216,7 +222,35 @@ def certify_lemma(lemma: LemmaDecl, level: str = "quick") -> Certificate:
         return Certificate(False, "none", "no admissible sizes to check")
     extra = f", {skipped} too large for case splitting" if skipped else ""
     symbolic = "no sympy (onehot)" if labels else f"sympy {checked} size cases ≤{bound}{extra}"
-    return Certificate(True, f"{symbolic}; float64 {numeric} cases, sizes ≤{reach}")
+    return Certificate(True, f"{symbolic}; exact {exact} sizes; float64 {numeric} cases, sizes ≤{reach}")
+
+
+def _exact_tier(lemma: LemmaDecl, lhs: Diagram, rhs: Diagram, reach: int, labels: bool) -> tuple[int, str | None]:
+    """(sizes checked, first disagreement): every size up to ``reach`` (all axes equal) on
+    random rational inputs (integers for onehot lemmas), evaluated exactly and compared to
+    50 digits, so a difference far below float64's tolerance (``1e-10 * relu(x - 3)``) is
+    seen; sizes whose inputs exceed ``_EXACT_ENTRIES`` entries are left to float64."""
+    rng = np.random.default_rng(3)
+    checked = 0
+    for n in range(1, reach + 1):
+        sizes = {a.name: n for a in lemma.axes}
+        shapes = [[n] * len(p.axes) for p in lemma.params]
+        if sum(math.prod(shape) for shape in shapes) > _EXACT_ENTRIES:
+            break
+        inputs = [Named(p.axes, np.array([sympy.Integer(k) if labels else sympy.Rational(k, 8) for k in
+                                          rng.integers(-16, 17, math.prod(shape)).tolist()], dtype=object)
+                        .reshape(shape)) for p, shape in zip(lemma.params, shapes, strict=True)]
+        try:
+            left = evaluate_named(lhs, inputs, dict(sizes), SYMBOLIC)
+            right = evaluate_named(rhs, inputs, dict(sizes), SYMBOLIC)
+        except NapkinError:
+            continue
+        for a, b in zip(_flat(left), _flat(right, [v.axes for v in left]), strict=True):
+            d = sympy.N(sympy.sympify(a) - sympy.sympify(b), 50)
+            if not (a == b or (d.is_number and d.is_finite and abs(d) < 1e-30)):
+                return checked, f"sizes {_fmt(sizes)} on rational inputs: {sympy.N(a, 12)} vs {sympy.N(b, 12)}"
+        checked += 1
+    return checked, None
 
 
 def _float64_tier(lemma: LemmaDecl, lhs: Diagram, rhs: Diagram, reach: int, cases: int,

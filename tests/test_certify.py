@@ -29,6 +29,7 @@ lemma vanishes_to_4(A: [x]) : sum[x](A) = sum[x](A) + (x - 1) * (x - 2) * (x - 3
 lemma cut_at_5(A: [x]) : sum[x](A) = sum[x](where[x](x < 5, A, 0))
 lemma labels_never_hit(L: []) : sum[x](onehot[x](L)) = L * 0
 lemma relu_step(A: [x]) : sum[x](A) = sum[x](A) + relu(x - 6)
+lemma tiny_step(A: [x]) : sum[x](A) = sum[x](A) + 0.0000000001 * relu(x - 3)
 """
 
 

@@ -450,7 +450,7 @@ def stream(thm: Theorem, step: Partition, accumulator: AccumulatorOracle) -> The
         if (prior := next((n for _, b, n in thm.accumulators if b == box), None)) and via in names and via != prior:
             raise KernelError("nest", f"{label} is streamed via `{prior}` at an outer level; a nested stream (of "
                                       f"any axis it consumes) continues that state (R8), not `{via}`", span)
-        order = [prior] if prior else sorted(names, key=lambda n: n != via)  # the named accumulator first
+        order = [prior] if prior else [via] if via in names else list(names)  # a named one is not swapped
         found = next(((n, how) for n in order if (how := accumulator(box, axis, n, step.pad)) is not None), None)
         if found is None:
             raise KernelError("stream", f"no certified accumulator{' with padding' if step.pad else ''} for "

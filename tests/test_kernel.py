@@ -233,6 +233,18 @@ def test_stream_refuses_wrong_and_uncertified_accumulators() -> None:
         kernel.stream(_flash(), Partition("stream", "x", 4), _never)
 
 
+def test_stream_keeps_the_named_accumulator_or_refuses() -> None:
+    """`via` names the accumulator the lowering will run: one whose laws fail for the box is
+    refused, not silently swapped for another admissible one."""
+    def normalised_only(box: Box, axis: str, name: str, pad: bool) -> str | None:
+        return "test oracle" if name == "normalised" else None
+
+    with pytest.raises(KernelError, match=r"^stream: no certified accumulator for `ncontract.*tried online_softmax\)"):
+        kernel.stream(_flash(), Partition("stream", "x", 4, via="online_softmax"), normalised_only)
+    thm = kernel.stream(_flash(), Partition("stream", "x", 4), normalised_only)
+    assert [name for _, _, name in thm.accumulators] == ["normalised"]
+
+
 def test_stream_refuses_a_second_pass() -> None:
     with pytest.raises(KernelError, match=r"^stream: box `sub` .* reads a value computed from the whole of `x`"):
         kernel.stream(_thm("second_pass"), Partition("stream", "x", 4), _ok)

@@ -231,3 +231,20 @@ def test_cli_lower(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["lower", matmul, "tiled_matmul", "--tile", "sb=x", "-o", str(out)]) == 2
     assert main(["lower", matmul, "tiled_matmul", "--tile", "sb=24", "-o", str(out)]) == 1  # refused: Triton
     assert "power-of-two" in capsys.readouterr().err
+
+
+def test_bf16_batched_dot_runs_on_cpu() -> None:
+    """Regression: heads as a batch axis of both dots (Q: [q h d], V: [h x e]) in bf16 crashed
+    XLA:CPU (no BF16 x BF16 = F32 DotThunk); on CPU the operands are rounded to bf16 and
+    multiplied in f32 (the same products)."""
+    module = loads("axis q, x, h\naxis d = 80\naxis e = 48\n"
+                   "diagram hq(Q: [q h d], K: [x h d], V: [h x e]) -> [h q e] {\n"
+                   "  return ncontract[x; exp, exp, id](contract[d](Q, K), V)\n}\n")
+    sched = Schedule((Partition("group", "q", "gq", "smem"), Partition("stream", "x", "sx", "smem", "online_softmax")))
+    rng = np.random.default_rng(4)
+    arrays = [rng.standard_normal(s) for s in ((37, 2, 80), (29, 2, 80), (2, 29, 48))]
+    diagram = module.diagram("hq")
+    fn = lower_schedule("hq_flash", diagram, sched, target="jax", tiles={"gq": 16, "sx": 16}, dtype="bfloat16").fn
+    got = fn(*[jnp.asarray(a, jnp.bfloat16) for a in arrays])
+    want = evaluate(diagram, arrays, sizes={"q": 37, "x": 29, "h": 2})
+    assert got.dtype == jnp.bfloat16 and cases.relative_error(got, want) < cases.BF16_TOL

@@ -70,9 +70,14 @@ def emit_function(lay: Layout, fname: str, params: Sequence[str], doc: str, dtyp
                   namer: cg.Namer) -> ast.FunctionDef:
     """``def fname(*inputs)``: the whole scheduled diagram in plain JAX."""
     block = cg.Block(namer)
+    dot_operand = None
+    if dtype != "float32":  # on CPU: round to the dot dtype, multiply in f32 (XLA:CPU lacks bf16 x bf16 -> f32)
+        dot_operand = namer.fresh("dot_operand")
+        on_cpu = cg.binop(cg.call("jax.default_backend"), "==", cg.const("cpu"))
+        block.emit(cg.assign(dot_operand, ast.IfExp(on_cpu, cg.attr("jnp.float32"), cg.attr(f"jnp.{dtype}"))))
     bind_inputs(lay, params, block)
     sizes = {a: size_of(a) for a in all_axes(lay)}
-    scope = Scope(block, sizes, dict(sizes), dot_dtype=dtype, rounded=rounded_nodes(lay))
+    scope = Scope(block, sizes, dict(sizes), dot_dtype=dtype, dot_operand=dot_operand, rounded=rounded_nodes(lay))
     env: dict[str, Value] = {}
     for (name, axes), param in zip(lay.flat.inputs, params, strict=True):
         env[name] = Value(block.bind(param, load(param, lay.stored_as(name) or dtype)), axes)

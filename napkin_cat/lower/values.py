@@ -59,8 +59,9 @@ class Scope:
     padded: frozenset[str] = frozenset()
     dot_dtype: str = "float32"
     #: the name of a runtime variable holding the dtype that dot operands, once rounded to
-    #: ``dot_dtype``, are computed in (Pallas: f32 when interpreting, where XLA:CPU has no
-    #: bf16 x bf16 -> f32 dot; the same products, exact in f32) or None to dot in ``dot_dtype``
+    #: ``dot_dtype``, are computed in (f32 when interpreting Pallas or running plain JAX on CPU,
+    #: where XLA:CPU has no bf16 x bf16 -> f32 dot for every layout; the products are the same,
+    #: exact in f32) or None to dot in ``dot_dtype``
     dot_operand: str | None = None
     batched_dot: bool = True
     #: intermediate arrays a ``dtype`` step stores in a narrower format: name -> jnp dtype

@@ -219,10 +219,12 @@ def _role(box: Box, axis: str) -> str | None:
     return None
 
 
-def _candidates(extent: int, multiple: int, pow2: bool, lowest: int, pad: bool) -> list[int]:
+def _candidates(extent: int, multiple: int, pow2: bool, lowest: int, pad: bool, group: bool) -> list[int]:
     """Tile sizes for an axis of ``extent``: allowed sizes (multiples of ``multiple``, powers of
     two if ``pow2``, at least ``lowest``) that divide it, or with ``pad`` any below it and the
-    first allowed size that covers it in one padded tile; else the whole axis as one tile."""
+    first allowed size that covers it in one padded tile; else, for a ``group``, the whole
+    axis as one tile (a stream's chunk must be an allowed block: Triton has no padded loop
+    chunk, so a stream without one has no candidate)."""
     values = []
     step = multiple
     t = max(multiple, math.ceil(lowest / multiple) * multiple)
@@ -232,9 +234,9 @@ def _candidates(extent: int, multiple: int, pow2: bool, lowest: int, pad: bool) 
         t = t * 2 if pow2 and t & (t - 1) == 0 else t + step
     if (not pow2 or t & (t - 1) == 0) and (t == extent or pad):
         values.append(t)
-    if not values:
-        # the whole axis as one tile partitions nothing; the lowering pads a block that is not
-        # a power of two (as it pads an ungrouped axis, d=80 to 128)
+    if not values and (group or not pow2 or extent & (extent - 1) == 0):
+        # the whole axis as one tile partitions nothing; the lowering pads a group block that
+        # is not a power of two (as it pads an ungrouped axis, d=80 to 128)
         values.append(extent)
     return values
 
@@ -252,7 +254,8 @@ def search(c: Cost, top: int = 8, limit: int = 500_000) -> ConfigTable:
     names = list(cons)
     axes_of = {name: [lp for lp in loops if lp.tile == name] for name in names}
     choices = [_candidates(int(c.sizes[axes_of[n][0].axis]), cons[n][0], cons[n][1], cons[n][2],
-                           any(lp.partition.pad for lp in axes_of[n])) for n in names]
+                           any(lp.partition.pad for lp in axes_of[n]),
+                           all(lp.partition.kind == "group" for lp in axes_of[n])) for n in names]
     while math.prod(len(c) for c in choices) > limit:  # thin the longest list, keeping its ends
         longest = max(range(len(choices)), key=lambda k: len(choices[k]))
         choices[longest] = choices[longest][::2] + ([choices[longest][-1]] if len(choices[longest]) % 2 == 0 else [])

@@ -98,3 +98,11 @@ def test_cost_pseudocode_and_drawing(name: str) -> None:
     assert all(f"for each {p.axis}" in text for p in thm.schedule.partitions)
     svg = ET.fromstring(draw.draw_svg(thm))
     assert svg.tag.endswith("svg") and len(list(svg.iter())) > 20
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_default_tiles_are_legal_for_pallas(name: str) -> None:
+    """Regression: without --tile, the cost model chose the whole of d=80 as a stream chunk
+    for fused_swiglu, which the Triton lowering refuses (a stream chunk must be a power of two)."""
+    lowered = lower(THEOREMS[name], target="pallas")
+    assert "pl.pallas_call" in lowered.source

@@ -221,6 +221,9 @@ def cmd_derive(args: argparse.Namespace) -> int:
     unknown = [a for a in sizes if a not in axes]
     if unknown:
         raise UsageError(f"--size names axes that `{args.diagram}` does not use: {', '.join(unknown)}")
+    clash = [f"{a}={n} (declared {axes[a]})" for a, n in sizes.items() if axes[a] is not None and axes[a] != n]
+    if clash:
+        raise UsageError(f"--size contradicts declared sizes: {', '.join(clash)}")
     missing = [a for a, n in axes.items() if n is None and a not in sizes]
     if missing:
         raise UsageError(f"axes {', '.join(missing)} of `{args.diagram}` are symbolic: give their sizes with "

@@ -317,3 +317,14 @@ def test_a_value_dim_unlike_the_head_dim_is_derived(tmp_path: Path) -> None:
             "  P = softmax[x](contract[d](Q, K))\n  O = contract[x](P, V)\n  return O\n}\n")
     found = _derive_text(text, "attn", {"q": 4096, "x": 4096}, tmp_path)
     assert ("stream", "x", "online_softmax") in partitions(found)
+
+
+def test_cli_derive_refuses_a_size_that_contradicts_a_declared_one(capsys: pytest.CaptureFixture[str],
+                                                                   tmp_path: Path) -> None:
+    """Regression: `--size d=32` against `axis d = 64` searched anyway and wrote the diagram as
+    written ("the cost model refused it"); it is a usage error like in `napkin cost`."""
+    argv = ["derive", str(EXAMPLES / "attention.ncd"), "attention", "--size", "q=64", "--size", "x=64",
+            "--size", "d=32", "-o", str(tmp_path / "out.ncd")]
+    assert main(argv) == 2
+    assert "contradicts declared sizes: d=32 (declared 64)" in capsys.readouterr().err
+    assert not (tmp_path / "out.ncd").exists()

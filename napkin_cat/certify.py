@@ -157,8 +157,8 @@ def _reach(lemma: LemmaDecl) -> int:
         sources += isinstance(node, Size) or (isinstance(node, Box) and bool(node.target))
         if isinstance(node, Box) and node.index is not None:
             constants = max(constants, 1 + sum(abs(v) for v in _index_ints(node.index)))
-        if not node.axes and not any(isinstance(n, (Var, Size)) for n in walk(node)):  # a closed scalar term
-            scalars.append(abs(_closed_value(node)))
+        if not any(n.axes or isinstance(n, (Var, Size)) or (isinstance(n, Box) and n.target) for n in walk(node)):
+            scalars.append(abs(_closed_value(node)))  # a closed scalar term: no variable, size or axis
     # a size compared with a constant by a piecewise box (relu(x - 10), min(x, 10)) is a step there
     finite = [v for v in scalars if math.isfinite(v)]
     return 2 + sources + max(constants, math.ceil(max(finite)) if sources else 0)

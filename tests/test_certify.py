@@ -54,6 +54,9 @@ def test_bounded_checks_reach_past_the_lemma_constants() -> None:
     true = loads("axis x\nlemma hits(L: []) : sum[x](onehot[x](L)) * 0 = L * 0").lemmas[0]
     cert = certify.certify_lemma(true)
     assert cert.ok and cert.how.startswith("no sympy (onehot)"), cert
+    squares = loads("axis x\nlemma sq(A: [x]) : sum[x](A) + contract[x](index[x](x), index[x](x)) = "
+                    "sum[x](A + index[x](x) * index[x](x))").lemmas[0]
+    assert certify.certify_lemma(squares).ok  # an index-only term is a size source, not a constant
 
 
 def test_max_case_split_decides_running_maxima() -> None:

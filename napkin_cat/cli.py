@@ -194,8 +194,14 @@ def cmd_lower(args: argparse.Namespace) -> int:
         if not sep or not name or not value.isdigit() or int(value) <= 0:
             raise UsageError(f"--tile expects NAME=N with N a positive integer, got {item!r}")
         tiles[name] = int(value)
-    lowered = lower(proof.theorem(args.file, args.theorem), target=args.target, tiles=tiles, dtype=args.dtype,
-                    hardware=args.hardware)
+    thm = proof.theorem(args.file, args.theorem)
+    parts = thm.schedule.partitions
+    unknown = [n for n in tiles if n not in {str(p.tile) for p in parts} | {p.axis for p in parts}]
+    if unknown:
+        known = ", ".join(sorted({f"{p.tile} (axis {p.axis})" for p in parts})) or "none"
+        raise UsageError(f"--tile names {', '.join(unknown)}: not a tile or partitioned axis of `{args.theorem}` "
+                         f"(tiles: {known})")
+    lowered = lower(thm, target=args.target, tiles=tiles, dtype=args.dtype, hardware=args.hardware)
     Path(args.output).write_text(lowered.source, encoding="utf-8")
     placed = ", ".join(f"{axis}={tile}" for axis, tile in lowered.layout.tiles.items()) or "no tiles"
     print(f"wrote {args.output}: {args.target} function `{args.theorem}` ({placed})")

@@ -248,3 +248,15 @@ def test_bf16_batched_dot_runs_on_cpu() -> None:
     got = fn(*[jnp.asarray(a, jnp.bfloat16) for a in arrays])
     want = evaluate(diagram, arrays, sizes={"q": 37, "x": 29, "h": 2})
     assert got.dtype == jnp.bfloat16 and cases.relative_error(got, want) < cases.BF16_TOL
+
+
+def test_cli_lower_tiles_by_axis_name_and_unknown_names(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Regressions: `--tile k=16` (an axis name) was overridden by the cost model's default for
+    the symbolic tile `sk`; `--tile zz=8` (no such tile or axis) was silently ignored."""
+    from napkin_cat.cli import main
+
+    matmul, out = str(cases.ROOT / "proofs" / "matmul.ncd"), tmp_path / "k.py"
+    assert main(["lower", matmul, "tiled_matmul", "--target", "jax", "--tile", "b=16", "-o", str(out)]) == 0
+    assert "b=16" in capsys.readouterr().out
+    assert main(["lower", matmul, "tiled_matmul", "--tile", "zz=8", "-o", str(out)]) == 2
+    assert "--tile names zz: not a tile or partitioned axis" in capsys.readouterr().err

@@ -104,6 +104,9 @@ def lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str 
     if hardware is not None and hardware not in hw.available():
         raise NapkinError(error("lower.hardware", hardware=hardware, known=", ".join(hw.available())))
     given = dict(tiles or {})
+    for p in schedule.partitions:  # a tile given by its axis name binds the symbolic tile too
+        if isinstance(p.tile, str) and p.tile not in given and p.axis in given:
+            given[p.tile] = given[p.axis]
     missing = [p.tile for p in schedule.partitions if isinstance(p.tile, str) and p.tile not in given]
     if missing:
         defaults, origin = default_tiles(diagram, schedule, hardware)

@@ -8,6 +8,8 @@ discharges the grid into an XLA loop, which is slow for many small blocks.
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,7 +18,7 @@ import pytest
 from napkin_cat import loads
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.lower import lower, lower_schedule
-from napkin_cat.proof import check_module
+from napkin_cat.proof import check_file, check_module
 from napkin_cat.terms import Partition, Schedule
 from tests import lower_cases as cases
 
@@ -160,3 +162,66 @@ def test_bf16_dot_feeding_a_transpose_runs_in_interpret_mode() -> None:
     got = lowered.fn(*[jnp.asarray(a, jnp.bfloat16) for a in (q, k, v)], interpret=True)
     want = cases.reference(thm, [q, k, v], {"q": 40, "x": 37, "d": 80})[0]
     assert got.dtype == jnp.bfloat16 and cases.relative_error(got, want) < cases.BF16_TOL
+
+
+def _masked_theorem(name: str) -> Any:
+    """A causal or sliding-window theorem: from proofs/, or tests/generic/attention_variants.ncd."""
+    if name in cases.theorems():
+        return cases.theorems()[name]
+    results = check_file(cases.ROOT / "tests" / "generic" / "attention_variants.ncd")
+    return next(r.theorem for r in results if r.name == name)
+
+
+@pytest.mark.parametrize(("name", "q", "x", "tiles"), [
+    ("flash_attention_causal", 100, 77, {"gq": 32, "sx": 32}),  # q > x: ragged x, rows past the keys
+    ("flash_attention_causal", 40, 97, {"gq": 16, "sx": 32}),   # q < x, query and key tiles differ
+    ("flash_attention_causal", 70, 90, {"gq": 32, "sx": 16}),   # a query tile spans two key chunks
+    ("flash_window", 77, 100, {"gq": 32, "sx": 32}),             # the window's lower bound skips too
+    ("flash_window", 50, 83, {"gq": 16, "sx": 16}),
+])
+def test_masked_chunks_are_skipped_soundly(name: str, q: int, x: int, tiles: dict[str, int]) -> None:
+    """Chunks a mask fills with -inf (online_softmax's pad) are skipped: the loop bounds
+    depend on the program's query offset, and the result still matches the evaluator."""
+    thm = _masked_theorem(name)
+    lowered = lower(thm, target="pallas", tiles=tiles)
+    assert "lax.fori_loop(first_chunk" in lowered.source or "lax.fori_loop(0, end_chunk" in lowered.source
+    assert "end_chunk = " in lowered.source and "q_first" in lowered.source.split("end_chunk = ")[1].split("\n")[0]
+    sizes = {a.name: a.size or 24 for a in thm.result.axes} | {"q": q, "x": x}
+    rng = np.random.default_rng(q + x)
+    arrays = [rng.standard_normal([sizes[a] for a in p.axes]) for p in thm.result.inputs]
+    got = lowered.fn(*[jnp.asarray(a, jnp.float32) for a in arrays], interpret=True)
+    want = cases.reference(thm, arrays, sizes)[0]
+    assert cases.relative_error(got, want) < cases.F32_TOL
+
+
+def test_unmasked_or_unrecognised_loops_run_every_chunk() -> None:
+    """No mask feeding the accumulator, or a disjunction: the loop is ``(0, chunks)``."""
+    plain = lower(cases.theorems()["flash_attention"], target="pallas", tiles=cases.TILES).source
+    module = loads("axis q, x, d\ndiagram f(Q: [q d], K: [x d], V: [x d]) -> [q d] {\n"
+                   "  S = contract[d](Q, K)\n  P = softmax[x](where[q x](q >= x or q < 5, S, -inf))\n"
+                   "  O = contract[x](P, V)\n  return O\n}\n"
+                   "theorem t: f {\n  rewrite softmax_contract at P, O\n  group q by gq\n"
+                   "  stream x by sx via online_softmax\n}\n")
+    results = check_module(module)
+    assert results[0].theorem is not None, results[0].failure
+    disjunction = lower(results[0].theorem, target="pallas", tiles=cases.TILES).source
+    for src in (plain, disjunction):
+        assert "lax.fori_loop(0, p['x'] // 32" in src and "end_chunk" not in src
+
+
+def test_several_masked_accumulators_loop_over_the_hull_of_their_ranges() -> None:
+    """A causal softmax-contract and a max under a window mask share one loop: it runs from
+    the window's first chunk to the diagonal's last, and both results stay exact."""
+    module = loads("axis q, x, d\ndiagram f(Q: [q d], K: [x d], V: [x d]) -> [q d], [q] {\n"
+                   "  S = contract[d](Q, K)\n  P = softmax[x](where[q x](q >= x, S, -inf))\n"
+                   "  O = contract[x](P, V)\n  W = where[q x](q - x < 8, S, -inf)\n  return O, max[x](W)\n}\n"
+                   "theorem t: f {\n  rewrite softmax_contract at P, O\n  group q by gq\n"
+                   "  stream x by sx via online_softmax\n}\n")
+    thm = check_module(module)[0].theorem
+    lowered = lower(thm, target="pallas", tiles={"gq": 16, "sx": 16})
+    assert "first_chunk = jnp.minimum(" in lowered.source and "end_chunk = jnp.maximum(" in lowered.source
+    rng = np.random.default_rng(11)
+    arrays = [rng.standard_normal(shape) for shape in [(50, 24), (70, 24), (70, 24)]]
+    got = lowered.fn(*[jnp.asarray(a, jnp.float32) for a in arrays], interpret=True)
+    for out, want in zip(got, cases.reference(thm, arrays, {"q": 50, "x": 70, "d": 24}), strict=True):
+        assert cases.relative_error(out, want) < cases.F32_TOL

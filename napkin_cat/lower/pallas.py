@@ -8,7 +8,8 @@
   and outputs are sliced back; padded positions are masked where a box consumes or mixes
   them (jaxops), so they never reach a result;
 - the streamed axis is a ``lax.fori_loop`` inside the kernel over ``pl.ds`` chunks of the
-  block, the accumulator states in the carry (no scratch memory, §5.5);
+  block, the accumulator states in the carry (no scratch memory, §5.5); chunks that a
+  mask fills with the accumulator's padding value are skipped (``skip.chunk_range``);
 - values are f32 inside the kernel, dots accumulate in f32, masks are finite.
 """
 
@@ -21,6 +22,7 @@ from napkin_cat.lower import codegen as cg
 from napkin_cat.lower.fold import emit_after, emit_before, emit_identity, emit_step, slots
 from napkin_cat.lower.jax import all_axes, bind_inputs, rounded_nodes, size_of
 from napkin_cat.lower.layout import MIN_BLOCK, Layout
+from napkin_cat.lower.skip import chunk_range
 from napkin_cat.lower.values import Scope, Value, transpose_to
 from napkin_cat.terms import Axes
 
@@ -208,6 +210,10 @@ def _emit_loop(lay: Layout, env: dict[str, Value], scope: Scope, in_refs: Sequen
     block.emit(cg.function(body_name, [j, carry], body.stmts))
     trips = cg.binop(extent_of(axis), "//", tile)
     finals = [namer.fresh(s.hint) for s in state]
-    loop = cg.call("lax.fori_loop", cg.const(0), trips, cg.name(body_name), emit_identity(lay, scope))
+    bounds = chunk_range(lay, scope.offsets, trips)  # chunks a mask fills with padding are skipped
+    lo, hi = (cg.const(0), trips) if bounds is None else bounds
+    lo = lo if isinstance(lo, ast.Constant) else block.bind("first_chunk", lo)
+    hi = hi if hi is trips else block.bind("end_chunk", hi)
+    loop = cg.call("lax.fori_loop", lo, hi, cg.name(body_name), emit_identity(lay, scope))
     block.emit(cg.assign(finals, loop) if finals else ast.Expr(loop))
     emit_after(lay, env, scope, [Value(cg.name(n), s.axes) for n, s in zip(finals, state, strict=True)])

@@ -98,7 +98,8 @@ def flash_attention_causal(Q, K, V, *, interpret=None):
             combine_t_8 = combine_c2[:, None] * lift_o
             combine_o = combine_t_7 + combine_t_8
             return (combine_m, combine_l, combine_o)
-        O_m_2, O_l_2, O_o_2 = lax.fori_loop(0, p['x'] // 32, body, (jnp.full((32,), -INF, jnp.float32), jnp.full((32,), 0.0, jnp.float32), jnp.full((32, p['d']), 0.0, jnp.float32)))
+        end_chunk = jnp.minimum(p['x'] // 32, (q_first + 31) // 32 + 1)
+        O_m_2, O_l_2, O_o_2 = lax.fori_loop(0, end_chunk, body, (jnp.full((32,), -INF, jnp.float32), jnp.full((32,), 0.0, jnp.float32), jnp.full((32, p['d']), 0.0, jnp.float32)))
         final_t_1 = jnp.maximum(O_l_2, TINY)
         final_t_2 = O_o_2 / final_t_1[:, None]
         out0_ref[...] = final_t_2.astype(out0_ref.dtype)

@@ -243,7 +243,8 @@ class _Builder:
         for n in self.flat.nodes:
             if any(r in depends for r in n.reads):
                 depends.add(n.name)
-        return frozenset(n.name for n in self.flat.nodes if n.name not in depends)
+        # an output is computed and written even when no input reaches it
+        return frozenset(n.name for n in self.flat.nodes if n.name not in depends and n.name not in self.flat.outputs)
 
     def _home(self, name: str) -> str:
         return "hbm" if name in self.flat.outputs else self.nest.level_of(name)

@@ -437,7 +437,17 @@ def inline_calls(diagram: Diagram, retype: Callable[[Box, tuple[Expr, ...]], Box
         for let in expr.diagram.body:
             for n, part in zip(let.names, inline(let.expr, inner), strict=True):
                 inner[n] = bind(n, part, let.span)
-        return tuple(inline(o, inner)[0] for o in expr.diagram.outputs)
+        return tuple(repeat(inline(o, inner)[0], t) for o, t in zip(expr.diagram.outputs, expr.types, strict=True))
+
+    def repeat(value: Expr, declared: Axes) -> Expr:
+        # A call's output that does not depend on an axis of its type (a constant, or an
+        # output computed only from arguments that lack a woven axis) is repeated along
+        # it, as the evaluator does: where[missing](m == m, value, value) is exactly that.
+        missing = tuple(a for a in declared if a not in value.axes)
+        if not missing:
+            return value
+        always = Cmp("==", Idx(missing[0]), Idx(missing[0]))
+        return retype(Box("where", (value, value), (), missing, index=always), (value, value))
 
     env: dict[str, Expr] = {}
     for let in diagram.body:

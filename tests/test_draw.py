@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import sympy
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 
 from napkin_cat import ops
 from napkin_cat.cli import main
@@ -351,8 +351,21 @@ def test_theorems_carry_the_cost_models_row() -> None:
     assert len([t for t in texts if t not in ("M smem", "H smem") and not t.startswith("smem:")]) == 2 * len(boxes)
 
 
+# found by this test in CI: a call woven over b whose output is a constant, then split along b
+CONSTANT_WOVEN_CALL = """
+axis a, b, p0, p1
+diagram g0(X0: [a]) -> [] {
+  return a
+}
+diagram g2(X0: [a b]) -> [p0 p1] {
+  return split[b -> p0 p1](g0(X0))
+}
+"""
+
+
 @settings(max_examples=25)
 @given(module=modules(max_diagrams=3))
+@example(module=loads(CONSTANT_WOVEN_CALL))
 def test_random_diagrams_draw_with_all_labels_and_no_overlaps(module: Module) -> None:
     for diagram in module.diagrams:
         for expand in (False, True):

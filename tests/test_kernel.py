@@ -87,6 +87,37 @@ def test_unfold_inlines_woven_calls_and_retypes() -> None:
     assert "unfold" in thm.trust
 
 
+CONSTANT_CALL = """
+axis a, b, p, r
+diagram size_of(X: [a]) -> [] {
+  return a
+}
+diagram woven(X: [a b]) -> [b] {
+  return size_of(X)
+}
+diagram woven_split(X: [a b]) -> [p r] {
+  return split[b -> p r](size_of(X))
+}
+"""
+
+
+@pytest.mark.parametrize("name", ["woven", "woven_split"])
+def test_unfold_repeats_a_call_output_along_woven_axes_it_does_not_depend_on(name: str) -> None:
+    """`size_of(X)` woven over b is [b] though its body is a scalar: inlining must keep that
+    type (the evaluator repeats the value along b), or the next box (split[b ...]) is ill-typed."""
+    module = loads(CONSTANT_CALL)
+    diagram = module.diagram(name)
+    thm = kernel.unfold(kernel.refl("t", diagram))
+    (out,) = thm.result.outputs
+    assert set(out.axes) == set(diagram.out_types[0])
+    x = np.random.default_rng(0).standard_normal((3, 6))
+    sizes = {"a": 3, "b": 6, "p": 2, "r": 3}
+    before = evaluate_named(diagram, [Named(("a", "b"), x)], sizes)
+    after = evaluate_named(thm.result, [Named(("a", "b"), x)], sizes)
+    np.testing.assert_array_equal(before[0].data, after[0].data)
+    assert before[0].axes == after[0].axes == diagram.out_types[0]
+
+
 def test_rewrite_instantiates_with_woven_axes() -> None:
     thm = _flash()
     (let,) = thm.result.body[1:]

@@ -6,11 +6,14 @@ to a bound, and each entry of the difference must simplify to 0.  Where ``Max``/
 occur (running maxima) the check splits into cases: for every ordering of the scalars
 inside them, the scalars are rewritten as t, t - p1, t - p1 - p2, ... with p_i >= 0,
 which decides every Max/Min and covers ties.
-T1½, exact (lemmas): every size up to the lemma's reach (``_reach``) on random rational
-inputs, evaluated over sympy and compared to 50 digits.
-T2, numeric: float64 evaluation at every size up to the lemma's reach, then on seeded
-random sizes and values (with fully masked
-rows for the accumulators with a running max) must agree to 1e-9.
+T1½, exact (lemmas): the smallest combinations of sizes up to the lemma's reach
+(``_reach``; every axis swept independently, ``_grid``) on random rational inputs,
+evaluated over sympy and compared to 50 digits.
+T2, numeric: float64 evaluation at every combination of sizes up to the lemma's reach,
+then on seeded random sizes and values (with fully masked rows for the accumulators with
+a running max) must agree to 1e-9.  Lemmas are also evaluated on the inputs where the
+evaluator's conventions decide values (all-zero and fully or partly ``-inf`` arguments,
+``_edges``): wherever the left side is finite the right side must equal it.
 
 Accumulators are certified per consuming box signature (op, target, parameters,
 operand types, streamed axis): the recomposition law combine(lift(x), lift(y)) =
@@ -47,6 +50,8 @@ LEVELS: dict[str, tuple[int, int]] = {"quick": (2, 12), "full": (3, 60)}
 _MAX_ORDERED = 5  # at most 5! orderings per symbolic case
 _EXACT_ENTRIES = 512  # the exact tier's largest input (entries over all parameters)
 _MAX_REACH = 24  # the largest size the float64 tier sweeps a lemma to (see _reach)
+_MAX_GRID = 4096  # the most size combinations (reach ** axes) the float64 tier sweeps
+_EXACT_CASES = 120  # the most size combinations the exact tier evaluates (the smallest first)
 
 
 @dataclass(frozen=True)
@@ -195,6 +200,10 @@ def certify_lemma(lemma: LemmaDecl, level: str = "quick") -> Certificate:
     if reach > _MAX_REACH:
         return Certificate(False, "reach", f"its sizes and constants reach {reach}, past the {_MAX_REACH} "
                                            "that bounded certification checks")
+    if reach ** len(lemma.axes) > _MAX_GRID:
+        return Certificate(False, "reach", f"its {len(lemma.axes)} axes, each swept to size {reach}, make "
+                                           f"{reach ** len(lemma.axes)} size combinations, past the {_MAX_GRID} that "
+                                           "bounded certification checks; state it on fewer axes")
     labels = any(isinstance(n, Box) and n.op == "onehot" for side in (lemma.lhs, lemma.rhs) for n in walk(side))
     checked, skipped = 0, 0
     for sizes in [] if labels else _size_cases(axes, bound):
@@ -225,17 +234,28 @@ def certify_lemma(lemma: LemmaDecl, level: str = "quick") -> Certificate:
     return Certificate(True, f"{symbolic}; exact {exact} sizes; float64 {numeric} cases, sizes ≤{reach}")
 
 
+def _grid(axes: Sequence[str], reach: int) -> list[dict[str, int]]:
+    """Every assignment of sizes 1..``reach`` to ``axes``, smallest total first.
+
+    Equal sizes alone are not enough: a difference such as ``relu(x - y*z - 2)`` or
+    ``(x - y) * ...`` vanishes wherever the axes are equal."""
+    points = itertools.product(range(1, reach + 1), repeat=len(axes))
+    return [dict(zip(axes, p, strict=True)) for p in sorted(points, key=lambda p: (sum(p), p))]
+
+
 def _exact_tier(lemma: LemmaDecl, lhs: Diagram, rhs: Diagram, reach: int, labels: bool) -> tuple[int, str | None]:
-    """(sizes checked, first disagreement): every size up to ``reach`` (all axes equal) on
-    random rational inputs (integers for onehot lemmas), evaluated exactly and compared to
-    50 digits, so a difference far below float64's tolerance (``1e-10 * relu(x - 3)``) is
-    seen; sizes whose inputs exceed ``_EXACT_ENTRIES`` entries are left to float64."""
+    """(sizes checked, first disagreement): the smallest ``_EXACT_CASES`` size combinations
+    up to ``reach`` (``_grid``) on random rational inputs (integers for onehot lemmas),
+    evaluated exactly and compared to 50 digits, so a difference far below float64's
+    tolerance (``1e-10 * relu(x - 3)``) is seen; sizes whose inputs exceed
+    ``_EXACT_ENTRIES`` entries are left to float64."""
     rng = np.random.default_rng(3)
     checked = 0
-    for n in range(1, reach + 1):
-        sizes = {a.name: n for a in lemma.axes}
-        shapes = [[n] * len(p.axes) for p in lemma.params]
+    for sizes in _grid([a.name for a in lemma.axes], reach):
+        shapes = [[sizes[a] for a in p.axes] for p in lemma.params]
         if sum(math.prod(shape) for shape in shapes) > _EXACT_ENTRIES:
+            continue
+        if checked == _EXACT_CASES:
             break
         inputs = [Named(p.axes, np.array([sympy.Integer(k) if labels else sympy.Rational(k, 8) for k in
                                           rng.integers(-16, 17, math.prod(shape)).tolist()], dtype=object)
@@ -248,37 +268,60 @@ def _exact_tier(lemma: LemmaDecl, lhs: Diagram, rhs: Diagram, reach: int, labels
         for a, b in zip(_flat(left), _flat(right, [v.axes for v in left]), strict=True):
             d = sympy.N(sympy.sympify(a) - sympy.sympify(b), 50)
             if not (a == b or (d.is_number and d.is_finite and abs(d) < 1e-30)):
-                return checked, f"sizes {_fmt(sizes)} on rational inputs: {sympy.N(a, 12)} vs {sympy.N(b, 12)}"
+                return checked, (f"sizes {_fmt(sizes)} on rational inputs: {sympy.N(a, 12)} vs {sympy.N(b, 12)} "
+                                 f"(difference {sympy.N(d, 3)})")
         checked += 1
     return checked, None
 
 
 def _float64_tier(lemma: LemmaDecl, lhs: Diagram, rhs: Diagram, reach: int, cases: int,
                   labels: bool) -> tuple[int, str | None]:
-    """(cases checked, first disagreement): every size up to ``reach``, then random sizes;
-    with ``labels``, every other case draws integers in [-1, reach] instead of normals."""
+    """(cases checked, first disagreement): every combination of sizes up to ``reach`` (the
+    grid, not only equal sizes: ``relu(x - y*z*w - 2)`` is 0 wherever the axes are equal),
+    then random sizes; with ``labels``, every other case draws integers in [-1, reach]
+    instead of normals.  At each equal size the edge inputs (``_edges``) are checked too."""
     rng = np.random.default_rng(0)
     axes = [a.name for a in lemma.axes]
+    grid = _grid(axes, reach)
     numeric = 0
-    sweep = [dict.fromkeys(axes, n) for n in range(1, reach + 1)]
-    for draw in range(len(sweep) + 40 * cases):  # draws the lemma's reshapes do not admit are redrawn
-        if numeric == cases + len(sweep):
-            break
-        sizes = sweep[draw] if draw < len(sweep) else {a: int(rng.integers(1, max(5, reach + 1))) for a in axes}
+    for draw in itertools.count():
+        if draw >= len(grid) + 40 * cases or numeric >= cases + len(grid):
+            break  # draws the lemma's reshapes do not admit are redrawn
+        sizes = grid[draw] if draw < len(grid) else {a: int(rng.integers(1, max(5, reach + 1))) for a in axes}
         shapes = [[sizes[a] for a in p.axes] for p in lemma.params]
         values = [rng.integers(-1, reach + 1, s).astype(float) if labels and draw % 2 else rng.standard_normal(s)
                   for s in shapes]
-        inputs = [Named(p.axes, v) for p, v in zip(lemma.params, values, strict=True)]
-        try:
-            left = evaluate_named(lhs, inputs, dict(sizes), FLOAT64)
-            right = evaluate_named(rhs, inputs, dict(sizes), FLOAT64)
-        except NapkinError:
-            continue
-        a, b = left[0].data, right[0].data if not left[0].axes else right[0].to(left[0].axes)
-        if not np.allclose(a, b, rtol=1e-9, atol=1e-9, equal_nan=True):
-            return numeric, f"sizes {_fmt(sizes)}: {np.ravel(a)[:3]} vs {np.ravel(b)[:3]}"
-        numeric += 1
+        equal_sizes = len(set(sizes.values())) <= 1
+        for edge, inputs in [("", values)] + (list(_edges(lemma, values)) if equal_sizes else []):
+            try:
+                left = evaluate_named(lhs, _named(lemma, inputs), dict(sizes), FLOAT64)
+                right = evaluate_named(rhs, _named(lemma, inputs), dict(sizes), FLOAT64)
+            except NapkinError:
+                break
+            a, b = left[0].data, right[0].data if not left[0].axes else right[0].to(left[0].axes)
+            if edge:  # a rewrite must keep every value the left side defines (a finite one)
+                a, b = np.where(np.isfinite(a), a, 0.0), np.where(np.isfinite(a), b, 0.0)
+            if not np.allclose(a, b, rtol=1e-9, atol=1e-9, equal_nan=True):
+                return numeric, f"sizes {_fmt(sizes)}{edge}: {np.ravel(a)[:3]} vs {np.ravel(b)[:3]}"
+        else:
+            numeric += 1
     return numeric, None
+
+
+def _named(lemma: LemmaDecl, values: Sequence[Any]) -> list[Named]:
+    return [Named(p.axes, v) for p, v in zip(lemma.params, values, strict=True)]
+
+
+def _edges(lemma: LemmaDecl, values: Sequence[Any]) -> Iterator[tuple[str, list[Any]]]:
+    """Inputs where the evaluator's conventions decide values (evaluate.py): per parameter,
+    all zeros (normalising an all-zero row gives 0), all ``-inf`` (a fully masked row:
+    softmax gives 0) and half its entries ``-inf`` (a partly masked row)."""
+    for i, param in enumerate(lemma.params):
+        masked = np.array(values[i], dtype=float, copy=True)
+        masked.reshape(-1)[::2] = -math.inf
+        for what, value in (("0", np.zeros_like(values[i])), ("-inf", np.full_like(values[i], -math.inf)),
+                            ("-inf at every other entry", masked)):
+            yield f" with `{param.name}` = {what}", [value if j == i else v for j, v in enumerate(values)]
 
 
 def _fmt(sizes: dict[str, int]) -> str:

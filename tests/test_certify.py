@@ -51,7 +51,7 @@ def test_bounded_checks_reach_past_the_lemma_constants() -> None:
     """Sizes are swept to 2 + size sources + index constants; a lemma reaching too far is refused."""
     far = loads("axis x\nlemma far(A: [x]) : sum[x](A) = sum[x](where[x](x < 100, A, 0))").lemmas[0]
     assert certify.certify_lemma(far).how == "reach"
-    true = loads("axis x\nlemma hits(L: []) : sum[x](onehot[x](L)) * 0 = L * 0").lemmas[0]
+    true = loads("axis x\nlemma hits(L: []) : sum[x](onehot[x](L) * L) = sum[x](onehot[x](L)) * L").lemmas[0]
     cert = certify.certify_lemma(true)
     assert cert.ok and cert.how.startswith("no sympy (onehot)"), cert
     squares = loads("axis x\nlemma sq(A: [x]) : sum[x](A) + contract[x](index[x](x), index[x](x)) = "
@@ -60,8 +60,43 @@ def test_bounded_checks_reach_past_the_lemma_constants() -> None:
 
 
 def test_max_case_split_decides_running_maxima() -> None:
-    lemma = rules.library()["online_softmax_shift"]
+    lemma = rules.library()["max_nested"]
     assert certify.certify_lemma(lemma, "full").ok
+
+
+def test_sizes_are_swept_off_the_diagonal() -> None:
+    """A difference that vanishes wherever the axes are equal is found at unequal sizes,
+    exactly when it is below float64's tolerance; a grid too large to sweep is refused."""
+    tiny = loads("axis x, y\nlemma t(X: [x], Y: [y]) : sum[x](X) + sum[y](Y) = "
+                 "sum[x](X) + sum[y](Y) + 1e-12 * relu(x - y - 2)").lemmas[0]
+    cert = certify.certify_lemma(tiny)
+    assert (cert.how, cert.counterexample and cert.counterexample.split(" on ")[0]) == ("exact", "sizes x=4, y=1")
+    wide = loads("axis x, y, z, w, v\nlemma w(X: [x], Y: [y], Z: [z], W: [w], V: [v]) : "
+                 "contract[x y z w v](X, Y, Z, W, V) = sum[x](X) * sum[y](Y) * sum[z](Z) * sum[w](W) * sum[v](V)"
+                 ).lemmas[0]
+    cert = certify.certify_lemma(wide)
+    assert cert.how == "reach" and "size combinations" in (cert.counterexample or ""), cert
+
+
+@pytest.mark.parametrize(("text", "edge"), [
+    ("lemma s(S: [x]) : softmax[x](S) = exp(S) / sum[x](exp(S))", "with `S` = -inf"),
+    ("lemma l(S: [x]) : l2norm[x](S) = S * rsqrt(sum[x](square(S)))", "with `S` = 0"),
+    ("lemma m(S: [x], V: [x]) : ncontract[x; exp, exp, id](S, V) = "
+     "ncontract[x; exp, exp, id](S - max[x](S), V)", "with `S` = -inf"),
+])
+def test_lemmas_keep_the_values_conventions_define(text: str, edge: str) -> None:
+    """True over the reals, false where evaluate.py's conventions give a finite value
+    (a fully masked row's softmax is 0, an all-zero row's l2norm is 0) and the right
+    side gives NaN: a rewrite must keep every finite value of its left side."""
+    cert = certify.certify_lemma(loads("axis x\n" + text).lemmas[0])
+    assert not cert.ok and cert.how == "float64" and edge in (cert.counterexample or ""), cert
+
+
+def test_edge_inputs_skip_values_the_left_side_leaves_undefined() -> None:
+    """``c * A`` with ``c = -inf`` is NaN or ±inf on either side: not a value to keep."""
+    assert certify.certify_lemma(rules.library()["contract_scale"], "full").ok
+    shift = rules.library()["online_softmax_shift"]
+    assert certify.certify_lemma(shift, "full").ok
 
 
 @pytest.mark.parametrize(("box", "axis"), certify.representative_boxes(), ids=lambda v: getattr(v, "op", v))

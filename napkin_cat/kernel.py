@@ -71,10 +71,10 @@ AccumulatorOracle = Callable[[Box, str, str, bool], "str | None"]
 
 
 class KernelError(NapkinError):
-    """A refused proof step: ``rule``, the failed ``condition``, where it was written."""
+    """A refused proof step: ``rule``, the failed ``condition``, where, the term refused (``subject``)."""
 
-    def __init__(self, rule: str, condition: str, span: Span | None = None):
-        self.rule, self.condition = rule, condition
+    def __init__(self, rule: str, condition: str, span: Span | None = None, subject: Expr | None = None):
+        self.rule, self.condition, self.subject = rule, condition, subject
         super().__init__(error("proof.refused", span, rule=rule, reason=condition))
 
 
@@ -253,7 +253,7 @@ def rewrite(thm: Theorem, lemma: LemmaDecl, step: Rewrite, certified: Mapping[st
                            result=replace(thm.result, body=tuple(body)))
     inlined_names = ", ".join(n for n in step.at if n not in root.names) or "nothing"
     raise KernelError("instantiate", f"lemma `{lemma.name}`'s left side does not match `{root.names[0]}` "
-                                     f"with {inlined_names} inlined", step.span)
+                                     f"with {inlined_names} inlined", step.span, inlined)
 
 
 def _inline_named(expr: Expr, defs: Mapping[str, Expr], seen: set[str]) -> Expr:

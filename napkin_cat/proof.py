@@ -13,7 +13,7 @@ plain evaluator.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +23,22 @@ from napkin_cat.accumulators import chunk
 from napkin_cat.diagnostics import Diagnostic, NapkinError, did_you_mean, error
 from napkin_cat.elaborate import load
 from napkin_cat.evaluate import FLOAT64, Named, evaluate_named
-from napkin_cat.terms import Diagram, LemmaDecl, Module, Partition, Place, Quantise, Rewrite, Step, TheoremDecl
+from napkin_cat.printer import print_expr
+from napkin_cat.terms import (
+    Box,
+    Diagram,
+    Expr,
+    LemmaDecl,
+    Module,
+    Partition,
+    Place,
+    Quantise,
+    Rewrite,
+    Step,
+    TheoremDecl,
+    Var,
+    walk,
+)
 
 __all__ = ["CheckResult", "check_file", "check_module", "check_theorem", "describe_step", "theorem"]
 
@@ -118,7 +133,12 @@ def _apply(thm: kernel.Theorem, step: Step, lemmas: dict[str, LemmaDecl], level:
         if not cert.ok:
             raise NapkinError(error("proof.not_certified", step.span, name=lemma.name,
                                     reason=f"{cert.how}: {cert.counterexample}"))
-        return kernel.rewrite(thm, lemma, step, {lemma.name: cert.how})
+        try:
+            return kernel.rewrite(thm, lemma, step, {lemma.name: cert.how})
+        except kernel.KernelError as exc:
+            if exc.subject is None:
+                raise
+            raise NapkinError(_no_match(exc, exc.subject, thm, lemma, lemmas, step)) from None
     if isinstance(step, Partition):
         if step.kind == "group":
             return kernel.group(thm, step)
@@ -127,6 +147,49 @@ def _apply(thm: kernel.Theorem, step: Step, lemmas: dict[str, LemmaDecl], level:
         return kernel.place(thm, step)
     assert isinstance(step, Quantise)
     return kernel.quantise(thm, step)
+
+
+# ---- why a lemma does not match ------------------------------------------------------------------
+
+
+def _no_match(exc: kernel.KernelError, subject: Expr, thm: kernel.Theorem, lemma: LemmaDecl,
+              lemmas: dict[str, LemmaDecl], step: Rewrite) -> Diagnostic:
+    """The kernel's refusal, with the lemma's left side and the binding printed, where they
+    first differ, and a hint when a contraction's operands in the other order would match."""
+    root = [n for let in thm.result.body for n in let.names if n in step.at][-1]  # the kernel's root
+    reason = f"{exc.condition}: the left side is `{print_expr(lemma.lhs)}`, `{root}` is `{print_expr(subject)}`"
+    candidates = [n for n in walk(subject) if isinstance(n, Box) and isinstance(lemma.lhs, Box)
+                  and n.op == lemma.lhs.op and len(n.args) == len(lemma.lhs.args)]
+    difference = next((d for d in (_difference(lemma.lhs, n) for n in candidates) if d is not None), None)
+    swapped = next((k for n in candidates for k in walk(n) if isinstance(k, Box) and k.op == "contract"
+                    and len(k.args) == 2 and _difference(lemma.lhs, _swap(n, k)) is None), None)
+    hint = None
+    if swapped is not None:
+        reason += f"; `{print_expr(swapped)}` has its operands in the other order"
+        if "contract_comm" in lemmas and lemma.name != "contract_comm":
+            hint = f"swap them first: `rewrite contract_comm at {root}`"
+    elif difference is not None:
+        reason += f"; where the left side has `{print_expr(difference[0])}`, it has `{print_expr(difference[1])}`"
+    return error("proof.refused", step.span, hint, rule=exc.rule, reason=reason)
+
+
+def _difference(pattern: Expr, term: Expr) -> tuple[Expr, Expr] | None:
+    """The outermost sub-terms where ``term`` departs from ``pattern``'s shape (None if it
+    has the shape: what is left to the kernel's matching is axes and repeated variables)."""
+    if isinstance(pattern, Var):
+        return None
+    if not (isinstance(pattern, Box) and isinstance(term, Box)) or \
+            (pattern.op, pattern.params, len(pattern.args)) != (term.op, term.params, len(term.args)):
+        return None if pattern == term else (pattern, term)
+    inner = [d for d in map(_difference, pattern.args, term.args) if d is not None]
+    return (pattern, term) if len(inner) > 1 else inner[0] if inner else None
+
+
+def _swap(expr: Expr, node: Box) -> Expr:
+    """``expr`` with ``node``'s two operands exchanged (shape only: types are not recomputed)."""
+    if expr is node:
+        return replace(node, args=node.args[::-1])
+    return replace(expr, args=tuple(_swap(a, node) for a in expr.args)) if isinstance(expr, Box) else expr
 
 
 # ---- counterexamples for refused partitions ---------------------------------------------------

@@ -82,3 +82,35 @@ def test_cli_check_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
     assert "wrong_accumulator_max.ncd:9:3: error: stream: accumulator `max` cannot stream" in captured.err
     assert "counterexample:" in captured.err
     assert main(["check", str(ROOT / "no_such_dir")]) == 2
+
+
+_SWAPPED = """
+axis q, x, d
+diagram g(S: [q x], V: [x d]) -> [q d] {
+  P = softmax[x](S)
+  O = contract[x](V, P)
+  return O
+}
+"""
+
+
+def test_lemma_mismatch_prints_both_sides_and_hints_at_operand_order() -> None:
+    """`contract[x](V, P)` is softmax_contract's left side with the operands swapped: the
+    refusal prints the lemma's left side and the binding, and names contract_comm."""
+    module = loads(_SWAPPED + "theorem t: g {\n  rewrite softmax_contract at P, O\n}\n")
+    (result,) = check_module(module)
+    assert result.failure is not None and result.step == 1
+    message = result.failure.message
+    assert "the left side is `contract[x](softmax[x](S), V)`, `O` is `contract[x](V, softmax[x](S))`" in message
+    assert "has its operands in the other order" in message
+    assert result.failure.hint == "swap them first: `rewrite contract_comm at O`"
+    fixed = loads(_SWAPPED + "theorem t: g {\n  rewrite contract_comm at O\n  rewrite softmax_contract at P, O\n}\n")
+    assert check_module(fixed)[0].ok
+
+
+def test_lemma_mismatch_names_the_first_difference() -> None:
+    module = loads(_SWAPPED.replace("softmax", "l2norm").replace("contract[x](V, P)", "contract[x](P, V)")
+                   + "theorem t: g {\n  rewrite softmax_contract at P, O\n}\n")
+    (result,) = check_module(module)
+    assert result.failure is not None and result.failure.hint is None
+    assert "where the left side has `softmax[x](S)`, it has `l2norm[x](S)`" in result.failure.message

@@ -10,8 +10,15 @@
   constant, with the tight leading constant of Smith et al. (arXiv 1702.02017).
 - **compulsory**: every input read and every output written once, the bound as M → ∞.
 
-Each box's bound assumes its operands start and its result ends in slow memory; a diagram's
-bound is the largest of its boxes' (and never below the compulsory traffic).
+A box's bound is a bound on the diagram only where the box's assumptions hold in the diagram:
+its operands (Q, K, V for attention; A, B for matmul) are diagram inputs, each value passed
+through elementwise boxes that keep every axis, so every operand value costs a load; and its
+result reaches a diagram output the same way, so every result value is saved or kept.  An
+operand computed from smaller inputs (scores from Q K^T contracted again, a broadcast
+difference Q - K) or a result consumed on chip (a fused MLP's hidden layer) can move fewer
+values than the box alone would; a ``where`` mask on the way means the masked values are
+never needed (a sliding window reads O(window) keys per query).  Such boxes give no bound.
+A diagram's bound is the largest of its boxes' (and never below the compulsory traffic).
 """
 
 from __future__ import annotations
@@ -52,11 +59,45 @@ def _producer(flat: Flat, expr: object) -> Node | None:
     return None
 
 
+def _dense(node: Node) -> bool:
+    """An elementwise box whose every output value needs the value of an argument carrying
+    all its axes at the same position (a ``where`` mask does not: masked values are never read)."""
+    return isinstance(node.expr, Box) and ops.OPS[node.expr.op].kind in ("unary", "binary")
+
+
+def _from_inputs(flat: Flat, operand: Var) -> bool:
+    """Every value of ``operand`` is a value of a diagram input passed through dense
+    elementwise boxes (so each one costs a load)."""
+    inputs = {name for name, _ in flat.inputs}
+    axes = set(operand.axes)
+    pending = [operand.name]
+    while pending:
+        name = pending.pop()
+        if name in inputs:
+            return True
+        node = flat.node(name)
+        if _dense(node):
+            pending += [a.name for a in node.expr.args if isinstance(a, Var) and axes <= set(a.axes)]  # type: ignore[union-attr]
+    return False
+
+
+def _to_output(flat: Flat, name: str) -> bool:
+    """Every value of the array ``name`` reaches a diagram output through dense elementwise
+    boxes (so each one is saved, or kept live until its image is)."""
+    pending, seen = [name], set()
+    while pending:
+        current = pending.pop()
+        if current in flat.outputs:
+            return True
+        seen.add(current)
+        pending += [n.name for n in flat.nodes if current in n.reads and _dense(n) and n.name not in seen]
+    return False
+
+
 def _through_elementwise(flat: Flat, node: Node | None, axes: set[str]) -> Node | None:
-    """Follow elementwise boxes back to the box that produced the array carrying ``axes``."""
-    elementwise = ("unary", "binary", "where")
-    while node is not None and isinstance(node.expr, Box) and ops.OPS[node.expr.op].kind in elementwise:
-        carriers = [a for a in node.expr.args if isinstance(a, Var) and axes <= set(a.axes)]
+    """Follow dense elementwise boxes back to the box that produced the array carrying ``axes``."""
+    while node is not None and _dense(node):
+        carriers = [a for a in node.expr.args if isinstance(a, Var) and axes <= set(a.axes)]  # type: ignore[union-attr]
         node = _producer(flat, carriers[0]) if carriers else None
     return node
 
@@ -79,6 +120,9 @@ def _attention(flat: Flat, node: Node, sizes: dict[str, Expr], m: Expr) -> tuple
     if qk is None or not isinstance(qk.expr, Box) or qk.expr.op != "contract" or len(qk.expr.args) != 2:
         return None
     covered.add(qk.name)
+    operands = (*qk.expr.args, values)
+    if not (all(isinstance(a, Var) and _from_inputs(flat, a) for a in operands) and _to_output(flat, node.name)):
+        return None
     batch = tuple(a for a in scores.axes if a in values.axes and a not in target)
     rows = tuple(a for a in scores.axes if a not in target and a not in batch)
     dv = tuple(a for a in values.axes if a not in target and a not in batch)
@@ -87,9 +131,11 @@ def _attention(flat: Flat, node: Node, sizes: dict[str, Expr], m: Expr) -> tuple
                  "FlashAttention Thm 2 / Prop 3 (Θ(N²d²/M), d ≤ M ≤ Nd); Saha–Ye: tight for M ≥ d²"), covered
 
 
-def _matmul(node: Node, sizes: dict[str, Expr], m: Expr) -> Bound | None:
+def _matmul(flat: Flat, node: Node, sizes: dict[str, Expr], m: Expr) -> Bound | None:
     box = node.expr
     if not isinstance(box, Box) or ops.OPS[box.op].kind not in ("contract", "ncontract") or len(box.args) != 2:
+        return None
+    if not (all(isinstance(a, Var) and _from_inputs(flat, a) for a in box.args) and _to_output(flat, node.name)):
         return None
     first, second = (a.axes for a in box.args)
     k = box.target
@@ -114,7 +160,7 @@ def lower_bounds(flat: Flat, sizes: dict[str, Expr], m: Expr, skip: frozenset[st
                 covered |= hit[1]
     for node in flat.nodes:
         if node.name not in covered:
-            bound = _matmul(node, sizes, m)
+            bound = _matmul(flat, node, sizes, m)
             if bound is not None:
                 found.append(bound)
     compulsory = sympy.Add(*(_size(sizes, axes) for _, axes in flat.inputs)) + \

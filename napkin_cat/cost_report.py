@@ -28,6 +28,13 @@ def _num(expr: Any) -> Any:
     return float(value) if value.is_number else str(value)
 
 
+def _shortest(expr: sympy.Expr) -> sympy.Expr:
+    """The simplest of the expanded and factored forms of ``expr`` (a sum of simple terms
+    such as ``1 + sqrt(M)/(2*b)`` reads best expanded; a ratio of sums, factored)."""
+    simple = sympy.simplify(expr)
+    return min((sympy.expand(simple), sympy.factor(simple), simple), key=sympy.count_ops)
+
+
 def report(c: Cost, name: str) -> dict[str, Any]:
     """Everything `napkin cost` prints, for the cost ``c`` of theorem ``name``."""
     numeric = not any(isinstance(s, sympy.Symbol) for s in c.sizes.values())
@@ -62,7 +69,7 @@ def report(c: Cost, name: str) -> dict[str, Any]:
         }
         out["lower_bound"] = {"kind": bound.kind, "expr": _s(bound.expr), "source": bound.source,
                               "value": _num(bound.expr.subs(at)) if numeric else _s(bound.expr),
-                              "ratio": _num(sympy.expand(sympy.simplify((opt.transfers / bound.expr).subs(at))))}
+                              "ratio": _num(_shortest((opt.transfers / bound.expr).subs(at)))}
     if "lower_bound" not in out:
         out["lower_bound"] = {"kind": bound.kind, "expr": _s(bound.expr), "source": bound.source}
     out["compulsory"] = _s(bounds[-1].expr)

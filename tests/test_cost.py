@@ -134,6 +134,50 @@ def test_lower_bounds_are_recognised_by_structure() -> None:
     assert sympy.simplify(ratio - (1 + sympy.sqrt(M) / (2 * k))) == 0
 
 
+#: diagrams whose contractions look like matmul or attention but break the bound's assumptions
+UNBOUNDED = loads("""
+axis q, x, t, f
+axis d = 32
+axis e = 64
+diagram distance_scores(Q: [q d], K: [x d], V: [x d]) -> [q d] {
+  S = neg(sum[d](square(Q - K)))
+  return contract[x](softmax[x](S), V)
+}
+diagram unnormalised(Q: [q d], K: [x d], V: [x e]) -> [q e] {
+  return contract[x](contract[d](Q, K), V)
+}
+diagram window(Q: [q d], K: [x d], V: [x d]) -> [q d] {
+  S = where[q x](q - x < 8 and x - q < 8, contract[d](Q, K), -inf)
+  return contract[x](softmax[x](S), V)
+}
+diagram hidden(X: [t d], W1: [d f], W2: [f d]) -> [t d] {
+  return contract[f](relu(contract[d](X, W1)), W2)
+}
+""")
+
+
+@pytest.mark.parametrize("name", ["distance_scores", "unnormalised", "window", "hidden"])
+def test_no_structural_bound_where_its_assumptions_fail(name: str) -> None:
+    """Regression: a contraction of computed operands (scores contracted again, a broadcast
+    difference), one whose result is consumed on chip, or scores behind a sliding-window mask
+    got the matmul or attention bound, which schedules beat (H*/bound < 1 was printed)."""
+    co = cost_of(UNBOUNDED.diagram(name), Schedule())
+    assert diagram_bound(lower_bounds(co.program.nest.flat, co.sizes, M)).kind == "compulsory"
+
+
+def test_matmul_bound_holds_through_elementwise_prologue_and_epilogue() -> None:
+    module = loads("""
+axis t, f, d
+diagram scaled(X: [t d], G: [d], W: [d f], B: [f]) -> [t f] {
+  return gelu(contract[d](X * G, W) + B)
+}
+""")
+    co = cost_of(module.diagram("scaled"), Schedule())
+    bound = diagram_bound(lower_bounds(co.program.nest.flat, co.sizes, M))
+    t_, f_, d_ = sympy.symbols("t f d", positive=True)
+    assert bound.kind == "matmul" and sympy.simplify(bound.expr - 2 * t_ * f_ * d_ / sympy.sqrt(M)) == 0
+
+
 def test_unfused_attention_baseline_versus_flash() -> None:
     thm = proof.theorem(ROOT / "proofs" / "flash_attention.ncd", "flash_attention")
     symbolic = cost(thm)

@@ -51,6 +51,7 @@ _MAX_ORDERED = 5  # at most 5! orderings per symbolic case
 _EXACT_ENTRIES = 512  # the exact tier's largest input (entries over all parameters)
 _MAX_REACH = 24  # the largest size the float64 tier sweeps a lemma to (see _reach)
 _MAX_GRID = 4096  # the most size combinations (reach ** axes) the float64 tier sweeps
+_UNBOUNDED = -1  # _reach's answer when no size bounds where the lemma's branches switch
 _EXACT_CASES = 120  # the most size combinations the exact tier evaluates (the smallest first)
 
 
@@ -151,7 +152,9 @@ def _reach(lemma: LemmaDecl) -> int:
     equal, and an index predicate with integer coefficients c_i changes truth only at
     positions below 1 + Σ|c_i| (Cauchy's root bound); a size-dependent value compared with
     a constant c by a piecewise box (``relu(x - 10)``) changes only near c, where a constant
-    is any closed scalar term (``exp(exp(2))`` counts as 1619).  So a side can be
+    is any closed scalar term (``exp(exp(2))`` counts as 1619), and more generally below
+    the Cauchy bound of the box's argument (``_step_bound``: ``relu(x * 0.04 - 1)`` steps
+    at 25 with no constant above 1).  So a side can be
     made to agree up to a size n only with n sources or constants as large as n:
     ``(x-1)(x-2)(x-3)(x-4)``, ``where[x](x < 5, X, 0)``, ``relu(x - 10)``.  The check covers
     every size up to 2 + sources + the largest constant (scalar constants count when the
@@ -166,7 +169,70 @@ def _reach(lemma: LemmaDecl) -> int:
             scalars.append(abs(_closed_value(node)))  # a closed scalar term: no variable, size or axis
     # a size compared with a constant by a piecewise box (relu(x - 10), min(x, 10)) is a step there
     finite = [v for v in scalars if math.isfinite(v)]
-    return 2 + sources + max(constants, math.ceil(max(finite)) if sources else 0)
+    if (steps := _step_bound(lemma)) == math.inf:
+        return _UNBOUNDED
+    return 2 + sources + max(constants, math.ceil(max(*finite, steps)) if sources else 0)
+
+
+def _step_bound(lemma: LemmaDecl) -> float:
+    """A size past which no piecewise box of ``lemma`` changes branch because of sizes.
+
+    ``relu(p)``, ``abs(p)``, ``max(p, r)``, ``min(p, r)`` switch where p (p - r) crosses 0.
+    Read elementwise (every variable a scalar, every size |a| a positive symbol), p is a
+    rational function; its numerator's roots lie below 1 + max|c| / min|c| over its
+    numeric coefficients (Cauchy's bound; in a coefficient that involves a variable, its
+    numbers), so ``relu(x * 0.04 - 1)`` steps by 26.  Arguments that reduce or normalise are
+    size sources instead; one that is not polynomial in the sizes (``sqrt(x) - 5``)
+    counts as unbounded: bounded certification cannot place its step.
+    """
+    bound = 0.0
+    for node in (n for side in (lemma.lhs, lemma.rhs) for n in walk(side)):
+        if not isinstance(node, Box) or node.op not in ("relu", "abs", "maximum", "minimum"):
+            continue
+        arg = node.args[0] if len(node.args) == 1 else typed_box("sub", node.args)
+        sizes = {n.axis: sympy.Symbol(f"|{n.axis}|", positive=True) for n in walk(arg) if isinstance(n, Size)}
+        if not sizes or any(isinstance(n, Box) and n.target for n in walk(arg)):
+            continue
+        names = sorted({n.name for n in walk(arg) if isinstance(n, Var)} | {f"|{a}|" for a in sizes})
+        term = _elementwise(arg)
+        inputs = [Named((), np.array(sympy.Symbol(n, positive=True) if n.startswith("|") else
+                                     sympy.Symbol(n, real=True), dtype=object)) for n in names]
+        value = evaluate_named(Diagram("step", tuple(Param(n, ()) for n in names), (), (term,), ((),), ()),
+                               inputs, {}, SYMBOLIC)
+        numerator = sympy.numer(sympy.together(_flat(value)[0]))
+        try:
+            poly = sympy.Poly(sympy.expand(numerator), *sizes.values())
+        except sympy.PolynomialError:
+            return math.inf
+        if any(g.has(*sizes.values()) for g in poly.free_symbols_in_domain):
+            return math.inf  # a size inside a coefficient: not polynomial in it (sqrt(x), exp(x))
+        if poly.total_degree() == 0:
+            continue
+        weights = [abs(float(k)) for c in poly.coeffs() for k in _numbers(c)]
+        weights = [w for w in weights if w > 0]
+        bound = max(bound, 1 + max(weights) / min(weights))
+    return bound
+
+
+def _numbers(coefficient: Any) -> list[Any]:
+    """The numeric coefficients of a coefficient that may involve variables (``25*X - 25``)."""
+    if coefficient.is_number:
+        return [coefficient]
+    try:
+        return [k for k in sympy.Poly(coefficient, *sorted(coefficient.free_symbols, key=str)).coeffs() if k.is_number]
+    except sympy.PolynomialError:
+        return [sympy.Integer(1)]
+
+
+def _elementwise(expr: Expr) -> Expr:
+    """``expr`` read on one element: variables scalars, each ``Size`` a scalar variable ``|a|``."""
+    if isinstance(expr, Var):
+        return Var(expr.name, ())
+    if isinstance(expr, Size):
+        return Var(f"|{expr.axis}|", ())
+    if isinstance(expr, Box):
+        return typed_box(expr.op, tuple(_elementwise(a) for a in expr.args), expr.target, expr.out, expr.params)
+    return expr
 
 
 def _closed_value(expr: Expr) -> float:
@@ -197,6 +263,9 @@ def certify_lemma(lemma: LemmaDecl, level: str = "quick") -> Certificate:
     lhs, rhs = _side(lemma, lemma.lhs), _side(lemma, lemma.rhs)
     axes = [a.name for a in lemma.axes]
     reach = _reach(lemma)
+    if reach == _UNBOUNDED:
+        return Certificate(False, "reach", "a piecewise box (relu, abs, max, min) compares a size non-polynomially "
+                                           "(`relu(sqrt(x) - 5)`): bounded certification cannot place its step")
     if reach > _MAX_REACH:
         return Certificate(False, "reach", f"its sizes and constants reach {reach}, past the {_MAX_REACH} "
                                            "that bounded certification checks")

@@ -17,10 +17,11 @@ import pytest
 
 from napkin_cat import loads
 from napkin_cat.diagnostics import NapkinError
-from napkin_cat.lower import lower, lower_schedule
+from napkin_cat.lower import lower, lower_schedule, realised_schedule
 from napkin_cat.proof import check_file, check_module
 from napkin_cat.terms import Partition, Schedule
 from tests import lower_cases as cases
+from tests.test_crosslower import TRITON_CALL, cuda_hlo
 
 NAMES = sorted(cases.theorems())
 
@@ -79,6 +80,71 @@ def test_non_power_of_two_tiles_are_padded_per_tile() -> None:
     a, b = np.random.default_rng(2).standard_normal((2, 100, 70))
     got = lowered.fn(jnp.asarray(a, jnp.float32), jnp.asarray(b.T, jnp.float32))
     assert cases.relative_error(got, a @ b.T) < cases.F32_TOL
+
+
+BATCHED = loads("""
+axis t, b, f
+axis c = 16
+diagram mid_batch(X: [t b c], W: [c f]) -> [b t f] {
+  return contract[c](X, W)
+}
+theorem small_tiles: mid_batch {
+  group b by 2 pad
+  group t by 8 pad
+}
+theorem woven_columns: mid_batch {
+  group b by 2 pad
+  group t by gt
+}
+diagram patch(X: [t c b], W: [c b f]) -> [t f] {
+  return contract[c b](X, W)
+}
+theorem tiled_patch: patch {
+  group t by gt
+  group f by gf
+}
+""")
+BATCHED_THEOREMS = {r.name: r.theorem for r in check_module(BATCHED)}
+
+
+def test_several_padded_tiles_merge_back_in_order() -> None:
+    """Regression: with two grouped axes stored as padded blocks (b by 2, t by 8), the output
+    tiles were merged right to left at unshifted positions: wrong shape, wrong values."""
+    lowered = lower(BATCHED_THEOREMS["small_tiles"], target="pallas")
+    assert lowered.layout.padded_tiles == {"b", "t"}
+    rng = np.random.default_rng(3)
+    x, w = rng.standard_normal((23, 3, 16)), rng.standard_normal((16, 5))
+    got = lowered.fn(jnp.asarray(x, jnp.float32), jnp.asarray(w, jnp.float32))
+    assert cases.relative_error(got, np.einsum("tbc,cf->btf", x, w)) < cases.F32_TOL
+
+
+@pytest.mark.parametrize(("name", "tiles"), [("small_tiles", {}), ("tiled_patch", {"gt": 32, "gf": 32})])
+def test_dots_with_several_free_or_contracted_axes_are_two_dimensional(name: str, tiles: dict[str, int]) -> None:
+    """Regression: a padded batch tile [b t c] times [c f], or a contraction over [c b],
+    emitted a 3-D dot that the Triton backend refuses ("a and b must be 2D"); the axis
+    groups are merged into rows, columns and the contracted dimension."""
+    thm = BATCHED_THEOREMS[name]
+    lowered = lower(thm, target="pallas", tiles=tiles)
+    assert ".reshape((" in lowered.source
+    shapes = {"t": 40, "b": 3, "c": 16, "f": 36}
+    specs = [jax.ShapeDtypeStruct(tuple(shapes[a] for a in p.axes), jnp.float32) for p in thm.result.inputs]
+    assert TRITON_CALL in cuda_hlo(lowered.fn, *specs)
+    rng = np.random.default_rng(5)
+    arrays = [rng.standard_normal(s.shape) for s in specs]
+    got = lowered.fn(*(jnp.asarray(a, jnp.float32) for a in arrays))
+    assert cases.relative_error(got, cases.reference(thm, arrays, shapes)[0]) < cases.F32_TOL
+
+
+def test_default_tiles_cost_the_kernel_with_woven_axes_on_the_grid() -> None:
+    """Regression: the Pallas kernel puts f (woven everywhere, not partitioned) on the grid
+    with blocks of one, but the default tiles were costed with f whole in every program, so
+    the search chose gt = 4 (a 16-row block with 4 rows used)."""
+    thm = BATCHED_THEOREMS["woven_columns"]
+    realised = realised_schedule(thm.result, thm.schedule, "pallas")
+    assert Partition("group", "f", 1) in realised.partitions
+    assert realised_schedule(thm.result, thm.schedule, "jax") == thm.schedule
+    lowered = lower(thm, target="pallas", hardware="h200")
+    assert lowered.layout.squeezed == {"f"} and lowered.tiles["gt"] >= 16
 
 
 def test_fully_masked_rows_and_tiles_stay_finite() -> None:

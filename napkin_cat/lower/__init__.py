@@ -16,23 +16,24 @@ from __future__ import annotations
 import ast
 import linecache
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from napkin_cat import cost, optimise
 from napkin_cat import hardware as hw
 from napkin_cat.diagnostics import NapkinError, error
+from napkin_cat.loopnest import flatten
 from napkin_cat.lower import codegen as cg
 from napkin_cat.lower import jax as jax_target
 from napkin_cat.lower import pallas as pallas_target
-from napkin_cat.lower.layout import Layout, layout
+from napkin_cat.lower.layout import Layout, layout, woven_grid_axes
 from napkin_cat.lower.runtime import helper_source
 from napkin_cat.lower.values import BIG, INF, TINY
 from napkin_cat.printer import print_diagram, print_step
 from napkin_cat.terms import Diagram, Partition, Schedule
 
 __all__ = ["DEFAULT_TILE", "DTYPES", "REPRESENTATIVE_SIZE", "TARGETS", "Lowered", "default_tiles", "lower",
-           "lower_schedule"]
+           "lower_schedule", "realised_schedule"]
 
 TARGETS = ("pallas", "jax")
 
@@ -109,7 +110,7 @@ def lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str 
             given[p.tile] = given[p.axis]
     missing = [p.tile for p in schedule.partitions if isinstance(p.tile, str) and p.tile not in given]
     if missing:
-        defaults, origin = default_tiles(diagram, schedule, hardware)
+        defaults, origin = default_tiles(diagram, realised_schedule(diagram, schedule, target), hardware)
         origin = f"{', '.join(sorted(given))} given; the others: {origin}" if given else origin
     else:
         defaults, origin = {}, "given" if given else "fixed by the proof"
@@ -134,6 +135,19 @@ def lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str 
     source = cg.module(summary, body)
     return Lowered(name, target, source, _compile(source, fname, f"<napkin-{target}:{name}>"),
                    chosen, lay)
+
+
+def realised_schedule(diagram: Diagram, schedule: Schedule, target: str) -> Schedule:
+    """The schedule a ``target`` kernel runs: for Pallas, the proved one with ``group AXIS
+    by 1`` for each axis it puts on the grid unpartitioned (``layout.woven_grid_axes``), so
+    default tiles and the docstring's cost bound describe the kernel, not a placement with
+    those axes whole in every program."""
+    if target != "pallas":
+        return schedule
+    partitioned = frozenset(p.axis for p in schedule.partitions)
+    level = schedule.partitions[0].level if schedule.partitions else "smem"
+    added = tuple(Partition("group", a, 1, level) for a in woven_grid_axes(flatten(diagram), partitioned))
+    return replace(schedule, partitions=added + schedule.partitions) if added else schedule
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -198,11 +212,12 @@ def _placement(lay: Layout, target: str) -> str:
 
 def _cost_bound(lay: Layout, hardware: str | None) -> str:
     """H at the first level below HBM (values moved), symbolic and at the chosen tiles, and FLOPs."""
+    schedule = realised_schedule(lay.diagram, lay.schedule, lay.target)
     try:
-        model = cost.cost_of(lay.diagram, lay.schedule, hardware or "h100")
+        model = cost.cost_of(lay.diagram, schedule, hardware or "h100")
     except (ValueError, KeyError) as exc:
         return f"not derived ({exc})"
     level = model.first
-    values = {p.tile: lay.tiles[p.axis] for p in lay.schedule.partitions if isinstance(p.tile, str)}
+    values = {p.tile: lay.tiles[p.axis] for p in schedule.partitions if isinstance(p.tile, str)}
     return (f"H_{level.name} = {level.transfers} values between hbm and {level.name}"
             f" (= {model.at(level.transfers, values)} at these tiles); FLOPs = {model.flops}")

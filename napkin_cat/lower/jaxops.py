@@ -41,6 +41,7 @@ from napkin_cat.lower.values import (
     rounded,
     saturate,
     shape,
+    transpose_to,
 )
 from napkin_cat.terms import Axes, Box, Const, Diagram, Expr, IBin, Idx, IInt, IndexExpr, Size, Var
 
@@ -159,8 +160,13 @@ def _contract(box: Box, args: Sequence[Value], scope: Scope) -> Value:
     everything = tuple(dict.fromkeys(a for v in operands for a in v.axes))
     out = tuple(a for a in everything if a not in target)
     if _is_matmul(operands, target, scope):
+        operands, merged = _as_matrices(operands, target, scope)
+        everything = tuple(dict.fromkeys(a for v in operands for a in v.axes))
         letters = {a: chr(ord("a") + i) for i, a in enumerate(everything)}
-        spec = ",".join("".join(letters[a] for a in v.axes) for v in operands) + "->" + "".join(letters[a] for a in out)
+        contracted = set(target) | {name for name, group in merged.items() if set(group) <= set(target)}
+        dot_out = tuple(a for a in everything if a not in contracted)
+        spec = ",".join("".join(letters[a] for a in v.axes) for v in operands) + "->" + \
+            "".join(letters[a] for a in dot_out)
         dtype = cg.attr(f"jnp.{scope.dot_dtype}")
         keywords = [cg.kw("preferred_element_type", cg.attr("jnp.float32"))]
         if scope.dot_dtype == "float32":  # IEEE f32, not TF32 (pallas-notes §5.3)
@@ -169,13 +175,54 @@ def _contract(box: Box, args: Sequence[Value], scope: Scope) -> Value:
                 for v in operands]
         if scope.dot_operand and scope.dot_dtype != "float32":
             cast = [cg.call(ast.Attribute(c, "astype", ast.Load()), cg.name(scope.dot_operand)) for c in cast]
-        return Value(cg.call("jnp.einsum", cg.const(spec), *cast, keywords=keywords), out)
+        product_expr = cg.call("jnp.einsum", cg.const(spec), *cast, keywords=keywords)
+        if not merged:
+            return Value(product_expr, out)
+        unmerged = tuple(a for group in (merged.get(x, (x,)) for x in dot_out) for a in group)
+        return Value(_reshaped(product_expr, unmerged, scope), unmerged)
     product = align(operands[0], everything)
     for v in operands[1:]:
         product = cg.binop(product, "*", align(v, everything))
     if not target:
         return Value(product, everything)
     return Value(cg.call("jnp.sum", product, keywords=[cg.kw("axis", positions(everything, target))]), out)
+
+
+def _as_matrices(operands: Sequence[Value], target: Axes, scope: Scope) -> tuple[list[Value], dict[str, Axes]]:
+    """For a backend whose dot takes 2-D operands (``scope.batched_dot`` false: Triton), the
+    two operands with each of their free and contracted axis groups merged into one dimension
+    where the group has several axes (a grouped batch tile [b t d] times [d f] is rows b*t),
+    and which merged dimension stands for which axes (none: the operands as they are)."""
+    a, b = operands
+    batch = tuple(x for x in a.axes if x in b.axes and x not in target)
+    groups = (batch, tuple(x for x in a.axes if x not in b.axes), tuple(target),
+              tuple(x for x in b.axes if x not in a.axes))
+    if scope.batched_dot or all(len(g) <= 1 for g in groups):
+        return list(operands), {}
+    merged = {"*".join(g): g for g in groups if len(g) > 1}
+
+    def matrix(value: Value, parts: tuple[Axes, ...]) -> Value:
+        if all(len(g) <= 1 for g in parts):
+            return value
+        order = tuple(x for g in parts for x in g)
+        names = tuple("*".join(g) for g in parts if g)
+        return Value(_reshaped(transpose_to(value, order), names, scope, merged), names)
+
+    batch_g, free_a, contracted, free_b = groups
+    return [matrix(a, (batch_g, free_a, contracted)), matrix(b, (batch_g, contracted, free_b))], merged
+
+
+def _reshaped(expr: ast.expr, names: Axes, scope: Scope, merged: Mapping[str, Axes] | None = None) -> ast.expr:
+    """``expr.reshape`` to the extents of ``names``, a name of ``merged`` standing for the
+    product of its axes' extents."""
+    dims = []
+    for name in names:
+        extents = [scope.extents[a] for a in (merged or {}).get(name, (name,))]
+        dim = extents[0]
+        for extent in extents[1:]:
+            dim = cg.binop(dim, "*", extent)
+        dims.append(dim)
+    return cg.call(ast.Attribute(expr, "reshape", ast.Load()), cg.tuple_(dims))
 
 
 def _is_matmul(operands: Sequence[Value], target: Axes, scope: Scope) -> bool:

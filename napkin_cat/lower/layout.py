@@ -29,7 +29,7 @@ from napkin_cat.lower.jaxops import fill_values
 from napkin_cat.lower.runtime import pow2_extent
 from napkin_cat.terms import Box, Diagram, Schedule, Size
 
-__all__ = ["FORMATS", "MIN_BLOCK", "POSITIONAL", "TRITON_MISSING", "Layout", "layout"]
+__all__ = ["FORMATS", "MIN_BLOCK", "POSITIONAL", "TRITON_MISSING", "Layout", "layout", "woven_grid_axes"]
 
 #: the smallest block the Triton backend's dot accepts on every dimension (pallas-notes §5.2)
 MIN_BLOCK = 16
@@ -156,8 +156,8 @@ def layout(name: str, diagram: Diagram, schedule: Schedule, tiles: Mapping[str, 
     squeezed: tuple[str, ...] = ()
     if target == "pallas" and out_types:
         # woven axes and groups of one: one program per position, the axis squeezed away
-        squeezed = tuple(a for a in out_types[0] if (a not in by_axis and _woven_everywhere(flat, a, out_types))
-                         or (a in groups and axis_tiles[a] == 1))
+        woven = woven_grid_axes(flat, by_axis)
+        squeezed = tuple(a for a in out_types[0] if a in woven or (a in groups and axis_tiles[a] == 1))
     # groups whose tile the Triton backend cannot use as a block: each tile padded to one
     padded_tiles = tuple(a for a in groups if target == "pallas" and a not in squeezed and not _block_ok(axis_tiles[a]))
     grid = tuple(a for a in out_types[0] if a in squeezed or a in groups) if out_types else ()
@@ -186,6 +186,17 @@ def layout(name: str, diagram: Diagram, schedule: Schedule, tiles: Mapping[str, 
                     plans, frozenset(padded_tiles), derived)
     _check_padding(result)
     return result
+
+
+def woven_grid_axes(flat: Flat, partitioned: Mapping[str, object] | frozenset[str]) -> tuple[str, ...]:
+    """The axes a Pallas kernel puts on its grid with blocks of one although the schedule
+    does not partition them: not in ``partitioned``, on every output and only ever woven
+    (batch and heads woven through the whole diagram).  The schedule the kernel realises
+    is the proved one with ``group AXIS by 1`` added for each (a relabelling R3 admits)."""
+    out_types = [flat.type_of(o) for o in flat.outputs]
+    if not out_types:
+        return ()
+    return tuple(a for a in out_types[0] if a not in partitioned and _woven_everywhere(flat, a, out_types))
 
 
 def _block_ok(tile: int) -> bool:

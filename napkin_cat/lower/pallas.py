@@ -121,7 +121,7 @@ def emit_function(lay: Layout, fname: str, params: Sequence[str], doc: str, dtyp
         while index and isinstance(index[-1], ast.Slice) and index[-1].upper is None:
             index.pop()
         value = cg.subscript(cg.name(outs.id), cg.const(k))
-        for i in reversed(range(len(t))):
+        for i in range(len(t)):  # left to right: the axes before i are already merged back
             if t[i] in lay.padded_tiles:
                 value = cg.call("merge_tiles", value, cg.const(i), cg.const(lay.tiles[t[i]]))
         results.append(cg.subscript(value, index) if index else value)

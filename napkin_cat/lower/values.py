@@ -63,6 +63,8 @@ class Scope:
     #: where XLA:CPU has no bf16 x bf16 -> f32 dot for every layout; the products are the same,
     #: exact in f32) or None to dot in ``dot_dtype``
     dot_operand: str | None = None
+    #: the backend's dot takes batch axes and several free or contracted axes per operand
+    #: (XLA); False: 2-D operands only (the Triton backend), so multi-axis groups are merged
     batched_dot: bool = True
     #: intermediate arrays a ``dtype`` step stores in a narrower format: name -> jnp dtype
     rounded: Mapping[str, str] = field(default_factory=dict)

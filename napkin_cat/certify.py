@@ -7,13 +7,15 @@ occur (running maxima) the check splits into cases: for every ordering of the sc
 inside them, the scalars are rewritten as t, t - p1, t - p1 - p2, ... with p_i >= 0,
 which decides every Max/Min and covers ties.
 T1½, exact (lemmas): the smallest combinations of sizes up to the lemma's reach
-(``_reach``; every axis swept independently, ``_grid``) on random rational inputs,
-evaluated over sympy and compared to 50 digits.
+(``_reach``; every axis swept independently, ``_grid``) on random rational inputs, every
+other combination scaled past the lemma's constants (``_scale``), evaluated over sympy
+and compared to 50 digits.
 T2, numeric: float64 evaluation at every combination of sizes up to the lemma's reach,
 then on seeded random sizes and values (with fully masked rows for the accumulators with
-a running max) must agree to 1e-9.  Lemmas are also evaluated on the inputs where the
-evaluator's conventions decide values (all-zero and fully or partly ``-inf`` arguments,
-``_edges``): wherever the left side is finite the right side must equal it.
+a running max) must agree to 1e-9.  Lemmas are also evaluated on scaled inputs and on
+the inputs where the evaluator's conventions decide values (all-zero and fully or partly
+``-inf`` arguments, ``_edges``): wherever the left side is finite the right side must
+equal it.
 
 Accumulators are certified per consuming box signature (op, target, parameters,
 operand types, streamed axis): the recomposition law combine(lift(x), lift(y)) =
@@ -160,15 +162,13 @@ def _reach(lemma: LemmaDecl) -> int:
     every size up to 2 + sources + the largest constant (scalar constants count when the
     lemma has a size source).
     """
-    sources, constants, scalars = 0, 0, [0.0]
+    sources, constants = 0, 0
     for node in (n for side in (lemma.lhs, lemma.rhs) for n in walk(side)):
         sources += isinstance(node, Size) or (isinstance(node, Box) and bool(node.target))
         if isinstance(node, Box) and node.index is not None:
             constants = max(constants, 1 + sum(abs(v) for v in _index_ints(node.index)))
-        if not any(n.axes or isinstance(n, (Var, Size)) or (isinstance(n, Box) and n.target) for n in walk(node)):
-            scalars.append(abs(_closed_value(node)))  # a closed scalar term: no variable, size or axis
     # a size compared with a constant by a piecewise box (relu(x - 10), min(x, 10)) is a step there
-    finite = [v for v in scalars if math.isfinite(v)]
+    finite = [0.0, *_closed_scalars(lemma)]
     if (steps := _step_bound(lemma)) == math.inf:
         return _UNBOUNDED
     return 2 + sources + max(constants, math.ceil(max(*finite, steps)) if sources else 0)
@@ -233,6 +233,24 @@ def _elementwise(expr: Expr) -> Expr:
     if isinstance(expr, Box):
         return typed_box(expr.op, tuple(_elementwise(a) for a in expr.args), expr.target, expr.out, expr.params)
     return expr
+
+
+def _closed_scalars(lemma: LemmaDecl) -> list[float]:
+    """|value| of every closed scalar term of ``lemma`` (no variable, size or axis), finite ones."""
+    values = [abs(_closed_value(node)) for side in (lemma.lhs, lemma.rhs) for node in walk(side)
+              if not any(n.axes or isinstance(n, (Var, Size)) or (isinstance(n, Box) and n.target) for n in walk(node))]
+    return [v for v in values if math.isfinite(v)]
+
+
+def _scale(lemma: LemmaDecl) -> float:
+    """How large the inputs must get to cross the values the lemma compares with.
+
+    A piecewise box compares a value with the lemma's constants (``relu(max[x](X) - 4)``,
+    ``relu(X * 0.01 - 5)``); inputs of standard size never reach 4, let alone 500.  The
+    scale is 2 plus the product over the distinct constants c of max(|c|, 1/|c|) (1000 for
+    both 0.01 and 5 with 0.01 · X - 5: 500 is reached), capped at 1e6."""
+    weights = {max(v, 1 / v) for v in _closed_scalars(lemma) if v > 0}
+    return min(2 + math.prod(weights), 1e6)
 
 
 def _closed_value(expr: Expr) -> float:
@@ -314,19 +332,20 @@ def _grid(axes: Sequence[str], reach: int) -> list[dict[str, int]]:
 
 def _exact_tier(lemma: LemmaDecl, lhs: Diagram, rhs: Diagram, reach: int, labels: bool) -> tuple[int, str | None]:
     """(sizes checked, first disagreement): the smallest ``_EXACT_CASES`` size combinations
-    up to ``reach`` (``_grid``) on random rational inputs (integers for onehot lemmas),
-    evaluated exactly and compared to 50 digits, so a difference far below float64's
-    tolerance (``1e-10 * relu(x - 3)``) is seen; sizes whose inputs exceed
-    ``_EXACT_ENTRIES`` entries are left to float64."""
+    up to ``reach`` (``_grid``) on random rational inputs (integers for onehot lemmas; every
+    other combination's scaled by ``_scale``), evaluated exactly and compared to 50 digits,
+    so a difference far below float64's tolerance (``1e-10 * relu(x - 3)``) is seen; sizes
+    whose inputs exceed ``_EXACT_ENTRIES`` entries are left to float64."""
     rng = np.random.default_rng(3)
-    checked = 0
+    checked, scale = 0, sympy.Integer(math.ceil(_scale(lemma)))
     for sizes in _grid([a.name for a in lemma.axes], reach):
         shapes = [[sizes[a] for a in p.axes] for p in lemma.params]
         if sum(math.prod(shape) for shape in shapes) > _EXACT_ENTRIES:
             continue
         if checked == _EXACT_CASES:
             break
-        inputs = [Named(p.axes, np.array([sympy.Integer(k) if labels else sympy.Rational(k, 8) for k in
+        factor = scale if checked % 2 else sympy.Integer(1)  # every other point at the lemma's _scale
+        inputs = [Named(p.axes, np.array([sympy.Integer(k) if labels else sympy.Rational(k, 8) * factor for k in
                                           rng.integers(-16, 17, math.prod(shape)).tolist()], dtype=object)
                         .reshape(shape)) for p, shape in zip(lemma.params, shapes, strict=True)]
         try:
@@ -352,7 +371,7 @@ def _float64_tier(lemma: LemmaDecl, lhs: Diagram, rhs: Diagram, reach: int, case
     rng = np.random.default_rng(0)
     axes = [a.name for a in lemma.axes]
     grid = _grid(axes, reach)
-    numeric = 0
+    numeric, scale = 0, _scale(lemma)
     for draw in itertools.count():
         if draw >= len(grid) + 40 * cases or numeric >= cases + len(grid):
             break  # draws the lemma's reshapes do not admit are redrawn
@@ -361,7 +380,7 @@ def _float64_tier(lemma: LemmaDecl, lhs: Diagram, rhs: Diagram, reach: int, case
         values = [rng.integers(-1, reach + 1, s).astype(float) if labels and draw % 2 else rng.standard_normal(s)
                   for s in shapes]
         equal_sizes = len(set(sizes.values())) <= 1
-        for edge, inputs in [("", values)] + (list(_edges(lemma, values)) if equal_sizes else []):
+        for edge, inputs in [("", values)] + (list(_edges(lemma, values, scale)) if equal_sizes else []):
             try:
                 left = evaluate_named(lhs, _named(lemma, inputs), dict(sizes), FLOAT64)
                 right = evaluate_named(rhs, _named(lemma, inputs), dict(sizes), FLOAT64)
@@ -381,10 +400,12 @@ def _named(lemma: LemmaDecl, values: Sequence[Any]) -> list[Named]:
     return [Named(p.axes, v) for p, v in zip(lemma.params, values, strict=True)]
 
 
-def _edges(lemma: LemmaDecl, values: Sequence[Any]) -> Iterator[tuple[str, list[Any]]]:
-    """Inputs where the evaluator's conventions decide values (evaluate.py): per parameter,
-    all zeros (normalising an all-zero row gives 0), all ``-inf`` (a fully masked row:
-    softmax gives 0) and half its entries ``-inf`` (a partly masked row)."""
+def _edges(lemma: LemmaDecl, values: Sequence[Any], scale: float) -> Iterator[tuple[str, list[Any]]]:
+    """Inputs past the standard draws: every input times the lemma's ``_scale``, then where
+    the evaluator's conventions decide values (evaluate.py), per parameter: all zeros
+    (normalising an all-zero row gives 0), all ``-inf`` (a fully masked row: softmax gives
+    0) and half its entries ``-inf`` (a partly masked row)."""
+    yield f" with the inputs times {scale:g}", [np.asarray(v) * scale for v in values]
     for i, param in enumerate(lemma.params):
         masked = np.array(values[i], dtype=float, copy=True)
         masked.reshape(-1)[::2] = -math.inf

@@ -3,7 +3,8 @@ bandwidth-weighted model (§4.2), and the best integer tiles under the hardware'
 divisibility constraints as a configuration table (§5.6).
 
 ``continuous`` minimises a level's transfers H_ℓ subject to M_ℓ = M with Lagrange multipliers
-(sympy ``solve``).  Tiles that do not change H_ℓ (typically stream chunks) only cost memory, so
+(sympy ``solve``); the trip counts ceil(size / tile) of padded partitions are relaxed to
+size / tile, as every tile is.  Tiles that do not change H_ℓ (typically stream chunks) only cost memory, so
 the relaxation takes them to their infimum 0 (the paper's "taking s_b small").  ``M`` is the
 level's capacity in values of the compute dtype; ``Optimum.in_bytes`` rewrites the optimum for a
 capacity in bytes, which is where quantisation's q^(1+β) law appears (§4.3).
@@ -77,17 +78,15 @@ def continuous(c: Cost, level: str | None = None) -> Optimum | None:
     """
     lv = c.first if level is None else c.level(level)
     bpv = hw.bytes_per_value(c.dtype)
-    transfers = lv.transfers
+    transfers = _relaxed(lv.transfers)
     mine = _tiles_at(c, lv.name)
     free = [t for t in mine if t in transfers.free_symbols]
     if not free:
         return Optimum(lv.name, {}, sympy.simplify(transfers), bpv)
-    memory = lv.memory_bytes.subs({t: 0 for t in mine if t not in free}) / bpv
+    memory = _relaxed(lv.memory_bytes).subs({t: 0 for t in mine if t not in free}) / bpv
     if isinstance(memory, sympy.Max):
         memory = max_of(list(memory.args))
     columns = list(memory.args) if isinstance(memory, sympy.Max) else [memory]
-    if memory.has(sympy.ceiling):
-        return None
     # with several candidate peak columns, one of them is the active constraint: take the
     # first whose optimum provably keeps every other column within M
     for active in columns:
@@ -99,6 +98,12 @@ def continuous(c: Cost, level: str | None = None) -> Optimum | None:
         if all(sympy.simplify(col.subs(tiles) - M).is_nonpositive for col in others):
             return Optimum(lv.name, {str(t): v for t, v in tiles.items()}, best, bpv)
     return None
+
+
+def _relaxed(expr: Expr) -> Expr:
+    """``expr`` with every ``ceiling(a)`` replaced by ``a``: a padded schedule's trip counts
+    ceil(size / tile) relaxed to real tiles, as the unpadded schedule's (tiles are real here)."""
+    return expr.replace(sympy.ceiling, lambda arg: arg)
 
 
 def _lagrange(transfers: Expr, memory: Expr, free: list[sympy.Symbol]) -> tuple[dict[sympy.Symbol, Expr], Expr] | None:

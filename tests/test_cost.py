@@ -69,6 +69,17 @@ def test_matmul_optimum_is_square_tiles_and_the_paper_closed_form() -> None:
     assert opt.beta == sympy.Rational(1, 2)
 
 
+def test_padded_schedules_have_the_continuous_optimum_of_the_unpadded_one() -> None:
+    """Regression: trips ceil(size / tile) made sympy give up ("no closed form") on every
+    schedule with `pad`; the relaxation to real tiles is size / tile, as without padding."""
+    padded = Schedule(tuple(Partition(p.kind, p.axis, p.tile, p.level, pad=True) for p in MATMUL.partitions))
+    co = cost_of(MODULE.diagram("product"), padded)
+    assert co.level("smem").transfers.has(sympy.ceiling)
+    opt, plain = continuous(co), continuous(cost_of(MODULE.diagram("product"), MATMUL))
+    assert opt is not None and plain is not None
+    assert opt.tiles == plain.tiles and sympy.simplify(opt.transfers - plain.transfers) == 0
+
+
 def test_attention_transfers_and_memory_match_the_reconstruction() -> None:
     co = cost_of(MODULE.diagram("streamed"), FLASH, accumulators={"ncontract:('x',):('exp', 'exp', 'id')":
                                                                   "online_softmax"})

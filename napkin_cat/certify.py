@@ -43,7 +43,7 @@ from napkin_cat import accumulators as acc
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.evaluate import FLOAT64, SYMBOLIC, Algebra, Named, evaluate_named
 from napkin_cat.kernel import typed_box
-from napkin_cat.terms import Axis, Box, Diagram, Expr, IInt, LemmaDecl, Param, Size, Var, walk
+from napkin_cat.terms import Axis, Box, Const, Diagram, Expr, IInt, LemmaDecl, Param, Size, Var, walk
 
 __all__ = ["LEVELS", "Certificate", "accumulator", "certify_lemma", "representative_boxes"]
 
@@ -177,7 +177,8 @@ def _reach(lemma: LemmaDecl) -> int:
 def _step_bound(lemma: LemmaDecl) -> float:
     """A size past which no piecewise box of ``lemma`` changes branch because of sizes.
 
-    ``relu(p)``, ``abs(p)``, ``max(p, r)``, ``min(p, r)`` switch where p (p - r) crosses 0.
+    ``relu(p)``, ``abs(p)``, ``max(p, r)``, ``min(p, r)`` switch where p (p - r) crosses 0,
+    ``onehot[v](p)`` where p crosses a position (first 1: p - 1).
     Read elementwise (every variable a scalar, every size |a| a positive symbol), p is a
     rational function; its numerator's roots lie below 1 + max|c| / min|c| over its
     numeric coefficients (Cauchy's bound; in a coefficient that involves a variable, its
@@ -187,9 +188,11 @@ def _step_bound(lemma: LemmaDecl) -> float:
     """
     bound = 0.0
     for node in (n for side in (lemma.lhs, lemma.rhs) for n in walk(side)):
-        if not isinstance(node, Box) or node.op not in ("relu", "abs", "maximum", "minimum"):
+        if not isinstance(node, Box) or node.op not in ("relu", "abs", "maximum", "minimum", "onehot"):
             continue
-        arg = node.args[0] if len(node.args) == 1 else typed_box("sub", node.args)
+        # onehot[v](L) switches where L crosses a position k >= 1 first at L - 1 (then the bound scales with k)
+        arg = typed_box("sub", (node.args[0], Const(1.0))) if node.op == "onehot" else \
+            node.args[0] if len(node.args) == 1 else typed_box("sub", node.args)
         sizes = {n.axis: sympy.Symbol(f"|{n.axis}|", positive=True) for n in walk(arg) if isinstance(n, Size)}
         if not sizes or any(isinstance(n, Box) and n.target for n in walk(arg)):
             continue

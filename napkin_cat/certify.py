@@ -43,7 +43,22 @@ from napkin_cat import accumulators as acc
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.evaluate import FLOAT64, SYMBOLIC, Algebra, Named, evaluate_named
 from napkin_cat.kernel import typed_box
-from napkin_cat.terms import Axis, Box, Const, Diagram, Expr, IInt, LemmaDecl, Param, Size, Var, walk
+from napkin_cat.terms import (
+    Axis,
+    Box,
+    Const,
+    Diagram,
+    Expr,
+    IBin,
+    Idx,
+    IInt,
+    IndexExpr,
+    LemmaDecl,
+    Param,
+    Size,
+    Var,
+    walk,
+)
 
 __all__ = ["LEVELS", "Certificate", "accumulator", "certify_lemma", "representative_boxes"]
 
@@ -178,13 +193,13 @@ def _step_bound(lemma: LemmaDecl) -> float:
     """A size past which no piecewise box of ``lemma`` changes branch because of sizes.
 
     ``relu(p)``, ``abs(p)``, ``max(p, r)``, ``min(p, r)`` switch where p (p - r) crosses 0,
-    ``onehot[v](p)`` where p crosses a position (first 1: p - 1).
-    Read elementwise (every variable a scalar, every size |a| a positive symbol), p is a
-    rational function; its numerator's roots lie below 1 + max|c| / min|c| over its
+    ``onehot[v](p)`` where p crosses a position (first 1: p - 1).  Read elementwise (every
+    variable a scalar, every size |a| and position #a of an ``index`` box a symbol), p is
+    a rational function; its numerator's roots lie below 1 + max|c| / min|c| over its
     numeric coefficients (Cauchy's bound; in a coefficient that involves a variable, its
-    numbers), so ``relu(x * 0.04 - 1)`` steps by 26.  Arguments that reduce or normalise are
-    size sources instead; one that is not polynomial in the sizes (``sqrt(x) - 5``)
-    counts as unbounded: bounded certification cannot place its step.
+    numbers), so ``relu(x * 0.04 - 1)`` steps by 26.  Arguments that reduce or normalise
+    are size sources instead; one that is not polynomial in the sizes and positions
+    (``sqrt(x) - 5``) counts as unbounded: bounded certification cannot place its step.
     """
     bound = 0.0
     for node in (n for side in (lemma.lhs, lemma.rhs) for n in walk(side)):
@@ -193,21 +208,22 @@ def _step_bound(lemma: LemmaDecl) -> float:
         # onehot[v](L) switches where L crosses a position k >= 1 first at L - 1 (then the bound scales with k)
         arg = typed_box("sub", (node.args[0], Const(1.0))) if node.op == "onehot" else \
             node.args[0] if len(node.args) == 1 else typed_box("sub", node.args)
-        sizes = {n.axis: sympy.Symbol(f"|{n.axis}|", positive=True) for n in walk(arg) if isinstance(n, Size)}
-        if not sizes or any(isinstance(n, Box) and n.target for n in walk(arg)):
+        if any(isinstance(n, Box) and n.target and n.op != "index" for n in walk(arg)):
             continue
-        names = sorted({n.name for n in walk(arg) if isinstance(n, Var)} | {f"|{a}|" for a in sizes})
         term = _elementwise(arg)
-        inputs = [Named((), np.array(sympy.Symbol(n, positive=True) if n.startswith("|") else
-                                     sympy.Symbol(n, real=True), dtype=object)) for n in names]
+        names = sorted({n.name for n in walk(term) if isinstance(n, Var)})
+        symbols = [sympy.Symbol(n, positive=True) if n[0] in "|#" else sympy.Symbol(n, real=True) for n in names]
+        gens = [sym for sym in symbols if sym.name[0] in "|#"]
+        if not gens:
+            continue
         value = evaluate_named(Diagram("step", tuple(Param(n, ()) for n in names), (), (term,), ((),), ()),
-                               inputs, {}, SYMBOLIC)
+                               [Named((), np.array(sym, dtype=object)) for sym in symbols], {}, SYMBOLIC)
         numerator = sympy.numer(sympy.together(_flat(value)[0]))
         try:
-            poly = sympy.Poly(sympy.expand(numerator), *sizes.values())
+            poly = sympy.Poly(sympy.expand(numerator), *gens)
         except sympy.PolynomialError:
             return math.inf
-        if any(g.has(*sizes.values()) for g in poly.free_symbols_in_domain):
+        if any(g.has(*gens) for g in poly.free_symbols_in_domain):
             return math.inf  # a size inside a coefficient: not polynomial in it (sqrt(x), exp(x))
         if poly.total_degree() == 0:
             continue
@@ -227,12 +243,22 @@ def _numbers(coefficient: Any) -> list[Any]:
         return [sympy.Integer(1)]
 
 
-def _elementwise(expr: Expr) -> Expr:
-    """``expr`` read on one element: variables scalars, each ``Size`` a scalar variable ``|a|``."""
+def _elementwise(expr: Expr | IndexExpr) -> Expr:
+    """``expr`` read on one element: variables scalars, each ``Size`` a scalar variable
+    ``|a|``, an ``index`` box its expression in position variables ``#a``."""
     if isinstance(expr, Var):
         return Var(expr.name, ())
     if isinstance(expr, Size):
         return Var(f"|{expr.axis}|", ())
+    if isinstance(expr, Idx):
+        return Var(f"#{expr.axis}", ())
+    if isinstance(expr, IInt):
+        return Const(float(expr.value))
+    if isinstance(expr, IBin):
+        return typed_box({"+": "add", "-": "sub", "*": "mul"}[expr.op], (_elementwise(expr.left),
+                                                                         _elementwise(expr.right)))
+    if isinstance(expr, Box) and expr.op == "index":
+        return _elementwise(expr.index)  # type: ignore[arg-type]
     if isinstance(expr, Box):
         return typed_box(expr.op, tuple(_elementwise(a) for a in expr.args), expr.target, expr.out, expr.params)
     return expr

@@ -193,34 +193,30 @@ def _step_bound(lemma: LemmaDecl) -> float:
     """A size past which no piecewise box of ``lemma`` changes branch because of sizes.
 
     ``relu(p)``, ``abs(p)``, ``max(p, r)``, ``min(p, r)`` switch where p (p - r) crosses 0,
-    ``onehot[v](p)`` where p crosses a position (first 1: p - 1).  Read elementwise (every
-    variable a scalar, every size |a| and position #a of an ``index`` box a symbol), p is
-    a rational function; its numerator's roots lie below 1 + max|c| / min|c| over its
-    numeric coefficients (Cauchy's bound; in a coefficient that involves a variable, its
-    numbers), so ``relu(x * 0.04 - 1)`` steps by 26.  Arguments that reduce or normalise
-    are size sources instead; one that is not polynomial in the sizes and positions
-    (``sqrt(x) - 5``) counts as unbounded: bounded certification cannot place its step.
+    ``onehot[v](p)`` where p crosses a position (first 1: p - 1).  Read on one element
+    (``_scalar``: variables, sizes |a| and positions #a symbols), p is a rational function;
+    its numerator's roots lie below 1 + max|c| / min|c| over its numeric coefficients
+    (Cauchy's bound; in a coefficient that involves a variable, its numbers), so
+    ``relu(x * 0.04 - 1)`` steps by 26.  Where p reduces the data, the draws cover it; one
+    not polynomial in the sizes and positions (``sqrt(x) - 5``) counts as unbounded:
+    bounded certification cannot place its step.
     """
     bound = 0.0
     for node in (n for side in (lemma.lhs, lemma.rhs) for n in walk(side)):
         if not isinstance(node, Box) or node.op not in ("relu", "abs", "maximum", "minimum", "onehot"):
             continue
-        # onehot[v](L) switches where L crosses a position k >= 1 first at L - 1 (then the bound scales with k)
-        arg = typed_box("sub", (node.args[0], Const(1.0))) if node.op == "onehot" else \
-            node.args[0] if len(node.args) == 1 else typed_box("sub", node.args)
-        if any(isinstance(n, Box) and n.target and n.op != "index" for n in walk(arg)):
+        try:
+            value = _scalar(node.args[0]) - (1 if node.op == "onehot" else _scalar(node.args[1])
+                                             if len(node.args) == 2 else 0)
+        except _Opaque:
             continue
-        term = _elementwise(arg)
-        names = sorted({n.name for n in walk(term) if isinstance(n, Var)})
-        symbols = [sympy.Symbol(n, positive=True) if n[0] in "|#" else sympy.Symbol(n, real=True) for n in names]
-        gens = [sym for sym in symbols if sym.name[0] in "|#"]
+        except _Unbounded:
+            return math.inf
+        gens = sorted((g for g in sympy.sympify(value).free_symbols if g.name[0] in "|#"), key=str)
         if not gens:
             continue
-        value = evaluate_named(Diagram("step", tuple(Param(n, ()) for n in names), (), (term,), ((),), ()),
-                               [Named((), np.array(sym, dtype=object)) for sym in symbols], {}, SYMBOLIC)
-        numerator = sympy.numer(sympy.together(_flat(value)[0]))
         try:
-            poly = sympy.Poly(sympy.expand(numerator), *gens)
+            poly = sympy.Poly(sympy.expand(sympy.numer(sympy.together(value))), *gens)
         except sympy.PolynomialError:
             return math.inf
         if any(g.has(*gens) for g in poly.free_symbols_in_domain):
@@ -233,6 +229,52 @@ def _step_bound(lemma: LemmaDecl) -> float:
     return bound
 
 
+class _Opaque(Exception):
+    """A term whose value depends on the data through a reduction: the draws cover it."""
+
+
+class _Unbounded(Exception):
+    """A size- or position-dependent term with no polynomial reading."""
+
+
+def _scalar(expr: Expr | IndexExpr) -> Any:
+    """``expr`` on one element, over sympy: variables real symbols, each size |a| and each
+    position #a (of an index box, or summed over) a positive symbol; a sum, mean or
+    contraction of a variable-free term is its sum over the positions (Faulhaber)."""
+    if isinstance(expr, Var):
+        return sympy.Symbol(expr.name, real=True)
+    if isinstance(expr, Size):
+        return sympy.Symbol(f"|{expr.axis}|", positive=True)
+    if isinstance(expr, Const):
+        return SYMBOLIC.asarray(expr.value).item()
+    if isinstance(expr, Idx):
+        return sympy.Symbol(f"#{expr.axis}", nonnegative=True)
+    if isinstance(expr, IInt):
+        return sympy.Integer(expr.value)
+    if isinstance(expr, IBin):
+        left, right = _scalar(expr.left), _scalar(expr.right)
+        return left + right if expr.op == "+" else left - right if expr.op == "-" else left * right
+    assert isinstance(expr, Box), expr
+    if expr.op == "index":
+        return _scalar(expr.index)  # type: ignore[arg-type]
+    if not expr.target:
+        args = [_scalar(a) for a in expr.args]
+        binary: dict[str, Callable[[Any, Any], Any]] = {
+            "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+            "div": lambda a, b: a / b, "maximum": sympy.Max, "minimum": sympy.Min}
+        return binary[expr.op](*args) if expr.op in binary else SYMBOLIC.unary[expr.op](args[0])
+    if any(isinstance(n, Var) for n in walk(expr)):
+        raise _Opaque
+    if expr.op not in ("sum", "mean", "contract"):
+        raise _Unbounded
+    body = math.prod((_scalar(a) for a in expr.args), start=sympy.Integer(1))
+    for axis in expr.target:
+        size = sympy.Symbol(f"|{axis}|", positive=True)
+        body = sympy.summation(body, (sympy.Symbol(f"#{axis}", nonnegative=True), 0, size - 1))
+        body = body / size if expr.op == "mean" else body
+    return body
+
+
 def _numbers(coefficient: Any) -> list[Any]:
     """The numeric coefficients of a coefficient that may involve variables (``25*X - 25``)."""
     if coefficient.is_number:
@@ -241,27 +283,6 @@ def _numbers(coefficient: Any) -> list[Any]:
         return [k for k in sympy.Poly(coefficient, *sorted(coefficient.free_symbols, key=str)).coeffs() if k.is_number]
     except sympy.PolynomialError:
         return [sympy.Integer(1)]
-
-
-def _elementwise(expr: Expr | IndexExpr) -> Expr:
-    """``expr`` read on one element: variables scalars, each ``Size`` a scalar variable
-    ``|a|``, an ``index`` box its expression in position variables ``#a``."""
-    if isinstance(expr, Var):
-        return Var(expr.name, ())
-    if isinstance(expr, Size):
-        return Var(f"|{expr.axis}|", ())
-    if isinstance(expr, Idx):
-        return Var(f"#{expr.axis}", ())
-    if isinstance(expr, IInt):
-        return Const(float(expr.value))
-    if isinstance(expr, IBin):
-        return typed_box({"+": "add", "-": "sub", "*": "mul"}[expr.op], (_elementwise(expr.left),
-                                                                         _elementwise(expr.right)))
-    if isinstance(expr, Box) and expr.op == "index":
-        return _elementwise(expr.index)  # type: ignore[arg-type]
-    if isinstance(expr, Box):
-        return typed_box(expr.op, tuple(_elementwise(a) for a in expr.args), expr.target, expr.out, expr.params)
-    return expr
 
 
 def _closed_scalars(lemma: LemmaDecl) -> list[float]:

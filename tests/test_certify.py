@@ -133,3 +133,10 @@ def test_library_lemmas_hold_on_hypothesis_sizes_and_values(name: str, data: st.
     except NapkinError:
         return  # sizes a reshape does not admit (|x| != |y|·|z|)
     np.testing.assert_allclose(left.data, right.to(left.axes), rtol=1e-9, atol=1e-9)
+
+
+def test_piecewise_boxes_of_the_data_still_certify() -> None:
+    """The step bound reads sizes and positions; a piecewise box of the data alone adds nothing."""
+    lemma = loads("axis x\nlemma r(X: [x]) : sum[x](relu(X) - relu(-X)) = sum[x](X)").lemmas[0]
+    cert = certify.certify_lemma(lemma, "full")
+    assert cert.ok and cert.how.endswith("sizes ≤5"), cert

@@ -83,21 +83,37 @@ def continuous(c: Cost, level: str | None = None) -> Optimum | None:
     free = [t for t in mine if t in transfers.free_symbols]
     if not free:
         return Optimum(lv.name, {}, sympy.simplify(transfers), bpv)
-    memory = _relaxed(lv.memory_bytes).subs({t: 0 for t in mine if t not in free}) / bpv
+    memory = _relaxed(lv.memory_bytes).subs({t: 0 for t in mine if t not in free})
     if isinstance(memory, sympy.Max):
         memory = max_of(list(memory.args))
-    columns = list(memory.args) if isinstance(memory, sympy.Max) else [memory]
+    # per column, in values (a Max divided by bpv would be a product, not a Max)
+    columns = [col / bpv for col in (memory.args if isinstance(memory, sympy.Max) else (memory,))]
     # with several candidate peak columns, one of them is the active constraint: take the
-    # first whose optimum provably keeps every other column within M
-    for active in columns:
-        found = _lagrange(transfers, active, free)
-        if found is None:
-            continue
-        tiles, best = found
-        others = [col for col in columns if col is not active]
-        if all(sympy.simplify(col.subs(tiles) - M).is_nonpositive for col in others):
-            return Optimum(lv.name, {str(t): v for t, v in tiles.items()}, best, bpv)
+    # first whose optimum keeps every other column within M, for every M or else for every
+    # large M (the regime of the asymptotic analysis: e.g. g*g = M beats 192*g <= M only
+    # from M = 12288 values on)
+    for decide in (_within_always, _within_eventually):
+        for active in columns:
+            found = _lagrange(transfers, active, free)
+            if found is None:
+                continue
+            tiles, best = found
+            if all(decide(col.subs(tiles)) for col in columns if col is not active):
+                return Optimum(lv.name, {str(t): v for t, v in tiles.items()}, best, bpv)
     return None
+
+
+def _within_always(column: Expr) -> bool:
+    return bool(sympy.simplify(column - M).is_nonpositive)
+
+
+def _within_eventually(column: Expr) -> bool:
+    """column <= M for every large enough M: the limit of column / M is below 1, or it is 1
+    and column - M does not grow."""
+    ratio = sympy.limit(column / M, M, sympy.oo)
+    if ratio.is_finite and ratio < 1:
+        return True
+    return bool(ratio == 1 and sympy.limit(column - M, M, sympy.oo).is_nonpositive)
 
 
 def _relaxed(expr: Expr) -> Expr:

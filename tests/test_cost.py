@@ -80,6 +80,25 @@ def test_padded_schedules_have_the_continuous_optimum_of_the_unpadded_one() -> N
     assert opt.tiles == plain.tiles and sympy.simplify(opt.transfers - plain.transfers) == 0
 
 
+def test_an_optimum_with_several_peak_columns() -> None:
+    """Regression: the memory Max was divided by the bytes per value before its columns were
+    read (a product, not a Max), so any schedule whose peak column depends on the tiles had
+    "no closed form"; here the output tile's column is active only for M >= 12288 values."""
+    module = loads("""
+axis t, s
+axis d = 64
+diagram cosine(X: [t d], Y: [s d]) -> [t s] {
+  return contract[d](l2norm[d](X), l2norm[d](Y))
+}
+""")
+    co = cost_of(module.diagram("cosine"), grid(("group", "t", "gt", "smem"), ("group", "s", "gs", "smem")))
+    assert isinstance(co.first.memory, sympy.Max)
+    opt = continuous(co)
+    assert opt is not None and opt.beta == sympy.Rational(1, 2)
+    tile = sympy.sqrt(M + 4096) - 64  # (g + 64)^2 - 4096 = M: the output tile and both rows
+    assert all(sympy.simplify(v - tile) == 0 for v in opt.tiles.values())
+
+
 def test_attention_transfers_and_memory_match_the_reconstruction() -> None:
     co = cost_of(MODULE.diagram("streamed"), FLASH, accumulators={"ncontract:('x',):('exp', 'exp', 'id')":
                                                                   "online_softmax"})

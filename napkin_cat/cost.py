@@ -35,7 +35,9 @@ CONVENTION = (
     "of the schedule, per group. FLOPs: 2k per output element of a contraction over k elements "
     "(n·k for n operands), other boxes ops.OPS[op].flops per point of their iteration space; work "
     "repeated by groups that lack an axis is counted. Tiles are assumed to divide their axes unless "
-    "padded (then trips are rounded up)."
+    "padded (then trips are rounded up). Masks are not modelled: every chunk of a stream is counted, "
+    "including those a where mask fills entirely, which Pallas kernels skip (about half of causal "
+    "attention's), so H and FLOPs bound a masked kernel's from above."
 )
 
 

@@ -326,7 +326,16 @@ def certify_lemma(lemma: LemmaDecl, level: str = "quick") -> Certificate:
     ``onehot`` box (a value read as a position) has no symbolic tier (a symbol is never
     equal to a position, so sympy would see only rows of zeros); its float64 tier draws
     integer-valued inputs in every other case, so both branches of the box are exercised.
+    A lemma whose sides sympy cannot evaluate (``max(X, recip(0))``: complex infinity is
+    not comparable) is refused.
     """
+    try:
+        return _certify_lemma(lemma, level)
+    except (ValueError, TypeError) as exc:  # raised by sympy on values it cannot order or combine
+        return Certificate(False, "sympy", f"the sides cannot be evaluated exactly: {exc}")
+
+
+def _certify_lemma(lemma: LemmaDecl, level: str) -> Certificate:
     bound, cases = LEVELS[level]
     lhs, rhs = _side(lemma, lemma.lhs), _side(lemma, lemma.rhs)
     axes = [a.name for a in lemma.axes]

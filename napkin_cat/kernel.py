@@ -3,9 +3,8 @@
 A ``Theorem`` states  source ≡ result  under its schedule, over the reals (or, once a
 ``dtype`` step is taken, within the recorded tolerances), and lists its trust basis.
 
-Interface (each rule's inference rule is in its docstring; every refusal raises
-``KernelError`` whose message starts with the rule's name and names the failed condition
-and the box):
+Interface (each rule's inference rule is in its docstring; every refusal raises ``KernelError``
+whose message starts with the rule's name and names the failed condition and the box):
 
     refl(name, D)                        ⊢ D ≡ D
     unfold(thm)                          δ: inline every diagram used as a box
@@ -295,7 +294,8 @@ def _match(pattern: Expr, actual: Expr, vars_: dict[str, Expr], axes: dict[str, 
     if isinstance(pattern, Var):
         return vars_.setdefault(pattern.name, actual) == actual
     if isinstance(pattern, Const):
-        return isinstance(actual, Const) and pattern.value == actual.value
+        return isinstance(actual, Const) and (pattern.value, math.copysign(1, pattern.value)) == \
+            (actual.value, math.copysign(1, actual.value))  # 1/-0.0 is -inf, 1/0.0 is inf
     if isinstance(pattern, Size):
         return isinstance(actual, Size) and _match_axes((pattern.axis,), (actual.axis,), axes)
     return (isinstance(pattern, Box) and isinstance(actual, Box) and pattern.op == actual.op

@@ -183,6 +183,17 @@ def test_rewrite_refuses_unbound_right_side() -> None:
         kernel.rewrite(thm, module.lemmas[0], Rewrite("bad", ("T",)), {"bad": "t"})
 
 
+def test_rewrite_matches_a_zero_constant_with_its_sign() -> None:
+    """recip(-0.0) is -inf and recip(0.0) is +inf: a lemma's -0.0 does not match a 0.0."""
+    module = loads("axis x\nlemma z(X: [x]) : max(max[x](X), recip(-0.0)) = max[x](X)\n"
+                   "diagram one(A: [x]) -> [] {\n  T = max(max[x](A), recip(0.0))\n  return T\n}\n"
+                   "diagram two(A: [x]) -> [] {\n  T = max(max[x](A), recip(-0.0))\n  return T\n}\n")
+    with pytest.raises(KernelError, match=r"^instantiate: lemma `z`'s left side does not match `T`"):
+        kernel.rewrite(kernel.refl("t", module.diagram("one")), module.lemmas[0], Rewrite("z", ("T",)), {"z": "t"})
+    thm = kernel.rewrite(kernel.refl("t", module.diagram("two")), module.lemmas[0], Rewrite("z", ("T",)), {"z": "t"})
+    assert thm.result.body[0].expr.op == "max"
+
+
 def test_rewrite_after_relabelling_is_refused() -> None:
     thm = kernel.group(_thm(), Partition("group", "q", "gq"))
     with pytest.raises(KernelError, match=r"^congruence: the diagram already carries a schedule"):

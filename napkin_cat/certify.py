@@ -240,7 +240,8 @@ class _Unbounded(Exception):
 def _scalar(expr: Expr | IndexExpr) -> Any:
     """``expr`` on one element, over sympy: variables real symbols, each size |a| and each
     position #a (of an index box, or summed over) a positive symbol; a sum, mean or
-    contraction of a variable-free term is its sum over the positions (Faulhaber)."""
+    contraction of a term free of variables (after sympy's reading: ``X * 0`` is) is its
+    sum over the positions (Faulhaber)."""
     if isinstance(expr, Var):
         return sympy.Symbol(expr.name, real=True)
     if isinstance(expr, Size):
@@ -263,11 +264,11 @@ def _scalar(expr: Expr | IndexExpr) -> Any:
             "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
             "div": lambda a, b: a / b, "maximum": sympy.Max, "minimum": sympy.Min}
         return binary[expr.op](*args) if expr.op in binary else SYMBOLIC.unary[expr.op](args[0])
-    if any(isinstance(n, Var) for n in walk(expr)):
-        raise _Opaque
+    body = sympy.sympify(math.prod((_scalar(a) for a in expr.args), start=sympy.Integer(1)))
+    if any(sym.name[0] not in "|#" for sym in body.free_symbols):
+        raise _Opaque  # it reduces the data (X * 0 does not: sympy reads it as 0)
     if expr.op not in ("sum", "mean", "contract"):
         raise _Unbounded
-    body = math.prod((_scalar(a) for a in expr.args), start=sympy.Integer(1))
     for axis in expr.target:
         size = sympy.Symbol(f"|{axis}|", positive=True)
         body = sympy.summation(body, (sympy.Symbol(f"#{axis}", nonnegative=True), 0, size - 1))

@@ -176,6 +176,9 @@ def test_refused_before_running() -> None:
     with pytest.raises(NapkinError) as err:
         lower_schedule("p", prod, Schedule((Partition("group", "t", 16),)), target="pallas")
     assert err.value.codes == ("lower.triton_op",)  # Triton has no reduce_prod; the jax target serves it
+    # regression: the diagnostic named the generated node `t.1` and had no source position
+    diag = err.value.diagnostics[0]
+    assert diag.message.startswith("`prod[v]` (prod)") and diag.span is not None and diag.span.line == 2
     x = np.random.default_rng(0).uniform(0.5, 1.5, (20, 30))
     got = lower_schedule("p", prod, Schedule((Partition("stream", "v", 16),)), target="jax").fn(jnp.asarray(x))
     assert cases.relative_error(got, x.prod(axis=1)) < cases.F32_TOL

@@ -18,8 +18,10 @@ tiles that are not powers of two of at least 16 (the Triton backend's rule).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from napkin_cat import ops
 from napkin_cat.accumulators import AccumulatorPlan, plan
@@ -151,7 +153,7 @@ def layout(name: str, diagram: Diagram, schedule: Schedule, tiles: Mapping[str, 
     if target == "pallas":
         for node in flat.nodes:
             if isinstance(node.expr, Box) and node.expr.op in TRITON_MISSING:
-                raise NapkinError(error("lower.triton_op", node=node.name, op=node.expr.op,
+                raise NapkinError(error("lower.triton_op", **_at(node), op=node.expr.op,
                                         missing=TRITON_MISSING[node.expr.op]))
     squeezed: tuple[str, ...] = ()
     if target == "pallas" and out_types:
@@ -169,10 +171,10 @@ def layout(name: str, diagram: Diagram, schedule: Schedule, tiles: Mapping[str, 
         phase = {n.name: nest.phase(loop, n.name) for n in flat.nodes}
         for node in flat.nodes:
             if phase[node.name] == "chunk" and _touches(node, stream) not in ("weaves", "positional"):
-                raise NapkinError(error("lower.stream_mixed", node=node.name, op=_touches(node, stream),
+                raise NapkinError(error("lower.stream_mixed", **_at(node), op=_touches(node, stream),
                                         axis=stream))
             if phase[node.name] == "after" and stream in node.axes:
-                raise NapkinError(error("lower.after_axis", node=node.name, axis=stream))
+                raise NapkinError(error("lower.after_axis", **_at(node), axis=stream))
             if phase[node.name] == "accumulate":
                 assert isinstance(node.expr, Box)
                 via = loop.partition.via
@@ -197,6 +199,21 @@ def woven_grid_axes(flat: Flat, partitioned: Mapping[str, object] | frozenset[st
     if not out_types:
         return ()
     return tuple(a for a in out_types[0] if a not in partitioned and _woven_everywhere(flat, a, out_types))
+
+
+def _at(node: Node) -> dict[str, Any]:
+    """Where a diagnostic about ``node`` points: its source span, and a name the user wrote
+    (a let binding, possibly inside an inlined diagram: ``attention.1.S``) or else the box
+    as written (``prod[v]``) rather than a generated name such as ``t.2``."""
+    expr = node.expr
+    span = getattr(expr, "span", None)
+    if not _GENERATED.match(node.name) or not isinstance(expr, Box):
+        return {"node": node.name, "span": span}
+    return {"node": f"{expr.op}[{' '.join(expr.target)}]" if expr.target else expr.op, "span": span}
+
+
+#: names ``flatten`` makes up for unnamed boxes (``t.3``, ``out.4``, ``attention.2.t.5``)
+_GENERATED = re.compile(r"^(.*\.)?(t|out)\.\d+$")
 
 
 def _block_ok(tile: int) -> bool:
@@ -240,7 +257,7 @@ def _derive_sizes(flat: Flat) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
         sized = [a.axis for a in expr.args if isinstance(a, Size)] if isinstance(expr, Box) else []
         for axis in (*node.axes, *sized):
             if axis not in known:
-                raise NapkinError(error("lower.unbound_axis", axis=axis, node=node.name))
+                raise NapkinError(error("lower.unbound_axis", axis=axis, **_at(node)))
     return tuple(derived)
 
 
@@ -248,7 +265,7 @@ def _check_grid_axis(flat: Flat, axis: str, out_types: list[tuple[str, ...]]) ->
     for node in flat.nodes:
         how = _touches(node, axis)
         if how not in ("weaves", "positional"):
-            raise NapkinError(error("lower.grid_consumed", axis=axis, node=node.name, op=how))
+            raise NapkinError(error("lower.grid_consumed", axis=axis, **_at(node), op=how))
     for index, axes in enumerate(out_types):
         if axis not in axes:
             raise NapkinError(error("lower.grid_output", axis=axis, index=index))
@@ -271,6 +288,6 @@ def _check_padding(lay: Layout) -> None:
             if how in ("weaves", "positional", "rename") or not lay.may_pad(axis):  # a rename keeps the extent
                 continue
             if how in ("split", "join"):
-                raise NapkinError(error("lower.reshape_padded", node=node.name, op=expr.op, axis=axis))
+                raise NapkinError(error("lower.reshape_padded", **_at(node), op=expr.op, axis=axis))
             if fill_values(expr, axis) is None:
-                raise NapkinError(error("lower.no_pad", node=node.name, op=expr.op, axis=axis))
+                raise NapkinError(error("lower.no_pad", **_at(node), op=expr.op, axis=axis))

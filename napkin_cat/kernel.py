@@ -196,13 +196,13 @@ def unfold(thm: Theorem) -> Theorem:
 
 
 def trans(first: Theorem, second: Theorem) -> Theorem:
-    """Transitivity:   ⊢ A ≡ B    ⊢ B ≡ C  (second carries no schedule)
+    """Transitivity:   ⊢ A ≡ B    ⊢ B ≡ C  (neither carries a schedule)
                        ─────────────────────
                               ⊢ A ≡ C"""
     if first.result != second.source:
         raise KernelError("trans", f"the first theorem's result `{first.result.name}` is not the second's source")
-    if second.schedule != _EMPTY:
-        raise KernelError("trans", "the second theorem carries a schedule; relabel after the last rewrite")
+    if first.schedule != _EMPTY or second.schedule != _EMPTY:  # a schedule was checked on first.result only
+        raise KernelError("trans", "a theorem carries a schedule; relabel after the last rewrite")
     return _extend(first, None, second.trust, result=second.result, steps=first.steps + second.steps)
 
 

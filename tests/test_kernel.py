@@ -208,8 +208,13 @@ def test_trans_composes_and_checks_the_middle() -> None:
     assert both.source == first.source and both.result == second.result
     with pytest.raises(KernelError, match=r"^trans: the first theorem's result"):
         kernel.trans(second, first)
-    with pytest.raises(KernelError, match=r"^trans: the second theorem carries a schedule"):
+    with pytest.raises(KernelError, match=r"^trans: a theorem carries a schedule"):
         kernel.trans(first, kernel.group(first, Partition("group", "q", 2)))
+    # a schedule checked on B says nothing about C: streaming x through softmax is refused on
+    # the unrewritten diagram, and a stream accepted after the lemma may not be carried back
+    streamed = kernel.stream(second, Partition("stream", "x", 2, via="online_softmax"), lambda *_: "t")
+    with pytest.raises(KernelError, match=r"^trans: a theorem carries a schedule"):
+        kernel.trans(streamed, kernel.refl("v", second.result))
 
 
 # ---- group partition (R3) -----------------------------------------------------------------------

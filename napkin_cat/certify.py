@@ -393,8 +393,9 @@ def _grid(axes: Sequence[str], reach: int) -> list[dict[str, int]]:
 def _exact_tier(lemma: LemmaDecl, lhs: Diagram, rhs: Diagram, reach: int, labels: bool) -> tuple[int, str | None]:
     """(sizes checked, first disagreement): the smallest ``_EXACT_CASES`` size combinations
     up to ``reach`` (``_grid``) on random rational inputs (integers for onehot lemmas; every
-    other combination's scaled by ``_scale``), evaluated exactly and compared to 50 digits,
-    so a difference far below float64's tolerance (``1e-10 * relu(x - 3)``) is seen; sizes
+    other combination's scaled by ``_scale``), evaluated exactly: a rational difference must
+    be 0, any other is compared to 50 digits, so a difference far below float64's tolerance
+    (``1e-10 * relu(x - 3)``, or 1e-35) is seen; sizes
     whose inputs exceed ``_EXACT_ENTRIES`` entries are left to float64."""
     rng = np.random.default_rng(3)
     checked, scale = 0, sympy.Integer(math.ceil(_scale(lemma)))
@@ -414,8 +415,9 @@ def _exact_tier(lemma: LemmaDecl, lhs: Diagram, rhs: Diagram, reach: int, labels
         except NapkinError:
             continue
         for a, b in zip(_flat(left), _flat(right, [v.axes for v in left]), strict=True):
-            d = sympy.N(sympy.sympify(a) - sympy.sympify(b), 50)
-            if not (a == b or (d.is_number and d.is_finite and abs(d) < 1e-30)):
+            exact = sympy.sympify(a) - sympy.sympify(b)
+            d = sympy.N(exact, 50)  # rational when every operation was: then it must be 0
+            if not (a == b or (exact == 0 if exact.is_Rational else d.is_number and d.is_finite and abs(d) < 1e-30)):
                 return checked, (f"sizes {_fmt(sizes)} on rational inputs: {sympy.N(a, 12)} vs {sympy.N(b, 12)} "
                                  f"(difference {sympy.N(d, 3)})")
         checked += 1

@@ -178,7 +178,9 @@ class _Symbolic(Algebra):
 
     def asarray(self, value: Any) -> Any:
         if isinstance(value, float):
-            value = sympy.oo if value == math.inf else -sympy.oo if value == -math.inf else sympy.nsimplify(value)
+            # the decimal the float prints as, exactly (nsimplify rounds 1e-35 to 0 and 1.4142135623730951 to sqrt(2))
+            value = sympy.oo if value == math.inf else -sympy.oo if value == -math.inf else \
+                sympy.nan if math.isnan(value) else sympy.Rational(repr(value))
         return np.asarray(value, dtype=object)
 
     def maximum(self, a: Any, b: Any) -> Any:

@@ -183,13 +183,13 @@ def _reach(lemma: LemmaDecl) -> int:
         if isinstance(node, Box) and node.index is not None:
             constants = max(constants, 1 + sum(abs(v) for v in _index_ints(node.index)))
     # a size compared with a constant by a piecewise box (relu(x - 10), min(x, 10)) is a step there
-    finite = [0.0, *_closed_scalars(lemma)]
-    if (steps := _step_bound(lemma)) == math.inf:
+    largest = max(constants, math.ceil(max([0.0, *_closed_scalars(lemma)]))) if sources else constants
+    if (steps := _step_bound(lemma, 2 + sources + largest)) == math.inf:
         return _UNBOUNDED
-    return 2 + sources + max(constants, math.ceil(max(*finite, steps)) if sources else 0)
+    return 2 + sources + max(largest, math.ceil(steps) if sources else 0)
 
 
-def _step_bound(lemma: LemmaDecl) -> float:
+def _step_bound(lemma: LemmaDecl, others: int) -> float:
     """A size past which no piecewise box of ``lemma`` changes branch because of sizes.
 
     ``relu(p)``, ``abs(p)``, ``max(p, r)``, ``min(p, r)`` switch where p (p - r) crosses 0,
@@ -197,8 +197,10 @@ def _step_bound(lemma: LemmaDecl) -> float:
     (``_scalar``: variables, sizes |a| and positions #a symbols), p is a rational function;
     its numerator's roots lie below 1 + max|c| / min|c| over its numeric coefficients
     (Cauchy's bound; in a coefficient that involves a variable, its numbers), so
-    ``relu(x * 0.04 - 1)`` steps by 26.  Where p reduces the data, the draws cover it; one
-    not polynomial in the sizes and positions (``sqrt(x) - 5``) counts as unbounded:
+    ``relu(x * 0.04 - 1)`` steps by 26.  With several sizes, the bound in each is taken
+    with the others at ``others`` (the reach without steps): ``relu(x - y^4)`` steps at
+    x = 82 once y reaches 3.  Where p reduces the data, the draws cover it; one not
+    polynomial in the sizes and positions (``sqrt(x) - 5``) counts as unbounded:
     bounded certification cannot place its step.
     """
     bound = 0.0
@@ -223,9 +225,11 @@ def _step_bound(lemma: LemmaDecl) -> float:
             return math.inf  # a size inside a coefficient: not polynomial in it (sqrt(x), exp(x))
         if poly.total_degree() == 0:
             continue
-        weights = [abs(float(k)) for c in poly.coeffs() for k in _numbers(c)]
-        weights = [w for w in weights if w > 0]
-        bound = max(bound, 1 + max(weights) / min(weights))
+        for gen in gens:  # the others at their largest swept value: the step in gen moves out with them
+            at = poly.as_expr().subs({g: others for g in gens if g != gen})
+            weights = [abs(float(k)) for c in sympy.Poly(at, gen).coeffs() for k in _numbers(c)]
+            weights = [w for w in weights if w > 0]
+            bound = max(bound, 1 + max(weights) / min(weights)) if weights else bound
     return bound
 
 
@@ -332,7 +336,7 @@ def certify_lemma(lemma: LemmaDecl, level: str = "quick") -> Certificate:
     """
     try:
         return _certify_lemma(lemma, level)
-    except (ValueError, TypeError) as exc:  # raised by sympy on values it cannot order or combine
+    except ValueError as exc:  # raised by sympy on values it cannot order (complex infinity)
         return Certificate(False, "sympy", f"the sides cannot be evaluated exactly: {exc}")
 
 

@@ -87,10 +87,11 @@ def report(c: Cost, name: str) -> dict[str, Any]:
 
 def _numeric(c: Cost, out: dict[str, Any]) -> None:
     """Configuration table and time estimates at the best integer tiles."""
-    table: ConfigTable = search(c)
+    table: ConfigTable = search(c, relax=True)
     out["configurations"] = [{"tiles": r.tiles, "memory_bytes": r.memory, "transfers_bytes": r.transfers,
                               "transfer_time_s": r.transfer_time} for r in table.rows]
     out["constraints"] = {k: list(v) for k, v in table.constraints.items()}
+    out["relaxed"] = list(table.relaxed)
     peak = c.hardware.peak_flops(c.dtype)
     hbm = c.hardware.level("hbm").bandwidth or 0.0
     base_flop, base_move = float(c.baseline.flops) / peak, float(c.baseline.transfers_bytes) / hbm
@@ -152,6 +153,8 @@ def format_report(r: Mapping[str, Any]) -> str:
             lines.append(f"  {tiles:<36} {mem:<28} {moved:<30} t_transfer={row['transfer_time_s']:.4g}s")
         if not r["configurations"]:
             lines.append("  none feasible under the capacity and divisibility constraints")
+        if r.get("relaxed"):
+            lines.append("  none met every preferred multiple; dropped: " + "; ".join(r["relaxed"]))
         for k, v in r["constraints"].items():
             lines.append(f"  {k}: {'; '.join(v)}")
     t = r.get("time")

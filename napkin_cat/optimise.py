@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import sympy
 from sympy import Expr
@@ -183,25 +184,44 @@ class ConfigTable:
     rows: tuple[Config, ...]
     constraints: dict[str, tuple[str, ...]]
     considered: int
+    #: the preferred multiples (coalescing, tensor-core shapes) dropped because no
+    #: configuration met them; the rows then meet only the backend's requirements
+    relaxed: tuple[str, ...] = ()
 
 
-def _constraints(c: Cost) -> dict[str, tuple[int, bool, int, list[str]]]:
-    """Per tile symbol: (multiple_of, power_of_two, min_tile, causes) from the hardware (R9)."""
+class _TileRule(NamedTuple):
+    """What a tile must be (a power of two, at least ``lowest``: the backend's requirements)
+    and should be (a multiple of ``multiple``: coalescing, tensor-core fragments), and why."""
+
+    multiple: int
+    power_of_two: bool
+    lowest: int
+    causes: list[str]
+    preferred: list[str]
+
+
+def _constraints(c: Cost) -> dict[str, _TileRule]:
+    """Per tile symbol: its rule from the hardware (R9)."""
     div, tc = c.hardware.divisibility, c.hardware.tensor_core
     flat = c.program.nest.flat
-    out: dict[str, tuple[int, bool, int, list[str]]] = {}
+    out: dict[str, _TileRule] = {}
     for lp in c.program.nest.loops:
         if not isinstance(lp.tile, str):
             continue
-        causes, multiple, lowest = [], 1, 1
+        causes, preferred, multiple, lowest = [], [], 1, 1
         if div.get("power_of_two"):
             causes.append("power of two (Pallas Triton backend)")
+            if lp.kind == "stream" and int(div.get("min_tile", 1)) > lowest:
+                # a stream chunk is an in-kernel block with no padding: the lowering's rule
+                lowest = int(div["min_tile"])
+                causes.append(f">= {lowest} (a Triton stream chunk is a block)")
         coalesce = int(div.get("coalesce_bytes", 0))
         for name, axes in list(flat.inputs) + [(o, flat.type_of(o)) for o in flat.outputs]:
             if coalesce and axes and axes[-1] == lp.axis:
                 need = max(1, coalesce // c.bytes_of[name])
                 multiple = math.lcm(multiple, need)
-                causes.append(f"x{need} ({coalesce}-byte coalescing of {name})")
+                preferred.append(f"x{need} ({coalesce}-byte coalescing of {name})")
+                causes.append(preferred[-1])
         for node in flat.nodes:
             box = node.expr
             if not (isinstance(box, Box) and box.op in ("contract", "ncontract") and len(box.args) == 2):
@@ -215,11 +235,13 @@ def _constraints(c: Cost) -> dict[str, tuple[int, bool, int, list[str]]]:
             if tc:
                 need = max(1, tc["k_bytes"] // c.bytes_of[node.name]) if role == "k" else tc[role]
                 multiple = math.lcm(multiple, need)
-                causes.append(f"x{need} (tensor-core {role} of {node.name})")
+                preferred.append(f"x{need} (tensor-core {role} of {node.name})")
+                causes.append(preferred[-1])
         prev = out.get(lp.tile)
         if prev:
-            multiple, lowest, causes = math.lcm(multiple, prev[0]), max(lowest, prev[2]), prev[3] + causes
-        out[lp.tile] = (multiple, bool(div.get("power_of_two")), lowest, causes)
+            multiple, lowest = math.lcm(multiple, prev.multiple), max(lowest, prev.lowest)
+            causes, preferred = prev.causes + causes, prev.preferred + preferred
+        out[lp.tile] = _TileRule(multiple, bool(div.get("power_of_two")), lowest, causes, preferred)
     return out
 
 
@@ -262,19 +284,36 @@ def _candidates(extent: int, multiple: int, pow2: bool, lowest: int, pad: bool, 
     return values
 
 
-def search(c: Cost, top: int = 8, limit: int = 500_000) -> ConfigTable:
+def search(c: Cost, top: int = 8, limit: int = 500_000, relax: bool = False) -> ConfigTable:
     """The best integer tiles: feasible under every level's capacity (bytes) and the hardware's
     divisibility constraints, ranked by bandwidth-weighted transfer time, then by fewer loop
     trips.  All axis sizes must be numbers (raises ValueError otherwise).  Past ``limit``
-    combinations the longest candidate lists are thinned to every other value."""
+    combinations the longest candidate lists are thinned to every other value.
+
+    The multiples a tile should have (128-byte coalescing, tensor-core fragments) are
+    preferences: with ``relax``, when no configuration meets them (64 rows of a 32768-wide
+    row do not fit), the search is repeated with only the backend's requirements (powers of
+    two, the dot's minimum) and ``relaxed`` lists what was dropped.  Without it (the schedule
+    search compares plans by modelled time, which does not price the preferences), no row."""
     symbolic = sorted(n for n, s in c.sizes.items() if isinstance(s, sympy.Symbol))
     if symbolic:
         raise ValueError(f"integer tiles need every axis size: give {', '.join(symbolic)}")
-    loops = c.program.nest.loops
     cons = _constraints(c)
+    table = _ranked(c, cons, top, limit)
+    if table.rows or not relax or all(rule.multiple == 1 for rule in cons.values()):
+        return table
+    required = {n: rule._replace(multiple=1) for n, rule in cons.items()}
+    table = _ranked(c, required, top, limit)
+    relaxed = tuple(f"{n}: {cause}" for n, rule in cons.items() for cause in rule.preferred)
+    return ConfigTable(table.rows, table.constraints, table.considered, relaxed if table.rows else ())
+
+
+def _ranked(c: Cost, cons: dict[str, _TileRule], top: int, limit: int) -> ConfigTable:
+    """``search`` under the tile rules ``cons``."""
+    loops = c.program.nest.loops
     names = list(cons)
     axes_of = {name: [lp for lp in loops if lp.tile == name] for name in names}
-    choices = [_candidates(int(c.sizes[axes_of[n][0].axis]), cons[n][0], cons[n][1], cons[n][2],
+    choices = [_candidates(int(c.sizes[axes_of[n][0].axis]), cons[n].multiple, cons[n].power_of_two, cons[n].lowest,
                            any(lp.partition.pad for lp in axes_of[n]),
                            all(lp.partition.kind == "group" for lp in axes_of[n])) for n in names]
     while math.prod(len(c) for c in choices) > limit:  # thin the longest list, keeping its ends
@@ -302,7 +341,7 @@ def search(c: Cost, top: int = 8, limit: int = 500_000) -> ConfigTable:
         time = sum(moved[lv.name] / bw for lv, bw in zip(levels, bandwidth, strict=True))
         rows.append((time, values[-1], Config(tiles, memory, moved, time)))
     rows.sort(key=lambda r: (float(f"{r[0]:.9g}"), r[1]))
-    return ConfigTable(tuple(r[2] for r in rows[:top]), {n: tuple(cons[n][3]) for n in names}, len(combos))
+    return ConfigTable(tuple(r[2] for r in rows[:top]), {n: tuple(cons[n].causes) for n in names}, len(combos))
 
 
 def _nested_ok(c: Cost, tiles: dict[str, int]) -> bool:

@@ -365,6 +365,42 @@ def test_integer_search_respects_capacity_and_divisibility() -> None:
     assert thinned.rows and thinned.considered <= 4
 
 
+ROWS = loads("""
+axis t, v
+axis d = 48
+diagram scaled_rows(X: [t v], L: [t]) -> [t] {
+  return sum[v](X) * L
+}
+diagram mse(P: [t d], Y: [t d]) -> [] {
+  return mean[t](sum[d](square(P - Y)))
+}
+""")
+
+
+def test_preferred_multiples_are_dropped_when_nothing_meets_them() -> None:
+    """Regression: coalescing L (a 1-D [t] input) asked for row tiles of 64, which with a
+    whole 32768-wide row cannot fit: "none feasible", and lower fell back to 64 rows. Only the
+    backend's requirements are hard; the dropped preferences are reported."""
+    co = cost_of(ROWS.diagram("scaled_rows"), grid(("group", "t", "gt", "smem")), hardware="h100",
+                 sizes={"t": 4096, "v": 32768})
+    assert not search(co).rows  # the schedule search does not price the preferences
+    table = search(co, relax=True)
+    assert table.rows and table.rows[0].tiles["gt"] < 64
+    assert "gt: x64 (128-byte coalescing of L)" in table.relaxed
+    assert all(r.memory["smem"] <= hardware.load("h100").level("smem").capacity for r in table.rows)
+    roomy = search(cost_of(ROWS.diagram("scaled_rows"), grid(("group", "t", "gt", "smem")), hardware="h100",
+                           sizes={"t": 4096, "v": 256}), relax=True)
+    assert roomy.relaxed == () and all(r.tiles["gt"] % 64 == 0 for r in roomy.rows)
+
+
+def test_stream_chunks_are_at_least_the_triton_block() -> None:
+    """Regression: with no dot on the streamed axis, the search offered chunks of 1..8 that
+    the Pallas lowering refuses (a stream chunk is an unpadded block of at least 16)."""
+    co = cost_of(ROWS.diagram("mse"), grid(("stream", "t", "st", "smem")), hardware="h100", sizes={"t": 4096})
+    table = search(co, top=50)
+    assert table.rows and min(r.tiles["st"] for r in table.rows) == 16
+
+
 def test_time_estimate_combines_flops_and_transfers() -> None:
     thm = proof.theorem(ROOT / "proofs" / "matmul.ncd", "tiled_matmul")
     co = cost(thm, hardware="h100", sizes={"a": 1024, "b": 1024, "c": 1024})

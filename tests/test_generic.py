@@ -1,11 +1,15 @@
 """Genericity: diagrams and schedules that are not in examples/ or proofs/ (tests/generic/*.ncd:
 sliding-window, ALiBi+softcap+bias, multi-query with e != d, sigmoid attention, heads as a
-batch axis of both dots, layernorm then
-matmul, gated SiLU MLP, batched and three-operand contractions, streamed row statistics) go
-through every back end: the kernel checks each theorem; both lowerings agree with the float64
-evaluator at ragged sizes (no tile divides any symbolic axis; d=80 and e=48 are not powers of
-two); the cost model gives symbolic H and M and integer tiles at concrete sizes; the pseudocode
-and the drawing render.  Nothing here is special-cased anywhere in napkin.
+batch axis of both dots, layernorm then matmul, gated SiLU MLP, batched and three-operand
+contractions, streamed row statistics; causal attention returning its log-sum-exp, kernel
+regression, linear attention, feature-major K/V, two-level local attention, a temperature
+size constant; a SwiGLU MLP streamed over its hidden axis, layernorm, a batched linear layer
+with padded batch tiles, a contraction over two axes, z-loss cross entropy, a mean squared error, cosine
+similarities, logits written chunk by chunk) go through every back end: the kernel checks each
+theorem; both lowerings agree with the float64 evaluator at ragged sizes (no tile divides any
+symbolic axis; d=80 and e=48 are not powers of two); the Pallas kernels cross-lower for CUDA
+against an abstract H200; the cost model gives symbolic H and M and integer tiles at concrete
+sizes; the pseudocode and the drawing render.  Nothing here is special-cased anywhere in napkin.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -24,12 +29,14 @@ from napkin_cat.lower import lower
 from napkin_cat.optimise import search
 from napkin_cat.proof import check_file
 from tests import lower_cases as cases
+from tests.test_crosslower import TRITON_CALL, cuda_hlo
 
 FILES = sorted((Path(__file__).parent / "generic").glob("*.ncd"))
 #: ragged sizes (primes and odd numbers: every tile leaves a remainder); batch-like axes small
-SIZES = {"q": 37, "x": 29, "b": 2, "h": 2, "t": 23, "f": 19, "v": 45, "n": 21, "m": 18, "k": 27}
+SIZES = {"q": 37, "x": 29, "b": 3, "h": 2, "t": 23, "f": 19, "v": 45, "n": 21, "m": 18, "k": 27, "s": 33}
 #: concrete sizes for the integer-tile search
-LARGE = {"q": 2048, "x": 2048, "b": 2, "h": 8, "t": 4096, "f": 4096, "v": 32768, "n": 1024, "m": 1024, "k": 1024}
+LARGE = {"q": 2048, "x": 2048, "b": 2, "h": 8, "t": 4096, "f": 4096, "v": 32768, "n": 1024, "m": 1024, "k": 1024,
+         "s": 4096}
 
 
 def _theorems() -> dict[str, Any]:
@@ -49,7 +56,8 @@ def _case(name: str) -> tuple[Any, dict[str, int], list[np.ndarray], tuple[np.nd
     thm = THEOREMS[name]
     sizes = {a.name: a.size if a.size is not None else SIZES[a.name] for a in thm.result.axes}
     rng = np.random.default_rng(len(name))
-    arrays = [rng.standard_normal([sizes[a] for a in p.axes]) for p in thm.source.inputs]
+    arrays = [rng.integers(0, sizes["v"], [sizes[a] for a in p.axes]).astype(np.float64) if p.name == "L"  # labels
+              else rng.standard_normal([sizes[a] for a in p.axes]) for p in thm.source.inputs]
     want = evaluate(thm.source, arrays, sizes=sizes)
     return thm, sizes, arrays, want if isinstance(want, tuple) else (want,)
 
@@ -61,7 +69,7 @@ def _tiles(thm: Any) -> dict[str, int]:
 
 
 def test_the_files_hold_the_variants() -> None:
-    assert len(FILES) == 2 and len(NAMES) == 10
+    assert len(FILES) == 4 and len(NAMES) == 24
 
 
 @pytest.mark.parametrize("target", ["jax", "pallas"])
@@ -75,13 +83,26 @@ def test_lowering_matches_the_evaluator_at_ragged_sizes(name: str, target: str) 
         assert cases.relative_error(out, ref) < cases.F32_TOL
 
 
-@pytest.mark.parametrize("name", ["flash_biased", "fused_swiglu", "flash_heads_inside"])
+@pytest.mark.parametrize("name", ["flash_biased", "fused_swiglu", "flash_heads_inside", "flash_lse",
+                                  "tiled_batched_linear"])
 def test_bf16_lowering_is_within_the_bf16_tolerance(name: str) -> None:
     thm, _, arrays, want = _case(name)
     fn = lower(thm, target="jax", tiles=_tiles(thm), dtype="bfloat16").fn
     got = cases.as_tuple(fn(*[jnp.asarray(a, jnp.bfloat16) for a in arrays]))
     for out, ref in zip(got, want, strict=True):
         assert out.dtype == jnp.bfloat16 and cases.relative_error(out, ref) < cases.BF16_TOL
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_pallas_kernel_lowers_for_cuda(name: str) -> None:
+    """The Triton lowering accepts every kernel (2-D dots, power-of-two blocks, no erf),
+    at the test tiles and at the cost model's default tiles, in bf16."""
+    thm = THEOREMS[name]
+    _, sizes, _, _ = _case(name)
+    specs = [jax.ShapeDtypeStruct(tuple(sizes[a] for a in p.axes), jnp.bfloat16) for p in thm.result.inputs]
+    for tiles in (_tiles(thm), None):
+        hlo = cuda_hlo(lower(thm, target="pallas", tiles=tiles, dtype="bfloat16", hardware="h200").fn, *specs)
+        assert hlo.count(TRITON_CALL) == 1
 
 
 @pytest.mark.parametrize("name", NAMES)

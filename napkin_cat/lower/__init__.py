@@ -78,7 +78,7 @@ def default_tiles(diagram: Diagram, schedule: Schedule, hardware: str | None = N
     try:
         sizes = {a.name: REPRESENTATIVE_SIZE for a in diagram.axes if a.size is None}
         model = cost.cost_of(diagram, schedule, hardware or "h100", sizes=sizes)
-        rows = optimise.search(model, top=1).rows
+        rows = optimise.search(model, top=1, relax=True).rows
         if rows and set(names) <= set(rows[0].tiles):
             return {n: int(rows[0].tiles[n]) for n in names}, (
                 f"cost model optimum for {hardware or 'h100'} at symbolic sizes {REPRESENTATIVE_SIZE}")

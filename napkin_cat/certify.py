@@ -227,10 +227,10 @@ def _step_bound(lemma: LemmaDecl, others: int) -> float:
             continue
         for gen in gens:  # the others at their largest swept value: the step in gen moves out with them
             at = poly.as_expr().subs({g: others for g in gens if g != gen})
-            weights = [abs(float(k)) for c in sympy.Poly(at, gen).coeffs() for k in _numbers(c)]
+            weights = [float(abs(k)) for c in sympy.Poly(at, gen).coeffs() for k in _numbers(c)]
             weights = [w for w in weights if w > 0]
             bound = max(bound, 1 + max(weights) / min(weights)) if weights else bound
-    return bound
+    return bound if math.isfinite(bound) else math.inf
 
 
 class _Opaque(Exception):

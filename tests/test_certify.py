@@ -140,3 +140,10 @@ def test_piecewise_boxes_of_the_data_still_certify() -> None:
     lemma = loads("axis x\nlemma r(X: [x]) : sum[x](relu(X) * 2) = sum[x](max(X, 0) + max(X, 0))").lemmas[0]
     cert = certify.certify_lemma(lemma, "full")
     assert cert.ok and cert.how.endswith("sizes ≤6"), cert  # 2 + two sums + the constant 2
+
+
+@pytest.mark.parametrize("term", ["relu(x * sqrt(-2.0) - 1)", "relu(x * recip(0.0) - 1)", "relu(x * log(0.0) - 1)"])
+def test_lemmas_sympy_cannot_read_are_refused_not_crashed(term: str) -> None:
+    lemma = loads(f"axis x\nlemma l(X: [x]) : sum[x](X) = sum[x](X + {term})").lemmas[0]
+    cert = certify.certify_lemma(lemma)
+    assert not cert.ok and cert.counterexample, cert

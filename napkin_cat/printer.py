@@ -45,6 +45,8 @@ _ATOM = 4
 def _number(value: float) -> str:
     if math.isinf(value):
         return "inf" if value > 0 else "-inf"
+    if value == 0 and math.copysign(1.0, value) < 0:
+        return "-0.0"  # its sign matters: recip(-0.0) is -inf
     if value.is_integer() and abs(value) < 1e15:
         return str(int(value))
     return repr(value)
@@ -61,7 +63,7 @@ def print_expr(expr: Expr, context: int = 0) -> str:
     if isinstance(expr, Size):
         return expr.axis
     if isinstance(expr, Const):
-        return _paren(_number(expr.value), _UNARY_PREC if expr.value < 0 else _ATOM, context)
+        return _paren(_number(expr.value), _UNARY_PREC if math.copysign(1.0, expr.value) < 0 else _ATOM, context)
     if isinstance(expr, Apply):
         return f"{expr.diagram.name}({', '.join(print_expr(a) for a in expr.args)})"
     assert isinstance(expr, Box)
@@ -92,7 +94,7 @@ def print_index(expr: IndexExpr, context: int = 0) -> str:
     if isinstance(expr, Idx):
         return expr.axis
     if isinstance(expr, IInt):
-        return _paren(str(expr.value), _UNARY_PREC if expr.value < 0 else _ATOM, context)
+        return _paren(str(expr.value), _UNARY_PREC if math.copysign(1.0, expr.value) < 0 else _ATOM, context)
     prec = 2 if expr.op == "*" else 1
     return _paren(f"{print_index(expr.left, prec)} {expr.op} {print_index(expr.right, prec + 1)}", prec, context)
 

@@ -55,6 +55,7 @@ HEAD = "axis i, j\n"
     ("X * (0 - inf)", "X * (0 - inf)"),
     ("max(X, -inf)", "max(X, -inf)"),
     ("X * 1e-05 + 2.50", "X * 1e-05 + 2.5"),
+    ("recip(-0.0) + X * -0.0", "recip(-0.0) + X * -0.0"),
     ("where[i j]((i >= j and j > 0) or not (i == 1 or j == 2), X, Y)",
      "where[i j](i >= j and j > 0 or not (i == 1 or j == 2), X, Y)"),
     ("where[i j](i - (j - 1) >= -(j), X, Y)",
@@ -67,3 +68,12 @@ def test_parentheses_only_where_needed(written: str, canonical: str) -> None:
     printed = print_module(module)
     assert printed.splitlines()[-2] == f"  return {canonical}"
     assert loads(printed) == module
+
+
+def test_negative_zero_keeps_its_sign() -> None:
+    """-0.0 == 0.0 as floats, so module equality cannot see it; recip tells them apart."""
+    module = loads(HEAD + "diagram f(X: [i]) -> [i] {\n  return X + recip(-0.0)\n}\n")
+    again = loads(print_module(module))
+    (out,) = again.diagram("f").outputs
+    const = out.args[1].args[0]  # type: ignore[union-attr]
+    assert str(const.value) == "-0.0"

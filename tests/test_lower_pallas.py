@@ -147,6 +147,20 @@ def test_default_tiles_cost_the_kernel_with_woven_axes_on_the_grid() -> None:
     assert lowered.layout.squeezed == {"f"} and lowered.tiles["gt"] >= 16
 
 
+@pytest.mark.parametrize("empty", ["q", "x"])
+def test_an_empty_axis_gives_what_the_jax_target_gives(empty: str) -> None:
+    """Regression: a zero-length axis (no queries, or no keys) made a grid of no programs or a
+    block larger than its array, and JAX failed with "slice_sizes must be less than or equal
+    to operand shape"; one padded tile is run and sliced away."""
+    thm = cases.theorems()["flash_attention_causal"]
+    sizes = {"q": 0 if empty == "q" else 20, "x": 0 if empty == "x" else 20, "d": 64}
+    args = [jnp.ones(tuple(sizes[a] for a in p.axes), jnp.float32) for p in thm.result.inputs]
+    got = lower(thm, target="pallas", tiles={"gq": 16, "sx": 16}).fn(*args)
+    want = lower(thm, target="jax", tiles={"gq": 16, "sx": 16}).fn(*args)
+    assert got.shape == want.shape == (sizes["q"], 64)
+    assert np.array_equal(np.asarray(got), np.asarray(want))
+
+
 def test_fully_masked_rows_and_tiles_stay_finite() -> None:
     """Causal attention with more queries than keys: key tiles beyond the diagonal are fully
     masked for early rows and the last tiles are padding; nothing may become NaN."""

@@ -36,8 +36,10 @@ def bind_sizes(arrays: Sequence[Any], signature: Sequence[tuple[str, tuple[str, 
 
 
 def round_up(size: int, tile: int) -> int:
-    """The smallest multiple of ``tile`` that is at least ``size``."""
-    return -(-size // tile) * tile
+    """The smallest positive multiple of ``tile`` that is at least ``size``: one tile for an
+    empty axis (a kernel has at least one program and one chunk; its padding is masked and
+    the outputs are sliced back to the empty axis)."""
+    return max(1, -(-size // tile)) * tile
 
 
 def pow2_extent(size: int, least: int = 16) -> int:

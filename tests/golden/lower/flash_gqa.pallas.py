@@ -26,8 +26,10 @@ def bind_sizes(arrays, signature, declared):
     return sizes
 
 def round_up(size, tile):
-    """The smallest multiple of ``tile`` that is at least ``size``."""
-    return -(-size // tile) * tile
+    """The smallest positive multiple of ``tile`` that is at least ``size``: one tile for an
+    empty axis (a kernel has at least one program and one chunk; its padding is masked and
+    the outputs are sliced back to the empty axis)."""
+    return max(1, -(-size // tile)) * tile
 
 def pow2_extent(size, least=16):
     """The power of two (at least ``least``) a whole axis is padded to (Triton's rule)."""

@@ -391,7 +391,8 @@ class _Elaborator(ExprElaborator):
         toks = [str(t) for t in kids if isinstance(t, Token) and t.type == "NAME"]
         sub = {c.data: c for c in kids if isinstance(c, Tree)}
         if tree.data == "rewrite_step":
-            return Rewrite(toks[0], tuple(toks[1:]), sp)
+            return Rewrite(toks[0], tuple(toks[1:]) + tuple(str(t) for t in kids if isinstance(t, Token)
+                                                            and t.type == "RETURN"), sp)
         if tree.data in ("group_step", "stream_step"):
             tile_tok = _tok(sub["tile"], 0)
             tile: str | int = int(tile_tok) if tile_tok.type == "INT" else str(tile_tok)

@@ -17,9 +17,9 @@ whose message starts with the rule's name and names the failed condition and the
     typed_box(op, args, ...)             the typing rule of a primitive box (ops.result_axes)
     treatment(box, axis)                 weaves | consumes | mixes | absent (architecture §3.1)
 
-The kernel imports only the IR, the op catalogue and diagnostics.  Certification is an
-input: lemma names map to how they were certified, and ``accumulator(box, axis, name,
-pad)`` answers whether (and how) an accumulator's laws were certified for that box.
+The kernel imports only the IR, the op catalogue and diagnostics.  Certification is an input: lemma
+names map to how they were certified, and ``accumulator(box, axis, name, pad)`` answers whether
+(and how) an accumulator's laws were certified for that box.
 """
 
 from __future__ import annotations
@@ -213,8 +213,9 @@ def rewrite(thm: Theorem, lemma: LemmaDecl, step: Rewrite, certified: Mapping[st
         ───────────────────────────────────────────────    sub-terms and its axes injectively
                     ⊢ A ≡ D[σ(rhs)]                        to the diagram's; extra axes woven
 
-    The bindings named by ``at`` are inlined into the last of them (the root) and the
-    first sub-term matching ``lhs`` is replaced; named bindings left unused are dropped.
+    The bindings named by ``at`` are inlined into the last of them (the root; with
+    ``return``, the returned expressions) and the first sub-term matching ``lhs`` is
+    replaced; named bindings left unused are dropped.
     Side conditions: the lemma is certified; σ binds every variable and axis of ``rhs``;
     an extra axis of a matched variable is not the image of a lemma axis (so every box of
     the pattern weaves it, R1); both sides get the same type.
@@ -222,37 +223,39 @@ def rewrite(thm: Theorem, lemma: LemmaDecl, step: Rewrite, certified: Mapping[st
     if lemma.name not in certified:
         raise KernelError("instantiate", f"lemma `{lemma.name}` is not certified", step.span)
     _no_schedule(thm, "congruence", step.span)
-    body = list(thm.result.body)
-    names = [n for let in body for n in let.names]
-    for n in step.at:
-        if n not in names:
-            raise KernelError("congruence", f"no binding `{n}` in `{thm.result.name}` (bindings: {', '.join(names)})",
+    n = len(thm.result.body)  # the returned expressions follow the body as bindings named `return`
+    lets = list(thm.result.body) + [Let(("return",), o, None) for o in thm.result.outputs]
+    names = [m for let in lets[:n] for m in let.names]
+    for m in step.at:
+        if m not in [*names, "return"]:
+            raise KernelError("congruence", f"no binding `{m}` in `{thm.result.name}` (bindings: {', '.join(names)})",
                               step.span)
-    index = max(i for i, let in enumerate(body) if set(let.names) & set(step.at))
-    root = body[index]
-    defs = {let.names[0]: let.expr for let in body if len(let.names) == 1 and let.names[0] in step.at}
-    for n in step.at:
-        if n not in root.names and not _mentions(root.expr, n, defs):
-            raise KernelError("congruence", f"binding `{n}` is not used by `{root.names[0]}`", step.span)
-    inlined = _inline_named(root.expr, defs, set(root.names))
-    for node in walk(inlined):
-        vars_: dict[str, Expr] = {}
-        axes: dict[str, str] = {}
-        if _match(lemma.lhs, node, vars_, axes):
-            instance = _instantiate(lemma, vars_, axes, step.span)
-            if set(instance.axes) != set(node.axes):
-                raise KernelError("instantiate", f"lemma `{lemma.name}` gives type {list(instance.axes)} for "
-                                                 f"{list(node.axes)} at `{root.names[0]}`", step.span)
-            body[index] = Let(root.names, _replace(inlined, node, instance), root.span)
-            while dead := [let for let in body if len(let.names) == 1 and let.names[0] in step.at
-                           and not any(_mentions(e, let.names[0], {}) for e in
-                                       [b.expr for b in body] + list(thm.result.outputs))]:
-                body = [let for let in body if let not in dead]
-            return _extend(thm, step, ("congruence", f"lemma {lemma.name} ({certified[lemma.name]})"),
-                           result=replace(thm.result, body=tuple(body)))
-    inlined_names = ", ".join(n for n in step.at if n not in root.names) or "nothing"
-    raise KernelError("instantiate", f"lemma `{lemma.name}`'s left side does not match `{root.names[0]}` "
-                                     f"with {inlined_names} inlined", step.span, inlined)
+    roots = [i for i, let in enumerate(lets) if set(let.names) & set(step.at)]
+    roots = roots[n - len(lets):] if "return" in step.at else roots[-1:]
+    top = lets[roots[0]].names[0]
+    defs = {let.names[0]: let.expr for let in lets[:n] if len(let.names) == 1 and let.names[0] in step.at}
+    for m in step.at:
+        if m != top and not any(m in lets[i].names or _mentions(lets[i].expr, m, defs) for i in roots):
+            raise KernelError("congruence", f"binding `{m}` is not used by `{top}`", step.span)
+    inlined = [(i, _inline_named(lets[i].expr, defs, set(lets[i].names))) for i in roots]
+    for index, expr in inlined:
+        for node in walk(expr):
+            vars_: dict[str, Expr] = {}
+            axes: dict[str, str] = {}
+            if _match(lemma.lhs, node, vars_, axes):
+                instance = _instantiate(lemma, vars_, axes, step.span)
+                if set(instance.axes) != set(node.axes):
+                    raise KernelError("instantiate", f"lemma `{lemma.name}` gives type {list(instance.axes)} for "
+                                                     f"{list(node.axes)} at `{top}`", step.span)
+                lets[index] = Let(lets[index].names, _replace(expr, node, instance), lets[index].span)
+                while dead := [let for let in lets[:n] if len(let.names) == 1 and let.names[0] in step.at
+                               and not any(_mentions(b.expr, let.names[0], {}) for b in lets)]:
+                    lets, n = [let for let in lets if let not in dead], n - len(dead)
+                return _extend(thm, step, ("congruence", f"lemma {lemma.name} ({certified[lemma.name]})"),
+                               result=replace(thm.result, body=tuple(lets[:n]),
+                                              outputs=tuple(let.expr for let in lets[n:])))
+    raise KernelError("instantiate", f"lemma `{lemma.name}`'s left side does not match `{top}` with "
+                      f"{', '.join(m for m in step.at if m != top) or 'nothing'} inlined", step.span, inlined[0][1])
 
 
 def _inline_named(expr: Expr, defs: Mapping[str, Expr], seen: set[str]) -> Expr:
@@ -269,10 +272,8 @@ def _mentions(expr: Expr, name: str, defs: Mapping[str, Expr]) -> bool:
 
 
 def _replace(expr: Expr, old: Expr, new: Expr) -> Expr:
-    if expr is old:
-        return new
-    if not isinstance(expr, Box):
-        return expr
+    if expr is old or not isinstance(expr, Box):
+        return new if expr is old else expr
     args = tuple(_replace(a, old, new) for a in expr.args)
     return expr if args == expr.args else typed_box(expr.op, args, expr.target, expr.out, expr.params, expr.index,
                                                     expr.span)
@@ -294,8 +295,7 @@ def _match(pattern: Expr, actual: Expr, vars_: dict[str, Expr], axes: dict[str, 
     if isinstance(pattern, Var):
         return vars_.setdefault(pattern.name, actual) == actual
     if isinstance(pattern, Const):
-        return isinstance(actual, Const) and (pattern.value, math.copysign(1, pattern.value)) == \
-            (actual.value, math.copysign(1, actual.value))  # 1/-0.0 is -inf, 1/0.0 is inf
+        return isinstance(actual, Const) and repr(pattern.value) == repr(actual.value)  # -0.0 is not 0.0
     if isinstance(pattern, Size):
         return isinstance(actual, Size) and _match_axes((pattern.axis,), (actual.axis,), axes)
     return (isinstance(pattern, Box) and isinstance(actual, Box) and pattern.op == actual.op

@@ -75,24 +75,24 @@ class _Matcher:
 def proposals(diagram: Diagram, lemmas: Mapping[str, LemmaDecl]) -> list[Rewrite]:
     """Every ``rewrite LEMMA at NAMES`` whose left side matches a sub-term of a binding.
 
-    The root of each proposal is a single-name binding; the other names are the bindings
-    the match looked through (the kernel inlines exactly those).  Proposals are in body
-    order, then library order; duplicates are dropped.  Whether a proposal is admissible
-    (weaving of the matched variables, types) is the kernel's call.
+    The root of each proposal is a single-name binding or ``return`` (the returned
+    expressions); the other names are the bindings the match looked through (the kernel
+    inlines exactly those).  Proposals are in body order, then library order; duplicates
+    are dropped.  Whether a proposal is admissible (weaving of the matched variables,
+    types) is the kernel's call.
     """
     defs = {let.names[0]: let.expr for let in diagram.body if len(let.names) == 1}
     order = {name: i for i, name in enumerate(n for let in diagram.body for n in let.names)}
+    roots = [(let.names[0], let.expr) for let in diagram.body if len(let.names) == 1]
     found: dict[tuple[str, tuple[str, ...]], Rewrite] = {}
-    for let in diagram.body:
-        if len(let.names) != 1:
-            continue
-        for node in walk(let.expr):
+    for root, expr in roots + [("return", out) for out in diagram.outputs]:
+        for node in walk(expr):
             if isinstance(node, Var):
                 continue  # a match through a name is proposed at that name's own binding
             for lemma in lemmas.values():
                 match = _Matcher(defs)
                 if match.expr(lemma.lhs, node):
-                    at = tuple(sorted(set(match.through) - {let.names[0]}, key=order.__getitem__)) + let.names
+                    at = (*sorted(set(match.through) - {root}, key=order.__getitem__), root)
                     found.setdefault((lemma.name, at), Rewrite(lemma.name, at))
     return list(found.values())
 

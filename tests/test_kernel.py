@@ -13,7 +13,7 @@ from napkin_cat import kernel, rules
 from napkin_cat.elaborate import loads
 from napkin_cat.evaluate import FLOAT64, Named, evaluate_named
 from napkin_cat.kernel import KernelError, Theorem
-from napkin_cat.terms import Box, Const, Diagram, Partition, Place, Quantise, Rewrite, Var
+from napkin_cat.terms import Box, Const, Diagram, Partition, Place, Quantise, Rewrite, Var, walk
 
 ATTENTION = """
 axis q, x
@@ -192,6 +192,60 @@ def test_rewrite_matches_a_zero_constant_with_its_sign() -> None:
         kernel.rewrite(kernel.refl("t", module.diagram("one")), module.lemmas[0], Rewrite("z", ("T",)), {"z": "t"})
     thm = kernel.rewrite(kernel.refl("t", module.diagram("two")), module.lemmas[0], Rewrite("z", ("T",)), {"z": "t"})
     assert thm.result.body[0].expr.op == "max"
+
+
+RETURNED = """
+axis q, x
+axis d = 4
+diagram inline(S: [q x], V: [x d], W: [x]) -> [q d], [q] {
+  M = where[q x](q >= x, S, -inf)
+  return contract[x](softmax[x](M), V) * 2, contract[x](softmax[x](S), W)
+}
+diagram only_second(S: [q x], W: [x]) -> [q], [q] {
+  return sum[x](S), contract[x](softmax[x](S), W)
+}
+"""
+
+
+def _agree(thm: Theorem, sizes: dict[str, int]) -> None:
+    rng = np.random.default_rng(1)
+    arrays = [Named(p.axes, rng.standard_normal([sizes[a] for a in p.axes])) for p in thm.source.inputs]
+    for want, got in zip(*(evaluate_named(d, arrays, sizes) for d in (thm.source, thm.result)), strict=True):
+        np.testing.assert_allclose(got.to(want.axes), want.data, rtol=1e-12, atol=1e-12)
+
+
+def test_rewrite_at_return_rewrites_inside_the_returned_expressions() -> None:
+    """`at return` roots the match in the returned expressions: the first that matches is
+    rewritten, in output order; named bindings are inlined into it and dropped if unused."""
+    module = loads(RETURNED)
+    first = kernel.rewrite(kernel.refl("t", module.diagram("inline")), _lemma(),
+                           Rewrite("softmax_contract", ("return",)), {"softmax_contract": "t"})
+    assert [b.op for b in walk(first.result.outputs[0]) if isinstance(b, Box)][:2] == ["mul", "ncontract"]
+    assert "softmax" in {b.op for b in walk(first.result.outputs[1]) if isinstance(b, Box)}  # the first match only
+    assert [let.names for let in first.result.body] == [("M",)]
+    _agree(first, {"q": 3, "x": 5, "d": 4})
+    through = kernel.rewrite(kernel.refl("t", module.diagram("inline")), _lemma(),
+                             Rewrite("softmax_contract", ("M", "return")), {"softmax_contract": "t"})
+    assert through.result.body == ()  # M inlined into the returned expression, then unused
+    _agree(through, {"q": 3, "x": 5, "d": 4})
+    second = kernel.rewrite(kernel.refl("t", module.diagram("only_second")), _lemma(),
+                            Rewrite("softmax_contract", ("return",)), {"softmax_contract": "t"})
+    assert second.result.outputs[0] == module.diagram("only_second").outputs[0]
+    assert isinstance(second.result.outputs[1], Box) and second.result.outputs[1].op == "ncontract"
+    _agree(second, {"q": 3, "x": 5})
+
+
+def test_rewrite_at_return_refusals() -> None:
+    module = loads(RETURNED)
+    thm = kernel.refl("t", module.diagram("only_second"))
+    with pytest.raises(KernelError, match=r"^instantiate: lemma `l2_contract`'s left side does not match `return`"):
+        kernel.rewrite(thm, _lemma("l2_contract"), Rewrite("l2_contract", ("return",)), {"l2_contract": "t"})
+    with pytest.raises(KernelError, match=r"^congruence: binding `M` is not used by `return`"):
+        kernel.rewrite(kernel.refl("t", loads(RETURNED.replace("contract[x](softmax[x](M), V)", "contract[x]("
+                                              "softmax[x](S), V)")).diagram("inline")),
+                       _lemma(), Rewrite("softmax_contract", ("M", "return")), {"softmax_contract": "t"})
+    with pytest.raises(KernelError, match=r"^congruence: no binding `returns`"):
+        kernel.rewrite(thm, _lemma(), Rewrite("softmax_contract", ("returns",)), {"softmax_contract": "t"})
 
 
 def test_rewrite_after_relabelling_is_refused() -> None:

@@ -22,6 +22,15 @@ def test_lemmas_are_matched_through_bindings_not_by_name() -> None:
     assert Rewrite("softmax_contract", ("W", "R")) in moves.proposals(renamed.diagram("f"), rules.library())
 
 
+def test_a_match_in_the_returned_expression_is_proposed_at_return() -> None:
+    alibi = load(EXAMPLES / "attention.ncd").diagram("alibi_attention")  # softmax and contract inline in return
+    found = moves.proposals(alibi, rules.library())
+    assert Rewrite("softmax_contract", ("return",)) in found
+    thm = kernel.rewrite(kernel.refl("t", alibi), rules.library()["softmax_contract"],
+                         Rewrite("softmax_contract", ("return",)), {"softmax_contract": "test"})
+    assert moves.stream_axes(thm.result) == ("x",)
+
+
 def test_axis_roles_give_group_and_stream_candidates() -> None:
     module = load(EXAMPLES / "attention.ncd")
     attention = module.diagram("attention")

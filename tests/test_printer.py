@@ -77,3 +77,12 @@ def test_negative_zero_keeps_its_sign() -> None:
     (out,) = again.diagram("f").outputs
     const = out.args[1].args[0]  # type: ignore[union-attr]
     assert str(const.value) == "-0.0"
+
+
+def test_rewrite_at_return_round_trips() -> None:
+    text = (HEAD + "diagram f(X: [i j], Y: [j]) -> [i] {\n  T = exp(X)\n  return contract[j](softmax[j](T), Y)\n}\n"
+            "theorem t: f {\n  rewrite softmax_contract at T, return\n}\n")
+    module = loads(text)
+    assert module.theorems[0].steps[0].at == ("T", "return")
+    assert loads(print_module(module)) == module
+    assert "rewrite softmax_contract at T, return" in print_module(module)

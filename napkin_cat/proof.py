@@ -156,8 +156,9 @@ def _no_match(exc: kernel.KernelError, subject: Expr, thm: kernel.Theorem, lemma
               lemmas: dict[str, LemmaDecl], step: Rewrite) -> Diagnostic:
     """The kernel's refusal, with the lemma's left side and the binding printed, where they
     first differ, and a hint when a contraction's operands in the other order would match."""
-    root = [n for let in thm.result.body for n in let.names if n in step.at][-1]  # the kernel's root
-    reason = f"{exc.condition}: the left side is `{print_expr(lemma.lhs)}`, `{root}` is `{print_expr(subject)}`"
+    root = "return" if "return" in step.at else [n for let in thm.result.body for n in let.names if n in step.at][-1]
+    what = "the returned expression" if root == "return" else f"`{root}`"  # the kernel's root, as it chose it
+    reason = f"{exc.condition}: the left side is `{print_expr(lemma.lhs)}`, {what} is `{print_expr(subject)}`"
     candidates = [n for n in walk(subject) if isinstance(n, Box) and isinstance(lemma.lhs, Box)
                   and n.op == lemma.lhs.op and len(n.args) == len(lemma.lhs.args)]
     difference = next((d for d in (_difference(lemma.lhs, n) for n in candidates) if d is not None), None)
@@ -170,6 +171,9 @@ def _no_match(exc: kernel.KernelError, subject: Expr, thm: kernel.Theorem, lemma
             hint = f"swap them first: `rewrite contract_comm at {root}`"
     elif difference is not None:
         reason += f"; where the left side has `{print_expr(difference[0])}`, it has `{print_expr(difference[1])}`"
+        if isinstance(found := difference[1], Var) and any(found.name in let.names for let in thm.result.body):
+            at = ", ".join([*(n for n in step.at if n != root), found.name, root])
+            hint = f"a binding is inlined only when named: `rewrite {lemma.name} at {at}`"
     return error("proof.refused", step.span, hint, rule=exc.rule, reason=reason)
 
 

@@ -108,6 +108,22 @@ def test_lemma_mismatch_prints_both_sides_and_hints_at_operand_order() -> None:
     assert check_module(fixed)[0].ok
 
 
+@pytest.mark.parametrize(("at", "fixed"), [("O", "P, O"), ("return", "P, return")])
+def test_lemma_mismatch_at_an_unnamed_binding_hints_at_naming_it(at: str, fixed: str) -> None:
+    """`P` is not inlined unless named; the refusal says so with the step that works."""
+    text = _SWAPPED.replace("contract[x](V, P)", "contract[x](P, V)")
+    if at == "return":
+        text = text.replace("  return O", "  return contract[x](P, V)")
+    module = loads(text + f"theorem t: g {{\n  rewrite softmax_contract at {at}\n}}\n")
+    (result,) = check_module(module)
+    assert result.failure is not None and result.step == 1
+    what = "the returned expression" if at == "return" else "`O`"
+    assert f"{what} is `contract[x](P, V)`; where the left side has `softmax[x](S)`, it has `P`" in \
+        result.failure.message
+    assert result.failure.hint == f"a binding is inlined only when named: `rewrite softmax_contract at {fixed}`"
+    assert check_module(loads(text + f"theorem t: g {{\n  rewrite softmax_contract at {fixed}\n}}\n"))[0].ok
+
+
 def test_lemma_mismatch_names_the_first_difference() -> None:
     module = loads(_SWAPPED.replace("softmax", "l2norm").replace("contract[x](V, P)", "contract[x](P, V)")
                    + "theorem t: g {\n  rewrite softmax_contract at P, O\n}\n")

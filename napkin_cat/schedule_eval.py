@@ -152,9 +152,11 @@ class _Runner:
                 states[name] = evaluate_named(p.combine, states[name] + lifted, dict(tile.full))
         for name in pieces[0][1] if pieces else ():  # chunk values (outputs among them) written back
             values[name] = _join([(v, p[name]) for v, p in pieces], axis)
+        targets = {n.name: n.expr.target for n in consumers if isinstance(n.expr, Box)}
         for name, p in plans.items():
-            if axis in tile.partial:
-                values[name] = states[name]  # an enclosing stream of the same axis combines it
+            if tile.partial & set(targets[name]):
+                values[name] = states[name]  # an enclosing stream (this axis at an outer level, or another
+                # axis the box consumes) combines it
             else:
                 values[name] = evaluate_named(p.final, states[name], dict(tile.full))[0]
         after = [n for n in nodes if phase[n.name] == "after"]
@@ -172,10 +174,9 @@ class _Runner:
         box = node.expr
         streamed = [a for a in tile.partial if isinstance(box, Box) and ops.is_consuming(box.op) and a in box.target]
         if streamed:  # a consumer inside a chunk: its accumulator's lift, operands masked
-            axis = streamed[0]
-            p = self.plan(node, axis)
+            p = self.plan(node, streamed[0])  # one accumulator per box across its streams (the kernel's rule)
             operands = [self.operand(a, env, tile) for a in box.args]  # type: ignore[union-attr]
-            if tile.valid[axis] < tile.extents[axis]:
+            for axis in (a for a in streamed if tile.valid[a] < tile.extents[a]):
                 assert p.pad is not None, "the kernel refuses padding without a padding law"
                 operands = [_mask(x, axis, tile.valid[axis], fill) for x, fill in zip(operands, p.pad, strict=True)]
             return evaluate_named(p.lift, operands, dict(tile.extents), offsets=tile.offsets, full_sizes=tile.full)

@@ -140,3 +140,38 @@ def test_stream_of_a_woven_axis_writes_every_chunk() -> None:
     e, total = run_schedule(thm, [s])
     np.testing.assert_allclose(e, np.exp(s))
     np.testing.assert_allclose(total, np.exp(s).sum(axis=1))
+
+
+TWO_AXES = """
+axis q, x, y
+diagram total(A: [q x y]) -> [q] {
+  return sum[x y](A)
+}
+diagram soft_total(A: [q x y]) -> [q] {
+  return logsumexp[x y](A)
+}
+theorem sums: total {
+  group q by 4
+  stream x by 8 pad
+  stream y by 4 pad
+}
+theorem logsumexps: soft_total {
+  stream y by 8 pad
+  stream x by 4 pad
+}
+"""
+
+
+@pytest.mark.parametrize("name", ["sums", "logsumexps"])
+def test_one_box_streamed_along_two_axes_keeps_one_state(name: str) -> None:
+    """The inner stream's state is not finalised while an outer stream of another axis the
+    box consumes is running: the outer one combines it (ragged tiles masked along both)."""
+    from napkin_cat.elaborate import loads
+    from napkin_cat.proof import check_module
+
+    (thm,) = [r.theorem for r in check_module(loads(TWO_AXES)) if r.name == name]
+    assert thm is not None
+    a = np.random.default_rng(2).standard_normal((6, 19, 11))
+    (got,) = run_schedule(thm, [a])
+    want = a.sum(axis=(1, 2)) if name == "sums" else np.log(np.exp(a).sum(axis=(1, 2)))
+    np.testing.assert_allclose(got, want, rtol=1e-12)

@@ -14,6 +14,7 @@ import sympy
 from napkin_cat import hardware as hw
 from napkin_cat.bounds import diagram_bound, lower_bounds
 from napkin_cat.cost import Cost, timing
+from napkin_cat.loopnest import woven_axes
 from napkin_cat.optimise import ConfigTable, M, continuous, multilevel, search
 
 __all__ = ["format_report", "report"]
@@ -77,6 +78,12 @@ def report(c: Cost, name: str) -> dict[str, Any]:
     out["baseline"] = {"transfers": _s(base.transfers), "transfers_bytes": _s(base.transfers_bytes),
                        "memory": _s(base.memory), "flops": _s(base.flops),
                        "note": "every box its own kernel, memory unconstrained per kernel (paper-digest §3.3)"}
+    woven = woven_axes(c.program.nest.flat, frozenset(lp.axis for lp in c.program.nest.loops))
+    if woven:
+        out["pallas_grid"] = {"axes": list(woven), "note": (
+            f"a Pallas kernel runs {', '.join(woven)} one position per program; this costs the schedule as "
+            f"proved, with {'them' if len(woven) > 1 else 'it'} whole in every group (add "
+            + "; ".join(f"`group {a} by 1`" for a in woven) + " to the proof to cost that kernel)")}
     ml = multilevel(c) if len(c.levels) > 2 else None
     if ml is not None:
         out["multilevel"] = {"levels": {k: _s(v.transfers) for k, v in ml[0].items()}, "time": _s(ml[1])}
@@ -141,6 +148,8 @@ def format_report(r: Mapping[str, Any]) -> str:
     lines.append(f"lower bound ({lb['kind']}; {lb['source']}): {lb.get('value', lb['expr'])}"
                  + (f";  H*/bound = {lb['ratio']}" if "ratio" in lb else ""))
     lines.append(f"compulsory traffic (M -> oo): {r['compulsory']}")
+    if "pallas_grid" in r:
+        lines.append(f"note: {r['pallas_grid']['note']}")
     if "multilevel" in r:
         lines.append(f"multi-level (bandwidth-weighted, seconds): T = {r['multilevel']['time']}")
     if r.get("configurations") is not None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from napkin_cat import ops
 from napkin_cat.terms import Apply, Axes, Box, Const, Diagram, Expr, Partition, Schedule, Size, Var
 
-__all__ = ["Loop", "LoopNest", "Node", "flatten", "loop_nest"]
+__all__ = ["POSITIONAL", "Loop", "LoopNest", "Node", "flatten", "loop_nest", "touches", "woven_axes"]
 
 
 @dataclass(frozen=True)
@@ -202,6 +202,29 @@ class LoopNest:
                     extent = lp.tile
             out[axis] = extent
         return out
+
+
+#: boxes whose bracketed axes are read as positions (an index offset), not reduced or moved
+POSITIONAL = frozenset({"where", "index", "onehot", "transpose"})
+
+
+def touches(node: Node, axis: str) -> str:
+    """How a node treats an axis: weaves | positional | its op's kind (reduce, normalise, ...)."""
+    expr = node.expr
+    if not isinstance(expr, Box) or axis not in expr.target + expr.out:
+        return "weaves"
+    return "positional" if expr.op in POSITIONAL else ops.OPS[expr.op].kind
+
+
+def woven_axes(flat: Flat, partitioned: frozenset[str] = frozenset()) -> tuple[str, ...]:
+    """The axes not in ``partitioned`` that are on every output and only ever woven or read
+    positionally (batch and heads woven through the whole diagram).  A Pallas kernel puts
+    them on its grid one position per program, as ``group AXIS by 1`` would (R3 admits it)."""
+    out_types = [flat.type_of(o) for o in flat.outputs]
+    if not out_types:
+        return ()
+    return tuple(a for a in out_types[0] if a not in partitioned and all(a in t for t in out_types)
+                 and all(touches(n, a) in ("weaves", "positional") for n in flat.nodes))
 
 
 def loop_nest(diagram: Diagram, schedule: Schedule) -> LoopNest:

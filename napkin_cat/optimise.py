@@ -112,7 +112,7 @@ def _within_eventually(column: Expr) -> bool:
     """column <= M for every large enough M: the limit of column / M is below 1, or it is 1
     and column - M does not grow."""
     ratio = sympy.limit(column / M, M, sympy.oo)
-    if ratio.is_finite and ratio < 1:
+    if ratio.is_finite and (ratio - 1).is_negative:  # None (undecided, e.g. 1/2 + 32/x) is no
         return True
     return bool(ratio == 1 and sympy.limit(column - M, M, sympy.oo).is_nonpositive)
 

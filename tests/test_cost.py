@@ -401,6 +401,29 @@ def test_stream_chunks_are_at_least_the_triton_block() -> None:
     assert table.rows and min(r.tiles["st"] for r in table.rows) == 16
 
 
+def test_report_says_which_woven_axes_a_pallas_kernel_puts_on_its_grid() -> None:
+    """Regression: mha proved with only `group q` was costed with b and h whole in every group
+    ("none feasible") while the kernel napkin lowers runs one (b, h) per program; unexplained."""
+    from napkin_cat.cost_report import format_report, report
+
+    module = loads("""
+axis b, h, q, x
+axis d = 64
+diagram heads(Q: [b h q d], K: [b h x d], V: [b h x d]) -> [b h q d] {
+  return contract[x](softmax[x](contract[d](Q, K)), V)
+}
+theorem rows: heads {
+  group q by gq
+}
+""")
+    thm = next(r.theorem for r in proof.check_module(module))
+    data = report(cost(thm), "rows")
+    assert data["pallas_grid"]["axes"] == ["b", "h"]
+    assert "`group b by 1`; `group h by 1`" in format_report(data)
+    assert "pallas_grid" not in report(cost(proof.theorem(ROOT / "proofs" / "flash_attention.ncd", "flash_mha")),
+                                       "flash_mha")
+
+
 def test_time_estimate_combines_flops_and_transfers() -> None:
     thm = proof.theorem(ROOT / "proofs" / "matmul.ncd", "tiled_matmul")
     co = cost(thm, hardware="h100", sizes={"a": 1024, "b": 1024, "c": 1024})

@@ -22,11 +22,11 @@ from typing import Any
 from napkin_cat import cost, optimise
 from napkin_cat import hardware as hw
 from napkin_cat.diagnostics import NapkinError, error
-from napkin_cat.loopnest import flatten
+from napkin_cat.loopnest import flatten, woven_axes
 from napkin_cat.lower import codegen as cg
 from napkin_cat.lower import jax as jax_target
 from napkin_cat.lower import pallas as pallas_target
-from napkin_cat.lower.layout import Layout, layout, woven_grid_axes
+from napkin_cat.lower.layout import Layout, layout
 from napkin_cat.lower.runtime import helper_source
 from napkin_cat.lower.values import BIG, INF, TINY
 from napkin_cat.printer import print_diagram, print_step
@@ -139,14 +139,14 @@ def lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str 
 
 def realised_schedule(diagram: Diagram, schedule: Schedule, target: str) -> Schedule:
     """The schedule a ``target`` kernel runs: for Pallas, the proved one with ``group AXIS
-    by 1`` for each axis it puts on the grid unpartitioned (``layout.woven_grid_axes``), so
+    by 1`` for each axis it puts on the grid unpartitioned (``loopnest.woven_axes``), so
     default tiles and the docstring's cost bound describe the kernel, not a placement with
     those axes whole in every program."""
     if target != "pallas":
         return schedule
     partitioned = frozenset(p.axis for p in schedule.partitions)
     level = schedule.partitions[0].level if schedule.partitions else "smem"
-    added = tuple(Partition("group", a, 1, level) for a in woven_grid_axes(flatten(diagram), partitioned))
+    added = tuple(Partition("group", a, 1, level) for a in woven_axes(flatten(diagram), partitioned))
     return replace(schedule, partitions=added + schedule.partitions) if added else schedule
 
 

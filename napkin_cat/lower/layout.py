@@ -26,12 +26,12 @@ from typing import Any
 from napkin_cat import ops
 from napkin_cat.accumulators import AccumulatorPlan, plan
 from napkin_cat.diagnostics import NapkinError, error
-from napkin_cat.loopnest import Flat, LoopNest, Node, loop_nest
+from napkin_cat.loopnest import POSITIONAL, Flat, LoopNest, Node, loop_nest, touches, woven_axes
 from napkin_cat.lower.jaxops import fill_values
 from napkin_cat.lower.runtime import pow2_extent
 from napkin_cat.terms import Box, Diagram, Schedule, Size
 
-__all__ = ["FORMATS", "MIN_BLOCK", "POSITIONAL", "TRITON_MISSING", "Layout", "layout", "woven_grid_axes"]
+__all__ = ["FORMATS", "MIN_BLOCK", "POSITIONAL", "TRITON_MISSING", "Layout", "layout"]
 
 #: the smallest block the Triton backend's dot accepts on every dimension (pallas-notes §5.2)
 MIN_BLOCK = 16
@@ -43,9 +43,6 @@ FORMATS: dict[str, str] = {"f32": "float32", "tf32": "float32", "bf16": "bfloat1
 #: boxes whose lowering needs a primitive the Pallas Triton backend lacks (measured by
 #: cross-lowering every op, tests/test_crosslower.py)
 TRITON_MISSING: dict[str, str] = {"prod": "reduce_prod"}
-
-#: boxes whose bracketed axes are read as positions (an index offset), not reduced or moved
-POSITIONAL = frozenset({"where", "index", "onehot", "transpose"})
 
 
 @dataclass(frozen=True)
@@ -158,7 +155,7 @@ def layout(name: str, diagram: Diagram, schedule: Schedule, tiles: Mapping[str, 
     squeezed: tuple[str, ...] = ()
     if target == "pallas" and out_types:
         # woven axes and groups of one: one program per position, the axis squeezed away
-        woven = woven_grid_axes(flat, by_axis)
+        woven = woven_axes(flat, frozenset(by_axis))
         squeezed = tuple(a for a in out_types[0] if a in woven or (a in groups and axis_tiles[a] == 1))
     # groups whose tile the Triton backend cannot use as a block: each tile padded to one
     padded_tiles = tuple(a for a in groups if target == "pallas" and a not in squeezed and not _block_ok(axis_tiles[a]))
@@ -170,8 +167,8 @@ def layout(name: str, diagram: Diagram, schedule: Schedule, tiles: Mapping[str, 
         loop = next(lp for lp in nest.loops if lp.axis == stream)
         phase = {n.name: nest.phase(loop, n.name) for n in flat.nodes}
         for node in flat.nodes:
-            if phase[node.name] == "chunk" and _touches(node, stream) not in ("weaves", "positional"):
-                raise NapkinError(error("lower.stream_mixed", **_at(node), op=_touches(node, stream),
+            if phase[node.name] == "chunk" and touches(node, stream) not in ("weaves", "positional"):
+                raise NapkinError(error("lower.stream_mixed", **_at(node), op=touches(node, stream),
                                         axis=stream))
             if phase[node.name] == "after" and stream in node.axes:
                 raise NapkinError(error("lower.after_axis", **_at(node), axis=stream))
@@ -188,17 +185,6 @@ def layout(name: str, diagram: Diagram, schedule: Schedule, tiles: Mapping[str, 
                     plans, frozenset(padded_tiles), derived)
     _check_padding(result)
     return result
-
-
-def woven_grid_axes(flat: Flat, partitioned: Mapping[str, object] | frozenset[str]) -> tuple[str, ...]:
-    """The axes a Pallas kernel puts on its grid with blocks of one although the schedule
-    does not partition them: not in ``partitioned``, on every output and only ever woven
-    (batch and heads woven through the whole diagram).  The schedule the kernel realises
-    is the proved one with ``group AXIS by 1`` added for each (a relabelling R3 admits)."""
-    out_types = [flat.type_of(o) for o in flat.outputs]
-    if not out_types:
-        return ()
-    return tuple(a for a in out_types[0] if a not in partitioned and _woven_everywhere(flat, a, out_types))
 
 
 def _at(node: Node) -> dict[str, Any]:
@@ -228,14 +214,6 @@ def _tile_value(tile: str | int, axis: str, tiles: Mapping[str, int]) -> int:
     return value
 
 
-def _touches(node: Node, axis: str) -> str:
-    """How a node treats an axis: weaves | positional | consumes/mixes/reshapes."""
-    expr = node.expr
-    if not isinstance(expr, Box) or axis not in expr.target + expr.out:
-        return "weaves"
-    return "positional" if expr.op in POSITIONAL else ops.OPS[expr.op].kind
-
-
 def _derive_sizes(flat: Flat) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
     """How each axis gets its size: from an input or a declaration, or derived from a
     reshape in node order as (axis, "same" | "product" | "quotient", operand axes):
@@ -263,18 +241,12 @@ def _derive_sizes(flat: Flat) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
 
 def _check_grid_axis(flat: Flat, axis: str, out_types: list[tuple[str, ...]]) -> None:
     for node in flat.nodes:
-        how = _touches(node, axis)
+        how = touches(node, axis)
         if how not in ("weaves", "positional"):
             raise NapkinError(error("lower.grid_consumed", axis=axis, **_at(node), op=how))
     for index, axes in enumerate(out_types):
         if axis not in axes:
             raise NapkinError(error("lower.grid_output", axis=axis, index=index))
-
-
-def _woven_everywhere(flat: Flat, axis: str, out_types: list[tuple[str, ...]]) -> bool:
-    """Is the axis on every output and only ever woven (or read positionally)?"""
-    return all(axis in t for t in out_types) and all(_touches(n, axis) in ("weaves", "positional")
-                                                      for n in flat.nodes)
 
 
 def _check_padding(lay: Layout) -> None:
@@ -284,7 +256,7 @@ def _check_padding(lay: Layout) -> None:
         if not isinstance(expr, Box):
             continue
         for axis in expr.target + expr.out:
-            how = _touches(node, axis)
+            how = touches(node, axis)
             if how in ("weaves", "positional", "rename") or not lay.may_pad(axis):  # a rename keeps the extent
                 continue
             if how in ("split", "join"):

@@ -128,8 +128,8 @@ def test_library_lemmas_hold_on_hypothesis_sizes_and_values(name: str, data: st.
     inputs = [Named(p.axes, np.asarray(data.draw(hnp.arrays(np.float64, [sizes[a] for a in p.axes], elements=values)),
                                        dtype=np.float64)) for p in lemma.params]
     try:
-        (left,) = evaluate_named(certify._side(lemma, lemma.lhs), inputs, dict(sizes))
-        (right,) = evaluate_named(certify._side(lemma, lemma.rhs), inputs, dict(sizes))
+        (left,) = evaluate_named(certify.lemma_side(lemma, lemma.lhs), inputs, dict(sizes))
+        (right,) = evaluate_named(certify.lemma_side(lemma, lemma.rhs), inputs, dict(sizes))
     except NapkinError:
         return  # sizes a reshape does not admit (|x| != |y|·|z|)
     np.testing.assert_allclose(left.data, right.to(left.axes), rtol=1e-9, atol=1e-9)

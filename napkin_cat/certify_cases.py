@@ -1,0 +1,149 @@
+"""The cases certification evaluates, and how it decides that two sides agree on them.
+
+Cases: ``grid`` (every assignment of sizes up to a bound, smallest first), ``symbols``
+(an array of distinct real sympy symbols, the symbolic tier's input), ``edges`` (inputs
+scaled past a lemma's constants, and the all-zero and ``-inf`` inputs whose values the
+evaluator's conventions decide).
+
+Decisions: ``symbolic_equal`` (sympy: each difference must simplify to 0; where
+``Max``/``Min`` occur, in every ordering of the scalars inside them, see
+``symbolic_equal``; raises ``TooLarge`` past ``MAX_ORDERED`` such scalars) and
+``numeric_equal`` (float64 to 1e-9).  ``flat`` lines up evaluated outputs for them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import sympy
+
+from napkin_cat.evaluate import Named
+from napkin_cat.terms import LemmaDecl
+
+__all__ = ["MAX_ORDERED", "TooLarge", "edges", "flat", "grid", "numeric_equal", "show_sizes", "symbolic_equal",
+           "symbols"]
+
+MAX_ORDERED = 5  #: at most 5! orderings per symbolic case
+TOLERANCE = 1e-9  #: relative and absolute tolerance of ``numeric_equal``
+
+
+class TooLarge(Exception):
+    """More scalars inside ``Max``/``Min`` than ``symbolic_equal`` splits cases for."""
+
+
+# ---- cases ---------------------------------------------------------------------------------------
+
+
+def grid(axes: Sequence[str], bound: int) -> list[dict[str, int]]:
+    """Every assignment of sizes 1..``bound`` to ``axes``, smallest total first.
+
+    Equal sizes alone are not enough: a difference such as ``relu(x - y*z - 2)`` or
+    ``(x - y) * ...`` vanishes wherever the axes are equal."""
+    points = itertools.product(range(1, bound + 1), repeat=len(axes))
+    return [dict(zip(axes, p, strict=True)) for p in sorted(points, key=lambda p: (sum(p), p))]
+
+
+def symbols(prefix: str, axes: tuple[str, ...], sizes: dict[str, int]) -> Named:
+    """An array of distinct real symbols ``prefix[i,j]``, one per entry.
+
+    The brackets keep names apart that a plain suffix would merge (entry 1 of ``A`` and a
+    scalar named ``A1``): equal names would be one symbol, and the check a special case."""
+    shape = tuple(sizes[a] for a in axes)
+    data = np.empty(shape, dtype=object)
+    for index in np.ndindex(*shape):
+        data[index] = sympy.Symbol(f"{prefix}[{','.join(map(str, index))}]", real=True)
+    return Named(axes, data)
+
+
+def edges(lemma: LemmaDecl, values: Sequence[Any], scale: float) -> Iterator[tuple[str, list[Any]]]:
+    """(description, inputs) past the standard draws ``values``: every input times
+    ``scale``, then where the evaluator's conventions decide values (evaluate.py), per
+    parameter: all zeros (normalising an all-zero row gives 0), all ``-inf`` (a fully
+    masked row: softmax gives 0) and half its entries ``-inf`` (a partly masked row)."""
+    yield f" with the inputs times {scale:g}", [np.asarray(v) * scale for v in values]
+    for i, param in enumerate(lemma.params):
+        masked = np.array(values[i], dtype=float, copy=True)
+        masked.reshape(-1)[::2] = -math.inf
+        for what, value in (("0", np.zeros_like(values[i])), ("-inf", np.full_like(values[i], -math.inf)),
+                            ("-inf at every other entry", masked)):
+            yield f" with `{param.name}` = {what}", [value if j == i else v for j, v in enumerate(values)]
+
+
+def show_sizes(sizes: dict[str, int]) -> str:
+    """``x=2, y=3`` (or ``no axes``), as certificates name the sizes of a case."""
+    return ", ".join(f"{a}={n}" for a, n in sizes.items()) or "no axes"
+
+
+# ---- decisions -----------------------------------------------------------------------------------
+
+
+def flat(values: Sequence[Named], order: Sequence[tuple[str, ...]] | None = None) -> list[Any]:
+    """The entries of ``values`` in one list, each transposed to ``order[i]`` when given
+    (so that two sides' outputs line up entry by entry)."""
+    out: list[Any] = []
+    for i, v in enumerate(values):
+        data = v.to(order[i]) if order is not None else v.data
+        out.extend(np.asarray(data, dtype=object).ravel().tolist())
+    return out
+
+
+def numeric_equal(left: Sequence[Any] | np.ndarray, right: Sequence[Any] | np.ndarray) -> bool:
+    """Do two flat lists or arrays of floats agree to ``TOLERANCE`` (NaN equal to NaN)?"""
+    return bool(np.allclose(np.asarray(left, dtype=float), np.asarray(right, dtype=float), rtol=TOLERANCE,
+                            atol=TOLERANCE, equal_nan=True))
+
+
+def symbolic_equal(left: Sequence[Any], right: Sequence[Any]) -> bool:
+    """Does every difference ``left[i] - right[i]`` of sympy scalars simplify to 0?
+
+    A difference with ``Max``/``Min`` is decided by cases: for every ordering of the
+    scalars inside them, the scalars are rewritten as t, t - p1, t - p1 - p2, ... with
+    p_i >= 0, which decides every Max/Min and covers ties.  Raises ``TooLarge`` with more
+    than ``MAX_ORDERED`` such scalars."""
+    diffs = [sympy.sympify(a) - sympy.sympify(b) for a, b in zip(left, right, strict=True)]
+    split = [d for d in diffs if d.has(sympy.Max, sympy.Min)]
+    if not all(_zero(d) for d in diffs if not d.has(sympy.Max, sympy.Min)):
+        return False
+    return all(_zero(d.subs(sub)) for sub in _orderings(split) for d in split)
+
+
+def _zero(d: Any) -> bool:
+    """Does ``d`` simplify to 0?  Cheap normal forms first (exponentials combined), then simplify."""
+    for step in (sympy.expand, lambda e: sympy.powsimp(e, combine="exp"),
+                 lambda e: sympy.expand(sympy.powsimp(sympy.together(e), combine="exp")), sympy.cancel):
+        d = step(d)
+        if d == 0:
+            return True
+    return bool(sympy.simplify(d) == 0)
+
+
+def _orderings(exprs: Sequence[Any]) -> list[dict[Any, Any]]:
+    """Substitutions covering every ordering of the scalars inside Max/Min (see ``symbolic_equal``).
+
+    The new symbols are named ``t'`` and ``p'i``, names no input symbol has (``symbols``
+    names entries ``A[i]``, the lemma's parameters are identifiers), so a substitution
+    never replaces inside a replacement."""
+    inside: set[Any] = set()
+    for e in exprs:
+        for atom in sympy.sympify(e).atoms(sympy.Max, sympy.Min):
+            inside |= atom.free_symbols
+    if not inside:
+        return [{}]
+    names = sorted(inside, key=str)
+    if len(names) > MAX_ORDERED:
+        raise TooLarge
+    top = sympy.Symbol("t'", real=True)
+    gaps = [sympy.Symbol(f"p'{i}", nonnegative=True) for i in range(1, len(names))]
+    cases = []
+    for order in itertools.permutations(names):
+        value: Any = top
+        sub = {order[0]: top}
+        for sym, gap in zip(order[1:], gaps, strict=True):
+            value = value - gap
+            sub[sym] = value
+        cases.append(sub)
+    return cases

@@ -83,8 +83,8 @@ def scale(lemma: LemmaDecl) -> float:
 
     A piecewise box compares a value with the lemma's constants (``relu(max[x](X) - 4)``,
     ``relu(X * 0.01 - 5)``); inputs of standard size never reach 4, let alone 500.  The
-    scale is 2 plus the product over the distinct constants c of max(|c|, 1/|c|) (1000 for
-    both 0.01 and 5 with 0.01 · X - 5: 500 is reached), capped at 1e6."""
+    scale is 2 plus the product over the distinct constants c of max(|c|, 1/|c|), capped
+    at 1e6: 0.01 · X - 5 weighs 100 · 5, so inputs scaled by 502 cross its step at 500."""
     weights = {max(v, 1 / v) for v in _closed_scalars(lemma) if v > 0}
     return min(2 + math.prod(weights), 1e6)
 

@@ -147,3 +147,33 @@ def test_lemmas_sympy_cannot_read_are_refused_not_crashed(term: str) -> None:
     lemma = loads(f"axis x\nlemma l(X: [x]) : sum[x](X) = sum[x](X + {term})").lemmas[0]
     cert = certify.certify_lemma(lemma)
     assert not cert.ok and cert.counterexample, cert
+
+
+def test_lemmas_calling_diagrams_are_swept_through_the_callee() -> None:
+    """A size passed to a diagram counts toward the reach (``g(x)`` hid (x-1)..(x-6) from a
+    sweep to 5), and a call inside a piecewise box's argument is read, not a crash."""
+    module = loads("""axis x
+diagram g(a: []) -> [] {
+  return (a - 1) * (a - 2) * (a - 3) * (a - 4) * (a - 5) * (a - 6)
+}
+diagram f(a: []) -> [] {
+  return a * 2
+}
+lemma vanishes_to_6(A: [x]) : sum[x](A) = sum[x](A) + g(x)
+lemma step_in_call(A: [x]) : sum[x](relu(f(x) - 3) + A) = sum[x](relu(x * 2 - 3) + A)
+""")
+    false, true = module.lemmas
+    cert = certify.certify_lemma(false, "full")
+    assert not cert.ok and (cert.counterexample or "").startswith("sizes x=7"), cert
+    assert certify.certify_lemma(true, "full").ok
+
+
+@pytest.mark.parametrize("text", [
+    "lemma c(A: [x], A1: []) : sum[x](where[x](x == 1, A - A1, 0)) = sum[x](A) * 0",
+    "lemma m(t: [], B: []) : max(t, B) = t",
+])
+def test_symbolic_tier_sees_every_parameter_apart(text: str) -> None:
+    """Entry 1 of ``A`` is not the scalar ``A1``, and a scalar ``t`` is not the case split's
+    own symbol: the symbolic tier itself refutes both (it passed them before)."""
+    cert = certify.certify_lemma(loads("axis x\n" + text).lemmas[0])
+    assert not cert.ok and cert.how == "sympy", cert

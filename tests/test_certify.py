@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from napkin_cat import certify, rules
+from napkin_cat import accumulators, certify, rules
 from napkin_cat.accumulators import accumulators_for
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.elaborate import loads
@@ -177,3 +177,16 @@ def test_symbolic_tier_sees_every_parameter_apart(text: str) -> None:
     own symbol: the symbolic tier itself refutes both (it passed them before)."""
     cert = certify.certify_lemma(loads("axis x\n" + text).lemmas[0])
     assert not cert.ok and cert.how == "sympy", cert
+
+
+@pytest.mark.parametrize("scores", [("q", "x"), ("x", "q"), ("x",)])
+def test_masked_rows_run_along_the_streamed_axis(scores: tuple[str, ...], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without its guard, online softmax gives NaN on a fully masked row (exp(-inf + inf)):
+    the float64 tier masks a whole row along the streamed axis, whatever the operand's axes
+    (it masked one position of every row of an [x q] operand, and nothing of an [x] one,
+    which then certified)."""
+    plan = accumulators.plan
+    monkeypatch.setattr(accumulators, "plan", lambda box, axis, name=None, guard=True: plan(box, axis, name, False))
+    box = typed_box("ncontract", (Var("X0", scores), Var("X1", ("x", "d"))), ("x",), params=("exp", "exp", "id"))
+    cert = certify.certify_accumulator.__wrapped__(box, "x", "online_softmax", False, "full")
+    assert not cert.ok and cert.how == "float64", cert

@@ -24,8 +24,8 @@ import sympy
 from napkin_cat.evaluate import Named
 from napkin_cat.terms import LemmaDecl
 
-__all__ = ["MAX_ORDERED", "TooLarge", "edges", "flat", "grid", "numeric_equal", "show_sizes", "symbolic_equal",
-           "symbols"]
+__all__ = ["MAX_ORDERED", "TOLERANCE", "TooLarge", "edges", "flat", "grid", "numeric_equal", "show_sizes",
+           "symbolic_equal", "symbols"]
 
 MAX_ORDERED = 5  #: at most 5! orderings per symbolic case
 TOLERANCE = 1e-9  #: relative and absolute tolerance of ``numeric_equal``

@@ -198,6 +198,21 @@ def test_refused_before_running() -> None:
     assert cases.relative_error(got, x.prod(axis=1)) < cases.F32_TOL
 
 
+def test_a_split_of_a_padded_axis_is_refused_with_a_way_out() -> None:
+    """Windowed pooling splits a whole (padded) axis: refused at the split, with where to
+    reshape instead; the jax target runs it."""
+    module = loads("axis t, l, lo\naxis li = 4\n"
+                   "diagram pool(X: [t l]) -> [t lo] { return max[li](split[l -> lo li](X)) }\n")
+    schedule = Schedule((Partition("group", "t", 16),))
+    with pytest.raises(NapkinError) as err:
+        lower_schedule("pool", module.diagram("pool"), schedule, target="pallas")
+    diag = err.value.diagnostics[0]
+    assert diag.code == "lower.reshape_padded" and diag.span is not None and "already split" in str(diag.hint)
+    x = np.random.default_rng(1).standard_normal((20, 12))
+    got = lower_schedule("pool", module.diagram("pool"), schedule, target="jax").fn(jnp.asarray(x, jnp.float32))
+    assert cases.relative_error(got, x.reshape(20, 3, 4).max(axis=2)) < cases.F32_TOL
+
+
 def test_rename_of_a_padded_axis() -> None:
     """rename keeps the extent, so the renamed axis is padded and masked like the original."""
     mod = loads("axis t, v, w\ndiagram r(X: [t v]) -> [t] { return sum[w](exp(rename[v -> w](X))) }\n")

@@ -260,6 +260,8 @@ def _check_padding(lay: Layout) -> None:
             if how in ("weaves", "positional", "rename") or not lay.may_pad(axis):  # a rename keeps the extent
                 continue
             if how in ("split", "join"):
-                raise NapkinError(error("lower.reshape_padded", **_at(node), op=expr.op, axis=axis))
+                raise NapkinError(error("lower.reshape_padded", **_at(node), op=expr.op, axis=axis, hint=(
+                    f"declare the array with its axes already {'split' if expr.op == 'split' else 'joined'} "
+                    "(a reshape outside the kernel), or use --target jax")))
             if fill_values(expr, axis) is None:
                 raise NapkinError(error("lower.no_pad", **_at(node), op=expr.op, axis=axis))

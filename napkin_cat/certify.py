@@ -265,7 +265,8 @@ def accumulator(box: Box, axis: str, name: str, pad: bool) -> str | None:
     return cert.how if cert.ok else None
 
 
-def _box_diagram(box: Box) -> Diagram:
+def box_diagram(box: Box) -> Diagram:
+    """A box on variable operands as a one-box diagram (its operands the parameters)."""
     params = tuple(Param(a.name, a.axes) for a in box.args if isinstance(a, Var))
     axes = tuple(Axis(a) for a in dict.fromkeys(a for p in params for a in p.axes))
     return Diagram(box.op, params, (), (box,), (box.axes,), axes)
@@ -345,7 +346,7 @@ def _laws(plan: acc.AccumulatorPlan, box: Box, sizes: dict[str, int], n1: int, p
     if not equal(state(unit), state(whole)):
         return f"combine(identity, s) != s at {show_sizes(sizes)}"
     (final,) = evaluate_named(plan.final, whole, dict(sizes), algebra)
-    (value,) = evaluate_named(_box_diagram(box), xs, dict(sizes), algebra)
+    (value,) = evaluate_named(box_diagram(box), xs, dict(sizes), algebra)
     if not equal(flat([final], [value.axes]), flat([value])):
         return f"final(lift(x)) != {box.op}(x) at {show_sizes(sizes)}"
     if pad and plan.pad is not None:

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import sympy
 
-from napkin_cat import accumulators, cost, kernel, optimise, rules
+from napkin_cat import accumulators, certify, cost, kernel, optimise, rules
 from napkin_cat import hardware as hw
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.elaborate import load
@@ -34,7 +34,7 @@ from napkin_cat.lower.layout import layout
 from napkin_cat.printer import print_step
 from napkin_cat.proof import CheckResult, check_file
 from napkin_cat.rewrite import Candidate, Costed, CostFn, ScreenFn, Search, search
-from napkin_cat.terms import Axis, Box, Diagram, Param, Partition, Var
+from napkin_cat.terms import Box, Partition, Var
 
 __all__ = ["Derivation", "axes_of", "choose_tiles", "derive", "lowering_screen", "model_cost", "overflow_screen",
            "proof_text", "write"]
@@ -133,10 +133,8 @@ def overflow_screen(thm: kernel.Theorem) -> str | None:
 def _overflows(box: Box, axis: str, name: str) -> str | None:
     args = tuple(Var(f"X{i}", a.axes) for i, a in enumerate(box.args))
     canonical = kernel.typed_box(box.op, args, box.target, box.out, box.params)
-    axes = tuple(dict.fromkeys(a for x in args for a in x.axes))
-    sizes = {a: 3 for a in axes} | {axis: 6}
-    diagram = Diagram(box.op, tuple(Param(x.name, x.axes) for x in args), (), (canonical,), (canonical.axes,),
-                      tuple(Axis(a) for a in axes))
+    diagram = certify.box_diagram(canonical)
+    sizes = {a.name: 3 for a in diagram.axes} | {axis: 6}
     rng = np.random.default_rng(0)
     inputs = [Named(x.axes, _SCREEN_SCALE * rng.standard_normal([sizes[a] for a in x.axes])) for x in args]
     (reference,) = evaluate_named(diagram, inputs, dict(sizes), FLOAT64)

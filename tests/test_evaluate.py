@@ -372,8 +372,9 @@ SYMBOLIC_CASES = [
 def test_symbolic_algebra_agrees_with_float64(signature: str, body: str) -> None:
     d = diagram(signature, body)
     rng = np.random.default_rng(7)
-    arrays = [rng.uniform(0.5, 2.0, size=(2,) * len(p.axes)) for p in d.inputs]
+    sizes = {"i": 2, "j": 3}  # unequal, so a count or broadcast taken along the wrong axis shows
+    arrays = [rng.uniform(0.5, 2.0, size=[sizes[a] for a in p.axes]) for p in d.inputs]
     exact = [np.vectorize(lambda v: sympy.Rational(v).limit_denominator(1000), otypes=[object])(a) for a in arrays]
     floats = evaluate(d, [e.astype(float) for e in exact], algebra=FLOAT64)
     symbolic = evaluate(d, exact, algebra=SYMBOLIC)
-    np.testing.assert_allclose(np.vectorize(lambda e: float(sympy.N(e)))(symbolic), floats, rtol=1e-10)
+    np.testing.assert_allclose(np.vectorize(lambda e: float(sympy.N(e)))(symbolic), floats, rtol=1e-10, atol=1e-12)

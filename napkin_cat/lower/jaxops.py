@@ -179,6 +179,8 @@ def _contract(box: Box, args: Sequence[Value], scope: Scope) -> Value:
         if not merged:
             return Value(product_expr, out)
         unmerged = tuple(a for group in (merged.get(x, (x,)) for x in dot_out) for a in group)
+        if unmerged == dot_out:  # only the contracted axes were merged
+            return Value(product_expr, dot_out)
         return Value(_reshaped(product_expr, unmerged, scope), unmerged)
     product = align(operands[0], everything)
     for v in operands[1:]:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from napkin_cat.cli import main
@@ -78,6 +79,21 @@ def test_eval_prints_shape_and_summary_of_each_output(capsys: pytest.CaptureFixt
     match = SUMMARY.fullmatch(line)
     assert match is not None, line
     assert match.groups() == ("0", "b h q d", "2, 3, 4, 64")
+
+
+def test_eval_summarises_the_outputs_on_seeded_normal_inputs(capsys: pytest.CaptureFixture[str]) -> None:
+    """The inputs are ``default_rng(seed).standard_normal`` in declared order (README): the
+    statistics printed are those of the true product, each in its place."""
+    code, out, _ = run(capsys, "eval", str(EXAMPLES / "matmul.ncd"), "matmul", "--size", "a=3", "--size", "b=4",
+                       "--size", "c=2", "--seed", "5")
+    assert code == 0
+    rng = np.random.default_rng(5)
+    want = rng.standard_normal((3, 4)) @ rng.standard_normal((4, 2))
+    printed = dict(re.findall(r"(mean|std|min|max)=(\S+)", out))
+    expected = {"mean": want.mean(), "std": want.std(), "min": want.min(), "max": want.max()}
+    assert printed.keys() == expected.keys(), out
+    for stat, value in expected.items():
+        assert float(printed[stat]) == pytest.approx(value, rel=1e-5), (stat, out)
 
 
 def test_eval_is_deterministic_per_seed(capsys: pytest.CaptureFixture[str]) -> None:

@@ -102,7 +102,9 @@ def test_edge_inputs_skip_values_the_left_side_leaves_undefined() -> None:
 
 @pytest.mark.parametrize(("box", "axis"), certify.representative_boxes(), ids=lambda v: getattr(v, "op", v))
 def test_accumulator_laws_certify(box, axis) -> None:  # type: ignore[no-untyped-def]
-    for name in accumulators_for(box, axis):
+    names = accumulators_for(box, axis)
+    assert names, f"{box.op} consumes `{axis}` but has no accumulator to certify"
+    for name in names:
         cert = certify.certify_accumulator(box, axis, name, True)
         assert cert.ok, (name, cert)
 

@@ -79,6 +79,7 @@ MESSAGES: dict[str, str] = {
     # boxes
     "box.unknown": "unknown box `{name}`",
     "box.arity": "`{name}` takes {expected} argument(s), got {got}",
+    "box.axis_count": "`{name}` takes {expected} axis name(s) {place}, got {got}",
     "box.needs_target": "`{name}` needs target axes in brackets, e.g. `{name}[x](...)`",
     "box.no_target": "`{name}` takes no target axes",
     "box.needs_arrow": "`{name}` needs `->` in its brackets, e.g. `{example}`",

@@ -254,7 +254,7 @@ class ExprElaborator:
             return kind in ("reduce", "normalise") or self.reshape_ok(name, tree, target, out, have)
         if kind == "onehot":
             if len(target) != 1:
-                self.err("box.arity", tree, name="onehot's target", expected=1, got=len(target))
+                self.err("box.axis_count", tree, name="onehot", expected=1, place="in its brackets", got=len(target))
                 return False
             if target[0] in have:
                 self.err("type.axis_exists", tree, box=f"onehot[{target[0]}]", axis=target[0])
@@ -278,13 +278,13 @@ class ExprElaborator:
         """split[a -> b c], join[b c -> a], rename[a -> b]: arity, fresh names, sizes."""
         counts = {"join": (None, 1), "split": (1, None), "rename": (1, 1)}[name]
         if counts[0] is not None and len(old) != counts[0]:
-            self.err("box.arity", tree, name=f"{name}'s target", expected=counts[0], got=len(old))
+            self.err("box.axis_count", tree, name=name, expected=counts[0], place="before `->`", got=len(old))
             return False
         if counts[1] is not None and len(new) != counts[1]:
-            self.err("box.arity", tree, name=f"{name}'s `->`", expected=counts[1], got=len(new))
+            self.err("box.axis_count", tree, name=name, expected=counts[1], place="after `->`", got=len(new))
             return False
         if name == "split" and len(new) < 2:
-            self.err("box.arity", tree, name="split's `->`", expected="two or more", got=len(new))
+            self.err("box.axis_count", tree, name="split", expected="two or more", place="after `->`", got=len(new))
             return False
         for axis in new:
             if axis in have and axis not in old:

@@ -173,8 +173,14 @@ CASES = [
      "rename[...]: axis `j` is already on the operand", None),
     (HEAD + "diagram f(X: [i]) -> [i] { return onehot[i](X) }\n", "type.axis_exists", 3, 35,
      "onehot[i]: axis `i` is already on the operand", None),
-    (HEAD + "diagram f(X: [i]) -> [i] { return onehot[i j](X) }\n", "box.arity", 3, 35,
-     "`onehot's target` takes 1 argument(s), got 2", None),
+    (HEAD + "diagram f(X: [i]) -> [i] { return onehot[i j](X) }\n", "box.axis_count", 3, 35,
+     "`onehot` takes 1 axis name(s) in its brackets, got 2", None),
+    (HEAD + "diagram f(X: [i j]) -> [n] { return split[i j -> n](X) }\n", "box.axis_count", 3, 37,
+     "`split` takes 1 axis name(s) before `->`, got 2", None),
+    (HEAD + "diagram f(X: [i]) -> [n] { return split[i -> n](X) }\n", "box.axis_count", 3, 35,
+     "`split` takes two or more axis name(s) after `->`, got 1", None),
+    (HEAD + "diagram f(X: [i j]) -> [n] { return join[i j -> n j](X) }\n", "box.axis_count", 3, 37,
+     "`join` takes 1 axis name(s) after `->`, got 2", None),
 ]
 
 

@@ -89,8 +89,13 @@ diagram mid_batch(X: [t b c], W: [c f]) -> [b t f] {
   return contract[c](X, W)
 }
 theorem small_tiles: mid_batch {
+  group b by 3 pad
+  group t by 12 pad
+}
+theorem batch_pairs: mid_batch {
   group b by 2 pad
-  group t by 8 pad
+  group t by gt
+  group f by gf
 }
 theorem woven_columns: mid_batch {
   group b by 2 pad
@@ -108,7 +113,7 @@ BATCHED_THEOREMS = {r.name: r.theorem for r in check_module(BATCHED)}
 
 
 def test_several_padded_tiles_merge_back_in_order() -> None:
-    """Regression: with two grouped axes stored as padded blocks (b by 2, t by 8), the output
+    """Regression: with two grouped axes stored as padded blocks (b by 3, t by 12), the output
     tiles were merged right to left at unshifted positions: wrong shape, wrong values."""
     lowered = lower(BATCHED_THEOREMS["small_tiles"], target="pallas")
     assert lowered.layout.padded_tiles == {"b", "t"}
@@ -118,13 +123,13 @@ def test_several_padded_tiles_merge_back_in_order() -> None:
     assert cases.relative_error(got, np.einsum("tbc,cf->btf", x, w)) < cases.F32_TOL
 
 
-@pytest.mark.parametrize(("name", "tiles"), [("small_tiles", {}), ("tiled_patch", {"gt": 32, "gf": 32})])
-def test_dots_with_several_free_or_contracted_axes_are_two_dimensional(name: str, tiles: dict[str, int]) -> None:
-    """Regression: a padded batch tile [b t c] times [c f], or a contraction over [c b],
+@pytest.mark.parametrize("name", ["batch_pairs", "tiled_patch"])
+def test_dots_with_several_free_or_contracted_axes_are_two_dimensional(name: str) -> None:
+    """Regression: a batch tile [b t c] times [c f], or a contraction over [c b],
     emitted a 3-D dot that the Triton backend refuses ("a and b must be 2D"); the axis
     groups are merged into rows, columns and the contracted dimension."""
     thm = BATCHED_THEOREMS[name]
-    lowered = lower(thm, target="pallas", tiles=tiles)
+    lowered = lower(thm, target="pallas", tiles={"gt": 32, "gf": 32})
     assert ".reshape((" in lowered.source
     shapes = {"t": 40, "b": 3, "c": 16, "f": 36}
     specs = [jax.ShapeDtypeStruct(tuple(shapes[a] for a in p.axes), jnp.float32) for p in thm.result.inputs]
@@ -133,6 +138,18 @@ def test_dots_with_several_free_or_contracted_axes_are_two_dimensional(name: str
     arrays = [rng.standard_normal(s.shape) for s in specs]
     got = lowered.fn(*(jnp.asarray(a, jnp.float32) for a in arrays))
     assert cases.relative_error(got, cases.reference(thm, arrays, shapes)[0]) < cases.F32_TOL
+
+
+def test_small_power_of_two_group_tiles_are_blocks_unless_a_dot_needs_more() -> None:
+    """Two batch elements per program were stored as blocks of 16 (8x the work): a tile of 2
+    is a Triton block; only a dot dimension made of nothing else must reach 16."""
+    lowered = lower(BATCHED_THEOREMS["batch_pairs"], target="pallas", tiles={"gt": 32, "gf": 32})
+    assert lowered.layout.padded_tiles == frozenset() and "pl.BlockSpec((32, 2, p['c'])" in lowered.source
+    lonely = loads("axis b, t, f\naxis c = 16\n"
+                   "diagram rows(X: [b c], W: [c f]) -> [b f] { return contract[c](X, W) }\n"
+                   "theorem pairs: rows {\n  group b by 2 pad\n  group f by gf\n}\n")
+    thm = check_module(lonely)[0].theorem
+    assert lower(thm, target="pallas", tiles={"gf": 32}).layout.padded_tiles == {"b"}  # a dot's rows alone
 
 
 def test_default_tiles_cost_the_kernel_with_woven_axes_on_the_grid() -> None:

@@ -18,6 +18,7 @@ tiles that are not powers of two of at least 16 (the Triton backend's rule).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -53,8 +54,9 @@ class Layout:
     axes outermost first, ``squeezed`` those among them with blocks of one; ``phase``
     gives each node's phase relative to the streamed axis (all ``before`` without one);
     ``plans`` the accumulator of every node that consumes the streamed axis;
-    ``padded_tiles`` the grouped axes (Pallas) whose tile is not a power of two of at
-    least ``MIN_BLOCK``: stored as (tiles, block) with each tile padded to a block;
+    ``padded_tiles`` the grouped axes (Pallas) whose tile cannot be a Triton block (not a
+    power of two, or below ``MIN_BLOCK`` where a dot needs it: ``_group_block_ok``):
+    stored as (tiles, block) with each tile padded to a block;
     ``derived`` the sizes that reshapes determine (``_derive_sizes``).
     """
 
@@ -158,7 +160,8 @@ def layout(name: str, diagram: Diagram, schedule: Schedule, tiles: Mapping[str, 
         woven = woven_axes(flat, frozenset(by_axis))
         squeezed = tuple(a for a in out_types[0] if a in woven or (a in groups and axis_tiles[a] == 1))
     # groups whose tile the Triton backend cannot use as a block: each tile padded to one
-    padded_tiles = tuple(a for a in groups if target == "pallas" and a not in squeezed and not _block_ok(axis_tiles[a]))
+    padded_tiles = tuple(a for a in groups if target == "pallas" and a not in squeezed
+                         and not _group_block_ok(flat, a, axis_tiles, frozenset(squeezed)))
     grid = tuple(a for a in out_types[0] if a in squeezed or a in groups) if out_types else ()
     grid += tuple(a for a in groups if a not in grid)
     phase = {n.name: "before" for n in flat.nodes}
@@ -205,6 +208,32 @@ _GENERATED = re.compile(r"^(.*\.)?(t|out)\.\d+$")
 def _block_ok(tile: int) -> bool:
     """Can the Triton backend use this tile as a block (a power of two, at least MIN_BLOCK)?"""
     return tile >= MIN_BLOCK and not tile & (tile - 1)
+
+
+def _group_block_ok(flat: Flat, axis: str, tiles: Mapping[str, int], squeezed: frozenset[str]) -> bool:
+    """Can a grouped axis keep its tile as its block?  Blocks are powers of two; only a dot
+    needs MIN_BLOCK, on each of its merged dimensions (rows, columns, contracted: jaxops
+    merges the axes of each), so a small tile (two batch elements) is a block unless the
+    dimension it is in has no other axis to reach MIN_BLOCK (a whole axis always does)."""
+    tile = tiles[axis]
+    if tile & (tile - 1):
+        return False
+    if tile >= MIN_BLOCK:
+        return True
+    for node in flat.nodes:
+        box = node.expr
+        if not (isinstance(box, Box) and box.op in ("contract", "ncontract") and len(box.args) == 2):
+            continue
+        first, second = (tuple(a for a in arg.axes if a not in squeezed) for arg in box.args)
+        if axis not in first + second:
+            continue
+        target = set(box.target)
+        dims = (tuple(a for a in first if a not in second), tuple(a for a in second if a not in first),
+                tuple(a for a in first if a in target))
+        for dim in dims:
+            if axis in dim and math.prod(tiles.get(a, MIN_BLOCK) for a in dim) < MIN_BLOCK:
+                return False
+    return True
 
 
 def _tile_value(tile: str | int, axis: str, tiles: Mapping[str, int]) -> int:

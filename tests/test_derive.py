@@ -178,7 +178,7 @@ def variant(seed: int) -> tuple[str, str, str, str, str, bool]:
     return text, query, key, lemma, accumulator, flip
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3, 4])  # rms; softmax, flipped; softmax; l2, flipped
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 56])  # rms; softmax, flipped; softmax; l2, flipped; causal mask
 def test_generated_variants_are_derived_generically(seed: int, tmp_path: Path) -> None:
     text, query, key, lemma, accumulator, flip = variant(seed)
     source = tmp_path / "src" / "variant.ncd"

@@ -10,10 +10,12 @@ small sizes; each derivation is computed once per module (the fixture cache).
 
 from __future__ import annotations
 
+import importlib.util
 import random
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from napkin_cat import derive, kernel, moves, proof, rewrite, rules
@@ -90,8 +92,6 @@ def test_attention_rediscovers_flash_attention_at_no_more_than_the_hand_written_
 
 
 def test_the_derived_flash_attention_lowers_to_a_kernel_that_matches_the_evaluator() -> None:
-    import numpy as np
-
     from napkin_cat.lower import lower
 
     found = derived(EXAMPLES / "attention.ncd", "attention", max_rewrites=2)
@@ -242,8 +242,18 @@ def test_cli_derive_writes_a_checked_proof_and_a_kernel(tmp_path: Path, capsys: 
     printed = capsys.readouterr().out
     assert code == 0, printed
     assert "search stopped: saturated" in printed and "group a by ga" in printed
-    assert out.with_suffix(".py").exists()
     assert main(["check", str(out)]) == 0
+    spec = importlib.util.spec_from_file_location("mm_kernel", out.with_suffix(".py"))
+    assert spec is not None and spec.loader is not None
+    written = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(written)
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((300, 100)), rng.standard_normal((100, 260))  # ragged against the tiles
+    name = re.search(r"^theorem (\w+):", out.read_text(), flags=re.M)
+    assert name is not None  # the kernel is the function named after the theorem
+    got = np.asarray(getattr(written, name[1])(a.astype(np.float32), b.astype(np.float32)), dtype=np.float64)
+    # bf16 operands and output (the derive default): within 2% of the largest entry
+    assert got.shape == (300, 260) and np.abs(got - a @ b).max() < 2e-2 * np.abs(a @ b).max()
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -275,8 +285,6 @@ def test_readme_derive_command_gives_the_theorem_shown(tmp_path: Path, monkeypat
 
 
 def test_the_benchmark_generates_attention_diagrams_of_growing_size() -> None:
-    import importlib.util
-
     spec = importlib.util.spec_from_file_location("derive_bench", ROOT / "benchmarks" / "derive_bench.py")
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)

@@ -117,8 +117,8 @@ def test_ragged_padded_tiles() -> None:
 def _label_inputs(thm: Theorem) -> dict[str, str]:
     """Inputs that flow straight into a ``onehot`` box, with the box's axis."""
     found: dict[str, str] = {}
-    for let in thm.result.body:
-        for node in walk(let.expr):
+    for expr in (*(let.expr for let in thm.result.body), *thm.result.outputs):  # a label may meet onehot in `return`
+        for node in walk(expr):
             if isinstance(node, Box) and node.op == "onehot":
                 for arg in node.args:
                     if isinstance(arg, Var):

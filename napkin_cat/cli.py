@@ -92,7 +92,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """Check every theorem in the given files and folders; exit 1 if any fails."""
+    """Check every theorem in the given files and folders; exit 1 if any fails or, with
+    ``--certify``, if a library lemma or accumulator fails its full certification."""
     from napkin_cat.proof import check_file
 
     files: list[Path] = []
@@ -105,11 +106,13 @@ def cmd_check(args: argparse.Namespace) -> int:
         else:
             raise UsageError(f"no such file or folder: {item}")
     level = "full" if args.certify else "quick"
+    uncertified = 0  # library lemmas and accumulators whose full certification failed: CI must fail too
     if args.certify:
         from napkin_cat import certify, rules
 
         for lemma in rules.library().values():
             cert = certify.certify_lemma(lemma, level)
+            uncertified += not cert.ok
             print(f"lemma {lemma.name}: {'certified' if cert.ok else 'FAILED'} ({cert.how})"
                   + (f": {cert.counterexample}" if cert.counterexample else ""))
         for box, axis in certify.representative_boxes():
@@ -117,6 +120,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
             for name in accumulators_for(box, axis):
                 cert = certify.certify_accumulator(box, axis, name, True, level)
+                uncertified += not cert.ok
                 params = f"; {', '.join(box.params)}" if box.params else ""
                 print(f"accumulator {name} for {box.op}[{' '.join(box.target)}{params}]: "
                       f"{'certified' if cert.ok else 'FAILED'} ({cert.how})")
@@ -140,9 +144,9 @@ def cmd_check(args: argparse.Namespace) -> int:
                     print(f"  counterexample: {result.counterexample}", file=sys.stderr)
                 sys.stderr.flush()
     print(f"{theorems - failed} of {theorems} theorems checked" + (f", {failed} refused" if failed else "")
-          + (f"; {broken} file(s) with errors" if broken else ""))
-    failed += broken
-    return 1 if failed else 0
+          + (f"; {broken} file(s) with errors" if broken else "")
+          + (f"; {uncertified} lemma(s) or accumulator(s) FAILED certification" if uncertified else ""))
+    return 1 if failed or broken or uncertified else 0
 
 
 def cmd_draw(args: argparse.Namespace) -> int:

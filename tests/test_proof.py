@@ -84,6 +84,21 @@ def test_cli_check_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", str(ROOT / "no_such_dir")]) == 2
 
 
+def test_cli_check_certify_fails_on_an_uncertified_library_lemma(monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """CI runs `napkin check --certify`: a library lemma that fails certification must fail
+    the run even if no bundled theorem uses it (it printed FAILED and exited 0)."""
+    from napkin_cat import certify, rules
+
+    false = loads("axis x\nlemma max_is_sum(A: [x]) : max[x](A) = sum[x](A)\n").lemmas[0]
+    monkeypatch.setattr(rules, "library", lambda: {"max_is_sum": false})
+    monkeypatch.setattr(certify, "representative_boxes", lambda: [])  # the lemma alone: fast
+    assert main(["check", "--certify", str(PROOFS / "matmul.ncd")]) == 1
+    out = capsys.readouterr().out
+    assert "lemma max_is_sum: FAILED" in out
+    assert out.splitlines()[-1] == "2 of 2 theorems checked; 1 lemma(s) or accumulator(s) FAILED certification"
+
+
 _SWAPPED = """
 axis q, x, d
 diagram g(S: [q x], V: [x d]) -> [q d] {

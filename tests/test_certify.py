@@ -4,6 +4,7 @@ failing size or law named."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -41,11 +42,25 @@ def test_every_library_lemma_certifies(name: str) -> None:
     assert "sympy" in cert.how and "float64" in cert.how
 
 
+#: the smallest size of x at which each false lemma's sides part (sizes are swept smallest first)
+FIRST_WRONG_AT = {"softmax_linear": 1, "max_is_first": 2, "swapped": 1, "shift_wrong": 1, "max_order": None,
+                  "vanishes_to_4": 5, "cut_at_5": 6, "labels_never_hit": 1, "relu_step": 7, "tiny_step": 4}
+
+
+def test_every_false_lemma_has_its_first_wrong_size() -> None:
+    assert {lm.name for lm in loads(FALSE).lemmas} == set(FIRST_WRONG_AT)
+
+
 @pytest.mark.parametrize("lemma", loads(FALSE).lemmas, ids=lambda lm: lm.name)
 def test_false_lemmas_are_caught(lemma) -> None:  # type: ignore[no-untyped-def]
+    """Refused, with the smallest counterexample: the first size at which the sides part."""
     cert = certify.certify_lemma(lemma)
-    assert not cert.ok
-    assert cert.counterexample and "=" in cert.counterexample
+    assert not cert.ok and cert.counterexample, cert
+    first, size = FIRST_WRONG_AT[lemma.name], re.search(r"\bx=(\d+)", cert.counterexample)
+    if first is None:
+        assert size is None and cert.counterexample.startswith("no axes"), cert.counterexample
+    else:
+        assert size is not None and int(size[1]) == first, cert.counterexample
 
 
 def test_bounded_checks_reach_past_the_lemma_constants() -> None:

@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from napkin_cat import derive, kernel, moves, proof, rewrite, rules
+from napkin_cat import certify, derive, kernel, moves, proof, rewrite, rules
 from napkin_cat.cli import main
 from napkin_cat.elaborate import load, loads
-from napkin_cat.terms import Rewrite
+from napkin_cat.terms import Partition, Rewrite
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -66,6 +66,18 @@ def test_overflow_screen_refuses_the_plain_normalised_contraction_with_exp() -> 
         assert candidate.theorem is not None
         assert {name for _, _, name in candidate.theorem.accumulators} == {"normalised"}
     assert found.best.theorem is not None and derive.overflow_screen(found.best.theorem) is None
+
+
+def test_overflow_screen_catches_the_plain_normalised_state_for_one_query() -> None:
+    """Decoding attends one query: the scores are [x] alone.  The screen drew six values with a
+    std of 1000 that peaked at 640, below exp's overflow, and let the unshifted state pass."""
+    decode = loads("axis x\naxis d = 8\ndiagram step(Q: [d], K: [x d], V: [x d]) -> [d] {\n"
+                   "  P = softmax[x](contract[d](Q, K))\n  O = contract[x](P, V)\n  return O\n}\n")
+    fused = kernel.rewrite(kernel.refl("t", decode.diagram("step")), rules.library()["softmax_contract"],
+                           Rewrite("softmax_contract", ("P", "O")), {"softmax_contract": "test"})
+    for via, screened in (("normalised", True), ("online_softmax", False)):
+        thm = kernel.stream(fused, Partition("stream", "x", 4, via=via), certify.accumulator)
+        assert (derive.overflow_screen(thm) is not None) == screened, via
 
 
 # ---- rediscovering the hand-written proofs ---------------------------------------------------

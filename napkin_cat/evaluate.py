@@ -46,7 +46,7 @@ from napkin_cat.terms import (
     union_axes,
 )
 
-__all__ = ["FLOAT64", "SYMBOLIC", "Algebra", "Named", "bind_sizes", "evaluate", "evaluate_named"]
+__all__ = ["FLOAT64", "SYMBOLIC", "Algebra", "Named", "bind_sizes", "evaluate", "evaluate_named", "visitor"]
 
 
 @dataclass(frozen=True)
@@ -445,8 +445,15 @@ def evaluate_named(diagram: Diagram, inputs: Sequence[Named], sizes: dict[str, i
     tile starts along each axis (index-dependent boxes see global positions) and
     ``full_sizes`` the whole axes (what ``Size`` means).
     """
-    outs = run_diagram(diagram, inputs, _Interpreter(algebra, sizes, offsets, full_sizes).visit)
+    outs = run_diagram(diagram, inputs, visitor(sizes, algebra, offsets, full_sizes))
     return tuple(Named(t, out.to(t)) for out, t in zip(outs, diagram.out_types, strict=True))
+
+
+def visitor(sizes: Mapping[str, int], algebra: Algebra = FLOAT64, offsets: Mapping[str, int] | None = None,
+            full_sizes: Mapping[str, int] | None = None) -> Callable[..., Named | tuple[Named, ...]]:
+    """The fold's ``visit`` for ``terms.run_diagram`` (arguments as for ``evaluate_named``), for
+    callers that wrap it, e.g. to round the arrays a ``dtype`` step names when they are read."""
+    return _Interpreter(algebra, dict(sizes), offsets, full_sizes).visit
 
 
 def evaluate(diagram: Diagram, arrays: Sequence[Any], sizes: Mapping[str, int] | None = None,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from napkin_cat import certify, kernel, rules
+from napkin_cat import approximation, certify, kernel, rules
 from napkin_cat.accumulators import chunk
 from napkin_cat.diagnostics import Diagnostic, NapkinError, did_you_mean, error
 from napkin_cat.elaborate import load
@@ -54,6 +54,7 @@ class CheckResult:
     failure: Diagnostic | None = None
     step: int | None = None
     counterexample: str | None = None
+    measured: tuple[str, ...] = ()  # each dtype step's measured error (napkin_cat.approximation)
 
     @property
     def ok(self) -> bool:
@@ -66,7 +67,8 @@ class CheckResult:
             exact = "≡" if self.theorem.exact else "≈"
             constraints = ", ".join(str(c) for c in self.theorem.constraints)
             when = f" [assuming {constraints}]" if constraints else ""
-            return f"{self.name} {exact}: {steps}{when}  (trust: {'; '.join(self.theorem.trust)})"
+            measured = f"  ({'; '.join(self.measured)})" if self.measured else ""
+            return f"{self.name} {exact}: {steps}{when}  (trust: {'; '.join(self.theorem.trust)}){measured}"
         return f"{self.name}: FAILED at step {self.step}: {describe_step(self.steps[self.step - 1])}" \
             if self.step else f"{self.name}: FAILED"
 
@@ -114,13 +116,26 @@ def check_theorem(module: Module, decl: TheoremDecl, lemmas: dict[str, LemmaDecl
     """Run one theorem's steps through the kernel."""
     diagram = module.diagram(decl.diagram)
     thm = kernel.unfold(kernel.refl(decl.name, diagram))
+    measured: list[str] = []
     for index, step in enumerate(decl.steps, start=1):
         try:
             thm = _apply(thm, step, lemmas, level)
+            if isinstance(step, Quantise):
+                measured.append(_tolerance(thm, step))
         except NapkinError as exc:
             witness = _counterexample(thm.result, step) if isinstance(step, Partition) else None
             return CheckResult(decl.name, module.path, decl.steps, None, exc.diagnostics[0], index, witness)
-    return CheckResult(decl.name, module.path, decl.steps, thm)
+    return CheckResult(decl.name, module.path, decl.steps, thm, measured=tuple(measured))
+
+
+def _tolerance(thm: kernel.Theorem, step: Quantise) -> str:
+    """A dtype step's ``tol`` against the error its roundings (and earlier ones) cause."""
+    found = approximation.measure(thm)
+    if found.error > step.tol:
+        raise NapkinError(error("proof.refused", step.span, "declare a tolerance at least the measured error, or "
+                                "keep fewer arrays in the narrow format", rule="dtype",
+                                reason=f"tolerance {step.tol:g} is below the error the rounding causes: {found}"))
+    return f"{describe_step(step)}: {found}"
 
 
 def _apply(thm: kernel.Theorem, step: Step, lemmas: dict[str, LemmaDecl], level: str) -> kernel.Theorem:

@@ -1,0 +1,128 @@
+"""The error a theorem's ``dtype`` steps actually cause, measured (untrusted, like certify).
+
+The kernel records ``dtype K, V as bf16 tol 0.01`` as a marked approximation and checks only
+that the tolerance is at least the format's unit roundoff; what ``tol`` claims is checked
+here.  Its meaning: on seeded standard-normal inputs, the theorem's result diagram with every
+array named by its dtype steps rounded to its format (inputs when read, bindings when stored;
+everything else exact) differs from the source diagram in float64 by at most
+``tol · max|source output|`` in every output (entries where the source is not finite are
+left out; a non-finite result where the source is finite is an infinite error).
+
+It is a measurement at one set of sizes, not a bound: every symbolic axis gets the same
+size, 64 or less so that no box's iteration space passes ``MAX_POINTS``, and rounding
+errors that grow with a reduction's length are measured at that length.  The lowering's
+own roundings (a bf16 operand of a dot it chose) are not part of the diagram's meaning and
+are not measured here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+from napkin_cat.evaluate import Named, visitor
+from napkin_cat.kernel import Theorem
+from napkin_cat.terms import Box, Diagram, Expr, Var, run_diagram, union_axes, walk
+
+__all__ = ["MAX_POINTS", "Measurement", "measure", "rounding"]
+
+#: the largest iteration space (points) of one box at the measured sizes
+MAX_POINTS = 1 << 21
+
+
+def _tf32(x: np.ndarray) -> np.ndarray:
+    """Round to nearest even at TF32's 10 mantissa bits (stored as float32)."""
+    bits = np.asarray(x, dtype=np.float32).view(np.uint32)
+    rounded = (bits + np.uint32(0xFFF) + ((bits >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xFFFFE000)
+    finite = np.isfinite(np.asarray(x, dtype=np.float32))
+    return np.where(finite, rounded.view(np.float32), np.asarray(x, dtype=np.float32)).astype(np.float64)
+
+
+def _via(dtype: type) -> Callable[[np.ndarray], np.ndarray]:
+    def cast(x: np.ndarray) -> np.ndarray:
+        with np.errstate(over="ignore", invalid="ignore"):  # out of range: inf (or NaN in e4m3fn), as on a GPU
+            return np.asarray(x, dtype=np.float64).astype(dtype).astype(np.float64)
+
+    return cast
+
+
+#: round float64 values to a number format a ``dtype`` step may name (kernel.DTYPE_ROUNDOFF's keys)
+_ROUND: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "f64": lambda x: np.asarray(x, dtype=np.float64), "f32": _via(np.float32), "tf32": _tf32,
+    "f16": _via(np.float16), "bf16": _via(ml_dtypes.bfloat16), "fp8e4m3": _via(ml_dtypes.float8_e4m3fn),
+    "fp8e5m2": _via(ml_dtypes.float8_e5m2),
+}
+
+
+def rounding(fmt: str) -> Callable[[np.ndarray], np.ndarray]:
+    """float64 -> float64 rounding to ``fmt`` (a key of kernel.DTYPE_ROUNDOFF)."""
+    return _ROUND[fmt]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """The largest error over the outputs, relative to max|source output|, and where measured."""
+
+    error: float
+    sizes: Mapping[str, int]
+
+    def __str__(self) -> str:
+        where = ", ".join(f"{a}={n}" for a, n in self.sizes.items())
+        return f"measured {self.error:.3g} on seeded normal inputs{' at ' + where if where else ''}"
+
+
+def _sizes(diagram: Diagram) -> dict[str, int]:
+    """Every axis's size: declared ones kept, symbolic ones equal and as large as MAX_POINTS allows."""
+    declared = diagram.axis_sizes()
+    spaces = [union_axes(*(a.axes for a in n.args), n.axes) for e in _exprs(diagram) for n in walk(e)
+              if isinstance(n, Box)] + [p.axes for p in diagram.inputs]
+    for size in (64, 32, 16, 8, 4, 2):
+        sizes = {a: n if n is not None else size for a, n in declared.items()}
+        if all(math.prod(sizes[a] for a in space) <= MAX_POINTS for space in spaces):
+            return sizes
+    return sizes
+
+
+def _exprs(diagram: Diagram) -> list[Expr]:
+    return [let.expr for let in diagram.body] + list(diagram.outputs)
+
+
+def _run(diagram: Diagram, inputs: list[Named], sizes: dict[str, int],
+         rounded: Mapping[str, Callable[[np.ndarray], np.ndarray]]) -> tuple[Named, ...]:
+    exact = visitor(sizes)
+
+    def visit(node: Expr, kids: tuple[Named, ...], env: Mapping[str, Named]) -> Named | tuple[Named, ...]:
+        value = exact(node, kids, env)
+        if isinstance(node, Var) and node.name in rounded:
+            assert isinstance(value, Named)
+            return Named(value.axes, rounded[node.name](value.data))
+        return value
+
+    outs = run_diagram(diagram, inputs, visit)
+    return tuple(Named(t, out.to(t)) for out, t in zip(outs, diagram.out_types, strict=True))
+
+
+def measure(thm: Theorem, seed: int = 0) -> Measurement:
+    """The error of ``thm.result`` with its quantised arrays rounded, against ``thm.source``."""
+    sizes = _sizes(thm.result)
+    rng = np.random.default_rng(seed)
+    inputs = [Named(p.axes, rng.standard_normal([sizes[a] for a in p.axes])) for p in thm.source.inputs]
+    rounded = {name: rounding(q.dtype) for q in thm.approximations for name in q.names}
+    want = _run(thm.source, inputs, sizes, {})
+    got = _run(thm.result, inputs, sizes, rounded)
+    worst = 0.0
+    for w, g in zip(want, got, strict=True):
+        finite = np.isfinite(w.data)
+        if not finite.any():
+            continue
+        scale = float(np.max(np.abs(w.data[finite]))) or 1.0
+        with np.errstate(invalid="ignore"):
+            diff = np.abs(g.to(w.axes)[finite] - w.data[finite])
+        worst = max(worst, math.inf if not np.all(np.isfinite(diff)) else float(np.max(diff)) / scale)
+    symbolic = {a: n for a, n in sizes.items() if thm.result.axis_sizes().get(a) is None}
+    return Measurement(worst, symbolic)
+

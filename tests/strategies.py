@@ -23,9 +23,13 @@ from napkin_cat import ops
 from napkin_cat.elaborate import loads
 from napkin_cat.terms import Diagram, Module
 
-__all__ = ["input_arrays", "module_texts", "modules", "sizes_for"]
+__all__ = ["SIZE_REFUSALS", "input_arrays", "module_texts", "modules", "sizes_for"]
 
 Draw = Callable[[st.SearchStrategy[Any]], Any]
+
+#: the only refusals evaluating a generated module may give, with every axis sized by ``sizes_for``:
+#: sizes drawn apart that a rename target or split parts must match
+SIZE_REFUSALS = frozenset({"eval.size", "type.split_sizes"})
 
 #: finite values of moderate magnitude: exp of them stays far from overflow
 FINITE = st.floats(-8.0, 8.0, allow_nan=False, allow_infinity=False)

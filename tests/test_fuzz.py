@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from napkin_cat.diagnostics import NapkinError, render
 from napkin_cat.elaborate import loads
 from napkin_cat.terms import Module
-from tests.strategies import input_arrays, modules, sizes_for
+from tests.strategies import SIZE_REFUSALS, input_arrays, modules, sizes_for
 
 EXAMPLES = {p.name: p.read_text() for p in (Path(__file__).resolve().parent.parent / "examples").glob("*.ncd")}
 TOKEN = re.compile(r"\s+|#[^\n]*|\w+|->|>=|<=|==|!=|\S")
@@ -28,8 +28,6 @@ VOCABULARY = [
     "softmax", "contract", "ncontract", "where", "index", "onehot", "split", "join", "rename", "transpose", "sum",
     "max", "exp", "rsqrt", "attention", "mha", "matmul", "smem", "\n", " ", '"examples/matmul.ncd"', '"nowhere.ncd"',
 ]
-#: the refusals evaluating a well-typed module may give: sizes drawn apart that must agree
-SIZE_REFUSALS = {"eval.size", "type.split_sizes"}
 # `use` paths resolve against the module's directory: keep them inside an empty folder
 _DIR = Path(tempfile.mkdtemp(prefix="napkin-fuzz-"))
 

@@ -14,12 +14,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from napkin_cat import certify, derive, kernel
+from napkin_cat.elaborate import loads
 from napkin_cat.evaluate import evaluate
-from napkin_cat.kernel import Theorem
-from napkin_cat.proof import check_file, theorem
+from napkin_cat.kernel import KernelError, Theorem
+from napkin_cat.proof import check_file, check_module, theorem
 from napkin_cat.schedule_eval import run_schedule
 from napkin_cat.terms import Box, Partition, Var, walk
 
@@ -64,6 +66,14 @@ def _draw_sizes(draw: Callable[[st.SearchStrategy[Any]], Any], thm: Theorem) -> 
     return tiles, sizes
 
 
+def _broken(thm: Theorem, value: dict[str, int]) -> list[str]:
+    """The recorded divisibility constraints that these tile and axis values break."""
+    def of(term: int | str) -> int:
+        return term if isinstance(term, int) else value[term]
+
+    return [str(c) for c in thm.constraints if of(c.dividend) % of(c.divisor)]
+
+
 @pytest.mark.parametrize(("path", "name"), CASES, ids=[n for _, n in CASES])
 @settings(max_examples=5, deadline=None)
 @given(data=st.data())
@@ -71,10 +81,7 @@ def test_schedule_interpreter_matches_evaluator(path: Path, name: str, data: st.
     thm = _theorem(path, name)
     tiles, sizes = _draw_sizes(data.draw, thm)
     value = {**tiles, **sizes}
-    for constraint in thm.constraints:  # _draw_sizes honours them by construction: a broken one is its bug
-        divisor = constraint.divisor if isinstance(constraint.divisor, int) else value[constraint.divisor]
-        dividend = constraint.dividend if isinstance(constraint.dividend, int) else value[constraint.dividend]
-        assert dividend % divisor == 0, f"drawn {value} break `{constraint}`: _draw_sizes must honour it"
+    assert not _broken(thm, value), f"drawn {value} break {_broken(thm, value)}: _draw_sizes must honour them"
     seed = data.draw(st.integers(0, 2**16))
     rng = np.random.default_rng(seed)
     arrays = [rng.standard_normal([sizes[a] for a in p.axes]) for p in thm.source.inputs]
@@ -87,6 +94,69 @@ def test_schedule_interpreter_matches_evaluator(path: Path, name: str, data: st.
     wants = want if isinstance(want, tuple) else (want,)
     for g, w in zip(got, wants, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-9)
+
+
+@st.composite
+def chains(draw: st.DrawFn) -> str:
+    """A diagram over q, x, d: a chain of boxes that treat its axes in every way the kernel
+    distinguishes (weave, mask, consume, mix, a second pass), its values through `V`."""
+    axes, lines = ["q", "x"], []
+    for i in range(draw(st.integers(1, 5))):
+        a = f"T{i - 1}" if i else "S"
+        ax = draw(st.sampled_from(axes))
+        forms = [f"exp({a})", f"tanh({a}) * 3", f"{a} + index[{ax}]({ax})", f"softmax[{ax}]({a})",
+                 f"{a} - max[{ax}]({a})", f"contract[d]({a}, V)" if "d" in axes else f"{a} * V"]
+        if {"q", "x"} <= set(axes):
+            forms.append(f"where[q x](q >= x, {a}, -inf)")
+        if len(axes) > 1:
+            forms.append(f"{draw(st.sampled_from(('sum', 'max', 'logsumexp')))}[{ax}]({a})")
+        if "x" in axes:
+            forms += [f"contract[x]({a}, V)", f"ncontract[x; exp, exp, id]({a}, V)"]
+        form = draw(st.sampled_from(forms))
+        if form.startswith(("sum", "max[", "logsumexp")):
+            axes.remove(ax)
+        elif form.startswith(("contract[x]", "ncontract")):
+            axes[axes.index("x")] = "d"
+            axes = list(dict.fromkeys(axes))
+        elif form.startswith("contract[d]"):
+            axes = list(dict.fromkeys([*(a for a in axes if a != "d"), "x"]))
+        elif form.endswith("* V"):
+            axes = list(dict.fromkeys([*axes, "x", "d"]))
+        lines.append(f"  T{i} = {form}")
+    out = f"T{len(lines) - 1}"
+    return (f"axis q, x, d\ndiagram f(S: [q x], V: [x d]) -> [{' '.join(axes)}] {{\n" + "\n".join(lines)
+            + f"\n  return {out}\n}}\n")
+
+
+@settings(max_examples=100, deadline=None)
+@given(chains(), st.data())
+def test_every_schedule_the_kernel_accepts_computes_the_diagram(text: str, data: st.DataObject) -> None:
+    """The kernel's side conditions on diagrams no proof file contains: up to four random group
+    and stream steps (ragged or padded tiles, two levels) on a generated chain; every step the
+    kernel accepts is kept, and the schedule, run tile by tile, must compute the diagram.
+
+    (The interpreter keeps whole arrays, so it cannot see a second pass: that refusal is
+    tested by its message in test_kernel.py and tests/unsound/.)"""
+    diagram = loads(text).diagram("f")
+    thm = kernel.unfold(kernel.refl("t", diagram))
+    for level in ("smem", "smem", "reg", "reg"):
+        step = Partition(data.draw(st.sampled_from(("group", "stream"))), data.draw(st.sampled_from("qxd")),
+                         data.draw(st.integers(1, 4)), level, None, data.draw(st.booleans()))
+        try:
+            thm = kernel.group(thm, step) if step.kind == "group" else kernel.stream(thm, step, certify.accumulator)
+        except KernelError:
+            continue  # refused: the kernel's business, tested with its reasons in test_kernel.py
+    assume(thm.schedule.partitions)
+    assume(derive.overflow_screen(thm) is None)  # equal over the reals, but no running maximum: overflows in float64
+    sizes = {a: data.draw(st.integers(1, 7)) for a in "qxd"}
+    assume(not _broken(thm, sizes))  # an integer tile recorded as dividing a symbolic axis
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    arrays = [rng.standard_normal([sizes[a] for a in p.axes]) for p in diagram.inputs]
+    want = evaluate(diagram, arrays, sizes=sizes)
+    (got,) = run_schedule(thm, arrays, sizes=sizes)
+    kept = np.isfinite(want)  # the contract is every finite value: a -inf mask fed to a contraction
+    # makes infinities, and their sums are conventions, not real numbers
+    np.testing.assert_allclose(got[kept], want[kept], rtol=1e-9, atol=1e-9, err_msg=f"{text}{thm.schedule}")
 
 
 def test_forged_schedule_is_caught() -> None:
@@ -134,9 +204,6 @@ def _copy(thm: Theorem) -> Theorem:
 
 def test_stream_of_a_woven_axis_writes_every_chunk() -> None:
     """A stream over an axis nothing consumes is a sequential group: chunk outputs are kept."""
-    from napkin_cat import certify, kernel
-    from napkin_cat.elaborate import loads
-
     module = loads("axis q, x\ndiagram f(S: [q x]) -> [q x], [q] {\n  E = exp(S)\n  return E, sum[x](E)\n}\n")
     thm = kernel.stream(kernel.refl("t", module.diagram("f")), Partition("stream", "q", 2), certify.accumulator)
     thm = kernel.stream(thm, Partition("stream", "x", 3, pad=True), certify.accumulator)
@@ -170,9 +237,6 @@ theorem logsumexps: soft_total {
 def test_one_box_streamed_along_two_axes_keeps_one_state(name: str) -> None:
     """The inner stream's state is not finalised while an outer stream of another axis the
     box consumes is running: the outer one combines it (ragged tiles masked along both)."""
-    from napkin_cat.elaborate import loads
-    from napkin_cat.proof import check_module
-
     (thm,) = [r.theorem for r in check_module(loads(TWO_AXES)) if r.name == name]
     assert thm is not None
     a = np.random.default_rng(2).standard_normal((6, 19, 11))

@@ -63,7 +63,6 @@ MESSAGES: dict[str, str] = {
     "type.return_mismatch": "return type mismatch: declared {declared}, got {actual}",
     "type.return_count": "`{diagram}` declares {declared} outputs but returns {actual}",
     "type.arg_missing_axis": "argument {index} of `{callee}` must have axes {expected}; it has {actual}",
-    "type.not_scalar_context": "{what} cannot be used as an array here",
     "type.predicate_outside_where": "a comparison or logical operator is only allowed as the condition of `where`",
     "type.predicate_expected": "the first argument of `where` must be a comparison of indices, e.g. `q >= x`",
     "type.index_axis": "`{name}` in an index expression must be one of the box's axes {axes}",

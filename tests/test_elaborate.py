@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from napkin_cat.diagnostics import NapkinError, render
+from napkin_cat.diagnostics import MESSAGES, NapkinError, render
 from napkin_cat.elaborate import load, loads
 from napkin_cat.terms import Apply, Box, Const, Size, Var
 
@@ -270,3 +270,10 @@ def test_rendering_is_file_line_col_then_source_line_then_caret() -> None:
         "               ^^",
         "  hint: did you mean `X`?",
     ]
+
+
+def test_every_message_code_is_raised_somewhere() -> None:
+    """The message table holds no dead entries: each code is named by the code that raises it."""
+    package = Path(__file__).resolve().parent.parent / "napkin_cat"
+    source = "".join(p.read_text(encoding="utf-8") for p in package.rglob("*.py") if p.name != "diagnostics.py")
+    assert [code for code in MESSAGES if f'"{code}"' not in source] == []

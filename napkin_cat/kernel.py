@@ -159,13 +159,10 @@ def _boxes(diagram: Diagram) -> list[tuple[str, Box]]:
     for where, expr in [(f"binding `{let.names[0]}`", let.expr) for let in diagram.body] + \
             [("the returned expression", o) for o in diagram.outputs]:
         for n in (n for n in walk(expr) if isinstance(n, Box)):
-            inside = f"[{' '.join(n.target)}{'; ' + ', '.join(n.params) if n.params else ''}]" if n.target else ""
-            out.append((f"`{n.op}{inside}` ({where})", n))
+            inside = " ".join((*n.target, *(("->", *n.out) if n.out else ())))  # as written: split[a -> b c]
+            inside += "; " + ", ".join(n.params) if n.params else ""
+            out.append((f"`{n.op}{f'[{inside}]' if n.target else ''}` ({where})", n))
     return out
-
-
-def _calls(exprs: list[Expr]) -> list[Apply]:
-    return [n for e in exprs for n in walk(e) if isinstance(n, Apply)]
 
 
 def _no_schedule(thm: Theorem, rule: str, span: Span | None) -> None:
@@ -187,7 +184,7 @@ def unfold(thm: Theorem) -> Theorem:
     axes by name (terms.Apply), so inlining it, with every inner box retyped to carry the
     woven axes (terms.inline_calls with the kernel's typing rule), is an equality.
     """
-    if not _calls([let.expr for let in thm.result.body] + list(thm.result.outputs)):
+    if not thm.result.uses_diagrams():
         return thm
     _no_schedule(thm, "unfold", None)
     result = inline_calls(thm.result, lambda box, args: typed_box(box.op, args, box.target, box.out, box.params,
@@ -359,7 +356,7 @@ def _nest(thm: Theorem, step: Partition) -> tuple[Divides, ...]:
     """
     rule, diagram, span, axis = step.kind, thm.result, step.span, step.axis
     sizes = diagram.axis_sizes()
-    if _calls([let.expr for let in diagram.body] + list(diagram.outputs)):
+    if diagram.uses_diagrams():
         raise KernelError(rule, "the diagram uses a diagram as a box; unfold it first", span)
     if axis not in sizes or not (any(treatment(b, axis) != "absent" for _, b in _boxes(diagram))
                                  or any(axis in p.axes for p in diagram.inputs)):
@@ -398,8 +395,9 @@ def group(thm: Theorem, step: Partition) -> Theorem:
     constraints = _nest(thm, step)
     for label, box in _boxes(thm.result):
         if (how := treatment(box, step.axis)) in ("consumes", "mixes"):
-            why = ("a consumed axis can only be streamed" if how == "consumes"
-                   else f"its outputs read every position along `{step.axis}`")
+            why = ("a consumed axis can only be streamed" if how == "consumes" else
+                   f"it moves `{step.axis}`'s positions onto `{' '.join(box.out)}`, so a tile of `{step.axis}` would "
+                   "give only part of them" if box.out else f"its outputs read every position along `{step.axis}`")
             raise KernelError("group", f"box {label} {how} axis `{step.axis}`; {why} (R3)", step.span)
     schedule = replace(thm.schedule, partitions=(*thm.schedule.partitions, step))
     return _extend(thm, step, ("group",), schedule=schedule, constraints=thm.constraints + constraints)

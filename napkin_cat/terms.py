@@ -189,6 +189,10 @@ class Diagram:
     def axis_sizes(self) -> dict[str, int | None]:
         return {a.name: a.size for a in self.axes}
 
+    def uses_diagrams(self) -> bool:
+        """Does some binding or output use a diagram as a box (an ``Apply``)?"""
+        return any(isinstance(n, Apply) for e in [*(let.expr for let in self.body), *self.outputs] for n in walk(e))
+
     def binding(self, name: str) -> Let:
         for let in self.body:
             if name in let.names:

@@ -4,7 +4,7 @@
 ``cost_of(diagram, schedule, ...)`` is the core; ``cost(theorem, ...)`` costs a checked
 theorem's result under its schedule.  Every quantity is a sympy expression in the axis
 sizes (symbols where the module leaves them symbolic) and the tile symbols of the schedule;
-``Cost.at(...)`` substitutes numbers.  The per-level programs come from ``napkin_cat.pseudo``
+``Cost.at(...)`` substitutes numbers.  The per-level programs come from ``napkin_cat.pseudo_build``
 (its docstring states the modelling choices); optimisation and lower bounds live in
 ``napkin_cat.optimise`` and ``napkin_cat.bounds``.
 """
@@ -21,7 +21,8 @@ from sympy import Expr
 from napkin_cat import hardware as hw
 from napkin_cat import ops
 from napkin_cat.loopnest import loop_nest
-from napkin_cat.pseudo import Program, max_of, program
+from napkin_cat.pseudo_build import program
+from napkin_cat.pseudo_program import Program, max_of
 from napkin_cat.terms import Box, Diagram, Schedule, union_axes
 
 __all__ = ["CONVENTION", "Baseline", "Cost", "LevelCost", "Timing", "cost", "cost_of", "timing"]
@@ -144,7 +145,7 @@ def cost_of(diagram: Diagram, schedule: Schedule, hardware: str | hw.Hardware = 
     the default ``dtype``; ``accumulators`` maps a consuming box (``op:target:params``) to the
     accumulator that streams it.  The unfused baseline is that of ``source`` (the diagram
     before any rewrite; default ``diagram``).  ``stages`` multi-buffers every chunk loaded in a
-    stream (``pseudo.program``): 1 is the paper's model, 2 double buffering.
+    stream (``pseudo_build.program``): 1 is the paper's model, 2 double buffering.
     """
     prof = hardware if isinstance(hardware, hw.Hardware) else hw.load(hardware)
     nest = loop_nest(diagram, schedule)

@@ -1,7 +1,7 @@
 """The cost model's row under a theorem's picture: M and H per column (paper Fig. 9, digest N15).
 
 ``cost_table`` asks ``napkin_cat.cost`` for the theorem's per-level programs and gathers their
-columns (one per load, box and save, see ``napkin_cat.pseudo``) under the picture's columns.
+columns (one per load, box and save, see ``napkin_cat.pseudo_program``) under the picture's columns.
 Without the cost model installed there is no row.
 """
 
@@ -31,13 +31,13 @@ class CostTable:
 def cost_table(theorem: Any) -> CostTable | None:
     """Per column of the picture, M and H at each level below HBM (paper Fig. 9, digest N15).
 
-    The cost model's own columns (one per load, box and save, ``pseudo``) are gathered under
+    The cost model's own columns (one per load, box and save, ``pseudo_program``) are gathered under
     the picture's columns: a box's column, its result's saves, and the loads it is the first
     reader of.  ``None`` when the cost model is not installed.
     """
     try:
         from napkin_cat import cost
-        from napkin_cat.pseudo import max_of
+        from napkin_cat.pseudo_program import max_of
     except ImportError:
         return None
     result = cost.cost(theorem)
@@ -57,7 +57,7 @@ def cost_table(theorem: Any) -> CostTable | None:
         moved: dict[int, sympy.Expr] = {}
         for step in view.steps:
             col = min(readers.get(step.array, [0])) if step.op == "load" else column.get(step.array, 0)
-            memory.setdefault(col, []).append(sympy.Add(*(b.size for b in view.live(step.index))))
+            memory.setdefault(col, []).append(view.live_size(step.index))
             if step.op in ("load", "save"):  # the steps that move values (View.transfers)
                 moved[col] = moved.get(col, sympy.Integer(0)) + sympy.Mul(step.count, step.size)
         rows.append((f"M {view.level}", {c: _expr(max_of(v)) for c, v in memory.items()}))

@@ -22,7 +22,7 @@ from sympy import Expr
 
 from napkin_cat import hardware as hw
 from napkin_cat.cost import Cost
-from napkin_cat.pseudo import max_of
+from napkin_cat.pseudo_program import max_of
 from napkin_cat.terms import Box
 
 __all__ = ["M_BYTES", "Config", "ConfigTable", "M", "Optimum", "continuous", "multilevel", "search"]

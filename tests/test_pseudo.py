@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import sympy
 
 from napkin_cat import cli, proof
 from napkin_cat.cost import cost, cost_of
 from napkin_cat.elaborate import loads
-from napkin_cat.pseudo import max_of, render
+from napkin_cat.loopnest import loop_nest
+from napkin_cat.pseudo import render
+from napkin_cat.pseudo_build import program
+from napkin_cat.pseudo_program import max_of
 from napkin_cat.terms import Partition, Place, Schedule
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,3 +132,26 @@ def test_multi_buffered_chunks_grow_memory_not_transfers() -> None:
     # K and V chunks (2·sx·d) are held twice
     assert sympy.expand(double.first.memory - single.first.memory - 2 * sx * 64) == 0
     assert "V[sx 64]x2" in render(double.program)
+
+
+def test_program_refuses_fewer_than_one_stage() -> None:
+    module = loads(TEXT)
+    nest = loop_nest(module.diagram("scaled_rows"), Schedule())
+    t, e = sympy.symbols("t e", positive=True)
+    with pytest.raises(ValueError, match="stages must be at least 1, got 0"):
+        program(nest, {"t": t, "e": e}, {}, stages=0)
+
+
+def test_live_sets_in_bytes_weigh_each_buffer_by_its_array() -> None:
+    # Q in 1-byte values, everything else 4: a column's live bytes count Q's buffer once per
+    # value and the others four times, and the view's memory is the largest such column
+    co = cost(flash(), sizes={"q": 256, "x": 512})
+    (view,) = co.program.views
+    bytes_of = {name: 1 if name == "Q" else 4 for name in co.bytes_of}
+    for s in view.steps:
+        live = view.live(s.index)
+        q_values = sum((b.size for b in live if b.array == "Q"), sympy.Integer(0))
+        expected = 4 * view.live_size(s.index) - 3 * q_values
+        assert sympy.expand(view.live_size(s.index, bytes_of) - expected) == 0
+    uniform = {name: 4 for name in co.bytes_of}
+    assert sympy.expand(view.memory(uniform) - 4 * view.memory()) == 0

@@ -1,0 +1,150 @@
+"""The per-level program of a scheduled diagram (paper §5.1, digest §4.2-§4.3), as immutable
+data, and the memory and transfer accounting over it.
+
+``pseudo_build.program`` produces a ``Program``; ``cost``, ``draw_cost`` and ``pseudo.render``
+read it.  A ``Program`` holds one ``View`` per memory level below hbm (slowest first); a view
+is a sequence of columns (``Step``: a load, save, compute, init or final, with the loop
+instances around it) and the ``Buffer``s live at its level over column ranges.  A view's
+memory is its largest live set over the columns (``max_of`` drops the columns another column
+dominates term by term); its transfers are Σ count·size over its loads and saves.  Every
+quantity is a sympy expression in the axis sizes and tile symbols.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import sympy
+from sympy import Expr
+
+from napkin_cat.loopnest import LoopNest
+from napkin_cat.terms import LEVELS, Axes
+
+__all__ = ["Buffer", "Inst", "Program", "Step", "View", "max_of", "rank"]
+
+#: a loop instance in a view: (index into LoopNest.loops, serial number of the instance)
+Inst = tuple[int, int]
+
+
+def rank(level: str) -> int:
+    """Position in the hierarchy: 0 for hbm, larger is faster and smaller."""
+    return LEVELS.index(level)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One column: ``load``/``save`` of an array into/out of the view's level, ``compute`` of a
+    node, or ``init``/``final`` of a node's accumulator state around its stream.
+
+    ``path`` is the loop instances around it (outermost first), ``count`` their trips
+    multiplied, ``size`` the values moved by one load or save, ``users`` the nodes a load
+    serves.
+    """
+
+    index: int
+    op: str
+    array: str
+    path: tuple[Inst, ...]
+    count: Expr
+    size: Expr
+    users: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A buffer at the view's level, live over columns ``start..end`` (inclusive)."""
+
+    name: str
+    array: str  # the array stored (a state component belongs to its node)
+    role: str  # load | save | value | state
+    shape: tuple[tuple[str, Expr], ...]
+    start: int
+    end: int
+    copies: int = 1  # pipeline stages of a chunk load (multi-buffering)
+
+    @property
+    def size(self) -> Expr:
+        return self.copies * sympy.Mul(*(extent for _, extent in self.shape))
+
+
+@dataclass(frozen=True)
+class View:
+    """The program seen from one level: its loops, columns and buffers."""
+
+    level: str
+    parent: str
+    loops: tuple[int, ...]
+    steps: tuple[Step, ...]
+    buffers: tuple[Buffer, ...]
+    ends: tuple[tuple[Inst, int], ...]  # last column of each stream instance
+
+    def live(self, column: int) -> tuple[Buffer, ...]:
+        """The buffers at this level live in a column."""
+        return tuple(b for b in self.buffers if b.start <= column <= b.end)
+
+    def live_size(self, column: int, bytes_of: Mapping[str, int] | None = None) -> Expr:
+        """The size of a column's live set: values, or bytes when ``bytes_of`` maps every
+        array to its bytes per value."""
+        return sympy.Add(*(b.size * _weight(bytes_of, b.array) for b in self.live(column)))
+
+    def memory(self, bytes_of: Mapping[str, int] | None = None) -> Expr:
+        """The largest live set over the columns (values, or bytes when ``bytes_of`` is given),
+        dominated columns dropped."""
+        return max_of([self.live_size(s.index, bytes_of) for s in self.steps])
+
+    def transfers(self, bytes_of: Mapping[str, int] | None = None) -> Expr:
+        """Σ count·size over the loads and saves (in bytes when ``bytes_of`` is given)."""
+        total = sympy.Integer(0)
+        for s in self.steps:
+            if s.op in ("load", "save"):
+                total += s.count * s.size * _weight(bytes_of, s.array)
+        return total
+
+
+def _weight(bytes_of: Mapping[str, int] | None, array: str) -> int:
+    """Bytes per value of ``array``, or 1 when counting values."""
+    return bytes_of[array] if bytes_of is not None else 1
+
+
+@dataclass(frozen=True)
+class Program:
+    """A scheduled diagram as per-level views (slowest first), with the symbols it uses."""
+
+    nest: LoopNest
+    views: tuple[View, ...]
+    compute_level: str
+    homes: tuple[tuple[str, str], ...]
+    sizes: tuple[tuple[str, Expr], ...]
+    tiles: tuple[Expr, ...]  # tile of each loop (index into nest.loops)
+    trips: tuple[Expr, ...]
+    constants: frozenset[str]
+
+    def shape(self, axes: Axes, path: tuple[Inst, ...]) -> tuple[tuple[str, Expr], ...]:
+        """Each axis with its extent inside ``path``: the tile of the innermost loop over it
+        (latest in schedule order), else the axis size."""
+        out = []
+        for axis in axes:
+            inner = [i for i, _ in path if self.nest.loops[i].axis == axis]
+            out.append((axis, self.tiles[max(inner)] if inner else dict(self.sizes)[axis]))
+        return tuple(out)
+
+
+def max_of(columns: list[Expr]) -> Expr:
+    """``Max`` of column sizes without the columns another column dominates term by term."""
+    cols = list(dict.fromkeys(sympy.expand(c) for c in columns)) or [sympy.Integer(0)]
+    keep = [c for i, c in enumerate(cols)
+            if not any(j != i and _dominates(o, c) and (not _dominates(c, o) or j < i) for j, o in enumerate(cols))]
+    return sympy.Max(*keep) if len(keep) > 1 else keep[0]
+
+
+def _dominates(big: Expr, small: Expr) -> bool:
+    """``big >= small`` for all sizes and tiles >= 1: ``big - small`` with every symbol s
+    written 1 + s' is a polynomial in the s' >= 0 with non-negative coefficients."""
+    diff = sympy.expand(big - small)
+    if diff == 0:
+        return True
+    symbols = sorted(diff.free_symbols, key=str)
+    if symbols and diff.is_polynomial(*symbols):
+        diff = sympy.expand(diff.subs({s: s + 1 for s in symbols}, simultaneous=True))
+    return all(t.as_coeff_Mul()[0] >= 0 for t in sympy.Add.make_args(diff))

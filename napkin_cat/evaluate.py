@@ -134,8 +134,12 @@ class _Float64(Algebra):
         assert name == "logsumexp", name
         m = np.max(data, axis=axis, keepdims=True, initial=-np.inf)
         safe = np.where(np.isfinite(m), m, 0.0)
-        total = np.sum(np.exp(data - safe), axis=axis, keepdims=True)
-        return np.squeeze(safe + np.log(total), axis=axis)
+        # log Σ exp(x - m) = log1p(k - 1 + Σ_{x < m} exp(x - m)) with k maxima: no cancellation
+        # when the others are tiny (log(1 + 1e-5) lost 11 digits); a non-finite max is the result
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rest = np.sum(np.where(data == m, 0.0, np.exp(data - safe)), axis=axis, keepdims=True)
+            ties = np.sum(data == m, axis=axis, keepdims=True)
+            return np.squeeze(np.where(np.isfinite(m), safe + np.log1p(ties - 1 + rest), m), axis=axis)
 
     def normalise(self, name: str, data: Any, axis: tuple[int, ...], n: int) -> Any:
         if name == "softmax":

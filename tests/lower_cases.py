@@ -19,6 +19,7 @@ import numpy as np
 from napkin_cat import loads
 from napkin_cat.evaluate import evaluate
 from napkin_cat.proof import check_file, check_module
+from napkin_cat.terms import Box, Diagram, Var, walk
 
 ROOT = Path(__file__).resolve().parent.parent
 F32_TOL = 2e-5
@@ -99,13 +100,25 @@ def inputs(theorem: Any, seed: int, low: int = 17, high: int = 100) -> tuple[dic
         else:
             sizes[axis.name] = int(rng.integers(low, high))
     arrays = []
+    labels = label_inputs(diagram)
     for param in diagram.inputs:
         shape = [sizes[a] for a in param.axes]
-        if param.name == "L":  # class labels
-            arrays.append(rng.integers(0, sizes["v"], size=shape).astype(np.float64))
+        if param.name in labels:  # class labels: integer positions along the one-hot axis
+            arrays.append(rng.integers(0, sizes[labels[param.name]], size=shape).astype(np.float64))
         else:
             arrays.append(rng.standard_normal(shape))
     return sizes, arrays
+
+
+def label_inputs(diagram: Diagram) -> dict[str, str]:
+    """Inputs that flow straight into a ``onehot`` box (in a binding or the returned
+    expressions), with the box's axis: they hold integer positions, not normal floats."""
+    found: dict[str, str] = {}
+    for expr in (*(let.expr for let in diagram.body), *diagram.outputs):
+        for node in walk(expr):
+            if isinstance(node, Box) and node.op == "onehot":
+                found.update((arg.name, node.target[0]) for arg in node.args if isinstance(arg, Var))
+    return found
 
 
 def reference(theorem: Any, arrays: list[np.ndarray], sizes: dict[str, int]) -> tuple[np.ndarray, ...]:

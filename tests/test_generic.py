@@ -56,8 +56,9 @@ def _case(name: str) -> tuple[Any, dict[str, int], list[np.ndarray], tuple[np.nd
     thm = THEOREMS[name]
     sizes = {a.name: a.size if a.size is not None else SIZES[a.name] for a in thm.result.axes}
     rng = np.random.default_rng(len(name))
-    arrays = [rng.integers(0, sizes["v"], [sizes[a] for a in p.axes]).astype(np.float64) if p.name == "L"  # labels
-              else rng.standard_normal([sizes[a] for a in p.axes]) for p in thm.source.inputs]
+    labels = cases.label_inputs(thm.result)  # integer positions along the one-hot axis
+    arrays = [rng.integers(0, sizes[labels[p.name]], [sizes[a] for a in p.axes]).astype(np.float64)
+              if p.name in labels else rng.standard_normal([sizes[a] for a in p.axes]) for p in thm.source.inputs]
     want = evaluate(thm.source, arrays, sizes=sizes)
     return thm, sizes, arrays, want if isinstance(want, tuple) else (want,)
 

@@ -95,6 +95,9 @@ def test_source_is_deterministic_and_documented() -> None:
     for needle in ("Theorem: flash_attention", "Proved by:", "softmax_contract", "stream x by sx",
                    "x: sx = 32", "Cost bound:"):
         assert needle in doc, needle
+    assert "Dtype: inputs and outputs float32; arithmetic and accumulation in float32." in doc
+    narrow = lower(thm, target="jax", tiles={"gq": 64, "sx": 32}, dtype="bfloat16").fn.__doc__
+    assert "every dot's operands rounded to bfloat16 (products accumulated in float32)" in narrow  # said, not hidden
     compile(first.source, "<golden>", "exec")
 
 

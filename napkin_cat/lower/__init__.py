@@ -191,7 +191,9 @@ def _docstring(lay: Layout, target: str, origin: str, dtype: str, hardware: str 
         + f" ({origin})",
         "Placement: " + _placement(lay, target),
         "Cost bound: " + _cost_bound(lay, hardware),
-        f"Dtype: inputs and outputs {dtype}; arithmetic and accumulation in float32.",
+        f"Dtype: inputs and outputs {dtype}; arithmetic and accumulation in float32." if dtype == "float32" else
+        f"Dtype: inputs and outputs {dtype}; every dot's operands rounded to {dtype} (products accumulated in "
+        "float32), other arithmetic in float32: roundings of the lowering, beyond the theorem's dtype steps.",
     ]
     return "\n".join(lines) + "\n"
 

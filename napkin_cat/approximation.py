@@ -8,8 +8,13 @@ everything else exact) differs from the source diagram in float64 by at most
 ``tol · max|source output|`` in every output (entries where the source is not finite are
 left out; a non-finite result where the source is finite is an infinite error).
 
-It is a measurement at one set of sizes, not a bound: every symbolic axis gets the same
-size, 64 or less so that no box's iteration space passes ``MAX_POINTS``, and rounding
+An input that a ``onehot[v]`` box reads holds labels, drawn as integers in ``[0, |v|)``
+(a standard normal hits no position, so rounding the labels would measure 0 whatever it
+does to them).
+
+It is a measurement at one set of sizes, not a bound: every free symbolic axis gets the
+same size, 64 or less so that no box's iteration space passes ``MAX_POINTS`` (an axis that
+a split, join or rename ties to others gets the size that makes them agree), and rounding
 errors that grow with a reduction's length are measured at that length.  The lowering's
 own roundings (a bf16 operand of a dot it chose) are not part of the diagram's meaning and
 are not measured here.
@@ -18,7 +23,7 @@ are not measured here.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -26,7 +31,7 @@ import numpy as np
 
 from napkin_cat.evaluate import Named, visitor
 from napkin_cat.kernel import Theorem
-from napkin_cat.terms import Box, Diagram, Expr, Var, run_diagram, union_axes, walk
+from napkin_cat.terms import Apply, Axes, Box, Diagram, Expr, Var, run_diagram, union_axes, walk
 
 __all__ = ["MAX_POINTS", "Measurement", "measure", "rounding"]
 
@@ -75,20 +80,62 @@ class Measurement:
         return f"measured {self.error:.3g} on seeded normal inputs{' at ' + where if where else ''}"
 
 
-def _sizes(diagram: Diagram) -> dict[str, int]:
-    """Every axis's size: declared ones kept, symbolic ones equal and as large as MAX_POINTS allows."""
-    declared = diagram.axis_sizes()
-    spaces = [union_axes(*(a.axes for a in n.args), n.axes) for e in _exprs(diagram) for n in walk(e)
-              if isinstance(n, Box)] + [p.axes for p in diagram.inputs]
+def _sizes(diagrams: Sequence[Diagram]) -> dict[str, int]:
+    """Every axis's size: declared ones kept, free symbolic ones equal and as large as
+    MAX_POINTS allows, the others tied to them by ``_tie`` (split, join, rename)."""
+    declared = {a: n for d in diagrams for a, n in d.axis_sizes().items()}
+    nodes = [n for d in diagrams for n in _nodes(d)]
+    spaces = [union_axes(*(a.axes for a in n.args), n.axes) for n in nodes] + \
+        [p.axes for d in diagrams for p in d.inputs]
+    ties = [(n.out[0], n.target) if n.op in ("join", "rename") else (n.target[0], n.out)
+            for n in nodes if n.op in ("split", "join", "rename")]
     for size in (64, 32, 16, 8, 4, 2):
-        sizes = {a: n if n is not None else size for a, n in declared.items()}
+        sizes = _tie(declared, ties, size)
         if all(math.prod(sizes[a] for a in space) <= MAX_POINTS for space in spaces):
             return sizes
     return sizes
 
 
-def _exprs(diagram: Diagram) -> list[Expr]:
-    return [let.expr for let in diagram.body] + list(diagram.outputs)
+def _tie(declared: Mapping[str, int | None], ties: Sequence[tuple[str, Axes]], size: int) -> dict[str, int]:
+    """Sizes with ``|whole| = Π |parts|`` for each tie where the symbolic axes allow it: a
+    tie with one unknown axis fixes it (the product, or the quotient where it divides);
+    otherwise a symbolic axis that is a part (else any) gets ``size``."""
+    sizes = {a: n for a, n in declared.items() if n is not None}
+    free = [a for a, n in declared.items() if n is None]
+    while unknown := [a for a in free if a not in sizes]:
+        for whole, parts in ties:
+            known = math.prod(sizes[p] for p in parts if p in sizes)
+            missing = [p for p in parts if p not in sizes]
+            if whole not in sizes and not missing:
+                sizes[whole] = known
+                break
+            if whole in sizes and len(missing) == 1 and sizes[whole] % known == 0:
+                sizes[missing[0]] = sizes[whole] // known
+                break
+        else:
+            parts_ = {p for _, parts in ties for p in parts}
+            sizes[next((a for a in unknown if a in parts_), unknown[0])] = size
+    return sizes
+
+
+def _nodes(diagram: Diagram) -> list[Box]:
+    """Every box of a diagram, inside the diagrams it uses as boxes too."""
+    found: list[Box] = []
+    for expr in [let.expr for let in diagram.body] + list(diagram.outputs):
+        for node in walk(expr):
+            if isinstance(node, Apply):
+                found += _nodes(node.diagram)
+            elif isinstance(node, Box):
+                found.append(node)
+    return found
+
+
+def _inputs(diagram: Diagram, sizes: Mapping[str, int], rng: np.random.Generator) -> list[Named]:
+    """Seeded standard-normal inputs; an input read by ``onehot[v]`` holds labels in [0, |v|)."""
+    labels = {arg.name: node.target[0] for node in _nodes(diagram) if node.op == "onehot"
+              for arg in node.args if isinstance(arg, Var)}
+    return [Named(p.axes, rng.integers(0, sizes[labels[p.name]], [sizes[a] for a in p.axes]).astype(float)
+                  if p.name in labels else rng.standard_normal([sizes[a] for a in p.axes])) for p in diagram.inputs]
 
 
 def _run(diagram: Diagram, inputs: list[Named], sizes: dict[str, int],
@@ -108,9 +155,8 @@ def _run(diagram: Diagram, inputs: list[Named], sizes: dict[str, int],
 
 def measure(thm: Theorem, seed: int = 0) -> Measurement:
     """The error of ``thm.result`` with its quantised arrays rounded, against ``thm.source``."""
-    sizes = _sizes(thm.result)
-    rng = np.random.default_rng(seed)
-    inputs = [Named(p.axes, rng.standard_normal([sizes[a] for a in p.axes])) for p in thm.source.inputs]
+    sizes = _sizes((thm.source, thm.result))
+    inputs = _inputs(thm.result, sizes, np.random.default_rng(seed))
     rounded = {name: rounding(q.dtype) for q in thm.approximations for name in q.names}
     want = _run(thm.source, inputs, sizes, {})
     got = _run(thm.result, inputs, sizes, rounded)

@@ -96,3 +96,28 @@ def test_a_value_out_of_the_formats_range_is_an_infinite_error() -> None:
     module = loads(source + "theorem t: attention {\n  dtype Y as fp8e4m3 tol 0.5\n}\n")
     (result,) = check_module(module)
     assert result.failure is not None and "measured inf" in result.failure.message
+
+
+def test_split_and_rename_axes_get_sizes_that_agree() -> None:
+    """A true claim through a split (and a rename onto a declared axis) is measured, not refused
+    by the evaluator: equal sizes for every symbolic axis break |a| = |ao|·|ai|."""
+    source = ("axis a, ao, ai, t\naxis d = 8\n"
+              "diagram attention(X: [a d], Y: [t]) -> [ao ai d], [d] {\n"
+              "  return split[a -> ao ai](X) * 2, rename[t -> d](Y)\n}\n")
+    module = loads(source + "theorem t: attention {\n  dtype X, Y as bf16 tol 0.01\n}\n")
+    (result,) = check_module(module)
+    assert result.theorem is not None, result.failure
+    found = approximation.measure(result.theorem)
+    assert found.sizes["a"] == found.sizes["ao"] * found.sizes["ai"] and found.sizes["t"] == 8
+    assert 0 < found.error <= 2.0**-8
+
+
+def test_labels_read_by_onehot_are_drawn_as_positions() -> None:
+    """Rounding labels to bf16 keeps integers below 256 exact: 0 error.  To fp8 e4m3 it moves
+    17 to 16: a wrong class, an error of the order of the values themselves."""
+    source = "axis v = 40\ndiagram attention(L: [], W: [v]) -> [] {\n  return contract[v](onehot[v](L), W)\n}\n"
+    module = loads(source + "theorem exact: attention {\n  dtype L as bf16 tol 0.01\n}\n"
+                            "theorem fp8: attention {\n  dtype L as fp8e4m3 tol 0.5\n}\n")
+    exact, fp8 = check_module(module)
+    assert exact.theorem is not None and approximation.measure(exact.theorem).error == 0.0
+    assert fp8.failure is not None and "below the error the rounding causes" in fp8.failure.message

@@ -15,7 +15,7 @@ from napkin_cat import hardware as hw
 from napkin_cat.bounds import diagram_bound, lower_bounds
 from napkin_cat.cost import Cost, timing
 from napkin_cat.loopnest import woven_axes
-from napkin_cat.optimise import ConfigTable, M, continuous, multilevel, search
+from napkin_cat.optimise import ConfigTable, M, continuous, multilevel, piecewise, search
 
 __all__ = ["format_report", "report"]
 
@@ -58,7 +58,11 @@ def report(c: Cost, name: str) -> dict[str, Any]:
     bound = diagram_bound(bounds)
     if opt is None:
         out["optimum"] = None
-        out["optimum_note"] = "no closed form: sympy could not solve the Lagrange conditions"
+        out["optimum_note"] = (
+            "no closed form: the masked stream's chunk count is piecewise in the sizes (Min/Max/floor: "
+            "where the mask clips depends on which size is larger); give every size with --size for the "
+            "optimum at those sizes" if piecewise(c.first.transfers) else
+            "no closed form: sympy could not solve the Lagrange conditions")
     else:
         at = {M: sympy.nsimplify(capacity)} if numeric else {}
         out["optimum"] = {

@@ -25,7 +25,7 @@ from napkin_cat.cost import Cost
 from napkin_cat.pseudo_program import max_of
 from napkin_cat.terms import Box
 
-__all__ = ["M_BYTES", "Config", "ConfigTable", "M", "Optimum", "continuous", "multilevel", "search"]
+__all__ = ["M_BYTES", "Config", "ConfigTable", "M", "Optimum", "continuous", "multilevel", "piecewise", "search"]
 
 #: the capacity of the optimised level, in values of the compute dtype
 M = sympy.Symbol("M", positive=True)
@@ -80,6 +80,8 @@ def continuous(c: Cost, level: str | None = None) -> Optimum | None:
     lv = c.first if level is None else c.level(level)
     bpv = hw.bytes_per_value(c.dtype)
     transfers = _relaxed(lv.transfers)
+    if piecewise(transfers):
+        return None
     mine = _tiles_at(c, lv.name)
     free = [t for t in mine if t in transfers.free_symbols]
     if not free:
@@ -102,6 +104,13 @@ def continuous(c: Cost, level: str | None = None) -> Optimum | None:
             if all(decide(col.subs(tiles)) for col in columns if col is not active):
                 return Optimum(lv.name, {str(t): v for t, v in tiles.items()}, best, bpv)
     return None
+
+
+def piecewise(expr: Expr) -> bool:
+    """Does ``expr`` hold a ``Min``, ``Max`` or ``floor`` (a masked stream's chunk count where
+    sympy cannot tell which size is larger)?  The Lagrange conditions of such an H are not
+    solved: ``continuous`` returns None for it."""
+    return bool(sympy.sympify(expr).has(sympy.Min, sympy.Max, sympy.floor))
 
 
 def _within_always(column: Expr) -> bool:

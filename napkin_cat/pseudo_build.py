@@ -27,6 +27,12 @@ It makes these explicit choices (paper-digest §8.2 lists them as open):
   innermost loop over that axis enclosing its whole lifetime.
 - Compile-time scalars (boxes that read no input, e.g. ``rsqrt(d)``) are folded: they take no
   storage, transfers or FLOPs.  Spilling an accumulator state (FlashAttention-1) is not modelled.
+- **Masked streams.** Where ``masks.stream_masks`` recognises that a where mask fills whole
+  chunks of the (one) streamed axis with the accumulators' padding, as the Pallas lowering
+  does before skipping them, every step inside that stream (its loads, saves and boxes) is
+  counted once per (program, chunk) pair that runs (``masks.chunk_count``: causal attention
+  runs about half), not once per trip of every loop; memory and steps outside the stream
+  are unchanged.  Without a closed form for the pairs, every chunk is counted.
 """
 
 from __future__ import annotations
@@ -38,7 +44,9 @@ import sympy
 from sympy import Expr
 
 from napkin_cat import ops
-from napkin_cat.loopnest import LoopNest, Node
+from napkin_cat.accumulators import plan
+from napkin_cat.loopnest import LoopNest, Node, woven_axes
+from napkin_cat.masks import GroupAxis, chunk_count, stream_masks
 from napkin_cat.pseudo_program import Buffer, Inst, Program, Step, View, rank
 from napkin_cat.terms import Axes, Box
 
@@ -101,8 +109,10 @@ class _Builder:
         used = {lp.level for lp in nest.loops} | set(self.homes.values())
         self.compute = max(used, key=rank) if used != {"hbm"} else "smem"
         self.levels = sorted(used | {"hbm", self.compute}, key=rank)
+        self.masked = self._masked()
+        self.runs = {index: runs / full for index, runs, full in self.masked}
         self.stub = Program(nest, (), self.compute, tuple(self.homes.items()), tuple(self.sizes.items()),
-                            self.tiles, self.trips, self.constants)
+                            self.tiles, self.trips, self.constants, self.masked)
 
     def _trips(self, index: int) -> Expr:
         loop = self.nest.loops[index]
@@ -112,6 +122,43 @@ class _Builder:
                 outer = self.tiles[j]
         ratio = outer / self.tiles[index]
         return sympy.ceiling(ratio) if loop.partition.pad else ratio
+
+    def _masked(self) -> tuple[tuple[int, Expr, Expr], ...]:
+        """The stream a mask cuts short, as the Pallas lowering recognises it: one streamed
+        axis, its outermost loop, grid axes at their outermost group loop (woven axes whole),
+        each consuming node's padding from its accumulator.  Empty when none applies."""
+        loops = self.nest.loops
+        streamed = {lp.axis for lp in loops if lp.kind == "stream"}
+        if len(streamed) != 1:
+            return ()
+        axis = streamed.pop()
+        outermost = {lp.axis: i for i, lp in reversed(list(enumerate(loops)))}
+        index = outermost[axis]
+        pads: dict[str, tuple[float, ...] | None] = {}
+        for node in self.flat.nodes:
+            if self.nest.phase(loops[index], node.name) != "accumulate" or not isinstance(node.expr, Box):
+                continue
+            admissible = ops.accumulators_for(node.expr.op, node.expr.params)
+            via = loops[index].partition.via
+            name = self.accumulators.get(node.name) or (via if via in admissible else None)
+            try:
+                pads[node.name] = plan(node.expr, axis, name).pad
+            except ValueError:
+                return ()
+        groups = {a: GroupAxis(self.tiles[i], self.trips[i]) for a, i in outermost.items() if loops[i].kind == "group"}
+        for a in woven_axes(self.flat, frozenset(outermost)):
+            groups[a] = GroupAxis(self.sizes[a], sympy.Integer(1))
+        masks = stream_masks(self.flat, axis, pads, groups)
+        if masks is None:
+            return ()
+        caps = {self.tiles[i]: self.sizes[loops[i].axis] for i in outermost.values()
+                if isinstance(self.tiles[i], sympy.Symbol)}
+        runs = chunk_count(masks, groups, self.tiles[index], self.trips[index], caps)
+        if runs is None:
+            return ()
+        used = {g for sides in masks for side in sides for g, _ in side.coeffs}
+        full = self.trips[index] * sympy.Mul(*(groups[g].trips for g in sorted(used)))
+        return ((index, runs, full),)
 
     def _constants(self, inputs: set[str]) -> frozenset[str]:
         depends: set[str] = set(inputs)
@@ -274,7 +321,7 @@ class _ViewBuilder:
         return steps, ends
 
     def _step(self, steps: list[Step], move: _Move, path: tuple[Inst, ...]) -> None:
-        count = sympy.Mul(*(self.b.trips[i] for i, _ in path))
+        count = sympy.Mul(*(self.b.trips[i] * self.b.runs.get(i, 1) for i, _ in path))
         shape = self._shape(self.b.flat.type_of(move.array), path)
         size = sympy.Mul(*(e for _, e in shape)) if move.op in ("load", "save") else sympy.Integer(0)
         steps.append(Step(len(steps), move.op, move.array, path, count, size, move.users))

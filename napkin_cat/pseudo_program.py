@@ -119,6 +119,10 @@ class Program:
     tiles: tuple[Expr, ...]  # tile of each loop (index into nest.loops)
     trips: tuple[Expr, ...]
     constants: frozenset[str]
+    #: streams a mask lets the kernel cut short (``masks``): (loop index, (program, chunk)
+    #: pairs that run, pairs in the full loop); every step inside such a stream is counted
+    #: ``runs / full`` times as often as its loops' trips say
+    masked: tuple[tuple[int, Expr, Expr], ...] = ()
 
     def shape(self, axes: Axes, path: tuple[Inst, ...]) -> tuple[tuple[str, Expr], ...]:
         """Each axis with its extent inside ``path``: the tile of the innermost loop over it

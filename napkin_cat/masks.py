@@ -1,0 +1,286 @@
+"""Which chunks of a stream a mask lets a kernel skip: the backend-neutral analysis shared by
+the Pallas lowering (``lower/skip.py`` turns the bounds into code) and the cost model
+(``pseudo_build`` scales the counts inside the stream by ``chunk_count``).
+
+A chunk whose every position of an accumulating box's operand holds that operand's padding
+value (``AccumulatorPlan.pad``, the neutral fill certified by the padding law) lifts to the
+accumulator's identity, so leaving it out changes nothing.  The one shape recognised is a
+``where[...](pred, A, fill)`` node that feeds the operand directly, with ``fill`` equal to
+the operand's pad and ``pred`` a conjunction of affine comparisons between the streamed
+axis' index and grid axes' indices (``q >= x``, ``q - x < 256``).  Each conjunct is a
+``Side``: a bound on the stream index taken at the corner of the program's index box where
+it is most permissive (interval arithmetic), and the intersection of the sides gives the
+chunks ``[lo, hi)`` that can hold a true position.  Anything else (a disjunction, a negation,
+``!=``, a non-affine index, an axis that is neither streamed nor a grid axis, an accumulator
+with no such operand, an output that carries the streamed axis, a conjunction that bounds no
+stream index) keeps the full loop: ``stream_masks`` returns None.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+
+import sympy
+from sympy import Expr
+
+from napkin_cat.loopnest import Flat
+from napkin_cat.terms import Box, Cmp, Const, IBin, Idx, IInt, IndexExpr, Logic, Pred, Var
+
+__all__ = ["GroupAxis", "Side", "chunk_count", "chunk_range", "stream_masks"]
+
+#: an affine index expression: coefficient per axis, and a constant
+Affine = tuple[dict[str, int], int]
+
+
+@dataclass(frozen=True)
+class Side:
+    """One conjunct as a bound on the streamed index ``i``, with ``v = Σ c·g + const`` over
+    the grid indices ``g`` (``coeffs``: (axis, c) pairs, in the order written):
+    ``i <= floor(v / divisor)`` when ``upper``, else ``i >= ceil(v / divisor)``.
+
+    Over a program's block each ``g`` is taken at its most permissive corner (``top``: its
+    block's last index), so the side holds for some position of the block iff it holds there.
+    """
+
+    upper: bool
+    divisor: int
+    coeffs: tuple[tuple[str, int], ...]
+    const: int
+
+    def top(self, coeff: int) -> bool:
+        """Is the permissive corner of an axis with this coefficient its block's last index?
+        (An upper bound is loosest where ``v`` is largest, a lower bound where it is smallest.)"""
+        return (coeff > 0) == self.upper
+
+
+#: the sides of one accumulating node (a conjunction)
+Sides = tuple[Side, ...]
+
+
+def stream_masks(flat: Flat, stream: str, pads: Mapping[str, tuple[float, ...] | None],
+                 grid: Collection[str]) -> tuple[Sides, ...] | None:
+    """The sides bounding the stream index of each accumulating node, or None for the full loop.
+
+    ``pads`` maps every node that consumes ``stream`` to its accumulator's padding values (one
+    per operand, or None); ``grid`` names the axes a program covers one block of.  Every
+    accumulating node must have a recognised masked operand (the first one found is used):
+    the loop may then run over the hull of their ranges, since chunks inside it but outside
+    one node's range lift to that node's identity.
+    """
+    if not pads or any(stream in flat.type_of(o) for o in flat.outputs):
+        return None
+    wheres = {n.name: n.expr for n in flat.nodes if isinstance(n.expr, Box) and n.expr.op == "where"}
+    found_all: list[Sides] = []
+    for node in flat.nodes:
+        if node.name not in pads:
+            continue
+        if not isinstance(node.expr, Box):
+            return None
+        found = None
+        for arg, fill in zip(node.expr.args, pads[node.name] or (), strict=False):
+            mask = wheres.get(arg.name) if isinstance(arg, Var) else None
+            if mask is None or not isinstance(mask.args[-1], Const) or mask.args[-1].value != fill:
+                continue
+            if isinstance(mask.index, (Cmp, Logic)):
+                found = _sides(mask.index, stream, grid)
+            if found is not None:
+                break
+        if found is None:
+            return None
+        found_all.append(found)
+    return tuple(found_all)
+
+
+def _sides(pred: Pred, axis: str, grid: Collection[str]) -> Sides | None:
+    """The sides of a conjunction of affine comparisons (None: not recognised, or no conjunct
+    bounds the stream index)."""
+    conjuncts = _conjuncts(pred)
+    if conjuncts is None:
+        return None
+    out: list[Side] = []
+    for coeffs_all, const in conjuncts:
+        coeffs = {k: v for k, v in coeffs_all.items() if v != 0}
+        a = coeffs.pop(axis, 0)
+        if any(other not in grid for other in coeffs):
+            return None
+        if a == 0:
+            continue  # bounds no stream index: keep every chunk
+        # a·i + Σ b·g + const >= 0: a < 0 gives i <= (Σ b·g + const) / -a; a > 0 gives
+        # i >= (-Σ b·g - const) / a
+        sign = 1 if a < 0 else -1
+        out.append(Side(a < 0, abs(a), tuple((g, sign * b) for g, b in coeffs.items()), sign * const))
+    return tuple(out) or None
+
+
+def chunk_range(sides: Sides, offsets: Mapping[str, int], spans: Mapping[str, int], tile: int,
+                trips: int) -> tuple[int, int]:
+    """The chunks ``[lo, hi)`` of one program that can hold a true position, in integers.
+
+    ``offsets`` holds each grid axis' first index in the program, ``spans`` its block's last
+    index minus its first; ``hi <= lo`` means no chunk runs.  (The Pallas lowering emits the
+    same arithmetic as code.)
+    """
+    lo, hi = 0, trips
+    for side in sides:
+        v = side.const + sum(c * (offsets[g] + (spans[g] if side.top(c) else 0)) for g, c in side.coeffs)
+        if side.upper:
+            hi = min(hi, v // side.divisor // tile + 1)
+        else:
+            lo = max(lo, -(-v // side.divisor) // tile)
+    return lo, hi
+
+
+@dataclass(frozen=True)
+class GroupAxis:
+    """A grid axis as the cost model sees it: blocks of ``tile`` indices, ``trips`` of them."""
+
+    tile: Expr
+    trips: Expr
+
+
+def chunk_count(masks: tuple[Sides, ...], groups: Mapping[str, GroupAxis], tile: Expr,
+                trips: Expr, caps: Mapping[sympy.Symbol, Expr] | None = None) -> Expr | None:
+    """The number of (program, chunk) pairs that run, summed over the programs of the mask's
+    grid axis, as a closed form in the sizes and tiles; None where none is derived.
+
+    Exact when ``divisor·tile`` divides ``c·group tile`` for every side (for ``q >= x``: the
+    stream tile divides the group tile) and the trips are whole; otherwise each program's
+    bounds are rounded as if it did (within one chunk per side).  A closed form is derived
+    when every node has the same sides, at most one lower and one upper, over at most one
+    grid axis.  A program whose range is empty contributes nothing; the count is clipped to
+    ``[0, trips]`` per program, with ``Min``/``Max`` where sympy cannot decide the sign;
+    ``caps`` bounds tile symbols from above (a tile is at most its axis) for those decisions.
+    """
+    if any(m != masks[0] for m in masks):
+        return None
+    sides = masks[0]
+    axes = {g for side in sides for g, _ in side.coeffs}
+    lowers = [s for s in sides if not s.upper]
+    uppers = [s for s in sides if s.upper]
+    if len(axes) > 1 or len(lowers) > 1 or len(uppers) > 1:
+        return None
+    axis = next(iter(axes), None)
+    group = groups[axis] if axis is not None else GroupAxis(sympy.Integer(1), sympy.Integer(1))
+    p = sympy.Dummy("p", integer=True, nonnegative=True)
+    n = group.trips
+
+    def bound(side: Side, round_up: int) -> Expr:
+        """The side's chunk index as linear in the program index p (upper: one past the last)."""
+        c = dict(side.coeffs).get(axis, 0) if axis is not None else 0
+        top = 1 if c != 0 and side.top(c) else 0
+        step = c * group.tile / (side.divisor * tile)
+        rest = _floor_div(side.const - c * top + round_up, side.divisor, tile)
+        return step * (p + top) + rest
+
+    hi: Expr = bound(uppers[0], 0) + 1 if uppers else trips
+    lo: Expr = bound(lowers[0], lowers[0].divisor - 1) if lowers else sympy.Integer(0)
+    sign = _Signs(caps or {})
+    # with lo <= hi, max(0, min(trips, hi) - max(0, lo)) = clamp(hi) - clamp(lo), clamp to
+    # [0, trips]; Σ_p clamp(f) = Σ f - Σ (f - trips)^+ + Σ (-f)^+, ramps of linear functions
+    if uppers and lowers and not all(sign(sympy.expand(hi - lo).subs(p, at), 1) for at in (0, n - 1)):
+        return None  # some program's range may be empty: the difference of clamps is not the count
+    ramp = sign.ramp
+    clamp_hi = _sum(hi, p, n) - ramp(hi - trips, p, n) + ramp(-hi, p, n) if uppers else trips * n
+    clamp_lo = _sum(lo, p, n) - ramp(lo - trips, p, n) + ramp(-lo, p, n) if lowers else sympy.Integer(0)
+    return sympy.simplify(clamp_hi - clamp_lo)
+
+
+def _floor_div(num: int, divisor: int, tile: Expr) -> Expr:
+    """``floor(num / (divisor·tile))`` for an integer ``num`` and a tile >= 1, without a floor
+    where the tile's value does not change it."""
+    if 0 <= num < divisor:
+        return sympy.Integer(0)
+    if -divisor <= num < 0:
+        return sympy.Integer(-1)
+    if tile.is_number:
+        return sympy.Integer(math.floor(sympy.Rational(num, divisor) / tile))
+    return sympy.floor(sympy.Rational(num, divisor) / tile)
+
+
+def _sum(f: Expr, p: sympy.Symbol, n: Expr, start: Expr = sympy.Integer(0)) -> Expr:
+    """Σ_{p=start}^{n-1} f for f linear in p."""
+    slope = sympy.expand(f).coeff(p, 1)
+    offset = sympy.expand(f - slope * p)
+    return slope * (n * (n - 1) - start * (start - 1)) / 2 + offset * (n - start)
+
+
+class _Signs:
+    """Sign decisions for positive sizes and tiles, each capped tile at most its cap."""
+
+    def __init__(self, caps: Mapping[sympy.Symbol, Expr]) -> None:
+        # a capped tile t written cap / (1 + z) with z >= 0 ranges over (0, cap]
+        self.table = {t: cap / (1 + sympy.Dummy(f"z_{t}", nonnegative=True)) for t, cap in caps.items()}
+
+    def __call__(self, expr: Expr, sign: int) -> bool:
+        """Is ``expr`` provably >= 0 (sign 1) or <= 0 (sign -1)?"""
+        for value in (sympy.simplify(expr), sympy.simplify(sympy.sympify(expr).subs(self.table))):
+            if (value.is_nonnegative if sign > 0 else value.is_nonpositive):
+                return True
+        return False
+
+    def ramp(self, f: Expr, p: sympy.Symbol, n: Expr) -> Expr:
+        """Σ_{p=0}^{n-1} max(0, f) for f linear in p, with the crossing rounded to a whole p."""
+        slope = sympy.expand(f).coeff(p, 1)
+        offset = sympy.expand(f - slope * p)
+        first, last = offset, slope * (n - 1) + offset
+        if self(first, -1) and self(last, -1):
+            return sympy.Integer(0)
+        if self(first, 1) and self(last, 1):
+            return _sum(f, p, n)
+        if slope == 0:
+            return n * sympy.Max(0, offset)
+        if self(slope, 1):  # positive from p >= -offset / slope on
+            start = sympy.Min(n, sympy.Max(0, sympy.ceiling(-offset / slope)))
+            return _sum(f, p, n, start)
+        if self(slope, -1):  # positive below p = offset / -slope
+            return _sum(f, p, sympy.Min(n, sympy.Max(0, sympy.ceiling(offset / -slope))))
+        return sympy.Sum(sympy.Max(0, f), (p, 0, n - 1))
+
+
+def _conjuncts(pred: Pred) -> list[Affine] | None:
+    """Each conjunct as an affine form ``f`` meaning ``f >= 0`` (None: not recognised)."""
+    if isinstance(pred, Logic):
+        if pred.op != "and" or pred.right is None:
+            return None
+        first, rest = _conjuncts(pred.left), _conjuncts(pred.right)
+        return None if first is None or rest is None else first + rest
+    left, right = _affine(pred.left), _affine(pred.right)
+    if left is None or right is None:
+        return None
+    diff = _combine(left, right, -1)  # left - right
+    minus = _combine(({}, 0), diff, -1)  # right - left
+    by_op: dict[str, list[Affine]] = {
+        ">=": [diff], ">": [_shift(diff, -1)], "<=": [minus], "<": [_shift(minus, -1)], "==": [diff, minus]}
+    return by_op.get(pred.op)
+
+
+def _shift(form: Affine, by: int) -> Affine:
+    return dict(form[0]), form[1] + by
+
+
+def _combine(left: Affine, right: Affine, sign: int) -> Affine:
+    coeffs = dict(left[0])
+    for k, v in right[0].items():
+        coeffs[k] = coeffs.get(k, 0) + sign * v
+    return coeffs, left[1] + sign * right[1]
+
+
+def _affine(expr: IndexExpr) -> Affine | None:
+    """An integer index expression as coefficients and constant (None: not affine)."""
+    if isinstance(expr, Idx):
+        return {expr.axis: 1}, 0
+    if isinstance(expr, IInt):
+        return {}, expr.value
+    if not isinstance(expr, IBin):
+        return None
+    left, right = _affine(expr.left), _affine(expr.right)
+    if left is None or right is None:
+        return None
+    if expr.op in ("+", "-"):
+        return _combine(left, right, 1 if expr.op == "+" else -1)
+    if expr.op == "*" and (not left[0] or not right[0]):
+        scale, form = (left[1], right) if not left[0] else (right[1], left)
+        return {k: scale * v for k, v in form[0].items()}, scale * form[1]
+    return None

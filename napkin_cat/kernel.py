@@ -395,9 +395,9 @@ def group(thm: Theorem, step: Partition) -> Theorem:
     constraints = _nest(thm, step)
     for label, box in _boxes(thm.result):
         if (how := treatment(box, step.axis)) in ("consumes", "mixes"):
-            why = ("a consumed axis can only be streamed" if how == "consumes" else
-                   f"it moves `{step.axis}`'s positions onto `{' '.join(box.out)}`, so a tile of `{step.axis}` would "
-                   "give only part of them" if box.out else f"its outputs read every position along `{step.axis}`")
+            why = ("a consumed axis can only be streamed" if how == "consumes" else f"it moves the positions of "
+                   f"`{' '.join(box.target)}` onto `{' '.join(box.out)}`; grouping `{step.axis}` tiles one side only"
+                   if box.out else f"its outputs read every position along `{step.axis}`")
             raise KernelError("group", f"box {label} {how} axis `{step.axis}`; {why} (R3)", step.span)
     schedule = replace(thm.schedule, partitions=(*thm.schedule.partitions, step))
     return _extend(thm, step, ("group",), schedule=schedule, constraints=thm.constraints + constraints)

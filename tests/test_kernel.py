@@ -428,3 +428,16 @@ def test_kernel_stays_small() -> None:
     """The trusted core is one small file (architecture §6.5): under 500 lines."""
     source = Path(kernel.__file__).read_text(encoding="utf-8")
     assert len(source.splitlines()) < 500
+
+
+@pytest.mark.parametrize(("axis", "moved"), [("a", "`a` onto `ao ai`"), ("ao", "`a` onto `ao ai`"),
+                                             ("t", "`t` onto `u`"), ("u", "`t` onto `u`")])
+def test_grouping_through_a_box_that_moves_positions_names_both_sides(axis: str, moved: str) -> None:
+    """Either side of a split or rename: the message names where the positions come from and
+    go to (grouping the new axis was described as moving its positions onto itself)."""
+    module = loads("axis a, ao, ai, t, u\ndiagram f(X: [a], Y: [t]) -> [ao ai], [u] {\n"
+                   "  return split[a -> ao ai](X), rename[t -> u](Y)\n}\n")
+    with pytest.raises(KernelError) as info:
+        kernel.group(kernel.refl("t", module.diagram("f")), Partition("group", axis, 2))
+    assert f"mixes axis `{axis}`; it moves the positions of {moved}; grouping `{axis}` tiles one side only" \
+        in info.value.condition

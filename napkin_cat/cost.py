@@ -36,9 +36,13 @@ CONVENTION = (
     "of the schedule, per group. FLOPs: 2k per output element of a contraction over k elements "
     "(n·k for n operands), other boxes ops.OPS[op].flops per point of their iteration space; work "
     "repeated by groups that lack an axis is counted. Tiles are assumed to divide their axes unless "
-    "padded (then trips are rounded up). Masks are not modelled: every chunk of a stream is counted, "
-    "including those a where mask fills entirely, which Pallas kernels skip (about half of causal "
-    "attention's), so H and FLOPs bound a masked kernel's from above."
+    "padded (then trips are rounded up). Masked streams count the Pallas kernel: where a where mask "
+    "fills whole chunks of a stream with the accumulator's padding (an affine conjunction of the "
+    "streamed and grouped indices, napkin_cat/masks.py), the Pallas kernel skips them and the loads, "
+    "saves and FLOPs inside the stream count once per (group, chunk) pair that can hold a true "
+    "position (about half of causal attention's; exact when the chunk tile divides the group tile); "
+    "the plain-JAX target runs every chunk, so its H and FLOPs inside the stream are those of the "
+    "full trip counts."
 )
 
 

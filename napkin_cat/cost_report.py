@@ -88,6 +88,12 @@ def report(c: Cost, name: str) -> dict[str, Any]:
             f"a Pallas kernel runs {', '.join(woven)} one position per program; this costs the schedule as "
             f"proved, with {'them' if len(woven) > 1 else 'it'} whole in every group (add "
             + "; ".join(f"`group {a} by 1`" for a in woven) + " to the proof to cost that kernel)")}
+    loops = c.program.nest.loops
+    for index, runs, full in c.program.masked:
+        out["masked"] = {"axis": loops[index].axis, "runs": _s(runs), "of": _s(full), "note": (
+            f"a where mask fills whole {loops[index].axis}-chunks: {_s(runs)} of the {_s(full)} (group, chunk) "
+            "pairs can hold a true position, and the counts inside the stream are the Pallas kernel's, "
+            "which runs only those (the plain-JAX kernel runs all of them)")}
     ml = multilevel(c) if len(c.levels) > 2 else None
     if ml is not None:
         out["multilevel"] = {"levels": {k: _s(v.transfers) for k, v in ml[0].items()}, "time": _s(ml[1])}
@@ -152,6 +158,8 @@ def format_report(r: Mapping[str, Any]) -> str:
     lines.append(f"lower bound ({lb['kind']}; {lb['source']}): {lb.get('value', lb['expr'])}"
                  + (f";  H*/bound = {lb['ratio']}" if "ratio" in lb else ""))
     lines.append(f"compulsory traffic (M -> oo): {r['compulsory']}")
+    if "masked" in r:
+        lines.append(f"note: {r['masked']['note']}")
     if "pallas_grid" in r:
         lines.append(f"note: {r['pallas_grid']['note']}")
     if "multilevel" in r:

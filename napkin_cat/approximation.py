@@ -99,22 +99,30 @@ def _sizes(diagrams: Sequence[Diagram]) -> dict[str, int]:
 def _tie(declared: Mapping[str, int | None], ties: Sequence[tuple[str, Axes]], size: int) -> dict[str, int]:
     """Sizes with ``|whole| = Π |parts|`` for each tie where the symbolic axes allow it: a
     tie with one unknown axis fixes it (the product, or the quotient where it divides);
-    otherwise a symbolic axis that is a part (else any) gets ``size``."""
+    otherwise an unknown part of a tie whose whole is known gets the largest divisor of
+    what is left of it up to ``size``, else an unknown part (else any axis) gets ``size``."""
     sizes = {a: n for a, n in declared.items() if n is not None}
     free = [a for a, n in declared.items() if n is None]
     while unknown := [a for a in free if a not in sizes]:
+        open_: list[tuple[str, int]] = []  # (an unknown part, what is left of its known whole)
         for whole, parts in ties:
             known = math.prod(sizes[p] for p in parts if p in sizes)
             missing = [p for p in parts if p not in sizes]
             if whole not in sizes and not missing:
                 sizes[whole] = known
                 break
-            if whole in sizes and len(missing) == 1 and sizes[whole] % known == 0:
-                sizes[missing[0]] = sizes[whole] // known
-                break
+            if whole in sizes and missing and sizes[whole] % known == 0:
+                if len(missing) == 1:
+                    sizes[missing[0]] = sizes[whole] // known
+                    break
+                open_.append((missing[0], sizes[whole] // known))
         else:
-            parts_ = {p for _, parts in ties for p in parts}
-            sizes[next((a for a in unknown if a in parts_), unknown[0])] = size
+            if open_:
+                axis, left = open_[0]
+                sizes[axis] = max(k for k in range(1, min(left, size) + 1) if left % k == 0)
+            else:
+                parts_ = {p for _, parts in ties for p in parts}
+                sizes[next((a for a in unknown if a in parts_), unknown[0])] = size
     return sizes
 
 

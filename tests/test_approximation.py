@@ -99,16 +99,18 @@ def test_a_value_out_of_the_formats_range_is_an_infinite_error() -> None:
 
 
 def test_split_and_rename_axes_get_sizes_that_agree() -> None:
-    """A true claim through a split (and a rename onto a declared axis) is measured, not refused
-    by the evaluator: equal sizes for every symbolic axis break |a| = |ao|·|ai|."""
-    source = ("axis a, ao, ai, t\naxis d = 8\n"
-              "diagram attention(X: [a d], Y: [t]) -> [ao ai d], [d] {\n"
-              "  return split[a -> ao ai](X) * 2, rename[t -> d](Y)\n}\n")
-    module = loads(source + "theorem t: attention {\n  dtype X, Y as bf16 tol 0.01\n}\n")
+    """A true claim through a split (and a rename onto a declared axis, and a split of one) is
+    measured, not refused by the evaluator: equal sizes for every symbolic axis break
+    |a| = |ao|·|ai|, and no power of two splits 12."""
+    source = ("axis a, ao, ai, t, p, r\naxis d = 8\naxis e = 12\n"
+              "diagram attention(X: [a d], Y: [t], Z: [e]) -> [ao ai d], [d], [p r] {\n"
+              "  return split[a -> ao ai](X) * 2, rename[t -> d](Y), split[e -> p r](Z)\n}\n")
+    module = loads(source + "theorem t: attention {\n  dtype X, Y, Z as bf16 tol 0.01\n}\n")
     (result,) = check_module(module)
     assert result.theorem is not None, result.failure
     found = approximation.measure(result.theorem)
     assert found.sizes["a"] == found.sizes["ao"] * found.sizes["ai"] and found.sizes["t"] == 8
+    assert found.sizes["p"] * found.sizes["r"] == 12
     assert 0 < found.error <= 2.0**-8
 
 

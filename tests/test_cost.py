@@ -16,7 +16,7 @@ from napkin_cat import cli, hardware, proof
 from napkin_cat.bounds import diagram_bound, lower_bounds
 from napkin_cat.cost import cost, cost_of, timing
 from napkin_cat.elaborate import loads
-from napkin_cat.optimise import M_BYTES, M, continuous, multilevel, search
+from napkin_cat.optimise import M_BYTES, M, continuous, multilevel, piecewise, search
 from napkin_cat.terms import Partition, Quantise, Schedule
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -272,6 +272,11 @@ def test_every_theorem_in_proofs_has_a_cost_and_its_beta() -> None:
         assert r.theorem is not None, r.summary()
         co = cost(r.theorem)
         assert co.flops.free_symbols <= set(co.symbols().values())
+        if co.program.masked and piecewise(co.first.transfers):
+            # a masked stream clips where one symbolic size passes another: no Lagrange
+            # optimum until the sizes are given (here all equal)
+            assert continuous(co) is None, r.name
+            co = cost(r.theorem, sizes={a: 1 << 14 for a, s in co.sizes.items() if isinstance(s, sympy.Symbol)})
         opt = continuous(co)
         assert opt is not None, r.name
         assert opt.beta == BETA.get(r.name, opt.beta), (r.name, opt.transfers)

@@ -1,0 +1,176 @@
+"""The mask analysis shared by the Pallas lowering and the cost model: which stream chunks a
+where mask lets a program skip (``masks.stream_masks``/``chunk_range``), the closed-form count
+of (group, chunk) pairs that run (``masks.chunk_count``) against a brute-force count, and the
+cost model's use of it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import sympy
+
+from napkin_cat.cost import cost_of
+from napkin_cat.elaborate import loads
+from napkin_cat.loopnest import flatten
+from napkin_cat.masks import GroupAxis, chunk_count, chunk_range, stream_masks
+from napkin_cat.optimise import continuous
+from napkin_cat.terms import Partition, Schedule
+
+# every diagram masks the scores with -inf, the online softmax's padding for them, and
+# normalises and contracts them in one box (the softmax_contract rewrite's result)
+TEXT = """
+axis q, x, d = 8
+diagram causal(Q: [q d], K: [x d], V: [x d]) -> [q d] {
+  S = where[q x](q >= x, contract[d](Q, K), -inf)
+  return ncontract[x; exp, exp, id](S, V)
+}
+diagram window(Q: [q d], K: [x d], V: [x d]) -> [q d] {
+  S = where[q x](q >= x and q - x < 40, contract[d](Q, K), -inf)
+  return ncontract[x; exp, exp, id](S, V)
+}
+diagram scaled(Q: [q d], K: [x d], V: [x d]) -> [q d] {
+  S = where[q x](2 * q + 3 >= x, contract[d](Q, K), -inf)
+  return ncontract[x; exp, exp, id](S, V)
+}
+diagram prefix(Q: [q d], K: [x d], V: [x d]) -> [q d] {
+  S = where[q x](x < 50, contract[d](Q, K), -inf)
+  return ncontract[x; exp, exp, id](S, V)
+}
+diagram unequal(Q: [q d], K: [x d], V: [x d]) -> [q d] {
+  S = where[q x](q != x, contract[d](Q, K), -inf)
+  return ncontract[x; exp, exp, id](S, V)
+}
+diagram either(Q: [q d], K: [x d], V: [x d]) -> [q d] {
+  S = where[q x](q >= x or x < 4, contract[d](Q, K), -inf)
+  return ncontract[x; exp, exp, id](S, V)
+}
+diagram zero_fill(Q: [q d], K: [x d], V: [x d]) -> [q d] {
+  S = where[q x](q >= x, contract[d](Q, K), 0)
+  return ncontract[x; exp, exp, id](S, V)
+}
+diagram plain(Q: [q d], K: [x d], V: [x d]) -> [q d] {
+  return ncontract[x; exp, exp, id](contract[d](Q, K), V)
+}
+"""
+MODULE = loads(TEXT)
+PREDICATES = {  # the masks above as Python, for the brute force
+    "causal": lambda g, i: g >= i,
+    "window": lambda g, i: g >= i and g - i < 40,
+    "scaled": lambda g, i: 2 * g + 3 >= i,
+    "prefix": lambda g, i: i < 50,
+}
+STREAM = "x"
+PADS = {"online_softmax": (-math.inf, 0.0)}
+
+
+def masks_of(name: str) -> tuple | None:
+    flat = flatten(MODULE.diagram(name))
+    consumer = next(n.name for n in flat.nodes if getattr(n.expr, "op", None) == "ncontract")
+    return stream_masks(flat, STREAM, {consumer: PADS["online_softmax"]}, {"q"})
+
+
+def brute(name: str, q: int, x: int, gq: int, sx: int) -> int:
+    """(q-tile, x-chunk) pairs holding a position where the mask is true, over the padded
+    blocks (a ragged last tile's padded rows included, as the kernel's block holds them)."""
+    pred = PREDICATES[name]
+    return sum(any(pred(g, i) for g in range(p * gq, (p + 1) * gq) for i in range(c * sx, (c + 1) * sx))
+               for p in range(math.ceil(q / gq)) for c in range(math.ceil(x / sx)))
+
+
+def closed(name: str, q: int, x: int, gq: int, sx: int) -> int:
+    masks = masks_of(name)
+    assert masks is not None
+    n = chunk_count(masks, {"q": GroupAxis(sympy.Integer(gq), sympy.ceiling(sympy.Rational(q, gq)))},
+                    sympy.Integer(sx), sympy.ceiling(sympy.Rational(x, sx)))
+    assert n is not None
+    used = {g for sides in masks for side in sides for g, _ in side.coeffs}
+    return int(n) * (1 if used else math.ceil(q / gq))  # a mask of x alone: per program
+
+
+# sizes and tiles with the chunk tile dividing the group tile (the closed form's exactness
+# condition), divisible and ragged (padded trips), more queries than keys and fewer
+SIZES = [(256, 256, 64, 32), (256, 256, 32, 32), (512, 256, 64, 64), (100, 100, 32, 16),
+         (100, 300, 64, 16), (200, 70, 32, 8), (96, 200, 16, 16), (8, 256, 8, 8)]
+
+
+@pytest.mark.parametrize("name", sorted(PREDICATES))
+@pytest.mark.parametrize(("q", "x", "gq", "sx"), SIZES)
+def test_chunk_count_matches_brute_force(name: str, q: int, x: int, gq: int, sx: int) -> None:
+    assert closed(name, q, x, gq, sx) == brute(name, q, x, gq, sx)
+
+
+@pytest.mark.parametrize("name", sorted(PREDICATES))
+@pytest.mark.parametrize(("q", "x", "gq", "sx"), [(100, 100, 32, 16), (64, 200, 16, 64), (50, 90, 8, 32)])
+def test_chunk_range_per_program_is_exact(name: str, q: int, x: int, gq: int, sx: int) -> None:
+    """Per program, [lo, hi) is exactly the chunks holding a true position (any tiles: the
+    interval arithmetic is exact for one grid axis and these conjunctions)."""
+    masks = masks_of(name)
+    assert masks is not None and len(masks) == 1
+    pred, trips = PREDICATES[name], math.ceil(x / sx)
+    for p in range(math.ceil(q / gq)):
+        lo, hi = chunk_range(masks[0], {"q": p * gq}, {"q": gq - 1}, sx, trips)
+        runs = [c for c in range(trips)
+                if any(pred(g, i) for g in range(p * gq, (p + 1) * gq) for i in range(c * sx, (c + 1) * sx))]
+        assert list(range(max(lo, 0), max(hi, lo, 0))) == runs, (p, lo, hi)
+
+
+def test_chunk_count_closed_form_for_causal() -> None:
+    """With gq = k·sx and q = x: (x/sx)(q/gq + 1)/2 pairs, symbolic in the tiles."""
+    gq, sx = sympy.symbols("gq sx", positive=True)
+    masks = masks_of("causal")
+    assert masks is not None
+    n = chunk_count(masks, {"q": GroupAxis(gq, 4096 / gq)}, sx, 4096 / sx, {gq: sympy.Integer(4096)})
+    assert n is not None and sympy.simplify(n - sympy.Rational(4096) / sx * (4096 / gq + 1) / 2) == 0
+
+
+@pytest.mark.parametrize("name", ["unequal", "either", "zero_fill", "plain"])
+def test_unrecognised_masks_keep_every_chunk(name: str) -> None:
+    """!=, a disjunction, a fill that is not the padding, or no mask: no skip, full count."""
+    assert masks_of(name) is None
+    c = cost_of(MODULE.diagram(name), flash(), sizes={"q": 256, "x": 256})
+    assert c.program.masked == ()
+    full = cost_of(MODULE.diagram("plain"), flash(), sizes={"q": 256, "x": 256})
+    assert sympy.simplify(c.first.transfers - full.first.transfers) == 0
+
+
+def flash(pad: bool = False) -> Schedule:
+    return Schedule((Partition("group", "q", "gq", pad=pad), Partition("stream", "x", "sx", via="online_softmax", pad=pad)))
+
+
+def test_causal_cost_is_about_half_at_large_sizes() -> None:
+    sizes = {"q": 1 << 16, "x": 1 << 16}
+    tiles = {"gq": 128, "sx": 64}
+    causal = cost_of(MODULE.diagram("causal"), flash(), sizes=sizes)
+    plain = cost_of(MODULE.diagram("plain"), flash(), sizes=sizes)
+    assert len(causal.program.masked) == 1
+    for expr in ("flops", "transfers"):
+        ours = causal.flops if expr == "flops" else causal.first.transfers
+        theirs = plain.flops if expr == "flops" else plain.first.transfers
+        ratio = float(causal.at(ours, tiles) / plain.at(theirs, tiles))
+        assert 0.5 <= ratio < 0.52, (expr, ratio)
+    # memory is per group and unchanged; the continuous optimum still has a closed form
+    assert sympy.simplify(causal.first.memory - plain.first.memory) == 0
+    opt = continuous(causal)
+    assert opt is not None and opt.beta == 1
+
+
+def test_cost_counts_the_kernels_chunks_ragged() -> None:
+    """A padded schedule at ragged sizes: the K and V loads inside the stream are the
+    brute-force pair count times a chunk of each (the Q load and O save outside it are not)."""
+    q, x, gq, sx = 100, 100, 32, 16
+    c = cost_of(MODULE.diagram("window"), flash(pad=True), sizes={"q": q, "x": x})
+    pairs = brute("window", q, x, gq, sx)
+    outside = 2 * math.ceil(q / gq) * gq * 8  # Q loaded and O saved once per query tile
+    assert c.at(c.first.transfers, {"gq": gq, "sx": sx}) == outside + pairs * 2 * sx * 8
+
+
+def test_symbolic_sizes_give_a_piecewise_count_and_no_optimum() -> None:
+    """q and x symbolic: where causal clips depends on q vs x (Min), so no Lagrange optimum."""
+    c = cost_of(MODULE.diagram("causal"), flash())
+    assert c.first.transfers.has(sympy.Min)
+    assert continuous(c) is None
+    qq, xx = c.sizes["q"], c.sizes["x"]
+    equal = c.at(c.first.transfers, {"q": 4096, "x": 4096, "gq": 64, "sx": 64})
+    assert equal == 2 * 4096 * 8 + 2 * 64 * 8 * brute("causal", 4096, 4096, 64, 64)
+    assert {qq, xx} <= c.first.transfers.free_symbols

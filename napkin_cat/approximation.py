@@ -33,10 +33,16 @@ from napkin_cat.evaluate import Named, visitor
 from napkin_cat.kernel import Theorem
 from napkin_cat.terms import Apply, Axes, Box, Diagram, Expr, Var, run_diagram, union_axes, walk
 
-__all__ = ["MAX_POINTS", "Measurement", "measure", "rounding"]
+__all__ = ["MAX_MEASURED", "MAX_POINTS", "Measurement", "Unmeasurable", "measure", "rounding"]
 
 #: the largest iteration space (points) of one box at the measured sizes
 MAX_POINTS = 1 << 21
+#: past this many points in one box even at the smallest sizes, the claim is not measured (``Unmeasurable``)
+MAX_MEASURED = 1 << 26
+
+
+class Unmeasurable(Exception):
+    """Declared sizes too large to evaluate: no measurement, so the claim is not vouched for."""
 
 
 def _tf32(x: np.ndarray) -> np.ndarray:
@@ -93,6 +99,10 @@ def _sizes(diagrams: Sequence[Diagram]) -> dict[str, int]:
         sizes = _tie(declared, ties, size)
         if all(math.prod(sizes[a] for a in space) <= MAX_POINTS for space in spaces):
             return sizes
+    largest = max(spaces, key=lambda space: math.prod(sizes[a] for a in space))
+    if (points := math.prod(sizes[a] for a in largest)) > MAX_MEASURED:
+        raise Unmeasurable(f"the declared sizes give {points:.3g} points over [{' '.join(largest)}] even with every "
+                           f"symbolic axis at 2, past the {MAX_MEASURED:.3g} that a measurement evaluates")
     return sizes
 
 
@@ -162,7 +172,8 @@ def _run(diagram: Diagram, inputs: list[Named], sizes: dict[str, int],
 
 
 def measure(thm: Theorem, seed: int = 0) -> Measurement:
-    """The error of ``thm.result`` with its quantised arrays rounded, against ``thm.source``."""
+    """The error of ``thm.result`` with its quantised arrays rounded, against ``thm.source``;
+    raises ``Unmeasurable`` where the declared sizes are too large to evaluate."""
     sizes = _sizes((thm.source, thm.result))
     inputs = _inputs(thm.result, sizes, np.random.default_rng(seed))
     rounded = {name: rounding(q.dtype) for q in thm.approximations for name in q.names}

@@ -130,7 +130,12 @@ def check_theorem(module: Module, decl: TheoremDecl, lemmas: dict[str, LemmaDecl
 
 def _tolerance(thm: kernel.Theorem, step: Quantise) -> str:
     """A dtype step's ``tol`` against the error its roundings (and earlier ones) cause."""
-    found = approximation.measure(thm)
+    try:
+        found = approximation.measure(thm)
+    except approximation.Unmeasurable as exc:
+        raise NapkinError(error("proof.refused", step.span, "declare smaller sizes (the claim is measured on one "
+                                "set of sizes)", rule="dtype", reason=f"the tolerance cannot be measured: {exc}")) \
+            from None
     if found.error > step.tol:
         raise NapkinError(error("proof.refused", step.span, "declare a tolerance at least the measured error, or "
                                 "keep fewer arrays in the narrow format", rule="dtype",

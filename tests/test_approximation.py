@@ -123,3 +123,12 @@ def test_labels_read_by_onehot_are_drawn_as_positions() -> None:
     exact, fp8 = check_module(module)
     assert exact.theorem is not None and approximation.measure(exact.theorem).error == 0.0
     assert fp8.failure is not None and "below the error the rounding causes" in fp8.failure.message
+
+
+def test_sizes_too_large_to_evaluate_refuse_the_step_with_a_reason() -> None:
+    """2^15 x 2^15 declared is 2^30 points (8 GiB in float64): not measured, so not vouched for."""
+    source = "axis n = 32768\naxis m = 32768\ndiagram attention(A: [n], B: [m]) -> [] {\n  return sum[n m](A * B)\n}\n"
+    (result,) = check_module(loads(source + "theorem t: attention {\n  dtype A as bf16 tol 0.01\n}\n"))
+    assert result.failure is not None and result.step == 1 and result.failure.span is not None
+    assert result.failure.message.startswith("dtype: the tolerance cannot be measured: the declared sizes give "
+                                             "1.07e+09 points over [n m]")

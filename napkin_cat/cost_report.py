@@ -59,7 +59,7 @@ def report(c: Cost, name: str) -> dict[str, Any]:
     if opt is None:
         out["optimum"] = None
         out["optimum_note"] = (
-            "no closed form: the masked stream's chunk count is piecewise in the sizes (Min/Max/floor: "
+            "no closed form: the masked stream's chunk count is piecewise in the sizes (Min/Max: "
             "where the mask clips depends on which size is larger); give every size with --size for the "
             "optimum at those sizes" if piecewise(c.first.transfers) else
             "no closed form: sympy could not solve the Lagrange conditions")

@@ -199,7 +199,7 @@ def _floor_div(num: int, divisor: int, tile: Expr) -> Expr:
     return sympy.floor(sympy.Rational(num, divisor) / tile)
 
 
-def _sum(f: Expr, p: sympy.Symbol, n: Expr, start: Expr = sympy.Integer(0)) -> Expr:
+def _sum(f: Expr, p: sympy.Symbol, n: Expr, start: Expr | int = 0) -> Expr:
     """Σ_{p=start}^{n-1} f for f linear in p."""
     slope = sympy.expand(f).coeff(p, 1)
     offset = sympy.expand(f - slope * p)

@@ -107,10 +107,10 @@ def continuous(c: Cost, level: str | None = None) -> Optimum | None:
 
 
 def piecewise(expr: Expr) -> bool:
-    """Does ``expr`` hold a ``Min``, ``Max`` or ``floor`` (a masked stream's chunk count where
-    sympy cannot tell which size is larger)?  The Lagrange conditions of such an H are not
-    solved: ``continuous`` returns None for it."""
-    return bool(sympy.sympify(expr).has(sympy.Min, sympy.Max, sympy.floor))
+    """Does ``expr`` hold a ``Min`` or ``Max`` (a masked stream's chunk count where sympy cannot
+    tell which size is larger)?  The Lagrange conditions of such an H are not solved:
+    ``continuous`` returns None for it."""
+    return bool(sympy.sympify(expr).has(sympy.Min, sympy.Max))
 
 
 def _within_always(column: Expr) -> bool:
@@ -127,9 +127,10 @@ def _within_eventually(column: Expr) -> bool:
 
 
 def _relaxed(expr: Expr) -> Expr:
-    """``expr`` with every ``ceiling(a)`` replaced by ``a``: a padded schedule's trip counts
-    ceil(size / tile) relaxed to real tiles, as the unpadded schedule's (tiles are real here)."""
-    return expr.replace(sympy.ceiling, lambda arg: arg)
+    """``expr`` with every ``ceiling(a)`` and ``floor(a)`` replaced by ``a``: a padded schedule's
+    trip counts ceil(size / tile), and a masked stream's chunk bounds, relaxed to real tiles, as
+    the unpadded schedule's (tiles are real here)."""
+    return expr.replace(sympy.ceiling, lambda arg: arg).replace(sympy.floor, lambda arg: arg)
 
 
 def _lagrange(transfers: Expr, memory: Expr, free: list[sympy.Symbol]) -> tuple[dict[sympy.Symbol, Expr], Expr] | None:

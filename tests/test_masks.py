@@ -135,7 +135,8 @@ def test_unrecognised_masks_keep_every_chunk(name: str) -> None:
 
 
 def flash(pad: bool = False) -> Schedule:
-    return Schedule((Partition("group", "q", "gq", pad=pad), Partition("stream", "x", "sx", via="online_softmax", pad=pad)))
+    return Schedule((Partition("group", "q", "gq", pad=pad),
+                     Partition("stream", "x", "sx", via="online_softmax", pad=pad)))
 
 
 def test_causal_cost_is_about_half_at_large_sizes() -> None:
@@ -174,3 +175,15 @@ def test_symbolic_sizes_give_a_piecewise_count_and_no_optimum() -> None:
     equal = c.at(c.first.transfers, {"q": 4096, "x": 4096, "gq": 64, "sx": 64})
     assert equal == 2 * 4096 * 8 + 2 * 64 * 8 * brute("causal", 4096, 4096, 64, 64)
     assert {qq, xx} <= c.first.transfers.free_symbols
+
+
+@pytest.mark.parametrize("name", ["causal", "window"])
+def test_symbolic_count_at_numbers_is_the_brute_force(name: str) -> None:
+    """The count with symbolic sizes and tiles (clips kept as Min/Max/floor) substituted."""
+    masks = masks_of(name)
+    assert masks is not None
+    qq, xx, gq, sx = sympy.symbols("q x gq sx", positive=True)
+    n = chunk_count(masks, {"q": GroupAxis(gq, qq / gq)}, sx, xx / sx, {gq: qq, sx: xx})
+    assert n is not None
+    for q, x, g, s in [(256, 256, 64, 32), (512, 256, 64, 64), (96, 320, 32, 16)]:
+        assert n.subs({qq: q, xx: x, gq: g, sx: s}) == brute(name, q, x, g, s), (q, x, g, s)

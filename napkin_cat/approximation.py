@@ -31,7 +31,7 @@ import numpy as np
 
 from napkin_cat.evaluate import Named, visitor
 from napkin_cat.kernel import Theorem
-from napkin_cat.terms import Apply, Axes, Box, Diagram, Expr, Var, run_diagram, union_axes, walk
+from napkin_cat.terms import Apply, Axes, Box, Diagram, Expr, Var, boxes, run_diagram, union_axes, walk
 
 __all__ = ["MAX_MEASURED", "MAX_POINTS", "Measurement", "Unmeasurable", "measure", "rounding"]
 
@@ -149,9 +149,21 @@ def _nodes(diagram: Diagram) -> list[Box]:
 
 
 def _inputs(diagram: Diagram, sizes: Mapping[str, int], rng: np.random.Generator) -> list[Named]:
-    """Seeded standard-normal inputs; an input read by ``onehot[v]`` holds labels in [0, |v|)."""
-    labels = {arg.name: node.target[0] for node in _nodes(diagram) if node.op == "onehot"
-              for arg in node.args if isinstance(arg, Var)}
+    """Seeded standard-normal inputs; an input that a ``onehot[v]`` operand is computed from
+    (through bindings too) holds labels in [0, |v|)."""
+    defs = {let.names[0]: let.expr for let in diagram.body if len(let.names) == 1}
+    labels: dict[str, str] = {}
+    todo = [(arg, node.target[0]) for _, node in boxes(diagram) if isinstance(node, Box) and node.op == "onehot"
+            for arg in node.args]  # the theorem's result is unfolded: no calls
+    seen: set[str] = set()
+    while todo:
+        expr, axis = todo.pop()
+        for var in (n for n in walk(expr) if isinstance(n, Var) and n.name not in seen):
+            seen.add(var.name)
+            if var.name in defs:
+                todo.append((defs[var.name], axis))
+            else:
+                labels[var.name] = axis
     return [Named(p.axes, rng.integers(0, sizes[labels[p.name]], [sizes[a] for a in p.axes]).astype(float)
                   if p.name in labels else rng.standard_normal([sizes[a] for a in p.axes])) for p in diagram.inputs]
 

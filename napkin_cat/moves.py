@@ -63,7 +63,7 @@ class _Matcher:
             self.through.append(actual.name)
             return self.expr(pattern, self.defs[actual.name])
         if isinstance(pattern, Const):
-            return isinstance(actual, Const) and pattern.value == actual.value
+            return isinstance(actual, Const) and repr(pattern.value) == repr(actual.value)  # as the kernel: -0.0 ≠ 0.0
         if isinstance(pattern, Size):
             return isinstance(actual, Size) and self.axis(pattern.axis, actual.axis)
         return (isinstance(pattern, Box) and isinstance(actual, Box) and pattern.op == actual.op

@@ -31,6 +31,18 @@ def test_a_match_in_the_returned_expression_is_proposed_at_return() -> None:
     assert moves.stream_axes(thm.result) == ("x",)
 
 
+def test_a_constant_is_matched_as_the_kernel_matches_it() -> None:
+    """-0.0 and 0.0 are different constants to the kernel (their products differ in sign), so
+    a lemma about one is not proposed on the other: every proposal is one the kernel accepts."""
+    module = loads("axis i\nlemma times_zero(A: [i]) : sum[i](A * 0.0) = sum[i](A - A)\n"
+                   "diagram f(X: [i]) -> [], [] {\n  Y = sum[i](X * -0.0)\n  Z = sum[i](X * 0.0)\n  return Y, Z\n}\n")
+    lemma = rules.lemmas_in_scope(module)["times_zero"]
+    found = moves.proposals(module.diagram("f"), {"times_zero": lemma})
+    assert found == [Rewrite("times_zero", ("Z",))]
+    thm = kernel.refl("t", module.diagram("f"))
+    assert kernel.rewrite(thm, lemma, found[0], {"times_zero": "test"}).result != thm.result
+
+
 def test_axis_roles_give_group_and_stream_candidates() -> None:
     module = load(EXAMPLES / "attention.ncd")
     attention = module.diagram("attention")

@@ -50,6 +50,18 @@ def test_summary_lines() -> None:
     assert bad.counterexample and "tile by tile" in bad.counterexample
 
 
+def test_no_counterexample_for_an_axis_no_input_carries() -> None:
+    """Tiles are simulated by slicing inputs: grouping an absent axis, or one an index box
+    makes (each 'tile' then starts at position 0), claimed the untouched diagram summed over
+    two tiles as a counterexample."""
+    (absent,) = check_file(UNSOUND / "axis_not_in_diagram.ncd")
+    assert absent.step == 1 and absent.counterexample is None
+    module = loads("axis q, v\ndiagram f(L: [q]) -> [q] {\n  return sum[v](L + index[v](v))\n}\n"
+                   "theorem t: f {\n  group v by 2\n}\n")
+    (made,) = check_module(module)
+    assert made.failure is not None and made.counterexample is None
+
+
 def test_refusal_carries_location() -> None:
     (bad,) = check_file(UNSOUND / "group_consumed_head_dim.ncd")
     assert bad.failure is not None and bad.failure.span is not None

@@ -54,6 +54,7 @@ from napkin_cat.certify_reach import UNBOUNDED, reach, scale, unfolded
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.evaluate import FLOAT64, SYMBOLIC, Algebra, Named, evaluate_named
 from napkin_cat.kernel import typed_box
+from napkin_cat.rules import validate
 from napkin_cat.terms import Axis, Box, Diagram, Expr, LemmaDecl, Param, Var, walk
 
 __all__ = ["LEVELS", "Certificate", "accumulator", "certify_accumulator", "certify_lemma", "lemma_side",
@@ -97,7 +98,8 @@ def certify_lemma(lemma: LemmaDecl, level: str = "quick") -> Certificate:
     zeros); its float64 tier draws integer-valued inputs in every other case, so both
     branches of the box are exercised.
     A lemma whose sides sympy cannot evaluate (``max(X, recip(0))``: complex infinity is
-    not comparable) is refused.
+    not comparable) is refused, and so is one that ``rules.validate`` refuses (sides of
+    different types cannot be compared).
     """
     try:
         return _certify_lemma(lemma, level)
@@ -106,6 +108,8 @@ def certify_lemma(lemma: LemmaDecl, level: str = "quick") -> Certificate:
 
 
 def _certify_lemma(lemma: LemmaDecl, level: str) -> Certificate:
+    if problems := validate(lemma):  # a malformed lemma (sides of different types) cannot be evaluated side by side
+        return Certificate(False, "invalid", "; ".join(p.message for p in problems))
     bound, cases = LEVELS[level]
     swept = reach(lemma)
     if swept == UNBOUNDED:

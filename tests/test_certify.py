@@ -168,6 +168,15 @@ def test_lemmas_sympy_cannot_read_are_refused_not_crashed(term: str) -> None:
     assert not cert.ok and cert.counterexample, cert
 
 
+def test_a_lemma_with_sides_of_different_types_is_refused_not_crashed() -> None:
+    """certify_lemma on its own (``rules.validate`` is not run before it): the sides [y] and []
+    cannot be compared entry by entry (an AssertionError in the exact tier)."""
+    lemma = loads("axis x, y\nlemma l(A: [x], L: []) : onehot[y](L) * sum[x](A) = sum[x](A)").lemmas[0]
+    cert = certify.certify_lemma(lemma)
+    assert not cert.ok and cert.how == "invalid"
+    assert cert.counterexample is not None and "the sides have different types [y] and []" in cert.counterexample
+
+
 def test_lemmas_calling_diagrams_are_swept_through_the_callee() -> None:
     """A size passed to a diagram counts toward the reach (``g(x)`` hid (x-1)..(x-6) from a
     sweep to 5), and a call inside a piecewise box's argument is read, not a crash."""

@@ -152,6 +152,8 @@ def chunk_count(masks: tuple[Sides, ...], groups: Mapping[str, GroupAxis], tile:
     grid axis.  A program whose range is empty contributes nothing; the count is clipped to
     ``[0, trips]`` per program, with ``Min``/``Max`` where sympy cannot decide the sign;
     ``caps`` bounds tile symbols from above (a tile is at most its axis) for those decisions.
+    A program's block is its group tile: a Pallas tile stored as a larger block
+    (``Layout.padded_tiles``) may run one more chunk per program than counted.
     """
     if any(m != masks[0] for m in masks):
         return None
@@ -162,6 +164,8 @@ def chunk_count(masks: tuple[Sides, ...], groups: Mapping[str, GroupAxis], tile:
     if len(axes) > 1 or len(lowers) > 1 or len(uppers) > 1:
         return None
     axis = next(iter(axes), None)
+    if axis is not None and axis not in groups:
+        raise ValueError(f"the mask bounds the stream by `{axis}`, which `groups` lacks ({', '.join(groups)})")
     group = groups[axis] if axis is not None else GroupAxis(sympy.Integer(1), sympy.Integer(1))
     p = sympy.Dummy("p", integer=True, nonnegative=True)
     n = group.trips

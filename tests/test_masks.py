@@ -187,3 +187,10 @@ def test_symbolic_count_at_numbers_is_the_brute_force(name: str) -> None:
     assert n is not None
     for q, x, g, s in [(256, 256, 64, 32), (512, 256, 64, 64), (96, 320, 32, 16)]:
         assert n.subs({qq: q, xx: x, gq: g, sx: s}) == brute(name, q, x, g, s), (q, x, g, s)
+
+
+def test_chunk_count_names_a_missing_grid_axis() -> None:
+    masks = masks_of("causal")
+    assert masks is not None
+    with pytest.raises(ValueError, match="`q`"):
+        chunk_count(masks, {}, sympy.Integer(16), sympy.Integer(4))

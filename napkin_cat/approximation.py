@@ -8,9 +8,10 @@ everything else exact) differs from the source diagram in float64 by at most
 ``tol · max|source output|`` in every output (entries where the source is not finite are
 left out; a non-finite result where the source is finite is an infinite error).
 
-An input that a ``onehot[v]`` box reads holds labels, drawn as integers in ``[0, |v|)``
-(a standard normal hits no position, so rounding the labels would measure 0 whatever it
-does to them).
+An input that a ``onehot[v]`` operand is computed from (directly or through bindings)
+holds labels, drawn as integers in ``[0, |v|)`` (a standard normal hits no position, so
+rounding the labels would measure 0 whatever it does to them).  Declared sizes too large
+to evaluate (``MAX_MEASURED``) raise ``Unmeasurable``: no measurement vouches for the claim.
 
 It is a measurement at one set of sizes, not a bound: every free symbolic axis gets the
 same size, 64 or less so that no box's iteration space passes ``MAX_POINTS`` (an axis that

@@ -34,6 +34,9 @@ def render(prog: Program, bytes_of: Mapping[str, int] | None = None) -> str:
             for inst in step.path:
                 if inst not in opened:
                     line = _loop_line(loops[inst[0]], prog.trips[inst[0]], prog.tiles[inst[0]])
+                    for index, runs, full in prog.masked:  # a mask cuts this stream short in the kernel
+                        if index == inst[0]:
+                            line += f"  [masked: {runs} of the {full} (group, chunk) pairs run]"
                     lines.append("  " * len(opened) + line)
                     opened.append(inst)
             indent = "  " * len(step.path)

@@ -74,6 +74,20 @@ def test_render_lists_loops_columns_and_totals() -> None:
     assert "memory M_smem" in text and "transfers H_smem" in text and "transfers in bytes" in text
 
 
+def test_a_masked_stream_says_how_many_chunks_run() -> None:
+    """Causal attention at q = x = 1024 with 128-row tiles and 64-key chunks: program i runs
+    key chunks 0..2i+1, so 2 + 4 + ... + 16 = 72 of the 8 x 16 = 128 pairs."""
+    causal = proof.theorem(ROOT / "proofs" / "flash_attention.ncd", "flash_attention_causal")
+    co = cost(causal, sizes={"q": 1024, "x": 1024})
+    ((index, runs, full),) = co.program.masked
+    assert co.program.nest.loops[index].axis == "x"
+    assert (runs.subs({gq: 128, sx: 64}), full.subs({gq: 128, sx: 64})) == (72, 128)
+    line = next(line for line in render(co.program, co.bytes_of).splitlines() if "x-chunk" in line)
+    assert line.endswith(f"via online_softmax:  [masked: {runs} of the {full} (group, chunk) pairs run]")
+    plain = cost(flash(), sizes={"q": 1024, "x": 1024})
+    assert "masked" not in render(plain.program, plain.bytes_of)
+
+
 def test_a_diagram_not_in_the_repo() -> None:
     # row normalisation with the feature axis streamed: X is read twice (the mean, then the
     # scaling after the stream), N and W once per token tile

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from napkin_cat.diagnostics import Diagnostic, NapkinError, error
 from napkin_cat.elaborate import load
-from napkin_cat.terms import Box, Expr, LemmaDecl, Module, Size, Var, walk
+from napkin_cat.terms import Apply, Box, Expr, LemmaDecl, Module, Size, Var, walk
 
 __all__ = ["LIBRARY_PATH", "lemmas_in_scope", "library", "validate"]
 
@@ -49,6 +49,10 @@ def validate(lemma: LemmaDecl) -> list[Diagnostic]:
     used = {a for p in lemma.params for a in p.axes} | _fixed_axes(lemma.rhs)
     for axis in sorted(used - fixed):
         problems.append(f"axis `{axis}` is not named by any box on the left side, so a match cannot fix it")
+    for side, expr in (("left", lemma.lhs), ("right", lemma.rhs)):
+        for called in dict.fromkeys(n.diagram.name for n in walk(expr) if isinstance(n, Apply)):
+            problems.append(f"the {side} side uses diagram `{called}` as a box; state lemmas on primitive boxes "
+                            "(a diagram's body is what its uses unfold to)")
     if set(lemma.lhs.axes) != set(lemma.rhs.axes):
         problems.append(f"the sides have different types [{' '.join(lemma.lhs.axes)}] and "
                         f"[{' '.join(lemma.rhs.axes)}]")

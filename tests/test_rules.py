@@ -22,9 +22,12 @@ def test_library_has_the_issue_lemmas() -> None:
     ("lemma b(A: [x]) : A = A", "the left side is a bare variable"),
     ("lemma c(A: [x y]) : exp(A) = exp(A)", "axis `x` is not named by any box on the left side"),
     ("lemma d(A: [x y]) : sum[x](A) = sum[x y](A)", "the sides have different types"),
+    ("lemma e(A: [x]) : sum[x](A) = total(A)", "the right side uses diagram `total` as a box"),
+    ("lemma f(A: [x]) : total(A) = sum[x](A)", "the left side uses diagram `total` as a box"),
 ])
 def test_validation_refuses_malformed_rules(text: str, reason: str) -> None:
-    lemma = loads("axis x, y\n" + text + "\n").lemmas[0]
+    callee = "diagram total(B: [x]) -> [] {\n  return sum[x](B)\n}\n"
+    lemma = loads("axis x, y\n" + callee + text + "\n").lemmas[0]
     problems = rules.validate(lemma)
     assert any(reason in p.message for p in problems), [p.message for p in problems]
     assert all(p.code == "proof.lemma_invalid" and p.span is not None for p in problems)

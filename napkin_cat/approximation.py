@@ -34,7 +34,7 @@ from napkin_cat.evaluate import Named, visitor
 from napkin_cat.kernel import Theorem
 from napkin_cat.terms import Apply, Axes, Box, Diagram, Expr, Var, boxes, run_diagram, union_axes, walk
 
-__all__ = ["MAX_MEASURED", "MAX_POINTS", "Measurement", "Unmeasurable", "measure", "rounding"]
+__all__ = ["MAX_MEASURED", "MAX_POINTS", "Measurement", "Unmeasurable", "label_inputs", "measure", "rounding"]
 
 #: the largest iteration space (points) of one box at the measured sizes
 MAX_POINTS = 1 << 21
@@ -152,6 +152,15 @@ def _nodes(diagram: Diagram) -> list[Box]:
 def _inputs(diagram: Diagram, sizes: Mapping[str, int], rng: np.random.Generator) -> list[Named]:
     """Seeded standard-normal inputs; an input that a ``onehot[v]`` operand is computed from
     (through bindings too) holds labels in [0, |v|)."""
+    labels = label_inputs(diagram)
+    return [Named(p.axes, rng.integers(0, sizes[labels[p.name]], [sizes[a] for a in p.axes]).astype(float)
+                  if p.name in labels else rng.standard_normal([sizes[a] for a in p.axes])) for p in diagram.inputs]
+
+
+def label_inputs(diagram: Diagram) -> dict[str, str]:
+    """The inputs a ``onehot[v]`` operand is computed from (directly or through bindings),
+    each with its ``v``: they hold positions along ``v``, and a standard-normal draw would hit
+    none (the first onehot found decides the axis).  ``diagram`` is unfolded: no calls."""
     defs = {let.names[0]: let.expr for let in diagram.body if len(let.names) == 1}
     labels: dict[str, str] = {}
     todo = [(arg, node.target[0]) for _, node in boxes(diagram) if isinstance(node, Box) and node.op == "onehot"
@@ -164,9 +173,8 @@ def _inputs(diagram: Diagram, sizes: Mapping[str, int], rng: np.random.Generator
             if var.name in defs:
                 todo.append((defs[var.name], axis))
             else:
-                labels[var.name] = axis
-    return [Named(p.axes, rng.integers(0, sizes[labels[p.name]], [sizes[a] for a in p.axes]).astype(float)
-                  if p.name in labels else rng.standard_normal([sizes[a] for a in p.axes])) for p in diagram.inputs]
+                labels.setdefault(var.name, axis)
+    return labels
 
 
 def _run(diagram: Diagram, inputs: list[Named], sizes: dict[str, int],

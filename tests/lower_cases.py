@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 
 from napkin_cat import loads
+from napkin_cat.approximation import label_inputs
 from napkin_cat.evaluate import evaluate
 from napkin_cat.proof import check_file, check_module
-from napkin_cat.terms import Box, Diagram, Var, walk
 
 ROOT = Path(__file__).resolve().parent.parent
 F32_TOL = 2e-5
@@ -108,17 +108,6 @@ def inputs(theorem: Any, seed: int, low: int = 17, high: int = 100) -> tuple[dic
         else:
             arrays.append(rng.standard_normal(shape))
     return sizes, arrays
-
-
-def label_inputs(diagram: Diagram) -> dict[str, str]:
-    """Inputs that flow straight into a ``onehot`` box (in a binding or the returned
-    expressions), with the box's axis: they hold integer positions, not normal floats."""
-    found: dict[str, str] = {}
-    for expr in (*(let.expr for let in diagram.body), *diagram.outputs):
-        for node in walk(expr):
-            if isinstance(node, Box) and node.op == "onehot":
-                found.update((arg.name, node.target[0]) for arg in node.args if isinstance(arg, Var))
-    return found
 
 
 def reference(theorem: Any, arrays: list[np.ndarray], sizes: dict[str, int]) -> tuple[np.ndarray, ...]:

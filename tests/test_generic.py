@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from napkin_cat import cost, draw, pseudo
+from napkin_cat.approximation import label_inputs
 from napkin_cat.evaluate import evaluate
 from napkin_cat.lower import lower
 from napkin_cat.optimise import search
@@ -56,7 +57,7 @@ def _case(name: str) -> tuple[Any, dict[str, int], list[np.ndarray], tuple[np.nd
     thm = THEOREMS[name]
     sizes = {a.name: a.size if a.size is not None else SIZES[a.name] for a in thm.result.axes}
     rng = np.random.default_rng(len(name))
-    labels = cases.label_inputs(thm.result)  # integer positions along the one-hot axis
+    labels = label_inputs(thm.result)  # integer positions along the one-hot axis
     arrays = [rng.integers(0, sizes[labels[p.name]], [sizes[a] for a in p.axes]).astype(np.float64)
               if p.name in labels else rng.standard_normal([sizes[a] for a in p.axes]) for p in thm.source.inputs]
     want = evaluate(thm.source, arrays, sizes=sizes)

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from napkin_cat import loads, ops
+from napkin_cat.approximation import label_inputs
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.evaluate import evaluate
 from napkin_cat.lower import lower, lower_schedule
@@ -60,7 +61,7 @@ def test_grad_matches_plain_jax(name: str) -> None:
     streamed = lower(thm, target="jax", tiles=cases.TILES).fn
     plain = lower_schedule(name, thm.source, Schedule(), target="jax").fn
     xs = [jnp.asarray(a, jnp.float32) for a in arrays]
-    labels = cases.label_inputs(thm.result)  # labels are data
+    labels = label_inputs(thm.result)  # labels are data
     differentiable = [i for i, p in enumerate(thm.result.inputs) if p.name not in labels]
 
     def loss(f: object, *args: jax.Array) -> jax.Array:

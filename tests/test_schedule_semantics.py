@@ -18,12 +18,13 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from napkin_cat import certify, derive, kernel
+from napkin_cat.approximation import label_inputs
 from napkin_cat.elaborate import loads
 from napkin_cat.evaluate import evaluate
 from napkin_cat.kernel import KernelError, Theorem
 from napkin_cat.proof import check_file, check_module, theorem
 from napkin_cat.schedule_eval import run_schedule
-from napkin_cat.terms import Box, Partition, Var, walk
+from napkin_cat.terms import Partition
 
 PROOFS = Path(__file__).resolve().parent.parent / "proofs"
 CASES = [(path, r.name) for path in sorted(PROOFS.glob("*.ncd")) for r in check_file(path)]
@@ -85,7 +86,7 @@ def test_schedule_interpreter_matches_evaluator(path: Path, name: str, data: st.
     seed = data.draw(st.integers(0, 2**16))
     rng = np.random.default_rng(seed)
     arrays = [rng.standard_normal([sizes[a] for a in p.axes]) for p in thm.source.inputs]
-    labels = _label_inputs(thm)  # inputs read by onehot[v] hold integer positions along v
+    labels = label_inputs(thm.result)  # inputs read by onehot[v] hold integer positions along v
     arrays = [rng.integers(0, sizes[labels[p.name]], size=a.shape).astype(float) if p.name in labels else a
               for p, a in zip(thm.source.inputs, arrays, strict=True)]
     source_axes = {a.name for a in thm.source.axes}
@@ -182,18 +183,6 @@ def test_ragged_padded_tiles() -> None:
     a, b = rng.standard_normal((50, 33)), rng.standard_normal((33, 64))
     (got,) = run_schedule(thm, [a, b])
     np.testing.assert_allclose(got, a @ b, rtol=1e-10)
-
-
-def _label_inputs(thm: Theorem) -> dict[str, str]:
-    """Inputs that flow straight into a ``onehot`` box, with the box's axis."""
-    found: dict[str, str] = {}
-    for expr in (*(let.expr for let in thm.result.body), *thm.result.outputs):  # a label may meet onehot in `return`
-        for node in walk(expr):
-            if isinstance(node, Box) and node.op == "onehot":
-                for arg in node.args:
-                    if isinstance(arg, Var):
-                        found[arg.name] = node.target[0]
-    return found
 
 
 def _copy(thm: Theorem) -> Theorem:

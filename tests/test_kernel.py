@@ -207,6 +207,17 @@ def test_rewrite_refuses_unbound_right_side() -> None:
         kernel.rewrite(thm, module.lemmas[0], Rewrite("bad", ("T",)), {"bad": "t"})
 
 
+def test_rewrite_refuses_a_right_side_that_calls_a_diagram() -> None:
+    """rules.validate refuses such a lemma when its file loads; the kernel refuses it on its own
+    too (σ would not reach the call's arguments: tests/unsound/user_lemma_calls_diagram.ncd)."""
+    module = loads("axis x\ndiagram g(B: [x]) -> [] {\n  return sum[x](B)\n}\n"
+                   "lemma L(B: [x]) : sum[x](B) = g(B)\n"
+                   "diagram f(B: [x], C: [x]) -> [] {\n  T = sum[x](C)\n  return T\n}\n")
+    thm = kernel.refl("t", module.diagram("f"))
+    with pytest.raises(KernelError, match=r"^instantiate: lemma `L` uses diagram `g` as a box"):
+        kernel.rewrite(thm, module.lemmas[0], Rewrite("L", ("T",)), {"L": "t"})
+
+
 def test_rewrite_matches_a_zero_constant_with_its_sign() -> None:
     """recip(-0.0) is -inf and recip(0.0) is +inf: a lemma's -0.0 does not match a 0.0."""
     module = loads("axis x\nlemma z(X: [x]) : max(max[x](X), recip(-0.0)) = max[x](X)\n"

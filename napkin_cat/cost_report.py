@@ -56,15 +56,21 @@ def report(c: Cost, name: str) -> dict[str, Any]:
     opt = continuous(c)
     bounds = lower_bounds(c.program.nest.flat, c.sizes, M)
     bound = diagram_bound(bounds)
-    if opt is None:
+    at = {M: sympy.nsimplify(capacity)} if numeric else {}
+    small = {k: float(v.subs(at)) for k, v in opt.tiles.items()} if opt is not None and numeric else {}
+    small = {k: v for k, v in small.items() if v < 1}
+    if opt is None or small:
         out["optimum"] = None
         out["optimum_note"] = (
+            "no tiles fit: at M = the capacity the Lagrange optimum has "
+            + ", ".join(f"{k} = {v:.6g}" for k, v in small.items())
+            + ", below one position (the live set that no tile of this level shrinks is larger than "
+            "the capacity; tile an axis of the arrays that stay whole, or stream it)" if small else
             "no closed form: the masked stream's chunk count is piecewise in the sizes (Min/Max: "
             "where the mask clips depends on which size is larger); give every size with --size for the "
             "optimum at those sizes" if piecewise(c.first.transfers) else
             "no closed form: sympy could not solve the Lagrange conditions")
     else:
-        at = {M: sympy.nsimplify(capacity)} if numeric else {}
         out["optimum"] = {
             "level": opt.level, "capacity_symbol": "M (values of the compute dtype)",
             "tiles": {k: _num(v.subs(at)) if numeric else _s(v) for k, v in opt.tiles.items()},

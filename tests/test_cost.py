@@ -508,3 +508,18 @@ def test_a_padded_axis_gets_a_power_of_two_tile_that_covers_it() -> None:
     rows = search(co, top=50).rows
     assert rows and all(t & (t - 1) == 0 for row in rows for t in row.tiles.values())
     assert {row.tiles["sk"] for row in rows} == {64} and 128 in {row.tiles["gj"] for row in rows}
+
+
+def test_an_optimum_below_one_position_is_no_optimum() -> None:
+    """Regression: a weight matrix that stays whole in every group (here [k j] with k = j = 512,
+    256 KiB in f16, over the 227 KiB of SMEM) left the Lagrange tile at M = capacity negative
+    (gi = -142.5), and the report printed it with an H* below the compulsory traffic."""
+    from napkin_cat.cost_report import format_report, report
+
+    sizes = {"i": 4096, "j": 512, "k": 512}
+    co = cost_of(MODULE.diagram("product"), grid(("group", "i", "gi", "smem")), sizes=sizes, dtype="f16")
+    assert continuous(co) is not None  # valid for M large: gi = (M - j*k) / (j + k)
+    data = report(co, "whole_weight")
+    assert data["optimum"] is None and "lower_bound" in data and "ratio" not in data["lower_bound"]
+    text = format_report(data)
+    assert "no tiles fit" in text and "gi = -" in text and "H*" not in text

@@ -1,16 +1,22 @@
 """Shared hypothesis strategies: draw a type, then values.
 
-- ``sizes_for`` / ``input_arrays``: sizes for a diagram's axes (declared sizes kept), then
+- ``sizes_for`` / ``input_arrays``: sizes for a diagram's axes (declared sizes kept, and the
+  sizes that its split/join/rename boxes tie together drawn to agree where they can), then
   float64 arrays for its inputs in declared order.
 - ``module_texts`` / ``modules``: random well-typed .ncd modules.  A module is drawn as
-  axes first, then diagrams whose expressions are built bottom-up from the types in scope
-  (every box, binary op, constant, where/index predicate, split/join/rename/transpose,
-  onehot and calls of earlier diagrams, woven over extra axes), then elaborated with
-  ``loads`` so the typing rules are the elaborator's own.
+  axes first, then diagrams, each a few let-bindings of one box each (any op of
+  ``napkin_cat.ops.OPS``, picked uniformly, or a call of an earlier diagram) over the arrays
+  already in scope, so later bindings share earlier ones; operands are occasionally nested
+  expressions, constants or axis sizes.  A later diagram often takes inputs shaped for an
+  earlier one with extra axes and calls it, woven over them; diagrams return one or two
+  outputs.  The text is elaborated with ``loads``, so the typing rules are the elaborator's
+  own.  Every choice shrinks towards the simplest (fewer bindings, the first op, no call),
+  so a failure shrinks to a small module.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,26 +27,78 @@ from hypothesis.extra import numpy as hnp
 
 from napkin_cat import ops
 from napkin_cat.elaborate import loads
-from napkin_cat.terms import Diagram, Module
+from napkin_cat.terms import Apply, Box, Diagram, Expr, Module, walk
 
 __all__ = ["SIZE_REFUSALS", "input_arrays", "module_texts", "modules", "sizes_for"]
 
 Draw = Callable[[st.SearchStrategy[Any]], Any]
 
 #: the only refusals evaluating a generated module may give, with every axis sized by ``sizes_for``:
-#: sizes drawn apart that a rename target or split parts must match
+#: declared sizes that a rename target or split parts cannot match
 SIZE_REFUSALS = frozenset({"eval.size", "type.split_sizes"})
 
 #: finite values of moderate magnitude: exp of them stays far from overflow
 FINITE = st.floats(-8.0, 8.0, allow_nan=False, allow_infinity=False)
 
 
+def _reshapes(diagram: Diagram) -> list[Box]:
+    """The split/join/rename boxes of a diagram and of the diagrams it calls, operands first."""
+    found: list[Box] = []
+
+    def visit(expr: Expr) -> None:
+        for node in reversed(list(walk(expr))):  # reversed pre-order: children before parents
+            if isinstance(node, Apply):
+                for inner in node.diagram.body:
+                    visit(inner.expr)
+                for out in node.diagram.outputs:
+                    visit(out)
+            elif isinstance(node, Box) and node.op in ("split", "join", "rename"):
+                found.append(node)
+
+    for let in diagram.body:
+        visit(let.expr)
+    for out in diagram.outputs:
+        visit(out)
+    return found
+
+
 def sizes_for(diagram: Diagram, min_size: int = 1, max_size: int = 4) -> st.SearchStrategy[dict[str, int]]:
-    """A size for every axis of the diagram: declared sizes as declared, symbolic ones drawn."""
+    """A size for every axis of the diagram: declared sizes as declared, symbolic ones drawn
+    from ``[min_size, max_size]``, except that a symbolic axis a reshape box ties to others
+    (the parts of a split, the result of a join, a rename's target) is drawn to agree with
+    them (a split's parts as divisors of the whole).  Declared sizes can still disagree."""
     free = [a.name for a in diagram.axes if a.size is None]
     fixed = {a.name: a.size for a in diagram.axes if a.size is not None}
-    drawn = st.fixed_dictionaries({name: st.integers(min_size, max_size) for name in free})
-    return drawn.map(lambda d: {**fixed, **d})  # type: ignore[dict-item]
+    reshapes = _reshapes(diagram)
+
+    @st.composite
+    def draw_sizes(draw: Draw) -> dict[str, int]:
+        sizes: dict[str, int] = dict(fixed)  # type: ignore[arg-type]
+
+        def get(axis: str) -> int:
+            if axis not in sizes:
+                sizes[axis] = draw(st.integers(min_size, max_size))
+            return sizes[axis]
+
+        for box in reshapes:
+            if box.op == "rename":
+                get(box.out[0]) if box.out[0] in sizes else sizes.setdefault(box.out[0], get(box.target[0]))
+                continue
+            total = math.prod(get(a) for a in box.target)
+            unknown = [a for a in box.out if a not in sizes]
+            known = math.prod(sizes[a] for a in box.out if a in sizes)
+            if not unknown or known == 0 or total % known:
+                continue
+            rest = total // known
+            for axis in unknown[:-1]:
+                part = draw(st.sampled_from([k for k in range(1, rest + 1) if rest % k == 0]))
+                sizes[axis], rest = part, rest // part
+            sizes[unknown[-1]] = rest
+        for axis in free:
+            get(axis)
+        return sizes
+
+    return draw_sizes()
 
 
 def input_arrays(
@@ -65,13 +123,15 @@ def input_arrays(
 _AXIS_POOL = ("a", "b", "c", "e", "f")
 _PARTS = ("p0", "p1")  # symbolic axes that split/join use, so sizes never clash
 _BATCH = "w"  # an axis only some inputs carry and boxes never name: diagram calls weave it
-_UNARY = sorted(ops.UNARY)
-_REDUCE = sorted(n for n, i in ops.OPS.items() if i.kind == "reduce")
-_NORMALISE = sorted(n for n, i in ops.OPS.items() if i.kind == "normalise")
 _A_PARAMS = sorted(set(ops.UNARY) | {"id"})
 _CMP = (">=", "<=", "==", "!=", ">", "<")
-_KINDS = ("unary", "neg", "binary", "reduce", "normalise", "contract", "ncontract", "where", "index",
-          "onehot", "split", "join", "rename", "transpose", "call")
+_BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/", "maximum": "max", "minimum": "min"}
+#: what a box is drawn as: every op of the catalogue, equally likely, or (twice as likely) a call of an
+#: earlier diagram
+_CHOICES = (*sorted(ops.OPS), "call", "call")
+_CONSTANTS = ("0.5", "inf", "(-inf)", "1e-05", "(-2)", "0.0")
+
+Typed = tuple[str, tuple[str, ...]]  # source text and its axes (as a set, in some order)
 
 
 @dataclass
@@ -81,6 +141,11 @@ class _Scope:
     sizes: dict[str, int | None]
     env: dict[str, tuple[str, ...]] = field(default_factory=dict)
     diagrams: list[Diagram] = field(default_factory=list)
+
+    @property
+    def nameable(self) -> tuple[str, ...]:
+        """The axes a box may name: all but the batch axis, which only calls weave."""
+        return tuple(sorted(a for a in self.sizes if a != _BATCH))
 
 
 def _subset(draw: Draw, axes: tuple[str, ...] | list[str], min_size: int = 0, max_size: int = 6) -> tuple[str, ...]:
@@ -115,104 +180,140 @@ def _predicate(draw: Draw, axes: tuple[str, ...], depth: int) -> str:
     return f"({_predicate(draw, axes, depth - 1)} {op} {_predicate(draw, axes, depth - 1)})"
 
 
-def _leaf(draw: Draw, scope: _Scope) -> tuple[str, tuple[str, ...]]:
-    choice = draw(st.integers(0, 4))
-    if choice <= 1 and scope.env:
-        name = draw(st.sampled_from(sorted(scope.env)))
-        return name, scope.env[name]
-    if choice == 2:
-        return draw(st.sampled_from(sorted(scope.sizes))), ()  # an axis size as a scalar
-    if choice == 3:
-        return draw(st.sampled_from(("inf", "(-inf)", "0.5", "1e-05", "(-2)"))), ()
+def _scalar(draw: Draw, scope: _Scope) -> Typed:
+    """A constant or an axis size used as a scalar."""
+    choice = draw(st.integers(0, 2))
+    if choice == 0:
+        return draw(st.sampled_from(_CONSTANTS)), ()
+    if choice == 1:
+        return draw(st.sampled_from(sorted(scope.sizes))), ()
     value = draw(st.floats(0.0, 1e6, allow_nan=False) | st.integers(0, 100).map(float))
     return repr(value), ()
 
 
-def _expr(draw: Draw, scope: _Scope, depth: int) -> tuple[str, tuple[str, ...]]:
-    """Source text of a well-typed expression and its axes (as a set, in some order)."""
-    if depth == 0:
-        return _leaf(draw, scope)
-    kind = draw(st.sampled_from(_KINDS))
-    sub = depth - 1
-    axes_all = tuple(sorted(a for a in scope.sizes if a != _BATCH))
-    if kind in ("unary", "neg"):
-        text, axes = _expr(draw, scope, sub)
-        if kind == "neg":
+def _array(draw: Draw, scope: _Scope) -> Typed:
+    """A name in scope, the most recent bindings likeliest (so bindings share them), or a
+    scalar where nothing is in scope."""
+    if not scope.env:
+        return _scalar(draw, scope)
+    names = list(scope.env)
+    recent = names[-3:]
+    name = draw(st.sampled_from(recent[::-1]) if draw(st.booleans()) else st.sampled_from(names))
+    return name, scope.env[name]
+
+
+def _operand(draw: Draw, scope: _Scope, depth: int) -> Typed:
+    """An operand of a box: mostly an array in scope, sometimes a nested box (depth > 0) or a scalar."""
+    choice = draw(st.integers(0, 7))
+    if choice == 6 and depth > 0:
+        return _expr(draw, scope, depth - 1)
+    if choice == 7:
+        return _scalar(draw, scope)
+    return _array(draw, scope)
+
+
+def _with_axes(draw: Draw, scope: _Scope, depth: int) -> Typed:
+    """An operand with at least one axis a box may name, if the scope has one."""
+    first = _operand(draw, scope, depth)
+    if any(a != _BATCH for a in first[1]):
+        return first
+    carrying = [n for n, t in scope.env.items() if any(a != _BATCH for a in t)]
+    return (carrying[-1], scope.env[carrying[-1]]) if carrying else first
+
+
+def _expr(draw: Draw, scope: _Scope, depth: int) -> Typed:
+    """Source text of a well-typed expression: one box (any op, or a call) whose operands are
+    arrays in scope, scalars or, while ``depth`` lasts, nested expressions."""
+    return _box(draw, scope, draw(st.sampled_from(_CHOICES)), depth)
+
+
+def _box(draw: Draw, scope: _Scope, op: str, depth: int) -> Typed:
+    """A box of ``op`` over drawn operands; an op that no operand in scope fits (a join without
+    split parts, a rename with no axis of the same size free) gives a simpler box instead."""
+    nameable = scope.nameable
+    if op in ops.UNARY:
+        text, axes = _operand(draw, scope, depth)
+        if op == "neg":
             return draw(st.sampled_from((f"(-{text})", f"neg({text})"))), axes
-        return f"{draw(st.sampled_from(_UNARY))}({text})", axes
-    if kind == "binary":
-        (left, la), (right, ra) = _expr(draw, scope, sub), _expr(draw, scope, sub)
+        return f"{op}({text})", axes
+    if op in _BINARY:
+        (left, la), (right, ra) = _operand(draw, scope, depth), _operand(draw, scope, depth)
+        form = _BINARY[op]
         union = tuple(dict.fromkeys(la + ra))
-        form = draw(st.sampled_from(("+", "-", "*", "/", "max", "min")))
         return (f"{form}({left}, {right})" if form in ("max", "min") else f"({left} {form} {right})"), union
-    if kind in ("reduce", "normalise", "transpose", "rename", "split", "onehot"):
-        text, axes = _expr(draw, scope, sub)
-        if kind == "onehot":
-            free = [a for a in axes_all if a not in axes]
-            if not free:
-                return text, axes
-            v = draw(st.sampled_from(free))
-            return f"onehot[{v}]({text})", (*axes, v)
-        if not axes:
-            return text, axes
-        if kind == "transpose":
-            order = draw(st.permutations(axes))
-            return f"transpose[{' '.join(order)}]({text})", tuple(order)
-        if kind == "rename":
-            old = draw(st.sampled_from(axes))
-            fits = [a for a in axes_all if a not in axes
-                    and (None in (scope.sizes[a], scope.sizes[old]) or scope.sizes[a] == scope.sizes[old])]
-            if not fits:
-                return text, axes
-            new = draw(st.sampled_from(fits))
-            return f"rename[{old} -> {new}]({text})", tuple(new if a == old else a for a in axes)
-        if kind == "split":
-            old = draw(st.sampled_from(axes))
-            if any(p in axes for p in _PARTS) or old in _PARTS or _PARTS[0] not in scope.sizes:
-                return text, axes
-            split = f"split[{old} -> {' '.join(_PARTS)}]({text})"
-            if draw(st.booleans()):  # and back: the join's new axis is free again
-                return f"join[{' '.join(_PARTS)} -> {old}]({split})", axes
-            return split, tuple(a for a in axes if a != old) + _PARTS
-        target = _subset(draw, axes, min_size=1)
-        op = draw(st.sampled_from(_REDUCE if kind == "reduce" else _NORMALISE))
-        kept = tuple(a for a in axes if a not in target) if kind == "reduce" else axes
-        return f"{op}[{' '.join(target)}]({text})", kept
-    if kind == "join":
-        text, axes = _expr(draw, scope, sub)
-        free = [a for a in axes_all if a not in axes]
+    if op == "call":
+        call = _call(draw, scope, [d for d in scope.diagrams if len(d.out_types) == 1])
+        if call is None:
+            return _box(draw, scope, "exp", depth)
+        callee, text, woven = call
+        return text, woven + callee.out_types[0]
+    if op in ("where", "index"):
+        target = _subset(draw, nameable, min_size=1, max_size=2)
+        if op == "index":
+            return f"index[{' '.join(target)}]({_index_expr(draw, target, 2)})", target
+        (left, la) = _operand(draw, scope, depth)
+        (right, ra) = _operand(draw, scope, depth) if draw(st.booleans()) else ("(-inf)", ())
+        pred = _predicate(draw, target, 2)
+        return f"where[{' '.join(target)}]({pred}, {left}, {right})", tuple(dict.fromkeys(la + ra + target))
+    if op == "contract":
+        operands = [_operand(draw, scope, depth) for _ in range(draw(st.integers(1, 3)))]
+        union = tuple(dict.fromkeys(a for _, axes in operands for a in axes))
+        target = _subset(draw, [a for a in union if a != _BATCH])
+        args = ", ".join(t for t, _ in operands)
+        return f"contract[{' '.join(target)}]({args})", tuple(a for a in union if a not in target)
+    if op == "onehot":
+        text, axes = _operand(draw, scope, depth)
+        free = [a for a in nameable if a not in axes]
+        if not free:
+            return _box(draw, scope, "abs", depth)
+        v = draw(st.sampled_from(free))
+        return f"onehot[{v}]({text})", (*axes, v)
+    if op == "join":
+        parted = [n for n, t in scope.env.items() if all(p in t for p in _PARTS)]
+        if parted:
+            text = draw(st.sampled_from(parted))
+            axes = scope.env[text]
+        else:  # split, then join into another axis
+            text, axes = _box(draw, scope, "split", depth)
+        free = [a for a in nameable if a not in axes and a not in _PARTS]
         if not all(p in axes for p in _PARTS) or not free:
             return text, axes
         new = draw(st.sampled_from(free))
         return f"join[{' '.join(_PARTS)} -> {new}]({text})", (*tuple(a for a in axes if a not in _PARTS), new)
-    if kind == "contract":
-        operands = [_expr(draw, scope, sub) for _ in range(draw(st.integers(1, 3)))]
-        union = tuple(dict.fromkeys(a for _, axes in operands for a in axes))
-        target = _subset(draw, union)
-        args = ", ".join(t for t, _ in operands)
-        return f"contract[{' '.join(target)}]({args})", tuple(a for a in union if a not in target)
-    if kind == "ncontract":
-        (s, sa), (v, va) = _expr(draw, scope, sub), _expr(draw, scope, sub)
-        if not sa:
-            return s, sa
-        target = _subset(draw, sa, min_size=1)
+    text, axes = _with_axes(draw, scope, depth)
+    named = tuple(a for a in axes if a != _BATCH)
+    if not named:
+        return text, axes  # nothing in scope has an axis to act on
+    if op == "transpose":
+        order = draw(st.permutations(axes))
+        return f"transpose[{' '.join(order)}]({text})", tuple(order)
+    if op == "rename":
+        old = draw(st.sampled_from(named))
+        fits = [a for a in nameable if a not in axes
+                and (None in (scope.sizes[a], scope.sizes[old]) or scope.sizes[a] == scope.sizes[old])]
+        if not fits:
+            return _box(draw, scope, "transpose", depth)
+        new = draw(st.sampled_from(fits))
+        return f"rename[{old} -> {new}]({text})", tuple(new if a == old else a for a in axes)
+    if op == "split":
+        candidates = [a for a in named if a not in _PARTS]
+        if any(p in axes for p in _PARTS) or not candidates:
+            return text, axes
+        old = draw(st.sampled_from(candidates))
+        return f"split[{old} -> {' '.join(_PARTS)}]({text})", tuple(a for a in axes if a != old) + _PARTS
+    if op == "ncontract":
+        (v, va) = _operand(draw, scope, depth)
+        target = _subset(draw, named, min_size=1)
         a1, a2 = draw(st.sampled_from(_A_PARAMS)), draw(st.sampled_from(_A_PARAMS))
         b = draw(st.sampled_from(sorted(ops.NORMALISERS)))
-        union = tuple(dict.fromkeys(sa + va))
-        return f"ncontract[{' '.join(target)}; {a1}, {a2}, {b}]({s}, {v})", tuple(a for a in union if a not in target)
-    if kind in ("where", "index"):
-        target = _subset(draw, axes_all, min_size=1, max_size=2)
-        if kind == "index":
-            return f"index[{' '.join(target)}]({_index_expr(draw, target, 2)})", target
-        (left, la), (right, ra) = _expr(draw, scope, sub), _expr(draw, scope, sub)
-        pred = _predicate(draw, target, 2)
-        return f"where[{' '.join(target)}]({pred}, {left}, {right})", tuple(dict.fromkeys(la + ra + target))
-    assert kind == "call"
-    call = _call(draw, scope, [d for d in scope.diagrams if len(d.out_types) == 1])
-    if call is None:
-        return _leaf(draw, scope)
-    callee, text, woven = call
-    return text, woven + callee.out_types[0]
+        union = tuple(dict.fromkeys(axes + va))
+        kept = tuple(a for a in union if a not in target)
+        return f"ncontract[{' '.join(target)}; {a1}, {a2}, {b}]({text}, {v})", kept
+    kind = ops.OPS[op].kind
+    assert kind in ("reduce", "normalise"), op
+    target = _subset(draw, named, min_size=1)
+    kept = tuple(a for a in axes if a not in target) if kind == "reduce" else axes
+    return f"{op}[{' '.join(target)}]({text})", kept
 
 
 def _call(draw: Draw, scope: _Scope, callees: list[Diagram]) -> tuple[Diagram, str, tuple[str, ...]] | None:
@@ -235,28 +336,56 @@ def _call(draw: Draw, scope: _Scope, callees: list[Diagram]) -> tuple[Diagram, s
     return callee, f"{callee.name}({', '.join(args)})", tuple(woven)
 
 
+def _inputs_for_a_call(draw: Draw, callee: Diagram, whole: list[str]) -> list[tuple[str, tuple[str, ...]]]:
+    """Inputs shaped for ``callee``'s parameters, with extra axes it does not use (the batch
+    axis and others) on some of them, so a call weaves it over them."""
+    inner = {a.name for a in callee.axes}
+    extra = [a for a in (_BATCH, *whole) if a not in inner]
+    inputs = []
+    for i, param in enumerate(callee.inputs):
+        more = _subset(draw, extra, min_size=1 if i == 0 else 0, max_size=2)
+        inputs.append((f"X{i}", tuple(draw(st.permutations(more + param.axes)))))
+    return inputs
+
+
+def _bind_call(draw: Draw, scope: _Scope, lines: list[str], index: int, callees: list[Diagram]) -> bool:
+    """A let-binding of a call of one of ``callees`` (all its outputs bound); False if none fits."""
+    call = _call(draw, scope, callees)
+    if call is None:
+        return False
+    callee, text, woven = call
+    names = [f"A{index}_{k}" for k in range(len(callee.out_types))] if len(callee.out_types) > 1 else [f"A{index}"]
+    lines.append(f"  {', '.join(names)} = {text}")
+    for n, t in zip(names, callee.out_types, strict=True):
+        scope.env[n] = woven + t
+    return True
+
+
+def _bind(draw: Draw, scope: _Scope, lines: list[str], index: int) -> None:
+    """One let-binding: a multi-output call now and then, else one box over the scope."""
+    multi = [d for d in scope.diagrams if len(d.out_types) > 1]
+    if multi and draw(st.integers(0, 3)) == 3 and _bind_call(draw, scope, lines, index, multi):
+        return
+    text, axes = _expr(draw, scope, draw(st.integers(0, 1)))
+    lines.append(f"  A{index} = {text}")
+    scope.env[f"A{index}"] = axes
+
+
 def _diagram_text(draw: Draw, name: str, scope: _Scope) -> str:
     whole = sorted(a for a in scope.sizes if a not in (*_PARTS, _BATCH))  # leave the split parts free
-    n_inputs = draw(st.integers(0, 3))
-    batched = bool(scope.diagrams) and draw(st.booleans())
-    inputs = [(f"X{i}", (_BATCH,) * (batched and draw(st.booleans())) + _subset(draw, whole, max_size=3))
-              for i in range(n_inputs)]
+    callee = draw(st.sampled_from(scope.diagrams)) if scope.diagrams and draw(st.booleans()) else None
+    if callee is not None:  # its first binding calls an earlier diagram, woven over extra axes
+        inputs = _inputs_for_a_call(draw, callee, whole)
+    else:
+        inputs = [(f"X{i}", _subset(draw, whole, min_size=1 if i == 0 else 0, max_size=3))
+                  for i in range(draw(st.integers(1, 3)))]
     scope.env = dict(inputs)
     lines: list[str] = []
-    for i in range(draw(st.integers(0, 3))):
-        multi = [d for d in scope.diagrams if len(d.out_types) > 1]
-        call = _call(draw, scope, multi) if multi and draw(st.booleans()) else None
-        if call is not None:
-            callee, text, woven = call
-            names = [f"A{i}_{k}" for k in range(len(callee.out_types))]
-            lines.append(f"  {', '.join(names)} = {text}")
-            for n, t in zip(names, callee.out_types, strict=True):
-                scope.env[n] = woven + t
-            continue
-        text, axes = _expr(draw, scope, draw(st.integers(0, 3)))
-        lines.append(f"  A{i} = {text}")
-        scope.env[f"A{i}"] = axes
-    outs = [_expr(draw, scope, draw(st.integers(0, 2))) for _ in range(draw(st.integers(1, 2)))]
+    called = callee is not None and _bind_call(draw, scope, lines, 0, [callee])
+    for i in range(int(called), draw(st.integers(2, 6))):
+        _bind(draw, scope, lines, i)
+    outs = [_array(draw, scope) if k == 0 and draw(st.booleans()) else _expr(draw, scope, 0)
+            for k in range(draw(st.integers(1, 2)))]
     declared = [draw(st.permutations(axes)) for _, axes in outs]
     params = ", ".join(f"{n}: [{' '.join(t)}]" for n, t in inputs)
     types = ", ".join(f"[{' '.join(t)}]" for t in declared)
@@ -288,12 +417,11 @@ def _theorem_text(draw: Draw, name: str, diagram: str, scope: _Scope) -> str:
 
 @st.composite
 def module_texts(draw: Draw, max_diagrams: int = 3) -> str:
-    """Source text of a random well-typed module (axes, diagrams, a lemma, a theorem)."""
-    names = _subset(draw, _AXIS_POOL, min_size=1)
-    sizes: dict[str, int | None] = {n: draw(st.none() | st.integers(1, 6)) for n in names}
+    """Source text of a random well-typed module (axes, diagrams, maybe a lemma and a theorem)."""
+    names = _subset(draw, _AXIS_POOL, min_size=2)
+    sizes: dict[str, int | None] = {n: draw(st.none() | st.integers(1, 4)) for n in names}
     sizes[_BATCH] = None
-    if draw(st.booleans()):
-        sizes.update(dict.fromkeys(_PARTS))
+    sizes.update(dict.fromkeys(_PARTS))
     axis_lines = [f"axis {n}" + (f" = {s}" if s is not None else "") for n, s in sizes.items()]
     text = "\n".join(axis_lines) + "\n"
     scope = _Scope(sizes)
@@ -301,8 +429,8 @@ def module_texts(draw: Draw, max_diagrams: int = 3) -> str:
         text += _diagram_text(draw, f"g{i}", scope)
         scope.diagrams = list(loads(text).diagrams)
     if draw(st.booleans()):
-        scope.env = {f"P{i}": _subset(draw, sorted(sizes)) for i in range(draw(st.integers(1, 2)))}
-        lhs, rhs = _expr(draw, scope, 2), _expr(draw, scope, 2)
+        scope.env = {f"P{i}": _subset(draw, scope.nameable) for i in range(draw(st.integers(1, 2)))}
+        lhs, rhs = _expr(draw, scope, 1), _expr(draw, scope, 1)
         params = ", ".join(f"{n}: [{' '.join(t)}]" for n, t in scope.env.items())
         text += f"lemma l0({params}) : {lhs[0]} = {rhs[0]}\n"
     if draw(st.booleans()):

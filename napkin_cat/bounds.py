@@ -169,12 +169,25 @@ def lower_bounds(flat: Flat, sizes: dict[str, Expr], m: Expr, skip: frozenset[st
     return found
 
 
-def diagram_bound(bounds: list[Bound]) -> Bound:
-    """The structural bound of largest leading order (compulsory when none is recognised)."""
+def diagram_bound(bounds: list[Bound], at: dict[sympy.Symbol, Expr] | None = None) -> Bound:
+    """The structural bound of largest leading order (compulsory when none is recognised).
+
+    ``bounds`` is ``lower_bounds``' list (compulsory last).  With ``at`` (a substitution that
+    makes every bound a number: the sizes given and M at a capacity) the compulsory traffic is
+    returned instead where it is larger there (decoding attention: one query row reads every
+    key once, more than N_q·N_x·d²/M), so the bound is never below the compulsory traffic."""
+    compulsory = bounds[-1]
     structural = [b for b in bounds if b.kind != "compulsory"]
     if not structural:
-        return bounds[-1]
+        return compulsory
     if len({b.expr for b in structural}) == 1:
-        return structural[0]
-    return Bound("max", ",".join(b.node for b in structural), sympy.Max(*(b.expr for b in structural)),
-                 "the largest of: " + "; ".join(f"{b.kind} at {b.node}" for b in structural))
+        best = structural[0]
+    else:
+        best = Bound("max", ",".join(b.node for b in structural), sympy.Max(*(b.expr for b in structural)),
+                     "the largest of: " + "; ".join(f"{b.kind} at {b.node}" for b in structural))
+    if at is not None:
+        value, floor = best.expr.subs(at), compulsory.expr.subs(at)
+        if value.is_number and floor.is_number and value < floor:
+            return Bound("compulsory", "", compulsory.expr,
+                         f"{compulsory.source}; larger here than the {best.kind} bound, {sympy.N(value, 6)}")
+    return best

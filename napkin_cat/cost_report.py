@@ -55,17 +55,23 @@ def report(c: Cost, name: str) -> dict[str, Any]:
     }
     opt = continuous(c)
     bounds = lower_bounds(c.program.nest.flat, c.sizes, M)
-    bound = diagram_bound(bounds)
     at = {M: sympy.nsimplify(capacity)} if numeric else {}
-    small = {k: float(v.subs(at)) for k, v in opt.tiles.items()} if opt is not None and numeric else {}
-    small = {k: v for k, v in small.items() if v < 1}
-    if opt is None or small:
+    bound = diagram_bound(bounds, at if numeric else None)
+    values = {k: float(v.subs(at)) for k, v in opt.tiles.items()} if opt is not None and numeric else {}
+    small = {k: v for k, v in values.items() if v < 1}
+    extent = {str(lp.tile): c.sizes[lp.axis] for lp in c.program.nest.loops if lp.level == first.name}
+    large = {k: v for k, v in values.items() if k in extent and v > extent[k]}
+    if opt is None or small or large:
         out["optimum"] = None
         out["optimum_note"] = (
             "no tiles fit: at M = the capacity the Lagrange optimum has "
             + ", ".join(f"{k} = {v:.6g}" for k, v in small.items())
             + ", below one position (the live set that no tile of this level shrinks is larger than "
             "the capacity; tile an axis of the arrays that stay whole, or stream it)" if small else
+            "no interior optimum: at M = the capacity the Lagrange optimum has "
+            + ", ".join(f"{k} = {v:.6g} (the axis is {extent[k]})" for k, v in large.items())
+            + ", a tile longer than its axis: the capacity does not bind, and the configurations below "
+            "give the best tiles" if large else
             "no closed form: the masked stream's chunk count is piecewise in the sizes (Min/Max: "
             "where the mask clips depends on which size is larger); give every size with --size for the "
             "optimum at those sizes" if piecewise(c.first.transfers) else
@@ -83,6 +89,8 @@ def report(c: Cost, name: str) -> dict[str, Any]:
                               "ratio": _num(_shortest((opt.transfers / bound.expr).subs(at)))}
     if "lower_bound" not in out:
         out["lower_bound"] = {"kind": bound.kind, "expr": _s(bound.expr), "source": bound.source}
+        if numeric:
+            out["lower_bound"]["value"] = _num(bound.expr.subs(at))
     out["compulsory"] = _s(bounds[-1].expr)
     base = c.baseline
     out["baseline"] = {"transfers": _s(base.transfers), "transfers_bytes": _s(base.transfers_bytes),

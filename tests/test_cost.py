@@ -523,3 +523,21 @@ def test_an_optimum_below_one_position_is_no_optimum() -> None:
     assert data["optimum"] is None and "lower_bound" in data and "ratio" not in data["lower_bound"]
     text = format_report(data)
     assert "no tiles fit" in text and "gi = -" in text and "H*" not in text
+
+
+def test_a_structural_bound_below_the_compulsory_traffic_gives_way_to_it() -> None:
+    """Regression: decoding attention (two query rows against 4096 keys) reported the attention
+    bound N_q·N_x·d²/M = 2.3e2 values as its lower bound, though every key and value must be read
+    once (the compulsory traffic, 5.2e5); and its Lagrange tile gq = 5.8e4 was
+    longer than q = 2, giving an H* below the compulsory traffic."""
+    from napkin_cat.cost_report import report
+
+    co = cost_of(MODULE.diagram("streamed"), FLASH, sizes={"q": 2, "x": 4096, "d": 64}, dtype="f16")
+    bounds = lower_bounds(co.program.nest.flat, co.sizes, M)
+    assert diagram_bound(bounds).kind == "attention"  # symbolic: the structural bound
+    data = report(co, "decode")
+    compulsory = 2 * 64 + 2 * 4096 * 64 + 2 * 64
+    assert data["lower_bound"]["kind"] == "compulsory" and data["lower_bound"]["value"] == compulsory
+    assert "larger here than the attention bound" in data["lower_bound"]["source"]
+    assert data["optimum"] is None and "a tile longer than its axis" in data["optimum_note"]
+    assert data["configurations"]  # the integer tiles are still searched

@@ -165,6 +165,8 @@ def _ratio(candidate: Candidate, best: Candidate) -> str:
     if candidate.cost is None or best.cost is None or best.cost.value <= 0 or not math.isfinite(best.cost.value):
         return ""
     ratio = candidate.cost.value / best.cost.value
+    if candidate.cost.relaxed and not best.cost.relaxed:
+        return f" ({ratio:.4g}x the best, but its tiles lack the hardware's preferred multiples)"
     if math.isclose(ratio, 1.0, rel_tol=1e-9):
         return " (ties the best, which has fewer or simpler steps)"
     return f" ({ratio:.4g}x the best)"
@@ -283,9 +285,12 @@ def _mb(moved: float) -> str:
 def choose_tiles(c: cost.Cost, thm: kernel.Theorem, peak: float) -> Costed:
     """The best integer tiles of the cost model's search (``optimise.search``: every level's
     capacity and the hardware's divisibility constraints, least transfer time, then fewest
-    loop trips), costed as transfer time plus FLOP time at the dtype's peak."""
+    loop trips), costed as transfer time plus FLOP time at the dtype's peak.  The preferred
+    multiples (coalescing, tensor-core shapes) are dropped where no configuration meets them, as
+    `napkin cost` and the lowering do: a 32768-wide row whose 64-row tile overflows SMEM fits
+    one row at a time; such a plan ranks after every plan whose tiles meet them (``Costed.relaxed``)."""
     sizes = {a: int(n) for a, n in c.sizes.items() if isinstance(n, sympy.Integer)}
-    table = optimise.search(c, top=1)
+    table = optimise.search(c, top=1, relax=True)
     capacities = {lv.name: c.hardware.level(lv.name).capacity for lv in c.levels[1:]}
     if not table.rows:
         if c.tiles:
@@ -303,5 +308,7 @@ def choose_tiles(c: cost.Cost, thm: kernel.Theorem, peak: float) -> Costed:
                      for name, cap in capacities.items())
     moved = best.transfers[c.levels[1].name]
     footprint = max(best.memory[name] / cap for name, cap in capacities.items())
+    dropped = f"; tiles without the preferred {', '.join(table.relaxed)}" if table.relaxed else ""
     return Costed(seconds, True, dict(best.tiles), f"{_us(seconds)} fused: {_mb(moved)} moved from hbm; {used}; "
-                                                   f"{flops / 1e9:.3g} GFLOP", footprint=footprint)
+                                                   f"{flops / 1e9:.3g} GFLOP{dropped}", footprint=footprint,
+                  relaxed=table.relaxed)

@@ -303,8 +303,7 @@ def search(c: Cost, top: int = 8, limit: int = 500_000, relax: bool = False) -> 
     The multiples a tile should have (128-byte coalescing, tensor-core fragments) are
     preferences: with ``relax``, when no configuration meets them (64 rows of a 32768-wide
     row do not fit), the search is repeated with only the backend's requirements (powers of
-    two, the dot's minimum) and ``relaxed`` lists what was dropped.  Without it (the schedule
-    search compares plans by modelled time, which does not price the preferences), no row."""
+    two, the dot's minimum) and ``relaxed`` lists what was dropped.  Without it, no row."""
     symbolic = sorted(n for n, s in c.sizes.items() if isinstance(s, sympy.Symbol))
     if symbolic:
         raise ValueError(f"integer tiles need every axis size: give {', '.join(symbolic)}")

@@ -54,7 +54,9 @@ class Costed:
     ``fits``: whether every level's memory bound holds with ``tiles``; ``tiles``: an integer
     for every symbolic tile of the schedule; ``why_not``: the violated capacity if not;
     ``footprint``: the largest fraction of a level's capacity in use (the tie-breaker:
-    at equal cost, the schedule that leaves more fast memory free wins).
+    at equal cost, the schedule that leaves more fast memory free wins); ``relaxed``: the
+    hardware's preferred tile multiples that ``tiles`` do not meet (none met them; the modelled
+    cost does not price them, so such a plan ranks after every plan without any).
     """
 
     value: float
@@ -63,6 +65,7 @@ class Costed:
     summary: str
     why_not: str = ""
     footprint: float = 0.0
+    relaxed: tuple[str, ...] = ()
 
 
 #: the pluggable cost function: a checked theorem -> its cost
@@ -149,11 +152,12 @@ def _schedule_key(c: Candidate) -> str:
     return f"{parts} {places} {chosen} @ {c.cost.value:.6g}"
 
 
-def _rank(c: Candidate) -> tuple[float, float, int, int, str]:
-    """Cheapest first; at equal cost the smaller footprint, then the simpler proof."""
+def _rank(c: Candidate) -> tuple[bool, float, float, int, int, str]:
+    """Tiles that meet the hardware's preferred multiples first, then cheapest; at equal cost
+    the smaller footprint, then the simpler proof."""
     assert c.cost is not None
     names = sum(len(s.at) for s in c.steps if isinstance(s, Rewrite))
-    return (c.cost.value, c.cost.footprint, len(c.steps), names, c.describe())
+    return (bool(c.cost.relaxed), c.cost.value, c.cost.footprint, len(c.steps), names, c.describe())
 
 
 # ---- the search -----------------------------------------------------------------------------

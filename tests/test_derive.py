@@ -348,3 +348,19 @@ def test_cli_derive_refuses_a_size_that_contradicts_a_declared_one(capsys: pytes
     assert main(argv) == 2
     assert "contradicts declared sizes: d=32 (declared 64)" in capsys.readouterr().err
     assert not (tmp_path / "out.ncd").exists()
+
+
+def test_a_row_too_wide_for_the_preferred_tile_is_tiled_one_row_at_a_time(tmp_path: Path) -> None:
+    """Regression: the gradient of cross-entropy w.r.t. 32000 logits per row (a whole row in and
+    out) fits SMEM only one row per group, below the 64-row coalescing preference of the labels;
+    derive said "none of the 7 tile configurations allowed by the hardware fits" while `napkin
+    cost` found gt = 1.  Such relaxed tiles are used, and rank after every plan that meets the
+    preferences (cross_entropy keeps its group-and-stream schedule: the test above)."""
+    source = tmp_path / "grad.ncd"
+    source.write_text("axis t, v\ndiagram ce_grad(Z: [t v], L: [t]) -> [t v] {\n"
+                      "  return softmax[v](Z) - onehot[v](L)\n}\n")
+    cost = derive.model_cost("h200", "bf16", {"t": 4096, "v": 32000})
+    found = derive.derive(source, "ce_grad", cost, settings={"hardware": "h200"}, seconds=600)
+    assert found.best.cost is not None and found.best.cost.fits and dict(found.best.cost.tiles) == {"gt": 1}
+    assert found.best.cost.relaxed and "without the preferred gt: x64" in found.best.cost.summary
+    assert partitions(found) == [("group", "t", None)]

@@ -58,20 +58,16 @@ def report(c: Cost, name: str) -> dict[str, Any]:
     at = {M: sympy.nsimplify(capacity)} if numeric else {}
     bound = diagram_bound(bounds, at if numeric else None)
     values = {k: float(v.subs(at)) for k, v in opt.tiles.items()} if opt is not None and numeric else {}
-    small = {k: v for k, v in values.items() if v < 1}
     extent = {str(lp.tile): c.sizes[lp.axis] for lp in c.program.nest.loops if lp.level == first.name}
-    large = {k: v for k, v in values.items() if k in extent and v > extent[k]}
-    if opt is None or small or large:
+    outside = {k: v for k, v in values.items() if v < 1 or (k in extent and v > extent[k])}
+    if opt is None or outside:
         out["optimum"] = None
         out["optimum_note"] = (
-            "no tiles fit: at M = the capacity the Lagrange optimum has "
-            + ", ".join(f"{k} = {v:.6g}" for k, v in small.items())
-            + ", below one position (the live set that no tile of this level shrinks is larger than "
-            "the capacity; tile an axis of the arrays that stay whole, or stream it)" if small else
-            "no interior optimum: at M = the capacity the Lagrange optimum has "
-            + ", ".join(f"{k} = {v:.6g} (the axis is {extent[k]})" for k, v in large.items())
-            + ", a tile longer than its axis: the capacity does not bind, and the configurations below "
-            "give the best tiles" if large else
+            "no interior optimum: at M = the capacity the Lagrange stationary point has "
+            + ", ".join(f"{k} = {v:.6g}" + (f" (the axis is {extent[k]})" if k in extent else "")
+                        for k, v in outside.items())
+            + ", outside a tile's range (1 to its axis): the best tiles lie on the boundary, and the "
+            "configurations below give them" if outside else
             "no closed form: the masked stream's chunk count is piecewise in the sizes (Min/Max: "
             "where the mask clips depends on which size is larger); give every size with --size for the "
             "optimum at those sizes" if piecewise(c.first.transfers) else

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from napkin_cat import ops
-from napkin_cat.terms import Apply, Axes, Box, Const, Diagram, Expr, Partition, Schedule, Size, Var
+from napkin_cat.terms import Apply, Axes, Box, Cmp, Const, Diagram, Expr, Idx, Partition, Schedule, Size, Var
 
 __all__ = ["POSITIONAL", "Loop", "LoopNest", "Node", "flatten", "loop_nest", "touches", "woven_axes"]
 
@@ -106,7 +106,22 @@ def flatten(diagram: Diagram) -> Flat:
             sizes.setdefault(axis.name, axis.size)
         args = [emit(a, env, woven, None) for a in app.args]
         inner: Env = {p.name: arg for p, arg in zip(callee.inputs, args, strict=True)}
-        return body(callee, inner, tuple(dict.fromkeys(woven + app.woven)), fresh(callee.name))
+        outs = body(callee, inner, tuple(dict.fromkeys(woven + app.woven)), fresh(callee.name))
+        return [repeat(out, declared) for out, declared in zip(outs, app.types, strict=True)]
+
+    def repeat(out: tuple[Expr, Axes], declared: Axes) -> tuple[Expr, Axes]:
+        # A call's output that does not depend on an axis of its type (a constant, or one
+        # computed only from arguments that lack a woven axis) is repeated along it, as the
+        # evaluator does: where[missing](m == m, value, value), as terms.inline_calls does.
+        value, axes = out
+        missing = tuple(a for a in declared if a not in axes)
+        if not missing:
+            return out
+        always = Cmp("==", Idx(missing[0]), Idx(missing[0]))
+        full = ops.result_axes("where", (axes, axes), missing)
+        node = Node(fresh("t"), Box("where", (value, value), full, missing, index=always), full)
+        nodes.append(node)
+        return Var(node.name, full), full
 
     def body(d: Diagram, env: Env, woven: Axes, prefix: str | None) -> list[tuple[Expr, Axes]]:
         for let in d.body:

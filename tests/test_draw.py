@@ -363,7 +363,6 @@ diagram g2(X0: [a b]) -> [p0 p1] {
 """
 
 
-@settings(max_examples=25)
 @given(module=modules(max_diagrams=3))
 @example(module=loads(CONSTANT_WOVEN_CALL))
 def test_random_diagrams_draw_with_all_labels_and_no_overlaps(module: Module) -> None:

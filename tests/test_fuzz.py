@@ -106,7 +106,6 @@ def test_deep_nesting_is_a_diagnostic_not_a_crash(opening: str, closing: str) ->
     assert loads(shallow).diagram("f").out_types == (("i",),)
 
 
-@settings(max_examples=30)
 @given(modules(max_diagrams=2), st.data())
 def test_generated_modules_evaluate_or_give_diagnostics(module: Module, data: st.DataObject) -> None:
     for diagram in module.diagrams:

@@ -5,7 +5,9 @@ contractions, streamed row statistics; causal attention returning its log-sum-ex
 regression, linear attention, feature-major K/V, two-level local attention, a temperature
 size constant; a SwiGLU MLP streamed over its hidden axis, layernorm, a batched linear layer
 with padded batch tiles, a contraction over two axes (also streamed), z-loss cross entropy, a mean squared error, cosine
-similarities, logits written chunk by chunk) go through every back end: the kernel checks each
+similarities, logits written chunk by chunk; retention with a scalar decay input, grouped-query decoding,
+a relative-position bias table gathered by one-hot, values projected inside the stream, a low-rank chain
+re-associated at return, layer norm's gain gradient) go through every back end: the kernel checks each
 theorem; both lowerings agree with the float64 evaluator at ragged sizes (no tile divides any
 symbolic axis; d=80 and e=48 are not powers of two); the Pallas kernels cross-lower for CUDA
 against an abstract H200; the cost model gives symbolic H and M and integer tiles at concrete
@@ -71,7 +73,7 @@ def _tiles(thm: Any) -> dict[str, int]:
 
 
 def test_the_files_hold_the_variants() -> None:
-    assert len(FILES) == 4 and len(NAMES) == 25
+    assert len(FILES) == 5 and len(NAMES) == 31
 
 
 @pytest.mark.parametrize("target", ["jax", "pallas"])
@@ -115,7 +117,7 @@ def test_cost_pseudocode_and_drawing(name: str) -> None:
     memory = {str(s) for s in symbolic.first.memory.free_symbols}
     assert symbolic.flops != 0 and memory & tiles  # the live set is per tile
     sized = cost.cost(thm, sizes={a: n for a, n in LARGE.items() if a in thm.result.axis_sizes()})
-    rows = search(sized).rows
+    rows = search(sized, relax=True).rows  # as `napkin cost` and the lowering search
     assert rows and set(rows[0].tiles) == tiles
     text = pseudo.render(symbolic.program, symbolic.bytes_of)
     assert all(f"for each {p.axis}" in text for p in thm.schedule.partitions)

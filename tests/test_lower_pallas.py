@@ -340,3 +340,14 @@ def test_several_masked_accumulators_loop_over_the_hull_of_their_ranges() -> Non
     got = lowered.fn(*[jnp.asarray(a, jnp.float32) for a in arrays], interpret=True)
     for out, want in zip(got, cases.reference(thm, arrays, {"q": 50, "x": 70, "d": 24}), strict=True):
         assert cases.relative_error(out, want) < cases.F32_TOL
+
+
+@pytest.mark.parametrize("target", ["pallas", "jax"])
+def test_a_nested_tile_is_named_as_the_compilers_not_given_the_outer_value(target: str) -> None:
+    """Regression: with --tile gq=64 --tile wq=48 the docstring said `q: wq = 64`: the register
+    tile was shown with the SMEM tile's value, and the 48 the user gave silently vanished."""
+    thm = cases.theorems()["flash_attention_two_level"]
+    doc = lower(thm, target=target, tiles={"gq": 64, "sx": 64, "wq": 48, "rx": 16}).source
+    tiles = next(line for line in doc.splitlines() if "Tiles:" in line)
+    assert "q: gq = 64" in tiles and "x: sx = 64" in tiles
+    assert "q: wq at reg (not realised: the compiler's)" in tiles and "wq =" not in tiles and "rx =" not in tiles

@@ -169,7 +169,11 @@ def _compile(source: str, fname: str, filename: str) -> Callable[..., Any]:
 
 
 def _describe(partition: Partition, lay: Layout) -> str:
-    """``axis: tile = N`` for the partition the kernel realises; inner levels are the compiler's."""
+    """``axis: tile = N`` for the partition the kernel realises (the outermost of its axis);
+    a nested one (registers) is the compiler's: named as such, never with the outer value."""
+    outer = next(p for p in lay.schedule.partitions if p.axis == partition.axis)
+    if partition is not outer:
+        return f"{partition.axis}: {partition.tile} at {partition.level} (not realised: the compiler's)"
     value = lay.tiles.get(partition.axis)
     named = f"{partition.tile} = {value}" if isinstance(partition.tile, str) else str(value)
     return f"{partition.axis}: {named}"

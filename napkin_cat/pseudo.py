@@ -9,13 +9,16 @@ nothing; its output is deterministic.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 import sympy
 from sympy import Expr
 
 from napkin_cat.loopnest import Loop
+from napkin_cat.printer import print_expr
 from napkin_cat.pseudo_program import Buffer, Inst, Program, Step, View
-from napkin_cat.terms import Box, Const, Size
+from napkin_cat.terms import Apply, Box, Const, Size, Var, fold
+from napkin_cat.terms import Expr as TExpr
 
 __all__ = ["render"]
 
@@ -58,12 +61,26 @@ def _buffer_label(b: Buffer) -> str:
     return f"{b.name}[{' '.join(str(e) for _, e in b.shape)}]{copies}"
 
 
-def _arg(expr: object) -> str:
+def _arg(prog: Program, expr: TExpr) -> str:
+    """An operand: a constant's value, ``|axis|`` for a size, a folded node (one that reads no
+    input, e.g. ``rsqrt(d)`` or ``index[q x](q - x)``: it has no column) as its expression, else
+    the array's name."""
     if isinstance(expr, Const):
         return f"{expr.value:g}"
     if isinstance(expr, Size):
         return f"|{expr.axis}|"
-    return str(getattr(expr, "name", expr))
+    if isinstance(expr, Var) and expr.name not in prog.constants:
+        return expr.name
+    return print_expr(_inline_folded(prog, expr))
+
+
+def _inline_folded(prog: Program, expr: TExpr) -> TExpr:
+    """``expr`` with every folded node it reads replaced by that node's expression."""
+    def visit(node: TExpr, kids: tuple[TExpr, ...]) -> TExpr:
+        if isinstance(node, Var) and node.name in prog.constants:
+            return _inline_folded(prog, prog.nest.flat.node(node.name).expr)
+        return replace(node, args=kids) if isinstance(node, (Box, Apply)) else node
+    return fold(expr, visit)
 
 
 def _loop_line(loop: Loop, trips: Expr, tile: Expr) -> str:
@@ -91,5 +108,5 @@ def _step_line(prog: Program, view: View, step: Step) -> str:
     box = node.expr
     assert isinstance(box, Box)
     target = f"[{' '.join(box.target)}]" if box.target else ""
-    args = ", ".join(_arg(a) for a in box.args)
+    args = ", ".join(_arg(prog, a) for a in box.args)
     return f"{step.array} = {box.op}{target}({args})"

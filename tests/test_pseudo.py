@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -169,3 +170,19 @@ def test_live_sets_in_bytes_weigh_each_buffer_by_its_array() -> None:
         assert sympy.expand(view.live_size(s.index, bytes_of) - expected) == 0
     uniform = {name: 4 for name in co.bytes_of}
     assert sympy.expand(view.memory(uniform) - 4 * view.memory()) == 0
+
+
+def test_a_folded_operand_is_written_as_its_expression() -> None:
+    """Regression: a box that reads no input (an index box, rsqrt of a size) gets no column, yet
+    its consumer's line named it (`t.3 = mul(t.2, c)`, `t.2` defined nowhere)."""
+    module = loads("axis q, x\naxis r = 8\n"
+                   "diagram f(S: [q x], c: [], T: [r]) -> [q] {\n"
+                   "  B = contract[r](onehot[r](index[q x](q - x)), T)\n"
+                   "  return sum[x](S * exp(index[q x](q - x) * c) * rsqrt(r) + B)\n"
+                   "}\n")
+    schedule = Schedule((Partition("group", "q", "gq", "smem"), Partition("stream", "x", "sx", "smem", "sum")))
+    text = render(cost_of(module.diagram("f"), schedule).program)
+    assert "mul(index[q x](q - x), c)" in text and "rsqrt(r)" in text
+    assert "onehot[r](index[q x](q - x))" in text
+    defined = set(re.findall(r"(t\.\d+) = ", text))
+    assert set(re.findall(r"\bt\.\d+\b", text)) <= defined  # every t.N read has a column

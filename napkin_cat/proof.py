@@ -181,7 +181,11 @@ def _no_match(exc: kernel.KernelError, subject: Expr, thm: kernel.Theorem, lemma
     reason = f"{exc.condition}: the left side is `{print_expr(lemma.lhs)}`, {what} is `{print_expr(subject)}`"
     candidates = [n for n in walk(subject) if isinstance(n, Box) and isinstance(lemma.lhs, Box)
                   and n.op == lemma.lhs.op and len(n.args) == len(lemma.lhs.args)]
-    difference = next((d for d in (_difference(lemma.lhs, n) for n in candidates) if d is not None), None)
+    differing = next(((n, d) for n, d in ((n, _difference(lemma.lhs, n)) for n in candidates) if d is not None),
+                     None)
+    difference = differing[1] if differing is not None else None
+    within = f"; matched against `{print_expr(differing[0])}` inside {what}" \
+        if differing is not None and differing[0] is not subject else ""
     swapped = next((k for n in candidates for k in walk(n) if isinstance(k, Box) and k.op == "contract"
                     and len(k.args) == 2 and _difference(lemma.lhs, _swap(n, k)) is None), None)
     hint = None
@@ -190,7 +194,8 @@ def _no_match(exc: kernel.KernelError, subject: Expr, thm: kernel.Theorem, lemma
         if "contract_comm" in lemmas and lemma.name != "contract_comm":
             hint = f"swap them first: `rewrite contract_comm at {root}`"
     elif difference is not None:
-        reason += f"; where the left side has `{print_expr(difference[0])}`, it has `{print_expr(difference[1])}`"
+        reason += (f"{within}; where the left side has `{print_expr(difference[0])}`, it has "
+                   f"`{print_expr(difference[1])}`")
         if isinstance(found := difference[1], Var) and any(found.name in let.names for let in thm.result.body):
             at = ", ".join([*(n for n in step.at if n != root), found.name, root])
             hint = f"a binding is inlined only when named: `rewrite {lemma.name} at {at}`"

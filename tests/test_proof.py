@@ -157,3 +157,16 @@ def test_lemma_mismatch_names_the_first_difference() -> None:
     (result,) = check_module(module)
     assert result.failure is not None and result.failure.hint is None
     assert "where the left side has `softmax[x](S)`, it has `l2norm[x](S)`" in result.failure.message
+
+
+def test_lemma_mismatch_inside_the_binding_names_the_sub_term_it_compared() -> None:
+    """Regression: `rewrite softmax_contract at P` with P = softmax[x](contract[d](Q, K)) said
+    "where the left side has `softmax[x](S)`, it has `Q`", as if P's root held Q: the comparison
+    was against the contraction inside P, which the message did not name."""
+    module = loads("axis q, x\naxis d = 4\ndiagram a(Q: [q d], K: [x d], V: [x d]) -> [q d] {\n"
+                   "  P = softmax[x](contract[d](Q, K))\n  return contract[x](P, V)\n}\n"
+                   "theorem t: a {\n  rewrite softmax_contract at P\n}\n")
+    (result,) = check_module(module)
+    assert result.failure is not None and result.step == 1
+    assert ("`P` is `softmax[x](contract[d](Q, K))`; matched against `contract[d](Q, K)` inside `P`; where the "
+            "left side has `softmax[x](S)`, it has `Q`") in result.failure.message

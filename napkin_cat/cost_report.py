@@ -70,7 +70,10 @@ def report(c: Cost, name: str) -> dict[str, Any]:
             "configurations below give them" if outside else
             "no closed form: the masked stream's chunk count is piecewise in the sizes (Min/Max: "
             "where the mask clips depends on which size is larger); give every size with --size for the "
-            "optimum at those sizes" if piecewise(c.first.transfers) else
+            "optimum at those sizes" if piecewise(c.first.transfers) and not numeric else
+            "no closed form: the masked stream's chunk count is piecewise in the tiles (Min/Max: where the "
+            "mask clips depends on the tile); the configurations below give the best integer tiles"
+            if piecewise(c.first.transfers) else
             "no closed form: sympy could not solve the Lagrange conditions")
     else:
         out["optimum"] = {
@@ -119,6 +122,12 @@ def _numeric(c: Cost, out: dict[str, Any]) -> None:
                               "transfer_time_s": r.transfer_time} for r in table.rows]
     out["constraints"] = {k: list(v) for k, v in table.constraints.items()}
     out["relaxed"] = list(table.relaxed)
+    if not table.rows:
+        exact = [f"{lp.tile} | {lp.axis}={c.sizes[lp.axis]}" for lp in c.program.nest.loops
+                 if isinstance(lp.tile, str) and not lp.partition.pad and lp.level == c.first.name]
+        out["configurations_note"] = "none feasible under the capacity and divisibility constraints" + (
+            f"; without `pad` a tile must divide its axis ({', '.join(exact)}): `pad` allows ragged tiles"
+            if exact else "")
     peak = c.hardware.peak_flops(c.dtype)
     hbm = c.hardware.level("hbm").bandwidth or 0.0
     base_flop, base_move = float(c.baseline.flops) / peak, float(c.baseline.transfers_bytes) / hbm
@@ -183,7 +192,7 @@ def format_report(r: Mapping[str, Any]) -> str:
             moved = " ".join(f"H_{k}={v:.4g}" for k, v in row["transfers_bytes"].items())
             lines.append(f"  {tiles:<36} {mem:<28} {moved:<30} t_transfer={row['transfer_time_s']:.4g}s")
         if not r["configurations"]:
-            lines.append("  none feasible under the capacity and divisibility constraints")
+            lines.append(f"  {r['configurations_note']}")
         if r.get("relaxed"):
             lines.append("  none met every preferred multiple; dropped: " + "; ".join(r["relaxed"]))
         for k, v in r["constraints"].items():

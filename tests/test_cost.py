@@ -541,3 +541,20 @@ def test_a_structural_bound_below_the_compulsory_traffic_gives_way_to_it() -> No
     assert "larger here than the attention bound" in data["lower_bound"]["source"]
     assert data["optimum"] is None and "(the axis is 2)" in data["optimum_note"]
     assert data["configurations"]  # the integer tiles are still searched
+
+
+def test_at_given_sizes_the_notes_say_what_the_tiles_need() -> None:
+    """Regression: with every size given, a causal mask's piecewise count still said "give every
+    size with --size", and an empty configuration table did not say that unpadded tiles must
+    divide q = 300 (no power of two from 16 up does)."""
+    from napkin_cat.cost_report import format_report, report
+
+    causal = loads("axis q, x, d\ndiagram c(Q: [q d], K: [x d], V: [x d]) -> [q d] {\n"
+                   "  S = where[q x](q >= x, contract[d](Q, K), -inf)\n"
+                   "  return ncontract[x; exp, exp, id](S, V)\n}\n").diagram("c")
+    data = report(cost_of(causal, FLASH, sizes={"q": 300, "x": 5000, "d": 64}), "causal")
+    assert data["optimum"] is None and "--size" not in data["optimum_note"]
+    assert "piecewise in the tiles" in data["optimum_note"]
+    assert data["configurations"] == []
+    assert "without `pad` a tile must divide its axis (gq | q=300, sx | x=5000)" in data["configurations_note"]
+    assert data["configurations_note"] in format_report(data)

@@ -239,7 +239,7 @@ def cmd_derive(args: argparse.Namespace) -> int:
         raise UsageError(f"axes {', '.join(missing)} of `{args.diagram}` are symbolic: give their sizes with "
                          f"--size AXIS=N")
     try:
-        cost = derive.model_cost(args.hardware, args.dtype, sizes)
+        cost = derive.model_cost(args.hardware, args.dtype, sizes, target=args.lower)
     except HardwareError as exc:
         raise UsageError(str(exc)) from None
     settings = {"hardware": args.hardware, "dtype": args.dtype} | {a: str(n) for a, n in sizes.items()}

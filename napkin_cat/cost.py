@@ -125,13 +125,16 @@ class Timing:
     ridge: float
 
 
-def cost(theorem: Any, **options: Any) -> Cost:
-    """The cost of a checked theorem (``kernel.Theorem``): its result under its schedule.
+def cost(theorem: Any, schedule: Schedule | None = None, **options: Any) -> Cost:
+    """The cost of a checked theorem (``kernel.Theorem``): its result under its schedule, or
+    under ``schedule`` (the one a target realises, e.g. ``lower.realised_schedule``: the proved
+    one with woven axes on a Pallas grid one position per program).
 
     Accumulators chosen by the kernel for each stream are used for the state sizes.
     """
     chosen = {_node_key(box): name for _axis, box, name in getattr(theorem, "accumulators", ())}
-    return cost_of(theorem.result, theorem.schedule, accumulators=chosen, source=theorem.source, **options)
+    return cost_of(theorem.result, theorem.schedule if schedule is None else schedule, accumulators=chosen,
+                   source=theorem.source, **options)
 
 
 def _node_key(box: Box) -> str:

@@ -30,6 +30,7 @@ from napkin_cat import hardware as hw
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.elaborate import load
 from napkin_cat.evaluate import FLOAT64, Named, evaluate_named
+from napkin_cat.lower import realised_schedule
 from napkin_cat.lower.layout import layout
 from napkin_cat.printer import print_step
 from napkin_cat.proof import CheckResult, check_file
@@ -239,7 +240,8 @@ def axes_of(module_path: str | Path, diagram: str) -> dict[str, int | None]:
     return kernel.unfold(kernel.refl(diagram, source)).result.axis_sizes()
 
 
-def model_cost(hardware: str = "h100", dtype: str = "bf16", sizes: Mapping[str, int] | None = None) -> CostFn:
+def model_cost(hardware: str = "h100", dtype: str = "bf16", sizes: Mapping[str, int] | None = None,
+               target: str | None = None) -> CostFn:
     """The cost model (``napkin_cat.cost``) as a search cost function: modelled seconds.
 
     A schedule is one fused kernel: its time is FLOPs at the dtype's peak plus, per level,
@@ -248,7 +250,10 @@ def model_cost(hardware: str = "h100", dtype: str = "bf16", sizes: Mapping[str, 
     diagram without partitions is one kernel holding whole arrays; when that does not
     fit, its value is the model's unfused baseline time (each box its own kernel with
     unlimited memory) with ``fits=False``: a reference and a guide for ordering rewrites,
-    never a winner.  Raises HardwareError for an unknown profile or dtype.
+    never a winner.  With ``target`` "pallas", a schedule is costed as that kernel runs it
+    (``realised_schedule``: an axis woven through every box and left unpartitioned is a grid
+    axis, one position per program, so arrays lacking it are re-loaded by each program).
+    Raises HardwareError for an unknown profile or dtype.
     """
     profile = hw.load(hardware)
     peak = profile.peak_flops(dtype)
@@ -257,7 +262,8 @@ def model_cost(hardware: str = "h100", dtype: str = "bf16", sizes: Mapping[str, 
     def evaluate(thm: kernel.Theorem) -> Costed:
         used = thm.result.axis_sizes()
         known = {a: n for a, n in given.items() if a in used}
-        c = cost.cost(thm, hardware=profile, sizes=known, dtype=dtype)
+        realised = realised_schedule(thm.result, thm.schedule, target) if target else None
+        c = cost.cost(thm, realised, hardware=profile, sizes=known, dtype=dtype)
         fused = choose_tiles(c, thm, peak)
         if thm.schedule.partitions or fused.fits:
             return fused

@@ -364,3 +364,19 @@ def test_a_row_too_wide_for_the_preferred_tile_is_tiled_one_row_at_a_time(tmp_pa
     assert found.best.cost is not None and found.best.cost.fits and dict(found.best.cost.tiles) == {"gt": 1}
     assert found.best.cost.relaxed and "without the preferred gt: x64" in found.best.cost.summary
     assert partitions(found) == [("group", "t", None)]
+
+
+def test_for_pallas_a_schedule_is_costed_as_the_kernel_runs_it(tmp_path: Path) -> None:
+    """Regression: for grouped-query decoding (g = 4 query heads per K/V head, woven) derive
+    --lower pallas chose `group b by 1; group h by 1; stream x`, costed with g whole in every
+    program; the Pallas kernel puts g on the grid one head per program and loads K and V four
+    times.  Costed as realised, grouping g (K and V loaded once per head) wins."""
+    source = tmp_path / "decode.ncd"
+    source.write_text("axis x, b, h\naxis g = 4\naxis d = 64\n"
+                      "diagram decode(Q: [b h g d], K: [b h x d], V: [b h x d]) -> [b h g d] {\n"
+                      "  P = softmax[x](contract[d](Q, K) * rsqrt(d))\n  O = contract[x](P, V)\n  return O\n}\n")
+    sizes = {"b": 4, "h": 8, "x": 4096}
+    found = derive.derive(source, "decode", derive.model_cost("h200", "bf16", sizes, target="pallas"),
+                          settings={"hardware": "h200"}, lower="pallas", seconds=600)
+    assert ("group", "g", None) in partitions(found)
+    assert found.best.cost is not None and found.best.cost.tiles.get("gg") == 4

@@ -60,6 +60,7 @@ MESSAGES: dict[str, str] = {
     "axis.missing": "{box} needs axis `{axis}` but no operand has it (operand axes: {have})",
     "axis.not_on_operand": "{box}: operand {index} lacks axis `{axis}` (it has {have})",
     "axis.bad_size": "axis `{axis}` has size {size}; sizes must be positive",
+    "axis.bad_tile": "{kind} `{axis}` by {size}: a tile must be a positive integer or a name",
     "type.return_mismatch": "return type mismatch: declared {declared}, got {actual}",
     "type.return_count": "`{diagram}` declares {declared} outputs but returns {actual}",
     "type.arg_missing_axis": "argument {index} of `{callee}` must have axes {expected}; it has {actual}",

@@ -397,7 +397,7 @@ class _Elaborator(ExprElaborator):
             tile_tok = _tok(sub["tile"], 0)
             tile: str | int = int(tile_tok) if tile_tok.type == "INT" else str(tile_tok)
             if isinstance(tile, int) and tile <= 0:
-                self.err("axis.bad_size", tile_tok, axis="tile", size=tile)
+                self.err("axis.bad_tile", tile_tok, kind=tree.data.removesuffix("_step"), axis=toks[0], size=tile)
                 return None
             level = self.level(sub.get("at_level"))
             via = str(sub["via"].children[0]) if "via" in sub else None

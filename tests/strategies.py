@@ -81,8 +81,9 @@ def sizes_for(diagram: Diagram, min_size: int = 1, max_size: int = 4) -> st.Sear
             return sizes[axis]
 
         for box in reshapes:
-            if box.op == "rename":
-                get(box.out[0]) if box.out[0] in sizes else sizes.setdefault(box.out[0], get(box.target[0]))
+            if box.op == "rename":  # the new name takes the old one's size unless it has one
+                if box.out[0] not in sizes:
+                    sizes[box.out[0]] = get(box.target[0])
                 continue
             total = math.prod(get(a) for a in box.target)
             unknown = [a for a in box.out if a not in sizes]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import sympy
-from hypothesis import example, given, settings
+from hypothesis import example, given
 
 from napkin_cat import ops
 from napkin_cat.cli import main

@@ -230,8 +230,9 @@ def _expr(draw: Draw, scope: _Scope, depth: int) -> Typed:
 
 
 def _box(draw: Draw, scope: _Scope, op: str, depth: int) -> Typed:
-    """A box of ``op`` over drawn operands; an op that no operand in scope fits (a join without
-    split parts, a rename with no axis of the same size free) gives a simpler box instead."""
+    """A box of ``op`` over drawn operands; an op that no operand in scope fits (a rename with
+    no axis of the same size free, a reduction where nothing has an axis) gives a simpler box
+    or the operand itself, and a join without split parts in scope joins a split it makes."""
     nameable = scope.nameable
     if op in ops.UNARY:
         text, axes = _operand(draw, scope, depth)

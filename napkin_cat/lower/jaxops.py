@@ -29,7 +29,6 @@ from napkin_cat.accumulators import plan
 from napkin_cat.loopnest import flatten
 from napkin_cat.lower import codegen as cg
 from napkin_cat.lower.values import (
-    TINY,
     Scope,
     Value,
     align,
@@ -142,7 +141,9 @@ def _weights(params: Sequence[str], x: Value, target: Axes, scope: Scope) -> ast
         z = cg.call("jnp.sqrt", z)
     elif b == "rms":
         z = cg.call("jnp.sqrt", cg.binop(z, "/", count(target, scope)))
-    return cg.binop(top, "/", cg.call("jnp.maximum", z, saturate(TINY / 2)))
+    z = scope.block.bind("z", z)  # as the evaluator: weight 0 where the denominator is 0, else a plain divide
+    zero = cg.binop(z, "==", cg.const(0.0))
+    return cg.call("jnp.where", zero, cg.const(0.0), cg.binop(top, "/", cg.call("jnp.where", zero, cg.const(1.0), z)))
 
 
 def _normalise(box: Box, args: Sequence[Value], scope: Scope) -> Value:

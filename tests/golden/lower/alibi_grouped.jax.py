@@ -56,6 +56,7 @@ def alibi_grouped(Q, K, V, m):
     shift = jnp.maximum(jnp.max(M, axis=(3,), keepdims=True), -BIG)
     shifted = M - shift
     top = jnp.exp(shifted)
-    t_6 = top / jnp.maximum(jnp.sum(top, axis=(3,), keepdims=True), TINY)
+    z = jnp.sum(top, axis=(3,), keepdims=True)
+    t_6 = jnp.where(z == 0.0, 0.0, top / jnp.where(z == 0.0, 1.0, z))
     t_7 = jnp.einsum('abcd,abde->abce', t_6, V_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
     return t_7

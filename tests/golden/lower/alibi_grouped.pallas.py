@@ -86,7 +86,8 @@ def alibi_grouped(Q, K, V, m, *, interpret=None):
         shift = jnp.maximum(jnp.max(masked, axis=(1,), keepdims=True), -BIG)
         shifted = masked - shift
         top = jnp.exp(shifted)
-        t_6 = top / jnp.maximum(jnp.sum(top, axis=(1,), keepdims=True), TINY)
+        z = jnp.sum(top, axis=(1,), keepdims=True)
+        t_6 = jnp.where(z == 0.0, 0.0, top / jnp.where(z == 0.0, 1.0, z))
         masked_2 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, p['x']), 1) < n['x'], t_6, 0.0)
         t_7 = jnp.einsum('ab,bc->ac', masked_2, V_block, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
         out0_ref[...] = t_7.astype(out0_ref.dtype)

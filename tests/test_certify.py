@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from napkin_cat import accumulators, certify, rules
+from napkin_cat import accumulators, certify, certify_reach, rules
 from napkin_cat.accumulators import accumulators_for
 from napkin_cat.elaborate import loads
 from napkin_cat.evaluate import Named, evaluate_named
@@ -177,8 +177,10 @@ def test_a_lemma_with_sides_of_different_types_is_refused_not_crashed() -> None:
     assert cert.counterexample is not None and "the sides have different types [y] and []" in cert.counterexample
 
 
-def test_lemmas_calling_diagrams_are_swept_through_the_callee() -> None:
-    """A size passed to a diagram counts toward the reach (``g(x)`` hid (x-1)..(x-6) from a
+def test_lemmas_calling_diagrams_are_refused_and_their_reach_reads_through_the_callee() -> None:
+    """Lemmas are stated on primitive boxes: certify refuses one that calls a diagram (as
+    rules.validate does at load).  Its reach still reads through the call, for any caller that
+    certifies on its own: a size passed to a diagram counts (``g(x)`` hid (x-1)..(x-6) from a
     sweep to 5), and a call inside a piecewise box's argument is read, not a crash."""
     module = loads("""axis x
 diagram g(a: []) -> [] {
@@ -191,9 +193,12 @@ lemma vanishes_to_6(A: [x]) : sum[x](A) = sum[x](A) + g(x)
 lemma step_in_call(A: [x]) : sum[x](relu(f(x) - 3) + A) = sum[x](relu(x * 2 - 3) + A)
 """)
     false, true = module.lemmas
-    cert = certify.certify_lemma(false, "full")
-    assert not cert.ok and (cert.counterexample or "").startswith("sizes x=7"), cert
-    assert certify.certify_lemma(true, "full").ok
+    for lemma, side in ((false, "right"), (true, "left")):
+        cert = certify.certify_lemma(lemma, "full")
+        assert not cert.ok and cert.how == "invalid", cert
+        assert f"the {side} side uses diagram" in (cert.counterexample or "")
+    assert certify_reach.reach(false) >= 7  # the sweep must reach x = 7, where g(x) stops vanishing
+    assert certify_reach.reach(true) >= 3  # relu(2x - 3) steps at x = 2
 
 
 @pytest.mark.parametrize("text", [

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from napkin_cat import ops
-from napkin_cat.terms import Apply, Axes, Box, Cmp, Const, Diagram, Expr, Idx, Partition, Schedule, Size, Var
+from napkin_cat.terms import Apply, Axes, Box, Const, Diagram, Expr, Partition, Schedule, Size, Var, repeated
 
 __all__ = ["POSITIONAL", "Loop", "LoopNest", "Node", "flatten", "loop_nest", "touches", "woven_axes"]
 
@@ -112,14 +112,13 @@ def flatten(diagram: Diagram) -> Flat:
     def repeat(out: tuple[Expr, Axes], declared: Axes) -> tuple[Expr, Axes]:
         # A call's output that does not depend on an axis of its type (a constant, or one
         # computed only from arguments that lack a woven axis) is repeated along it, as the
-        # evaluator does: where[missing](m == m, value, value), as terms.inline_calls does.
+        # evaluator does, with the box terms.inline_calls uses (terms.repeated).
         value, axes = out
         missing = tuple(a for a in declared if a not in axes)
         if not missing:
             return out
-        always = Cmp("==", Idx(missing[0]), Idx(missing[0]))
         full = ops.result_axes("where", (axes, axes), missing)
-        node = Node(fresh("t"), Box("where", (value, value), full, missing, index=always), full)
+        node = Node(fresh("t"), repeated(value, missing, full), full)
         nodes.append(node)
         return Var(node.name, full), full
 

@@ -406,6 +406,14 @@ def union_axes(*types: Axes) -> Axes:
     return tuple(seen)
 
 
+def repeated(value: Expr, along: Axes, axes: Axes = ()) -> Box:
+    """``where[along](a == a, value, value)``: ``value`` repeated along axes it lacks, exactly
+    (how an inlined call's output keeps the woven axes its body does not use); ``axes`` is the
+    result type for callers that know it (else retype the box)."""
+    always = Cmp("==", Idx(along[0]), Idx(along[0]))
+    return Box("where", (value, value), axes, along, index=always)
+
+
 def inline_calls(diagram: Diagram, retype: Callable[[Box, tuple[Expr, ...]], Box]) -> Diagram:
     """The diagram with every diagram used as a box (``Apply``) replaced by its body.
 
@@ -448,10 +456,7 @@ def inline_calls(diagram: Diagram, retype: Callable[[Box, tuple[Expr, ...]], Box
         # output computed only from arguments that lack a woven axis) is repeated along
         # it, as the evaluator does: where[missing](m == m, value, value) is exactly that.
         missing = tuple(a for a in declared if a not in value.axes)
-        if not missing:
-            return value
-        always = Cmp("==", Idx(missing[0]), Idx(missing[0]))
-        return retype(Box("where", (value, value), (), missing, index=always), (value, value))
+        return retype(repeated(value, missing), (value, value)) if missing else value
 
     env: dict[str, Expr] = {}
     for let in diagram.body:

@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from napkin_cat import proof  # noqa: E402
 from napkin_cat.cost import cost  # noqa: E402
-from napkin_cat.optimise import continuous, search  # noqa: E402
+from napkin_cat.cost.optimise import continuous, search  # noqa: E402
 
 
 def median_time(fn: Callable[[], object], repeat: int) -> float:

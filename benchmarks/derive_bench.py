@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=2000)
     args = parser.parse_args()
 
-    from napkin_cat import derive
+    from napkin_cat.search import derive
 
     folder = Path(tempfile.mkdtemp(prefix="derive_bench_"))
 

@@ -13,9 +13,16 @@ from pathlib import Path
 
 import numpy as np
 
+from napkin_cat import certify, cost, proof, pseudo
+from napkin_cat.certify import rules
+from napkin_cat.certify.accumulators import accumulators_for
+from napkin_cat.cost import report as cost_report
+from napkin_cat.cost.hardware import HardwareError
 from napkin_cat.diagnostics import NapkinError, render
 from napkin_cat.elaborate import load
+from napkin_cat.evaluate import bind_sizes, run
 from napkin_cat.printer import print_module
+from napkin_cat.proof import check_file
 from napkin_cat.terms import Module
 
 __all__ = ["main"]
@@ -56,7 +63,6 @@ def cmd_parse(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from napkin_cat.evaluate import bind_sizes
 
     module = _module(args.file)
     diagram = _diagram_or_usage(module, args.diagram)
@@ -80,7 +86,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         shapes.append(tuple(shape))
     bind_sizes(diagram, shapes, sizes)  # type: ignore[arg-type]
     arrays = [rng.standard_normal(s) for s in shapes]
-    result = diagram.evaluate(*arrays, sizes=sizes)  # type: ignore[attr-defined]
+    result = run(diagram, *arrays, sizes=sizes)  # type: ignore[arg-type]
     outs = result if isinstance(result, tuple) else (result,)
     for i, (out, axes) in enumerate(zip(outs, diagram.out_types, strict=True)):  # type: ignore[attr-defined]
         arr = np.asarray(out)
@@ -94,7 +100,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     """Check every theorem in the given files and folders; exit 1 if any fails or, with
     ``--certify``, if a library lemma or accumulator fails its full certification."""
-    from napkin_cat.proof import check_file
 
     files: list[Path] = []
     for item in args.paths:
@@ -108,7 +113,6 @@ def cmd_check(args: argparse.Namespace) -> int:
     level = "full" if args.certify else "quick"
     uncertified = 0  # library lemmas and accumulators whose full certification failed: CI must fail too
     if args.certify:
-        from napkin_cat import certify, rules
 
         for lemma in rules.library().values():
             cert = certify.certify_lemma(lemma, level)
@@ -116,7 +120,6 @@ def cmd_check(args: argparse.Namespace) -> int:
             print(f"lemma {lemma.name}: {'certified' if cert.ok else 'FAILED'} ({cert.how})"
                   + (f": {cert.counterexample}" if cert.counterexample else ""))
         for box, axis in certify.representative_boxes():
-            from napkin_cat.accumulators import accumulators_for
 
             for name in accumulators_for(box, axis):
                 cert = certify.certify_accumulator(box, axis, name, True, level)
@@ -153,7 +156,7 @@ def cmd_draw(args: argparse.Namespace) -> int:
     """Draw a diagram or a checked theorem as SVG/PNG, or a theorem's derivation strip."""
     from dataclasses import replace
 
-    from napkin_cat import draw, proof, rules
+    from napkin_cat import draw
 
     module = _module(args.file)
     decl = next((t for t in module.theorems if t.name == args.name), None)
@@ -185,7 +188,6 @@ def cmd_draw(args: argparse.Namespace) -> int:
 
 def cmd_lower(args: argparse.Namespace) -> int:
     """Lower a checked theorem to a Pallas kernel or a streamed plain-JAX module."""
-    from napkin_cat import proof
     from napkin_cat.lower import lower
 
     module = _module(args.file)
@@ -214,8 +216,7 @@ def cmd_lower(args: argparse.Namespace) -> int:
 
 def cmd_derive(args: argparse.Namespace) -> int:
     """Search checked rewrites and relabellings for the cheapest schedule; write it as a proof."""
-    from napkin_cat import derive
-    from napkin_cat.hardware import HardwareError
+    from napkin_cat.search import derive
 
     module = _module(args.file)
     _diagram_or_usage(module, args.diagram)
@@ -274,7 +275,6 @@ def cmd_derive(args: argparse.Namespace) -> int:
 
 
 def _theorem_or_usage(path: str, name: str) -> object:
-    from napkin_cat import proof
 
     module = _module(path)
     if not any(t.name == name for t in module.theorems):
@@ -287,8 +287,6 @@ def cmd_cost(args: argparse.Namespace) -> int:
     """Derive a theorem's per-level transfers, memory, FLOPs, optimum, lower bound and times."""
     import json
 
-    from napkin_cat import cost, cost_report
-    from napkin_cat.hardware import HardwareError
 
     thm = _theorem_or_usage(args.file, args.theorem)
     try:
@@ -303,8 +301,6 @@ def cmd_cost(args: argparse.Namespace) -> int:
 
 def cmd_pseudo(args: argparse.Namespace) -> int:
     """Print a theorem's pseudocode diagram: loops, columns, live buffers, transfers per level."""
-    from napkin_cat import cost, pseudo
-    from napkin_cat.hardware import HardwareError
 
     thm = _theorem_or_usage(args.file, args.theorem)
     try:

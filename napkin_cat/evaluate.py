@@ -338,36 +338,32 @@ class _Interpreter:
         return results[0] if len(results) == 1 else tuple(results)
 
     def box(self, node: Box, kids: tuple[Named, ...]) -> Named:
-        alg = self.alg
-        info = ops.OPS[node.op]
-        kind = info.kind
         with np.errstate(all="ignore"):
-            if kind == "unary":
-                return Named(kids[0].axes, alg.unary[node.op](kids[0].data))
-            if kind == "binary":
-                axes = union_axes(kids[0].axes, kids[1].axes)
-                a, b = kids[0].aligned(axes), kids[1].aligned(axes)
-                fn: dict[str, Callable[[Any, Any], Any]] = {
-                    "add": lambda x, y: x + y, "sub": lambda x, y: x - y, "mul": lambda x, y: x * y,
-                    "div": lambda x, y: x / y, "maximum": alg.maximum, "minimum": alg.minimum,
-                }
-                return Named(axes, np.asarray(fn[node.op](a, b), dtype=a.dtype if alg.symbolic else None))
-            if kind == "reduce":
-                arg = kids[0]
-                pos = tuple(arg.axes.index(a) for a in node.target)
-                return Named(tuple(a for a in arg.axes if a not in node.target), alg.reduce(node.op, arg.data, pos))
-            if kind == "normalise":
-                arg = kids[0]
-                pos = tuple(arg.axes.index(a) for a in node.target)
-                n = math.prod(arg.data.shape[i] for i in pos)
-                return Named(arg.axes, alg.normalise(node.op, arg.data, pos, n))
-            if kind in ("contract", "ncontract"):
-                return self.contract(node, kids)
-            if kind in ("where", "index"):
-                return self.indexed(node, kids)
-            if kind == "onehot":
-                return self.onehot(node, kids[0])
-            return self.reshape(node, kids[0])
+            return BY_KIND[ops.OPS[node.op].kind](self, node, kids)
+
+    def unary(self, node: Box, kids: tuple[Named, ...]) -> Named:
+        return Named(kids[0].axes, self.alg.unary[node.op](kids[0].data))
+
+    def binary(self, node: Box, kids: tuple[Named, ...]) -> Named:
+        alg = self.alg
+        axes = union_axes(kids[0].axes, kids[1].axes)
+        a, b = kids[0].aligned(axes), kids[1].aligned(axes)
+        fn: dict[str, Callable[[Any, Any], Any]] = {
+            "add": lambda x, y: x + y, "sub": lambda x, y: x - y, "mul": lambda x, y: x * y,
+            "div": lambda x, y: x / y, "maximum": alg.maximum, "minimum": alg.minimum,
+        }
+        return Named(axes, np.asarray(fn[node.op](a, b), dtype=a.dtype if alg.symbolic else None))
+
+    def reduce(self, node: Box, kids: tuple[Named, ...]) -> Named:
+        arg = kids[0]
+        pos = tuple(arg.axes.index(a) for a in node.target)
+        return Named(tuple(a for a in arg.axes if a not in node.target), self.alg.reduce(node.op, arg.data, pos))
+
+    def normalise(self, node: Box, kids: tuple[Named, ...]) -> Named:
+        arg = kids[0]
+        pos = tuple(arg.axes.index(a) for a in node.target)
+        n = math.prod(arg.data.shape[i] for i in pos)
+        return Named(arg.axes, self.alg.normalise(node.op, arg.data, pos, n))
 
     def contract(self, node: Box, kids: tuple[Named, ...]) -> Named:
         operands = list(kids)
@@ -398,9 +394,10 @@ class _Interpreter:
         mask = Named(node.target, np.broadcast_to(_pred(node.index, grids), [self.sizes[x] for x in node.target]))  # type: ignore[arg-type]
         return Named(axes, np.where(mask.aligned(axes), a.aligned(axes), b.aligned(axes)))
 
-    def onehot(self, node: Box, arg: Named) -> Named:
+    def onehot(self, node: Box, kids: tuple[Named, ...]) -> Named:
         """1 where the position along the new axis equals the operand's value, else 0; a value
         that is no position (fractional, negative, or past the end) gives a row of zeros."""
+        arg = kids[0]
         axes = arg.axes + node.target
         n = _size(self.sizes, node.target[0])
         positions = np.arange(n) + self.offsets.get(node.target[0], 0)
@@ -408,7 +405,8 @@ class _Interpreter:
         one, zero = (sympy.Integer(1), sympy.Integer(0)) if self.alg.symbolic else (1.0, 0.0)
         return Named(axes, self.alg.asarray(np.where(hit.astype(bool), one, zero)))
 
-    def reshape(self, node: Box, arg: Named) -> Named:
+    def reshape(self, node: Box, kids: tuple[Named, ...]) -> Named:
+        arg = kids[0]
         shape = dict(zip(arg.axes, arg.data.shape, strict=True))
         if node.op == "transpose":
             order = tuple(a for a in arg.axes if a not in node.target) + node.target
@@ -438,6 +436,17 @@ class _Interpreter:
             self.sizes.setdefault(axis, p)  # type: ignore[arg-type]
         shape_out = [shape[a] for a in before] + parts + [shape[a] for a in after]
         return Named(before + new + after, data.reshape(shape_out))
+
+
+#: how the interpreter evaluates each kind of box (``ops.OpInfo.kind``); a test checks that every
+#: op's kind has an entry here and in every other interpreter's table
+BY_KIND: dict[str, Callable[[_Interpreter, Box, tuple[Named, ...]], Named]] = {
+    "unary": _Interpreter.unary, "binary": _Interpreter.binary, "reduce": _Interpreter.reduce,
+    "normalise": _Interpreter.normalise, "contract": _Interpreter.contract, "ncontract": _Interpreter.contract,
+    "where": _Interpreter.indexed, "index": _Interpreter.indexed, "onehot": _Interpreter.onehot,
+    "split": _Interpreter.reshape, "join": _Interpreter.reshape, "rename": _Interpreter.reshape,
+    "transpose": _Interpreter.reshape,
+}
 
 
 def evaluate_named(diagram: Diagram, inputs: Sequence[Named], sizes: dict[str, int],
@@ -472,3 +481,13 @@ def evaluate(diagram: Diagram, arrays: Sequence[Any], sizes: Mapping[str, int] |
     inputs = [Named(p.axes, d) for p, d in zip(diagram.inputs, data, strict=True)]
     outs = tuple(o.data for o in evaluate_named(diagram, inputs, bound, algebra))
     return outs[0] if len(outs) == 1 else outs
+
+
+def run(diagram: Diagram, *arrays: Any, sizes: Mapping[str, int] | None = None) -> Any:
+    """Evaluate ``diagram`` in float64 on numpy arrays given in declared input order.
+
+    The public entry point (``napkin_cat.run(module.diagram("attention"), Q, K, V)``): symbolic
+    sizes bind from the arrays, ``sizes`` gives those no input carries; returns one array, or a
+    tuple for several outputs.
+    """
+    return evaluate(diagram, arrays, sizes=sizes)

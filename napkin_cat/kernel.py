@@ -119,10 +119,6 @@ class Theorem:
         """The accumulator chosen for ``box`` streaming ``axis``, if any."""
         return next((name for a, b, name in self.accumulators if a == axis and b == box), None)
 
-    def _repr_svg_(self) -> str:  # notebook display: the picture, not a kernel concern
-        from napkin_cat.draw import draw_svg  # untrusted, imported only when displayed
-        return draw_svg(self)
-
 
 def _extend(thm: Theorem, step: Step | None, trust: tuple[str, ...], **changes: object) -> Theorem:
     values = {f.name: getattr(thm, f.name) for f in fields(thm)} | changes

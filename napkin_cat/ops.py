@@ -19,6 +19,7 @@ from dataclasses import dataclass
 __all__ = [
     "ACCUMULATORS",
     "BINARY",
+    "INFIX",
     "NORMALISERS",
     "OPS",
     "UNARY",
@@ -72,12 +73,13 @@ UNARY: dict[str, str] = {
     "silu": "x·sigmoid(x)",
 }
 
+#: the binary boxes written infix: their symbol and binding strength (the grammar's
+#: precedence, which the printer and the drawing parenthesise by)
+INFIX: dict[str, tuple[str, int]] = {"add": ("+", 1), "sub": ("-", 1), "mul": ("*", 2), "div": ("/", 2)}
+
 #: binary elementwise boxes, with their infix symbol where they have one
 BINARY: dict[str, str | None] = {
-    "add": "+",
-    "sub": "-",
-    "mul": "*",
-    "div": "/",
+    **{name: symbol for name, (symbol, _) in INFIX.items()},
     "maximum": None,  # written max(A, B)
     "minimum": None,  # written min(A, B)
 }
@@ -148,7 +150,7 @@ OPS: dict[str, OpInfo] = _ops()
 class Accumulator:
     """A streaming accumulator: state, identity, and the recomposition law B(F(x), y) = F(x ⊕ y).
 
-    The law and the identity are lemmas in ``napkin_cat.rules`` that ``certify`` checks;
+    The law and the identity are lemmas in ``napkin_cat.certify.rules`` that ``certify`` checks;
     the kernel only accepts a stream step whose accumulator is certified.
     """
 

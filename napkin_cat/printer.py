@@ -35,11 +35,11 @@ from napkin_cat.terms import (
     Var,
 )
 
-__all__ = ["print_diagram", "print_expr", "print_module", "print_step"]
+__all__ = ["ATOM", "print_diagram", "print_expr", "print_module", "print_step"]
 
-_INFIX = {"add": ("+", 1), "sub": ("-", 1), "mul": ("*", 2), "div": ("/", 2)}
 _UNARY_PREC = 3
-_ATOM = 4
+#: the precedence of an atom: print_expr(e, ATOM) parenthesises any compound e
+ATOM = 4
 
 
 def _number(value: float) -> str:
@@ -63,12 +63,12 @@ def print_expr(expr: Expr, context: int = 0) -> str:
     if isinstance(expr, Size):
         return expr.axis
     if isinstance(expr, Const):
-        return _paren(_number(expr.value), _UNARY_PREC if math.copysign(1.0, expr.value) < 0 else _ATOM, context)
+        return _paren(_number(expr.value), _UNARY_PREC if math.copysign(1.0, expr.value) < 0 else ATOM, context)
     if isinstance(expr, Apply):
         return f"{expr.diagram.name}({', '.join(print_expr(a) for a in expr.args)})"
     assert isinstance(expr, Box)
-    if expr.op in _INFIX:
-        symbol, prec = _INFIX[expr.op]
+    if expr.op in ops.INFIX:
+        symbol, prec = ops.INFIX[expr.op]
         left, right = expr.args
         return _paren(f"{print_expr(left, prec)} {symbol} {print_expr(right, prec + 1)}", prec, context)
     if expr.op == "neg" and not isinstance(expr.args[0], Const):  # `-2` would re-parse as the constant -2
@@ -94,7 +94,7 @@ def print_index(expr: IndexExpr, context: int = 0) -> str:
     if isinstance(expr, Idx):
         return expr.axis
     if isinstance(expr, IInt):
-        return _paren(str(expr.value), _UNARY_PREC if math.copysign(1.0, expr.value) < 0 else _ATOM, context)
+        return _paren(str(expr.value), _UNARY_PREC if math.copysign(1.0, expr.value) < 0 else ATOM, context)
     prec = 2 if expr.op == "*" else 1
     return _paren(f"{print_index(expr.left, prec)} {expr.op} {print_index(expr.right, prec + 1)}", prec, context)
 

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from napkin_cat import approximation, certify, kernel, rules
-from napkin_cat.accumulators import chunk
+from napkin_cat import certify, kernel
+from napkin_cat.certify import approximation, rules
+from napkin_cat.certify.accumulators import chunk
 from napkin_cat.diagnostics import Diagnostic, NapkinError, did_you_mean, error
 from napkin_cat.elaborate import load
 from napkin_cat.evaluate import FLOAT64, Named, evaluate_named
@@ -54,7 +55,7 @@ class CheckResult:
     failure: Diagnostic | None = None
     step: int | None = None
     counterexample: str | None = None
-    measured: tuple[str, ...] = ()  # each dtype step's measured error (napkin_cat.approximation)
+    measured: tuple[str, ...] = ()  # each dtype step's measured error (napkin_cat.certify.approximation)
 
     @property
     def ok(self) -> bool:

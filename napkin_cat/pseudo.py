@@ -14,9 +14,9 @@ from dataclasses import replace
 import sympy
 from sympy import Expr
 
-from napkin_cat.loopnest import Loop
 from napkin_cat.printer import print_expr
-from napkin_cat.pseudo_program import Buffer, Inst, Program, Step, View
+from napkin_cat.schedule.loopnest import Loop
+from napkin_cat.schedule.program import Buffer, Inst, Program, Step, View
 from napkin_cat.terms import Apply, Box, Const, Size, Var, fold
 from napkin_cat.terms import Expr as TExpr
 

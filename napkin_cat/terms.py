@@ -199,20 +199,6 @@ class Diagram:
                 return let
         raise KeyError(name)
 
-    def evaluate(self, *arrays: object, sizes: Mapping[str, int] | None = None) -> object:
-        """Evaluate in float64 on numpy arrays given in declared input order.
-
-        Returns one array, or a tuple for several outputs; see ``napkin_cat.evaluate``.
-        """
-        from napkin_cat.evaluate import evaluate
-
-        return evaluate(self, arrays, sizes=sizes)
-
-    def _repr_svg_(self) -> str:
-        from napkin_cat.draw import draw_svg
-
-        return draw_svg(self)
-
 
 # ---- proofs: steps, schedules and declarations --------------------------------------------
 

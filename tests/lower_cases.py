@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from napkin_cat import loads
-from napkin_cat.approximation import label_inputs
+from napkin_cat.certify.approximation import label_inputs
 from napkin_cat.evaluate import evaluate
 from napkin_cat.proof import check_file, check_module
 

@@ -1,11 +1,12 @@
-"""Measured approximation error of dtype steps (napkin_cat.approximation) and how `napkin check`
+"""Measured approximation error of dtype steps (napkin_cat.certify.approximation) and how `napkin check`
 holds a dtype step's `tol` to it."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from napkin_cat import approximation, kernel
+from napkin_cat import kernel
+from napkin_cat.certify import approximation
 from napkin_cat.elaborate import loads
 from napkin_cat.proof import check_module
 

@@ -12,8 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from napkin_cat import accumulators, certify, certify_reach, rules
-from napkin_cat.accumulators import accumulators_for
+from napkin_cat import certify
+from napkin_cat.certify import accumulators, rules
+from napkin_cat.certify import reach as certify_reach
+from napkin_cat.certify.accumulators import accumulators_for
 from napkin_cat.elaborate import loads
 from napkin_cat.evaluate import Named, evaluate_named
 from napkin_cat.kernel import typed_box

@@ -1,4 +1,4 @@
-"""The cases certification evaluates and its equality decisions (napkin_cat/certify_cases.py)."""
+"""The cases certification evaluates and its equality decisions (napkin_cat/certify/cases.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import sympy
 
-from napkin_cat.certify_cases import MAX_ORDERED, TooLarge, edges, grid, numeric_equal, symbolic_equal, symbols
+from napkin_cat.certify.cases import MAX_ORDERED, TooLarge, edges, grid, numeric_equal, symbolic_equal, symbols
 from napkin_cat.elaborate import loads
 
 

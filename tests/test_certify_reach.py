@@ -1,10 +1,10 @@
-"""How far certification sweeps a lemma (napkin_cat/certify_reach.py)."""
+"""How far certification sweeps a lemma (napkin_cat/certify/reach.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from napkin_cat.certify_reach import UNBOUNDED, reach, scale, unfolded
+from napkin_cat.certify.reach import UNBOUNDED, reach, scale, unfolded
 from napkin_cat.elaborate import loads
 from napkin_cat.terms import Apply, LemmaDecl, walk
 

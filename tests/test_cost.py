@@ -12,11 +12,11 @@ import sympy
 from hypothesis import given
 from hypothesis import strategies as st
 
-from napkin_cat import cli, hardware, proof
-from napkin_cat.bounds import diagram_bound, lower_bounds
-from napkin_cat.cost import cost, cost_of, timing
+from napkin_cat import cli, proof
+from napkin_cat.cost import cost, cost_of, hardware, timing
+from napkin_cat.cost.bounds import diagram_bound, lower_bounds
+from napkin_cat.cost.optimise import M_BYTES, M, continuous, multilevel, piecewise, search
 from napkin_cat.elaborate import loads
-from napkin_cat.optimise import M_BYTES, M, continuous, multilevel, piecewise, search
 from napkin_cat.terms import Partition, Quantise, Schedule
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -409,7 +409,7 @@ def test_stream_chunks_are_at_least_the_triton_block() -> None:
 def test_report_says_which_woven_axes_a_pallas_kernel_puts_on_its_grid() -> None:
     """Regression: mha proved with only `group q` was costed with b and h whole in every group
     ("none feasible") while the kernel napkin lowers runs one (b, h) per program; unexplained."""
-    from napkin_cat.cost_report import format_report, report
+    from napkin_cat.cost.report import format_report, report
 
     module = loads("""
 axis b, h, q, x
@@ -514,7 +514,7 @@ def test_a_stationary_point_below_one_position_is_no_optimum() -> None:
     """Regression: a weight matrix that stays whole in every group (here [k j] with k = j = 512,
     256 KiB in f16, over the 227 KiB of SMEM) left the Lagrange tile at M = capacity negative
     (gi = -142.5), and the report printed it with an H* below the compulsory traffic."""
-    from napkin_cat.cost_report import format_report, report
+    from napkin_cat.cost.report import format_report, report
 
     sizes = {"i": 4096, "j": 512, "k": 512}
     co = cost_of(MODULE.diagram("product"), grid(("group", "i", "gi", "smem")), sizes=sizes, dtype="f16")
@@ -530,7 +530,7 @@ def test_a_structural_bound_below_the_compulsory_traffic_gives_way_to_it() -> No
     bound N_q·N_x·d²/M = 2.3e2 values as its lower bound, though every key and value must be read
     once (the compulsory traffic, 5.2e5); and its Lagrange tile gq = 5.8e4 was
     longer than q = 2, giving an H* below the compulsory traffic."""
-    from napkin_cat.cost_report import report
+    from napkin_cat.cost.report import report
 
     co = cost_of(MODULE.diagram("streamed"), FLASH, sizes={"q": 2, "x": 4096, "d": 64}, dtype="f16")
     bounds = lower_bounds(co.program.nest.flat, co.sizes, M)
@@ -547,7 +547,7 @@ def test_at_given_sizes_the_notes_say_what_the_tiles_need() -> None:
     """Regression: with every size given, a causal mask's piecewise count still said "give every
     size with --size", and an empty configuration table did not say that unpadded tiles must
     divide q = 300 (no power of two from 16 up does)."""
-    from napkin_cat.cost_report import format_report, report
+    from napkin_cat.cost.report import format_report, report
 
     causal = loads("axis q, x, d\ndiagram c(Q: [q d], K: [x d], V: [x d]) -> [q d] {\n"
                    "  S = where[q x](q >= x, contract[d](Q, K), -inf)\n"

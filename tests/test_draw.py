@@ -10,6 +10,8 @@ from __future__ import annotations
 import itertools
 import re
 import struct
+import sys
+import types
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -18,10 +20,11 @@ import pytest
 import sympy
 from hypothesis import example, given
 
-from napkin_cat import ops
+import napkin_cat
+from napkin_cat import cost, ops, proof
 from napkin_cat.cli import main
 from napkin_cat.draw import LEVEL_COLOURS, MARK_COLOURS, draw_steps, draw_svg, save
-from napkin_cat.draw_graph import GLYPHS
+from napkin_cat.draw.graph import GLYPHS
 from napkin_cat.elaborate import load, loads
 from napkin_cat.terms import (
     Apply,
@@ -55,23 +58,6 @@ class StandIn:
     result: Diagram
     schedule: Schedule = field(default_factory=Schedule)
     steps: tuple[Step, ...] = ()
-
-
-FLASH = """
-axis q, x
-axis d = 64
-diagram attention(Q: [q d], K: [x d], V: [x d]) -> [q d] {
-  S = contract[d](Q, K) * rsqrt(d)
-  P = softmax[x](S)
-  O = contract[x](P, V)
-  return O
-}
-diagram flash(Q: [q d], K: [x d], V: [x d]) -> [q d] {
-  S = contract[d](Q, K) * rsqrt(d)
-  O = ncontract[x; exp, exp, id](S, V)
-  return O
-}
-"""
 
 
 def _texts(root: ET.Element) -> list[str]:
@@ -195,18 +181,15 @@ def test_tuples_are_separated_and_copies_fork() -> None:
     assert any(el.tag == f"{SVG}circle" for el in root.iter())  # X feeds two boxes
 
 
-def test_every_op_has_a_glyph() -> None:
-    assert set(GLYPHS) == set(ops.OPS)
-
-
 def test_drawing_is_deterministic() -> None:
     diagram = load(ROOT / "examples" / "attention.ncd").diagram("causal_attention")
     assert draw_svg(diagram) == draw_svg(diagram)
 
 
 def _flash() -> tuple[Diagram, Diagram]:
-    module = loads(FLASH)
-    return module.diagram("attention"), module.diagram("flash")
+    """examples/attention.ncd's attention, and the same after proofs/flash_attention.ncd's rewrite."""
+    thm = proof.theorem(ROOT / "proofs" / "flash_attention.ncd", "flash_attention")
+    return thm.source, thm.result
 
 
 def test_theorem_wires_take_the_colour_of_their_level() -> None:
@@ -295,8 +278,6 @@ def test_cli_draws_diagrams_and_refuses_bad_requests(tmp_path: Path, capsys: pyt
 
 def test_cli_draws_a_checked_theorem_and_its_steps(tmp_path: Path) -> None:
     proofs = ROOT / "proofs" / "flash_attention.ncd"
-    if not proofs.exists():
-        pytest.skip("proofs/flash_attention.ncd not present")
     assert main(["draw", str(proofs), "flash_attention", "-o", str(tmp_path / "flash.svg")]) == 0
     root = ET.fromstring((tmp_path / "flash.svg").read_text())
     assert LEVEL_COLOURS["smem"] in _strokes(root)
@@ -317,21 +298,23 @@ def test_readme_draw_commands_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         assert (tmp_path / Path(args[out]).name).exists()
 
 
-def test_diagrams_and_theorems_display_in_notebooks() -> None:
+def test_diagrams_and_theorems_display_in_notebooks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside an IPython shell, napkin registers an SVG formatter for diagrams and theorems."""
+    registered: dict[type, object] = {}
+    formatter = types.SimpleNamespace(for_type=registered.__setitem__)
+    shell = types.SimpleNamespace(display_formatter=types.SimpleNamespace(formatters={"image/svg+xml": formatter}))
+    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: shell))
+    assert napkin_cat.show_in_notebooks()
     diagram = load(ROOT / "examples" / "matmul.ncd").diagram("matmul")
-    assert diagram._repr_svg_() == draw_svg(diagram)
-    proofs = ROOT / "proofs" / "matmul.ncd"
-    if not proofs.exists():
-        pytest.skip("proofs/matmul.ncd not present")
-    from napkin_cat import proof
-
-    thm = proof.theorem(proofs, "tiled_matmul")
-    assert thm._repr_svg_() == draw_svg(thm)
-    assert "b s=" in thm._repr_svg_()
+    thm = proof.theorem(ROOT / "proofs" / "matmul.ncd", "tiled_matmul")
+    show = registered[type(diagram)]
+    assert show(diagram) == draw_svg(diagram)  # type: ignore[operator]
+    assert "b s=" in registered[type(thm)](thm)  # type: ignore[operator]
+    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: None))
+    assert not napkin_cat.show_in_notebooks()  # outside a shell nothing is registered
 
 
 def test_theorems_carry_the_cost_models_row() -> None:
-    cost = pytest.importorskip("napkin_cat.cost")
     source, flash = _flash()
     group = Partition("group", "q", "gq", "smem")
     stream = Partition("stream", "x", "sx", "smem", via="online_softmax")

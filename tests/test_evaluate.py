@@ -16,7 +16,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from scipy import special
 
-from napkin_cat import ops
+from napkin_cat import ops, run
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.elaborate import loads
 from napkin_cat.evaluate import FLOAT64, SYMBOLIC, Named, evaluate, evaluate_named
@@ -39,7 +39,7 @@ def check(data: st.DataObject, d: Diagram, reference: Callable[..., Any],
     """Draw sizes then inputs for ``d``; compare ``d.evaluate`` with ``reference``."""
     sizes = data.draw(sizes_for(d))
     arrays = data.draw(input_arrays(d, sizes, elements))
-    got = d.evaluate(*arrays)
+    got = run(d, *arrays)
     want = reference(*arrays)
     np.testing.assert_allclose(got, want, rtol=rtol, atol=1e-12)
     assert np.shape(got) == tuple(sizes[a] for a in d.out_types[0])
@@ -99,7 +99,7 @@ def test_constants_and_sizes(data: st.DataObject) -> None:
     d = diagram("(X: [i j]) -> [i j]", "X * rsqrt(j) + 2.5 - -1")
     sizes = data.draw(sizes_for(d))
     (x,) = data.draw(input_arrays(d, sizes))
-    np.testing.assert_allclose(d.evaluate(x), x / math.sqrt(sizes["j"]) + 3.5, rtol=1e-12)
+    np.testing.assert_allclose(run(d, x), x / math.sqrt(sizes["j"]) + 3.5, rtol=1e-12)
 
 
 # ---- reductions and normalisations ------------------------------------------------------------
@@ -142,8 +142,8 @@ def test_normalise(op: str, target: str, data: st.DataObject) -> None:
 @example(x=[0.0, -11.0])  # log(1 + e^-11) lost 11 digits to cancellation (found by the dev profile)
 def test_huge_logits_stay_finite(x: list[float]) -> None:
     row = np.array([x])
-    p = diagram("(X: [i j]) -> [i j]", "softmax[j](X)").evaluate(row)
-    lse = diagram("(X: [i j]) -> [i]", "logsumexp[j](X)").evaluate(row)
+    p = run(diagram("(X: [i j]) -> [i j]", "softmax[j](X)"), row)
+    lse = run(diagram("(X: [i j]) -> [i]", "logsumexp[j](X)"), row)
     assert np.all(np.isfinite(p)) and np.isfinite(lse).all()
     np.testing.assert_allclose(p.sum(), 1.0, rtol=1e-12)
     np.testing.assert_allclose(lse, special.logsumexp(row, axis=1), rtol=1e-12)
@@ -153,20 +153,20 @@ def test_huge_logits_stay_finite(x: list[float]) -> None:
 def test_masked_rows_follow_the_documented_conventions() -> None:
     """A -inf entry gets weight 0; a fully masked row gives softmax 0 and logsumexp -inf."""
     s = np.array([[0.5, -np.inf, 1.5], [-np.inf, -np.inf, -np.inf]])
-    p = diagram("(X: [i j]) -> [i j]", "softmax[j](X)").evaluate(s)
+    p = run(diagram("(X: [i j]) -> [i j]", "softmax[j](X)"), s)
     e = np.exp([0.5, 1.5])
     np.testing.assert_allclose(p, [[e[0] / e.sum(), 0.0, e[1] / e.sum()], [0.0, 0.0, 0.0]])
-    lse = diagram("(X: [i j]) -> [i]", "logsumexp[j](X)").evaluate(s)
+    lse = run(diagram("(X: [i j]) -> [i]", "logsumexp[j](X)"), s)
     np.testing.assert_allclose(lse, [np.log(e.sum()), -np.inf])
     v = np.arange(6.0).reshape(3, 2)
-    o = diagram("(S: [i j], V: [j k]) -> [i k]", "ncontract[j; exp, exp, id](S, V)").evaluate(s, v)
+    o = run(diagram("(S: [i j], V: [j k]) -> [i k]", "ncontract[j; exp, exp, id](S, V)"), s, v)
     np.testing.assert_allclose(o, [p[0] @ v, [0.0, 0.0]])
 
 
 def test_zero_rows_normalise_to_zero() -> None:
     x = np.array([[0.0, 0.0], [3.0, 4.0]])
     for op, scale in (("l2norm", 5.0), ("rmsnorm", math.sqrt(12.5))):
-        got = diagram("(X: [i j]) -> [i j]", f"{op}[j](X)").evaluate(x)
+        got = run(diagram("(X: [i j]) -> [i j]", f"{op}[j](X)"), x)
         np.testing.assert_allclose(got, [[0.0, 0.0], [3.0 / scale, 4.0 / scale]])
 
 
@@ -240,12 +240,12 @@ def test_onehot(data: st.DataObject) -> None:
     sizes = data.draw(sizes_for(d))
     labels = data.draw(st.lists(st.integers(0, sizes["k"] - 1), min_size=sizes["i"], max_size=sizes["i"]))
     x = np.zeros((sizes["i"], sizes["k"]))
-    np.testing.assert_array_equal(d.evaluate(np.array(labels, dtype=float), x), np.eye(sizes["k"])[labels])
+    np.testing.assert_array_equal(run(d, np.array(labels, dtype=float), x), np.eye(sizes["k"])[labels])
 
 
 def test_onehot_of_a_value_that_is_no_position_is_a_zero_row() -> None:
     d = diagram("(L: [i]) -> [i k]", "onehot[k](L)")
-    np.testing.assert_array_equal(d.evaluate(np.array([1.0, 0.5, -1.0, 3.0]), sizes={"k": 3}),
+    np.testing.assert_array_equal(run(d, np.array([1.0, 0.5, -1.0, 3.0]), sizes={"k": 3}),
                                   [[0, 1, 0], [0, 0, 0], [0, 0, 0], [0, 0, 0]])
 
 
@@ -257,15 +257,15 @@ def test_split_join_inverse(data: st.DataObject) -> None:
     sizes = data.draw(st.fixed_dictionaries({"k": st.integers(1, 3), "i": st.sampled_from([2, 4, 6]),
                                              "j": st.integers(1, 3)}))
     x = data.draw(input_arrays(d.diagram("sj"), sizes))[0]
-    np.testing.assert_array_equal(d.diagram("sj").evaluate(x), x)
+    np.testing.assert_array_equal(run(d.diagram("sj"), x), x)
     # io is major: position i = io * |ii| + ii
-    np.testing.assert_array_equal(d.diagram("s").evaluate(x), x.reshape(sizes["k"], 2, sizes["i"] // 2, -1))
+    np.testing.assert_array_equal(run(d.diagram("s"), x), x.reshape(sizes["k"], 2, sizes["i"] // 2, -1))
 
 
 def test_split_of_an_indivisible_axis_is_an_error() -> None:
     d = loads(AXES + "axis io = 2, ii\ndiagram s(X: [i]) -> [io ii] { return split[i -> io ii](X) }\n")
     with pytest.raises(NapkinError, match=r"split\[i -> io ii\]: sizes 2 x \? do not multiply to 3"):
-        d.diagram("s").evaluate(np.zeros(3))
+        run(d.diagram("s"), np.zeros(3))
 
 
 @given(data=st.data())
@@ -276,7 +276,7 @@ def test_rename_and_transpose(data: st.DataObject) -> None:
     sizes["k"] = sizes["j"]
     x, y = data.draw(input_arrays(d, sizes))
     expected = np.einsum("ik,ij->ki", x * y[None, :], x)
-    np.testing.assert_allclose(d.evaluate(x, y), expected, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(run(d, x, y), expected, rtol=1e-10, atol=1e-12)
 
 
 # ---- weaving ------------------------------------------------------------------------------------
@@ -299,13 +299,13 @@ def test_weaving_nests_through_calls_inside_woven_diagrams() -> None:
                      "diagram h(X: [p i j]) -> [p i j] { return g(X) }\n")
     x = np.random.default_rng(3).standard_normal((2, 3, 4))
     expected = NORMALISE_REFERENCE["softmax"](x, (2,)) * np.arange(3)[None, :, None]
-    np.testing.assert_allclose(m.diagram("h").evaluate(x), expected, rtol=1e-12)
+    np.testing.assert_allclose(run(m.diagram("h"), x), expected, rtol=1e-12)
 
 
 def test_an_output_independent_of_a_woven_axis_is_repeated_along_it() -> None:
     m = loads(AXES + "diagram c(X: [j]) -> [], [j] { return 2.5, sum[i](index[i j](i + j)) }\n"
                      "diagram w(X: [p j]) -> [p], [p j] { A, B = c(X)\n return A, B }\n")
-    a, b = m.diagram("w").evaluate(np.zeros((2, 3)), sizes={"i": 4})
+    a, b = run(m.diagram("w"), np.zeros((2, 3)), sizes={"i": 4})
     np.testing.assert_array_equal(a, [2.5, 2.5])
     np.testing.assert_array_equal(b, np.broadcast_to(6 + 4 * np.arange(3.0), (2, 3)))
 
@@ -313,7 +313,7 @@ def test_an_output_independent_of_a_woven_axis_is_repeated_along_it() -> None:
 def test_woven_outputs_put_the_woven_axes_first() -> None:
     m = loads(AXES + "diagram t(X: [i]) -> [i], [] { return X, sum[i](X) }\n"
                      "diagram w(X: [i p]) -> [p i], [p] { A, B = t(X)\n return A, B }\n")
-    a, b = m.diagram("w").evaluate(np.arange(6.0).reshape(3, 2))
+    a, b = run(m.diagram("w"), np.arange(6.0).reshape(3, 2))
     np.testing.assert_array_equal(a, np.arange(6.0).reshape(3, 2).T)
     np.testing.assert_array_equal(b, [6.0, 9.0])
 
@@ -325,8 +325,8 @@ SIZED = "axis i, j\naxis d = 3\ndiagram f(X: [i d], Y: [i j]) -> [d j] { return 
 
 def test_symbolic_sizes_bind_from_the_arrays() -> None:
     d = loads(SIZED).diagram("f")
-    assert d.evaluate(np.ones((4, 3)), np.ones((4, 5))).shape == (3, 5)
-    assert d.evaluate(np.ones((1, 3)), np.ones((1, 2))).shape == (3, 2)
+    assert run(d, np.ones((4, 3)), np.ones((4, 5))).shape == (3, 5)
+    assert run(d, np.ones((1, 3)), np.ones((1, 2))).shape == (3, 2)
 
 
 @pytest.mark.parametrize(("arrays", "sizes", "message"), [
@@ -341,20 +341,20 @@ def test_symbolic_sizes_bind_from_the_arrays() -> None:
 def test_size_mismatches_name_the_axis(arrays: tuple[np.ndarray, ...], sizes: dict[str, int] | None,
                                        message: str) -> None:
     with pytest.raises(NapkinError, match=message):
-        loads(SIZED).diagram("f").evaluate(*arrays, sizes=sizes)
+        run(loads(SIZED).diagram("f"), *arrays, sizes=sizes)
 
 
 def test_rename_onto_an_axis_of_another_size_names_the_axis() -> None:
     d = diagram("(X: [i j], Y: [k]) -> [i k]", "rename[j -> k](X) * Y")
     with pytest.raises(NapkinError, match=r"axis `k` has size 4 but input `rename\[j -> k\]` has 3 along it"):
-        d.evaluate(np.ones((2, 3)), np.ones(4))
+        run(d, np.ones((2, 3)), np.ones(4))
 
 
 def test_an_axis_no_input_carries_needs_a_size() -> None:
     d = loads("axis i, j\ndiagram f(X: [i]) -> [i j] { return X + index[j](j) }\n").diagram("f")
     with pytest.raises(NapkinError, match=r"axis `j` has no size: give it with sizes=\{'j': N\}"):
-        d.evaluate(np.ones(2))
-    np.testing.assert_array_equal(d.evaluate(np.ones(2), sizes={"j": 3}), [[1, 2, 3], [1, 2, 3]])
+        run(d, np.ones(2))
+    np.testing.assert_array_equal(run(d, np.ones(2), sizes={"j": 3}), [[1, 2, 3], [1, 2, 3]])
 
 
 

@@ -49,25 +49,25 @@ def test_matmul(rng: np.random.Generator) -> None:
     assert [(p.name, p.axes) for p in d.inputs] == [("A", ("a", "b")), ("B", ("b", "c"))]
     assert d.out_types == (("a", "c"),)
     a, b = rng.standard_normal((3, 4)), rng.standard_normal((4, 5))
-    np.testing.assert_allclose(d.evaluate(a, b), a @ b, rtol=1e-12)
+    np.testing.assert_allclose(napkin_cat.run(d, a, b), a @ b, rtol=1e-12)
 
 
 def test_attention_variants(rng: np.random.Generator) -> None:
     m = napkin_cat.load(EXAMPLES / "attention.ncd")
     q, k, v = (rng.standard_normal(s) for s in ((5, 64), (7, 64), (7, 64)))
-    np.testing.assert_allclose(m.diagram("attention").evaluate(q, k, v), _attention(q, k, v), rtol=1e-10)
+    np.testing.assert_allclose(napkin_cat.run(m.diagram("attention"), q, k, v), _attention(q, k, v), rtol=1e-10)
 
     causal = np.where(np.arange(5)[:, None] >= np.arange(7)[None, :], 0.0, -np.inf)
-    np.testing.assert_allclose(m.diagram("causal_attention").evaluate(q, k, v), _attention(q, k, v, causal),
+    np.testing.assert_allclose(napkin_cat.run(m.diagram("causal_attention"), q, k, v), _attention(q, k, v, causal),
                                rtol=1e-10)
 
     qb, kb, vb = (rng.standard_normal(s) for s in ((2, 3, 5, 64), (2, 3, 7, 64), (2, 3, 7, 64)))
-    np.testing.assert_allclose(m.diagram("mha").evaluate(qb, kb, vb), _attention(qb, kb, vb), rtol=1e-10)
+    np.testing.assert_allclose(napkin_cat.run(m.diagram("mha"), qb, kb, vb), _attention(qb, kb, vb), rtol=1e-10)
 
     # GQA: query heads [b h g], K/V heads [b h], each K/V head shared by its g query heads
     qg = rng.standard_normal((2, 3, 4, 5, 64))
     expected = _attention(qg, kb[:, :, None], vb[:, :, None])
-    np.testing.assert_allclose(m.diagram("gqa").evaluate(qg, kb, vb), expected, rtol=1e-10)
+    np.testing.assert_allclose(napkin_cat.run(m.diagram("gqa"), qg, kb, vb), expected, rtol=1e-10)
 
 
 def test_alibi_attention(rng: np.random.Generator) -> None:
@@ -77,26 +77,26 @@ def test_alibi_attention(rng: np.random.Generator) -> None:
     distance = np.arange(5)[:, None] - np.arange(5)[None, :]
     bias = np.where(distance >= 0, -slopes[:, None, None] * distance, -np.inf)
     expected = _attention(qb, kb, vb, bias)
-    np.testing.assert_allclose(m.diagram("alibi_mha").evaluate(qb, kb, vb, slopes), expected, rtol=1e-10)
+    np.testing.assert_allclose(napkin_cat.run(m.diagram("alibi_mha"), qb, kb, vb, slopes), expected, rtol=1e-10)
 
 
 def test_mlp(rng: np.random.Generator) -> None:
     m = napkin_cat.load(EXAMPLES / "mlp.ncd")
     x, w1, b1, w2, b2 = (rng.standard_normal(s) for s in ((6, 4), (4, 9), (9,), (9, 4), (4,)))
     expected = _gelu(x @ w1 + b1) @ w2 + b2
-    np.testing.assert_allclose(m.diagram("mlp").evaluate(x, w1, b1, w2, b2), expected, rtol=1e-10)
-    np.testing.assert_allclose(m.diagram("linear").evaluate(x, w1, b1), x @ w1 + b1, rtol=1e-12)
+    np.testing.assert_allclose(napkin_cat.run(m.diagram("mlp"), x, w1, b1, w2, b2), expected, rtol=1e-10)
+    np.testing.assert_allclose(napkin_cat.run(m.diagram("linear"), x, w1, b1), x @ w1 + b1, rtol=1e-12)
 
 
 def test_layernorm_and_rmsnorm(rng: np.random.Generator) -> None:
     m = napkin_cat.load(EXAMPLES / "layernorm.ncd")
     x, g, b = rng.standard_normal((6, 8)), rng.standard_normal(8), rng.standard_normal(8)
     mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
-    np.testing.assert_allclose(m.diagram("layernorm").evaluate(x, g, b), (x - mu) / np.sqrt(var + 1e-5) * g + b,
+    np.testing.assert_allclose(napkin_cat.run(m.diagram("layernorm"), x, g, b), (x - mu) / np.sqrt(var + 1e-5) * g + b,
                                rtol=1e-10)
     ms = (x**2).mean(-1, keepdims=True)
-    np.testing.assert_allclose(m.diagram("rms_norm").evaluate(x, g), x / np.sqrt(ms + 1e-6) * g, rtol=1e-10)
-    np.testing.assert_allclose(m.diagram("rms_norm_exact").evaluate(x, g), x / np.sqrt(ms) * g, rtol=1e-10)
+    np.testing.assert_allclose(napkin_cat.run(m.diagram("rms_norm"), x, g), x / np.sqrt(ms + 1e-6) * g, rtol=1e-10)
+    np.testing.assert_allclose(napkin_cat.run(m.diagram("rms_norm_exact"), x, g), x / np.sqrt(ms) * g, rtol=1e-10)
 
 
 def test_cross_entropy_one_hot_and_index(rng: np.random.Generator) -> None:
@@ -105,14 +105,15 @@ def test_cross_entropy_one_hot_and_index(rng: np.random.Generator) -> None:
     labels = rng.integers(0, 11, size=6)
     expected = logsumexp(z, -1) - z[np.arange(6), labels]
     one_hot = np.eye(11)[labels]
-    np.testing.assert_allclose(m.diagram("cross_entropy").evaluate(z, one_hot), expected, rtol=1e-10)
-    np.testing.assert_allclose(m.diagram("cross_entropy_index").evaluate(z, labels.astype(float)), expected,
+    np.testing.assert_allclose(napkin_cat.run(m.diagram("cross_entropy"), z, one_hot), expected, rtol=1e-10)
+    np.testing.assert_allclose(napkin_cat.run(m.diagram("cross_entropy_index"), z, labels.astype(float)), expected,
                                rtol=1e-10)
-    np.testing.assert_allclose(m.diagram("mean_cross_entropy").evaluate(z, labels.astype(float)), expected.mean(),
+    np.testing.assert_allclose(napkin_cat.run(m.diagram("mean_cross_entropy"), z, labels.astype(float)),
+                               expected.mean(),
                                rtol=1e-10)
     h, w = rng.standard_normal((6, 4)), rng.standard_normal((4, 11)) * 5
     logits = h @ w
-    np.testing.assert_allclose(m.diagram("linear_cross_entropy").evaluate(h, w, labels.astype(float)),
+    np.testing.assert_allclose(napkin_cat.run(m.diagram("linear_cross_entropy"), h, w, labels.astype(float)),
                                logsumexp(logits, -1) - logits[np.arange(6), labels], rtol=1e-10)
 
 

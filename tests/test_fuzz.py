@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from napkin_cat import run
 from napkin_cat.diagnostics import NapkinError, render
 from napkin_cat.elaborate import loads
 from napkin_cat.terms import Module
@@ -112,7 +113,7 @@ def test_generated_modules_evaluate_or_give_diagnostics(module: Module, data: st
         sizes = data.draw(sizes_for(diagram, max_size=3))
         arrays = data.draw(input_arrays(diagram, sizes))
         try:
-            result = diagram.evaluate(*arrays, sizes=sizes)
+            result = run(diagram, *arrays, sizes=sizes)
         except NapkinError as exc:
             # well typed, every axis sized, every array shaped: only sizes that a rename or split
             # cannot honour (drawn independently for its axes) may be refused

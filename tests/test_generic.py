@@ -26,10 +26,10 @@ import numpy as np
 import pytest
 
 from napkin_cat import cost, draw, pseudo
-from napkin_cat.approximation import label_inputs
+from napkin_cat.certify.approximation import label_inputs
+from napkin_cat.cost.optimise import search
 from napkin_cat.evaluate import evaluate
 from napkin_cat.lower import lower
-from napkin_cat.optimise import search
 from napkin_cat.proof import check_file
 from tests import lower_cases as cases
 from tests.test_crosslower import TRITON_CALL, cuda_hlo

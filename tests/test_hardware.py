@@ -7,15 +7,15 @@ from importlib import resources
 
 import pytest
 
-from napkin_cat import hardware as hw
 from napkin_cat import kernel
+from napkin_cat.cost import hardware as hw
 from napkin_cat.terms import LEVELS
 
 
 def test_three_profiles_ship_inside_the_package() -> None:
     assert {"h100", "h200", "a100"} <= set(hw.available())
     for key in hw.available():
-        assert resources.files("napkin_cat.hardware").joinpath(f"{key}.toml").is_file()
+        assert resources.files("napkin_cat.cost.hardware").joinpath(f"{key}.toml").is_file()
 
 
 @pytest.mark.parametrize("key", ["h100", "h200", "a100"])
@@ -36,7 +36,7 @@ def test_profile_levels_are_ordered_and_positive(key: str) -> None:
 
 @pytest.mark.parametrize("key", ["h100", "h200", "a100"])
 def test_every_number_cites_a_source(key: str) -> None:
-    text = resources.files("napkin_cat.hardware").joinpath(f"{key}.toml").read_text(encoding="utf-8")
+    text = resources.files("napkin_cat.cost.hardware").joinpath(f"{key}.toml").read_text(encoding="utf-8")
     numbers = [line for line in text.splitlines() if re.match(r"^\w+ = [0-9]", line)]
     assert numbers
     for line in numbers:

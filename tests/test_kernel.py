@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from napkin_cat import kernel, rules
+from napkin_cat import kernel
+from napkin_cat.certify import rules
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.elaborate import loads
 from napkin_cat.evaluate import FLOAT64, Named, evaluate_named

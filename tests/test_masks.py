@@ -11,10 +11,10 @@ import pytest
 import sympy
 
 from napkin_cat.cost import cost_of
+from napkin_cat.cost.optimise import continuous
 from napkin_cat.elaborate import loads
-from napkin_cat.loopnest import flatten
-from napkin_cat.masks import GroupAxis, chunk_count, chunk_range, stream_masks
-from napkin_cat.optimise import continuous
+from napkin_cat.schedule.loopnest import flatten
+from napkin_cat.schedule.masks import GroupAxis, chunk_count, chunk_range, stream_masks
 from napkin_cat.terms import Partition, Schedule
 
 # every diagram masks the scores with -inf, the online softmax's padding for them, and

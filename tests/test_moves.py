@@ -1,12 +1,14 @@
-"""The search's moves (napkin_cat.moves): lemma proposals found by matching, axis roles,
+"""The search's moves (napkin_cat.search.moves): lemma proposals found by matching, axis roles,
 relabelling plans as proof steps, and the neighbourhood of the hill climb."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from napkin_cat import kernel, moves, rules
+from napkin_cat import kernel
+from napkin_cat.certify import rules
 from napkin_cat.elaborate import load, loads
+from napkin_cat.search import moves
 from napkin_cat.terms import Partition, Place, Rewrite
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

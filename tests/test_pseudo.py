@@ -11,10 +11,10 @@ import sympy
 from napkin_cat import cli, proof
 from napkin_cat.cost import cost, cost_of
 from napkin_cat.elaborate import loads
-from napkin_cat.loopnest import loop_nest
 from napkin_cat.pseudo import render
-from napkin_cat.pseudo_build import program
-from napkin_cat.pseudo_program import max_of
+from napkin_cat.schedule.build import program
+from napkin_cat.schedule.loopnest import loop_nest
+from napkin_cat.schedule.program import max_of
 from napkin_cat.terms import Partition, Place, Schedule
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from napkin_cat import rules
+from napkin_cat.certify import rules
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.elaborate import loads
 

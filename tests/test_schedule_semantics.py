@@ -17,13 +17,14 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from napkin_cat import certify, derive, kernel
-from napkin_cat.approximation import label_inputs
+from napkin_cat import certify, kernel
+from napkin_cat.certify.approximation import label_inputs
 from napkin_cat.elaborate import loads
 from napkin_cat.evaluate import evaluate
 from napkin_cat.kernel import KernelError, Theorem
 from napkin_cat.proof import check_file, check_module, theorem
-from napkin_cat.schedule_eval import run_schedule
+from napkin_cat.schedule.run import run_schedule
+from napkin_cat.search import derive
 from napkin_cat.terms import Partition
 
 PROOFS = Path(__file__).resolve().parent.parent / "proofs"

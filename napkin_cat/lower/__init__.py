@@ -19,10 +19,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from napkin_cat import cost, optimise
-from napkin_cat import hardware as hw
+from napkin_cat import cost
+from napkin_cat.cost import hardware as hw
+from napkin_cat.cost import optimise
 from napkin_cat.diagnostics import NapkinError, error
-from napkin_cat.loopnest import flatten, woven_axes
 from napkin_cat.lower import codegen as cg
 from napkin_cat.lower import jax as jax_target
 from napkin_cat.lower import pallas as pallas_target
@@ -30,6 +30,7 @@ from napkin_cat.lower.layout import Layout, layout
 from napkin_cat.lower.runtime import helper_source
 from napkin_cat.lower.values import BIG, INF, TINY
 from napkin_cat.printer import print_diagram, print_step
+from napkin_cat.schedule.loopnest import flatten, woven_axes
 from napkin_cat.terms import Diagram, Partition, Schedule
 
 __all__ = ["DEFAULT_TILE", "DTYPES", "REPRESENTATIVE_SIZE", "TARGETS", "Lowered", "default_tiles", "lower",

@@ -19,7 +19,7 @@ import ast
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from napkin_cat.accumulators import AccumulatorPlan
+from napkin_cat.certify.accumulators import AccumulatorPlan
 from napkin_cat.lower import codegen as cg
 from napkin_cat.lower.jaxops import argument, emit_diagram, emit_node, mask_padded
 from napkin_cat.lower.layout import Layout

@@ -25,8 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from napkin_cat import ops
-from napkin_cat.accumulators import plan
-from napkin_cat.loopnest import flatten
+from napkin_cat.certify.accumulators import plan
 from napkin_cat.lower import codegen as cg
 from napkin_cat.lower.values import (
     Scope,
@@ -42,6 +41,7 @@ from napkin_cat.lower.values import (
     shape,
     transpose_to,
 )
+from napkin_cat.schedule.loopnest import flatten
 from napkin_cat.terms import Axes, Box, Const, Diagram, Expr, IBin, Idx, IInt, IndexExpr, Size, Var
 
 __all__ = ["BINARY", "MIX_FILL", "TABLE", "UNARY", "argument", "emit_box", "emit_diagram", "emit_node",

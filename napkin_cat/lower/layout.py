@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from napkin_cat import ops
-from napkin_cat.accumulators import AccumulatorPlan, plan
+from napkin_cat.certify.accumulators import AccumulatorPlan, plan
 from napkin_cat.diagnostics import NapkinError, error
-from napkin_cat.loopnest import POSITIONAL, Flat, LoopNest, Node, loop_nest, touches, woven_axes
 from napkin_cat.lower.jaxops import fill_values
 from napkin_cat.lower.runtime import pow2_extent
+from napkin_cat.schedule.loopnest import POSITIONAL, Flat, LoopNest, Node, loop_nest, touches, woven_axes
 from napkin_cat.terms import Box, Diagram, Schedule, Size
 
 __all__ = ["FORMATS", "MIN_BLOCK", "POSITIONAL", "TRITON_MISSING", "Layout", "layout"]

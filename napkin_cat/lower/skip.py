@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from napkin_cat.lower import codegen as cg
 from napkin_cat.lower.layout import Layout
-from napkin_cat.masks import Side, stream_masks
+from napkin_cat.schedule.masks import Side, stream_masks
 
 __all__ = ["chunk_range"]
 

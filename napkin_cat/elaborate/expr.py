@@ -34,7 +34,6 @@ from napkin_cat.terms import (
     union_axes,
 )
 
-_BINOPS = {"add": "add", "sub": "sub", "mul": "mul", "div": "div"}
 _PRED_NODES = ("compare", "and_", "or_", "not_")
 
 #: a node of the Lark tree that ``syntax.parse_tree`` returns
@@ -98,13 +97,12 @@ class ExprElaborator:
             if isinstance(inner, Const):
                 return Const(-inner.value, sp)
             return Box("neg", (inner,), inner.axes, span=sp)
-        if kind in _BINOPS:
+        if kind in ops.INFIX:  # the grammar names its infix rules after their ops
             left = self.operand(tree.children[0], env, later)
             right = self.operand(tree.children[1], env, later)
             if left is None or right is None:
                 return None
-            op = _BINOPS[kind]
-            return Box(op, (left, right), ops.result_axes(op, (left.axes, right.axes)), span=sp)
+            return Box(kind, (left, right), ops.result_axes(kind, (left.axes, right.axes)), span=sp)
         if kind in _PRED_NODES:
             self.err("type.predicate_outside_where", tree)
             return None

@@ -5,7 +5,7 @@ a ``Theorem``.  Every candidate is a ``TheoremDecl`` run through the kernel by
 What is searched (architecture §3.1, paper R3-R8):
 
 The moves (lemma proposals by matching, relabelling plans from the axis roles) are in
-``napkin_cat.moves``; this module runs them through the kernel and the cost function.
+``napkin_cat.search.moves``; this module runs them through the kernel and the cost function.
 
 - **Rewrites**: the lemma library is matched against the diagram (``moves.proposals``);
   a proposal the kernel refuses is recorded and dropped.  Rewritten diagrams are explored best first (cheapest as
@@ -39,8 +39,8 @@ from dataclasses import dataclass, field, replace
 
 from napkin_cat import kernel
 from napkin_cat.diagnostics import NapkinError
-from napkin_cat.moves import Plan, axis_roles, neighbours, plan_steps, proposals, signature, starts
 from napkin_cat.proof import check_theorem, describe_step
+from napkin_cat.search.moves import Plan, axis_roles, neighbours, plan_steps, proposals, signature, starts
 from napkin_cat.terms import Diagram, LemmaDecl, Module, Partition, Rewrite, Step, TheoremDecl
 
 __all__ = ["Candidate", "CostFn", "Costed", "ScreenFn", "Search", "search"]

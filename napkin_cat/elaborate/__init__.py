@@ -22,7 +22,7 @@ from lark import Token, Tree
 
 from napkin_cat import ops
 from napkin_cat.diagnostics import Diagnostic, NapkinError, Span, did_you_mean, error
-from napkin_cat.elaborate_expr import ExprElaborator, Node, _fmt, _span, _tok, _tokens
+from napkin_cat.elaborate.expr import ExprElaborator, Node, _fmt, _span, _tok, _tokens
 from napkin_cat.syntax import parse_tree
 from napkin_cat.terms import (
     LEVELS,

@@ -11,11 +11,11 @@ from typing import Any
 
 import sympy
 
-from napkin_cat import hardware as hw
-from napkin_cat.bounds import diagram_bound, lower_bounds
 from napkin_cat.cost import Cost, timing
-from napkin_cat.loopnest import woven_axes
-from napkin_cat.optimise import ConfigTable, M, continuous, multilevel, piecewise, search
+from napkin_cat.cost import hardware as hw
+from napkin_cat.cost.bounds import diagram_bound, lower_bounds
+from napkin_cat.cost.optimise import ConfigTable, M, continuous, multilevel, piecewise, search
+from napkin_cat.schedule.loopnest import woven_axes
 
 __all__ = ["format_report", "report"]
 

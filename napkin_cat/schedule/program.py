@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import sympy
 from sympy import Expr
 
-from napkin_cat.loopnest import LoopNest
+from napkin_cat.schedule.loopnest import LoopNest
 from napkin_cat.terms import LEVELS, Axes
 
 __all__ = ["Buffer", "Inst", "Program", "Step", "View", "max_of", "rank"]

@@ -1,4 +1,4 @@
-"""The lemma library as named data (napkin_cat/lemmas.ncd), validated when built.
+"""The lemma library as named data (napkin_cat/certify/lemmas.ncd), validated when built.
 
 A lemma ``lhs = rhs`` over typed pattern variables is admitted into the library only if
 it is well formed as a rewrite rule (egg's discipline): the left side is not a bare

@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from napkin_cat.draw_columns import HEAD, WIRE_GAP, Columns, Item, bundle_height
-from napkin_cat.draw_graph import Edge, Graph, Node, Port
+from napkin_cat.draw.columns import HEAD, WIRE_GAP, Columns, Item, bundle_height
+from napkin_cat.draw.graph import Edge, Graph, Node, Port
 from napkin_cat.terms import Axes
 
 __all__ = ["Decor", "Label", "Layout", "Marker", "PlacedBox", "Residency", "Run", "layout", "text_width", "triangle"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from napkin_cat.draw_graph import Graph, Node, Port
+from napkin_cat.draw.graph import Graph, Node, Port
 from napkin_cat.terms import Axes
 
 __all__ = ["HEAD", "PAD", "WIRE_GAP", "Columns", "Item", "bundle_height", "depths"]

@@ -20,9 +20,9 @@ from typing import NamedTuple
 import sympy
 from sympy import Expr
 
-from napkin_cat import hardware as hw
 from napkin_cat.cost import Cost
-from napkin_cat.pseudo_program import max_of
+from napkin_cat.cost import hardware as hw
+from napkin_cat.schedule.program import max_of
 from napkin_cat.terms import Box
 
 __all__ = ["M_BYTES", "Config", "ConfigTable", "M", "Optimum", "continuous", "multilevel", "piecewise", "search"]

@@ -44,10 +44,10 @@ import sympy
 from sympy import Expr
 
 from napkin_cat import ops
-from napkin_cat.accumulators import plan
-from napkin_cat.loopnest import LoopNest, Node, woven_axes
-from napkin_cat.masks import GroupAxis, chunk_count, stream_masks
-from napkin_cat.pseudo_program import Buffer, Inst, Program, Step, View, rank
+from napkin_cat.certify.accumulators import plan
+from napkin_cat.schedule.loopnest import LoopNest, Node, woven_axes
+from napkin_cat.schedule.masks import GroupAxis, chunk_count, stream_masks
+from napkin_cat.schedule.program import Buffer, Inst, Program, Step, View, rank
 from napkin_cat.terms import Axes, Box
 
 __all__ = ["program"]

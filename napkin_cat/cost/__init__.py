@@ -4,9 +4,9 @@
 ``cost_of(diagram, schedule, ...)`` is the core; ``cost(theorem, ...)`` costs a checked
 theorem's result under its schedule.  Every quantity is a sympy expression in the axis
 sizes (symbols where the module leaves them symbolic) and the tile symbols of the schedule;
-``Cost.at(...)`` substitutes numbers.  The per-level programs come from ``napkin_cat.pseudo_build``
+``Cost.at(...)`` substitutes numbers.  The per-level programs come from ``napkin_cat.schedule.build``
 (its docstring states the modelling choices); optimisation and lower bounds live in
-``napkin_cat.optimise`` and ``napkin_cat.bounds``.
+``napkin_cat.cost.optimise`` and ``napkin_cat.cost.bounds``.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from typing import Any
 import sympy
 from sympy import Expr
 
-from napkin_cat import hardware as hw
 from napkin_cat import ops
-from napkin_cat.loopnest import loop_nest
-from napkin_cat.pseudo_build import program
-from napkin_cat.pseudo_program import Program, max_of
+from napkin_cat.cost import hardware as hw
+from napkin_cat.schedule.build import program
+from napkin_cat.schedule.loopnest import loop_nest
+from napkin_cat.schedule.program import Program, max_of
 from napkin_cat.terms import Box, Diagram, Schedule, union_axes
 
 __all__ = ["CONVENTION", "Baseline", "Cost", "LevelCost", "Timing", "cost", "cost_of", "timing"]
@@ -38,7 +38,7 @@ CONVENTION = (
     "repeated by groups that lack an axis is counted. Tiles are assumed to divide their axes unless "
     "padded (then trips are rounded up). Masked streams count the Pallas kernel: where a where mask "
     "fills whole chunks of a stream with the accumulator's padding (an affine conjunction of the "
-    "streamed and grouped indices, napkin_cat/masks.py), the Pallas kernel skips them and the loads, "
+    "streamed and grouped indices, napkin_cat/schedule/masks.py), the Pallas kernel skips them and the loads, "
     "saves and FLOPs inside the stream count once per (group, chunk) pair that can hold a true "
     "position (about half of causal attention's; exact when the chunk tile divides the group tile); "
     "the plain-JAX target runs every chunk, so its H and FLOPs inside the stream are those of the "

@@ -24,9 +24,9 @@ from typing import Any, Protocol
 
 import drawsvg as dw
 
-from napkin_cat.draw_cost import CELL_FONT, CostTable, cost_table, crowded
-from napkin_cat.draw_graph import Edge, Graph, Node, build_graph
-from napkin_cat.draw_layout import (
+from napkin_cat.draw.cost import CELL_FONT, CostTable, cost_table, crowded
+from napkin_cat.draw.graph import Edge, Graph, Node, build_graph
+from napkin_cat.draw.layout import (
     AXIS_FONT,
     BOX_FONT,
     MARK_W,
@@ -38,8 +38,8 @@ from napkin_cat.draw_layout import (
     text_width,
     triangle,
 )
-from napkin_cat.loopnest import loop_nest
 from napkin_cat.printer import print_step
+from napkin_cat.schedule.loopnest import loop_nest
 from napkin_cat.terms import LEVELS, Diagram, Schedule
 
 __all__ = ["LEVEL_COLOURS", "TheoremLike", "draw_steps", "draw_svg", "save", "svg_to_png"]

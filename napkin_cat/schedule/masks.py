@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import sympy
 from sympy import Expr
 
-from napkin_cat.loopnest import Flat
+from napkin_cat.schedule.loopnest import Flat
 from napkin_cat.terms import Box, Cmp, Const, IBin, Idx, IInt, IndexExpr, Logic, Pred, Var
 
 __all__ = ["GroupAxis", "Side", "chunk_count", "chunk_range", "stream_masks"]

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from napkin_cat import ops
-from napkin_cat.printer import print_expr, print_index, print_pred
+from napkin_cat.printer import ATOM, print_expr, print_index, print_pred
 from napkin_cat.terms import Apply, Axes, Box, Const, Diagram, Expr, Size, Var, inline_calls, union_axes
 
 __all__ = ["GLYPHS", "BoxText", "Edge", "Graph", "Node", "Port", "box_text", "build_graph"]
@@ -56,8 +56,6 @@ GLYPHS: dict[str, tuple[str, str, bool]] = {
     "transpose": ("rect", "transpose", False),
 }
 
-_ATOM = 4  # the printer's precedence of an atom: compound operands get parentheses
-_INFIX = {"add", "sub", "mul", "div"}
 
 
 @dataclass(frozen=True)
@@ -162,8 +160,8 @@ def box_text(box: Box, args: Sequence[Wired]) -> BoxText:
     sub = " ".join(box.target) if subscript else ""
     consts = not all(isinstance(a, Port) for a in args)
     title = print_expr(_with_args(box, args))
-    if box.op in _INFIX and consts:  # operands parenthesised as the printer would
-        left, right = (print_expr(_WIRE if isinstance(a, Port) else a, _ATOM) for a in args)
+    if box.op in ops.INFIX and consts:  # operands parenthesised as the printer would
+        left, right = (print_expr(_WIRE if isinstance(a, Port) else a, ATOM) for a in args)
         return BoxText(f"{left} {glyph} {right}", title=title)
     texts = ["·" if isinstance(a, Port) else print_expr(a) for a in args]
     if box.op == "where":

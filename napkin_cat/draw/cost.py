@@ -1,8 +1,7 @@
 """The cost model's row under a theorem's picture: M and H per column (paper Fig. 9, digest N15).
 
 ``cost_table`` asks ``napkin_cat.cost`` for the theorem's per-level programs and gathers their
-columns (one per load, box and save, see ``napkin_cat.pseudo_program``) under the picture's columns.
-Without the cost model installed there is no row.
+columns (one per load, box and save, see ``napkin_cat.schedule.program``) under the picture's columns.
 """
 
 from __future__ import annotations
@@ -12,8 +11,10 @@ from typing import Any
 
 import sympy
 
-from napkin_cat.draw_columns import depths
-from napkin_cat.draw_layout import Layout, text_width
+from napkin_cat import cost
+from napkin_cat.draw.columns import depths
+from napkin_cat.draw.layout import Layout, text_width
+from napkin_cat.schedule.program import max_of
 
 __all__ = ["CELL_FONT", "CostTable", "cost_table", "crowded"]
 
@@ -28,18 +29,13 @@ class CostTable:
     totals: tuple[str, ...]
 
 
-def cost_table(theorem: Any) -> CostTable | None:
+def cost_table(theorem: Any) -> CostTable:
     """Per column of the picture, M and H at each level below HBM (paper Fig. 9, digest N15).
 
     The cost model's own columns (one per load, box and save, ``pseudo_program``) are gathered under
     the picture's columns: a box's column, its result's saves, and the loads it is the first
-    reader of.  ``None`` when the cost model is not installed.
+    reader of.
     """
-    try:
-        from napkin_cat import cost
-        from napkin_cat.pseudo_program import max_of
-    except ImportError:
-        return None
     result = cost.cost(theorem)
     prog = result.program
     flat = prog.nest.flat

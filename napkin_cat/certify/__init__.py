@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 import sympy
 
-from napkin_cat import accumulators as acc
-from napkin_cat.certify_cases import (
+from napkin_cat.certify import accumulators as acc
+from napkin_cat.certify.cases import (
     TooLarge,
     edges,
     flat,
@@ -50,11 +50,11 @@ from napkin_cat.certify_cases import (
     symbolic_equal,
     symbols,
 )
-from napkin_cat.certify_reach import UNBOUNDED, reach, scale, unfolded
+from napkin_cat.certify.reach import UNBOUNDED, reach, scale, unfolded
+from napkin_cat.certify.rules import validate
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.evaluate import FLOAT64, SYMBOLIC, Algebra, Named, evaluate_named
 from napkin_cat.kernel import typed_box
-from napkin_cat.rules import validate
 from napkin_cat.terms import Axis, Box, Diagram, Expr, LemmaDecl, Param, Var, walk
 
 __all__ = ["LEVELS", "Certificate", "accumulator", "certify_accumulator", "certify_lemma", "lemma_side",

@@ -25,8 +25,10 @@ from pathlib import Path
 import numpy as np
 import sympy
 
-from napkin_cat import accumulators, certify, cost, kernel, optimise, rules
-from napkin_cat import hardware as hw
+from napkin_cat import certify, cost, kernel
+from napkin_cat.certify import accumulators, rules
+from napkin_cat.cost import hardware as hw
+from napkin_cat.cost import optimise
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.elaborate import load
 from napkin_cat.evaluate import FLOAT64, Named, evaluate_named
@@ -34,7 +36,7 @@ from napkin_cat.lower import realised_schedule
 from napkin_cat.lower.layout import layout
 from napkin_cat.printer import print_step
 from napkin_cat.proof import CheckResult, check_file
-from napkin_cat.rewrite import Candidate, Costed, CostFn, ScreenFn, Search, search
+from napkin_cat.search.rewrite import Candidate, Costed, CostFn, ScreenFn, Search, search
 from napkin_cat.terms import Box, Partition, Var
 
 __all__ = ["Derivation", "axes_of", "choose_tiles", "derive", "lowering_screen", "model_cost", "overflow_screen",

@@ -29,7 +29,7 @@ import sympy
 from sympy import Expr
 
 from napkin_cat import ops
-from napkin_cat.loopnest import Flat, Node
+from napkin_cat.schedule.loopnest import Flat, Node
 from napkin_cat.terms import Box, Var
 
 __all__ = ["Bound", "diagram_bound", "lower_bounds"]

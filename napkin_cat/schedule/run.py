@@ -27,11 +27,11 @@ from typing import Any, Union
 
 import numpy as np
 
-from napkin_cat import accumulators as acc
 from napkin_cat import ops
+from napkin_cat.certify import accumulators as acc
 from napkin_cat.evaluate import Named, bind_sizes, evaluate_named
 from napkin_cat.kernel import Theorem
-from napkin_cat.loopnest import Loop, LoopNest, Node, loop_nest
+from napkin_cat.schedule.loopnest import Loop, LoopNest, Node, loop_nest
 from napkin_cat.terms import Box, Const, Diagram, Expr, Param, Size, Var
 
 __all__ = ["run_schedule"]

@@ -26,7 +26,8 @@ def test_the_installed_wheel_loads_its_grammar(tmp_path: Path) -> None:
     (wheel,) = dist.glob("napkin_cat-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "napkin_cat/grammar/ncd.lark" in names
-    packaged = {"napkin_cat/elaborate/__init__.py", "napkin_cat/certify/lemmas.ncd", "napkin_cat/cost/hardware/h200.toml"}
+    packaged = {"napkin_cat/elaborate/__init__.py", "napkin_cat/certify/lemmas.ncd",
+                "napkin_cat/cost/hardware/h200.toml"}
     assert packaged <= set(names)
     assert not any(n.startswith("tests/") for n in names)
 

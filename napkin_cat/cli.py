@@ -7,6 +7,7 @@ Each subcommand is one ``cmd_*`` function registered in ``_parser``.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,6 +22,7 @@ from napkin_cat.cost.hardware import HardwareError
 from napkin_cat.diagnostics import NapkinError, render
 from napkin_cat.elaborate import load
 from napkin_cat.evaluate import bind_sizes, run
+from napkin_cat.kernel import Theorem
 from napkin_cat.printer import print_module
 from napkin_cat.proof import check_file
 from napkin_cat.terms import Module
@@ -63,7 +65,6 @@ def cmd_parse(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-
     module = _module(args.file)
     diagram = _diagram_or_usage(module, args.diagram)
     sizes = parse_sizes(args.size)
@@ -274,8 +275,7 @@ def cmd_derive(args: argparse.Namespace) -> int:
     return 0
 
 
-def _theorem_or_usage(path: str, name: str) -> object:
-
+def _theorem_or_usage(path: str, name: str) -> Theorem:
     module = _module(path)
     if not any(t.name == name for t in module.theorems):
         known = ", ".join(t.name for t in module.theorems) or "none"
@@ -285,9 +285,6 @@ def _theorem_or_usage(path: str, name: str) -> object:
 
 def cmd_cost(args: argparse.Namespace) -> int:
     """Derive a theorem's per-level transfers, memory, FLOPs, optimum, lower bound and times."""
-    import json
-
-
     thm = _theorem_or_usage(args.file, args.theorem)
     try:
         c = cost.cost(thm, hardware=args.hardware, sizes=parse_sizes(args.size), dtype=args.dtype,
@@ -301,7 +298,6 @@ def cmd_cost(args: argparse.Namespace) -> int:
 
 def cmd_pseudo(args: argparse.Namespace) -> int:
     """Print a theorem's pseudocode diagram: loops, columns, live buffers, transfers per level."""
-
     thm = _theorem_or_usage(args.file, args.theorem)
     try:
         c = cost.cost(thm, hardware=args.hardware, sizes=parse_sizes(args.size), dtype=args.dtype,

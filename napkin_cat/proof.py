@@ -41,7 +41,7 @@ from napkin_cat.terms import (
     walk,
 )
 
-__all__ = ["CheckResult", "check_file", "check_module", "check_theorem", "describe_step", "theorem"]
+__all__ = ["CheckResult", "check_file", "check_module", "check_theorem", "describe_step", "prove", "theorem"]
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,11 @@ def check_module(module: Module, level: str = "quick") -> list[CheckResult]:
 
 def theorem(path: str | Path, name: str) -> kernel.Theorem:
     """The checked theorem ``name`` of a proof file; raises NapkinError if it fails."""
-    module = load(path)
+    return prove(load(path), name)
+
+
+def prove(module: Module, name: str) -> kernel.Theorem:
+    """The checked theorem ``name`` of an elaborated module; raises NapkinError if it fails."""
     try:
         decl = module.theorem(name)
     except KeyError:

@@ -19,7 +19,8 @@ import numpy as np
 from napkin_cat import loads
 from napkin_cat.certify.approximation import label_inputs
 from napkin_cat.evaluate import evaluate
-from napkin_cat.proof import check_file, check_module
+from napkin_cat.kernel import Theorem
+from napkin_cat.proof import check_file, check_module, prove
 
 ROOT = Path(__file__).resolve().parent.parent
 F32_TOL = 2e-5
@@ -85,6 +86,12 @@ def theorems() -> dict[str, Any]:
         assert result.theorem is not None, (result.name, result.failure)
         found[result.name] = result.theorem
     return found
+
+
+def proved(text: str, diagram: str, *steps: str) -> Theorem:
+    """The kernel's theorem ``diagram { steps }`` over the module ``text`` (named after the diagram)."""
+    body = "\n".join(steps)
+    return prove(loads(f"{text}\ntheorem {diagram}: {diagram} {{\n{body}\n}}\n"), diagram)
 
 
 def inputs(theorem: Any, seed: int, low: int = 17, high: int = 100) -> tuple[dict[str, int], list[np.ndarray]]:

@@ -13,7 +13,7 @@ import struct
 import sys
 import types
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -26,6 +26,7 @@ from napkin_cat.cli import main
 from napkin_cat.draw import LEVEL_COLOURS, MARK_COLOURS, draw_steps, draw_svg, save
 from napkin_cat.draw.graph import GLYPHS
 from napkin_cat.elaborate import load, loads
+from napkin_cat.kernel import Theorem
 from napkin_cat.terms import (
     Apply,
     Box,
@@ -33,11 +34,6 @@ from napkin_cat.terms import (
     Expr,
     Let,
     Module,
-    Partition,
-    Place,
-    Rewrite,
-    Schedule,
-    Step,
     Var,
     inline_calls,
     walk,
@@ -49,15 +45,14 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.ncd"))
 SVG = "{http://www.w3.org/2000/svg}"
 
 
-@dataclass(frozen=True)
-class StandIn:
-    """The fields of ``kernel.Theorem`` that drawing reads (no kernel needed to draw)."""
+def _prove(name: str, *steps: str) -> Theorem:
+    """The theorem ``name: attention { steps }`` over examples/attention.ncd, checked by the kernel."""
+    lines = "\n".join(steps)
+    module = loads(f'use "{ROOT / "examples" / "attention.ncd"}"\ntheorem {name}: attention {{\n{lines}\n}}\n')
+    return proof.prove(module, name)
 
-    name: str
-    source: Diagram
-    result: Diagram
-    schedule: Schedule = field(default_factory=Schedule)
-    steps: tuple[Step, ...] = ()
+
+FLASH_STEPS = ("rewrite softmax_contract at P, O", "group q by gq at smem", "stream x by sx at smem via online_softmax")
 
 
 def _texts(root: ET.Element) -> list[str]:
@@ -186,18 +181,9 @@ def test_drawing_is_deterministic() -> None:
     assert draw_svg(diagram) == draw_svg(diagram)
 
 
-def _flash() -> tuple[Diagram, Diagram]:
-    """examples/attention.ncd's attention, and the same after proofs/flash_attention.ncd's rewrite."""
-    thm = proof.theorem(ROOT / "proofs" / "flash_attention.ncd", "flash_attention")
-    return thm.source, thm.result
-
-
 def test_theorem_wires_take_the_colour_of_their_level() -> None:
-    source, flash = _flash()
-    group = Partition("group", "q", "gq", "smem")
-    stream = Partition("stream", "x", "sx", "smem", via="online_softmax")
-    thm = StandIn("flash_attention", source, flash, Schedule((group, stream)),
-                  (Rewrite("softmax_contract", ("P", "O")), group, stream))
+    thm = _prove("flash_attention", *FLASH_STEPS)
+    flash = thm.result
     svg = draw_svg(thm)
     # the plain labels are on the HBM side of each wire, the tiled ones after the loads
     root = _check_picture(flash, svg, False)
@@ -211,22 +197,18 @@ def test_theorem_wires_take_the_colour_of_their_level() -> None:
 
 
 def test_unfused_schedule_saves_and_loads_every_intermediate() -> None:
-    source, _ = _flash()
-    root = ET.fromstring(draw_svg(StandIn("naive", source, source)))
+    root = ET.fromstring(draw_svg(_prove("naive")))
     markers = [el.get("class") for el in root.iter() if el.get("class") in MARK_COLOURS]
     # four boxes, each its own kernel: 4 saves; loads: Q, K, the scores, S, P and V
     assert markers.count("save") == 4 and markers.count("load") == 6
-    fused = StandIn("fused", source, source, Schedule(placements=(Place(("S", "P"), "smem"),)))
-    root = ET.fromstring(draw_svg(fused))
+    root = ET.fromstring(draw_svg(_prove("fused", "place S, P at smem")))
     markers = [el.get("class") for el in root.iter() if el.get("class") in MARK_COLOURS]
     assert markers.count("save") == 2 and markers.count("load") == 4  # the unnamed scores still go to HBM
 
 
 def test_two_levels_load_through_smem_into_registers() -> None:
-    source, flash = _flash()
-    parts = (Partition("group", "q", "gq", "smem"), Partition("stream", "x", "sx", "smem", via="online_softmax"),
-             Partition("group", "q", "wq", "reg"), Partition("stream", "x", "rx", "reg", via="online_softmax"))
-    root = ET.fromstring(draw_svg(StandIn("two_level", source, flash, Schedule(parts))))
+    thm = _prove("two_level", *FLASH_STEPS, "group q by wq at reg", "stream x by rx at reg via online_softmax")
+    root = ET.fromstring(draw_svg(thm))
     assert _strokes(root) == {LEVEL_COLOURS[lv] for lv in ("hbm", "smem", "reg")}
     texts = set(_texts(root))
     assert {"q g=gq", "q g=wq", "x s=sx", "x s=rx"} <= texts
@@ -250,11 +232,7 @@ def test_png_output(tmp_path: Path) -> None:
 
 
 def test_draw_steps_writes_the_strip(tmp_path: Path) -> None:
-    source, flash = _flash()
-    group = Partition("group", "q", "gq", "smem")
-    steps: tuple[Step, ...] = (Rewrite("softmax_contract", ("P", "O")), group)
-    states = [StandIn("flash", source, source), StandIn("flash", source, flash, steps=steps[:1]),
-              StandIn("flash", source, flash, Schedule((group,)), steps)]
+    states = [_prove("flash", *FLASH_STEPS[:k]) for k in range(3)]
     written = draw_steps(states, tmp_path / "strip")
     assert [p.name for p in written] == ["step00.svg", "step01.svg", "step02.svg", "index.html"]
     page = written[-1].read_text()
@@ -315,10 +293,7 @@ def test_diagrams_and_theorems_display_in_notebooks(monkeypatch: pytest.MonkeyPa
 
 
 def test_theorems_carry_the_cost_models_row() -> None:
-    source, flash = _flash()
-    group = Partition("group", "q", "gq", "smem")
-    stream = Partition("stream", "x", "sx", "smem", via="online_softmax")
-    thm = StandIn("flash_attention", source, flash, Schedule((group, stream)), (group, stream))
+    thm = _prove("flash_attention", *FLASH_STEPS)
     root = ET.fromstring(draw_svg(thm))
     table = next(g for g in root.iter(f"{SVG}g") if g.get("class") == "cost")
     texts = ["".join(t.itertext()) for t in table.iter(f"{SVG}text")]

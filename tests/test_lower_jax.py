@@ -17,11 +17,11 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from napkin_cat import loads
+from napkin_cat import kernel, loads
 from napkin_cat.certify.approximation import label_inputs
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.evaluate import evaluate
-from napkin_cat.lower import lower, lower_schedule
+from napkin_cat.lower import _lower_schedule, lower
 from napkin_cat.terms import Partition, Schedule
 from tests import lower_cases as cases
 from tests.strategies import input_arrays, modules, sizes_for
@@ -58,7 +58,7 @@ def test_grad_matches_plain_jax(name: str) -> None:
     thm = cases.theorems()[name]
     _, arrays = cases.inputs(thm, seed=3, high=60)
     streamed = lower(thm, target="jax", tiles=cases.TILES).fn
-    plain = lower_schedule(name, thm.source, Schedule(), target="jax").fn
+    plain = lower(kernel.refl(name, thm.source), target="jax").fn
     xs = [jnp.asarray(a, jnp.float32) for a in arrays]
     labels = label_inputs(thm.result)  # labels are data
     differentiable = [i for i, p in enumerate(thm.result.inputs) if p.name not in labels]
@@ -136,7 +136,7 @@ def test_random_diagrams_lower_to_their_meaning(data: st.DataObject, module: obj
     # values on a 0.01 grid: no subnormals, which f32 flushes and float64 keeps
     arrays = data.draw(input_arrays(diagram, sizes, st.integers(-300, 300).map(lambda i: i / 100)))
     try:
-        fn = lower_schedule(diagram.name, diagram, Schedule(), target="jax").fn
+        fn = lower(kernel.refl(diagram.name, diagram), target="jax").fn
     except NapkinError as exc:
         assume("lower.unbound_axis" not in exc.codes)
         raise
@@ -171,7 +171,7 @@ def test_a_call_output_is_repeated_along_woven_axes_it_does_not_depend_on() -> N
     diagram = loads(CALL_OUTPUT_WITHOUT_A_WOVEN_AXIS).diagram("g1")
     rng = np.random.default_rng(0)
     arrays = [rng.standard_normal((3, 2)), rng.standard_normal((2, 4))]
-    fn = lower_schedule("g1", diagram, Schedule(), target="jax").fn
+    fn = lower(kernel.refl("g1", diagram), target="jax").fn
     got = cases.as_tuple(fn(*[jnp.asarray(a, jnp.float32) for a in arrays]))
     want = cases.as_tuple(evaluate(diagram, arrays))
     for g, w in zip(got, want, strict=True):
@@ -192,7 +192,8 @@ def test_refusals_name_the_problem() -> None:
 
     def codes(diagram: object, *parts: Partition, **kw: object) -> tuple[str, ...]:
         with pytest.raises(NapkinError) as err:
-            lower_schedule("bad", diagram, Schedule(parts), **kw)  # type: ignore[arg-type]
+            # schedules the kernel refuses: the lowering re-checks them (defence in depth)
+            _lower_schedule("bad", diagram, Schedule(parts), **kw)  # type: ignore[arg-type]
         return err.value.codes
 
     assert codes(f, Partition("group", "v", 16)) == ("lower.grid_consumed",)
@@ -215,7 +216,7 @@ def test_reshapes_derive_sizes() -> None:
     x = np.random.default_rng(0).standard_normal((3, 8))
     for name in "srj":
         diagram = mod.diagram(name)
-        fn = lower_schedule(name, diagram, Schedule(), target="jax").fn
+        fn = lower(kernel.refl(name, diagram), target="jax").fn
         assert cases.relative_error(fn(jnp.asarray(x, jnp.float32)), evaluate(diagram, [x])) < cases.F32_TOL
 
 
@@ -264,14 +265,14 @@ def test_bf16_batched_dot_runs_on_cpu() -> None:
     """Regression: heads as a batch axis of both dots (Q: [q h d], V: [h x e]) in bf16 crashed
     XLA:CPU (no BF16 x BF16 = F32 DotThunk); on CPU the operands are rounded to bf16 and
     multiplied in f32 (the same products)."""
-    module = loads("axis q, x, h\naxis d = 80\naxis e = 48\n"
-                   "diagram hq(Q: [q h d], K: [x h d], V: [h x e]) -> [h q e] {\n"
-                   "  return ncontract[x; exp, exp, id](contract[d](Q, K), V)\n}\n")
-    sched = Schedule((Partition("group", "q", "gq", "smem"), Partition("stream", "x", "sx", "smem", "online_softmax")))
+    thm = cases.proved("axis q, x, h\naxis d = 80\naxis e = 48\n"
+                       "diagram hq(Q: [q h d], K: [x h d], V: [h x e]) -> [h q e] {\n"
+                       "  return ncontract[x; exp, exp, id](contract[d](Q, K), V)\n}", "hq",
+                       "group q by gq", "stream x by sx via online_softmax")
     rng = np.random.default_rng(4)
     arrays = [rng.standard_normal(s) for s in ((37, 2, 80), (29, 2, 80), (2, 29, 48))]
-    diagram = module.diagram("hq")
-    fn = lower_schedule("hq_flash", diagram, sched, target="jax", tiles={"gq": 16, "sx": 16}, dtype="bfloat16").fn
+    diagram = thm.result
+    fn = lower(thm, target="jax", tiles={"gq": 16, "sx": 16}, dtype="bfloat16").fn
     got = fn(*[jnp.asarray(a, jnp.bfloat16) for a in arrays])
     want = evaluate(diagram, arrays, sizes={"q": 37, "x": 29, "h": 2})
     assert got.dtype == jnp.bfloat16 and cases.relative_error(got, want) < cases.BF16_TOL
@@ -300,7 +301,7 @@ def test_a_normalised_contraction_divides_as_the_evaluator(text: str, x: list[fl
     diagram = loads("axis a\naxis b = 1\n" + text).diagrams[0]
     data = np.asarray(x)
     reference = evaluate(diagram, [data])
-    got = lower_schedule("g", diagram, Schedule(), target="jax").fn(data.astype(np.float32))
+    got = lower(kernel.refl("g", diagram), target="jax").fn(data.astype(np.float32))
     np.testing.assert_allclose(np.asarray(got, dtype=np.float64), reference, rtol=1e-5)
     if want is not None:
         assert float(np.asarray(got)) == want

@@ -17,9 +17,9 @@ import pytest
 
 from napkin_cat import loads
 from napkin_cat.diagnostics import NapkinError
-from napkin_cat.lower import lower, lower_schedule, realised_schedule
+from napkin_cat.lower import lower, realised_schedule
 from napkin_cat.proof import check_file, check_module
-from napkin_cat.terms import Partition, Schedule
+from napkin_cat.terms import Partition
 from tests import lower_cases as cases
 from tests.test_crosslower import TRITON_CALL, cuda_hlo
 
@@ -198,42 +198,42 @@ def test_head_dimension_not_a_power_of_two_is_padded() -> None:
 
 def test_refused_before_running() -> None:
     """What the Triton backend cannot serve is refused at lowering time, not at run time."""
-    mod = loads("axis t, v\ndiagram f(X: [t v]) -> [t] { return sum[v](X) }\n")
     with pytest.raises(NapkinError) as err:
-        lower_schedule("f", mod.diagram("f"), Schedule((Partition("stream", "v", 24),)), target="pallas")
+        lower(cases.proved("axis t, v\ndiagram f(X: [t v]) -> [t] { return sum[v](X) }", "f", "stream v by 24 via sum"),
+              target="pallas")
     assert err.value.codes == ("lower.tile_pow2",)
     assert "power-of-two" in str(err.value)
-    prod = loads("axis t, v\ndiagram p(X: [t v]) -> [t] { return prod[v](X) }\n").diagram("p")
+    prod = "axis t, v\ndiagram p(X: [t v]) -> [t] { return prod[v](X) }"
     with pytest.raises(NapkinError) as err:
-        lower_schedule("p", prod, Schedule((Partition("group", "t", 16),)), target="pallas")
+        lower(cases.proved(prod, "p", "group t by 16"), target="pallas")
     assert err.value.codes == ("lower.triton_op",)  # Triton has no reduce_prod; the jax target serves it
     # regression: the diagnostic named the generated node `t.1` and had no source position
     diag = err.value.diagnostics[0]
     assert diag.message.startswith("`prod[v]` (prod)") and diag.span is not None and diag.span.line == 2
     x = np.random.default_rng(0).uniform(0.5, 1.5, (20, 30))
-    got = lower_schedule("p", prod, Schedule((Partition("stream", "v", 16),)), target="jax").fn(jnp.asarray(x))
+    got = lower(cases.proved(prod, "p", "stream v by 16 via prod"), target="jax").fn(jnp.asarray(x))
     assert cases.relative_error(got, x.prod(axis=1)) < cases.F32_TOL
 
 
 def test_a_split_of_a_padded_axis_is_refused_with_a_way_out() -> None:
     """Windowed pooling splits a whole (padded) axis: refused at the split, with where to
     reshape instead; the jax target runs it."""
-    module = loads("axis t, l, lo\naxis li = 4\n"
-                   "diagram pool(X: [t l]) -> [t lo] { return max[li](split[l -> lo li](X)) }\n")
-    schedule = Schedule((Partition("group", "t", 16),))
+    pool = cases.proved("axis t, l, lo\naxis li = 4\n"
+                        "diagram pool(X: [t l]) -> [t lo] { return max[li](split[l -> lo li](X)) }", "pool",
+                        "group t by 16")
     with pytest.raises(NapkinError) as err:
-        lower_schedule("pool", module.diagram("pool"), schedule, target="pallas")
+        lower(pool, target="pallas")
     diag = err.value.diagnostics[0]
     assert diag.code == "lower.reshape_padded" and diag.span is not None and "already split" in str(diag.hint)
     x = np.random.default_rng(1).standard_normal((20, 12))
-    got = lower_schedule("pool", module.diagram("pool"), schedule, target="jax").fn(jnp.asarray(x, jnp.float32))
+    got = lower(pool, target="jax").fn(jnp.asarray(x, jnp.float32))
     assert cases.relative_error(got, x.reshape(20, 3, 4).max(axis=2)) < cases.F32_TOL
 
 
 def test_rename_of_a_padded_axis() -> None:
     """rename keeps the extent, so the renamed axis is padded and masked like the original."""
-    mod = loads("axis t, v, w\ndiagram r(X: [t v]) -> [t] { return sum[w](exp(rename[v -> w](X))) }\n")
-    fn = lower_schedule("r", mod.diagram("r"), Schedule((Partition("group", "t", 16),)), target="pallas").fn
+    rename = "axis t, v, w\ndiagram r(X: [t v]) -> [t] { return sum[w](exp(rename[v -> w](X))) }"
+    fn = lower(cases.proved(rename, "r", "group t by 16"), target="pallas").fn
     x = np.random.default_rng(1).standard_normal((20, 30))
     assert cases.relative_error(fn(jnp.asarray(x, jnp.float32)), np.exp(x).sum(axis=1)) < cases.F32_TOL
 
@@ -251,9 +251,8 @@ def test_interpret_false_on_cpu_is_jax_error() -> None:
 def test_stream_over_an_axis_no_box_consumes(target: str) -> None:
     """A stream that nothing consumes is a sequential group: outputs are written per chunk,
     beside accumulators of other outputs."""
-    mod = loads("axis t, v\ndiagram f(X: [t v], Y: [v]) -> [t v], [t] { return exp(X) * Y, sum[v](X) }\n")
-    schedule = Schedule((Partition("group", "t", 16), Partition("stream", "v", 16)))
-    fn = lower_schedule("f", mod.diagram("f"), schedule, target=target).fn
+    text = "axis t, v\ndiagram f(X: [t v], Y: [v]) -> [t v], [t] { return exp(X) * Y, sum[v](X) }"
+    fn = lower(cases.proved(text, "f", "group t by 16", "stream v by 16 via sum"), target=target).fn
     rng = np.random.default_rng(3)
     x, y = rng.standard_normal((37, 21)), rng.standard_normal(21)
     scaled, total = fn(jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32))

@@ -20,6 +20,7 @@ from sympy import Expr
 
 from napkin_cat import ops
 from napkin_cat.cost import hardware as hw
+from napkin_cat.kernel import Theorem
 from napkin_cat.schedule.build import program
 from napkin_cat.schedule.loopnest import loop_nest
 from napkin_cat.schedule.program import Program, max_of
@@ -125,14 +126,17 @@ class Timing:
     ridge: float
 
 
-def cost(theorem: Any, schedule: Schedule | None = None, **options: Any) -> Cost:
-    """The cost of a checked theorem (``kernel.Theorem``): its result under its schedule, or
-    under ``schedule`` (the one a target realises, e.g. ``lower.realised_schedule``: the proved
-    one with woven axes on a Pallas grid one position per program).
+def cost(theorem: Theorem, schedule: Schedule | None = None, **options: Any) -> Cost:
+    """The cost of a checked theorem: its result under its schedule, or under ``schedule``
+    (the one a target realises, e.g. ``lower.realised_schedule``: the proved one with woven
+    axes on a Pallas grid one position per program).  ``TypeError`` for anything but a
+    ``kernel.Theorem``; ``cost_of`` is the model itself, on a diagram and a schedule.
 
     Accumulators chosen by the kernel for each stream are used for the state sizes.
     """
-    chosen = {_node_key(box): name for _axis, box, name in getattr(theorem, "accumulators", ())}
+    if not isinstance(theorem, Theorem):
+        raise TypeError(f"cost takes a kernel Theorem, not {type(theorem).__name__} (cost_of costs a bare schedule)")
+    chosen = {_node_key(box): name for _axis, box, name in theorem.accumulators}
     return cost_of(theorem.result, theorem.schedule if schedule is None else schedule, accumulators=chosen,
                    source=theorem.source, **options)
 

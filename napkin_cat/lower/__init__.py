@@ -8,7 +8,8 @@ byte-identical for the same input) defining one function named after the theorem
 
 The lowering is a fold over the scheduled IR (``layout`` places the schedule, ``fold``
 turns phases into code, ``jaxops`` is the op table), not a template per algorithm.
-``lower_schedule`` is the same on a bare ``(name, diagram, schedule)``.
+It takes a ``Theorem`` only: a schedule reaches a kernel only after the trusted kernel
+has proved it (``_lower_schedule``, the same on its parts, is this package's internal).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from napkin_cat import cost
 from napkin_cat.cost import hardware as hw
 from napkin_cat.cost import optimise
 from napkin_cat.diagnostics import NapkinError, error
+from napkin_cat.kernel import Theorem
 from napkin_cat.lower import codegen as cg
 from napkin_cat.lower import jax as jax_target
 from napkin_cat.lower import pallas as pallas_target
@@ -34,7 +36,7 @@ from napkin_cat.schedule.loopnest import flatten, woven_axes
 from napkin_cat.terms import Diagram, Partition, Schedule
 
 __all__ = ["DEFAULT_TILE", "DTYPES", "REPRESENTATIVE_SIZE", "TARGETS", "Lowered", "default_tiles", "lower",
-           "lower_schedule", "realised_schedule"]
+           "realised_schedule"]
 
 TARGETS = ("pallas", "jax")
 
@@ -88,18 +90,26 @@ def default_tiles(diagram: Diagram, schedule: Schedule, hardware: str | None = N
     return {n: DEFAULT_TILE for n in names}, f"default {DEFAULT_TILE} (no feasible cost-model configuration)"
 
 
-def lower(theorem: Any, target: str = "pallas", tiles: Mapping[str, int] | None = None,
+def lower(theorem: Theorem, target: str = "pallas", tiles: Mapping[str, int] | None = None,
           dtype: Any = None, hardware: str | None = None) -> Lowered:
-    """Lower a kernel ``Theorem`` (``.name``, ``.result``, ``.schedule``, ``.trust``)."""
-    proof = "; ".join(theorem.trust) if getattr(theorem, "trust", ()) else "kernel rules"
-    return lower_schedule(theorem.name, theorem.result, theorem.schedule, target, tiles, dtype, hardware,
-                          proved=proof)
+    """Lower a kernel ``Theorem``: its result diagram under its proved schedule.
+
+    Refuses (NapkinError) what the target cannot serve; a ``TypeError`` for anything but a
+    ``Theorem`` (build one with ``napkin_cat.proof.theorem``/``prove`` or the kernel's rules).
+    """
+    if not isinstance(theorem, Theorem):
+        raise TypeError(f"lower takes a kernel Theorem, not {type(theorem).__name__}: prove the schedule first "
+                        "(napkin_cat.proof.theorem(path, name) or kernel.refl for the unscheduled diagram)")
+    proof = "; ".join(theorem.trust) if theorem.trust else "kernel rules"
+    return _lower_schedule(theorem.name, theorem.result, theorem.schedule, target, tiles, dtype, hardware,
+                           proved=proof)
 
 
-def lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str = "pallas",
-                   tiles: Mapping[str, int] | None = None, dtype: Any = None, hardware: str | None = None,
-                   proved: str = "not proved (a bare schedule)") -> Lowered:
-    """Lower ``diagram`` under ``schedule``; refuses (NapkinError) what the target cannot serve."""
+def _lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str = "pallas",
+                    tiles: Mapping[str, int] | None = None, dtype: Any = None, hardware: str | None = None,
+                    proved: str = "not proved (a bare schedule)") -> Lowered:
+    """Lower ``diagram`` under ``schedule``, which the caller has proved; refuses (NapkinError)
+    what the target cannot serve, and re-checks the schedule's shape (defence in depth)."""
     if target not in TARGETS:
         raise NapkinError(error("lower.target", target=target, targets=", ".join(TARGETS)))
     dtype_name = _dtype_name(dtype)

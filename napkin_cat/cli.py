@@ -127,7 +127,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     theorems, failed, broken = 0, 0, 0
     for file in files:
         try:
-            results = check_file(file, level)
+            results = check_file(file, level, args.strict)
         except NapkinError as exc:
             broken += 1
             for diag in exc.diagnostics:
@@ -336,6 +336,9 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="check the theorems of proof files (files or folders)")
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.add_argument("--certify", action="store_true", help="run the full certification of lemmas and accumulators")
+    p.add_argument("--strict", action="store_true",
+                   help="refuse theorems resting on a lemma or accumulator only tested (not proved for every size) "
+                        "or on a measured dtype claim")
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("draw", help="draw a diagram or theorem (SVG/PNG), or a theorem's derivation strip")

@@ -466,3 +466,14 @@ def inline_calls(diagram: Diagram, retype: Callable[[Box, tuple[Expr, ...]], Box
     outputs = tuple(inline(o, env)[0] for o in diagram.outputs)
     return Diagram(diagram.name, diagram.inputs, tuple(lets), outputs, diagram.out_types, tuple(axes.values()),
                    diagram.span)
+
+
+@dataclass(frozen=True)
+class Divides:
+    """A side condition ``divisor | dividend`` (a tile divides its axis or outer tile)."""
+
+    divisor: str | int
+    dividend: str | int
+
+    def __str__(self) -> str:
+        return f"{self.divisor} | {self.dividend}"

@@ -17,9 +17,13 @@ whose message starts with the rule's name and names the failed condition and the
     typed_box(op, args, ...)             the typing rule of a primitive box (ops.result_axes)
     treatment(box, axis)                 weaves | consumes | mixes | absent (architecture §3.1)
 
-The kernel imports only the IR, the op catalogue and diagnostics.  Certification is an input: lemma
-names map to how they were certified, and ``accumulator(box, axis, name, pad)`` answers whether
-(and how) an accumulator's laws were certified for that box.
+The kernel imports only the IR, the op catalogue, diagnostics and the finiteness analysis.
+Certification is an input: lemma names map to how they were certified, ``accumulator(box, axis,
+name, pad)`` answers how an accumulator's laws were certified for that box, ``measure`` a dtype
+step's error.  Each answer is ``proved`` (for every size) or ``tested``; ``Theorem.tested`` lists
+what a theorem rests on that is only tested.  The trusted code: this module, ``terms`` (the IR,
+``inline_calls``, ``run_diagram``), ``ops.result_axes``, ``finiteness``, and for ``proved``
+answers the symbolic prover ``prove`` (README "Proofs").
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from dataclasses import InitVar, dataclass, fields, replace
 
 from napkin_cat import ops, terms
 from napkin_cat.diagnostics import NapkinError, Span, error
+from napkin_cat.finiteness import finite
 from napkin_cat.terms import Axes, Box, Diagram, Expr, LemmaDecl, Partition, Schedule, Size, Var, walk
 
 __all__ = ["DTYPE_ROUNDOFF", "KernelError", "Theorem", "group", "place", "quantise", "refl", "rewrite",
@@ -138,11 +143,6 @@ def _boxes(diagram: Diagram) -> list[tuple[str, Box]]:
     return out
 
 
-def _tested(how: str, what: str) -> tuple[str, ...]:
-    """``(what,)`` unless certification's ``how`` says it is proved for every size."""
-    return () if how.startswith("proved") else (what,)
-
-
 def _no_schedule(thm: Theorem, rule: str, span: Span | None) -> None:
     if thm.schedule != _EMPTY:
         raise KernelError(rule, "the diagram already carries a schedule (group/stream/place/dtype); "
@@ -193,7 +193,8 @@ def rewrite(thm: Theorem, lemma: LemmaDecl, step: terms.Rewrite, certified: Mapp
     replaced; named bindings left unused are dropped.
     Side conditions: the lemma is certified; σ binds every variable and axis of ``rhs``;
     an extra axis of a matched variable is not the image of a lemma axis (so every box of
-    the pattern weaves it, R1); both sides get the same type.
+    the pattern weaves it, R1); both sides get the same type; a variable the lemma needs
+    finite (``when c finite``) is matched to a term ``finiteness.finite`` vouches for.
     """
     if lemma.name not in certified:
         raise KernelError("instantiate", f"lemma `{lemma.name}` is not certified", step.span)
@@ -219,6 +220,10 @@ def rewrite(thm: Theorem, lemma: LemmaDecl, step: terms.Rewrite, certified: Mapp
             axes: dict[str, str] = {}
             if _match(lemma.lhs, node, vars_, axes):
                 instance = _instantiate(lemma, vars_, axes, step.span)
+                known = {let.names[0]: let.expr for let in lets[:n] if len(let.names) == 1}
+                for c in (c for c in lemma.finite if not finite(vars_[c], known, {p.name for p in thm.result.inputs})):
+                    raise KernelError("instantiate", f"lemma `{lemma.name}` holds when `{c}` is finite, and the term "
+                                      f"matched to `{c}` may not be (finiteness.finite cannot vouch for it)", step.span)
                 if set(instance.axes) != set(node.axes):
                     raise KernelError("instantiate", f"lemma `{lemma.name}` gives type {list(instance.axes)} for "
                                                      f"{list(node.axes)} at `{top}`", step.span)
@@ -229,7 +234,7 @@ def rewrite(thm: Theorem, lemma: LemmaDecl, step: terms.Rewrite, certified: Mapp
                 how = certified[lemma.name]
                 result = replace(thm.result, body=tuple(lets[:n]), outputs=tuple(e.expr for e in lets[n:]))
                 return _extend(thm, step, ("congruence", f"lemma {lemma.name} ({how})"),
-                               _tested(how, f"lemma {lemma.name}"), result=result)
+                               () if how.startswith("proved") else (f"lemma {lemma.name}",), result=result)
     raise KernelError("instantiate", f"lemma `{lemma.name}`'s left side does not match `{top}` with "
                       f"{', '.join(m for m in step.at if m != top) or 'nothing'} inlined", step.span, inlined[0][1])
 
@@ -360,11 +365,6 @@ def _nest(thm: Theorem, step: Partition) -> tuple[terms.Divides, ...]:
     return ()
 
 
-def _kind(step: Partition, rule: str) -> None:
-    if step.kind != rule:
-        raise KernelError(rule, f"a {step.kind} partition of `{step.axis}` is not a {rule} step", step.span)
-
-
 def group(thm: Theorem, step: Partition) -> Theorem:
     """Group partition (R3):
 
@@ -374,7 +374,8 @@ def group(thm: Theorem, step: Partition) -> Theorem:
 
     Boxes that consume or mix a are refused: a consumed axis can only be streamed.
     """
-    _kind(step, "group")
+    if step.kind != "group":
+        raise KernelError("group", f"a {step.kind} partition of `{step.axis}` is not a group step", step.span)
     constraints = _nest(thm, step)
     for label, box in _boxes(thm.result):
         if (how := treatment(box, step.axis)) in ("consumes", "mixes"):
@@ -399,7 +400,8 @@ def stream(thm: Theorem, step: Partition, accumulator: AccumulatorOracle) -> The
 
     Boxes after the consumption see only the accumulator's final value (post-composition).
     """
-    _kind(step, "stream")
+    if step.kind != "stream":
+        raise KernelError("stream", f"a {step.kind} partition of `{step.axis}` is not a stream step", step.span)
     constraints = _nest(thm, step)
     axis, span, via = step.axis, step.span, step.via
     labels = {id(n): label for label, n in _boxes(thm.result)}
@@ -441,7 +443,7 @@ def stream(thm: Theorem, step: Partition, accumulator: AccumulatorOracle) -> The
                                         f"{label} (tried {tried})", span)
         chosen.append((axis, box, found[0]))
         trust.append(f"accumulator {found[0]} for {label} ({found[1]})")
-        tested += _tested(found[1], f"accumulator {found[0]} for {label}")
+        tested += [] if found[1].startswith("proved") else [f"accumulator {found[0]} for {label}"]
     via = via if via is not None else (chosen[0][2] if len({c[2] for c in chosen}) == 1 else None)
     schedule = replace(thm.schedule, partitions=(*thm.schedule.partitions, replace(step, via=via)))
     return _extend(thm, step, ("stream", *trust), tuple(tested), schedule=schedule,

@@ -293,7 +293,8 @@ class TheoremDecl:
 
 @dataclass(frozen=True)
 class LemmaDecl:
-    """``lemma NAME(params) : lhs = rhs`` as written; rules.py validates and certifies."""
+    """``lemma NAME(params) : lhs = rhs [when c finite]`` as written; rules.py validates and
+    certifies.  ``finite`` names the parameters the lemma holds for only when they are finite."""
 
     name: str
     params: tuple[Param, ...]
@@ -301,6 +302,7 @@ class LemmaDecl:
     rhs: Expr
     axes: tuple[Axis, ...]
     span: Span | None = field(default=None, compare=False, repr=False)
+    finite: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ import numpy as np
 import sympy
 
 from napkin_cat import accumulators as acc
+from napkin_cat import prove
 from napkin_cat.certify_cases import (
     TooLarge,
     edges,
@@ -138,7 +139,9 @@ def _certify_lemma(lemma: LemmaDecl, level: str) -> Certificate:
         return Certificate(False, "none", "no admissible sizes to check")
     extra = f", {skipped} too large for case splitting" if skipped else ""
     symbolic = "no sympy (onehot)" if labels else f"sympy {checked} size cases ≤{bound}{extra}"
-    return Certificate(True, f"tested: {symbolic}; exact {exact} sizes; float64 {numeric} cases, sizes ≤{swept}")
+    tested = f"{symbolic}; exact {exact} sizes; float64 {numeric} cases, sizes ≤{swept}"
+    proof = prove.prove_lemma(lemma)  # the tiers above also cover the infinite edge inputs a proof does not
+    return Certificate(True, f"{proof}; tested: {tested}" if proof else f"tested: {tested}")
 
 
 def _sympy_tier(lemma: LemmaDecl, lhs: Diagram, rhs: Diagram, bound: int) -> tuple[int, int, str | None]:
@@ -271,7 +274,7 @@ def accumulator(box: Box, axis: str, name: str, pad: bool) -> str:
     cert = certify_accumulator(canonical, axis, name, pad, "quick")
     if not cert.ok:
         return f"its laws fail ({cert.how}: {cert.counterexample})" if cert.counterexample else cert.how
-    return float_safety(canonical, axis, name) or cert.how
+    return float_safety(canonical, axis, name) or prove.prove_accumulator(canonical, axis, name, pad) or cert.how
 
 
 #: input magnitude of the floating-point test: exp of it overflows float64

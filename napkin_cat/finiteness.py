@@ -21,9 +21,9 @@ import math
 from collections.abc import Mapping
 
 from napkin_cat import ops
-from napkin_cat.terms import Box, Const, Expr, Size, Var
+from napkin_cat.terms import Box, Const, Diagram, Expr, Size, Var
 
-__all__ = ["finite"]
+__all__ = ["finite", "finite_in", "narrowed"]
 
 #: elementwise ops finite on finite operands (over the reals)
 _TOTAL = frozenset({"exp", "neg", "square", "abs", "tanh", "sigmoid", "relu", "gelu", "silu",
@@ -57,6 +57,20 @@ def finite(expr: Expr, defs: Mapping[str, Expr], inputs: frozenset[str] | set[st
     if expr.op == "ncontract":  # z = Σ a2(S) ≥ 0 unless a2 is id; b = sqrt needs z ≥ 0
         return expr.params[2] == "id" or expr.params[1] in _NONNEGATIVE
     return False
+
+
+def finite_in(diagram: Diagram, expr: Expr) -> bool:
+    """``finite`` for a term of ``diagram`` (its bindings and inputs in scope)."""
+    defs = {let.names[0]: let.expr for let in diagram.body if len(let.names) == 1}
+    return finite(expr, defs, {p.name for p in diagram.inputs})
+
+
+def narrowed(how: str, diagram: Diagram, terms: tuple[Expr, ...]) -> str:
+    """Certification's ``how`` for one use: a proof (``proved: ...``, on finite inputs) covers
+    the use only if every term it is applied to is finite; otherwise the use is only tested."""
+    if not how.startswith("proved") or all(finite_in(diagram, t) for t in terms):
+        return how
+    return f"tested here (proved for finite terms, applied to one that may be infinite): {how[len('proved: '):]}"
 
 
 def _sign(expr: Expr, defs: Mapping[str, Expr], inputs: frozenset[str] | set[str]) -> str | None:

@@ -34,7 +34,7 @@ from dataclasses import InitVar, dataclass, fields, replace
 
 from napkin_cat import ops, terms
 from napkin_cat.diagnostics import NapkinError, Span, error
-from napkin_cat.finiteness import finite
+from napkin_cat.finiteness import finite_in, narrowed
 from napkin_cat.terms import Axes, Box, Diagram, Expr, LemmaDecl, Partition, Schedule, Size, Var, walk
 
 __all__ = ["DTYPE_ROUNDOFF", "KernelError", "Theorem", "group", "place", "quantise", "refl", "rewrite",
@@ -220,8 +220,7 @@ def rewrite(thm: Theorem, lemma: LemmaDecl, step: terms.Rewrite, certified: Mapp
             axes: dict[str, str] = {}
             if _match(lemma.lhs, node, vars_, axes):
                 instance = _instantiate(lemma, vars_, axes, step.span)
-                known = {let.names[0]: let.expr for let in lets[:n] if len(let.names) == 1}
-                for c in (c for c in lemma.finite if not finite(vars_[c], known, {p.name for p in thm.result.inputs})):
+                for c in (c for c in lemma.finite if not finite_in(thm.result, vars_[c])):
                     raise KernelError("instantiate", f"lemma `{lemma.name}` holds when `{c}` is finite, and the term "
                                       f"matched to `{c}` may not be (finiteness.finite cannot vouch for it)", step.span)
                 if set(instance.axes) != set(node.axes):
@@ -231,7 +230,7 @@ def rewrite(thm: Theorem, lemma: LemmaDecl, step: terms.Rewrite, certified: Mapp
                 while dead := [let for let in lets[:n] if len(let.names) == 1 and let.names[0] in step.at
                                and not any(_mentions(b.expr, let.names[0], {}) for b in lets)]:
                     lets, n = [let for let in lets if let not in dead], n - len(dead)
-                how = certified[lemma.name]
+                how = narrowed(certified[lemma.name], thm.result, tuple(vars_.values()))
                 result = replace(thm.result, body=tuple(lets[:n]), outputs=tuple(e.expr for e in lets[n:]))
                 return _extend(thm, step, ("congruence", f"lemma {lemma.name} ({how})"),
                                () if how.startswith("proved") else (f"lemma {lemma.name}",), result=result)
@@ -441,9 +440,10 @@ def stream(thm: Theorem, step: Partition, accumulator: AccumulatorOracle) -> The
             tried = "; ".join(f"{n}: {why}" for n, why in answers.items()) or "none"
             raise KernelError("stream", f"no certified accumulator{' with padding' if step.pad else ''} for "
                                         f"{label} (tried {tried})", span)
+        how = narrowed(found[1], thm.result, box.args)
         chosen.append((axis, box, found[0]))
-        trust.append(f"accumulator {found[0]} for {label} ({found[1]})")
-        tested += [] if found[1].startswith("proved") else [f"accumulator {found[0]} for {label}"]
+        trust.append(f"accumulator {found[0]} for {label} ({how})")
+        tested += [] if how.startswith("proved") else [f"accumulator {found[0]} for {label}"]
     via = via if via is not None else (chosen[0][2] if len({c[2] for c in chosen}) == 1 else None)
     schedule = replace(thm.schedule, partitions=(*thm.schedule.partitions, replace(step, via=via)))
     return _extend(thm, step, ("stream", *trust), tuple(tested), schedule=schedule,

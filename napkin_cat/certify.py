@@ -58,7 +58,7 @@ from napkin_cat.kernel import typed_box
 from napkin_cat.rules import validate
 from napkin_cat.terms import Axis, Box, Diagram, Expr, LemmaDecl, Param, Var, walk
 
-__all__ = ["LEVELS", "Certificate", "accumulator", "certify_accumulator", "certify_lemma", "lemma_side",
+__all__ = ["LEVELS", "Certificate", "accumulator", "canonical", "certify_accumulator", "certify_lemma", "lemma_side",
            "representative_boxes"]
 
 #: (symbolic size bound, random float64 cases) per level
@@ -255,7 +255,7 @@ def _witness(lemma: LemmaDecl, lhs: Diagram, rhs: Diagram, sizes: dict[str, int]
 # ---- accumulators ------------------------------------------------------------------------------
 
 
-def _canonical(box: Box, axis: str) -> Box:
+def canonical(box: Box, axis: str) -> Box:
     """The box on typed variables, woven axes dropped: all that the laws depend on.
 
     Woven axes only broadcast every term of lift, combine and final, so the laws hold
@@ -270,11 +270,11 @@ def accumulator(box: Box, axis: str, name: str, pad: bool) -> str:
     """The kernel's oracle: how ``name`` was certified for ``box`` along ``axis`` (``proved: ...``
     or ``tested: ...``), else why it is refused: its laws fail, or it is unsafe in floating
     point (``float_safety``)."""
-    canonical = _canonical(box, axis)
-    cert = certify_accumulator(canonical, axis, name, pad, "quick")
+    plain = canonical(box, axis)
+    cert = certify_accumulator(plain, axis, name, pad, "quick")
     if not cert.ok:
         return f"its laws fail ({cert.how}: {cert.counterexample})" if cert.counterexample else cert.how
-    return float_safety(canonical, axis, name) or prove.prove_accumulator(canonical, axis, name, pad) or cert.how
+    return float_safety(plain, axis, name) or prove.prove_accumulator(plain, axis, name, pad) or cert.how
 
 
 #: input magnitude of the floating-point test: exp of it overflows float64

@@ -108,12 +108,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     level = "full" if args.certify else "quick"
     uncertified = 0  # library lemmas and accumulators whose full certification failed: CI must fail too
     if args.certify:
-        from napkin_cat import certify, rules
+        from napkin_cat import certify, prove, rules
 
         for lemma in rules.library().values():
             cert = certify.certify_lemma(lemma, level)
             uncertified += not cert.ok
-            print(f"lemma {lemma.name}: {'certified' if cert.ok else 'FAILED'} ({cert.how})"
+            print(f"lemma {lemma.name}: {cert.how.split(':')[0] if cert.ok else 'FAILED'} ({cert.how})"
                   + (f": {cert.counterexample}" if cert.counterexample else ""))
         for box, axis in certify.representative_boxes():
             from napkin_cat.accumulators import accumulators_for
@@ -121,9 +121,11 @@ def cmd_check(args: argparse.Namespace) -> int:
             for name in accumulators_for(box, axis):
                 cert = certify.certify_accumulator(box, axis, name, True, level)
                 uncertified += not cert.ok
+                how = (prove.prove_accumulator(certify.canonical(box, axis), axis, name, True) or cert.how) \
+                    if cert.ok else cert.how
                 params = f"; {', '.join(box.params)}" if box.params else ""
                 print(f"accumulator {name} for {box.op}[{' '.join(box.target)}{params}]: "
-                      f"{'certified' if cert.ok else 'FAILED'} ({cert.how})")
+                      f"{how.split(':')[0] if cert.ok else 'FAILED'} ({how})")
     theorems, failed, broken = 0, 0, 0
     for file in files:
         try:

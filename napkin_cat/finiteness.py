@@ -18,12 +18,13 @@ arithmetic (``+ - *``), so finite.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 
 from napkin_cat import ops
 from napkin_cat.terms import Box, Const, Diagram, Expr, Size, Var
 
-__all__ = ["finite", "finite_in", "narrowed"]
+__all__ = ["MASKS", "finite", "finite_in", "masked", "narrowed"]
 
 #: elementwise ops finite on finite operands (over the reals)
 _TOTAL = frozenset({"exp", "neg", "square", "abs", "tanh", "sigmoid", "relu", "gelu", "silu",
@@ -59,18 +60,49 @@ def finite(expr: Expr, defs: Mapping[str, Expr], inputs: frozenset[str] | set[st
     return False
 
 
+def masked(expr: Expr, defs: Mapping[str, Expr], inputs: frozenset[str] | set[str] = frozenset()) -> bool:
+    """Is every entry of ``expr`` finite or ``-inf`` (a mask) on finite inputs?  A mask is a
+    ``-inf`` constant chosen by ``where``, kept by adding finite terms or other masks,
+    subtracting finite terms, or scaling by a positive one."""
+    if finite(expr, defs, inputs) or (isinstance(expr, Const) and expr.value == -math.inf):
+        return True
+    if isinstance(expr, Var) and expr.name in defs:
+        return masked(defs[expr.name], defs, inputs)
+    if not isinstance(expr, Box):
+        return False
+    if expr.op in ("where", "add"):
+        return all(masked(a, defs, inputs) for a in expr.args)
+    if expr.op == "sub":
+        return masked(expr.args[0], defs, inputs) and finite(expr.args[1], defs, inputs)
+    if expr.op == "mul":
+        return any(masked(a, defs, inputs) and finite(b, defs, inputs) and _sign(b, defs, inputs) == "positive"
+                   for a, b in (expr.args, expr.args[::-1]))
+    return False
+
+
+#: how a proof names the parameters it also covers with -inf masks (prove.py writes it)
+MASKS = re.compile(r"\[-inf masks: ([\w, ]+)\]")
+
+
+def narrowed(how: str, diagram: Diagram, terms: Mapping[str, Expr]) -> str:
+    """Certification's ``how`` for one use, its parameters matched to ``terms``: a proof
+    (``proved: ...``) covers finite inputs, and -inf masks in the parameters it names in
+    ``[-inf masks: S]``; applied to anything else the use is only tested."""
+    if not how.startswith("proved"):
+        return how
+    found = MASKS.search(how)
+    masks = {m.strip() for m in found.group(1).split(",")} if found else set()
+    defs = {let.names[0]: let.expr for let in diagram.body if len(let.names) == 1}
+    inputs = {p.name for p in diagram.inputs}
+    if all(finite(t, defs, inputs) or (n in masks and masked(t, defs, inputs)) for n, t in terms.items()):
+        return how
+    return f"tested here (proved for finite terms, applied to one that may be infinite): {how[len('proved: '):]}"
+
+
 def finite_in(diagram: Diagram, expr: Expr) -> bool:
     """``finite`` for a term of ``diagram`` (its bindings and inputs in scope)."""
     defs = {let.names[0]: let.expr for let in diagram.body if len(let.names) == 1}
     return finite(expr, defs, {p.name for p in diagram.inputs})
-
-
-def narrowed(how: str, diagram: Diagram, terms: tuple[Expr, ...]) -> str:
-    """Certification's ``how`` for one use: a proof (``proved: ...``, on finite inputs) covers
-    the use only if every term it is applied to is finite; otherwise the use is only tested."""
-    if not how.startswith("proved") or all(finite_in(diagram, t) for t in terms):
-        return how
-    return f"tested here (proved for finite terms, applied to one that may be infinite): {how[len('proved: '):]}"
 
 
 def _sign(expr: Expr, defs: Mapping[str, Expr], inputs: frozenset[str] | set[str]) -> str | None:

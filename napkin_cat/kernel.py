@@ -230,7 +230,7 @@ def rewrite(thm: Theorem, lemma: LemmaDecl, step: terms.Rewrite, certified: Mapp
                 while dead := [let for let in lets[:n] if len(let.names) == 1 and let.names[0] in step.at
                                and not any(_mentions(b.expr, let.names[0], {}) for b in lets)]:
                     lets, n = [let for let in lets if let not in dead], n - len(dead)
-                how = narrowed(certified[lemma.name], thm.result, tuple(vars_.values()))
+                how = narrowed(certified[lemma.name], thm.result, vars_)
                 result = replace(thm.result, body=tuple(lets[:n]), outputs=tuple(e.expr for e in lets[n:]))
                 return _extend(thm, step, ("congruence", f"lemma {lemma.name} ({how})"),
                                () if how.startswith("proved") else (f"lemma {lemma.name}",), result=result)
@@ -440,7 +440,7 @@ def stream(thm: Theorem, step: Partition, accumulator: AccumulatorOracle) -> The
             tried = "; ".join(f"{n}: {why}" for n, why in answers.items()) or "none"
             raise KernelError("stream", f"no certified accumulator{' with padding' if step.pad else ''} for "
                                         f"{label} (tried {tried})", span)
-        how = narrowed(found[1], thm.result, box.args)
+        how = narrowed(found[1], thm.result, {f"X{k}": a for k, a in enumerate(box.args)})
         chosen.append((axis, box, found[0]))
         trust.append(f"accumulator {found[0]} for {label} ({how})")
         tested += [] if how.startswith("proved") else [f"accumulator {found[0]} for {label}"]

@@ -121,11 +121,12 @@ class _Semantics:
 
     ``split`` maps a chunked axis to its two parts (the split bijection); ``zero`` names
     parameters taken identically 0 (a normaliser case); ``cases`` collects the parameters
-    whose zero-ness decides a normaliser; ``fill`` replaces the inputs on a padded part.
+    whose zero-ness decides a normaliser; ``fill`` (per part, 0 or 1) replaces inputs there by
+    constants (padding, or a fully masked chunk).
     """
 
     def __init__(self, zero: frozenset[str] = frozenset(), split: Mapping[str, tuple[str, str]] | None = None,
-                 fill: Mapping[str, Any] | None = None, known: set[Any] | None = None):
+                 fill: Mapping[int, Mapping[Any, Any]] | None = None, known: set[Any] | None = None):
         self.zero, self.split, self.fill = zero, dict(split or {}), dict(fill or {})
         self.cases: set[str] = set()
         self.known = known if known is not None else set()  # normalisers positive in this case
@@ -148,10 +149,10 @@ class _Semantics:
         parts = []
         for k, part in enumerate(self.split[a]):
             piece = body.xreplace({_i(a): _i(part)})
-            if k == 1 and self.fill:  # the padded positions: every input along the axis is its fill value
-                index = _i(part)
-                piece = piece.replace(lambda e, s=index: getattr(e, "func", None) in self.fill and s in e.free_symbols,
-                                      lambda e: self.fill[e.func])
+            if self.fill.get(k):  # padded (or fully masked) positions: each input along the axis is a constant
+                index, values = _i(part), self.fill[k]
+                piece = piece.replace(lambda e, s=index, v=values: getattr(e, "func", None) in v
+                                      and s in e.free_symbols, lambda e, v=values: v[e.func])
             parts.append(self._parts(piece, (*rest, part), fold, join))
         return join(*parts)
 
@@ -165,9 +166,7 @@ class _Semantics:
             if isinstance(node, Var):
                 return env[node.name]
             if isinstance(node, Const):
-                if not math.isfinite(node.value):
-                    return sympy.oo if node.value > 0 else -sympy.oo
-                return sympy.Rational(str(node.value)) if node.value != int(node.value) else sympy.Integer(node.value)
+                return _constant(node.value)
             if isinstance(node, Size):
                 return self.size(node.axis)
             if not isinstance(node, Box):
@@ -193,6 +192,8 @@ class _Semantics:
             return sympy.sqrt(x)
         if op in ("recip", "rsqrt"):
             return 1 / self.positive(sympy.sqrt(x) if op == "rsqrt" else x, op)
+        if op == "maximum" and args[1] == _constant(-acc.FLOAT_MAX):  # the guarded shift of a running max:
+            return args[1] if x == -sympy.oo else x  # a finite float64 maximum is at least -FLOAT_MAX
         if op in ("add", "sub", "mul", "maximum", "minimum"):
             y = args[1]
             return {"add": x + y, "sub": x - y, "mul": x * y, "maximum": sympy.Max(x, y),
@@ -236,6 +237,8 @@ class _Semantics:
 
 
 def _equal(left: Any, right: Any) -> bool:
+    if left == right:  # the same term (also the same infinity, where a difference would be nan)
+        return True
     d = sympy.expand_log(_expand(left - right))
     return bool(d == 0 or sympy.cancel(sympy.together(_expand(d))) == 0)
 
@@ -248,8 +251,66 @@ def _input(name: str, axes: tuple[str, ...], split: Mapping[str, str] | None = N
 @cache
 def prove_lemma(lemma: LemmaDecl) -> str | None:
     """``proved: ...`` if both sides agree at every size on finite inputs, else None (with why
-    in ``why_unproved``)."""
-    return None if why_unproved(lemma) else "proved: symbolically at every size, on finite real inputs"
+    in ``why_unproved``); it names the parameters for which ``-inf`` masks are proved too
+    (``masked_cases``), in the form ``finiteness.narrowed`` reads."""
+    if why_unproved(lemma):
+        return None
+    masks = [p.name for p in lemma.params if _masked_case(lemma, p.name)]
+    return "proved: symbolically at every size, on finite real inputs" + (f" [-inf masks: {', '.join(masks)}]"
+                                                                        if masks else "")
+
+
+def _masked_case(lemma: LemmaDecl, name: str) -> bool:
+    """Does the lemma hold when the entries of parameter ``name`` may also be ``-inf`` (a mask)?
+
+    Where a row keeps one finite entry, a parameter that occurs only as the scores of a
+    softmax, logsumexp, max or exp-normalised contraction over its own axes (possibly shifted
+    by a term without it) enters every value through exp(S) ≥ 0 with Σ exp(S) > 0 and a finite
+    maximum, which is exactly what the finite-input proof used of it; so that proof covers the
+    row.  A fully masked row is its own case: both sides evaluated with S = -inf (exp(-inf) =
+    0, the evaluator's zero-normaliser convention) must agree."""
+    if not all(_scores_only(side, name) for side in (lemma.lhs, lemma.rhs)):
+        return False
+    inputs = [-sympy.oo if p.name == name else _input(p.name, p.axes) for p in lemma.params]
+    try:
+        (left,) = _Semantics().run(_side(lemma, lemma.lhs), inputs)
+        (right,) = _Semantics().run(_side(lemma, lemma.rhs), inputs)
+    except Unproved:
+        return False
+    return _equal(left, right)
+
+
+#: boxes whose first operand is read only through exp(S) and max(S) (the scores)
+_SCORES = {"softmax", "logsumexp", "max"}
+
+
+def _scores_only(expr: Expr, name: str) -> bool:
+    """Every occurrence of ``Var(name)`` in ``expr`` is the scores (first operand) of a box of
+    ``_SCORES`` or of ncontract[exp, exp, id] over exactly its axes, alone or shifted by a
+    term without it (``S - c``, ``S + c``, ``c + S``)."""
+    def uses(e: Expr) -> bool:
+        return any(isinstance(n, Var) and n.name == name for n in _walk(e))
+
+    def alone(e: Expr) -> bool:
+        return isinstance(e, Var) and e.name == name
+
+    if not uses(expr):
+        return True
+    if not isinstance(expr, Box):
+        return False  # the variable itself, outside a scores position
+    if expr.op in _SCORES or (expr.op == "ncontract" and expr.params == ("exp", "exp", "id")):
+        s = expr.args[0]
+        var: Expr | None = s if alone(s) else None
+        if isinstance(s, Box) and ((s.op == "sub" and alone(s.args[0]) and not uses(s.args[1]))
+                                   or (s.op == "add" and sum(uses(a) for a in s.args) == 1)):
+            var = next((a for a in s.args if alone(a)), None)  # S shifted by a term without it
+        if var is not None and set(var.axes) == set(expr.target):
+            return not any(uses(a) for a in expr.args[1:])
+    return all(_scores_only(a, name) for a in expr.args)
+
+
+def _walk(expr: Expr) -> list[Expr]:
+    return [expr, *(n for a in expr.args for n in _walk(a))] if isinstance(expr, Box) else [expr]
 
 
 @cache
@@ -293,7 +354,42 @@ def prove_accumulator(box: Box, axis: str, name: str, pad: bool) -> str | None:
         problem = _laws(plan, guarded, box, pad)
     except Unproved:
         return None
-    return None if problem else "proved: laws symbolically at every chunk length (finite real inputs)"
+    if problem:
+        return None
+    masked = box.args[0] if _scores_only(box, "X0") and _masked_laws(plan, guarded, box) else None
+    return "proved: laws symbolically at every chunk length (finite real inputs)" + (
+        " [-inf masks: X0]" if masked is not None else "")
+
+
+def _masked_laws(plan: acc.AccumulatorPlan, guarded: acc.AccumulatorPlan, box: Box) -> bool:
+    """The laws where the scores ``X0`` may be ``-inf`` (see ``_masked_case``): a chunk with a
+    finite entry is covered by the finite proof; a fully masked chunk (either one, or the whole
+    row) is checked with the guarded forms, whose shift max(m, -FLOAT_MAX) keeps exp(-inf - m)
+    at 0; with the whole row masked the guarded finaliser must give the box's 0."""
+    axis, parts = plan.axis, (f"{plan.axis}1", f"{plan.axis}2")
+    scores = {sympy.Function("X0", real=True): -sympy.oo}
+    args = [_input(f"X{k}", a.axes) for k, a in enumerate(box.args)]
+
+    def chunk(part: str, masked: bool) -> list[Any]:
+        return [-sympy.oo if masked and k == 0 else _input(f"X{k}", a.axes, {axis: part})
+                for k, a in enumerate(box.args)]
+
+    try:
+        for first, second in ((True, False), (False, True), (True, True)):
+            lifted = [_Semantics().run(_renamed(guarded.lift, axis, p), chunk(p, m))
+                      for p, m in ((parts[0], first), (parts[1], second))]
+            fill = {k: scores for k, m in enumerate((first, second)) if m}
+            whole = _Semantics(frozenset(), {axis: parts}, fill).run(guarded.lift, args)
+            if not _all_equal(_Semantics().run(guarded.combine, [*lifted[0], *lifted[1]]), whole):
+                return False
+        masked = [-sympy.oo, *args[1:]]
+        state = _Semantics().run(guarded.lift, masked)
+        identity = [sympy.Integer(0) if v == 0 else -sympy.oo for v in guarded.identity]
+        (final,) = _Semantics().run(guarded.final, list(state))
+        (value,) = _Semantics().run(_box_diagram(box), masked)
+        return _all_equal(_Semantics().run(guarded.combine, [*identity, *state]), state) and _equal(final, value)
+    except Unproved:
+        return False
 
 
 def _laws(plan: acc.AccumulatorPlan, guarded: acc.AccumulatorPlan, box: Box, pad: bool) -> str | None:
@@ -306,7 +402,7 @@ def _laws(plan: acc.AccumulatorPlan, guarded: acc.AccumulatorPlan, box: Box, pad
     for zero in _zero_cases(box):
         known: set[Any] = set()
 
-        def sem(split: Mapping[str, tuple[str, str]] | None = None, fill: Mapping[str, Any] | None = None,
+        def sem(split: Mapping[str, tuple[str, str]] | None = None, fill: Mapping[int, Mapping[Any, Any]] | None = None,
                 zero: frozenset[str] = zero, known: set[Any] = known) -> _Semantics:
             return _Semantics(zero, split, fill, known)
 
@@ -329,14 +425,17 @@ def _laws(plan: acc.AccumulatorPlan, guarded: acc.AccumulatorPlan, box: Box, pad
         if not _equal(final, value):
             return "finaliser"
         if pad and plan.pad is not None:
-            fill = {sympy.Function(n, real=True): _constant(v) for n, v in zip(names, plan.pad, strict=True)}
+            fill = {1: {sympy.Function(n, real=True): _constant(v) for n, v in zip(names, plan.pad, strict=True)}}
             if not _all_equal(sem({axis: parts}, fill).run(plan.lift, inputs()), lift1):
                 return "padding"
     return None
 
 
 def _constant(v: float) -> Any:
-    return (sympy.oo if v > 0 else -sympy.oo) if math.isinf(v) else sympy.Rational(str(v))
+    """A float constant as the exact rational it is (±inf as sympy's ±oo)."""
+    if math.isnan(v):
+        raise Unproved("a NaN constant")
+    return (sympy.oo if v > 0 else -sympy.oo) if math.isinf(v) else sympy.Rational(v)
 
 
 def _all_equal(left: tuple[Any, ...], right: tuple[Any, ...]) -> bool:

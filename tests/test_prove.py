@@ -57,7 +57,7 @@ def _box(op: str, params: tuple[str, ...] = ()) -> tuple[object, str]:
 
 @pytest.mark.parametrize(("box", "axis"), certify.representative_boxes(), ids=lambda v: getattr(v, "op", v))
 def test_accumulator_laws_are_proved_except_min_and_prod(box, axis) -> None:  # type: ignore[no-untyped-def]
-    canonical = certify._canonical(box, axis)
+    canonical = certify.canonical(box, axis)
     for name in accumulators.accumulators_for(box, axis):
         for pad in (False, True):
             proved = prove.prove_accumulator(canonical, axis, name, pad)

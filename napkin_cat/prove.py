@@ -116,6 +116,30 @@ def reduce_max(body: Any, axes: tuple[str, ...]) -> Any:
     return _atom("Max", tuple(sorted(axes)))(body.xreplace({_i(a): _j(a) for a in axes}))
 
 
+class _MaxOf(sympy.Function):
+    """The larger of its (at least two, symbolic, canonically ordered) arguments."""
+
+    def _eval_is_real(self) -> bool | None:
+        return all(a.is_real for a in self.args) or None
+
+    def _eval_is_positive(self) -> bool | None:
+        return any(a.is_positive for a in self.args) or None
+
+
+def maximum(*values: Any) -> Any:
+    """max as a commutative, associative, idempotent atom with identity -oo (sympy's Max
+    compares its arguments at every construction, which dominated the prover's time)."""
+    flat: list[Any] = []
+    for v in values:
+        flat.extend(v.args if isinstance(v, _MaxOf) else (v,))
+    if sympy.oo in flat:
+        return sympy.oo
+    numbers = [v for v in flat if v.is_number and v != -sympy.oo]
+    rest = {v for v in flat if not v.is_number}
+    args = sorted(rest | ({max(numbers)} if numbers else set()), key=sympy.default_sort_key)
+    return -sympy.oo if not args else args[0] if len(args) == 1 else _MaxOf(*args)
+
+
 class _Semantics:
     """Diagram terms -> sympy values at symbolic sizes (see the module docstring).
 
@@ -138,7 +162,7 @@ class _Semantics:
         return self._parts(body, axes, reduce_sum, sympy.Add)
 
     def max(self, body: Any, axes: tuple[str, ...]) -> Any:
-        return self._parts(body, axes, reduce_max, sympy.Max)
+        return self._parts(body, axes, reduce_max, maximum)
 
     def _parts(self, body: Any, axes: tuple[str, ...], fold: Callable[[Any, tuple[str, ...]], Any],
                join: Callable[..., Any]) -> Any:
@@ -196,7 +220,7 @@ class _Semantics:
             return args[1] if x == -sympy.oo else x  # a finite float64 maximum is at least -FLOAT_MAX
         if op in ("add", "sub", "mul", "maximum", "minimum"):
             y = args[1]
-            return {"add": x + y, "sub": x - y, "mul": x * y, "maximum": sympy.Max(x, y),
+            return {"add": x + y, "sub": x - y, "mul": x * y, "maximum": maximum(x, y),
                     "minimum": sympy.Min(x, y)}[op]
         if op == "div":
             return x / self.positive(args[1], "division")

@@ -22,7 +22,9 @@ final(lift(x)) = box(x), and with padding lift(x ⊕ fill) = lift(x).  The symbo
 uses the unguarded forms (exact over the reals), the numeric tier the guarded ones.
 
 Results are cached; ``napkin check`` uses the ``quick`` level, ``napkin check
---certify`` the ``full`` one.  Every certificate says what was checked.  This module
+--certify`` the ``full`` one.  Every certificate says what was checked: ``tested: ...``,
+or ``proved: ...; tested: ...`` when ``prove`` also proves the lemma at every size (the
+kernel's oracle ``accumulator`` likewise answers ``proved`` or ``tested``).  This module
 holds the entry points and the tiers; how far a lemma is swept is ``certify_reach``,
 the cases and the equality decisions ``certify_cases``.
 """

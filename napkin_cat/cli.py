@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from napkin_cat import certify, cost, proof, pseudo
-from napkin_cat.certify import rules
+from napkin_cat.certify import prove, rules
 from napkin_cat.certify.accumulators import accumulators_for
 from napkin_cat.cost import report as cost_report
 from napkin_cat.cost.hardware import HardwareError
@@ -114,24 +114,24 @@ def cmd_check(args: argparse.Namespace) -> int:
     level = "full" if args.certify else "quick"
     uncertified = 0  # library lemmas and accumulators whose full certification failed: CI must fail too
     if args.certify:
-
         for lemma in rules.library().values():
             cert = certify.certify_lemma(lemma, level)
             uncertified += not cert.ok
-            print(f"lemma {lemma.name}: {'certified' if cert.ok else 'FAILED'} ({cert.how})"
+            print(f"lemma {lemma.name}: {cert.how.split(':')[0] if cert.ok else 'FAILED'} ({cert.how})"
                   + (f": {cert.counterexample}" if cert.counterexample else ""))
         for box, axis in certify.representative_boxes():
-
             for name in accumulators_for(box, axis):
                 cert = certify.certify_accumulator(box, axis, name, True, level)
                 uncertified += not cert.ok
+                how = (prove.prove_accumulator(certify.canonical(box, axis), axis, name, True) or cert.how) \
+                    if cert.ok else cert.how
                 params = f"; {', '.join(box.params)}" if box.params else ""
                 print(f"accumulator {name} for {box.op}[{' '.join(box.target)}{params}]: "
-                      f"{'certified' if cert.ok else 'FAILED'} ({cert.how})")
+                      f"{how.split(':')[0] if cert.ok else 'FAILED'} ({how})")
     theorems, failed, broken = 0, 0, 0
     for file in files:
         try:
-            results = check_file(file, level)
+            results = check_file(file, level, args.strict)
         except NapkinError as exc:
             broken += 1
             for diag in exc.diagnostics:
@@ -328,6 +328,9 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="check the theorems of proof files (files or folders)")
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.add_argument("--certify", action="store_true", help="run the full certification of lemmas and accumulators")
+    p.add_argument("--strict", action="store_true",
+                   help="refuse theorems resting on a lemma or accumulator only tested (not proved for every size) "
+                        "or on a measured dtype claim")
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("draw", help="draw a diagram or theorem (SVG/PNG), or a theorem's derivation strip")

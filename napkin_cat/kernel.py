@@ -17,9 +17,13 @@ whose message starts with the rule's name and names the failed condition and the
     typed_box(op, args, ...)             the typing rule of a primitive box (ops.result_axes)
     treatment(box, axis)                 weaves | consumes | mixes | absent (architecture §3.1)
 
-The kernel imports only the IR, the op catalogue and diagnostics.  Certification is an input: lemma
-names map to how they were certified, and ``accumulator(box, axis, name, pad)`` answers whether
-(and how) an accumulator's laws were certified for that box.
+The kernel imports only the IR, the op catalogue, diagnostics and the finiteness analysis.
+Certification is an input: lemma names map to how they were certified, ``accumulator(box, axis,
+name, pad)`` answers how an accumulator's laws were certified for that box, ``measure`` a dtype
+step's error.  Each answer is ``proved`` (for every size) or ``tested``; ``Theorem.tested`` lists
+what a theorem rests on that is only tested.  The trusted code: this module, ``terms`` (the IR,
+``inline_calls``, ``run_diagram``), ``ops.result_axes``, ``finiteness``, and for ``proved``
+answers the symbolic prover ``prove`` (README "Proofs").
 """
 
 from __future__ import annotations
@@ -30,32 +34,10 @@ from dataclasses import InitVar, dataclass, fields, replace
 
 from napkin_cat import ops, terms
 from napkin_cat.diagnostics import NapkinError, Span, error
-from napkin_cat.terms import (
-    LEVELS,
-    Apply,
-    Axes,
-    Box,
-    Const,
-    Diagram,
-    Expr,
-    IndexExpr,
-    LemmaDecl,
-    Let,
-    Partition,
-    Place,
-    Pred,
-    Quantise,
-    Rewrite,
-    Schedule,
-    Size,
-    Step,
-    Var,
-    inline_calls,
-    run_diagram,
-    walk,
-)
+from napkin_cat.finiteness import finite_in, narrowed
+from napkin_cat.terms import Axes, Box, Diagram, Expr, LemmaDecl, Partition, Schedule, Size, Var, walk
 
-__all__ = ["DTYPE_ROUNDOFF", "Divides", "KernelError", "Theorem", "group", "place", "quantise", "refl", "rewrite",
+__all__ = ["DTYPE_ROUNDOFF", "KernelError", "Theorem", "group", "place", "quantise", "refl", "rewrite",
            "stream", "trans", "treatment", "typed_box", "unfold"]
 
 _TOKEN = object()
@@ -65,27 +47,19 @@ _EMPTY = Schedule()
 DTYPE_ROUNDOFF: dict[str, float] = {"f64": 2.0**-53, "f32": 2.0**-24, "tf32": 2.0**-11, "f16": 2.0**-11,
                                     "bf16": 2.0**-8, "fp8e4m3": 2.0**-4, "fp8e5m2": 2.0**-3}
 
-#: certify's answer for an accumulator: how it was certified, or None if its laws fail
-AccumulatorOracle = Callable[[Box, str, str, bool], "str | None"]
+#: certify's answer for an accumulator: how it was certified ("proved: ..." or "tested: ..."), else why not
+AccumulatorOracle = Callable[[Box, str, str, bool], str]
+#: a quantised theorem's measured error and how it was measured, or (None, why it cannot be)
+Measure = Callable[["Theorem"], "tuple[float | None, str]"]
 
 
 class KernelError(NapkinError):
     """A refused proof step: ``rule``, the failed ``condition``, where, the term refused (``subject``)."""
 
-    def __init__(self, rule: str, condition: str, span: Span | None = None, subject: Expr | None = None):
+    def __init__(self, rule: str, condition: str, span: Span | None = None, subject: Expr | None = None,
+                 hint: str | None = None):
         self.rule, self.condition, self.subject = rule, condition, subject
-        super().__init__(error("proof.refused", span, rule=rule, reason=condition))
-
-
-@dataclass(frozen=True)
-class Divides:
-    """A side condition ``divisor | dividend`` (a tile divides its axis or outer tile)."""
-
-    divisor: str | int
-    dividend: str | int
-
-    def __str__(self) -> str:
-        return f"{self.divisor} | {self.dividend}"
+        super().__init__(error("proof.refused", span, hint, rule=rule, reason=condition))
 
 
 @dataclass(frozen=True)
@@ -93,18 +67,20 @@ class Theorem:
     """⊢ source ≡ result under ``schedule``; constructed only by this module.
 
     ``accumulators`` lists (axis, consuming box, accumulator) for every stream step;
-    ``approximations`` the dtype steps (the theorem is exact iff it has none).
+    ``approximations`` the dtype steps (the theorem is exact iff it has none); ``tested``
+    what it rests on that is only tested, not proved (lemmas, accumulators, dtype claims).
     """
 
     name: str
     source: Diagram
     result: Diagram
     schedule: Schedule = _EMPTY
-    steps: tuple[Step, ...] = ()
+    steps: tuple[terms.Step, ...] = ()
     trust: tuple[str, ...] = ()
-    constraints: tuple[Divides, ...] = ()
+    constraints: tuple[terms.Divides, ...] = ()
     accumulators: tuple[tuple[str, Box, str], ...] = ()
-    approximations: tuple[Quantise, ...] = ()
+    approximations: tuple[terms.Quantise, ...] = ()
+    tested: tuple[str, ...] = ()
     token: InitVar[object] = None
 
     def __post_init__(self, token: object) -> None:
@@ -120,15 +96,17 @@ class Theorem:
         return next((name for a, b, name in self.accumulators if a == axis and b == box), None)
 
 
-def _extend(thm: Theorem, step: Step | None, trust: tuple[str, ...], **changes: object) -> Theorem:
+def _extend(thm: Theorem, step: terms.Step | None, trust: tuple[str, ...], tested: tuple[str, ...] = (),
+            **changes: object) -> Theorem:
     values = {f.name: getattr(thm, f.name) for f in fields(thm)} | changes
     values["trust"] = tuple(dict.fromkeys(thm.trust + trust))
+    values["tested"] = tuple(dict.fromkeys(thm.tested + tested))
     values["steps"] = values["steps"] if step is None else (*thm.steps, step)
     return Theorem(**values, token=_TOKEN)  # type: ignore[arg-type,unused-ignore]
 
 
 def typed_box(op: str, args: tuple[Expr, ...], target: Axes = (), out: Axes = (), params: tuple[str, ...] = (),
-              index: Pred | IndexExpr | None = None, span: Span | None = None) -> Box:
+              index: terms.Pred | terms.IndexExpr | None = None, span: Span | None = None) -> Box:
     """A primitive box with its result type from ``ops.result_axes`` (the one typing rule)."""
     return Box(op, args, ops.result_axes(op, tuple(a.axes for a in args), target, out), target, out, params,
                index, span)
@@ -183,7 +161,7 @@ def unfold(thm: Theorem) -> Theorem:
     if not thm.result.uses_diagrams():
         return thm
     _no_schedule(thm, "unfold", None)
-    result = inline_calls(thm.result, lambda box, args: typed_box(box.op, args, box.target, box.out, box.params,
+    result = terms.inline_calls(thm.result, lambda box, args: typed_box(box.op, args, box.target, box.out, box.params,
                                                                   box.index, box.span))
     return _extend(thm, None, ("unfold",), result=result)
 
@@ -196,10 +174,10 @@ def trans(first: Theorem, second: Theorem) -> Theorem:
         raise KernelError("trans", f"the first theorem's result `{first.result.name}` is not the second's source")
     if first.schedule != _EMPTY or second.schedule != _EMPTY:  # a schedule was checked on first.result only
         raise KernelError("trans", "a theorem carries a schedule; relabel after the last rewrite")
-    return _extend(first, None, second.trust, result=second.result, steps=first.steps + second.steps)
+    return _extend(first, None, second.trust, second.tested, result=second.result, steps=first.steps + second.steps)
 
 
-def rewrite(thm: Theorem, lemma: LemmaDecl, step: Rewrite, certified: Mapping[str, str]) -> Theorem:
+def rewrite(thm: Theorem, lemma: LemmaDecl, step: terms.Rewrite, certified: Mapping[str, str]) -> Theorem:
     """Instantiation + congruence + transitivity:
 
         ⊢ A ≡ D[σ(lhs)]     lemma: lhs = rhs certified     σ maps the lemma's variables to
@@ -211,13 +189,14 @@ def rewrite(thm: Theorem, lemma: LemmaDecl, step: Rewrite, certified: Mapping[st
     replaced; named bindings left unused are dropped.
     Side conditions: the lemma is certified; σ binds every variable and axis of ``rhs``;
     an extra axis of a matched variable is not the image of a lemma axis (so every box of
-    the pattern weaves it, R1); both sides get the same type.
+    the pattern weaves it, R1); both sides get the same type; a variable the lemma needs
+    finite (``when c finite``) is matched to a term ``finiteness.finite`` vouches for.
     """
     if lemma.name not in certified:
         raise KernelError("instantiate", f"lemma `{lemma.name}` is not certified", step.span)
     _no_schedule(thm, "congruence", step.span)
     n = len(thm.result.body)  # the returned expressions follow the body as bindings named `return`
-    lets = list(thm.result.body) + [Let(("return",), o, None) for o in thm.result.outputs]
+    lets = list(thm.result.body) + [terms.Let(("return",), o, None) for o in thm.result.outputs]
     names = [m for let in lets[:n] for m in let.names]
     for m in step.at:
         if m not in [*names, "return"]:
@@ -237,16 +216,20 @@ def rewrite(thm: Theorem, lemma: LemmaDecl, step: Rewrite, certified: Mapping[st
             axes: dict[str, str] = {}
             if _match(lemma.lhs, node, vars_, axes):
                 instance = _instantiate(lemma, vars_, axes, step.span)
+                for c in (c for c in lemma.finite if not finite_in(thm.result, vars_[c])):
+                    raise KernelError("instantiate", f"lemma `{lemma.name}` holds when `{c}` is finite, and the term "
+                                      f"matched to `{c}` may not be (finiteness.finite cannot vouch for it)", step.span)
                 if set(instance.axes) != set(node.axes):
                     raise KernelError("instantiate", f"lemma `{lemma.name}` gives type {list(instance.axes)} for "
                                                      f"{list(node.axes)} at `{top}`", step.span)
-                lets[index] = Let(lets[index].names, _replace(expr, node, instance), lets[index].span)
+                lets[index] = terms.Let(lets[index].names, _replace(expr, node, instance), lets[index].span)
                 while dead := [let for let in lets[:n] if len(let.names) == 1 and let.names[0] in step.at
                                and not any(_mentions(b.expr, let.names[0], {}) for b in lets)]:
                     lets, n = [let for let in lets if let not in dead], n - len(dead)
-                return _extend(thm, step, ("congruence", f"lemma {lemma.name} ({certified[lemma.name]})"),
-                               result=replace(thm.result, body=tuple(lets[:n]),
-                                              outputs=tuple(let.expr for let in lets[n:])))
+                how = narrowed(certified[lemma.name], thm.result, vars_)
+                result = replace(thm.result, body=tuple(lets[:n]), outputs=tuple(e.expr for e in lets[n:]))
+                return _extend(thm, step, ("congruence", f"lemma {lemma.name} ({how})"),
+                               () if how.startswith("proved") else (f"lemma {lemma.name}",), result=result)
     raise KernelError("instantiate", f"lemma `{lemma.name}`'s left side does not match `{top}` with "
                       f"{', '.join(m for m in step.at if m != top) or 'nothing'} inlined", step.span, inlined[0][1])
 
@@ -285,10 +268,8 @@ def _match_axes(pattern: Axes, actual: Axes, axes: dict[str, str]) -> bool:
 
 def _match(pattern: Expr, actual: Expr, vars_: dict[str, Expr], axes: dict[str, str]) -> bool:
     """First-order matching of a lemma side against a term, extending ``vars_`` and ``axes``."""
-    if isinstance(pattern, Var):
-        return vars_.setdefault(pattern.name, actual) == actual
-    if isinstance(pattern, Const):
-        return isinstance(actual, Const) and repr(pattern.value) == repr(actual.value)  # -0.0 is not 0.0
+    if isinstance(pattern, (Var, terms.Const)):  # by repr, which tells -0.0 from 0.0 and nan apart (== does not)
+        return repr(vars_.setdefault(pattern.name, actual) if isinstance(pattern, Var) else pattern) == repr(actual)
     if isinstance(pattern, Size):
         return isinstance(actual, Size) and _match_axes((pattern.axis,), (actual.axis,), axes)
     return (isinstance(pattern, Box) and isinstance(actual, Box) and pattern.op == actual.op
@@ -315,7 +296,7 @@ def _instantiate(lemma: LemmaDecl, vars_: dict[str, Expr], axes: dict[str, str],
                                              f"`{min((have - own) & image)}`, which the lemma's boxes act on, "
                                              "so it is not woven (R1)", span)
     for n in walk(lemma.rhs):
-        if isinstance(n, Apply):  # its arguments would escape σ: a lemma is stated on primitive boxes
+        if isinstance(n, terms.Apply):  # its arguments would escape σ: a lemma is stated on primitive boxes
             raise KernelError("instantiate", f"lemma `{lemma.name}` uses diagram `{n.diagram.name}` as a box; "
                                              "state lemmas on primitive boxes", span)
         names = (n.name,) if isinstance(n, Var) else (n.axis,) if isinstance(n, Size) else \
@@ -336,14 +317,15 @@ def _instantiate(lemma: LemmaDecl, vars_: dict[str, Expr], axes: dict[str, str],
     return subst(lemma.rhs)
 
 
-def _reindex(index: Pred | IndexExpr | None, axes: Mapping[str, str]) -> Pred | IndexExpr | None:
+def _reindex(index: terms.Pred | terms.IndexExpr | None,
+             axes: Mapping[str, str]) -> terms.Pred | terms.IndexExpr | None:
     """σ on an index expression: its positions are along the box's axes, renamed with them."""
     if isinstance(index, (terms.IBin, terms.Cmp, terms.Logic)):
         return replace(index, left=_reindex(index.left, axes), right=_reindex(index.right, axes))  # type: ignore[arg-type]
     return terms.Idx(axes[index.axis]) if isinstance(index, terms.Idx) else index
 
 
-def _nest(thm: Theorem, step: Partition) -> tuple[Divides, ...]:
+def _nest(thm: Theorem, step: Partition) -> tuple[terms.Divides, ...]:
     """R8 nesting and R9 divisibility; returns the divisibility constraints to record.
 
     Partitions are listed outermost first: a level may not be larger than an earlier one;
@@ -359,9 +341,9 @@ def _nest(thm: Theorem, step: Partition) -> tuple[Divides, ...]:
         raise KernelError(rule, f"axis `{axis}` does not occur in `{diagram.name}`", span)
     if isinstance(step.tile, str) and step.tile in sizes:
         raise KernelError(rule, f"tile `{step.tile}` is the name of an axis; name tile sizes apart", span)
-    deepest = max((LEVELS.index(p.level) for p in thm.schedule.partitions), default=0)
-    if LEVELS.index(step.level) < deepest:
-        raise KernelError("nest", f"{rule} at `{step.level}` comes after a partition at `{LEVELS[deepest]}`; "
+    deepest = max((terms.LEVELS.index(p.level) for p in thm.schedule.partitions), default=0)
+    if terms.LEVELS.index(step.level) < deepest:
+        raise KernelError("nest", f"{rule} at `{step.level}` comes after a partition at `{terms.LEVELS[deepest]}`; "
                                   "list outer (larger) levels first (R8)", span)
     outer = [p for p in thm.schedule.partitions if p.axis == axis]
     if any(p.level == step.level for p in outer):
@@ -370,7 +352,7 @@ def _nest(thm: Theorem, step: Partition) -> tuple[Divides, ...]:
     if step.tile == 1 or (step.pad and not outer):  # a ragged outer tile is masked; nested ones divide
         return ()
     if isinstance(step.tile, str) or isinstance(dividend, str):
-        return (Divides(step.tile, dividend),)
+        return (terms.Divides(step.tile, dividend),)
     if dividend % step.tile:
         what = f"the `{outer[-1].level}` tile {dividend}" if outer else f"axis `{axis}` of size {dividend}"
         raise KernelError("nest" if outer else rule, f"tile {step.tile} does not divide {what}"
@@ -387,7 +369,8 @@ def group(thm: Theorem, step: Partition) -> Theorem:
 
     Boxes that consume or mix a are refused: a consumed axis can only be streamed.
     """
-    assert step.kind == "group"
+    if step.kind != "group":
+        raise KernelError("group", f"a {step.kind} partition of `{step.axis}` is not a group step", step.span)
     constraints = _nest(thm, step)
     for label, box in _boxes(thm.result):
         if (how := treatment(box, step.axis)) in ("consumes", "mixes"):
@@ -412,7 +395,8 @@ def stream(thm: Theorem, step: Partition, accumulator: AccumulatorOracle) -> The
 
     Boxes after the consumption see only the accumulator's final value (post-composition).
     """
-    assert step.kind == "stream"
+    if step.kind != "stream":
+        raise KernelError("stream", f"a {step.kind} partition of `{step.axis}` is not a stream step", step.span)
     constraints = _nest(thm, step)
     axis, span, via = step.axis, step.span, step.via
     labels = {id(n): label for label, n in _boxes(thm.result)}
@@ -433,28 +417,33 @@ def stream(thm: Theorem, step: Partition, accumulator: AccumulatorOracle) -> The
             consumers.append((label, ops.accumulators_for(node.op, node.params), node))
         return how == "consumes" or any(kids)
 
-    run_diagram(thm.result, [False for _ in thm.result.inputs], visit)
+    terms.run_diagram(thm.result, [False for _ in thm.result.inputs], visit)
     if via is not None and not any(via in names for _, names, _ in consumers):
         raise KernelError("stream", f"accumulator `{via}` cannot stream {consumers[0][0]} along `{axis}`; admissible: "
                                     f"{', '.join(consumers[0][1]) or 'none'}" if consumers else
                                     f"`via {via}` names an accumulator but no box consumes `{axis}`", span)
     chosen: list[tuple[str, Box, str]] = []
     trust: list[str] = []
+    tested: list[str] = []
     for label, names, box in consumers:
         if (prior := next((n for _, b, n in thm.accumulators if b == box), None)) and via in names and via != prior:
             raise KernelError("nest", f"{label} is streamed via `{prior}` at an outer level; a nested stream (of "
                                       f"any axis it consumes) continues that state (R8), not `{via}`", span)
         order = [prior] if prior else [via] if via in names else list(names)  # a named one is not swapped
-        found = next(((n, how) for n in order if (how := accumulator(box, axis, n, step.pad)) is not None), None)
+        answers = {n: accumulator(box, axis, n, step.pad) for n in order}  # each: how certified, or why not
+        found = next(((n, how) for n, how in answers.items() if how.startswith(("proved", "tested"))), None)
         if found is None:
+            tried = "; ".join(f"{n}: {why}" for n, why in answers.items()) or "none"
             raise KernelError("stream", f"no certified accumulator{' with padding' if step.pad else ''} for "
-                                        f"{label} (tried {', '.join(order) or 'none'})", span)
+                                        f"{label} (tried {tried})", span)
+        how = narrowed(found[1], thm.result, {f"X{k}": a for k, a in enumerate(box.args)})
         chosen.append((axis, box, found[0]))
-        trust.append(f"accumulator {found[0]} for {label} ({found[1]})")
+        trust.append(f"accumulator {found[0]} for {label} ({how})")
+        tested += [] if how.startswith("proved") else [f"accumulator {found[0]} for {label}"]
     via = via if via is not None else (chosen[0][2] if len({c[2] for c in chosen}) == 1 else None)
     schedule = replace(thm.schedule, partitions=(*thm.schedule.partitions, replace(step, via=via)))
-    return _extend(thm, step, ("stream", *trust), schedule=schedule, constraints=thm.constraints + constraints,
-                   accumulators=thm.accumulators + tuple(chosen))
+    return _extend(thm, step, ("stream", *trust), tuple(tested), schedule=schedule,
+                   constraints=thm.constraints + constraints, accumulators=thm.accumulators + tuple(chosen))
 
 
 def _arrays(thm: Theorem, names: tuple[str, ...], rule: str, span: Span | None) -> None:
@@ -463,7 +452,7 @@ def _arrays(thm: Theorem, names: tuple[str, ...], rule: str, span: Span | None) 
         raise KernelError(rule, f"no array `{name}` in `{thm.result.name}` (arrays: {', '.join(arrays)})", span)
 
 
-def place(thm: Theorem, step: Place) -> Theorem:
+def place(thm: Theorem, step: terms.Place) -> Theorem:
     """Placement / recolouring (R2):   ⊢ A ≡ D    X an array of D   ─────  ⊢ A ≡ D[X @ ℓ]
 
     A level is a decoration: the value is the same wherever it is kept.  The memory bound
@@ -473,12 +462,15 @@ def place(thm: Theorem, step: Place) -> Theorem:
     return _extend(thm, step, ("place",), schedule=replace(thm.schedule, placements=(*thm.schedule.placements, step)))
 
 
-def quantise(thm: Theorem, step: Quantise) -> Theorem:
-    """dtype change (R10), a marked approximation:
+def quantise(thm: Theorem, step: terms.Quantise, measure: Measure) -> Theorem:
+    """dtype change (R10), a marked approximation (never an equality):
 
-        ⊢ A ≡ D    X an array of D    tol ≥ unit roundoff of the format
-        ────────────────────────────────────────────────────────────────
-                 ⊢ A ≈_tol D[X : dtype]      (never an equality)
+        ⊢ A ≡ D    X an array of D    roundoff of the format ≤ tol    measured error ≤ tol
+        ───────────────────────────────────────────────────────────────────────────────────
+                              ⊢ A ≈_tol D[X : dtype]
+
+    ``measure`` (an input, like certification) gives the error of the quantised theorem on
+    seeded inputs, or None and why it cannot; the claim rests on that measurement (tested).
     """
     _arrays(thm, step.names, "dtype", step.span)
     if step.dtype not in DTYPE_ROUNDOFF:
@@ -489,5 +481,13 @@ def quantise(thm: Theorem, step: Quantise) -> Theorem:
         raise KernelError("dtype", f"tolerance {step.tol:g} is {why} {roundoff:g} of "
                                    f"{step.dtype}; an approximation cannot claim more than its format", step.span)
     schedule = replace(thm.schedule, quantisations=(*thm.schedule.quantisations, step))
-    return _extend(thm, step, (f"approximation: {', '.join(step.names)} as {step.dtype} tol {step.tol:g}",),
-                   schedule=schedule, approximations=(*thm.approximations, step))
+    claim = f"{', '.join(step.names)} as {step.dtype} tol {step.tol:g}"
+    out = _extend(thm, step, (), schedule=schedule, approximations=(*thm.approximations, step))
+    error, how = measure(out)
+    if error is None or not error <= step.tol:  # a NaN error is no bound either
+        raise KernelError("dtype", f"the tolerance cannot be measured: {how}" if error is None else
+                          f"tolerance {step.tol:g} is below the error the rounding causes: {how}", step.span,
+                          hint="declare smaller sizes (the claim is measured on one set of sizes)" if error is None
+                          else "declare a tolerance at least the measured error, or keep fewer arrays in the "
+                               "narrow format")
+    return _extend(out, None, (f"approximation: {claim} (tested: {how})",), (f"dtype {claim}",))

@@ -214,8 +214,9 @@ def result_axes(op: str, args: tuple[tuple[str, ...], ...], target: tuple[str, .
     unary/normalise: the operand's axes; binary: the union by name (order of first
     appearance); where: that union and the target; reduce: the operand minus the target;
     (n)contract: the union minus the target; index: the target; onehot: the operand plus
-    the target; transpose: the target order; split/join/rename: the new axes take the
-    place of the first old one.  Assumes a well-formed box (the elaborator checks that).
+    the target; transpose: the operand's other axes (woven through it by a call), then the
+    target order; split/join/rename: the new axes take the place of the first old one.
+    Assumes a well-formed box (the elaborator checks that).
     """
     kind = OPS[op].kind
     have = args[0] if args else ()
@@ -232,7 +233,9 @@ def result_axes(op: str, args: tuple[tuple[str, ...], ...], target: tuple[str, .
         return tuple(a for a in have if a not in target)
     if kind in ("contract", "ncontract"):
         return tuple(a for a in union if a not in target)
-    if kind in ("index", "transpose"):
+    if kind == "transpose":  # operand axes outside the brackets are woven through, first (as evaluated)
+        return tuple(a for a in have if a not in target) + target
+    if kind == "index":
         return target
     if kind == "onehot":
         return have + target

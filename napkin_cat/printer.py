@@ -148,7 +148,8 @@ def print_theorem(theorem: TheoremDecl) -> str:
 
 
 def print_lemma(lemma: LemmaDecl) -> str:
-    return f"lemma {lemma.name}({_params(lemma.params)}) : {print_expr(lemma.lhs)} = {print_expr(lemma.rhs)}"
+    when = f" when {', '.join(lemma.finite)} finite" if lemma.finite else ""
+    return f"lemma {lemma.name}({_params(lemma.params)}) : {print_expr(lemma.lhs)} = {print_expr(lemma.rhs)}{when}"
 
 
 def print_module(module: Module) -> str:

@@ -279,7 +279,8 @@ class TheoremDecl:
 
 @dataclass(frozen=True)
 class LemmaDecl:
-    """``lemma NAME(params) : lhs = rhs`` as written; rules.py validates and certifies."""
+    """``lemma NAME(params) : lhs = rhs [when c finite]`` as written; rules.py validates and
+    certifies.  ``finite`` names the parameters the lemma holds for only when they are finite."""
 
     name: str
     params: tuple[Param, ...]
@@ -287,6 +288,7 @@ class LemmaDecl:
     rhs: Expr
     axes: tuple[Axis, ...]
     span: Span | None = field(default=None, compare=False, repr=False)
+    finite: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -452,3 +454,21 @@ def inline_calls(diagram: Diagram, retype: Callable[[Box, tuple[Expr, ...]], Box
     outputs = tuple(inline(o, env)[0] for o in diagram.outputs)
     return Diagram(diagram.name, diagram.inputs, tuple(lets), outputs, diagram.out_types, tuple(axes.values()),
                    diagram.span)
+
+
+@dataclass(frozen=True)
+class Divides:
+    """A side condition ``divisor | dividend`` (a tile divides its axis or outer tile)."""
+
+    divisor: str | int
+    dividend: str | int
+
+    def __str__(self) -> str:
+        return f"{self.divisor} | {self.dividend}"
+
+
+def box_diagram(box: Box) -> Diagram:
+    """A box on variable operands as a one-box diagram (its operands the parameters)."""
+    params = tuple(Param(a.name, a.axes) for a in box.args if isinstance(a, Var))
+    axes = tuple(Axis(a) for a in dict.fromkeys(a for p in params for a in p.axes))
+    return Diagram(box.op, params, (), (box,), (box.axes,), axes)

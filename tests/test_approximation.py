@@ -81,7 +81,8 @@ def test_check_refuses_a_tolerance_below_the_measured_error_and_reports_it_other
     assert tight.failure.message.startswith("dtype: tolerance 0.004 is below the error the rounding causes: "
                                             "measured 0.0")
     assert tight.failure.hint is not None and "at least the measured error" in tight.failure.hint
-    assert loose.ok and "(dtype Q, K, V as bf16 tol 0.05: measured 0.0" in loose.summary()
+    assert loose.ok and "approximation: Q, K, V as bf16 tol 0.05 (tested: measured 0.0" in loose.summary()
+    assert not check_module(module, strict=True)[1].ok  # a measured claim is not proved
 
 
 def test_later_dtype_steps_are_measured_with_the_earlier_ones() -> None:

@@ -60,7 +60,10 @@ def test_edges_scale_then_zero_and_mask_each_parameter() -> None:
     found = list(edges(lemma, values, 10.0))
     assert [what for what, _ in found] == [
         " with the inputs times 10", " with `A` = 0", " with `A` = -inf", " with `A` = -inf at every other entry",
-        " with `B` = 0", " with `B` = -inf", " with `B` = -inf at every other entry"]
+        " with `A` = +inf", " with `B` = 0", " with `B` = -inf", " with `B` = -inf at every other entry",
+        " with `B` = +inf"]
+    finite = loads("axis x\nlemma l(A: [x], B: [x]) : A + B = B + A when B finite").lemmas[0]
+    assert [what for what, _ in edges(finite, values, 10.0)][-1] == " with `B` = 0"  # no infinity for B
     np.testing.assert_array_equal(found[0][1][1], [30.0, 40.0])
     np.testing.assert_array_equal(found[3][1][0], [-np.inf, 2.0])
     np.testing.assert_array_equal(found[3][1][1], values[1])  # the other parameter is left as drawn

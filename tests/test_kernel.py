@@ -3,7 +3,9 @@ message that starts with the rule's name and names the failed condition and the 
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import math
 from pathlib import Path
 
 import numpy as np
@@ -49,12 +51,12 @@ def _thm(name: str = "attention") -> Theorem:
     return kernel.unfold(kernel.refl("t", module.diagram(name)))
 
 
-def _ok(certified: Box, axis: str, name: str, pad: bool) -> str | None:
-    return "test oracle"
+def _ok(certified: Box, axis: str, name: str, pad: bool) -> str:
+    return "tested: test oracle"
 
 
-def _never(certified: Box, axis: str, name: str, pad: bool) -> str | None:
-    return None
+def _never(certified: Box, axis: str, name: str, pad: bool) -> str:
+    return "its laws fail (test oracle)"
 
 
 def _lemma(name: str = "softmax_contract"):  # type: ignore[no-untyped-def]
@@ -302,7 +304,7 @@ def test_trans_composes_and_checks_the_middle() -> None:
         kernel.trans(first, kernel.group(first, Partition("group", "q", 2)))
     # a schedule checked on B says nothing about C: streaming x through softmax is refused on
     # the unrewritten diagram, and a stream accepted after the lemma may not be carried back
-    streamed = kernel.stream(second, Partition("stream", "x", 2, via="online_softmax"), lambda *_: "t")
+    streamed = kernel.stream(second, Partition("stream", "x", 2, via="online_softmax"), lambda *_: "tested: t")
     with pytest.raises(KernelError, match=r"^trans: a theorem carries a schedule"):
         kernel.trans(streamed, kernel.refl("v", second.result))
 
@@ -373,13 +375,15 @@ def test_stream_refuses_wrong_and_uncertified_accumulators() -> None:
 def test_stream_keeps_the_named_accumulator_or_refuses() -> None:
     """`via` names the accumulator the lowering will run: one whose laws fail for the box is
     refused, not silently swapped for another admissible one."""
-    def normalised_only(box: Box, axis: str, name: str, pad: bool) -> str | None:
-        return "test oracle" if name == "normalised" else None
+    def normalised_only(box: Box, axis: str, name: str, pad: bool) -> str:
+        return "proved: test oracle" if name == "normalised" else "its laws fail"
 
-    with pytest.raises(KernelError, match=r"^stream: no certified accumulator for `ncontract.*tried online_softmax\)"):
+    with pytest.raises(KernelError, match=r"^stream: no certified accumulator for `ncontract.*tried "
+                                          r"online_softmax: its laws fail\)"):
         kernel.stream(_flash(), Partition("stream", "x", 4, via="online_softmax"), normalised_only)
     thm = kernel.stream(_flash(), Partition("stream", "x", 4), normalised_only)
     assert [name for _, _, name in thm.accumulators] == ["normalised"]
+    assert not [t for t in thm.tested if t.startswith("accumulator")]  # a proved accumulator is not tested
 
 
 def test_stream_refuses_a_second_pass() -> None:
@@ -395,8 +399,8 @@ def test_stream_of_a_woven_axis_is_a_sequential_group() -> None:
 
 
 def test_stream_padding_needs_a_padding_law() -> None:
-    def no_pad(box: Box, axis: str, name: str, pad: bool) -> str | None:
-        return None if pad else "ok"
+    def no_pad(box: Box, axis: str, name: str, pad: bool) -> str:
+        return "no padding value" if pad else "tested: ok"
 
     with pytest.raises(KernelError, match=r"^stream: no certified accumulator with padding"):
         kernel.stream(_thm("rows"), Partition("stream", "x", 3, pad=True), no_pad)
@@ -433,18 +437,54 @@ def test_place_and_its_refusal() -> None:
         kernel.place(_flash(), Place(("P",), "smem"))
 
 
+def _measured(error: float | None) -> kernel.Measure:
+    return lambda thm: (error, f"test measurement {error}")
+
+
 def test_dtype_is_an_approximation_never_an_equality() -> None:
-    thm = kernel.quantise(_thm(), Quantise(("K", "V"), "bf16", 0.01))
+    thm = kernel.quantise(_thm(), Quantise(("K", "V"), "bf16", 0.01), _measured(0.004))
     assert not thm.exact and thm.approximations[0].dtype == "bf16"
+    assert thm.tested == ("dtype K, V as bf16 tol 0.01",)  # a measured claim is never proved
     with pytest.raises(KernelError, match=r"^dtype: tolerance 1e-06 is below the unit roundoff"):
-        kernel.quantise(_thm(), Quantise(("K",), "bf16", 1e-6))
+        kernel.quantise(_thm(), Quantise(("K",), "bf16", 1e-6), _measured(0.0))
     with pytest.raises(KernelError, match=r"^dtype: unknown number format `int4`"):
-        kernel.quantise(_thm(), Quantise(("K",), "int4", 0.1))
+        kernel.quantise(_thm(), Quantise(("K",), "int4", 0.1), _measured(0.0))
     with pytest.raises(KernelError, match=r"^dtype: no array `W`"):
-        kernel.quantise(_thm(), Quantise(("W",), "bf16", 0.1))
+        kernel.quantise(_thm(), Quantise(("W",), "bf16", 0.1), _measured(0.0))
+
+
+def test_dtype_tolerance_is_the_kernels_rule() -> None:
+    """The measured-error rule is the kernel's own: called directly, quantise refuses what
+    `napkin check` refuses (a tolerance below the measured error, an unmeasurable or NaN one)."""
+    with pytest.raises(KernelError, match=r"^dtype: tolerance 0.01 is below the error the rounding causes: test"):
+        kernel.quantise(_thm(), Quantise(("K",), "bf16", 0.01), _measured(0.02))
+    with pytest.raises(KernelError, match=r"^dtype: tolerance 0.01 is below the error the rounding causes: test"):
+        kernel.quantise(_thm(), Quantise(("K",), "bf16", 0.01), _measured(math.nan))
+    with pytest.raises(KernelError, match=r"^dtype: the tolerance cannot be measured: test measurement None"):
+        kernel.quantise(_thm(), Quantise(("K",), "bf16", 0.01), _measured(None))
+
+
+def test_no_assert_guards_a_kernel_rule() -> None:
+    """`python -O` strips asserts: a rule guarded by one would accept there what it refuses here."""
+    tree = ast.parse(Path(kernel.__file__).read_text(encoding="utf-8"))
+    assert not [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Assert)]
+    stream_step = Partition("stream", "x", 4, via="online_softmax")
+    with pytest.raises(KernelError, match=r"^group: a stream partition of `x` is not a group step"):
+        kernel.group(_flash(), stream_step)
+    with pytest.raises(KernelError, match=r"^stream: a group partition of `x` is not a stream step"):
+        kernel.stream(_flash(), dataclasses.replace(stream_step, kind="group"), _ok)
+
+
+def test_kernel_fits_in_one_sitting() -> None:
+    assert len(Path(kernel.__file__).read_text(encoding="utf-8").splitlines()) < 500
 
 
 # ---- typing and treatment ----------------------------------------------------------------------
+
+
+def test_transpose_is_typed_with_its_woven_axes() -> None:
+    """Woven over `q` by a call, a transpose carries `q` (first, as the evaluator orders it)."""
+    assert kernel.typed_box("transpose", (Var("A", ("q", "x", "y")),), ("y", "x")).axes == ("q", "y", "x")
 
 
 def test_typed_box_and_treatment() -> None:

@@ -22,6 +22,7 @@ def test_library_has_the_issue_lemmas() -> None:
     ("lemma b(A: [x]) : A = A", "the left side is a bare variable"),
     ("lemma c(A: [x y]) : exp(A) = exp(A)", "axis `x` is not named by any box on the left side"),
     ("lemma d(A: [x y]) : sum[x](A) = sum[x y](A)", "the sides have different types"),
+    ("lemma e(A: [x]) : sum[x](A) = sum[x](A) when Z finite", "`when Z finite` names no variable of the left side"),
     ("lemma e(A: [x]) : sum[x](A) = total(A)", "the right side uses diagram `total` as a box"),
     ("lemma f(A: [x]) : total(A) = sum[x](A)", "the left side uses diagram `total` as a box"),
 ])

@@ -22,7 +22,9 @@ final(lift(x)) = box(x), and with padding lift(x ⊕ fill) = lift(x).  The symbo
 uses the unguarded forms (exact over the reals), the numeric tier the guarded ones.
 
 Results are cached; ``napkin check`` uses the ``quick`` level, ``napkin check
---certify`` the ``full`` one.  Every certificate says what was checked.  This module
+--certify`` the ``full`` one.  Every certificate says what was checked: ``tested: ...``,
+or ``proved: ...; tested: ...`` when ``prove`` also proves the lemma at every size (the
+kernel's oracle ``accumulator`` likewise answers ``proved`` or ``tested``).  This module
 holds the entry points and the tiers; how far a lemma is swept is ``certify_reach``,
 the cases and the equality decisions ``certify_cases``.
 """
@@ -40,6 +42,7 @@ import numpy as np
 import sympy
 
 from napkin_cat.certify import accumulators as acc
+from napkin_cat.certify import prove
 from napkin_cat.certify.cases import (
     TooLarge,
     edges,
@@ -55,9 +58,9 @@ from napkin_cat.certify.rules import validate
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.evaluate import FLOAT64, SYMBOLIC, Algebra, Named, evaluate_named
 from napkin_cat.kernel import typed_box
-from napkin_cat.terms import Axis, Box, Diagram, Expr, LemmaDecl, Param, Var, walk
+from napkin_cat.terms import Box, Diagram, Expr, LemmaDecl, Var, box_diagram, walk
 
-__all__ = ["LEVELS", "Certificate", "accumulator", "certify_accumulator", "certify_lemma", "lemma_side",
+__all__ = ["LEVELS", "Certificate", "accumulator", "canonical", "certify_accumulator", "certify_lemma", "lemma_side",
            "representative_boxes"]
 
 #: (symbolic size bound, random float64 cases) per level
@@ -138,7 +141,9 @@ def _certify_lemma(lemma: LemmaDecl, level: str) -> Certificate:
         return Certificate(False, "none", "no admissible sizes to check")
     extra = f", {skipped} too large for case splitting" if skipped else ""
     symbolic = "no sympy (onehot)" if labels else f"sympy {checked} size cases ≤{bound}{extra}"
-    return Certificate(True, f"{symbolic}; exact {exact} sizes; float64 {numeric} cases, sizes ≤{swept}")
+    tested = f"{symbolic}; exact {exact} sizes; float64 {numeric} cases, sizes ≤{swept}"
+    proof = prove.prove_lemma(lemma)  # the tiers above also cover the infinite edge inputs a proof does not
+    return Certificate(True, f"{proof}; tested: {tested}" if proof else f"tested: {tested}")
 
 
 def _sympy_tier(lemma: LemmaDecl, lhs: Diagram, rhs: Diagram, bound: int) -> tuple[int, int, str | None]:
@@ -252,7 +257,7 @@ def _witness(lemma: LemmaDecl, lhs: Diagram, rhs: Diagram, sizes: dict[str, int]
 # ---- accumulators ------------------------------------------------------------------------------
 
 
-def _canonical(box: Box, axis: str) -> Box:
+def canonical(box: Box, axis: str) -> Box:
     """The box on typed variables, woven axes dropped: all that the laws depend on.
 
     Woven axes only broadcast every term of lift, combine and final, so the laws hold
@@ -263,17 +268,52 @@ def _canonical(box: Box, axis: str) -> Box:
     return typed_box(box.op, args, box.target, box.out, box.params)
 
 
-def accumulator(box: Box, axis: str, name: str, pad: bool) -> str | None:
-    """The kernel's oracle: how ``name`` was certified for ``box`` along ``axis``, or None."""
-    cert = certify_accumulator(_canonical(box, axis), axis, name, pad, "quick")
-    return cert.how if cert.ok else None
+def accumulator(box: Box, axis: str, name: str, pad: bool) -> str:
+    """The kernel's oracle: how ``name`` was certified for ``box`` along ``axis`` (``proved: ...``
+    or ``tested: ...``), else why it is refused: its laws fail, or it is unsafe in floating
+    point (``float_safety``)."""
+    plain = canonical(box, axis)
+    cert = certify_accumulator(plain, axis, name, pad, "quick")
+    if not cert.ok:
+        return f"its laws fail ({cert.how}: {cert.counterexample})" if cert.counterexample else cert.how
+    return float_safety(plain, axis, name) or prove.prove_accumulator(plain, axis, name, pad) or cert.how
 
 
-def box_diagram(box: Box) -> Diagram:
-    """A box on variable operands as a one-box diagram (its operands the parameters)."""
-    params = tuple(Param(a.name, a.axes) for a in box.args if isinstance(a, Var))
-    axes = tuple(Axis(a) for a in dict.fromkeys(a for p in params for a in p.axes))
-    return Diagram(box.op, params, (), (box,), (box.axes,), axes)
+#: input magnitude of the floating-point test: exp of it overflows float64
+SAFETY_SCALE = 1000.0
+
+
+def _safety_values(rng: np.random.Generator, shape: list[int]) -> np.ndarray:
+    """Seeded normal values scaled so the largest is exactly +SAFETY_SCALE (past exp's float
+    range whatever the draw: a std of 1000 over six values once peaked at 640, and passed)."""
+    z = rng.standard_normal(shape)
+    peak = z.flat[np.abs(z).argmax()] if z.size else 1.0
+    return SAFETY_SCALE * z / peak if peak else z
+
+
+@cache
+def float_safety(box: Box, axis: str, name: str) -> str | None:
+    """Why accumulator ``name`` for the canonical ``box`` fails in floating point, or None.
+
+    Equalities are over the reals; an accumulator that is exact there can still overflow
+    where the box does not (the plain normalised contraction with exp has no running
+    maximum).  It is run chunk by chunk (``accumulators.stream_fold``) on inputs of
+    magnitude ``SAFETY_SCALE`` and must give every finite value the evaluator (whose forms
+    are stable) gives, to 1e-6.  The stream rule refuses what fails (through ``accumulator``).
+    """
+    diagram = box_diagram(box)
+    sizes = {a.name: 3 for a in diagram.axes} | {axis: 6}
+    rng = np.random.default_rng(0)
+    inputs = [Named(p.axes, _safety_values(rng, [sizes[a] for a in p.axes])) for p in diagram.inputs]
+    (reference,) = evaluate_named(diagram, inputs, dict(sizes), FLOAT64)
+    streamed = acc.stream_fold(acc.plan(box, axis, name), inputs, 2, sizes)
+    want, got = reference.data, streamed.to(reference.axes)
+    with np.errstate(invalid="ignore"):
+        bad = np.isfinite(want) & ~(np.isfinite(got) & np.isclose(got, want, rtol=1e-6, atol=1e-9))
+    if bad.any():
+        return (f"it fails in floating point: on inputs of magnitude {SAFETY_SCALE:g} it gives "
+                f"{np.ravel(got[bad])[0]:.4g} where `{box.op}` gives {np.ravel(want[bad])[0]:.4g}")
+    return None
 
 
 @cache
@@ -317,7 +357,7 @@ def certify_accumulator(box: Box, axis: str, name: str, pad: bool, level: str = 
         problem = _laws(guarded, box, sizes, n1, pad, FLOAT64, draw, numeric_equal)
         if problem:
             return Certificate(False, "float64", problem)
-    return Certificate(True, f"laws: sympy {len(splits)} splits; float64 {cases} random")
+    return Certificate(True, f"tested: laws by sympy on {len(splits)} splits; float64 {cases} random")
 
 
 @dataclass(frozen=True)

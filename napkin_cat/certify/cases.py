@@ -63,13 +63,16 @@ def edges(lemma: LemmaDecl, values: Sequence[Any], scale: float) -> Iterator[tup
     """(description, inputs) past the standard draws ``values``: every input times
     ``scale``, then where the evaluator's conventions decide values (evaluate.py), per
     parameter: all zeros (normalising an all-zero row gives 0), all ``-inf`` (a fully
-    masked row: softmax gives 0) and half its entries ``-inf`` (a partly masked row)."""
+    masked row: softmax gives 0), half its entries ``-inf`` (a partly masked row) and all
+    ``+inf`` (a shift by the negated maximum of a masked row); the infinite ones only for a
+    parameter the lemma does not declare finite (``when c finite``)."""
     yield f" with the inputs times {scale:g}", [np.asarray(v) * scale for v in values]
     for i, param in enumerate(lemma.params):
         masked = np.array(values[i], dtype=float, copy=True)
         masked.reshape(-1)[::2] = -math.inf
-        for what, value in (("0", np.zeros_like(values[i])), ("-inf", np.full_like(values[i], -math.inf)),
-                            ("-inf at every other entry", masked)):
+        infinite = [("-inf", np.full_like(values[i], -math.inf)), ("-inf at every other entry", masked),
+                    ("+inf", np.full_like(values[i], math.inf))]
+        for what, value in [("0", np.zeros_like(values[i]))] + ([] if param.name in lemma.finite else infinite):
             yield f" with `{param.name}` = {what}", [value if j == i else v for j, v in enumerate(values)]
 
 

@@ -53,6 +53,8 @@ def validate(lemma: LemmaDecl) -> list[Diagnostic]:
         for called in dict.fromkeys(n.diagram.name for n in walk(expr) if isinstance(n, Apply)):
             problems.append(f"the {side} side uses diagram `{called}` as a box; state lemmas on primitive boxes "
                             "(a diagram's body is what its uses unfold to)")
+    for name in (n for n in lemma.finite if n not in lhs_vars):
+        problems.append(f"`when {name} finite` names no variable of the left side")
     if set(lemma.lhs.axes) != set(lemma.rhs.axes):
         problems.append(f"the sides have different types [{' '.join(lemma.lhs.axes)}] and "
                         f"[{' '.join(lemma.rhs.axes)}]")

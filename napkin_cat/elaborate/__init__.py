@@ -350,6 +350,7 @@ class _Elaborator(ExprElaborator):
         params_tree = rest[0] if isinstance(rest[0], Tree) and rest[0].data == "params" else None
         params, env = self.params(params_tree)
         n_errors = len(self.diags)
+        finite = rest.pop() if isinstance(rest[-1], Tree) and rest[-1].data == "finite" else None
         lhs = self.operand(rest[-2], env, {})
         rhs = self.operand(rest[-1], env, {})
         if lhs is None or rhs is None or len(self.diags) > n_errors:
@@ -359,7 +360,8 @@ class _Elaborator(ExprElaborator):
                      first=next(lm.span for lm in self.lemmas if lm.name == name.value))
             return
         axes = self.axes_used(params, (), (lhs, rhs))
-        self.lemmas.append(LemmaDecl(name.value, tuple(params), lhs, rhs, axes, _span(tree, self.path)))
+        self.lemmas.append(LemmaDecl(name.value, tuple(params), lhs, rhs, axes, _span(tree, self.path),
+                                     tuple(str(t) for t in finite.children) if finite is not None else ()))
 
     def theorem(self, tree: Node) -> None:
         name, diagram = _tok(tree, 0), _tok(tree, 1)

@@ -1,8 +1,9 @@
 """``napkin derive``: search for the cheapest checked schedule and write it as a proof file.
 
 ``derive`` runs the untrusted search (``rewrite.search``) with the cost model as its cost
-function, a floating-point screen (``overflow_screen``) and, when a kernel is wanted, a
-lowering screen (``lowering_screen``), then ``proof_text`` writes the
+function (the kernel itself refuses accumulators unsafe in floating point:
+``certify.float_safety``) and, when a kernel is wanted, a lowering screen
+(``lowering_screen``), then ``proof_text`` writes the
 winner as a theorem that ``napkin check`` accepts: a ``use`` of the source file by its
 path relative to the output, the steps, the modelled cost and tile sizes, and the
 runners-up with why each lost.  ``write`` writes the file and checks it again through
@@ -22,29 +23,23 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import sympy
 
-from napkin_cat import certify, cost, kernel
-from napkin_cat.certify import accumulators, rules
+from napkin_cat import cost, kernel
+from napkin_cat.certify import rules
 from napkin_cat.cost import hardware as hw
 from napkin_cat.cost import optimise
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.elaborate import load
-from napkin_cat.evaluate import FLOAT64, Named, evaluate_named
 from napkin_cat.lower import realised_schedule
 from napkin_cat.lower.layout import layout
 from napkin_cat.printer import print_step
 from napkin_cat.proof import CheckResult, check_file
 from napkin_cat.search.rewrite import Candidate, Costed, CostFn, ScreenFn, Search, search
-from napkin_cat.terms import Box, Partition, Var
+from napkin_cat.terms import Partition
 
-__all__ = ["Derivation", "axes_of", "choose_tiles", "derive", "lowering_screen", "model_cost", "overflow_screen",
+__all__ = ["Derivation", "axes_of", "choose_tiles", "derive", "lowering_screen", "model_cost",
            "proof_text", "write"]
-
-#: input magnitude of the floating-point screen: exp of it overflows float64
-_SCREEN_SCALE = 1000.0
-
 
 @dataclass(frozen=True)
 class Derivation:
@@ -86,7 +81,7 @@ def derive(path: str | Path, diagram: str, cost_fn: CostFn, *, settings: Mapping
     """Search ``diagram`` of the file at ``path`` for its cheapest fitting schedule.
 
     With ``lower`` ("pallas" or "jax") only schedules that target can lower are accepted
-    (``lowering_screen``); every candidate passes ``overflow_screen``.
+    (``lowering_screen``).
 
     ``settings`` (hardware, dtype, sizes, ...) are only recorded for the written file.
     Raises NapkinError if the file does not elaborate and KeyError for an unknown diagram.
@@ -95,18 +90,15 @@ def derive(path: str | Path, diagram: str, cost_fn: CostFn, *, settings: Mapping
     module = load(source)
     result = search(module, diagram, cost_fn, lemmas=rules.lemmas_in_scope(module),
                     theorem_name=f"{diagram}_derived", max_rewrites=max_rewrites, budget=budget, seconds=seconds,
-                    screen=_screens(lower), progress=progress)
+                    screen=_lowering(lower) if lower else None, progress=progress)
     return Derivation(source, diagram, result, dict(settings or {}))
 
 
-# ---- the floating-point screen ----------------------------------------------------------
+# ---- the lowering screen ------------------------------------------------------------------
 
 
-def _screens(target: str | None) -> ScreenFn:
-    def screen(thm: kernel.Theorem, costed: Costed) -> str | None:
-        return overflow_screen(thm) or (lowering_screen(thm, costed, target) if target else None)
-
-    return screen
+def _lowering(target: str) -> ScreenFn:
+    return lambda thm, costed: lowering_screen(thm, costed, target)
 
 
 def lowering_screen(thm: kernel.Theorem, costed: Costed, target: str) -> str | None:
@@ -115,49 +107,6 @@ def lowering_screen(thm: kernel.Theorem, costed: Costed, target: str) -> str | N
         layout(thm.name, thm.result, thm.schedule, costed.tiles, target)
     except NapkinError as exc:
         return f"the {target} lowering refuses it: {exc}"
-    return None
-
-
-def overflow_screen(thm: kernel.Theorem) -> str | None:
-    """Why the theorem's accumulators would fail in floating point, or None.
-
-    Equalities are over the reals; an accumulator that is exact there can still overflow
-    (the plain normalised contraction with exp has no running maximum).  Each chosen
-    accumulator is run chunk by chunk (``accumulators.stream_fold``) on inputs of
-    magnitude 1000 and compared with the evaluator, whose forms are stable.
-    """
-    for axis, box, name in thm.accumulators:
-        problem = _overflows(box, axis, name)
-        if problem:
-            return problem
-    return None
-
-
-def _screen_values(rng: np.random.Generator, shape: list[int]) -> np.ndarray:
-    """Seeded normal values scaled so the largest is exactly +_SCREEN_SCALE (past exp's float
-    range whatever the draw: a std of 1000 over six values once peaked at 640, and passed)."""
-    z = rng.standard_normal(shape)
-    peak = z.flat[np.abs(z).argmax()] if z.size else 1.0
-    return _SCREEN_SCALE * z / peak if peak else z
-
-
-def _overflows(box: Box, axis: str, name: str) -> str | None:
-    args = tuple(Var(f"X{i}", a.axes) for i, a in enumerate(box.args))
-    canonical = kernel.typed_box(box.op, args, box.target, box.out, box.params)
-    diagram = certify.box_diagram(canonical)
-    sizes = {a.name: 3 for a in diagram.axes} | {axis: 6}
-    rng = np.random.default_rng(0)
-    inputs = [Named(x.axes, _screen_values(rng, [sizes[a] for a in x.axes])) for x in args]
-    (reference,) = evaluate_named(diagram, inputs, dict(sizes), FLOAT64)
-    streamed = accumulators.stream_fold(accumulators.plan(canonical, axis, name), inputs, 2, sizes)
-    want, got = reference.data, streamed.to(reference.axes)
-    finite = np.isfinite(want)
-    with np.errstate(invalid="ignore"):
-        bad = finite & ~(np.isfinite(got) & np.isclose(got, want, rtol=1e-6, atol=1e-9))
-    if bad.any():
-        return (f"accumulator `{name}` for `{box.op}` along `{axis}` fails in floating point: on inputs of "
-                f"magnitude {_SCREEN_SCALE:g} it gives {np.ravel(got[bad])[0]:.4g} where the stable form gives "
-                f"{np.ravel(want[bad])[0]:.4g}")
     return None
 
 

@@ -1,0 +1,493 @@
+"""TRUSTED (for ``proved`` answers): lemmas and accumulator laws proved at every size.
+
+Domain (README "Proofs"): every input entry is a finite real and every axis has a
+symbolic size n ≥ 1.  A value is a sympy expression in one free index symbol ``i_a`` per
+axis it carries; an input ``X: [a b]`` is the real function application ``X(i_a, i_b)``.
+A reduction over axes A is an opaque atom ``Sum_A(body)`` or ``Max_A(body)`` whose body
+uses the bound symbols ``j_a``, built in a normal form by these steps, each an identity
+over finite reals:
+
+- linearity: Σ(u + v) = Σu + Σv, and a factor free of ``i_a`` leaves Σ_a (Σ c·u = c·Σu);
+- Σ_a 1 = n_a; exp(u + v) = exp(u)·exp(v) (sympy ``expand(power_exp)``);
+- exchange: Σ_a (u · Σ_B v) = Σ_{a∪B} (u·v) for a ∉ B, and max_a max_B u = max_{a∪B} u;
+- the split bijection of a chunked axis: Σ over n1 + n2 positions is Σ over the first n1
+  plus Σ over the last n2, and the maximum is the larger of the two maxima.
+
+Both sides are built by the semantics below and must then agree by sympy's field algebra
+(``expand``, ``expand_log`` of positive factors, ``cancel``).  Every partial operation is
+admitted only where it is defined on the whole domain: ``log`` of a term sympy knows is
+positive (an exponential, a sum of them), a division, ``recip`` or ``rsqrt`` by a positive
+term, ``sqrt`` of a non-negative one; anything else is not proved (``Unproved``), and the
+caller falls back to bounded testing.  A normaliser that can be 0 (``Σ S²``) is split by
+cases: S identically 0 along the row (the evaluator's convention gives 0), or not (the
+normaliser is positive); each case is proved.  Ops outside this semantics (where, index,
+onehot, reshapes, min, prod, piecewise activations) are not proved.
+
+Accumulator laws (accumulators.py, the unguarded forms, which equal the guarded ones on
+finite inputs): combine(lift(x), lift(y)) = lift(x ⊕ y) with x, y of symbolic lengths
+n1, n2 (so the fold over any number of chunks is the box, by induction on the chunks),
+combine(identity, s) = s, final(lift(x)) = box(x), and with padding lift(x ⊕ fill) = lift(x).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from functools import cache
+from typing import Any
+
+import sympy
+
+from napkin_cat.certify import accumulators as acc
+from napkin_cat.terms import Box, Const, Diagram, Expr, LemmaDecl, Param, Size, Var, box_diagram, run_diagram
+
+__all__ = ["Unproved", "prove_accumulator", "prove_lemma"]
+
+
+class Unproved(Exception):
+    """The term leaves the proved fragment; the message says where."""
+
+
+class _Reduction(sympy.Function):
+    """Σ or max over ``axes`` of its one argument (bound symbols j_a); subclasses per (kind, axes)."""
+
+    kind = ""
+    axes: tuple[str, ...] = ()
+
+    def _eval_is_real(self) -> bool | None:
+        return self.args[0].is_real  # type: ignore[no-any-return]
+
+    def _eval_is_positive(self) -> bool | None:
+        return self.args[0].is_positive  # type: ignore[no-any-return]
+
+    def _eval_is_nonnegative(self) -> bool | None:
+        return self.args[0].is_nonnegative  # type: ignore[no-any-return]
+
+
+@cache
+def _atom(kind: str, axes: tuple[str, ...]) -> type[_Reduction]:
+    return type(f"{kind}_{'_'.join(axes)}", (_Reduction,), {"kind": kind, "axes": axes})
+
+
+def _i(a: str) -> sympy.Symbol:
+    return sympy.Symbol(f"i_{a}", integer=True)
+
+
+def _j(a: str) -> sympy.Symbol:
+    return sympy.Symbol(f"j_{a}", integer=True)
+
+
+def _n(a: str) -> sympy.Symbol:
+    return sympy.Symbol(f"n_{a}", integer=True, positive=True)
+
+
+def _expand(e: Any) -> Any:
+    return sympy.expand(e, power_exp=True, power_base=False, log=False, multinomial=True, mul=True)
+
+
+def reduce_sum(body: Any, axes: tuple[str, ...]) -> Any:
+    """Σ over ``axes`` of ``body`` (free in i_a) in normal form."""
+    out = sympy.Integer(0)
+    for term in sympy.Add.make_args(_expand(body)):
+        free, dep, bound = sympy.Integer(1), [], set(axes)
+        for f in sympy.Mul.make_args(term):
+            if not any(_i(a) in f.free_symbols for a in axes):
+                free *= f
+            elif isinstance(f, _Reduction) and f.kind == "Sum" and not set(f.axes) & bound:
+                bound |= set(f.axes)  # exchange: Σ_a (u · Σ_B v) = Σ_{a∪B} (u·v)
+                dep.append(f.args[0])
+            else:
+                dep.append(f)
+        inner = sympy.Mul(*dep).xreplace({_i(a): _j(a) for a in axes})
+        if not dep:
+            out += free * sympy.Mul(*[_n(a) for a in axes])
+        else:
+            out += free * _atom("Sum", tuple(sorted(bound)))(inner)
+    return out
+
+
+def reduce_max(body: Any, axes: tuple[str, ...]) -> Any:
+    """max over ``axes`` of ``body`` (an index-free body is its own maximum: n ≥ 1)."""
+    if not any(_i(a) in body.free_symbols for a in axes):
+        return body
+    if isinstance(body, _Reduction) and body.kind == "Max":
+        return _atom("Max", tuple(sorted(set(axes) | set(body.axes))))(body.args[0].xreplace(
+            {_i(a): _j(a) for a in axes}))
+    return _atom("Max", tuple(sorted(axes)))(body.xreplace({_i(a): _j(a) for a in axes}))
+
+
+class _MaxOf(sympy.Function):
+    """The larger of its (at least two, symbolic, canonically ordered) arguments."""
+
+    def _eval_is_real(self) -> bool | None:
+        return all(a.is_real for a in self.args) or None
+
+    def _eval_is_positive(self) -> bool | None:
+        return any(a.is_positive for a in self.args) or None
+
+
+def maximum(*values: Any) -> Any:
+    """max as a commutative, associative, idempotent atom with identity -oo (sympy's Max
+    compares its arguments at every construction, which dominated the prover's time)."""
+    flat: list[Any] = []
+    for v in values:
+        flat.extend(v.args if isinstance(v, _MaxOf) else (v,))
+    if sympy.oo in flat:
+        return sympy.oo
+    numbers = [v for v in flat if v.is_number and v != -sympy.oo]
+    rest = {v for v in flat if not v.is_number}
+    args = sorted(rest | ({max(numbers)} if numbers else set()), key=sympy.default_sort_key)
+    return -sympy.oo if not args else args[0] if len(args) == 1 else _MaxOf(*args)
+
+
+class _Semantics:
+    """Diagram terms -> sympy values at symbolic sizes (see the module docstring).
+
+    ``split`` maps a chunked axis to its two parts (the split bijection); ``zero`` names
+    parameters taken identically 0 (a normaliser case); ``cases`` collects the parameters
+    whose zero-ness decides a normaliser; ``fill`` (per part, 0 or 1) replaces inputs there by
+    constants (padding, or a fully masked chunk).
+    """
+
+    def __init__(self, zero: frozenset[str] = frozenset(), split: Mapping[str, tuple[str, str]] | None = None,
+                 fill: Mapping[int, Mapping[Any, Any]] | None = None, known: set[Any] | None = None):
+        self.zero, self.split, self.fill = zero, dict(split or {}), dict(fill or {})
+        self.cases: set[str] = set()
+        self.known = known if known is not None else set()  # normalisers positive in this case
+
+    def size(self, a: str) -> Any:
+        return sum((_n(p) for p in self.split[a]), sympy.Integer(0)) if a in self.split else _n(a)
+
+    def sum(self, body: Any, axes: tuple[str, ...]) -> Any:
+        return self._parts(body, axes, reduce_sum, sympy.Add)
+
+    def max(self, body: Any, axes: tuple[str, ...]) -> Any:
+        return self._parts(body, axes, reduce_max, maximum)
+
+    def _parts(self, body: Any, axes: tuple[str, ...], fold: Callable[[Any, tuple[str, ...]], Any],
+               join: Callable[..., Any]) -> Any:
+        chunked = [a for a in axes if a in self.split]
+        if not chunked:
+            return fold(body, axes)
+        a, rest = chunked[0], tuple(b for b in axes if b != chunked[0])
+        parts = []
+        for k, part in enumerate(self.split[a]):
+            piece = body.xreplace({_i(a): _i(part)})
+            if self.fill.get(k):  # padded (or fully masked) positions: each input along the axis is a constant
+                index, values = _i(part), self.fill[k]
+                piece = piece.replace(lambda e, s=index, v=values: getattr(e, "func", None) in v
+                                      and s in e.free_symbols, lambda e, v=values: v[e.func])
+            parts.append(self._parts(piece, (*rest, part), fold, join))
+        return join(*parts)
+
+    def positive(self, d: Any, what: str) -> Any:
+        if d.xreplace({k: sympy.Dummy(positive=True) for k in self.known}).is_positive is not True:
+            raise Unproved(f"{what} of `{d}`, not known positive")
+        return d
+
+    def run(self, diagram: Diagram, inputs: list[Any]) -> tuple[Any, ...]:
+        def visit(node: Expr, kids: tuple[Any, ...], env: Mapping[str, Any]) -> Any:
+            if isinstance(node, Var):
+                return env[node.name]
+            if isinstance(node, Const):
+                return _constant(node.value)
+            if isinstance(node, Size):
+                return self.size(node.axis)
+            if not isinstance(node, Box):
+                raise Unproved("a diagram used as a box")
+            return self.box(node, kids)
+
+        return tuple(run_diagram(diagram, inputs, visit))
+
+    def box(self, node: Box, args: tuple[Any, ...]) -> Any:
+        op, t = node.op, node.target
+        x: Any = args[0] if args else None
+        if op == "exp":
+            return sympy.exp(x)
+        if op == "log":
+            return sympy.log(self.positive(x, "log"))
+        if op == "neg":
+            return -x
+        if op == "square":
+            return x**2
+        if op == "sqrt":
+            if x.is_nonnegative is not True:
+                raise Unproved(f"sqrt of `{x}`, not known non-negative")
+            return sympy.sqrt(x)
+        if op in ("recip", "rsqrt"):
+            return 1 / self.positive(sympy.sqrt(x) if op == "rsqrt" else x, op)
+        if op == "maximum" and args[1] == _constant(-acc.FLOAT_MAX):  # the guarded shift of a running max:
+            return args[1] if x == -sympy.oo else x  # a finite float64 maximum is at least -FLOAT_MAX
+        if op in ("add", "sub", "mul", "maximum", "minimum"):
+            y = args[1]
+            return {"add": x + y, "sub": x - y, "mul": x * y, "maximum": maximum(x, y),
+                    "minimum": sympy.Min(x, y)}[op]
+        if op == "div":
+            return x / self.positive(args[1], "division")
+        if op in ("sum", "mean"):
+            total = self.sum(x, t)
+            return total if op == "sum" else total / sympy.Mul(*[self.size(a) for a in t])
+        if op == "max":
+            return self.max(x, t)
+        if op == "logsumexp":
+            return sympy.log(self.positive(self.sum(sympy.exp(x), t), "log"))
+        if op == "contract":
+            return self.sum(sympy.Mul(*args), t)
+        if op in ("softmax", "l2norm", "rmsnorm"):
+            params = ("exp", "exp", "id") if op == "softmax" else ("id", "square", "sqrt" if op == "l2norm" else "rms")
+            return self.weights(node, params, x)
+        if op == "ncontract":
+            return self.sum(self.weights(node, node.params, x) * args[1], t)
+        raise Unproved(f"`{op}` is outside the proved fragment")
+
+    def weights(self, node: Box, params: tuple[str, ...], s: Any) -> Any:
+        """a1(S) / b(Σ a2(S)), 0 where the normaliser is 0 (the evaluator's convention)."""
+        a1, a2, b = params
+        f = {"exp": sympy.exp, "id": lambda v: v, "square": lambda v: v**2}
+        if a1 not in f or a2 not in f:
+            raise Unproved(f"activation `{a1 if a1 not in f else a2}` is outside the proved fragment")
+        z = self.sum(f[a2](s), node.target)
+        count = sympy.Mul(*[self.size(a) for a in node.target])
+        denom = {"id": z, "sqrt": sympy.sqrt(z), "rms": sympy.sqrt(z / count)}[b]
+        if denom == 0:
+            return sympy.Integer(0)
+        if denom.is_positive is not True:  # Σ S² is 0 iff S is 0 along the row: a case of its own
+            arg = node.args[0]
+            if a2 != "square" or not isinstance(arg, Var) or not set(arg.axes) <= set(node.target):
+                raise Unproved(f"normaliser `{denom}` may be 0 and is not a case split on one row")
+            self.cases.add(arg.name)
+            self.known.add(z)  # in this case S is not 0 along the row, so Σ S² > 0
+        return f[a1](s) / denom
+
+
+def _equal(left: Any, right: Any) -> bool:
+    if left == right:  # the same term (also the same infinity, where a difference would be nan)
+        return True
+    d = sympy.expand_log(_expand(left - right))
+    return bool(d == 0 or sympy.cancel(sympy.together(_expand(d))) == 0)
+
+
+def _input(name: str, axes: tuple[str, ...], split: Mapping[str, str] | None = None) -> Any:
+    index = [_i((split or {}).get(a, a)) for a in axes]
+    return sympy.Function(name, real=True)(*index) if index else sympy.Symbol(name, real=True)
+
+
+@cache
+def prove_lemma(lemma: LemmaDecl) -> str | None:
+    """``proved: ...`` if both sides agree at every size on finite inputs, else None (with why
+    in ``why_unproved``); it names the parameters for which ``-inf`` masks are proved too
+    (``masked_cases``), in the form ``finiteness.narrowed`` reads."""
+    if why_unproved(lemma):
+        return None
+    masks = [p.name for p in lemma.params if _masked_case(lemma, p.name)]
+    return "proved: symbolically at every size, on finite real inputs" + (f" [-inf masks: {', '.join(masks)}]"
+                                                                        if masks else "")
+
+
+def _masked_case(lemma: LemmaDecl, name: str) -> bool:
+    """Does the lemma hold when the entries of parameter ``name`` may also be ``-inf`` (a mask)?
+
+    Where a row keeps one finite entry, a parameter that occurs only as the scores of a
+    softmax, logsumexp, max or exp-normalised contraction over its own axes (possibly shifted
+    by a term without it) enters every value through exp(S) ≥ 0 with Σ exp(S) > 0 and a finite
+    maximum, which is exactly what the finite-input proof used of it; so that proof covers the
+    row.  A fully masked row is its own case: both sides evaluated with S = -inf (exp(-inf) =
+    0, the evaluator's zero-normaliser convention) must agree."""
+    if not all(_scores_only(side, name) for side in (lemma.lhs, lemma.rhs)):
+        return False
+    inputs = [-sympy.oo if p.name == name else _input(p.name, p.axes) for p in lemma.params]
+    try:
+        (left,) = _Semantics().run(_side(lemma, lemma.lhs), inputs)
+        (right,) = _Semantics().run(_side(lemma, lemma.rhs), inputs)
+    except Unproved:
+        return False
+    return _equal(left, right)
+
+
+#: boxes whose first operand is read only through exp(S) and max(S) (the scores)
+_SCORES = {"softmax", "logsumexp", "max"}
+
+
+def _scores_only(expr: Expr, name: str) -> bool:
+    """Every occurrence of ``Var(name)`` in ``expr`` is the scores (first operand) of a box of
+    ``_SCORES`` or of ncontract[exp, exp, id] over exactly its axes, alone or shifted by a
+    term without it (``S - c``, ``S + c``, ``c + S``)."""
+    def uses(e: Expr) -> bool:
+        return any(isinstance(n, Var) and n.name == name for n in _walk(e))
+
+    def alone(e: Expr) -> bool:
+        return isinstance(e, Var) and e.name == name
+
+    if not uses(expr):
+        return True
+    if not isinstance(expr, Box):
+        return False  # the variable itself, outside a scores position
+    if expr.op in _SCORES or (expr.op == "ncontract" and expr.params == ("exp", "exp", "id")):
+        s = expr.args[0]
+        var: Expr | None = s if alone(s) else None
+        if isinstance(s, Box) and ((s.op == "sub" and alone(s.args[0]) and not uses(s.args[1]))
+                                   or (s.op == "add" and sum(uses(a) for a in s.args) == 1)):
+            var = next((a for a in s.args if alone(a)), None)  # S shifted by a term without it
+        if var is not None and set(var.axes) == set(expr.target):
+            return not any(uses(a) for a in expr.args[1:])
+    return all(_scores_only(a, name) for a in expr.args)
+
+
+def _walk(expr: Expr) -> list[Expr]:
+    return [expr, *(n for a in expr.args for n in _walk(a))] if isinstance(expr, Box) else [expr]
+
+
+@cache
+def why_unproved(lemma: LemmaDecl) -> str | None:
+    """Why ``lemma`` is not proved (None when it is)."""
+    zero: frozenset[str] = frozenset()
+    tried: set[frozenset[str]] = set()
+    pending = [zero]
+    while pending:
+        zero = pending.pop()
+        tried.add(zero)
+        sem = _Semantics(zero)
+        inputs = [sympy.Integer(0) if p.name in zero else _input(p.name, p.axes) for p in lemma.params]
+        try:
+            (left,) = sem.run(_side(lemma, lemma.lhs), inputs)
+            (right,) = sem.run(_side(lemma, lemma.rhs), inputs)
+        except Unproved as exc:
+            return str(exc)
+        if not _equal(left, right):
+            where = f" with {', '.join(sorted(zero))} = 0" if zero else ""
+            return f"the sides do not normalise to the same term{where}"
+        pending += [zero | {c} for c in sem.cases if zero | {c} not in tried]
+    return None
+
+
+def _side(lemma: LemmaDecl, side: Expr) -> Diagram:
+    return Diagram(lemma.name, lemma.params, (), (side,), (side.axes,), lemma.axes)
+
+
+@cache
+def prove_accumulator(box: Box, axis: str, name: str, pad: bool) -> str | None:
+    """``proved: ...`` if the laws of ``name`` for the canonical ``box`` hold at every size (and
+    the padding law with ``pad``), else None."""
+    try:
+        plan, guarded = acc.plan(box, axis, name, guard=False), acc.plan(box, axis, name, guard=True)
+    except ValueError:
+        return None
+    if pad and plan.pad is None:
+        return None
+    try:
+        problem = _laws(plan, guarded, box, pad)
+    except Unproved:
+        return None
+    if problem:
+        return None
+    masked = box.args[0] if _scores_only(box, "X0") and _masked_laws(plan, guarded, box) else None
+    return "proved: laws symbolically at every chunk length (finite real inputs)" + (
+        " [-inf masks: X0]" if masked is not None else "")
+
+
+def _masked_laws(plan: acc.AccumulatorPlan, guarded: acc.AccumulatorPlan, box: Box) -> bool:
+    """The laws where the scores ``X0`` may be ``-inf`` (see ``_masked_case``): a chunk with a
+    finite entry is covered by the finite proof; a fully masked chunk (either one, or the whole
+    row) is checked with the guarded forms, whose shift max(m, -FLOAT_MAX) keeps exp(-inf - m)
+    at 0; with the whole row masked the guarded finaliser must give the box's 0."""
+    axis, parts = plan.axis, (f"{plan.axis}1", f"{plan.axis}2")
+    scores = {sympy.Function("X0", real=True): -sympy.oo}
+    args = [_input(f"X{k}", a.axes) for k, a in enumerate(box.args)]
+
+    def chunk(part: str, masked: bool) -> list[Any]:
+        return [-sympy.oo if masked and k == 0 else _input(f"X{k}", a.axes, {axis: part})
+                for k, a in enumerate(box.args)]
+
+    try:
+        for first, second in ((True, False), (False, True), (True, True)):
+            lifted = [_Semantics().run(_renamed(guarded.lift, axis, p), chunk(p, m))
+                      for p, m in ((parts[0], first), (parts[1], second))]
+            fill = {k: scores for k, m in enumerate((first, second)) if m}
+            whole = _Semantics(frozenset(), {axis: parts}, fill).run(guarded.lift, args)
+            if not _all_equal(_Semantics().run(guarded.combine, [*lifted[0], *lifted[1]]), whole):
+                return False
+        masked = [-sympy.oo, *args[1:]]
+        state = _Semantics().run(guarded.lift, masked)
+        identity = [sympy.Integer(0) if v == 0 else -sympy.oo for v in guarded.identity]
+        (final,) = _Semantics().run(guarded.final, list(state))
+        (value,) = _Semantics().run(box_diagram(box), masked)
+        return _all_equal(_Semantics().run(guarded.combine, [*identity, *state]), state) and _equal(final, value)
+    except Unproved:
+        return False
+
+
+def _laws(plan: acc.AccumulatorPlan, guarded: acc.AccumulatorPlan, box: Box, pad: bool) -> str | None:
+    """The first law that fails to normalise (None: all proved), per normaliser case: in the
+    case where a normaliser is 0 the guarded finaliser (dividing by max(b(z), TINY)) is the
+    one that gives the evaluator's 0; elsewhere the unguarded one is exact."""
+    axis = plan.axis
+    parts = (f"{axis}1", f"{axis}2")
+    names = [f"X{k}" for k in range(len(box.args))]
+    for zero in _zero_cases(box):
+        known: set[Any] = set()
+
+        def sem(split: Mapping[str, tuple[str, str]] | None = None, fill: Mapping[int, Mapping[Any, Any]] | None = None,
+                zero: frozenset[str] = zero, known: set[Any] = known) -> _Semantics:
+            return _Semantics(zero, split, fill, known)
+
+        def inputs(part: str | None = None, zero: frozenset[str] = zero) -> list[Any]:
+            return [sympy.Integer(0) if n in zero else _input(n, a.axes, {axis: part} if part else None)
+                    for n, a in zip(names, box.args, strict=True)]
+
+        (value,) = sem().run(box_diagram(box), inputs())  # registers the normalisers positive in this case
+        lift1 = sem().run(_renamed(plan.lift, axis, parts[0]), inputs(parts[0]))
+        lift2 = sem().run(_renamed(plan.lift, axis, parts[1]), inputs(parts[1]))
+        whole = sem({axis: parts}).run(plan.lift, inputs())
+        if not _all_equal(sem().run(plan.combine, [*lift1, *lift2]), whole):
+            return "recomposition"
+        state = sem().run(plan.lift, inputs())
+        identity = [sympy.Integer(0) if v == 0 else -sympy.oo for v in plan.identity]
+        if any(v not in (0.0, -math.inf) for v in plan.identity) or \
+                not _all_equal(sem().run(plan.combine, [*identity, *state]), state):
+            return "identity"
+        (final,) = sem().run((guarded if zero else plan).final, list(state))
+        if not _equal(final, value):
+            return "finaliser"
+        if pad and plan.pad is not None:
+            fill = {1: {sympy.Function(n, real=True): _constant(v) for n, v in zip(names, plan.pad, strict=True)}}
+            if not _all_equal(sem({axis: parts}, fill).run(plan.lift, inputs()), lift1):
+                return "padding"
+    return None
+
+
+def _constant(v: float) -> Any:
+    """A float constant as the exact rational it is (±inf as sympy's ±oo)."""
+    if math.isnan(v):
+        raise Unproved("a NaN constant")
+    return (sympy.oo if v > 0 else -sympy.oo) if math.isinf(v) else sympy.Rational(v)
+
+
+def _all_equal(left: tuple[Any, ...], right: tuple[Any, ...]) -> bool:
+    return len(left) == len(right) and all(_equal(a, b) for a, b in zip(left, right, strict=True))
+
+
+def _zero_cases(box: Box) -> list[frozenset[str]]:
+    probe = _Semantics()
+    probe.run(box_diagram(box), [_input(f"X{k}", a.axes) for k, a in enumerate(box.args)])
+    return [frozenset()] + [frozenset({c}) for c in sorted(probe.cases)]
+
+
+def _renamed(diagram: Diagram, old: str, new: str) -> Diagram:
+    """``diagram`` with axis ``old`` called ``new`` (a chunk of it)."""
+    def ren(axes: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(new if a == old else a for a in axes)
+
+    def expr(e: Expr) -> Expr:
+        if isinstance(e, Var):
+            return Var(e.name, ren(e.axes))
+        if isinstance(e, Size):
+            return Size(new) if e.axis == old else e
+        if isinstance(e, Box):
+            return replace(e, args=tuple(expr(a) for a in e.args), axes=ren(e.axes), target=ren(e.target),
+                           out=ren(e.out))
+        return e
+
+    return replace(diagram, inputs=tuple(Param(p.name, ren(p.axes)) for p in diagram.inputs),
+                   body=tuple(replace(let, expr=expr(let.expr)) for let in diagram.body),
+                   outputs=tuple(expr(o) for o in diagram.outputs), out_types=tuple(ren(t) for t in diagram.out_types))

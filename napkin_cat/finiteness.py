@@ -1,0 +1,130 @@
+"""TRUSTED: a sound finiteness analysis, to discharge a lemma's ``when c finite`` condition.
+
+``finite(expr, defs)`` is True only if ``expr`` is a finite real at every position for
+every finite real input of its diagram (the proof domain, README "Proofs": inputs are
+finite reals, axes have at least one position; ``±inf`` enters only through constants).
+It answers False whenever it cannot tell: a ``-inf`` mask, a division, a logarithm or a
+square root of something not known to be positive, a binding it cannot see.  The kernel
+refuses an instantiation whose matched term it does not vouch for, naming the condition.
+
+Rules (over the reals, with the evaluator's conventions): constants are finite iff they
+are; sizes are finite and positive; elementwise ops other than the partial ones below,
+reductions, normalisations (a zero normaliser gives 0), contractions, where, reshapes and
+onehot give finite values from finite operands; ``div``/``recip``/``rsqrt``/``log`` need a
+positive operand (denominator), ``sqrt`` a non-negative one; an index expression is integer
+arithmetic (``+ - *``), so finite.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+
+from napkin_cat import ops
+from napkin_cat.terms import Box, Const, Diagram, Expr, Size, Var
+
+__all__ = ["MASKS", "finite", "finite_in", "masked", "narrowed"]
+
+#: elementwise ops finite on finite operands (over the reals)
+_TOTAL = frozenset({"exp", "neg", "square", "abs", "tanh", "sigmoid", "relu", "gelu", "silu",
+                    "add", "sub", "mul", "maximum", "minimum"})
+#: ops whose value is ≥ 0 / > 0 for finite operands
+_NONNEGATIVE = frozenset({"square", "abs", "relu", "exp", "sigmoid", "sqrt"})
+_POSITIVE = frozenset({"exp", "sigmoid"})
+
+
+def finite(expr: Expr, defs: Mapping[str, Expr], inputs: frozenset[str] | set[str] = frozenset()) -> bool:
+    """Is ``expr`` finite wherever it is evaluated on finite inputs?  ``defs`` maps binding
+    names to their expressions, ``inputs`` names the diagram's inputs (finite by the domain)."""
+    if isinstance(expr, Var):
+        return expr.name in inputs or (expr.name in defs and finite(defs[expr.name], defs, inputs))
+    if isinstance(expr, Const):
+        return math.isfinite(expr.value)
+    if isinstance(expr, Size):
+        return True
+    if not isinstance(expr, Box) or not all(finite(a, defs, inputs) for a in expr.args):
+        return False  # a diagram used as a box, or an operand that may be infinite
+    kind = ops.OPS[expr.op].kind
+    if expr.op in _TOTAL or kind in ("reduce", "normalise", "contract", "where", "index", "onehot", "split", "join",
+                                     "rename", "transpose"):
+        return True
+    if expr.op in ("recip", "rsqrt", "log"):
+        return _sign(expr.args[0], defs, inputs) == "positive"
+    if expr.op == "div":
+        return _sign(expr.args[1], defs, inputs) == "positive"
+    if expr.op == "sqrt":
+        return _sign(expr.args[0], defs, inputs) in ("positive", "nonnegative")
+    if expr.op == "ncontract":  # z = Σ a2(S) ≥ 0 unless a2 is id; b = sqrt needs z ≥ 0
+        return expr.params[2] == "id" or expr.params[1] in _NONNEGATIVE
+    return False
+
+
+def masked(expr: Expr, defs: Mapping[str, Expr], inputs: frozenset[str] | set[str] = frozenset()) -> bool:
+    """Is every entry of ``expr`` finite or ``-inf`` (a mask) on finite inputs?  A mask is a
+    ``-inf`` constant chosen by ``where``, kept by adding finite terms or other masks,
+    subtracting finite terms, or scaling by a positive one."""
+    if finite(expr, defs, inputs) or (isinstance(expr, Const) and expr.value == -math.inf):
+        return True
+    if isinstance(expr, Var) and expr.name in defs:
+        return masked(defs[expr.name], defs, inputs)
+    if not isinstance(expr, Box):
+        return False
+    if expr.op in ("where", "add"):
+        return all(masked(a, defs, inputs) for a in expr.args)
+    if expr.op == "sub":
+        return masked(expr.args[0], defs, inputs) and finite(expr.args[1], defs, inputs)
+    if expr.op == "mul":
+        return any(masked(a, defs, inputs) and finite(b, defs, inputs) and _sign(b, defs, inputs) == "positive"
+                   for a, b in (expr.args, expr.args[::-1]))
+    return False
+
+
+#: how a proof names the parameters it also covers with -inf masks (prove.py writes it)
+MASKS = re.compile(r"\[-inf masks: ([\w, ]+)\]")
+
+
+def narrowed(how: str, diagram: Diagram, terms: Mapping[str, Expr]) -> str:
+    """Certification's ``how`` for one use, its parameters matched to ``terms``: a proof
+    (``proved: ...``) covers finite inputs, and -inf masks in the parameters it names in
+    ``[-inf masks: S]``; applied to anything else the use is only tested."""
+    if not how.startswith("proved"):
+        return how
+    found = MASKS.search(how)
+    masks = {m.strip() for m in found.group(1).split(",")} if found else set()
+    defs = {let.names[0]: let.expr for let in diagram.body if len(let.names) == 1}
+    inputs = {p.name for p in diagram.inputs}
+    if all(finite(t, defs, inputs) or (n in masks and masked(t, defs, inputs)) for n, t in terms.items()):
+        return how
+    return f"tested here (proved for finite terms, applied to one that may be infinite): {how[len('proved: '):]}"
+
+
+def finite_in(diagram: Diagram, expr: Expr) -> bool:
+    """``finite`` for a term of ``diagram`` (its bindings and inputs in scope)."""
+    defs = {let.names[0]: let.expr for let in diagram.body if len(let.names) == 1}
+    return finite(expr, defs, {p.name for p in diagram.inputs})
+
+
+def _sign(expr: Expr, defs: Mapping[str, Expr], inputs: frozenset[str] | set[str]) -> str | None:
+    """"positive" or "nonnegative" where that holds for every finite input, else None
+    (the operand is known finite: ``finite`` checked it first)."""
+    if isinstance(expr, Var) and expr.name in defs:
+        return _sign(defs[expr.name], defs, inputs)
+    if isinstance(expr, Size):
+        return "positive"
+    if isinstance(expr, Const):
+        return "positive" if expr.value > 0 else "nonnegative" if expr.value == 0 else None
+    if not isinstance(expr, Box):
+        return None
+    if expr.op in _POSITIVE or (expr.op == "sqrt" and _sign(expr.args[0], defs, inputs) == "positive"):
+        return "positive"
+    if expr.op in _NONNEGATIVE:
+        return "nonnegative"
+    if expr.op in ("mul", "add", "maximum", "minimum"):
+        signs = [_sign(a, defs, inputs) for a in expr.args]
+        if None in signs:
+            return None
+        if expr.op == "add" or expr.op == "maximum":
+            return "positive" if "positive" in signs else "nonnegative"
+        return "positive" if set(signs) == {"positive"} else "nonnegative"
+    return None

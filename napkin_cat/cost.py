@@ -23,7 +23,7 @@ from napkin_cat import ops
 from napkin_cat.loopnest import loop_nest
 from napkin_cat.pseudo_build import program
 from napkin_cat.pseudo_program import Program, max_of
-from napkin_cat.terms import Box, Diagram, Schedule, union_axes
+from napkin_cat.terms import Box, Diagram, Partition, Schedule, union_axes
 
 __all__ = ["CONVENTION", "Baseline", "Cost", "LevelCost", "Timing", "cost", "cost_of", "timing"]
 
@@ -89,6 +89,9 @@ class Cost:
     sizes: dict[str, Expr] = field(compare=False)
     tiles: dict[str, sympy.Symbol] = field(compare=False)
     convention: str = CONVENTION
+    #: the schedule's partitions across devices (``cost_mesh`` costs them; the levels above are
+    #: the device schedule's, summed over every device as H_l sums over every group)
+    mesh: tuple[Partition, ...] = ()
 
     def level(self, name: str) -> LevelCost:
         for level in self.levels:
@@ -187,7 +190,7 @@ def cost_of(diagram: Diagram, schedule: Schedule, hardware: str | hw.Hardware = 
     base_bytes = bytes_of if source is None else \
         _bytes_of(base.nest.flat, Schedule(), dtypes or {}, dtype, strict=False)
     return Cost(diagram.name, tuple(levels), _flops(prog), _baseline(base, base_bytes), prog, prof,
-                hw.canonical_dtype(dtype), bytes_of, size_syms, tile_syms)
+                hw.canonical_dtype(dtype), bytes_of, size_syms, tile_syms, mesh=schedule.mesh)
 
 
 def _bytes_of(flat: Any, schedule: Schedule, dtypes: Mapping[str, str], default: str,

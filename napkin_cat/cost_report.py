@@ -128,8 +128,9 @@ def _mesh(c: Cost, out: dict[str, Any], devices: int | None) -> None:
     mesh_level = {"name": "mesh", "parent": None, "transfers": "0", "transfers_bytes": "0",
                   "memory": top["memory"], "memory_bytes": top["memory_bytes"],
                   "capacity_bytes": c.hardware.level("mesh").capacity}
-    top.update({"parent": "mesh", "transfers": _s(m.devices * m.sends), "transfers_bytes": _s(m.devices * m.sends_bytes),
-                "memory": _s(m.memory), "memory_bytes": _s(m.memory_bytes)})
+    top.update({"parent": "mesh", "transfers": _s(m.devices * m.sends),
+                "transfers_bytes": _s(m.devices * m.sends_bytes), "memory": _s(m.memory),
+                "memory_bytes": _s(m.memory_bytes)})
     out["levels"].insert(0, mesh_level)
     best = out["time"]["tiles"] if out.get("time") else {}
     times = mesh_times(c, m, best)

@@ -122,6 +122,8 @@ MESSAGES: dict[str, str] = {
     "lower.mesh_ring_device": "the ring of `{axis}` folds each block into the accumulator state by streaming it on "
         "the device: add `stream {axis} by TILE via ACC` after the mesh partitions",
     "lower.mesh_ring_output": "output {index} carries the ring axis `{axis}`: no device holds all of it",
+    "lower.mesh_both": "input `{name}` carries both the sharded axis `{group}` and the ring axis `{ring}`: the "
+        "devices of a ring must hold the same block of `{group}`, which a mesh of one axis cannot give",
     "lower.mesh_output": "output {index} lacks the sharded axis `{axis}`: every device would write all of it",
     "lower.mesh_pallas_ring": "--target pallas cannot run the ring of `{axis}`: a Pallas kernel keeps its "
         "accumulator state inside one pallas_call and returns only the final value, while a ring carries the "

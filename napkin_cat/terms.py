@@ -287,7 +287,7 @@ class Schedule:
     def device(self) -> Schedule:
         """The schedule each device runs: the partitions and placements below the mesh level
         (with no ``mesh`` partition, the schedule itself)."""
-        if not any(p.level == MESH for p in (*self.partitions, *self.placements)):
+        if all(p.level != MESH for p in self.partitions) and all(p.level != MESH for p in self.placements):
             return self
         return Schedule(tuple(p for p in self.partitions if p.level != MESH),
                         tuple(p for p in self.placements if p.level != MESH), self.quantisations)

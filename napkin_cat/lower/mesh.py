@@ -27,8 +27,7 @@ from napkin_cat.loopnest import touches
 from napkin_cat.lower import codegen as cg
 from napkin_cat.lower import pallas as pallas_target
 from napkin_cat.lower.fold import emit_after, emit_identity, slots
-from napkin_cat.lower.jax import all_axes, bind_inputs, emit_body, emit_chunks, emit_dot_operand, rounded_nodes, \
-    size_of
+from napkin_cat.lower.jax import all_axes, bind_inputs, emit_body, emit_chunks, emit_dot_operand, rounded_nodes, size_of
 from napkin_cat.lower.jaxops import fill_values
 from napkin_cat.lower.layout import Layout
 from napkin_cat.lower.values import Scope, Value
@@ -97,8 +96,11 @@ def _check(plan: MeshPlan, lay: Layout) -> frozenset[str]:
         for index, axes in enumerate(out_types):
             if plan.group not in axes:
                 raise NapkinError(error("lower.mesh_output", index=index, axis=plan.group))
+    for name, axes in lay.flat.inputs:
+        if plan.ring in axes and plan.group in axes:
+            raise NapkinError(error("lower.mesh_both", name=name, group=plan.group, ring=plan.ring))
     declared = dict(lay.flat.sizes)
-    padded = frozenset(a for a in plan.axes if declared.get(a) is None or declared[a] % plan.devices)
+    padded = frozenset(a for a in plan.axes if (size := declared.get(a)) is None or size % plan.devices)
     for node in lay.flat.nodes:
         box = node.expr
         if not isinstance(box, Box):
@@ -129,7 +131,7 @@ def emit_functions(lay: Layout, plan: MeshPlan, fname: str, params: Sequence[str
     extents = {a: block.bind(f"shard_{a}", cg.binop(cg.call("round_up", size_of(a), count), "//", count))
                for a in plan.axes}
     placed = []
-    for (name, axes), param in zip(lay.flat.inputs, params, strict=True):
+    for (_, axes), param in zip(lay.flat.inputs, params, strict=True):
         axis = next((k for k, a in enumerate(axes) if a in extents), None)
         extent = cg.const(0) if axis is None else cg.binop(extents[axes[axis]], "*", count)
         placed.append(block.bind(f"{param}_shards", cg.call("shard", cg.name(param), mesh, cg.const(axis), extent)))

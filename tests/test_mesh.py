@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -152,3 +153,17 @@ def test_profiles_cite_their_interconnect() -> None:
         assert profile.devices == 8
         link = profile.level("mesh").bandwidth
         assert link is not None and link < profile.level("hbm").bandwidth  # type: ignore[operator]
+
+
+def test_readme_mesh_section_is_current(probe: dict[str, Any], tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)  # the README's commands run from the repository root
+    section = (ROOT / "README.md").read_text(encoding="utf-8").split("## Past one device", 1)[1].split("\n## ", 1)[0]
+    (command,) = re.findall(r"\.venv/bin/napkin (lower [^\n]+)", section)
+    out = tmp_path / "ring.py"
+    assert cli.main([*command.split()[:-2], "-o", str(out)]) == 0
+    assert "def ring_attention(Q, K, V):" in out.read_text(encoding="utf-8")
+    shown = re.search(r"# \((\d+), (\d+)\) (\d+)", section)  # what the README says the function gives
+    assert shown is not None
+    rows, cols, devices = map(int, shown.groups())
+    assert probe["cli/1000"]["shape"] == [rows, cols] and probe["cli/1000"]["devices"] == devices

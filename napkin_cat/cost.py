@@ -158,7 +158,7 @@ def cost_of(diagram: Diagram, schedule: Schedule, hardware: str | hw.Hardware = 
     stream (``pseudo_build.program``): 1 is the paper's model, 2 double buffering.
     """
     prof = hardware if isinstance(hardware, hw.Hardware) else hw.load(hardware)
-    nest = loop_nest(diagram, schedule)
+    nest = loop_nest(diagram, schedule.device())  # one device's program (the mesh: cost_mesh)
     declared = dict(nest.flat.sizes)
     given_sizes = dict(sizes or {})
     unknown = sorted(set(given_sizes) - set(declared))

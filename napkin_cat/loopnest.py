@@ -242,9 +242,7 @@ def woven_axes(flat: Flat, partitioned: frozenset[str] = frozenset()) -> tuple[s
 
 
 def loop_nest(diagram: Diagram, schedule: Schedule) -> LoopNest:
-    """The loop nest of a (checked) schedule over ``diagram`` as one device runs it (``mesh``
-    partitions are the devices: ``Schedule.device``); loops outermost first."""
-    schedule = schedule.device()
+    """The loop nest of a (checked) schedule over ``diagram``; loops outermost first."""
     flat = flatten(diagram)
     loops = tuple(Loop(p) for p in schedule.partitions)
     phases = []

@@ -113,6 +113,8 @@ MESSAGES: dict[str, str] = {
     "lower.no_pad": "`{node}` ({op}) consumes or mixes the padded axis `{axis}` and no padding value leaves it "
         "unchanged",
     "lower.unbound_axis": "axis `{axis}` of `{node}` gets its size from no input and has no declared size",
+    "lower.mesh_tile": "tile `{tile}` is a mesh tile: each device's block of `{axis}` is ⌈|{axis}|/N⌉ for N "
+        "devices (--mesh N), not a given size",
     "lower.mesh_devices": "--mesh {devices}: a mesh needs a positive number of devices",
     "lower.mesh_none": "--mesh {devices}: `{name}` has no partition at mesh (`group AXIS by TILE at mesh` shards "
         "an axis, `stream AXIS by TILE at mesh via ACC` rings one)",

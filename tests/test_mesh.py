@@ -110,9 +110,11 @@ def test_mesh_lowering_refuses_what_it_cannot_run(tmp_path: Path, diagram: str, 
     assert expect in str(info.value)
 
 
-def test_mesh_of_no_devices_is_refused() -> None:
+def test_mesh_of_no_devices_and_given_mesh_tiles_are_refused() -> None:
     with pytest.raises(NapkinError, match="positive number of devices"):
         lower(theorem(PROOF, "ring_attention"), target="jax", mesh=0)
+    with pytest.raises(NapkinError, match="tile `mq` is a mesh tile"):
+        lower(theorem(PROOF, "ring_attention"), target="jax", mesh=8, tiles={"mq": 128})
 
 
 def _cost(*extra: str, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:

@@ -111,6 +111,9 @@ def lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str 
     plan = None if mesh is None else mesh_target.mesh_plan(name, schedule, mesh)
     device = schedule.device()  # mesh tiles are the devices' blocks, not chosen here
     given = dict(tiles or {})
+    for p in schedule.mesh:
+        if p.tile in given and all(p.tile != d.tile for d in device.partitions):
+            raise NapkinError(error("lower.mesh_tile", tile=p.tile, axis=p.axis))
     for p in device.partitions:  # a tile given by its axis name binds the symbolic tile too
         if isinstance(p.tile, str) and p.tile not in given and p.axis in given:
             given[p.tile] = given[p.axis]

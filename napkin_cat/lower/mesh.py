@@ -9,6 +9,8 @@ continues the state, through ``fold.emit_step``'s lift and combine), sends the b
 ``lax.ppermute`` and takes the one arriving; the send does not depend on the fold, so XLA may
 overlap the transfer with the compute.  After N blocks the finals and the nodes after the
 stream run on each device.  A ring needs a sharded axis as well (the queries each device keeps).
+A mesh tile is always realised as ⌈|a|/N⌉, whatever the proof names it: neither R3 nor R4
+depends on the tile's size, only on how the boxes treat the axis (padding is masked).
 
 Each device runs the device schedule (``Schedule.device``): the plain-JAX body of
 ``lower.jax`` with the mesh axes at their block extents and global offsets (masks see global

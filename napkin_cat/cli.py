@@ -208,9 +208,10 @@ def cmd_lower(args: argparse.Namespace) -> int:
         known = ", ".join(sorted({f"{p.tile} (axis {p.axis})" for p in parts})) or "none"
         raise UsageError(f"--tile names {', '.join(unknown)}: not a tile or partitioned axis of `{args.theorem}` "
                          f"(tiles: {known})")
-    lowered = lower(thm, target=args.target, tiles=tiles, dtype=args.dtype, hardware=args.hardware)
+    lowered = lower(thm, target=args.target, tiles=tiles, dtype=args.dtype, hardware=args.hardware, mesh=args.mesh)
     Path(args.output).write_text(lowered.source, encoding="utf-8")
     placed = ", ".join(f"{axis}={tile}" for axis, tile in lowered.layout.tiles.items()) or "no tiles"
+    placed += f"; on a mesh of {args.mesh} devices" if args.mesh is not None else ""
     print(f"wrote {args.output}: {args.target} function `{args.theorem}` ({placed})")
     return 0
 
@@ -289,7 +290,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
     try:
         c = cost.cost(thm, hardware=args.hardware, sizes=parse_sizes(args.size), dtype=args.dtype,
                       stages=args.stages)
-        data = cost_report.report(c, args.theorem)
+        data = cost_report.report(c, args.theorem, args.mesh)
     except (HardwareError, ValueError) as exc:
         raise UsageError(str(exc)) from None
     print(json.dumps(data, indent=2) if args.json else cost_report.format_report(data), end="\n" if args.json else "")
@@ -348,6 +349,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tile", action="append", metavar="NAME=N", help="a tile size by tile name or axis (repeatable)")
     p.add_argument("--dtype", default="float32", help="input/output dtype: float32, bfloat16 or float16")
     p.add_argument("--hardware", default=None, help="hardware profile for default tiles (e.g. h100)")
+    p.add_argument("--mesh", type=int, metavar="N", help="run the mesh partitions on N devices (jax.shard_map)")
     p.add_argument("-o", "--output", required=True, help="OUT.py")
     p.set_defaults(func=cmd_lower)
 
@@ -376,6 +378,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="buffers per streamed chunk (2: double buffering; Pallas Triton's default is 3)")
         if name == "cost":
             p.add_argument("--json", action="store_true", help="print sympy-parsable JSON")
+            p.add_argument("--mesh", type=int, metavar="N", help="devices of the mesh level (default: the "
+                                                                 "hardware profile's devices per node)")
         p.set_defaults(func=func)
     return parser
 

@@ -113,6 +113,25 @@ MESSAGES: dict[str, str] = {
     "lower.no_pad": "`{node}` ({op}) consumes or mixes the padded axis `{axis}` and no padding value leaves it "
         "unchanged",
     "lower.unbound_axis": "axis `{axis}` of `{node}` gets its size from no input and has no declared size",
+    "lower.mesh_tile": "tile `{tile}` is a mesh tile: each device's block of `{axis}` is ⌈|{axis}|/N⌉ for N "
+        "devices (--mesh N), not a given size",
+    "lower.mesh_devices": "--mesh {devices}: a mesh needs a positive number of devices",
+    "lower.mesh_none": "--mesh {devices}: `{name}` has no partition at mesh (`group AXIS by TILE at mesh` shards "
+        "an axis, `stream AXIS by TILE at mesh via ACC` rings one)",
+    "lower.mesh_axes": "a mesh of one axis shards at most one axis and rings at most one; `{name}` {what} at mesh",
+    "lower.mesh_ring_alone": "the ring of `{axis}` needs an axis sharded at mesh as well (each device keeps its "
+        "tile of it): add `group AXIS by TILE at mesh` for an axis every output carries",
+    "lower.mesh_ring_device": "the ring of `{axis}` folds each block into the accumulator state by streaming it on "
+        "the device: add `stream {axis} by TILE via ACC` after the mesh partitions",
+    "lower.mesh_ring_output": "output {index} carries the ring axis `{axis}`: no device holds all of it",
+    "lower.mesh_both": "input `{name}` carries both the sharded axis `{group}` and the ring axis `{ring}`: the "
+        "devices of a ring must hold the same block of `{group}`, which a mesh of one axis cannot give",
+    "lower.mesh_output": "output {index} lacks the sharded axis `{axis}`: every device would write all of it",
+    "lower.mesh_pallas_ring": "--target pallas cannot run the ring of `{axis}`: a Pallas kernel keeps its "
+        "accumulator state inside one pallas_call and returns only the final value, while a ring carries the "
+        "state from block to block; use --target jax",
+    "lower.mesh_pallas_offset": "--target pallas: `{node}` reads positions along `{axis}`, which the mesh shards, "
+        "and the Pallas kernel on each device does not know its shard's offset; use --target jax",
     # proofs (napkin_cat.kernel refuses; napkin_cat.proof reports)
     "proof.refused": "{rule}: {reason}",
     "proof.unknown_lemma": "unknown lemma `{name}`",

@@ -21,8 +21,13 @@ from napkin_cat.diagnostics import Span
 
 Axes = tuple[str, ...]
 
-#: Memory levels from the largest and slowest to the smallest and fastest (paper §2.2).
-LEVELS: tuple[str, ...] = ("hbm", "l2", "smem", "reg")
+#: Memory levels from the largest and slowest to the smallest and fastest (paper §2.2).  ``mesh``
+#: is the devices together (their HBMs joined by the interconnect): a group partition there is a
+#: sharding, a stream partition a ring (README "Past one device").
+LEVELS: tuple[str, ...] = ("mesh", "hbm", "l2", "smem", "reg")
+
+#: the level above one device
+MESH = "mesh"
 
 
 @dataclass(frozen=True)
@@ -259,6 +264,19 @@ class Schedule:
     partitions: tuple[Partition, ...] = ()
     placements: tuple[Place, ...] = ()
     quantisations: tuple[Quantise, ...] = ()
+
+    @property
+    def mesh(self) -> tuple[Partition, ...]:
+        """The partitions at the ``mesh`` level (across devices), outermost first."""
+        return tuple(p for p in self.partitions if p.level == MESH)
+
+    def device(self) -> Schedule:
+        """The schedule each device runs: the partitions and placements below the mesh level
+        (with no ``mesh`` partition, the schedule itself)."""
+        if all(p.level != MESH for p in self.partitions) and all(p.level != MESH for p in self.placements):
+            return self
+        return Schedule(tuple(p for p in self.partitions if p.level != MESH),
+                        tuple(p for p in self.placements if p.level != MESH), self.quantisations)
 
     def level_of(self, name: str, default: str = "hbm") -> str:
         for place in reversed(self.placements):

@@ -53,3 +53,11 @@ def test_gpu_script_dry_run_checks_its_kernels(tmp_path: Path) -> None:
     assert len(ours) == 5  # attention d=64/128 x causal/not, and matmul
     assert all(r["max_err"] < 5e-2 and r["pred_hbm_mb"] >= r["min_hbm_mb"] for r in ours)
     assert all("error" not in r for r in result["rows"])
+
+
+def test_mesh_benchmark_runs_on_host_devices(tmp_path: Path) -> None:
+    _run([str(BENCH / "mesh_cpu.py"), "--sizes", "64", "--devices", "1", "8", "--repeats", "1"], tmp_path)
+    rows = json.loads((tmp_path / "mesh_cpu.json").read_text())["rows"]
+    assert [row["devices"] for row in rows] == [1, 8]
+    assert all(row["max_err"] < 2e-5 and row["output_devices"] == row["devices"] for row in rows)
+    assert rows[1]["argument_bytes"] * 8 == rows[0]["argument_bytes"]  # each of 8 devices holds 1/8

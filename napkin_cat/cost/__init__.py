@@ -24,7 +24,7 @@ from napkin_cat.kernel import Theorem
 from napkin_cat.schedule.build import program
 from napkin_cat.schedule.loopnest import loop_nest
 from napkin_cat.schedule.program import Program, max_of
-from napkin_cat.terms import Box, Diagram, Schedule, union_axes
+from napkin_cat.terms import Box, Diagram, Partition, Schedule, union_axes
 
 __all__ = ["CONVENTION", "Baseline", "Cost", "LevelCost", "Timing", "cost", "cost_of", "timing"]
 
@@ -90,6 +90,9 @@ class Cost:
     sizes: dict[str, Expr] = field(compare=False)
     tiles: dict[str, sympy.Symbol] = field(compare=False)
     convention: str = CONVENTION
+    #: the schedule's partitions across devices (``cost_mesh`` costs them; the levels above are
+    #: the device schedule's, summed over every device as H_l sums over every group)
+    mesh: tuple[Partition, ...] = ()
 
     def level(self, name: str) -> LevelCost:
         for level in self.levels:
@@ -159,7 +162,7 @@ def cost_of(diagram: Diagram, schedule: Schedule, hardware: str | hw.Hardware = 
     stream (``pseudo_build.program``): 1 is the paper's model, 2 double buffering.
     """
     prof = hardware if isinstance(hardware, hw.Hardware) else hw.load(hardware)
-    nest = loop_nest(diagram, schedule)
+    nest = loop_nest(diagram, schedule.device())  # one device's program (the mesh: cost_mesh)
     declared = dict(nest.flat.sizes)
     given_sizes = dict(sizes or {})
     unknown = sorted(set(given_sizes) - set(declared))
@@ -191,7 +194,7 @@ def cost_of(diagram: Diagram, schedule: Schedule, hardware: str | hw.Hardware = 
     base_bytes = bytes_of if source is None else \
         _bytes_of(base.nest.flat, Schedule(), dtypes or {}, dtype, strict=False)
     return Cost(diagram.name, tuple(levels), _flops(prog), _baseline(base, base_bytes), prog, prof,
-                hw.canonical_dtype(dtype), bytes_of, size_syms, tile_syms)
+                hw.canonical_dtype(dtype), bytes_of, size_syms, tile_syms, mesh=schedule.mesh)
 
 
 def _bytes_of(flat: Any, schedule: Schedule, dtypes: Mapping[str, str], default: str,

@@ -14,6 +14,7 @@ import sympy
 from napkin_cat.cost import Cost, timing
 from napkin_cat.cost import hardware as hw
 from napkin_cat.cost.bounds import diagram_bound, lower_bounds
+from napkin_cat.cost.mesh import mesh_cost, mesh_times
 from napkin_cat.cost.optimise import ConfigTable, M, continuous, multilevel, piecewise, search
 from napkin_cat.schedule.loopnest import woven_axes
 
@@ -36,8 +37,9 @@ def _shortest(expr: sympy.Expr) -> sympy.Expr:
     return min((sympy.expand(simple), sympy.factor(simple), simple), key=sympy.count_ops)
 
 
-def report(c: Cost, name: str) -> dict[str, Any]:
-    """Everything `napkin cost` prints, for the cost ``c`` of theorem ``name``."""
+def report(c: Cost, name: str, devices: int | None = None) -> dict[str, Any]:
+    """Everything `napkin cost` prints, for the cost ``c`` of theorem ``name`` (its mesh level on
+    ``devices`` devices, by default the hardware profile's devices per node)."""
     numeric = not any(isinstance(s, sympy.Symbol) for s in c.sizes.values())
     bpv = hw.bytes_per_value(c.dtype)
     first = c.first
@@ -112,7 +114,39 @@ def report(c: Cost, name: str) -> dict[str, Any]:
         out["multilevel"] = {"levels": {k: _s(v.transfers) for k, v in ml[0].items()}, "time": _s(ml[1])}
     if numeric:
         _numeric(c, out)
+    _mesh(c, out, devices)
     return out
+
+
+def _mesh(c: Cost, out: dict[str, Any], devices: int | None) -> None:
+    """The mesh level (``cost_mesh``): a level above hbm in ``levels`` (whose transfers into hbm
+    are every device's receives, and whose hbm memory is one device's), and its details."""
+    m = mesh_cost(c, devices)
+    if m is None:
+        return
+    top = out["levels"][0]
+    mesh_level = {"name": "mesh", "parent": None, "transfers": "0", "transfers_bytes": "0",
+                  "memory": top["memory"], "memory_bytes": top["memory_bytes"],
+                  "capacity_bytes": c.hardware.level("mesh").capacity}
+    top.update({"parent": "mesh", "transfers": _s(m.devices * m.sends),
+                "transfers_bytes": _s(m.devices * m.sends_bytes), "memory": _s(m.memory),
+                "memory_bytes": _s(m.memory_bytes)})
+    out["levels"].insert(0, mesh_level)
+    best = out["time"]["tiles"] if out.get("time") else {}
+    times = mesh_times(c, m, best)
+    out["mesh"] = {
+        "devices": m.devices, "sharded": m.sharded, "ring": m.ring,
+        "interconnect_bytes_per_s": c.hardware.level("mesh").bandwidth,
+        "blocks": {k: _s(v) for k, v in m.blocks.items()},
+        "sends_per_device": _s(m.sends), "receives_per_device": _s(m.sends),
+        "sends_bytes_per_device": _s(m.sends_bytes), "receives_bytes_per_device": _s(m.sends_bytes),
+        "memory_per_device": _s(m.memory), "memory_bytes_per_device": _s(m.memory_bytes),
+        "flops_per_device": _s(m.flops), "hbm_transfers_bytes_per_device": _s(m.hbm_bytes),
+        "time_s": {k: _num(v) for k, v in times.items()}, "time_tiles": dict(best),
+        "note": "per device; the ring passes each block of its inputs on N - 1 times (placing the inputs is not "
+                "counted); hbm holds a device's blocks, a ring input twice (folded and arriving); serial adds "
+                "compute, hbm and interconnect times, overlapped takes their maximum",
+    }
 
 
 def _numeric(c: Cost, out: dict[str, Any]) -> None:
@@ -197,6 +231,16 @@ def format_report(r: Mapping[str, Any]) -> str:
             lines.append("  none met every preferred multiple; dropped: " + "; ".join(r["relaxed"]))
         for k, v in r["constraints"].items():
             lines.append(f"  {k}: {'; '.join(v)}")
+    if "mesh" in r:
+        m = r["mesh"]
+        lines += ["", f"mesh: {m['devices']} devices" + (f", {m['sharded']} sharded" if m["sharded"] else "")
+                  + (f", {m['ring']} passed around the ring" if m["ring"] else "") + "; blocks "
+                  + ", ".join(f"{k} = {v}" for k, v in m["blocks"].items()),
+                  f"  per device: sends and receives {m['sends_per_device']} values ({m['sends_bytes_per_device']} "
+                  f"bytes); memory {m['memory_per_device']} values ({m['memory_bytes_per_device']} bytes); "
+                  f"FLOPs {m['flops_per_device']}",
+                  "  time per device" + (f" at {m['time_tiles']}" if m["time_tiles"] else "") + ": "
+                  + ", ".join(f"{k} {v:.4g}s" if isinstance(v, float) else f"{k} {v}" for k, v in m["time_s"].items())]
     t = r.get("time")
     if t:
         per = ", ".join(f"{k} {v:.4g}s" for k, v in t["transfers_s"].items())
@@ -209,6 +253,11 @@ def format_report(r: Mapping[str, Any]) -> str:
                      if t["parallel_groups"] < t["sms"] else ""),
                   f"  unfused baseline: serial {b['serial']:.4g}s, overlapped {b['overlapped']:.4g}s; gain "
                   f"x{t['gain_vs_unfused_serial']:.3g} (serial), x{t['gain_vs_unfused_overlapped']:.3g} (overlapped)"
-                  + ("" if r["baseline"]["fits"] else f"; the baseline does not fit {r['levels'][1]['name']} "
+                  + ("" if r["baseline"]["fits"] else f"; the baseline does not fit {_below_hbm(r)} "
                      "(its kernels need more than the capacity), so it is an ideal, not a real kernel")]
     return "\n".join(lines) + "\n"
+
+
+def _below_hbm(r: Mapping[str, Any]) -> str:
+    """The name of the level whose parent is hbm (the first on chip)."""
+    return str(next(lv["name"] for lv in r["levels"] if lv["parent"] == "hbm"))

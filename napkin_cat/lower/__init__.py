@@ -1,10 +1,12 @@
 """Lowering proved schedules to JAX: Pallas kernels and streamed plain-JAX functions.
 
-``lower(theorem, target="pallas" | "jax", tiles=None, dtype=None, hardware=None)``
+``lower(theorem, target="pallas" | "jax", tiles=None, dtype=None, hardware=None, mesh=None)``
 returns a ``Lowered``: ``.source`` is a self-contained Python module (built with ``ast``,
 byte-identical for the same input) defining one function named after the theorem, and
 ``.fn`` is that function, taking the diagram's inputs in declared order as jax arrays
 (Pallas ones also accept ``interpret=``; ``None`` means "interpret unless on a GPU").
+Partitions at ``mesh`` are realised only with ``mesh=N`` (``lower.mesh``: ``jax.shard_map``
+over N devices, the device schedule inside each); without it one device runs everything.
 
 The lowering is a fold over the scheduled IR (``layout`` places the schedule, ``fold``
 turns phases into code, ``jaxops`` is the op table), not a template per algorithm.
@@ -27,6 +29,7 @@ from napkin_cat.diagnostics import NapkinError, error
 from napkin_cat.kernel import Theorem
 from napkin_cat.lower import codegen as cg
 from napkin_cat.lower import jax as jax_target
+from napkin_cat.lower import mesh as mesh_target
 from napkin_cat.lower import pallas as pallas_target
 from napkin_cat.lower.layout import Layout, layout
 from napkin_cat.lower.runtime import helper_source
@@ -52,7 +55,7 @@ DEFAULT_TILE = 64
 REPRESENTATIVE_SIZE = 4096
 
 _RESERVED = ("jax", "jnp", "lax", "pl", "n", "p", "INF", "BIG", "TINY", "interpret", "bind_sizes", "round_up",
-             "pow2_extent", "pad_to", "erf", "split_tiles", "merge_tiles", "float", "tuple")
+             "pow2_extent", "pad_to", "erf", "split_tiles", "merge_tiles", "float", "tuple", "device_mesh", "shard")
 
 
 @dataclass(frozen=True)
@@ -91,8 +94,9 @@ def default_tiles(diagram: Diagram, schedule: Schedule, hardware: str | None = N
 
 
 def lower(theorem: Theorem, target: str = "pallas", tiles: Mapping[str, int] | None = None,
-          dtype: Any = None, hardware: str | None = None) -> Lowered:
-    """Lower a kernel ``Theorem``: its result diagram under its proved schedule.
+          dtype: Any = None, hardware: str | None = None, mesh: int | None = None) -> Lowered:
+    """Lower a kernel ``Theorem``: its result diagram under its proved schedule (on ``mesh``
+    devices: ``lower.mesh``).
 
     Refuses (NapkinError) what the target cannot serve; a ``TypeError`` for anything but a
     ``Theorem`` (build one with ``napkin_cat.proof.theorem``/``prove`` or the kernel's rules).
@@ -102,46 +106,56 @@ def lower(theorem: Theorem, target: str = "pallas", tiles: Mapping[str, int] | N
                         "(napkin_cat.proof.theorem(path, name) or kernel.refl for the unscheduled diagram)")
     proof = "; ".join(theorem.trust) if theorem.trust else "kernel rules"
     return _lower_schedule(theorem.name, theorem.result, theorem.schedule, target, tiles, dtype, hardware,
-                           proved=proof)
+                           proved=proof, mesh=mesh)
 
 
 def _lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str = "pallas",
                     tiles: Mapping[str, int] | None = None, dtype: Any = None, hardware: str | None = None,
-                    proved: str = "not proved (a bare schedule)") -> Lowered:
-    """Lower ``diagram`` under ``schedule``, which the caller has proved; refuses (NapkinError)
-    what the target cannot serve, and re-checks the schedule's shape (defence in depth)."""
+                    proved: str = "not proved (a bare schedule)", mesh: int | None = None) -> Lowered:
+    """Lower ``diagram`` under ``schedule``, which the caller has proved (on ``mesh`` devices:
+    ``lower.mesh``); refuses (NapkinError) what the target cannot serve, and re-checks the
+    schedule's shape (defence in depth)."""
     if target not in TARGETS:
         raise NapkinError(error("lower.target", target=target, targets=", ".join(TARGETS)))
     dtype_name = _dtype_name(dtype)
     if hardware is not None and hardware not in hw.available():
         raise NapkinError(error("lower.hardware", hardware=hardware, known=", ".join(hw.available())))
+    plan = None if mesh is None else mesh_target.mesh_plan(name, schedule, mesh)
+    device = schedule.device()  # mesh tiles are the devices' blocks, not chosen here
     given = dict(tiles or {})
-    for p in schedule.partitions:  # a tile given by its axis name binds the symbolic tile too
+    for p in schedule.mesh:
+        if p.tile in given and all(p.tile != d.tile for d in device.partitions):
+            raise NapkinError(error("lower.mesh_tile", tile=p.tile, axis=p.axis))
+    for p in device.partitions:  # a tile given by its axis name binds the symbolic tile too
         if isinstance(p.tile, str) and p.tile not in given and p.axis in given:
             given[p.tile] = given[p.axis]
-    missing = [p.tile for p in schedule.partitions if isinstance(p.tile, str) and p.tile not in given]
+    missing = [p.tile for p in device.partitions if isinstance(p.tile, str) and p.tile not in given]
     if missing:
-        defaults, origin = default_tiles(diagram, realised_schedule(diagram, schedule, target), hardware)
+        defaults, origin = default_tiles(diagram, realised_schedule(diagram, device, target), hardware)
         origin = f"{', '.join(sorted(given))} given; the others: {origin}" if given else origin
     else:
         defaults, origin = {}, "given" if given else "fixed by the proof"
     chosen = {**defaults, **given}
-    lay = layout(name, diagram, schedule, chosen, target)
+    lay = layout(name, diagram, device, chosen, target)
     namer = cg.Namer(_RESERVED)
     fname = namer.fresh(name)
     params = [namer.fresh(p) for p, _ in lay.flat.inputs]
-    doc = _docstring(lay, target, origin, dtype_name, hardware, proved)
+    doc = _docstring(lay, target, origin, dtype_name, hardware, proved, schedule,
+                     None if plan is None else mesh_target.describe(plan, lay))
     emitter = pallas_target if target == "pallas" else jax_target
-    function = emitter.emit_function(lay, fname, params, doc.replace("\n", "\n    "), dtype_name, namer)
+    functions = [emitter.emit_function(lay, fname, params, doc.replace("\n", "\n    "), dtype_name, namer)] \
+        if plan is None else \
+        mesh_target.emit_functions(lay, plan, fname, params, doc.replace("\n", "\n    "), dtype_name, namer)
     body = [cg.import_("jax"), cg.import_("jax.numpy", "jnp"), cg.import_("jax", names=("lax",))]
     if target == "pallas":
         body.append(cg.import_("jax.experimental", names=("pallas as pl",)))
     body += [cg.assign("INF", cg.const(INF)), cg.assign("BIG", cg.const(BIG)), cg.assign("TINY", cg.const(TINY))]
     helpers = ["bind_sizes"] + (["round_up", "pow2_extent", "pad_to"] if target == "pallas" else [])
-    used = {n.id for n in ast.walk(function) if isinstance(n, ast.Name)}
-    helpers += [h for h in ("split_tiles", "merge_tiles", "erf") if h in used]
+    used = {n.id for f in functions for n in ast.walk(f) if isinstance(n, ast.Name)}
+    helpers += [h for h in ("round_up", "device_mesh", "shard", "split_tiles", "merge_tiles", "erf")
+                if h in used and h not in helpers]
     body += helper_source(helpers)
-    body.append(function)
+    body += functions
     summary = doc.splitlines()[0] + f"\n\nGenerated by napkin; the contract is in the docstring of `{fname}`.\n"
     source = cg.module(summary, body)
     return Lowered(name, target, source, _compile(source, fname, f"<napkin-{target}:{name}>"),
@@ -155,10 +169,11 @@ def realised_schedule(diagram: Diagram, schedule: Schedule, target: str) -> Sche
     those axes whole in every program."""
     if target != "pallas":
         return schedule
-    partitioned = frozenset(p.axis for p in schedule.partitions)
-    level = schedule.partitions[0].level if schedule.partitions else "smem"
+    device = schedule.device().partitions
+    partitioned = frozenset(p.axis for p in device)
+    level = device[0].level if device else "smem"
     added = tuple(Partition("group", a, 1, level) for a in woven_axes(flatten(diagram), partitioned))
-    return replace(schedule, partitions=added + schedule.partitions) if added else schedule
+    return replace(schedule, partitions=schedule.mesh + added + device) if added else schedule
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -190,10 +205,11 @@ def _describe(partition: Partition, lay: Layout) -> str:
     return f"{partition.axis}: {named}"
 
 
-def _docstring(lay: Layout, target: str, origin: str, dtype: str, hardware: str | None, proved: str) -> str:
-    """What the module is: theorem, diagram, schedule, tiles, placement, cost bound, proof."""
+def _docstring(lay: Layout, target: str, origin: str, dtype: str, hardware: str | None, proved: str,
+               schedule: Schedule, mesh: str | None) -> str:
+    """What the module is: theorem, diagram, schedule, tiles, placement, mesh, cost bound, proof."""
     sched = lay.schedule
-    steps: Sequence[Any] = (*sched.partitions, *sched.placements, *sched.quantisations)
+    steps: Sequence[Any] = (*schedule.partitions, *schedule.placements, *schedule.quantisations)
     lines = [
         f"`{lay.name}` lowered by napkin to {'a JAX Pallas kernel' if target == 'pallas' else 'plain streamed JAX'}.",
         "",
@@ -205,6 +221,8 @@ def _docstring(lay: Layout, target: str, origin: str, dtype: str, hardware: str 
         "Tiles: " + (", ".join(dict.fromkeys(_describe(p, lay) for p in sched.partitions)) or "none")
         + f" ({origin})",
         "Placement: " + _placement(lay, target),
+        *(["Mesh: " + (mesh or "not realised: one device runs the whole (give mesh=N, --mesh N, to shard)")]
+          if schedule.mesh else []),
         "Cost bound: " + _cost_bound(lay, hardware),
         f"Dtype: inputs and outputs {dtype}; arithmetic and accumulation in float32." if dtype == "float32" else
         f"Dtype: inputs and outputs {dtype}; every dot's operands rounded to {dtype} (products accumulated in "

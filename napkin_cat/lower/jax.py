@@ -13,14 +13,15 @@ the chunk's intermediates (as FlashAttention's backward recomputes the scores).
 from __future__ import annotations
 
 import ast
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from napkin_cat.lower import codegen as cg
 from napkin_cat.lower.fold import emit_after, emit_before, emit_identity, emit_step, slots
 from napkin_cat.lower.layout import Layout
 from napkin_cat.lower.values import Scope, Value, transpose_to
 
-__all__ = ["emit_function"]
+__all__ = ["all_axes", "bind_inputs", "emit_body", "emit_chunks", "emit_dot_operand", "emit_function", "load",
+           "rounded_nodes", "size_of"]
 
 
 def sizes_dict(lay: Layout) -> ast.expr:
@@ -70,29 +71,62 @@ def emit_function(lay: Layout, fname: str, params: Sequence[str], doc: str, dtyp
                   namer: cg.Namer) -> ast.FunctionDef:
     """``def fname(*inputs)``: the whole scheduled diagram in plain JAX."""
     block = cg.Block(namer)
-    dot_operand = None
-    if dtype != "float32":  # on CPU: round to the dot dtype, multiply in f32 (XLA:CPU lacks bf16 x bf16 -> f32)
-        dot_operand = namer.fresh("dot_operand")
-        on_cpu = cg.binop(cg.call("jax.default_backend"), "==", cg.const("cpu"))
-        block.emit(cg.assign(dot_operand, ast.IfExp(on_cpu, cg.attr("jnp.float32"), cg.attr(f"jnp.{dtype}"))))
+    dot_operand = emit_dot_operand(block, dtype)
     bind_inputs(lay, params, block)
     sizes = {a: size_of(a) for a in all_axes(lay)}
     scope = Scope(block, sizes, dict(sizes), dot_dtype=dtype, dot_operand=dot_operand, rounded=rounded_nodes(lay))
+    emit_body(lay, params, scope)
+    return cg.function(fname, params, block.stmts, doc)
+
+
+def emit_dot_operand(block: cg.Block, dtype: str) -> str | None:
+    """For a narrow ``dtype``, the variable naming the dtype dots compute in (``Scope.dot_operand``)."""
+    if dtype == "float32":
+        return None
+    # on CPU: round to the dot dtype, multiply in f32 (XLA:CPU lacks bf16 x bf16 -> f32)
+    dot_operand = block.namer.fresh("dot_operand")
+    on_cpu = cg.binop(cg.call("jax.default_backend"), "==", cg.const("cpu"))
+    block.emit(cg.assign(dot_operand, ast.IfExp(on_cpu, cg.attr("jnp.float32"), cg.attr(f"jnp.{dtype}"))))
+    return dot_operand
+
+
+def emit_body(lay: Layout, params: Sequence[str], scope: Scope,
+              stream: Callable[[Layout, dict[str, Value], Scope], None] | None = None) -> None:
+    """Into ``scope.block``: the inputs ``params`` loaded, the nodes before the stream, the
+    stream (``stream``, by default from the accumulators' identity), the nodes after it and
+    ``return`` of the outputs in the kernel dtype (``scope.dot_dtype``)."""
+    block, dtype = scope.block, scope.dot_dtype
     env: dict[str, Value] = {}
     for (name, axes), param in zip(lay.flat.inputs, params, strict=True):
         env[name] = Value(block.bind(param, load(param, lay.stored_as(name) or dtype)), axes)
     emit_before(lay, env, scope)
     if lay.stream is not None:
-        _emit_stream(lay, env, scope)
+        (stream or _emit_stream)(lay, env, scope)
     results = [transpose_to(env[o], t) for o, t in zip(lay.flat.outputs, lay.diagram.out_types, strict=True)]
     if dtype != "float32":  # outputs in the kernel dtype, like the Pallas target's
         results = [cg.call(ast.Attribute(r, "astype", ast.Load()), cg.attr(f"jnp.{dtype}")) for r in results]
     block.emit(ast.Return(results[0] if len(results) == 1 else cg.tuple_(results)))
-    return cg.function(fname, params, block.stmts, doc)
 
 
 def _emit_stream(lay: Layout, env: dict[str, Value], scope: Scope) -> None:
-    """``step(carry, start, size)`` over full chunks with ``fori_loop``, then the ragged tail."""
+    """The stream from the accumulators' identity, then their finals and the nodes after it."""
+    initial = emit_identity(lay, scope)
+    for k in lay.chunk_outputs:
+        dims = cg.tuple_([size_of(a) for a in lay.diagram.out_types[k]])
+        initial.elts.append(cg.call("jnp.zeros", dims, cg.attr("jnp.float32")))
+    state = emit_chunks(lay, env, scope, initial)
+    finals, written = state[:len(state) - len(lay.chunk_outputs)], state[len(state) - len(lay.chunk_outputs):]
+    emit_after(lay, env, scope, finals)
+    for k, value in zip(lay.chunk_outputs, written, strict=True):
+        env[lay.flat.outputs[k]] = value
+
+
+def emit_chunks(lay: Layout, env: dict[str, Value], scope: Scope, initial: ast.expr) -> list[Value]:
+    """``step(carry, start, size)`` over the full chunks of the streamed axis's extent in
+    ``scope`` with ``fori_loop``, then the ragged tail, from the carry ``initial`` (the
+    accumulator states in ``fold.slots`` order, then one buffer per chunk output); returns
+    the last carry.  A chunk's global offset is its start plus the axis's offset in ``scope``
+    (a ring's block, ``lower.mesh``)."""
     axis = lay.stream
     assert axis is not None
     tile = cg.const(lay.tiles[axis])
@@ -100,8 +134,10 @@ def _emit_stream(lay: Layout, env: dict[str, Value], scope: Scope) -> None:
     namer = block.namer
     step, carry, start, size = namer.fresh("step"), namer.fresh("carry"), namer.fresh("start"), namer.fresh("size")
     body = block.child()
+    base = scope.offsets.get(axis)
     inner = scope.with_block(body, extents={**scope.extents, axis: cg.name(size)},
-                             offsets={**scope.offsets, axis: cg.name(start)})
+                             offsets={**scope.offsets,
+                                      axis: cg.name(start) if base is None else cg.binop(base, "+", cg.name(start))})
     state = slots(lay, scope)
     names = [namer.fresh(s.hint) for s in state]
     buffers = [namer.fresh(f"out{k}") for k in lay.chunk_outputs]  # outputs written chunk by chunk
@@ -126,26 +162,21 @@ def _emit_stream(lay: Layout, env: dict[str, Value], scope: Scope) -> None:
     static = cg.kw("static_argnums", cg.tuple_([cg.const(2)]))
     checkpointed = cg.call("jax.checkpoint", cg.name(step), keywords=[static])
     block.emit(cg.assign(step, checkpointed))
-    full = block.bind("full_chunks", cg.binop(size_of(axis), "//", tile))
+    extent = scope.extents[axis]
+    full = block.bind("full_chunks", cg.binop(extent, "//", tile))
     j, c = namer.fresh("j"), namer.fresh("c")
     lam = ast.Lambda(ast.arguments(posonlyargs=[], args=[ast.arg(j), ast.arg(c)], vararg=None, kwonlyargs=[],
                                    kw_defaults=[], kwarg=None, defaults=[]),
                      cg.call(step, cg.name(c), cg.binop(cg.name(j), "*", tile), tile))
     state_name = namer.fresh("state")
-    initial = emit_identity(lay, scope)
-    assert isinstance(initial, ast.Tuple)
-    for k in lay.chunk_outputs:
-        dims = cg.tuple_([size_of(a) for a in lay.diagram.out_types[k]])
-        initial.elts.append(cg.call("jnp.zeros", dims, cg.attr("jnp.float32")))
     block.emit(cg.assign(state_name, initial))
     loop = cg.call("lax.fori_loop", cg.const(0), full, lam, cg.name(state_name))
     block.emit(ast.If(full, [cg.assign(state_name, loop)], []))  # sizes are static: a Python `if`
-    tail = cg.binop(size_of(axis), "%", tile)
+    tail = cg.binop(extent, "%", tile)
     ragged = cg.call(step, cg.name(state_name), cg.binop(full, "*", tile), tail)
     block.emit(ast.If(tail, [cg.assign(state_name, ragged)], []))
     finals = [namer.fresh(s.hint) for s in state]
     written = [namer.fresh(f"out{k}") for k in lay.chunk_outputs]
     block.emit(cg.assign(finals + written, cg.name(state_name)))
-    emit_after(lay, env, scope, [Value(cg.name(n), s.axes) for n, s in zip(finals, state, strict=True)])
-    for k, name in zip(lay.chunk_outputs, written, strict=True):
-        env[lay.flat.outputs[k]] = Value(cg.name(name), lay.diagram.out_types[k])
+    return [Value(cg.name(n), s.axes) for n, s in zip(finals, state, strict=True)] + \
+        [Value(cg.name(name), lay.diagram.out_types[k]) for k, name in zip(lay.chunk_outputs, written, strict=True)]

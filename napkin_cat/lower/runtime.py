@@ -12,10 +12,11 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
-__all__ = ["HELPERS", "bind_sizes", "erf", "helper_source", "merge_tiles", "pad_to", "pow2_extent", "round_up",
-           "split_tiles"]
+__all__ = ["HELPERS", "bind_sizes", "device_mesh", "erf", "helper_source", "merge_tiles", "pad_to", "pow2_extent",
+           "round_up", "shard", "split_tiles"]
 
 
 def bind_sizes(arrays: Sequence[Any], signature: Sequence[tuple[str, tuple[str, ...]]],
@@ -81,9 +82,31 @@ def erf(x: Any) -> Any:
     return jnp.sign(x) * (1.0 - poly * jnp.exp(-x * x))
 
 
+def device_mesh(count: int) -> Any:
+    """A one-axis mesh named ``mesh`` over the first ``count`` devices; ValueError if jax has fewer."""
+    devices = jax.devices()
+    if len(devices) < count:
+        raise ValueError(f"the mesh needs {count} devices and jax has {len(devices)} ({jax.default_backend()}); on "
+                         f"CPU, set XLA_FLAGS=--xla_force_host_platform_device_count={count} before jax starts")
+    return jax.sharding.Mesh(devices[:count], ("mesh",))
+
+
+def shard(array: Any, mesh: Any, axis: int | None, extent: int) -> Any:
+    """The array on the devices of ``mesh`` (one axis): zero-padded at the end of axis ``axis``
+    to ``extent`` (a multiple of the device count) and split along it, one block per device;
+    with ``axis`` None, a copy on every device."""
+    array = jnp.asarray(array)
+    spec = [None] * array.ndim
+    if axis is not None:
+        widths = [(0, extent - size if k == axis else 0) for k, size in enumerate(array.shape)]
+        array = jnp.pad(array, widths) if extent != array.shape[axis] else array
+        spec[axis] = mesh.axis_names[0]
+    return jax.device_put(array, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec)))
+
+
 HELPERS: dict[str, Callable[..., Any]] = {
     "bind_sizes": bind_sizes, "round_up": round_up, "pow2_extent": pow2_extent, "pad_to": pad_to, "erf": erf,
-    "split_tiles": split_tiles, "merge_tiles": merge_tiles,
+    "split_tiles": split_tiles, "merge_tiles": merge_tiles, "device_mesh": device_mesh, "shard": shard,
 }
 
 

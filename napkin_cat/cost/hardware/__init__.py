@@ -68,7 +68,8 @@ class Hardware:
     """A hardware profile: levels (slowest first), peaks per dtype, tile constraints.
 
     ``divisibility`` holds ``power_of_two`` (bool), ``min_tile`` and ``coalesce_bytes``;
-    ``tensor_core`` holds ``m``, ``n`` (values) and ``k_bytes`` for contraction operands.
+    ``tensor_core`` holds ``m``, ``n`` (values) and ``k_bytes`` for contraction operands;
+    ``devices`` is the devices per node that the ``mesh`` level joins (1 without one).
     """
 
     key: str
@@ -78,6 +79,7 @@ class Hardware:
     peak: dict[str, float] = field(compare=False)
     divisibility: dict[str, int | bool] = field(compare=False)
     tensor_core: dict[str, int] = field(compare=False)
+    devices: int = 1
 
     def level(self, name: str) -> Level:
         for level in self.levels:
@@ -126,6 +128,7 @@ def load(key: str) -> Hardware:
         )
         peak = {canonical_dtype(k): float(v) for k, v in data["peak"].items()}
         return Hardware(key, str(data["name"]), int(data["sms"]), levels, peak,
-                        dict(data.get("divisibility", {})), dict(data.get("tensor_core", {})))
+                        dict(data.get("divisibility", {})), dict(data.get("tensor_core", {})),
+                        int(raw_levels.get("mesh", {}).get("devices", 1)))
     except KeyError as exc:
         raise HardwareError(f"{key}.toml: missing field {exc}") from None

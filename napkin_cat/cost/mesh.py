@@ -1,0 +1,97 @@
+"""The cost of the ``mesh`` level: a schedule's partitions across the devices of a node.
+
+``cost.cost_of`` costs the device schedule (``Schedule.device``): its H_l and FLOPs are summed
+over every device, as over every group.  Over N devices (by default the hardware profile's
+devices per node, ``Hardware.devices``) a mesh partition of axis a has blocks of ⌈|a|/N⌉:
+
+- a sharded axis (``group a by t at mesh``) splits the work: each device does 1/N of the FLOPs
+  and of the transfers between its hbm and the level below;
+- a ring (``stream a by t at mesh``) splits every input carrying a into N blocks; each device
+  passes the block it holds on N - 1 times and receives N - 1 blocks, so it sends and receives
+  (N - 1) blocks of every such input; nothing else crosses the interconnect (inputs start where
+  the mesh keeps them, one block per device: placing them is not counted);
+- one device's hbm holds its block of every input and output (an input lacking the mesh axes
+  whole: every device reads all of it), a ring input twice (the block folded and the one
+  arriving);
+- time per device: FLOPs over the peak, its hbm transfers over hbm's bandwidth and the bytes it
+  receives over the interconnect's (the ``mesh`` level's bandwidth: what one device receives);
+  serial adds the three, overlapped takes the largest (the ring's send does not wait for the
+  fold: ``lower.mesh``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import sympy
+from sympy import Expr
+
+from napkin_cat.cost import Cost
+
+__all__ = ["MeshCost", "mesh_cost", "mesh_times"]
+
+
+@dataclass(frozen=True)
+class MeshCost:
+    """The mesh level of a cost, per device (module docstring); ``blocks`` maps each mesh tile
+    name to its block size; ``sends`` (values) is also what each device receives."""
+
+    devices: int
+    sharded: str | None
+    ring: str | None
+    blocks: dict[str, Expr]
+    sends: Expr
+    sends_bytes: Expr
+    memory: Expr
+    memory_bytes: Expr
+    flops: Expr
+    hbm_bytes: Expr
+
+
+def mesh_cost(c: Cost, devices: int | None = None) -> MeshCost | None:
+    """The mesh level of ``c`` on ``devices`` devices (default ``c.hardware.devices``), or None
+    when its schedule has no partition at mesh.  Raises ValueError for a mesh of one axis that
+    would shard or ring two axes, or for fewer than one device."""
+    if not c.mesh:
+        return None
+    count = c.hardware.devices if devices is None else devices
+    if count < 1:
+        raise ValueError(f"a mesh needs a positive number of devices, not {count}")
+    groups = [p.axis for p in c.mesh if p.kind == "group"]
+    rings = [p.axis for p in c.mesh if p.kind == "stream"]
+    if len(groups) > 1 or len(rings) > 1:
+        raise ValueError(f"a mesh of one axis shards at most one axis and rings at most one; the schedule "
+                         f"partitions {', '.join(groups + rings)} at mesh")
+    block = {p.axis: sympy.ceiling(c.sizes[p.axis] / count) for p in c.mesh}
+    flat = c.program.nest.flat
+
+    def on_device(axes: tuple[str, ...]) -> Expr:
+        return sympy.Mul(*(block.get(a, c.sizes[a]) for a in axes))
+
+    ring = rings[0] if rings else None
+    travelling = [(name, axes) for name, axes in flat.inputs if ring in axes]
+    sends = sympy.Add(*((count - 1) * on_device(axes) for _, axes in travelling))
+    sends_bytes = sympy.Add(*((count - 1) * on_device(axes) * c.bytes_of[name] for name, axes in travelling))
+    homes = dict(c.program.homes)
+    resident = [(name, flat.type_of(name)) for name, home in homes.items() if home == "hbm"]
+    copies = {name: 2 if ring in axes and name in dict(flat.inputs) else 1 for name, axes in resident}
+    memory = sympy.Add(*(copies[n] * on_device(axes) for n, axes in resident))
+    memory_bytes = sympy.Add(*(copies[n] * on_device(axes) * c.bytes_of[n] for n, axes in resident))
+    split = count if groups else 1
+    return MeshCost(count, groups[0] if groups else None, ring, {str(p.tile): block[p.axis] for p in c.mesh},
+                    sends, sends_bytes, memory, memory_bytes, c.flops / split, c.first.transfers_bytes / split)
+
+
+def mesh_times(c: Cost, m: MeshCost, values: Mapping[str, float | int] | None = None) -> dict[str, Expr]:
+    """Seconds per device: ``compute``, ``hbm`` (its transfers to the level below), ``interconnect``
+    (the bytes it receives), ``serial`` (their sum) and ``overlapped`` (their maximum); ``values``
+    substitutes sizes and tiles by name.  Raises HardwareError if the profile has no mesh level."""
+    vals = values or {}
+    hbm = c.hardware.level("hbm").bandwidth
+    link = c.hardware.level("mesh").bandwidth
+    times = {"compute": c.at(m.flops, vals) / c.hardware.peak_flops(c.dtype),
+             "hbm": c.at(m.hbm_bytes, vals) / (hbm or sympy.oo),
+             "interconnect": c.at(m.sends_bytes, vals) / (link or sympy.oo)}
+    parts = list(times.values())
+    return times | {"serial": sympy.Add(*parts), "overlapped": sympy.Max(*parts)}

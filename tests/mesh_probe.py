@@ -1,0 +1,86 @@
+"""Measurements of the mesh lowering on 8 host devices, printed as one JSON object.
+
+Run by tests/test_mesh.py in its own process: XLA_FLAGS=--xla_force_host_platform_device_count=8
+must be set before jax starts, so these runs cannot share the test process (nor another test's
+under pytest-xdist).  ``python tests/mesh_probe.py CLI_MODULE.py`` also loads the module that
+`napkin lower ... --target jax --mesh 8 -o CLI_MODULE.py` wrote and runs its function.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+DEVICES = 8
+if f"--xla_force_host_platform_device_count={DEVICES}" not in os.environ.get("XLA_FLAGS", ""):
+    sys.exit(f"set XLA_FLAGS=--xla_force_host_platform_device_count={DEVICES} before running this probe")
+
+import jax  # noqa: E402  (after the device count is checked)
+
+from napkin_cat.evaluate import evaluate  # noqa: E402
+from napkin_cat.lower import lower  # noqa: E402
+from napkin_cat.proof import theorem  # noqa: E402
+
+PROOFS = ROOT / "proofs" / "ring_attention.ncd"
+
+
+def _inputs(shapes: list[tuple[int, ...]], seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(s) for s in shapes]
+
+
+def _run(fn: Any, source: Any, arrays: list[np.ndarray], **kwargs: Any) -> dict[str, Any]:
+    out = fn(*arrays, **kwargs)
+    expected = evaluate(source, arrays)
+    return {"max_err": float(np.max(np.abs(np.asarray(out) - expected))), "shape": list(out.shape),
+            "devices": len(out.sharding.device_set)}
+
+
+def _memory(name: str, devices: int, q: int, x: int, d: int = 64) -> dict[str, int]:
+    """Per-device sizes of the compiled function on inputs already placed one block per device."""
+    thm = theorem(PROOFS, name)
+    fn = lower(thm, target="jax", mesh=devices, tiles={"gq": 128, "sx": 64}).fn
+    mesh = jax.sharding.Mesh(jax.devices()[:devices], ("mesh",))
+    rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("mesh", None))
+    arrays = [jax.device_put(a.astype(np.float32), rows) for a in _inputs([(q, d), (x, d), (x, d)], 0)]
+    stats = jax.jit(fn).lower(*arrays).compile().memory_analysis()
+    return {"argument": int(stats.argument_size_in_bytes), "output": int(stats.output_size_in_bytes),
+            "temp": int(stats.temp_size_in_bytes)}
+
+
+def main() -> None:
+    out: dict[str, Any] = {"devices": len(jax.devices())}
+    tiles = {"gq": 128, "sx": 64}
+    for name, n in (("ring_attention", 1024), ("ring_attention", 1000), ("ring_attention_causal", 1000),
+                    ("ring_attention_causal", 1024)):
+        thm = theorem(PROOFS, name)
+        fn = lower(thm, target="jax", mesh=DEVICES, tiles=tiles).fn
+        out[f"{name}/{n}"] = _run(fn, thm.source, _inputs([(n, 64), (n, 64), (n, 64)], n))
+    thm = theorem(PROOFS, "ring_attention")  # fewer keys than devices: most blocks are all padding
+    out["ring_attention/q5x3"] = _run(lower(thm, target="jax", mesh=DEVICES, tiles=tiles).fn, thm.source,
+                                      _inputs([(5, 64), (3, 64), (3, 64)], 3))
+    heads = theorem(PROOFS, "sharded_mha")  # 12 heads over 8 devices: padded to 16
+    for target, n in (("jax", 100), ("pallas", 32)):
+        fn = lower(heads, target=target, mesh=DEVICES, tiles={"gq": 32, "sx": 16}).fn
+        out[f"sharded_mha/{target}"] = _run(fn, heads.source, _inputs([(2, 12, n, 64)] * 3, 7))
+    for devices in (1, 8):
+        out[f"memory/{devices}"] = _memory("ring_attention", devices, 1024, 1024)
+    if len(sys.argv) > 1:  # the module the CLI wrote
+        spec = importlib.util.spec_from_file_location("cli_ring", sys.argv[1])
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        for n in (1024, 1000):
+            out[f"cli/{n}"] = _run(module.ring_attention, thm.source, _inputs([(n, 64), (n, 64), (n, 64)], 11))
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""The `mesh` level: ring attention and sharded heads proved, costed and lowered to shard_map.
+
+The runs on 8 devices happen in one subprocess (tests/mesh_probe.py): the host device count
+must be fixed before jax starts, which this process (and its pytest-xdist siblings) cannot do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from napkin_cat import cli
+from napkin_cat.cost.hardware import load as load_hardware
+from napkin_cat.diagnostics import NapkinError
+from napkin_cat.evaluate import evaluate
+from napkin_cat.lower import lower
+from napkin_cat.proof import check_file, theorem
+
+ROOT = Path(__file__).resolve().parent.parent
+PROOF = ROOT / "proofs" / "ring_attention.ncd"
+ATTENTION = ROOT / "examples" / "attention.ncd"
+F32 = 4
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The probe's measurements, with the module `napkin lower --mesh 8` wrote run as well."""
+    written = tmp_path_factory.mktemp("mesh") / "X.py"
+    assert cli.main(["lower", str(PROOF), "ring_attention", "--target", "jax", "--mesh", "8", "-o", str(written)]) == 0
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "mesh_probe.py"), str(written)], env=env,
+                          capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_the_mesh_theorems_check() -> None:
+    results = check_file(PROOF)
+    assert {r.name for r in results} == {"ring_attention", "ring_attention_causal", "sharded_mha"}
+    assert all(r.ok for r in results), [r.failure for r in results if not r.ok]
+    ring = next(r.theorem for r in results if r.name == "ring_attention")
+    assert ring is not None
+    assert [(p.kind, p.axis, p.level) for p in ring.schedule.mesh] == [("group", "q", "mesh"), ("stream", "x", "mesh")]
+    assert [p.level for p in ring.schedule.device().partitions] == ["smem", "smem"]
+
+
+@pytest.mark.parametrize("case", ["ring_attention/1024", "ring_attention/1000", "ring_attention_causal/1024",
+                                  "ring_attention_causal/1000", "ring_attention/q5x3", "sharded_mha/jax",
+                                  "sharded_mha/pallas", "cli/1024", "cli/1000"])
+def test_mesh_lowering_matches_the_evaluator_sharded_over_8_devices(probe: dict[str, Any], case: str) -> None:
+    assert probe["devices"] == 8
+    row = probe[case]
+    assert row["max_err"] < 2e-5, row
+    assert row["devices"] == 8
+
+
+def test_each_device_holds_only_its_share(probe: dict[str, Any]) -> None:
+    one, eight = probe["memory/1"], probe["memory/8"]
+    block = 1024 // 8 * 64 * F32  # one device's rows of Q, K or V
+    assert eight["argument"] == 3 * block and eight["output"] == block
+    assert one["argument"] == 3 * 1024 * 64 * F32  # the same function on one device holds everything
+    whole_kv = 2 * 1024 * 64 * F32
+    assert eight["argument"] + eight["output"] + eight["temp"] < whole_kv  # not even K and V whole
+    assert eight["temp"] < one["temp"]
+
+
+def test_without_mesh_one_device_runs_the_device_schedule() -> None:
+    thm = theorem(PROOF, "ring_attention_causal")
+    low = lower(thm, target="jax", tiles={"gq": 16, "sx": 16})
+    assert "Mesh: not realised" in low.source and "shard_map" not in low.source
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal((37, 64)) for _ in range(3)]
+    assert np.max(np.abs(np.asarray(low.fn(*arrays)) - evaluate(thm.source, arrays))) < 2e-5
+
+
+def _theorem(tmp_path: Path, diagram: str, steps: str) -> Any:
+    path = tmp_path / "t.ncd"
+    path.write_text(f'use "{ATTENTION}"\ntheorem t: {diagram} {{\n  rewrite softmax_contract at P, O\n{steps}\n}}\n',
+                    encoding="utf-8")
+    return theorem(path, "t")
+
+
+@pytest.mark.parametrize(("diagram", "steps", "target", "expect"), [
+    ("attention", "group q by mq at mesh\nstream x by mx at mesh via online_softmax\nstream x by sx", "pallas",
+     "a Pallas kernel keeps its accumulator state inside one pallas_call"),
+    ("attention", "stream x by mx at mesh via online_softmax\nstream x by sx", "jax",
+     "needs an axis sharded at mesh as well"),
+    ("attention", "group q by mq at mesh\nstream x by mx at mesh via online_softmax", "jax",
+     "add `stream x by TILE via ACC` after the mesh partitions"),
+    ("mha", "group b by mb at mesh\ngroup h by mh at mesh", "jax", "groups b, h at mesh"),
+    ("mha", "group h by mh at mesh\nstream x by mx at mesh via online_softmax\nstream x by sx", "jax",
+     "carries both the sharded axis `h` and the ring axis `x`"),
+    ("attention", "group q by gq", "jax", "has no partition at mesh"),
+    ("causal_attention", "group q by mq at mesh\ngroup q by gq", "pallas", "does not know its shard's offset"),
+])
+def test_mesh_lowering_refuses_what_it_cannot_run(tmp_path: Path, diagram: str, steps: str, target: str,
+                                                  expect: str) -> None:
+    thm = _theorem(tmp_path, diagram, steps)
+    with pytest.raises(NapkinError) as info:
+        lower(thm, target=target, mesh=8, tiles={"gq": 16, "sx": 16})
+    assert expect in str(info.value)
+
+
+def test_mesh_of_no_devices_and_given_mesh_tiles_are_refused() -> None:
+    with pytest.raises(NapkinError, match="positive number of devices"):
+        lower(theorem(PROOF, "ring_attention"), target="jax", mesh=0)
+    with pytest.raises(NapkinError, match="tile `mq` is a mesh tile"):
+        lower(theorem(PROOF, "ring_attention"), target="jax", mesh=8, tiles={"mq": 128})
+
+
+def _cost(*extra: str, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    assert cli.main(["cost", str(PROOF), "ring_attention", "--json", *extra]) == 0
+    data: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return data
+
+
+def test_cost_has_a_mesh_level(capsys: pytest.CaptureFixture[str]) -> None:
+    q = x = 131072
+    data = _cost("--size", f"q={q}", "--size", f"x={x}", capsys=capsys)
+    levels = {lv["name"]: lv for lv in data["levels"]}
+    assert [lv["name"] for lv in data["levels"]][:3] == ["mesh", "hbm", "smem"]
+    assert levels["mesh"]["parent"] is None and levels["hbm"]["parent"] == "mesh"
+    mesh = data["mesh"]
+    assert mesh["devices"] == load_hardware("h100").devices == 8
+    block = x // 8 * 64  # one device's block of K (or V), in values
+    assert int(mesh["receives_per_device"]) == int(mesh["sends_per_device"]) == 7 * 2 * block
+    assert int(mesh["sends_bytes_per_device"]) == 2 * 7 * 2 * block  # bf16
+    assert int(mesh["memory_per_device"]) == 2 * (q // 8 * 64) + 2 * 2 * block  # Q, O; K, V held and arriving
+    assert int(levels["hbm"]["transfers"]) == 8 * 7 * 2 * block
+    times = mesh["time_s"]
+    assert times["interconnect"] == pytest.approx(2 * 7 * 2 * block / 450e9)
+    assert times["overlapped"] == max(times["compute"], times["hbm"], times["interconnect"])
+    assert times["serial"] == pytest.approx(times["compute"] + times["hbm"] + times["interconnect"])
+
+
+def test_cost_mesh_devices_option_and_symbolic_sizes(capsys: pytest.CaptureFixture[str]) -> None:
+    data = _cost("--mesh", "4", capsys=capsys)
+    assert data["mesh"]["devices"] == 4
+    assert data["mesh"]["blocks"] == {"mq": "ceiling(q/4)", "mx": "ceiling(x/4)"}
+    assert data["mesh"]["sends_per_device"] == "384*ceiling(x/4)"  # 3 blocks of K and of V, d = 64
+
+
+def test_profiles_cite_their_interconnect() -> None:
+    for key in ("h100", "h200", "a100"):
+        profile = load_hardware(key)
+        assert profile.devices == 8
+        link = profile.level("mesh").bandwidth
+        assert link is not None and link < profile.level("hbm").bandwidth  # type: ignore[operator]
+
+
+def test_readme_mesh_section_is_current(probe: dict[str, Any], tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)  # the README's commands run from the repository root
+    section = (ROOT / "README.md").read_text(encoding="utf-8").split("## Past one device", 1)[1].split("\n## ", 1)[0]
+    (command,) = re.findall(r"\.venv/bin/napkin (lower [^\n]+)", section)
+    out = tmp_path / "ring.py"
+    assert cli.main([*command.split()[:-2], "-o", str(out)]) == 0
+    assert "def ring_attention(Q, K, V):" in out.read_text(encoding="utf-8")
+    shown = re.search(r"# \((\d+), (\d+)\) (\d+)", section)  # what the README says the function gives
+    assert shown is not None
+    rows, cols, devices = map(int, shown.groups())
+    assert probe["cli/1000"]["shape"] == [rows, cols] and probe["cli/1000"]["devices"] == devices

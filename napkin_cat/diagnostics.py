@@ -113,6 +113,9 @@ MESSAGES: dict[str, str] = {
     "lower.no_pad": "`{node}` ({op}) consumes or mixes the padded axis `{axis}` and no padding value leaves it "
         "unchanged",
     "lower.unbound_axis": "axis `{axis}` of `{node}` gets its size from no input and has no declared size",
+    "lower.constant": "the constant {value} is outside float32's range ({low} to {high} in magnitude, or 0): a "
+        "kernel would compute with another number; fold it with the constants next to it (`A * (1e-39 * 1e38)` "
+        "is lowered as `A * 0.1`) or rescale",
     # proofs (napkin_cat.kernel refuses; napkin_cat.proof reports)
     "proof.refused": "{rule}: {reason}",
     "proof.unknown_lemma": "unknown lemma `{name}`",

@@ -53,3 +53,12 @@ def test_gpu_script_dry_run_checks_its_kernels(tmp_path: Path) -> None:
     assert len(ours) == 5  # attention d=64/128 x causal/not, and matmul
     assert all(r["max_err"] < 5e-2 and r["pred_hbm_mb"] >= r["min_hbm_mb"] for r in ours)
     assert all("error" not in r for r in result["rows"])
+
+
+def test_differential_run_counts_and_records(tmp_path: Path) -> None:
+    """benchmarks/differential.py: a few cases of tests/differential.py, counted and written."""
+    out = _run([str(BENCH / "differential.py"), "--minutes", "4", "--cases", "2", "--batch", "5"], tmp_path)
+    result = json.loads((tmp_path / "differential.json").read_text())
+    assert result["mismatches"] == [] and result["drawn"] >= result["accepted_schedules"] >= 1
+    assert sum(result["outcomes"].values()) == 2 * result["accepted_schedules"]  # one outcome per target
+    assert f"accepted schedules {result['accepted_schedules']}" in out

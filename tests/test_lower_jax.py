@@ -122,18 +122,6 @@ def test_op_table_covers_every_op() -> None:
     assert set(ops.UNARY) | {"id"} <= set(UNARY)
 
 
-def _close_or_both_masked(got: np.ndarray, want: np.ndarray) -> bool:
-    """Equal within f32 tolerance where the evaluator is finite; where it gives ±inf the
-    kernel may give a huge finite value (±inf constants saturate to ±INF, jaxops docstring), and
-    where it gives NaN (say 0·inf) the saturated kernel may give a number."""
-    finite = np.isfinite(want)
-    scale = max(1.0, float(np.max(np.abs(want[finite]), initial=0.0)))
-    with np.errstate(invalid="ignore"):  # inf - inf where both are masked: decided by `masked` below
-        close = np.abs(got - want) <= 1e-4 * scale
-    masked = np.isinf(want) & (np.abs(got) >= 1e30) & (np.sign(got) == np.sign(want))
-    return bool(np.all(close | masked | np.isnan(want)))
-
-
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(data=st.data(), module=modules(max_diagrams=2))
 def test_random_diagrams_lower_to_their_meaning(data: st.DataObject, module: object) -> None:
@@ -157,7 +145,7 @@ def test_random_diagrams_lower_to_their_meaning(data: st.DataObject, module: obj
     for g, w in zip(got, want, strict=True):
         w64 = np.asarray(w, np.float64)
         assume(np.all(np.abs(w64[np.isfinite(w64)]) < 1e30))  # f32 overflow is not a lowering question
-        assert _close_or_both_masked(np.asarray(g, np.float64), w64), (diagram, g, w)
+        assert cases.close_or_both_masked(np.asarray(g, np.float64), w64), (diagram, g, w)
 
 
 # found by test_random_diagrams_lower_to_their_meaning: g0's second output does not depend on

@@ -132,6 +132,9 @@ MESSAGES: dict[str, str] = {
         "state from block to block; use --target jax",
     "lower.mesh_pallas_offset": "--target pallas: `{node}` reads positions along `{axis}`, which the mesh shards, "
         "and the Pallas kernel on each device does not know its shard's offset; use --target jax",
+    "lower.constant": "the constant {value} is outside float32's range ({low} to {high} in magnitude, or 0): a "
+        "kernel would compute with another number; fold it with the constants next to it (`A * (1e-39 * 1e38)` "
+        "is lowered as `A * 0.1`) or rescale",
     # proofs (napkin_cat.kernel refuses; napkin_cat.proof reports)
     "proof.refused": "{rule}: {reason}",
     "proof.unknown_lemma": "unknown lemma `{name}`",

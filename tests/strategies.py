@@ -3,11 +3,20 @@
 - ``sizes_for`` / ``input_arrays``: sizes for a diagram's axes (declared sizes kept, and the
   sizes that its split/join/rename boxes tie together drawn to agree where they can), then
   float64 arrays for its inputs in declared order.
+- ``attention_texts``: random modules of the attention family, every operand of the
+  consuming boxes (scores, values, normalised scores) maybe masked.
+- ``schedule_steps``: random rewrite, group and stream steps for a diagram (for the kernel
+  to accept or refuse, one at a time).
 - ``module_texts`` / ``modules``: random well-typed .ncd modules.  A module is drawn as
   axes first, then diagrams, each a few let-bindings of one box each (any op of
   ``napkin_cat.ops.OPS``, picked uniformly, or a call of an earlier diagram) over the arrays
   already in scope, so later bindings share earlier ones; operands are occasionally nested
-  expressions, constants or axis sizes.  A later diagram often takes inputs shaped for an
+  expressions, constants or axis sizes, and any operand of any box may be masked
+  (``where[..](pred, operand, fill)``: affine predicates as causal and windowed masks
+  write them, or any predicate; fills that equal each accumulator's padding value, 0, -inf,
+  inf and 1, and fills that do not).  A binding is sometimes a normalisation then a
+  contraction (``P = softmax[t](S)``, ``O = contract[t](P, V)``), the shape the library's
+  normalised-contraction lemmas rewrite.  A later diagram often takes inputs shaped for an
   earlier one with extra axes and calls it, woven over them; diagrams return one or two
   outputs.  The text is elaborated with ``loads``, so the typing rules are the elaborator's
   own.  Every choice shrinks towards the simplest (fewer bindings, the first op, no call),
@@ -27,9 +36,10 @@ from hypothesis.extra import numpy as hnp
 
 from napkin_cat import ops
 from napkin_cat.elaborate import loads
-from napkin_cat.terms import Apply, Box, Diagram, Expr, Module, walk
+from napkin_cat.terms import Apply, Box, Diagram, Expr, Module, Partition, Rewrite, walk
 
-__all__ = ["SIZE_REFUSALS", "input_arrays", "module_texts", "modules", "sizes_for"]
+__all__ = ["SIZE_REFUSALS", "attention_texts", "input_arrays", "module_texts", "modules", "schedule_steps",
+           "sizes_for"]
 
 Draw = Callable[[st.SearchStrategy[Any]], Any]
 
@@ -131,6 +141,11 @@ _BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/", "maximum": "max", "mi
 #: earlier diagram
 _CHOICES = (*sorted(ops.OPS), "call", "call")
 _CONSTANTS = ("0.5", "inf", "(-inf)", "1e-05", "(-2)", "0.0")
+#: mask fills: every accumulator padding value (0 for sums and contraction factors, -inf for max and
+#: exponential scores, inf for min, 1 for products) and values that are none of them
+_FILLS = ("0", "(-inf)", "0", "(-inf)", "inf", "1", "0.5", "(-2)")  # the pads of sums and exponentials likeliest
+#: normalisations the library rewrites, with a following contraction, into one ncontract box
+_NORMS = ("softmax", "l2norm", "rmsnorm")
 
 Typed = tuple[str, tuple[str, ...]]  # source text and its axes (as a set, in some order)
 
@@ -181,6 +196,38 @@ def _predicate(draw: Draw, axes: tuple[str, ...], depth: int) -> str:
     return f"({_predicate(draw, axes, depth - 1)} {op} {_predicate(draw, axes, depth - 1)})"
 
 
+def _affine(draw: Draw, axes: tuple[str, ...]) -> str:
+    """A conjunction of one or two comparisons of the kind causal and windowed masks write
+    (``a >= b``, ``a - b < 3``, ``2 * a + 1 >= b``, ``b < 5``)."""
+    def one() -> str:
+        a, b = draw(st.permutations(axes))[:2] if len(axes) > 1 else (axes[0], axes[0])
+        left = draw(st.sampled_from((a, f"{a} - {b}", f"2 * {a} + 1", f"{a} + 3")))
+        right = b if left == a or left.startswith(("2", f"{a} +")) else str(draw(st.integers(0, 20)))
+        return f"{left} {draw(st.sampled_from(('>=', '<=', '>', '<')))} {right}"
+
+    return one() if draw(st.booleans()) else f"{one()} and {one()}"
+
+
+def _mask(draw: Draw, scope: _Scope, operand: Typed) -> Typed:
+    """``operand`` under a where mask over its own axes and maybe one more that an array in
+    scope carries, with a drawn fill."""
+    text, axes = operand
+    own = [a for a in axes if a in scope.nameable]
+    bound = sorted({a for t in scope.env.values() for a in t if a in scope.nameable})  # sized by an input
+    target = tuple(dict.fromkeys(_subset(draw, own, min_size=min(1, len(own)), max_size=2)
+                                 + _subset(draw, bound, max_size=1)))
+    if not target:
+        return operand
+    pred = _affine(draw, target) if draw(st.integers(0, 3)) else _predicate(draw, target, 1)
+    fill = draw(st.sampled_from(_FILLS))
+    return f"where[{' '.join(target)}]({pred}, {text}, {fill})", tuple(dict.fromkeys(axes + target))
+
+
+def _masked_often(draw: Draw, scope: _Scope, operand: Typed) -> Typed:
+    """An operand of a box that consumes or mixes axes: masked one time in three."""
+    return _mask(draw, scope, operand) if draw(st.integers(0, 2)) == 2 else operand
+
+
 def _scalar(draw: Draw, scope: _Scope) -> Typed:
     """A constant or an axis size used as a scalar."""
     choice = draw(st.integers(0, 2))
@@ -205,13 +252,16 @@ def _array(draw: Draw, scope: _Scope) -> Typed:
 
 
 def _operand(draw: Draw, scope: _Scope, depth: int) -> Typed:
-    """An operand of a box: mostly an array in scope, sometimes a nested box (depth > 0) or a scalar."""
+    """An operand of a box: mostly an array in scope, sometimes a nested box (depth > 0) or a
+    scalar; now and then masked (``_mask``)."""
     choice = draw(st.integers(0, 7))
     if choice == 6 and depth > 0:
-        return _expr(draw, scope, depth - 1)
-    if choice == 7:
-        return _scalar(draw, scope)
-    return _array(draw, scope)
+        found = _expr(draw, scope, depth - 1)
+    elif choice == 7:
+        found = _scalar(draw, scope)
+    else:
+        found = _array(draw, scope)
+    return _mask(draw, scope, found) if draw(st.integers(0, 4)) == 4 else found
 
 
 def _with_axes(draw: Draw, scope: _Scope, depth: int) -> Typed:
@@ -259,7 +309,7 @@ def _box(draw: Draw, scope: _Scope, op: str, depth: int) -> Typed:
         pred = _predicate(draw, target, 2)
         return f"where[{' '.join(target)}]({pred}, {left}, {right})", tuple(dict.fromkeys(la + ra + target))
     if op == "contract":
-        operands = [_operand(draw, scope, depth) for _ in range(draw(st.integers(1, 3)))]
+        operands = [_masked_often(draw, scope, _operand(draw, scope, depth)) for _ in range(draw(st.integers(1, 3)))]
         union = tuple(dict.fromkeys(a for _, axes in operands for a in axes))
         target = _subset(draw, [a for a in union if a != _BATCH])
         args = ", ".join(t for t, _ in operands)
@@ -305,7 +355,8 @@ def _box(draw: Draw, scope: _Scope, op: str, depth: int) -> Typed:
         old = draw(st.sampled_from(candidates))
         return f"split[{old} -> {' '.join(_PARTS)}]({text})", tuple(a for a in axes if a != old) + _PARTS
     if op == "ncontract":
-        (v, va) = _operand(draw, scope, depth)
+        text, axes = _masked_often(draw, scope, (text, axes))
+        (v, va) = _masked_often(draw, scope, _operand(draw, scope, depth))
         target = _subset(draw, named, min_size=1)
         a1, a2 = draw(st.sampled_from(_A_PARAMS)), draw(st.sampled_from(_A_PARAMS))
         b = draw(st.sampled_from(sorted(ops.NORMALISERS)))
@@ -314,6 +365,8 @@ def _box(draw: Draw, scope: _Scope, op: str, depth: int) -> Typed:
         return f"ncontract[{' '.join(target)}; {a1}, {a2}, {b}]({text}, {v})", kept
     kind = ops.OPS[op].kind
     assert kind in ("reduce", "normalise"), op
+    text, axes = _masked_often(draw, scope, (text, axes))
+    named = tuple(a for a in axes if a != _BATCH)
     target = _subset(draw, named, min_size=1)
     kept = tuple(a for a in axes if a not in target) if kind == "reduce" else axes
     return f"{op}[{' '.join(target)}]({text})", kept
@@ -364,10 +417,29 @@ def _bind_call(draw: Draw, scope: _Scope, lines: list[str], index: int, callees:
     return True
 
 
+def _bind_attention(draw: Draw, scope: _Scope, lines: list[str], index: int) -> bool:
+    """``P = norm[t](S)`` then ``A = contract[t](P, V)`` over operands that share an axis t
+    (each possibly masked); False if no two operands in scope share one."""
+    (s, sa), (v, va) = _with_axes(draw, scope, 0), _with_axes(draw, scope, 0)
+    shared = [a for a in sa if a in va and a in scope.nameable]
+    if not shared:
+        return False
+    t = draw(st.sampled_from(shared))
+    (s, sa), (v, va) = _masked_often(draw, scope, (s, sa)), _masked_often(draw, scope, (v, va))
+    lines.append(f"  P{index} = {draw(st.sampled_from(_NORMS))}[{t}]({s})")
+    lines.append(f"  A{index} = contract[{t}](P{index}, {v})")
+    scope.env[f"P{index}"] = sa
+    scope.env[f"A{index}"] = tuple(a for a in dict.fromkeys(sa + va) if a != t)
+    return True
+
+
 def _bind(draw: Draw, scope: _Scope, lines: list[str], index: int) -> None:
-    """One let-binding: a multi-output call now and then, else one box over the scope."""
+    """One let-binding: a multi-output call or a normalised contraction now and then, else
+    one box over the scope."""
     multi = [d for d in scope.diagrams if len(d.out_types) > 1]
     if multi and draw(st.integers(0, 3)) == 3 and _bind_call(draw, scope, lines, index, multi):
+        return
+    if draw(st.integers(0, 3)) == 3 and _bind_attention(draw, scope, lines, index):
         return
     text, axes = _expr(draw, scope, draw(st.integers(0, 1)))
     lines.append(f"  A{index} = {text}")
@@ -416,6 +488,90 @@ def _theorem_text(draw: Draw, name: str, diagram: str, scope: _Scope) -> str:
             tol = draw(st.sampled_from(("0.01", "1e-05", "0.25")))
             steps.append(f"dtype {draw(names)} as {draw(st.sampled_from(('bf16', 'f32')))} tol {tol}")
     return f"theorem {name}: {diagram} {{\n" + "".join(f"  {s}\n" for s in steps) + "}\n"
+
+
+def _masked_qx(draw: Draw, name: str, rare: bool = False) -> str:
+    """``name`` under a ``where[q x]`` mask with a drawn fill two times in three (one in four
+    if ``rare``), else as is."""
+    masked = draw(st.integers(0, 3)) == 3 if rare else draw(st.integers(0, 2)) != 0
+    if not masked:
+        return name
+    pred = _affine(draw, ("q", "x")) if draw(st.integers(0, 3)) else _predicate(draw, ("q", "x"), 1)
+    return f"where[q x]({pred}, {name}, {draw(st.sampled_from(_FILLS))})"
+
+
+@st.composite
+def attention_texts(draw: Draw) -> str:
+    """A module with one diagram of the attention family over ``q``, ``x`` and ``d = 4``:
+    scores ``S = contract[d](Q, K)`` (maybe transformed), consumed along ``x`` by a
+    normalisation then a contraction with ``V`` (``P0``/``A0``, as ``_bind_attention``
+    names them), a normalised contraction, a reduction or a contraction, then maybe one more
+    box.  Every operand of the consuming boxes, scores and values alike, may be masked over
+    ``q`` and ``x`` (``_masked_qx``: causal, windowed and prefix shapes, or any predicate;
+    fills equal to each padding value and not)."""
+    lines = ["  S = contract[d](Q, K)"]
+    scores = "S"
+    if draw(st.booleans()):
+        lines.append(f"  T = {draw(st.sampled_from(('tanh(S) * 3', 'S * 0.5', 'S - index[q x](q - x)', 'exp(S)')))}")
+        scores = "T"
+    kind = draw(st.sampled_from(("norm", "ncontract", "norm", "ncontract", "reduce", "contract")))
+    out = "q" if kind == "reduce" else "q d"
+    if kind == "norm":
+        lines.append(f"  P0 = {draw(st.sampled_from(_NORMS))}[x]({_masked_qx(draw, scores)})")
+        # masked normalised scores are rare: the lemmas rewrite contract[x](norm[x](S), V) only
+        lines.append(f"  A0 = contract[x]({_masked_qx(draw, 'P0', rare=True)}, {_masked_qx(draw, 'V')})")
+    elif kind == "ncontract":  # the lemmas' shapes (softmax, l2, rms attention) or any
+        known = st.sampled_from((("exp", "exp", "id"), ("id", "square", "sqrt"), ("id", "square", "rms")))
+        drawn = st.tuples(st.sampled_from(_A_PARAMS), st.sampled_from(_A_PARAMS),
+                          st.sampled_from(sorted(ops.NORMALISERS)))
+        a1, a2, b = draw(drawn if draw(st.integers(0, 3)) == 3 else known)
+        lines.append(f"  A0 = ncontract[x; {a1}, {a2}, {b}]({_masked_qx(draw, scores)}, {_masked_qx(draw, 'V')})")
+    elif kind == "reduce":
+        op = draw(st.sampled_from(("sum", "mean", "max", "min", "logsumexp", "prod")))
+        lines.append(f"  A0 = {op}[x]({_masked_qx(draw, scores)})")
+    else:
+        lines.append(f"  A0 = contract[x]({_masked_qx(draw, scores)}, {_masked_qx(draw, 'V')})")
+    result = draw(st.sampled_from(("A0", "A0 * 2", "exp(A0)", "A0 + Q" if out == "q d" else "A0")))
+    return (f"axis q, x\naxis d = 4\ndiagram att(Q: [q d], K: [x d], V: [x d]) -> [{out}] {{\n"
+            + "\n".join(lines) + f"\n  return {result}\n}}\n")
+
+
+#: lemmas that turn a normalisation then a contraction into one ncontract box (``_bind_attention``)
+_LEMMAS = ("softmax_contract", "l2_contract", "rms_contract")
+
+
+@st.composite
+def schedule_steps(draw: Draw, diagram: Diagram) -> list[Rewrite | Partition]:
+    """Up to two rewrites with ``_LEMMAS`` (mostly every lemma in turn at a ``P``/``A`` pair
+    that ``_bind_attention`` wrote, else one at any one or two bindings), then one to four
+    group and stream partitions of the diagram's axes at ``smem``, the first mostly a stream:
+    group tiles 1 to 16, any,
+    mostly along an output's axis; stream tiles 16 or 32, powers of two as Pallas needs,
+    mostly along an axis some box consumes and no output carries; any accumulator or none
+    named; padded or not.  Nothing here knows what the kernel admits: it accepts or refuses
+    each step."""
+    names = [n for let in diagram.body for n in let.names]
+    pairs = [(n, "A" + n[1:]) for n in names if n.startswith("P") and "A" + n[1:] in names]
+    steps: list[Rewrite | Partition] = []
+    for _ in range(draw(st.integers(0, 2)) if names else 0):
+        if pairs and draw(st.integers(0, 3)):  # every lemma in turn: the kernel keeps the one that matches
+            at = draw(st.sampled_from(pairs))
+            steps += [Rewrite(lemma, at) for lemma in draw(st.permutations(_LEMMAS))]
+        else:
+            at = tuple(draw(st.lists(st.sampled_from(names), min_size=1, max_size=2, unique=True)))
+            steps.append(Rewrite(draw(st.sampled_from(_LEMMAS)), at))
+    axes = [a.name for a in diagram.axes]
+    outputs = {a for t in diagram.out_types for a in t}
+    consumed = sorted({a for let in diagram.body for node in walk(let.expr) if isinstance(node, Box)
+                       and ops.is_consuming(node.op) for a in node.target} - outputs) or axes
+    for k in range(draw(st.integers(1, 4))):
+        kind = "stream" if k == 0 and draw(st.integers(0, 3)) else draw(st.sampled_from(("stream", "group")))
+        tile = draw(st.sampled_from((16, 16, 32) if kind == "stream" else (1, 2, 3, 8, 16)))
+        via = draw(st.none() | st.sampled_from(sorted(ops.ACCUMULATORS))) if kind == "stream" else None
+        likely = consumed if kind == "stream" else sorted(outputs) or axes
+        axis = draw(st.sampled_from(likely if draw(st.integers(0, 3)) else axes))
+        steps.append(Partition(kind, axis, tile, "smem", via, draw(st.booleans())))
+    return steps
 
 
 @st.composite

@@ -51,6 +51,26 @@ def test_stream_fold_equals_the_box(box: Box, name: str, n: int, tile: int, mask
     np.testing.assert_allclose(got.to(want.axes), want.data, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize(("box", "name"), PLANS, ids=[f"{b.op}{b.params}-{n}" for b, n in PLANS])
+def test_exactly_the_absorbing_inputs_lift_a_padded_chunk_to_the_identity(box: Box, name: str) -> None:
+    """Each input in turn at its padding value over a whole chunk, the others random: the
+    lift is the identity exactly for the inputs the plan calls absorbing (the values of an
+    attention at 0 are not: the normaliser still sums the chunk's scores)."""
+    plan = acc.plan(box, "x", name)
+    if plan.pad is None:
+        assert plan.absorbing == ()
+        return
+    rng = np.random.default_rng(0)
+    sizes = {"q": 3, "x": 4, "d": 2}
+    operands = [Named(a.axes, 1.0 + 0.1 * rng.standard_normal([sizes[x] for x in a.axes])) for a in box.args]
+    for i, fill in enumerate(plan.pad):
+        held = [Named(o.axes, np.full_like(o.data, fill)) if j == i else o for j, o in enumerate(operands)]
+        lifted = evaluate_named(plan.lift, held, sizes)
+        identity = all(np.array_equal(s.data, np.full_like(s.data, v)) for s, v in zip(lifted, plan.identity,
+                                                                                         strict=True))
+        assert identity == (i in plan.absorbing), (i, fill, lifted)
+
+
 def test_the_plans_cover_every_accumulator_and_consuming_box() -> None:
     """The fold test above is parametrized over PLANS: an empty or partial list would pass it."""
     assert {name for _, name in PLANS} == set(ops.ACCUMULATORS)

@@ -61,3 +61,12 @@ def test_mesh_benchmark_runs_on_host_devices(tmp_path: Path) -> None:
     assert [row["devices"] for row in rows] == [1, 8]
     assert all(row["max_err"] < 2e-5 and row["output_devices"] == row["devices"] for row in rows)
     assert rows[1]["argument_bytes"] * 8 == rows[0]["argument_bytes"]  # each of 8 devices holds 1/8
+
+
+def test_differential_run_counts_and_records(tmp_path: Path) -> None:
+    """benchmarks/differential.py: a few cases of tests/differential.py, counted and written."""
+    out = _run([str(BENCH / "differential.py"), "--minutes", "4", "--cases", "2", "--batch", "5"], tmp_path)
+    result = json.loads((tmp_path / "differential.json").read_text())
+    assert result["mismatches"] == [] and result["drawn"] >= result["accepted_schedules"] >= 1
+    assert sum(result["outcomes"].values()) == 2 * result["accepted_schedules"]  # one outcome per target
+    assert f"accepted schedules {result['accepted_schedules']}" in out

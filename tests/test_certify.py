@@ -3,6 +3,7 @@ failing size or law named."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
@@ -135,6 +136,24 @@ def test_accumulator_refusals() -> None:
     assert not certify.certify_accumulator(odd, "x", "max", False).ok
     assert "no padding value" in certify.accumulator(odd, "x", "normalised", True)
     assert certify.accumulator(odd, "x", "normalised", False).startswith(("proved", "tested"))
+
+
+def test_a_false_absorption_claim_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Online softmax with the values claimed to absorb (what let masked values skip chunks,
+    issue 18): a chunk of zero values still adds exp(s - m) to l, and certification says so."""
+    s, v = Var("X0", ("q", "x")), Var("X1", ("x", "d"))
+    box = typed_box("ncontract", (s, v), ("x",), params=("exp", "exp", "id"))
+    real = accumulators.plan
+
+    def claims_more(*args: object, **kwargs: object) -> accumulators.AccumulatorPlan:
+        return dataclasses.replace(real(*args, **kwargs), absorbing=(0, 1))  # type: ignore[arg-type]
+
+    monkeypatch.setattr(accumulators, "plan", claims_more)
+    cert = certify.certify_accumulator.__wrapped__(box, "x", "online_softmax", False, "quick")
+    assert not cert.ok and cert.how == "float64", cert
+    assert "lift(x with input 1 all 0.0) != identity" in (cert.counterexample or "")
+    monkeypatch.setattr(accumulators, "plan", real)
+    assert certify.certify_accumulator.__wrapped__(box, "x", "online_softmax", False, "quick").ok
 
 
 @pytest.mark.parametrize("name", sorted(rules.library()))

@@ -6,16 +6,23 @@ cost model's use of it."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
+import jax.numpy as jnp
+import numpy as np
 import pytest
 import sympy
 
+from napkin_cat.certify.accumulators import plan
 from napkin_cat.cost import cost_of
 from napkin_cat.cost.optimise import continuous
 from napkin_cat.elaborate import loads
+from napkin_cat.evaluate import evaluate
+from napkin_cat.lower import lower
+from napkin_cat.proof import check_module
 from napkin_cat.schedule.loopnest import flatten
 from napkin_cat.schedule.masks import GroupAxis, chunk_count, chunk_range, stream_masks
-from napkin_cat.terms import Partition, Schedule
+from napkin_cat.terms import Box, Partition, Schedule
 
 # every diagram masks the scores with -inf, the online softmax's padding for them, and
 # normalises and contracts them in one box (the softmax_contract rewrite's result)
@@ -49,6 +56,10 @@ diagram zero_fill(Q: [q d], K: [x d], V: [x d]) -> [q d] {
   S = where[q x](q >= x, contract[d](Q, K), 0)
   return ncontract[x; exp, exp, id](S, V)
 }
+diagram values(Q: [q d], K: [x d], V: [x d]) -> [q d] {
+  W = where[q x](q >= x, V, 0)
+  return ncontract[x; exp, exp, id](contract[d](Q, K), W)
+}
 diagram plain(Q: [q d], K: [x d], V: [x d]) -> [q d] {
   return ncontract[x; exp, exp, id](contract[d](Q, K), V)
 }
@@ -61,13 +72,13 @@ PREDICATES = {  # the masks above as Python, for the brute force
     "prefix": lambda g, i: i < 50,
 }
 STREAM = "x"
-PADS = {"online_softmax": (-math.inf, 0.0)}
 
 
 def masks_of(name: str) -> tuple | None:
     flat = flatten(MODULE.diagram(name))
-    consumer = next(n.name for n in flat.nodes if getattr(n.expr, "op", None) == "ncontract")
-    return stream_masks(flat, STREAM, {consumer: PADS["online_softmax"]}, {"q"})
+    consumer = next(n for n in flat.nodes if getattr(n.expr, "op", None) == "ncontract")
+    assert isinstance(consumer.expr, Box)
+    return stream_masks(flat, STREAM, {consumer.name: plan(consumer.expr, STREAM, "online_softmax")}, {"q"})
 
 
 def brute(name: str, q: int, x: int, gq: int, sx: int) -> int:
@@ -124,9 +135,10 @@ def test_chunk_count_closed_form_for_causal() -> None:
     assert n is not None and sympy.simplify(n - sympy.Rational(4096) / sx * (4096 / gq + 1) / 2) == 0
 
 
-@pytest.mark.parametrize("name", ["unequal", "either", "zero_fill", "plain"])
+@pytest.mark.parametrize("name", ["unequal", "either", "zero_fill", "values", "plain"])
 def test_unrecognised_masks_keep_every_chunk(name: str) -> None:
-    """!=, a disjunction, a fill that is not the padding, or no mask: no skip, full count."""
+    """!=, a disjunction, a fill that is not the padding, a mask on the values (which do not
+    absorb: the normaliser still needs the chunk), or no mask: no skip, full count."""
     assert masks_of(name) is None
     c = cost_of(MODULE.diagram(name), flash(), sizes={"q": 256, "x": 256})
     assert c.program.masked == ()
@@ -194,3 +206,67 @@ def test_chunk_count_names_a_missing_grid_axis() -> None:
     assert masks is not None
     with pytest.raises(ValueError, match="`q`"):
         chunk_count(masks, {}, sympy.Integer(16), sympy.Integer(4))
+
+
+# ---- the skip rule on every accumulator, a mask on each operand in turn -------------------------
+
+#: (box over S: [q x] and V: [x d] as written, accumulator); {0} and {1} stand for the operands
+BOXES = [("sum[x]({0})", "sum"), ("mean[x]({0})", "sum"), ("max[x]({0})", "max"), ("min[x]({0})", "min"),
+         ("prod[x]({0})", "prod"), ("logsumexp[x]({0})", "logsumexp"), ("contract[x]({0}, {1})", "sum"),
+         ("ncontract[x; exp, exp, id]({0}, {1})", "online_softmax"),
+         # (the unshifted `normalised` state of an exponential is refused: it overflows where softmax does not)
+         ("ncontract[x; id, square, sqrt]({0}, {1})", "normalised"),
+         ("ncontract[x; id, square, rms]({0}, {1})", "normalised")]
+CASES = [(form, name, i) for form, name in BOXES for i in range(form.count("{"))]
+TEXTS = {-math.inf: "-inf", math.inf: "inf", 0.0: "0", 1.0: "1"}
+
+
+def _text(form: str, operands: list[str], lines: str = "", theorem: str = "") -> str:
+    out = "q d" if "{1}" in form else "q"
+    return (f"axis q, x\naxis d = 4\ndiagram f(S: [q x], V: [x d]) -> [{out}] {{\n{lines}"
+            f"  return {form.format(*operands)}\n}}\n{theorem}")
+
+
+def masked_theorem(form: str, name: str, masked: int) -> Any:
+    """``form`` with operand ``masked`` replaced by ``M = where[q x](q >= x, operand, pad)``
+    (pad: that operand's padding value under ``name``), grouped over q and streamed over x
+    with ``name``, padded."""
+    box = loads(_text(form, ["S", "V"])).diagram("f").outputs[0]
+    assert isinstance(box, Box)
+    pads = plan(box, STREAM, name).pad
+    assert pads is not None
+    operands = ["S", "V"]
+    where = f"  M = where[q x](q >= x, {operands[masked]}, {TEXTS[pads[masked]]})\n"
+    operands[masked] = "M"
+    text = _text(form, operands, where, f"theorem t: f {{\n  group q by gq pad\n  stream x by sx via {name} pad\n}}\n")
+    (result,) = check_module(loads(text))
+    assert result.theorem is not None, result.failure
+    return result.theorem
+
+
+@pytest.mark.parametrize(("form", "name", "masked"), CASES, ids=[f"{f.split('(')[0]}-{n}-{i}" for f, n, i in CASES])
+def test_a_mask_skips_chunks_only_on_an_absorbing_operand(form: str, name: str, masked: int) -> None:
+    """Each accumulator with a padding-valued mask on each of its operands in turn: the skip
+    rule applies exactly when the operand absorbs (every contraction factor; the scores, not
+    the values, of the exponential and normalised states), and the Pallas kernel (interpret
+    mode) equals the evaluator at ragged sizes."""
+    thm = masked_theorem(form, name, masked)
+    target = "jax" if "prod" in form else "pallas"  # Triton has no reduce_prod: the cost still skips
+    lowered = lower(thm, target=target, tiles={"gq": 16, "sx": 16})
+    lay = lowered.layout
+    (acc,) = lay.plans.values()
+    skips = stream_masks(lay.flat, STREAM, lay.plans, lay.grid) is not None
+    assert skips == (masked in acc.absorbing)
+    assert skips == (name not in ("online_softmax", "normalised") or masked == 0)  # the rule, spelt out
+    rng = np.random.default_rng(masked)
+    sizes = {"q": 40, "x": 70, "d": 4}
+    arrays = [rng.standard_normal([sizes[a] for a in p.axes]) for p in thm.source.inputs]
+    if "prod" in form:
+        arrays = [1.0 + 0.01 * a for a in arrays]
+    want = evaluate(thm.source, arrays, sizes=sizes)
+    options = {"interpret": True} if target == "pallas" else {}
+    got = lowered.fn(*[jnp.asarray(a, jnp.float32) for a in arrays], **options)
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    finite = np.isfinite(want)  # rows with every key masked: ±inf for max/min/logsumexp
+    scale = max(1.0, float(np.max(np.abs(want[finite]))))
+    assert np.max(np.abs(got - want)[finite]) <= 2e-5 * scale, (form, name, masked)

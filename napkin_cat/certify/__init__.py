@@ -18,8 +18,12 @@ side must equal it.
 Accumulators are certified per consuming box signature (op, target, parameters,
 operand types, streamed axis): the recomposition law combine(lift(x), lift(y)) =
 lift(x ⊕ y), the identity law combine(identity, s) = s, the finaliser law
-final(lift(x)) = box(x), and with padding lift(x ⊕ fill) = lift(x).  The symbolic tier
-uses the unguarded forms (exact over the reals), the numeric tier the guarded ones.
+final(lift(x)) = box(x), with padding lift(x ⊕ fill) = lift(x), and the absorption law
+lift(x with input i all fill_i) = identity for every absorbing input i (what lets a kernel
+skip a chunk that a mask fills, ``masks.stream_masks``).  The symbolic tier uses the
+unguarded forms (exact over the reals), the numeric tier the guarded ones; absorption is
+checked by the numeric tier only, since a chunk of scores that are all -inf has no finite
+running maximum for the unguarded forms to shift by.
 
 Results are cached; ``napkin check`` uses the ``quick`` level, ``napkin check
 --certify`` the ``full`` one.  Every certificate says what was checked: ``tested: ...``,
@@ -399,6 +403,22 @@ def _laws(plan: acc.AccumulatorPlan, box: Box, sizes: dict[str, int], n1: int, p
             filled = [Named(f.axes, np.asarray(algebra.asarray(f.data.astype(object)))) for f in filled]
         if not equal(state(lift(filled, n + 1)), state(whole)):
             return f"lift(x ⊕ padding) != lift(x) at {show_sizes(sizes)}"
+    if algebra is FLOAT64:
+        return _absorption(plan, xs, lambda parts: lift(parts, n), state, equal, show_sizes(sizes))
+    return None
+
+
+def _absorption(plan: acc.AccumulatorPlan, xs: list[Named], lift: Callable[[list[Named]], tuple[Named, ...]],
+                state: Callable[[Sequence[Named]], list[Any]],
+                equal: Callable[[Sequence[Any], Sequence[Any]], bool], where: str) -> str | None:
+    """The first absorbing input whose all-padding chunk does not lift to the identity, or None."""
+    for i in plan.absorbing:
+        assert plan.pad is not None, "absorbing inputs come with a padding law"
+        held = [Named(x.axes, np.full_like(x.data, plan.pad[i])) if j == i else x for j, x in enumerate(xs)]
+        lifted = lift(held)
+        unit = [Named(s.axes, np.full_like(s.data, v)) for s, v in zip(lifted, plan.identity, strict=True)]
+        if not equal(state(lifted), state(unit)):
+            return f"lift(x with input {i} all {plan.pad[i]}) != identity at {where}"
     return None
 
 

@@ -28,6 +28,14 @@ Padding (ragged tiles): ``pad`` gives, per lift input, the value that fills the 
 positions of a ragged chunk so that the chunk's state is unchanged (0 for sums, -inf for
 max and exponentials, +inf for min, 1 for products); ``None`` when no value works, in
 which case the kernel refuses a padded stream through this box.
+
+Absorption (skipped chunks): ``absorbing`` names the lift inputs each of which, holding
+its padding value at every position of a chunk, makes that chunk's lift the identity
+whatever finite values the other inputs hold.  Every factor of a contraction does (0·v =
+0), but of the exponential and normalised states only the scores do: a chunk of zero
+values still adds exp(s - m) (or a2(s)) to the normaliser.  Padding fills all inputs
+together, so it needs no absorbing input; skipping a chunk (``masks.stream_masks``) fills
+none, so it needs one.
 """
 
 from __future__ import annotations
@@ -58,7 +66,9 @@ class AccumulatorPlan:
     that lack the axis are passed whole) and returns the chunk's state; ``combine`` takes
     two states (the first's variables, then the second's) and returns one; ``final``
     takes a state and returns the box's value, using ``Size`` of the FULL axis where it
-    needs one (mean, rms).  ``pad`` is one fill value per lift input, or None.
+    needs one (mean, rms).  ``pad`` is one fill value per lift input, or None;
+    ``absorbing`` the positions of the inputs that absorb a chunk (module docstring; empty
+    without ``pad``).
     """
 
     name: str
@@ -70,6 +80,7 @@ class AccumulatorPlan:
     identity: tuple[float, ...]
     final: Diagram
     pad: tuple[float, ...] | None
+    absorbing: tuple[int, ...]
 
 
 def accumulators_for(box: Box, axis: str) -> tuple[str, ...]:
@@ -178,8 +189,10 @@ class _Builder:
         final = self.diagram("final", self.states(state, ""), [],
                              (_bin("div", Var("o", o.axes), self.safe(denom)),))
         fill = _pad_for(a1, a2)
-        return AccumulatorPlan(name, box, self.axis, state, lift, combine, (0.0, 0.0), final,
-                               None if fill is None else (fill, 0.0))
+        if fill is None:
+            return AccumulatorPlan(name, box, self.axis, state, lift, combine, (0.0, 0.0), final, None, ())
+        # scores at the fill make a1 and a2 zero; zero values leave a2(s) in z
+        return AccumulatorPlan(name, box, self.axis, state, lift, combine, (0.0, 0.0), final, (fill, 0.0), (0,))
 
     def monoid(self, name: str) -> AccumulatorPlan:
         """sum (sum, mean, contract), max, min, prod: the state is the box's own partial value."""
@@ -199,9 +212,11 @@ class _Builder:
         final = self.diagram("final", self.states(state, ""), [], (value,))
         identity = {"sum": 0.0, "max": -math.inf, "min": math.inf, "prod": 1.0}[name]
         fill = {"sum": 0.0, "max": -math.inf, "min": math.inf, "prod": 1.0}[name]
-        # a contraction is padded by zeroing every operand that carries the axis
+        # a contraction is padded by zeroing every operand that carries the axis, and any one
+        # zero factor already zeroes the product
         pad = tuple(fill for _ in self.x)
-        return AccumulatorPlan(name, box, self.axis, state, lift, combine, (identity,), final, pad)
+        return AccumulatorPlan(name, box, self.axis, state, lift, combine, (identity,), final, pad,
+                               tuple(range(len(self.x))))
 
     def stable(self, name: str, parts: list[tuple[str, Expr]], pad: tuple[float, ...],
                final: Callable[[list[Var]], Expr]) -> AccumulatorPlan:
@@ -229,7 +244,8 @@ class _Builder:
         finals = self.states(state, "")
         final_d = self.diagram("final", finals, [], (final([Var(p.name, p.axes) for p in finals]),))
         identity = (-math.inf,) + (0.0,) * (len(parts) - 1)
-        return AccumulatorPlan(name, self.box, self.axis, state, lift, combine, identity, final_d, pad)
+        # scores at -inf: m = -inf and every exp(s - shift(m)) is 0; values at 0 leave l
+        return AccumulatorPlan(name, self.box, self.axis, state, lift, combine, identity, final_d, pad, (0,))
 
 
 #: the score values at which each activation is exactly 0 (in float64, -inf included)

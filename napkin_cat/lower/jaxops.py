@@ -9,8 +9,9 @@ Numerics (documented conventions, identical in both targets):
 
 - all arithmetic is f32; contractions use ``jnp.einsum`` on operands cast to the
   kernel's dot dtype with ``preferred_element_type=float32`` (f32 accumulation);
-- constants are saturated into f32 preserving order (``values.saturate``), so masks
-  are finite and the guarded stable forms keep their meaning;
+- a box on constants alone is folded in float64 first (``folded``), and constants keep
+  their value in f32 or are refused (``values.saturate``): ±inf become finite masks and
+  the guarded stable forms keep their meaning;
 - a box that consumes or mixes an axis that may be padded first replaces the padded
   positions of its operands by fill values whose contribution is neutral
   (``fill_values``: the accumulator's ``pad``, or -inf for softmax, 0 for l2/rms norms).
@@ -26,6 +27,7 @@ import numpy as np
 
 from napkin_cat import ops
 from napkin_cat.certify.accumulators import plan
+from napkin_cat.evaluate import evaluate_named
 from napkin_cat.lower import codegen as cg
 from napkin_cat.lower.values import (
     Scope,
@@ -339,17 +341,38 @@ def argument(expr: Expr, env: Mapping[str, Value], scope: Scope) -> Value:
     if isinstance(expr, Var):
         return env[expr.name]
     if isinstance(expr, Const):
-        return Value(saturate(expr.value), (), python=True)
+        return Value(saturate(expr.value, expr.span), (), python=True)
     assert isinstance(expr, Size), expr
     return Value(cg.call("float", scope.sizes[expr.axis]), (), python=True)
 
 
+def folded(box: Box, env: Mapping[str, Value]) -> float | None:
+    """The value of a scalar box whose operands are all constants (written, or folded
+    before it), computed in float64 by the evaluator; None for any other box."""
+    if box.axes or box.target or not box.args:
+        return None
+    values: list[float] = []
+    for a in box.args:
+        known = a.value if isinstance(a, Const) else env[a.name].constant if isinstance(a, Var) else None
+        if known is None:
+            return None
+        values.append(known)
+    one = Box(box.op, tuple(Const(v) for v in values), (), (), box.out, box.params, box.index, box.span)
+    (out,) = evaluate_named(Diagram("constant", (), (), (one,), ((),), ()), [], {})
+    return float(out.data)
+
+
 def emit_node(name: str, box: Box, env: dict[str, Value], scope: Scope, hint: str | None = None) -> Value:
-    """Emit ``name = box(args)`` (the Python name derived from ``hint`` or ``name``) into ``env``."""
-    value = emit_box(box, [argument(a, env, scope) for a in box.args], scope)
+    """Emit ``name = box(args)`` (the Python name derived from ``hint`` or ``name``) into ``env``;
+    a box on constants alone is folded (``folded``), its value bound as an f32 scalar."""
+    constant = folded(box, env)
+    if constant is not None:
+        value = Value(cg.call("jnp.float32", saturate(constant, box.span)), (), constant=constant)
+    else:
+        value = emit_box(box, [argument(a, env, scope) for a in box.args], scope)
     if name in scope.rounded:  # a marked approximation (R10): round to the format, compute on in f32
         value = Value(rounded(value.expr, scope.rounded[name]), value.axes)
-    bound = Value(scope.block.bind(hint or name, value.expr), value.axes)
+    bound = Value(scope.block.bind(hint or name, value.expr), value.axes, constant=value.constant)
     env[name] = bound
     return bound
 

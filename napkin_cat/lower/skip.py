@@ -1,6 +1,7 @@
-"""Which stream chunks a Pallas program skips, as code: ``masks.stream_masks`` recognises the
-where masks that fill whole chunks with the accumulators' padding (see its docstring for the
-shapes recognised) and gives each conjunct as a ``masks.Side``; this module writes each
+"""Which stream chunks a Pallas program skips, as code: ``masks.stream_masks`` decides, by its
+skip rule, which where masks make whole chunks lift to the accumulators' identity (a mask
+on an absorbing operand, filling it with its padding value; see its docstring for the rule
+and the shapes recognised) and gives each conjunct as a ``masks.Side``; this module writes each
 side's chunk bound from the program's grid offsets, and the loop runs over ``[lo, hi)``.
 The cost model counts the same chunks (``masks.chunk_count``).
 """
@@ -27,7 +28,7 @@ def chunk_range(lay: Layout, offsets: Mapping[str, ast.expr], trips: ast.expr) -
     axis = lay.stream
     if axis is None:
         return None
-    masks = stream_masks(lay.flat, axis, {name: p.pad for name, p in lay.plans.items()}, lay.grid)
+    masks = stream_masks(lay.flat, axis, lay.plans, lay.grid)
     if masks is None:
         return None
     ranges = [_bounds(sides, lay, axis, offsets, trips) for sides in masks]

@@ -7,11 +7,16 @@ says what the surrounding code knows: true sizes, in-code extents, each axis's g
 offset (a grid program's or a chunk's first position), axes squeezed out by the grid,
 which axes may be padded, the dot dtype and the arrays a ``dtype`` step rounds.
 
-Constants are saturated into f32 preserving order (``saturate``): ±inf becomes ±``INF``
-(0.7 of the f32 maximum: a finite mask value, pallas-notes §7), a finite value beyond f32
-(the accumulators' guard ``FLOAT_MAX``) becomes ±``BIG`` = ``INF / 2``, and a tiny
-non-zero value becomes the smallest normal f32, so the guarded stable forms keep their
-meaning: a fully masked row gives 0 from softmax, as in evaluate.py.
+Constants keep their value (``saturate``).  A box on constants alone is folded first, in
+float64 by the evaluator itself (``jaxops.emit_node``), so ``A * (1e-39 * 1e38)`` multiplies
+by 0.1.  A constant then becomes f32 code: a value in f32's normal range as itself (rounded
+to f32 precision), ±inf as ±``INF`` (0.7 of the f32 maximum: a finite mask value,
+pallas-notes §7), and the accumulators' guards as their f32 stand-ins: ±``FLOAT_MAX`` (the
+guarded shift) as ±``BIG`` = ``INF / 2`` and ``TINY`` (the guarded divisor) as the smallest
+normal f32, so the guarded stable forms keep their meaning (a fully masked row gives 0 from
+softmax, as in evaluate.py).  Any other value f32 cannot hold (beyond its maximum, or
+non-zero below its smallest normal, which f32 kernels flush or lose precision on) is
+refused with ``lower.constant``: a kernel would compute with another number.
 """
 
 from __future__ import annotations
@@ -23,6 +28,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from napkin_cat.certify.accumulators import FLOAT_MAX
+from napkin_cat.certify.accumulators import TINY as GUARD_TINY
+from napkin_cat.diagnostics import NapkinError, Span, error
 from napkin_cat.lower import codegen as cg
 from napkin_cat.terms import Axes, Cmp, IBin, Idx, IInt, IndexExpr, Logic, Pred
 
@@ -45,6 +53,8 @@ class Value:
     python: bool = False
     #: an input block the wrapper zero-padded: its padded positions already hold 0
     zero_padded: bool = False
+    #: a constant folded at lowering time: its exact (float64) value, as the evaluator has it
+    constant: float | None = None
 
 
 @dataclass(frozen=True)
@@ -77,14 +87,19 @@ class Scope:
         return replace(self, block=block, **changes)  # type: ignore[arg-type]
 
 
-def saturate(value: float) -> ast.expr:
-    """A constant as f32 code, order-preserving (see module docstring)."""
+#: the accumulators' guard constants and the f32 names that stand for them (module docstring)
+GUARDS = {FLOAT_MAX: "BIG", -FLOAT_MAX: "BIG", GUARD_TINY: "TINY"}
+
+
+def saturate(value: float, span: Span | None = None) -> ast.expr:
+    """A constant as f32 code (see module docstring); raises ``NapkinError`` (pointing at
+    ``span``) for a value f32 cannot hold that is neither infinite nor a guard."""
     if math.isinf(value):
         return cg.name("INF") if value > 0 else ast.UnaryOp(ast.USub(), cg.name("INF"))
-    if abs(value) > float(F32.max):
-        return cg.name("BIG") if value > 0 else ast.UnaryOp(ast.USub(), cg.name("BIG"))
-    if value != 0 and abs(value) < TINY:
-        return cg.name("TINY") if value > 0 else ast.UnaryOp(ast.USub(), cg.name("TINY"))
+    if value in GUARDS:
+        return cg.name(GUARDS[value]) if value > 0 else ast.UnaryOp(ast.USub(), cg.name(GUARDS[value]))
+    if abs(value) > float(F32.max) or (value != 0 and abs(value) < TINY):
+        raise NapkinError(error("lower.constant", span, value=f"{value:g}", low=f"{TINY:.4g}", high=f"{F32.max:.4g}"))
     return cg.const(float(value))
 
 

@@ -27,9 +27,9 @@ It makes these explicit choices (paper-digest §8.2 lists them as open):
   innermost loop over that axis enclosing its whole lifetime.
 - Compile-time scalars (boxes that read no input, e.g. ``rsqrt(d)``) are folded: they take no
   storage, transfers or FLOPs.  Spilling an accumulator state (FlashAttention-1) is not modelled.
-- **Masked streams.** Where ``masks.stream_masks`` recognises that a where mask fills whole
-  chunks of the (one) streamed axis with the accumulators' padding, as the Pallas lowering
-  does before skipping them, every step inside that stream (its loads, saves and boxes) is
+- **Masked streams.** Where ``masks.stream_masks`` decides by its skip rule that a where mask
+  makes whole chunks of the (one) streamed axis lift to the accumulators' identity, as the
+  Pallas lowering does before skipping them, every step inside that stream (its loads, saves and boxes) is
   counted once per (program, chunk) pair that runs (``masks.chunk_count``: causal attention
   runs about half), not once per trip of every loop; memory and steps outside the stream
   are unchanged.  Without a closed form for the pairs, every chunk is counted.
@@ -44,7 +44,7 @@ import sympy
 from sympy import Expr
 
 from napkin_cat import ops
-from napkin_cat.certify.accumulators import plan
+from napkin_cat.certify.accumulators import AccumulatorPlan, plan
 from napkin_cat.schedule.loopnest import LoopNest, Node, woven_axes
 from napkin_cat.schedule.masks import GroupAxis, chunk_count, stream_masks
 from napkin_cat.schedule.program import Buffer, Inst, Program, Step, View, rank
@@ -134,7 +134,7 @@ class _Builder:
         axis = streamed.pop()
         outermost = {lp.axis: i for i, lp in reversed(list(enumerate(loops)))}
         index = outermost[axis]
-        pads: dict[str, tuple[float, ...] | None] = {}
+        plans: dict[str, AccumulatorPlan] = {}
         for node in self.flat.nodes:
             if self.nest.phase(loops[index], node.name) != "accumulate" or not isinstance(node.expr, Box):
                 continue
@@ -142,13 +142,13 @@ class _Builder:
             via = loops[index].partition.via
             name = self.accumulators.get(node.name) or (via if via in admissible else None)
             try:
-                pads[node.name] = plan(node.expr, axis, name).pad
+                plans[node.name] = plan(node.expr, axis, name)
             except ValueError:
                 return ()
         groups = {a: GroupAxis(self.tiles[i], self.trips[i]) for a, i in outermost.items() if loops[i].kind == "group"}
         for a in woven_axes(self.flat, frozenset(outermost)):
             groups[a] = GroupAxis(self.sizes[a], sympy.Integer(1))
-        masks = stream_masks(self.flat, axis, pads, groups)
+        masks = stream_masks(self.flat, axis, plans, groups)
         if masks is None:
             return ()
         caps = {self.tiles[i]: self.sizes[loops[i].axis] for i in outermost.values()

@@ -1,19 +1,32 @@
 """Which chunks of a stream a mask lets a kernel skip: the backend-neutral analysis shared by
 the Pallas lowering (``lower/skip.py`` turns the bounds into code) and the cost model
-(``pseudo_build`` scales the counts inside the stream by ``chunk_count``).
+(``pseudo_build`` scales the counts inside the stream by ``chunk_count``).  It is the one
+place that decides skipping, by this rule (``c`` a chunk of the streamed axis, ``B`` the
+box an accumulator ``acc`` streams, ``x_i`` its operands)::
 
-A chunk whose every position of an accumulating box's operand holds that operand's padding
-value (``AccumulatorPlan.pad``, the neutral fill certified by the padding law) lifts to the
-accumulator's identity, so leaving it out changes nothing.  The one shape recognised is a
-``where[...](pred, A, fill)`` node that feeds the operand directly, with ``fill`` equal to
-the operand's pad and ``pred`` a conjunction of affine comparisons between the streamed
-axis' index and grid axes' indices (``q >= x``, ``q - x < 256``).  Each conjunct is a
+                 x_i = where(p, a, pad_i)    i ∈ absorbing(acc)    p false on all of c
+    skip ──────────────────────────────────────────────────────────────────────────────
+                              lift_acc(x|c) = identity_acc
+
+Side condition: operand ``i`` *absorbs* (``AccumulatorPlan.absorbing``, certified by the
+absorption law in ``certify``): that operand alone at its padding value makes the chunk's
+lift the identity, whatever finite values the other operands hold.  A mask whose fill
+equals its operand's padding value is not enough by itself: the padding law fills every
+operand at once, while a skipped chunk keeps the others.  Masked values of an attention
+(``where(q >= x, V, 0)``) do not absorb (the normaliser still sums exp(s - m) over the
+chunk); masked scores (``where(q >= x, S, -inf)``) do, so causal attention stops at the
+diagonal.
+
+The one shape recognised is a ``where[...](pred, A, fill)`` node that feeds an absorbing
+operand directly, with ``fill`` equal to the operand's pad and ``pred`` a conjunction of
+affine comparisons between the streamed axis' index and grid axes' indices (``q >= x``,
+``q - x < 256``).  Each conjunct is a
 ``Side``: a bound on the stream index taken at the corner of the program's index box where
 it is most permissive (interval arithmetic), and the intersection of the sides gives the
 chunks ``[lo, hi)`` that can hold a true position.  Anything else (a disjunction, a negation,
 ``!=``, a non-affine index, an axis that is neither streamed nor a grid axis, an accumulator
-with no such operand, an output that carries the streamed axis, a conjunction that bounds no
-stream index) keeps the full loop: ``stream_masks`` returns None.
+with no such absorbing operand, an output that carries the streamed axis, a conjunction that
+bounds no stream index) keeps the full loop: ``stream_masks`` returns None.
 """
 
 from __future__ import annotations
@@ -25,6 +38,7 @@ from dataclasses import dataclass
 import sympy
 from sympy import Expr
 
+from napkin_cat.certify.accumulators import AccumulatorPlan
 from napkin_cat.schedule.loopnest import Flat
 from napkin_cat.terms import Box, Cmp, Const, IBin, Idx, IInt, IndexExpr, Logic, Pred, Var
 
@@ -59,27 +73,29 @@ class Side:
 Sides = tuple[Side, ...]
 
 
-def stream_masks(flat: Flat, stream: str, pads: Mapping[str, tuple[float, ...] | None],
+def stream_masks(flat: Flat, stream: str, plans: Mapping[str, AccumulatorPlan],
                  grid: Collection[str]) -> tuple[Sides, ...] | None:
     """The sides bounding the stream index of each accumulating node, or None for the full loop.
 
-    ``pads`` maps every node that consumes ``stream`` to its accumulator's padding values (one
-    per operand, or None); ``grid`` names the axes a program covers one block of.  Every
-    accumulating node must have a recognised masked operand (the first one found is used):
+    ``plans`` maps every node that consumes ``stream`` to its accumulator; ``grid`` names
+    the axes a program covers one block of.  Every accumulating node must have a recognised
+    mask on an absorbing operand (the module docstring's rule; the first one found is used):
     the loop may then run over the hull of their ranges, since chunks inside it but outside
     one node's range lift to that node's identity.
     """
-    if not pads or any(stream in flat.type_of(o) for o in flat.outputs):
+    if not plans or any(stream in flat.type_of(o) for o in flat.outputs):
         return None
     wheres = {n.name: n.expr for n in flat.nodes if isinstance(n.expr, Box) and n.expr.op == "where"}
     found_all: list[Sides] = []
     for node in flat.nodes:
-        if node.name not in pads:
+        if node.name not in plans:
             continue
         if not isinstance(node.expr, Box):
             return None
         found = None
-        for arg, fill in zip(node.expr.args, pads[node.name] or (), strict=False):
+        pads = plans[node.name].pad or ()  # no padding law: no absorbing operand either
+        for i in plans[node.name].absorbing:
+            arg, fill = node.expr.args[i], pads[i]
             mask = wheres.get(arg.name) if isinstance(arg, Var) else None
             if mask is None or not isinstance(mask.args[-1], Const) or mask.args[-1].value != fill:
                 continue

@@ -1,0 +1,137 @@
+"""One differential case: a random module's diagram under a random schedule that the kernel
+accepted step by step, lowered to both targets and run against the float64 evaluator.
+
+Shared by ``tests/test_differential.py`` (CI, at the hypothesis profile's count) and
+``benchmarks/differential.py`` (the recorded run).  ``run_case`` returns what happened on
+each target, or raises ``AssertionError`` on a mismatch:
+
+- the diagram comes from ``MODULES`` (``strategies.attention_texts`` and ``strategies.modules``:
+  masks on any operand, fills that do and do not equal each padding value), unfolded;
+  ``strategies.schedule_steps`` proposes rewrites
+  and partitions, and each one the kernel refuses is dropped (the kernel's business, tested
+  with its reasons elsewhere); a case without a partition is not a schedule (``None``);
+- sizes are ragged (1 to 48, so the 16- and 32-wide stream tiles leave a partial chunk),
+  multiples of a tile only where a partition without ``pad`` recorded that it divides the axis;
+- inputs are on a 0.01 grid in [-3, 3] (no subnormals, which f32 flushes), from a drawn seed;
+- each target either refuses the schedule with one of ``LOWER_REFUSALS`` (a diagnostic saying
+  what the target cannot serve) or runs it (Pallas with ``interpret=True``), and every output
+  must equal the evaluator's within f32 tolerance (``lower_cases.close_or_both_masked``).
+  Outputs whose finite magnitude reaches 1e30 are f32 overflow, not a lowering question, and
+  a theorem whose accumulators overflow in float64 (``derive.overflow_screen``) is skipped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from hypothesis import strategies as st
+
+from napkin_cat import certify, kernel
+from napkin_cat.certify import rules
+from napkin_cat.diagnostics import NapkinError
+from napkin_cat.elaborate import loads
+from napkin_cat.evaluate import evaluate
+from napkin_cat.lower import lower
+from napkin_cat.printer import print_diagram, print_step
+from napkin_cat.schedule.masks import stream_masks
+from napkin_cat.search import derive
+from napkin_cat.terms import Module, Partition, Rewrite
+from tests import lower_cases as cases
+from tests.strategies import SIZE_REFUSALS, attention_texts, modules, schedule_steps
+
+__all__ = ["LOWER_REFUSALS", "MODULES", "TARGETS", "run_case"]
+
+#: the modules a case draws from: three in four of the attention family (``attention_texts``,
+#: where masks on scores and values meet accumulators), else any (``modules``)
+MODULES = st.integers(0, 3).flatmap(lambda k: modules(max_diagrams=2) if k == 0 else attention_texts().map(loads))
+
+TARGETS = ("jax", "pallas")
+
+#: what a target may refuse a checked schedule for, each with a diagnostic (diagnostics.py)
+LOWER_REFUSALS = frozenset({
+    "lower.grid_consumed", "lower.grid_output", "lower.streams", "lower.mixed_partition", "lower.tile_pow2",
+    "lower.stream_mixed", "lower.after_axis", "lower.reshape_padded", "lower.no_pad", "lower.unbound_axis",
+    "lower.triton_op", "lower.constant",
+})
+
+
+def _schedule(thm: kernel.Theorem, steps: list[Rewrite | Partition]) -> kernel.Theorem:
+    """The theorem with every step the kernel accepts, in order."""
+    library = rules.library()
+    for step in steps:
+        try:
+            if isinstance(step, Rewrite):
+                lemma = library[step.lemma]
+                thm = kernel.rewrite(thm, lemma, step, {lemma.name: certify.certify_lemma(lemma).how})
+            elif step.kind == "group":
+                thm = kernel.group(thm, step)
+            else:
+                thm = kernel.stream(thm, step, certify.accumulator)
+        except kernel.KernelError:
+            continue
+    return thm
+
+
+def _sizes(draw: Any, thm: kernel.Theorem) -> dict[str, int]:
+    declared = {**thm.source.axis_sizes(), **thm.result.axis_sizes()}
+    divisors: dict[str, int] = {}
+    for c in thm.constraints:
+        if isinstance(c.dividend, str) and isinstance(c.divisor, int):
+            divisors[c.dividend] = max(divisors.get(c.dividend, 1), c.divisor)
+    sizes = {}
+    for axis, size in declared.items():
+        if size is not None:
+            sizes[axis] = size
+        elif axis in divisors:
+            sizes[axis] = divisors[axis] * draw(st.integers(1, 2))
+        else:
+            sizes[axis] = draw(st.integers(1, 48))
+    return sizes
+
+
+def run_case(module: Module, data: st.DataObject) -> dict[str, str] | None:
+    """Outcome per target (``"ran"``, for Pallas ``"ran, skipping masked chunks"`` where
+    ``masks.stream_masks`` let it skip, or the refusal's code), None when no case arises (no
+    partition accepted, sizes a reshape cannot honour, f32 overflow); raises AssertionError
+    on a kernel that disagrees with the evaluator."""
+    diagram = data.draw(st.sampled_from(module.diagrams))
+    thm = kernel.unfold(kernel.refl("t", diagram))
+    thm = _schedule(thm, data.draw(schedule_steps(thm.result)))
+    if not thm.schedule.partitions or derive.overflow_screen(thm) is not None:
+        return None
+    sizes = _sizes(data.draw, thm)
+    if any(isinstance(c.dividend, str) and isinstance(c.divisor, int) and sizes[c.dividend] % c.divisor
+           for c in thm.constraints):
+        return None  # a declared size that a tile without pad does not divide
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    arrays = [rng.integers(-300, 301, [sizes[a] for a in p.axes]) / 100 for p in thm.source.inputs]
+    try:
+        want = cases.as_tuple(evaluate(thm.source, arrays, sizes=sizes))
+    except NapkinError as exc:
+        assert set(exc.codes) <= SIZE_REFUSALS, exc.diagnostics
+        return None
+    wants = [np.asarray(w, np.float64) for w in want]
+    if any(np.any(np.abs(w[np.isfinite(w)]) >= 1e30) for w in wants):
+        return None
+    outcome: dict[str, str] = {}
+    for target in TARGETS:
+        try:
+            lowered = lower(thm, target=target)
+        except NapkinError as exc:
+            assert set(exc.codes) <= LOWER_REFUSALS, exc.diagnostics
+            outcome[target] = exc.codes[0]
+            continue
+        options = {"interpret": True} if target == "pallas" else {}
+        got = cases.as_tuple(jax.jit(lambda *a, f=lowered.fn, o=options: f(*a, **o))(
+            *[jnp.asarray(a, jnp.float32) for a in arrays]))
+        for g, w in zip(got, wants, strict=True):
+            assert cases.close_or_both_masked(np.asarray(g, np.float64), w), (
+                f"the {target} kernel differs from the evaluator at {sizes} for\n{print_diagram(thm.result)}"
+                + "".join(f"\n  {print_step(p)}" for p in thm.schedule.partitions))
+        lay = lowered.layout
+        skips = lay.stream is not None and stream_masks(lay.flat, lay.stream, lay.plans, lay.grid) is not None
+        outcome[target] = "ran, skipping masked chunks" if skips and target == "pallas" else "ran"
+    return outcome

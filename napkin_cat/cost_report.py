@@ -232,7 +232,8 @@ def format_report(r: Mapping[str, Any]) -> str:
                   + (" (fewer groups than SMs: the peaks above are not reachable)"
                      if t["parallel_groups"] < t["sms"] else ""),
                   f"  unfused baseline: serial {b['serial']:.4g}s, overlapped {b['overlapped']:.4g}s; gain "
-                  f"{_gain(t['gain_vs_unfused_serial'])} (serial), {_gain(t['gain_vs_unfused_overlapped'])} (overlapped)"
+                  f"{_gain(t['gain_vs_unfused_serial'])} (serial), "
+                  f"{_gain(t['gain_vs_unfused_overlapped'])} (overlapped)"
                   + ("" if r["baseline"]["fits"] else f"; the baseline does not fit {r['levels'][1]['name']} "
                      "(its kernels need more than the capacity), so it is an ideal, not a real kernel")]
     return "\n".join(lines) + "\n"

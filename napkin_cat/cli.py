@@ -1,31 +1,37 @@
 """The `napkin` command line: the only module that prints or exits.
 
-Exit codes: 0 success, 1 an error in the input (diagnostics printed), 2 a usage error.
-Each subcommand is one ``cmd_*`` function registered in ``_parser``.
+Exit codes: 0 success, 1 an error in the input (diagnostics printed), 2 a usage error
+(including an output that cannot or must not be written), 130 interrupted (Ctrl-C).
+Each subcommand is one ``cmd_*`` function registered in ``_parser``.  Outputs go through
+``files.Outputs``: checked before any long work, never one of the files read, written
+atomically.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
-from napkin_cat import certify, cost, proof, pseudo
-from napkin_cat.certify import prove, rules
+from napkin_cat import __version__, certify, cost, proof, pseudo
+from napkin_cat.certify import catalogue, prove, rules
 from napkin_cat.certify.accumulators import accumulators_for
+from napkin_cat.cost import hardware as hw
 from napkin_cat.cost import report as cost_report
 from napkin_cat.cost.hardware import HardwareError
 from napkin_cat.diagnostics import NapkinError, render
 from napkin_cat.elaborate import load
-from napkin_cat.evaluate import bind_sizes, run
+from napkin_cat.evaluate import bind_sizes, refuse_too_large, run
+from napkin_cat.files import OutputRefused, Outputs
 from napkin_cat.kernel import Theorem
 from napkin_cat.printer import print_module
 from napkin_cat.proof import check_file
-from napkin_cat.terms import Module
+from napkin_cat.terms import MAX_AXIS_SIZE, Module
 
 __all__ = ["main"]
 
@@ -34,21 +40,52 @@ class UsageError(Exception):
     """A command-line mistake (exit code 2)."""
 
 
-def parse_sizes(items: Sequence[str] | None) -> dict[str, int]:
-    """``AXIS=N`` pairs from ``--size``; a malformed pair is a usage error."""
-    sizes: dict[str, int] = {}
+EXIT_OK, EXIT_INPUT, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+#: the number formats every verb accepts (``--dtype``), and the one default
+DEFAULT_DTYPE = "bf16"
+
+
+def _pairs(items: Sequence[str] | None, flag: str, what: str) -> dict[str, int]:
+    """``NAME=N`` pairs with N a positive integer of ASCII digits up to ``MAX_AXIS_SIZE``."""
+    pairs: dict[str, int] = {}
     for item in items or ():
         name, sep, value = item.partition("=")
-        if not sep or not name or not value.isdigit() or int(value) <= 0:
-            raise UsageError(f"--size expects AXIS=N with N a positive integer, got {item!r}")
-        sizes[name] = int(value)
-    return sizes
+        ok = sep and name and value.isascii() and value.isdigit() and len(value) <= 20
+        if not ok or not 0 < int(value) <= MAX_AXIS_SIZE:
+            raise UsageError(f"{flag} expects {what}=N with N a positive integer up to {MAX_AXIS_SIZE}, got {item!r}")
+        pairs[name] = int(value)
+    return pairs
+
+
+def parse_sizes(items: Sequence[str] | None) -> dict[str, int]:
+    """``AXIS=N`` pairs from ``--size``; a malformed pair is a usage error."""
+    return _pairs(items, "--size", "AXIS")
 
 
 def _module(path: str) -> Module:
-    if not Path(path).is_file():
+    if not os.path.lexists(path):
         raise UsageError(f"no such file: {path}")
     return load(path)
+
+
+def _dtype(name: str, kernel_dtypes: Mapping[str, str] | None = None) -> str:
+    """``--dtype`` in the cost model's vocabulary (``hardware.canonical_dtype``); given the
+    lowering's ``kernel_dtypes``, only the formats a kernel can be emitted in."""
+    try:
+        canonical = hw.canonical_dtype(name)
+    except hw.HardwareError as exc:
+        raise UsageError(str(exc)) from None
+    if kernel_dtypes is not None and canonical not in kernel_dtypes:
+        raise UsageError(f"dtype `{name}` is modelled by `cost` but kernels are emitted in "
+                         f"{', '.join(kernel_dtypes)} only")
+    return canonical
+
+
+def _hardware(name: str) -> str:
+    if name not in hw.available():
+        raise UsageError(f"no hardware profile `{name}` (profiles: {', '.join(hw.available())})")
+    return name
 
 
 def _diagram_or_usage(module: Module, name: str) -> object:
@@ -61,7 +98,7 @@ def _diagram_or_usage(module: Module, name: str) -> object:
 
 def cmd_parse(args: argparse.Namespace) -> int:
     print(print_module(_module(args.file)), end="")
-    return 0
+    return EXIT_OK
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -85,7 +122,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 raise UsageError(f"axis `{axis}` is symbolic: give its size with --size {axis}=N")
             shape.append(n)
         shapes.append(tuple(shape))
-    bind_sizes(diagram, shapes, sizes)  # type: ignore[arg-type]
+    refuse_too_large(diagram, bind_sizes(diagram, shapes, sizes))  # type: ignore[arg-type]  # before allocating
     arrays = [rng.standard_normal(s) for s in shapes]
     result = run(diagram, *arrays, sizes=sizes)  # type: ignore[arg-type]
     outs = result if isinstance(result, tuple) else (result,)
@@ -95,7 +132,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         summary = (f"mean={finite.mean():.6g} std={finite.std():.6g} min={finite.min():.6g} max={finite.max():.6g}"
                    if finite.size else "no finite values")
         print(f"output {i}: [{' '.join(axes)}] shape={arr.shape} {summary}")
-    return 0
+    return EXIT_OK
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -117,6 +154,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         for lemma in rules.library().values():
             cert = certify.certify_lemma(lemma, level)
             uncertified += not cert.ok
+            if args.json or (args.quiet and cert.ok):
+                continue
             print(f"lemma {lemma.name}: {cert.how.split(':')[0] if cert.ok else 'FAILED'} ({cert.how})"
                   + (f": {cert.counterexample}" if cert.counterexample else ""))
         for box, axis in certify.representative_boxes():
@@ -125,32 +164,48 @@ def cmd_check(args: argparse.Namespace) -> int:
                 uncertified += not cert.ok
                 how = (prove.prove_accumulator(certify.canonical(box, axis), axis, name, True) or cert.how) \
                     if cert.ok else cert.how
+                if args.json or (args.quiet and cert.ok):
+                    continue
                 params = f"; {', '.join(box.params)}" if box.params else ""
                 print(f"accumulator {name} for {box.op}[{' '.join(box.target)}{params}]: "
                       f"{how.split(':')[0] if cert.ok else 'FAILED'} ({how})")
     theorems, failed, broken = 0, 0, 0
+    records: list[dict[str, object]] = []
     for file in files:
         try:
             results = check_file(file, level, args.strict)
         except NapkinError as exc:
             broken += 1
-            for diag in exc.diagnostics:
-                print(render(diag), file=sys.stderr)
+            records.append({"file": str(file), "ok": False, "errors": [render(d) for d in exc.diagnostics]})
+            if not args.json:
+                for diag in exc.diagnostics:
+                    print(render(diag), file=sys.stderr)
             continue
         for result in results:
             theorems += 1
-            print(f"{file}: {result.summary()}", flush=True)
+            failed += not result.ok
+            records.append({"file": str(file), "theorem": result.name, "ok": result.ok, "summary": result.summary(),
+                            "error": render(result.failure) if result.failure is not None else None,
+                            "counterexample": result.counterexample})
+            if args.json:
+                continue
+            if not args.quiet:
+                print(f"{file}: {result.summary()}", flush=True)
             if not result.ok:
-                failed += 1
                 assert result.failure is not None
                 print(render(result.failure), file=sys.stderr)
                 if result.counterexample:
                     print(f"  counterexample: {result.counterexample}", file=sys.stderr)
                 sys.stderr.flush()
-    print(f"{theorems - failed} of {theorems} theorems checked" + (f", {failed} refused" if failed else "")
-          + (f"; {broken} file(s) with errors" if broken else "")
-          + (f"; {uncertified} lemma(s) or accumulator(s) FAILED certification" if uncertified else ""))
-    return 1 if failed or broken or uncertified else 0
+    total = (f"{theorems - failed} of {theorems} theorems checked" + (f", {failed} refused" if failed else "")
+             + (f"; {broken} file(s) with errors" if broken else "")
+             + (f"; {uncertified} lemma(s) or accumulator(s) FAILED certification" if uncertified else ""))
+    if args.json:
+        print(json.dumps({"ok": not (failed or broken or uncertified), "theorems": theorems, "refused": failed,
+                          "files_with_errors": broken, "uncertified": uncertified, "results": records}, indent=2))
+    else:
+        print(total)
+    return EXIT_INPUT if failed or broken or uncertified else EXIT_OK
 
 
 def cmd_draw(args: argparse.Namespace) -> int:
@@ -160,6 +215,7 @@ def cmd_draw(args: argparse.Namespace) -> int:
     from napkin_cat import draw
 
     module = _module(args.file)
+    outputs = Outputs(module.scope_files)
     decl = next((t for t in module.theorems if t.name == args.name), None)
     if decl is None:
         if args.steps:
@@ -175,32 +231,31 @@ def cmd_draw(args: argparse.Namespace) -> int:
                 assert result.failure is not None
                 raise NapkinError(result.failure)
             states.append(result.theorem)
-        written = draw.draw_steps(states, args.output, expand=args.expand)
+        written = draw.draw_steps(states, args.output, expand=args.expand, outputs=outputs)
         print(f"wrote {len(written) - 1} step pictures and {written[-1]}")
-        return 0
+        return EXIT_OK
     if Path(args.output).suffix not in (".svg", ".png"):
         raise UsageError(f"-o must name a .svg or .png file (or a folder with --steps), got {args.output}")
+    outputs.check(args.output)
     if decl is not None:
         subject = proof.theorem(args.file, args.name)
-    draw.save(subject, args.output, expand=args.expand)  # type: ignore[arg-type]
+    draw.save(subject, args.output, expand=args.expand, outputs=outputs)  # type: ignore[arg-type]
     print(f"wrote {args.output}")
-    return 0
+    return EXIT_OK
 
 
 def cmd_lower(args: argparse.Namespace) -> int:
     """Lower a checked theorem to a Pallas kernel or a streamed plain-JAX module."""
-    from napkin_cat.lower import lower
+    from napkin_cat.lower import KERNEL_DTYPES, lower  # jax is imported only by the verbs that lower
 
     module = _module(args.file)
     if not any(t.name == args.theorem for t in module.theorems):
         known = ", ".join(t.name for t in module.theorems) or "none"
         raise UsageError(f"no theorem `{args.theorem}` in {args.file} (theorems: {known})")
-    tiles = {}
-    for item in args.tile or ():
-        name, sep, value = item.partition("=")
-        if not sep or not name or not value.isdigit() or int(value) <= 0:
-            raise UsageError(f"--tile expects NAME=N with N a positive integer, got {item!r}")
-        tiles[name] = int(value)
+    tiles = _pairs(args.tile, "--tile", "NAME")
+    dtype, hardware = _dtype(args.dtype, KERNEL_DTYPES), _hardware(args.hardware)
+    outputs = Outputs(module.scope_files)
+    outputs.check(args.output)
     thm = proof.theorem(args.file, args.theorem)
     parts = thm.schedule.partitions
     unknown = [n for n in tiles if n not in {str(p.tile) for p in parts} | {p.axis for p in parts}]
@@ -208,27 +263,29 @@ def cmd_lower(args: argparse.Namespace) -> int:
         known = ", ".join(sorted({f"{p.tile} (axis {p.axis})" for p in parts})) or "none"
         raise UsageError(f"--tile names {', '.join(unknown)}: not a tile or partitioned axis of `{args.theorem}` "
                          f"(tiles: {known})")
-    lowered = lower(thm, target=args.target, tiles=tiles, dtype=args.dtype, hardware=args.hardware, mesh=args.mesh)
-    Path(args.output).write_text(lowered.source, encoding="utf-8")
+    lowered = lower(thm, target=args.target, tiles=tiles, dtype=dtype, hardware=hardware, mesh=args.mesh)
+    outputs.write(args.output, lowered.source)
     placed = ", ".join(f"{axis}={tile}" for axis, tile in lowered.layout.tiles.items()) or "no tiles"
     placed += f"; on a mesh of {args.mesh} devices" if args.mesh is not None else ""
-    print(f"wrote {args.output}: {args.target} function `{args.theorem}` ({placed})")
-    return 0
+    print(f"wrote {args.output}: {args.target} function `{lowered.function}` ({placed})")
+    return EXIT_OK
 
 
 def cmd_derive(args: argparse.Namespace) -> int:
     """Search checked rewrites and relabellings for the cheapest schedule; write it as a proof."""
-    from napkin_cat.search import derive
+    from napkin_cat.lower import KERNEL_DTYPES, lower  # jax is imported only by the verbs that lower
+    from napkin_cat.search import derive  # it lowers: jax
 
     module = _module(args.file)
     _diagram_or_usage(module, args.diagram)
     out = Path(args.output)
     if out.suffix != ".ncd":
         raise UsageError(f"-o expects a proof file name ending in .ncd, got {args.output!r}")
-    if not out.parent.is_dir():
-        raise UsageError(f"no such folder for -o: {out.parent}")
-    if out.resolve() == Path(args.file).resolve():
-        raise UsageError("-o names the source file itself; write the proof to another file")
+    dtype, hardware = _dtype(args.dtype, KERNEL_DTYPES if args.lower else None), _hardware(args.hardware)
+    outputs = Outputs(module.scope_files)
+    outputs.check(out)  # before the search: an unwritable -o is found now, not after it
+    if args.lower:
+        outputs.check(out.with_suffix(".py"))
     sizes = parse_sizes(args.size)
     axes = derive.axes_of(args.file, args.diagram)
     unknown = [a for a in sizes if a not in axes]
@@ -242,10 +299,10 @@ def cmd_derive(args: argparse.Namespace) -> int:
         raise UsageError(f"axes {', '.join(missing)} of `{args.diagram}` are symbolic: give their sizes with "
                          f"--size AXIS=N")
     try:
-        cost = derive.model_cost(args.hardware, args.dtype, sizes, target=args.lower)
+        cost = derive.model_cost(hardware, dtype, sizes, target=args.lower)
     except HardwareError as exc:
         raise UsageError(str(exc)) from None
-    settings = {"hardware": args.hardware, "dtype": args.dtype} | {a: str(n) for a, n in sizes.items()}
+    settings = {"hardware": hardware, "dtype": dtype} | {a: str(n) for a, n in sizes.items()}
     found = derive.derive(args.file, args.diagram, cost, settings=settings, max_rewrites=args.max_rewrites,
                           budget=args.budget, seconds=args.seconds, lower=args.lower,
                           progress=lambda message: print(f"napkin derive: {message}", file=sys.stderr))
@@ -259,21 +316,18 @@ def cmd_derive(args: argparse.Namespace) -> int:
             print("  tiles: " + ", ".join(f"{k}={v}" for k, v in best.cost.tiles.items()))
     else:
         print(found.verdict())
-    checked = derive.write(found, out)
+    checked = derive.write(found, out, outputs)
     if checked.theorem is None:
         assert checked.failure is not None
         print(render(checked.failure), file=sys.stderr)
-        return 1
+        return EXIT_INPUT
     print(f"wrote {out}: {checked.summary()}")
     if args.lower:
-        from napkin_cat.lower import lower
-
         tiles = dict(best.cost.tiles) if best.cost is not None else {}
-        lowered = lower(checked.theorem, target=args.lower, tiles=tiles, dtype=args.dtype, hardware=args.hardware)
-        kernel_path = out.with_suffix(".py")
-        kernel_path.write_text(lowered.source, encoding="utf-8")
-        print(f"wrote {kernel_path}: {args.lower} function `{found.theorem_name}`")
-    return 0
+        lowered = lower(checked.theorem, target=args.lower, tiles=tiles, dtype=dtype, hardware=hardware)
+        kernel_path = outputs.write(out.with_suffix(".py"), lowered.source)
+        print(f"wrote {kernel_path}: {args.lower} function `{lowered.function}`")
+    return EXIT_OK
 
 
 def _theorem_or_usage(path: str, name: str) -> Theorem:
@@ -286,95 +340,167 @@ def _theorem_or_usage(path: str, name: str) -> Theorem:
 
 def cmd_cost(args: argparse.Namespace) -> int:
     """Derive a theorem's per-level transfers, memory, FLOPs, optimum, lower bound and times."""
+    dtype, hardware, sizes = _dtype(args.dtype), _hardware(args.hardware), parse_sizes(args.size)
     thm = _theorem_or_usage(args.file, args.theorem)
     try:
-        c = cost.cost(thm, hardware=args.hardware, sizes=parse_sizes(args.size), dtype=args.dtype,
-                      stages=args.stages)
+        c = cost.cost(thm, hardware=hardware, sizes=sizes, dtype=dtype, stages=args.stages)
         data = cost_report.report(c, args.theorem, args.mesh)
     except (HardwareError, ValueError) as exc:
         raise UsageError(str(exc)) from None
     print(json.dumps(data, indent=2) if args.json else cost_report.format_report(data), end="\n" if args.json else "")
-    return 0
+    return EXIT_OK
 
 
 def cmd_pseudo(args: argparse.Namespace) -> int:
     """Print a theorem's pseudocode diagram: loops, columns, live buffers, transfers per level."""
+    dtype, hardware, sizes = _dtype(args.dtype), _hardware(args.hardware), parse_sizes(args.size)
     thm = _theorem_or_usage(args.file, args.theorem)
     try:
-        c = cost.cost(thm, hardware=args.hardware, sizes=parse_sizes(args.size), dtype=args.dtype,
-                      stages=args.stages)
+        c = cost.cost(thm, hardware=hardware, sizes=sizes, dtype=dtype, stages=args.stages)
     except (HardwareError, ValueError) as exc:
         raise UsageError(str(exc)) from None
     print(pseudo.render(c.program, c.bytes_of), end="")
-    return 0
+    return EXIT_OK
+
+
+def cmd_lemmas(args: argparse.Namespace) -> int:
+    """List the library's lemmas and accumulators with their statements."""
+    found = [e for e in catalogue.entries() if args.name is None or e.name == args.name]
+    if not found:
+        known = ", ".join(sorted({e.name for e in catalogue.entries()}))
+        raise UsageError(f"no lemma or accumulator `{args.name}` (known: {known})")
+    if args.json:
+        print(json.dumps([vars(e) for e in found], indent=2))
+        return EXIT_OK
+    for e in found:
+        head = e.statement if e.kind == "lemma" else f"accumulator {e.name} for {e.applies_to}:"
+        body = "" if e.kind == "lemma" else "\n" + "\n".join(f"  {line}" for line in e.statement.splitlines())
+        print(head + body)
+    return EXIT_OK
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer of at least {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+_DTYPE_HELP = ("number format of the arrays, as for every verb: f32, bf16, f16 (kernels are emitted in these), "
+               "also tf32, f64, fp8e4m3, fp8e5m2 for the cost model; common spellings (float32, bfloat16, "
+               "fp16, ...) are accepted")
+
+
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` shows each option's default where it has a meaningful one."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.required or action.default in (None, False, argparse.SUPPRESS):
+            return action.help
+        return super()._get_help_string(action)
 
 
 def _parser() -> argparse.ArgumentParser:
+    fmt = _Help
     parser = argparse.ArgumentParser(
-        prog="napkin",
-        description="Neural circuit diagrams as text: check relabelling proofs, derive IO costs, lower to JAX kernels.")
-    sub = parser.add_subparsers(dest="command", required=True)
+        prog="napkin", formatter_class=fmt,
+        description="Neural circuit diagrams as text: check relabelling proofs, derive IO costs, lower to JAX kernels.",
+        epilog="Exit codes: 0 success, 1 an error in the input, 2 a usage error, 130 interrupted.")
+    parser.add_argument("--version", action="version", version=f"napkin {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("parse", help="print the canonical form of an .ncd file")
-    p.add_argument("file")
+    def command(name: str, text: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=text, description=text, formatter_class=fmt)
+
+    def sizes(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--size", action="append", metavar="AXIS=N",
+                       help="size of a symbolic axis (repeatable; may not contradict a declared size)")
+
+    p = command("parse", "print the canonical form of an .ncd file")
+    p.add_argument("file", help="the .ncd file")
     p.set_defaults(func=cmd_parse)
 
-    p = sub.add_parser("eval", help="evaluate a diagram on seeded random inputs (float64)")
-    p.add_argument("file")
-    p.add_argument("diagram")
-    p.add_argument("--size", action="append", metavar="AXIS=N", help="size of a symbolic axis (repeatable)")
-    p.add_argument("--seed", type=int, default=0)
+    p = command("eval", "evaluate a diagram on seeded random inputs (float64)")
+    p.add_argument("file", help="the .ncd file")
+    p.add_argument("diagram", help="the diagram to evaluate")
+    sizes(p)
+    p.add_argument("--seed", type=_count(0), default=0, help="seed of the standard-normal inputs (>= 0)")
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("check", help="check the theorems of proof files (files or folders)")
-    p.add_argument("paths", nargs="+", metavar="PATH")
+    p = command("check", "check the theorems of proof files (files or folders)")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="proof files, or folders searched for *.ncd")
     p.add_argument("--certify", action="store_true", help="run the full certification of lemmas and accumulators")
     p.add_argument("--strict", action="store_true",
                    help="refuse theorems resting on a lemma or accumulator only tested (not proved for every size) "
                         "or on a measured dtype claim")
+    p.add_argument("--json", action="store_true", help="print one JSON object: every result and the totals")
+    p.add_argument("-q", "--quiet", action="store_true", help="print only failures and the totals")
     p.set_defaults(func=cmd_check)
 
-    p = sub.add_parser("draw", help="draw a diagram or theorem (SVG/PNG), or a theorem's derivation strip")
-    p.add_argument("file")
+    p = command("lemmas", "list the library's lemmas and accumulators with their statements")
+    p.add_argument("name", nargs="?", default=None, help="show only this lemma or accumulator")
+    p.add_argument("--json", action="store_true", help="print a JSON list of {kind, name, applies_to, statement}")
+    p.set_defaults(func=cmd_lemmas)
+
+    p = command("draw", "draw a diagram or theorem (SVG/PNG), or a theorem's derivation strip")
+    p.add_argument("file", help="the .ncd file")
     p.add_argument("name", help="a diagram, or a theorem (drawn under its schedule)")
     p.add_argument("-o", "--output", required=True, help="OUT.svg or OUT.png; a folder with --steps")
     p.add_argument("--expand", action="store_true", help="draw diagrams used as boxes inline")
     p.add_argument("--steps", action="store_true", help="one picture per proof step, and an index.html")
     p.set_defaults(func=cmd_draw)
 
-    p = sub.add_parser("lower", help="lower a theorem to a JAX Pallas kernel or streamed plain JAX (a .py module)")
-    p.add_argument("file")
-    p.add_argument("theorem")
-    p.add_argument("--target", choices=("pallas", "jax"), default="pallas")
+    p = command("lower", "lower a theorem to a JAX Pallas kernel or streamed plain JAX (a .py module)")
+    p.add_argument("file", help="the proof file")
+    p.add_argument("theorem", help="the theorem to lower")
+    p.add_argument("--target", choices=("pallas", "jax"), default="pallas", help="Pallas kernel or plain JAX")
     p.add_argument("--tile", action="append", metavar="NAME=N", help="a tile size by tile name or axis (repeatable)")
-    p.add_argument("--dtype", default="float32", help="input/output dtype: float32, bfloat16 or float16")
-    p.add_argument("--hardware", default=None, help="hardware profile for default tiles (e.g. h100)")
+    p.add_argument("--dtype", default=DEFAULT_DTYPE, help=_DTYPE_HELP)
+    p.add_argument("--hardware", default="h100", help="hardware profile for default tiles (h100, h200, a100)")
     p.add_argument("--mesh", type=int, metavar="N", help="run the mesh partitions on N devices (jax.shard_map)")
     p.add_argument("-o", "--output", required=True, help="OUT.py")
     p.set_defaults(func=cmd_lower)
 
-    p = sub.add_parser("derive", help="search for the cheapest checked schedule of a diagram; write the proof")
-    p.add_argument("file")
-    p.add_argument("diagram")
+    p = command("derive", "search for the cheapest checked schedule of a diagram; write the proof")
+    p.add_argument("file", help="the .ncd file")
+    p.add_argument("diagram", help="the diagram to schedule")
     p.add_argument("--hardware", default="h100", help="hardware profile (h100, h200, a100)")
-    p.add_argument("--dtype", default="bf16", help="number format of the arrays (bf16, f16, f32, ...)")
-    p.add_argument("--size", action="append", metavar="AXIS=N", help="size of a symbolic axis (repeatable)")
+    p.add_argument("--dtype", default=DEFAULT_DTYPE, help=_DTYPE_HELP)
+    sizes(p)
     p.add_argument("-o", "--output", required=True, help="OUT.ncd, the proof file to write")
     p.add_argument("--lower", choices=("pallas", "jax"), help="also write the kernel next to it (OUT.py)")
-    p.add_argument("--budget", type=int, default=2000, help="most candidates to check (default 2000)")
-    p.add_argument("--seconds", type=float, default=120.0, help="time limit of the search (default 120)")
-    p.add_argument("--max-rewrites", type=int, default=2, help="most lemma applications in a row (default 2)")
+    p.add_argument("--budget", type=_count(1), default=2000, help="most candidates to check")
+    p.add_argument("--seconds", type=_seconds, default=120.0, help="time limit of the search")
+    p.add_argument("--max-rewrites", type=_count(0), default=2, help="most lemma applications in a row")
     p.set_defaults(func=cmd_derive)
 
     for name, func, text in (("cost", cmd_cost, "derive a theorem's IO cost, optimum tiles and lower bound"),
                              ("pseudo", cmd_pseudo, "print a theorem's pseudocode diagram (loops, live buffers)")):
-        p = sub.add_parser(name, help=text)
-        p.add_argument("file")
-        p.add_argument("theorem")
+        p = command(name, text)
+        p.add_argument("file", help="the proof file")
+        p.add_argument("theorem", help="the theorem")
         p.add_argument("--hardware", default="h100", help="hardware profile (h100, h200, a100)")
-        p.add_argument("--dtype", default="bf16", help="number format of the arrays (bf16, f16, f32, fp8e4m3, ...)")
-        p.add_argument("--size", action="append", metavar="AXIS=N", help="size of a symbolic axis (repeatable)")
-        p.add_argument("--stages", type=int, default=1,
+        p.add_argument("--dtype", default=DEFAULT_DTYPE, help=_DTYPE_HELP)
+        sizes(p)
+        p.add_argument("--stages", type=_count(1), default=1,
                        help="buffers per streamed chunk (2: double buffering; Pallas Triton's default is 3)")
         if name == "cost":
             p.add_argument("--json", action="store_true", help="print sympy-parsable JSON")
@@ -389,13 +515,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
-    except UsageError as exc:
+    except (UsageError, OutputRefused) as exc:
         print(f"napkin {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except NapkinError as exc:
         for diag in exc.diagnostics:
             print(render(diag), file=sys.stderr)
-        return 1
+        return EXIT_INPUT
+    except KeyboardInterrupt:
+        print(f"napkin {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -12,6 +12,8 @@ import difflib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from napkin_cat.files import FileRefused, read_source
+
 __all__ = [
     "MESSAGES",
     "Diagnostic",
@@ -47,6 +49,8 @@ MESSAGES: dict[str, str] = {
     # files and modules
     "file.not_found": "cannot read {path}: {reason}",
     "use.cycle": "`use` cycle: {cycle}",
+    "use.not_ncd": "`use` reads only .ncd files; `{path}` is not one",
+    "use.not_parsed": "`{path}` does not parse as .ncd (line {line}, column {col}); `napkin parse` on it shows why",
     # names
     "name.unknown": "unknown {kind} `{name}`",
     "name.duplicate": "duplicate definition of {kind} `{name}` (first defined at {first})",
@@ -59,8 +63,8 @@ MESSAGES: dict[str, str] = {
     "axis.repeated": "axis `{axis}` appears twice in one array type",
     "axis.missing": "{box} needs axis `{axis}` but no operand has it (operand axes: {have})",
     "axis.not_on_operand": "{box}: operand {index} lacks axis `{axis}` (it has {have})",
-    "axis.bad_size": "axis `{axis}` has size {size}; sizes must be positive",
-    "axis.bad_tile": "{kind} `{axis}` by {size}: a tile must be a positive integer or a name",
+    "axis.bad_size": "axis `{axis}` has size {size}; sizes must be positive integers up to {limit}",
+    "axis.bad_tile": "{kind} `{axis}` by {size}: a tile must be a name or a positive integer up to {limit}",
     "type.return_mismatch": "return type mismatch: declared {declared}, got {actual}",
     "type.return_count": "`{diagram}` declares {declared} outputs but returns {actual}",
     "type.arg_missing_axis": "argument {index} of `{callee}` must have axes {expected}; it has {actual}",
@@ -91,6 +95,9 @@ MESSAGES: dict[str, str] = {
     "eval.rank": "input `{name}` must have {rank} axes {axes}, got an array of shape {shape}",
     "eval.size": "axis `{axis}` has size {expected} but input `{name}` has {got} along it",
     "eval.unbound": "axis `{axis}` has no size: give it with sizes={{'{axis}': N}}",
+    "eval.too_large": "evaluating `{diagram}` holds {points:.3g} points over [{axes}] in one box, past the "
+        "{limit:.3g} an evaluation may allocate",
+    "eval.dtype": "input `{name}` holds {kind} values; napkin evaluates real numbers",
     "eval.size_binding": "size for axis `{axis}` must be a positive integer, got {got!r}",
     # lowering (napkin_cat.lower refuses what a target cannot serve, before anything runs)
     "lower.target": "unknown lowering target `{target}`; targets: {targets}",
@@ -193,10 +200,9 @@ def render(diag: Diagnostic, sources: dict[str, str] | None = None) -> str:
         out = [f"{span}: {diag.severity}: {diag.message}"]
         text = (sources or {}).get(span.file)
         if text is None:
-            try:
-                with open(span.file, encoding="utf-8") as fh:
-                    text = fh.read()
-            except OSError:
+            try:  # read as the elaborator read it: regular files only, BOM dropped
+                text = read_source(span.file)
+            except FileRefused:
                 text = None
         lines = text.splitlines() if text is not None else []
         if 1 <= span.line <= len(lines):
@@ -205,7 +211,8 @@ def render(diag: Diagnostic, sources: dict[str, str] | None = None) -> str:
             if span.end_line == span.line and span.end_col > span.col:
                 width = span.end_col - span.col
             out.append(f"  {line}")
-            out.append("  " + " " * (span.col - 1) + "^" * max(1, width))
+            indent = "".join("\t" if c == "\t" else " " for c in line[:span.col - 1])  # tabs keep the caret aligned
+            out.append("  " + indent + " " * (span.col - 1 - len(indent)) + "^" * max(1, width))
     if diag.hint:
         out.append(f"  hint: {diag.hint}")
     return "\n".join(out)

@@ -44,9 +44,15 @@ from napkin_cat.terms import (
     Var,
     run_diagram,
     union_axes,
+    walk,
 )
 
-__all__ = ["FLOAT64", "SYMBOLIC", "Algebra", "Named", "bind_sizes", "evaluate", "evaluate_named", "visitor"]
+__all__ = ["FLOAT64", "MAX_POINTS_EVALUATED", "SYMBOLIC", "Algebra", "Named", "bind_sizes", "evaluate",
+           "evaluate_named", "iteration_spaces", "largest_space", "refuse_too_large", "visitor"]
+
+#: the most points (array positions) one box's iteration space or one input may have in an
+#: evaluation: 2^26 float64 values are 512 MiB, and a box holds a few such arrays at once
+MAX_POINTS_EVALUATED = 1 << 26
 
 
 @dataclass(frozen=True)
@@ -259,6 +265,36 @@ def bind_sizes(diagram: Diagram, shapes: Sequence[tuple[int, ...]],
                 raise NapkinError(error("eval.size", axis=axis, expected=bound[axis], name=param.name, got=n))
             bound[axis] = int(n)
     return bound
+
+
+def iteration_spaces(diagram: Diagram, woven: Axes = ()) -> list[Axes]:
+    """The axes of every input and of every box's iteration space (its operands' axes and
+    its own), inside the diagrams it uses as boxes too, with the axes they are woven over."""
+    spaces = [union_axes(woven, p.axes) for p in diagram.inputs]
+    for expr in [let.expr for let in diagram.body] + list(diagram.outputs):
+        for node in walk(expr):
+            if isinstance(node, Apply):
+                spaces += iteration_spaces(node.diagram, union_axes(woven, node.woven))
+            elif isinstance(node, Box):
+                spaces.append(union_axes(woven, *(a.axes for a in node.args), node.axes))
+    return spaces
+
+
+def largest_space(spaces: Sequence[Axes], sizes: Mapping[str, int]) -> tuple[int, Axes]:
+    """The most points among ``spaces`` at ``sizes`` (an axis without a size counts 1), and where."""
+    if not spaces:
+        return 0, ()
+    points = [(math.prod(sizes.get(a, 1) for a in space), space) for space in spaces]
+    return max(points, key=lambda found: found[0])
+
+
+def refuse_too_large(diagram: Diagram, sizes: Mapping[str, int]) -> None:
+    """Raise ``NapkinError`` (``eval.too_large``) before allocating anything if evaluating
+    ``diagram`` at ``sizes`` would hold more than ``MAX_POINTS_EVALUATED`` points in one box."""
+    points, space = largest_space(iteration_spaces(diagram), sizes)
+    if points > MAX_POINTS_EVALUATED:
+        raise NapkinError(error("eval.too_large", diagram=diagram.name, points=points, axes=" ".join(space),
+                                limit=MAX_POINTS_EVALUATED))
 
 
 def _size(sizes: dict[str, int], axis: str) -> int:
@@ -476,8 +512,12 @@ def evaluate(diagram: Diagram, arrays: Sequence[Any], sizes: Mapping[str, int] |
     Symbolic axis sizes bind from the arrays; ``sizes`` gives those no input carries.
     Returns one array, or a tuple of arrays for a diagram with several outputs.
     """
+    for param, array in zip(diagram.inputs, arrays, strict=False):
+        if not algebra.symbolic and np.iscomplexobj(array):  # float64 would drop the imaginary part
+            raise NapkinError(error("eval.dtype", name=param.name, kind="complex"))
     data = [algebra.asarray(a) if not algebra.symbolic else np.asarray(a, dtype=object) for a in arrays]
     bound = bind_sizes(diagram, [np.shape(d) for d in data], sizes)
+    refuse_too_large(diagram, bound)
     inputs = [Named(p.axes, d) for p, d in zip(diagram.inputs, data, strict=True)]
     outs = tuple(o.data for o in evaluate_named(diagram, inputs, bound, algebra))
     return outs[0] if len(outs) == 1 else outs

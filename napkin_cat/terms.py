@@ -30,6 +30,11 @@ LEVELS: tuple[str, ...] = ("mesh", "hbm", "l2", "smem", "reg")
 MESH = "mesh"
 
 
+#: the largest axis size or tile (2^53: every size and product of a few stays exact in
+#: float64, where the cost model and the tile search compute)
+MAX_AXIS_SIZE = 1 << 53
+
+
 @dataclass(frozen=True)
 class Axis:
     """A named axis with a concrete size or ``None`` for a symbolic one."""
@@ -323,6 +328,8 @@ class Module:
     scope_diagrams: tuple[Diagram, ...] = field(default=(), compare=False, repr=False)
     scope_axes: tuple[Axis, ...] = field(default=(), compare=False, repr=False)
     scope_lemmas: tuple[LemmaDecl, ...] = field(default=(), compare=False, repr=False)
+    #: every file read to build this module (its own, then the ones it uses, transitively)
+    scope_files: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
     def diagram(self, name: str) -> Diagram:
         for d in self.scope_diagrams or self.diagrams:

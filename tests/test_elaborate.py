@@ -99,10 +99,14 @@ CASES = [
      "`softmax` is reserved and cannot name a diagram", None),
     (HEAD + "diagram f(i: [i]) -> [i] { return i }\n", "name.reserved", 3, 11,
      "`i` is reserved and cannot name an array", "`i` is an axis; pick another array name"),
-    ("axis i = 0\n", "axis.bad_size", 1, 10, "axis `i` has size 0; sizes must be positive", None),
+    ("axis i = 0\n", "axis.bad_size", 1, 10, "axis `i` has size 0; sizes must be positive integers up to "
+     "9007199254740992", None),
+    # a size past 2^53 (here 400 digits) is refused before the cost model floats it (regression)
+    ("axis i = " + "9" * 400 + "\n", "axis.bad_size", 1, 10, "axis `i` has size 99999999999999999999... (400 "
+     "digits); sizes must be positive integers up to 9007199254740992", None),
     # a zero tile named the axis `tile` (regression)
     (HEAD + "diagram f(X: [i]) -> [i] { return X }\ntheorem t: f {\n  group i by 0\n}\n", "axis.bad_tile", 5, 14,
-     "group `i` by 0: a tile must be a positive integer or a name", None),
+     "group `i` by 0: a tile must be a name or a positive integer up to 9007199254740992", None),
     (HEAD + "diagram f(X: [i i]) -> [i] { return X }\n", "axis.repeated", 3, 17,
      "axis `i` appears twice in one array type", None),
     # use before definition, recursion

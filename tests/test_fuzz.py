@@ -1,7 +1,11 @@
 """No Python traceback for bad input: random text, and mutations of the example files
 (tokens and characters deleted, inserted, swapped), go through parse + elaborate, and the
 only exception allowed out is ``NapkinError`` carrying located diagnostics.  Generated
-well-typed modules are also evaluated on random inputs under the same rule."""
+well-typed modules are also evaluated on random inputs under the same rule.  Every verb of
+the command line (parse, check, eval, cost, pseudo, lower, draw) runs on generated modules
+with theorems and on edited bundled proofs (``tests/fuzz_verbs.py``), each run bounded in
+time, and must exit 0, 1 or 2; CI runs a short profile, ``benchmarks/fuzz_verbs.py`` the long
+one (its figure is in BENCHMARKS.md)."""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from napkin_cat import run
 from napkin_cat.diagnostics import NapkinError, render
 from napkin_cat.elaborate import loads
 from napkin_cat.terms import Module
+from tests.fuzz_verbs import invocations, prepare, run_verb
 from tests.strategies import SIZE_REFUSALS, input_arrays, modules, sizes_for
 
 EXAMPLES = {p.name: p.read_text() for p in (Path(__file__).resolve().parent.parent / "examples").glob("*.ncd")}
@@ -122,3 +127,35 @@ def test_generated_modules_evaluate_or_give_diagnostics(module: Module, data: st
         outs = result if isinstance(result, tuple) else (result,)
         for out, axes in zip(outs, diagram.out_types, strict=True):
             assert np.shape(out) == tuple(sizes[a] for a in axes)
+
+
+# ---- every verb (tests/fuzz_verbs.py): exit 0, 1 or 2 within the time bound, never a traceback ----
+
+_VERBS_DIR = prepare(Path(tempfile.mkdtemp(prefix="napkin-fuzz-verbs-")))
+
+
+@settings(max_examples=25, deadline=None)
+@given(invocations(_VERBS_DIR))
+def test_every_verb_gives_an_exit_code_not_a_traceback(invocation: tuple[str, list[str]]) -> None:
+    verb, argv = invocation
+    outcome = run_verb(verb, argv)
+    assert outcome.ok, f"napkin {verb} {' '.join(argv)}: {outcome.error}"
+
+
+def test_the_verb_fuzzer_sees_escaped_exceptions_and_hangs(monkeypatch: pytest.MonkeyPatch) -> None:
+    import napkin_cat.cli as cli
+
+    def broken(args: object) -> int:
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(cli, "cmd_parse", broken)
+    outcome = run_verb("parse", [str(_VERBS_DIR / "proofs" / "matmul.ncd")])
+    assert not outcome.ok and "ZeroDivisionError: a bug" in outcome.error
+
+    def slow(args: object) -> int:
+        while True:
+            pass
+
+    monkeypatch.setattr(cli, "cmd_parse", slow)
+    outcome = run_verb("parse", ["x.ncd"], seconds=0.2)
+    assert not outcome.ok and outcome.error == "took longer than 0.2 s"

@@ -30,16 +30,16 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-from napkin_cat.evaluate import Named, visitor
+from napkin_cat.evaluate import MAX_POINTS_EVALUATED, Named, iteration_spaces, largest_space, visitor
 from napkin_cat.kernel import Theorem
-from napkin_cat.terms import Apply, Axes, Box, Diagram, Expr, Var, boxes, run_diagram, union_axes, walk
+from napkin_cat.terms import Apply, Axes, Box, Diagram, Expr, Var, boxes, run_diagram, walk
 
 __all__ = ["MAX_MEASURED", "MAX_POINTS", "Measurement", "Unmeasurable", "label_inputs", "measure", "rounding"]
 
 #: the largest iteration space (points) of one box at the measured sizes
 MAX_POINTS = 1 << 21
 #: past this many points in one box even at the smallest sizes, the claim is not measured (``Unmeasurable``)
-MAX_MEASURED = 1 << 26
+MAX_MEASURED = MAX_POINTS_EVALUATED
 
 
 class Unmeasurable(Exception):
@@ -92,16 +92,15 @@ def _sizes(diagrams: Sequence[Diagram]) -> dict[str, int]:
     MAX_POINTS allows, the others tied to them by ``_tie`` (split, join, rename)."""
     declared = {a: n for d in diagrams for a, n in d.axis_sizes().items()}
     nodes = [n for d in diagrams for n in _nodes(d)]
-    spaces = [union_axes(*(a.axes for a in n.args), n.axes) for n in nodes] + \
-        [p.axes for d in diagrams for p in d.inputs]
+    spaces = [space for d in diagrams for space in iteration_spaces(d)]
     ties = [(n.out[0], n.target) if n.op in ("join", "rename") else (n.target[0], n.out)
             for n in nodes if n.op in ("split", "join", "rename")]
     for size in (64, 32, 16, 8, 4, 2):
         sizes = _tie(declared, ties, size)
-        if all(math.prod(sizes[a] for a in space) <= MAX_POINTS for space in spaces):
+        if largest_space(spaces, sizes)[0] <= MAX_POINTS:
             return sizes
-    largest = max(spaces, key=lambda space: math.prod(sizes[a] for a in space))
-    if (points := math.prod(sizes[a] for a in largest)) > MAX_MEASURED:
+    points, largest = largest_space(spaces, sizes)
+    if points > MAX_MEASURED:
         raise Unmeasurable(f"the declared sizes give {points:.3g} points over [{' '.join(largest)}] even with every "
                            f"symbolic axis at 2, past the {MAX_MEASURED:.3g} that a measurement evaluates")
     return sizes

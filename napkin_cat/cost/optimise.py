@@ -146,13 +146,28 @@ def _lagrange(transfers: Expr, memory: Expr, free: list[sympy.Symbol]) -> tuple[
         solutions = sympy.solve([*parallel, memory - M], free, dict=True)
     except NotImplementedError:
         return None
-    for sol in solutions:
-        if all(sol.get(t, t).is_positive is not False for t in free):
+    for sol in sorted(solutions, key=lambda sol: not all(sol.get(t, t).is_positive for t in free)):
+        if all(_positive(sol.get(t, t)) for t in free):
             best = sympy.simplify(transfers.subs(sol))
             # a tile left free must not matter (H depends on a product of tiles, e.g. GQA)
             if not best.has(*free):
                 return {t: sympy.simplify(sol[t]) for t in free if t in sol}, best
     return None
+
+
+def _positive(tile: Expr) -> bool:
+    """Is a stationary tile positive?  Where sympy cannot tell (a sign hidden in symbolic
+    sizes), at a representative point (every size 4096, M = 2^20) it must be real and positive:
+    a root such as ``-sqrt(2)*sqrt(M)*...`` is no tile."""
+    decided = sympy.sympify(tile).is_positive
+    if decided is not None:
+        return bool(decided)
+    probe = sympy.sympify(tile).subs({s: (2 ** 20 if s == M else 4096) for s in tile.free_symbols})
+    try:
+        value = complex(sympy.N(probe))
+    except TypeError:  # a symbol the probe did not bind
+        return False
+    return abs(value.imag) <= 1e-12 * max(1.0, abs(value.real)) and value.real > 0
 
 
 def multilevel(c: Cost) -> tuple[dict[str, Optimum], Expr] | None:

@@ -30,6 +30,15 @@ def _num(expr: Any) -> Any:
     return float(value) if value.is_number else str(value)
 
 
+def _real(expr: Any) -> float | None:
+    """The value of a real number expression; None for a complex one or one with free symbols."""
+    value = sympy.sympify(expr)
+    if not value.is_number:
+        return None
+    number = complex(sympy.N(value))
+    return number.real if abs(number.imag) <= 1e-12 * max(1.0, abs(number.real)) else None
+
+
 def _shortest(expr: sympy.Expr) -> sympy.Expr:
     """The simplest of the expanded and factored forms of ``expr`` (a sum of simple terms
     such as ``1 + sqrt(M)/(2*b)`` reads best expanded; a ratio of sums, factored)."""
@@ -59,12 +68,18 @@ def report(c: Cost, name: str, devices: int | None = None) -> dict[str, Any]:
     bounds = lower_bounds(c.program.nest.flat, c.sizes, M)
     at = {M: sympy.nsimplify(capacity)} if numeric else {}
     bound = diagram_bound(bounds, at if numeric else None)
-    values = {k: float(v.subs(at)) for k, v in opt.tiles.items()} if opt is not None and numeric else {}
+    # a tile whose optimum is a family (GQA's gg = M/(130 gq): H depends on their product) has no one value
+    values = {k: value for k, v in opt.tiles.items() if (value := _real(v.subs(at))) is not None} \
+        if opt is not None and numeric else {}
+    unreal = [k for k, v in opt.tiles.items() if sympy.sympify(v.subs(at)).is_number and k not in values] \
+        if opt is not None and numeric else []
     extent = {str(lp.tile): c.sizes[lp.axis] for lp in c.program.nest.loops if lp.level == first.name}
     outside = {k: v for k, v in values.items() if v < 1 or (k in extent and v > extent[k])}
-    if opt is None or outside:
+    if opt is None or outside or unreal:
         out["optimum"] = None
         out["optimum_note"] = (
+            f"no real optimum: at M = the capacity the Lagrange stationary point gives {', '.join(unreal)} no real "
+            "value; the configurations below give the best integer tiles" if unreal else
             "no interior optimum: at M = the capacity the Lagrange stationary point has "
             + ", ".join(f"{k} = {v:.6g}" + (f" (the axis is {extent[k]})" if k in extent else "")
                         for k, v in outside.items())
@@ -183,8 +198,17 @@ def _numeric(c: Cost, out: dict[str, Any]) -> None:
                    "intensity_flop_per_byte": float(t.intensity), "ridge_flop_per_byte": t.ridge,
                    "bound_by": "compute" if float(t.intensity) >= t.ridge else "memory",
                    "parallel_groups": groups, "sms": c.hardware.sms,
-                   "gain_vs_unfused_serial": (base_flop + base_move) / serial,
-                   "gain_vs_unfused_overlapped": max(base_flop, base_move) / overlapped}
+                   "gain_vs_unfused_serial": _ratio(base_flop + base_move, serial),
+                   "gain_vs_unfused_overlapped": _ratio(max(base_flop, base_move), overlapped)}
+
+
+def _ratio(a: float, b: float) -> float | None:
+    """a / b; None where b is 0 (a kernel that moves and computes nothing has no gain)."""
+    return a / b if b else None
+
+
+def _gain(value: float | None) -> str:
+    return "n/a" if value is None else f"x{value:.3g}"
 
 
 def format_report(r: Mapping[str, Any]) -> str:
@@ -252,7 +276,8 @@ def format_report(r: Mapping[str, Any]) -> str:
                   + (" (fewer groups than SMs: the peaks above are not reachable)"
                      if t["parallel_groups"] < t["sms"] else ""),
                   f"  unfused baseline: serial {b['serial']:.4g}s, overlapped {b['overlapped']:.4g}s; gain "
-                  f"x{t['gain_vs_unfused_serial']:.3g} (serial), x{t['gain_vs_unfused_overlapped']:.3g} (overlapped)"
+                  f"{_gain(t['gain_vs_unfused_serial'])} (serial), "
+                  f"{_gain(t['gain_vs_unfused_overlapped'])} (overlapped)"
                   + ("" if r["baseline"]["fits"] else f"; the baseline does not fit {_below_hbm(r)} "
                      "(its kernels need more than the capacity), so it is an ideal, not a real kernel")]
     return "\n".join(lines) + "\n"

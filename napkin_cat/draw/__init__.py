@@ -38,6 +38,7 @@ from napkin_cat.draw.layout import (
     text_width,
     triangle,
 )
+from napkin_cat.files import OutputRefused, Outputs
 from napkin_cat.printer import print_step
 from napkin_cat.schedule.loopnest import loop_nest
 from napkin_cat.terms import LEVELS, Diagram, Schedule
@@ -325,31 +326,37 @@ def svg_to_png(svg: str, scale: float = 2.0) -> bytes:
     return bytes(cairosvg.svg2png(bytestring=svg.encode(), scale=scale))
 
 
-def save(obj: Diagram | TheoremLike, path: str | Path, expand: bool = False) -> Path:
-    """Write the picture to ``path``: ``.svg`` or ``.png`` by its suffix."""
+def save(obj: Diagram | TheoremLike, path: str | Path, expand: bool = False, outputs: Outputs | None = None) -> Path:
+    """Write the picture to ``path``: ``.svg`` or ``.png`` by its suffix (atomically, through
+    ``outputs``, which may refuse the path: ``files.OutputRefused``)."""
     path = Path(path)
-    svg = draw_svg(obj, expand)
-    if path.suffix == ".svg":
-        path.write_text(svg, encoding="utf-8")
-    elif path.suffix == ".png":
-        path.write_bytes(svg_to_png(svg))
-    else:
+    if path.suffix not in (".svg", ".png"):
         raise ValueError(f"cannot write a picture to {path}: use .svg or .png")
-    return path
+    outputs = outputs or Outputs()
+    outputs.check(path)
+    svg = draw_svg(obj, expand)
+    return outputs.write(path, svg if path.suffix == ".svg" else svg_to_png(svg))
 
 
-def draw_steps(states: Sequence[TheoremLike], folder: str | Path, expand: bool = False) -> list[Path]:
+def draw_steps(states: Sequence[TheoremLike], folder: str | Path, expand: bool = False,
+               outputs: Outputs | None = None) -> list[Path]:
     """The derivation strip: one picture per proof state, and an ``index.html`` in order.
 
     ``states[k]`` is the theorem after its first ``k`` steps (``states[0]``: reflexivity);
-    each picture is captioned with the rule of the step that produced it.
+    each picture is captioned with the rule of the step that produced it.  The folder is
+    created if missing; each file is written through ``outputs`` (atomically).
     """
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    if folder.exists() and not folder.is_dir():
+        raise OutputRefused(f"{folder} is a file; --steps writes a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputRefused(f"cannot create the folder {folder}: {exc.strerror or type(exc).__name__}") from None
+    outputs = outputs or Outputs()
     written, rows = [], []
     for k, state in enumerate(states):
-        path = folder / f"step{k:02d}.svg"
-        path.write_text(draw_svg(state, expand), encoding="utf-8")
+        path = outputs.write(folder / f"step{k:02d}.svg", draw_svg(state, expand))
         written.append(path)
         rule = print_step(state.steps[-1]) if state.steps else f"the diagram {state.source.name} (reflexivity)"
         rows.append(f'<figure><figcaption>{k}. {html.escape(rule)}</figcaption>'
@@ -359,6 +366,4 @@ def draw_steps(states: Sequence[TheoremLike], folder: str | Path, expand: bool =
             '<style>body{font-family:sans-serif;margin:2em} figure{margin:0 0 2em 0} '
             'figcaption{font-weight:bold;margin-bottom:.5em} img{max-width:100%}</style></head>\n'
             f'<body><h1>{name}: the derivation, step by step</h1>\n' + "\n".join(rows) + "\n</body></html>\n")
-    index = folder / "index.html"
-    index.write_text(page, encoding="utf-8")
-    return [*written, index]
+    return [*written, outputs.write(folder / "index.html", page)]

@@ -23,9 +23,11 @@ from lark import Token, Tree
 from napkin_cat import ops
 from napkin_cat.diagnostics import Diagnostic, NapkinError, Span, did_you_mean, error
 from napkin_cat.elaborate.expr import ExprElaborator, Node, _fmt, _span, _tok, _tokens
+from napkin_cat.files import FileRefused, read_source
 from napkin_cat.syntax import parse_tree
 from napkin_cat.terms import (
     LEVELS,
+    MAX_AXIS_SIZE,
     Apply,
     Axes,
     Axis,
@@ -65,10 +67,9 @@ def loads(text: str, path: str = "<string>") -> Module:
 
 def _load(path: Path, stack: tuple[Path, ...]) -> Module:
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
-        raise NapkinError(error("file.not_found", path=str(path), reason=reason)) from None
+        text = read_source(path)
+    except FileRefused as exc:
+        raise NapkinError(error("file.not_found", path=exc.path, reason=exc.reason)) from None
     return _Elaborator(text, str(path), path.parent, (*stack, path.resolve())).module()
 
 
@@ -89,6 +90,7 @@ class _Elaborator(ExprElaborator):
         self.theorems: list[TheoremDecl] = []
         self.uses: list[str] = []
         self.broken_uses: list[str] = []  # `use`d files with errors: names from them are missing
+        self.files: list[str] = [path] if stack else []  # every file read: this one, then the used ones
 
     # -- helpers ----------------------------------------------------------------------
     def err(self, code: str, where: Node | Token | Span | None, hint: str | None = None, **args: object) -> None:
@@ -139,13 +141,26 @@ class _Elaborator(ExprElaborator):
             scope_diagrams=tuple(self.diagrams.values()),
             scope_axes=tuple(self.axes.values()),
             scope_lemmas=tuple(self.imported_lemmas + self.lemmas),
+            scope_files=tuple(dict.fromkeys(self.files)),
         )
 
     def use(self, item: Node) -> None:
+        """Bring a used file's names into scope.  Only a regular .ncd file within the size
+        limit is read (``files.read_source``), and a diagnostic never quotes a used file
+        that does not parse as .ncd: its syntax error becomes one line at the `use`."""
         tok = _tok(item, 0)
         rel = tok.value[1:-1]
         self.uses.append(rel)
-        target = (self.base / rel).resolve()
+        if "\0" in rel or not rel.endswith(".ncd"):
+            self.err("use.not_ncd", tok, path=ascii(rel)[1:-1])
+            self.broken_uses.append(rel)
+            return
+        try:
+            target = (self.base / rel).resolve()
+        except (OSError, RuntimeError) as exc:  # e.g. a symbolic link loop
+            self.err("file.not_found", tok, path=rel, reason=str(exc))
+            self.broken_uses.append(rel)
+            return
         if target in self.stack:
             cycle = " -> ".join(str(p.name) for p in self.stack[self.stack.index(target):]) + f" -> {target.name}"
             self.err("use.cycle", tok, cycle=cycle)
@@ -156,10 +171,13 @@ class _Elaborator(ExprElaborator):
             for d in exc.diagnostics:
                 if d.code == "file.not_found" and d.span is None:
                     self.diags.append(replace(d, span=_span(tok, self.path)))
+                elif d.code.startswith("syntax.") and d.span is not None and d.span.file == str(target):
+                    self.err("use.not_parsed", tok, path=rel, line=d.span.line, col=d.span.col)
                 else:
                     self.diags.append(d)
             self.broken_uses.append(rel)
             return
+        self.files.extend(sub.scope_files)
         for axis in sub.scope_axes:
             self.add_axis(axis, tok, own=False)
         for diagram in sub.scope_diagrams:
@@ -171,9 +189,10 @@ class _Elaborator(ExprElaborator):
 
     def axis(self, item: Node) -> None:
         name_tok = _tok(item, 0)
-        size = int(_tok(item, 1)) if len(item.children) > 1 else None
-        if size is not None and size <= 0:
-            self.err("axis.bad_size", item.children[1], axis=name_tok.value, size=size)
+        size = _count(_tok(item, 1)) if len(item.children) > 1 else None
+        if size is not None and not 0 < size <= MAX_AXIS_SIZE:
+            self.err("axis.bad_size", item.children[1], axis=name_tok.value, size=_shown(_tok(item, 1)),
+                     limit=MAX_AXIS_SIZE)
             return
         if name_tok.value in ops.OPS or name_tok.value == "inf":
             self.err("name.reserved", name_tok, name=name_tok.value, kind="an axis")
@@ -397,9 +416,10 @@ class _Elaborator(ExprElaborator):
                                                             and t.type == "RETURN"), sp)
         if tree.data in ("group_step", "stream_step"):
             tile_tok = _tok(sub["tile"], 0)
-            tile: str | int = int(tile_tok) if tile_tok.type == "INT" else str(tile_tok)
-            if isinstance(tile, int) and tile <= 0:
-                self.err("axis.bad_tile", tile_tok, kind=tree.data.removesuffix("_step"), axis=toks[0], size=tile)
+            tile: str | int = _count(tile_tok) if tile_tok.type == "INT" else str(tile_tok)
+            if isinstance(tile, int) and not 0 < tile <= MAX_AXIS_SIZE:
+                self.err("axis.bad_tile", tile_tok, kind=tree.data.removesuffix("_step"), axis=toks[0],
+                         size=_shown(tile_tok), limit=MAX_AXIS_SIZE)
                 return None
             level = self.level(sub.get("at_level"))
             via = str(sub["via"].children[0]) if "via" in sub else None
@@ -413,6 +433,17 @@ class _Elaborator(ExprElaborator):
             number = next(t for t in kids if isinstance(t, Token) and t.type == "NUMBER")
             return Quantise(tuple(toks[:-1]), toks[-1], float(number), sp)
         raise AssertionError(tree.data)  # pragma: no cover
+
+
+def _count(tok: Token) -> int:
+    """An integer literal's value; one too long to be a size is any number past the limit."""
+    text = str(tok)
+    return int(text) if len(text) <= 20 else MAX_AXIS_SIZE + 1
+
+
+def _shown(tok: Token) -> str:
+    text = str(tok)
+    return text if len(text) <= 20 else f"{text[:20]}... ({len(text)} digits)"
 
 
 def _calls(tree: Node) -> list[Token]:

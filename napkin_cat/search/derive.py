@@ -31,6 +31,7 @@ from napkin_cat.cost import hardware as hw
 from napkin_cat.cost import optimise
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.elaborate import load
+from napkin_cat.files import Outputs
 from napkin_cat.lower import realised_schedule
 from napkin_cat.lower.layout import layout
 from napkin_cat.printer import print_step
@@ -168,14 +169,15 @@ def proof_text(derivation: Derivation, out_path: str | Path, runners_up: int = 6
     return "\n".join(lines) + "\n"
 
 
-def write(derivation: Derivation, out_path: str | Path) -> CheckResult:
-    """Write the proof file and check it again; the derived theorem's check result.
+def write(derivation: Derivation, out_path: str | Path, outputs: Outputs | None = None) -> CheckResult:
+    """Write the proof file (atomically, through ``outputs``, which refuses a path it must
+    not replace: ``files.OutputRefused``) and check it again; the derived theorem's result.
 
     Raises NapkinError if the written file does not elaborate (a bug, reported to the
     user rather than hidden); a theorem that fails its check is in the result.
     """
     out = Path(out_path)
-    out.write_text(proof_text(derivation, out), encoding="utf-8")
+    (outputs or Outputs()).write(out, proof_text(derivation, out))
     results = {r.name: r for r in check_file(out)}
     assert derivation.theorem_name in results, f"{out}: the written file lost theorem {derivation.theorem_name}"
     return results[derivation.theorem_name]

@@ -23,12 +23,14 @@ from importlib import resources
 
 from napkin_cat.terms import LEVELS
 
-__all__ = ["BYTES", "Hardware", "HardwareError", "Level", "available", "bytes_per_value", "canonical_dtype", "load"]
+__all__ = ["BYTES", "DTYPE_ALIASES", "Hardware", "HardwareError", "Level", "available", "bytes_per_value",
+           "canonical_dtype", "load"]
 
 #: bytes per value of each number format (names as in the kernel's ``dtype`` step)
 BYTES: dict[str, int] = {"f64": 8, "f32": 4, "tf32": 4, "bf16": 2, "f16": 2, "fp8e4m3": 1, "fp8e5m2": 1}
 
-_ALIASES: dict[str, str] = {
+#: common spellings of the number formats, by the canonical name they stand for
+DTYPE_ALIASES: dict[str, str] = {
     "fp64": "f64", "float64": "f64", "fp32": "f32", "float32": "f32", "fp16": "f16", "float16": "f16",
     "bfloat16": "bf16", "fp8": "fp8e4m3", "fp8_e4m3": "fp8e4m3", "fp8_e5m2": "fp8e5m2",
     "e4m3": "fp8e4m3", "e5m2": "fp8e5m2",
@@ -41,9 +43,9 @@ class HardwareError(ValueError):
 
 def canonical_dtype(name: str) -> str:
     """The kernel's name for a number format (``fp16`` -> ``f16``); raises HardwareError."""
-    key = _ALIASES.get(name.lower(), name.lower())
+    key = DTYPE_ALIASES.get(name.lower(), name.lower())
     if key not in BYTES:
-        known = ", ".join(sorted(set(BYTES) | set(_ALIASES)))
+        known = ", ".join(sorted(set(BYTES) | set(DTYPE_ALIASES)))
         raise HardwareError(f"unknown dtype `{name}` (known: {known})")
     return key
 

@@ -1,0 +1,367 @@
+"""Regression tests of issue 15: every verb refuses bad input with a message and the README's
+exit code (0 ok, 1 an error in the input, 2 a usage error, 130 interrupted), `use` reads only
+regular .ncd files and never quotes one that does not parse, outputs are atomic and never
+replace an input, generated code cannot be shadowed, and the small things users expect."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sympy
+
+import napkin_cat
+from napkin_cat import cli, files
+from napkin_cat.cli import main
+from napkin_cat.diagnostics import NapkinError, render
+from napkin_cat.elaborate import load, loads
+
+ROOT = Path(__file__).resolve().parent.parent
+ATTENTION = str(ROOT / "examples" / "attention.ncd")
+MATMUL_PROOF = str(ROOT / "proofs" / "matmul.ncd")
+SECRET = "root:$6$s3cr3t-hash:19000:0:99999:7:::"
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# ---- eval -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv", [("--seed", "-5"), ("--seed", "x")])
+def test_eval_refuses_a_bad_seed_as_usage(argv: tuple[str, ...], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["eval", ATTENTION, "attention", "--size", "q=2", "--size", "x=2", *argv])
+    assert info.value.code == 2 and "--seed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("size", ["q=²", "q=٣", "q=0", "q=" + "9" * 400, "q"])
+def test_eval_refuses_a_malformed_size_as_usage(size: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "eval", ATTENTION, "attention", "--size", size, "--size", "x=2")
+    assert code == 2 and out == "" and "--size expects AXIS=N" in err and "Traceback" not in err
+
+
+def test_eval_refuses_a_huge_size_before_allocating(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "eval", ATTENTION, "attention", "--size", "q=99999999999", "--size", "x=2")
+    assert code == 1 and "past the 6.71e+07 an evaluation may allocate" in err
+    declared = tmp_path / "big.ncd"
+    declared.write_text("axis d = 99999999999\ndiagram f(A: [d]) -> [d] { return exp(A) }\n")
+    code, _, err = run(capsys, "eval", str(declared), "f")
+    assert code == 1 and "evaluating `f` holds 1e+11 points over [d]" in err
+    # woven over extra axes: the callee's boxes hold them too
+    code, _, err = run(capsys, "eval", ATTENTION, "mha", *(f"--size={a}=128" for a in "bhqx"))
+    assert code == 1 and "[b h q d x]" in err
+
+
+def test_evaluate_refuses_complex_inputs() -> None:
+    f = loads("axis i\ndiagram f(A: [i]) -> [i] { return exp(A) }\n").diagram("f")
+    with pytest.raises(NapkinError) as info:
+        napkin_cat.run(f, np.ones(3, dtype=complex))
+    assert info.value.codes == ("eval.dtype",) and "complex" in info.value.diagnostics[0].message
+    assert np.allclose(napkin_cat.run(f, np.arange(3)), np.exp(np.arange(3)))  # integers are real numbers
+
+
+# ---- cost -----------------------------------------------------------------------------------
+
+def test_cost_of_a_kernel_that_moves_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    proof = tmp_path / "t.ncd"
+    proof.write_text("axis a\ndiagram f(A: [a]) -> [a] { return A }\ntheorem t: f {}\n")
+    code, out, err = run(capsys, "cost", str(proof), "t", "--size", "a=4")
+    assert code == 0 and "gain n/a (serial), n/a (overlapped)" in out, err
+    code, out, _ = run(capsys, "cost", str(proof), "t", "--size", "a=4", "--json")
+    assert code == 0 and json.loads(out)["time"]["gain_vs_unfused_serial"] is None
+
+
+def test_cost_of_bundled_gqa_gives_the_optimum_as_a_family(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "cost", str(ROOT / "proofs" / "gqa.ncd"), "flash_gqa", "--size", "b=2",
+                         "--size", "h=4", "--size", "g=4", "--size", "q=1024", "--size", "x=1024")
+    assert code == 0, err
+    assert "continuous optimum at smem (M = capacity in values): gg = 58112/(65*gq)" in out
+
+
+def test_cost_refuses_a_400_digit_size(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "cost", MATMUL_PROOF, "tiled_matmul", "--size", "a=" + "9" * 400)
+    assert code == 2 and "up to 9007199254740992" in err
+    code, _, _ = run(capsys, "cost", MATMUL_PROOF, "tiled_matmul", *(f"--size={a}={2 ** 53}" for a in "abc"))
+    assert code == 0
+
+
+def test_an_optimal_tile_must_be_positive() -> None:
+    from napkin_cat.cost.optimise import M, _positive
+
+    a, b = sympy.symbols("a b", positive=True)
+    assert _positive(sympy.sqrt(M) * (a + b))
+    assert not _positive(-sympy.sqrt(2) * sympy.sqrt(M))
+    assert not _positive(sympy.sqrt(M) * (a - b))  # sign undecided; 0 at the probe
+    assert not _positive(sympy.sqrt(M) * (b - 2 * a))  # undecided; negative at the probe
+    assert _positive(sympy.sqrt(M) * (2 * a - b))
+    assert not _positive(sympy.sqrt(a - 2 * b))  # imaginary at the probe
+
+
+# ---- exit codes -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("option", [("--dtype", "int8"), ("--hardware", "zz")])
+def test_bad_dtype_or_hardware_is_a_usage_error_in_every_verb(option: tuple[str, str], tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    out = str(tmp_path / "k.py")
+    for argv in (["lower", MATMUL_PROOF, "tiled_matmul", "-o", out], ["cost", MATMUL_PROOF, "tiled_matmul"],
+                 ["pseudo", MATMUL_PROOF, "tiled_matmul"],
+                 ["derive", str(ROOT / "examples" / "matmul.ncd"), "matmul", "-o", str(tmp_path / "d.ncd")]):
+        code, _, err = run(capsys, *argv, *option)
+        assert code == 2 and option[1] in err, (argv, err)
+    assert not (tmp_path / "k.py").exists() and not (tmp_path / "d.ncd").exists()
+
+
+def test_one_dtype_vocabulary_and_default(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for verb in ("lower", "derive", "cost", "pseudo"):
+        actions = {a.dest: a for a in cli._parser()._subparsers._group_actions[0].choices[verb]._actions}
+        assert actions["dtype"].default == cli.DEFAULT_DTYPE
+    out = tmp_path / "k.py"
+    code, _, err = run(capsys, "lower", MATMUL_PROOF, "tiled_matmul", "--target", "jax", "--dtype", "fp16",
+                       "-o", str(out))
+    assert code == 0 and "float16" in out.read_text(), err
+    code, _, err = run(capsys, "lower", MATMUL_PROOF, "tiled_matmul", "--dtype", "fp8e4m3", "-o", str(out))
+    assert code == 2 and "kernels are emitted in f32, bf16, f16 only" in err
+
+
+def test_ctrl_c_exits_130_with_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    def interrupted(args: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "cmd_parse", interrupted)
+    code, out, err = run(capsys, "parse", ATTENTION)
+    assert code == 130 and out == "" and err == "napkin parse: interrupted\n"
+
+
+# ---- use ------------------------------------------------------------------------------------
+
+def _use(tmp_path: Path, target: str) -> Path:
+    main_file = tmp_path / "main.ncd"
+    main_file.write_text(f'use "{target}"\naxis q\n')
+    return main_file
+
+
+@pytest.mark.parametrize("name", ["shadow", "environ.txt", "secret.ncd"])
+def test_use_never_shows_a_file_that_is_not_ncd(name: str, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / name).write_text(SECRET + "\n")
+    code, out, err = run(capsys, "parse", str(_use(tmp_path, name)))
+    assert code == 1 and out == ""
+    assert SECRET not in err and "s3cr3t" not in err
+    first, *rest = err.splitlines()
+    assert first.endswith(f"`use` reads only .ncd files; `{name}` is not one") or \
+        first.endswith(f"`{name}` does not parse as .ncd (line 1, column 1); `napkin parse` on it shows why")
+    assert rest == [f'  use "{name}"', "      " + "^" * (len(name) + 2)]  # the user's own line, nothing else
+
+
+def test_use_refuses_special_and_oversized_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    os.mkfifo(tmp_path / "pipe.ncd")
+    (tmp_path / "zero.ncd").symlink_to("/dev/zero")
+    (tmp_path / "big.ncd").write_text(" " * (files.MAX_SOURCE_BYTES + 1))
+    (tmp_path / "dir.ncd").mkdir()
+    expected = {"pipe.ncd": "not a regular file (a pipe)", "zero.ncd": "not a regular file (a character device)",
+                "big.ncd": "past the limit of 1048576 bytes", "dir.ncd": "not a regular file (a folder)"}
+    for name, reason in expected.items():
+        with pytest.raises(NapkinError) as info:  # returns at once: the FIFO is opened without blocking
+            load(_use(tmp_path, name))
+        (diag,) = info.value.diagnostics
+        assert diag.code == "file.not_found" and reason in diag.message, diag.message
+    with pytest.raises(NapkinError) as info:
+        loads('use "a\0b.ncd"\n', str(tmp_path / "m.ncd"))
+    assert info.value.codes == ("use.not_ncd",)
+
+
+def test_read_source_limits_and_bom(tmp_path: Path) -> None:
+    path = tmp_path / "bom.ncd"
+    path.write_bytes(b"\xef\xbb\xbfaxis q\n")
+    assert files.read_source(path) == "axis q\n"
+    assert load(path).axes[0].name == "q"
+    with pytest.raises(files.FileRefused, match="NUL"):
+        files.read_source("a\0b")
+    with pytest.raises(files.FileRefused, match="past the limit of 3 bytes"):
+        files.read_source(path, limit=3)
+    (tmp_path / "latin.ncd").write_bytes(b"axis \xe9\n")
+    with pytest.raises(files.FileRefused, match="not UTF-8"):
+        files.read_source(tmp_path / "latin.ncd")
+
+
+def test_a_source_past_the_limit_is_refused_at_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    big = tmp_path / "big.ncd"
+    big.write_text("axis q\n" + "# filler\n" * (files.MAX_SOURCE_BYTES // 9 + 1))
+    code, _, err = run(capsys, "parse", str(big))
+    assert code == 1 and "past the limit of 1048576 bytes for a source file" in err
+
+
+def test_carets_align_under_tabs() -> None:
+    text = "axis i\n\tdiagram f(X: [i]) -> [i] {\n\t\treturn Y\n}\n"
+    with pytest.raises(NapkinError) as info:
+        loads(text, "t.ncd")
+    lines = render(info.value.diagnostics[0], {"t.ncd": text}).splitlines()
+    assert lines[1:3] == ["  \t\treturn Y", "  \t\t       ^"]
+
+
+# ---- outputs --------------------------------------------------------------------------------
+
+def _copy_proof(tmp_path: Path) -> Path:
+    (tmp_path / "examples").mkdir()
+    (tmp_path / "examples" / "matmul.ncd").write_text((ROOT / "examples" / "matmul.ncd").read_text())
+    (tmp_path / "proofs").mkdir()
+    proof = tmp_path / "proofs" / "matmul.ncd"
+    proof.write_text(Path(MATMUL_PROOF).read_text())
+    return proof
+
+
+def test_an_output_never_replaces_an_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    proof = _copy_proof(tmp_path)
+    used = tmp_path / "examples" / "matmul.ncd"
+    os.link(used, tmp_path / "hard.py")
+    (tmp_path / "soft.py").symlink_to(proof)
+    os.link(proof, tmp_path / "hard.svg")
+    os.link(used, tmp_path / "hard.ncd")
+    before = {p: p.read_text() for p in (proof, used)}
+    dotted = tmp_path / "proofs" / ".." / "proofs" / "matmul.ncd"
+    for out in (proof, tmp_path / "hard.py", tmp_path / "soft.py", dotted):
+        code, _, err = run(capsys, "lower", str(proof), "tiled_matmul", "--target", "jax", "-o", str(out))
+        assert code == 2 and "is the input" in err, (out, err)
+    code, _, err = run(capsys, "draw", str(proof), "tiled_matmul", "-o", str(tmp_path / "hard.svg"))
+    assert code == 2 and "is the input" in err
+    code, out, err = run(capsys, "derive", str(used), "matmul", "--size", "a=64", "--size", "b=64", "--size", "c=64",
+                         "-o", str(tmp_path / "hard.ncd"))
+    assert code == 2 and "is the input" in err and "search stopped" not in out
+    assert {p: p.read_text() for p in (proof, used)} == before
+
+
+@pytest.mark.parametrize("verb", ["lower", "derive", "draw"])
+def test_an_unusable_output_place_is_a_usage_error_before_work(verb: str, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    proof = _copy_proof(tmp_path)
+    argv = {"lower": ["lower", str(proof), "tiled_matmul"], "draw": ["draw", str(proof), "tiled_matmul"],
+            "derive": ["derive", str(tmp_path / "examples" / "matmul.ncd"), "matmul", "--size=a=64", "--size=b=64",
+                       "--size=c=64"]}[verb]
+    suffix = {"lower": ".py", "draw": ".svg", "derive": ".ncd"}[verb]
+    (tmp_path / f"folder{suffix}").mkdir()
+    for out, message in ((tmp_path / f"folder{suffix}", "is a folder"),
+                         (tmp_path / "missing" / f"x{suffix}", "no such folder for the output")):
+        code, stdout, err = run(capsys, *argv, "-o", str(out))
+        assert code == 2 and message in err and "Traceback" not in err, err
+        assert "search stopped" not in stdout
+
+
+def test_writes_are_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "k.py"
+    out.write_text("old contents\n")
+    outputs = files.Outputs()
+
+    def full_disk(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(files.OutputRefused, match="No space left on device"):
+        outputs.write(out, "new contents\n")
+    assert out.read_text() == "old contents\n" and sorted(p.name for p in tmp_path.iterdir()) == ["k.py"]
+    monkeypatch.undo()
+    outputs.write(out, "new contents\n")
+    assert out.read_text() == "new contents\n" and sorted(p.name for p in tmp_path.iterdir()) == ["k.py"]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere")
+def test_an_unwritable_folder_is_refused(tmp_path: Path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    with pytest.raises(files.OutputRefused, match="permission denied"):
+        files.Outputs().check(locked / "x.py")
+
+
+# ---- generated code -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["len", "zip", "dict", "any", "max", "jax", "jnp", "range"])
+def test_a_theorem_named_like_a_builtin_or_module_lowers_and_runs(name: str, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    proof = tmp_path / "p.ncd"
+    proof.write_text(f"axis i, j\ndiagram d(len: [i j], zip: [j]) -> [i] {{\n  dict = contract[j](len, zip)\n"
+                     f"  return dict\n}}\ntheorem {name}: d {{\n  group i by gi\n}}\n")
+    out = tmp_path / "k.py"
+    code, stdout, err = run(capsys, "lower", str(proof), name, "--target", "jax", "--tile", "gi=2", "-o", str(out))
+    assert code == 0, err
+    emitted = stdout.split("function `")[1].split("`")[0]
+    assert emitted == f"{name}_2" and f"\ndef {emitted}(" in out.read_text()
+    namespace: dict[str, object] = {}
+    exec(compile(out.read_text(), str(out), "exec"), namespace)
+    a, b = np.arange(12.0).reshape(3, 4), np.arange(4.0)
+    assert np.allclose(np.asarray(namespace[emitted](a, b)), a @ b)  # type: ignore[operator]
+
+
+def test_a_kernel_refuses_complex_and_integer_inputs() -> None:
+    from napkin_cat import proof
+    from napkin_cat.lower import lower
+
+    fn = lower(proof.theorem(MATMUL_PROOF, "tiled_matmul"), target="jax", tiles={"ga": 2, "gc": 2, "sb": 2}).fn
+    with pytest.raises(TypeError, match="holds complex128 values"):
+        fn(np.ones((2, 2), complex), np.ones((2, 2)))
+    with pytest.raises(TypeError, match="holds int64 values"):
+        fn(np.ones((2, 2)), np.ones((2, 2), np.int64))
+
+
+# ---- what users expect ----------------------------------------------------------------------
+
+def test_version_and_module_entry_point(capsys: pytest.CaptureFixture[str]) -> None:
+    import napkin_cat
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0 and capsys.readouterr().out == f"napkin {napkin_cat.__version__}\n"
+    ran = subprocess.run([sys.executable, "-m", "napkin_cat", "parse", ATTENTION], capture_output=True, text=True)
+    assert ran.returncode == 0 and "diagram attention(" in ran.stdout
+
+
+def test_lemmas_lists_lemmas_and_accumulators(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "lemmas")
+    assert code == 0
+    assert "lemma softmax_contract(S: [x], V: [x]) : contract[x](softmax[x](S), V) = ncontract[x; exp, exp, id](S, V)" \
+        in out.splitlines()
+    assert "accumulator online_softmax for ncontract[x; exp, exp, id] streaming x:" in out
+    code, out, _ = run(capsys, "lemmas", "--json")
+    listed = json.loads(out)
+    from napkin_cat.certify import rules
+
+    assert {e["name"] for e in listed if e["kind"] == "lemma"} == set(rules.library())
+    assert {"sum", "online_softmax"} <= {e["name"] for e in listed if e["kind"] == "accumulator"}
+    assert run(capsys, "lemmas", "nope")[0] == 2
+
+
+def test_check_json_and_quiet(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.ncd"
+    bad.write_text('use "' + str(ROOT / "examples" / "matmul.ncd") + '"\ntheorem t: matmul {\n  group b by gb\n}\n')
+    code, out, err = run(capsys, "check", "--json", MATMUL_PROOF, str(bad))
+    report = json.loads(out)
+    assert code == 1 and err == "" and report["ok"] is False and report["refused"] == 1
+    oks = [r["ok"] for r in report["results"]]
+    assert oks == [True] * (len(oks) - 1) + [False] and report["theorems"] == len(oks)
+    assert "group" in report["results"][-1]["error"]
+    code, out, err = run(capsys, "check", "-q", MATMUL_PROOF, str(bad))
+    assert code == 1 and out == f"{len(oks) - 1} of {len(oks)} theorems checked, 1 refused\n" and "error" in err
+
+
+def test_every_argument_has_help_and_defaults_are_shown() -> None:
+    parser = cli._parser()
+    for name, sub in parser._subparsers._group_actions[0].choices.items():
+        for action in sub._actions:
+            assert action.help, (name, action.dest)
+        text = sub.format_help()
+        for action in sub._actions:
+            if action.default not in (None, False, "==SUPPRESS==") and not action.required:
+                assert f"(default: {action.default})" in " ".join(text.split()), (name, action.dest)
+
+
+def test_repository_files_users_expect() -> None:
+    assert "MIT License" in (ROOT / "LICENSE").read_text()
+    readme = (ROOT / "README.md").read_text()
+    assert "shared/" not in readme and "](../" not in readme  # `use "../examples/..."` is inside the repository
+    assert "-m \"not slow\"" in readme and "130" in readme

@@ -214,7 +214,7 @@ def rewrite(thm: Theorem, lemma: LemmaDecl, step: terms.Rewrite, certified: Mapp
         for node in walk(expr):
             vars_: dict[str, Expr] = {}
             axes: dict[str, str] = {}
-            if _match(lemma.lhs, node, vars_, axes):
+            if match(lemma.lhs, node, vars_, axes):
                 instance = _instantiate(lemma, vars_, axes, step.span)
                 for c in (c for c in lemma.finite if not finite_in(thm.result, vars_[c])):
                     raise KernelError("instantiate", f"lemma `{lemma.name}` holds when `{c}` is finite, and the term "
@@ -266,17 +266,22 @@ def _match_axes(pattern: Axes, actual: Axes, axes: dict[str, str]) -> bool:
     return True
 
 
-def _match(pattern: Expr, actual: Expr, vars_: dict[str, Expr], axes: dict[str, str]) -> bool:
-    """First-order matching of a lemma side against a term, extending ``vars_`` and ``axes``."""
-    if isinstance(pattern, (Var, terms.Const)):  # by repr, which tells -0.0 from 0.0 and nan apart (== does not)
-        return repr(vars_.setdefault(pattern.name, actual) if isinstance(pattern, Var) else pattern) == repr(actual)
+def match(pattern: Expr, actual: Expr, vars_: dict[str, Expr], axes: dict[str, str],
+          unfold: Callable[[Expr], Expr] = lambda e: e) -> bool:
+    """First-order matching of a lemma side against a term, extending ``vars_`` and ``axes``;
+    ``unfold`` (the search's, never the kernel's) may look through a let name before comparing."""
+    if isinstance(pattern, Var):  # by repr, which tells -0.0 from 0.0 and nan apart (== does not)
+        return repr(vars_.setdefault(pattern.name, actual)) == repr(actual)
+    actual = unfold(actual)
+    if isinstance(pattern, terms.Const):
+        return repr(pattern) == repr(actual)
     if isinstance(pattern, Size):
         return isinstance(actual, Size) and _match_axes((pattern.axis,), (actual.axis,), axes)
     return (isinstance(pattern, Box) and isinstance(actual, Box) and pattern.op == actual.op
             and pattern.params == actual.params and pattern.index is None and actual.index is None
             and len(pattern.args) == len(actual.args) and len(pattern.target) == len(actual.target)
             and _match_axes(pattern.target + pattern.out, actual.target + actual.out, axes)
-            and all(_match(p, a, vars_, axes) for p, a in zip(pattern.args, actual.args, strict=True)))
+            and all(match(p, a, vars_, axes, unfold) for p, a in zip(pattern.args, actual.args, strict=True)))
 
 
 def _instantiate(lemma: LemmaDecl, vars_: dict[str, Expr], axes: dict[str, str], span: Span | None) -> Expr:

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 
 from napkin_cat import kernel, ops
-from napkin_cat.terms import Box, Const, Diagram, Expr, LemmaDecl, Partition, Place, Rewrite, Size, Var, boxes, walk
+from napkin_cat.terms import Box, Diagram, Expr, LemmaDecl, Partition, Place, Rewrite, Var, boxes, walk
 
 __all__ = ["Plan", "accumulator_choices", "axis_roles", "batch_axes", "group_axes", "intermediates", "neighbours",
            "plan_steps", "proposals", "signature", "starts", "stream_axes"]
@@ -29,47 +29,22 @@ __all__ = ["Plan", "accumulator_choices", "axis_roles", "batch_axes", "group_axe
 # ---- lemma matching -----------------------------------------------------------------------
 
 
-class _Matcher:
-    """First-order matching of a lemma's left side, looking through let-bound names.
+def _looked_through(lhs: Expr, node: Expr, defs: Mapping[str, Expr]) -> list[str] | None:
+    """The let names the kernel's matcher looks through to match ``lhs`` at ``node``, or None.
 
-    The kernel's instantiation rule matches the same way (injective axis map, variables
-    bound to sub-terms) but only on the term with the named bindings already inlined;
-    this search-side matcher also decides *which* names to inline, and stays out of the
-    trusted kernel, which re-checks every proposal anyway.
+    The kernel matches on a term with the named bindings already inlined; the search decides
+    *which* names to inline by letting the same matcher (``kernel.match``) unfold a name
+    where the pattern expects a box or a constant, and the kernel re-checks every proposal.
     """
+    through: list[str] = []
 
-    def __init__(self, defs: Mapping[str, Expr]):
-        self.defs = defs
-        self.vars: dict[str, Expr] = {}
-        self.axes: dict[str, str] = {}
-        self.through: list[str] = []
+    def unfold(expr: Expr) -> Expr:
+        while isinstance(expr, Var) and expr.name in defs and expr.name not in through:
+            through.append(expr.name)
+            expr = defs[expr.name]
+        return expr
 
-    def axis(self, pattern: str, actual: str) -> bool:
-        if pattern in self.axes:
-            return self.axes[pattern] == actual
-        if actual in self.axes.values():
-            return False
-        self.axes[pattern] = actual
-        return True
-
-    def axis_list(self, pattern: tuple[str, ...], actual: tuple[str, ...]) -> bool:
-        return len(pattern) == len(actual) and all(self.axis(p, a) for p, a in zip(pattern, actual, strict=True))
-
-    def expr(self, pattern: Expr, actual: Expr) -> bool:
-        if isinstance(pattern, Var):
-            bound = self.vars.setdefault(pattern.name, actual)
-            return bound == actual
-        if isinstance(actual, Var) and actual.name in self.defs and actual.name not in self.through:
-            self.through.append(actual.name)
-            return self.expr(pattern, self.defs[actual.name])
-        if isinstance(pattern, Const):
-            return isinstance(actual, Const) and repr(pattern.value) == repr(actual.value)  # as the kernel: -0.0 ≠ 0.0
-        if isinstance(pattern, Size):
-            return isinstance(actual, Size) and self.axis(pattern.axis, actual.axis)
-        return (isinstance(pattern, Box) and isinstance(actual, Box) and pattern.op == actual.op
-                and pattern.params == actual.params and actual.index is None and len(pattern.args) == len(actual.args)
-                and self.axis_list(pattern.target, actual.target) and self.axis_list(pattern.out, actual.out)
-                and all(self.expr(p, a) for p, a in zip(pattern.args, actual.args, strict=True)))
+    return through if kernel.match(lhs, node, {}, {}, unfold) else None
 
 
 def proposals(diagram: Diagram, lemmas: Mapping[str, LemmaDecl]) -> list[Rewrite]:
@@ -90,9 +65,9 @@ def proposals(diagram: Diagram, lemmas: Mapping[str, LemmaDecl]) -> list[Rewrite
             if isinstance(node, Var):
                 continue  # a match through a name is proposed at that name's own binding
             for lemma in lemmas.values():
-                match = _Matcher(defs)
-                if match.expr(lemma.lhs, node):
-                    at = (*sorted(set(match.through) - {root}, key=order.__getitem__), root)
+                through = _looked_through(lemma.lhs, node, defs)
+                if through is not None:
+                    at = (*sorted(set(through) - {root}, key=order.__getitem__), root)
                     found.setdefault((lemma.name, at), Rewrite(lemma.name, at))
     return list(found.values())
 

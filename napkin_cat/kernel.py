@@ -14,16 +14,18 @@ whose message starts with the rule's name and names the failed condition and the
     stream(thm, step, accumulator)       R4 + R5 stream partition with certified accumulators
     place(thm, step)                     R2 placement (recolouring)
     quantise(thm, step)                  R10 dtype change: a marked approximation, never an equality
-    typed_box(op, args, ...)             the typing rule of a primitive box (ops.result_axes)
-    treatment(box, axis)                 weaves | consumes | mixes | absent (architecture §3.1)
+    match(pattern, term, vars, axes)     first-order matching (the search proposes rewrites with it)
+
+It reads the op catalogue's typing rule (``ops.typed_box``) and how a box treats an axis
+(``ops.treatment``: weaves | consumes | mixes | absent, architecture §3.1).
 
 The kernel imports only the IR, the op catalogue, diagnostics and the finiteness analysis.
 Certification is an input: lemma names map to how they were certified, ``accumulator(box, axis,
 name, pad)`` answers how an accumulator's laws were certified for that box, ``measure`` a dtype
 step's error.  Each answer is ``proved`` (for every size) or ``tested``; ``Theorem.tested`` lists
 what a theorem rests on that is only tested.  The trusted code: this module, ``terms`` (the IR,
-``inline_calls``, ``run_diagram``), ``ops.result_axes``, ``finiteness``, and for ``proved``
-answers the symbolic prover ``prove`` (README "Proofs").
+``inline_calls``, ``run_diagram``), ``ops`` (``result_axes``, ``typed_box``, ``treatment``),
+``finiteness``, and for ``proved`` answers the symbolic prover ``certify.prove`` (README "Proofs").
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ from napkin_cat.diagnostics import NapkinError, Span, error
 from napkin_cat.finiteness import finite_in, narrowed
 from napkin_cat.terms import Axes, Box, Diagram, Expr, LemmaDecl, Partition, Schedule, Size, Var, walk
 
-__all__ = ["DTYPE_ROUNDOFF", "KernelError", "Theorem", "group", "place", "quantise", "refl", "rewrite",
-           "stream", "trans", "treatment", "typed_box", "unfold"]
+__all__ = ["DTYPE_ROUNDOFF", "KernelError", "Theorem", "group", "match", "place", "quantise", "refl", "rewrite",
+           "stream", "trans", "unfold"]
 
 _TOKEN = object()
 _EMPTY = Schedule()
@@ -105,28 +107,6 @@ def _extend(thm: Theorem, step: terms.Step | None, trust: tuple[str, ...], teste
     return Theorem(**values, token=_TOKEN)  # type: ignore[arg-type,unused-ignore]
 
 
-def typed_box(op: str, args: tuple[Expr, ...], target: Axes = (), out: Axes = (), params: tuple[str, ...] = (),
-              index: terms.Pred | terms.IndexExpr | None = None, span: Span | None = None) -> Box:
-    """A primitive box with its result type from ``ops.result_axes`` (the one typing rule)."""
-    return Box(op, args, ops.result_axes(op, tuple(a.axes for a in args), target, out), target, out, params,
-               index, span)
-
-
-def treatment(box: Box, axis: str) -> str:
-    """How a box treats an axis (architecture §3.1): weaves | consumes | mixes | absent.
-
-    Index-dependent boxes (where, index, onehot) and transpose keep positions apart, so
-    they weave their named axes (a tile passes its offset); split/join/rename mix.
-    """
-    if axis not in box.axes and axis not in box.target and all(axis not in a.axes for a in box.args):
-        return "absent"
-    if axis in box.out:
-        return "mixes"
-    if axis not in box.target or ops.OPS[box.op].kind in ("where", "index", "onehot", "transpose"):
-        return "weaves"
-    return "consumes" if ops.is_consuming(box.op) else "mixes"
-
-
 def _boxes(diagram: Diagram) -> list[tuple[str, Box]]:
     """Every box with the label refusals name it by: `op[target; params]` (binding `X`)."""
     out: list[tuple[str, Box]] = []
@@ -161,8 +141,8 @@ def unfold(thm: Theorem) -> Theorem:
     if not thm.result.uses_diagrams():
         return thm
     _no_schedule(thm, "unfold", None)
-    result = terms.inline_calls(thm.result, lambda box, args: typed_box(box.op, args, box.target, box.out, box.params,
-                                                                  box.index, box.span))
+    result = terms.inline_calls(thm.result, lambda box, args: ops.typed_box(
+        box.op, args, box.target, box.out, box.params, box.index, box.span))
     return _extend(thm, None, ("unfold",), result=result)
 
 
@@ -251,7 +231,7 @@ def _replace(expr: Expr, old: Expr, new: Expr) -> Expr:
     if expr is old or not isinstance(expr, Box):
         return new if expr is old else expr
     args = tuple(_replace(a, old, new) for a in expr.args)
-    return expr if args == expr.args else typed_box(expr.op, args, expr.target, expr.out, expr.params, expr.index,
+    return expr if args == expr.args else ops.typed_box(expr.op, args, expr.target, expr.out, expr.params, expr.index,
                                                     expr.span)
 
 
@@ -316,7 +296,7 @@ def _instantiate(lemma: LemmaDecl, vars_: dict[str, Expr], axes: dict[str, str],
             return vars_[expr.name] if isinstance(expr, Var) else \
                 Size(axes[expr.axis]) if isinstance(expr, Size) else expr
         named = tuple(axes[a] for a in expr.target + expr.out)
-        return typed_box(expr.op, tuple(subst(a) for a in expr.args), named[:len(expr.target)],
+        return ops.typed_box(expr.op, tuple(subst(a) for a in expr.args), named[:len(expr.target)],
                          named[len(expr.target):], expr.params, _reindex(expr.index, axes))
 
     return subst(lemma.rhs)
@@ -341,7 +321,7 @@ def _nest(thm: Theorem, step: Partition) -> tuple[terms.Divides, ...]:
     sizes = diagram.axis_sizes()
     if diagram.uses_diagrams():
         raise KernelError(rule, "the diagram uses a diagram as a box; unfold it first", span)
-    if axis not in sizes or not (any(treatment(b, axis) != "absent" for _, b in _boxes(diagram))
+    if axis not in sizes or not (any(ops.treatment(b, axis) != "absent" for _, b in _boxes(diagram))
                                  or any(axis in p.axes for p in diagram.inputs)):
         raise KernelError(rule, f"axis `{axis}` does not occur in `{diagram.name}`", span)
     if isinstance(step.tile, str) and step.tile in sizes:
@@ -378,7 +358,7 @@ def group(thm: Theorem, step: Partition) -> Theorem:
         raise KernelError("group", f"a {step.kind} partition of `{step.axis}` is not a group step", step.span)
     constraints = _nest(thm, step)
     for label, box in _boxes(thm.result):
-        if (how := treatment(box, step.axis)) in ("consumes", "mixes"):
+        if (how := ops.treatment(box, step.axis)) in ("consumes", "mixes"):
             why = ("a consumed axis can only be streamed" if how == "consumes" else f"it moves the positions of "
                    f"`{' '.join(box.target)}` onto `{' '.join(box.out)}`; grouping `{step.axis}` tiles one side only"
                    if box.out else f"its outputs read every position along `{step.axis}`")
@@ -411,7 +391,7 @@ def stream(thm: Theorem, step: Partition, accumulator: AccumulatorOracle) -> The
         """True for a value that needs the finished stream (computed after a consumption)."""
         if not isinstance(node, Box):
             return isinstance(node, Var) and env[node.name]
-        how, label = treatment(node, axis), labels[id(node)]
+        how, label = ops.treatment(node, axis), labels[id(node)]
         if how == "mixes":
             raise KernelError("stream", f"box {label} mixes axis `{axis}` and has no accumulator; rewrite it "
                                         "with a certified lemma into a consuming box first (R4)", span)

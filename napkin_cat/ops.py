@@ -16,12 +16,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from napkin_cat.diagnostics import Span
+from napkin_cat.terms import Axes, Box, Expr, IndexExpr, Pred
+
 __all__ = [
     "ACCUMULATORS",
     "BINARY",
     "INFIX",
     "NORMALISERS",
     "OPS",
+    "POSITIONAL",
     "UNARY",
     "Accumulator",
     "OpInfo",
@@ -29,6 +33,8 @@ __all__ = [
     "is_consuming",
     "is_mixing",
     "result_axes",
+    "treatment",
+    "typed_box",
 ]
 
 
@@ -243,3 +249,31 @@ def result_axes(op: str, args: tuple[tuple[str, ...], ...], target: tuple[str, .
     position = min(have.index(a) for a in target)
     kept = [a for a in have if a not in target]
     return tuple(kept[:position]) + out + tuple(kept[position:])
+
+
+# ---- typing and how a box treats an axis (the kernel's side conditions read these) ----------
+
+#: boxes whose bracketed axes are read as positions (an index offset), not reduced or moved
+POSITIONAL = frozenset({"where", "index", "onehot", "transpose"})
+
+
+def typed_box(op: str, args: tuple[Expr, ...], target: Axes = (), out: Axes = (), params: tuple[str, ...] = (),
+              index: Pred | IndexExpr | None = None, span: Span | None = None) -> Box:
+    """A primitive box with its result type from ``result_axes`` (the one typing rule)."""
+    return Box(op, args, result_axes(op, tuple(a.axes for a in args), target, out), target, out, params,
+               index, span)
+
+
+def treatment(box: Box, axis: str) -> str:
+    """How a box treats an axis (architecture §3.1): weaves | consumes | mixes | absent.
+
+    Index-dependent boxes (where, index, onehot) and transpose keep positions apart, so
+    they weave their named axes (a tile passes its offset); split/join/rename mix.
+    """
+    if axis not in box.axes and axis not in box.target and all(axis not in a.axes for a in box.args):
+        return "absent"
+    if axis in box.out:
+        return "mixes"
+    if axis not in box.target or box.op in POSITIONAL:
+        return "weaves"
+    return "consumes" if is_consuming(box.op) else "mixes"

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from napkin_cat import ops
 from napkin_cat.certify import accumulators as acc
 from napkin_cat.evaluate import Named, evaluate_named
-from napkin_cat.kernel import typed_box
+from napkin_cat.ops import typed_box
 from napkin_cat.terms import Axis, Box, Diagram, Param, Var
 
 S, V, W = Var("S", ("q", "x")), Var("V", ("x", "d")), Var("W", ("q", "x"))

@@ -19,7 +19,7 @@ from napkin_cat.certify import reach as certify_reach
 from napkin_cat.certify.accumulators import accumulators_for
 from napkin_cat.elaborate import loads
 from napkin_cat.evaluate import Named, evaluate_named
-from napkin_cat.kernel import typed_box
+from napkin_cat.ops import typed_box
 from napkin_cat.terms import Box, Var, walk
 
 FALSE = """

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from napkin_cat import kernel
+from napkin_cat import kernel, ops
 from napkin_cat.certify import rules
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.elaborate import loads
@@ -484,20 +484,20 @@ def test_kernel_fits_in_one_sitting() -> None:
 
 def test_transpose_is_typed_with_its_woven_axes() -> None:
     """Woven over `q` by a call, a transpose carries `q` (first, as the evaluator orders it)."""
-    assert kernel.typed_box("transpose", (Var("A", ("q", "x", "y")),), ("y", "x")).axes == ("q", "y", "x")
+    assert ops.typed_box("transpose", (Var("A", ("q", "x", "y")),), ("y", "x")).axes == ("q", "y", "x")
 
 
 def test_typed_box_and_treatment() -> None:
     s, v = Var("S", ("q", "x")), Var("V", ("x", "d"))
-    box = kernel.typed_box("ncontract", (s, v), ("x",), params=("exp", "exp", "id"))
+    box = ops.typed_box("ncontract", (s, v), ("x",), params=("exp", "exp", "id"))
     assert box.axes == ("q", "d")
-    assert [kernel.treatment(box, a) for a in ("q", "x", "d", "b")] == ["weaves", "consumes", "weaves", "absent"]
-    soft = kernel.typed_box("softmax", (s,), ("x",))
-    assert soft.axes == ("q", "x") and kernel.treatment(soft, "x") == "mixes"
-    split = kernel.typed_box("split", (v,), ("x",), ("xo", "xi"))
-    assert split.axes == ("xo", "xi", "d") and kernel.treatment(split, "xo") == "mixes"
-    mask = kernel.typed_box("where", (s, Const(0.0)), ("q", "x"))
-    assert kernel.treatment(mask, "x") == "weaves"
+    assert [ops.treatment(box, a) for a in ("q", "x", "d", "b")] == ["weaves", "consumes", "weaves", "absent"]
+    soft = ops.typed_box("softmax", (s,), ("x",))
+    assert soft.axes == ("q", "x") and ops.treatment(soft, "x") == "mixes"
+    split = ops.typed_box("split", (v,), ("x",), ("xo", "xi"))
+    assert split.axes == ("xo", "xi", "d") and ops.treatment(split, "xo") == "mixes"
+    mask = ops.typed_box("where", (s, Const(0.0)), ("q", "x"))
+    assert ops.treatment(mask, "x") == "weaves"
 
 
 def test_kernel_stays_small() -> None:

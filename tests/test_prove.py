@@ -10,7 +10,7 @@ import pytest
 from napkin_cat import certify
 from napkin_cat.certify import accumulators, prove, rules
 from napkin_cat.elaborate import loads
-from napkin_cat.kernel import typed_box
+from napkin_cat.ops import typed_box
 from napkin_cat.terms import Var
 
 #: the shipped lemmas outside the proved fragment (reshapes), left to bounded testing

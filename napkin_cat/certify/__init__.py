@@ -61,7 +61,7 @@ from napkin_cat.certify.reach import UNBOUNDED, reach, scale, unfolded
 from napkin_cat.certify.rules import validate
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.evaluate import FLOAT64, SYMBOLIC, Algebra, Named, evaluate_named
-from napkin_cat.kernel import typed_box
+from napkin_cat.ops import typed_box
 from napkin_cat.terms import Box, Diagram, Expr, LemmaDecl, Var, box_diagram, walk
 
 __all__ = ["LEVELS", "Certificate", "accumulator", "canonical", "certify_accumulator", "certify_lemma", "lemma_side",

@@ -49,7 +49,7 @@ import numpy as np
 
 from napkin_cat import ops
 from napkin_cat.evaluate import FLOAT64, Algebra, Named, evaluate_named
-from napkin_cat.kernel import typed_box
+from napkin_cat.ops import typed_box
 from napkin_cat.terms import Axes, Axis, Box, Const, Diagram, Expr, Let, Param, Size, Var
 
 __all__ = ["FLOAT_MAX", "TINY", "AccumulatorPlan", "accumulators_for", "chunk", "padded", "plan", "stream_fold"]

@@ -26,7 +26,7 @@ from typing import Any
 import sympy
 
 from napkin_cat.evaluate import FLOAT64, SYMBOLIC, evaluate_named
-from napkin_cat.kernel import typed_box
+from napkin_cat.ops import typed_box
 from napkin_cat.terms import (
     Box,
     Const,

@@ -29,10 +29,10 @@ from napkin_cat.certify.accumulators import AccumulatorPlan, plan
 from napkin_cat.diagnostics import NapkinError, error
 from napkin_cat.lower.jaxops import fill_values
 from napkin_cat.lower.runtime import pow2_extent
-from napkin_cat.schedule.loopnest import POSITIONAL, Flat, LoopNest, Node, loop_nest, touches, woven_axes
+from napkin_cat.schedule.loopnest import Flat, LoopNest, Node, loop_nest, touches, woven_axes
 from napkin_cat.terms import Box, Diagram, Schedule, Size
 
-__all__ = ["FORMATS", "MIN_BLOCK", "POSITIONAL", "TRITON_MISSING", "Layout", "layout"]
+__all__ = ["FORMATS", "MIN_BLOCK", "TRITON_MISSING", "Layout", "layout"]
 
 #: the smallest block the Triton backend's dot accepts on every dimension (pallas-notes §5.2)
 MIN_BLOCK = 16

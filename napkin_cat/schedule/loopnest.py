@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from napkin_cat import ops
 from napkin_cat.terms import Apply, Axes, Box, Const, Diagram, Expr, Partition, Schedule, Size, Var, repeated
 
-__all__ = ["POSITIONAL", "Loop", "LoopNest", "Node", "flatten", "loop_nest", "touches", "woven_axes"]
+__all__ = ["Loop", "LoopNest", "Node", "flatten", "loop_nest", "touches", "woven_axes"]
 
 
 @dataclass(frozen=True)
@@ -218,16 +218,12 @@ class LoopNest:
         return out
 
 
-#: boxes whose bracketed axes are read as positions (an index offset), not reduced or moved
-POSITIONAL = frozenset({"where", "index", "onehot", "transpose"})
-
-
 def touches(node: Node, axis: str) -> str:
     """How a node treats an axis: weaves | positional | its op's kind (reduce, normalise, ...)."""
     expr = node.expr
     if not isinstance(expr, Box) or axis not in expr.target + expr.out:
         return "weaves"
-    return "positional" if expr.op in POSITIONAL else ops.OPS[expr.op].kind
+    return "positional" if expr.op in ops.POSITIONAL else ops.OPS[expr.op].kind
 
 
 def woven_axes(flat: Flat, partitioned: frozenset[str] = frozenset()) -> tuple[str, ...]:

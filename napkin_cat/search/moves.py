@@ -5,7 +5,7 @@ proposes proof steps; the kernel decides.
 - ``proposals``: every ``rewrite LEMMA at NAMES`` whose left side matches a sub-term of a
   binding, looking through let-bound names where the pattern needs a box.  No lemma or
   box is recognised by name.
-- ``axis_roles``: how the boxes treat each axis (``kernel.treatment``), which gives the
+- ``axis_roles``: how the boxes treat each axis (``ops.treatment``), which gives the
   group candidates (every box weaves the axis, R3) and the stream candidates (some box
   consumes it, none mixes it, no output carries it, R4).
 - ``Plan`` / ``plan_steps``: a relabelling (groups; ordered streams, each with a
@@ -86,7 +86,7 @@ def axis_roles(diagram: Diagram) -> dict[str, frozenset[str]]:
         if not isinstance(node, Box):
             continue
         for axis in dict.fromkeys(node.axes + node.target + tuple(a for x in node.args for a in x.axes)):
-            how = kernel.treatment(node, axis)
+            how = ops.treatment(node, axis)
             if how != "absent":
                 roles.setdefault(axis, set()).add(how)
     return {a: frozenset(r) for a, r in roles.items() if r}
@@ -119,7 +119,7 @@ def accumulator_choices(diagram: Diagram, axis: str) -> tuple[str, ...]:
     """Accumulators admissible for some box consuming ``axis`` (the ``via`` choices)."""
     names: list[str] = []
     for _, node in boxes(diagram):
-        if isinstance(node, Box) and kernel.treatment(node, axis) == "consumes":
+        if isinstance(node, Box) and ops.treatment(node, axis) == "consumes":
             names.extend(ops.accumulators_for(node.op, node.params))
     return tuple(dict.fromkeys(names))
 

@@ -74,6 +74,13 @@ class Named:
         return np.transpose(self.data, [self.axes.index(a) for a in axes]) if axes else self.data
 
 
+def _weights(name: str) -> tuple[str, str, str]:
+    """A normalisation's weights (a1, a2, b): it is the normalised contraction a1(x) / b(Σ a2(x))."""
+    weights = ops.OPS[name].weights
+    assert weights is not None, f"{name} is a normalisation without its weights"
+    return weights
+
+
 class Algebra:
     """Scalar semantics: float64 numpy (the reference) or sympy expressions (certify)."""
 
@@ -148,9 +155,7 @@ class _Float64(Algebra):
             return np.squeeze(np.where(np.isfinite(m), safe + np.log1p(ties - 1 + rest), m), axis=axis)
 
     def normalise(self, name: str, data: Any, axis: tuple[int, ...], n: int) -> Any:
-        if name == "softmax":
-            return self.nweights(("exp", "exp", "id"), data, axis, n)
-        return self.nweights(("id", "square", "sqrt" if name == "l2norm" else "rms"), data, axis, n)
+        return self.nweights(_weights(name), data, axis, n)
 
     def nweights(self, params: tuple[str, ...], data: Any, axis: tuple[int, ...], n: int) -> Any:
         a1, a2, b = params
@@ -223,8 +228,7 @@ class _Symbolic(Algebra):
         return np.asarray(out, dtype=object)
 
     def normalise(self, name: str, data: Any, axis: tuple[int, ...], n: int) -> Any:
-        params = ("exp", "exp", "id") if name == "softmax" else ("id", "square", "sqrt" if name == "l2norm" else "rms")
-        return self.nweights(params, data, axis, n)
+        return self.nweights(_weights(name), data, axis, n)
 
     def nweights(self, params: tuple[str, ...], data: Any, axis: tuple[int, ...], n: int) -> Any:
         a1, a2, b = params

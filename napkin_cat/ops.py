@@ -50,6 +50,8 @@ class OpInfo:
     nparams:  number of names after ``;`` in the brackets
     flops:    FLOPs per element read (contractions: see module docstring)
     accumulators: names of accumulators (below) that stream the axes this box consumes
+    weights:  a normalisation as the weights (a1, a2, b) of a normalised contraction: it is
+              a1(x) / b(Σ a2(x)), which every interpreter computes as it does ``ncontract``
     """
 
     name: str
@@ -61,6 +63,7 @@ class OpInfo:
     flops: float = 1.0
     accumulators: tuple[str, ...] = ()
     doc: str = ""
+    weights: tuple[str, str, str] | None = None
 
 
 UNARY: dict[str, str] = {
@@ -115,13 +118,13 @@ def _ops() -> dict[str, OpInfo]:
     for name, (doc, accs) in reduce_docs.items():
         flops = 4.0 if name == "logsumexp" else 1.0
         table[name] = OpInfo(name, "reduce", 1, "required", flops=flops, accumulators=accs, doc=doc)
-    norm_docs = {
-        "softmax": ("exp(x - max) / Σ exp(x - max); a fully masked (-inf) row gives 0", 5.0),
-        "l2norm": ("x / sqrt(Σ x²); an all-zero row gives 0", 3.0),
-        "rmsnorm": ("x / sqrt(Σ x² / n); an all-zero row gives 0", 3.0),
+    norm_docs: dict[str, tuple[str, float, tuple[str, str, str]]] = {
+        "softmax": ("exp(x - max) / Σ exp(x - max); a fully masked (-inf) row gives 0", 5.0, ("exp", "exp", "id")),
+        "l2norm": ("x / sqrt(Σ x²); an all-zero row gives 0", 3.0, ("id", "square", "sqrt")),
+        "rmsnorm": ("x / sqrt(Σ x² / n); an all-zero row gives 0", 3.0, ("id", "square", "rms")),
     }
-    for name, (doc, flops) in norm_docs.items():
-        table[name] = OpInfo(name, "normalise", 1, "required", flops=flops, doc=doc)
+    for name, (doc, flops, weights) in norm_docs.items():
+        table[name] = OpInfo(name, "normalise", 1, "required", flops=flops, doc=doc, weights=weights)
     table["contract"] = OpInfo(
         "contract", "contract", None, "list", flops=2.0, accumulators=("sum",),
         doc="Σ over the named axes of the product of the operands (einsum)",

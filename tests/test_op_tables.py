@@ -44,6 +44,8 @@ TABLES: dict[str, Table] = {
     "lower.jaxops.UNARY": (jaxops.UNARY, _by_name, _of_kind("unary")),
     "lower.jaxops.BINARY": (jaxops.BINARY, _by_name, _of_kind("binary")),
     "draw.graph.GLYPHS": (graph.GLYPHS, _by_name, _every),
+    # every interpreter computes a normalisation as the normalised contraction of its weights
+    "ops.OpInfo.weights": ({n: i.weights for n, i in ops.OPS.items() if i.weights}, _by_name, _of_kind("normalise")),
 }
 
 

@@ -39,6 +39,7 @@ from typing import Any
 
 import sympy
 
+from napkin_cat import ops
 from napkin_cat.certify import accumulators as acc
 from napkin_cat.terms import Box, Const, Diagram, Expr, LemmaDecl, Param, Size, Var, box_diagram, run_diagram
 
@@ -234,9 +235,8 @@ class _Semantics:
             return sympy.log(self.positive(self.sum(sympy.exp(x), t), "log"))
         if op == "contract":
             return self.sum(sympy.Mul(*args), t)
-        if op in ("softmax", "l2norm", "rmsnorm"):
-            params = ("exp", "exp", "id") if op == "softmax" else ("id", "square", "sqrt" if op == "l2norm" else "rms")
-            return self.weights(node, params, x)
+        if (weights := ops.OPS[op].weights) is not None:  # a normalisation: its normalised-contraction weights
+            return self.weights(node, weights, x)
         if op == "ncontract":
             return self.sum(self.weights(node, node.params, x) * args[1], t)
         raise Unproved(f"`{op}` is outside the proved fragment")

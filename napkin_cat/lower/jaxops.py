@@ -150,8 +150,9 @@ def _weights(params: Sequence[str], x: Value, target: Axes, scope: Scope) -> ast
 
 def _normalise(box: Box, args: Sequence[Value], scope: Scope) -> Value:
     (x,) = args
-    params = {"softmax": ("exp", "exp", "id"), "l2norm": ("id", "square", "sqrt"), "rmsnorm": ("id", "square", "rms")}
-    return Value(_weights(params[box.op], x, scope.keep(box.target), scope), x.axes)
+    weights = ops.OPS[box.op].weights
+    assert weights is not None, f"{box.op} is a normalisation without its weights"
+    return Value(_weights(weights, x, scope.keep(box.target), scope), x.axes)
 
 
 def _contract(box: Box, args: Sequence[Value], scope: Scope) -> Value:

@@ -30,18 +30,15 @@ from napkin_cat.terms import (
     Apply,
     Axes,
     Box,
-    Cmp,
     Const,
     Diagram,
     Expr,
-    IBin,
-    Idx,
-    IInt,
     IndexExpr,
-    Logic,
     Pred,
     Size,
     Var,
+    fold_index,
+    fold_pred,
     run_diagram,
     union_axes,
     walk,
@@ -310,27 +307,21 @@ def _size(sizes: dict[str, int], axis: str) -> int:
 # ---- the interpreter ---------------------------------------------------------------------------
 
 
+#: integer index arithmetic and comparisons on numpy position grids
+_ARITH: dict[str, Callable[[Any, Any], Any]] = {"+": np.add, "-": np.subtract, "*": np.multiply}
+_COMPARE: dict[str, Callable[[Any, Any], Any]] = {">=": np.greater_equal, "<=": np.less_equal, "==": np.equal,
+                                                  "!=": np.not_equal, ">": np.greater, "<": np.less}
+
+
 def _index(expr: IndexExpr, grids: Mapping[str, Any]) -> Any:
-    if isinstance(expr, Idx):
-        return grids[expr.axis]
-    if isinstance(expr, IInt):
-        return expr.value
-    assert isinstance(expr, IBin)
-    left, right = _index(expr.left, grids), _index(expr.right, grids)
-    return left + right if expr.op == "+" else left - right if expr.op == "-" else left * right
+    return fold_index(expr, grids.__getitem__, lambda n: n, lambda op, a, b: _ARITH[op](a, b))
 
 
 def _pred(pred: Pred, grids: Mapping[str, Any]) -> Any:
-    if isinstance(pred, Cmp):
-        left, right = _index(pred.left, grids), _index(pred.right, grids)
-        return {">=": np.greater_equal, "<=": np.less_equal, "==": np.equal, "!=": np.not_equal,
-                ">": np.greater, "<": np.less}[pred.op](left, right)
-    assert isinstance(pred, Logic)
-    if pred.op == "not":
-        return np.logical_not(_pred(pred.left, grids))
-    assert pred.right is not None
-    combine = np.logical_and if pred.op == "and" else np.logical_or
-    return combine(_pred(pred.left, grids), _pred(pred.right, grids))
+    def logic(op: str, left: Any, right: Any) -> Any:
+        return np.logical_not(left) if op == "not" else (np.logical_and if op == "and" else np.logical_or)(left, right)
+
+    return fold_pred(pred, lambda op, a, b: _COMPARE[op](_index(a, grids), _index(b, grids)), logic)
 
 
 def index_grids(axes: Axes, sizes: Mapping[str, int], offsets: Mapping[str, int] | None = None) -> dict[str, Any]:

@@ -90,6 +90,28 @@ IndexExpr = Union[Idx, IInt, IBin]
 Pred = Union[Cmp, Logic]
 
 
+def fold_index[R](expr: IndexExpr, position: Callable[[str], R], integer: Callable[[int], R],
+                   arith: Callable[[str, R, R], R]) -> R:
+    """The one traversal of an index expression: ``position(axis)`` and ``integer(n)`` at the
+    leaves, ``arith(op, left, right)`` for ``+ - *``; each interpreter gives its own three."""
+    if isinstance(expr, Idx):
+        return position(expr.axis)
+    if isinstance(expr, IInt):
+        return integer(expr.value)
+    return arith(expr.op, fold_index(expr.left, position, integer, arith),
+                 fold_index(expr.right, position, integer, arith))
+
+
+def fold_pred[R](pred: Pred, compare: Callable[[str, IndexExpr, IndexExpr], R],
+                 logic: Callable[[str, R, R | None], R]) -> R:
+    """The one traversal of an index predicate: ``compare(op, left, right)`` at each comparison,
+    ``logic(op, left, right)`` for ``and``/``or`` and ``not`` (``right`` None)."""
+    if isinstance(pred, Cmp):
+        return compare(pred.op, pred.left, pred.right)
+    right = None if pred.right is None else fold_pred(pred.right, compare, logic)
+    return logic(pred.op, fold_pred(pred.left, compare, logic), right)
+
+
 # ---- array expressions -----------------------------------------------------------------
 
 

@@ -32,7 +32,7 @@ from napkin_cat.certify.accumulators import FLOAT_MAX
 from napkin_cat.certify.accumulators import TINY as GUARD_TINY
 from napkin_cat.diagnostics import NapkinError, Span, error
 from napkin_cat.lower import codegen as cg
-from napkin_cat.terms import Axes, Cmp, IBin, Idx, IInt, IndexExpr, Logic, Pred
+from napkin_cat.terms import Axes, IndexExpr, Pred, fold_index, fold_pred
 
 __all__ = ["BIG", "INF", "TINY", "Scope", "Value", "align", "count", "index_expr", "position", "positions",
            "predicate", "rounded", "saturate", "shape", "transpose_to"]
@@ -136,24 +136,18 @@ def position(axis: str, axes: Axes, scope: Scope) -> ast.expr:
 
 
 def index_expr(expr: IndexExpr, axes: Axes, scope: Scope) -> ast.expr:
-    if isinstance(expr, Idx):
-        return position(expr.axis, axes, scope)
-    if isinstance(expr, IInt):
-        return cg.const(expr.value)
-    assert isinstance(expr, IBin)
-    return cg.binop(index_expr(expr.left, axes, scope), expr.op, index_expr(expr.right, axes, scope))
+    return fold_index(expr, lambda axis: position(axis, axes, scope), cg.const,
+                      lambda op, left, right: cg.binop(left, op, right))
 
 
 def predicate(pred: Pred, axes: Axes, scope: Scope) -> ast.expr:
-    if isinstance(pred, Cmp):
-        return cg.binop(index_expr(pred.left, axes, scope), pred.op, index_expr(pred.right, axes, scope))
-    assert isinstance(pred, Logic)
-    left = predicate(pred.left, axes, scope)
-    if pred.op == "not":
-        return cg.call("jnp.logical_not", left)
-    assert pred.right is not None
-    return cg.call("jnp.logical_and" if pred.op == "and" else "jnp.logical_or", left,
-                   predicate(pred.right, axes, scope))
+    def logic(op: str, left: ast.expr, right: ast.expr | None) -> ast.expr:
+        if right is None:
+            return cg.call("jnp.logical_not", left)
+        return cg.call("jnp.logical_and" if op == "and" else "jnp.logical_or", left, right)
+
+    return fold_pred(pred, lambda op, a, b: cg.binop(index_expr(a, axes, scope), op, index_expr(b, axes, scope)),
+                     logic)
 
 
 def positions(axes: Axes, target: Axes) -> ast.expr:

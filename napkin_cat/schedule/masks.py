@@ -40,7 +40,7 @@ from sympy import Expr
 
 from napkin_cat.certify.accumulators import AccumulatorPlan
 from napkin_cat.schedule.loopnest import Flat
-from napkin_cat.terms import Box, Cmp, Const, IBin, Idx, IInt, IndexExpr, Logic, Pred, Var
+from napkin_cat.terms import Box, Cmp, Const, IndexExpr, Logic, Pred, Var, fold_index
 
 __all__ = ["GroupAxis", "Side", "chunk_count", "chunk_range", "stream_masks"]
 
@@ -289,18 +289,14 @@ def _combine(left: Affine, right: Affine, sign: int) -> Affine:
 
 def _affine(expr: IndexExpr) -> Affine | None:
     """An integer index expression as coefficients and constant (None: not affine)."""
-    if isinstance(expr, Idx):
-        return {expr.axis: 1}, 0
-    if isinstance(expr, IInt):
-        return {}, expr.value
-    if not isinstance(expr, IBin):
+    def arith(op: str, left: Affine | None, right: Affine | None) -> Affine | None:
+        if left is None or right is None:
+            return None
+        if op in ("+", "-"):
+            return _combine(left, right, 1 if op == "+" else -1)
+        if op == "*" and (not left[0] or not right[0]):
+            scale, form = (left[1], right) if not left[0] else (right[1], left)
+            return {k: scale * v for k, v in form[0].items()}, scale * form[1]
         return None
-    left, right = _affine(expr.left), _affine(expr.right)
-    if left is None or right is None:
-        return None
-    if expr.op in ("+", "-"):
-        return _combine(left, right, 1 if expr.op == "+" else -1)
-    if expr.op == "*" and (not left[0] or not right[0]):
-        scale, form = (left[1], right) if not left[0] else (right[1], left)
-        return {k: scale * v for k, v in form[0].items()}, scale * form[1]
-    return None
+
+    return fold_index(expr, lambda axis: ({axis: 1}, 0), lambda n: ({}, n), arith)

@@ -212,6 +212,20 @@ def cmd_lower(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_grad(args: argparse.Namespace) -> int:
+    """Write a diagram's vector-Jacobian product (napkin_cat.grad) as .ncd text."""
+    from napkin_cat.grad import vjp_module
+
+    diagram = _diagram_or_usage(_module(args.file), args.diagram)
+    text = print_module(vjp_module(diagram))  # type: ignore[arg-type]
+    if args.output is None:
+        print(text, end="")
+    else:
+        Path(args.output).write_text(text, encoding="utf-8")
+        print(f"wrote {args.output}: diagram `{args.diagram}_vjp`")
+    return 0
+
+
 def cmd_derive(args: argparse.Namespace) -> int:
     """Search checked rewrites and relabellings for the cheapest schedule; write it as a proof."""
     from napkin_cat import derive
@@ -355,6 +369,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--hardware", default=None, help="hardware profile for default tiles (e.g. h100)")
     p.add_argument("-o", "--output", required=True, help="OUT.py")
     p.set_defaults(func=cmd_lower)
+
+    p = sub.add_parser("grad", help="write a diagram's vector-Jacobian product as a diagram (.ncd)")
+    p.add_argument("file")
+    p.add_argument("diagram")
+    p.add_argument("-o", "--output", help="OUT.ncd (default: print it)")
+    p.set_defaults(func=cmd_grad)
 
     p = sub.add_parser("derive", help="search for the cheapest checked schedule of a diagram; write the proof")
     p.add_argument("file")

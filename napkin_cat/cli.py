@@ -28,6 +28,7 @@ from napkin_cat.diagnostics import NapkinError, render
 from napkin_cat.elaborate import load
 from napkin_cat.evaluate import bind_sizes, refuse_too_large, run
 from napkin_cat.files import OutputRefused, Outputs
+from napkin_cat.grad import vjp_module
 from napkin_cat.kernel import Theorem
 from napkin_cat.printer import print_module
 from napkin_cat.proof import check_file
@@ -271,6 +272,22 @@ def cmd_lower(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_grad(args: argparse.Namespace) -> int:
+    """Write a diagram's vector-Jacobian product (napkin_cat.grad) as .ncd text."""
+    module = _module(args.file)
+    diagram = _diagram_or_usage(module, args.diagram)
+    outputs = Outputs(module.scope_files)
+    if args.output is not None:
+        outputs.check(args.output)
+    text = print_module(vjp_module(diagram))  # type: ignore[arg-type]
+    if args.output is None:
+        print(text, end="")
+    else:
+        outputs.write(args.output, text)
+        print(f"wrote {args.output}: diagram `{args.diagram}_vjp`")
+    return EXIT_OK
+
+
 def cmd_derive(args: argparse.Namespace) -> int:
     """Search checked rewrites and relabellings for the cheapest schedule; write it as a proof."""
     from napkin_cat.lower import KERNEL_DTYPES, lower  # jax is imported only by the verbs that lower
@@ -478,6 +495,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--mesh", type=int, metavar="N", help="run the mesh partitions on N devices (jax.shard_map)")
     p.add_argument("-o", "--output", required=True, help="OUT.py")
     p.set_defaults(func=cmd_lower)
+
+    p = command("grad", "write a diagram's vector-Jacobian product as a diagram (.ncd)")
+    p.add_argument("file", help="the .ncd file")
+    p.add_argument("diagram", help="the diagram to differentiate")
+    p.add_argument("-o", "--output", help="OUT.ncd (default: print it)")
+    p.set_defaults(func=cmd_grad)
 
     p = command("derive", "search for the cheapest checked schedule of a diagram; write the proof")
     p.add_argument("file", help="the .ncd file")

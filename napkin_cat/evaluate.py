@@ -118,7 +118,7 @@ class _Float64(Algebra):
             "rsqrt": lambda x: 1.0 / np.sqrt(x), "recip": lambda x: 1.0 / x, "square": np.square,
             "abs": np.abs, "tanh": np.tanh, "sigmoid": special.expit,
             "relu": lambda x: np.maximum(x, 0.0), "gelu": _gelu, "silu": lambda x: x * special.expit(x),
-            "id": lambda x: x,
+            "sign": np.sign, "id": lambda x: x,
         }
 
     def asarray(self, value: Any) -> Any:
@@ -181,7 +181,8 @@ class _Symbolic(Algebra):
             "square": lift(lambda x: x**2), "abs": lift(sympy.Abs), "tanh": lift(sympy.tanh),
             "sigmoid": lift(lambda x: 1 / (1 + sympy.exp(-x))), "relu": lift(lambda x: sympy.Max(x, 0)),
             "gelu": lift(lambda x: half * x * (1 + sympy.erf(x / sympy.sqrt(2)))),
-            "silu": lift(lambda x: x / (1 + sympy.exp(-x))), "id": lambda x: x,
+            "silu": lift(lambda x: x / (1 + sympy.exp(-x))),
+            "sign": lift(sympy.sign), "id": lambda x: x,
         }
         self._max = np.frompyfunc(sympy.Max, 2, 1)
         self._min = np.frompyfunc(sympy.Min, 2, 1)

@@ -80,6 +80,7 @@ UNARY: dict[str, str] = {
     "relu": "max(x, 0)",
     "gelu": "x·Φ(x), the exact (erf) form",
     "silu": "x·sigmoid(x)",
+    "sign": "-1, 0 or 1 as x is negative, zero or positive (reverse mode writes max's and relu's slopes with it)",
 }
 
 #: the binary boxes written infix: their symbol and binding strength (the grammar's

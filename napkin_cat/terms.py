@@ -13,7 +13,7 @@ lowering and drawing reuse.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Union
 
@@ -519,3 +519,22 @@ def box_diagram(box: Box) -> Diagram:
     params = tuple(Param(a.name, a.axes) for a in box.args if isinstance(a, Var))
     axes = tuple(Axis(a) for a in dict.fromkeys(a for p in params for a in p.axes))
     return Diagram(box.op, params, (), (box,), (box.axes,), axes)
+
+
+def axes_in_order(inputs: Iterable[Param], exprs: Iterable[Expr]) -> tuple[str, ...]:
+    """The axis names a diagram uses, in order of first appearance: its inputs' types, then
+    every node of ``exprs`` (its type, a box's brackets, a size's axis, a callee's axes).
+    Elaboration orders ``Diagram.axes`` so; a diagram built in code does the same to print
+    and parse back to itself."""
+    names: list[str] = [a for p in inputs for a in p.axes]
+    for expr in exprs:
+        for node in walk(expr):
+            types = node.types if isinstance(node, Apply) else (node.axes,)
+            names.extend(a for ty in types for a in ty)
+            if isinstance(node, Box):
+                names.extend(node.target + node.out)
+            elif isinstance(node, Size):
+                names.append(node.axis)
+            elif isinstance(node, Apply):
+                names.extend(a.name for a in node.diagram.axes)
+    return tuple(dict.fromkeys(names))

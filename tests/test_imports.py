@@ -19,10 +19,10 @@ PACKAGE = Path(__file__).resolve().parent.parent / "napkin_cat"
 #: the pipeline's stages, upstream first; a module's stage is its longest listed prefix
 STAGES: tuple[str, ...] = (
     "napkin_cat.files", "napkin_cat.diagnostics", "napkin_cat.terms", "napkin_cat.ops", "napkin_cat.syntax",
-    "napkin_cat.elaborate",
-    "napkin_cat.printer", "napkin_cat.evaluate", "napkin_cat.finiteness", "napkin_cat.kernel", "napkin_cat.certify",
-    "napkin_cat.proof", "napkin_cat.schedule", "napkin_cat.cost", "napkin_cat.pseudo", "napkin_cat.draw",
-    "napkin_cat.lower", "napkin_cat.search", "napkin_cat", "napkin_cat.cli", "napkin_cat.__main__",
+    "napkin_cat.elaborate", "napkin_cat.printer", "napkin_cat.evaluate", "napkin_cat.finiteness", "napkin_cat.kernel",
+    "napkin_cat.certify", "napkin_cat.proof", "napkin_cat.grad", "napkin_cat.schedule", "napkin_cat.cost",
+    "napkin_cat.pseudo", "napkin_cat.draw", "napkin_cat.lower", "napkin_cat.search", "napkin_cat", "napkin_cat.cli",
+    "napkin_cat.__main__",
 )
 #: modules held to a narrower list than their stage allows; the empty set means none at all
 ALLOWED: dict[str, set[str]] = {

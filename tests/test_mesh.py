@@ -34,7 +34,8 @@ F32 = 4
 def probe(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The probe's measurements, with the module `napkin lower --mesh 8` wrote run as well."""
     written = tmp_path_factory.mktemp("mesh") / "X.py"
-    assert cli.main(["lower", str(PROOF), "ring_attention", "--target", "jax", "--mesh", "8", "-o", str(written)]) == 0
+    assert cli.main(["lower", str(PROOF), "ring_attention", "--target", "jax", "--mesh", "8", "--dtype", "f32",
+                     "-o", str(written)]) == 0
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
     proc = subprocess.run([sys.executable, str(ROOT / "tests" / "mesh_probe.py"), str(written)], env=env,
                           capture_output=True, text=True, timeout=900, check=False)

@@ -46,7 +46,7 @@ from napkin_cat.terms import (
 __all__ = ["UNBOUNDED", "reach", "scale", "unfolded"]
 
 UNBOUNDED = -1  #: ``reach``'s answer when no size bounds where the lemma's branches switch
-_PIECEWISE = ("relu", "abs", "maximum", "minimum", "onehot")  # boxes that switch branch at a point
+_PIECEWISE = ("relu", "abs", "sign", "maximum", "minimum", "onehot")  # boxes that switch branch at a point
 
 
 def reach(lemma: LemmaDecl) -> int:

@@ -31,7 +31,6 @@ from napkin_cat.terms import (
     Apply,
     Axes,
     Axis,
-    Box,
     Diagram,
     Expr,
     LemmaDecl,
@@ -42,10 +41,9 @@ from napkin_cat.terms import (
     Place,
     Quantise,
     Rewrite,
-    Size,
     Step,
     TheoremDecl,
-    walk,
+    axes_in_order,
 )
 
 __all__ = ["load", "loads"]
@@ -352,15 +350,8 @@ class _Elaborator(ExprElaborator):
                 self.err("type.return_mismatch", tree, declared=_fmt(declared), actual=_fmt(value.axes))
 
     def axes_used(self, inputs: Iterable[Param], body: Iterable[Let], outputs: Iterable[Expr]) -> tuple[Axis, ...]:
-        names: list[str] = []
-        for p in inputs:
-            names.extend(p.axes)
-        for expr in [let.expr for let in body] + list(outputs):
-            for node in walk(expr):
-                names.extend(_node_axes(node))
-                if isinstance(node, Apply):
-                    names.extend(a.name for a in node.diagram.axes)
-        return tuple(self.axes[n] for n in dict.fromkeys(names) if n in self.axes)
+        names = axes_in_order(inputs, [*(let.expr for let in body), *outputs])
+        return tuple(self.axes[n] for n in names if n in self.axes)
 
     # -- lemmas and theorems ----------------------------------------------------------------
     def lemma(self, tree: Node) -> None:
@@ -456,16 +447,6 @@ def _calls(tree: Node) -> list[Token]:
             out.append(_tok(node, 0))
         stack.extend(reversed([c for c in node.children if isinstance(c, Tree)]))
     return out
-
-
-def _node_axes(node: Expr) -> Axes:
-    extra: tuple[str, ...] = ()
-    if isinstance(node, Box):
-        extra = node.target + node.out
-    elif isinstance(node, Size):
-        extra = (node.axis,)
-    types = node.types if isinstance(node, Apply) else (node.axes,)
-    return tuple(a for t in types for a in t) + extra
 
 
 def _size(size: int | None) -> str:

@@ -68,6 +68,7 @@ UNARY: dict[str, Callable[[ast.expr], ast.expr]] = {
     "gelu": lambda x: cg.binop(cg.binop(cg.const(0.5), "*", x), "*", cg.binop(
         cg.const(1.0), "+", cg.call("erf", cg.binop(x, "*", cg.const(0.7071067811865476))))),
     "silu": lambda x: cg.call("jax.nn.silu", x),
+    "sign": lambda x: cg.call("jnp.sign", x),
     "id": lambda x: x,
 }
 

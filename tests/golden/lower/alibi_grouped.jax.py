@@ -45,6 +45,7 @@ def alibi_grouped(Q, K, V, m):
     Placement: vectorised over q
     Cost bound: ...
     Dtype: inputs and outputs float32; arithmetic and accumulation in float32.
+    Gradients: jax.grad differentiates this code; the streamed step is checkpointed (the backward keeps per-chunk carries, not the whole of any streamed axis).
     """
     n = bind_sizes((Q, K, V, m), (('Q', ('b', 'h', 'q', 'd')), ('K', ('b', 'h', 'x', 'd')), ('V', ('b', 'h', 'x', 'd')), ('m', ('h',))), {'d': 80})
     Q_2 = jnp.asarray(Q, jnp.float32)

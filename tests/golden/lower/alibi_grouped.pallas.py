@@ -46,23 +46,8 @@ def pad_to(array, extents, dtype):
     widths = [(0, extent - size) for extent, size in zip(extents, array.shape, strict=True)]
     return jnp.pad(array, widths) if any((w for _, w in widths)) else array
 
-def alibi_grouped(Q, K, V, m, *, interpret=None):
-    """`alibi_grouped` lowered by napkin to a JAX Pallas kernel.
-    
-    Theorem: alibi_grouped
-    Proved by: ...
-    Diagram (as the proof rewrote it):
-        diagram alibi(Q: [b h q d], K: [b h x d], V: [b h x d], m: [h]) -> [b h q d] {
-          S = contract[d](Q, K) * rsqrt(d) - m * index[q x](q - x)
-          M = where[q x](q >= x, S, -inf)
-          return contract[x](softmax[x](M), V)
-        }
-    Schedule: group q by gq at smem
-    Tiles: q: gq = 32 (given)
-    Placement: grid over b (one program per position), h (one program per position), q (blocks of 32)
-    Cost bound: ...
-    Dtype: inputs and outputs float32; arithmetic and accumulation in float32.
-    """
+def alibi_grouped_forward(Q, K, V, m, *, interpret=None):
+    """The forward kernel (the public function's primal)."""
     if interpret is None:
         interpret = jax.default_backend() != 'gpu'
     n = bind_sizes((Q, K, V, m), (('Q', ('b', 'h', 'q', 'd')), ('K', ('b', 'h', 'x', 'd')), ('V', ('b', 'h', 'x', 'd')), ('m', ('h',))), {'d': 80})
@@ -98,3 +83,72 @@ def alibi_grouped(Q, K, V, m, *, interpret=None):
         out0_ref[...] = t_7.astype(out0_ref.dtype)
     outs = pl.pallas_call(kernel, out_shape=[jax.ShapeDtypeStruct((p['b'], p['h'], p['q'], p['d']), jnp.float32)], grid=(n['b'], n['h'], p['q'] // 32), in_specs=[pl.BlockSpec((None, None, 32, p['d']), lambda i_b, i_h, i_q: (i_b, i_h, i_q, 0)), pl.BlockSpec((None, None, p['x'], p['d']), lambda i_b, i_h, i_q: (i_b, i_h, 0, 0)), pl.BlockSpec((None, None, p['x'], p['d']), lambda i_b, i_h, i_q: (i_b, i_h, 0, 0)), pl.BlockSpec((None,), lambda i_b, i_h, i_q: (i_h,))], out_specs=[pl.BlockSpec((None, None, 32, p['d']), lambda i_b, i_h, i_q: (i_b, i_h, i_q, 0))], interpret=interpret)(Q_padded, K_padded, V_padded, m_padded)
     return outs[0][:, :, :n['q'], :n['d']]
+
+def alibi_grouped_backward(Q, K, V, m, d_out):
+    """The VJP diagram, unscheduled."""
+    n = bind_sizes((Q, K, V, m, d_out), (('Q', ('b', 'h', 'q', 'd')), ('K', ('b', 'h', 'x', 'd')), ('V', ('b', 'h', 'x', 'd')), ('m', ('h',)), ('d_out', ('b', 'h', 'q', 'd'))), {'d': 80})
+    Q_2 = jnp.asarray(Q, jnp.float32)
+    K_2 = jnp.asarray(K, jnp.float32)
+    V_2 = jnp.asarray(V, jnp.float32)
+    m_2 = jnp.asarray(m, jnp.float32)
+    d_out_2 = jnp.asarray(d_out, jnp.float32)
+    t = jnp.einsum('abcd,abed->abce', Q_2, K_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+    t_2 = lax.rsqrt(jnp.float32(float(n['d'])))
+    t_3 = t * t_2
+    t_4 = jnp.asarray(lax.broadcasted_iota(jnp.int32, (n['q'], n['x']), 0) - lax.broadcasted_iota(jnp.int32, (n['q'], n['x']), 1), jnp.float32)
+    t_5 = m_2[:, None, None] * t_4[None, :, :]
+    S = t_3 - t_5[None, :, :, :]
+    M = jnp.where(lax.broadcasted_iota(jnp.int32, (n['b'], n['h'], n['q'], n['x']), 2) >= lax.broadcasted_iota(jnp.int32, (n['b'], n['h'], n['q'], n['x']), 3), S, -INF)
+    shift = jnp.maximum(jnp.max(M, axis=(3,), keepdims=True), -BIG)
+    shifted = M - shift
+    top = jnp.exp(shifted)
+    z = jnp.sum(top, axis=(3,), keepdims=True)
+    t_6 = jnp.where(z == 0.0, 0.0, top / jnp.where(z == 0.0, 1.0, z))
+    dt_6 = jnp.einsum('abcd,abed->abce', d_out_2, V_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+    t_1 = dt_6 * t_6
+    t_2_2 = jnp.sum(t_1, axis=(3,))
+    t_3_2 = dt_6 - t_2_2[:, :, :, None]
+    dM = t_6 * t_3_2
+    dS = jnp.where(lax.broadcasted_iota(jnp.int32, (n['b'], n['h'], n['q'], n['x']), 2) >= lax.broadcasted_iota(jnp.int32, (n['b'], n['h'], n['q'], n['x']), 3), dM, 0.0)
+    t_4_2 = -dS
+    dt_5 = jnp.sum(t_4_2, axis=(0,))
+    dt = dS * t_2
+    dQ = jnp.einsum('abcd,abde->abce', dt, K_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+    dK = jnp.einsum('abcd,abce->abde', dt, Q_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+    dV = jnp.einsum('abcd,abce->abde', d_out_2, t_6, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+    t_5_2 = dt_5 * t_4[None, :, :]
+    dm = jnp.sum(t_5_2, axis=(1, 2))
+    return (dQ, dK, jnp.transpose(dV, (0, 1, 3, 2)), dm)
+
+def alibi_grouped(Q, K, V, m, *, interpret=None):
+    """`alibi_grouped` lowered by napkin to a JAX Pallas kernel.
+    
+    Theorem: alibi_grouped
+    Proved by: ...
+    Diagram (as the proof rewrote it):
+        diagram alibi(Q: [b h q d], K: [b h x d], V: [b h x d], m: [h]) -> [b h q d] {
+          S = contract[d](Q, K) * rsqrt(d) - m * index[q x](q - x)
+          M = where[q x](q >= x, S, -inf)
+          return contract[x](softmax[x](M), V)
+        }
+    Schedule: group q by gq at smem
+    Tiles: q: gq = 32 (given)
+    Placement: grid over b (one program per position), h (one program per position), q (blocks of 32)
+    Cost bound: ...
+    Dtype: inputs and outputs float32; arithmetic and accumulation in float32.
+    Gradients: a jax.custom_vjp; residuals are the inputs only; the backward is the diagram's VJP (napkin_cat.grad) lowered unscheduled to plain JAX, its intermediates materialised whole.
+    """
+
+    @jax.custom_vjp
+    def run(*args):
+        return alibi_grouped_forward(*args, interpret=interpret)
+
+    def run_fwd(*args):
+        return (alibi_grouped_forward(*args, interpret=interpret), args)
+
+    def run_bwd(args, cts):
+        grads = alibi_grouped_backward(*args, *(cts if isinstance(cts, tuple) else (cts,)))
+        grads = grads if isinstance(grads, tuple) else (grads,)
+        return tuple((g.astype(jnp.result_type(a)) for g, a in zip(grads, args)))
+    run.defvjp(run_fwd, run_bwd)
+    return run(Q, K, V, m)

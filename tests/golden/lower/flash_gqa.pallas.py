@@ -46,23 +46,8 @@ def pad_to(array, extents, dtype):
     widths = [(0, extent - size) for extent, size in zip(extents, array.shape, strict=True)]
     return jnp.pad(array, widths) if any((w for _, w in widths)) else array
 
-def flash_gqa(Q, K, V, *, interpret=None):
-    """`flash_gqa` lowered by napkin to a JAX Pallas kernel.
-    
-    Theorem: flash_gqa
-    Proved by: ...
-    Diagram (as the proof rewrote it):
-        diagram gqa(Q: [b h g q d], K: [b h x d], V: [b h x d]) -> [b h g q d] {
-          S = contract[d](Q, K) * rsqrt(d)
-          O = ncontract[x; exp, exp, id](S, V)
-          return O
-        }
-    Schedule: group b by 1 at smem; group h by 1 at smem; group g by gg at smem; group q by gq at smem; stream x by sx at smem via online_softmax
-    Tiles: b: 1, h: 1, g: gg = 1, q: gq = 32, x: sx = 32 (given)
-    Placement: grid over b (one program per position), h (one program per position), g (one program per position), q (blocks of 32); x streamed in chunks of 32 carrying online_softmax
-    Cost bound: ...
-    Dtype: inputs and outputs float32; arithmetic and accumulation in float32.
-    """
+def flash_gqa_forward(Q, K, V, *, interpret=None):
+    """The forward kernel (the public function's primal)."""
     if interpret is None:
         interpret = jax.default_backend() != 'gpu'
     n = bind_sizes((Q, K, V), (('Q', ('b', 'h', 'g', 'q', 'd')), ('K', ('b', 'h', 'x', 'd')), ('V', ('b', 'h', 'x', 'd'))), {'d': 64})
@@ -112,3 +97,62 @@ def flash_gqa(Q, K, V, *, interpret=None):
         out0_ref[...] = final_t_2.astype(out0_ref.dtype)
     outs = pl.pallas_call(kernel, out_shape=[jax.ShapeDtypeStruct((p['b'], p['h'], p['g'], p['q'], p['d']), jnp.float32)], grid=(n['b'], n['h'], n['g'], p['q'] // 32), in_specs=[pl.BlockSpec((None, None, None, 32, p['d']), lambda i_b, i_h, i_g, i_q: (i_b, i_h, i_g, i_q, 0)), pl.BlockSpec((None, None, p['x'], p['d']), lambda i_b, i_h, i_g, i_q: (i_b, i_h, 0, 0)), pl.BlockSpec((None, None, p['x'], p['d']), lambda i_b, i_h, i_g, i_q: (i_b, i_h, 0, 0))], out_specs=[pl.BlockSpec((None, None, None, 32, p['d']), lambda i_b, i_h, i_g, i_q: (i_b, i_h, i_g, i_q, 0))], interpret=interpret)(Q_padded, K_padded, V_padded)
     return outs[0][:, :, :, :n['q'], :n['d']]
+
+def flash_gqa_backward(Q, K, V, dO):
+    """The VJP diagram, unscheduled."""
+    n = bind_sizes((Q, K, V, dO), (('Q', ('b', 'h', 'g', 'q', 'd')), ('K', ('b', 'h', 'x', 'd')), ('V', ('b', 'h', 'x', 'd')), ('dO', ('b', 'h', 'g', 'q', 'd'))), {'d': 64})
+    Q_2 = jnp.asarray(Q, jnp.float32)
+    K_2 = jnp.asarray(K, jnp.float32)
+    V_2 = jnp.asarray(V, jnp.float32)
+    dO_2 = jnp.asarray(dO, jnp.float32)
+    t = jnp.einsum('abcde,abfe->abcdf', Q_2, K_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+    t_2 = lax.rsqrt(jnp.float32(float(n['d'])))
+    S = t * t_2
+    shift = jnp.maximum(jnp.max(S, axis=(4,), keepdims=True), -BIG)
+    shifted = S - shift
+    top = jnp.exp(shifted)
+    z = jnp.sum(top, axis=(4,), keepdims=True)
+    t_3 = jnp.where(z == 0.0, 0.0, top / jnp.where(z == 0.0, 1.0, z))
+    dt_3 = jnp.einsum('abcde,abfe->abcdf', dO_2, V_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+    t_1 = dt_3 * t_3
+    t_2_2 = jnp.sum(t_1, axis=(4,))
+    t_3_2 = dt_3 - t_2_2[:, :, :, :, None]
+    dS = t_3 * t_3_2
+    dt = dS * t_2
+    dQ = jnp.einsum('abcde,abef->abcdf', dt, K_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+    dK = jnp.einsum('abcde,abcdf->abef', dt, Q_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+    dV = jnp.einsum('abcde,abcdf->abef', dO_2, t_3, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+    return (dQ, dK, jnp.transpose(dV, (0, 1, 3, 2)))
+
+def flash_gqa(Q, K, V, *, interpret=None):
+    """`flash_gqa` lowered by napkin to a JAX Pallas kernel.
+    
+    Theorem: flash_gqa
+    Proved by: ...
+    Diagram (as the proof rewrote it):
+        diagram gqa(Q: [b h g q d], K: [b h x d], V: [b h x d]) -> [b h g q d] {
+          S = contract[d](Q, K) * rsqrt(d)
+          O = ncontract[x; exp, exp, id](S, V)
+          return O
+        }
+    Schedule: group b by 1 at smem; group h by 1 at smem; group g by gg at smem; group q by gq at smem; stream x by sx at smem via online_softmax
+    Tiles: b: 1, h: 1, g: gg = 1, q: gq = 32, x: sx = 32 (given)
+    Placement: grid over b (one program per position), h (one program per position), g (one program per position), q (blocks of 32); x streamed in chunks of 32 carrying online_softmax
+    Cost bound: ...
+    Dtype: inputs and outputs float32; arithmetic and accumulation in float32.
+    Gradients: a jax.custom_vjp; residuals are the inputs only; the backward is the diagram's VJP (napkin_cat.grad) lowered unscheduled to plain JAX, its intermediates materialised whole.
+    """
+
+    @jax.custom_vjp
+    def run(*args):
+        return flash_gqa_forward(*args, interpret=interpret)
+
+    def run_fwd(*args):
+        return (flash_gqa_forward(*args, interpret=interpret), args)
+
+    def run_bwd(args, cts):
+        grads = flash_gqa_backward(*args, *(cts if isinstance(cts, tuple) else (cts,)))
+        grads = grads if isinstance(grads, tuple) else (grads,)
+        return tuple((g.astype(jnp.result_type(a)) for g, a in zip(grads, args)))
+    run.defvjp(run_fwd, run_bwd)
+    return run(Q, K, V)

@@ -45,6 +45,7 @@ def flash_mha(Q, K, V):
     Placement: vectorised over b, h, q; x streamed in chunks of 64 carrying online_softmax
     Cost bound: ...
     Dtype: inputs and outputs float32; arithmetic and accumulation in float32.
+    Gradients: jax.grad differentiates this code; the streamed step is checkpointed (the backward keeps per-chunk carries, not the whole of any streamed axis).
     """
     n = bind_sizes((Q, K, V), (('Q', ('b', 'h', 'q', 'd')), ('K', ('b', 'h', 'x', 'd')), ('V', ('b', 'h', 'x', 'd'))), {'d': 64})
     Q_2 = jnp.asarray(Q, jnp.float32)

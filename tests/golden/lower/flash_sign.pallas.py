@@ -46,23 +46,8 @@ def pad_to(array, extents, dtype):
     widths = [(0, extent - size) for extent, size in zip(extents, array.shape, strict=True)]
     return jnp.pad(array, widths) if any((w for _, w in widths)) else array
 
-def flash_sign(Q, K, V, *, interpret=None):
-    """`flash_sign` lowered by napkin to a JAX Pallas kernel.
-    
-    Theorem: flash_sign
-    Proved by: ...
-    Diagram (as the proof rewrote it):
-        diagram spherical_attention(Q: [q d], K: [x d], V: [x d]) -> [q d] {
-          S = contract[d](Q, K)
-          O = ncontract[x; id, square, sqrt](S, V)
-          return O
-        }
-    Schedule: group q by gq at smem; stream x by sx at smem via normalised
-    Tiles: q: gq = 32, x: sx = 32 (given)
-    Placement: grid over q (blocks of 32); x streamed in chunks of 32 carrying normalised
-    Cost bound: ...
-    Dtype: inputs and outputs float32; arithmetic and accumulation in float32.
-    """
+def flash_sign_forward(Q, K, V, *, interpret=None):
+    """The forward kernel (the public function's primal)."""
     if interpret is None:
         interpret = jax.default_backend() != 'gpu'
     n = bind_sizes((Q, K, V), (('Q', ('q', 'd')), ('K', ('x', 'd')), ('V', ('x', 'd'))), {'d': 128})
@@ -95,3 +80,60 @@ def flash_sign(Q, K, V, *, interpret=None):
         out0_ref[...] = final_t_3.astype(out0_ref.dtype)
     outs = pl.pallas_call(kernel, out_shape=[jax.ShapeDtypeStruct((p['q'], p['d']), jnp.float32)], grid=(p['q'] // 32,), in_specs=[pl.BlockSpec((32, p['d']), lambda i_q: (i_q, 0)), pl.BlockSpec((p['x'], p['d']), lambda i_q: (0, 0)), pl.BlockSpec((p['x'], p['d']), lambda i_q: (0, 0))], out_specs=[pl.BlockSpec((32, p['d']), lambda i_q: (i_q, 0))], interpret=interpret)(Q_padded, K_padded, V_padded)
     return outs[0][:n['q'], :n['d']]
+
+def flash_sign_backward(Q, K, V, dO):
+    """The VJP diagram, unscheduled."""
+    n = bind_sizes((Q, K, V, dO), (('Q', ('q', 'd')), ('K', ('x', 'd')), ('V', ('x', 'd')), ('dO', ('q', 'd'))), {'d': 128})
+    Q_2 = jnp.asarray(Q, jnp.float32)
+    K_2 = jnp.asarray(K, jnp.float32)
+    V_2 = jnp.asarray(V, jnp.float32)
+    dO_2 = jnp.asarray(dO, jnp.float32)
+    S = jnp.einsum('ab,cb->ac', Q_2, K_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+    z = jnp.sqrt(jnp.sum(S * S, axis=(1,), keepdims=True))
+    t = jnp.where(z == 0.0, 0.0, S / jnp.where(z == 0.0, 1.0, z))
+    dt = jnp.einsum('ab,cb->ac', dO_2, V_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+    t_1 = dt * t
+    t_2 = jnp.sum(t_1, axis=(1,))
+    t_3 = t * t_2[:, None]
+    t_4 = dt - t_3
+    t_5 = S * S
+    t_6 = jnp.sum(t_5, axis=(1,))
+    t_7 = jnp.sqrt(t_6)
+    dS = t_4 / t_7[:, None]
+    dQ = jnp.einsum('ab,bc->ac', dS, K_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+    dK = jnp.einsum('ab,ac->bc', dS, Q_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+    dV = jnp.einsum('ab,ac->bc', dO_2, t, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+    return (dQ, dK, jnp.transpose(dV, (1, 0)))
+
+def flash_sign(Q, K, V, *, interpret=None):
+    """`flash_sign` lowered by napkin to a JAX Pallas kernel.
+    
+    Theorem: flash_sign
+    Proved by: ...
+    Diagram (as the proof rewrote it):
+        diagram spherical_attention(Q: [q d], K: [x d], V: [x d]) -> [q d] {
+          S = contract[d](Q, K)
+          O = ncontract[x; id, square, sqrt](S, V)
+          return O
+        }
+    Schedule: group q by gq at smem; stream x by sx at smem via normalised
+    Tiles: q: gq = 32, x: sx = 32 (given)
+    Placement: grid over q (blocks of 32); x streamed in chunks of 32 carrying normalised
+    Cost bound: ...
+    Dtype: inputs and outputs float32; arithmetic and accumulation in float32.
+    Gradients: a jax.custom_vjp; residuals are the inputs only; the backward is the diagram's VJP (napkin_cat.grad) lowered unscheduled to plain JAX, its intermediates materialised whole.
+    """
+
+    @jax.custom_vjp
+    def run(*args):
+        return flash_sign_forward(*args, interpret=interpret)
+
+    def run_fwd(*args):
+        return (flash_sign_forward(*args, interpret=interpret), args)
+
+    def run_bwd(args, cts):
+        grads = flash_sign_backward(*args, *(cts if isinstance(cts, tuple) else (cts,)))
+        grads = grads if isinstance(grads, tuple) else (grads,)
+        return tuple((g.astype(jnp.result_type(a)) for g, a in zip(grads, args)))
+    run.defvjp(run_fwd, run_bwd)
+    return run(Q, K, V)

@@ -46,23 +46,8 @@ def pad_to(array, extents, dtype):
     widths = [(0, extent - size) for extent, size in zip(extents, array.shape, strict=True)]
     return jnp.pad(array, widths) if any((w for _, w in widths)) else array
 
-def flash_wide(Q, K, V, *, interpret=None):
-    """`flash_wide` lowered by napkin to a JAX Pallas kernel.
-    
-    Theorem: flash_wide
-    Proved by: ...
-    Diagram (as the proof rewrote it):
-        diagram wide(Q: [q d], K: [x d], V: [x d]) -> [q d] {
-          S = contract[d](Q, K) * rsqrt(d)
-          O = ncontract[x; exp, exp, id](S, V)
-          return O
-        }
-    Schedule: group q by gq at smem; stream x by sx at smem via online_softmax
-    Tiles: q: gq = 32, x: sx = 32 (given)
-    Placement: grid over q (blocks of 32); x streamed in chunks of 32 carrying online_softmax
-    Cost bound: ...
-    Dtype: inputs and outputs float32; arithmetic and accumulation in float32.
-    """
+def flash_wide_forward(Q, K, V, *, interpret=None):
+    """The forward kernel (the public function's primal)."""
     if interpret is None:
         interpret = jax.default_backend() != 'gpu'
     n = bind_sizes((Q, K, V), (('Q', ('q', 'd')), ('K', ('x', 'd')), ('V', ('x', 'd'))), {'d': 80})
@@ -109,3 +94,62 @@ def flash_wide(Q, K, V, *, interpret=None):
         out0_ref[...] = final_t_2.astype(out0_ref.dtype)
     outs = pl.pallas_call(kernel, out_shape=[jax.ShapeDtypeStruct((p['q'], p['d']), jnp.float32)], grid=(p['q'] // 32,), in_specs=[pl.BlockSpec((32, p['d']), lambda i_q: (i_q, 0)), pl.BlockSpec((p['x'], p['d']), lambda i_q: (0, 0)), pl.BlockSpec((p['x'], p['d']), lambda i_q: (0, 0))], out_specs=[pl.BlockSpec((32, p['d']), lambda i_q: (i_q, 0))], interpret=interpret)(Q_padded, K_padded, V_padded)
     return outs[0][:n['q'], :n['d']]
+
+def flash_wide_backward(Q, K, V, dO):
+    """The VJP diagram, unscheduled."""
+    n = bind_sizes((Q, K, V, dO), (('Q', ('q', 'd')), ('K', ('x', 'd')), ('V', ('x', 'd')), ('dO', ('q', 'd'))), {'d': 80})
+    Q_2 = jnp.asarray(Q, jnp.float32)
+    K_2 = jnp.asarray(K, jnp.float32)
+    V_2 = jnp.asarray(V, jnp.float32)
+    dO_2 = jnp.asarray(dO, jnp.float32)
+    t = jnp.einsum('ab,cb->ac', Q_2, K_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+    t_2 = lax.rsqrt(jnp.float32(float(n['d'])))
+    S = t * t_2
+    shift = jnp.maximum(jnp.max(S, axis=(1,), keepdims=True), -BIG)
+    shifted = S - shift
+    top = jnp.exp(shifted)
+    z = jnp.sum(top, axis=(1,), keepdims=True)
+    t_3 = jnp.where(z == 0.0, 0.0, top / jnp.where(z == 0.0, 1.0, z))
+    dt_3 = jnp.einsum('ab,cb->ac', dO_2, V_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+    t_1 = dt_3 * t_3
+    t_2_2 = jnp.sum(t_1, axis=(1,))
+    t_3_2 = dt_3 - t_2_2[:, None]
+    dS = t_3 * t_3_2
+    dt = dS * t_2
+    dQ = jnp.einsum('ab,bc->ac', dt, K_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+    dK = jnp.einsum('ab,ac->bc', dt, Q_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+    dV = jnp.einsum('ab,ac->bc', dO_2, t_3, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+    return (dQ, dK, jnp.transpose(dV, (1, 0)))
+
+def flash_wide(Q, K, V, *, interpret=None):
+    """`flash_wide` lowered by napkin to a JAX Pallas kernel.
+    
+    Theorem: flash_wide
+    Proved by: ...
+    Diagram (as the proof rewrote it):
+        diagram wide(Q: [q d], K: [x d], V: [x d]) -> [q d] {
+          S = contract[d](Q, K) * rsqrt(d)
+          O = ncontract[x; exp, exp, id](S, V)
+          return O
+        }
+    Schedule: group q by gq at smem; stream x by sx at smem via online_softmax
+    Tiles: q: gq = 32, x: sx = 32 (given)
+    Placement: grid over q (blocks of 32); x streamed in chunks of 32 carrying online_softmax
+    Cost bound: ...
+    Dtype: inputs and outputs float32; arithmetic and accumulation in float32.
+    Gradients: a jax.custom_vjp; residuals are the inputs only; the backward is the diagram's VJP (napkin_cat.grad) lowered unscheduled to plain JAX, its intermediates materialised whole.
+    """
+
+    @jax.custom_vjp
+    def run(*args):
+        return flash_wide_forward(*args, interpret=interpret)
+
+    def run_fwd(*args):
+        return (flash_wide_forward(*args, interpret=interpret), args)
+
+    def run_bwd(args, cts):
+        grads = flash_wide_backward(*args, *(cts if isinstance(cts, tuple) else (cts,)))
+        grads = grads if isinstance(grads, tuple) else (grads,)
+        return tuple((g.astype(jnp.result_type(a)) for g, a in zip(grads, args)))
+    run.defvjp(run_fwd, run_bwd)
+    return run(Q, K, V)

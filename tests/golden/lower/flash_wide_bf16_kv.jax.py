@@ -45,6 +45,7 @@ def flash_wide_bf16_kv(Q, K, V):
     Placement: vectorised over q; x streamed in chunks of 32 carrying online_softmax
     Cost bound: ...
     Dtype: inputs and outputs float32; arithmetic and accumulation in float32.
+    Gradients: jax.grad differentiates this code; the streamed step is checkpointed (the backward keeps per-chunk carries, not the whole of any streamed axis).
     """
     n = bind_sizes((Q, K, V), (('Q', ('q', 'd')), ('K', ('x', 'd')), ('V', ('x', 'd'))), {'d': 80})
     Q_2 = jnp.asarray(Q, jnp.float32)

@@ -55,6 +55,7 @@ def fused_mlp_first_layer(X, W1, B1, W2, B2):
     Placement: vectorised over t; f streamed in chunks of 32 carrying sum
     Cost bound: ...
     Dtype: inputs and outputs float32; arithmetic and accumulation in float32.
+    Gradients: jax.grad differentiates this code; the streamed step is checkpointed (the backward keeps per-chunk carries, not the whole of any streamed axis).
     """
     n = bind_sizes((X, W1, B1, W2, B2), (('X', ('t', 'd')), ('W1', ('d', 'f')), ('B1', ('f',)), ('W2', ('f', 'd')), ('B2', ('d',))), {})
     X_2 = jnp.asarray(X, jnp.float32)

@@ -56,23 +56,8 @@ def erf(x):
     poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
     return jnp.sign(x) * (1.0 - poly * jnp.exp(-x * x))
 
-def fused_mlp_first_layer(X, W1, B1, W2, B2, *, interpret=None):
-    """`fused_mlp_first_layer` lowered by napkin to a JAX Pallas kernel.
-    
-    Theorem: fused_mlp_first_layer
-    Proved by: ...
-    Diagram (as the proof rewrote it):
-        diagram mlp(X: [t d], W1: [d f], B1: [f], W2: [f d], B2: [d]) -> [t d] {
-          H = gelu(contract[d](X, W1) + B1)
-          Y = contract[f](H, W2) + B2
-          return Y
-        }
-    Schedule: group t by gt at smem; stream f by sf at smem via sum
-    Tiles: t: gt = 32, f: sf = 32 (given)
-    Placement: grid over t (blocks of 32); f streamed in chunks of 32 carrying sum
-    Cost bound: ...
-    Dtype: inputs and outputs float32; arithmetic and accumulation in float32.
-    """
+def fused_mlp_first_layer_forward(X, W1, B1, W2, B2, *, interpret=None):
+    """The forward kernel (the public function's primal)."""
     if interpret is None:
         interpret = jax.default_backend() != 'gpu'
     n = bind_sizes((X, W1, B1, W2, B2), (('X', ('t', 'd')), ('W1', ('d', 'f')), ('B1', ('f',)), ('W2', ('f', 'd')), ('B2', ('d',))), {})
@@ -106,3 +91,71 @@ def fused_mlp_first_layer(X, W1, B1, W2, B2, *, interpret=None):
         out0_ref[...] = Y.astype(out0_ref.dtype)
     outs = pl.pallas_call(kernel, out_shape=[jax.ShapeDtypeStruct((p['t'], p['d']), jnp.float32)], grid=(p['t'] // 32,), in_specs=[pl.BlockSpec((32, p['d']), lambda i_t: (i_t, 0)), pl.BlockSpec((p['d'], p['f']), lambda i_t: (0, 0)), pl.BlockSpec((p['f'],), lambda i_t: (0,)), pl.BlockSpec((p['f'], p['d']), lambda i_t: (0, 0)), pl.BlockSpec((p['d'],), lambda i_t: (0,))], out_specs=[pl.BlockSpec((32, p['d']), lambda i_t: (i_t, 0))], interpret=interpret)(X_padded, W1_padded, B1_padded, W2_padded, B2_padded)
     return outs[0][:n['t'], :n['d']]
+
+def fused_mlp_first_layer_backward(X, W1, B1, W2, B2, dY):
+    """The VJP diagram, unscheduled."""
+    n = bind_sizes((X, W1, B1, W2, B2, dY), (('X', ('t', 'd')), ('W1', ('d', 'f')), ('B1', ('f',)), ('W2', ('f', 'd')), ('B2', ('d',)), ('dY', ('t', 'd'))), {})
+    X_2 = jnp.asarray(X, jnp.float32)
+    W1_2 = jnp.asarray(W1, jnp.float32)
+    B1_2 = jnp.asarray(B1, jnp.float32)
+    W2_2 = jnp.asarray(W2, jnp.float32)
+    B2_2 = jnp.asarray(B2, jnp.float32)
+    dY_2 = jnp.asarray(dY, jnp.float32)
+    t_2 = jnp.einsum('ab,bc->ac', X_2, W1_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+    t_3 = t_2 + B1_2[None, :]
+    H = 0.5 * t_3 * (1.0 + erf(t_3 * 0.7071067811865476))
+    dH = jnp.einsum('ab,cb->ac', dY_2, W2_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+    t_1 = t_3 - 0.0
+    t_2_2 = jnp.sign(t_1)
+    t_3_2 = t_2_2 * t_2_2
+    t_4 = 1.0 - t_3_2
+    t_5 = 0.5 * t_4
+    t_6 = H + t_5
+    t_11 = t_3 + t_4
+    t_12 = t_6 / t_11
+    t_13 = 0.3989422804014327 * t_3
+    t_14 = t_3 * t_3
+    t_15 = -0.5 * t_14
+    t_16 = jnp.exp(t_15)
+    t_17 = t_13 * t_16
+    t_18 = t_12 + t_17
+    dt_3 = dH * t_18
+    dX = jnp.einsum('ab,cb->ac', dt_3, W1_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+    dW1 = jnp.einsum('ab,ac->bc', dt_3, X_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+    dB1 = jnp.sum(dt_3, axis=(0,))
+    dW2 = jnp.einsum('ab,ac->bc', dY_2, H, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+    dB2 = jnp.sum(dY_2, axis=(0,))
+    return (dX, jnp.transpose(dW1, (1, 0)), dB1, jnp.transpose(dW2, (1, 0)), dB2)
+
+def fused_mlp_first_layer(X, W1, B1, W2, B2, *, interpret=None):
+    """`fused_mlp_first_layer` lowered by napkin to a JAX Pallas kernel.
+    
+    Theorem: fused_mlp_first_layer
+    Proved by: ...
+    Diagram (as the proof rewrote it):
+        diagram mlp(X: [t d], W1: [d f], B1: [f], W2: [f d], B2: [d]) -> [t d] {
+          H = gelu(contract[d](X, W1) + B1)
+          Y = contract[f](H, W2) + B2
+          return Y
+        }
+    Schedule: group t by gt at smem; stream f by sf at smem via sum
+    Tiles: t: gt = 32, f: sf = 32 (given)
+    Placement: grid over t (blocks of 32); f streamed in chunks of 32 carrying sum
+    Cost bound: ...
+    Dtype: inputs and outputs float32; arithmetic and accumulation in float32.
+    Gradients: a jax.custom_vjp; residuals are the inputs only; the backward is the diagram's VJP (napkin_cat.grad) lowered unscheduled to plain JAX, its intermediates materialised whole.
+    """
+
+    @jax.custom_vjp
+    def run(*args):
+        return fused_mlp_first_layer_forward(*args, interpret=interpret)
+
+    def run_fwd(*args):
+        return (fused_mlp_first_layer_forward(*args, interpret=interpret), args)
+
+    def run_bwd(args, cts):
+        grads = fused_mlp_first_layer_backward(*args, *(cts if isinstance(cts, tuple) else (cts,)))
+        grads = grads if isinstance(grads, tuple) else (grads,)
+        return tuple((g.astype(jnp.result_type(a)) for g, a in zip(grads, args)))
+    run.defvjp(run_fwd, run_bwd)
+    return run(X, W1, B1, W2, B2)

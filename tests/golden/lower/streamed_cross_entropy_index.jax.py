@@ -44,6 +44,7 @@ def streamed_cross_entropy_index(Z, L):
     Placement: vectorised over t; v streamed in chunks of 32 carrying logsumexp, sum
     Cost bound: ...
     Dtype: inputs and outputs float32; arithmetic and accumulation in float32.
+    Gradients: jax.grad differentiates this code; the streamed step is checkpointed (the backward keeps per-chunk carries, not the whole of any streamed axis).
     """
     n = bind_sizes((Z, L), (('Z', ('t', 'v')), ('L', ('t',))), {})
     Z_2 = jnp.asarray(Z, jnp.float32)

@@ -46,22 +46,8 @@ def pad_to(array, extents, dtype):
     widths = [(0, extent - size) for extent, size in zip(extents, array.shape, strict=True)]
     return jnp.pad(array, widths) if any((w for _, w in widths)) else array
 
-def streamed_cross_entropy_index(Z, L, *, interpret=None):
-    """`streamed_cross_entropy_index` lowered by napkin to a JAX Pallas kernel.
-    
-    Theorem: streamed_cross_entropy_index
-    Proved by: ...
-    Diagram (as the proof rewrote it):
-        diagram cross_entropy_index(Z: [t v], L: [t]) -> [t] {
-          Y = onehot[v](L)
-          return logsumexp[v](Z) - contract[v](Y, Z)
-        }
-    Schedule: group t by gt at smem; stream v by sv at smem via logsumexp
-    Tiles: t: gt = 32, v: sv = 32 (given)
-    Placement: grid over t (blocks of 32); v streamed in chunks of 32 carrying logsumexp, sum
-    Cost bound: ...
-    Dtype: inputs and outputs float32; arithmetic and accumulation in float32.
-    """
+def streamed_cross_entropy_index_forward(Z, L, *, interpret=None):
+    """The forward kernel (the public function's primal)."""
     if interpret is None:
         interpret = jax.default_backend() != 'gpu'
     n = bind_sizes((Z, L), (('Z', ('t', 'v')), ('L', ('t',))), {})
@@ -104,3 +90,54 @@ def streamed_cross_entropy_index(Z, L, *, interpret=None):
         out0_ref[...] = t_3.astype(out0_ref.dtype)
     outs = pl.pallas_call(kernel, out_shape=[jax.ShapeDtypeStruct((p['t'],), jnp.float32)], grid=(p['t'] // 32,), in_specs=[pl.BlockSpec((32, p['v']), lambda i_t: (i_t, 0)), pl.BlockSpec((32,), lambda i_t: (i_t,))], out_specs=[pl.BlockSpec((32,), lambda i_t: (i_t,))], interpret=interpret)(Z_padded, L_padded)
     return outs[0][:n['t'],]
+
+def streamed_cross_entropy_index_backward(Z, L, d_out):
+    """The VJP diagram, unscheduled."""
+    n = bind_sizes((Z, L, d_out), (('Z', ('t', 'v')), ('L', ('t',)), ('d_out', ('t',))), {})
+    Z_2 = jnp.asarray(Z, jnp.float32)
+    L_2 = jnp.asarray(L, jnp.float32)
+    d_out_2 = jnp.asarray(d_out, jnp.float32)
+    Y = jnp.where(L_2[:, None] == jnp.asarray(lax.broadcasted_iota(jnp.int32, (n['t'], n['v']), 1), jnp.float32), 1.0, 0.0)
+    dt_3 = -d_out_2
+    t_1 = dt_3[:, None] * Y
+    shift = jnp.maximum(jnp.max(Z_2, axis=(1,), keepdims=True), -BIG)
+    shifted = Z_2 - shift
+    top = jnp.exp(shifted)
+    z = jnp.sum(top, axis=(1,), keepdims=True)
+    t_2 = jnp.where(z == 0.0, 0.0, top / jnp.where(z == 0.0, 1.0, z))
+    t_3 = d_out_2[:, None] * t_2
+    dZ = t_1 + t_3
+    t_4 = jnp.broadcast_to(jnp.where(lax.broadcasted_iota(jnp.int32, (n['t'],), 0) == lax.broadcasted_iota(jnp.int32, (n['t'],), 0), jnp.float32(0.0), 0.0), (n['t'],))
+    return (dZ, t_4)
+
+def streamed_cross_entropy_index(Z, L, *, interpret=None):
+    """`streamed_cross_entropy_index` lowered by napkin to a JAX Pallas kernel.
+    
+    Theorem: streamed_cross_entropy_index
+    Proved by: ...
+    Diagram (as the proof rewrote it):
+        diagram cross_entropy_index(Z: [t v], L: [t]) -> [t] {
+          Y = onehot[v](L)
+          return logsumexp[v](Z) - contract[v](Y, Z)
+        }
+    Schedule: group t by gt at smem; stream v by sv at smem via logsumexp
+    Tiles: t: gt = 32, v: sv = 32 (given)
+    Placement: grid over t (blocks of 32); v streamed in chunks of 32 carrying logsumexp, sum
+    Cost bound: ...
+    Dtype: inputs and outputs float32; arithmetic and accumulation in float32.
+    Gradients: a jax.custom_vjp; residuals are the inputs only; the backward is the diagram's VJP (napkin_cat.grad) lowered unscheduled to plain JAX, its intermediates materialised whole.
+    """
+
+    @jax.custom_vjp
+    def run(*args):
+        return streamed_cross_entropy_index_forward(*args, interpret=interpret)
+
+    def run_fwd(*args):
+        return (streamed_cross_entropy_index_forward(*args, interpret=interpret), args)
+
+    def run_bwd(args, cts):
+        grads = streamed_cross_entropy_index_backward(*args, *(cts if isinstance(cts, tuple) else (cts,)))
+        grads = grads if isinstance(grads, tuple) else (grads,)
+        return tuple((g.astype(jnp.result_type(a)) for g, a in zip(grads, args)))
+    run.defvjp(run_fwd, run_bwd)
+    return run(Z, L)

@@ -43,6 +43,7 @@ def streamed_stats(X):
     Placement: vectorised over t; v streamed in chunks of 32 carrying logsumexp, max, min, sum
     Cost bound: ...
     Dtype: inputs and outputs float32; arithmetic and accumulation in float32.
+    Gradients: jax.grad differentiates this code; the streamed step is checkpointed (the backward keeps per-chunk carries, not the whole of any streamed axis).
     """
     n = bind_sizes((X,), (('X', ('t', 'v')),), {})
     X_2 = jnp.asarray(X, jnp.float32)

@@ -46,21 +46,8 @@ def pad_to(array, extents, dtype):
     widths = [(0, extent - size) for extent, size in zip(extents, array.shape, strict=True)]
     return jnp.pad(array, widths) if any((w for _, w in widths)) else array
 
-def streamed_stats(X, *, interpret=None):
-    """`streamed_stats` lowered by napkin to a JAX Pallas kernel.
-    
-    Theorem: streamed_stats
-    Proved by: ...
-    Diagram (as the proof rewrote it):
-        diagram stats(X: [t v]) -> [t], [t], [t], [t], [t] {
-          return max[v](X), min[v](X), mean[v](X), logsumexp[v](X), sum[v](where[t v](v <= t + 3, exp(X), 0))
-        }
-    Schedule: group t by gt at smem; stream v by sv at smem
-    Tiles: t: gt = 32, v: sv = 32 (given)
-    Placement: grid over t (blocks of 32); v streamed in chunks of 32 carrying logsumexp, max, min, sum
-    Cost bound: ...
-    Dtype: inputs and outputs float32; arithmetic and accumulation in float32.
-    """
+def streamed_stats_forward(X, *, interpret=None):
+    """The forward kernel (the public function's primal)."""
     if interpret is None:
         interpret = jax.default_backend() != 'gpu'
     n = bind_sizes((X,), (('X', ('t', 'v')),), {})
@@ -112,3 +99,75 @@ def streamed_stats(X, *, interpret=None):
         out4_ref[...] = t_7_s_2.astype(out4_ref.dtype)
     outs = pl.pallas_call(kernel, out_shape=[jax.ShapeDtypeStruct((p['t'],), jnp.float32), jax.ShapeDtypeStruct((p['t'],), jnp.float32), jax.ShapeDtypeStruct((p['t'],), jnp.float32), jax.ShapeDtypeStruct((p['t'],), jnp.float32), jax.ShapeDtypeStruct((p['t'],), jnp.float32)], grid=(p['t'] // 32,), in_specs=[pl.BlockSpec((32, p['v']), lambda i_t: (i_t, 0))], out_specs=[pl.BlockSpec((32,), lambda i_t: (i_t,)), pl.BlockSpec((32,), lambda i_t: (i_t,)), pl.BlockSpec((32,), lambda i_t: (i_t,)), pl.BlockSpec((32,), lambda i_t: (i_t,)), pl.BlockSpec((32,), lambda i_t: (i_t,))], interpret=interpret)(X_padded)
     return (outs[0][:n['t'],], outs[1][:n['t'],], outs[2][:n['t'],], outs[3][:n['t'],], outs[4][:n['t'],])
+
+def streamed_stats_backward(X, d_out0, d_out1, d_out2, d_out3, d_out4):
+    """The VJP diagram, unscheduled."""
+    n = bind_sizes((X, d_out0, d_out1, d_out2, d_out3, d_out4), (('X', ('t', 'v')), ('d_out0', ('t',)), ('d_out1', ('t',)), ('d_out2', ('t',)), ('d_out3', ('t',)), ('d_out4', ('t',))), {})
+    X_2 = jnp.asarray(X, jnp.float32)
+    d_out0_2 = jnp.asarray(d_out0, jnp.float32)
+    d_out1_2 = jnp.asarray(d_out1, jnp.float32)
+    d_out2_2 = jnp.asarray(d_out2, jnp.float32)
+    d_out3_2 = jnp.asarray(d_out3, jnp.float32)
+    d_out4_2 = jnp.asarray(d_out4, jnp.float32)
+    t_2 = jnp.max(X_2, axis=(1,))
+    t_3 = jnp.min(X_2, axis=(1,))
+    t_6 = jnp.exp(X_2)
+    dt_6 = jnp.broadcast_to(jnp.where(lax.broadcasted_iota(jnp.int32, (n['t'], n['v']), 1) <= lax.broadcasted_iota(jnp.int32, (n['t'], n['v']), 0) + 3, d_out4_2[:, None], 0.0), (n['t'], n['v']))
+    t_1 = dt_6 * t_6
+    shift = jnp.maximum(jnp.max(X_2, axis=(1,), keepdims=True), -BIG)
+    shifted = X_2 - shift
+    top = jnp.exp(shifted)
+    z = jnp.sum(top, axis=(1,), keepdims=True)
+    t_2_2 = jnp.where(z == 0.0, 0.0, top / jnp.where(z == 0.0, 1.0, z))
+    t_3_2 = d_out3_2[:, None] * t_2_2
+    t_4 = t_1 + t_3_2
+    t_5 = d_out2_2 / float(n['v'])
+    t_6_2 = t_4 + t_5[:, None]
+    t_7 = X_2 - t_3[:, None]
+    t_8 = jnp.sign(t_7)
+    t_9 = t_8 * t_8
+    t_10 = 1.0 - t_9
+    t_15 = jnp.sum(t_10, axis=(1,))
+    t_16 = t_10 / t_15[:, None]
+    t_17 = d_out1_2[:, None] * t_16
+    t_18 = t_6_2 + t_17
+    t_19 = X_2 - t_2[:, None]
+    t_20 = jnp.sign(t_19)
+    t_21 = t_20 * t_20
+    t_22 = 1.0 - t_21
+    t_27 = jnp.sum(t_22, axis=(1,))
+    t_28 = t_22 / t_27[:, None]
+    t_29 = d_out0_2[:, None] * t_28
+    dX = t_18 + t_29
+    return dX
+
+def streamed_stats(X, *, interpret=None):
+    """`streamed_stats` lowered by napkin to a JAX Pallas kernel.
+    
+    Theorem: streamed_stats
+    Proved by: ...
+    Diagram (as the proof rewrote it):
+        diagram stats(X: [t v]) -> [t], [t], [t], [t], [t] {
+          return max[v](X), min[v](X), mean[v](X), logsumexp[v](X), sum[v](where[t v](v <= t + 3, exp(X), 0))
+        }
+    Schedule: group t by gt at smem; stream v by sv at smem
+    Tiles: t: gt = 32, v: sv = 32 (given)
+    Placement: grid over t (blocks of 32); v streamed in chunks of 32 carrying logsumexp, max, min, sum
+    Cost bound: ...
+    Dtype: inputs and outputs float32; arithmetic and accumulation in float32.
+    Gradients: a jax.custom_vjp; residuals are the inputs only; the backward is the diagram's VJP (napkin_cat.grad) lowered unscheduled to plain JAX, its intermediates materialised whole.
+    """
+
+    @jax.custom_vjp
+    def run(*args):
+        return streamed_stats_forward(*args, interpret=interpret)
+
+    def run_fwd(*args):
+        return (streamed_stats_forward(*args, interpret=interpret), args)
+
+    def run_bwd(args, cts):
+        grads = streamed_stats_backward(*args, *(cts if isinstance(cts, tuple) else (cts,)))
+        grads = grads if isinstance(grads, tuple) else (grads,)
+        return tuple((g.astype(jnp.result_type(a)) for g, a in zip(grads, args)))
+    run.defvjp(run_fwd, run_bwd)
+    return run(X)

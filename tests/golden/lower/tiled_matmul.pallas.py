@@ -46,21 +46,8 @@ def pad_to(array, extents, dtype):
     widths = [(0, extent - size) for extent, size in zip(extents, array.shape, strict=True)]
     return jnp.pad(array, widths) if any((w for _, w in widths)) else array
 
-def tiled_matmul(A, B, *, interpret=None):
-    """`tiled_matmul` lowered by napkin to a JAX Pallas kernel.
-    
-    Theorem: tiled_matmul
-    Proved by: ...
-    Diagram (as the proof rewrote it):
-        diagram matmul(A: [a b], B: [b c]) -> [a c] {
-          return contract[b](A, B)
-        }
-    Schedule: group a by ga at smem; group c by gc at smem; stream b by sb at smem via sum
-    Tiles: a: ga = 32, c: gc = 32, b: sb = 32 (given)
-    Placement: grid over a (blocks of 32), c (blocks of 32); b streamed in chunks of 32 carrying sum
-    Cost bound: ...
-    Dtype: inputs and outputs float32; arithmetic and accumulation in float32.
-    """
+def tiled_matmul_forward(A, B, *, interpret=None):
+    """The forward kernel (the public function's primal)."""
     if interpret is None:
         interpret = jax.default_backend() != 'gpu'
     n = bind_sizes((A, B), (('A', ('a', 'b')), ('B', ('b', 'c'))), {})
@@ -84,3 +71,44 @@ def tiled_matmul(A, B, *, interpret=None):
         out0_ref[...] = t_1_s_2.astype(out0_ref.dtype)
     outs = pl.pallas_call(kernel, out_shape=[jax.ShapeDtypeStruct((p['a'], p['c']), jnp.float32)], grid=(p['a'] // 32, p['c'] // 32), in_specs=[pl.BlockSpec((32, p['b']), lambda i_a, i_c: (i_a, 0)), pl.BlockSpec((p['b'], 32), lambda i_a, i_c: (0, i_c))], out_specs=[pl.BlockSpec((32, 32), lambda i_a, i_c: (i_a, i_c))], interpret=interpret)(A_padded, B_padded)
     return outs[0][:n['a'], :n['c']]
+
+def tiled_matmul_backward(A, B, d_out):
+    """The VJP diagram, unscheduled."""
+    n = bind_sizes((A, B, d_out), (('A', ('a', 'b')), ('B', ('b', 'c')), ('d_out', ('a', 'c'))), {})
+    A_2 = jnp.asarray(A, jnp.float32)
+    B_2 = jnp.asarray(B, jnp.float32)
+    d_out_2 = jnp.asarray(d_out, jnp.float32)
+    dA = jnp.einsum('ab,cb->ac', d_out_2, B_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+    dB = jnp.einsum('ab,ac->bc', d_out_2, A_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+    return (dA, jnp.transpose(dB, (1, 0)))
+
+def tiled_matmul(A, B, *, interpret=None):
+    """`tiled_matmul` lowered by napkin to a JAX Pallas kernel.
+    
+    Theorem: tiled_matmul
+    Proved by: ...
+    Diagram (as the proof rewrote it):
+        diagram matmul(A: [a b], B: [b c]) -> [a c] {
+          return contract[b](A, B)
+        }
+    Schedule: group a by ga at smem; group c by gc at smem; stream b by sb at smem via sum
+    Tiles: a: ga = 32, c: gc = 32, b: sb = 32 (given)
+    Placement: grid over a (blocks of 32), c (blocks of 32); b streamed in chunks of 32 carrying sum
+    Cost bound: ...
+    Dtype: inputs and outputs float32; arithmetic and accumulation in float32.
+    Gradients: a jax.custom_vjp; residuals are the inputs only; the backward is the diagram's VJP (napkin_cat.grad) lowered unscheduled to plain JAX, its intermediates materialised whole.
+    """
+
+    @jax.custom_vjp
+    def run(*args):
+        return tiled_matmul_forward(*args, interpret=interpret)
+
+    def run_fwd(*args):
+        return (tiled_matmul_forward(*args, interpret=interpret), args)
+
+    def run_bwd(args, cts):
+        grads = tiled_matmul_backward(*args, *(cts if isinstance(cts, tuple) else (cts,)))
+        grads = grads if isinstance(grads, tuple) else (grads,)
+        return tuple((g.astype(jnp.result_type(a)) for g, a in zip(grads, args)))
+    run.defvjp(run_fwd, run_bwd)
+    return run(A, B)

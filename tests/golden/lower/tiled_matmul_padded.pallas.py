@@ -60,21 +60,8 @@ def merge_tiles(array, axis, tile):
     shape = kept.shape
     return kept.reshape((*shape[:axis], shape[axis] * tile, *shape[axis + 2:]))
 
-def tiled_matmul_padded(A, B, *, interpret=None):
-    """`tiled_matmul_padded` lowered by napkin to a JAX Pallas kernel.
-    
-    Theorem: tiled_matmul_padded
-    Proved by: ...
-    Diagram (as the proof rewrote it):
-        diagram matmul(A: [a b], B: [b c]) -> [a c] {
-          return contract[b](A, B)
-        }
-    Schedule: group a by 48 at smem pad; group c by 64 at smem; stream b by 32 at smem via sum pad
-    Tiles: a: 48, c: 64, b: 32 (given)
-    Placement: grid over a (blocks of 48), c (blocks of 64); b streamed in chunks of 32 carrying sum
-    Cost bound: ...
-    Dtype: inputs and outputs float32; arithmetic and accumulation in float32.
-    """
+def tiled_matmul_padded_forward(A, B, *, interpret=None):
+    """The forward kernel (the public function's primal)."""
     if interpret is None:
         interpret = jax.default_backend() != 'gpu'
     n = bind_sizes((A, B), (('A', ('a', 'b')), ('B', ('b', 'c'))), {})
@@ -98,3 +85,44 @@ def tiled_matmul_padded(A, B, *, interpret=None):
         out0_ref[...] = t_1_s_2.astype(out0_ref.dtype)
     outs = pl.pallas_call(kernel, out_shape=[jax.ShapeDtypeStruct((p['a'] // 48, 64, p['c']), jnp.float32)], grid=(p['a'] // 48, p['c'] // 64), in_specs=[pl.BlockSpec((None, 64, p['b']), lambda i_a, i_c: (i_a, 0, 0)), pl.BlockSpec((p['b'], 64), lambda i_a, i_c: (0, i_c))], out_specs=[pl.BlockSpec((None, 64, 64), lambda i_a, i_c: (i_a, 0, i_c))], interpret=interpret)(A_padded, B_padded)
     return merge_tiles(outs[0], 0, 48)[:n['a'], :n['c']]
+
+def tiled_matmul_padded_backward(A, B, d_out):
+    """The VJP diagram, unscheduled."""
+    n = bind_sizes((A, B, d_out), (('A', ('a', 'b')), ('B', ('b', 'c')), ('d_out', ('a', 'c'))), {})
+    A_2 = jnp.asarray(A, jnp.float32)
+    B_2 = jnp.asarray(B, jnp.float32)
+    d_out_2 = jnp.asarray(d_out, jnp.float32)
+    dA = jnp.einsum('ab,cb->ac', d_out_2, B_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+    dB = jnp.einsum('ab,ac->bc', d_out_2, A_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+    return (dA, jnp.transpose(dB, (1, 0)))
+
+def tiled_matmul_padded(A, B, *, interpret=None):
+    """`tiled_matmul_padded` lowered by napkin to a JAX Pallas kernel.
+    
+    Theorem: tiled_matmul_padded
+    Proved by: ...
+    Diagram (as the proof rewrote it):
+        diagram matmul(A: [a b], B: [b c]) -> [a c] {
+          return contract[b](A, B)
+        }
+    Schedule: group a by 48 at smem pad; group c by 64 at smem; stream b by 32 at smem via sum pad
+    Tiles: a: 48, c: 64, b: 32 (given)
+    Placement: grid over a (blocks of 48), c (blocks of 64); b streamed in chunks of 32 carrying sum
+    Cost bound: ...
+    Dtype: inputs and outputs float32; arithmetic and accumulation in float32.
+    Gradients: a jax.custom_vjp; residuals are the inputs only; the backward is the diagram's VJP (napkin_cat.grad) lowered unscheduled to plain JAX, its intermediates materialised whole.
+    """
+
+    @jax.custom_vjp
+    def run(*args):
+        return tiled_matmul_padded_forward(*args, interpret=interpret)
+
+    def run_fwd(*args):
+        return (tiled_matmul_padded_forward(*args, interpret=interpret), args)
+
+    def run_bwd(args, cts):
+        grads = tiled_matmul_padded_backward(*args, *(cts if isinstance(cts, tuple) else (cts,)))
+        grads = grads if isinstance(grads, tuple) else (grads,)
+        return tuple((g.astype(jnp.result_type(a)) for g, a in zip(grads, args)))
+    run.defvjp(run_fwd, run_bwd)
+    return run(A, B)

@@ -1,0 +1,79 @@
+"""Gradients of lowered Pallas kernels (napkin_cat.lower.backward): ``jax.grad`` through the
+``jax.custom_vjp`` (the VJP diagram) equals ``jax.grad`` of the unscheduled diagram lowered to
+plain JAX and differentiated through its own code, at ragged sizes in f32, in interpret mode
+(a subset of the kernels: each is slow on CPU).  The plain-JAX target's own autodiff is
+tested in tests/test_lower_jax.py (test_grad_matches_plain_jax)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from napkin_cat import kernel, proof
+from napkin_cat.certify.approximation import label_inputs
+from napkin_cat.lower import lower
+from napkin_cat.lower.backward import GRADIENTS
+from tests import lower_cases as cases
+
+#: Pallas in interpret mode: attention (masked, woven over heads), labels, several outputs
+PALLAS = ["flash_attention_causal", "flash_mha", "streamed_cross_entropy_index", "streamed_stats"]
+
+
+def _loss(fn: Any, weights: list[np.ndarray]) -> Any:
+    def loss(*args: jax.Array) -> jax.Array:
+        return sum(jnp.sum(o * w) for o, w in zip(cases.as_tuple(fn(*args)), weights, strict=True))  # type: ignore[return-value]
+    return loss
+
+
+def _check(name: str, target: str, dtype: str = "float32", tol: float = 1e-4) -> None:
+    thm = cases.theorems()[name]
+    sizes, arrays = cases.inputs(thm, seed=5, high=40)
+    rng = np.random.default_rng(6)
+    weights = [rng.standard_normal([sizes[a] for a in t]) for t in thm.result.out_types]
+    labels = label_inputs(thm.result)
+    wrt = tuple(i for i, p in enumerate(thm.result.inputs) if p.name not in labels)
+    lowered = lower(thm, target=target, tiles=cases.TILES, dtype=None if dtype == "float32" else dtype)
+    assert GRADIENTS[target] in lowered.source
+    plain = lower(kernel.refl(name, thm.source), target="jax").forward
+    xs = [jnp.asarray(a, jnp.float32) for a in arrays]
+    want = jax.grad(_loss(plain, weights), argnums=wrt)(*xs)
+    inputs = xs if dtype == "float32" else [x.astype(dtype) for x in xs]
+    got = jax.grad(_loss(lowered.fn, weights), argnums=wrt)(*inputs)
+    for g, w, i in zip(got, want, wrt, strict=True):
+        assert g.dtype == inputs[i].dtype
+        assert cases.relative_error(np.asarray(g, np.float32), np.asarray(w, np.float64)) < tol, (name, i)
+
+
+@pytest.mark.parametrize("name", PALLAS)
+def test_grad_of_pallas_kernels_matches_plain_jax(name: str) -> None:
+    _check(name, "pallas")
+
+
+def test_grad_of_a_bf16_kernel_is_within_bf16_tolerance() -> None:
+    _check("flash_attention_causal", "pallas", "bfloat16", cases.BF16_TOL)
+
+
+@pytest.mark.parametrize("target", ["jax", "pallas"])
+@pytest.mark.parametrize(("name", "q", "x"), [("flash_attention", 100, 77), ("flash_attention_causal", 100, 100)])
+def test_flash_attention_gradient_is_plain_attentions(target: str, name: str, q: int, x: int) -> None:
+    """The issue's acceptance: jax.grad through the lowered FlashAttention (tiles 32/16) is the
+    gradient of softmax(Q Kᵀ/√d) V written in jnp."""
+    thm = proof.theorem(str(cases.ROOT / "proofs" / "flash_attention.ncd"), name)
+    rng = np.random.default_rng(0)
+    q_, k_, v_, w_ = (jnp.asarray(rng.standard_normal(s), jnp.float32) for s in [(q, 64), (x, 64), (x, 64), (q, 64)])
+
+    def attention(Q: jax.Array, K: jax.Array, V: jax.Array) -> jax.Array:
+        s = Q @ K.T / 8.0
+        if name.endswith("causal"):
+            s = jnp.where(jnp.arange(q)[:, None] >= jnp.arange(x)[None, :], s, -jnp.inf)
+        return jax.nn.softmax(s, axis=-1) @ V
+
+    fn = lower(thm, target=target, tiles={"gq": 32, "sx": 16}).fn
+    want = jax.grad(lambda *a: jnp.sum(attention(*a) * w_), argnums=(0, 1, 2))(q_, k_, v_)
+    got = jax.grad(lambda *a: jnp.sum(fn(*a) * w_), argnums=(0, 1, 2))(q_, k_, v_)
+    for g, w in zip(got, want, strict=True):
+        assert cases.relative_error(g, np.asarray(w, np.float64)) < 1e-4

@@ -13,7 +13,7 @@ whose message starts with the rule's name and names the failed condition and the
     group(thm, step)                     R3 group partition (tiling), R8 nesting, R9 divisibility
     stream(thm, step, accumulator)       R4 + R5 stream partition with certified accumulators
     place(thm, step)                     R2 placement (recolouring)
-    quantise(thm, step)                  R10 dtype change: a marked approximation, never an equality
+    quantise(thm, step, measure)         R10 dtype change: a marked approximation, never an equality
     typed_box(op, args, ...)             the typing rule of a primitive box (ops.result_axes)
     treatment(box, axis)                 weaves | consumes | mixes | absent (architecture §3.1)
 
@@ -165,8 +165,8 @@ def unfold(thm: Theorem) -> Theorem:
     if not thm.result.uses_diagrams():
         return thm
     _no_schedule(thm, "unfold", None)
-    result = terms.inline_calls(thm.result, lambda box, args: typed_box(box.op, args, box.target, box.out, box.params,
-                                                                  box.index, box.span))
+    result = terms.inline_calls(thm.result, lambda box, args: typed_box(box.op, args, box.target, box.out,
+                                                                        box.params, box.index, box.span))
     return _extend(thm, None, ("unfold",), result=result)
 
 

@@ -33,13 +33,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from functools import cache
 from typing import Any
 
 import sympy
 
 from napkin_cat import accumulators as acc
-from napkin_cat.terms import Box, Const, Diagram, Expr, LemmaDecl, Size, Var, run_diagram
+from napkin_cat.terms import Box, Const, Diagram, Expr, LemmaDecl, Param, Size, Var, run_diagram
 
 __all__ = ["Unproved", "prove_accumulator", "prove_lemma"]
 
@@ -479,10 +480,6 @@ def _box_diagram(box: Box) -> Diagram:
 
 def _renamed(diagram: Diagram, old: str, new: str) -> Diagram:
     """``diagram`` with axis ``old`` called ``new`` (a chunk of it)."""
-    from dataclasses import replace
-
-    from napkin_cat.terms import Param
-
     def ren(axes: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(new if a == old else a for a in axes)
 

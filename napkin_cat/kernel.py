@@ -13,7 +13,7 @@ whose message starts with the rule's name and names the failed condition and the
     group(thm, step)                     R3 group partition (tiling), R8 nesting, R9 divisibility
     stream(thm, step, accumulator)       R4 + R5 stream partition with certified accumulators
     place(thm, step)                     R2 placement (recolouring)
-    quantise(thm, step)                  R10 dtype change: a marked approximation, never an equality
+    quantise(thm, step, measure)         R10 dtype change: a marked approximation, never an equality
     match(pattern, term, vars, axes)     first-order matching (the search proposes rewrites with it)
 
 It reads the op catalogue's typing rule (``ops.typed_box``) and how a box treats an axis

@@ -37,6 +37,7 @@ lemma times_size(X: [x]) : sum[x](X) = sum[x](X) * x
 lemma rms_is_l2(S: [x]) : sum[x](rmsnorm[x](S)) = sum[x](l2norm[x](S))
 lemma different_axes(X: [x], Y: [y]) : sum[x](X) = sum[y](Y)
 lemma zero_row_undefined(S: [x]) : sum[x](l2norm[x](S)) = sum[x](S) / sqrt(sum[x](square(S)))
+lemma below_float_range(A: [x]) : max(sum[x](A) * 10.0, -1.7976931348623157e308) = sum[x](A) * 10.0
 """
 
 
@@ -49,6 +50,16 @@ def test_true_lemmas_beyond_the_library_are_proved() -> None:
     text = ("axis x, y\nlemma sums_to_one(S: [x]) : sum[x](softmax[x](S)) = 1.0\n"
             "lemma outer(A: [x], B: [y]) : sum[x](A) * sum[y](B) = sum[x](A * sum[y](B))\n")
     assert [prove.why_unproved(lemma) for lemma in loads(text).lemmas] == [None, None]
+
+
+def test_masks_are_claimed_only_where_the_masked_rows_agree() -> None:
+    """Both sums of probabilities are 1 on finite scores, but a fully masked row sums to 0:
+    true on finite inputs, false with masks, so no parameter is named as maskable."""
+    text = ("axis x\nlemma twice(S: [x], T: [x]) : sum[x](softmax[x](S)) + sum[x](softmax[x](T)) = "
+            "2.0 * sum[x](softmax[x](S))\n")
+    proof = prove.prove_lemma(loads(text).lemmas[0])
+    assert proof is not None and "masks" not in proof
+    assert "[-inf masks: S]" in (prove.prove_lemma(rules.library()["softmax_contract"]) or "")
 
 
 def _box(op: str, params: tuple[str, ...] = ()) -> tuple[object, str]:

@@ -31,6 +31,7 @@ combine(identity, s) = s, final(lift(x)) = box(x), and with padding lift(x ⊕ f
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -142,6 +143,15 @@ def maximum(*values: Any) -> Any:
     return -sympy.oo if not args else args[0] if len(args) == 1 else _MaxOf(*args)
 
 
+def _input_max(x: Any) -> bool:
+    """Is ``x`` -oo or a maximum of inputs (a running max of float64 inputs, ≥ -FLOAT_MAX)?"""
+    if x == -sympy.oo:
+        return True
+    if isinstance(x, _MaxOf):
+        return all(_input_max(a) for a in x.args)
+    return isinstance(x, _Reduction) and x.kind == "Max" and isinstance(x.args[0], sympy.core.function.AppliedUndef)
+
+
 class _Semantics:
     """Diagram terms -> sympy values at symbolic sizes (see the module docstring).
 
@@ -218,8 +228,8 @@ class _Semantics:
             return sympy.sqrt(x)
         if op in ("recip", "rsqrt"):
             return 1 / self.positive(sympy.sqrt(x) if op == "rsqrt" else x, op)
-        if op == "maximum" and args[1] == _constant(-acc.FLOAT_MAX):  # the guarded shift of a running max:
-            return args[1] if x == -sympy.oo else x  # a finite float64 maximum is at least -FLOAT_MAX
+        if op == "maximum" and args[1] == _constant(-acc.FLOAT_MAX) and _input_max(x):  # the guarded shift:
+            return args[1] if x == -sympy.oo else x  # a maximum of finite float64 inputs is at least -FLOAT_MAX
         if op in ("add", "sub", "mul", "maximum", "minimum"):
             y = args[1]
             return {"add": x + y, "sub": x - y, "mul": x * y, "maximum": maximum(x, y),
@@ -280,23 +290,24 @@ def prove_lemma(lemma: LemmaDecl) -> str | None:
     (``masked_cases``), in the form ``finiteness.narrowed`` reads."""
     if why_unproved(lemma):
         return None
-    masks = [p.name for p in lemma.params if _masked_case(lemma, p.name)]
+    scores = [p.name for p in lemma.params if all(_scores_only(side, p.name) for side in (lemma.lhs, lemma.rhs))]
+    subsets = [set(c) for k in range(1, len(scores) + 1) for c in itertools.combinations(scores, k)]
+    masks = scores if all(_masked_case(lemma, c) for c in subsets) else []  # every mix of fully masked rows
     return "proved: symbolically at every size, on finite real inputs" + (f" [-inf masks: {', '.join(masks)}]"
                                                                         if masks else "")
 
 
-def _masked_case(lemma: LemmaDecl, name: str) -> bool:
-    """Does the lemma hold when the entries of parameter ``name`` may also be ``-inf`` (a mask)?
+def _masked_case(lemma: LemmaDecl, names: set[str]) -> bool:
+    """Does the lemma hold when the entries of parameters ``names`` may also be ``-inf`` (masks)?
 
     Where a row keeps one finite entry, a parameter that occurs only as the scores of a
     softmax, logsumexp, max or exp-normalised contraction over its own axes (possibly shifted
     by a term without it) enters every value through exp(S) ≥ 0 with Σ exp(S) > 0 and a finite
     maximum, which is exactly what the finite-input proof used of it; so that proof covers the
     row.  A fully masked row is its own case: both sides evaluated with S = -inf (exp(-inf) =
-    0, the evaluator's zero-normaliser convention) must agree."""
-    if not all(_scores_only(side, name) for side in (lemma.lhs, lemma.rhs)):
-        return False
-    inputs = [-sympy.oo if p.name == name else _input(p.name, p.axes) for p in lemma.params]
+    0, the evaluator's zero-normaliser convention) must agree, for every set of such
+    parameters whose rows are fully masked together (the caller tries each)."""
+    inputs = [-sympy.oo if p.name in names else _input(p.name, p.axes) for p in lemma.params]
     try:
         (left,) = _Semantics().run(_side(lemma, lemma.lhs), inputs)
         (right,) = _Semantics().run(_side(lemma, lemma.rhs), inputs)

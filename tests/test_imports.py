@@ -1,10 +1,10 @@
 """The import rule of architecture.md §2, checked on the source with ``ast``.
 
-Imports flow downstream only: ``diagnostics`` and ``terms`` import nothing of the package,
-``kernel`` (the trusted core) imports only ``terms``, ``ops`` and ``diagnostics``, and
-nothing imports ``cli``.  Imports inside functions count too; the one sanctioned
-exception is listed in ``LAZY_EXCEPTIONS`` with its reason.  Modules that do not exist
-yet are skipped.
+Imports flow downstream only: ``files`` imports nothing of the package, ``diagnostics``
+only ``files``, ``terms`` only ``diagnostics``, ``kernel`` (the trusted core) imports only
+``terms``, ``ops`` and ``diagnostics``, and nothing but ``__main__`` imports ``cli``.
+Imports inside functions count too; the one sanctioned exception is listed in
+``LAZY_EXCEPTIONS`` with its reason.  Modules that do not exist yet are skipped.
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "napkin_cat"
 
 #: module -> package modules it may import (None: any); the empty set means none at all
 ALLOWED: dict[str, set[str] | None] = {
-    "napkin_cat.diagnostics": set(),
+    # files (reading sources as the elaborator does, for the caret line) is a leaf below it
+    "napkin_cat.diagnostics": {"napkin_cat.files"},
+    "napkin_cat.files": set(),
     "napkin_cat.terms": {"napkin_cat.diagnostics"},  # Span only: a type every term carries
     "napkin_cat.kernel": {"napkin_cat.terms", "napkin_cat.ops", "napkin_cat.diagnostics"},
 }
@@ -84,7 +86,8 @@ def test_imports_flow_downstream(path: Path) -> None:
     allowed = ALLOWED.get(importer)
     for target, line, top in package_imports(path):
         where = f"{path.name}:{line}: {importer} imports {target}"
-        assert target != "napkin_cat.cli", f"{where}: nothing may import the CLI"
+        # `python -m napkin_cat` is the CLI's entry point, as the `napkin` script is
+        assert target != "napkin_cat.cli" or importer == "napkin_cat.__main__", f"{where}: nothing may import the CLI"
         if allowed is None or target == importer:
             continue
         if not top and target in LAZY_EXCEPTIONS.get(importer, set()):

@@ -23,8 +23,8 @@ from pathlib import Path
 
 __all__ = ["MAX_SOURCE_BYTES", "FileRefused", "OutputRefused", "Outputs", "read_source"]
 
-#: the largest .ncd source read (1 MiB): parsing runs at about 50k tokens/s in pure Python
-#: (Lark LALR with positions), so a 5 MB file would take over a minute and a gigabyte
+#: the largest .ncd source read (1 MiB): parsing (Lark LALR in pure Python, with positions)
+#: is linear but slow, so a 5 MB file took 90 s and 1.25 GB (benchmarks/source_size.py)
 MAX_SOURCE_BYTES = 1 << 20
 
 

@@ -3,8 +3,8 @@
 Imports flow downstream only: every module belongs to one stage of the pipeline
 (``STAGES``, in README's order) and imports only from its own stage or earlier ones; the
 graph has no cycle, counting imports inside functions; the trusted kernel imports only the
-IR, the op catalogue, diagnostics and the finiteness analysis; nothing imports the CLI.  Function-level imports are
-the few listed in ``LAZY`` with their reasons.
+IR, the op catalogue, diagnostics and the finiteness analysis; nothing but ``__main__``
+imports the CLI.  Function-level imports are the few listed in ``LAZY`` with their reasons.
 """
 
 from __future__ import annotations

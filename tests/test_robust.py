@@ -365,3 +365,15 @@ def test_repository_files_users_expect() -> None:
     readme = (ROOT / "README.md").read_text()
     assert "shared/" not in readme and "](../" not in readme  # `use "../examples/..."` is inside the repository
     assert "-m \"not slow\"" in readme and "130" in readme
+
+
+def test_a_cost_table_with_more_columns_than_the_picture_keeps_its_totals(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression (the long verb fuzz run): a theorem whose unfolded program had more columns
+    than its picture raised IndexError in draw_cost.crowded."""
+    from napkin_cat import draw, proof
+    from napkin_cat.draw.cost import CostTable
+
+    thm = proof.theorem(MATMUL_PROOF, "tiled_matmul")
+    monkeypatch.setattr(draw, "cost_table", lambda theorem: CostTable((("M smem", {0: "1", 99: "2"}),), ("total",)))
+    svg = draw.draw_svg(thm)
+    assert "per-column costs omitted" in svg and "total" in svg

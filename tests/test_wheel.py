@@ -18,6 +18,7 @@ import textwrap
 import zipfile
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 
 import napkin_cat
@@ -25,6 +26,7 @@ import napkin_cat
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow  # builds and installs a wheel
 def test_the_installed_wheel_loads_its_grammar(tmp_path: Path) -> None:
     dist = tmp_path / "dist"
     subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(ROOT)],
@@ -80,6 +82,7 @@ def _fake_distribution(site: Path, name: str, version: str) -> None:
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
 
 
+@pytest.mark.slow  # builds and installs a wheel
 def test_the_wheel_installs_beside_another_jax_011(tmp_path: Path) -> None:
     """Offline: the wheel's jax/jaxlib requirements admit a site whose jax is 0.11.0 (another
     project's pin), and every 0.11.x, and no other minor release; CI itself installs 0.11.2."""

@@ -211,6 +211,10 @@ def _render(diagram: Diagram, decor: PlainDecor, expand: bool, title: str, steps
     header = 30.0 + 18.0 * len(step_lines)
     widths: dict[int, float] = {}
     lay = layout(graph, decor, top=header)
+    if table and any(col >= len(lay.columns) for _, row in table.rows for col in row):
+        # the cost model's columns (of the unfolded program) can outnumber the picture's: keep the totals
+        table = CostTable((), (*table.totals, f"(per-column costs omitted: the cost model has more columns than "
+                                              f"the picture's {len(lay.columns)})"))
     for _ in range(2 * len(lay.columns)):  # widen columns until the cost cells fit
         tight = crowded(lay, table) if table else {}
         if not tight:

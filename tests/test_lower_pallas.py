@@ -354,44 +354,28 @@ def test_a_nested_tile_is_named_as_the_compilers_not_given_the_outer_value(targe
 
 # issue 18: attention whose values, not scores, are masked; the Pallas kernel skipped the chunks
 # above the diagonal because V's fill is V's padding value, though the normaliser still needs them
-VALUE_MASKED = loads("""
-axis q, x
-axis d = 16
-diagram vm(Q: [q d], K: [x d], V: [x d]) -> [q d] {
+VALUE_MASKED_DIAGRAM = """
+diagram {name}_attention(Q: [q d], K: [x d], V: [x d]) -> [q d] {{
   S = contract[d](Q, K)
-  P = softmax[x](S)
+  P = {norm}[x](S)
   W = where[q x](q >= x, V, 0)
   O = contract[x](P, W)
   return O
-}
-diagram vl(Q: [q d], K: [x d], V: [x d]) -> [q d] {
-  S = contract[d](Q, K)
-  P = l2norm[x](S)
-  W = where[q x](q >= x, V, 0)
-  O = contract[x](P, W)
-  return O
-}
-theorem softmax_padded: vm {
-  rewrite softmax_contract at P, O
+}}
+theorem {name}_padded: {name}_attention {{
+  rewrite {lemma} at P, O
   group q by gq pad
-  stream x by sx via online_softmax pad
-}
-theorem l2_padded: vl {
-  rewrite l2_contract at P, O
-  group q by gq pad
-  stream x by sx via normalised pad
-}
-theorem softmax_derived: vm {
-  rewrite softmax_contract at P, O
+  stream x by sx via {acc} pad
+}}
+theorem {name}_derived: {name}_attention {{
+  rewrite {lemma} at P, O
   group q by gq at smem
-  stream x by sx at smem via online_softmax
-}
-theorem l2_derived: vl {
-  rewrite l2_contract at P, O
-  group q by gq at smem
-  stream x by sx at smem via normalised
-}
-""")
+  stream x by sx at smem via {acc}
+}}
+"""
+VALUE_MASKED = loads("axis q, x\naxis d = 16\n" + "".join(
+    VALUE_MASKED_DIAGRAM.format(name=name, norm=norm, lemma=lemma, acc=acc) for name, norm, lemma, acc in
+    [("softmax", "softmax", "softmax_contract", "online_softmax"), ("l2", "l2norm", "l2_contract", "normalised")]))
 VALUE_MASKED_THEOREMS = {r.name: r.theorem for r in check_module(VALUE_MASKED)}
 
 

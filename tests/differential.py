@@ -16,8 +16,11 @@ each target, or raises ``AssertionError`` on a mismatch:
 - each target either refuses the schedule with one of ``LOWER_REFUSALS`` (a diagnostic saying
   what the target cannot serve) or runs it (Pallas with ``interpret=True``), and every output
   must equal the evaluator's within f32 tolerance (``lower_cases.close_or_both_masked``).
-  Outputs whose finite magnitude reaches 1e30 are f32 overflow, not a lowering question, and
-  a theorem whose accumulators overflow in float64 (``derive.overflow_screen``) is skipped.
+  Outputs whose finite magnitude reaches 1e30 are f32 overflow, not a lowering question, nor
+  is a case the evaluator itself cannot hold within the tolerance when every input moves by
+  2^-20 of itself (ill-conditioned at f32 precision: a normaliser near 0, a cancelling sum);
+  (a stream whose accumulator overflows where the box does not is refused by the kernel's
+  stream rule, ``certify.float_safety``).
 """
 
 from __future__ import annotations
@@ -37,7 +40,6 @@ from napkin_cat.evaluate import evaluate
 from napkin_cat.lower import lower
 from napkin_cat.printer import print_diagram, print_step
 from napkin_cat.schedule.masks import stream_masks
-from napkin_cat.search import derive
 from napkin_cat.terms import Module, Partition, Rewrite
 from tests import lower_cases as cases
 from tests.strategies import SIZE_REFUSALS, attention_texts, modules, schedule_steps
@@ -100,7 +102,7 @@ def run_case(module: Module, data: st.DataObject) -> dict[str, str] | None:
     diagram = data.draw(st.sampled_from(module.diagrams))
     thm = kernel.unfold(kernel.refl("t", diagram))
     thm = _schedule(thm, data.draw(schedule_steps(thm.result)))
-    if not thm.schedule.partitions or derive.overflow_screen(thm) is not None:
+    if not thm.schedule.partitions:
         return None
     sizes = _sizes(data.draw, thm)
     if any(isinstance(c.dividend, str) and isinstance(c.divisor, int) and sizes[c.dividend] % c.divisor
@@ -115,6 +117,12 @@ def run_case(module: Module, data: st.DataObject) -> dict[str, str] | None:
         return None
     wants = [np.asarray(w, np.float64) for w in want]
     if any(np.any(np.abs(w[np.isfinite(w)]) >= 1e30) for w in wants):
+        return None
+    # An ill-conditioned case (a normaliser near 0, a sum that cancels) is no lowering question:
+    # the float64 evaluator itself leaves the tolerance when the inputs move by a few f32 ulps.
+    nudged = [a * (1 + 2.0**-20 * rng.choice((-1.0, 1.0), np.shape(a))) for a in arrays]
+    moved = cases.as_tuple(evaluate(thm.source, nudged, sizes=sizes))
+    if not all(cases.close_or_both_masked(np.asarray(m, np.float64), w) for m, w in zip(moved, wants, strict=True)):
         return None
     outcome: dict[str, str] = {}
     for target in TARGETS:

@@ -325,3 +325,15 @@ def test_constants_keep_their_value(target: str) -> None:
         lower(kernel.refl("alone", module.diagram("alone")), target=target)
     assert err.value.codes == ("lower.constant",)
     assert "1e-39 is outside float32's range" in err.value.diagnostics[0].message
+
+
+def test_a_streamed_id_normaliser_that_is_negative_divides_as_the_evaluator() -> None:
+    """Found by tests/test_differential.py: the normalised state's guarded finaliser divided by
+    max(z, TINY), so Σ log(exp(S)) < 0 gave ±inf; an `id` normaliser is guarded by its sign."""
+    thm = cases.proved("axis q, x\naxis d = 4\ndiagram att(Q: [q d], K: [x d], V: [x d]) -> [q d] {\n"
+                       "  return ncontract[x; abs, log, id](exp(contract[d](Q, K)), V)\n}", "att",
+                       "stream x by 16 via normalised")
+    rng = np.random.default_rng(1)
+    arrays = [rng.integers(-300, 301, s) / 100 for s in ((3, 4), (16, 4), (16, 4))]
+    got = lower(thm, target="jax").fn(*[jnp.asarray(a, jnp.float32) for a in arrays])
+    assert cases.relative_error(got, run(thm.source, *arrays)) < 1e-4

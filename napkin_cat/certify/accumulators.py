@@ -20,7 +20,8 @@ any finite m it is m itself, and for m = -inf it is a finite number, so the chun
 exponentials are exp(-inf) = 0 and its state is the identity.  Finalisers divide by
 ``max(z, TINY)`` (TINY the smallest normal float64): z is 0 only when every term is
 masked (or an l2/rms row is all zero), where the numerator is 0 too, giving the 0 that
-evaluate.py documents.  Over the reals the guards are the identity wherever the box is
+evaluate.py documents; an ``id`` normaliser of the normalised state can be negative, and is
+guarded by its sign instead (``quotient``).  Over the reals the guards are the identity wherever the box is
 defined; ``certify`` checks the unguarded forms symbolically (``guard=False``) and the
 guarded ones numerically.
 
@@ -143,6 +144,15 @@ class _Builder:
     def safe(self, z: Expr) -> Expr:
         return _bin("maximum", z, Const(TINY)) if self.guard else z
 
+    def quotient(self, o: Expr, denom: Expr, b: str) -> Expr:
+        """o / b(z), 0 where the normaliser is 0 (the evaluator's convention).  Guarded, a
+        square-root normaliser is never negative, so ``max(·, TINY)`` serves; an ``id`` one can
+        be (Σ log or Σ of signed weights), so its guard is o·|sign z| / (z + 1 − |sign z|)."""
+        if not self.guard or b != "id":
+            return _bin("div", o, self.safe(denom))
+        nonzero = _unary("abs", _unary("sign", denom))
+        return _bin("div", _bin("mul", o, nonzero), _bin("add", denom, _bin("sub", Const(1.0), nonzero)))
+
     def count(self) -> Expr:
         """The number of positions the box consumes, over the FULL axes."""
         out: Expr = Size(self.box.target[0])
@@ -186,8 +196,7 @@ class _Builder:
         zs = Var("z", z.axes)
         denom = {"id": zs, "sqrt": _unary("sqrt", zs),
                  "rms": _unary("sqrt", _bin("div", zs, self.count()))}[b]
-        final = self.diagram("final", self.states(state, ""), [],
-                             (_bin("div", Var("o", o.axes), self.safe(denom)),))
+        final = self.diagram("final", self.states(state, ""), [], (self.quotient(Var("o", o.axes), denom, b),))
         fill = _pad_for(a1, a2)
         if fill is None:
             return AccumulatorPlan(name, box, self.axis, state, lift, combine, (0.0, 0.0), final, None, ())

@@ -280,7 +280,7 @@ def test_cli_derive_writes_a_checked_proof_and_a_kernel(tmp_path: Path, capsys: 
     (["--size", "a=8", "--size", "b=8", "--size", "c=8", "-o", "X.txt"], "ending in .ncd"),
     (["--size", "a=8", "--size", "b=8", "--size", "c=8", "--hardware", "tpu", "-o", "X.ncd"], "no hardware profile"),
     (["--size", "a=8", "--size", "b=8", "--size", "c=8", "-o", "X.missing/out.ncd"], "no such folder"),
-    (["--size", "a=8", "--size", "b=8", "--size", "c=8", "-o", "SOURCE"], "the source file itself"),
+    (["--size", "a=8", "--size", "b=8", "--size", "c=8", "-o", "SOURCE"], "write the output to another file"),
 ])
 def test_cli_derive_usage_errors(argv: list[str], message: str, tmp_path: Path,
                                  capsys: pytest.CaptureFixture[str]) -> None:

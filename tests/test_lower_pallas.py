@@ -8,6 +8,7 @@ discharges the grid into an XLA loop, which is slow for many small blocks.
 
 from __future__ import annotations
 
+import ast
 from typing import Any
 
 import jax
@@ -61,6 +62,16 @@ def test_golden_source(name: str) -> None:
     cases.check_golden(name, "pallas", lower(cases.theorems()[name], target="pallas", tiles=cases.TILES).source)
 
 
+def _code(source: str) -> str:
+    """A generated module without its docstrings (they quote the proof's trust line)."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.FunctionDef)) and isinstance(node.body[0], ast.Expr) \
+                and isinstance(node.body[0].value, ast.Constant):
+            node.body = node.body[1:] or [ast.Pass()]
+    return ast.unparse(tree)
+
+
 def test_kernel_structure_follows_the_schedule() -> None:
     """Groups become the grid, woven batch/heads squeezed grid axes, the stream a fori_loop."""
     lowered = lower(cases.theorems()["flash_mha"], target="pallas")
@@ -69,7 +80,7 @@ def test_kernel_structure_follows_the_schedule() -> None:
     assert "pl.BlockSpec((None, None, 128, p['d'])" in src
     assert "lax.fori_loop(0, p['x'] // 64" in src and "pl.ds(x_first, 64)" in src
     assert "preferred_element_type=jnp.float32" in src
-    assert "-inf" not in src and "inf)" not in src  # finite masks only
+    assert "-inf" not in _code(src) and "inf)" not in _code(src)  # finite masks only (docstrings may name -inf)
 
 
 def test_non_power_of_two_tiles_are_padded_per_tile() -> None:

@@ -57,7 +57,8 @@ from napkin_cat.certify.cases import (
     symbolic_equal,
     symbols,
 )
-from napkin_cat.certify.reach import UNBOUNDED, reach, scale, unfolded
+from napkin_cat.certify.reach import UNBOUNDED, scale, unfolded
+from napkin_cat.certify.reach import reach as lemma_reach  # not `reach`: the submodule keeps that name
 from napkin_cat.certify.rules import validate
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.evaluate import FLOAT64, SYMBOLIC, Algebra, Named, evaluate_named
@@ -118,7 +119,7 @@ def _certify_lemma(lemma: LemmaDecl, level: str) -> Certificate:
     if problems := validate(lemma):  # a malformed lemma (sides of different types) cannot be evaluated side by side
         return Certificate(False, "invalid", "; ".join(p.message for p in problems))
     bound, cases = LEVELS[level]
-    swept = reach(lemma)
+    swept = lemma_reach(lemma)
     if swept == UNBOUNDED:
         return Certificate(False, "reach", "a piecewise box (relu, abs, max, min) compares a size non-polynomially "
                                            "(`relu(sqrt(x) - 5)`): bounded certification cannot place its step")

@@ -51,6 +51,7 @@ from napkin_cat.terms import (
     Size,
     Var,
     axes_in_order,
+    fresh_name,
     inline_calls,
     repeated,
     walk,
@@ -253,12 +254,7 @@ class _Names:
         self.taken = taken
 
     def fresh(self, base: str) -> str:
-        name, k = base, 1
-        while name in self.taken:
-            k += 1
-            name = f"{base}_{k}"
-        self.taken.add(name)
-        return name
+        return fresh_name(base, self.taken)
 
 
 def _ncontract(box: Box) -> Expr:

@@ -462,10 +462,7 @@ def inline_calls(diagram: Diagram, retype: Callable[[Box, tuple[Expr, ...]], Box
     axes = {a.name: a for a in diagram.axes}
 
     def bind(name: str, value: Expr, span: Span | None) -> Var:
-        fresh, k = name, 1
-        while fresh in taken:
-            k, fresh = k + 1, f"{name}_{k + 1}"
-        taken.add(fresh)
+        fresh = fresh_name(name, taken)
         lets.append(Let((fresh,), value, span))
         return Var(fresh, value.axes)
 
@@ -538,3 +535,13 @@ def axes_in_order(inputs: Iterable[Param], exprs: Iterable[Expr]) -> tuple[str, 
             elif isinstance(node, Apply):
                 names.extend(a.name for a in node.diagram.axes)
     return tuple(dict.fromkeys(names))
+
+
+def fresh_name(base: str, taken: set[str]) -> str:
+    """``base``, else ``base_2``, ``base_3``, ...: the first not in ``taken``, which it joins."""
+    name, k = base, 1
+    while name in taken:
+        k += 1
+        name = f"{base}_{k}"
+    taken.add(name)
+    return name

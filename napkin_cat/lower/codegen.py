@@ -14,6 +14,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from napkin_cat.terms import fresh_name
+
 __all__ = [
     "Block",
     "Namer",
@@ -134,12 +136,7 @@ class Namer:
         base = re.sub(r"\W", "_", hint).strip("_") or "v"
         if base[0].isdigit() or keyword.iskeyword(base):
             base = f"v_{base}"
-        candidate, k = base, 1
-        while candidate in self.used:
-            k += 1
-            candidate = f"{base}_{k}"
-        self.used.add(candidate)
-        return candidate
+        return fresh_name(base, self.used)
 
 
 @dataclass

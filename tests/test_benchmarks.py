@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # each runs a benchmark script end to end (CI runs them)
+
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 
 

@@ -6,11 +6,14 @@ says how a case is built and judged).  CI runs the hypothesis profile's count;
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from napkin_cat.terms import Module
 from tests.differential import MODULES, run_case
+
+pytestmark = pytest.mark.slow  # lowers random schedules on both targets (CI runs them)
 
 
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])

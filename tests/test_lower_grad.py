@@ -19,6 +19,8 @@ from napkin_cat.lower import lower
 from napkin_cat.lower.backward import GRADIENTS
 from tests import lower_cases as cases
 
+pytestmark = pytest.mark.slow  # Pallas gradients in interpret mode take minutes (CI runs them)
+
 #: Pallas in interpret mode: attention (masked, woven over heads), labels, several outputs
 PALLAS = ["flash_attention_causal", "flash_mha", "streamed_cross_entropy_index", "streamed_stats"]
 

@@ -362,9 +362,12 @@ def cmd_cost(args: argparse.Namespace) -> int:
     try:
         c = cost.cost(thm, hardware=hardware, sizes=sizes, dtype=dtype, stages=args.stages)
         data = cost_report.report(c, args.theorem, args.mesh)
-    except (HardwareError, ValueError) as exc:
+    except (HardwareError, cost.CostError) as exc:
         raise UsageError(str(exc)) from None
-    print(json.dumps(data, indent=2) if args.json else cost_report.format_report(data), end="\n" if args.json else "")
+    if args.json:
+        print(json.dumps(data, indent=2, allow_nan=False))
+    else:
+        print(cost_report.format_report(data), end="")
     return EXIT_OK
 
 
@@ -374,7 +377,7 @@ def cmd_pseudo(args: argparse.Namespace) -> int:
     thm = _theorem_or_usage(args.file, args.theorem)
     try:
         c = cost.cost(thm, hardware=hardware, sizes=sizes, dtype=dtype, stages=args.stages)
-    except (HardwareError, ValueError) as exc:
+    except (HardwareError, cost.CostError) as exc:
         raise UsageError(str(exc)) from None
     print(pseudo.render(c.program, c.bytes_of), end="")
     return EXIT_OK

@@ -75,8 +75,28 @@ def test_cost_of_a_kernel_that_moves_nothing(tmp_path: Path, capsys: pytest.Capt
     proof.write_text("axis a\ndiagram f(A: [a]) -> [a] { return A }\ntheorem t: f {}\n")
     code, out, err = run(capsys, "cost", str(proof), "t", "--size", "a=4")
     assert code == 0 and "gain n/a (serial), n/a (overlapped)" in out, err
+    assert "no hbm traffic" in out and "nan" not in out
     code, out, _ = run(capsys, "cost", str(proof), "t", "--size", "a=4", "--json")
-    assert code == 0 and json.loads(out)["time"]["gain_vs_unfused_serial"] is None
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"cost --json printed {constant}, which is not JSON")
+
+    time = json.loads(out, parse_constant=refuse)["time"]
+    assert code == 0 and time["gain_vs_unfused_serial"] is None and time["intensity_flop_per_byte"] is None
+
+
+@pytest.mark.parametrize("verb", ["cost", "pseudo"])
+def test_a_defect_inside_the_cost_model_is_not_called_a_usage_error(verb: str, monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
+        raise ValueError("an internal invariant broke")
+
+    monkeypatch.setattr(napkin_cat.cost, "cost", broken)
+    with pytest.raises(ValueError, match="internal invariant"):
+        main([verb, "proofs/flash_attention.ncd", "flash_attention"])
+    monkeypatch.undo()
+    code, _, err = run(capsys, verb, "proofs/flash_attention.ncd", "flash_attention", "--size", "zz=3")
+    assert code == 2 and "zz" in err  # the caller's mistake still is one
 
 
 def test_cost_of_bundled_gqa_gives_the_optimum_as_a_family(capsys: pytest.CaptureFixture[str]) -> None:

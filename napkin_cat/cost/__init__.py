@@ -26,7 +26,12 @@ from napkin_cat.schedule.loopnest import loop_nest
 from napkin_cat.schedule.program import Program, max_of
 from napkin_cat.terms import Box, Diagram, Partition, Schedule, union_axes
 
-__all__ = ["CONVENTION", "Baseline", "Cost", "LevelCost", "Timing", "cost", "cost_of", "timing"]
+__all__ = ["CONVENTION", "Baseline", "Cost", "CostError", "LevelCost", "Timing", "cost", "cost_of", "timing"]
+
+
+class CostError(ValueError):
+    """A request the cost model cannot serve as asked (sizes, tiles, dtypes, mesh): the caller's
+    input, not a defect of the model, so the CLI reports it as a usage error."""
 
 
 #: the counting convention, printed beside every result (paper-digest §3.1, §8.2)
@@ -154,7 +159,7 @@ def cost_of(diagram: Diagram, schedule: Schedule, hardware: str | hw.Hardware = 
             source: Diagram | None = None, stages: int = 1) -> Cost:
     """Derive H_ℓ, M_ℓ and FLOPs of ``diagram`` run under ``schedule``.
 
-    ``sizes`` gives symbolic axes a size (unknown names raise ValueError); ``dtypes`` maps array
+    ``sizes`` gives symbolic axes a size (unknown names raise CostError); ``dtypes`` maps array
     names (inputs, let names) to number formats, overriding the schedule's ``dtype`` steps and
     the default ``dtype``; ``accumulators`` maps a consuming box (``op:target:params``) to the
     accumulator that streams it.  The unfused baseline is that of ``source`` (the diagram
@@ -167,11 +172,11 @@ def cost_of(diagram: Diagram, schedule: Schedule, hardware: str | hw.Hardware = 
     given_sizes = dict(sizes or {})
     unknown = sorted(set(given_sizes) - set(declared))
     if unknown:
-        raise ValueError(f"sizes name axes that `{diagram.name}` does not use: {', '.join(unknown)}")
+        raise CostError(f"sizes name axes that `{diagram.name}` does not use: {', '.join(unknown)}")
     contradicted = [f"{a}={n} (declared {declared[a]})" for a, n in sorted(given_sizes.items())
                     if declared[a] is not None and declared[a] != n]
     if contradicted:
-        raise ValueError(f"sizes contradict declared sizes: {', '.join(contradicted)}")
+        raise CostError(f"sizes contradict declared sizes: {', '.join(contradicted)}")
     size_syms: dict[str, Expr] = {}
     for axis, n in declared.items():
         given = given_sizes.get(axis, n)
@@ -179,7 +184,7 @@ def cost_of(diagram: Diagram, schedule: Schedule, hardware: str | hw.Hardware = 
     tile_syms = {lp.tile: sympy.Symbol(lp.tile, positive=True) for lp in nest.loops if isinstance(lp.tile, str)}
     clash = sorted(set(tile_syms) & set(declared))
     if clash:
-        raise ValueError(f"tile names clash with axis names: {', '.join(clash)}")
+        raise CostError(f"tile names clash with axis names: {', '.join(clash)}")
     by_node = {n.name: accumulators[_node_key(n.expr)] for n in nest.flat.nodes
                if isinstance(n.expr, Box) and accumulators and _node_key(n.expr) in accumulators}
     prog = program(nest, size_syms, tile_syms, by_node, stages)
@@ -209,7 +214,7 @@ def _bytes_of(flat: Any, schedule: Schedule, dtypes: Mapping[str, str], default:
     chosen.update(dtypes)
     unknown = sorted(set(dtypes) - set(names) - {n.rsplit(".", 1)[-1] for n in names})
     if unknown and strict:
-        raise ValueError(f"dtypes name arrays that do not exist: {', '.join(unknown)}")
+        raise CostError(f"dtypes name arrays that do not exist: {', '.join(unknown)}")
     return {n: hw.bytes_per_value(chosen.get(n, chosen.get(n.rsplit(".", 1)[-1], default))) for n in names}
 
 

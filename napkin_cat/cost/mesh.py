@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import sympy
 from sympy import Expr
 
-from napkin_cat.cost import Cost
+from napkin_cat.cost import Cost, CostError
 
 __all__ = ["MeshCost", "mesh_cost", "mesh_times"]
 
@@ -51,17 +51,17 @@ class MeshCost:
 
 def mesh_cost(c: Cost, devices: int | None = None) -> MeshCost | None:
     """The mesh level of ``c`` on ``devices`` devices (default ``c.hardware.devices``), or None
-    when its schedule has no partition at mesh.  Raises ValueError for a mesh of one axis that
+    when its schedule has no partition at mesh.  Raises CostError for a mesh of one axis that
     would shard or ring two axes, or for fewer than one device."""
     if not c.mesh:
         return None
     count = c.hardware.devices if devices is None else devices
     if count < 1:
-        raise ValueError(f"a mesh needs a positive number of devices, not {count}")
+        raise CostError(f"a mesh needs a positive number of devices, not {count}")
     groups = [p.axis for p in c.mesh if p.kind == "group"]
     rings = [p.axis for p in c.mesh if p.kind == "stream"]
     if len(groups) > 1 or len(rings) > 1:
-        raise ValueError(f"a mesh of one axis shards at most one axis and rings at most one; the schedule "
+        raise CostError(f"a mesh of one axis shards at most one axis and rings at most one; the schedule "
                          f"partitions {', '.join(groups + rings)} at mesh")
     block = {p.axis: sympy.ceiling(c.sizes[p.axis] / count) for p in c.mesh}
     flat = c.program.nest.flat

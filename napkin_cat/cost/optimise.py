@@ -20,7 +20,7 @@ from typing import NamedTuple
 import sympy
 from sympy import Expr
 
-from napkin_cat.cost import Cost
+from napkin_cat.cost import Cost, CostError
 from napkin_cat.cost import hardware as hw
 from napkin_cat.schedule.program import max_of
 from napkin_cat.terms import Box
@@ -312,7 +312,7 @@ def _candidates(extent: int, multiple: int, pow2: bool, lowest: int, pad: bool, 
 def search(c: Cost, top: int = 8, limit: int = 500_000, relax: bool = False) -> ConfigTable:
     """The best integer tiles: feasible under every level's capacity (bytes) and the hardware's
     divisibility constraints, ranked by bandwidth-weighted transfer time, then by fewer loop
-    trips.  All axis sizes must be numbers (raises ValueError otherwise).  Past ``limit``
+    trips.  All axis sizes must be numbers (raises CostError otherwise).  Past ``limit``
     combinations the longest candidate lists are thinned to every other value.
 
     The multiples a tile should have (128-byte coalescing, tensor-core fragments) are
@@ -321,7 +321,7 @@ def search(c: Cost, top: int = 8, limit: int = 500_000, relax: bool = False) -> 
     two, the dot's minimum) and ``relaxed`` lists what was dropped.  Without it, no row."""
     symbolic = sorted(n for n, s in c.sizes.items() if isinstance(s, sympy.Symbol))
     if symbolic:
-        raise ValueError(f"integer tiles need every axis size: give {', '.join(symbolic)}")
+        raise CostError(f"integer tiles need every axis size: give {', '.join(symbolic)}")
     cons = _constraints(c)
     table = _ranked(c, cons, top, limit)
     if table.rows or not relax or all(rule.multiple == 1 for rule in cons.values()):

@@ -189,14 +189,16 @@ def _numeric(c: Cost, out: dict[str, Any]) -> None:
     best: Mapping[str, int] = table.rows[0].tiles
     t = timing(c, best)
     serial, overlapped = float(t.serial), float(t.overlapped)
+    # FLOPs per byte of hbm traffic; None where nothing moves through hbm (no ratio exists)
+    intensity = float(t.intensity) if float(c.at(c.first.transfers_bytes, best)) else None
     loops = c.program.nest.loops
     groups = float(c.at(sympy.Mul(*(trips for lp, trips in zip(loops, c.program.trips, strict=True)
                                     if lp.kind == "group" and lp.level == c.first.name)), best))
     out["time"] = {"tiles": dict(best), "flops_s": float(t.flop_time),
                    "transfers_s": {k: float(v) for k, v in t.transfer_times},
                    "serial_s": serial, "overlapped_s": overlapped,
-                   "intensity_flop_per_byte": float(t.intensity), "ridge_flop_per_byte": t.ridge,
-                   "bound_by": "compute" if float(t.intensity) >= t.ridge else "memory",
+                   "intensity_flop_per_byte": intensity, "ridge_flop_per_byte": t.ridge,
+                   "bound_by": "compute" if intensity is None or intensity >= t.ridge else "memory",
                    "parallel_groups": groups, "sms": c.hardware.sms,
                    "gain_vs_unfused_serial": _ratio(base_flop + base_move, serial),
                    "gain_vs_unfused_overlapped": _ratio(max(base_flop, base_move), overlapped)}
@@ -205,6 +207,13 @@ def _numeric(c: Cost, out: dict[str, Any]) -> None:
 def _ratio(a: float, b: float) -> float | None:
     """a / b; None where b is 0 (a kernel that moves and computes nothing has no gain)."""
     return a / b if b else None
+
+
+def _intensity(t: Mapping[str, Any]) -> str:
+    if t["intensity_flop_per_byte"] is None:
+        return "no hbm traffic (compute-bound)"
+    return (f"intensity {t['intensity_flop_per_byte']:.4g} FLOP/B vs ridge {t['ridge_flop_per_byte']:.4g} "
+            f"({t['bound_by']}-bound)")
 
 
 def _gain(value: float | None) -> str:
@@ -271,8 +280,7 @@ def format_report(r: Mapping[str, Any]) -> str:
         b = r["baseline"]["time_s"]
         lines += ["", f"time at {t['tiles']}: FLOPs {t['flops_s']:.4g}s; transfers {per}",
                   f"  serial (sum) {t['serial_s']:.4g}s; overlapped (max) {t['overlapped_s']:.4g}s; "
-                  f"intensity {t['intensity_flop_per_byte']:.4g} FLOP/B vs ridge {t['ridge_flop_per_byte']:.4g} "
-                  f"({t['bound_by']}-bound); {t['parallel_groups']:.0f} parallel groups on {t['sms']} SMs"
+                  + _intensity(t) + f"; {t['parallel_groups']:.0f} parallel groups on {t['sms']} SMs"
                   + (" (fewer groups than SMs: the peaks above are not reachable)"
                      if t["parallel_groups"] < t["sms"] else ""),
                   f"  unfused baseline: serial {b['serial']:.4g}s, overlapped {b['overlapped']:.4g}s; gain "

@@ -1,4 +1,5 @@
-"""Terms -> numpy: the float64 reference semantics, and the same fold over sympy scalars.
+"""Terms -> numpy: the float64 reference semantics (and the same in float32, ``FLOAT32``),
+and the same fold over sympy scalars.
 
 The evaluator defines what a diagram means; every rewrite, schedule and emitted kernel
 is checked against it.  Values carry their axis names at run time (``Named``), and every
@@ -44,7 +45,7 @@ from napkin_cat.terms import (
     walk,
 )
 
-__all__ = ["FLOAT64", "MAX_POINTS_EVALUATED", "SYMBOLIC", "Algebra", "Named", "bind_sizes", "evaluate",
+__all__ = ["FLOAT32", "FLOAT64", "MAX_POINTS_EVALUATED", "SYMBOLIC", "Algebra", "Named", "bind_sizes", "evaluate",
            "evaluate_named", "iteration_spaces", "largest_space", "refuse_too_large", "visitor"]
 
 #: the most points (array positions) one box's iteration space or one input may have in an
@@ -165,6 +166,15 @@ class _Float64(Algebra):
         return np.where(denom == 0, 0.0, top / np.where(denom == 0, 1.0, denom))
 
 
+class _Float32(_Float64):
+    """The float64 semantics computed in float32, the lowered kernels' precision: where it and
+    FLOAT64 disagree, the answer lies past what f32 arithmetic can hold (an overflow, a weight
+    that underflows to 0 against an infinite value), which no f32 kernel can be asked to match."""
+
+    def asarray(self, value: Any) -> Any:
+        return np.asarray(value, dtype=np.float32)
+
+
 class _Symbolic(Algebra):
     symbolic = True
 
@@ -236,6 +246,7 @@ class _Symbolic(Algebra):
 
 
 FLOAT64: Algebra = _Float64()
+FLOAT32: Algebra = _Float32()
 SYMBOLIC: Algebra = _Symbolic()
 
 

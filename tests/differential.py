@@ -18,7 +18,9 @@ each target, or raises ``AssertionError`` on a mismatch:
   must equal the evaluator's within f32 tolerance (``lower_cases.close_or_both_masked``).
   Outputs whose finite magnitude reaches 1e30 are f32 overflow, not a lowering question, nor
   is a case the evaluator itself cannot hold within the tolerance when every input moves by
-  2^-20 of itself (ill-conditioned at f32 precision: a normaliser near 0, a cancelling sum);
+  2^-20 of itself (ill-conditioned at f32 precision: a normaliser near 0, a cancelling sum),
+  or whose answer the evaluator itself cannot reach in f32 (``evaluate.FLOAT32``: a weight that
+  underflows to 0 against an infinite value);
   (a stream whose accumulator overflows where the box does not is refused by the kernel's
   stream rule, ``certify.float_safety``).
 """
@@ -36,7 +38,7 @@ from napkin_cat import certify, kernel
 from napkin_cat.certify import rules
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.elaborate import loads
-from napkin_cat.evaluate import evaluate
+from napkin_cat.evaluate import FLOAT32, evaluate
 from napkin_cat.lower import lower
 from napkin_cat.printer import print_diagram, print_step
 from napkin_cat.schedule.masks import stream_masks
@@ -123,6 +125,12 @@ def run_case(module: Module, data: st.DataObject) -> dict[str, str] | None:
     nudged = [a * (1 + 2.0**-20 * rng.choice((-1.0, 1.0), np.shape(a))) for a in arrays]
     moved = cases.as_tuple(evaluate(thm.source, nudged, sizes=sizes))
     if not all(cases.close_or_both_masked(np.asarray(m, np.float64), w) for m, w in zip(moved, wants, strict=True)):
+        return None
+    # Nor is a case whose answer f32 arithmetic cannot hold: the evaluator itself in f32 leaves
+    # the tolerance (a weight that underflows to 0 against an infinite value, an overflow inside).
+    with np.errstate(all="ignore"):
+        in_f32 = cases.as_tuple(evaluate(thm.source, arrays, sizes=sizes, algebra=FLOAT32))
+    if not all(cases.close_or_both_masked(np.asarray(m, np.float64), w) for m, w in zip(in_f32, wants, strict=True)):
         return None
     outcome: dict[str, str] = {}
     for target in TARGETS:

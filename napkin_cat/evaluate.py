@@ -17,6 +17,7 @@ Documented conventions for awkward inputs (float64):
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,8 +46,8 @@ from napkin_cat.terms import (
     walk,
 )
 
-__all__ = ["FLOAT32", "FLOAT64", "MAX_POINTS_EVALUATED", "SYMBOLIC", "Algebra", "Named", "bind_sizes", "evaluate",
-           "evaluate_named", "iteration_spaces", "largest_space", "refuse_too_large", "visitor"]
+__all__ = ["FLOAT32", "FLOAT64", "INDEX_ARITH", "MAX_POINTS_EVALUATED", "SYMBOLIC", "Algebra", "Named", "bind_sizes",
+           "evaluate", "evaluate_named", "iteration_spaces", "largest_space", "refuse_too_large", "visitor"]
 
 #: the most points (array positions) one box's iteration space or one input may have in an
 #: evaluation: 2^26 float64 values are 512 MiB, and a box holds a few such arrays at once
@@ -86,6 +87,11 @@ class Algebra:
 
     def __init__(self) -> None:
         self.unary: dict[str, Callable[[Any], Any]] = {}
+        #: the binary ops, elementwise on arrays and on single scalars alike
+        self.binary: dict[str, Callable[[Any, Any], Any]] = {
+            "add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": operator.truediv,
+            "maximum": self.maximum, "minimum": self.minimum,
+        }
 
     def asarray(self, value: Any) -> Any:
         raise NotImplementedError
@@ -320,13 +326,14 @@ def _size(sizes: dict[str, int], axis: str) -> int:
 
 
 #: integer index arithmetic and comparisons on numpy position grids
-_ARITH: dict[str, Callable[[Any, Any], Any]] = {"+": np.add, "-": np.subtract, "*": np.multiply}
+#: index arithmetic, on position grids and on sympy positions alike
+INDEX_ARITH: dict[str, Callable[[Any, Any], Any]] = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 _COMPARE: dict[str, Callable[[Any, Any], Any]] = {">=": np.greater_equal, "<=": np.less_equal, "==": np.equal,
                                                   "!=": np.not_equal, ">": np.greater, "<": np.less}
 
 
 def _index(expr: IndexExpr, grids: Mapping[str, Any]) -> Any:
-    return fold_index(expr, grids.__getitem__, lambda n: n, lambda op, a, b: _ARITH[op](a, b))
+    return fold_index(expr, grids.__getitem__, lambda n: n, lambda op, a, b: INDEX_ARITH[op](a, b))
 
 
 def _pred(pred: Pred, grids: Mapping[str, Any]) -> Any:
@@ -391,11 +398,7 @@ class _Interpreter:
         alg = self.alg
         axes = union_axes(kids[0].axes, kids[1].axes)
         a, b = kids[0].aligned(axes), kids[1].aligned(axes)
-        fn: dict[str, Callable[[Any, Any], Any]] = {
-            "add": lambda x, y: x + y, "sub": lambda x, y: x - y, "mul": lambda x, y: x * y,
-            "div": lambda x, y: x / y, "maximum": alg.maximum, "minimum": alg.minimum,
-        }
-        return Named(axes, np.asarray(fn[node.op](a, b), dtype=a.dtype if alg.symbolic else None))
+        return Named(axes, np.asarray(alg.binary[node.op](a, b), dtype=a.dtype if alg.symbolic else None))
 
     def reduce(self, node: Box, kids: tuple[Named, ...]) -> Named:
         arg = kids[0]

@@ -1,6 +1,7 @@
 """Every op has an entry in every interpreter's table (architecture.md §6.7).
 
-The interpreters of a diagram (the float64 and sympy evaluator, the JAX lowering, drawing)
+The interpreters of a diagram (the float64 and sympy evaluator, which certification's
+reach analysis also reads scalars with, the JAX lowering, drawing)
 are tables over ``ops.OPS``, keyed by the op's name or by its ``kind``.  One parametrised
 test names each op against each table, so a new op that some interpreter lacks fails here
 with both names, before any diagram that uses it reaches that interpreter.
@@ -40,6 +41,8 @@ TABLES: dict[str, Table] = {
     "evaluate.BY_KIND": (evaluate.BY_KIND, _by_kind, _every),
     "evaluate.FLOAT64.unary": (evaluate.FLOAT64.unary, _by_name, _of_kind("unary")),
     "evaluate.SYMBOLIC.unary": (evaluate.SYMBOLIC.unary, _by_name, _of_kind("unary")),
+    "evaluate.FLOAT64.binary": (evaluate.FLOAT64.binary, _by_name, _of_kind("binary")),
+    "evaluate.SYMBOLIC.binary": (evaluate.SYMBOLIC.binary, _by_name, _of_kind("binary")),
     "lower.jaxops.TABLE": (jaxops.TABLE, _by_kind, _every),
     "lower.jaxops.UNARY": (jaxops.UNARY, _by_name, _of_kind("unary")),
     "lower.jaxops.BINARY": (jaxops.BINARY, _by_name, _of_kind("binary")),

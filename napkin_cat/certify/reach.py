@@ -18,14 +18,14 @@ Both are pure functions of the lemma, read through the diagrams it calls
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import fields, is_dataclass, replace
 from functools import cache
 from typing import Any
 
 import sympy
 
-from napkin_cat.evaluate import FLOAT64, SYMBOLIC, evaluate_named
+from napkin_cat.evaluate import FLOAT64, INDEX_ARITH, SYMBOLIC, evaluate_named
 from napkin_cat.ops import typed_box
 from napkin_cat.terms import (
     Box,
@@ -39,6 +39,7 @@ from napkin_cat.terms import (
     LemmaDecl,
     Size,
     Var,
+    fold_index,
     inline_calls,
     walk,
 )
@@ -167,11 +168,6 @@ class _Unbounded(Exception):
     """A size- or position-dependent term with no polynomial reading."""
 
 
-_BINARY: dict[str, Callable[[Any, Any], Any]] = {
-    "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
-    "div": lambda a, b: a / b, "maximum": sympy.Max, "minimum": sympy.Min}
-
-
 def _scalar(expr: Expr | IndexExpr) -> Any:
     """``expr`` on one element, over sympy: variables real symbols, each size |a| and each
     position #a (of an index box, or summed over) a positive symbol; a sum, mean or
@@ -184,19 +180,15 @@ def _scalar(expr: Expr | IndexExpr) -> Any:
         return sympy.Symbol(f"|{expr.axis}|", positive=True)
     if isinstance(expr, Const):
         return SYMBOLIC.asarray(expr.value).item()
-    if isinstance(expr, Idx):
-        return sympy.Symbol(f"#{expr.axis}", nonnegative=True)
-    if isinstance(expr, IInt):
-        return sympy.Integer(expr.value)
-    if isinstance(expr, IBin):
-        left, right = _scalar(expr.left), _scalar(expr.right)
-        return left + right if expr.op == "+" else left - right if expr.op == "-" else left * right
+    if isinstance(expr, (Idx, IInt, IBin)):
+        return fold_index(expr, lambda axis: sympy.Symbol(f"#{axis}", nonnegative=True), sympy.Integer,
+                          lambda op, a, b: INDEX_ARITH[op](a, b))
     assert isinstance(expr, Box), f"calls are unfolded before reading: {expr}"
     if expr.op == "index":
         return _scalar(expr.index)  # type: ignore[arg-type]
     if not expr.target:
         args = [_scalar(a) for a in expr.args]
-        return _BINARY[expr.op](*args) if expr.op in _BINARY else SYMBOLIC.unary[expr.op](args[0])
+        return SYMBOLIC.binary[expr.op](*args) if expr.op in SYMBOLIC.binary else SYMBOLIC.unary[expr.op](args[0])
     body = sympy.sympify(math.prod((_scalar(a) for a in expr.args), start=sympy.Integer(1)))
     if any(sym.name[0] not in "|#" for sym in body.free_symbols):
         raise _Opaque  # it reduces the data (X * 0 does not: sympy reads it as 0)

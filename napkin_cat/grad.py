@@ -9,7 +9,7 @@ model and the lowerings treat like any other.  The convention:
 - outputs: one gradient per original input, typed as that input:
   ``Σ_outputs ⟨cotangent, ∂output/∂input⟩``.
 
-It is built in three passes: calls are inlined (``terms.inline_calls``, so the woven axes
+It is built in three passes: calls are inlined (``ops.inlined``, so the woven axes
 of a call flow through its boxes by name), every box is bound to a name (the forward
 values the backward reads), then cotangents flow from the outputs to the inputs, one rule
 per box written with catalogue boxes.  A cotangent carries a subset of its value's axes
@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from napkin_cat import ops
-from napkin_cat.ops import typed_box
+from napkin_cat.ops import inlined, typed_box
 from napkin_cat.terms import (
     Axes,
     Axis,
@@ -52,7 +52,6 @@ from napkin_cat.terms import (
     Var,
     axes_in_order,
     fresh_name,
-    inline_calls,
     repeated,
     walk,
 )
@@ -310,8 +309,7 @@ def cotangent_names(diagram: Diagram) -> tuple[str, ...]:
 
 def vjp(diagram: Diagram) -> Diagram:
     """The vector-Jacobian product of ``diagram`` as the diagram ``NAME_vjp`` (module docstring)."""
-    flat = inline_calls(diagram, lambda box, args: typed_box(box.op, args, box.target, box.out, box.params, box.index,
-                                                              box.span))
+    flat = inlined(diagram)
     axes = {a.name: a for a in flat.axes}
     seeds = cotangent_names(diagram)
     names = _Names({p.name for p in flat.inputs} | {n for let in flat.body for n in let.names} | set(seeds) | set(axes))

@@ -136,13 +136,12 @@ def unfold(thm: Theorem) -> Theorem:
 
     A diagram used as a box means its body run on the arguments, woven over the extra
     axes by name (terms.Apply), so inlining it, with every inner box retyped to carry the
-    woven axes (terms.inline_calls with the kernel's typing rule), is an equality.
+    woven axes (ops.inlined: terms.inline_calls with the kernel's typing rule), is an equality.
     """
     if not thm.result.uses_diagrams():
         return thm
     _no_schedule(thm, "unfold", None)
-    result = terms.inline_calls(thm.result, lambda box, args: ops.typed_box(
-        box.op, args, box.target, box.out, box.params, box.index, box.span))
+    result = ops.inlined(thm.result)
     return _extend(thm, None, ("unfold",), result=result)
 
 

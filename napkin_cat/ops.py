@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from napkin_cat.diagnostics import Span
-from napkin_cat.terms import Axes, Box, Expr, IndexExpr, Pred
+from napkin_cat.terms import Axes, Box, Diagram, Expr, IndexExpr, Pred, inline_calls
 
 __all__ = [
     "ACCUMULATORS",
@@ -30,9 +30,11 @@ __all__ = [
     "Accumulator",
     "OpInfo",
     "accumulators_for",
+    "inlined",
     "is_consuming",
     "is_mixing",
     "result_axes",
+    "retyped",
     "treatment",
     "typed_box",
 ]
@@ -266,6 +268,18 @@ def typed_box(op: str, args: tuple[Expr, ...], target: Axes = (), out: Axes = ()
     """A primitive box with its result type from ``result_axes`` (the one typing rule)."""
     return Box(op, args, result_axes(op, tuple(a.axes for a in args), target, out), target, out, params,
                index, span)
+
+
+def retyped(box: Box, args: tuple[Expr, ...]) -> Box:
+    """``box`` over new arguments, its type recomputed by the one typing rule (``typed_box``)."""
+    return typed_box(box.op, args, box.target, box.out, box.params, box.index, box.span)
+
+
+def inlined(diagram: Diagram) -> Diagram:
+    """``diagram`` with every call inlined and every box retyped, so that a call's woven
+    axes flow through its boxes by name (``terms.inline_calls``): the kernel's ``unfold``,
+    and the one inliner every later stage reads a diagram through."""
+    return inline_calls(diagram, retyped)
 
 
 def treatment(box: Box, axis: str) -> str:

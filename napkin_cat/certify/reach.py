@@ -26,7 +26,7 @@ from typing import Any
 import sympy
 
 from napkin_cat.evaluate import FLOAT64, INDEX_ARITH, SYMBOLIC, evaluate_named
-from napkin_cat.ops import typed_box
+from napkin_cat.ops import inlined
 from napkin_cat.terms import (
     Box,
     Const,
@@ -40,7 +40,6 @@ from napkin_cat.terms import (
     Size,
     Var,
     fold_index,
-    inline_calls,
     walk,
 )
 
@@ -93,13 +92,12 @@ def scale(lemma: LemmaDecl) -> float:
 @cache
 def unfolded(lemma: LemmaDecl) -> tuple[Expr, ...]:
     """Both sides of ``lemma`` with every diagram call replaced by the callee's body (as
-    the kernel's unfold rule does, ``terms.inline_calls``), each one tree of primitive
+    the kernel's unfold rule does, ``ops.inlined``), each one tree of primitive
     boxes: the bindings inlining introduces are substituted back into the sides."""
     both = Diagram(lemma.name, lemma.params, (), (lemma.lhs, lemma.rhs), (lemma.lhs.axes, lemma.rhs.axes),
                    lemma.axes)
-    inlined = inline_calls(both, lambda box, args: typed_box(box.op, args, box.target, box.out, box.params,
-                                                             box.index, box.span))
-    bound = {name: let.expr for let in inlined.body for name in let.names}
+    flat = inlined(both)
+    bound = {name: let.expr for let in flat.body for name in let.names}
 
     def expand(expr: Expr) -> Expr:
         if isinstance(expr, Var) and expr.name in bound:
@@ -108,7 +106,7 @@ def unfolded(lemma: LemmaDecl) -> tuple[Expr, ...]:
             return replace(expr, args=tuple(expand(a) for a in expr.args))
         return expr
 
-    return tuple(expand(side) for side in inlined.outputs)
+    return tuple(expand(side) for side in flat.outputs)
 
 
 def _nodes(lemma: LemmaDecl) -> Iterator[Expr]:

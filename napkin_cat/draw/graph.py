@@ -6,7 +6,7 @@ flowing from a producer's output port into a consumer.  An array is a bundle of 
 one per axis.  Sub-expressions without arrays (``rsqrt(d)``, ``-inf``) are not wires:
 they become part of the label of the box that uses them; bindings no output depends on
 are not drawn.  With ``expand=True`` diagrams used as boxes (``Apply``) are inlined by
-``terms.inline_calls``, their arrays carrying the axes they are woven over.
+``ops.inlined``, their arrays carrying the axes they are woven over.
 
 How each wire meets a box is read off the axes (architecture.md §3.1): an axis on an
 input and on the output that the box does not name *passes over* the box (weaving); an
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 
 from napkin_cat import ops
 from napkin_cat.printer import ATOM, print_expr, print_index, print_pred
-from napkin_cat.terms import Apply, Axes, Box, Const, Diagram, Expr, Size, Var, inline_calls, union_axes
+from napkin_cat.terms import Apply, Axes, Box, Const, Diagram, Expr, Size, Var, union_axes
 
 __all__ = ["GLYPHS", "BoxText", "Edge", "Graph", "Node", "Port", "box_text", "build_graph"]
 
@@ -174,7 +174,7 @@ def box_text(box: Box, args: Sequence[Wired]) -> BoxText:
 def build_graph(diagram: Diagram, expand: bool = False) -> Graph:
     """The box-and-wire graph of a diagram; diagrams used as boxes inlined when ``expand``."""
     if expand:  # the kernel's δ-unfolding, typed by the op catalogue's one typing rule
-        diagram = inline_calls(diagram, _retype)
+        diagram = ops.inlined(diagram)
     graph = Graph()
     env: dict[str, Wired] = {}
     for param in diagram.inputs:
@@ -187,10 +187,6 @@ def build_graph(diagram: Diagram, expand: bool = False) -> Graph:
         name = graph.names.get(port) if isinstance(diagram.outputs[i], Var) else None
         graph.add("output", [port], [], name=name)
     return graph
-
-
-def _retype(box: Box, args: tuple[Expr, ...]) -> Box:
-    return replace(box, args=args, axes=ops.result_axes(box.op, tuple(a.axes for a in args), box.target, box.out))
 
 
 def _const_node(graph: Graph, const: Expr) -> Port:

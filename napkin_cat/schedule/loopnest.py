@@ -2,7 +2,8 @@
 pseudocode and the schedule interpreter.
 
 ``flatten`` turns a diagram into SSA nodes, one per box, with diagrams used as boxes
-inlined (their woven axes added to every inner node's type).  ``loop_nest`` then reads a
+inlined by the kernel's own inliner (``ops.inlined``: their woven axes added to every inner
+box's type).  ``loop_nest`` then reads a
 ``Schedule``: group partitions become parallel loops (a grid), stream partitions become
 sequential loops, and every node is placed relative to each stream loop (paper R4/R5):
 
@@ -19,10 +20,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from napkin_cat import ops
-from napkin_cat.terms import Apply, Axes, Box, Const, Diagram, Expr, Partition, Schedule, Size, Var, repeated
+from napkin_cat.terms import Apply, Axes, Box, Const, Diagram, Expr, Partition, Schedule, Size, Var
 
 __all__ = ["Loop", "LoopNest", "Node", "flatten", "loop_nest", "touches", "woven_axes"]
 
@@ -67,81 +68,47 @@ class Flat:
 
 
 def flatten(diagram: Diagram) -> Flat:
-    """SSA nodes for every box; let names are kept, inner boxes get ``prefix.k`` names.
+    """SSA nodes for every box; let names are kept, inner boxes get ``t.k`` names.
 
-    Diagrams used as boxes are inlined; an alias let (``B = A``) or a scalar let adds no
-    node.  Constants and sizes stay inline as arguments (scalars need no storage); an
-    output that is not an array node gets a copy node so every output has a name.
+    Diagrams used as boxes are inlined first, as the kernel's ``unfold`` does (``ops.inlined``:
+    each inner box retyped to carry the axes its call is woven over); an alias let (``B = A``)
+    or a scalar let adds no node.  Constants and sizes stay inline as arguments (scalars need
+    no storage); an output that is not an array node gets a copy node so every output has a
+    name.
     """
+    diagram = ops.inlined(diagram)
     nodes: list[Node] = []
-    sizes: dict[str, int | None] = {a.name: a.size for a in diagram.axes}
     counter = [0]
-    Env = dict[str, tuple[Expr, Axes]]
 
     def fresh(prefix: str) -> str:
         counter[0] += 1
         return f"{prefix}.{counter[0]}"
 
-    def emit(expr: Expr, env: Env, woven: Axes, name: str | None) -> tuple[Expr, Axes]:
-        """An argument expression (Var/Const/Size) for ``expr`` and its full type."""
+    def emit(expr: Expr, env: dict[str, Expr], name: str | None) -> Expr:
+        """An argument expression (Var/Const/Size) for ``expr``."""
         if isinstance(expr, Var):
             return env[expr.name]
         if isinstance(expr, (Const, Size)):
-            return expr, ()
-        if isinstance(expr, Apply):
-            outs = inline(expr, env, woven)
-            assert len(outs) == 1, "a multi-output application is bound by a Let"
-            return outs[0]
-        args = [emit(a, env, woven, None) for a in expr.args]
-        carried = {a for _, t in args for a in t if a in woven}
-        full = tuple(a for a in woven if a in carried) + expr.axes
-        box = Box(expr.op, tuple(a for a, _ in args), full, expr.target, expr.out, expr.params, expr.index, expr.span)
-        node = Node(name or fresh("t"), box, full)
+            return expr
+        assert isinstance(expr, Box), "calls are inlined"
+        box = replace(expr, args=tuple(emit(a, env, None) for a in expr.args))
+        node = Node(name or fresh("t"), box, expr.axes)
         nodes.append(node)
-        return Var(node.name, full), full
+        return Var(node.name, node.axes)
 
-    def inline(app: Apply, env: Env, woven: Axes) -> list[tuple[Expr, Axes]]:
-        callee = app.diagram
-        for axis in callee.axes:
-            sizes.setdefault(axis.name, axis.size)
-        args = [emit(a, env, woven, None) for a in app.args]
-        inner: Env = {p.name: arg for p, arg in zip(callee.inputs, args, strict=True)}
-        outs = body(callee, inner, tuple(dict.fromkeys(woven + app.woven)), fresh(callee.name))
-        return [repeat(out, declared) for out, declared in zip(outs, app.types, strict=True)]
-
-    def repeat(out: tuple[Expr, Axes], declared: Axes) -> tuple[Expr, Axes]:
-        # A call's output that does not depend on an axis of its type (a constant, or one
-        # computed only from arguments that lack a woven axis) is repeated along it, as the
-        # evaluator does, with the box terms.inline_calls uses (terms.repeated).
-        value, axes = out
-        missing = tuple(a for a in declared if a not in axes)
-        if not missing:
-            return out
-        full = ops.result_axes("where", (axes, axes), missing)
-        node = Node(fresh("t"), repeated(value, missing, full), full)
-        nodes.append(node)
-        return Var(node.name, full), full
-
-    def body(d: Diagram, env: Env, woven: Axes, prefix: str | None) -> list[tuple[Expr, Axes]]:
-        for let in d.body:
-            if isinstance(let.expr, Apply) and len(let.names) > 1:
-                for name, out in zip(let.names, inline(let.expr, env, woven), strict=True):
-                    env[name] = out
-                continue
-            target = let.names[0] if prefix is None else f"{prefix}.{let.names[0]}"
-            env[let.names[0]] = emit(let.expr, env, woven, target)
-        return [emit(o, env, woven, None) for o in d.outputs]
-
-    outs = body(diagram, {p.name: (Var(p.name, p.axes), p.axes) for p in diagram.inputs}, (), None)
+    env: dict[str, Expr] = {p.name: Var(p.name, p.axes) for p in diagram.inputs}
+    for let in diagram.body:
+        (name,) = let.names  # inlining leaves one name per let
+        env[name] = emit(let.expr, env, name)
     out_names = []
-    for value, axes in outs:
+    for out in diagram.outputs:
+        value = emit(out, env, None)
         if not isinstance(value, Var):
-            name = fresh("out")
-            nodes.append(Node(name, Box("mul", (value, Const(1.0)), axes), axes))
-            value = Var(name, axes)
+            value = Var(fresh("out"), out.axes)
+            nodes.append(Node(value.name, Box("mul", (out, Const(1.0)), out.axes), out.axes))
         out_names.append(value.name)
     inputs = tuple((p.name, p.axes) for p in diagram.inputs)
-    return Flat(inputs, tuple(nodes), tuple(out_names), tuple(sizes.items()))
+    return Flat(inputs, tuple(nodes), tuple(out_names), tuple((a.name, a.size) for a in diagram.axes))
 
 
 @dataclass(frozen=True)

@@ -22,21 +22,10 @@ from napkin_cat.kernel import KernelError, Theorem
 from napkin_cat.terms import Box, Const, Module, Partition, Place, Quantise, Rewrite, Var, walk
 from tests.strategies import SIZE_REFUSALS, input_arrays, modules, sizes_for
 
-ATTENTION = """
-axis q, x
-axis d = 8
-diagram attention(Q: [q d], K: [x d], V: [x d]) -> [q d] {
-  S = contract[d](Q, K) * rsqrt(d)
-  P = softmax[x](S)
-  O = contract[x](P, V)
-  return O
-}
-diagram mha(Q: [b q d], K: [b x d], V: [b x d]) -> [b q d] {
-  return attention(Q, K, V)
-}
-axis b
-axis m = 10
-diagram rows(A: [m x]) -> [m] {
+# examples/attention.ncd (attention, mha over b and h, causal, ...) and two small diagrams of its own
+ATTENTION = (Path(__file__).resolve().parent.parent / "examples" / "attention.ncd").read_text(encoding="utf-8") + """
+axis r = 10
+diagram rows(A: [r x]) -> [r] {
   return sum[x](A)
 }
 diagram second_pass(X: [q x]) -> [q x] {
@@ -90,7 +79,7 @@ def test_refl_states_the_identity_and_is_exact() -> None:
 def test_unfold_inlines_woven_calls_and_retypes() -> None:
     thm = _thm("mha")
     assert [let.names[0] for let in thm.result.body] == ["S", "P", "O"]
-    assert set(thm.result.binding("S").expr.axes) == {"b", "q", "x"}
+    assert set(thm.result.binding("S").expr.axes) == {"b", "h", "q", "x"}
     assert "unfold" in thm.trust
 
 
@@ -330,10 +319,10 @@ def test_group_refuses_consumed_and_mixed_axes(axis: str, message: str) -> None:
 
 def test_group_tile_must_divide_or_pad() -> None:
     thm = _thm("rows")
-    with pytest.raises(KernelError, match=r"^group: tile 4 does not divide axis `m` of size 10; declare `pad`"):
-        kernel.group(thm, Partition("group", "m", 4))
-    assert kernel.group(thm, Partition("group", "m", 4, pad=True)).constraints == ()
-    assert kernel.group(thm, Partition("group", "m", 5)).constraints == ()
+    with pytest.raises(KernelError, match=r"^group: tile 4 does not divide axis `r` of size 10; declare `pad`"):
+        kernel.group(thm, Partition("group", "r", 4))
+    assert kernel.group(thm, Partition("group", "r", 4, pad=True)).constraints == ()
+    assert kernel.group(thm, Partition("group", "r", 5)).constraints == ()
 
 
 def test_group_refuses_missing_axis_and_axis_named_tile() -> None:

@@ -215,9 +215,10 @@ def test_unfused_attention_baseline_versus_flash() -> None:
     # the source diagram, every box its own kernel: Q K^T, the scale, softmax, P V
     assert sympy.expand(symbolic.baseline.transfers - (2 * q * d64 + 2 * x * d64 + 6 * q * x)) == 0
     co = cost(thm, hardware="h100", sizes={"q": 8192, "x": 8192})
-    best = search(co).rows[0]
-    assert best.transfers["smem"] * 10 < float(co.baseline.transfers_bytes)
-    t = timing(co, best.tiles)
+    # the configuration that moves least (the best for one head trades traffic for programs)
+    least = min(search(co, top=100).rows, key=lambda r: r.transfers["smem"])
+    assert least.transfers["smem"] * 10 < float(co.baseline.transfers_bytes)
+    t = timing(co, least.tiles)
     assert float(t.serial) >= float(t.overlapped) > 0
     assert float(t.intensity) > t.ridge  # FlashAttention at long sequences is compute-bound
 
@@ -356,7 +357,7 @@ def test_integer_search_respects_capacity_and_divisibility() -> None:
     table = search(co, top=20)
     assert table.rows and table.considered >= len(table.rows)
     capacity = hardware.load("a100").level("smem").capacity
-    times = [row.transfer_time for row in table.rows]
+    times = [row.seconds for row in table.rows]
     assert times == sorted(times)
     for row in table.rows:
         assert row.memory["smem"] <= capacity

@@ -18,9 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from napkin_cat import certify, kernel, proof, run
+from napkin_cat import certify, cost, kernel, proof, run
 from napkin_cat.certify import rules
 from napkin_cat.cli import main
+from napkin_cat.cost import optimise
 from napkin_cat.elaborate import load, loads
 from napkin_cat.search import derive, moves, rewrite
 from napkin_cat.terms import Partition, Rewrite
@@ -130,10 +131,14 @@ def test_attention_variants_get_the_flash_schedule(diagram: str) -> None:
     assert ("stream", "x", "online_softmax") in partitions(found)
 
 
-def test_matmul_gets_square_tiles() -> None:
+def test_matmul_gets_near_square_tiles_that_fill_the_sms() -> None:
+    """At 1024^3 on 132 SMs, square 128x128 tiles make 64 programs (half the SMs idle): the
+    model takes the squarest tiles that keep the SMs busy (64x128: 128 programs)."""
     found = derived(EXAMPLES / "matmul.ncd", "matmul")
     assert [(k, a) for k, a, _ in partitions(found)] == [("group", "a"), ("group", "c"), ("stream", "b")]
-    assert found.best.cost is not None and found.best.cost.tiles["ga"] == found.best.cost.tiles["gc"]
+    assert found.best.cost is not None
+    ga, gc = found.best.cost.tiles["ga"], found.best.cost.tiles["gc"]
+    assert max(ga, gc) <= 2 * min(ga, gc) and (1024 // ga) * (1024 // gc) >= 128
 
 
 def test_cross_entropy_streams_the_vocabulary() -> None:
@@ -376,13 +381,46 @@ def test_for_pallas_a_schedule_is_costed_as_the_kernel_runs_it(tmp_path: Path) -
     """Regression: for grouped-query decoding (g = 4 query heads per K/V head, woven) derive
     --lower pallas chose `group b by 1; group h by 1; stream x`, costed with g whole in every
     program; the Pallas kernel puts g on the grid one head per program and loads K and V four
-    times.  Costed as realised, grouping g (K and V loaded once per head) wins."""
+    times.  Costed as realised, grouping g (K and V loaded once per head) wins.  With 32 heads
+    both plans keep every SM busy (128 programs against 512), so only the traffic tells them
+    apart (with 8 heads, grouping g leaves 32 programs for 132 SMs and the two are even)."""
     source = tmp_path / "decode.ncd"
     source.write_text("axis x, b, h\naxis g = 4\naxis d = 64\n"
                       "diagram decode(Q: [b h g d], K: [b h x d], V: [b h x d]) -> [b h g d] {\n"
                       "  P = softmax[x](contract[d](Q, K) * rsqrt(d))\n  O = contract[x](P, V)\n  return O\n}\n")
-    sizes = {"b": 4, "h": 8, "x": 4096}
+    sizes = {"b": 4, "h": 32, "x": 4096}
     found = derive.derive(source, "decode", derive.model_cost("h200", "bf16", sizes, target="pallas"),
                           settings={"hardware": "h200"}, lower="pallas", seconds=600)
     assert ("group", "g", None) in partitions(found)
     assert found.best.cost is not None and found.best.cost.tiles.get("gg") == 4
+
+
+def test_derive_keeps_the_sms_busy_when_a_grid_that_does_exists_at_similar_traffic(tmp_path: Path) -> None:
+    """Sigmoid attention, one head, q = x = 4096 on h200: before the time model knew the grid,
+    derive took gq = 1024 (4 programs on 132 SMs, quoted at the whole chip's bandwidth).  Now
+    no tile configuration with at least as many programs as SMs moves at most 1.1x the bytes of
+    the chosen one unless the chosen one has that many programs itself."""
+    source = tmp_path / "sigmoid.ncd"
+    source.write_text("axis q, x\naxis d = 64\n"
+                      "diagram sigmoid_attention(Q: [q d], K: [x d], V: [x d]) -> [q d] {\n"
+                      "  S = contract[d](Q, K) * rsqrt(d)\n  return contract[x](sigmoid(S), V)\n}\n")
+    sizes = {"q": 4096, "x": 4096}
+    found = derive.derive(source, "sigmoid_attention", derive.model_cost("h200", "bf16", sizes),
+                          settings={"hardware": "h200"}, seconds=600)
+    assert found.best.cost is not None and found.best.theorem is not None
+    c = cost.cost(found.best.theorem, hardware="h200", sizes=sizes, dtype="bf16")
+    rows = optimise.search(c, top=10**6, relax=True).rows
+    chosen = next(r for r in rows if r.tiles == found.best.cost.tiles)
+    sms = c.hardware.sms
+    assert chosen.programs >= 32  # not the 4 of gq = 1024
+    busy = [r for r in rows if r.programs >= sms]
+    hbm = c.first.name
+    assert chosen.programs >= sms or not any(r.transfers[hbm] <= 1.1 * chosen.transfers[hbm] for r in busy)
+    assert chosen.factor == cost.parallel_factor(chosen.programs, sms) and chosen.seconds == rows[0].seconds
+
+
+def test_parallel_factor_counts_waves() -> None:
+    assert cost.parallel_factor(132, 132) == 1 and cost.parallel_factor(264, 132) == 1
+    assert cost.parallel_factor(66, 132) == 2  # half the SMs idle
+    assert cost.parallel_factor(133, 132) == pytest.approx(2 * 132 / 133)  # a second wave of one program
+    assert cost.parallel_factor(1, 132) == 132 and cost.parallel_factor(0, 132) == 1

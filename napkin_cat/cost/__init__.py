@@ -11,6 +11,7 @@ sizes (symbols where the module leaves them symbolic) and the tile symbols of th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +27,8 @@ from napkin_cat.schedule.loopnest import loop_nest
 from napkin_cat.schedule.program import Program, max_of
 from napkin_cat.terms import Box, Diagram, Partition, Schedule, union_axes
 
-__all__ = ["CONVENTION", "Baseline", "Cost", "CostError", "LevelCost", "Timing", "cost", "cost_of", "timing"]
+__all__ = ["CONVENTION", "Baseline", "Cost", "CostError", "LevelCost", "Timing", "cost", "cost_of", "parallel_factor",
+           "timing"]
 
 
 class CostError(ValueError):
@@ -109,6 +111,14 @@ class Cost:
     def first(self) -> LevelCost:
         """The level below hbm: its transfers are the hbm traffic."""
         return self.levels[1]
+
+    @property
+    def programs(self) -> Expr:
+        """How many programs run in parallel: the product of the trips of the group loops at
+        the level below hbm (the kernel's grid; one program per group)."""
+        loops = self.program.nest.loops
+        return sympy.Mul(*(trips for lp, trips in zip(loops, self.program.trips, strict=True)
+                           if lp.kind == "group" and lp.level == self.first.name))
 
     def at(self, expr: Expr, values: Mapping[str, float | int]) -> Expr:
         """``expr`` with axis sizes and tiles given by name substituted."""
@@ -267,6 +277,17 @@ def _baseline(prog: Program, bytes_of: Mapping[str, int]) -> Baseline:
         space = union_axes(*(a.axes for a in box.args), box.axes)
         flops += _per_point(box) * _size(prog, space)
     return Baseline(sympy.Add(*moved), sympy.Add(*weighted), max_of(sizes_per_box), max_of(bytes_per_box), flops)
+
+
+def parallel_factor(programs: float, sms: int) -> float:
+    """How much longer than the whole-chip time a grid of ``programs`` takes on ``sms``
+    multiprocessors: the peaks and bandwidths are the chip's, reached only with every SM
+    busy, and the programs run in ceil(P / S) waves of at most S, each program doing 1/P of
+    the work, so the time is ceil(P / S) · S / P of the ideal (1 when P is a multiple of S;
+    S / P, the idle SMs' share, when P < S)."""
+    if programs <= 0 or sms <= 0:
+        return 1.0
+    return math.ceil(programs / sms) * sms / programs
 
 
 def timing(c: Cost, values: Mapping[str, float | int] | None = None) -> Timing:

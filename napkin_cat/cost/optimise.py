@@ -20,7 +20,7 @@ from typing import NamedTuple
 import sympy
 from sympy import Expr
 
-from napkin_cat.cost import Cost, CostError
+from napkin_cat.cost import Cost, CostError, parallel_factor
 from napkin_cat.cost import hardware as hw
 from napkin_cat.schedule.program import max_of
 from napkin_cat.terms import Box
@@ -200,6 +200,12 @@ class Config:
     memory: dict[str, float]
     transfers: dict[str, float]
     transfer_time: float
+    #: the programs of the grid these tiles make, and ``cost.parallel_factor`` of them on the
+    #: hardware's SMs
+    programs: float = 1.0
+    factor: float = 1.0
+    #: what the configurations rank by: (transfer time + FLOP time at the dtype's peak) * factor
+    seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -311,9 +317,11 @@ def _candidates(extent: int, multiple: int, pow2: bool, lowest: int, pad: bool, 
 
 def search(c: Cost, top: int = 8, limit: int = 500_000, relax: bool = False) -> ConfigTable:
     """The best integer tiles: feasible under every level's capacity (bytes) and the hardware's
-    divisibility constraints, ranked by bandwidth-weighted transfer time, then by fewer loop
-    trips.  All axis sizes must be numbers (raises CostError otherwise).  Past ``limit``
-    combinations the longest candidate lists are thinned to every other value.
+    divisibility constraints, ranked by modelled time (bandwidth-weighted transfer time plus
+    FLOP time at the dtype's peak) times the grid's ``parallel_factor`` (a grid of fewer
+    programs than SMs leaves the rest idle), then by fewer loop trips.  All axis sizes must be
+    numbers (raises CostError otherwise).  Past ``limit`` combinations the longest candidate
+    lists are thinned to every other value.
 
     The multiples a tile should have (128-byte coalescing, tensor-core fragments) are
     preferences: with ``relax``, when no configuration meets them (64 rows of a 32768-wide
@@ -353,7 +361,8 @@ def _ranked(c: Cost, cons: dict[str, _TileRule], top: int, limit: int) -> Config
         assert lv.parent is not None
         bandwidth.append(c.hardware.level(lv.parent).bandwidth or math.inf)
     exprs = [lv.memory_bytes for lv in levels] + [lv.transfers_bytes for lv in levels]
-    exprs.append(sympy.Mul(*c.program.trips))
+    exprs += [c.flops, c.programs, sympy.Mul(*c.program.trips)]
+    peak = c.hardware.peak_flops(c.dtype)
     fn = sympy.lambdify(symbols, exprs, modules=[{"Max": max, "ceiling": math.ceil}, "math"])
     rows: list[tuple[float, float, Config]] = []
     for tiles in combos:
@@ -363,7 +372,10 @@ def _ranked(c: Cost, cons: dict[str, _TileRule], top: int, limit: int) -> Config
             continue
         moved = {lv.name: values[len(levels) + i] for i, lv in enumerate(levels)}
         time = sum(moved[lv.name] / bw for lv, bw in zip(levels, bandwidth, strict=True))
-        rows.append((time, values[-1], Config(tiles, memory, moved, time)))
+        flops, programs, trips = values[-3:]
+        factor = parallel_factor(programs, c.hardware.sms)
+        seconds = (time + flops / peak) * factor
+        rows.append((seconds, trips, Config(tiles, memory, moved, time, programs, factor, seconds)))
     rows.sort(key=lambda r: (float(f"{r[0]:.9g}"), r[1]))
     return ConfigTable(tuple(r[2] for r in rows[:top]), {n: tuple(cons[n].causes) for n in names}, len(combos))
 

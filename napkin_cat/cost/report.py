@@ -11,7 +11,7 @@ from typing import Any
 
 import sympy
 
-from napkin_cat.cost import Cost, timing
+from napkin_cat.cost import Cost, parallel_factor, timing
 from napkin_cat.cost import hardware as hw
 from napkin_cat.cost.bounds import diagram_bound, lower_bounds
 from napkin_cat.cost.mesh import mesh_cost, mesh_times
@@ -168,7 +168,8 @@ def _numeric(c: Cost, out: dict[str, Any]) -> None:
     """Configuration table and time estimates at the best integer tiles."""
     table: ConfigTable = search(c, relax=True)
     out["configurations"] = [{"tiles": r.tiles, "memory_bytes": r.memory, "transfers_bytes": r.transfers,
-                              "transfer_time_s": r.transfer_time} for r in table.rows]
+                              "transfer_time_s": r.transfer_time, "programs": r.programs,
+                              "parallel_factor": r.factor} for r in table.rows]
     out["constraints"] = {k: list(v) for k, v in table.constraints.items()}
     out["relaxed"] = list(table.relaxed)
     if not table.rows:
@@ -191,17 +192,17 @@ def _numeric(c: Cost, out: dict[str, Any]) -> None:
     serial, overlapped = float(t.serial), float(t.overlapped)
     # FLOPs per byte of hbm traffic; None where nothing moves through hbm (no ratio exists)
     intensity = float(t.intensity) if float(c.at(c.first.transfers_bytes, best)) else None
-    loops = c.program.nest.loops
-    groups = float(c.at(sympy.Mul(*(trips for lp, trips in zip(loops, c.program.trips, strict=True)
-                                    if lp.kind == "group" and lp.level == c.first.name)), best))
+    groups = float(c.at(c.programs, best))
+    factor = parallel_factor(groups, c.hardware.sms)
     out["time"] = {"tiles": dict(best), "flops_s": float(t.flop_time),
                    "transfers_s": {k: float(v) for k, v in t.transfer_times},
                    "serial_s": serial, "overlapped_s": overlapped,
                    "intensity_flop_per_byte": intensity, "ridge_flop_per_byte": t.ridge,
                    "bound_by": "compute" if intensity is None or intensity >= t.ridge else "memory",
-                   "parallel_groups": groups, "sms": c.hardware.sms,
-                   "gain_vs_unfused_serial": _ratio(base_flop + base_move, serial),
-                   "gain_vs_unfused_overlapped": _ratio(max(base_flop, base_move), overlapped)}
+                   "parallel_groups": groups, "sms": c.hardware.sms, "parallel_factor": factor,
+                   "grid_serial_s": serial * factor, "grid_overlapped_s": overlapped * factor,
+                   "gain_vs_unfused_serial": _ratio(base_flop + base_move, serial * factor),
+                   "gain_vs_unfused_overlapped": _ratio(max(base_flop, base_move), overlapped * factor)}
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -257,7 +258,8 @@ def format_report(r: Mapping[str, Any]) -> str:
             tiles = " ".join(f"{k}={v}" for k, v in row["tiles"].items())
             mem = " ".join(f"M_{k}={v:.0f} ({100 * v / capacity[k]:.0f}%)" for k, v in row["memory_bytes"].items())
             moved = " ".join(f"H_{k}={v:.4g}" for k, v in row["transfers_bytes"].items())
-            lines.append(f"  {tiles:<36} {mem:<28} {moved:<30} t_transfer={row['transfer_time_s']:.4g}s")
+            lines.append(f"  {tiles:<36} {mem:<28} {moved:<30} t_transfer={row['transfer_time_s']:.4g}s"
+                         + f" x{row['parallel_factor']:.3g} ({row['programs']:.0f} programs)")
         if not r["configurations"]:
             lines.append(f"  {r['configurations_note']}")
         if r.get("relaxed"):
@@ -280,9 +282,11 @@ def format_report(r: Mapping[str, Any]) -> str:
         b = r["baseline"]["time_s"]
         lines += ["", f"time at {t['tiles']}: FLOPs {t['flops_s']:.4g}s; transfers {per}",
                   f"  serial (sum) {t['serial_s']:.4g}s; overlapped (max) {t['overlapped_s']:.4g}s; "
-                  + _intensity(t) + f"; {t['parallel_groups']:.0f} parallel groups on {t['sms']} SMs"
-                  + (" (fewer groups than SMs: the peaks above are not reachable)"
-                     if t["parallel_groups"] < t["sms"] else ""),
+                  + _intensity(t),
+                  f"  {t['parallel_groups']:.0f} programs (parallel groups) on {t['sms']} SMs"
+                  + ("" if t["parallel_factor"] == 1 else
+                     f": in waves that leave SMs idle, x{t['parallel_factor']:.3g} the times above, "
+                     f"serial {t['grid_serial_s']:.4g}s, overlapped {t['grid_overlapped_s']:.4g}s"),
                   f"  unfused baseline: serial {b['serial']:.4g}s, overlapped {b['overlapped']:.4g}s; gain "
                   f"{_gain(t['gain_vs_unfused_serial'])} (serial), "
                   f"{_gain(t['gain_vs_unfused_overlapped'])} (overlapped)"

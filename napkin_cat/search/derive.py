@@ -244,7 +244,9 @@ def _mb(moved: float) -> str:
 def choose_tiles(c: cost.Cost, thm: kernel.Theorem, peak: float) -> Costed:
     """The best integer tiles of the cost model's search (``optimise.search``: every level's
     capacity and the hardware's divisibility constraints, least transfer time, then fewest
-    loop trips), costed as transfer time plus FLOP time at the dtype's peak.  The preferred
+    loop trips), costed as they rank: transfer time plus FLOP time at the dtype's peak, times
+    the grid's ``cost.parallel_factor`` (the whole chip's peaks are reached only with every SM
+    busy).  The preferred
     multiples (coalescing, tensor-core shapes) are dropped where no configuration meets them, as
     `napkin cost` and the lowering do: a 32768-wide row whose 64-row tile overflows SMEM fits
     one row at a time; such a plan ranks after every plan whose tiles meet them (``Costed.relaxed``)."""
@@ -262,12 +264,13 @@ def choose_tiles(c: cost.Cost, thm: kernel.Theorem, peak: float) -> Costed:
         return Costed(math.inf, False, {}, "does not fit", why)
     best = table.rows[0]
     flops = float(c.at(c.flops, sizes | best.tiles))
-    seconds = best.transfer_time + flops / peak
+    seconds = best.seconds
     used = "; ".join(f"{name} {best.memory[name] / 1024:.4g} of {cap / 1024:.4g} KiB"
                      for name, cap in capacities.items())
     moved = best.transfers[c.levels[1].name]
     footprint = max(best.memory[name] / cap for name, cap in capacities.items())
     dropped = f"; tiles without the preferred {', '.join(table.relaxed)}" if table.relaxed else ""
+    grid = f"; {best.programs:.0f} programs on {c.hardware.sms} SMs (x{best.factor:.3g})" if best.factor > 1 else ""
     return Costed(seconds, True, dict(best.tiles), f"{_us(seconds)} fused: {_mb(moved)} moved from hbm; {used}; "
-                                                   f"{flops / 1e9:.3g} GFLOP{dropped}", footprint=footprint,
+                                                   f"{flops / 1e9:.3g} GFLOP{grid}{dropped}", footprint=footprint,
                   relaxed=table.relaxed)

@@ -4,7 +4,7 @@ and the same fold over sympy scalars.
 The evaluator defines what a diagram means; every rewrite, schedule and emitted kernel
 is checked against it.  Values carry their axis names at run time (``Named``), and every
 box broadcasts by name, so weaving a diagram over extra axes needs no special case: the
-callee's boxes simply carry the extra axes along (architecture.md §3).
+callee's boxes simply carry the extra axes along.
 
 Documented conventions for awkward inputs (float64):
 - ``softmax`` and ``logsumexp`` subtract the running maximum, so large logits stay finite;

@@ -17,7 +17,7 @@ whose message starts with the rule's name and names the failed condition and the
     match(pattern, term, vars, axes)     first-order matching (the search proposes rewrites with it)
 
 It reads the op catalogue's typing rule (``ops.typed_box``) and how a box treats an axis
-(``ops.treatment``: weaves | consumes | mixes | absent, architecture §3.1).
+(``ops.treatment``: weaves | consumes | mixes | absent, as the ``ops`` docstring defines them).
 
 The kernel imports only the IR, the op catalogue, diagnostics and the finiteness analysis.
 Certification is an input: lemma names map to how they were certified, ``accumulator(box, axis,

@@ -1,13 +1,13 @@
 """The catalogue of primitive boxes: signature, how each box treats its axes, FLOPs.
 
 Each op has one ``OpInfo``.  Its ``kind`` fixes how the box relates to the axes it names
-in brackets (architecture.md §3.1): a box *weaves* every axis it does not name; it
+in brackets: a box *weaves* every axis it does not name; it
 *consumes* a named axis that is not on its output (sums, contractions); it *mixes* a named
 axis that stays on its output (softmax and other normalisations).  The interpreters
 (evaluate, cost, lower, draw) are tables keyed by these names; a test checks that every op
 has an entry in every table.
 
-FLOPs follow the paper's convention (§3.1 of the digest): a contraction over ``k``
+FLOPs follow the Napkin paper's convention (§2.2): a contraction over ``k``
 elements costs ``2k`` per output element for two operands (``n·k`` for ``n`` operands);
 every other box costs ``flops`` per element it reads, a transcendental counting as one.
 """
@@ -283,7 +283,7 @@ def inlined(diagram: Diagram) -> Diagram:
 
 
 def treatment(box: Box, axis: str) -> str:
-    """How a box treats an axis (architecture §3.1): weaves | consumes | mixes | absent.
+    """How a box treats an axis (see the module docstring): weaves | consumes | mixes | absent.
 
     Index-dependent boxes (where, index, onehot) and transpose keep positions apart, so
     they weave their named axes (a tile passes its offset); split/join/rename mix.

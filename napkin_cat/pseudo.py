@@ -1,6 +1,7 @@
 """Per-level program -> pseudocode text (``napkin pseudo``): for every view, slowest level
 first, the loop nest, one line per column (its load, box, save, init or final) with the buffers
-live at that level, then the view's memory and transfers (paper §5.1, digest §4.2-§4.3).
+live at that level, then the view's memory and transfers (the Napkin paper's pseudocode
+diagrams, §5.1).
 
 ``render`` reads a ``pseudo_program.Program`` (built by ``pseudo_build.program``) and changes
 nothing; its output is deterministic.

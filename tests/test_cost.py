@@ -104,7 +104,7 @@ def test_attention_transfers_and_memory_match_the_reconstruction() -> None:
                                                                   "online_softmax"})
     smem = co.level("smem")
     assert sympy.simplify(smem.transfers - (2 * q * d + 2 * q * x * d / gq)) == 0
-    # Q tile, (m, l, o) state, K and V chunks, one score chunk (digest §3.3)
+    # Q tile, (m, l, o) state, K and V chunks, one score chunk: gq(2d + sx + 2) + 2 sx d
     assert sympy.expand(smem.memory - (gq * (2 * d + sx + 2) + 2 * sx * d)) == 0
     assert sympy.expand(co.flops - 4 * q * x * d) == 0
     opt = continuous(co)

@@ -1,4 +1,4 @@
-"""Every Pallas kernel cross-lowered for CUDA against an abstract "NVIDIA H200" (pallas-notes §5).
+"""Every Pallas kernel cross-lowered for CUDA against an abstract "NVIDIA H200" (``jax.sharding.AbstractDevice``).
 
 No GPU is needed: ``jax.jit(...).trace(...).lower(lowering_platforms=("cuda",))`` runs the
 Pallas Triton lowering on this machine, which catches the backend's constraint errors

@@ -1,4 +1,4 @@
-"""The import rule of architecture.md §2, checked on the whole package with ``ast``.
+"""The import rule (README: imports flow downstream only), checked on the whole package with ``ast``.
 
 Imports flow downstream only: every module belongs to one stage of the pipeline
 (``STAGES``, in README's order) and imports only from its own stage or earlier ones; the

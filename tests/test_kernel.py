@@ -490,7 +490,7 @@ def test_typed_box_and_treatment() -> None:
 
 
 def test_kernel_stays_small() -> None:
-    """The trusted core is one small file (architecture §6.5): under 500 lines."""
+    """The trusted core is one small file (README: under 500 lines), easy to audit."""
     source = Path(kernel.__file__).read_text(encoding="utf-8")
     assert len(source.splitlines()) < 500
 

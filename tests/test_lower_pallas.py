@@ -250,7 +250,7 @@ def test_rename_of_a_padded_axis() -> None:
 
 
 def test_interpret_false_on_cpu_is_jax_error() -> None:
-    """``interpret=False`` asks for the GPU backend; on CPU jax itself refuses (pallas-notes §7)."""
+    """``interpret=False`` asks for the GPU backend; on CPU jax itself refuses ("Only interpret mode is supported")."""
     if jax.default_backend() == "gpu":
         pytest.skip("a GPU is present")
     fn = lower(cases.theorems()["tiled_matmul"], target="pallas", tiles=cases.TILES).fn

@@ -1,4 +1,4 @@
-"""Every op has an entry in every interpreter's table (architecture.md §6.7).
+"""Every op has an entry in every interpreter's table.
 
 The interpreters of a diagram (the float64 and sympy evaluator, which certification's
 reach analysis also reads scalars with, the JAX lowering, drawing)

@@ -1,5 +1,5 @@
 """Every checked theorem's schedule, run literally by the schedule interpreter, computes
-the source diagram (architecture §5, T2): random tile sizes, random axis sizes that respect
+the source diagram (checked numerically): random tile sizes, random axis sizes that respect
 the recorded divisibility constraints (any size where ``pad`` is declared), random values.
 
 A forged (kernel-bypassing) unsound schedule is shown to disagree, so the property has teeth.

@@ -36,13 +36,16 @@ class CostError(ValueError):
     input, not a defect of the model, so the CLI reports it as a usage error."""
 
 
-#: the counting convention, printed beside every result (paper-digest §3.1, §8.2)
+#: the counting convention, printed beside every result: the Napkin paper defines H as the values
+#: changing level (§2.2) but leaves open how often a tile counts; its matmul cost (§3.1) needs the
+#: total over every group
 CONVENTION = (
     "H_l counts the values loaded into level l from its parent level and saved from l back, each "
     "load or save once per iteration of every loop around it, so an array lacking a grouped axis is "
-    "re-loaded by every group (paper-digest §3.1). M_l is the largest live set at l over the columns "
-    "of the schedule, per group. FLOPs: 2k per output element of a contraction over k elements "
-    "(n·k for n operands), other boxes ops.OPS[op].flops per point of their iteration space; work "
+    "re-loaded by every group (as the Napkin paper's matmul cost, §3.1, requires). M_l is the largest "
+    "live set at l over the columns of the schedule, per group. FLOPs: 2k per output element of a "
+    "contraction over k elements (n·k for n operands), other boxes ops.OPS[op].flops per point of "
+    "their iteration space; work "
     "repeated by groups that lack an axis is counted. Tiles are assumed to divide their axes unless "
     "padded (then trips are rounded up). Masked streams count the Pallas kernel: where a where mask "
     "fills whole chunks of a stream with the accumulator's padding (an affine conjunction of the "

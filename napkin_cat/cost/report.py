@@ -111,7 +111,7 @@ def report(c: Cost, name: str, devices: int | None = None) -> dict[str, Any]:
     base = c.baseline
     out["baseline"] = {"transfers": _s(base.transfers), "transfers_bytes": _s(base.transfers_bytes),
                        "memory": _s(base.memory), "flops": _s(base.flops),
-                       "note": "every box its own kernel, memory unconstrained per kernel (paper-digest §3.3)"}
+                       "note": "every box its own kernel, memory unconstrained per kernel"}
     woven = woven_axes(c.program.nest.flat, frozenset(lp.axis for lp in c.program.nest.loops))
     if woven:
         out["pallas_grid"] = {"axes": list(woven), "note": (

@@ -1,4 +1,4 @@
-"""Diagrams and theorems as pictures in the Neural Circuit Diagram style (paper-digest §1.1).
+"""Diagrams and theorems as pictures in the Neural Circuit Diagram style (Abbott, TMLR 2024).
 
 ``draw_svg(diagram)`` draws a diagram: wires are axes (labelled with their names and
 sizes), each column of stacked wires an array, dashed lines separate the arrays of a
@@ -45,9 +45,10 @@ from napkin_cat.terms import LEVELS, Diagram, Schedule
 
 __all__ = ["LEVEL_COLOURS", "TheoremLike", "draw_steps", "draw_svg", "save", "svg_to_png"]
 
-#: wire colour per memory level: the paper's black for ℓ0 and orange for ℓ1 (digest N9)
+#: wire colour per memory level: the Napkin paper colours ℓ0 arrays black and ℓ1 arrays orange
 LEVEL_COLOURS: dict[str, str] = {"hbm": "#1a1a1a", "l2": "#7b3fa0", "smem": "#e07000", "reg": "#1769c2"}
-#: load and save regions, as in the torchlette rendering of the paper's Fig. 8 (digest N10)
+#: load and save regions (shaded in the Napkin paper's Fig. 8), in the teal and magenta of
+#: torchlette's rendering of that figure (github.com/vinhowe/torchlette)
 MARK_COLOURS: dict[str, str] = {"load": "#1a9e8f", "save": "#c2185b"}
 #: where boxes run when the schedule names no level: the paper's ℓ1, one kernel per box
 DEFAULT_COMPUTE = "smem"

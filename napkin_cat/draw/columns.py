@@ -2,8 +2,9 @@
 
 Each box sits in the column of its topological depth (inputs in the first column,
 outputs in the last, a box without inputs just before its first use); an edge that
-skips columns occupies a slot in each column it passes (paper-digest §1.1, N5).  Each
-column is a tuple of arrays stacked top to bottom (N2, N3).
+skips columns occupies a slot in each column it passes (horizontal placement is sequential
+composition in a neural circuit diagram).  Each column is a tuple of arrays stacked top to
+bottom, separated by dashed lines.
 
 Nothing is placed by hand: the items of each column are ordered by the barycentre of
 their neighbours (fewer crossings), then placed as close to their neighbours' ports as

@@ -1,4 +1,4 @@
-"""The cost model's row under a theorem's picture: M and H per column (paper Fig. 9, digest N15).
+"""The cost model's row under a theorem's picture: M and H per column (the Napkin paper's Fig. 9).
 
 ``cost_table`` asks ``napkin_cat.cost`` for the theorem's per-level programs and gathers their
 columns (one per load, box and save, see ``napkin_cat.schedule.program``) under the picture's columns.
@@ -30,7 +30,7 @@ class CostTable:
 
 
 def cost_table(theorem: Any) -> CostTable:
-    """Per column of the picture, M and H at each level below HBM (paper Fig. 9, digest N15).
+    """Per column of the picture, M and H at each level below HBM (the Napkin paper's Fig. 9).
 
     The cost model's own columns (one per load, box and save, ``pseudo_program``) are gathered under
     the picture's columns: a box's column, its result's saves, and the loads it is the first

@@ -1,4 +1,4 @@
-"""A diagram as a box-and-wire graph: the first half of drawing (paper-digest §1.1).
+"""A diagram as a box-and-wire graph: the first half of drawing (a neural circuit diagram).
 
 ``build_graph`` folds a ``terms.Diagram`` into the graph a neural circuit diagram shows:
 one node per input, per box (``Box`` or ``Apply``) and per output; one edge per array
@@ -8,7 +8,7 @@ they become part of the label of the box that uses them; bindings no output depe
 are not drawn.  With ``expand=True`` diagrams used as boxes (``Apply``) are inlined by
 ``ops.inlined``, their arrays carrying the axes they are woven over.
 
-How each wire meets a box is read off the axes (architecture.md §3.1): an axis on an
+How each wire meets a box is read off the axes (``ops.treatment``): an axis on an
 input and on the output that the box does not name *passes over* the box (weaving); an
 axis the box names ends at the box, and re-emerges from it if it is also an output axis.
 """
@@ -25,8 +25,8 @@ from napkin_cat.terms import Apply, Axes, Box, Const, Diagram, Expr, Size, Var, 
 __all__ = ["GLYPHS", "BoxText", "Edge", "Graph", "Node", "Port", "box_text", "build_graph"]
 
 #: How each primitive box is drawn: (shape, glyph, whether its target axes are written as a
-#: subscript of the glyph).  Softmax is the paper's triangle ◁ (digest N4); a contraction is
-#: Σ with the contracted axes below it.
+#: subscript of the glyph).  Softmax is the triangle ◁, as Abbott's Algebraic-NCD draws it
+#: (github.com/vtabbott/Algebraic-NCD); a contraction is Σ with the contracted axes below it.
 GLYPHS: dict[str, tuple[str, str, bool]] = {
     **{name: ("rect", name, False) for name in ops.UNARY},
     "neg": ("rect", "−", False),

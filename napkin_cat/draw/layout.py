@@ -265,7 +265,7 @@ class _Placer:
             self.out.labels.append(Label(x + sign * (width + 14), mid, name, anchor, level, "name"))
 
     def separate(self, bundles: list[tuple[float, float]], x0: float, x1: float) -> None:
-        """Dashed tuple separators between consecutive arrays stacked in one column (N3)."""
+        """Dashed tuple separators between consecutive arrays stacked in one column."""
         bundles = sorted(bundles)
         for (y0, h0), (y1, _) in itertools.pairwise(bundles):
             self.out.separators.append((x0, x1, (y0 + h0 + y1) / 2))
@@ -389,7 +389,7 @@ class _Placer:
         return x0 + (x + w - x0) * abs(y - (y0 + half)) / half
 
     def box(self, item: Item, node: Node, zone: tuple[float, float]) -> None:
-        """The box and the wires woven over it (drawn above it, N7)."""
+        """The box and the wires woven over it (drawn above it: weaving)."""
         x, w = self.box_geometry(item)
         level = self.decor.box_level(node)
         self.out.boxes.append(PlacedBox(node, x, item.y, w, item.height, level))

@@ -4,7 +4,7 @@ The elaborator never stops at the first problem: it records a diagnostic, gives 
 offending expression no type, and carries on, so one run reports every error of a file
 (and of the files it ``use``s).  ``load``/``loads`` raise ``NapkinError`` with all of them.
 
-Typing rules (architecture.md §3):
+Typing rules (README, "The language"):
 - a binary box broadcasts by name: its type is the union of its operands' axes in order
   of first appearance;
 - a box that names axes in brackets acts on them and weaves every other axis;

@@ -1,9 +1,9 @@
 """Small builders of Python ``ast`` nodes shared by the JAX and Pallas emitters.
 
-Generated code is built as syntax trees and printed with ``ast.unparse`` (architecture.md
-§6.9), so it is always well formed and byte-identical for the same input.  ``Block`` is
-a list of statements being emitted, with a ``Namer`` that hands out fresh, valid and
-unique Python identifiers derived from IR names (``attention.2.S`` -> ``attention_2_S``).
+Generated code is built as syntax trees and printed with ``ast.unparse``, so it is always well
+formed and byte-identical for the same input.  ``Block`` is a list of statements being emitted,
+with a ``Namer`` that hands out fresh, valid and unique Python identifiers derived from IR
+names (``attention.2.S`` -> ``attention_2_S``).
 """
 
 from __future__ import annotations

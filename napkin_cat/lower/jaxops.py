@@ -174,7 +174,7 @@ def _contract(box: Box, args: Sequence[Value], scope: Scope) -> Value:
             "".join(letters[a] for a in dot_out)
         dtype = cg.attr(f"jnp.{scope.dot_dtype}")
         keywords = [cg.kw("preferred_element_type", cg.attr("jnp.float32"))]
-        if scope.dot_dtype == "float32":  # IEEE f32, not TF32 (pallas-notes §5.3)
+        if scope.dot_dtype == "float32":  # IEEE f32: on GPU an f32 dot defaults to TF32
             keywords.append(cg.kw("precision", cg.attr("lax.Precision.HIGHEST")))
         cast = [v.expr if scope.dot_dtype == "float32" else cg.call(ast.Attribute(v.expr, "astype", ast.Load()), dtype)
                 for v in operands]

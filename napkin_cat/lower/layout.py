@@ -5,8 +5,8 @@ where it lives in the emitted code:
 
 - ``grid``: a group-partitioned axis (blocks of its tile), or, for Pallas, an axis woven
   through the whole diagram and present on every output (batch, heads: blocks of one,
-  squeezed out of the kernel).  Grid programs run in parallel on a GPU (pallas-notes
-  §5.4), so a grid axis is never consumed or mixed;
+  squeezed out of the kernel).  Grid programs run in parallel on a GPU (JAX Pallas docs:
+  each program runs in parallel on its own threads), so a grid axis is never consumed or mixed;
 - ``stream``: walked in chunks by an in-kernel loop whose carry holds accumulator states;
 - ``whole``: every other axis, present in full inside the kernel.
 
@@ -34,7 +34,7 @@ from napkin_cat.terms import Box, Diagram, Schedule, Size
 
 __all__ = ["FORMATS", "MIN_BLOCK", "TRITON_MISSING", "Layout", "layout"]
 
-#: the smallest block the Triton backend's dot accepts on every dimension (pallas-notes §5.2)
+#: the smallest block the Triton backend's dot accepts on every dimension (Triton's tl.dot needs >= 16)
 MIN_BLOCK = 16
 
 #: jnp dtype of each number format a ``dtype`` step may name (f64 needs jax_enable_x64: refused)
@@ -77,7 +77,8 @@ class Layout:
     @property
     def chunk_outputs(self) -> tuple[int, ...]:
         """Outputs that carry the streamed axis (no box consumes it on their way): each
-        chunk of them is written as the stream passes, a sequential group (§3.1)."""
+        chunk of them is written as the stream passes: streaming an axis no box consumes is a
+        sequential group partition."""
         if self.stream is None:
             return ()
         return tuple(k for k, t in enumerate(self.diagram.out_types) if self.stream in t)

@@ -1,15 +1,16 @@
-"""The Pallas target: one ``pallas_call`` in the Triton style of pallas-notes §2-§5.
+"""The Pallas target: one ``pallas_call`` for Pallas's Triton backend on GPU (JAX Pallas docs).
 
 - grid: the layout's grid axes (woven batch/head axes and groups of one squeezed out of
-  the block; other groups in blocks of their tile); every grid axis is parallel, so no
-  program accumulates into another's output (§5.4);
+  the block; other groups in blocks of their tile); every grid axis is parallel (on a GPU
+  each program runs in parallel), so no program accumulates into another's output;
 - every input and output is padded in the wrapper to whole blocks: grouped and streamed
-  axes to a multiple of their tile, whole axes to a power of two of at least 16 (§5.1),
+  axes to a multiple of their tile, whole axes to a power of two of at least 16 (the Triton
+  backend needs power-of-two arrays, and its dot at least 16 on every dimension),
   and outputs are sliced back; padded positions are masked where a box consumes or mixes
   them (jaxops), so they never reach a result;
 - the streamed axis is a ``lax.fori_loop`` inside the kernel over ``pl.ds`` chunks of the
-  block, the accumulator states in the carry (no scratch memory, §5.5); chunks that a
-  mask fills with the accumulator's padding value are skipped (``skip.chunk_range``);
+  block, the accumulator states in the carry (the Triton backend has no scratch memory);
+  chunks that a mask fills with the accumulator's padding value are skipped (``skip.chunk_range``);
 - values are f32 inside the kernel, dots accumulate in f32, masks are finite.
 """
 

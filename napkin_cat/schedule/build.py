@@ -1,8 +1,8 @@
 """Loop nest -> per-level program: ``program`` lays out the columns and live buffers of every
 memory level (the ``pseudo_program`` types) from ``loopnest.loop_nest``'s nodes, loops and
-stream phases (paper §5.1, digest §4.2-§4.3).
+stream phases (the Napkin paper's pseudocode diagrams, §5.1).
 
-It makes these explicit choices (paper-digest §8.2 lists them as open):
+It makes these explicit choices (the Napkin paper leaves them open):
 
 - **One view per level.** The transfers into level ℓ and its memory are read off the loop nest
   of the partitions at ℓ or slower (faster partitions iterate inside ℓ's tiles).  Inside a view,
@@ -16,8 +16,9 @@ It makes these explicit choices (paper-digest §8.2 lists them as open):
   materialisation boundary: it is saved there and its consumers load it back; a box that reads
   an output (not placed) uses the value still on chip.
 - **Counting convention.** A load or save counts once per iteration of every loop around it, so
-  an array lacking a grouped axis is re-loaded by every group (digest §3.1).
-- **Columns.** Loads of inputs open their block (pre-allocation, digest §4.2); a node's loads sit
+  an array lacking a grouped axis is re-loaded by every group (the paper's matmul cost, §3.1,
+  counts this multiplicity).
+- **Columns.** Loads of inputs open their block (pre-allocation, paper §5.1); a node's loads sit
   before it; saves follow the node.  A node that accumulates over a stream gets an ``init``
   column before the stream and a ``final`` column after it (R4: identity, then the finaliser),
   and is saved after that.  A buffer is live from its definition to its last use, through the
@@ -61,7 +62,7 @@ def program(nest: LoopNest, sizes: Mapping[str, Expr], tiles: Mapping[str, Expr]
     symbolic tile name to its symbol; ``accumulators`` names the accumulator streaming each
     consuming node (else the partition's ``via``, else the op's first accumulator).
     ``stages`` buffers each chunk loaded inside a stream that many times (software
-    pipelining: 2 is double buffering, digest §4.2 step 5; the Pallas Triton backend's default
+    pipelining: 2 is double buffering; the Pallas Triton backend's default
     ``num_stages`` is 3): memory grows, transfers do not change.
     """
     if stages < 1:

@@ -1,4 +1,4 @@
-"""The per-level program of a scheduled diagram (paper §5.1, digest §4.2-§4.3), as immutable
+"""The per-level program of a scheduled diagram (the Napkin paper's pseudocode diagrams, §5.1), as immutable
 data, and the memory and transfer accounting over it.
 
 ``pseudo_build.program`` produces a ``Program``; ``cost``, ``draw_cost`` and ``pseudo.render``

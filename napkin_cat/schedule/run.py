@@ -1,6 +1,6 @@
 """A numpy interpreter of a checked schedule: loops over groups and chunks as a kernel would.
 
-This is the end-to-end check of the kernel's side conditions (architecture §5, T2): a
+This is the end-to-end check of the kernel's side conditions (numerically, at random sizes): a
 theorem's schedule is run literally, tile by tile, and compared with the plain evaluator
 on the same inputs.  A side condition the kernel forgot shows up as a mismatch.
 

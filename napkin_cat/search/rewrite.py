@@ -2,7 +2,7 @@
 a ``Theorem``.  Every candidate is a ``TheoremDecl`` run through the kernel by
 ``proof.check_theorem`` exactly as ``napkin check`` will run the written file.
 
-What is searched (architecture §3.1, paper R3-R8):
+What is searched (the relabellings ``kernel`` admits, R3-R8, read off ``ops.treatment``):
 
 The moves (lemma proposals by matching, relabelling plans from the axis roles) are in
 ``napkin_cat.search.moves``; this module runs them through the kernel and the cost function.

@@ -129,10 +129,14 @@ def test_accumulator_laws_certify(box, axis) -> None:  # type: ignore[no-untyped
 
 def test_accumulator_refusals() -> None:
     s, v = Var("X0", ("x",)), Var("X1", ("x",))
-    odd = typed_box("ncontract", (s, v), ("x",), params=("sigmoid", "square", "sqrt"))
+    odd = typed_box("ncontract", (s, v), ("x",), params=("sigmoid", "square", "id"))
     cert = certify.certify_accumulator(odd, "x", "normalised", True)
     assert not cert.ok and "no padding value" in (cert.counterexample or "")
     assert certify.certify_accumulator(odd, "x", "normalised", False).ok
+    # with b = sqrt the finaliser divides Σ sigmoid(0)·V by max(sqrt(0), TINY) on an all-zero row, where the box is 0
+    root = typed_box("ncontract", (s, v), ("x",), params=("sigmoid", "square", "sqrt"))
+    cert = certify.certify_accumulator(root, "x", "normalised", False)
+    assert not cert.ok and "with the scores X0 all 0" in (cert.counterexample or ""), cert
     assert not certify.certify_accumulator(odd, "x", "max", False).ok
     assert "no padding value" in certify.accumulator(odd, "x", "normalised", True)
     assert certify.accumulator(odd, "x", "normalised", False).startswith(("proved", "tested"))
@@ -244,3 +248,38 @@ def test_masked_rows_run_along_the_streamed_axis(scores: tuple[str, ...], monkey
     box = typed_box("ncontract", (Var("X0", scores), Var("X1", ("x", "d"))), ("x",), params=("exp", "exp", "id"))
     cert = certify.certify_accumulator.__wrapped__(box, "x", "online_softmax", False, "full")
     assert not cert.ok and cert.how == "float64", cert
+
+
+def test_a_right_side_undefined_where_the_left_is_defined_is_refused() -> None:
+    """A reshape on the right side that the sizes need not honour (x = 3 split into 2 x 2)
+    leaves the rewritten diagram undefined where the original is defined: a counterexample,
+    not a size to skip (split_join, whose left side is the partial one, still certifies)."""
+    text = ("axis x, y, z\nlemma s(X: [x], Y: [y z]) : sum[x](X) + sum[y z](Y) = "
+            "sum[y z](split[x -> y z](X)) + sum[y z](Y)")
+    cert = certify.certify_lemma(loads(text).lemmas[0])
+    assert not cert.ok and "the left side is defined but the right side is not" in (cert.counterexample or ""), cert
+    assert certify.certify_lemma(rules.library()["split_join"]).ok
+
+
+def test_rows_summing_to_zero_are_an_edge_input() -> None:
+    """A zero normaliser Σ S on a row that is not 0: the convention's 0 on the left, a guard
+    on the row being 0 on the right; random and rational draws (almost) never sum to 0."""
+    text = ("axis x\nlemma g(V: [x], S: [x]) : ncontract[x; id, id, id](S, V) = "
+            "contract[x](S, V) / (sum[x](S) + 1 - sum[x](square(l2norm[x](S))))")
+    cert = certify.certify_lemma(loads(text).lemmas[0])
+    assert not cert.ok and "with `S` = rows summing to 0" in (cert.counterexample or ""), cert
+    rows = certify.cases.zero_sum(np.arange(1.0, 16.0).reshape(3, 5))
+    assert (rows.sum(axis=0) == 0).all() and (rows.sum(axis=1) == 0).all() and rows[:2, :4].all()
+
+
+@pytest.mark.parametrize(("params", "edge"), [(("id", "relu", "sqrt"), "all <= 0"),
+                                              (("exp", "relu", "rms"), "all <= 0"),
+                                              (("id", "id", "sqrt"), "in rows summing to 0")])
+def test_accumulator_laws_see_zero_normalisers(params: tuple[str, str, str], edge: str) -> None:
+    """Where Σ a2(S) is 0 (every score ≤ 0 under relu, a row summing to 0) the box is 0 and the
+    normalised state's finaliser o / max(sqrt(z), TINY) is not; the laws are checked there."""
+    box = typed_box("ncontract", (Var("X0", ("x",)), Var("X1", ("x",))), ("x",), params=params)
+    cert = certify.certify_accumulator(box, "x", "normalised", False)
+    assert not cert.ok and "final(lift(x))" in (cert.counterexample or "") and edge in (cert.counterexample or ""), cert
+    fine = typed_box("ncontract", (Var("X0", ("x",)), Var("X1", ("x",))), ("x",), params=("id", "relu", "id"))
+    assert certify.certify_accumulator(fine, "x", "normalised", True).ok  # the sign-guarded id normaliser is right

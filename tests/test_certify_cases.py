@@ -59,11 +59,12 @@ def test_edges_scale_then_zero_and_mask_each_parameter() -> None:
     values = [np.array([1.0, 2.0]), np.array([3.0, 4.0])]
     found = list(edges(lemma, values, 10.0))
     assert [what for what, _ in found] == [
-        " with the inputs times 10", " with `A` = 0", " with `A` = -inf", " with `A` = -inf at every other entry",
-        " with `A` = +inf", " with `B` = 0", " with `B` = -inf", " with `B` = -inf at every other entry",
-        " with `B` = +inf"]
+        " with the inputs times 10", " with `A` = 0", " with `A` = rows summing to 0", " with `A` = -inf",
+        " with `A` = -inf at every other entry", " with `A` = +inf", " with `B` = 0", " with `B` = rows summing to 0",
+        " with `B` = -inf", " with `B` = -inf at every other entry", " with `B` = +inf"]
     finite = loads("axis x\nlemma l(A: [x], B: [x]) : A + B = B + A when B finite").lemmas[0]
-    assert [what for what, _ in edges(finite, values, 10.0)][-1] == " with `B` = 0"  # no infinity for B
+    assert [what for what, _ in edges(finite, values, 10.0)][-1] == " with `B` = rows summing to 0"  # no infinity
     np.testing.assert_array_equal(found[0][1][1], [30.0, 40.0])
-    np.testing.assert_array_equal(found[3][1][0], [-np.inf, 2.0])
-    np.testing.assert_array_equal(found[3][1][1], values[1])  # the other parameter is left as drawn
+    np.testing.assert_array_equal(found[2][1][0], [5.0, -5.0])  # 1 + floor(4·|1|), paired with its negation
+    np.testing.assert_array_equal(found[4][1][0], [-np.inf, 2.0])
+    np.testing.assert_array_equal(found[4][1][1], values[1])  # the other parameter is left as drawn

@@ -23,7 +23,10 @@ lift(x with input i all fill_i) = identity for every absorbing input i (what let
 skip a chunk that a mask fills, ``masks.stream_masks``).  The symbolic tier uses the
 unguarded forms (exact over the reals), the numeric tier the guarded ones; absorption is
 checked by the numeric tier only, since a chunk of scores that are all -inf has no finite
-running maximum for the unguarded forms to shift by.
+running maximum for the unguarded forms to shift by.  The numeric tier also draws scores
+where a normaliser is 0 (all ≤ 0, rows summing to 0, all 0: ``_SCORE_EDGES``), which random
+draws almost never are.  A lemma's right side that cannot be evaluated at sizes its left
+side admits (a reshape the sizes do not honour) is a counterexample (``_right_side``).
 
 Results are cached; ``napkin check`` uses the ``quick`` level, ``napkin check
 --certify`` the ``full`` one.  Every certificate says what was checked: ``tested: ...``,
@@ -56,6 +59,7 @@ from napkin_cat.certify.cases import (
     show_sizes,
     symbolic_equal,
     symbols,
+    zero_sum,
 )
 from napkin_cat.certify.reach import UNBOUNDED, scale, unfolded
 from napkin_cat.certify.reach import reach as lemma_reach  # not `reach`: the submodule keeps that name
@@ -159,9 +163,11 @@ def _sympy_tier(lemma: LemmaDecl, lhs: Diagram, rhs: Diagram, bound: int) -> tup
         inputs = [symbols(p.name, p.axes, sizes) for p in lemma.params]
         try:
             left = evaluate_named(lhs, inputs, dict(sizes), SYMBOLIC)
-            right = evaluate_named(rhs, inputs, dict(sizes), SYMBOLIC)
         except NapkinError:
-            continue  # sizes the lemma's reshapes do not admit (e.g. |x| != |y|·|z|)
+            continue  # sizes the left side's reshapes do not admit (e.g. |x| != |y|·|z|)
+        right, problem = _right_side(rhs, inputs, sizes, SYMBOLIC)
+        if right is None:
+            return checked, skipped, problem
         try:
             same = symbolic_equal(flat(left), flat(right, [v.axes for v in left]))
         except TooLarge:
@@ -195,9 +201,11 @@ def _exact_tier(lemma: LemmaDecl, lhs: Diagram, rhs: Diagram, swept: int, factor
                         .reshape(shape)) for p, shape in zip(lemma.params, shapes, strict=True)]
         try:
             left = evaluate_named(lhs, inputs, dict(sizes), SYMBOLIC)
-            right = evaluate_named(rhs, inputs, dict(sizes), SYMBOLIC)
         except NapkinError:
             continue
+        right, problem = _right_side(rhs, inputs, sizes, SYMBOLIC)
+        if right is None:
+            return checked, problem
         for a, b in zip(flat(left), flat(right, [v.axes for v in left]), strict=True):
             exact = sympy.sympify(a) - sympy.sympify(b)
             d = sympy.N(exact, 50)  # rational when every operation was: then it must be 0
@@ -231,9 +239,11 @@ def _float64_tier(lemma: LemmaDecl, lhs: Diagram, rhs: Diagram, swept: int, fact
             named = [Named(p.axes, v) for p, v in zip(lemma.params, inputs, strict=True)]
             try:
                 left = evaluate_named(lhs, named, dict(sizes), FLOAT64)
-                right = evaluate_named(rhs, named, dict(sizes), FLOAT64)
             except NapkinError:
                 break
+            right, problem = _right_side(rhs, named, sizes, FLOAT64)
+            if right is None:
+                return numeric, problem
             a, b = left[0].data, right[0].data if not left[0].axes else right[0].to(left[0].axes)
             if edge:  # a rewrite must keep every value the left side defines (a finite one)
                 a, b = np.where(np.isfinite(a), a, 0.0), np.where(np.isfinite(a), b, 0.0)
@@ -242,6 +252,19 @@ def _float64_tier(lemma: LemmaDecl, lhs: Diagram, rhs: Diagram, swept: int, fact
         else:
             numeric += 1
     return numeric, None
+
+
+def _right_side(rhs: Diagram, inputs: list[Named], sizes: dict[str, int],
+                algebra: Algebra) -> tuple[tuple[Named, ...] | None, str | None]:
+    """(the right side's values, None), or (None, why) where it cannot be evaluated at sizes
+    the left side admits: a reshape the sizes do not honour (``split[x -> y z]`` with |x| !=
+    |y|·|z|) makes the rewritten diagram undefined where the original is defined, so such
+    sizes are a counterexample, never a case to skip (only the left side's may be skipped)."""
+    try:
+        return evaluate_named(rhs, inputs, dict(sizes), algebra), None
+    except NapkinError as exc:
+        why = "; ".join(d.message for d in exc.diagnostics) or str(exc)
+        return None, f"sizes {show_sizes(sizes)}: the left side is defined but the right side is not ({why})"
 
 
 def _witness(lemma: LemmaDecl, lhs: Diagram, rhs: Diagram, sizes: dict[str, int]) -> str:
@@ -362,7 +385,34 @@ def certify_accumulator(box: Box, axis: str, name: str, pad: bool, level: str = 
         problem = _laws(guarded, box, sizes, n1, pad, FLOAT64, draw, numeric_equal)
         if problem:
             return Certificate(False, "float64", problem)
-    return Certificate(True, f"tested: laws by sympy on {len(splits)} splits; float64 {cases} random")
+    edge_cases = 0
+    for what, edge in _SCORE_EDGES:  # scores where a normaliser is 0: random draws (almost) never are
+        for _ in range(_EDGE_DRAWS):
+            sizes = {a: int(rng.integers(1, 4)) for a in others}
+            n1, n2 = int(rng.integers(1, 4)), int(rng.integers(1, 4))
+            sizes[axis] = n1 + n2
+
+            def scores(i: int, spec: _Spec, edge: Callable[[np.ndarray], np.ndarray] = edge) -> Named:
+                data = rng.standard_normal([spec.sizes[a] for a in spec.axes])
+                return Named(spec.axes, edge(data) if i == 0 else data)
+
+            problem = _laws(guarded, box, sizes, n1, pad, FLOAT64, scores, numeric_equal)
+            if problem:
+                return Certificate(False, "float64", f"{problem} with the scores X0 {what}")
+            edge_cases += 1
+    return Certificate(True, f"tested: laws by sympy on {len(splits)} splits; float64 {cases} random, "
+                             f"{edge_cases} on edge scores (≤ 0, rows summing to 0, 0)")
+
+
+#: the first operand's (the scores') edge cases for accumulator laws: where Σ a2(S) is 0 on a
+#: row, the evaluator's convention gives 0 and the accumulator's guarded finaliser must too
+#: (``max(sqrt(z), TINY)`` does not when a2(S) is 0 but a1(S) is not: relu, a zero-sum row)
+_SCORE_EDGES: tuple[tuple[str, Callable[[np.ndarray], np.ndarray]], ...] = (
+    ("all <= 0 (relu of them is 0)", lambda d: -np.abs(d)),
+    ("in rows summing to 0", zero_sum),
+    ("all 0", np.zeros_like),
+)
+_EDGE_DRAWS = 3  # random sizes and splits per score edge
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from napkin_cat.evaluate import Named
 from napkin_cat.terms import LemmaDecl
 
 __all__ = ["MAX_ORDERED", "TOLERANCE", "TooLarge", "edges", "flat", "grid", "numeric_equal", "show_sizes",
-           "symbolic_equal", "symbols"]
+           "symbolic_equal", "symbols", "zero_sum"]
 
 MAX_ORDERED = 5  #: at most 5! orderings per symbolic case
 TOLERANCE = 1e-9  #: relative and absolute tolerance of ``numeric_equal``
@@ -62,7 +62,8 @@ def symbols(prefix: str, axes: tuple[str, ...], sizes: dict[str, int]) -> Named:
 def edges(lemma: LemmaDecl, values: Sequence[Any], scale: float) -> Iterator[tuple[str, list[Any]]]:
     """(description, inputs) past the standard draws ``values``: every input times
     ``scale``, then where the evaluator's conventions decide values (evaluate.py), per
-    parameter: all zeros (normalising an all-zero row gives 0), all ``-inf`` (a fully
+    parameter: all zeros (normalising an all-zero row gives 0), rows summing to 0 though not
+    0 (``zero_sum``: a zero normaliser Σ a2(S) of an odd a2), all ``-inf`` (a fully
     masked row: softmax gives 0), half its entries ``-inf`` (a partly masked row) and all
     ``+inf`` (a shift by the negated maximum of a masked row); the infinite ones only for a
     parameter the lemma does not declare finite (``when c finite``)."""
@@ -72,8 +73,26 @@ def edges(lemma: LemmaDecl, values: Sequence[Any], scale: float) -> Iterator[tup
         masked.reshape(-1)[::2] = -math.inf
         infinite = [("-inf", np.full_like(values[i], -math.inf)), ("-inf at every other entry", masked),
                     ("+inf", np.full_like(values[i], math.inf))]
-        for what, value in [("0", np.zeros_like(values[i]))] + ([] if param.name in lemma.finite else infinite):
+        zeros = [("0", np.zeros_like(values[i]))] + ([("rows summing to 0", zero_sum(values[i]))] if param.axes else [])
+        for what, value in zeros + ([] if param.name in lemma.finite else infinite):
             yield f" with `{param.name}` = {what}", [value if j == i else v for j, v in enumerate(values)]
+
+
+def zero_sum(value: Any) -> np.ndarray:
+    """Nonzero integers in ± pairs along every axis (the last position of an odd-sized axis
+    0), so that every row, along any axis, sums to exactly 0 in any order of summation: a
+    normaliser Σ a2(S) of an odd activation (id, tanh, sign) is then 0 though S is not, where
+    the evaluator's convention gives 0 and a guard on the row being 0 (or a ``sqrt``
+    normaliser's ``max(·, TINY)``) does not."""
+    v = np.asarray(value, dtype=float)
+    if v.ndim == 0:
+        return np.zeros_like(v)
+    index = np.indices(v.shape)
+    magnitude = 1.0 + np.floor(4.0 * np.abs(np.nan_to_num(v[tuple(2 * (index // 2))], posinf=0.0, neginf=0.0)))
+    sign = np.ones(v.shape)
+    for k, n in enumerate(v.shape):
+        sign = sign * np.where(index[k] % 2 == 0, 1.0, -1.0) * np.where((n % 2 == 1) & (index[k] == n - 1), 0.0, 1.0)
+    return sign * magnitude + 0.0  # no -0.0: a signed zero is not what this case is about
 
 
 def show_sizes(sizes: dict[str, int]) -> str:

@@ -222,6 +222,8 @@ class _Semantics:
             return -x
         if op == "square":
             return x**2
+        if op in ("abs", "sign"):  # the guarded finaliser's |sign d|: 0 exactly where d is 0
+            return sympy.Abs(x) if op == "abs" else sympy.sign(x)
         if op == "sqrt":
             if x.is_nonnegative is not True:
                 raise Unproved(f"sqrt of `{x}`, not known non-negative")
@@ -430,7 +432,7 @@ def _masked_laws(plan: acc.AccumulatorPlan, guarded: acc.AccumulatorPlan, box: B
 
 def _laws(plan: acc.AccumulatorPlan, guarded: acc.AccumulatorPlan, box: Box, pad: bool) -> str | None:
     """The first law that fails to normalise (None: all proved), per normaliser case: in the
-    case where a normaliser is 0 the guarded finaliser (dividing by max(b(z), TINY)) is the
+    case where a normaliser is 0 the guarded finaliser (0 where b(z) = 0, ``quotient``) is the
     one that gives the evaluator's 0; elsewhere the unguarded one is exact."""
     axis = plan.axis
     parts = (f"{axis}1", f"{axis}2")

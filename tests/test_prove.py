@@ -4,6 +4,7 @@ and never a false lemma or a broken law."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
@@ -11,7 +12,7 @@ from napkin_cat import certify
 from napkin_cat.certify import accumulators, prove, rules
 from napkin_cat.elaborate import loads
 from napkin_cat.ops import typed_box
-from napkin_cat.terms import Var
+from napkin_cat.terms import Box, Var
 
 #: the shipped lemmas outside the proved fragment (reshapes), left to bounded testing
 UNPROVED = {"split_join", "join_split"}
@@ -62,29 +63,42 @@ def test_masks_are_claimed_only_where_the_masked_rows_agree() -> None:
     assert "[-inf masks: S]" in (prove.prove_lemma(rules.library()["softmax_contract"]) or "")
 
 
-def _box(op: str, params: tuple[str, ...] = ()) -> tuple[object, str]:
+def _box(op: str, params: tuple[str, ...] = ()) -> tuple[Box, str]:
     s, v = Var("X0", ("x",)), Var("X1", ("x",))
     return typed_box(op, (s, v) if op in ("contract", "ncontract") else (s,), ("x",), params=params), "x"
 
 
 @pytest.mark.parametrize(("box", "axis"), certify.representative_boxes(), ids=lambda v: getattr(v, "op", v))
-def test_accumulator_laws_are_proved_except_min_and_prod(box, axis) -> None:  # type: ignore[no-untyped-def]
+def test_accumulator_laws_are_proved(box, axis) -> None:  # type: ignore[no-untyped-def]
     canonical = certify.canonical(box, axis)
     for name in accumulators.accumulators_for(box, axis):
         for pad in (False, True):
-            proved = prove.prove_accumulator(canonical, axis, name, pad)
-            assert (proved is not None) == (box.op not in ("min", "prod")), (box.op, name, pad)
+            assert prove.prove_accumulator(canonical, axis, name, pad) is not None, (box.op, name, pad)
 
 
 def test_a_broken_law_is_not_proved() -> None:
     """Tampered plans: an online-softmax identity state that is not neutral, a mean whose
     finaliser forgets to divide, a sum padded with 1."""
     box, axis = _box("ncontract", ("exp", "exp", "id"))
-    online = accumulators.plan(box, axis, "online_softmax", guard=False)  # type: ignore[arg-type]
-    guarded = accumulators.plan(box, axis, "online_softmax", guard=True)  # type: ignore[arg-type]
+    online = accumulators.plan(box, axis, "online_softmax", guard=False)
+    guarded = accumulators.plan(box, axis, "online_softmax", guard=True)
     assert prove._laws(dataclasses.replace(online, identity=(0.0, 0.0, 0.0)), guarded, box, False) == "identity"
     mean, _ = _box("mean")
-    plain = accumulators.plan(mean, "x", "sum", guard=False)  # type: ignore[arg-type]
+    plain = accumulators.plan(mean, "x", "sum", guard=False)
     total = accumulators.plan(typed_box("sum", (Var("X0", ("x",)),), ("x",)), "x", "sum", guard=False)
     assert prove._laws(dataclasses.replace(plain, final=total.final), plain, mean, False) == "finaliser"
     assert prove._laws(dataclasses.replace(total, pad=(1.0,)), total, total.box, True) == "padding"
+
+
+@pytest.mark.parametrize(("op", "identity", "fill"), [("min", -math.inf, -math.inf), ("prod", 0.0, 0.0)])
+def test_a_broken_min_or_prod_is_not_proved(op: str, identity: float, fill: float) -> None:
+    """min with identity -inf (it absorbs every state), prod with identity 0, each padded with
+    its wrong identity, and each combined by the other's operation (max for min, + for prod)."""
+    box, axis = _box(op)
+    plan = accumulators.plan(box, axis, op, guard=False)
+    assert prove._laws(plan, plan, box, True) is None
+    assert prove._laws(dataclasses.replace(plan, identity=(identity,)), plan, box, False) == "identity"
+    assert prove._laws(dataclasses.replace(plan, pad=(fill,)), plan, box, True) == "padding"
+    other, _ = _box({"min": "max", "prod": "sum"}[op])
+    wrong = accumulators.plan(other, axis, {"min": "max", "prod": "sum"}[op], guard=False)
+    assert prove._laws(dataclasses.replace(plan, combine=wrong.combine), plan, box, False) == "recomposition"

@@ -1,17 +1,15 @@
-"""TRUSTED (for ``proved`` answers): lemmas and accumulator laws proved at every size.
+"""TRUSTED (for ``proved`` answers, with its atoms, atoms.py): lemmas and accumulator laws
+proved at every size.
 
 Domain (README "Proofs"): every input entry is a finite real and every axis has a
 symbolic size n ≥ 1.  A value is a sympy expression in one free index symbol ``i_a`` per
 axis it carries; an input ``X: [a b]`` is the real function application ``X(i_a, i_b)``.
-A reduction over axes A is an opaque atom ``Sum_A(body)`` or ``Max_A(body)`` whose body
-uses the bound symbols ``j_a``, built in a normal form by these steps, each an identity
-over finite reals:
-
-- linearity: Σ(u + v) = Σu + Σv, and a factor free of ``i_a`` leaves Σ_a (Σ c·u = c·Σu);
-- Σ_a 1 = n_a; exp(u + v) = exp(u)·exp(v) (sympy ``expand(power_exp)``);
-- exchange: Σ_a (u · Σ_B v) = Σ_{a∪B} (u·v) for a ∉ B, and max_a max_B u = max_{a∪B} u;
-- the split bijection of a chunked axis: Σ over n1 + n2 positions is Σ over the first n1
-  plus Σ over the last n2, and the maximum is the larger of the two maxima.
+A reduction over axes A (sum, max, min, prod) is an opaque atom of its body in the normal
+form of atoms.py (linearity and exchange of Σ, merging of nested reductions, max/min as
+lattice atoms with identities ∓inf), each step an identity over finite reals, and
+exp(u + v) = exp(u)·exp(v); the split bijection of a chunked axis: a reduction over n1 + n2
+positions is the sum, larger, smaller or product of the reductions over the first n1 and the
+last n2.
 
 Both sides are built by the semantics below and must then agree by sympy's field algebra
 (``expand``, ``expand_log`` of positive factors, ``cancel``).  Every partial operation is
@@ -21,12 +19,14 @@ term, ``sqrt`` of a non-negative one; anything else is not proved (``Unproved``)
 caller falls back to bounded testing.  A normaliser that can be 0 (``Σ S²``) is split by
 cases: S identically 0 along the row (the evaluator's convention gives 0), or not (the
 normaliser is positive); each case is proved.  Ops outside this semantics (where, index,
-onehot, reshapes, min, prod, piecewise activations) are not proved.
+onehot, reshapes, piecewise activations) are not proved.
 
 Accumulator laws (accumulators.py, the unguarded forms, which equal the guarded ones on
 finite inputs): combine(lift(x), lift(y)) = lift(x ⊕ y) with x, y of symbolic lengths
 n1, n2 (so the fold over any number of chunks is the box, by induction on the chunks),
 combine(identity, s) = s, final(lift(x)) = box(x), and with padding lift(x ⊕ fill) = lift(x).
+These are identities over the reals: for sum and prod, float64 rounding and overflow
+(a product past 1e308) are the numeric tier's, not the proof's.
 """
 
 from __future__ import annotations
@@ -39,9 +39,11 @@ from functools import cache
 from typing import Any
 
 import sympy
+from sympy.core.function import AppliedUndef
 
 from napkin_cat import ops
 from napkin_cat.certify import accumulators as acc
+from napkin_cat.certify.atoms import _expand, _i, _MaxOf, _n, _Reduction, maximum, minimum, reduce
 from napkin_cat.terms import Box, Const, Diagram, Expr, LemmaDecl, Param, Size, Var, box_diagram, run_diagram
 
 __all__ = ["Unproved", "prove_accumulator", "prove_lemma"]
@@ -51,105 +53,14 @@ class Unproved(Exception):
     """The term leaves the proved fragment; the message says where."""
 
 
-class _Reduction(sympy.Function):
-    """Σ or max over ``axes`` of its one argument (bound symbols j_a); subclasses per (kind, axes)."""
-
-    kind = ""
-    axes: tuple[str, ...] = ()
-
-    def _eval_is_real(self) -> bool | None:
-        return self.args[0].is_real  # type: ignore[no-any-return]
-
-    def _eval_is_positive(self) -> bool | None:
-        return self.args[0].is_positive  # type: ignore[no-any-return]
-
-    def _eval_is_nonnegative(self) -> bool | None:
-        return self.args[0].is_nonnegative  # type: ignore[no-any-return]
-
-
-@cache
-def _atom(kind: str, axes: tuple[str, ...]) -> type[_Reduction]:
-    return type(f"{kind}_{'_'.join(axes)}", (_Reduction,), {"kind": kind, "axes": axes})
-
-
-def _i(a: str) -> sympy.Symbol:
-    return sympy.Symbol(f"i_{a}", integer=True)
-
-
-def _j(a: str) -> sympy.Symbol:
-    return sympy.Symbol(f"j_{a}", integer=True)
-
-
-def _n(a: str) -> sympy.Symbol:
-    return sympy.Symbol(f"n_{a}", integer=True, positive=True)
-
-
-def _expand(e: Any) -> Any:
-    return sympy.expand(e, power_exp=True, power_base=False, log=False, multinomial=True, mul=True)
-
-
-def reduce_sum(body: Any, axes: tuple[str, ...]) -> Any:
-    """Σ over ``axes`` of ``body`` (free in i_a) in normal form."""
-    out = sympy.Integer(0)
-    for term in sympy.Add.make_args(_expand(body)):
-        free, dep, bound = sympy.Integer(1), [], set(axes)
-        for f in sympy.Mul.make_args(term):
-            if not any(_i(a) in f.free_symbols for a in axes):
-                free *= f
-            elif isinstance(f, _Reduction) and f.kind == "Sum" and not set(f.axes) & bound:
-                bound |= set(f.axes)  # exchange: Σ_a (u · Σ_B v) = Σ_{a∪B} (u·v)
-                dep.append(f.args[0])
-            else:
-                dep.append(f)
-        inner = sympy.Mul(*dep).xreplace({_i(a): _j(a) for a in axes})
-        if not dep:
-            out += free * sympy.Mul(*[_n(a) for a in axes])
-        else:
-            out += free * _atom("Sum", tuple(sorted(bound)))(inner)
-    return out
-
-
-def reduce_max(body: Any, axes: tuple[str, ...]) -> Any:
-    """max over ``axes`` of ``body`` (an index-free body is its own maximum: n ≥ 1)."""
-    if not any(_i(a) in body.free_symbols for a in axes):
-        return body
-    if isinstance(body, _Reduction) and body.kind == "Max":
-        return _atom("Max", tuple(sorted(set(axes) | set(body.axes))))(body.args[0].xreplace(
-            {_i(a): _j(a) for a in axes}))
-    return _atom("Max", tuple(sorted(axes)))(body.xreplace({_i(a): _j(a) for a in axes}))
-
-
-class _MaxOf(sympy.Function):
-    """The larger of its (at least two, symbolic, canonically ordered) arguments."""
-
-    def _eval_is_real(self) -> bool | None:
-        return all(a.is_real for a in self.args) or None
-
-    def _eval_is_positive(self) -> bool | None:
-        return any(a.is_positive for a in self.args) or None
-
-
-def maximum(*values: Any) -> Any:
-    """max as a commutative, associative, idempotent atom with identity -oo (sympy's Max
-    compares its arguments at every construction, which dominated the prover's time)."""
-    flat: list[Any] = []
-    for v in values:
-        flat.extend(v.args if isinstance(v, _MaxOf) else (v,))
-    if sympy.oo in flat:
-        return sympy.oo
-    numbers = [v for v in flat if v.is_number and v != -sympy.oo]
-    rest = {v for v in flat if not v.is_number}
-    args = sorted(rest | ({max(numbers)} if numbers else set()), key=sympy.default_sort_key)
-    return -sympy.oo if not args else args[0] if len(args) == 1 else _MaxOf(*args)
-
-
 def _input_max(x: Any) -> bool:
     """Is ``x`` -oo or a maximum of inputs (a running max of float64 inputs, ≥ -FLOAT_MAX)?"""
     if x == -sympy.oo:
         return True
     if isinstance(x, _MaxOf):
         return all(_input_max(a) for a in x.args)
-    return isinstance(x, _Reduction) and x.kind == "Max" and isinstance(x.args[0], sympy.core.function.AppliedUndef)
+    return isinstance(x, _Reduction) and x.kind == "Max" and isinstance(x.args[0], AppliedUndef)
+
 
 
 class _Semantics:
@@ -158,6 +69,7 @@ class _Semantics:
     ``split`` maps a chunked axis to its two parts (the split bijection); ``zero`` names
     parameters taken identically 0 (a normaliser case); ``cases`` collects the parameters
     whose zero-ness decides a normaliser; ``fill`` (per part, 0 or 1) replaces inputs there by
+    constants (padding, or a fully masked chunk).
     constants (padding, or a fully masked chunk).
     """
 
@@ -170,11 +82,9 @@ class _Semantics:
     def size(self, a: str) -> Any:
         return sum((_n(p) for p in self.split[a]), sympy.Integer(0)) if a in self.split else _n(a)
 
-    def sum(self, body: Any, axes: tuple[str, ...]) -> Any:
-        return self._parts(body, axes, reduce_sum, sympy.Add)
-
-    def max(self, body: Any, axes: tuple[str, ...]) -> Any:
-        return self._parts(body, axes, reduce_max, maximum)
+    def reduce(self, kind: str, body: Any, axes: tuple[str, ...]) -> Any:
+        join = {"Sum": sympy.Add, "Max": maximum, "Min": minimum, "Prod": sympy.Mul}[kind]
+        return self._parts(body, axes, lambda b, a: reduce(kind, b, a), join)
 
     def _parts(self, body: Any, axes: tuple[str, ...], fold: Callable[[Any, tuple[str, ...]], Any],
                join: Callable[..., Any]) -> Any:
@@ -186,8 +96,8 @@ class _Semantics:
         for k, part in enumerate(self.split[a]):
             piece = body.xreplace({_i(a): _i(part)})
             if self.fill.get(k):  # padded (or fully masked) positions: each input along the axis is a constant
-                index, values = _i(part), self.fill[k]
-                piece = piece.replace(lambda e, s=index, v=values: getattr(e, "func", None) in v
+                at, values = _i(part), self.fill[k]
+                piece = piece.replace(lambda e, s=at, v=values: getattr(e, "func", None) in v
                                       and s in e.free_symbols, lambda e, v=values: v[e.func])
             parts.append(self._parts(piece, (*rest, part), fold, join))
         return join(*parts)
@@ -232,23 +142,22 @@ class _Semantics:
             return args[1] if x == -sympy.oo else x  # a maximum of finite float64 inputs is at least -FLOAT_MAX
         if op in ("add", "sub", "mul", "maximum", "minimum"):
             y = args[1]
-            return {"add": x + y, "sub": x - y, "mul": x * y, "maximum": maximum(x, y),
-                    "minimum": sympy.Min(x, y)}[op]
+            return {"add": x + y, "sub": x - y, "mul": x * y, "maximum": maximum(x, y), "minimum": minimum(x, y)}[op]
         if op == "div":
             return x / self.positive(args[1], "division")
         if op in ("sum", "mean"):
-            total = self.sum(x, t)
+            total = self.reduce("Sum", x, t)
             return total if op == "sum" else total / sympy.Mul(*[self.size(a) for a in t])
-        if op == "max":
-            return self.max(x, t)
+        if op in ("max", "min", "prod"):
+            return self.reduce(op.capitalize(), x, t)
         if op == "logsumexp":
-            return sympy.log(self.positive(self.sum(sympy.exp(x), t), "log"))
+            return sympy.log(self.positive(self.reduce("Sum", sympy.exp(x), t), "log"))
         if op == "contract":
-            return self.sum(sympy.Mul(*args), t)
+            return self.reduce("Sum", sympy.Mul(*args), t)
         if (weights := ops.OPS[op].weights) is not None:  # a normalisation: its normalised-contraction weights
             return self.weights(node, weights, x)
         if op == "ncontract":
-            return self.sum(self.weights(node, node.params, x) * args[1], t)
+            return self.reduce("Sum", self.weights(node, node.params, x) * args[1], t)
         raise Unproved(f"`{op}` is outside the proved fragment")
 
     def weights(self, node: Box, params: tuple[str, ...], s: Any) -> Any:
@@ -257,7 +166,7 @@ class _Semantics:
         f = {"exp": sympy.exp, "id": lambda v: v, "square": lambda v: v**2}
         if a1 not in f or a2 not in f:
             raise Unproved(f"activation `{a1 if a1 not in f else a2}` is outside the proved fragment")
-        z = self.sum(f[a2](s), node.target)
+        z = self.reduce("Sum", f[a2](s), node.target)
         count = sympy.Mul(*[self.size(a) for a in node.target])
         denom = {"id": z, "sqrt": sympy.sqrt(z), "rms": sympy.sqrt(z / count)}[b]
         if denom == 0:
@@ -279,8 +188,8 @@ def _equal(left: Any, right: Any) -> bool:
 
 
 def _input(name: str, axes: tuple[str, ...], split: Mapping[str, str] | None = None) -> Any:
-    index = [_i((split or {}).get(a, a)) for a in axes]
-    return sympy.Function(name, real=True)(*index) if index else sympy.Symbol(name, real=True)
+    position = [_i((split or {}).get(a, a)) for a in axes]
+    return sympy.Function(name, real=True)(*position) if position else sympy.Symbol(name, real=True)
 
 
 @cache
@@ -293,8 +202,8 @@ def prove_lemma(lemma: LemmaDecl) -> str | None:
     scores = [p.name for p in lemma.params if all(_scores_only(side, p.name) for side in (lemma.lhs, lemma.rhs))]
     subsets = [set(c) for k in range(1, len(scores) + 1) for c in itertools.combinations(scores, k)]
     masks = scores if all(_masked_case(lemma, c) for c in subsets) else []  # every mix of fully masked rows
-    return "proved: symbolically at every size, on finite real inputs" + (f" [-inf masks: {', '.join(masks)}]"
-                                                                        if masks else "")
+    return "proved: symbolically at every size, on finite real inputs" + (
+        f" [-inf masks: {', '.join(masks)}]" if masks else "")
 
 
 def _masked_case(lemma: LemmaDecl, names: set[str]) -> bool:
@@ -358,9 +267,9 @@ def why_unproved(lemma: LemmaDecl) -> str | None:
     while pending:
         zero = pending.pop()
         tried.add(zero)
-        sem = _Semantics(zero)
         inputs = [sympy.Integer(0) if p.name in zero else _input(p.name, p.axes) for p in lemma.params]
         try:
+            sem = _Semantics(zero)
             (left,) = sem.run(_side(lemma, lemma.lhs), inputs)
             (right,) = sem.run(_side(lemma, lemma.rhs), inputs)
         except Unproved as exc:
@@ -420,7 +329,7 @@ def _masked_laws(plan: acc.AccumulatorPlan, guarded: acc.AccumulatorPlan, box: B
                 return False
         masked = [-sympy.oo, *args[1:]]
         state = _Semantics().run(guarded.lift, masked)
-        identity = [sympy.Integer(0) if v == 0 else -sympy.oo for v in guarded.identity]
+        identity = [_constant(v) for v in guarded.identity]
         (final,) = _Semantics().run(guarded.final, list(state))
         (value,) = _Semantics().run(box_diagram(box), masked)
         return _all_equal(_Semantics().run(guarded.combine, [*identity, *state]), state) and _equal(final, value)
@@ -453,9 +362,7 @@ def _laws(plan: acc.AccumulatorPlan, guarded: acc.AccumulatorPlan, box: Box, pad
         if not _all_equal(sem().run(plan.combine, [*lift1, *lift2]), whole):
             return "recomposition"
         state = sem().run(plan.lift, inputs())
-        identity = [sympy.Integer(0) if v == 0 else -sympy.oo for v in plan.identity]
-        if any(v not in (0.0, -math.inf) for v in plan.identity) or \
-                not _all_equal(sem().run(plan.combine, [*identity, *state]), state):
+        if not _all_equal(sem().run(plan.combine, [*map(_constant, plan.identity), *state]), state):
             return "identity"
         (final,) = sem().run((guarded if zero else plan).final, list(state))
         if not _equal(final, value):

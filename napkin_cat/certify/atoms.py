@@ -1,7 +1,7 @@
 """TRUSTED (for ``proved`` answers, with prove.py): the prover's atoms and their normal forms.
 
 Values are sympy expressions in one index symbol ``i_a`` per axis (``j_a`` where a reduction
-binds it).  A reduction over axes A is an opaque atom
+binds it), each ranging over 0 ≤ i_a < n_a.  A reduction over axes A is an opaque atom
 ``Sum_A``, ``Max_A``, ``Min_A`` or ``Prod_A`` of its body, built in a normal form by identities
 over finite reals (n_a ≥ 1 everywhere):
 
@@ -11,6 +11,10 @@ over finite reals (n_a ≥ 1 everywhere):
   one kind merge: max_a max_B u = max_{a∪B} u (likewise min, Π);
 - max and min of values are commutative, associative, idempotent atoms with identities -oo
   and +oo (``maximum``, ``minimum``), each absorbing the other infinity.
+
+Reshapes read positions through the split bijection i = q·n + r (0 ≤ r < n): an index is an
+integer expression in index symbols, sizes and ``Quo(e, n)`` = ⌊e/n⌋, ``Rem(e, n)`` = e mod n,
+normalised by ``index``.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import Any
 
 import sympy
 
-__all__ = ["maximum", "minimum", "reduce"]
+__all__ = ["Quo", "Rem", "index", "maximum", "minimum", "reduce"]
 
 
 class _Reduction(sympy.Function):
@@ -133,3 +137,70 @@ def maximum(*values: Any) -> Any:
 def minimum(*values: Any) -> Any:
     return _lattice(_MinOf, min, -sympy.oo, values)
 
+
+class Quo(sympy.Function):
+    """⌊e / n⌋ of an integer e and a size n ≥ 1."""
+
+    def _eval_is_integer(self) -> bool:
+        return True
+
+
+class Rem(sympy.Function):
+    """e - n·⌊e / n⌋, in [0, n)."""
+
+    def _eval_is_integer(self) -> bool:
+        return True
+
+
+def index(e: Any, size: Callable[[Any], Any]) -> Any:
+    """The index expression ``e`` normalised by the split bijection, where ``size(s)`` is the
+    range n of an index symbol s (0 ≤ s < n; None: not an index symbol):
+    Quo(q·n + r, n) = q and Rem(q·n + r, n) = r for n | q and 0 ≤ r < n, and
+    n·Quo(e, n) + Rem(e, n) = e (both for every integer e and n ≥ 1)."""
+    return _recombine(e.replace(lambda f: isinstance(f, (Quo, Rem)), lambda f: _digit(f, size)))
+
+
+def _digit(f: Any, size: Callable[[Any], Any]) -> Any:
+    e, n = _recombine(f.args[0]), f.args[1]
+    q: list[Any] = []
+    r: list[Any] = []
+    for t in sympy.Add.make_args(_expand(e)):
+        (q if (t / n).is_integer else r).append(t)
+    bounds = _bounds(sympy.Add(*r), size)
+    if bounds is None or _expand(bounds[0]).is_nonnegative is not True or \
+            _expand(n - 1 - bounds[1]).is_nonnegative is not True:
+        return type(f)(e, n)
+    return _expand(sympy.Add(*q) / n) if isinstance(f, Quo) else sympy.Add(*r)
+
+
+def _bounds(e: Any, size: Callable[[Any], Any]) -> tuple[Any, Any] | None:
+    """(lo, hi) with lo ≤ e ≤ hi over the index ranges, or None: for integers, index symbols,
+    remainders, positive multiples and sums of these."""
+    if e.is_Integer:
+        return e, e
+    if isinstance(e, Rem):
+        return sympy.Integer(0), e.args[1] - 1
+    if e.is_Symbol and (n := size(e)) is not None:
+        return sympy.Integer(0), n - 1
+    if e.is_Add:
+        parts = [b for t in e.args if (b := _bounds(t, size)) is not None]
+        if len(parts) < len(e.args):
+            return None
+        return sympy.Add(*(p[0] for p in parts)), sympy.Add(*(p[1] for p in parts))
+    varying = [f for f in sympy.Mul.make_args(e) if f.is_positive is not True]
+    if e.is_Mul and len(varying) == 1 and (b := _bounds(varying[0], size)) is not None:
+        c = e / varying[0]  # a positive factor keeps the order
+        return c * b[0], c * b[1]
+    return None
+
+
+def _recombine(e: Any) -> Any:
+    """n·Quo(u, n)·c + Rem(u, n)·c → u·c wherever both terms occur."""
+    terms = list(sympy.Add.make_args(_expand(e)))
+    for t in terms:
+        for r in (f for f in sympy.Mul.make_args(t) if isinstance(f, Rem)):
+            partner = _expand(t / r * r.args[1] * Quo(*r.args))
+            if partner in terms and partner != t:
+                rest = [u for u in terms if u not in (t, partner)]
+                return _recombine(sympy.Add(*rest, t / r * r.args[0]))
+    return sympy.Add(*terms)

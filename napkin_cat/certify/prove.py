@@ -11,6 +11,11 @@ exp(u + v) = exp(u)·exp(v); the split bijection of a chunked axis: a reduction 
 positions is the sum, larger, smaller or product of the reductions over the first n1 and the
 last n2.
 
+Reshapes (split, join, rename) move positions by the split bijection i_w = i_p·n_q + i_q
+(0 ≤ i_q < n_q), its inverse read by ⌊i_w / n_q⌋ and i_w mod n_q (atoms.index); the sizes
+they tie (|w| = |p|·|q|) are solved for the left side (``_ties``), which is where a lemma
+claims anything, and each tie of the right side must hold there.
+
 Both sides are built by the semantics below and must then agree by sympy's field algebra
 (``expand``, ``expand_log`` of positive factors, ``cancel``).  Every partial operation is
 admitted only where it is defined on the whole domain: ``log`` of a term sympy knows is
@@ -19,7 +24,7 @@ term, ``sqrt`` of a non-negative one; anything else is not proved (``Unproved``)
 caller falls back to bounded testing.  A normaliser that can be 0 (``Σ S²``) is split by
 cases: S identically 0 along the row (the evaluator's convention gives 0), or not (the
 normaliser is positive); each case is proved.  Ops outside this semantics (where, index,
-onehot, reshapes, piecewise activations) are not proved.
+onehot, transpose, piecewise activations) are not proved.
 
 Accumulator laws (accumulators.py, the unguarded forms, which equal the guarded ones on
 finite inputs): combine(lift(x), lift(y)) = lift(x ⊕ y) with x, y of symbolic lengths
@@ -43,7 +48,7 @@ from sympy.core.function import AppliedUndef
 
 from napkin_cat import ops
 from napkin_cat.certify import accumulators as acc
-from napkin_cat.certify.atoms import _expand, _i, _MaxOf, _n, _Reduction, maximum, minimum, reduce
+from napkin_cat.certify.atoms import Quo, Rem, _expand, _i, _MaxOf, _n, _Reduction, index, maximum, minimum, reduce
 from napkin_cat.terms import Box, Const, Diagram, Expr, LemmaDecl, Param, Size, Var, box_diagram, run_diagram
 
 __all__ = ["Unproved", "prove_accumulator", "prove_lemma"]
@@ -62,6 +67,37 @@ def _input_max(x: Any) -> bool:
     return isinstance(x, _Reduction) and x.kind == "Max" and isinstance(x.args[0], AppliedUndef)
 
 
+#: boxes that move positions between axes: split, join and rename (a split into one part)
+_RESHAPES = ("split", "join", "rename")
+
+
+def _reshape_axes(node: Box) -> tuple[str, tuple[str, ...]]:
+    """(w, parts) of split[w -> parts], rename[w -> part] or join[parts -> w]."""
+    return (node.out[0], node.target) if node.op == "join" else (node.target[0], node.out)
+
+
+def _ties(lemma: LemmaDecl) -> dict[Any, Any]:
+    """The sizes the left side's reshapes tie, n_w = Π n_p, solved for the whole axes w: each
+    tie either holds under the earlier ones or names a new w, which becomes that product; so
+    every size where the left side is defined is an instance at positive sizes of the others.
+    Each reshape of the right side must be defined there (its tie must hold)."""
+    ties: dict[Any, Any] = {}
+    for side, expr in (("left", lemma.lhs), ("right", lemma.rhs)):
+        for node in _walk(expr):
+            if not isinstance(node, Box) or node.op not in _RESHAPES:
+                continue
+            whole, parts = _reshape_axes(node)
+            n, product = _n(whole).xreplace(ties), sympy.Mul(*[_n(p) for p in parts]).xreplace(ties)
+            if _expand(n - product) == 0:
+                continue
+            if side == "right":
+                raise Unproved(f"the right side's `{node.op}` needs |{whole}| = {'·'.join(f'|{p}|' for p in parts)}, "
+                               "which the left side does not")
+            if n != _n(whole) or n in product.free_symbols:
+                raise Unproved(f"the sizes `{node.op}` ties to |{whole}| are tied otherwise too")
+            ties = {k: v.xreplace({n: product}) for k, v in ties.items()} | {n: product}
+    return ties
+
 
 class _Semantics:
     """Diagram terms -> sympy values at symbolic sizes (see the module docstring).
@@ -70,17 +106,19 @@ class _Semantics:
     parameters taken identically 0 (a normaliser case); ``cases`` collects the parameters
     whose zero-ness decides a normaliser; ``fill`` (per part, 0 or 1) replaces inputs there by
     constants (padding, or a fully masked chunk).
-    constants (padding, or a fully masked chunk).
+    constants (padding, or a fully masked chunk); ``ties`` gives sizes that reshapes tie
+    (``_ties``) as products of the others.
     """
 
     def __init__(self, zero: frozenset[str] = frozenset(), split: Mapping[str, tuple[str, str]] | None = None,
-                 fill: Mapping[int, Mapping[Any, Any]] | None = None, known: set[Any] | None = None):
-        self.zero, self.split, self.fill = zero, dict(split or {}), dict(fill or {})
+                 fill: Mapping[int, Mapping[Any, Any]] | None = None, known: set[Any] | None = None,
+                 ties: Mapping[Any, Any] | None = None):
+        self.zero, self.split, self.fill, self.ties = zero, dict(split or {}), dict(fill or {}), dict(ties or {})
         self.cases: set[str] = set()
         self.known = known if known is not None else set()  # normalisers positive in this case
 
     def size(self, a: str) -> Any:
-        return sum((_n(p) for p in self.split[a]), sympy.Integer(0)) if a in self.split else _n(a)
+        return sum((_n(p) for p in self.split[a]), sympy.Integer(0)) if a in self.split else _n(a).xreplace(self.ties)
 
     def reduce(self, kind: str, body: Any, axes: tuple[str, ...]) -> Any:
         join = {"Sum": sympy.Add, "Max": maximum, "Min": minimum, "Prod": sympy.Mul}[kind]
@@ -119,7 +157,7 @@ class _Semantics:
                 raise Unproved("a diagram used as a box")
             return self.box(node, kids)
 
-        return tuple(run_diagram(diagram, inputs, visit))
+        return tuple(v.xreplace(self.ties) for v in run_diagram(diagram, inputs, visit))
 
     def box(self, node: Box, args: tuple[Any, ...]) -> Any:
         op, t = node.op, node.target
@@ -158,7 +196,31 @@ class _Semantics:
             return self.weights(node, weights, x)
         if op == "ncontract":
             return self.reduce("Sum", self.weights(node, node.params, x) * args[1], t)
+        if op in _RESHAPES and not self.split:
+            return self.reshape(node, x)
         raise Unproved(f"`{op}` is outside the proved fragment")
+
+    def reshape(self, node: Box, x: Any) -> Any:
+        """split[w -> p1 … pk] (and rename, k = 1) reads position i_w = (i_p1·n_p2 + i_p2)·n_p3 + …;
+        join[p1 … pk -> w] reads i_pk = Rem(i_w, n_pk), i_pk-1 = Rem(Quo(i_w, n_pk), n_pk-1), …,
+        i_p1 the last quotient (< n_p1 as i_w < n_w = Π n_p); indices then normalised (``index``)."""
+        whole, parts = _reshape_axes(node)
+        if node.op == "join":
+            place, rest = {}, _i(whole)
+            for p in reversed(parts[1:]):
+                place[_i(p)], rest = Rem(rest, self.size(p)), Quo(rest, self.size(p))
+            place[_i(parts[0])] = rest
+        else:
+            position = _i(parts[0])
+            for p in parts[1:]:
+                position = position * self.size(p) + _i(p)
+            place = {_i(whole): position}
+
+        def size(s: Any) -> Any:
+            return self.size(s.name[2:]) if s.is_Symbol and s.name[:2] in ("i_", "j_") else None
+
+        return x.xreplace(place).replace(lambda e: isinstance(e, AppliedUndef),
+                                         lambda e: e.func(*(index(a, size) for a in e.args)))
 
     def weights(self, node: Box, params: tuple[str, ...], s: Any) -> Any:
         """a1(S) / b(Σ a2(S)), 0 where the normaliser is 0 (the evaluator's convention)."""
@@ -202,7 +264,10 @@ def prove_lemma(lemma: LemmaDecl) -> str | None:
     scores = [p.name for p in lemma.params if all(_scores_only(side, p.name) for side in (lemma.lhs, lemma.rhs))]
     subsets = [set(c) for k in range(1, len(scores) + 1) for c in itertools.combinations(scores, k)]
     masks = scores if all(_masked_case(lemma, c) for c in subsets) else []  # every mix of fully masked rows
-    return "proved: symbolically at every size, on finite real inputs" + (
+    axes = {_n(a.name): sympy.Symbol(a.name) for a in lemma.axes}
+    tied = ", ".join(f"{axes[k]} = {str(v.xreplace(axes)).replace('*', '·')}" for k, v in _ties(lemma).items())
+    where = f" where the left side is defined ({tied})" if tied else ""
+    return f"proved: symbolically at every size{where}, on finite real inputs" + (
         f" [-inf masks: {', '.join(masks)}]" if masks else "")
 
 
@@ -218,8 +283,9 @@ def _masked_case(lemma: LemmaDecl, names: set[str]) -> bool:
     parameters whose rows are fully masked together (the caller tries each)."""
     inputs = [-sympy.oo if p.name in names else _input(p.name, p.axes) for p in lemma.params]
     try:
-        (left,) = _Semantics().run(_side(lemma, lemma.lhs), inputs)
-        (right,) = _Semantics().run(_side(lemma, lemma.rhs), inputs)
+        ties = _ties(lemma)
+        (left,) = _Semantics(ties=ties).run(_side(lemma, lemma.lhs), inputs)
+        (right,) = _Semantics(ties=ties).run(_side(lemma, lemma.rhs), inputs)
     except Unproved:
         return False
     return _equal(left, right)
@@ -269,7 +335,7 @@ def why_unproved(lemma: LemmaDecl) -> str | None:
         tried.add(zero)
         inputs = [sympy.Integer(0) if p.name in zero else _input(p.name, p.axes) for p in lemma.params]
         try:
-            sem = _Semantics(zero)
+            sem = _Semantics(zero, ties=_ties(lemma))
             (left,) = sem.run(_side(lemma, lemma.lhs), inputs)
             (right,) = sem.run(_side(lemma, lemma.rhs), inputs)
         except Unproved as exc:

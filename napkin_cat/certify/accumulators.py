@@ -19,11 +19,12 @@ exp(-inf + inf) = NaN, so with ``guard=True`` the shift is ``max(m, -FLOAT_MAX)`
 any finite m it is m itself, and for m = -inf it is a finite number, so the chunk's
 exponentials are exp(-inf) = 0 and its state is the identity.  Finalisers divide by
 ``max(z, TINY)`` (TINY the smallest normal float64): z is 0 only when every term is
-masked (or an l2/rms row is all zero), where the numerator is 0 too, giving the 0 that
-evaluate.py documents; an ``id`` normaliser of the normalised state can be negative, and is
-guarded by its sign instead (``quotient``).  Over the reals the guards are the identity wherever the box is
-defined; ``certify`` checks the unguarded forms symbolically (``guard=False``) and the
-guarded ones numerically.
+masked, where the numerator is 0 too, giving the 0 that evaluate.py documents.  The
+normalised state's normaliser b(z) can be 0 where its numerator is not (relu weights all 0,
+a Σ of signed weights that cancels) or negative (an ``id`` normaliser), so its finaliser is
+guarded by the normaliser's sign instead (``quotient``: 0 exactly where b(z) = 0).  Over
+the reals the guards are the identity wherever the box is defined; ``certify`` checks the
+unguarded forms symbolically (``guard=False``) and the guarded ones numerically.
 
 Padding (ragged tiles): ``pad`` gives, per lift input, the value that fills the padded
 positions of a ragged chunk so that the chunk's state is unchanged (0 for sums, -inf for
@@ -144,12 +145,13 @@ class _Builder:
     def safe(self, z: Expr) -> Expr:
         return _bin("maximum", z, Const(TINY)) if self.guard else z
 
-    def quotient(self, o: Expr, denom: Expr, b: str) -> Expr:
-        """o / b(z), 0 where the normaliser is 0 (the evaluator's convention).  Guarded, a
-        square-root normaliser is never negative, so ``max(·, TINY)`` serves; an ``id`` one can
-        be (Σ log or Σ of signed weights), so its guard is o·|sign z| / (z + 1 − |sign z|)."""
-        if not self.guard or b != "id":
-            return _bin("div", o, self.safe(denom))
+    def quotient(self, o: Expr, denom: Expr) -> Expr:
+        """o / b(z), 0 where the normaliser is 0 (the evaluator's convention, whatever o is:
+        relu weights all 0 leave o = Σ s·v non-zero).  Guarded, o·|sign d| / (d + 1 − |sign d|)
+        for d = b(z): exactly o / d where d ≠ 0 and 0 where d = 0, for an ``id`` normaliser that
+        can be negative (Σ log, Σ of signed weights) as for a square root."""
+        if not self.guard:
+            return _bin("div", o, denom)
         nonzero = _unary("abs", _unary("sign", denom))
         return _bin("div", _bin("mul", o, nonzero), _bin("add", denom, _bin("sub", Const(1.0), nonzero)))
 
@@ -196,7 +198,7 @@ class _Builder:
         zs = Var("z", z.axes)
         denom = {"id": zs, "sqrt": _unary("sqrt", zs),
                  "rms": _unary("sqrt", _bin("div", zs, self.count()))}[b]
-        final = self.diagram("final", self.states(state, ""), [], (self.quotient(Var("o", o.axes), denom, b),))
+        final = self.diagram("final", self.states(state, ""), [], (self.quotient(Var("o", o.axes), denom),))
         fill = _pad_for(a1, a2)
         if fill is None:
             return AccumulatorPlan(name, box, self.axis, state, lift, combine, (0.0, 0.0), final, None, ())

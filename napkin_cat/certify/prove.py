@@ -1,17 +1,20 @@
-"""TRUSTED (for ``proved`` answers): lemmas and accumulator laws proved at every size.
+"""TRUSTED (for ``proved`` answers, with its atoms, atoms.py): lemmas and accumulator laws
+proved at every size.
 
 Domain (README "Proofs"): every input entry is a finite real and every axis has a
 symbolic size n ≥ 1.  A value is a sympy expression in one free index symbol ``i_a`` per
 axis it carries; an input ``X: [a b]`` is the real function application ``X(i_a, i_b)``.
-A reduction over axes A is an opaque atom ``Sum_A(body)`` or ``Max_A(body)`` whose body
-uses the bound symbols ``j_a``, built in a normal form by these steps, each an identity
-over finite reals:
+A reduction over axes A (sum, max, min, prod) is an opaque atom of its body in the normal
+form of atoms.py (linearity and exchange of Σ, merging of nested reductions, max/min as
+lattice atoms with identities ∓inf), each step an identity over finite reals, and
+exp(u + v) = exp(u)·exp(v); the split bijection of a chunked axis: a reduction over n1 + n2
+positions is the sum, larger, smaller or product of the reductions over the first n1 and the
+last n2.
 
-- linearity: Σ(u + v) = Σu + Σv, and a factor free of ``i_a`` leaves Σ_a (Σ c·u = c·Σu);
-- Σ_a 1 = n_a; exp(u + v) = exp(u)·exp(v) (sympy ``expand(power_exp)``);
-- exchange: Σ_a (u · Σ_B v) = Σ_{a∪B} (u·v) for a ∉ B, and max_a max_B u = max_{a∪B} u;
-- the split bijection of a chunked axis: Σ over n1 + n2 positions is Σ over the first n1
-  plus Σ over the last n2, and the maximum is the larger of the two maxima.
+Reshapes (split, join, rename) move positions by the split bijection i_w = i_p·n_q + i_q
+(0 ≤ i_q < n_q), its inverse read by ⌊i_w / n_q⌋ and i_w mod n_q (atoms.index); the sizes
+they tie (|w| = |p|·|q|) are solved for the left side (``_ties``), which is where a lemma
+claims anything, and each tie of the right side must hold there.
 
 Both sides are built by the semantics below and must then agree by sympy's field algebra
 (``expand``, ``expand_log`` of positive factors, ``cancel``).  Every partial operation is
@@ -21,12 +24,14 @@ term, ``sqrt`` of a non-negative one; anything else is not proved (``Unproved``)
 caller falls back to bounded testing.  A normaliser that can be 0 (``Σ S²``) is split by
 cases: S identically 0 along the row (the evaluator's convention gives 0), or not (the
 normaliser is positive); each case is proved.  Ops outside this semantics (where, index,
-onehot, reshapes, min, prod, piecewise activations) are not proved.
+onehot, transpose, piecewise activations) are not proved.
 
 Accumulator laws (accumulators.py, the unguarded forms, which equal the guarded ones on
 finite inputs): combine(lift(x), lift(y)) = lift(x ⊕ y) with x, y of symbolic lengths
 n1, n2 (so the fold over any number of chunks is the box, by induction on the chunks),
 combine(identity, s) = s, final(lift(x)) = box(x), and with padding lift(x ⊕ fill) = lift(x).
+These are identities over the reals: for sum and prod, float64 rounding and overflow
+(a product past 1e308) are the numeric tier's, not the proof's.
 """
 
 from __future__ import annotations
@@ -39,9 +44,11 @@ from functools import cache
 from typing import Any
 
 import sympy
+from sympy.core.function import AppliedUndef
 
 from napkin_cat import ops
 from napkin_cat.certify import accumulators as acc
+from napkin_cat.certify.atoms import Quo, Rem, _expand, _i, _MaxOf, _n, _Reduction, index, maximum, minimum, reduce
 from napkin_cat.terms import Box, Const, Diagram, Expr, LemmaDecl, Param, Size, Var, box_diagram, run_diagram
 
 __all__ = ["Unproved", "prove_accumulator", "prove_lemma"]
@@ -51,105 +58,45 @@ class Unproved(Exception):
     """The term leaves the proved fragment; the message says where."""
 
 
-class _Reduction(sympy.Function):
-    """Σ or max over ``axes`` of its one argument (bound symbols j_a); subclasses per (kind, axes)."""
-
-    kind = ""
-    axes: tuple[str, ...] = ()
-
-    def _eval_is_real(self) -> bool | None:
-        return self.args[0].is_real  # type: ignore[no-any-return]
-
-    def _eval_is_positive(self) -> bool | None:
-        return self.args[0].is_positive  # type: ignore[no-any-return]
-
-    def _eval_is_nonnegative(self) -> bool | None:
-        return self.args[0].is_nonnegative  # type: ignore[no-any-return]
-
-
-@cache
-def _atom(kind: str, axes: tuple[str, ...]) -> type[_Reduction]:
-    return type(f"{kind}_{'_'.join(axes)}", (_Reduction,), {"kind": kind, "axes": axes})
-
-
-def _i(a: str) -> sympy.Symbol:
-    return sympy.Symbol(f"i_{a}", integer=True)
-
-
-def _j(a: str) -> sympy.Symbol:
-    return sympy.Symbol(f"j_{a}", integer=True)
-
-
-def _n(a: str) -> sympy.Symbol:
-    return sympy.Symbol(f"n_{a}", integer=True, positive=True)
-
-
-def _expand(e: Any) -> Any:
-    return sympy.expand(e, power_exp=True, power_base=False, log=False, multinomial=True, mul=True)
-
-
-def reduce_sum(body: Any, axes: tuple[str, ...]) -> Any:
-    """Σ over ``axes`` of ``body`` (free in i_a) in normal form."""
-    out = sympy.Integer(0)
-    for term in sympy.Add.make_args(_expand(body)):
-        free, dep, bound = sympy.Integer(1), [], set(axes)
-        for f in sympy.Mul.make_args(term):
-            if not any(_i(a) in f.free_symbols for a in axes):
-                free *= f
-            elif isinstance(f, _Reduction) and f.kind == "Sum" and not set(f.axes) & bound:
-                bound |= set(f.axes)  # exchange: Σ_a (u · Σ_B v) = Σ_{a∪B} (u·v)
-                dep.append(f.args[0])
-            else:
-                dep.append(f)
-        inner = sympy.Mul(*dep).xreplace({_i(a): _j(a) for a in axes})
-        if not dep:
-            out += free * sympy.Mul(*[_n(a) for a in axes])
-        else:
-            out += free * _atom("Sum", tuple(sorted(bound)))(inner)
-    return out
-
-
-def reduce_max(body: Any, axes: tuple[str, ...]) -> Any:
-    """max over ``axes`` of ``body`` (an index-free body is its own maximum: n ≥ 1)."""
-    if not any(_i(a) in body.free_symbols for a in axes):
-        return body
-    if isinstance(body, _Reduction) and body.kind == "Max":
-        return _atom("Max", tuple(sorted(set(axes) | set(body.axes))))(body.args[0].xreplace(
-            {_i(a): _j(a) for a in axes}))
-    return _atom("Max", tuple(sorted(axes)))(body.xreplace({_i(a): _j(a) for a in axes}))
-
-
-class _MaxOf(sympy.Function):
-    """The larger of its (at least two, symbolic, canonically ordered) arguments."""
-
-    def _eval_is_real(self) -> bool | None:
-        return all(a.is_real for a in self.args) or None
-
-    def _eval_is_positive(self) -> bool | None:
-        return any(a.is_positive for a in self.args) or None
-
-
-def maximum(*values: Any) -> Any:
-    """max as a commutative, associative, idempotent atom with identity -oo (sympy's Max
-    compares its arguments at every construction, which dominated the prover's time)."""
-    flat: list[Any] = []
-    for v in values:
-        flat.extend(v.args if isinstance(v, _MaxOf) else (v,))
-    if sympy.oo in flat:
-        return sympy.oo
-    numbers = [v for v in flat if v.is_number and v != -sympy.oo]
-    rest = {v for v in flat if not v.is_number}
-    args = sorted(rest | ({max(numbers)} if numbers else set()), key=sympy.default_sort_key)
-    return -sympy.oo if not args else args[0] if len(args) == 1 else _MaxOf(*args)
-
-
 def _input_max(x: Any) -> bool:
     """Is ``x`` -oo or a maximum of inputs (a running max of float64 inputs, ≥ -FLOAT_MAX)?"""
     if x == -sympy.oo:
         return True
     if isinstance(x, _MaxOf):
         return all(_input_max(a) for a in x.args)
-    return isinstance(x, _Reduction) and x.kind == "Max" and isinstance(x.args[0], sympy.core.function.AppliedUndef)
+    return isinstance(x, _Reduction) and x.kind == "Max" and isinstance(x.args[0], AppliedUndef)
+
+
+#: boxes that move positions between axes: split, join and rename (a split into one part)
+_RESHAPES = ("split", "join", "rename")
+
+
+def _reshape_axes(node: Box) -> tuple[str, tuple[str, ...]]:
+    """(w, parts) of split[w -> parts], rename[w -> part] or join[parts -> w]."""
+    return (node.out[0], node.target) if node.op == "join" else (node.target[0], node.out)
+
+
+def _ties(lemma: LemmaDecl) -> dict[Any, Any]:
+    """The sizes the left side's reshapes tie, n_w = Π n_p, solved for the whole axes w: each
+    tie either holds under the earlier ones or names a new w, which becomes that product; so
+    every size where the left side is defined is an instance at positive sizes of the others.
+    Each reshape of the right side must be defined there (its tie must hold)."""
+    ties: dict[Any, Any] = {}
+    for side, expr in (("left", lemma.lhs), ("right", lemma.rhs)):
+        for node in _walk(expr):
+            if not isinstance(node, Box) or node.op not in _RESHAPES:
+                continue
+            whole, parts = _reshape_axes(node)
+            n, product = _n(whole).xreplace(ties), sympy.Mul(*[_n(p) for p in parts]).xreplace(ties)
+            if _expand(n - product) == 0:
+                continue
+            if side == "right":
+                raise Unproved(f"the right side's `{node.op}` needs |{whole}| = {'·'.join(f'|{p}|' for p in parts)}, "
+                               "which the left side does not")
+            if n != _n(whole) or n in product.free_symbols:
+                raise Unproved(f"the sizes `{node.op}` ties to |{whole}| are tied otherwise too")
+            ties = {k: v.xreplace({n: product}) for k, v in ties.items()} | {n: product}
+    return ties
 
 
 class _Semantics:
@@ -159,22 +106,23 @@ class _Semantics:
     parameters taken identically 0 (a normaliser case); ``cases`` collects the parameters
     whose zero-ness decides a normaliser; ``fill`` (per part, 0 or 1) replaces inputs there by
     constants (padding, or a fully masked chunk).
+    constants (padding, or a fully masked chunk); ``ties`` gives sizes that reshapes tie
+    (``_ties``) as products of the others.
     """
 
     def __init__(self, zero: frozenset[str] = frozenset(), split: Mapping[str, tuple[str, str]] | None = None,
-                 fill: Mapping[int, Mapping[Any, Any]] | None = None, known: set[Any] | None = None):
-        self.zero, self.split, self.fill = zero, dict(split or {}), dict(fill or {})
+                 fill: Mapping[int, Mapping[Any, Any]] | None = None, known: set[Any] | None = None,
+                 ties: Mapping[Any, Any] | None = None):
+        self.zero, self.split, self.fill, self.ties = zero, dict(split or {}), dict(fill or {}), dict(ties or {})
         self.cases: set[str] = set()
         self.known = known if known is not None else set()  # normalisers positive in this case
 
     def size(self, a: str) -> Any:
-        return sum((_n(p) for p in self.split[a]), sympy.Integer(0)) if a in self.split else _n(a)
+        return sum((_n(p) for p in self.split[a]), sympy.Integer(0)) if a in self.split else _n(a).xreplace(self.ties)
 
-    def sum(self, body: Any, axes: tuple[str, ...]) -> Any:
-        return self._parts(body, axes, reduce_sum, sympy.Add)
-
-    def max(self, body: Any, axes: tuple[str, ...]) -> Any:
-        return self._parts(body, axes, reduce_max, maximum)
+    def reduce(self, kind: str, body: Any, axes: tuple[str, ...]) -> Any:
+        join = {"Sum": sympy.Add, "Max": maximum, "Min": minimum, "Prod": sympy.Mul}[kind]
+        return self._parts(body, axes, lambda b, a: reduce(kind, b, a), join)
 
     def _parts(self, body: Any, axes: tuple[str, ...], fold: Callable[[Any, tuple[str, ...]], Any],
                join: Callable[..., Any]) -> Any:
@@ -186,8 +134,8 @@ class _Semantics:
         for k, part in enumerate(self.split[a]):
             piece = body.xreplace({_i(a): _i(part)})
             if self.fill.get(k):  # padded (or fully masked) positions: each input along the axis is a constant
-                index, values = _i(part), self.fill[k]
-                piece = piece.replace(lambda e, s=index, v=values: getattr(e, "func", None) in v
+                at, values = _i(part), self.fill[k]
+                piece = piece.replace(lambda e, s=at, v=values: getattr(e, "func", None) in v
                                       and s in e.free_symbols, lambda e, v=values: v[e.func])
             parts.append(self._parts(piece, (*rest, part), fold, join))
         return join(*parts)
@@ -209,7 +157,7 @@ class _Semantics:
                 raise Unproved("a diagram used as a box")
             return self.box(node, kids)
 
-        return tuple(run_diagram(diagram, inputs, visit))
+        return tuple(v.xreplace(self.ties) for v in run_diagram(diagram, inputs, visit))
 
     def box(self, node: Box, args: tuple[Any, ...]) -> Any:
         op, t = node.op, node.target
@@ -222,6 +170,8 @@ class _Semantics:
             return -x
         if op == "square":
             return x**2
+        if op in ("abs", "sign"):  # the guarded finaliser's |sign d|: 0 exactly where d is 0
+            return sympy.Abs(x) if op == "abs" else sympy.sign(x)
         if op == "sqrt":
             if x.is_nonnegative is not True:
                 raise Unproved(f"sqrt of `{x}`, not known non-negative")
@@ -232,24 +182,47 @@ class _Semantics:
             return args[1] if x == -sympy.oo else x  # a maximum of finite float64 inputs is at least -FLOAT_MAX
         if op in ("add", "sub", "mul", "maximum", "minimum"):
             y = args[1]
-            return {"add": x + y, "sub": x - y, "mul": x * y, "maximum": maximum(x, y),
-                    "minimum": sympy.Min(x, y)}[op]
+            return {"add": x + y, "sub": x - y, "mul": x * y, "maximum": maximum(x, y), "minimum": minimum(x, y)}[op]
         if op == "div":
             return x / self.positive(args[1], "division")
         if op in ("sum", "mean"):
-            total = self.sum(x, t)
+            total = self.reduce("Sum", x, t)
             return total if op == "sum" else total / sympy.Mul(*[self.size(a) for a in t])
-        if op == "max":
-            return self.max(x, t)
+        if op in ("max", "min", "prod"):
+            return self.reduce(op.capitalize(), x, t)
         if op == "logsumexp":
-            return sympy.log(self.positive(self.sum(sympy.exp(x), t), "log"))
+            return sympy.log(self.positive(self.reduce("Sum", sympy.exp(x), t), "log"))
         if op == "contract":
-            return self.sum(sympy.Mul(*args), t)
+            return self.reduce("Sum", sympy.Mul(*args), t)
         if (weights := ops.OPS[op].weights) is not None:  # a normalisation: its normalised-contraction weights
             return self.weights(node, weights, x)
         if op == "ncontract":
-            return self.sum(self.weights(node, node.params, x) * args[1], t)
+            return self.reduce("Sum", self.weights(node, node.params, x) * args[1], t)
+        if op in _RESHAPES and not self.split:
+            return self.reshape(node, x)
         raise Unproved(f"`{op}` is outside the proved fragment")
+
+    def reshape(self, node: Box, x: Any) -> Any:
+        """split[w -> p1 … pk] (and rename, k = 1) reads position i_w = (i_p1·n_p2 + i_p2)·n_p3 + …;
+        join[p1 … pk -> w] reads i_pk = Rem(i_w, n_pk), i_pk-1 = Rem(Quo(i_w, n_pk), n_pk-1), …,
+        i_p1 the last quotient (< n_p1 as i_w < n_w = Π n_p); indices then normalised (``index``)."""
+        whole, parts = _reshape_axes(node)
+        if node.op == "join":
+            place, rest = {}, _i(whole)
+            for p in reversed(parts[1:]):
+                place[_i(p)], rest = Rem(rest, self.size(p)), Quo(rest, self.size(p))
+            place[_i(parts[0])] = rest
+        else:
+            position = _i(parts[0])
+            for p in parts[1:]:
+                position = position * self.size(p) + _i(p)
+            place = {_i(whole): position}
+
+        def size(s: Any) -> Any:
+            return self.size(s.name[2:]) if s.is_Symbol and s.name[:2] in ("i_", "j_") else None
+
+        return x.xreplace(place).replace(lambda e: isinstance(e, AppliedUndef),
+                                         lambda e: e.func(*(index(a, size) for a in e.args)))
 
     def weights(self, node: Box, params: tuple[str, ...], s: Any) -> Any:
         """a1(S) / b(Σ a2(S)), 0 where the normaliser is 0 (the evaluator's convention)."""
@@ -257,7 +230,7 @@ class _Semantics:
         f = {"exp": sympy.exp, "id": lambda v: v, "square": lambda v: v**2}
         if a1 not in f or a2 not in f:
             raise Unproved(f"activation `{a1 if a1 not in f else a2}` is outside the proved fragment")
-        z = self.sum(f[a2](s), node.target)
+        z = self.reduce("Sum", f[a2](s), node.target)
         count = sympy.Mul(*[self.size(a) for a in node.target])
         denom = {"id": z, "sqrt": sympy.sqrt(z), "rms": sympy.sqrt(z / count)}[b]
         if denom == 0:
@@ -279,8 +252,8 @@ def _equal(left: Any, right: Any) -> bool:
 
 
 def _input(name: str, axes: tuple[str, ...], split: Mapping[str, str] | None = None) -> Any:
-    index = [_i((split or {}).get(a, a)) for a in axes]
-    return sympy.Function(name, real=True)(*index) if index else sympy.Symbol(name, real=True)
+    position = [_i((split or {}).get(a, a)) for a in axes]
+    return sympy.Function(name, real=True)(*position) if position else sympy.Symbol(name, real=True)
 
 
 @cache
@@ -293,8 +266,11 @@ def prove_lemma(lemma: LemmaDecl) -> str | None:
     scores = [p.name for p in lemma.params if all(_scores_only(side, p.name) for side in (lemma.lhs, lemma.rhs))]
     subsets = [set(c) for k in range(1, len(scores) + 1) for c in itertools.combinations(scores, k)]
     masks = scores if all(_masked_case(lemma, c) for c in subsets) else []  # every mix of fully masked rows
-    return "proved: symbolically at every size, on finite real inputs" + (f" [-inf masks: {', '.join(masks)}]"
-                                                                        if masks else "")
+    axes = {_n(a.name): sympy.Symbol(a.name) for a in lemma.axes}
+    tied = ", ".join(f"{axes[k]} = {str(v.xreplace(axes)).replace('*', '·')}" for k, v in _ties(lemma).items())
+    where = f" where the left side is defined ({tied})" if tied else ""
+    return f"proved: symbolically at every size{where}, on finite real inputs" + (
+        f" [-inf masks: {', '.join(masks)}]" if masks else "")
 
 
 def _masked_case(lemma: LemmaDecl, names: set[str]) -> bool:
@@ -309,8 +285,9 @@ def _masked_case(lemma: LemmaDecl, names: set[str]) -> bool:
     parameters whose rows are fully masked together (the caller tries each)."""
     inputs = [-sympy.oo if p.name in names else _input(p.name, p.axes) for p in lemma.params]
     try:
-        (left,) = _Semantics().run(_side(lemma, lemma.lhs), inputs)
-        (right,) = _Semantics().run(_side(lemma, lemma.rhs), inputs)
+        ties = _ties(lemma)
+        (left,) = _Semantics(ties=ties).run(_side(lemma, lemma.lhs), inputs)
+        (right,) = _Semantics(ties=ties).run(_side(lemma, lemma.rhs), inputs)
     except Unproved:
         return False
     return _equal(left, right)
@@ -358,9 +335,9 @@ def why_unproved(lemma: LemmaDecl) -> str | None:
     while pending:
         zero = pending.pop()
         tried.add(zero)
-        sem = _Semantics(zero)
         inputs = [sympy.Integer(0) if p.name in zero else _input(p.name, p.axes) for p in lemma.params]
         try:
+            sem = _Semantics(zero, ties=_ties(lemma))
             (left,) = sem.run(_side(lemma, lemma.lhs), inputs)
             (right,) = sem.run(_side(lemma, lemma.rhs), inputs)
         except Unproved as exc:
@@ -420,7 +397,7 @@ def _masked_laws(plan: acc.AccumulatorPlan, guarded: acc.AccumulatorPlan, box: B
                 return False
         masked = [-sympy.oo, *args[1:]]
         state = _Semantics().run(guarded.lift, masked)
-        identity = [sympy.Integer(0) if v == 0 else -sympy.oo for v in guarded.identity]
+        identity = [_constant(v) for v in guarded.identity]
         (final,) = _Semantics().run(guarded.final, list(state))
         (value,) = _Semantics().run(box_diagram(box), masked)
         return _all_equal(_Semantics().run(guarded.combine, [*identity, *state]), state) and _equal(final, value)
@@ -430,7 +407,7 @@ def _masked_laws(plan: acc.AccumulatorPlan, guarded: acc.AccumulatorPlan, box: B
 
 def _laws(plan: acc.AccumulatorPlan, guarded: acc.AccumulatorPlan, box: Box, pad: bool) -> str | None:
     """The first law that fails to normalise (None: all proved), per normaliser case: in the
-    case where a normaliser is 0 the guarded finaliser (dividing by max(b(z), TINY)) is the
+    case where a normaliser is 0 the guarded finaliser (0 where b(z) = 0, ``quotient``) is the
     one that gives the evaluator's 0; elsewhere the unguarded one is exact."""
     axis = plan.axis
     parts = (f"{axis}1", f"{axis}2")
@@ -453,9 +430,7 @@ def _laws(plan: acc.AccumulatorPlan, guarded: acc.AccumulatorPlan, box: Box, pad
         if not _all_equal(sem().run(plan.combine, [*lift1, *lift2]), whole):
             return "recomposition"
         state = sem().run(plan.lift, inputs())
-        identity = [sympy.Integer(0) if v == 0 else -sympy.oo for v in plan.identity]
-        if any(v not in (0.0, -math.inf) for v in plan.identity) or \
-                not _all_equal(sem().run(plan.combine, [*identity, *state]), state):
+        if not _all_equal(sem().run(plan.combine, [*map(_constant, plan.identity), *state]), state):
             return "identity"
         (final,) = sem().run((guarded if zero else plan).final, list(state))
         if not _equal(final, value):

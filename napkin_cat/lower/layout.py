@@ -165,6 +165,12 @@ def layout(name: str, diagram: Diagram, schedule: Schedule, tiles: Mapping[str, 
                          and not _group_block_ok(flat, a, axis_tiles, frozenset(squeezed)))
     grid = tuple(a for a in out_types[0] if a in squeezed or a in groups) if out_types else ()
     grid += tuple(a for a in groups if a not in grid)
+    if target == "pallas" and stream is not None:
+        # The first grid axis varies fastest between programs launched together: put first the
+        # axes that the streamed inputs lack (attention's query blocks), so the programs running
+        # at once read the same streamed blocks (K and V of one head) and share them in L2.
+        streamed = {a for name, axes in flat.inputs if stream in axes for a in axes}
+        grid = tuple(sorted(grid, key=lambda a: a in streamed))
     phase = {n.name: "before" for n in flat.nodes}
     plans: dict[str, AccumulatorPlan] = {}
     if stream is not None:

@@ -57,10 +57,10 @@ def flash_gqa_forward(Q, K, V, *, interpret=None):
     V_padded = pad_to(V, (p['b'], p['h'], p['x'], p['d']), jnp.float32)
 
     def kernel(Q_ref, K_ref, V_ref, out0_ref):
-        b_first = pl.program_id(0)
-        h_first = pl.program_id(1)
-        g_first = pl.program_id(2)
-        q_first = pl.program_id(3) * 32
+        g_first = pl.program_id(0)
+        q_first = pl.program_id(1) * 32
+        b_first = pl.program_id(2)
+        h_first = pl.program_id(3)
         Q_block = Q_ref[...].astype(jnp.float32)
         t_2 = lax.rsqrt(jnp.float32(float(n['d'])))
 
@@ -95,7 +95,7 @@ def flash_gqa_forward(Q, K, V, *, interpret=None):
         final_t_1 = jnp.maximum(O_l_2, TINY)
         final_t_2 = O_o_2 / final_t_1[:, None]
         out0_ref[...] = final_t_2.astype(out0_ref.dtype)
-    outs = pl.pallas_call(kernel, out_shape=[jax.ShapeDtypeStruct((p['b'], p['h'], p['g'], p['q'], p['d']), jnp.float32)], grid=(n['b'], n['h'], n['g'], p['q'] // 32), in_specs=[pl.BlockSpec((None, None, None, 32, p['d']), lambda i_b, i_h, i_g, i_q: (i_b, i_h, i_g, i_q, 0)), pl.BlockSpec((None, None, p['x'], p['d']), lambda i_b, i_h, i_g, i_q: (i_b, i_h, 0, 0)), pl.BlockSpec((None, None, p['x'], p['d']), lambda i_b, i_h, i_g, i_q: (i_b, i_h, 0, 0))], out_specs=[pl.BlockSpec((None, None, None, 32, p['d']), lambda i_b, i_h, i_g, i_q: (i_b, i_h, i_g, i_q, 0))], interpret=interpret)(Q_padded, K_padded, V_padded)
+    outs = pl.pallas_call(kernel, out_shape=[jax.ShapeDtypeStruct((p['b'], p['h'], p['g'], p['q'], p['d']), jnp.float32)], grid=(n['g'], p['q'] // 32, n['b'], n['h']), in_specs=[pl.BlockSpec((None, None, None, 32, p['d']), lambda i_g, i_q, i_b, i_h: (i_b, i_h, i_g, i_q, 0)), pl.BlockSpec((None, None, p['x'], p['d']), lambda i_g, i_q, i_b, i_h: (i_b, i_h, 0, 0)), pl.BlockSpec((None, None, p['x'], p['d']), lambda i_g, i_q, i_b, i_h: (i_b, i_h, 0, 0))], out_specs=[pl.BlockSpec((None, None, None, 32, p['d']), lambda i_g, i_q, i_b, i_h: (i_b, i_h, i_g, i_q, 0))], interpret=interpret)(Q_padded, K_padded, V_padded)
     return outs[0][:, :, :, :n['q'], :n['d']]
 
 def flash_gqa_backward(Q, K, V, dO):
@@ -137,7 +137,7 @@ def flash_gqa(Q, K, V, *, interpret=None):
         }
     Schedule: group b by 1 at smem; group h by 1 at smem; group g by gg at smem; group q by gq at smem; stream x by sx at smem via online_softmax
     Tiles: b: 1, h: 1, g: gg = 1, q: gq = 32, x: sx = 32 (given)
-    Placement: grid over b (one program per position), h (one program per position), g (one program per position), q (blocks of 32); x streamed in chunks of 32 carrying online_softmax
+    Placement: grid over g (one program per position), q (blocks of 32), b (one program per position), h (one program per position); x streamed in chunks of 32 carrying online_softmax
     Cost bound: ...
     Dtype: inputs and outputs float32; arithmetic and accumulation in float32.
     Gradients: a jax.custom_vjp; residuals are the inputs only; the backward is the diagram's VJP (napkin_cat.grad) lowered unscheduled to plain JAX, its intermediates materialised whole.

@@ -72,6 +72,10 @@ def flash_sign(Q, K, V):
         state = step(state, full_chunks * 32, n['x'] % 32)
     O_o_2, O_z_2 = state
     final_t_1 = jnp.sqrt(O_z_2)
-    final_t_2 = jnp.maximum(final_t_1, TINY)
-    final_t_3 = O_o_2 / final_t_2[:, None]
-    return final_t_3
+    final_t_2 = jnp.sign(final_t_1)
+    final_t_3 = jnp.abs(final_t_2)
+    final_t_4 = O_o_2 * final_t_3[:, None]
+    final_t_9 = 1.0 - final_t_3
+    final_t_10 = final_t_1 + final_t_9
+    final_t_11 = final_t_4 / final_t_10[:, None]
+    return final_t_11

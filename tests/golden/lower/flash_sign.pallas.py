@@ -75,9 +75,13 @@ def flash_sign_forward(Q, K, V, *, interpret=None):
             return (combine_t_1, combine_t_2)
         O_o_2, O_z_2 = lax.fori_loop(0, p['x'] // 32, body, (jnp.full((32, p['d']), 0.0, jnp.float32), jnp.full((32,), 0.0, jnp.float32)))
         final_t_1 = jnp.sqrt(O_z_2)
-        final_t_2 = jnp.maximum(final_t_1, TINY)
-        final_t_3 = O_o_2 / final_t_2[:, None]
-        out0_ref[...] = final_t_3.astype(out0_ref.dtype)
+        final_t_2 = jnp.sign(final_t_1)
+        final_t_3 = jnp.abs(final_t_2)
+        final_t_4 = O_o_2 * final_t_3[:, None]
+        final_t_9 = 1.0 - final_t_3
+        final_t_10 = final_t_1 + final_t_9
+        final_t_11 = final_t_4 / final_t_10[:, None]
+        out0_ref[...] = final_t_11.astype(out0_ref.dtype)
     outs = pl.pallas_call(kernel, out_shape=[jax.ShapeDtypeStruct((p['q'], p['d']), jnp.float32)], grid=(p['q'] // 32,), in_specs=[pl.BlockSpec((32, p['d']), lambda i_q: (i_q, 0)), pl.BlockSpec((p['x'], p['d']), lambda i_q: (0, 0)), pl.BlockSpec((p['x'], p['d']), lambda i_q: (0, 0))], out_specs=[pl.BlockSpec((32, p['d']), lambda i_q: (i_q, 0))], interpret=interpret)(Q_padded, K_padded, V_padded)
     return outs[0][:n['q'], :n['d']]
 

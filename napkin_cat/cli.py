@@ -41,7 +41,7 @@ class UsageError(Exception):
     """A command-line mistake (exit code 2)."""
 
 
-EXIT_OK, EXIT_INPUT, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_INPUT, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_PIPE = 0, 1, 2, 130, 141
 
 #: the number formats every verb accepts (``--dtype``), and the one default
 DEFAULT_DTYPE = "bf16"
@@ -393,7 +393,8 @@ def cmd_lemmas(args: argparse.Namespace) -> int:
         print(json.dumps([vars(e) for e in found], indent=2))
         return EXIT_OK
     for e in found:
-        head = e.statement if e.kind == "lemma" else f"accumulator {e.name} for {e.applies_to}:"
+        head = f"{e.statement}  ({e.trust})" if e.kind == "lemma" else \
+            f"accumulator {e.name} for {e.applies_to} ({e.trust}):"
         body = "" if e.kind == "lemma" else "\n" + "\n".join(f"  {line}" for line in e.statement.splitlines())
         print(head + body)
     return EXIT_OK
@@ -551,6 +552,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"napkin {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # the reader closed stdout early (`napkin lemmas | head`): stop quietly, as a process
+        # killed by SIGPIPE would, and keep Python's final flush from writing to the closed pipe
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_PIPE
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -25,7 +25,8 @@ name, pad)`` answers how an accumulator's laws were certified for that box, ``me
 step's error.  Each answer is ``proved`` (for every size) or ``tested``; ``Theorem.tested`` lists
 what a theorem rests on that is only tested.  The trusted code: this module, ``terms`` (the IR,
 ``inline_calls``, ``run_diagram``), ``ops`` (``result_axes``, ``typed_box``, ``treatment``),
-``finiteness``, and for ``proved`` answers the symbolic prover ``certify.prove`` (README "Proofs").
+``finiteness``, and for ``proved`` answers the symbolic prover ``certify.prove`` with its reduction
+and index atoms ``certify.atoms`` (README "Proofs").
 """
 
 from __future__ import annotations

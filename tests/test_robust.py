@@ -345,15 +345,28 @@ def test_lemmas_lists_lemmas_and_accumulators(capsys: pytest.CaptureFixture[str]
     code, out, _ = run(capsys, "lemmas")
     assert code == 0
     assert "lemma softmax_contract(S: [x], V: [x]) : contract[x](softmax[x](S), V) = ncontract[x; exp, exp, id](S, V)" \
-        in out.splitlines()
-    assert "accumulator online_softmax for ncontract[x; exp, exp, id] streaming x:" in out
+        "  (proved)" in out.splitlines()
+    assert "accumulator online_softmax for ncontract[x; exp, exp, id] streaming x (proved):" in out
     code, out, _ = run(capsys, "lemmas", "--json")
     listed = json.loads(out)
     from napkin_cat.certify import rules
 
     assert {e["name"] for e in listed if e["kind"] == "lemma"} == set(rules.library())
-    assert {"sum", "online_softmax"} <= {e["name"] for e in listed if e["kind"] == "accumulator"}
+    assert {"sum", "online_softmax", "min", "prod"} <= {e["name"] for e in listed if e["kind"] == "accumulator"}
+    # issue 11: every shipped lemma and accumulator is proved for all sizes, none only tested
+    assert [e["name"] for e in listed if e["trust"] != "proved"] == []
     assert run(capsys, "lemmas", "nope")[0] == 2
+
+
+def test_a_reader_that_closes_the_pipe_early_gets_no_traceback() -> None:
+    """`napkin lemmas | head -1`: the rest of the output has nowhere to go; exit 141 quietly.
+    (The reader here closes before the first write, so the write fails whatever the pipe holds.)"""
+    with subprocess.Popen([sys.executable, "-m", "napkin_cat", "lemmas"], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=120) == 141 and "Traceback" not in err, err
 
 
 def test_check_json_and_quiet(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

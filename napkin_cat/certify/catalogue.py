@@ -3,7 +3,9 @@
 A lemma's statement is its equation as written in ``lemmas.ncd``; an accumulator's is the
 box family it streams (on the canonical box ``certify.representative_boxes`` certifies it
 for), its state, identity, padding values and its ``lift``, ``combine`` and ``final``
-diagrams, whose laws ``napkin check --certify`` certifies.
+diagrams, whose laws ``napkin check --certify`` certifies.  Each entry says its trust level:
+``proved`` where the symbolic prover (``certify.prove``) proves it for every size, else
+``tested`` (bounded certification only; ``napkin check --strict`` refuses theorems resting on it).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from napkin_cat import certify
-from napkin_cat.certify import accumulators, rules
+from napkin_cat.certify import accumulators, prove, rules
 from napkin_cat.printer import print_diagram, print_lemma
 
 __all__ = ["Entry", "entries"]
@@ -19,18 +21,20 @@ __all__ = ["Entry", "entries"]
 
 @dataclass(frozen=True)
 class Entry:
-    """One lemma or accumulator: ``kind`` is ``lemma`` or ``accumulator``; ``statement`` is text."""
+    """One lemma or accumulator: ``kind`` is ``lemma`` or ``accumulator``; ``statement`` is text;
+    ``trust`` is ``proved`` or ``tested``."""
 
     kind: str
     name: str
     applies_to: str
     statement: str
+    trust: str
 
 
 def entries() -> list[Entry]:
     """Every library lemma (in file order), then every accumulator of every box family."""
-    found = [Entry("lemma", lm.name, "any diagram matching its left side", print_lemma(lm))
-             for lm in rules.library().values()]
+    found = [Entry("lemma", lm.name, "any diagram matching its left side", print_lemma(lm),
+                   _trust(prove.prove_lemma(lm))) for lm in rules.library().values()]
     for box, axis in certify.representative_boxes():
         params = f"; {', '.join(box.params)}" if box.params else ""
         family = f"{box.op}[{' '.join(box.target)}{params}] streaming {axis}"
@@ -40,5 +44,10 @@ def entries() -> list[Entry]:
             pad = "none" if acc.pad is None else ", ".join(f"{v:g}" for v in acc.pad)
             lines = [f"state ({state}); identity ({', '.join(f'{v:g}' for v in acc.identity)}); padding ({pad})",
                      *(print_diagram(d) for d in (acc.lift, acc.combine, acc.final))]
-            found.append(Entry("accumulator", name, family, "\n".join(lines)))
+            proved = prove.prove_accumulator(certify.canonical(box, axis), axis, name, False)
+            found.append(Entry("accumulator", name, family, "\n".join(lines), _trust(proved)))
     return found
+
+
+def _trust(proved: str | None) -> str:
+    return "tested" if proved is None else "proved"

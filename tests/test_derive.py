@@ -424,3 +424,19 @@ def test_parallel_factor_counts_waves() -> None:
     assert cost.parallel_factor(66, 132) == 2  # half the SMs idle
     assert cost.parallel_factor(133, 132) == pytest.approx(2 * 132 / 133)  # a second wave of one program
     assert cost.parallel_factor(1, 132) == 132 and cost.parallel_factor(0, 132) == 1
+
+
+@pytest.mark.parametrize(("diagram", "theorem", "grouped"), [
+    ("attention_backward_kv", "flash_attention_backward_kv", "x"),
+    ("attention_backward_q", "flash_attention_backward_q", "q")])
+def test_derive_finds_flashattention2_backward_schedules(diagram: str, theorem: str, grouped: str) -> None:
+    """The backward passes of examples/attention_backward.ncd: derive finds schedules no
+    costlier than the hand proofs of proofs/flash_attention_backward.ncd (keys grouped and
+    queries streamed for dK, dV; the other way round for dQ)."""
+    cost_fn = derive.model_cost("h100", "bf16", {"q": 1024, "x": 1024})
+    found = derive.derive(EXAMPLES / "attention_backward.ncd", diagram, cost_fn, settings={"hardware": "h100"},
+                          seconds=600)
+    hand = cost_fn(proof.theorem(ROOT / "proofs" / "flash_attention_backward.ncd", theorem))
+    assert found.best.cost is not None and hand.fits
+    assert found.best.cost.value <= hand.value * (1 + 1e-9)
+    assert ("group", grouped) in [(k, a) for k, a, _ in partitions(found)]

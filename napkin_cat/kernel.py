@@ -37,7 +37,7 @@ from dataclasses import InitVar, dataclass, fields, replace
 
 from napkin_cat import ops, terms
 from napkin_cat.diagnostics import NapkinError, Span, error
-from napkin_cat.finiteness import finite_in, narrowed
+from napkin_cat.finiteness import finite_in, narrowed, unsupported
 from napkin_cat.terms import Axes, Box, Diagram, Expr, LemmaDecl, Partition, Schedule, Size, Var, walk
 
 __all__ = ["DTYPE_ROUNDOFF", "KernelError", "Theorem", "group", "match", "place", "quantise", "refl", "rewrite",
@@ -421,7 +421,10 @@ def stream(thm: Theorem, step: Partition, accumulator: AccumulatorOracle) -> The
             tried = "; ".join(f"{n}: {why}" for n, why in answers.items()) or "none"
             raise KernelError("stream", f"no certified accumulator{' with padding' if step.pad else ''} for "
                                         f"{label} (tried {tried})", span)
-        how = narrowed(found[1], thm.result, {f"X{k}": a for k, a in enumerate(box.args)})
+        operands = {f"X{k}": a for k, a in enumerate(box.args)}
+        if why := unsupported(found[1], thm.result, operands):
+            raise KernelError("stream", f"accumulator {found[0]} for {label}: {why}", span)
+        how = narrowed(found[1], thm.result, operands)
         chosen.append((axis, box, found[0]))
         trust.append(f"accumulator {found[0]} for {label} ({how})")
         tested += [] if how.startswith("proved") else [f"accumulator {found[0]} for {label}"]

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from napkin_cat import kernel
-from napkin_cat.certify import rules
+from napkin_cat import certify, kernel
+from napkin_cat.certify import accumulators, rules
 from napkin_cat.elaborate import loads
-from napkin_cat.finiteness import finite
+from napkin_cat.finiteness import finite, unsupported
 from napkin_cat.kernel import KernelError
+from napkin_cat.proof import check_module
 from napkin_cat.terms import Box, Rewrite, Var
 
 HEADER = "axis q, x\ndiagram f(S: [q x], T: [q x]) -> [q x] {\n"
@@ -87,3 +88,26 @@ def test_a_proof_covers_a_use_only_on_its_domain() -> None:
     assert narrowed("proved: test", diagram, masked_s).startswith("tested here")
     plus = Box("neg", (Var("M", ("q", "x")),), ("q", "x"))
     assert narrowed(how, diagram, {"S": plus}).startswith("tested here")
+
+
+def test_an_accumulator_use_on_an_operand_that_may_be_infinite_needs_a_test_with_infinities() -> None:
+    """A proved accumulator covers finite operands (and the -inf masks it names); on an operand
+    that may be +inf it is backed only where certify.infinite_tested ran it with infinite entries
+    and it agreed with the box.  logsumexp does not (a +inf row: box +inf, stream NaN), sum does."""
+    for op, name, listed in (("logsumexp", "logsumexp", False), ("sum", "sum", True)):
+        box = next(b for b, axis in certify.representative_boxes() if b.op == op)
+        marker = certify.infinite_tested(certify.canonical(box, "x"), "x", name)
+        assert ("X0" in marker) is listed and name in accumulators.accumulators_for(box, "x")
+    module = loads("axis q, x\n"
+                   "diagram lse(S: [q x]) -> [q] {\n  L = logsumexp[x](where[q x](x <= q, S, inf))\n  return L\n}\n"
+                   "diagram total(S: [q x]) -> [q] {\n  L = sum[x](where[q x](x <= q, S, inf))\n  return L\n}\n"
+                   "theorem a: lse {\n  stream x by sx via logsumexp\n}\n"
+                   "theorem b: total {\n  stream x by sx via sum\n}\n")
+    refused, accepted = check_module(module)
+    assert refused.failure is not None and "may be infinite here" in refused.failure.message
+    assert accepted.ok and any("tested here" in t for t in accepted.theorem.trust)  # tested with +inf, not proved
+    diagram = module.diagram("lse")
+    term = {"X0": diagram.body[0].expr.args[0]}
+    assert unsupported("proved: laws", diagram, term) is not None
+    assert unsupported("proved: laws [infinite: X0]", diagram, term) is None
+    assert unsupported("tested: float64", diagram, term) is None  # bounded testing is its own claim

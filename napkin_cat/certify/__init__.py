@@ -69,8 +69,8 @@ from napkin_cat.evaluate import FLOAT64, SYMBOLIC, Algebra, Named, evaluate_name
 from napkin_cat.ops import typed_box
 from napkin_cat.terms import Box, Diagram, Expr, LemmaDecl, Var, box_diagram, walk
 
-__all__ = ["LEVELS", "Certificate", "accumulator", "canonical", "certify_accumulator", "certify_lemma", "lemma_side",
-           "representative_boxes"]
+__all__ = ["LEVELS", "Certificate", "accumulator", "canonical", "certify_accumulator", "certify_lemma",
+           "infinite_tested", "lemma_side", "representative_boxes"]
 
 #: (symbolic size bound, random float64 cases) per level
 LEVELS: dict[str, tuple[int, int]] = {"quick": (2, 12), "full": (3, 60)}
@@ -304,7 +304,48 @@ def accumulator(box: Box, axis: str, name: str, pad: bool) -> str:
     cert = certify_accumulator(plain, axis, name, pad, "quick")
     if not cert.ok:
         return f"its laws fail ({cert.how}: {cert.counterexample})" if cert.counterexample else cert.how
-    return float_safety(plain, axis, name) or prove.prove_accumulator(plain, axis, name, pad) or cert.how
+    unsafe = float_safety(plain, axis, name)
+    if unsafe:
+        return unsafe
+    proved = prove.prove_accumulator(plain, axis, name, pad)
+    return proved + infinite_tested(plain, axis, name) if proved else cert.how
+
+
+@cache
+def infinite_tested(box: Box, axis: str, name: str) -> str:
+    """`` [infinite: X0, ...]`` (read by ``finiteness.unsupported``: a proof covers finite operands
+    only): the operands of the canonical ``box`` for which the accumulator,
+    run chunk by chunk (``accumulators.stream_fold``), gives exactly the evaluator's value
+    (NaN where it is NaN, the same infinities) on inputs with +inf and -inf entries in that
+    operand, some rows entirely infinite; "" when none.  (logsumexp's state turns a +inf row
+    into NaN where the evaluator gives +inf, so its scores are not listed.)"""
+    diagram = box_diagram(box)
+    sizes = {a.name: 3 for a in diagram.axes} | {axis: 6}
+    passed = []
+    for k, param in enumerate(diagram.inputs):
+        agree = True
+        for seed in range(3):
+            rng = np.random.default_rng(seed)
+            data = [rng.standard_normal([sizes[a] for a in p.axes]) for p in diagram.inputs]
+            pick = rng.random(data[k].shape)
+            data[k] = np.where(pick < 0.2, np.inf, np.where(pick > 0.8, -np.inf, data[k]))
+            if axis in param.axes:  # a row of +inf along the streamed axis, and one of -inf
+                where = param.axes.index(axis)
+                data[k] = np.moveaxis(data[k], where, -1)
+                data[k][(0,) * (data[k].ndim - 1)] = np.inf
+                if data[k].ndim > 1:
+                    data[k][(-1,) * (data[k].ndim - 1)] = -np.inf
+                data[k] = np.moveaxis(data[k], -1, where)
+            inputs = [Named(p.axes, d) for p, d in zip(diagram.inputs, data, strict=True)]
+            with np.errstate(all="ignore"):
+                (reference,) = evaluate_named(diagram, inputs, dict(sizes), FLOAT64)
+                streamed = acc.stream_fold(acc.plan(box, axis, name), inputs, 2, sizes)
+                want, got = np.asarray(reference.data, float), np.asarray(streamed.to(reference.axes), float)
+                agree = agree and bool(np.all((got == want) | (np.isnan(got) & np.isnan(want))
+                                              | (np.isfinite(got) & np.isfinite(want) & np.isclose(got, want))))
+        if agree:
+            passed.append(f"X{k}")
+    return f" [infinite: {', '.join(passed)}]" if passed else ""
 
 
 #: input magnitude of the floating-point test: exp of it overflows float64

@@ -23,7 +23,9 @@ if f"--xla_force_host_platform_device_count={DEVICES}" not in os.environ.get("XL
     sys.exit(f"set XLA_FLAGS=--xla_force_host_platform_device_count={DEVICES} before running this probe")
 
 import jax  # noqa: E402  (after the device count is checked)
+import jax.numpy as jnp  # noqa: E402
 
+from napkin_cat import grad  # noqa: E402
 from napkin_cat.evaluate import evaluate  # noqa: E402
 from napkin_cat.lower import lower  # noqa: E402
 from napkin_cat.proof import theorem  # noqa: E402
@@ -55,6 +57,19 @@ def _memory(name: str, devices: int, q: int, x: int, d: int = 64) -> dict[str, i
             "temp": int(stats.temp_size_in_bytes)}
 
 
+def _gradient(thm: Any, tiles: dict[str, int], shape: tuple[int, ...] = (1000, 64)) -> dict[str, Any]:
+    """jax.grad through the mesh function (jax target, 8 devices) against the float64
+    evaluator's VJP (``grad.vjp``): the largest error relative to each gradient's magnitude."""
+    arrays = _inputs([shape] * 3, 5)
+    (cotangent,) = _inputs([shape], 6)
+    want = evaluate(grad.vjp(thm.source), [*arrays, cotangent])
+    fn = lower(thm, target="jax", mesh=DEVICES, tiles=tiles).fn
+    got = jax.grad(lambda *a: jnp.sum(fn(*a) * cotangent), argnums=(0, 1, 2))(
+        *(jnp.asarray(a, jnp.float32) for a in arrays))
+    return {"max_rel_err": max(float(np.max(np.abs(np.asarray(g) - w)) / np.max(np.abs(w)))
+                               for g, w in zip(got, want, strict=True))}
+
+
 def main() -> None:
     out: dict[str, Any] = {"devices": len(jax.devices())}
     tiles = {"gq": 128, "sx": 64}
@@ -72,6 +87,9 @@ def main() -> None:
         out[f"sharded_mha/{target}"] = _run(fn, heads.source, _inputs([(2, 12, n, 64)] * 3, 7))
     for devices in (1, 8):
         out[f"memory/{devices}"] = _memory("ring_attention", devices, 1024, 1024)
+    for name in ("ring_attention", "ring_attention_causal"):
+        out[f"grad/{name}"] = _gradient(theorem(PROOFS, name), tiles)
+    out["grad/sharded_mha"] = _gradient(heads, {"gq": 32, "sx": 16}, shape=(2, 12, 100, 64))
     if len(sys.argv) > 1:  # the module the CLI wrote
         spec = importlib.util.spec_from_file_location("cli_ring", sys.argv[1])
         assert spec is not None and spec.loader is not None

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from napkin_cat import ops
 from napkin_cat.terms import Box, Const, Diagram, Expr, Size, Var
 
-__all__ = ["INFINITE", "MASKS", "finite", "finite_in", "masked", "narrowed", "unsupported"]
+__all__ = ["INFINITE", "MASKS", "MASKS_TESTED", "finite", "finite_in", "masked", "narrowed", "unsupported"]
 
 #: elementwise ops finite on finite operands (over the reals)
 _TOTAL = frozenset({"exp", "neg", "square", "abs", "tanh", "sigmoid", "relu", "gelu", "silu",
@@ -84,25 +84,26 @@ def masked(expr: Expr, defs: Mapping[str, Expr], inputs: frozenset[str] | set[st
 MASKS = re.compile(r"\[-inf masks: ([\w, ]+)\]")
 
 
-#: how a proved accumulator's answer names the operands it was also tested on with ±inf
-#: entries (certify.infinite_tested writes it)
+#: how a proved accumulator's answer names the operands it was also tested on with -inf
+#: entries (masks), and with ±inf entries (certify.infinite_tested writes both)
+MASKS_TESTED = re.compile(r"\[-inf tested: ([\w, ]+)\]")
 INFINITE = re.compile(r"\[infinite: ([\w, ]+)\]")
 
 
 def unsupported(how: str, diagram: Diagram, terms: Mapping[str, Expr]) -> str | None:
     """Why an accumulator use is backed by nothing, or None: its proof (``proved: ...``)
     covers finite operands and the -inf masks it names, and its float64 test the operands it
-    names ``[infinite: ...]``; an operand ``terms`` matches that may be infinite otherwise
-    (a +inf mask streamed via logsumexp, whose state gives NaN where the box gives +inf) is
-    neither proved nor tested."""
+    names ``[-inf tested: ...]`` (masks) and ``[infinite: ...]`` (±inf); an operand ``terms``
+    matches that may be infinite otherwise (a +inf mask streamed via logsumexp, whose state
+    gives NaN where the box gives +inf) is neither proved nor tested."""
     if not how.startswith("proved"):
         return None
-    masks, infinite = (({m.strip() for m in found.group(1).split(",")} if (found := rx.search(how)) else set())
-                       for rx in (MASKS, INFINITE))
+    masks, tested, infinite = (({m.strip() for m in found.group(1).split(",")} if (found := rx.search(how))
+                                else set()) for rx in (MASKS, MASKS_TESTED, INFINITE))
     defs = {let.names[0]: let.expr for let in diagram.body if len(let.names) == 1}
     inputs = {p.name for p in diagram.inputs}
     for n, t in terms.items():
-        if not (finite(t, defs, inputs) or (n in masks and masked(t, defs, inputs)) or n in infinite):
+        if not (finite(t, defs, inputs) or (n in masks | tested and masked(t, defs, inputs)) or n in infinite):
             which = ("first", "second", "third")[int(n[1:])] if n[1:].isdigit() and int(n[1:]) < 3 else n
             return (f"its {which} operand may be infinite here, and it is proved for finite operands"
                     f"{' and -inf masks' if masks else ''}, not tested with infinite ones")

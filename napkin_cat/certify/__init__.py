@@ -313,39 +313,48 @@ def accumulator(box: Box, axis: str, name: str, pad: bool) -> str:
 
 @cache
 def infinite_tested(box: Box, axis: str, name: str) -> str:
-    """`` [infinite: X0, ...]`` (read by ``finiteness.unsupported``: a proof covers finite operands
-    only): the operands of the canonical ``box`` for which the accumulator,
-    run chunk by chunk (``accumulators.stream_fold``), gives exactly the evaluator's value
-    (NaN where it is NaN, the same infinities) on inputs with +inf and -inf entries in that
-    operand, some rows entirely infinite; "" when none.  (logsumexp's state turns a +inf row
-    into NaN where the evaluator gives +inf, so its scores are not listed.)"""
+    """What the accumulator was also tested on beyond its proof's finite operands (read by
+    ``finiteness.unsupported``): `` [-inf tested: X0, ...]`` lists the operands of the canonical
+    ``box`` with which the accumulator, run chunk by chunk (``accumulators.stream_fold``), gives
+    exactly the evaluator's value (NaN where it is NaN, the same infinities) on inputs with
+    -inf entries there, some rows entirely -inf (masks); `` [infinite: ...]`` those where it
+    does so with +inf and -inf entries.  (logsumexp's state turns a +inf row into NaN where
+    the evaluator gives +inf, so its scores are -inf tested only.)"""
+    marks = []
+    for label, fills in (("-inf tested", (-np.inf,)), ("infinite", (np.inf, -np.inf))):
+        passed = [f"X{k}" for k in range(len(box.args)) if _agrees_with(box, axis, name, k, fills)]
+        marks += [f" [{label}: {', '.join(passed)}]"] if passed else []
+    return "".join(marks)
+
+
+def _agrees_with(box: Box, axis: str, name: str, k: int, fills: tuple[float, ...]) -> bool:
+    """``infinite_tested``'s check of operand ``k`` with entries from ``fills``."""
     diagram = box_diagram(box)
     sizes = {a.name: 3 for a in diagram.axes} | {axis: 6}
-    passed = []
-    for k, param in enumerate(diagram.inputs):
-        agree = True
-        for seed in range(3):
-            rng = np.random.default_rng(seed)
-            data = [rng.standard_normal([sizes[a] for a in p.axes]) for p in diagram.inputs]
-            pick = rng.random(data[k].shape)
-            data[k] = np.where(pick < 0.2, np.inf, np.where(pick > 0.8, -np.inf, data[k]))
-            if axis in param.axes:  # a row of +inf along the streamed axis, and one of -inf
-                where = param.axes.index(axis)
-                data[k] = np.moveaxis(data[k], where, -1)
-                data[k][(0,) * (data[k].ndim - 1)] = np.inf
-                if data[k].ndim > 1:
-                    data[k][(-1,) * (data[k].ndim - 1)] = -np.inf
-                data[k] = np.moveaxis(data[k], -1, where)
-            inputs = [Named(p.axes, d) for p, d in zip(diagram.inputs, data, strict=True)]
-            with np.errstate(all="ignore"):
-                (reference,) = evaluate_named(diagram, inputs, dict(sizes), FLOAT64)
-                streamed = acc.stream_fold(acc.plan(box, axis, name), inputs, 2, sizes)
-                want, got = np.asarray(reference.data, float), np.asarray(streamed.to(reference.axes), float)
-                agree = agree and bool(np.all((got == want) | (np.isnan(got) & np.isnan(want))
-                                              | (np.isfinite(got) & np.isfinite(want) & np.isclose(got, want))))
-        if agree:
-            passed.append(f"X{k}")
-    return f" [infinite: {', '.join(passed)}]" if passed else ""
+    param = diagram.inputs[k]
+    for seed in range(3):
+        rng = np.random.default_rng(seed)
+        data = [rng.standard_normal([sizes[a] for a in p.axes]) for p in diagram.inputs]
+        pick = rng.random(data[k].shape)
+        data[k] = np.where(pick < 0.2, fills[0], np.where(pick > 0.8, fills[-1], data[k]))
+        if axis in param.axes:  # whole rows along the streamed axis: one of the first fill, one of the last
+            where = param.axes.index(axis)
+            rows = np.moveaxis(data[k], where, -1)
+            if rows.ndim > 1:
+                rows[(0,) * (rows.ndim - 1)] = fills[0]
+                rows[(-1,) * (rows.ndim - 1)] = fills[-1]
+            elif seed < len(fills):  # the operand is one row: whole of one fill, seed by seed
+                rows[...] = fills[seed]
+            data[k] = np.moveaxis(rows, -1, where)
+        inputs = [Named(p.axes, d) for p, d in zip(diagram.inputs, data, strict=True)]
+        with np.errstate(all="ignore"):
+            (reference,) = evaluate_named(diagram, inputs, dict(sizes), FLOAT64)
+            streamed = acc.stream_fold(acc.plan(box, axis, name), inputs, 2, sizes)
+            want, got = np.asarray(reference.data, float), np.asarray(streamed.to(reference.axes), float)
+            if not np.all((got == want) | (np.isnan(got) & np.isnan(want))
+                          | (np.isfinite(got) & np.isfinite(want) & np.isclose(got, want))):
+                return False
+    return True
 
 
 #: input magnitude of the floating-point test: exp of it overflows float64

@@ -4,7 +4,9 @@ derived IO cost bounds, and lowering to JAX Pallas kernels.
 The public API is re-exported here; see README.md for the pipeline.
 """
 
+import os
 import sys
+import warnings
 
 from napkin_cat.diagnostics import Diagnostic, NapkinError, Span, render
 from napkin_cat.elaborate import load, loads
@@ -38,3 +40,25 @@ def show_in_notebooks() -> bool:
 
 
 show_in_notebooks()
+
+
+#: XLA:CPU in jaxlib 0.10.2 to 0.11.x miscompiles some broadcast-multiply-reduce fusions (its
+#: YNNPACK reduce fusion; jax-ml/jax#39103, #39257): `jnp.sum(w[:, :, None] * where(iota < 3,
+#: -2.0, 0.0), axis=1)` at 16x16x16 returns garbage under jit.  The lowered kernels form such
+#: terms, so the fusion is switched off before jax starts its CPU backend (README "Kernels").
+CPU_WORKAROUND = "--xla_cpu_experimental_ynn_fusion_type=-reduce"
+
+
+def _avoid_cpu_miscompile() -> None:
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_cpu_experimental_ynn_fusion_type" in flags:
+        return  # the user chose
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    if bridge is not None and getattr(bridge, "_backends", None):
+        warnings.warn(f"jax's backends started before napkin_cat was imported: XLA:CPU results may be "
+                      f"miscompiled (jax-ml/jax#39103); set XLA_FLAGS={CPU_WORKAROUND} first", stacklevel=3)
+        return
+    os.environ["XLA_FLAGS"] = f"{flags} {CPU_WORKAROUND}".strip()
+
+
+_avoid_cpu_miscompile()

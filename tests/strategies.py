@@ -44,8 +44,8 @@ __all__ = ["SIZE_REFUSALS", "attention_texts", "input_arrays", "module_texts", "
 Draw = Callable[[st.SearchStrategy[Any]], Any]
 
 #: the only refusals evaluating a generated module may give, with every axis sized by ``sizes_for``:
-#: declared sizes that a rename target or split parts cannot match
-SIZE_REFUSALS = frozenset({"eval.size", "type.split_sizes"})
+#: declared sizes that a rename target or split parts cannot match, and sizes too large to evaluate
+SIZE_REFUSALS = frozenset({"eval.size", "eval.too_large", "type.split_sizes"})
 
 #: finite values of moderate magnitude: exp of them stays far from overflow
 FINITE = st.floats(-8.0, 8.0, allow_nan=False, allow_infinity=False)

@@ -9,6 +9,7 @@ discharges the grid into an XLA loop, which is slow for many small blocks.
 from __future__ import annotations
 
 import ast
+import os
 from typing import Any
 
 import jax
@@ -16,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import napkin_cat
 from napkin_cat import loads, run
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.lower import lower, realised_schedule
@@ -407,3 +409,22 @@ def test_masked_values_keep_every_chunk(name: str, q: int, x: int, tiles: dict[s
     got = lower(thm, target="pallas", tiles=tiles).fn(*[jnp.asarray(a, jnp.float32) for a in arrays], interpret=True)
     want = run(thm.source, *arrays)
     assert cases.relative_error(got, want) < cases.F32_TOL
+
+
+def test_the_cpu_miscompile_workaround_is_on_and_keeps_kernels_exact() -> None:
+    """XLA:CPU in jaxlib 0.10.2-0.11.x miscompiles a broadcast-multiply-reduce fusion
+    (jax-ml/jax#39103); the differential run found it as Pallas (interpret) kernels off by up
+    to 7 where a `where` adds a grouped axis to the values.  Importing napkin_cat switches the
+    fusion off (napkin_cat.CPU_WORKAROUND), and this kernel is exact again."""
+    assert napkin_cat.CPU_WORKAROUND in os.environ.get("XLA_FLAGS", "")
+    thm = cases.proved("axis q, x\naxis d = 4\ndiagram att(Q: [q d], K: [x d], V: [x d]) -> [q d] {\n"
+                       "  S = contract[d](Q, K)\n"
+                       "  A0 = ncontract[x; id, square, sqrt](where[q x](x > q, S, -2), where[q x](1 < 0, V, -2))\n"
+                       "  return A0 * 2\n}", "att", "group q by 4 at smem pad")
+    rng = np.random.default_rng(0)
+    arrays = [rng.integers(-300, 301, shape) / 100 for shape in ((6, 4), (3, 4), (3, 4))]
+    want = run(thm.source, *arrays)
+    for target in ("jax", "pallas"):
+        fn = lower(thm, target=target).fn
+        got = fn(*[jnp.asarray(a, jnp.float32) for a in arrays], **({"interpret": True} if target == "pallas" else {}))
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)

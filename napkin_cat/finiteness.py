@@ -90,6 +90,21 @@ MASKS_TESTED = re.compile(r"\[-inf tested: ([\w, ]+)\]")
 INFINITE = re.compile(r"\[infinite: ([\w, ]+)\]")
 
 
+def _listed(how: str, marker: re.Pattern[str]) -> set[str]:
+    """The parameter names a certification answer lists after ``marker``."""
+    found = marker.search(how)
+    return {m.strip() for m in found.group(1).split(",")} if found else set()
+
+
+def _uncovered(diagram: Diagram, terms: Mapping[str, Expr], masks: set[str], infinite: set[str]) -> str | None:
+    """The first parameter whose matched term is neither finite, nor a -inf mask where the
+    parameter is in ``masks``, nor anything where it is in ``infinite``; None when all are."""
+    defs = {let.names[0]: let.expr for let in diagram.body if len(let.names) == 1}
+    inputs = {p.name for p in diagram.inputs}
+    return next((n for n, t in terms.items() if not (finite(t, defs, inputs) or n in infinite
+                                                      or (n in masks and masked(t, defs, inputs)))), None)
+
+
 def unsupported(how: str, diagram: Diagram, terms: Mapping[str, Expr]) -> str | None:
     """Why an accumulator use is backed by nothing, or None: its proof (``proved: ...``)
     covers finite operands and the -inf masks it names, and its float64 test the operands it
@@ -98,29 +113,20 @@ def unsupported(how: str, diagram: Diagram, terms: Mapping[str, Expr]) -> str | 
     gives NaN where the box gives +inf) is neither proved nor tested."""
     if not how.startswith("proved"):
         return None
-    masks, tested, infinite = (({m.strip() for m in found.group(1).split(",")} if (found := rx.search(how))
-                                else set()) for rx in (MASKS, MASKS_TESTED, INFINITE))
-    defs = {let.names[0]: let.expr for let in diagram.body if len(let.names) == 1}
-    inputs = {p.name for p in diagram.inputs}
-    for n, t in terms.items():
-        if not (finite(t, defs, inputs) or (n in masks | tested and masked(t, defs, inputs)) or n in infinite):
-            which = ("first", "second", "third")[int(n[1:])] if n[1:].isdigit() and int(n[1:]) < 3 else n
-            return (f"its {which} operand may be infinite here, and it is proved for finite operands"
-                    f"{' and -inf masks' if masks else ''}, not tested with infinite ones")
-    return None
+    masks = _listed(how, MASKS)
+    n = _uncovered(diagram, terms, masks | _listed(how, MASKS_TESTED), _listed(how, INFINITE))
+    if n is None:
+        return None
+    which = ("first", "second", "third")[int(n[1:])] if n[1:].isdigit() and int(n[1:]) < 3 else n
+    return (f"its {which} operand may be infinite here, and it is proved for finite operands"
+            f"{' and -inf masks' if masks else ''}, not tested with infinite ones")
 
 
 def narrowed(how: str, diagram: Diagram, terms: Mapping[str, Expr]) -> str:
     """Certification's ``how`` for one use, its parameters matched to ``terms``: a proof
     (``proved: ...``) covers finite inputs, and -inf masks in the parameters it names in
     ``[-inf masks: S]``; applied to anything else the use is only tested."""
-    if not how.startswith("proved"):
-        return how
-    found = MASKS.search(how)
-    masks = {m.strip() for m in found.group(1).split(",")} if found else set()
-    defs = {let.names[0]: let.expr for let in diagram.body if len(let.names) == 1}
-    inputs = {p.name for p in diagram.inputs}
-    if all(finite(t, defs, inputs) or (n in masks and masked(t, defs, inputs)) for n, t in terms.items()):
+    if not how.startswith("proved") or _uncovered(diagram, terms, _listed(how, MASKS), set()) is None:
         return how
     return f"tested here (proved for finite terms, applied to one that may be infinite): {how[len('proved: '):]}"
 

@@ -329,32 +329,45 @@ def infinite_tested(box: Box, axis: str, name: str) -> str:
 
 def _agrees_with(box: Box, axis: str, name: str, k: int, fills: tuple[float, ...]) -> bool:
     """``infinite_tested``'s check of operand ``k`` with entries from ``fills``."""
-    diagram = box_diagram(box)
-    sizes = {a.name: 3 for a in diagram.axes} | {axis: 6}
-    param = diagram.inputs[k]
     for seed in range(3):
         rng = np.random.default_rng(seed)
-        data = [rng.standard_normal([sizes[a] for a in p.axes]) for p in diagram.inputs]
-        pick = rng.random(data[k].shape)
-        data[k] = np.where(pick < 0.2, fills[0], np.where(pick > 0.8, fills[-1], data[k]))
-        if axis in param.axes:  # whole rows along the streamed axis: one of the first fill, one of the last
-            where = param.axes.index(axis)
-            rows = np.moveaxis(data[k], where, -1)
-            if rows.ndim > 1:
-                rows[(0,) * (rows.ndim - 1)] = fills[0]
-                rows[(-1,) * (rows.ndim - 1)] = fills[-1]
-            elif seed < len(fills):  # the operand is one row: whole of one fill, seed by seed
-                rows[...] = fills[seed]
-            data[k] = np.moveaxis(rows, -1, where)
-        inputs = [Named(p.axes, d) for p, d in zip(diagram.inputs, data, strict=True)]
+
+        def values(diagram: Diagram, sizes: dict[str, int], seed: int = seed,
+                   rng: np.random.Generator = rng) -> list[np.ndarray]:
+            data = [rng.standard_normal([sizes[a] for a in p.axes]) for p in diagram.inputs]
+            pick = rng.random(data[k].shape)
+            data[k] = np.where(pick < 0.2, fills[0], np.where(pick > 0.8, fills[-1], data[k]))
+            param = diagram.inputs[k]
+            if axis in param.axes:  # whole rows along the streamed axis: one of the first fill, one of the last
+                where = param.axes.index(axis)
+                rows = np.moveaxis(data[k], where, -1)
+                if rows.ndim > 1:
+                    rows[(0,) * (rows.ndim - 1)] = fills[0]
+                    rows[(-1,) * (rows.ndim - 1)] = fills[-1]
+                elif seed < len(fills):  # the operand is one row: whole of one fill, seed by seed
+                    rows[...] = fills[seed]
+                data[k] = np.moveaxis(rows, -1, where)
+            return data
+
         with np.errstate(all="ignore"):
-            (reference,) = evaluate_named(diagram, inputs, dict(sizes), FLOAT64)
-            streamed = acc.stream_fold(acc.plan(box, axis, name), inputs, 2, sizes)
-            want, got = np.asarray(reference.data, float), np.asarray(streamed.to(reference.axes), float)
+            want, got = _both_ways(box, axis, name, values)
             if not np.all((got == want) | (np.isnan(got) & np.isnan(want))
                           | (np.isfinite(got) & np.isfinite(want) & np.isclose(got, want))):
                 return False
     return True
+
+
+def _both_ways(box: Box, axis: str, name: str,
+               values: Callable[[Diagram, dict[str, int]], list[np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """The canonical ``box``'s value by the evaluator and by accumulator ``name`` run chunk by
+    chunk (``accumulators.stream_fold``, tile 2), at size 3 per axis and 6 along ``axis``, on
+    the inputs ``values(diagram, sizes)`` gives: (evaluator, streamed), aligned."""
+    diagram = box_diagram(box)
+    sizes = {a.name: 3 for a in diagram.axes} | {axis: 6}
+    inputs = [Named(p.axes, v) for p, v in zip(diagram.inputs, values(diagram, sizes), strict=True)]
+    (reference,) = evaluate_named(diagram, inputs, dict(sizes), FLOAT64)
+    streamed = acc.stream_fold(acc.plan(box, axis, name), inputs, 2, sizes)
+    return np.asarray(reference.data, float), np.asarray(streamed.to(reference.axes), float)
 
 
 #: input magnitude of the floating-point test: exp of it overflows float64
@@ -379,13 +392,9 @@ def float_safety(box: Box, axis: str, name: str) -> str | None:
     magnitude ``SAFETY_SCALE`` and must give every finite value the evaluator (whose forms
     are stable) gives, to 1e-6.  The stream rule refuses what fails (through ``accumulator``).
     """
-    diagram = box_diagram(box)
-    sizes = {a.name: 3 for a in diagram.axes} | {axis: 6}
     rng = np.random.default_rng(0)
-    inputs = [Named(p.axes, _safety_values(rng, [sizes[a] for a in p.axes])) for p in diagram.inputs]
-    (reference,) = evaluate_named(diagram, inputs, dict(sizes), FLOAT64)
-    streamed = acc.stream_fold(acc.plan(box, axis, name), inputs, 2, sizes)
-    want, got = reference.data, streamed.to(reference.axes)
+    want, got = _both_ways(box, axis, name, lambda diagram, sizes: [
+        _safety_values(rng, [sizes[a] for a in p.axes]) for p in diagram.inputs])
     with np.errstate(invalid="ignore"):
         bad = np.isfinite(want) & ~(np.isfinite(got) & np.isclose(got, want, rtol=1e-6, atol=1e-9))
     if bad.any():

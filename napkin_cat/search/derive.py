@@ -217,7 +217,7 @@ def model_cost(hardware: str = "h100", dtype: str = "bf16", sizes: Mapping[str, 
         known = {a: n for a, n in given.items() if a in used}
         realised = realised_schedule(thm.result, thm.schedule, target) if target else None
         c = cost.cost(thm, realised, hardware=profile, sizes=known, dtype=dtype)
-        fused = choose_tiles(c, thm, peak)
+        fused = choose_tiles(c)
         if thm.schedule.partitions or fused.fits:
             return fused
         # no partitions and too large for one kernel: keep the unfused time as a guide for
@@ -241,7 +241,7 @@ def _mb(moved: float) -> str:
     return f"{moved / 1e6:.4g} MB"
 
 
-def choose_tiles(c: cost.Cost, thm: kernel.Theorem, peak: float) -> Costed:
+def choose_tiles(c: cost.Cost) -> Costed:
     """The best integer tiles of the cost model's search (``optimise.search``: every level's
     capacity and the hardware's divisibility constraints, least transfer time, then fewest
     loop trips), costed as they rank: transfer time plus FLOP time at the dtype's peak, times

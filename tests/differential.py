@@ -15,7 +15,7 @@ each target, or raises ``AssertionError`` on a mismatch:
 - inputs are on a 0.01 grid in [-3, 3] (no subnormals, which f32 flushes), from a drawn seed;
 - each target either refuses the schedule with one of ``LOWER_REFUSALS`` (a diagnostic saying
   what the target cannot serve) or runs it (Pallas with ``interpret=True``), and every output
-  must equal the evaluator's within f32 tolerance (``lower_cases.close_or_both_masked``).
+  must equal the evaluator's within f32 tolerance (``lower_cases.agrees``).
   Outputs whose finite magnitude reaches 1e30 are f32 overflow, not a lowering question, nor
   is a case the evaluator itself cannot hold within the tolerance when every input moves by
   2^-20 of itself (ill-conditioned at f32 precision: a normaliser near 0, a cancelling sum),
@@ -124,13 +124,13 @@ def run_case(module: Module, data: st.DataObject) -> dict[str, str] | None:
     # the float64 evaluator itself leaves the tolerance when the inputs move by a few f32 ulps.
     nudged = [a * (1 + 2.0**-20 * rng.choice((-1.0, 1.0), np.shape(a))) for a in arrays]
     moved = cases.as_tuple(evaluate(thm.source, nudged, sizes=sizes))
-    if not all(cases.close_or_both_masked(np.asarray(m, np.float64), w) for m, w in zip(moved, wants, strict=True)):
+    if not all(cases.agrees(np.asarray(m, np.float64), w) for m, w in zip(moved, wants, strict=True)):
         return None
     # Nor is a case whose answer f32 arithmetic cannot hold: the evaluator itself in f32 leaves
     # the tolerance (a weight that underflows to 0 against an infinite value, an overflow inside).
     with np.errstate(all="ignore"):
         in_f32 = cases.as_tuple(evaluate(thm.source, arrays, sizes=sizes, algebra=FLOAT32))
-    if not all(cases.close_or_both_masked(np.asarray(m, np.float64), w) for m, w in zip(in_f32, wants, strict=True)):
+    if not all(cases.agrees(np.asarray(m, np.float64), w) for m, w in zip(in_f32, wants, strict=True)):
         return None
     outcome: dict[str, str] = {}
     for target in TARGETS:
@@ -144,7 +144,7 @@ def run_case(module: Module, data: st.DataObject) -> dict[str, str] | None:
         got = cases.as_tuple(jax.jit(lambda *a, f=lowered.fn, o=options: f(*a, **o))(
             *[jnp.asarray(a, jnp.float32) for a in arrays]))
         for g, w in zip(got, wants, strict=True):
-            assert cases.close_or_both_masked(np.asarray(g, np.float64), w), (
+            assert cases.agrees(np.asarray(g, np.float64), w), (
                 f"the {target} kernel differs from the evaluator at {sizes} for\n{print_diagram(thm.result)}"
                 + "".join(f"\n  {print_step(p)}" for p in thm.schedule.partitions))
         lay = lowered.layout

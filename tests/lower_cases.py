@@ -135,18 +135,17 @@ def relative_error(got: Any, want: np.ndarray) -> float:
     return float(np.max(np.abs(got - want), initial=0.0) / max(1.0, float(np.max(np.abs(want), initial=0.0))))
 
 
-def close_or_both_masked(got: np.ndarray, want: np.ndarray) -> bool:
-    """Equal within f32 tolerance (1e-4 of the largest finite reference magnitude, at least 1)
-    where the evaluator is finite; where it gives ±inf the kernel may give any value of that
-    sign (±inf constants become the finite ±INF, lower/values.py, and a box of INF such as
-    sqrt(INF) = 1.5e19 is finite and smaller), and where it gives NaN (say 0·inf) the finite
-    kernel may give a number."""
+def agrees(got: np.ndarray, want: np.ndarray) -> bool:
+    """The kernel gives the evaluator's value: within f32 tolerance (1e-4 of the largest finite
+    reference magnitude, at least 1) where the evaluator is finite, the same infinity where it
+    gives ±inf (±inf constants stay infinite in kernels, lower/values.py), and NaN where it gives
+    NaN (say 0·inf)."""
     finite = np.isfinite(want)
     scale = max(1.0, float(np.max(np.abs(want[finite]), initial=0.0)))
-    with np.errstate(invalid="ignore"):  # inf - inf where both are masked: decided by `masked` below
-        close = np.abs(got - want) <= 1e-4 * scale
-    masked = np.isinf(want) & (np.sign(got) == np.sign(want))
-    return bool(np.all(close | masked | np.isnan(want)))
+    with np.errstate(invalid="ignore"):  # inf - inf where both are infinite: decided below
+        close = finite & (np.abs(got - want) <= 1e-4 * scale)
+    same = (np.isinf(want) & (got == want)) | (np.isnan(want) & np.isnan(got))
+    return bool(np.all(close | same))
 
 
 def as_tuple(value: Any) -> tuple[Any, ...]:

@@ -23,6 +23,7 @@ from napkin_cat.proof import check_module
 from napkin_cat.schedule.loopnest import flatten
 from napkin_cat.schedule.masks import GroupAxis, chunk_count, chunk_range, stream_masks
 from napkin_cat.terms import Box, Partition, Schedule
+from tests.lower_cases import agrees
 
 # every diagram masks the scores with -inf, the online softmax's padding for them, and
 # normalises and contracts them in one box (the softmax_contract rewrite's result)
@@ -270,3 +271,25 @@ def test_a_mask_skips_chunks_only_on_an_absorbing_operand(form: str, name: str, 
     finite = np.isfinite(want)  # rows with every key masked: ±inf for max/min/logsumexp
     scale = max(1.0, float(np.max(np.abs(want[finite]))))
     assert np.max(np.abs(got - want)[finite]) <= 2e-5 * scale, (form, name, masked)
+
+
+def test_a_mask_skips_no_chunk_where_another_operand_may_be_infinite() -> None:
+    """The side condition: the masked scores absorb only against finite values.  With values
+    that a `-inf` mask fills, a chunk the scores mask lifts to 0·(-inf) = NaN in the evaluator,
+    so the kernel runs it too (no skip) and gives the evaluator's NaN, not a number."""
+    text = ("axis q, x\naxis d = 4\ndiagram f(S: [q x], V: [x d]) -> [q d] {\n"
+            "  M = where[q x](q >= x, S, -inf)\n  W = where[x d](d < 2, V, -inf)\n"
+            "  return ncontract[x; exp, exp, id](M, W)\n}\n"
+            "theorem t: f {\n  group q by gq pad\n  stream x by sx via online_softmax pad\n}\n")
+    (result,) = check_module(loads(text))
+    assert result.theorem is not None, result.failure
+    lowered = lower(result.theorem, target="pallas", tiles={"gq": 16, "sx": 16})
+    lay = lowered.layout
+    assert stream_masks(lay.flat, STREAM, lay.plans, lay.grid) is None
+    rng = np.random.default_rng(0)
+    sizes = {"q": 40, "x": 37, "d": 4}
+    arrays = [rng.standard_normal([sizes[a] for a in p.axes]) for p in result.theorem.source.inputs]
+    want = np.asarray(evaluate(result.theorem.source, arrays, sizes=sizes), np.float64)
+    got = np.asarray(lowered.fn(*[jnp.asarray(a, jnp.float32) for a in arrays], interpret=True), np.float64)
+    assert np.isnan(want).any() and np.isfinite(want).any()
+    assert agrees(got, want)

@@ -35,7 +35,7 @@ from napkin_cat.lower import pallas as pallas_target
 from napkin_cat.lower.backward import differentiable
 from napkin_cat.lower.layout import Layout, layout
 from napkin_cat.lower.runtime import helper_source
-from napkin_cat.lower.values import BIG, INF, TINY
+from napkin_cat.lower.values import BIG, TINY
 from napkin_cat.printer import print_diagram, print_step
 from napkin_cat.schedule.loopnest import flatten, woven_axes
 from napkin_cat.terms import Diagram, Partition, Schedule
@@ -169,7 +169,7 @@ def _lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str
     body = [cg.import_("jax"), cg.import_("jax.numpy", "jnp"), cg.import_("jax", names=("lax",))]
     if target == "pallas":
         body.append(cg.import_("jax.experimental", names=("pallas as pl",)))
-    body += [cg.assign("INF", cg.const(INF)), cg.assign("BIG", cg.const(BIG)), cg.assign("TINY", cg.const(TINY))]
+    body += [cg.assign("INF", cg.attr("jnp.inf")), cg.assign("BIG", cg.const(BIG)), cg.assign("TINY", cg.const(TINY))]
     helpers = ["bind_sizes"] + (["round_up", "pow2_extent", "pad_to"] if target == "pallas" else [])
     used = {n.id for f in functions for n in ast.walk(f) if isinstance(n, ast.Name)}
     helpers += [h for h in ("round_up", "device_mesh", "shard", "split_tiles", "merge_tiles", "erf")

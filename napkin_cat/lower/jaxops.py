@@ -10,7 +10,7 @@ Numerics (documented conventions, identical in both targets):
 - all arithmetic is f32; contractions use ``jnp.einsum`` on operands cast to the
   kernel's dot dtype with ``preferred_element_type=float32`` (f32 accumulation);
 - a box on constants alone is folded in float64 first (``folded``), and constants keep
-  their value in f32 or are refused (``values.saturate``): ±inf become finite masks and
+  their value in f32 or are refused (``values.saturate``): ±inf stay infinite and
   the guarded stable forms keep their meaning;
 - a box that consumes or mixes an axis that may be padded first replaces the padded
   positions of its operands by fill values whose contribution is neutral

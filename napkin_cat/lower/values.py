@@ -10,11 +10,13 @@ which axes may be padded, the dot dtype and the arrays a ``dtype`` step rounds.
 Constants keep their value (``saturate``).  A box on constants alone is folded first, in
 float64 by the evaluator itself (``jaxops.emit_node``), so ``A * (1e-39 * 1e38)`` multiplies
 by 0.1.  A constant then becomes f32 code: a value in f32's normal range as itself (rounded
-to f32 precision), ±inf as ±``INF`` (0.7 of the f32 maximum: a finite mask value, like the
-``DEFAULT_MASK_VALUE`` of JAX's Pallas attention kernel, since with -inf the online softmax of
-a row whose first chunk is fully masked computes exp(-inf - -inf) = NaN), and the
+to f32 precision), ±inf as ±``INF`` = ``jnp.inf`` (an infinite constant is a value like any
+other: ``log(inf)`` is inf; the online softmax of a row whose first chunk is fully masked does
+not compute exp(-inf - -inf) = NaN because its running maximum is guarded, below, and padded
+stream positions hold the padding law's finite fills, ``jaxops.mask_padded``), and the
 accumulators' guards as their f32 stand-ins: ±``FLOAT_MAX`` (the guarded shift) as ±``BIG`` =
-``INF / 2`` and ``TINY`` (the guarded divisor) as the smallest normal f32, so the guarded
+0.35 of the f32 maximum (so ``s - (-BIG)`` stays finite for scores up to 0.65 of it) and
+``TINY`` (the guarded divisor) as the smallest normal f32, so the guarded
 stable forms keep their meaning (a fully masked row gives 0 from softmax, as in evaluate.py).
 Any other value f32 cannot hold (beyond its maximum, or non-zero below its smallest normal,
 which f32 kernels flush or lose precision on) is refused with ``lower.constant``: a kernel
@@ -40,8 +42,8 @@ __all__ = ["BIG", "INF", "TINY", "Scope", "Value", "align", "count", "index_expr
            "predicate", "rounded", "saturate", "shape", "transpose_to"]
 
 F32 = np.finfo(np.float32)
-INF = float(np.float32(0.7 * float(F32.max)))
-BIG = float(np.float32(INF / 2))
+INF = math.inf
+BIG = float(np.float32(0.35 * float(F32.max)))
 TINY = float(F32.tiny)
 
 

@@ -10,7 +10,9 @@ box an accumulator ``acc`` streams, ``x_i`` its operands)::
 
 Side condition: operand ``i`` *absorbs* (``AccumulatorPlan.absorbing``, certified by the
 absorption law in ``certify``): that operand alone at its padding value makes the chunk's
-lift the identity, whatever finite values the other operands hold.  A mask whose fill
+lift the identity, whatever finite values the other operands hold; so every other operand
+must be finite (``finiteness.finite``: a ``-inf`` mask there gives ``0 · -inf = NaN`` in the
+chunk, which skipping would drop).  A mask whose fill
 equals its operand's padding value is not enough by itself: the padding law fills every
 operand at once, while a skipped chunk keeps the others.  Masked values of an attention
 (``where(q >= x, V, 0)``) do not absorb (the normaliser still sums exp(s - m) over the
@@ -39,6 +41,7 @@ import sympy
 from sympy import Expr
 
 from napkin_cat.certify.accumulators import AccumulatorPlan
+from napkin_cat.finiteness import finite
 from napkin_cat.schedule.loopnest import Flat
 from napkin_cat.terms import Box, Cmp, Const, IndexExpr, Logic, Pred, Var, fold_index
 
@@ -86,6 +89,8 @@ def stream_masks(flat: Flat, stream: str, plans: Mapping[str, AccumulatorPlan],
     if not plans or any(stream in flat.type_of(o) for o in flat.outputs):
         return None
     wheres = {n.name: n.expr for n in flat.nodes if isinstance(n.expr, Box) and n.expr.op == "where"}
+    defs = {n.name: n.expr for n in flat.nodes}
+    inputs = frozenset(name for name, _ in flat.inputs)
     found_all: list[Sides] = []
     for node in flat.nodes:
         if node.name not in plans:
@@ -99,6 +104,8 @@ def stream_masks(flat: Flat, stream: str, plans: Mapping[str, AccumulatorPlan],
             mask = wheres.get(arg.name) if isinstance(arg, Var) else None
             if mask is None or not isinstance(mask.args[-1], Const) or mask.args[-1].value != fill:
                 continue
+            if not all(finite(a, defs, inputs) for j, a in enumerate(node.expr.args) if j != i):
+                continue  # another operand may be infinite: the chunk may lift to NaN, not the identity
             if isinstance(mask.index, (Cmp, Logic)):
                 found = _sides(mask.index, stream, grid)
             if found is not None:

@@ -98,6 +98,12 @@ class Theorem:
         """The accumulator chosen for ``box`` streaming ``axis``, if any."""
         return next((name for a, b, name in self.accumulators if a == axis and b == box), None)
 
+    @property
+    def chosen(self) -> dict[tuple[str, str, tuple[str, ...], tuple[str, ...]], str]:
+        """The accumulator chosen per stream, keyed by (axis, op, target, params) of the consuming
+        box: how a backend finds it on its own (flattened, retyped) copy of the box."""
+        return {(a, b.op, b.target, b.params): name for a, b, name in self.accumulators}
+
 
 def _extend(thm: Theorem, step: terms.Step | None, trust: tuple[str, ...], tested: tuple[str, ...] = (),
             **changes: object) -> Theorem:

@@ -333,6 +333,28 @@ def test_infinite_constants_keep_their_value(target: str) -> None:
     assert cases.agrees(np.asarray(got, np.float64), want)
 
 
+@pytest.mark.parametrize("target", ["jax", "pallas"])
+def test_each_streamed_box_uses_the_accumulator_its_proof_certified(target: str) -> None:
+    """Two boxes streamed together with different accumulators (online_softmax for O, logsumexp
+    for L): the stream step records no single `via`, and the lowering took each box's first
+    admissible accumulator instead, the unshifted `normalised` state for O, whose exp(S)
+    overflows at scores of 100 where softmax does not."""
+    thm = cases.proved("axis q, x\naxis d = 4\ndiagram f(Q: [q d], K: [x d], V: [x d]) -> [q d], [q] {\n"
+                       "  S = contract[d](Q, K) * 30\n  O = contract[x](softmax[x](S), V)\n"
+                       "  return O, logsumexp[x](S)\n}", "f",
+                       "rewrite softmax_contract at O", "group q by gq pad", "stream x by sx pad")
+    assert {name for _, _, name in thm.accumulators} == {"online_softmax", "logsumexp"}
+    rng = np.random.default_rng(3)
+    arrays = [rng.uniform(0.5, 1, (9, 4)), rng.uniform(0.5, 1, (21, 4)), rng.standard_normal((21, 4))]
+    options = {"interpret": True} if target == "pallas" else {}
+    got = lower(thm, target=target, tiles={"gq": 16, "sx": 16}).fn(*[jnp.asarray(a, jnp.float32) for a in arrays],
+                                                                   **options)
+    want = evaluate(thm.source, arrays, sizes={"q": 9, "x": 21})
+    assert float(np.max(want[1])) > 88  # exp(S) overflows f32
+    for g, w in zip(got, want, strict=True):
+        assert cases.relative_error(g, np.asarray(w)) < 1e-5
+
+
 def test_a_streamed_id_normaliser_that_is_negative_divides_as_the_evaluator() -> None:
     """Found by tests/test_differential.py: the normalised state's guarded finaliser divided by
     max(z, TINY), so Σ log(exp(S)) < 0 gave ±inf; an `id` normaliser is guarded by its sign."""

@@ -119,12 +119,13 @@ def lower(theorem: Theorem, target: str = "pallas", tiles: Mapping[str, int] | N
                         "(napkin_cat.proof.theorem(path, name) or kernel.refl for the unscheduled diagram)")
     proof = "; ".join(theorem.trust) if theorem.trust else "kernel rules"
     return _lower_schedule(theorem.name, theorem.result, theorem.schedule, target, tiles, dtype, hardware,
-                           proved=proof, mesh=mesh)
+                           proved=proof, mesh=mesh, chosen=theorem.chosen)
 
 
 def _lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str = "pallas",
                     tiles: Mapping[str, int] | None = None, dtype: Any = None, hardware: str | None = None,
-                    proved: str = "not proved (a bare schedule)", mesh: int | None = None) -> Lowered:
+                    proved: str = "not proved (a bare schedule)", mesh: int | None = None,
+                    chosen: Mapping[tuple[str, str, tuple[str, ...], tuple[str, ...]], str] | None = None) -> Lowered:
     """Lower ``diagram`` under ``schedule``, which the caller has proved (on ``mesh`` devices:
     ``lower.mesh``); refuses (NapkinError) what the target cannot serve, and re-checks the
     schedule's shape (defence in depth)."""
@@ -148,8 +149,8 @@ def _lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str
         origin = f"{', '.join(sorted(given))} given; the others: {origin}" if given else origin
     else:
         defaults, origin = {}, "given" if given else "fixed by the proof"
-    chosen = {**defaults, **given}
-    lay = layout(name, diagram, device, chosen, target)
+    picked = {**defaults, **given}
+    lay = layout(name, diagram, device, picked, target, chosen)
     namer = cg.Namer(_RESERVED)
     fname = namer.fresh(name)
     params = [namer.fresh(p) for p, _ in lay.flat.inputs]
@@ -182,7 +183,7 @@ def _lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str
     first = functions[0]  # without a mesh, the forward kernel (under a private name when a custom VJP wraps it)
     assert isinstance(first, ast.FunctionDef)
     forward_fn = namespace[fname if plan is not None else first.name]
-    return Lowered(name, target, source, namespace[fname], chosen, lay, forward_fn, fname)
+    return Lowered(name, target, source, namespace[fname], picked, lay, forward_fn, fname)
 
 
 def realised_schedule(diagram: Diagram, schedule: Schedule, target: str) -> Schedule:

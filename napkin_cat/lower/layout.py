@@ -120,11 +120,14 @@ class Layout:
         return size != pow2_extent(size, MIN_BLOCK)
 
 
-def layout(name: str, diagram: Diagram, schedule: Schedule, tiles: Mapping[str, int], target: str) -> Layout:
+def layout(name: str, diagram: Diagram, schedule: Schedule, tiles: Mapping[str, int], target: str,
+           chosen: Mapping[tuple[str, str, tuple[str, ...], tuple[str, ...]], str] | None = None) -> Layout:
     """Place the schedule onto a ``target`` ("pallas" or "jax") kernel, or refuse.
 
     ``tiles`` binds every symbolic tile name of the schedule (and may override integers
-    by axis name); the result's ``tiles`` is keyed by axis.
+    by axis name); the result's ``tiles`` is keyed by axis.  ``chosen`` names the accumulator
+    the proof certified for each consuming box (``Theorem.chosen``); a box it does not name
+    gets the stream's ``via``, else its first admissible one.
     """
     nest = loop_nest(diagram, schedule)
     flat = nest.flat
@@ -184,10 +187,11 @@ def layout(name: str, diagram: Diagram, schedule: Schedule, tiles: Mapping[str, 
                 raise NapkinError(error("lower.after_axis", **_at(node), axis=stream))
             if phase[node.name] == "accumulate":
                 assert isinstance(node.expr, Box)
-                via = loop.partition.via
-                if via is not None and via not in ops.accumulators_for(node.expr.op, node.expr.params):
+                box = node.expr
+                via = (chosen or {}).get((stream, box.op, box.target, box.params), loop.partition.via)
+                if via is not None and via not in ops.accumulators_for(box.op, box.params):
                     via = None
-                plans[node.name] = plan(node.expr, stream, via)
+                plans[node.name] = plan(box, stream, via)
     for step in schedule.quantisations:
         if step.dtype not in FORMATS:
             raise NapkinError(error("lower.dtype", dtype=step.dtype, known=", ".join(FORMATS)))

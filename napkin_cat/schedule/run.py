@@ -166,9 +166,7 @@ class _Runner:
     def plan(self, node: Node, axis: str) -> acc.AccumulatorPlan:
         box = node.expr
         assert isinstance(box, Box)
-        name = next((n for a, b, n in self.theorem.accumulators
-                     if a == axis and (b.op, b.target, b.params) == (box.op, box.target, box.params)), None)
-        return acc.plan(box, axis, name)
+        return acc.plan(box, axis, self.theorem.chosen.get((axis, box.op, box.target, box.params)))
 
     def node(self, node: Node, env: Mapping[str, Value], tile: _Tile) -> Value:
         box = node.expr

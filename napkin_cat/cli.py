@@ -250,21 +250,25 @@ def cmd_lower(args: argparse.Namespace) -> int:
     from napkin_cat.lower import KERNEL_DTYPES, lower  # jax is imported only by the verbs that lower
 
     module = _module(args.file)
-    if not any(t.name == args.theorem for t in module.theorems):
-        known = ", ".join(t.name for t in module.theorems) or "none"
-        raise UsageError(f"no theorem `{args.theorem}` in {args.file} (theorems: {known})")
+    backward = [n.strip() for n in (args.backward or "").split(",") if n.strip()]
+    for name in (args.theorem, *backward):
+        if not any(t.name == name for t in module.theorems):
+            known = ", ".join(t.name for t in module.theorems) or "none"
+            raise UsageError(f"no theorem `{name}` in {args.file} (theorems: {known})")
     tiles = _pairs(args.tile, "--tile", "NAME")
     dtype, hardware = _dtype(args.dtype, KERNEL_DTYPES), _hardware(args.hardware)
     outputs = Outputs(module.scope_files)
     outputs.check(args.output)
     thm = proof.theorem(args.file, args.theorem)
-    parts = thm.schedule.partitions
+    backs = [proof.theorem(args.file, name) for name in backward]
+    parts = [p for t in (thm, *backs) for p in t.schedule.partitions]
     unknown = [n for n in tiles if n not in {str(p.tile) for p in parts} | {p.axis for p in parts}]
     if unknown:
         known = ", ".join(sorted({f"{p.tile} (axis {p.axis})" for p in parts})) or "none"
-        raise UsageError(f"--tile names {', '.join(unknown)}: not a tile or partitioned axis of `{args.theorem}` "
-                         f"(tiles: {known})")
-    lowered = lower(thm, target=args.target, tiles=tiles, dtype=dtype, hardware=hardware, mesh=args.mesh)
+        raise UsageError(f"--tile names {', '.join(unknown)}: not a tile or partitioned axis of "
+                         f"{', '.join(f'`{n}`' for n in (args.theorem, *backward))} (tiles: {known})")
+    lowered = lower(thm, target=args.target, tiles=tiles, dtype=dtype, hardware=hardware, mesh=args.mesh,
+                    backward=backs)
     outputs.write(args.output, lowered.source)
     placed = ", ".join(f"{axis}={tile}" for axis, tile in lowered.layout.tiles.items()) or "no tiles"
     placed += f"; on a mesh of {args.mesh} devices" if args.mesh is not None else ""
@@ -497,6 +501,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default=DEFAULT_DTYPE, help=_DTYPE_HELP)
     p.add_argument("--hardware", default="h100", help="hardware profile for default tiles (h100, h200, a100)")
     p.add_argument("--mesh", type=int, metavar="N", help="run the mesh partitions on N devices (jax.shard_map)")
+    p.add_argument("--backward", metavar="T1,T2", help="theorems of the same file whose kernels compute the "
+                   "gradients: the function becomes a jax.custom_vjp (README \"Training\")")
     p.add_argument("-o", "--output", required=True, help="OUT.py")
     p.set_defaults(func=cmd_lower)
 

@@ -122,6 +122,17 @@ MESSAGES: dict[str, str] = {
     "lower.unbound_axis": "axis `{axis}` of `{node}` gets its size from no input and has no declared size",
     "lower.mesh_tile": "tile `{tile}` is a mesh tile: each device's block of `{axis}` is ⌈|{axis}|/N⌉ for N "
         "devices (--mesh N), not a given size",
+    "lower.backward_mesh": "a forward with backward kernels runs on one device: lower it without --mesh",
+    "lower.backward_input": "input `{name}` of backward `{diagram}` is none of the forward's inputs ({inputs}), "
+        "named outputs ({outputs}) or output cotangents ({cotangents})",
+    "lower.backward_type": "input `{name}` of backward `{diagram}` has axes [{got}]; the forward's `{name}` has "
+        "[{want}]",
+    "lower.backward_output": "output {index} of backward `{diagram}` must be a binding named d + a forward input "
+        "({names}), typed as that input",
+    "lower.backward_missing": "no backward gives the gradient of input `{name}` (an output named `d{name}`)",
+    "lower.backward_primal": "no backward reads a cotangent of the forward's outputs ({cotangents}): nothing to "
+        "differentiate",
+    "lower.backward_wrong": "the backward passes do not give the forward's VJP (napkin_cat.grad): {why}",
     "lower.mesh_devices": "--mesh {devices}: a mesh needs a positive number of devices",
     "lower.mesh_none": "--mesh {devices}: `{name}` has no partition at mesh (`group AXIS by TILE at mesh` shards "
         "an axis, `stream AXIS by TILE at mesh via ACC` rings one)",

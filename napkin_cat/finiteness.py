@@ -10,7 +10,8 @@ refuses an instantiation whose matched term it does not vouch for, naming the co
 Rules (over the reals, with the evaluator's conventions): constants are finite iff they
 are; sizes are finite and positive; elementwise ops other than the partial ones below,
 reductions, normalisations (a zero normaliser gives 0), contractions, where, reshapes and
-onehot give finite values from finite operands; ``div``/``recip``/``rsqrt``/``log`` need a
+onehot give finite values from finite operands, and ``exp`` from finite or ``-inf``
+operands (``masked``); ``div``/``recip``/``rsqrt``/``log`` need a
 positive operand (denominator), ``sqrt`` a non-negative one; an index expression is integer
 arithmetic (``+ - *``), so finite.
 """
@@ -43,6 +44,8 @@ def finite(expr: Expr, defs: Mapping[str, Expr], inputs: frozenset[str] | set[st
         return math.isfinite(expr.value)
     if isinstance(expr, Size):
         return True
+    if isinstance(expr, Box) and expr.op == "exp" and masked(expr.args[0], defs, inputs):
+        return True  # exp(-inf) = 0: the weights of masked scores, exp(S - L)
     if not isinstance(expr, Box) or not all(finite(a, defs, inputs) for a in expr.args):
         return False  # a diagram used as a box, or an operand that may be infinite
     kind = ops.OPS[expr.op].kind

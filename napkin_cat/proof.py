@@ -121,17 +121,17 @@ def check_theorem(module: Module, decl: TheoremDecl, lemmas: dict[str, LemmaDecl
     diagram = module.diagram(decl.diagram)
     thm = kernel.unfold(kernel.refl(decl.name, diagram))
     for index, step in enumerate(decl.steps, start=1):
+        before = thm.tested
         try:
-            before = thm.tested
             thm = _apply(thm, step, lemmas, level)
-            if strict and (new := [t for t in thm.tested if t not in before]):
-                raise NapkinError(error("proof.refused", step.span, "prove it, or check without --strict",
-                                        rule="strict",
-                                        reason=f"the theorem would rest on {', '.join(new)}, which is only tested, "
-                                               "not proved for every size"))
         except NapkinError as exc:
             witness = _counterexample(thm.result, step) if isinstance(step, Partition) else None
             return CheckResult(decl.name, module.path, decl.steps, None, exc.diagnostics[0], index, witness)
+        if strict and (new := [t for t in thm.tested if t not in before]):  # tested, so no counterexample
+            refusal = error("proof.refused", step.span, "prove it, or check without --strict", rule="strict",
+                            reason=f"the theorem would rest on {', '.join(new)}, which is only tested, "
+                                   "not proved for every size")
+            return CheckResult(decl.name, module.path, decl.steps, None, refusal, index)
     return CheckResult(decl.name, module.path, decl.steps, thm)
 
 
@@ -232,9 +232,13 @@ def _counterexample(diagram: Diagram, step: Partition) -> str | None:
     """Inputs on which running ``diagram`` tile by tile as ``step`` claims differs from it.
 
     Tiles are simulated by slicing the inputs, so an axis no input carries (absent, or made
-    inside by onehot, split or a mask) gets no counterexample."""
+    inside by onehot, split or a mask), or one whose positions a box reads, gets no
+    counterexample."""
     if not any(step.axis in p.axes for p in diagram.inputs):
         return None
+    exprs = [let.expr for let in diagram.body] + list(diagram.outputs)
+    if any(isinstance(b, Box) and b.index is not None and step.axis in b.axes for e in exprs for b in walk(e)):
+        return None  # a mask or index box reads positions, which the slices would renumber from 0
     declared = diagram.axis_sizes()
     tile = step.tile if isinstance(step.tile, int) else 2
     sizes = {a: (n if n is not None else 3) for a, n in declared.items()}

@@ -1,15 +1,20 @@
-"""FlashAttention-2's backward (examples/attention_backward.ncd, checked schedules in
-proofs/flash_attention_backward.ncd) is attention's gradient.
+"""FlashAttention-2's forward and backward (examples/attention_backward.ncd, checked schedules in
+proofs/flash_attention_backward.ncd) give attention's gradient, and ``lower(forward,
+backward=[...])`` joins their kernels into one differentiable function.
 
-The backward diagrams read the forward's saved statistics L = logsumexp of the scores and
-D = Σ_d dO·O instead of a second softmax; they equal napkin's VJP of attention
-(``grad.vjp``, itself tested against jax.grad) in float64 at ragged sizes, and their lowered
-kernels on both targets give that gradient within f32 tolerance.  (Every theorem of proofs/
-is also lowered against the evaluator and cross-lowered for CUDA by test_lower_*.)
+The forward also returns the row statistic L = logsumexp of the scores; the backward diagrams
+read it, O and the cotangent dO instead of a second softmax.  They equal napkin's VJP of
+attention (``grad.vjp``, itself tested against jax.grad) in float64 at ragged sizes, causal and
+not; their kernels on both targets give that gradient within f32 tolerance; the joined
+``jax.custom_vjp`` does too under ``jax.grad``; and every way to join the wrong diagrams is
+refused with its message.  (Every theorem of proofs/ is also lowered against the evaluator
+and cross-lowered for CUDA by test_lower_*.)
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -17,52 +22,180 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from napkin_cat import grad, proof
-from napkin_cat.elaborate import load
+from napkin_cat import grad, kernel, proof
+from napkin_cat.diagnostics import NapkinError
+from napkin_cat.elaborate import load, loads
 from napkin_cat.evaluate import evaluate
 from napkin_cat.lower import lower
+from tests.lower_cases import proved
 
 ROOT = Path(__file__).resolve().parent.parent
 MODULE = load(ROOT / "examples" / "attention_backward.ncd")
+PROOFS = ROOT / "proofs" / "flash_attention_backward.ncd"
 SIZES = {"q": 37, "x": 53, "d": 64}  # ragged against every tile below
+#: (prefix of the diagrams, of the theorems, the plain diagram whose VJP they give)
+VARIANTS = [("attention", "flash_attention", "attention"),
+            ("causal_attention", "flash_attention_causal", "causal_attention")]
 
 
-def _inputs(seed: int) -> list[np.ndarray]:
+def _inputs(seed: int, sizes: dict[str, int] = SIZES) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
-    return [rng.standard_normal((SIZES[a], SIZES["d"])) for a in ("q", "x", "x", "q")]  # Q, K, V, dO
+    return [rng.standard_normal((sizes[a], sizes["d"])) for a in ("q", "x", "x", "q")]  # Q, K, V, dO
 
 
-def _reference(arrays: list[np.ndarray]) -> tuple[np.ndarray, ...]:
-    """dQ, dK, dV from the VJP of attention, in float64."""
-    vjp = grad.vjp(MODULE.diagram("attention"))
-    return tuple(np.asarray(g) for g in evaluate(vjp, arrays, sizes=SIZES))
+def _reference(plain: str, arrays: list[np.ndarray], sizes: dict[str, int] = SIZES) -> tuple[np.ndarray, ...]:
+    """dQ, dK, dV from the VJP of the plain diagram, in float64."""
+    vjp = grad.vjp(MODULE.diagram(plain))
+    return tuple(np.asarray(g) for g in evaluate(vjp, arrays, sizes=sizes))
 
 
-def test_the_backward_diagrams_are_the_vjp_of_attention() -> None:
+def _saved(diagrams: str, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """Q, K, V, O, L, dO: what the backward diagrams read (O and L from the forward diagram)."""
+    q, k, v, d_o = arrays
+    o, lse = evaluate(MODULE.diagram(f"{diagrams}_forward"), [q, k, v], sizes=SIZES)
+    return [q, k, v, np.asarray(o), np.asarray(lse), d_o]
+
+
+@pytest.mark.parametrize(("diagrams", "theorems", "plain"), VARIANTS)
+def test_the_backward_diagrams_are_the_vjp_of_attention(diagrams: str, theorems: str, plain: str) -> None:
     arrays = _inputs(0)
-    want = _reference(arrays)
-    stats = evaluate(MODULE.diagram("attention_statistics"), arrays, sizes=SIZES)
-    d_k, d_v = evaluate(MODULE.diagram("attention_backward_kv"), [*arrays, *stats], sizes=SIZES)
-    d_q = evaluate(MODULE.diagram("attention_backward_q"), [*arrays, *stats], sizes=SIZES)
+    want = _reference(plain, arrays)
+    saved = _saved(diagrams, arrays)
+    d_k, d_v = evaluate(MODULE.diagram(f"{diagrams}_backward_kv"), saved, sizes=SIZES)
+    d_q = evaluate(MODULE.diagram(f"{diagrams}_backward_q"), saved, sizes=SIZES)
     for got, expected in zip((d_q, d_k, d_v), want, strict=True):
         np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)
-    # the statistics matter: a wrong L (or D) gives another gradient
-    wrong = evaluate(MODULE.diagram("attention_backward_q"), [*arrays, stats[0] + 0.5, stats[1]], sizes=SIZES)
+    # the statistic matters: a wrong L gives another gradient
+    wrong = evaluate(MODULE.diagram(f"{diagrams}_backward_q"), [*saved[:4], saved[4] + 0.5, saved[5]], sizes=SIZES)
     assert not np.allclose(wrong, want[0], rtol=1e-3)
 
 
 @pytest.mark.parametrize("target", ["jax", "pallas"])
 def test_the_lowered_backward_kernels_give_the_gradient(target: str) -> None:
     arrays = _inputs(1)
-    want = _reference(arrays)
-    stats = [np.asarray(s) for s in evaluate(MODULE.diagram("attention_statistics"), arrays, sizes=SIZES)]
-    path = ROOT / "proofs" / "flash_attention_backward.ncd"
+    want = _reference("attention", arrays)
     options = {"interpret": True} if target == "pallas" else {}
-    args = [jnp.asarray(a, jnp.float32) for a in (*arrays, *stats)]
-    kv = lower(proof.theorem(path, "flash_attention_backward_kv"), target=target, tiles={"gx": 16, "sq": 16})
-    q = lower(proof.theorem(path, "flash_attention_backward_q"), target=target, tiles={"gq": 16, "sx": 16})
+    args = [jnp.asarray(a, jnp.float32) for a in _saved("attention", arrays)]
+    kv = lower(proof.theorem(PROOFS, "flash_attention_backward_kv"), target=target, tiles={"gx": 16, "sq": 16})
+    q = lower(proof.theorem(PROOFS, "flash_attention_backward_q"), target=target, tiles={"gq": 16, "sx": 16})
     d_k, d_v = jax.jit(lambda *a: kv.fn(*a, **options))(*args)
     d_q = jax.jit(lambda *a: q.fn(*a, **options))(*args)
     for got, expected in zip((d_q, d_k, d_v), want, strict=True):
         scale = float(np.max(np.abs(expected)))
         np.testing.assert_allclose(np.asarray(got, np.float64), expected, rtol=0, atol=1e-4 * scale)
+
+
+def _joined(theorems: str, target: str) -> object:
+    backward = [proof.theorem(PROOFS, f"{theorems}_backward_{part}") for part in ("kv", "q")]
+    return lower(proof.theorem(PROOFS, f"{theorems}_forward"), target=target, backward=backward,
+                 tiles={"gq": 32, "sx": 16, "gx": 16, "sq": 32})
+
+
+@pytest.mark.parametrize("target", ["jax", "pallas"])
+@pytest.mark.parametrize(("diagrams", "theorems", "plain"), VARIANTS)
+def test_jax_grad_through_the_joined_kernels_is_attentions(target: str, diagrams: str, theorems: str,
+                                                         plain: str) -> None:
+    """The issue's case: q=100, x=77 (causal 100×100), tiles 32/16, both targets."""
+    sizes = {"q": 100, "x": 100 if "causal" in plain else 77, "d": 64}
+    arrays = _inputs(2, sizes)
+    want = _reference(plain, arrays, sizes)
+    lowered = _joined(theorems, target)
+    options = {"interpret": True} if target == "pallas" else {}
+    d_o = jnp.asarray(arrays[3], jnp.float32)
+
+    def loss(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        return jnp.sum(lowered.fn(q, k, v, **options) * d_o)  # type: ignore[attr-defined]
+
+    got = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(*[jnp.asarray(a, jnp.float32) for a in arrays[:3]])
+    for g, expected in zip(got, want, strict=True):
+        assert float(np.max(np.abs(np.asarray(g, np.float64) - expected))) < 1e-4 * float(np.max(np.abs(expected)))
+    value = lowered.fn(*[jnp.asarray(a, jnp.float32) for a in arrays[:3]], **options)  # type: ignore[attr-defined]
+    o, _ = evaluate(MODULE.diagram(f"{diagrams}_forward"), arrays[:3], sizes=sizes)
+    assert np.asarray(value).shape == (100, 64) and np.allclose(np.asarray(value), o, atol=1e-5)
+
+
+def test_the_joined_module_says_what_it_rests_on() -> None:
+    source = _joined("flash_attention", "pallas").source  # type: ignore[attr-defined]
+    assert "@jax.custom_vjp" in source and "def flash_attention_backward_kv(" in source
+    assert "the forward kernel returns O and saves L for the backward" in source
+    assert "tested, not proved: equal to the VJP of the forward" in source
+
+
+# ---- refusals: every way to join the wrong diagrams ---------------------------------------------
+
+FORWARD = """axis q, x
+axis d = 4
+diagram f(Q: [q d], K: [x d]) -> [q], [q] {
+  S = contract[d](Q, K)
+  t = sum[x](S)
+  m = max[x](S)
+  return t, m
+}
+"""
+#: dQ = dt·Σ_x K and dK = Σ_q dt·Q (for every key) for the first output t = Σ_x S; m is saved
+RIGHT = ("diagram b(K: [x d], dt: [q], Q: [q d]) -> [q d], [x d] {\n  dQ = dt * sum[x](K)\n"
+         "  dK = K * 0 + contract[q](dt, Q)\n  return dQ, dK\n}\n")
+
+
+def _join(backward_text: str) -> object:
+    forward = proved(FORWARD, "f", "group q by gq")
+    back = kernel.refl("b", loads(FORWARD + backward_text).diagram("b"))
+    return lower(forward, target="jax", tiles={"gq": 4}, backward=[back])
+
+
+def test_a_right_backward_of_another_diagram_is_joined() -> None:
+    """The valid case beside the refusals below: t's gradient, m saved (not returned)."""
+    fn = _join(RIGHT).fn  # type: ignore[attr-defined]
+    rng = np.random.default_rng(4)
+    q, k = rng.standard_normal((6, 4)), rng.standard_normal((5, 4))
+    got = jax.grad(lambda a, b: jnp.sum(fn(a, b) ** 2), argnums=(0, 1))(jnp.asarray(q, jnp.float32),
+                                                                         jnp.asarray(k, jnp.float32))
+    t = (q @ k.T).sum(axis=1)
+    np.testing.assert_allclose(got[0], 2 * t[:, None] * k.sum(axis=0), rtol=1e-5)
+    np.testing.assert_allclose(got[1], np.broadcast_to(2 * t @ q, (5, 4)), rtol=1e-5)
+
+
+@pytest.mark.parametrize(("old", "new", "code", "says"), [
+    ("contract[q](dt, Q)", "contract[q](dt, Q) * 2", "lower.backward_wrong", "dK at"),  # a factor 2 in dK
+    ("Q", "R", "lower.backward_input", "`R`"),  # no such forward name (dQ stays)
+    ("K: [x d], dt", "K: [d x], dt", "lower.backward_type", "[d x]"),  # typed unlike the forward's K
+    ("dK", "gK", "lower.backward_output", "output 1"),  # an output named after no input
+    ("-> [q d], [x d]", "-> [q d]", "lower.backward_missing", "`K`"),  # no gradient of K
+    ("dt", "t", "lower.backward_primal", "dt, dm"),  # reads the saved t, no cotangent
+])
+def test_a_wrong_backward_is_refused(old: str, new: str, code: str, says: str) -> None:
+    text = RIGHT.replace(old, new).replace("dR", "dQ")
+    if code == "lower.backward_missing":
+        text = text.replace("return dQ, dK", "return dQ")
+    with pytest.raises(NapkinError) as err:
+        _join(text)
+    assert err.value.codes == (code,)
+    assert says in err.value.diagnostics[0].message, err.value.diagnostics[0].message
+
+
+def test_a_backward_cannot_join_a_mesh() -> None:
+    forward = proved(FORWARD, "f", "group q by gq")
+    with pytest.raises(NapkinError) as err:
+        lower(forward, target="jax", backward=[forward], mesh=2)
+    assert err.value.codes == ("lower.backward_mesh",)
+
+
+def test_napkin_lower_backward_writes_one_differentiable_module(tmp_path: Path) -> None:
+    out = tmp_path / "fa.py"
+    run = subprocess.run([sys.executable, "-m", "napkin_cat", "lower", str(PROOFS), "flash_attention_forward",
+                          "--backward", "flash_attention_backward_kv,flash_attention_backward_q", "--target", "jax",
+                          "--dtype", "f32", "--tile", "gq=16", "--tile", "sx=16", "--tile", "gx=16", "--tile", "sq=16",
+                          "-o", str(out)], capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stderr
+    namespace: dict[str, object] = {}
+    exec(compile(out.read_text(), str(out), "exec"), namespace)
+    fn = namespace["flash_attention_forward"]
+    arrays = _inputs(3, {"q": 20, "x": 24, "d": 64})
+    got = jax.grad(lambda q: jnp.sum(fn(q, *[jnp.asarray(a, jnp.float32) for a in arrays[1:3]])  # type: ignore[operator]
+                                     * jnp.asarray(arrays[3], jnp.float32)))(jnp.asarray(arrays[0], jnp.float32))
+    want = _reference("attention", arrays, {"q": 20, "x": 24, "d": 64})[0]
+    assert float(np.max(np.abs(np.asarray(got) - want))) < 1e-4 * float(np.max(np.abs(want)))
+    bad = subprocess.run([sys.executable, "-m", "napkin_cat", "lower", str(PROOFS), "flash_attention_forward",
+                          "--backward", "flash_attention_backward_kv,nope", "-o", str(tmp_path / "x.py")],
+                         capture_output=True, text=True, check=False)
+    assert bad.returncode == 2 and "no theorem `nope`" in bad.stderr

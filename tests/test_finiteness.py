@@ -35,6 +35,10 @@ def _term(text: str) -> tuple[bool, str]:
     ("sqrt(S)", False),
     ("sqrt(square(S))", True),
     ("rsqrt(x) * S", True),
+    ("exp(where[q x](q >= x, S, -inf) - T)", True),  # exp(-inf) = 0: masked weights
+    ("exp(where[q x](q >= x, S, inf))", False),      # exp(inf) = inf
+    ("exp(where[q x](q >= x, S, -inf) * -1.0)", False),  # -(-inf) = inf
+    ("exp(where[q x](q >= x, S, -inf) - where[q x](q >= x, T, -inf))", False),  # -inf - -inf = NaN
 ])
 def test_finite_vouches_only_for_what_holds_on_every_finite_input(text: str, expected: bool) -> None:
     assert _term(text)[0] is expected, text

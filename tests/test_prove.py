@@ -111,6 +111,20 @@ def test_accumulator_laws_are_proved(box, axis) -> None:  # type: ignore[no-unty
             assert prove.prove_accumulator(canonical, axis, name, pad) is not None, (box.op, name, pad)
 
 
+@pytest.mark.parametrize(("op", "params", "masked"), [
+    ("max", (), True), ("logsumexp", (), True), ("ncontract", ("exp", "exp", "id"), True),
+    ("sum", (), False), ("min", (), False)])
+def test_masked_laws_are_claimed_for_the_score_accumulators(op: str, params: tuple[str, ...], masked: bool) -> None:
+    """-inf masks are proved where the laws hold with a chunk or a whole row masked: logsumexp
+    too, since log 0 = -inf (a fully masked row's Σ exp is exactly 0), as the evaluator gives.
+    A sum over -inf entries is not a score accumulator: no claim."""
+    box, axis = _box(op, params)
+    canonical = certify.canonical(box, axis)
+    name = accumulators.accumulators_for(canonical, axis)[-1]
+    answer = prove.prove_accumulator(canonical, axis, name, False)
+    assert answer is not None and ("[-inf masks: X0]" in answer) is masked, answer
+
+
 def test_a_broken_law_is_not_proved() -> None:
     """Tampered plans: an online-softmax identity state that is not neutral, a mean whose
     finaliser forgets to divide, a sum padded with 1."""

@@ -145,6 +145,11 @@ class _Semantics:
             raise Unproved(f"{what} of `{d}`, not known positive")
         return d
 
+    def log(self, x: Any) -> Any:
+        """log of a positive term; log 0 = -inf, the evaluator's value (a fully masked row's
+        logsumexp, whose Σ exp(-inf) is exactly 0)."""
+        return -sympy.oo if x == 0 else sympy.log(self.positive(x, "log"))
+
     def run(self, diagram: Diagram, inputs: list[Any]) -> tuple[Any, ...]:
         def visit(node: Expr, kids: tuple[Any, ...], env: Mapping[str, Any]) -> Any:
             if isinstance(node, Var):
@@ -165,7 +170,7 @@ class _Semantics:
         if op == "exp":
             return sympy.exp(x)
         if op == "log":
-            return sympy.log(self.positive(x, "log"))
+            return self.log(x)
         if op == "neg":
             return -x
         if op == "square":
@@ -191,7 +196,7 @@ class _Semantics:
         if op in ("max", "min", "prod"):
             return self.reduce(op.capitalize(), x, t)
         if op == "logsumexp":
-            return sympy.log(self.positive(self.reduce("Sum", sympy.exp(x), t), "log"))
+            return self.log(self.reduce("Sum", sympy.exp(x), t))
         if op == "contract":
             return self.reduce("Sum", sympy.Mul(*args), t)
         if (weights := ops.OPS[op].weights) is not None:  # a normalisation: its normalised-contraction weights

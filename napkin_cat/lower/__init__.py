@@ -28,11 +28,11 @@ from napkin_cat.cost import hardware as hw
 from napkin_cat.cost import optimise
 from napkin_cat.diagnostics import NapkinError, error
 from napkin_cat.kernel import Theorem
+from napkin_cat.lower import backward as backward_target
 from napkin_cat.lower import codegen as cg
 from napkin_cat.lower import jax as jax_target
 from napkin_cat.lower import mesh as mesh_target
 from napkin_cat.lower import pallas as pallas_target
-from napkin_cat.lower.backward import differentiable
 from napkin_cat.lower.layout import Layout, layout
 from napkin_cat.lower.runtime import helper_source
 from napkin_cat.lower.values import BIG, TINY
@@ -107,34 +107,45 @@ def default_tiles(diagram: Diagram, schedule: Schedule, hardware: str | None = N
 
 
 def lower(theorem: Theorem, target: str = "pallas", tiles: Mapping[str, int] | None = None,
-          dtype: Any = None, hardware: str | None = None, mesh: int | None = None) -> Lowered:
+          dtype: Any = None, hardware: str | None = None, mesh: int | None = None,
+          backward: Sequence[Theorem] = ()) -> Lowered:
     """Lower a kernel ``Theorem``: its result diagram under its proved schedule (on ``mesh``
     devices: ``lower.mesh``).
 
-    Refuses (NapkinError) what the target cannot serve; a ``TypeError`` for anything but a
+    With ``backward`` (theorems whose diagrams compute the gradients from the forward's
+    inputs, outputs and cotangents, ``lower.backward``), the function is a ``jax.custom_vjp``
+    whose backward runs their kernels; ``tiles`` binds their tile names too.  Refuses
+    (NapkinError) what the target cannot serve; a ``TypeError`` for anything but a
     ``Theorem`` (build one with ``napkin_cat.proof.theorem``/``prove`` or the kernel's rules).
     """
-    if not isinstance(theorem, Theorem):
-        raise TypeError(f"lower takes a kernel Theorem, not {type(theorem).__name__}: prove the schedule first "
-                        "(napkin_cat.proof.theorem(path, name) or kernel.refl for the unscheduled diagram)")
-    proof = "; ".join(theorem.trust) if theorem.trust else "kernel rules"
+    for thm in (theorem, *backward):
+        if not isinstance(thm, Theorem):
+            raise TypeError(f"lower takes a kernel Theorem, not {type(thm).__name__}: prove the schedule first "
+                            "(napkin_cat.proof.theorem(path, name) or kernel.refl for the unscheduled diagram)")
+    if backward and mesh is not None:
+        raise NapkinError(error("lower.backward_mesh"))
+    link = backward_target.link(theorem.source, [b.source for b in backward]) if backward else None
     return _lower_schedule(theorem.name, theorem.result, theorem.schedule, target, tiles, dtype, hardware,
-                           proved=proof, mesh=mesh, chosen=theorem.chosen)
+                           proved=_proof(theorem), mesh=mesh, chosen=theorem.chosen, backward=backward, link=link)
 
 
-def _lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str = "pallas",
-                    tiles: Mapping[str, int] | None = None, dtype: Any = None, hardware: str | None = None,
-                    proved: str = "not proved (a bare schedule)", mesh: int | None = None,
-                    chosen: Mapping[tuple[str, str, tuple[str, ...], tuple[str, ...]], str] | None = None) -> Lowered:
-    """Lower ``diagram`` under ``schedule``, which the caller has proved (on ``mesh`` devices:
-    ``lower.mesh``); refuses (NapkinError) what the target cannot serve, and re-checks the
-    schedule's shape (defence in depth)."""
-    if target not in TARGETS:
-        raise NapkinError(error("lower.target", target=target, targets=", ".join(TARGETS)))
-    dtype_name = _dtype_name(dtype)
-    if hardware is not None and hardware not in hw.available():
-        raise NapkinError(error("lower.hardware", hardware=hardware, known=", ".join(hw.available())))
-    plan = None if mesh is None else mesh_target.mesh_plan(name, schedule, mesh)
+def _proof(theorem: Theorem) -> str:
+    return "; ".join(theorem.trust) if theorem.trust else "kernel rules"
+
+
+@dataclass(frozen=True)
+class _Placed:
+    """A schedule placed onto a target: the layout, the tiles by tile name and where they came from."""
+
+    layout: Layout
+    tiles: dict[str, int]
+    origin: str
+
+
+def _place(name: str, diagram: Diagram, schedule: Schedule, target: str, tiles: Mapping[str, int] | None,
+           hardware: str | None, chosen: Mapping[tuple[str, str, tuple[str, ...], tuple[str, ...]], str] | None,
+           ) -> _Placed:
+    """The device schedule's layout, with default tiles for the symbolic ones not given."""
     device = schedule.device()  # mesh tiles are the devices' blocks, not chosen here
     given = dict(tiles or {})
     for p in schedule.mesh:
@@ -150,20 +161,54 @@ def _lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str
     else:
         defaults, origin = {}, "given" if given else "fixed by the proof"
     picked = {**defaults, **given}
-    lay = layout(name, diagram, device, picked, target, chosen)
+    return _Placed(layout(name, diagram, device, picked, target, chosen), picked, origin)
+
+
+def _lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str = "pallas",
+                    tiles: Mapping[str, int] | None = None, dtype: Any = None, hardware: str | None = None,
+                    proved: str = "not proved (a bare schedule)", mesh: int | None = None,
+                    chosen: Mapping[tuple[str, str, tuple[str, ...], tuple[str, ...]], str] | None = None,
+                    backward: Sequence[Theorem] = (), link: backward_target.Link | None = None) -> Lowered:
+    """Lower ``diagram`` under ``schedule``, which the caller has proved (on ``mesh`` devices:
+    ``lower.mesh``; with ``backward`` kernels joined by ``link``: ``lower``); refuses
+    (NapkinError) what the target cannot serve, and re-checks the schedule's shape (defence
+    in depth)."""
+    if target not in TARGETS:
+        raise NapkinError(error("lower.target", target=target, targets=", ".join(TARGETS)))
+    dtype_name = _dtype_name(dtype)
+    if hardware is not None and hardware not in hw.available():
+        raise NapkinError(error("lower.hardware", hardware=hardware, known=", ".join(hw.available())))
+    plan = None if mesh is None else mesh_target.mesh_plan(name, schedule, mesh)
+    placed = _place(name, diagram, schedule, target, tiles, hardware, chosen)
+    lay = placed.layout
     namer = cg.Namer(_RESERVED)
     fname = namer.fresh(name)
     params = [namer.fresh(p) for p, _ in lay.flat.inputs]
-    doc = _docstring(lay, target, origin, dtype_name, hardware, proved, schedule,
+    doc = _docstring(lay, target, placed.origin, dtype_name, hardware, proved, schedule,
                      None if plan is None else mesh_target.describe(plan, lay))
     emitter = pallas_target if target == "pallas" else jax_target
     functions: list[ast.stmt]
-    if plan is None:
+    if plan is not None:
+        functions = mesh_target.emit_functions(lay, plan, fname, params, doc, dtype_name, namer)
+    elif link is not None:
         forward = emitter.emit_function(lay, fname, params, doc, dtype_name, namer)
-        defined, gradients = differentiable(forward, diagram, target, params, _RESERVED)
+        kernels = []
+        for thm in backward:
+            back = _place(thm.name, thm.result, thm.schedule, target, tiles, hardware, thm.chosen)
+            back_name = namer.fresh(thm.name)
+            back_doc = _docstring(back.layout, target, back.origin, dtype_name, hardware, _proof(thm), thm.schedule,
+                                  None)
+            back_params = [cg.Namer(_RESERVED).fresh(p) for p, _ in back.layout.flat.inputs]
+            kernels.append(emitter.emit_function(back.layout, back_name, back_params, back_doc, dtype_name,
+                                                 cg.Namer([*_RESERVED, back_name, *back_params])))
+            placed.tiles.update(back.tiles)
+        defined, gradients = backward_target.joined(forward, kernels, [t.name for t in backward], link, target,
+                                                    params, _RESERVED)
         functions, doc = list(defined), doc + gradients + "\n"
     else:
-        functions = mesh_target.emit_functions(lay, plan, fname, params, doc, dtype_name, namer)
+        forward = emitter.emit_function(lay, fname, params, doc, dtype_name, namer)
+        defined, gradients = backward_target.differentiable(forward, diagram, target, params, _RESERVED)
+        functions, doc = list(defined), doc + gradients + "\n"
     public = functions[-1]
     assert isinstance(public, ast.FunctionDef)
     public.body[0] = ast.Expr(ast.Constant(doc.replace("\n", "\n    ")))
@@ -183,7 +228,7 @@ def _lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str
     first = functions[0]  # without a mesh, the forward kernel (under a private name when a custom VJP wraps it)
     assert isinstance(first, ast.FunctionDef)
     forward_fn = namespace[fname if plan is not None else first.name]
-    return Lowered(name, target, source, namespace[fname], picked, lay, forward_fn, fname)
+    return Lowered(name, target, source, namespace[fname], placed.tiles, lay, forward_fn, fname)
 
 
 def realised_schedule(diagram: Diagram, schedule: Schedule, target: str) -> Schedule:

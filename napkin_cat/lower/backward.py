@@ -1,5 +1,22 @@
 """Gradients of lowered kernels.
 
+With backward theorems (``lower(forward, backward=[...])``, ``napkin lower --backward``), the
+public function is a ``jax.custom_vjp`` joining proved kernels (``joined``): the forward kernel
+returns its primal outputs and saves the statistics it also computes (FlashAttention's row
+log-sum-exp), and the backward kernels compute the input gradients from them.  ``link``
+resolves the backward diagrams' inputs by name: a forward input, a forward output's binding
+name (the value it saved), or a cotangent ``d`` + the name of a forward output (``grad``'s
+convention).  A forward output whose cotangent some backward reads is primal (the public
+function returns it); the others are statistics, returned only to the backward.  Each
+backward output is the gradient of the forward input it is named after (``dQ`` for ``Q``;
+several backwards' gradients of one input are summed).  Each schedule is proved by its own
+theorem; that the diagrams together are the forward's VJP is *tested*, not proved: ``link``
+evaluates both sides (the joined diagrams, and ``grad.vjp`` of the forward's primal outputs)
+in float64 at ``DRAWS`` random size draws and refuses with ``lower.backward_wrong`` where
+they differ.  The docstring says so.
+
+Without backward theorems:
+
 A Pallas kernel has no reverse mode (``pallas_call`` is not transposable), so on that target
 ``differentiable`` makes the public function a ``jax.custom_vjp``: the forward kernel under a
 private name, the backward (the diagram's VJP, ``napkin_cat.grad``, lowered unscheduled to
@@ -16,15 +33,122 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
-from napkin_cat.diagnostics import NapkinError
-from napkin_cat.grad import vjp
+import numpy as np
+
+from napkin_cat.diagnostics import NapkinError, error
+from napkin_cat.evaluate import evaluate
+from napkin_cat.grad import cotangent_names, vjp
 from napkin_cat.lower import codegen as cg
 from napkin_cat.lower import jax as jax_target
 from napkin_cat.lower.layout import layout
-from napkin_cat.terms import Diagram, Schedule
+from napkin_cat.terms import Diagram, Schedule, Var
 
-__all__ = ["GRADIENTS", "differentiable"]
+__all__ = ["DRAWS", "GRADIENTS", "Link", "differentiable", "joined", "link"]
+
+#: size draws at which ``link`` tests the backward diagrams against the forward's VJP
+DRAWS = 3
+
+
+@dataclass(frozen=True)
+class Link:
+    """How backward diagrams attach to a forward (module docstring)."""
+
+    #: the forward outputs the public function returns, by position
+    primal: tuple[int, ...]
+    #: per backward, per input: ("input", i), ("output", j) or ("cotangent", k) (k-th primal output)
+    sources: tuple[tuple[tuple[str, int], ...], ...]
+    #: per backward, per output: the forward input it is the gradient of
+    targets: tuple[tuple[int, ...], ...]
+    #: what the float64 test compared
+    tested: str
+    #: the forward outputs' names (binding names, or ``output J``), for the docstring
+    names: tuple[str, ...] = ()
+
+
+def link(forward: Diagram, backwards: Sequence[Diagram]) -> Link:
+    """Resolve the backwards' inputs and outputs against ``forward``, then test that they give
+    its VJP; raises ``NapkinError`` (``lower.backward_*``) otherwise."""
+    inputs = {p.name: (i, p.axes) for i, p in enumerate(forward.inputs)}
+    outputs = {o.name: (j, t) for j, (o, t) in enumerate(zip(forward.outputs, forward.out_types, strict=True))
+               if isinstance(o, Var) and o.name not in inputs}
+    seeds = cotangent_names(forward)
+    read = {p.name for b in backwards for p in b.inputs}
+    primal = tuple(j for j, name in enumerate(seeds) if name in read)
+    if not primal:
+        raise NapkinError(error("lower.backward_primal", cotangents=", ".join(seeds)))
+    cotangents = {seeds[j]: (k, forward.out_types[j]) for k, j in enumerate(primal)}
+    sources, targets = [], []
+    for b in backwards:
+        row = []
+        for p in b.inputs:
+            kind = "input" if p.name in inputs else "output" if p.name in outputs else \
+                "cotangent" if p.name in cotangents else None
+            if kind is None:
+                raise NapkinError(error("lower.backward_input", name=p.name, diagram=b.name, inputs=", ".join(inputs),
+                                        outputs=", ".join(outputs) or "none", cotangents=", ".join(cotangents)))
+            index, axes = {"input": inputs, "output": outputs, "cotangent": cotangents}[kind][p.name]
+            if tuple(axes) != tuple(p.axes):
+                raise NapkinError(error("lower.backward_type", name=p.name, diagram=b.name, got=" ".join(p.axes),
+                                        want=" ".join(axes)))
+            row.append((kind, index))
+        sources.append(tuple(row))
+        gives = []
+        for k, (out, axes) in enumerate(zip(b.outputs, b.out_types, strict=True)):
+            name = out.name[1:] if isinstance(out, Var) and out.name.startswith("d") else None
+            if name not in inputs or tuple(inputs[name][1]) != tuple(axes):
+                raise NapkinError(error("lower.backward_output", index=k, diagram=b.name,
+                                        names=", ".join(f"d{n}" for n in inputs)))
+            gives.append(inputs[name][0])
+        targets.append(tuple(gives))
+    for name, (i, _) in inputs.items():
+        if not any(i in t for t in targets):
+            raise NapkinError(error("lower.backward_missing", name=name))
+    names = tuple(o.name if isinstance(o, Var) else f"output {j}" for j, o in enumerate(forward.outputs))
+    result = Link(primal, tuple(sources), tuple(targets), "", names)
+    return replace(result, tested=_tested(forward, backwards, result))
+
+
+def _tested(forward: Diagram, backwards: Sequence[Diagram], ln: Link) -> str:
+    """Evaluate the joined backwards and ``grad.vjp`` of the forward's primal outputs in float64
+    at ``DRAWS`` size draws (symbolic axes 1 to 7, seeded normal inputs); a description, or
+    ``lower.backward_wrong`` naming the first gradient that differs."""
+    primal = replace(forward, outputs=tuple(forward.outputs[j] for j in ln.primal),
+                     out_types=tuple(forward.out_types[j] for j in ln.primal))
+    reference = vjp(primal)
+    axes = {a.name: a.size for d in (forward, *backwards) for a in d.axes}
+    drawn = []
+    for seed in range(DRAWS):
+        rng = np.random.default_rng(seed)
+        sizes = {a: n if n is not None else int(rng.integers(1, 8)) for a, n in axes.items()}
+        drawn.append(", ".join(f"{a}={n}" for a, n in sizes.items() if axes[a] is None))
+        args = [rng.standard_normal([sizes[a] for a in p.axes]) for p in forward.inputs]
+        cts = [rng.standard_normal([sizes[a] for a in primal.out_types[k]]) for k in range(len(ln.primal))]
+        try:
+            outs = _tuple(evaluate(forward, args, sizes=sizes))
+            want = _tuple(evaluate(reference, [*args, *cts], sizes=sizes))
+            got = [np.zeros_like(np.asarray(a, np.float64)) for a in args]
+            for b, row, gives in zip(backwards, ln.sources, ln.targets, strict=True):
+                values = [{"input": args, "output": outs, "cotangent": cts}[kind][i] for kind, i in row]
+                for i, g in zip(gives, _tuple(evaluate(b, values, sizes=sizes)), strict=True):
+                    got[i] = got[i] + np.asarray(g, np.float64)
+        except NapkinError as exc:
+            raise NapkinError(error("lower.backward_wrong", why=f"evaluating them failed: {exc}")) from None
+        for p, g, w in zip(forward.inputs, got, want, strict=True):
+            w = np.asarray(w, np.float64)
+            scale = max(1.0, float(np.max(np.abs(w), initial=0.0)))
+            if not np.allclose(g, w, rtol=1e-7, atol=1e-10 * scale, equal_nan=True):
+                where = tuple(int(i) for i in np.argwhere(~np.isclose(g, w, rtol=1e-7, atol=1e-10 * scale))[0])
+                raise NapkinError(error("lower.backward_wrong", why=(
+                    f"d{p.name} at {list(where)} is {g[where]:.6g} from the backwards but {w[where]:.6g} from the VJP, "
+                    f"with sizes {drawn[-1]} and seeded normal inputs")))
+    return (f"tested, not proved: equal to the VJP of the forward (napkin_cat.grad) in float64 at {DRAWS} size "
+            f"draws ({'; '.join(drawn)})")
+
+
+def _tuple(value: object) -> tuple:
+    return value if isinstance(value, tuple) else (value,)
 
 #: the docstring line on gradients, by target
 GRADIENTS = {
@@ -83,3 +207,64 @@ def {public}({listed}, *, interpret=None):
     assert isinstance(wrapper, ast.FunctionDef)
     wrapper.body.insert(0, ast.Expr(ast.Constant("")))
     return [forward, backward, wrapper], GRADIENTS[target]
+
+
+def joined(forward: ast.FunctionDef, kernels: Sequence[ast.FunctionDef], names: Sequence[str], ln: Link, target: str,
+           params: Sequence[str], reserved: Sequence[str]) -> tuple[list[ast.FunctionDef], str]:
+    """The forward kernel (under a private name), the backward ``kernels`` (from the theorems
+    ``names``) and the public ``jax.custom_vjp`` function last, with the docstring's gradient
+    line; as ``differentiable``."""
+    public = forward.name
+    namer = cg.Namer([*reserved, public, *params, *(k.name for k in kernels)])
+    fwd_name = namer.fresh(f"{public}_forward")
+    forward.name = fwd_name
+    keyword = ", interpret=interpret" if target == "pallas" else ""
+    run, run_fwd, run_bwd, args, outs, res, cts, tupled = (
+        namer.fresh(n) for n in ("run", "run_fwd", "run_bwd", "args", "outs", "res", "cts", "as_tuple"))
+    primal = ", ".join(f"{outs}[{j}]" for j in ln.primal) + ("," if len(ln.primal) == 1 else "")
+    picked = f"{outs}[{ln.primal[0]}]" if len(ln.primal) == 1 else f"({primal})"
+    calls = []
+    terms: dict[int, list[str]] = {}
+    for k, (kernel, row, gives) in enumerate(zip(kernels, ln.sources, ln.targets, strict=True)):
+        operands = ", ".join(f"{ {'input': args, 'output': outs, 'cotangent': cts}[kind] }[{i}]" for kind, i in row)
+        got = namer.fresh(f"g{k}")
+        calls.append(f"{got} = {tupled}({kernel.name}({operands}{keyword}))")
+        for m, i in enumerate(gives):
+            terms.setdefault(i, []).append(f"{got}[{m}]")
+    summed = ", ".join(f"({' + '.join(terms[i])}).astype(jnp.result_type({args}[{i}]))" for i in range(len(params)))
+    body = "\n        ".join(calls)
+    listed = ", ".join(params)
+    text = f'''
+def {public}({listed}{", *, interpret=None" if target == "pallas" else ""}):
+    def {tupled}(value):
+        return value if isinstance(value, tuple) else (value,)
+
+    @jax.custom_vjp
+    def {run}(*{args}):
+        {outs} = {tupled}({fwd_name}(*{args}{keyword}))
+        return {picked}
+
+    def {run_fwd}(*{args}):
+        {outs} = {tupled}({fwd_name}(*{args}{keyword}))
+        return {picked}, ({args}, {outs})
+
+    def {run_bwd}({res}, {cts}):
+        {args}, {outs} = {res}
+        {cts} = {tupled}({cts})
+        {body}
+        return ({summed},)
+
+    {run}.defvjp({run_fwd}, {run_bwd})
+    return {run}({listed})
+'''
+    wrapper = ast.parse(text).body[0]
+    assert isinstance(wrapper, ast.FunctionDef)
+    wrapper.body.insert(0, ast.Expr(ast.Constant("")))
+    saved = f"returns {', '.join(ln.names[j] for j in ln.primal)}" + (
+        f" and saves {', '.join(n for j, n in enumerate(ln.names) if j not in ln.primal)} for the backward"
+        if len(ln.names) > len(ln.primal) else "")
+    line = (f"Gradients: a jax.custom_vjp; the forward kernel {saved}; residuals are the inputs and the forward's "
+            f"outputs; the backward kernels {', '.join(names)} (each proved by its theorem, its docstring in this "
+            f"module) give the input gradients. That the backward diagrams together are the forward's VJP is "
+            f"{ln.tested}.")
+    return [forward, *kernels, wrapper], line

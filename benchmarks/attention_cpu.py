@@ -6,10 +6,20 @@ napkin's kernel is `flash_attention_prescaled` from proofs/flash_attention.ncd (
 in chunks of 512).
 
     .venv/bin/python benchmarks/attention_cpu.py [--sizes N ...]
+    .venv/bin/python benchmarks/attention_cpu.py --backward [--sizes N ...]
 
 Each case runs in its own process (peak RSS is per case). The last line compares napkin
 with dot_product_attention at the largest N both ran: `speedup_vs_dpa=X memory_ratio_vs_dpa=Y`
 (time of dpa over napkin's; peak memory of dpa over napkin's).
+
+`--backward` times forward + backward, `jax.grad` of Σ out·dO with respect to Q, K and V:
+napkin's `flash_attention_forward` joined with its proved backward kernels
+(proofs/flash_attention_backward.ncd, `lower(..., backward=[...])`; keys and queries streamed in
+chunks of 512), against `jax.grad` of `dot_product_attention` and of `hand`, a hand-written
+streamed attention (query blocks of 1024 by `lax.map`, key chunks of 512 by `fori_loop`, online
+softmax, scale folded into Q) differentiated by JAX. Its last line is
+`grad_speedup_vs_dpa=X grad_memory_ratio_vs_dpa=Y grad_speedup_vs_hand=Z` and the peak memory
+of napkin at each N is printed beside N (linear growth is the goal).
 """
 
 from __future__ import annotations
@@ -61,14 +71,108 @@ def dpa(n: int) -> Callable[[], Any]:
     return lambda: jax.block_until_ready(fn(q, k, v))
 
 
+HAND_BLOCK = 1024
+
+
+def hand_attention(q: Any, k: Any, v: Any) -> Any:
+    """A hand-written streamed attention: query blocks by ``lax.map``, key chunks by
+    ``fori_loop`` with the online softmax, the 1/sqrt(d) scale folded into Q."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    n, x = q.shape[0], k.shape[0]
+    block, chunk = min(n, HAND_BLOCK), min(x, STREAM_TILE)
+    blocks = (q * (1.0 / jnp.sqrt(jnp.float32(D)))).reshape(n // block, block, D)
+
+    def one(qi: Any) -> Any:
+        def body(j: Any, carry: Any) -> Any:
+            m, total, o = carry
+            kj, vj = lax.dynamic_slice_in_dim(k, j * chunk, chunk), lax.dynamic_slice_in_dim(v, j * chunk, chunk)
+            s = qi @ kj.T
+            m_new = jnp.maximum(m, s.max(axis=1))
+            p, corr = jnp.exp(s - m_new[:, None]), jnp.exp(m - m_new)
+            return m_new, total * corr + p.sum(axis=1), o * corr[:, None] + p @ vj
+
+        init = (jnp.full((block,), -jnp.inf), jnp.zeros((block,)), jnp.zeros((block, D)))
+        _, total, o = lax.fori_loop(0, x // chunk, body, init)
+        return o / total[:, None]
+
+    return lax.map(one, blocks).reshape(n, D)
+
+
+def hand(n: int) -> Callable[[], Any]:
+    import jax
+
+    q, k, v = _inputs(n)
+    fn = jax.jit(hand_attention)
+    return lambda: jax.block_until_ready(fn(q, k, v))
+
+
+def _grad_case(forward: Callable[..., Any], n: int) -> Callable[[], Any]:
+    """``jax.grad`` of Σ forward(Q, K, V)·dO with respect to Q, K and V, jitted."""
+    import jax
+    import jax.numpy as jnp
+
+    q, k, v = _inputs(n)
+    d_o = jax.random.normal(jax.random.PRNGKey(1), (n, D), jnp.float32)
+    fn = jax.jit(jax.grad(lambda q, k, v: jnp.sum(forward(q, k, v) * d_o), argnums=(0, 1, 2)))
+    return lambda: jax.block_until_ready(fn(q, k, v))
+
+
+def napkin_grad(n: int) -> Callable[[], Any]:
+    chunk = min(n, STREAM_TILE)
+    kernel = napkin_kernel("proofs/flash_attention_backward.ncd", "flash_attention_forward", "jax",
+                           tiles={"gq": n, "sx": chunk, "gx": n, "sq": chunk},
+                           backward=["flash_attention_backward_kv", "flash_attention_backward_q"])
+    return _grad_case(kernel.fn, n)
+
+
+def dpa_grad(n: int) -> Callable[[], Any]:
+    import jax
+
+    return _grad_case(lambda q, k, v: jax.nn.dot_product_attention(q[None, :, None], k[None, :, None],
+                                                                    v[None, :, None])[0, :, 0], n)
+
+
+def hand_grad(n: int) -> Callable[[], Any]:
+    return _grad_case(hand_attention, n)
+
+
+CASES = {"napkin": napkin, "naive": naive, "dpa": dpa, "hand": hand,
+         "napkin_grad": napkin_grad, "dpa_grad": dpa_grad, "hand_grad": hand_grad}
+
+
+def _ratio(rows: list[dict[str, Any]], case: str, key: str) -> tuple[float, int] | None:
+    both = [r for r in rows if r["case"] == case and key in r]
+    if not both:
+        return None
+    last = max(both, key=lambda r: r["n"])
+    return float(last[key]), int(last["n"])
+
+
 def main() -> None:
-    rows = driver("attention_cpu", __file__, {"napkin": napkin, "naive": naive, "dpa": dpa},
-                  default_sizes=[1024, 4096, 16384, 32768, 131072],
-                  only_large={"naive": 32768, "dpa": 32768}, describe=__doc__ or "")
-    both = [r for r in rows if r["case"] == "dpa" and "median_s" in r and "time_vs_napkin" in r]
-    if both:
-        last = max(both, key=lambda r: r["n"])
-        print(f"speedup_vs_dpa={last['time_vs_napkin']:.2f} memory_ratio_vs_dpa={last['mem_vs_napkin']:.2f}")
+    backward = "--backward" in sys.argv
+    argv = [a for a in sys.argv[1:] if a != "--backward"]
+    if backward:
+        rows = driver("attention_cpu_backward", __file__, CASES, default_sizes=[4096, 8192, 16384],
+                      only_large={"dpa_grad": 16384, "hand_grad": 16384}, describe=__doc__ or "", argv=argv,
+                      selected=["napkin_grad", "dpa_grad", "hand_grad"])
+        peaks = ", ".join(f"N={r['n']}: {r['peak_rss_mib']:.0f} MiB" for r in rows
+                          if r["case"] == "napkin_grad" and "peak_rss_mib" in r)
+        print(f"napkin forward+backward peak memory: {peaks}")
+        dpa_t, dpa_m, hand_t = (_ratio(rows, c, k) for c, k in (("dpa_grad", "time_vs_napkin"),
+                                                               ("dpa_grad", "mem_vs_napkin"),
+                                                               ("hand_grad", "time_vs_napkin")))
+        if dpa_t and dpa_m and hand_t:
+            print(f"grad_speedup_vs_dpa={dpa_t[0]:.2f} grad_memory_ratio_vs_dpa={dpa_m[0]:.2f} "
+                  f"grad_speedup_vs_hand={hand_t[0]:.2f}")
+        return
+    rows = driver("attention_cpu", __file__, CASES, default_sizes=[1024, 4096, 16384, 32768, 131072],
+                  only_large={"naive": 32768, "dpa": 32768}, describe=__doc__ or "", argv=argv,
+                  selected=["napkin", "naive", "dpa", "hand"])
+    dpa_t, dpa_m = _ratio(rows, "dpa", "time_vs_napkin"), _ratio(rows, "dpa", "mem_vs_napkin")
+    if dpa_t and dpa_m:
+        print(f"speedup_vs_dpa={dpa_t[0]:.2f} memory_ratio_vs_dpa={dpa_m[0]:.2f}")
 
 
 if __name__ == "__main__":

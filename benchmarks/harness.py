@@ -120,24 +120,27 @@ def write(name: str, payload: dict[str, Any]) -> Path:
     return path
 
 
-def napkin_kernel(proof: str, theorem: str, target: str, tiles: dict[str, int] | None = None) -> Any:
-    """A generated kernel: check the theorem, then lower it (``.fn`` is the callable)."""
+def napkin_kernel(proof: str, theorem: str, target: str, tiles: dict[str, int] | None = None,
+                  backward: Sequence[str] = ()) -> Any:
+    """A generated kernel: check the theorem (and its ``backward`` theorems, joined into a
+    custom VJP), then lower it (``.fn`` is the callable)."""
     from napkin_cat.lower import lower
     from napkin_cat.proof import theorem as load_theorem
 
-    root = Path(__file__).resolve().parent.parent
-    return lower(load_theorem(str(root / proof), theorem), target=target, tiles=tiles)
+    path = str(Path(__file__).resolve().parent.parent / proof)
+    return lower(load_theorem(path, theorem), target=target, tiles=tiles,
+                 backward=[load_theorem(path, name) for name in backward])
 
 
 def driver(name: str, script: str, cases: dict[str, Callable[[int], Callable[[], Any]]],
            default_sizes: list[int], only_large: dict[str, int], describe: str,
-           argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
+           argv: Sequence[str] | None = None, selected: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """Parent/child protocol shared by the CPU benchmarks.
 
     Child: ``--case NAME --n N`` builds the case, times it and prints one JSON line.
-    Parent: runs every case at every size in its own process, prints a table with
-    ratios against the first case, writes results/NAME.json and returns the rows.
-    ``only_large`` maps a case to the largest N it is run at (memory-hungry baselines).
+    Parent: runs every case (or the ``selected`` ones) at every size in its own process,
+    prints a table with ratios against the first, writes results/NAME.json and returns the
+    rows.  ``only_large`` maps a case to the largest N it is run at (memory-hungry baselines).
     """
     import argparse
 
@@ -152,9 +155,10 @@ def driver(name: str, script: str, cases: dict[str, Callable[[int], Callable[[],
         child({"case": args.case, "n": args.n, **time_call(fn, repeats=args.repeats)})
         return []
     rows = []
-    first = next(iter(cases))
+    run = list(selected or cases)
+    first = run[0]
     for n in args.sizes:
-        for case in cases:
+        for case in run:
             if n > only_large.get(case, 1 << 62):
                 continue
             res = run_case(script, ["--case", case, "--n", str(n), "--repeats", str(args.repeats)])

@@ -129,7 +129,6 @@ MESSAGES: dict[str, str] = {
         "[{want}]",
     "lower.backward_output": "output {index} of backward `{diagram}` must be a binding named d + a forward input "
         "({names}), typed as that input",
-    "lower.backward_missing": "no backward gives the gradient of input `{name}` (an output named `d{name}`)",
     "lower.backward_primal": "no backward reads a cotangent of the forward's outputs ({cotangents}): nothing to "
         "differentiate",
     "lower.backward_wrong": "the backward passes do not give the forward's VJP (napkin_cat.grad): {why}",

@@ -11,9 +11,9 @@ Rules (over the reals, with the evaluator's conventions): constants are finite i
 are; sizes are finite and positive; elementwise ops other than the partial ones below,
 reductions, normalisations (a zero normaliser gives 0), contractions, where, reshapes and
 onehot give finite values from finite operands, and ``exp`` from finite or ``-inf``
-operands (``masked``); ``div``/``recip``/``rsqrt``/``log`` need a
-positive operand (denominator), ``sqrt`` a non-negative one; an index expression is integer
-arithmetic (``+ - *``), so finite.
+operands (``masked``); ``div``/``recip`` need a nonzero denominator (positive, or the guarded
+``d + (1 - square(sign d))``), ``rsqrt``/``log`` a positive operand, ``sqrt`` a non-negative
+one; an index expression is integer arithmetic (``+ - *``), so finite.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from napkin_cat.terms import Box, Const, Diagram, Expr, Size, Var
 __all__ = ["INFINITE", "MASKS", "MASKS_TESTED", "finite", "finite_in", "masked", "narrowed", "unsupported"]
 
 #: elementwise ops finite on finite operands (over the reals)
-_TOTAL = frozenset({"exp", "neg", "square", "abs", "tanh", "sigmoid", "relu", "gelu", "silu",
+_TOTAL = frozenset({"exp", "neg", "square", "abs", "sign", "tanh", "sigmoid", "relu", "gelu", "silu",
                     "add", "sub", "mul", "maximum", "minimum"})
 #: ops whose value is ≥ 0 / > 0 for finite operands
 _NONNEGATIVE = frozenset({"square", "abs", "relu", "exp", "sigmoid", "sqrt"})
@@ -52,10 +52,12 @@ def finite(expr: Expr, defs: Mapping[str, Expr], inputs: frozenset[str] | set[st
     if expr.op in _TOTAL or kind in ("reduce", "normalise", "contract", "where", "index", "onehot", "split", "join",
                                      "rename", "transpose"):
         return True
-    if expr.op in ("recip", "rsqrt", "log"):
+    if expr.op == "recip":
+        return _nonzero(expr.args[0], defs, inputs)
+    if expr.op in ("rsqrt", "log"):
         return _sign(expr.args[0], defs, inputs) == "positive"
     if expr.op == "div":
-        return _sign(expr.args[1], defs, inputs) == "positive"
+        return _nonzero(expr.args[1], defs, inputs)
     if expr.op == "sqrt":
         return _sign(expr.args[0], defs, inputs) in ("positive", "nonnegative")
     if expr.op == "ncontract":  # z = Σ a2(S) ≥ 0 unless a2 is id; b = sqrt needs z ≥ 0
@@ -138,6 +140,33 @@ def finite_in(diagram: Diagram, expr: Expr) -> bool:
     """``finite`` for a term of ``diagram`` (its bindings and inputs in scope)."""
     defs = {let.names[0]: let.expr for let in diagram.body if len(let.names) == 1}
     return finite(expr, defs, {p.name for p in diagram.inputs})
+
+
+def _nonzero(expr: Expr, defs: Mapping[str, Expr], inputs: frozenset[str] | set[str]) -> bool:
+    """Nonzero at every finite input (the operand is known finite): positive, or the guarded
+    divisor ``d + (1 - g)`` with ``g`` = ``square(sign(d))`` or ``abs(sign(d))``, which is 1
+    where d = 0 and d elsewhere (the evaluator's and the VJP's convention for a quotient whose
+    divisor may be 0)."""
+    if _sign(expr, defs, inputs) == "positive":
+        return True
+    expr = _through(expr, defs)
+    if not (isinstance(expr, Box) and expr.op == "add"):
+        return False
+    for d, rest in (expr.args, expr.args[::-1]):
+        rest = _through(rest, defs)
+        if isinstance(rest, Box) and rest.op == "sub" and rest.args[0] == Const(1.0):
+            g = _through(rest.args[1], defs)
+            inner = _through(g.args[0], defs) if isinstance(g, Box) and g.op in ("square", "abs") else None
+            if isinstance(inner, Box) and inner.op == "sign" and _through(inner.args[0], defs) == _through(d, defs):
+                return True
+    return False
+
+
+def _through(expr: Expr, defs: Mapping[str, Expr]) -> Expr:
+    """The expression a binding names (through chains of names)."""
+    while isinstance(expr, Var) and expr.name in defs:
+        expr = defs[expr.name]
+    return expr
 
 
 def _sign(expr: Expr, defs: Mapping[str, Expr], inputs: frozenset[str] | set[str]) -> str | None:

@@ -41,7 +41,7 @@ def test_cpu_benchmark_runs_every_case(script: str, size: str, tmp_path: Path) -
         assert {row["case"] for row in result["rows"]} == {"napkin", "naive", "dpa", "hand"}
 
 
-def test_attention_backward_benchmark_runs_every_case(tmp_path: Path) -> None:
+def test_backward_benchmark_runs_every_case(tmp_path: Path) -> None:
     out = _run([str(BENCH / "attention_cpu.py"), "--backward", "--sizes", "512", "--repeats", "1"], tmp_path)
     rows = json.loads((tmp_path / "attention_cpu_backward.json").read_text())["rows"]
     assert {row["case"] for row in rows} == {"napkin_grad", "dpa_grad", "hand_grad"}

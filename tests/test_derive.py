@@ -426,17 +426,21 @@ def test_parallel_factor_counts_waves() -> None:
     assert cost.parallel_factor(1, 132) == 132 and cost.parallel_factor(0, 132) == 1
 
 
-@pytest.mark.parametrize(("diagram", "theorem", "grouped"), [
-    ("attention_backward_kv", "flash_attention_backward_kv", "x"),
-    ("attention_backward_q", "flash_attention_backward_q", "q")])
-def test_derive_finds_flashattention2_backward_schedules(diagram: str, theorem: str, grouped: str) -> None:
-    """The backward passes of examples/attention_backward.ncd: derive finds schedules no
-    costlier than the hand proofs of proofs/flash_attention_backward.ncd (keys grouped and
-    queries streamed for dK, dV; the other way round for dQ)."""
-    cost_fn = derive.model_cost("h100", "bf16", {"q": 1024, "x": 1024})
-    found = derive.derive(EXAMPLES / "attention_backward.ncd", diagram, cost_fn, settings={"hardware": "h100"},
-                          seconds=600)
-    hand = cost_fn(proof.theorem(ROOT / "proofs" / "flash_attention_backward.ncd", theorem))
+@pytest.mark.parametrize(("example", "diagram", "theorem", "grouped", "sizes"), [
+    ("attention_backward", "attention_backward_kv", "flash_attention_backward_kv", "x", {"q": 1024, "x": 1024}),
+    ("attention_backward", "attention_backward_q", "flash_attention_backward_q", "q", {"q": 1024, "x": 1024}),
+    ("mlp_backward", "mlp_backward_x", "mlp_backward_x", "t", {"t": 4096, "d": 1024, "f": 4096}),
+    ("mlp_backward", "mlp_backward_w", "mlp_backward_w", "f", {"t": 4096, "d": 1024, "f": 4096}),
+    ("cross_entropy_backward", "cross_entropy_backward", "cross_entropy_backward", "t", {"t": 4096, "v": 32768})])
+def test_derive_finds_backward_schedules(example: str, diagram: str, theorem: str, grouped: str,
+                                         sizes: dict[str, int]) -> None:
+    """The backward passes of examples/*_backward.ncd: derive finds schedules no costlier than
+    the hand proofs of proofs/*_backward.ncd (attention: keys grouped and queries streamed for
+    dK, dV, the other way round for dQ; the MLP: tokens grouped for dX, hidden units for the
+    weights; cross-entropy: elementwise from the saved LSE), and `napkin cost` prices them."""
+    cost_fn = derive.model_cost("h100", "bf16", sizes)
+    found = derive.derive(EXAMPLES / f"{example}.ncd", diagram, cost_fn, settings={"hardware": "h100"}, seconds=600)
+    hand = cost_fn(proof.theorem(ROOT / "proofs" / f"{example.replace('attention', 'flash_attention')}.ncd", theorem))
     assert found.best.cost is not None and hand.fits
     assert found.best.cost.value <= hand.value * (1 + 1e-9)
     assert ("group", grouped) in [(k, a) for k, a, _ in partitions(found)]

@@ -39,6 +39,13 @@ def _term(text: str) -> tuple[bool, str]:
     ("exp(where[q x](q >= x, S, inf))", False),      # exp(inf) = inf
     ("exp(where[q x](q >= x, S, -inf) * -1.0)", False),  # -(-inf) = inf
     ("exp(where[q x](q >= x, S, -inf) - where[q x](q >= x, T, -inf))", False),  # -inf - -inf = NaN
+    ("sign(S) * T", True),
+    ("T / (S + (1 - square(sign(S))))", True),       # the guarded divisor: 1 where S = 0, S elsewhere
+    ("T / (S + (1 - abs(sign(S))))", True),
+    ("recip((1 - square(sign(S))) + S)", True),
+    ("T / (S + (1 - square(sign(T))))", False),      # guarded by another term: 0 at S = 0, T = 1
+    ("T / (S + (1 - sign(S)))", False),              # 0 at S = -1/2
+    ("T / (S + (2 - square(sign(S))))", False),      # S + 1 for S != 0: 0 at S = -1
 ])
 def test_finite_vouches_only_for_what_holds_on_every_finite_input(text: str, expected: bool) -> None:
     assert _term(text)[0] is expected, text

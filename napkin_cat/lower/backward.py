@@ -9,7 +9,8 @@ name (the value it saved), or a cotangent ``d`` + the name of a forward output (
 convention).  A forward output whose cotangent some backward reads is primal (the public
 function returns it); the others are statistics, returned only to the backward.  Each
 backward output is the gradient of the forward input it is named after (``dQ`` for ``Q``;
-several backwards' gradients of one input are summed).  Each schedule is proved by its own
+several backwards' gradients of one input are summed; an input no backward gives a gradient
+for, such as class labels, gets zeros, which the test below checks).  Each schedule is proved by its own
 theorem; that the diagrams together are the forward's VJP is *tested*, not proved: ``link``
 evaluates both sides (the joined diagrams, and ``grad.vjp`` of the forward's primal outputs)
 in float64 at ``DRAWS`` random size draws and refuses with ``lower.backward_wrong`` where
@@ -102,9 +103,6 @@ def link(forward: Diagram, backwards: Sequence[Diagram]) -> Link:
                                         names=", ".join(f"d{n}" for n in inputs)))
             gives.append(inputs[name][0])
         targets.append(tuple(gives))
-    for name, (i, _) in inputs.items():
-        if not any(i in t for t in targets):
-            raise NapkinError(error("lower.backward_missing", name=name))
     names = tuple(o.name if isinstance(o, Var) else f"output {j}" for j, o in enumerate(forward.outputs))
     result = Link(primal, tuple(sources), tuple(targets), "", names)
     return replace(result, tested=_tested(forward, backwards, result))
@@ -135,14 +133,15 @@ def _tested(forward: Diagram, backwards: Sequence[Diagram], ln: Link) -> str:
                     got[i] = got[i] + np.asarray(g, np.float64)
         except NapkinError as exc:
             raise NapkinError(error("lower.backward_wrong", why=f"evaluating them failed: {exc}")) from None
-        for p, g, w in zip(forward.inputs, got, want, strict=True):
+        for k, (p, g, w) in enumerate(zip(forward.inputs, got, want, strict=True)):
             w = np.asarray(w, np.float64)
             scale = max(1.0, float(np.max(np.abs(w), initial=0.0)))
             if not np.allclose(g, w, rtol=1e-7, atol=1e-10 * scale, equal_nan=True):
                 where = tuple(int(i) for i in np.argwhere(~np.isclose(g, w, rtol=1e-7, atol=1e-10 * scale))[0])
+                given = "" if any(i == k for t in ln.targets for i in t) else " (no backward gives it)"
                 raise NapkinError(error("lower.backward_wrong", why=(
-                    f"d{p.name} at {list(where)} is {g[where]:.6g} from the backwards but {w[where]:.6g} from the VJP, "
-                    f"with sizes {drawn[-1]} and seeded normal inputs")))
+                    f"d{p.name} at {list(where)} is {g[where]:.6g} from the backwards{given} but {w[where]:.6g} from "
+                    f"the VJP, with sizes {drawn[-1]} and seeded normal inputs")))
     return (f"tested, not proved: equal to the VJP of the forward (napkin_cat.grad) in float64 at {DRAWS} size "
             f"draws ({'; '.join(drawn)})")
 
@@ -231,7 +230,8 @@ def joined(forward: ast.FunctionDef, kernels: Sequence[ast.FunctionDef], names: 
         calls.append(f"{got} = {tupled}({kernel.name}({operands}{keyword}))")
         for m, i in enumerate(gives):
             terms.setdefault(i, []).append(f"{got}[{m}]")
-    summed = ", ".join(f"({' + '.join(terms[i])}).astype(jnp.result_type({args}[{i}]))" for i in range(len(params)))
+    summed = ", ".join(f"({' + '.join(terms[i])}).astype(jnp.result_type({args}[{i}]))" if i in terms else
+                       f"jnp.zeros_like({args}[{i}])" for i in range(len(params)))
     body = "\n        ".join(calls)
     listed = ", ".join(params)
     text = f'''

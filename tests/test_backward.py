@@ -1,13 +1,14 @@
-"""FlashAttention-2's forward and backward (examples/attention_backward.ncd, checked schedules in
-proofs/flash_attention_backward.ncd) give attention's gradient, and ``lower(forward,
-backward=[...])`` joins their kernels into one differentiable function.
+"""Forward and backward kernels joined into one ``jax.custom_vjp`` (``lower(forward,
+backward=[...])``, README "Training").
 
-The forward also returns the row statistic L = logsumexp of the scores; the backward diagrams
-read it, O and the cotangent dO instead of a second softmax.  They equal napkin's VJP of
-attention (``grad.vjp``, itself tested against jax.grad) in float64 at ragged sizes, causal and
-not; their kernels on both targets give that gradient within f32 tolerance; the joined
-``jax.custom_vjp`` does too under ``jax.grad``; and every way to join the wrong diagrams is
-refused with its message.  (Every theorem of proofs/ is also lowered against the evaluator
+FlashAttention-2 (examples/attention_backward.ncd, checked schedules in
+proofs/flash_attention_backward.ncd): the forward also returns L = logsumexp of the scores;
+the backward diagrams read it, O and the cotangent dO instead of a second softmax.  They equal
+napkin's VJP of attention (``grad.vjp``, itself tested against jax.grad) in float64 at ragged
+sizes, causal and not; their kernels on both targets give that gradient within f32 tolerance;
+the joined function does too under ``jax.grad``; and every way to join the wrong diagrams is
+refused with its message.  The MLP (three backward passes) and cross-entropy (a saved LSE)
+are joined the same way.  (Every theorem of proofs/ is also lowered against the evaluator
 and cross-lowered for CUDA by test_lower_*.)
 """
 
@@ -160,12 +161,13 @@ def test_a_right_backward_of_another_diagram_is_joined() -> None:
     ("Q", "R", "lower.backward_input", "`R`"),  # no such forward name (dQ stays)
     ("K: [x d], dt", "K: [d x], dt", "lower.backward_type", "[d x]"),  # typed unlike the forward's K
     ("dK", "gK", "lower.backward_output", "output 1"),  # an output named after no input
-    ("-> [q d], [x d]", "-> [q d]", "lower.backward_missing", "`K`"),  # no gradient of K
+    ("-> [q d], [x d]", "-> [q d]", "lower.backward_wrong", "dK at [0, 0] is 0 from the backwards (no backward "
+     "gives it)"),  # no gradient of K, which is not zero
     ("dt", "t", "lower.backward_primal", "dt, dm"),  # reads the saved t, no cotangent
 ])
 def test_a_wrong_backward_is_refused(old: str, new: str, code: str, says: str) -> None:
     text = RIGHT.replace(old, new).replace("dR", "dQ")
-    if code == "lower.backward_missing":
+    if "no backward" in says:
         text = text.replace("return dQ, dK", "return dQ")
     with pytest.raises(NapkinError) as err:
         _join(text)
@@ -199,3 +201,44 @@ def test_napkin_lower_backward_writes_one_differentiable_module(tmp_path: Path) 
                           "--backward", "flash_attention_backward_kv,nope", "-o", str(tmp_path / "x.py")],
                          capture_output=True, text=True, check=False)
     assert bad.returncode == 2 and "no theorem `nope`" in bad.stderr
+
+
+# ---- the other joined pairs of proofs/: the MLP (three backward passes) and cross-entropy -------
+
+@pytest.mark.parametrize("target", ["jax", "pallas"])
+def test_jax_grad_through_the_joined_mlp_is_the_mlps(target: str) -> None:
+    """dX from the token pass, dW1, dB1, dW2 from the hidden pass, dB2 its own: summed into one
+    custom VJP at ragged sizes, equal to the VJP of examples/mlp.ncd's mlp."""
+    path = ROOT / "proofs" / "mlp_backward.ncd"
+    backward = [proof.theorem(path, f"mlp_backward_{part}") for part in ("x", "w", "b")]
+    lowered = lower(proof.theorem(path, "mlp_forward"), target=target, backward=backward,
+                    tiles={"gt": 16, "sf": 16, "gf": 16, "st": 16})
+    rng = np.random.default_rng(5)
+    sizes = {"t": 37, "d": 20, "f": 45}
+    shapes = [("t", "d"), ("d", "f"), ("f",), ("f", "d"), ("d",), ("t", "d")]
+    arrays = [rng.standard_normal([sizes[a] for a in s]) for s in shapes]  # X, W1, B1, W2, B2, dY
+    options = {"interpret": True} if target == "pallas" else {}
+    d_y = jnp.asarray(arrays[5], jnp.float32)
+    got = jax.grad(lambda *a: jnp.sum(lowered.fn(*a, **options) * d_y), argnums=tuple(range(5)))(
+        *[jnp.asarray(a, jnp.float32) for a in arrays[:5]])
+    want = evaluate(grad.vjp(load(ROOT / "examples" / "mlp.ncd").diagram("mlp")), arrays, sizes=sizes)
+    for g, w in zip(got, want, strict=True):
+        w = np.asarray(w)
+        assert float(np.max(np.abs(np.asarray(g, np.float64) - w))) < 1e-4 * max(1.0, float(np.max(np.abs(w))))
+
+
+@pytest.mark.parametrize("target", ["jax", "pallas"])
+def test_jax_grad_through_the_joined_cross_entropy_is_its_vjp(target: str) -> None:
+    """The forward saves LSE; the backward is elementwise; the labels get zeros."""
+    path = ROOT / "proofs" / "cross_entropy_backward.ncd"
+    lowered = lower(proof.theorem(path, "cross_entropy_forward"), target=target,
+                    backward=[proof.theorem(path, "cross_entropy_backward")], tiles={"gt": 16, "sv": 32, "gv": 32})
+    rng = np.random.default_rng(6)
+    z, labels, weights = rng.standard_normal((37, 100)), rng.integers(0, 100, 37).astype(float), rng.standard_normal(37)
+    options = {"interpret": True} if target == "pallas" else {}
+    got = jax.grad(lambda a, b: jnp.sum(lowered.fn(a, b, **options) * weights), argnums=(0, 1))(
+        jnp.asarray(z, jnp.float32), jnp.asarray(labels, jnp.float32))
+    want = evaluate(grad.vjp(load(ROOT / "examples" / "cross_entropy.ncd").diagram("cross_entropy_index")),
+                    [z, labels, weights])
+    assert float(np.max(np.abs(np.asarray(got[0], np.float64) - want[0]))) < 1e-5
+    assert not np.any(np.asarray(got[1]))

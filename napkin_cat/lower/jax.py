@@ -1,8 +1,12 @@
 """The plain-JAX target: the schedule as a streamed, vectorised, differentiable function.
 
-Group partitions need no code here: groups are independent, so the function is
-vectorised over them (XLA on CPU gains nothing from an explicit grid).  The streamed
-axis becomes a ``lax.fori_loop`` over full chunks whose carry is the accumulator state,
+A streamed kernel realises its first group partition: ``lax.map`` runs one block of
+``min(tile, size)`` positions of that axis at a time (inputs zero-padded to whole blocks,
+outputs sliced back; the axis is woven through every box, so padded rows touch nothing
+else), so a chunk's values stay the size the schedule says (for attention, a query block by
+a key chunk in cache instead of every query by a key chunk).  Other group partitions, and
+groups without a stream, need no code: groups are independent, so the function is vectorised
+over them.  The streamed axis becomes a ``lax.fori_loop`` over full chunks whose carry is the accumulator state,
 plus one last ragged chunk when the tile does not divide the size, so no padding or
 masking is needed and memory stays O(chunk) instead of O(whole axis).  ``fori_loop``
 with static bounds lowers to ``scan``, so ``jax.grad`` works through it; the step is
@@ -75,8 +79,64 @@ def emit_function(lay: Layout, fname: str, params: Sequence[str], doc: str, dtyp
     bind_inputs(lay, params, block)
     sizes = {a: size_of(a) for a in all_axes(lay)}
     scope = Scope(block, sizes, dict(sizes), dot_dtype=dtype, dot_operand=dot_operand, rounded=rounded_nodes(lay))
-    emit_body(lay, params, scope)
+    groups = [a for a in lay.grid if a != lay.stream]
+    if lay.stream is not None and groups:
+        _emit_blocks(lay, params, scope, groups[0])
+    else:
+        emit_body(lay, params, scope)
     return cg.function(fname, params, block.stmts, doc)
+
+
+def _emit_blocks(lay: Layout, params: Sequence[str], scope: Scope, axis: str) -> None:
+    """The body under ``lax.map`` over the whole blocks of ``axis``, then once over the ragged
+    last block (module docstring; no padding, whose rows could put NaN into a backward pass
+    through the inputs they share), then ``return`` of the outputs put back together."""
+    block, namer = scope.block, scope.block.namer
+    size, tile = size_of(axis), cg.const(lay.tiles[axis])
+    program, first, rows = namer.fresh("program"), namer.fresh(f"{axis}_first"), namer.fresh("rows")
+    body = block.child()
+    inner = []
+    for (_, axes), param in zip(lay.flat.inputs, params, strict=True):
+        if axis in axes:
+            sliced = cg.call("lax.dynamic_slice_in_dim", cg.call("jnp.asarray", cg.name(param)), cg.name(first),
+                             cg.name(rows), keywords=[cg.kw("axis", cg.const(axes.index(axis)))])
+            param = body.bind(f"{param}_rows", sliced).id
+        inner.append(param)
+    emit_body(lay, inner, scope.with_block(body, extents={**scope.extents, axis: cg.name(rows)},
+                                           offsets={**scope.offsets, axis: cg.name(first)}))
+    block.emit(cg.function(program, [first, rows], body.stmts))
+    full = block.bind("full_blocks", cg.binop(size, "//", tile))
+    tail = cg.binop(size, "%", tile)
+    many = len(lay.diagram.out_types) > 1
+    pieces = namer.fresh("pieces")
+    block.emit(cg.assign(pieces, ast.List([], ast.Load())))
+    b, blocks, piece = namer.fresh("b"), namer.fresh("blocks"), namer.fresh("piece")
+    mapped = cg.call("lax.map", ast.Lambda(_args(b), cg.call(program, cg.binop(cg.name(b), "*", tile), tile)),
+                     cg.call("jnp.arange", full))
+    whole = []
+    for k, t in enumerate(lay.diagram.out_types):
+        value: ast.expr = cg.subscript(cg.name(blocks), cg.const(k)) if many else cg.name(blocks)
+        if t.index(axis):
+            value = cg.call("jnp.moveaxis", value, cg.const(0), cg.const(t.index(axis)))
+        whole.append(cg.call("jnp.reshape", value, cg.tuple_([cg.binop(full, "*", tile) if a == axis else size_of(a)
+                                                             for a in t])))
+    block.emit(ast.If(full, [cg.assign(blocks, mapped),
+                             _append(pieces, cg.tuple_(whole))], []))  # sizes are static: a Python `if`
+    last = cg.call(program, cg.binop(full, "*", tile), tail)
+    block.emit(ast.If(tail, [_append(pieces, last if many else cg.tuple_([last]))], []))
+    outs = [cg.call("jnp.concatenate", ast.ListComp(cg.subscript(cg.name(piece), cg.const(k)), [ast.comprehension(
+        ast.Name(piece, ast.Store()), cg.name(pieces), [], 0)]), keywords=[cg.kw("axis", cg.const(t.index(axis)))])
+        for k, t in enumerate(lay.diagram.out_types)]
+    block.emit(ast.Return(outs[0] if len(outs) == 1 else cg.tuple_(outs)))
+
+
+def _args(*names: str) -> ast.arguments:
+    return ast.arguments(posonlyargs=[], args=[ast.arg(n) for n in names], vararg=None, kwonlyargs=[],
+                         kw_defaults=[], kwarg=None, defaults=[])
+
+
+def _append(target: str, value: ast.expr) -> ast.stmt:
+    return ast.Expr(cg.call(ast.Attribute(cg.name(target), "append", ast.Load()), value))
 
 
 def emit_dot_operand(block: cg.Block, dtype: str) -> str | None:
@@ -112,7 +172,7 @@ def _emit_stream(lay: Layout, env: dict[str, Value], scope: Scope) -> None:
     """The stream from the accumulators' identity, then their finals and the nodes after it."""
     initial = emit_identity(lay, scope)
     for k in lay.chunk_outputs:
-        dims = cg.tuple_([size_of(a) for a in lay.diagram.out_types[k]])
+        dims = cg.tuple_([scope.extents[a] for a in lay.diagram.out_types[k]])
         initial.elts.append(cg.call("jnp.zeros", dims, cg.attr("jnp.float32")))
     state = emit_chunks(lay, env, scope, initial)
     finals, written = state[:len(state) - len(lay.chunk_outputs)], state[len(state) - len(lay.chunk_outputs):]

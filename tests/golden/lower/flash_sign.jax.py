@@ -48,34 +48,45 @@ def flash_sign(Q, K, V):
     Gradients: jax.grad differentiates this code; the streamed step is checkpointed (the backward keeps per-chunk carries, not the whole of any streamed axis).
     """
     n = bind_sizes((Q, K, V), (('Q', ('q', 'd')), ('K', ('x', 'd')), ('V', ('x', 'd'))), {'d': 128})
-    Q_2 = jnp.asarray(Q, jnp.float32)
-    K_2 = jnp.asarray(K, jnp.float32)
-    V_2 = jnp.asarray(V, jnp.float32)
 
-    def step(carry, start, size):
-        O_o, O_z = carry
-        K_chunk = lax.dynamic_slice_in_dim(K_2, start, size, axis=0)
-        V_chunk = lax.dynamic_slice_in_dim(V_2, start, size, axis=0)
-        S = jnp.einsum('ab,cb->ac', Q_2, K_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
-        lift_o = jnp.einsum('ab,bc->ac', S, V_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
-        lift_t_1 = S * S
-        lift_z = jnp.sum(lift_t_1, axis=(1,))
-        combine_t_1 = O_o + lift_o
-        combine_t_2 = O_z + lift_z
-        return (combine_t_1, combine_t_2)
-    step = jax.checkpoint(step, static_argnums=(2,))
-    full_chunks = n['x'] // 32
-    state = (jnp.full((n['q'], n['d']), 0.0, jnp.float32), jnp.full((n['q'],), 0.0, jnp.float32))
-    if full_chunks:
-        state = lax.fori_loop(0, full_chunks, lambda j, c: step(c, j * 32, 32), state)
-    if n['x'] % 32:
-        state = step(state, full_chunks * 32, n['x'] % 32)
-    O_o_2, O_z_2 = state
-    final_t_1 = jnp.sqrt(O_z_2)
-    final_t_2 = jnp.sign(final_t_1)
-    final_t_3 = jnp.abs(final_t_2)
-    final_t_4 = O_o_2 * final_t_3[:, None]
-    final_t_9 = 1.0 - final_t_3
-    final_t_10 = final_t_1 + final_t_9
-    final_t_11 = final_t_4 / final_t_10[:, None]
-    return final_t_11
+    def program(q_first, rows):
+        Q_rows = lax.dynamic_slice_in_dim(jnp.asarray(Q), q_first, rows, axis=0)
+        Q_rows_2 = jnp.asarray(Q_rows, jnp.float32)
+        K_2 = jnp.asarray(K, jnp.float32)
+        V_2 = jnp.asarray(V, jnp.float32)
+
+        def step(carry, start, size):
+            O_o, O_z = carry
+            K_chunk = lax.dynamic_slice_in_dim(K_2, start, size, axis=0)
+            V_chunk = lax.dynamic_slice_in_dim(V_2, start, size, axis=0)
+            S = jnp.einsum('ab,cb->ac', Q_rows_2, K_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+            lift_o = jnp.einsum('ab,bc->ac', S, V_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+            lift_t_1 = S * S
+            lift_z = jnp.sum(lift_t_1, axis=(1,))
+            combine_t_1 = O_o + lift_o
+            combine_t_2 = O_z + lift_z
+            return (combine_t_1, combine_t_2)
+        step = jax.checkpoint(step, static_argnums=(2,))
+        full_chunks = n['x'] // 32
+        state = (jnp.full((rows, n['d']), 0.0, jnp.float32), jnp.full((rows,), 0.0, jnp.float32))
+        if full_chunks:
+            state = lax.fori_loop(0, full_chunks, lambda j, c: step(c, j * 32, 32), state)
+        if n['x'] % 32:
+            state = step(state, full_chunks * 32, n['x'] % 32)
+        O_o_2, O_z_2 = state
+        final_t_1 = jnp.sqrt(O_z_2)
+        final_t_2 = jnp.sign(final_t_1)
+        final_t_3 = jnp.abs(final_t_2)
+        final_t_4 = O_o_2 * final_t_3[:, None]
+        final_t_9 = 1.0 - final_t_3
+        final_t_10 = final_t_1 + final_t_9
+        final_t_11 = final_t_4 / final_t_10[:, None]
+        return final_t_11
+    full_blocks = n['q'] // 32
+    pieces = []
+    if full_blocks:
+        blocks = lax.map(lambda b: program(b * 32, 32), jnp.arange(full_blocks))
+        pieces.append((jnp.reshape(blocks, (full_blocks * 32, n['d'])),))
+    if n['q'] % 32:
+        pieces.append((program(full_blocks * 32, n['q'] % 32),))
+    return jnp.concatenate([piece[0] for piece in pieces], axis=0)

@@ -48,44 +48,55 @@ def flash_wide(Q, K, V):
     Gradients: jax.grad differentiates this code; the streamed step is checkpointed (the backward keeps per-chunk carries, not the whole of any streamed axis).
     """
     n = bind_sizes((Q, K, V), (('Q', ('q', 'd')), ('K', ('x', 'd')), ('V', ('x', 'd'))), {'d': 80})
-    Q_2 = jnp.asarray(Q, jnp.float32)
-    K_2 = jnp.asarray(K, jnp.float32)
-    V_2 = jnp.asarray(V, jnp.float32)
-    t_2 = lax.rsqrt(jnp.float32(float(n['d'])))
 
-    def step(carry, start, size):
-        O_m, O_l, O_o = carry
-        K_chunk = lax.dynamic_slice_in_dim(K_2, start, size, axis=0)
-        V_chunk = lax.dynamic_slice_in_dim(V_2, start, size, axis=0)
-        t_1 = jnp.einsum('ab,cb->ac', Q_2, K_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
-        S = t_1 * t_2
-        lift_m = jnp.max(S, axis=(1,))
-        lift_t_1 = jnp.maximum(lift_m, -BIG)
-        lift_t_2 = S - lift_t_1[:, None]
-        lift_t_3 = jnp.exp(lift_t_2)
-        lift_l = jnp.sum(lift_t_3, axis=(1,))
-        lift_o = jnp.einsum('ab,bc->ac', lift_t_3, V_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
-        combine_m = jnp.maximum(O_m, lift_m)
-        combine_t_1 = jnp.maximum(combine_m, -BIG)
-        combine_t_2 = O_m - combine_t_1
-        combine_c1 = jnp.exp(combine_t_2)
-        combine_t_4 = lift_m - combine_t_1
-        combine_c2 = jnp.exp(combine_t_4)
-        combine_t_5 = combine_c1 * O_l
-        combine_t_6 = combine_c2 * lift_l
-        combine_l = combine_t_5 + combine_t_6
-        combine_t_7 = combine_c1[:, None] * O_o
-        combine_t_8 = combine_c2[:, None] * lift_o
-        combine_o = combine_t_7 + combine_t_8
-        return (combine_m, combine_l, combine_o)
-    step = jax.checkpoint(step, static_argnums=(2,))
-    full_chunks = n['x'] // 32
-    state = (jnp.full((n['q'],), -INF, jnp.float32), jnp.full((n['q'],), 0.0, jnp.float32), jnp.full((n['q'], n['d']), 0.0, jnp.float32))
-    if full_chunks:
-        state = lax.fori_loop(0, full_chunks, lambda j, c: step(c, j * 32, 32), state)
-    if n['x'] % 32:
-        state = step(state, full_chunks * 32, n['x'] % 32)
-    O_m_2, O_l_2, O_o_2 = state
-    final_t_1 = jnp.maximum(O_l_2, TINY)
-    final_t_2 = O_o_2 / final_t_1[:, None]
-    return final_t_2
+    def program(q_first, rows):
+        Q_rows = lax.dynamic_slice_in_dim(jnp.asarray(Q), q_first, rows, axis=0)
+        Q_rows_2 = jnp.asarray(Q_rows, jnp.float32)
+        K_2 = jnp.asarray(K, jnp.float32)
+        V_2 = jnp.asarray(V, jnp.float32)
+        t_2 = lax.rsqrt(jnp.float32(float(n['d'])))
+
+        def step(carry, start, size):
+            O_m, O_l, O_o = carry
+            K_chunk = lax.dynamic_slice_in_dim(K_2, start, size, axis=0)
+            V_chunk = lax.dynamic_slice_in_dim(V_2, start, size, axis=0)
+            t_1 = jnp.einsum('ab,cb->ac', Q_rows_2, K_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+            S = t_1 * t_2
+            lift_m = jnp.max(S, axis=(1,))
+            lift_t_1 = jnp.maximum(lift_m, -BIG)
+            lift_t_2 = S - lift_t_1[:, None]
+            lift_t_3 = jnp.exp(lift_t_2)
+            lift_l = jnp.sum(lift_t_3, axis=(1,))
+            lift_o = jnp.einsum('ab,bc->ac', lift_t_3, V_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+            combine_m = jnp.maximum(O_m, lift_m)
+            combine_t_1 = jnp.maximum(combine_m, -BIG)
+            combine_t_2 = O_m - combine_t_1
+            combine_c1 = jnp.exp(combine_t_2)
+            combine_t_4 = lift_m - combine_t_1
+            combine_c2 = jnp.exp(combine_t_4)
+            combine_t_5 = combine_c1 * O_l
+            combine_t_6 = combine_c2 * lift_l
+            combine_l = combine_t_5 + combine_t_6
+            combine_t_7 = combine_c1[:, None] * O_o
+            combine_t_8 = combine_c2[:, None] * lift_o
+            combine_o = combine_t_7 + combine_t_8
+            return (combine_m, combine_l, combine_o)
+        step = jax.checkpoint(step, static_argnums=(2,))
+        full_chunks = n['x'] // 32
+        state = (jnp.full((rows,), -INF, jnp.float32), jnp.full((rows,), 0.0, jnp.float32), jnp.full((rows, n['d']), 0.0, jnp.float32))
+        if full_chunks:
+            state = lax.fori_loop(0, full_chunks, lambda j, c: step(c, j * 32, 32), state)
+        if n['x'] % 32:
+            state = step(state, full_chunks * 32, n['x'] % 32)
+        O_m_2, O_l_2, O_o_2 = state
+        final_t_1 = jnp.maximum(O_l_2, TINY)
+        final_t_2 = O_o_2 / final_t_1[:, None]
+        return final_t_2
+    full_blocks = n['q'] // 32
+    pieces = []
+    if full_blocks:
+        blocks = lax.map(lambda b: program(b * 32, 32), jnp.arange(full_blocks))
+        pieces.append((jnp.reshape(blocks, (full_blocks * 32, n['d'])),))
+    if n['q'] % 32:
+        pieces.append((program(full_blocks * 32, n['q'] % 32),))
+    return jnp.concatenate([piece[0] for piece in pieces], axis=0)

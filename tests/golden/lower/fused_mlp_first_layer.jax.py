@@ -58,30 +58,41 @@ def fused_mlp_first_layer(X, W1, B1, W2, B2):
     Gradients: jax.grad differentiates this code; the streamed step is checkpointed (the backward keeps per-chunk carries, not the whole of any streamed axis).
     """
     n = bind_sizes((X, W1, B1, W2, B2), (('X', ('t', 'd')), ('W1', ('d', 'f')), ('B1', ('f',)), ('W2', ('f', 'd')), ('B2', ('d',))), {})
-    X_2 = jnp.asarray(X, jnp.float32)
-    W1_2 = jnp.asarray(W1, jnp.float32)
-    B1_2 = jnp.asarray(B1, jnp.float32)
-    W2_2 = jnp.asarray(W2, jnp.float32)
-    B2_2 = jnp.asarray(B2, jnp.float32)
 
-    def step(carry, start, size):
-        t_3_s, = carry
-        W1_chunk = lax.dynamic_slice_in_dim(W1_2, start, size, axis=1)
-        B1_chunk = lax.dynamic_slice_in_dim(B1_2, start, size, axis=0)
-        W2_chunk = lax.dynamic_slice_in_dim(W2_2, start, size, axis=0)
-        t_1 = jnp.einsum('ab,bc->ac', X_2, W1_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
-        t_2 = t_1 + B1_chunk[None, :]
-        H = 0.5 * t_2 * (1.0 + erf(t_2 * 0.7071067811865476))
-        lift_s = jnp.einsum('ab,bc->ac', H, W2_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
-        combine_t_1 = t_3_s + lift_s
-        return (combine_t_1,)
-    step = jax.checkpoint(step, static_argnums=(2,))
-    full_chunks = n['f'] // 32
-    state = (jnp.full((n['t'], n['d']), 0.0, jnp.float32),)
-    if full_chunks:
-        state = lax.fori_loop(0, full_chunks, lambda j, c: step(c, j * 32, 32), state)
-    if n['f'] % 32:
-        state = step(state, full_chunks * 32, n['f'] % 32)
-    t_3_s_2, = state
-    Y = t_3_s_2 + B2_2[None, :]
-    return Y
+    def program(t_first, rows):
+        X_rows = lax.dynamic_slice_in_dim(jnp.asarray(X), t_first, rows, axis=0)
+        X_rows_2 = jnp.asarray(X_rows, jnp.float32)
+        W1_2 = jnp.asarray(W1, jnp.float32)
+        B1_2 = jnp.asarray(B1, jnp.float32)
+        W2_2 = jnp.asarray(W2, jnp.float32)
+        B2_2 = jnp.asarray(B2, jnp.float32)
+
+        def step(carry, start, size):
+            t_3_s, = carry
+            W1_chunk = lax.dynamic_slice_in_dim(W1_2, start, size, axis=1)
+            B1_chunk = lax.dynamic_slice_in_dim(B1_2, start, size, axis=0)
+            W2_chunk = lax.dynamic_slice_in_dim(W2_2, start, size, axis=0)
+            t_1 = jnp.einsum('ab,bc->ac', X_rows_2, W1_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+            t_2 = t_1 + B1_chunk[None, :]
+            H = 0.5 * t_2 * (1.0 + erf(t_2 * 0.7071067811865476))
+            lift_s = jnp.einsum('ab,bc->ac', H, W2_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+            combine_t_1 = t_3_s + lift_s
+            return (combine_t_1,)
+        step = jax.checkpoint(step, static_argnums=(2,))
+        full_chunks = n['f'] // 32
+        state = (jnp.full((rows, n['d']), 0.0, jnp.float32),)
+        if full_chunks:
+            state = lax.fori_loop(0, full_chunks, lambda j, c: step(c, j * 32, 32), state)
+        if n['f'] % 32:
+            state = step(state, full_chunks * 32, n['f'] % 32)
+        t_3_s_2, = state
+        Y = t_3_s_2 + B2_2[None, :]
+        return Y
+    full_blocks = n['t'] // 32
+    pieces = []
+    if full_blocks:
+        blocks = lax.map(lambda b: program(b * 32, 32), jnp.arange(full_blocks))
+        pieces.append((jnp.reshape(blocks, (full_blocks * 32, n['d'])),))
+    if n['t'] % 32:
+        pieces.append((program(full_blocks * 32, n['t'] % 32),))
+    return jnp.concatenate([piece[0] for piece in pieces], axis=0)

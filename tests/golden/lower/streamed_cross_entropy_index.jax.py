@@ -47,39 +47,51 @@ def streamed_cross_entropy_index(Z, L):
     Gradients: jax.grad differentiates this code; the streamed step is checkpointed (the backward keeps per-chunk carries, not the whole of any streamed axis).
     """
     n = bind_sizes((Z, L), (('Z', ('t', 'v')), ('L', ('t',))), {})
-    Z_2 = jnp.asarray(Z, jnp.float32)
-    L_2 = jnp.asarray(L, jnp.float32)
 
-    def step(carry, start, size):
-        t_1_m, t_1_l, t_2_s = carry
-        Z_chunk = lax.dynamic_slice_in_dim(Z_2, start, size, axis=1)
-        Y = jnp.where(L_2[:, None] == jnp.asarray(lax.broadcasted_iota(jnp.int32, (n['t'], size), 1) + start, jnp.float32), 1.0, 0.0)
-        lift_m = jnp.max(Z_chunk, axis=(1,))
-        lift_t_1 = jnp.maximum(lift_m, -BIG)
-        lift_t_2 = Z_chunk - lift_t_1[:, None]
-        lift_t_3 = jnp.exp(lift_t_2)
-        lift_l = jnp.sum(lift_t_3, axis=(1,))
-        combine_m = jnp.maximum(t_1_m, lift_m)
-        combine_t_1 = jnp.maximum(combine_m, -BIG)
-        combine_t_2 = t_1_m - combine_t_1
-        combine_c1 = jnp.exp(combine_t_2)
-        combine_t_4 = lift_m - combine_t_1
-        combine_c2 = jnp.exp(combine_t_4)
-        combine_t_5 = combine_c1 * t_1_l
-        combine_t_6 = combine_c2 * lift_l
-        combine_l = combine_t_5 + combine_t_6
-        lift_s = jnp.sum(Y * Z_chunk, axis=(1,))
-        combine_t_1_2 = t_2_s + lift_s
-        return (combine_m, combine_l, combine_t_1_2)
-    step = jax.checkpoint(step, static_argnums=(2,))
-    full_chunks = n['v'] // 32
-    state = (jnp.full((n['t'],), -INF, jnp.float32), jnp.full((n['t'],), 0.0, jnp.float32), jnp.full((n['t'],), 0.0, jnp.float32))
-    if full_chunks:
-        state = lax.fori_loop(0, full_chunks, lambda j, c: step(c, j * 32, 32), state)
-    if n['v'] % 32:
-        state = step(state, full_chunks * 32, n['v'] % 32)
-    t_1_m_2, t_1_l_2, t_2_s_2 = state
-    final_t_1 = jnp.log(t_1_l_2)
-    final_t_2 = t_1_m_2 + final_t_1
-    t_3 = final_t_2 - t_2_s_2
-    return t_3
+    def program(t_first, rows):
+        Z_rows = lax.dynamic_slice_in_dim(jnp.asarray(Z), t_first, rows, axis=0)
+        L_rows = lax.dynamic_slice_in_dim(jnp.asarray(L), t_first, rows, axis=0)
+        Z_rows_2 = jnp.asarray(Z_rows, jnp.float32)
+        L_rows_2 = jnp.asarray(L_rows, jnp.float32)
+
+        def step(carry, start, size):
+            t_1_m, t_1_l, t_2_s = carry
+            Z_chunk = lax.dynamic_slice_in_dim(Z_rows_2, start, size, axis=1)
+            Y = jnp.where(L_rows_2[:, None] == jnp.asarray(lax.broadcasted_iota(jnp.int32, (rows, size), 1) + start, jnp.float32), 1.0, 0.0)
+            lift_m = jnp.max(Z_chunk, axis=(1,))
+            lift_t_1 = jnp.maximum(lift_m, -BIG)
+            lift_t_2 = Z_chunk - lift_t_1[:, None]
+            lift_t_3 = jnp.exp(lift_t_2)
+            lift_l = jnp.sum(lift_t_3, axis=(1,))
+            combine_m = jnp.maximum(t_1_m, lift_m)
+            combine_t_1 = jnp.maximum(combine_m, -BIG)
+            combine_t_2 = t_1_m - combine_t_1
+            combine_c1 = jnp.exp(combine_t_2)
+            combine_t_4 = lift_m - combine_t_1
+            combine_c2 = jnp.exp(combine_t_4)
+            combine_t_5 = combine_c1 * t_1_l
+            combine_t_6 = combine_c2 * lift_l
+            combine_l = combine_t_5 + combine_t_6
+            lift_s = jnp.sum(Y * Z_chunk, axis=(1,))
+            combine_t_1_2 = t_2_s + lift_s
+            return (combine_m, combine_l, combine_t_1_2)
+        step = jax.checkpoint(step, static_argnums=(2,))
+        full_chunks = n['v'] // 32
+        state = (jnp.full((rows,), -INF, jnp.float32), jnp.full((rows,), 0.0, jnp.float32), jnp.full((rows,), 0.0, jnp.float32))
+        if full_chunks:
+            state = lax.fori_loop(0, full_chunks, lambda j, c: step(c, j * 32, 32), state)
+        if n['v'] % 32:
+            state = step(state, full_chunks * 32, n['v'] % 32)
+        t_1_m_2, t_1_l_2, t_2_s_2 = state
+        final_t_1 = jnp.log(t_1_l_2)
+        final_t_2 = t_1_m_2 + final_t_1
+        t_3 = final_t_2 - t_2_s_2
+        return t_3
+    full_blocks = n['t'] // 32
+    pieces = []
+    if full_blocks:
+        blocks = lax.map(lambda b: program(b * 32, 32), jnp.arange(full_blocks))
+        pieces.append((jnp.reshape(blocks, (full_blocks * 32,)),))
+    if n['t'] % 32:
+        pieces.append((program(full_blocks * 32, n['t'] % 32),))
+    return jnp.concatenate([piece[0] for piece in pieces], axis=0)

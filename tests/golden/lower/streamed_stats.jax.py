@@ -46,44 +46,55 @@ def streamed_stats(X):
     Gradients: jax.grad differentiates this code; the streamed step is checkpointed (the backward keeps per-chunk carries, not the whole of any streamed axis).
     """
     n = bind_sizes((X,), (('X', ('t', 'v')),), {})
-    X_2 = jnp.asarray(X, jnp.float32)
 
-    def step(carry, start, size):
-        t_1_s, t_2_s, t_3_s, t_4_m, t_4_l, t_7_s = carry
-        X_chunk = lax.dynamic_slice_in_dim(X_2, start, size, axis=1)
-        t_5 = jnp.exp(X_chunk)
-        t_6 = jnp.where(lax.broadcasted_iota(jnp.int32, (n['t'], size), 1) + start <= lax.broadcasted_iota(jnp.int32, (n['t'], size), 0) + 3, t_5, 0.0)
-        lift_s = jnp.max(X_chunk, axis=(1,))
-        combine_t_1 = jnp.maximum(t_1_s, lift_s)
-        lift_s_2 = jnp.min(X_chunk, axis=(1,))
-        combine_t_1_2 = jnp.minimum(t_2_s, lift_s_2)
-        lift_s_3 = jnp.sum(X_chunk, axis=(1,))
-        combine_t_1_3 = t_3_s + lift_s_3
-        lift_t_1 = jnp.maximum(lift_s, -BIG)
-        lift_t_2 = X_chunk - lift_t_1[:, None]
-        lift_t_3 = jnp.exp(lift_t_2)
-        lift_l = jnp.sum(lift_t_3, axis=(1,))
-        combine_m = jnp.maximum(t_4_m, lift_s)
-        combine_t_1_4 = jnp.maximum(combine_m, -BIG)
-        combine_t_2 = t_4_m - combine_t_1_4
-        combine_c1 = jnp.exp(combine_t_2)
-        combine_t_4 = lift_s - combine_t_1_4
-        combine_c2 = jnp.exp(combine_t_4)
-        combine_t_5 = combine_c1 * t_4_l
-        combine_t_6 = combine_c2 * lift_l
-        combine_l = combine_t_5 + combine_t_6
-        lift_s_4 = jnp.sum(t_6, axis=(1,))
-        combine_t_1_5 = t_7_s + lift_s_4
-        return (combine_t_1, combine_t_1_2, combine_t_1_3, combine_m, combine_l, combine_t_1_5)
-    step = jax.checkpoint(step, static_argnums=(2,))
-    full_chunks = n['v'] // 32
-    state = (jnp.full((n['t'],), -INF, jnp.float32), jnp.full((n['t'],), INF, jnp.float32), jnp.full((n['t'],), 0.0, jnp.float32), jnp.full((n['t'],), -INF, jnp.float32), jnp.full((n['t'],), 0.0, jnp.float32), jnp.full((n['t'],), 0.0, jnp.float32))
-    if full_chunks:
-        state = lax.fori_loop(0, full_chunks, lambda j, c: step(c, j * 32, 32), state)
-    if n['v'] % 32:
-        state = step(state, full_chunks * 32, n['v'] % 32)
-    t_1_s_2, t_2_s_2, t_3_s_2, t_4_m_2, t_4_l_2, t_7_s_2 = state
-    final_t_1 = t_3_s_2 / float(n['v'])
-    final_t_1_2 = jnp.log(t_4_l_2)
-    final_t_2 = t_4_m_2 + final_t_1_2
-    return (t_1_s_2, t_2_s_2, final_t_1, final_t_2, t_7_s_2)
+    def program(t_first, rows):
+        X_rows = lax.dynamic_slice_in_dim(jnp.asarray(X), t_first, rows, axis=0)
+        X_rows_2 = jnp.asarray(X_rows, jnp.float32)
+
+        def step(carry, start, size):
+            t_1_s, t_2_s, t_3_s, t_4_m, t_4_l, t_7_s = carry
+            X_chunk = lax.dynamic_slice_in_dim(X_rows_2, start, size, axis=1)
+            t_5 = jnp.exp(X_chunk)
+            t_6 = jnp.where(lax.broadcasted_iota(jnp.int32, (rows, size), 1) + start <= lax.broadcasted_iota(jnp.int32, (rows, size), 0) + t_first + 3, t_5, 0.0)
+            lift_s = jnp.max(X_chunk, axis=(1,))
+            combine_t_1 = jnp.maximum(t_1_s, lift_s)
+            lift_s_2 = jnp.min(X_chunk, axis=(1,))
+            combine_t_1_2 = jnp.minimum(t_2_s, lift_s_2)
+            lift_s_3 = jnp.sum(X_chunk, axis=(1,))
+            combine_t_1_3 = t_3_s + lift_s_3
+            lift_t_1 = jnp.maximum(lift_s, -BIG)
+            lift_t_2 = X_chunk - lift_t_1[:, None]
+            lift_t_3 = jnp.exp(lift_t_2)
+            lift_l = jnp.sum(lift_t_3, axis=(1,))
+            combine_m = jnp.maximum(t_4_m, lift_s)
+            combine_t_1_4 = jnp.maximum(combine_m, -BIG)
+            combine_t_2 = t_4_m - combine_t_1_4
+            combine_c1 = jnp.exp(combine_t_2)
+            combine_t_4 = lift_s - combine_t_1_4
+            combine_c2 = jnp.exp(combine_t_4)
+            combine_t_5 = combine_c1 * t_4_l
+            combine_t_6 = combine_c2 * lift_l
+            combine_l = combine_t_5 + combine_t_6
+            lift_s_4 = jnp.sum(t_6, axis=(1,))
+            combine_t_1_5 = t_7_s + lift_s_4
+            return (combine_t_1, combine_t_1_2, combine_t_1_3, combine_m, combine_l, combine_t_1_5)
+        step = jax.checkpoint(step, static_argnums=(2,))
+        full_chunks = n['v'] // 32
+        state = (jnp.full((rows,), -INF, jnp.float32), jnp.full((rows,), INF, jnp.float32), jnp.full((rows,), 0.0, jnp.float32), jnp.full((rows,), -INF, jnp.float32), jnp.full((rows,), 0.0, jnp.float32), jnp.full((rows,), 0.0, jnp.float32))
+        if full_chunks:
+            state = lax.fori_loop(0, full_chunks, lambda j, c: step(c, j * 32, 32), state)
+        if n['v'] % 32:
+            state = step(state, full_chunks * 32, n['v'] % 32)
+        t_1_s_2, t_2_s_2, t_3_s_2, t_4_m_2, t_4_l_2, t_7_s_2 = state
+        final_t_1 = t_3_s_2 / float(n['v'])
+        final_t_1_2 = jnp.log(t_4_l_2)
+        final_t_2 = t_4_m_2 + final_t_1_2
+        return (t_1_s_2, t_2_s_2, final_t_1, final_t_2, t_7_s_2)
+    full_blocks = n['t'] // 32
+    pieces = []
+    if full_blocks:
+        blocks = lax.map(lambda b: program(b * 32, 32), jnp.arange(full_blocks))
+        pieces.append((jnp.reshape(blocks[0], (full_blocks * 32,)), jnp.reshape(blocks[1], (full_blocks * 32,)), jnp.reshape(blocks[2], (full_blocks * 32,)), jnp.reshape(blocks[3], (full_blocks * 32,)), jnp.reshape(blocks[4], (full_blocks * 32,))))
+    if n['t'] % 32:
+        pieces.append(program(full_blocks * 32, n['t'] % 32))
+    return (jnp.concatenate([piece[0] for piece in pieces], axis=0), jnp.concatenate([piece[1] for piece in pieces], axis=0), jnp.concatenate([piece[2] for piece in pieces], axis=0), jnp.concatenate([piece[3] for piece in pieces], axis=0), jnp.concatenate([piece[4] for piece in pieces], axis=0))

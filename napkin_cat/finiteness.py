@@ -111,20 +111,20 @@ def _uncovered(diagram: Diagram, terms: Mapping[str, Expr], masks: set[str], inf
 
 
 def unsupported(how: str, diagram: Diagram, terms: Mapping[str, Expr]) -> str | None:
-    """Why an accumulator use is backed by nothing, or None: its proof (``proved: ...``)
-    covers finite operands and the -inf masks it names, and its float64 test the operands it
-    names ``[-inf tested: ...]`` (masks) and ``[infinite: ...]`` (±inf); an operand ``terms``
-    matches that may be infinite otherwise (a +inf mask streamed via logsumexp, whose state
-    gives NaN where the box gives +inf) is neither proved nor tested."""
-    if not how.startswith("proved"):
-        return None
-    masks = _listed(how, MASKS)
+    """Why an accumulator use is backed by nothing, or None: its proof (``proved: ...``) or
+    its bounded tests (``tested: ...``, on finite inputs) cover finite operands, a proof also
+    the -inf masks it names, and its float64 test with infinities the operands it names
+    ``[-inf tested: ...]`` (masks) and ``[infinite: ...]`` (±inf); an operand ``terms`` matches
+    that may be infinite otherwise (a +inf mask streamed via logsumexp, whose state gives NaN
+    where the box gives +inf) is neither proved nor tested."""
+    proved = how.startswith("proved")
+    masks = _listed(how, MASKS) if proved else set()
     n = _uncovered(diagram, terms, masks | _listed(how, MASKS_TESTED), _listed(how, INFINITE))
     if n is None:
         return None
     which = ("first", "second", "third")[int(n[1:])] if n[1:].isdigit() and int(n[1:]) < 3 else n
-    return (f"its {which} operand may be infinite here, and it is proved for finite operands"
-            f"{' and -inf masks' if masks else ''}, not tested with infinite ones")
+    return (f"its {which} operand may be infinite here, and it is {'proved' if proved else 'tested'} for finite "
+            f"operands{' and -inf masks' if masks else ''}, not tested with infinite ones")
 
 
 def narrowed(how: str, diagram: Diagram, terms: Mapping[str, Expr]) -> str:

@@ -334,6 +334,20 @@ def test_infinite_constants_keep_their_value(target: str) -> None:
 
 
 @pytest.mark.parametrize("target", ["jax", "pallas"])
+def test_a_logsumexp_over_plus_inf_is_plus_inf(target: str) -> None:
+    """Found by the differential run once ±inf stayed infinite: the shifted form computed
+    exp(inf - inf) = NaN for a row holding +inf; the shift is 0 there, so the row gives +inf."""
+    thm = cases.proved("axis q, x\ndiagram f(S: [q x]) -> [q] {\n"
+                       "  return logsumexp[x](where[q x](x <= q + 3, S, inf))\n}", "f", "group q by gq pad")
+    arrays = [np.random.default_rng(7).standard_normal((9, 6))]
+    options = {"interpret": True} if target == "pallas" else {}
+    got = lower(thm, target=target, tiles={"gq": 4}).fn(jnp.asarray(arrays[0], jnp.float32), **options)
+    want = np.asarray(evaluate(thm.source, arrays), np.float64)
+    assert np.isinf(want).any() and np.isfinite(want).any()
+    assert cases.agrees(np.asarray(got, np.float64), want)
+
+
+@pytest.mark.parametrize("target", ["jax", "pallas"])
 def test_each_streamed_box_uses_the_accumulator_its_proof_certified(target: str) -> None:
     """Two boxes streamed together with different accumulators (online_softmax for O, logsumexp
     for L): the stream step records no single `via`, and the lowering took each box's first

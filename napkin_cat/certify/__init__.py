@@ -308,7 +308,7 @@ def accumulator(box: Box, axis: str, name: str, pad: bool) -> str:
     if unsafe:
         return unsafe
     proved = prove.prove_accumulator(plain, axis, name, pad)
-    return proved + infinite_tested(plain, axis, name) if proved else cert.how
+    return (proved or cert.how) + infinite_tested(plain, axis, name)
 
 
 @cache

@@ -115,8 +115,9 @@ def _reduce(box: Box, args: Sequence[Value], scope: Scope) -> Value:
     out = tuple(a for a in x.axes if a not in target)
     where = positions(x.axes, target)
     axis_kw = [cg.kw("axis", where)]
-    if box.op == "logsumexp":
-        shift = _shift(x, where, scope)
+    if box.op == "logsumexp":  # a row whose maximum is +inf is +inf: shifted by 0, not inf (inf - inf is NaN)
+        shift = scope.block.bind("shift", cg.call("jnp.where", cg.binop(_shift(x, where, scope), "==", cg.name("INF")),
+                                                  cg.const(0.0), _shift(x, where, scope)))
         total = cg.call("jnp.sum", cg.call("jnp.exp", cg.binop(x.expr, "-", shift)), keywords=axis_kw)
         return Value(cg.binop(cg.call("jnp.squeeze", shift, where), "+", cg.call("jnp.log", total)), out)
     if box.op == "mean":

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from napkin_cat.lower import codegen as cg
 from napkin_cat.lower.fold import emit_after, emit_before, emit_identity, emit_step, slots
 from napkin_cat.lower.layout import Layout
+from napkin_cat.lower.skip import chunk_range
 from napkin_cat.lower.values import Scope, Value, transpose_to
 
 __all__ = ["all_axes", "bind_inputs", "emit_body", "emit_chunks", "emit_dot_operand", "emit_function", "load",
@@ -225,15 +226,28 @@ def emit_chunks(lay: Layout, env: dict[str, Value], scope: Scope, initial: ast.e
     extent = scope.extents[axis]
     full = block.bind("full_chunks", cg.binop(extent, "//", tile))
     j, c = namer.fresh("j"), namer.fresh("c")
-    lam = ast.Lambda(ast.arguments(posonlyargs=[], args=[ast.arg(j), ast.arg(c)], vararg=None, kwonlyargs=[],
-                                   kw_defaults=[], kwarg=None, defaults=[]),
-                     cg.call(step, cg.name(c), cg.binop(cg.name(j), "*", tile), tile))
+    tail = cg.binop(extent, "%", tile)
+    # chunks a mask fills with an absorbing operand's padding lift to the identity (skip.py): with
+    # the block axis' offset known (``_emit_blocks``), they are skipped by a ``lax.cond``, not the
+    # loop bounds, which must stay static for reverse mode
+    grid = [a for a in lay.grid if a in scope.offsets and a != axis]
+    trips = cg.binop(cg.binop(cg.binop(extent, "+", tile), "-", cg.const(1)), "//", tile)
+    bounds = chunk_range(lay, scope.offsets, trips, grid) if grid and base is None else None
+
+    def run(index: ast.expr, state: ast.expr, start: ast.expr, length: ast.expr) -> ast.expr:
+        chunk = cg.call(step, state, start, length)
+        if bounds is None:
+            return chunk
+        live = cg.call("jnp.logical_and", cg.binop(index, ">=", bounds[0]), cg.binop(index, "<", bounds[1]))
+        return cg.call("lax.cond", live, ast.Lambda(_args(c), cg.call(step, cg.name(c), start, length)),
+                       ast.Lambda(_args(c), cg.name(c)), state)
+
+    lam = ast.Lambda(_args(j, c), run(cg.name(j), cg.name(c), cg.binop(cg.name(j), "*", tile), tile))
     state_name = namer.fresh("state")
     block.emit(cg.assign(state_name, initial))
     loop = cg.call("lax.fori_loop", cg.const(0), full, lam, cg.name(state_name))
     block.emit(ast.If(full, [cg.assign(state_name, loop)], []))  # sizes are static: a Python `if`
-    tail = cg.binop(extent, "%", tile)
-    ragged = cg.call(step, cg.name(state_name), cg.binop(full, "*", tile), tail)
+    ragged = run(full, cg.name(state_name), cg.binop(full, "*", tile), tail)
     block.emit(ast.If(tail, [cg.assign(state_name, ragged)], []))
     finals = [namer.fresh(s.hint) for s in state]
     written = [namer.fresh(f"out{k}") for k in lay.chunk_outputs]

@@ -9,7 +9,7 @@ The cost model counts the same chunks (``masks.chunk_count``).
 from __future__ import annotations
 
 import ast
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from napkin_cat.lower import codegen as cg
 from napkin_cat.lower.layout import Layout
@@ -18,17 +18,19 @@ from napkin_cat.schedule.masks import Side, stream_masks
 __all__ = ["chunk_range"]
 
 
-def chunk_range(lay: Layout, offsets: Mapping[str, ast.expr], trips: ast.expr) -> tuple[ast.expr, ast.expr] | None:
+def chunk_range(lay: Layout, offsets: Mapping[str, ast.expr], trips: ast.expr,
+                grid: Sequence[str] | None = None) -> tuple[ast.expr, ast.expr] | None:
     """``(lo, hi)`` chunk bounds of the stream loop for one program, or None for ``(0, trips)``.
 
-    ``offsets`` holds each grid axis' first index in this program (code); ``trips`` the
-    number of chunks.  The loop runs over the hull of the accumulating nodes' ranges
-    (``masks.stream_masks``).
+    ``offsets`` holds the first index in this program (code) of each axis of ``grid`` (by
+    default the layout's: Pallas programs; the plain-JAX target passes its mapped block axis),
+    each spanning ``lay.block`` positions from there; ``trips`` is the number of chunks.  The
+    loop runs over the hull of the accumulating nodes' ranges (``masks.stream_masks``).
     """
     axis = lay.stream
     if axis is None:
         return None
-    masks = stream_masks(lay.flat, axis, lay.plans, lay.grid)
+    masks = stream_masks(lay.flat, axis, lay.plans, lay.grid if grid is None else grid)
     if masks is None:
         return None
     ranges = [_bounds(sides, lay, axis, offsets, trips) for sides in masks]

@@ -87,9 +87,9 @@ def flash_attention_causal(Q, K, V):
         full_chunks = n['x'] // 32
         state = (jnp.full((rows,), -INF, jnp.float32), jnp.full((rows,), 0.0, jnp.float32), jnp.full((rows, n['d']), 0.0, jnp.float32))
         if full_chunks:
-            state = lax.fori_loop(0, full_chunks, lambda j, c: step(c, j * 32, 32), state)
+            state = lax.fori_loop(0, full_chunks, lambda j, c: lax.cond(jnp.logical_and(j >= 0, j < jnp.minimum((n['x'] + 32 - 1) // 32, (q_first + 31) // 32 + 1)), lambda c: step(c, j * 32, 32), lambda c: c, c), state)
         if n['x'] % 32:
-            state = step(state, full_chunks * 32, n['x'] % 32)
+            state = lax.cond(jnp.logical_and(full_chunks >= 0, full_chunks < jnp.minimum((n['x'] + 32 - 1) // 32, (q_first + 31) // 32 + 1)), lambda c: step(c, full_chunks * 32, n['x'] % 32), lambda c: c, state)
         O_m_2, O_l_2, O_o_2 = state
         final_t_1 = jnp.maximum(O_l_2, TINY)
         final_t_2 = O_o_2 / final_t_1[:, None]

@@ -2,15 +2,18 @@
 and jax.nn.dot_product_attention, on the CPU: f32, d = 64, one head.
 
 napkin's kernel is `flash_attention_prescaled` from proofs/flash_attention.ncd (the schedule
-`napkin derive` finds: the scale moved onto Q, queries in one vectorised group, keys streamed
-in chunks of 512).
+`napkin derive` finds: the scale moved onto Q; query blocks of 1024, keys streamed in chunks
+of 512), and `flash_attention_causal` for the causal case. `hand` is a hand-written streamed
+attention with the same blocks (`hand_attention`); `hand_causal` stops each block at the
+diagonal and masks only the chunks that straddle it.
 
     .venv/bin/python benchmarks/attention_cpu.py [--sizes N ...]
     .venv/bin/python benchmarks/attention_cpu.py --backward [--sizes N ...]
 
 Each case runs in its own process (peak RSS is per case). The last line compares napkin
-with dot_product_attention at the largest N both ran: `speedup_vs_dpa=X memory_ratio_vs_dpa=Y`
-(time of dpa over napkin's; peak memory of dpa over napkin's).
+with dot_product_attention at the largest N both ran and with the hand-written peers:
+`speedup_vs_dpa=X memory_ratio_vs_dpa=Y speedup_vs_hand=Z causal_speedup_vs_hand=W` (time of
+the peer over napkin's; peak memory of dpa over napkin's).
 
 `--backward` times forward + backward, `jax.grad` of Σ out·dO with respect to Q, K and V:
 napkin's `flash_attention_forward` joined with its proved backward kernels
@@ -44,14 +47,22 @@ def _inputs(n: int) -> tuple[Any, Any, Any]:
     return tuple(jax.random.normal(k, (n, D), jax.numpy.float32) for k in (kq, kk, kv))  # type: ignore[return-value]
 
 
-def napkin(n: int) -> Callable[[], Any]:
+def _napkin(theorem: str, n: int) -> Callable[[], Any]:
     import jax
 
     q, k, v = _inputs(n)
-    kernel = napkin_kernel("proofs/flash_attention.ncd", "flash_attention_prescaled", "jax",
-                           tiles={"gq": n, "sx": min(n, STREAM_TILE)})
+    kernel = napkin_kernel("proofs/flash_attention.ncd", theorem, "jax",
+                           tiles={"gq": min(n, HAND_BLOCK), "sx": min(n, STREAM_TILE)})
     fn = jax.jit(kernel.fn)
     return lambda: jax.block_until_ready(fn(q, k, v))
+
+
+def napkin(n: int) -> Callable[[], Any]:
+    return _napkin("flash_attention_prescaled", n)
+
+
+def napkin_causal(n: int) -> Callable[[], Any]:
+    return _napkin("flash_attention_causal", n)
 
 
 def naive(n: int) -> Callable[[], Any]:
@@ -74,9 +85,10 @@ def dpa(n: int) -> Callable[[], Any]:
 HAND_BLOCK = 1024
 
 
-def hand_attention(q: Any, k: Any, v: Any) -> Any:
+def hand_attention(q: Any, k: Any, v: Any, causal: bool = False) -> Any:
     """A hand-written streamed attention: query blocks by ``lax.map``, key chunks by
-    ``fori_loop`` with the online softmax, the 1/sqrt(d) scale folded into Q."""
+    ``fori_loop`` with the online softmax, the 1/sqrt(d) scale folded into Q.  Causal: each
+    block stops at the diagonal and masks only the chunks that straddle it."""
     import jax.numpy as jnp
     from jax import lax
 
@@ -84,28 +96,45 @@ def hand_attention(q: Any, k: Any, v: Any) -> Any:
     block, chunk = min(n, HAND_BLOCK), min(x, STREAM_TILE)
     blocks = (q * (1.0 / jnp.sqrt(jnp.float32(D)))).reshape(n // block, block, D)
 
-    def one(qi: Any) -> Any:
-        def body(j: Any, carry: Any) -> Any:
-            m, total, o = carry
-            kj, vj = lax.dynamic_slice_in_dim(k, j * chunk, chunk), lax.dynamic_slice_in_dim(v, j * chunk, chunk)
-            s = qi @ kj.T
-            m_new = jnp.maximum(m, s.max(axis=1))
-            p, corr = jnp.exp(s - m_new[:, None]), jnp.exp(m - m_new)
-            return m_new, total * corr + p.sum(axis=1), o * corr[:, None] + p @ vj
+    def one(args: Any) -> Any:
+        i, qi = args
 
-        init = (jnp.full((block,), -jnp.inf), jnp.zeros((block,)), jnp.zeros((block, D)))
-        _, total, o = lax.fori_loop(0, x // chunk, body, init)
+        def body(masked: bool) -> Callable[[Any, Any], Any]:
+            def step(j: Any, carry: Any) -> Any:
+                m, total, o = carry
+                kj, vj = lax.dynamic_slice_in_dim(k, j * chunk, chunk), lax.dynamic_slice_in_dim(v, j * chunk, chunk)
+                s = qi @ kj.T
+                if masked:
+                    rows = i * block + jnp.arange(block)[:, None]
+                    s = jnp.where(rows >= j * chunk + jnp.arange(chunk)[None, :], s, -jnp.inf)
+                m_new = jnp.maximum(m, s.max(axis=1))
+                p, corr = jnp.exp(s - m_new[:, None]), jnp.exp(m - m_new)
+                return m_new, total * corr + p.sum(axis=1), o * corr[:, None] + p @ vj
+            return step
+
+        state = (jnp.full((block,), -jnp.inf), jnp.zeros((block,)), jnp.zeros((block, D)))
+        if causal:  # chunks wholly below the diagonal unmasked, then the straddling ones masked
+            below, last = (i * block) // chunk, ((i + 1) * block - 1) // chunk + 1
+            state = lax.fori_loop(0, below, body(False), state)
+            state = lax.fori_loop(below, last, body(True), state)
+        else:
+            state = lax.fori_loop(0, x // chunk, body(False), state)
+        _, total, o = state
         return o / total[:, None]
 
-    return lax.map(one, blocks).reshape(n, D)
+    return lax.map(one, (jnp.arange(n // block), blocks)).reshape(n, D)
 
 
-def hand(n: int) -> Callable[[], Any]:
+def hand(n: int, causal: bool = False) -> Callable[[], Any]:
     import jax
 
     q, k, v = _inputs(n)
-    fn = jax.jit(hand_attention)
+    fn = jax.jit(lambda q, k, v: hand_attention(q, k, v, causal))
     return lambda: jax.block_until_ready(fn(q, k, v))
+
+
+def hand_causal(n: int) -> Callable[[], Any]:
+    return hand(n, causal=True)
 
 
 def _grad_case(forward: Callable[..., Any], n: int) -> Callable[[], Any]:
@@ -121,8 +150,9 @@ def _grad_case(forward: Callable[..., Any], n: int) -> Callable[[], Any]:
 
 def napkin_grad(n: int) -> Callable[[], Any]:
     chunk = min(n, STREAM_TILE)
+    block = min(n, HAND_BLOCK)
     kernel = napkin_kernel("proofs/flash_attention_backward.ncd", "flash_attention_forward", "jax",
-                           tiles={"gq": n, "sx": chunk, "gx": n, "sq": chunk},
+                           tiles={"gq": block, "sx": chunk, "gx": block, "sq": chunk},
                            backward=["flash_attention_backward_kv", "flash_attention_backward_q"])
     return _grad_case(kernel.fn, n)
 
@@ -138,7 +168,8 @@ def hand_grad(n: int) -> Callable[[], Any]:
     return _grad_case(hand_attention, n)
 
 
-CASES = {"napkin": napkin, "naive": naive, "dpa": dpa, "hand": hand,
+CASES = {"napkin": napkin, "naive": naive, "dpa": dpa, "hand": hand, "napkin_causal": napkin_causal,
+         "hand_causal": hand_causal,
          "napkin_grad": napkin_grad, "dpa_grad": dpa_grad, "hand_grad": hand_grad}
 
 
@@ -169,10 +200,15 @@ def main() -> None:
         return
     rows = driver("attention_cpu", __file__, CASES, default_sizes=[1024, 4096, 16384, 32768, 131072],
                   only_large={"naive": 32768, "dpa": 32768}, describe=__doc__ or "", argv=argv,
-                  selected=["napkin", "naive", "dpa", "hand"])
+                  selected=["napkin", "naive", "dpa", "hand", "napkin_causal", "hand_causal"])
     dpa_t, dpa_m = _ratio(rows, "dpa", "time_vs_napkin"), _ratio(rows, "dpa", "mem_vs_napkin")
-    if dpa_t and dpa_m:
-        print(f"speedup_vs_dpa={dpa_t[0]:.2f} memory_ratio_vs_dpa={dpa_m[0]:.2f}")
+    hand_t = _ratio(rows, "hand", "time_vs_napkin")
+    causal = {r["n"]: r["median_s"] for r in rows if r["case"] == "napkin_causal" and "median_s" in r}
+    hand_c = {r["n"]: r["median_s"] for r in rows if r["case"] == "hand_causal" and "median_s" in r}
+    both = sorted(set(causal) & set(hand_c))
+    if dpa_t and dpa_m and hand_t and both:
+        print(f"speedup_vs_dpa={dpa_t[0]:.2f} memory_ratio_vs_dpa={dpa_m[0]:.2f} speedup_vs_hand={hand_t[0]:.2f} "
+              f"causal_speedup_vs_hand={hand_c[both[-1]] / causal[both[-1]]:.2f}")
 
 
 if __name__ == "__main__":

@@ -38,7 +38,9 @@ def test_cpu_benchmark_runs_every_case(script: str, size: str, tmp_path: Path) -
     assert {row["case"] for row in result["rows"]} >= {"napkin"}
     if script == "attention_cpu.py":
         assert out.strip().splitlines()[-1].startswith("speedup_vs_dpa=")
-        assert {row["case"] for row in result["rows"]} == {"napkin", "naive", "dpa", "hand"}
+        assert {row["case"] for row in result["rows"]} == {"napkin", "naive", "dpa", "hand", "napkin_causal",
+                                                           "hand_causal"}
+        assert "causal_speedup_vs_hand=" in out.strip().splitlines()[-1]
 
 
 def test_backward_benchmark_runs_every_case(tmp_path: Path) -> None:

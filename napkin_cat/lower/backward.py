@@ -10,8 +10,8 @@ convention).  A forward output whose cotangent some backward reads is primal (th
 function returns it); the others are statistics, returned only to the backward.  Each
 backward output is the gradient of the forward input it is named after (``dQ`` for ``Q``;
 several backwards' gradients of one input are summed; an input no backward gives a gradient
-for, such as class labels, gets zeros, which the test below checks).  Each schedule is proved by its own
-theorem; that the diagrams together are the forward's VJP is *tested*, not proved: ``link``
+for, such as class labels, gets zeros, which the test below checks).  Each schedule is proved
+by its own theorem; that the diagrams together are the forward's VJP is *tested*, not proved: ``link``
 evaluates both sides (the joined diagrams, and ``grad.vjp`` of the forward's primal outputs)
 in float64 at ``DRAWS`` random size draws and refuses with ``lower.backward_wrong`` where
 they differ.  The docstring says so.

@@ -104,7 +104,8 @@ def test_a_proof_covers_a_use_only_on_its_domain() -> None:
 def test_an_accumulator_use_on_an_operand_that_may_be_infinite_needs_a_test_with_infinities() -> None:
     """A proved or tested accumulator covers finite operands (a proved one also the -inf masks it
     names); on an operand that may be +inf it is backed only where certify.infinite_tested ran
-    it with infinite entries and it agreed with the box.  logsumexp does not (a +inf row: box +inf, stream NaN), sum does."""
+    it with infinite entries and it agreed with the box.  logsumexp does not (a +inf row: box
+    +inf, stream NaN), sum does."""
     for op, name, infinite in (("logsumexp", "logsumexp", ""), ("sum", "sum", " [infinite: X0]")):
         box = next(b for b, axis in certify.representative_boxes() if b.op == op)
         marker = certify.infinite_tested(certify.canonical(box, "x"), "x", name)

@@ -23,8 +23,6 @@ import ast
 import math
 from collections.abc import Callable, Mapping, Sequence
 
-import numpy as np
-
 from napkin_cat import ops
 from napkin_cat.certify.accumulators import plan
 from napkin_cat.evaluate import evaluate_named
@@ -115,9 +113,8 @@ def _reduce(box: Box, args: Sequence[Value], scope: Scope) -> Value:
     out = tuple(a for a in x.axes if a not in target)
     where = positions(x.axes, target)
     axis_kw = [cg.kw("axis", where)]
-    if box.op == "logsumexp":  # a row whose maximum is +inf is +inf: shifted by 0, not inf (inf - inf is NaN)
-        shift = scope.block.bind("shift", cg.call("jnp.where", cg.binop(_shift(x, where, scope), "==", cg.name("INF")),
-                                                  cg.const(0.0), _shift(x, where, scope)))
+    if box.op == "logsumexp":
+        shift = _shift(x, where, scope)
         total = cg.call("jnp.sum", cg.call("jnp.exp", cg.binop(x.expr, "-", shift)), keywords=axis_kw)
         return Value(cg.binop(cg.call("jnp.squeeze", shift, where), "+", cg.call("jnp.log", total)), out)
     if box.op == "mean":
@@ -126,9 +123,12 @@ def _reduce(box: Box, args: Sequence[Value], scope: Scope) -> Value:
 
 
 def _shift(x: Value, where: ast.expr, scope: Scope) -> ast.expr:
-    """The guarded running maximum ``max(max x, -BIG)`` with kept dimensions, bound to a name."""
-    m = cg.call("jnp.max", x.expr, keywords=[cg.kw("axis", where), cg.kw("keepdims", cg.const(True))])
-    return scope.block.bind("shift", cg.call("jnp.maximum", m, saturate(-float(np.finfo(np.float64).max))))
+    """The maximum with kept dimensions where it is finite, else 0, bound to a name: the
+    evaluator's shift, so a row whose maximum is -inf gives exp(-inf) = 0 and one whose maximum
+    is +inf gives exp(inf) = inf, never exp(inf - inf) = NaN (found by the differential run)."""
+    m = scope.block.bind("top", cg.call("jnp.max", x.expr, keywords=[cg.kw("axis", where),
+                                                                     cg.kw("keepdims", cg.const(True))]))
+    return scope.block.bind("shift", cg.call("jnp.where", cg.call("jnp.isfinite", m), m, cg.const(0.0)))
 
 
 def _weights(params: Sequence[str], x: Value, target: Axes, scope: Scope) -> ast.expr:

@@ -59,10 +59,11 @@ def alibi_grouped(Q, K, V, m):
     t_5 = m_2[:, None, None] * t_4[None, :, :]
     S = t_3 - t_5[None, :, :, :]
     M = jnp.where(lax.broadcasted_iota(jnp.int32, (n['b'], n['h'], n['q'], n['x']), 2) >= lax.broadcasted_iota(jnp.int32, (n['b'], n['h'], n['q'], n['x']), 3), S, -INF)
-    shift = jnp.maximum(jnp.max(M, axis=(3,), keepdims=True), -BIG)
+    top = jnp.max(M, axis=(3,), keepdims=True)
+    shift = jnp.where(jnp.isfinite(top), top, 0.0)
     shifted = M - shift
-    top = jnp.exp(shifted)
-    z = jnp.sum(top, axis=(3,), keepdims=True)
-    t_6 = jnp.where(z == 0.0, 0.0, top / jnp.where(z == 0.0, 1.0, z))
+    top_2 = jnp.exp(shifted)
+    z = jnp.sum(top_2, axis=(3,), keepdims=True)
+    t_6 = jnp.where(z == 0.0, 0.0, top_2 / jnp.where(z == 0.0, 1.0, z))
     t_7 = jnp.einsum('abcd,abde->abce', t_6, V_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
     return t_7

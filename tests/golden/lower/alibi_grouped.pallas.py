@@ -73,11 +73,12 @@ def alibi_grouped_forward(Q, K, V, m, *, interpret=None):
         S = t_3 - t_5
         M = jnp.where(lax.broadcasted_iota(jnp.int32, (32, p['x']), 0) + q_first >= lax.broadcasted_iota(jnp.int32, (32, p['x']), 1), S, -INF)
         masked = jnp.where(lax.broadcasted_iota(jnp.int32, (32, p['x']), 1) < n['x'], M, -INF)
-        shift = jnp.maximum(jnp.max(masked, axis=(1,), keepdims=True), -BIG)
+        top = jnp.max(masked, axis=(1,), keepdims=True)
+        shift = jnp.where(jnp.isfinite(top), top, 0.0)
         shifted = masked - shift
-        top = jnp.exp(shifted)
-        z = jnp.sum(top, axis=(1,), keepdims=True)
-        t_6 = jnp.where(z == 0.0, 0.0, top / jnp.where(z == 0.0, 1.0, z))
+        top_2 = jnp.exp(shifted)
+        z = jnp.sum(top_2, axis=(1,), keepdims=True)
+        t_6 = jnp.where(z == 0.0, 0.0, top_2 / jnp.where(z == 0.0, 1.0, z))
         masked_2 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, p['x']), 1) < n['x'], t_6, 0.0)
         t_7 = jnp.einsum('ab,bc->ac', masked_2, V_block, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
         out0_ref[...] = t_7.astype(out0_ref.dtype)
@@ -99,11 +100,12 @@ def alibi_grouped_backward(Q, K, V, m, d_out):
     t_5 = m_2[:, None, None] * t_4[None, :, :]
     S = t_3 - t_5[None, :, :, :]
     M = jnp.where(lax.broadcasted_iota(jnp.int32, (n['b'], n['h'], n['q'], n['x']), 2) >= lax.broadcasted_iota(jnp.int32, (n['b'], n['h'], n['q'], n['x']), 3), S, -INF)
-    shift = jnp.maximum(jnp.max(M, axis=(3,), keepdims=True), -BIG)
+    top = jnp.max(M, axis=(3,), keepdims=True)
+    shift = jnp.where(jnp.isfinite(top), top, 0.0)
     shifted = M - shift
-    top = jnp.exp(shifted)
-    z = jnp.sum(top, axis=(3,), keepdims=True)
-    t_6 = jnp.where(z == 0.0, 0.0, top / jnp.where(z == 0.0, 1.0, z))
+    top_2 = jnp.exp(shifted)
+    z = jnp.sum(top_2, axis=(3,), keepdims=True)
+    t_6 = jnp.where(z == 0.0, 0.0, top_2 / jnp.where(z == 0.0, 1.0, z))
     dt_6 = jnp.einsum('abcd,abed->abce', d_out_2, V_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
     t_1 = dt_6 * t_6
     t_2_2 = jnp.sum(t_1, axis=(3,))

@@ -108,11 +108,12 @@ def flash_gqa_backward(Q, K, V, dO):
     t = jnp.einsum('abcde,abfe->abcdf', Q_2, K_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
     t_2 = lax.rsqrt(jnp.float32(float(n['d'])))
     S = t * t_2
-    shift = jnp.maximum(jnp.max(S, axis=(4,), keepdims=True), -BIG)
+    top = jnp.max(S, axis=(4,), keepdims=True)
+    shift = jnp.where(jnp.isfinite(top), top, 0.0)
     shifted = S - shift
-    top = jnp.exp(shifted)
-    z = jnp.sum(top, axis=(4,), keepdims=True)
-    t_3 = jnp.where(z == 0.0, 0.0, top / jnp.where(z == 0.0, 1.0, z))
+    top_2 = jnp.exp(shifted)
+    z = jnp.sum(top_2, axis=(4,), keepdims=True)
+    t_3 = jnp.where(z == 0.0, 0.0, top_2 / jnp.where(z == 0.0, 1.0, z))
     dt_3 = jnp.einsum('abcde,abfe->abcdf', dO_2, V_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
     t_1 = dt_3 * t_3
     t_2_2 = jnp.sum(t_1, axis=(4,))

@@ -100,11 +100,12 @@ def streamed_cross_entropy_index_backward(Z, L, d_out):
     Y = jnp.where(L_2[:, None] == jnp.asarray(lax.broadcasted_iota(jnp.int32, (n['t'], n['v']), 1), jnp.float32), 1.0, 0.0)
     dt_3 = -d_out_2
     t_1 = dt_3[:, None] * Y
-    shift = jnp.maximum(jnp.max(Z_2, axis=(1,), keepdims=True), -BIG)
+    top = jnp.max(Z_2, axis=(1,), keepdims=True)
+    shift = jnp.where(jnp.isfinite(top), top, 0.0)
     shifted = Z_2 - shift
-    top = jnp.exp(shifted)
-    z = jnp.sum(top, axis=(1,), keepdims=True)
-    t_2 = jnp.where(z == 0.0, 0.0, top / jnp.where(z == 0.0, 1.0, z))
+    top_2 = jnp.exp(shifted)
+    z = jnp.sum(top_2, axis=(1,), keepdims=True)
+    t_2 = jnp.where(z == 0.0, 0.0, top_2 / jnp.where(z == 0.0, 1.0, z))
     t_3 = d_out_2[:, None] * t_2
     dZ = t_1 + t_3
     t_4 = jnp.broadcast_to(jnp.where(lax.broadcasted_iota(jnp.int32, (n['t'],), 0) == lax.broadcasted_iota(jnp.int32, (n['t'],), 0), jnp.float32(0.0), 0.0), (n['t'],))

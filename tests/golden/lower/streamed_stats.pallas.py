@@ -114,11 +114,12 @@ def streamed_stats_backward(X, d_out0, d_out1, d_out2, d_out3, d_out4):
     t_6 = jnp.exp(X_2)
     dt_6 = jnp.broadcast_to(jnp.where(lax.broadcasted_iota(jnp.int32, (n['t'], n['v']), 1) <= lax.broadcasted_iota(jnp.int32, (n['t'], n['v']), 0) + 3, d_out4_2[:, None], 0.0), (n['t'], n['v']))
     t_1 = dt_6 * t_6
-    shift = jnp.maximum(jnp.max(X_2, axis=(1,), keepdims=True), -BIG)
+    top = jnp.max(X_2, axis=(1,), keepdims=True)
+    shift = jnp.where(jnp.isfinite(top), top, 0.0)
     shifted = X_2 - shift
-    top = jnp.exp(shifted)
-    z = jnp.sum(top, axis=(1,), keepdims=True)
-    t_2_2 = jnp.where(z == 0.0, 0.0, top / jnp.where(z == 0.0, 1.0, z))
+    top_2 = jnp.exp(shifted)
+    z = jnp.sum(top_2, axis=(1,), keepdims=True)
+    t_2_2 = jnp.where(z == 0.0, 0.0, top_2 / jnp.where(z == 0.0, 1.0, z))
     t_3_2 = d_out3_2[:, None] * t_2_2
     t_4 = t_1 + t_3_2
     t_5 = d_out2_2 / float(n['v'])

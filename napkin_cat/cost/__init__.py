@@ -52,8 +52,8 @@ CONVENTION = (
     "streamed and grouped indices, napkin_cat/schedule/masks.py), the Pallas kernel skips them and the loads, "
     "saves and FLOPs inside the stream count once per (group, chunk) pair that can hold a true "
     "position (about half of causal attention's; exact when the chunk tile divides the group tile); "
-    "the plain-JAX target runs every chunk, so its H and FLOPs inside the stream are those of the "
-    "full trip counts."
+    "the plain-JAX target skips the same chunks in the block it maps (lax.cond), and runs every chunk "
+    "when it vectorises the masked group instead."
 )
 
 

@@ -190,24 +190,23 @@ def _lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str
     functions: list[ast.stmt]
     if plan is not None:
         functions = mesh_target.emit_functions(lay, plan, fname, params, doc, dtype_name, namer)
-    elif link is not None:
-        forward = emitter.emit_function(lay, fname, params, doc, dtype_name, namer)
-        kernels = []
-        for thm in backward:
-            back = _place(thm.name, thm.result, thm.schedule, target, tiles, hardware, thm.chosen)
-            back_name = namer.fresh(thm.name)
-            back_doc = _docstring(back.layout, target, back.origin, dtype_name, hardware, _proof(thm), thm.schedule,
-                                  None)
-            back_params = [cg.Namer(_RESERVED).fresh(p) for p, _ in back.layout.flat.inputs]
-            kernels.append(emitter.emit_function(back.layout, back_name, back_params, back_doc, dtype_name,
-                                                 cg.Namer([*_RESERVED, back_name, *back_params])))
-            placed.tiles.update(back.tiles)
-        defined, gradients = backward_target.joined(forward, kernels, [t.name for t in backward], link, target,
-                                                    params, _RESERVED)
-        functions, doc = list(defined), doc + gradients + "\n"
     else:
         forward = emitter.emit_function(lay, fname, params, doc, dtype_name, namer)
-        defined, gradients = backward_target.differentiable(forward, diagram, target, params, _RESERVED)
+        if link is None:
+            defined, gradients = backward_target.differentiable(forward, diagram, target, params, _RESERVED)
+        else:
+            kernels = []
+            for thm in backward:
+                back = _place(thm.name, thm.result, thm.schedule, target, tiles, hardware, thm.chosen)
+                back_name = namer.fresh(thm.name)
+                back_doc = _docstring(back.layout, target, back.origin, dtype_name, hardware, _proof(thm),
+                                      thm.schedule, None)
+                back_params = [cg.Namer(_RESERVED).fresh(p) for p, _ in back.layout.flat.inputs]
+                kernels.append(emitter.emit_function(back.layout, back_name, back_params, back_doc, dtype_name,
+                                                     cg.Namer([*_RESERVED, back_name, *back_params])))
+                placed.tiles.update(back.tiles)
+            defined, gradients = backward_target.joined(forward, kernels, [t.name for t in backward], link, target,
+                                                        params, _RESERVED)
         functions, doc = list(defined), doc + gradients + "\n"
     public = functions[-1]
     assert isinstance(public, ast.FunctionDef)

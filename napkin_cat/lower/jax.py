@@ -124,7 +124,9 @@ def _emit_blocks(lay: Layout, params: Sequence[str], scope: Scope, axis: str) ->
     block.emit(ast.If(full, [cg.assign(blocks, mapped),
                              _append(pieces, cg.tuple_(whole))], []))  # sizes are static: a Python `if`
     last = cg.call(program, cg.binop(full, "*", tile), tail)
-    block.emit(ast.If(tail, [_append(pieces, last if many else cg.tuple_([last]))], []))
+    # the ragged block, or one empty block when the axis is empty (the outputs then have no rows)
+    some = ast.BoolOp(ast.Or(), [tail, ast.UnaryOp(ast.Not(), full)])
+    block.emit(ast.If(some, [_append(pieces, last if many else cg.tuple_([last]))], []))
     outs = [cg.call("jnp.concatenate", ast.ListComp(cg.subscript(cg.name(piece), cg.const(k)), [ast.comprehension(
         ast.Name(piece, ast.Store()), cg.name(pieces), [], 0)]), keywords=[cg.kw("axis", cg.const(t.index(axis)))])
         for k, t in enumerate(lay.diagram.out_types)]

@@ -97,6 +97,6 @@ def flash_attention(Q, K, V):
     if full_blocks:
         blocks = lax.map(lambda b: program(b * 32, 32), jnp.arange(full_blocks))
         pieces.append((jnp.reshape(blocks, (full_blocks * 32, n['d'])),))
-    if n['q'] % 32:
+    if n['q'] % 32 or not full_blocks:
         pieces.append((program(full_blocks * 32, n['q'] % 32),))
     return jnp.concatenate([piece[0] for piece in pieces], axis=0)

@@ -99,6 +99,6 @@ def flash_gqa(Q, K, V):
     if full_blocks:
         blocks = lax.map(lambda b: program(b * 1, 1), jnp.arange(full_blocks))
         pieces.append((jnp.reshape(blocks, (full_blocks * 1, n['h'], n['g'], n['q'], n['d'])),))
-    if n['b'] % 1:
+    if n['b'] % 1 or not full_blocks:
         pieces.append((program(full_blocks * 1, n['b'] % 1),))
     return jnp.concatenate([piece[0] for piece in pieces], axis=0)

@@ -93,6 +93,6 @@ def fused_mlp_first_layer(X, W1, B1, W2, B2):
     if full_blocks:
         blocks = lax.map(lambda b: program(b * 32, 32), jnp.arange(full_blocks))
         pieces.append((jnp.reshape(blocks, (full_blocks * 32, n['d'])),))
-    if n['t'] % 32:
+    if n['t'] % 32 or not full_blocks:
         pieces.append((program(full_blocks * 32, n['t'] % 32),))
     return jnp.concatenate([piece[0] for piece in pieces], axis=0)

@@ -95,6 +95,6 @@ def streamed_stats(X):
     if full_blocks:
         blocks = lax.map(lambda b: program(b * 32, 32), jnp.arange(full_blocks))
         pieces.append((jnp.reshape(blocks[0], (full_blocks * 32,)), jnp.reshape(blocks[1], (full_blocks * 32,)), jnp.reshape(blocks[2], (full_blocks * 32,)), jnp.reshape(blocks[3], (full_blocks * 32,)), jnp.reshape(blocks[4], (full_blocks * 32,))))
-    if n['t'] % 32:
+    if n['t'] % 32 or not full_blocks:
         pieces.append(program(full_blocks * 32, n['t'] % 32))
     return (jnp.concatenate([piece[0] for piece in pieces], axis=0), jnp.concatenate([piece[1] for piece in pieces], axis=0), jnp.concatenate([piece[2] for piece in pieces], axis=0), jnp.concatenate([piece[3] for piece in pieces], axis=0), jnp.concatenate([piece[4] for piece in pieces], axis=0))

@@ -73,6 +73,6 @@ def tiled_matmul(A, B):
     if full_blocks:
         blocks = lax.map(lambda b: program(b * 32, 32), jnp.arange(full_blocks))
         pieces.append((jnp.reshape(blocks, (full_blocks * 32, n['c'])),))
-    if n['a'] % 32:
+    if n['a'] % 32 or not full_blocks:
         pieces.append((program(full_blocks * 32, n['a'] % 32),))
     return jnp.concatenate([piece[0] for piece in pieces], axis=0)

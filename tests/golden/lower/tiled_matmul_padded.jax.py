@@ -73,6 +73,6 @@ def tiled_matmul_padded(A, B):
     if full_blocks:
         blocks = lax.map(lambda b: program(b * 48, 48), jnp.arange(full_blocks))
         pieces.append((jnp.reshape(blocks, (full_blocks * 48, n['c'])),))
-    if n['a'] % 48:
+    if n['a'] % 48 or not full_blocks:
         pieces.append((program(full_blocks * 48, n['a'] % 48),))
     return jnp.concatenate([piece[0] for piece in pieces], axis=0)

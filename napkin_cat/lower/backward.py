@@ -136,8 +136,9 @@ def _tested(forward: Diagram, backwards: Sequence[Diagram], ln: Link) -> str:
         for k, (p, g, w) in enumerate(zip(forward.inputs, got, want, strict=True)):
             w = np.asarray(w, np.float64)
             scale = max(1.0, float(np.max(np.abs(w), initial=0.0)))
-            if not np.allclose(g, w, rtol=1e-7, atol=1e-10 * scale, equal_nan=True):
-                where = tuple(int(i) for i in np.argwhere(~np.isclose(g, w, rtol=1e-7, atol=1e-10 * scale))[0])
+            close = np.isclose(g, w, rtol=1e-7, atol=1e-10 * scale, equal_nan=True)
+            if not close.all():
+                where = tuple(int(i) for i in np.argwhere(~close)[0])
                 given = "" if any(i == k for t in ln.targets for i in t) else " (no backward gives it)"
                 raise NapkinError(error("lower.backward_wrong", why=(
                     f"d{p.name} at {list(where)} is {g[where]:.6g} from the backwards{given} but {w[where]:.6g} from "

@@ -382,3 +382,22 @@ def test_a_streamed_id_normaliser_that_is_negative_divides_as_the_evaluator() ->
     arrays = [rng.integers(-300, 301, s) / 100 for s in ((3, 4), (16, 4), (16, 4))]
     got = lower(thm, target="jax").fn(*[jnp.asarray(a, jnp.float32) for a in arrays])
     assert cases.relative_error(got, run(thm.source, *arrays)) < 1e-4
+
+
+@pytest.mark.parametrize("target", ["jax", "pallas"])
+def test_an_infinite_operand_without_the_padded_axis_is_masked_along_it(target: str) -> None:
+    """issue 18, found by differential run C: in ``ncontract[b; sigmoid, sigmoid, id](A, W)``
+    the values W lack the streamed axis b.  Padding b set A to its pad (-inf, sigmoid 0) but
+    left W, so where W is -inf a padded position lifted to 0·(-inf) = NaN in the kernel.  The
+    operand is now broadcast along b and masked to its own pad value (0) there."""
+    thm = cases.proved("axis a, b, e\ndiagram f(A: [a b], E: [e]) -> [a e] {\n"
+                       "  W = where[e](e < 3, E, -inf)\n  return ncontract[b; sigmoid, sigmoid, id](A, W)\n}",
+                       "f", "group a by 3 pad", "stream b by sb via normalised pad")
+    rng = np.random.default_rng(5)
+    sizes = {"a": 5, "b": 15, "e": 6}
+    arrays = [rng.standard_normal((5, 15)), rng.standard_normal(6)]
+    options = {"interpret": True} if target == "pallas" else {}
+    got = lower(thm, target=target, tiles={"sb": 16}).fn(*[jnp.asarray(a, jnp.float32) for a in arrays], **options)
+    want = np.asarray(evaluate(thm.source, arrays, sizes=sizes), np.float64)
+    assert np.isneginf(want).any() and not np.isnan(want).any()
+    assert cases.agrees(np.asarray(got, np.float64), want)

@@ -321,11 +321,27 @@ def mask_padded(box: Box, args: Sequence[Value], scope: Scope) -> list[Value]:
         fills = fill_values(box, axis)
         assert fills is not None, (box.op, axis)  # layout refused this before emitting
         for i, (v, fill) in enumerate(zip(out, fills, strict=False)):
-            if axis in v.axes and not (fill == 0.0 and v.zero_padded):
-                valid = cg.binop(position(axis, v.axes, scope), "<", scope.sizes[axis])
-                masked = cg.call("jnp.where", valid, v.expr, saturate(fill))
-                out[i] = Value(scope.block.bind("masked", masked), v.axes)
+            if axis in v.axes:
+                if fill == 0.0 and v.zero_padded:
+                    continue
+                axes = v.axes
+            elif axis in scope.squeezed or _finite_number(v):
+                continue
+            else:
+                # an operand without the axis meets the padded positions of the others: the
+                # padding law needs it at its own fill there too (0 · -inf would be NaN)
+                axes = (*v.axes, axis)
+            valid = cg.binop(position(axis, axes, scope), "<", scope.sizes[axis])
+            masked = cg.call("jnp.where", valid, align(v, axes), saturate(fill))
+            out[i] = Value(scope.block.bind("masked", masked), axes)
     return out
+
+
+def _finite_number(v: Value) -> bool:
+    """A Python number (a size or constant) or a folded constant that is finite."""
+    if v.constant is not None:
+        return math.isfinite(v.constant)
+    return v.python
 
 
 def emit_box(box: Box, args: Sequence[Value], scope: Scope) -> Value:
@@ -344,7 +360,7 @@ def argument(expr: Expr, env: Mapping[str, Value], scope: Scope) -> Value:
     if isinstance(expr, Var):
         return env[expr.name]
     if isinstance(expr, Const):
-        return Value(saturate(expr.value, expr.span), (), python=True)
+        return Value(saturate(expr.value, expr.span), (), python=True, constant=expr.value)
     assert isinstance(expr, Size), expr
     return Value(cg.call("float", scope.sizes[expr.axis]), (), python=True)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import jax
@@ -24,10 +25,12 @@ import numpy as np
 import pytest
 
 from napkin_cat import grad, kernel, proof
+from napkin_cat.certify.prove import Unproved, prove_join
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.elaborate import load, loads
 from napkin_cat.evaluate import evaluate
 from napkin_cat.lower import lower
+from napkin_cat.lower.backward import link
 from tests.lower_cases import proved
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -119,7 +122,32 @@ def test_the_joined_module_says_what_it_rests_on() -> None:
     source = _joined("flash_attention", "pallas").source  # type: ignore[attr-defined]
     assert "@jax.custom_vjp" in source and "def flash_attention_backward_kv(" in source
     assert "the forward kernel returns O and saves L for the backward" in source
-    assert "tested, not proved: equal to the VJP of the forward" in source
+    assert "That the backward diagrams together are the forward's VJP is proved equal to the VJP of the forward " \
+           "(napkin_cat.grad) symbolically at every size, on finite real inputs, and tested in float64" in source
+
+
+@pytest.mark.parametrize(("forward", "backwards", "why"), [
+    ("causal_attention", "causal_attention", "`where` is outside the proved fragment"),
+])
+def test_a_join_outside_the_proved_fragment_is_tested_and_says_why(forward: str, backwards: str, why: str) -> None:
+    ln = link(MODULE.diagram(f"{forward}_forward"),
+              [MODULE.diagram(f"{backwards}_backward_{p}") for p in ("kv", "q")])
+    assert ln.trust.startswith(f"tested, not proved ({why}): equal to the VJP of the forward")
+
+
+def test_the_join_prover_refuses_a_join_that_is_nearly_right() -> None:
+    """The symbolic proof is not the float64 test: D off by one part in 10^12 passes
+    the float64 test here, and the prover refuses it all the same."""
+    text = (ROOT / "examples" / "attention_backward.ncd").read_text().replace(
+        'use "attention.ncd"', f'use "{ROOT / "examples" / "attention.ncd"}"')
+    module = loads(text.replace("D = contract[d](dO, O)", "D = contract[d](dO, O) * 1.000000000001"))
+    forward = module.diagram("attention_forward")
+    backwards = [module.diagram(f"attention_backward_{p}") for p in ("kv", "q")]
+    ln = link(forward, backwards)  # the float64 test accepts it ...
+    assert ln.trust.startswith("tested, not proved (the gradients of Q do not normalise to the same term)")
+    with pytest.raises(Unproved, match="gradients of Q"):  # ... the proof does not
+        prove_join(forward, grad.vjp(replace(forward, outputs=forward.outputs[:1], out_types=forward.out_types[:1])),
+                   list(zip(backwards, ln.sources, ln.targets, strict=True)))
 
 
 # ---- refusals: every way to join the wrong diagrams ---------------------------------------------

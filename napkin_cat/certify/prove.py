@@ -26,6 +26,11 @@ cases: S identically 0 along the row (the evaluator's convention gives 0), or no
 normaliser is positive); each case is proved.  Ops outside this semantics (where, index,
 onehot, transpose, piecewise activations) are not proved.
 
+A backward join (``prove_join``, lower/backward.py): backward diagrams fed the forward's
+inputs, its outputs (the saved statistics) and the cotangents give, summed per input, the same
+terms as the VJP diagram of the forward (``napkin_cat.grad``), each output of each at every
+size; reshapes and normalisers that may be 0 are not proved there.
+
 Accumulator laws (accumulators.py, the unguarded forms, which equal the guarded ones on
 finite inputs): combine(lift(x), lift(y)) = lift(x ⊕ y) with x, y of symbolic lengths
 n1, n2 (so the fold over any number of chunks is the box, by induction on the chunks),
@@ -38,7 +43,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import cache
 from typing import Any
@@ -51,7 +56,7 @@ from napkin_cat.certify import accumulators as acc
 from napkin_cat.certify.atoms import Quo, Rem, _expand, _i, _MaxOf, _n, _Reduction, index, maximum, minimum, reduce
 from napkin_cat.terms import Box, Const, Diagram, Expr, LemmaDecl, Param, Size, Var, box_diagram, run_diagram
 
-__all__ = ["Unproved", "prove_accumulator", "prove_lemma"]
+__all__ = ["Unproved", "prove_accumulator", "prove_join", "prove_lemma"]
 
 
 class Unproved(Exception):
@@ -203,6 +208,8 @@ class _Semantics:
             return self.weights(node, weights, x)
         if op == "ncontract":
             return self.reduce("Sum", self.weights(node, node.params, x) * args[1], t)
+        if op == "transpose":  # a reorder of named axes: the value at each named position is unchanged
+            return x
         if op in _RESHAPES and not self.split:
             return self.reshape(node, x)
         raise Unproved(f"`{op}` is outside the proved fragment")
@@ -352,6 +359,35 @@ def why_unproved(lemma: LemmaDecl) -> str | None:
             return f"the sides do not normalise to the same term{where}"
         pending += [zero | {c} for c in sem.cases if zero | {c} not in tried]
     return None
+
+
+def prove_join(forward: Diagram, reference: Diagram,
+               backwards: Sequence[tuple[Diagram, Sequence[tuple[str, int]], Sequence[int]]]) -> str:
+    """``proved: ...`` if the ``backwards`` (each a diagram, the source of each of its inputs,
+    ``("input" | "output" | "cotangent", k)``, and the forward input each of its outputs is the
+    gradient of) give, summed per forward input, the outputs of ``reference`` (the forward's VJP
+    diagram, inputs: the forward's, then one cotangent per primal output) at every size on
+    finite real inputs; raises ``Unproved`` saying where they leave the fragment or differ."""
+    for d in (forward, reference, *(b for b, _, _ in backwards)):
+        if any(isinstance(n, Box) and n.op in _RESHAPES for e in (*(let.expr for let in d.body), *d.outputs)
+               for n in _walk(e)):
+            raise Unproved(f"`{d.name}` reshapes an axis (the sizes it ties are not tracked here)")
+    sem = _Semantics()
+    args = [_input(p.name, p.axes) for p in forward.inputs]
+    cts = [_input(p.name, p.axes) for p in reference.inputs[len(forward.inputs):]]
+    outs = sem.run(forward, args)
+    want = sem.run(reference, [*args, *cts])
+    got = [sympy.Integer(0) for _ in args]
+    for diagram, sources, gives in backwards:
+        values = [{"input": args, "output": outs, "cotangent": cts}[kind][k] for kind, k in sources]
+        for i, g in zip(gives, sem.run(diagram, values), strict=True):
+            got[i] = got[i] + g
+    if sem.cases:
+        raise Unproved(f"a normaliser of {', '.join(sorted(sem.cases))} may be 0")
+    for p, g, w in zip(forward.inputs, got, want, strict=True):
+        if not _equal(g, w):
+            raise Unproved(f"the gradients of {p.name} do not normalise to the same term")
+    return "proved: symbolically at every size, on finite real inputs"
 
 
 def _side(lemma: LemmaDecl, side: Expr) -> Diagram:

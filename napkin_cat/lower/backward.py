@@ -11,10 +11,13 @@ function returns it); the others are statistics, returned only to the backward. 
 backward output is the gradient of the forward input it is named after (``dQ`` for ``Q``;
 several backwards' gradients of one input are summed; an input no backward gives a gradient
 for, such as class labels, gets zeros, which the test below checks).  Each schedule is proved
-by its own theorem; that the diagrams together are the forward's VJP is *tested*, not proved: ``link``
-evaluates both sides (the joined diagrams, and ``grad.vjp`` of the forward's primal outputs)
-in float64 at ``DRAWS`` random size draws and refuses with ``lower.backward_wrong`` where
-they differ.  The docstring says so.
+by its own theorem.  That the diagrams together are the forward's VJP is checked by ``link``
+twice: it evaluates both sides (the joined diagrams, and ``grad.vjp`` of the forward's primal
+outputs) in float64 at ``DRAWS`` random size draws and refuses with ``lower.backward_wrong``
+where they differ; then it proves them equal at every size (``certify.prove.prove_join``:
+attention's backward from the saved log-sum-exp and D = Σ dO·O is proved this way).  Where
+the terms leave the proved fragment (``where`` masks, ``onehot``, the guarded division of
+gelu's slope) the join is only tested, and the docstring says so and why.
 
 Without backward theorems:
 
@@ -38,6 +41,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from napkin_cat.certify.prove import Unproved, prove_join
 from napkin_cat.diagnostics import NapkinError, error
 from napkin_cat.evaluate import evaluate
 from napkin_cat.grad import cotangent_names, vjp
@@ -62,8 +66,8 @@ class Link:
     sources: tuple[tuple[tuple[str, int], ...], ...]
     #: per backward, per output: the forward input it is the gradient of
     targets: tuple[tuple[int, ...], ...]
-    #: what the float64 test compared
-    tested: str
+    #: what the join rests on: proved (``certify.prove.prove_join``) or only tested, and the test
+    trust: str
     #: the forward outputs' names (binding names, or ``output J``), for the docstring
     names: tuple[str, ...] = ()
 
@@ -105,16 +109,22 @@ def link(forward: Diagram, backwards: Sequence[Diagram]) -> Link:
         targets.append(tuple(gives))
     names = tuple(o.name if isinstance(o, Var) else f"output {j}" for j, o in enumerate(forward.outputs))
     result = Link(primal, tuple(sources), tuple(targets), "", names)
-    return replace(result, tested=_tested(forward, backwards, result))
+    reference = vjp(replace(forward, outputs=tuple(forward.outputs[j] for j in primal),
+                            out_types=tuple(forward.out_types[j] for j in primal)))
+    tested = _tested(forward, reference, backwards, result)
+    try:
+        proof = prove_join(forward, reference, list(zip(backwards, result.sources, result.targets, strict=True)))
+    except Unproved as why:
+        return replace(result, trust=f"tested, not proved ({why}): equal to the VJP of the forward (napkin_cat.grad) "
+                                     f"{tested}")
+    return replace(result, trust=f"proved equal to the VJP of the forward (napkin_cat.grad){proof[len('proved:'):]}, "
+                                 f"and tested {tested}")
 
 
-def _tested(forward: Diagram, backwards: Sequence[Diagram], ln: Link) -> str:
-    """Evaluate the joined backwards and ``grad.vjp`` of the forward's primal outputs in float64
-    at ``DRAWS`` size draws (symbolic axes 1 to 7, seeded normal inputs); a description, or
-    ``lower.backward_wrong`` naming the first gradient that differs."""
-    primal = replace(forward, outputs=tuple(forward.outputs[j] for j in ln.primal),
-                     out_types=tuple(forward.out_types[j] for j in ln.primal))
-    reference = vjp(primal)
+def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], ln: Link) -> str:
+    """Evaluate the joined backwards and ``reference`` (``grad.vjp`` of the forward's primal
+    outputs) in float64 at ``DRAWS`` size draws (symbolic axes 1 to 7, seeded normal inputs); a
+    description, or ``lower.backward_wrong`` naming the first gradient that differs."""
     axes = {a.name: a.size for d in (forward, *backwards) for a in d.axes}
     drawn = []
     for seed in range(DRAWS):
@@ -122,7 +132,7 @@ def _tested(forward: Diagram, backwards: Sequence[Diagram], ln: Link) -> str:
         sizes = {a: n if n is not None else int(rng.integers(1, 8)) for a, n in axes.items()}
         drawn.append(", ".join(f"{a}={n}" for a, n in sizes.items() if axes[a] is None))
         args = [rng.standard_normal([sizes[a] for a in p.axes]) for p in forward.inputs]
-        cts = [rng.standard_normal([sizes[a] for a in primal.out_types[k]]) for k in range(len(ln.primal))]
+        cts = [rng.standard_normal([sizes[a] for a in p.axes]) for p in reference.inputs[len(forward.inputs):]]
         try:
             outs = _tuple(evaluate(forward, args, sizes=sizes))
             want = _tuple(evaluate(reference, [*args, *cts], sizes=sizes))
@@ -143,8 +153,7 @@ def _tested(forward: Diagram, backwards: Sequence[Diagram], ln: Link) -> str:
                 raise NapkinError(error("lower.backward_wrong", why=(
                     f"d{p.name} at {list(where)} is {g[where]:.6g} from the backwards{given} but {w[where]:.6g} from "
                     f"the VJP, with sizes {drawn[-1]} and seeded normal inputs")))
-    return (f"tested, not proved: equal to the VJP of the forward (napkin_cat.grad) in float64 at {DRAWS} size "
-            f"draws ({'; '.join(drawn)})")
+    return f"in float64 at {DRAWS} size draws ({'; '.join(drawn)})"
 
 
 def _tuple(value: object) -> tuple:
@@ -267,5 +276,5 @@ def {public}({listed}{", *, interpret=None" if target == "pallas" else ""}):
     line = (f"Gradients: a jax.custom_vjp; the forward kernel {saved}; residuals are the inputs and the forward's "
             f"outputs; the backward kernels {', '.join(names)} (each proved by its theorem, its docstring in this "
             f"module) give the input gradients. That the backward diagrams together are the forward's VJP is "
-            f"{ln.tested}.")
+            f"{ln.trust}.")
     return [forward, *kernels, wrapper], line

@@ -126,13 +126,18 @@ def test_the_joined_module_says_what_it_rests_on() -> None:
            "(napkin_cat.grad) symbolically at every size, on finite real inputs, and tested in float64" in source
 
 
-@pytest.mark.parametrize(("forward", "backwards", "why"), [
-    ("causal_attention", "causal_attention", "`where` is outside the proved fragment"),
+@pytest.mark.parametrize(("file", "forward", "backwards", "why"), [
+    ("attention_backward", "causal_attention_forward", "causal_attention_backward_kv,causal_attention_backward_q",
+     None),
+    ("mlp_backward", "mlp_forward", "mlp_backward_x,mlp_backward_w,mlp_backward_b", "a diagram used as a box"),
+    ("cross_entropy_backward", "cross_entropy_forward", "cross_entropy_backward",
+     "`onehot` is outside the proved fragment"),
 ])
-def test_a_join_outside_the_proved_fragment_is_tested_and_says_why(forward: str, backwards: str, why: str) -> None:
-    ln = link(MODULE.diagram(f"{forward}_forward"),
-              [MODULE.diagram(f"{backwards}_backward_{p}") for p in ("kv", "q")])
-    assert ln.trust.startswith(f"tested, not proved ({why}): equal to the VJP of the forward")
+def test_each_shipped_join_is_proved_or_says_why_not(file: str, forward: str, backwards: str, why: str | None) -> None:
+    module = load(ROOT / "examples" / f"{file}.ncd")
+    ln = link(module.diagram(forward), [module.diagram(b) for b in backwards.split(",")])
+    assert ln.trust.startswith("proved equal to the VJP" if why is None else
+                               f"tested, not proved ({why}): equal to the VJP of the forward")
 
 
 def test_the_join_prover_refuses_a_join_that_is_nearly_right() -> None:
@@ -270,3 +275,61 @@ def test_jax_grad_through_the_joined_cross_entropy_is_its_vjp(target: str) -> No
                     [z, labels, weights])
     assert float(np.max(np.abs(np.asarray(got[0], np.float64) - want[0]))) < 1e-5
     assert not np.any(np.asarray(got[1]))
+
+
+# ---- the join prover on -inf masks (certify.prove.prove_join) ------------------------------------
+
+def _masked_attention(forward_mask: str, backward_mask: str) -> tuple[object, list[object], object]:
+    """The causal attention pair of examples/attention_backward.ncd with the given masks."""
+    scores = "where[q x]({}, contract[d](Q, K) * rsqrt(d), -inf)"
+    module = loads(f"""axis q, x
+axis d = 4
+diagram fwd(Q: [q d], K: [x d], V: [x d]) -> [q d], [q] {{
+  S = {scores.format(forward_mask)}
+  O = contract[x](softmax[x](S), V)
+  L = logsumexp[x](S)
+  return O, L
+}}
+diagram bwd(Q: [q d], K: [x d], V: [x d], O: [q d], L: [q], dO: [q d]) -> [q d], [x d], [x d] {{
+  S = {scores.format(backward_mask)}
+  P = exp(S - L)
+  dS = P * (contract[d](dO, V) - contract[d](dO, O))
+  return contract[x](dS, K) * rsqrt(d), contract[q](dS, Q) * rsqrt(d), contract[q](P, dO)
+}}
+""")
+    forward = module.diagram("fwd")
+    reference = grad.vjp(replace(forward, outputs=forward.outputs[:1], out_types=forward.out_types[:1]))
+    sources = [("input", 0), ("input", 1), ("input", 2), ("output", 0), ("output", 1), ("cotangent", 0)]
+    return forward, [(module.diagram("bwd"), sources, (0, 1, 2))], reference
+
+
+def test_the_join_prover_proves_a_mask_that_keeps_a_key_per_row() -> None:
+    forward, backwards, reference = _masked_attention("q >= x", "q >= x")
+    assert prove_join(forward, reference, backwards).startswith("proved")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("forward_mask", "backward_mask", "why"), [
+    # a different mask in the backward: different indicators, different terms
+    ("q >= x", "q > x", "gradients of Q do not normalise"),
+    # the last rows are fully masked where q ≥ |x|: L = log 0 = -inf, and exp(S - L) =
+    # exp(-inf + inf) is NaN there where the VJP gives 0; the prover cannot show a key survives
+    ("q < x", "q < x", "not known positive|may be 0"),
+    # every row keeps a key (x = q when q < x's size), but not one the prover can name: not proved
+    ("q >= x and q - x < 4", "q >= x and q - x < 4", "not known positive|may be 0"),
+])
+def test_the_join_prover_refuses_masks_it_cannot_show_sound(forward_mask: str, backward_mask: str, why: str) -> None:
+    forward, backwards, reference = _masked_attention(forward_mask, backward_mask)
+    with pytest.raises(Unproved, match=why):
+        prove_join(forward, reference, backwards)  # type: ignore[arg-type]
+
+
+def test_the_join_prover_refuses_a_minus_inf_mask_read_as_a_number() -> None:
+    """A masked value multiplied (contract) is -inf · V, which no symbolic term stands for."""
+    module = loads("axis q, x\ndiagram f(S: [q x], V: [x]) -> [q] {\n"
+                   "  return contract[x](where[q x](q >= x, S, -inf), V)\n}\n"
+                   "diagram b(S: [q x], V: [x], dout: [q]) -> [q x] {\n"
+                   "  return where[q x](q >= x, contract[](dout, V), 0)\n}\n")
+    forward = module.diagram("f")
+    with pytest.raises(Unproved, match="a -inf mask meets `contract`"):
+        prove_join(forward, grad.vjp(forward),
+                   [(module.diagram("b"), [("input", 0), ("input", 1), ("cotangent", 0)], (0,))])

@@ -29,7 +29,13 @@ onehot, transpose, piecewise activations) are not proved.
 A backward join (``prove_join``, lower/backward.py): backward diagrams fed the forward's
 inputs, its outputs (the saved statistics) and the cotangents give, summed per input, the same
 terms as the VJP diagram of the forward (``napkin_cat.grad``), each output of each at every
-size; reshapes and normalisers that may be 0 are not proved there.
+size; reshapes and normalisers that may be 0 are not proved there.  A join may hold ``where``
+masks (``_Semantics.where``): where(p, a, b) = m·a + (1 - m)·b with m the indicator of p, an
+opaque 0/1 function of the positions (m² = m), and a -inf fill is a + log m, read only by exp
+(m·exp a), by a finite shift and as the scores of the exp-normalised reductions, each exact
+for m ∈ {0, 1}; their normaliser Σ m·exp(·) is positive only where p holds at position 0 of
+the summed axes for every position of the others (every row keeps a term); no log m may reach
+an output.
 
 Accumulator laws (accumulators.py, the unguarded forms, which equal the guarded ones on
 finite inputs): combine(lift(x), lift(y)) = lift(x ⊕ y) with x, y of symbolic lengths
@@ -54,7 +60,20 @@ from sympy.core.function import AppliedUndef
 from napkin_cat import ops
 from napkin_cat.certify import accumulators as acc
 from napkin_cat.certify.atoms import Quo, Rem, _expand, _i, _MaxOf, _n, _Reduction, index, maximum, minimum, reduce
-from napkin_cat.terms import Box, Const, Diagram, Expr, LemmaDecl, Param, Size, Var, box_diagram, run_diagram
+from napkin_cat.terms import (
+    Box,
+    Const,
+    Diagram,
+    Expr,
+    LemmaDecl,
+    Param,
+    Size,
+    Var,
+    box_diagram,
+    fold_index,
+    fold_pred,
+    run_diagram,
+)
 
 __all__ = ["Unproved", "prove_accumulator", "prove_join", "prove_lemma"]
 
@@ -117,10 +136,13 @@ class _Semantics:
 
     def __init__(self, zero: frozenset[str] = frozenset(), split: Mapping[str, tuple[str, str]] | None = None,
                  fill: Mapping[int, Mapping[Any, Any]] | None = None, known: set[Any] | None = None,
-                 ties: Mapping[Any, Any] | None = None):
+                 ties: Mapping[Any, Any] | None = None, masks: bool = False):
         self.zero, self.split, self.fill, self.ties = zero, dict(split or {}), dict(fill or {}), dict(ties or {})
         self.cases: set[str] = set()
         self.known = known if known is not None else set()  # normalisers positive in this case
+        #: ``where`` masks (``masks``): per (predicate, axes), its indicator m and the predicate
+        self.masks: dict[tuple[Any, tuple[str, ...]], Any] | None = {} if masks else None
+        self.predicates: dict[Any, tuple[Any, tuple[str, ...]]] = {}
 
     def size(self, a: str) -> Any:
         return sum((_n(p) for p in self.split[a]), sympy.Integer(0)) if a in self.split else _n(a).xreplace(self.ties)
@@ -146,9 +168,70 @@ class _Semantics:
         return join(*parts)
 
     def positive(self, d: Any, what: str) -> Any:
-        if d.xreplace({k: sympy.Dummy(positive=True) for k in self.known}).is_positive is not True:
+        if d.xreplace({k: sympy.Dummy(positive=True) for k in self.known}).is_positive is not True \
+                and not self.kept(d):
             raise Unproved(f"{what} of `{d}`, not known positive")
         return d
+
+    # ---- where masks (``masks``; README "Training"): where(p, a, b) = m·a + (1 - m)·b with m the
+    # indicator of p (an opaque function of the positions, m² = m: ``unmasked``), and a -inf fill
+    # written a + log m, which only exp (m·exp a), a finite shift and the exp-normalised
+    # reductions may read (``_MASKABLE``); a sum of m·(positive) is positive where p holds at
+    # position 0 of the summed axes for every position of the others (``kept``).
+
+    def where(self, node: Box, a: Any, b: Any) -> Any:
+        assert self.masks is not None
+        key = (node.index, node.target)
+        if key not in self.masks:
+            m = sympy.Function(f"Mask{len(self.masks)}", nonnegative=True)
+            self.masks[key], self.predicates[m] = m, key
+        m = self.masks[key](*[_i(a) for a in node.target])
+        if self.masked(a) or self.masked(b) or a.has(sympy.oo, -sympy.oo):
+            raise Unproved("a `where` of a masked or infinite value")
+        if b == -sympy.oo:
+            return a + sympy.log(m)
+        if b.has(sympy.oo, -sympy.oo):
+            raise Unproved("a `where` filled with +inf")
+        return m * a + (1 - m) * b
+
+    def reads_masks(self, node: Box, args: tuple[Any, ...]) -> bool:
+        """May ``node`` read its -inf-masked operands (``_Semantics.where``)?  exp, a sum or a
+        difference with a finite term (the mask on the left), and the scores of logsumexp and of
+        the exp-normalised boxes: each gives the evaluator's value at m = 0."""
+        masked = [self.masked(a) for a in args]
+        if any(a.has(sympy.oo, -sympy.oo) for a in args) or (any(masked[1:]) and node.op != "add"):
+            return False
+        weights = ops.OPS[node.op].weights or node.params
+        return node.op in ("exp", "add", "sub", "logsumexp") or weights == ("exp", "exp", "id")
+
+    def masked(self, x: Any) -> bool:
+        """Does ``x`` hold a -inf mask (a log m term)?"""
+        return any(f.args[0].func in self.predicates for f in getattr(x, "atoms", lambda *_: ())(sympy.log))
+
+    def kept(self, d: Any) -> bool:
+        """Is ``d`` a sum whose body is a product of positive factors and masks that each keep
+        position 0 of the summed axes (so a term of every row is positive)?"""
+        if not isinstance(d, _Reduction) or d.kind != "Sum" or not self.predicates:
+            return False
+        for f in sympy.Mul.make_args(d.args[0]):
+            if f.is_positive:
+                continue
+            if f.func not in self.predicates or not all(s.is_Symbol for s in f.args):
+                return False
+            pred, axes = self.predicates[f.func]
+            at = {a: sympy.Integer(0) if str(s)[:2] == "j_" else sympy.Dummy(integer=True, nonnegative=True)
+                  for a, s in zip(axes, f.args, strict=True)}
+            if _holds(pred, at) is not sympy.true:
+                return False
+        return True
+
+    def unmasked(self, x: Any) -> Any:
+        """``x`` expanded with m^k = m for each mask m (an indicator); raises ``Unproved`` if a
+        -inf mask is left (log m: the value is -inf somewhere)."""
+        if self.masked(x):
+            raise Unproved("a -inf mask reaches an output")
+        return _expand(x).replace(lambda f: f.is_Pow and f.base.func in self.predicates and f.exp.is_positive,
+                                  lambda f: f.base)
 
     def log(self, x: Any) -> Any:
         """log of a positive term; log 0 = -inf, the evaluator's value (a fully masked row's
@@ -172,6 +255,10 @@ class _Semantics:
     def box(self, node: Box, args: tuple[Any, ...]) -> Any:
         op, t = node.op, node.target
         x: Any = args[0] if args else None
+        if op == "where" and self.masks is not None:
+            return self.where(node, *args)
+        if self.predicates and any(self.masked(a) for a in args) and not self.reads_masks(node, args):
+            raise Unproved(f"a -inf mask meets `{op}`")
         if op == "exp":
             return sympy.exp(x)
         if op == "log":
@@ -247,13 +334,27 @@ class _Semantics:
         denom = {"id": z, "sqrt": sympy.sqrt(z), "rms": sympy.sqrt(z / count)}[b]
         if denom == 0:
             return sympy.Integer(0)
-        if denom.is_positive is not True:  # Σ S² is 0 iff S is 0 along the row: a case of its own
+        if denom.is_positive is not True and not self.kept(denom):
+            # Σ S² is 0 iff S is 0 along the row: a case of its own
             arg = node.args[0]
             if a2 != "square" or not isinstance(arg, Var) or not set(arg.axes) <= set(node.target):
                 raise Unproved(f"normaliser `{denom}` may be 0 and is not a case split on one row")
             self.cases.add(arg.name)
             self.known.add(z)  # in this case S is not 0 along the row, so Σ S² > 0
         return f[a1](s) / denom
+
+
+_RELATIONS = {">=": sympy.Ge, "<=": sympy.Le, "==": sympy.Eq, "!=": sympy.Ne, ">": sympy.Gt, "<": sympy.Lt}
+_ARITH = {"+": sympy.Add, "-": lambda u, v: u - v, "*": sympy.Mul}
+
+
+def _holds(pred: Any, at: Mapping[str, Any]) -> Any:
+    """The index predicate ``pred`` as a sympy boolean, each axis's position given by ``at``."""
+    def side(e: Any) -> Any:
+        return fold_index(e, at.__getitem__, sympy.Integer, lambda op, u, v: _ARITH[op](u, v))
+
+    return fold_pred(pred, lambda op, x, y: _RELATIONS[op](side(x), side(y)),
+                     lambda op, x, y: sympy.Not(x) if y is None else (sympy.And if op == "and" else sympy.Or)(x, y))
 
 
 def _equal(left: Any, right: Any) -> bool:
@@ -372,7 +473,7 @@ def prove_join(forward: Diagram, reference: Diagram,
         if any(isinstance(n, Box) and n.op in _RESHAPES for e in (*(let.expr for let in d.body), *d.outputs)
                for n in _walk(e)):
             raise Unproved(f"`{d.name}` reshapes an axis (the sizes it ties are not tracked here)")
-    sem = _Semantics()
+    sem = _Semantics(masks=True)
     args = [_input(p.name, p.axes) for p in forward.inputs]
     cts = [_input(p.name, p.axes) for p in reference.inputs[len(forward.inputs):]]
     outs = sem.run(forward, args)
@@ -385,7 +486,7 @@ def prove_join(forward: Diagram, reference: Diagram,
     if sem.cases:
         raise Unproved(f"a normaliser of {', '.join(sorted(sem.cases))} may be 0")
     for p, g, w in zip(forward.inputs, got, want, strict=True):
-        if not _equal(g, w):
+        if not _equal(sem.unmasked(g), sem.unmasked(w)):
             raise Unproved(f"the gradients of {p.name} do not normalise to the same term")
     return "proved: symbolically at every size, on finite real inputs"
 

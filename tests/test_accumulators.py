@@ -102,3 +102,34 @@ def test_padding_values() -> None:
     odd = typed_box("ncontract", (S, V), ("x",), params=("sigmoid", "square", "sqrt"))
     assert acc.plan(odd, "x").pad is None  # no score value makes both sigmoid and square zero
     assert acc.plan(typed_box("min", (S,), ("x",)), "x").pad == (math.inf,)
+
+
+def test_the_stable_states_update_in_one_step() -> None:
+    """online_softmax and logsumexp fold a chunk into the state with one correction (their
+    ``update``); the others combine a lifted chunk."""
+    have = {(b.op, b.params, name): acc.plan(b, "x", name).update is not None for b, name in PLANS}
+    assert {k for k, v in have.items() if v} == {("logsumexp", (), "logsumexp"),
+                                                ("ncontract", ("exp", "exp", "id"), "online_softmax")}
+
+
+def test_a_wrong_update_is_refused_by_the_prover_and_the_numeric_laws(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An update that forgets to rescale the running output (o = o1 + Σ p·v) fails the update
+    law, symbolically and on drawn inputs."""
+    from dataclasses import replace
+
+    from napkin_cat.certify import certify_accumulator, prove
+    from napkin_cat.terms import Let
+
+    right = acc._Builder.stable_update
+
+    def forgetful(self: acc._Builder, parts: list, one: tuple) -> Diagram:  # type: ignore[type-arg]
+        d = right(self, parts, one)
+        o1, chunk = Var("o1", d.outputs[-1].axes), Var("o_chunk", d.outputs[-1].axes)
+        body = tuple(Let(let.names, typed_box("add", (o1, chunk))) if let.names == ("o",) else let for let in d.body)
+        return replace(d, body=body)
+
+    monkeypatch.setattr(acc._Builder, "stable_update", forgetful)
+    box = typed_box("ncontract", (Var("X0", ("x",)), Var("X1", ("x",))), ("x",), params=("exp", "exp", "id"))
+    assert prove.prove_accumulator.__wrapped__(box, "x", "online_softmax", True) is None
+    cert = certify_accumulator.__wrapped__(box, "x", "online_softmax", True, "quick")
+    assert not cert.ok and "update(lift(x), y) != combine(lift(x), lift(y))" in cert.counterexample

@@ -17,7 +17,8 @@ side must equal it.
 
 Accumulators are certified per consuming box signature (op, target, parameters,
 operand types, streamed axis): the recomposition law combine(lift(x), lift(y)) =
-lift(x ⊕ y), the identity law combine(identity, s) = s, the finaliser law
+lift(x ⊕ y), the update law update(s, y) = combine(s, lift(y)) where the accumulator has a
+one-step update, the identity law combine(identity, s) = s, the finaliser law
 final(lift(x)) = box(x), with padding lift(x ⊕ fill) = lift(x), and the absorption law
 lift(x with input i all fill_i) = identity for every absorbing input i (what lets a kernel
 skip a chunk that a mask fills, ``masks.stream_masks``).  The symbolic tier uses the
@@ -499,6 +500,10 @@ def _laws(plan: acc.AccumulatorPlan, box: Box, sizes: dict[str, int], n1: int, p
     merged = evaluate_named(plan.combine, lift(part1, n1) + lift(part2, n - n1), dict(sizes), algebra)
     if not equal(state(merged), state(whole)):
         return f"combine(lift(x), lift(y)) != lift(x ⊕ y) at {show_sizes(sizes)}"
+    if plan.update is not None:
+        stepped = evaluate_named(plan.update, list(lift(part1, n1)) + part2, sizes | {axis: n - n1}, algebra)
+        if not equal(state(stepped), state(merged)):
+            return f"update(lift(x), y) != combine(lift(x), lift(y)) at {show_sizes(sizes)}"
     identity = tuple(Named((), algebra.asarray(v)) for v in plan.identity)
     unit = evaluate_named(plan.combine, identity + whole, dict(sizes), algebra)
     if not equal(state(unit), state(whole)):

@@ -70,7 +70,10 @@ class AccumulatorPlan:
     takes a state and returns the box's value, using ``Size`` of the FULL axis where it
     needs one (mean, rms).  ``pad`` is one fill value per lift input, or None;
     ``absorbing`` the positions of the inputs that absorb a chunk (module docstring; empty
-    without ``pad``).
+    without ``pad``).  ``update``, where there is one, folds a chunk into a state in one
+    step: it takes a state, then the lift's inputs, and equals combine(state, lift(chunk))
+    (a certified law); the stable states' update shifts the chunk by the new running
+    maximum at once, one correction per chunk instead of one per state (FlashAttention-2).
     """
 
     name: str
@@ -83,6 +86,7 @@ class AccumulatorPlan:
     final: Diagram
     pad: tuple[float, ...] | None
     absorbing: tuple[int, ...]
+    update: Diagram | None = None
 
 
 def accumulators_for(box: Box, axis: str) -> tuple[str, ...]:
@@ -256,7 +260,27 @@ class _Builder:
         final_d = self.diagram("final", finals, [], (final([Var(p.name, p.axes) for p in finals]),))
         identity = (-math.inf,) + (0.0,) * (len(parts) - 1)
         # scores at -inf: m = -inf and every exp(s - shift(m)) is 0; values at 0 leave l
-        return AccumulatorPlan(name, self.box, self.axis, state, lift, combine, identity, final_d, pad, (0,))
+        return AccumulatorPlan(name, self.box, self.axis, state, lift, combine, identity, final_d, pad, (0,),
+                               self.stable_update(parts, one))
+
+    def stable_update(self, parts: list[tuple[str, Expr]], one: tuple[Param, ...]) -> Diagram:
+        """update(m1, l1[, o1], chunk): m = max(m1, max of the chunk); the lift's terms, which
+        shift by ``Var("m")``, now shift by the new maximum; c = exp(m1 - shift(m)) rescales the
+        state once: l = c·l1 + Σ exp(s - shift(m)), o likewise."""
+        v1 = {p.name[:-1]: Var(p.name, p.axes) for p in one}
+        (_, chunk_max), rest = parts[0], parts[1:]
+        m = _bin("maximum", v1["m"], chunk_max)
+        mv = Var("m", m.axes)
+        c = _unary("exp", _bin("sub", v1["m"], self.shift(mv)))
+        cv = Var("c", c.axes)
+        body: list[tuple[str, Expr]] = [("m", m), ("c", c)]
+        outs: list[Expr] = [mv]
+        for n, term in rest:
+            body.append((f"{n}_chunk", term))
+            merged = _bin("add", _bin("mul", cv, v1[n]), Var(f"{n}_chunk", term.axes))
+            body.append((n, merged))
+            outs.append(Var(n, merged.axes))
+        return self.diagram("update", one + self.operands, body, tuple(outs))
 
 
 #: the score values at which each activation is exactly 0 (in float64, -inf included)

@@ -40,7 +40,8 @@ an output.
 Accumulator laws (accumulators.py, the unguarded forms, which equal the guarded ones on
 finite inputs): combine(lift(x), lift(y)) = lift(x ⊕ y) with x, y of symbolic lengths
 n1, n2 (so the fold over any number of chunks is the box, by induction on the chunks),
-combine(identity, s) = s, final(lift(x)) = box(x), and with padding lift(x ⊕ fill) = lift(x).
+combine(identity, s) = s, final(lift(x)) = box(x), with padding lift(x ⊕ fill) = lift(x), and
+for a one-step update update(s, x) = combine(s, lift(x)) for any state s.
 These are identities over the reals: for sum and prod, float64 rounding and overflow
 (a product past 1e308) are the numeric tier's, not the proof's.
 """
@@ -540,6 +541,12 @@ def _masked_laws(plan: acc.AccumulatorPlan, guarded: acc.AccumulatorPlan, box: B
         masked = [-sympy.oo, *args[1:]]
         state = _Semantics().run(guarded.lift, masked)
         identity = [_constant(v) for v in guarded.identity]
+        if guarded.update is not None:  # a masked chunk into a finite state, and into the identity
+            held = [_input(f"{n}0", t) for n, t in guarded.state]
+            for before in (held, identity):
+                if not _all_equal(_Semantics().run(guarded.update, [*before, *masked]),
+                                  _Semantics().run(guarded.combine, [*before, *state])):
+                    return False
         (final,) = _Semantics().run(guarded.final, list(state))
         (value,) = _Semantics().run(box_diagram(box), masked)
         return _all_equal(_Semantics().run(guarded.combine, [*identity, *state]), state) and _equal(final, value)
@@ -574,6 +581,10 @@ def _laws(plan: acc.AccumulatorPlan, guarded: acc.AccumulatorPlan, box: Box, pad
         state = sem().run(plan.lift, inputs())
         if not _all_equal(sem().run(plan.combine, [*map(_constant, plan.identity), *state]), state):
             return "identity"
+        if plan.update is not None:  # update(s, x) = combine(s, lift(x)) for any state s
+            held = [_input(f"{n}0", t) for n, t in plan.state]
+            if not _all_equal(sem().run(plan.update, [*held, *inputs()]), sem().run(plan.combine, [*held, *state])):
+                return "update"
         (final,) = sem().run((guarded if zero else plan).final, list(state))
         if not _equal(final, value):
             return "finaliser"

@@ -12,7 +12,7 @@ sizes (symbols where the module leaves them symbolic) and the tile symbols of th
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,14 +21,15 @@ from sympy import Expr
 
 from napkin_cat import ops
 from napkin_cat.cost import hardware as hw
+from napkin_cat.cost.launch import launch, occupancy
 from napkin_cat.kernel import Theorem
 from napkin_cat.schedule.build import program
 from napkin_cat.schedule.loopnest import loop_nest
-from napkin_cat.schedule.program import Program, max_of
+from napkin_cat.schedule.program import Buffer, Program, max_of
 from napkin_cat.terms import Box, Diagram, Partition, Schedule, union_axes
 
-__all__ = ["CONVENTION", "Baseline", "Cost", "CostError", "LevelCost", "Timing", "cost", "cost_of", "parallel_factor",
-           "timing"]
+__all__ = ["CONVENTION", "Baseline", "Cost", "CostError", "Launch", "LevelCost", "Timing", "cost", "cost_of",
+           "parallel_factor", "timing"]
 
 
 class CostError(ValueError):
@@ -123,6 +124,39 @@ class Cost:
         return sympy.Mul(*(trips for lp, trips in zip(loops, self.program.trips, strict=True)
                            if lp.kind == "group" and lp.level == self.first.name))
 
+    @property
+    def on_chip(self) -> tuple[Expr, Expr, Expr]:
+        """Per program at the compute level, as a Triton program holds them (``cost.launch``):
+        the computed values (intermediates and accumulator states, 32-bit each) kept in
+        registers, the bytes of blocks loaded outside any stream (one copy in shared memory),
+        and the bytes of chunks loaded inside a stream (one copy per pipeline stage); each the
+        largest over the columns."""
+        view = next(v for v in self.program.views if v.level == self.program.compute_level)
+        loops = self.program.nest.loops
+        streamed = {s.array for s in view.steps
+                    if s.op == "load" and any(loops[i].kind == "stream" for i, _ in s.path)}
+
+        def peak(keep: Callable[[Buffer], bool], weight: Callable[[str], int]) -> Expr:
+            return max_of([sympy.Add(*(b.size / b.copies * weight(b.array) for b in view.live(step.index) if keep(b)))
+                           for step in view.steps])
+
+        return (peak(lambda b: b.role in ("value", "state"), lambda _: 1),
+                peak(lambda b: b.role == "load" and b.array not in streamed, self.bytes_of.__getitem__),
+                peak(lambda b: b.role == "load" and b.array in streamed, self.bytes_of.__getitem__))
+
+    def launched(self, values: Mapping[str, float | int]) -> Launch | None:
+        """How a Triton program of these tiles is launched on ``hardware`` (``cost.launch``),
+        or None for a profile without launch rules."""
+        rule = self.hardware.launch
+        if not rule:
+            return None
+        registers, fixed, staged = (float(self.at(e, values)) for e in self.on_chip)
+        smem = self.hardware.level(self.program.compute_level).capacity
+        warps, stages, fits = launch(registers, staged, smem=smem - fixed, **rule)
+        resident = occupancy(registers, fixed + staged * stages, warps, 1, rule["registers_per_thread"],
+                             rule["register_budget"], self.hardware.level("reg").capacity, smem)
+        return Launch(warps, stages, fits, registers, registers / (32 * warps), fixed + staged * stages, resident)
+
     def at(self, expr: Expr, values: Mapping[str, float | int]) -> Expr:
         """``expr`` with axis sizes and tiles given by name substituted."""
         table = {sym: values[name] for name, sym in self.symbols().items() if name in values}
@@ -132,6 +166,21 @@ class Cost:
         """Every free symbol by name: symbolic axis sizes and tile names."""
         syms = {name: s for name, s in self.sizes.items() if isinstance(s, sympy.Symbol)}
         return syms | dict(self.tiles)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A Triton program's launch (``Cost.launched``): warps and pipeline stages chosen, whether
+    its tiles fit the register budget and shared memory at all, the values it keeps in
+    registers (in all, and per thread), its shared-memory bytes and the programs per SM."""
+
+    num_warps: int
+    num_stages: int
+    fits: bool
+    registers: float
+    per_thread: float
+    smem_bytes: float
+    occupancy: int
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from typing import NamedTuple
 import sympy
 from sympy import Expr
 
-from napkin_cat.cost import Cost, CostError, parallel_factor
+from napkin_cat.cost import Cost, CostError, Launch, parallel_factor
 from napkin_cat.cost import hardware as hw
 from napkin_cat.schedule.program import max_of
 from napkin_cat.terms import Box
@@ -206,6 +206,8 @@ class Config:
     factor: float = 1.0
     #: what the configurations rank by: (transfer time + FLOP time at the dtype's peak) * factor
     seconds: float = 0.0
+    #: the Triton launch of these tiles (``Cost.launched``), for a profile with launch rules
+    launch: Launch | None = None
 
 
 @dataclass(frozen=True)
@@ -364,18 +366,25 @@ def _ranked(c: Cost, cons: dict[str, _TileRule], top: int, limit: int) -> Config
     exprs += [c.flops, c.programs, sympy.Mul(*c.program.trips)]
     peak = c.hardware.peak_flops(c.dtype)
     fn = sympy.lambdify(symbols, exprs, modules=[{"Max": max, "ceiling": math.ceil}, "math"])
+    # with launch rules, the compute level's capacity is the launch's: loaded blocks in shared
+    # memory (per pipeline stage), computed tiles in the register budget (``Cost.launched``)
+    launched = bool(c.hardware.launch)
     rows: list[tuple[float, float, Config]] = []
     for tiles in combos:
         values = [float(v) for v in fn(*[tiles[n] for n in names])]
         memory = {lv.name: values[i] for i, lv in enumerate(levels)}
-        if any(memory[lv.name] > cap for lv, cap in zip(levels, capacity, strict=True)):
+        if any(memory[lv.name] > cap for lv, cap in zip(levels, capacity, strict=True)
+               if not (launched and lv.name == c.program.compute_level)):
+            continue
+        plan = c.launched(tiles) if launched else None
+        if plan is not None and not plan.fits:
             continue
         moved = {lv.name: values[len(levels) + i] for i, lv in enumerate(levels)}
         time = sum(moved[lv.name] / bw for lv, bw in zip(levels, bandwidth, strict=True))
         flops, programs, trips = values[-3:]
         factor = parallel_factor(programs, c.hardware.sms)
         seconds = (time + flops / peak) * factor
-        rows.append((seconds, trips, Config(tiles, memory, moved, time, programs, factor, seconds)))
+        rows.append((seconds, trips, Config(tiles, memory, moved, time, programs, factor, seconds, plan)))
     rows.sort(key=lambda r: (float(f"{r[0]:.9g}"), r[1]))
     return ConfigTable(tuple(r[2] for r in rows[:top]), {n: tuple(cons[n].causes) for n in names}, len(combos))
 

@@ -62,8 +62,9 @@ REPRESENTATIVE_SIZE = 4096
 
 #: names the emitted module defines or its code reads: no theorem, input or binding may take
 #: one (a theorem named `len` would shadow the builtin its helpers call), nor any builtin
-_RESERVED = ("jax", "jnp", "lax", "pl", "n", "p", "INF", "BIG", "TINY", "interpret", "bind_sizes", "round_up",
-             "pow2_extent", "pad_to", "erf", "split_tiles", "merge_tiles", "device_mesh", "shard", *dir(builtins))
+_RESERVED = ("jax", "jnp", "lax", "pl", "plgpu", "n", "p", "INF", "BIG", "TINY", "interpret", "bind_sizes",
+             "round_up", "pow2_extent", "pad_to", "erf", "split_tiles", "merge_tiles", "device_mesh", "shard", "launch",
+             *dir(builtins))
 
 
 @dataclass(frozen=True)
@@ -186,12 +187,11 @@ def _lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str
     params = [namer.fresh(p) for p, _ in lay.flat.inputs]
     doc = _docstring(lay, target, placed.origin, dtype_name, hardware, proved, schedule,
                      None if plan is None else mesh_target.describe(plan, lay))
-    emitter = pallas_target if target == "pallas" else jax_target
     functions: list[ast.stmt]
     if plan is not None:
         functions = mesh_target.emit_functions(lay, plan, fname, params, doc, dtype_name, namer)
     else:
-        forward = emitter.emit_function(lay, fname, params, doc, dtype_name, namer)
+        forward = _emit(lay, fname, params, doc, dtype_name, namer, hardware)
         if link is None:
             defined, gradients = backward_target.differentiable(forward, diagram, target, params, _RESERVED)
         else:
@@ -202,8 +202,8 @@ def _lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str
                 back_doc = _docstring(back.layout, target, back.origin, dtype_name, hardware, _proof(thm),
                                       thm.schedule, None)
                 back_params = [cg.Namer(_RESERVED).fresh(p) for p, _ in back.layout.flat.inputs]
-                kernels.append(emitter.emit_function(back.layout, back_name, back_params, back_doc, dtype_name,
-                                                     cg.Namer([*_RESERVED, back_name, *back_params])))
+                kernels.append(_emit(back.layout, back_name, back_params, back_doc, dtype_name,
+                                     cg.Namer([*_RESERVED, back_name, *back_params]), hardware))
                 placed.tiles.update(back.tiles)
             defined, gradients = backward_target.joined(forward, kernels, [t.name for t in backward], link, target,
                                                         params, _RESERVED)
@@ -214,10 +214,11 @@ def _lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str
     body = [cg.import_("jax"), cg.import_("jax.numpy", "jnp"), cg.import_("jax", names=("lax",))]
     if target == "pallas":
         body.append(cg.import_("jax.experimental", names=("pallas as pl",)))
+        body.append(cg.import_("jax.experimental.pallas", names=("triton as plgpu",)))
     body += [cg.assign("INF", cg.attr("jnp.inf")), cg.assign("BIG", cg.const(BIG)), cg.assign("TINY", cg.const(TINY))]
     helpers = ["bind_sizes"] + (["round_up", "pow2_extent", "pad_to"] if target == "pallas" else [])
     used = {n.id for f in functions for n in ast.walk(f) if isinstance(n, ast.Name)}
-    helpers += [h for h in ("round_up", "device_mesh", "shard", "split_tiles", "merge_tiles", "erf")
+    helpers += [h for h in ("round_up", "device_mesh", "shard", "split_tiles", "merge_tiles", "erf", "launch")
                 if h in used and h not in helpers]
     body += helper_source(helpers)
     body += functions
@@ -310,6 +311,31 @@ def _placement(lay: Layout, target: str) -> str:
         accs = sorted({p.name for p in lay.plans.values()})
         parts.append(f"{lay.stream} streamed in chunks of {lay.tiles[lay.stream]} carrying {', '.join(accs)}")
     return "; ".join(parts) or "one call, nothing partitioned"
+
+
+def _emit(lay: Layout, fname: str, params: Sequence[str], doc: str, dtype: str, namer: cg.Namer,
+          hardware: str | None) -> ast.FunctionDef:
+    """One kernel's function on its target; a Pallas kernel is launched by ``_launch_rule``."""
+    if lay.target != "pallas":
+        return jax_target.emit_function(lay, fname, params, doc, dtype, namer)
+    return pallas_target.emit_function(lay, fname, params, doc, dtype, namer, _launch_rule(lay, hardware))
+
+
+def _launch_rule(lay: Layout, hardware: str | None) -> pallas_target.LaunchRule | None:
+    """What the Pallas kernel's launch is chosen from (``cost.launch``): its on-chip needs at
+    these tiles on ``hardware`` (default h100); None where the cost model has no result for
+    the schedule or the profile no launch rules (Triton's defaults then)."""
+    schedule = realised_schedule(lay.diagram, lay.schedule, lay.target)
+    try:
+        model = cost.cost_of(lay.diagram, schedule, hardware or "h100")
+    except (ValueError, KeyError):
+        return None
+    if not model.hardware.launch:
+        return None
+    values = {p.tile: lay.tiles[p.axis] for p in schedule.partitions if isinstance(p.tile, str)}
+    values_, fixed, staged = (model.at(e, values) for e in model.on_chip)
+    return pallas_target.LaunchRule(values_, fixed, staged, model.hardware.launch,
+                                    model.hardware.level(model.program.compute_level).capacity)
 
 
 def _cost_bound(lay: Layout, hardware: str | None) -> str:

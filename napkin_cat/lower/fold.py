@@ -4,8 +4,9 @@ Relative to the streamed axis (``loopnest`` phases, paper R4/R5) a node is emitt
 
 - ``before`` the loop (once per program or call: it does not depend on the axis);
 - in the loop body (``chunk``: woven through the stream, on the current chunk);
-- as an accumulator update (``accumulate``): its operands are lifted into a partial
-  state by the plan's ``lift`` diagram, merged into the carry by ``combine``;
+- as an accumulator update (``accumulate``): its operands are folded into the carry by
+  the plan's ``update`` diagram where it has one (the stable states: one correction per
+  chunk), else lifted into a partial state by ``lift`` and merged by ``combine``;
 - ``after`` the loop, on the values the plans' ``final`` diagrams give.
 
 Every accumulator diagram is inlined through the same op table as the diagram itself,
@@ -96,9 +97,11 @@ def emit_step(lay: Layout, env: dict[str, Value], scope: Scope, carry: Sequence[
         box = node.expr
         assert isinstance(box, Box)
         operands = mask_padded(box, [argument(a, env, scope) for a in box.args], scope)
-        lifted = emit_diagram(plan.lift, operands, inner)
         previous = [carry[i] for i, s in enumerate(all_slots) if s.node == node.name]
-        merged = emit_diagram(plan.combine, previous + lifted, inner)
+        if plan.update is not None:  # one step: combine(state, lift(chunk)), certified
+            merged = emit_diagram(plan.update, previous + operands, inner)
+        else:
+            merged = emit_diagram(plan.combine, previous + emit_diagram(plan.lift, operands, inner), inner)
         for value, (_, axes) in zip(merged, plan.state, strict=True):
             updated.append(transpose_to(value, scope.keep(axes)))
     return updated

@@ -17,7 +17,11 @@
 from __future__ import annotations
 
 import ast
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
 
 from napkin_cat.lower import codegen as cg
 from napkin_cat.lower.fold import emit_after, emit_before, emit_identity, emit_step, slots
@@ -77,9 +81,48 @@ def stored_dims(lay: Layout, axes: Axes) -> list[ast.expr]:
     return dims
 
 
+@dataclass(frozen=True)
+class LaunchRule:
+    """What ``cost.launch.launch`` reads for one kernel: its on-chip needs (``Cost.on_chip``:
+    register values, bytes loaded outside and inside the stream; sympy expressions in the axis
+    sizes, the tiles substituted), the profile's rule and its shared memory."""
+
+    values: sympy.Expr
+    fixed: sympy.Expr
+    staged: sympy.Expr
+    rule: Mapping[str, Any]
+    smem: float
+
+
+def _size_code(expr: sympy.Expr) -> ast.expr:
+    """A sympy expression in axis-size symbols as code over the padded extents ``p[axis]``
+    (the blocks the kernel holds)."""
+    tree = ast.parse(str(expr), mode="eval").body
+
+    class Sizes(ast.NodeTransformer):
+        def visit_Name(self, node: ast.Name) -> ast.expr:
+            return cg.name("max") if node.id == "Max" else cg.subscript(cg.name("p"), cg.const(node.id))
+
+    return Sizes().visit(tree)  # type: ignore[no-any-return]
+
+
+def _compiler_params(launch: LaunchRule, block: cg.Block) -> ast.keyword:
+    """``compiler_params`` with num_warps and num_stages chosen at trace time by
+    ``cost.launch.launch`` on the kernel's actual blocks."""
+    rule = launch.rule
+    chosen = block.bind("launched", cg.call(
+        "launch", _size_code(launch.values), _size_code(launch.staged), cg.const(rule["registers_per_thread"]),
+        cg.tuple_([cg.const(w) for w in rule["warps"]]), cg.const(rule["register_budget"]),
+        cg.tuple_([cg.const(s) for s in rule["stages"]]),
+        cg.binop(cg.const(launch.smem), "-", _size_code(launch.fixed))))
+    return cg.kw("compiler_params", cg.call("plgpu.CompilerParams", keywords=[
+        cg.kw("num_warps", cg.subscript(chosen, cg.const(0))), cg.kw("num_stages", cg.subscript(chosen, cg.const(1)))]))
+
+
 def emit_function(lay: Layout, fname: str, params: Sequence[str], doc: str, dtype: str,
-                  namer: cg.Namer) -> ast.FunctionDef:
-    """``def fname(*inputs, interpret=None)``: pad, one ``pallas_call``, slice back."""
+                  namer: cg.Namer, launch: LaunchRule | None = None) -> ast.FunctionDef:
+    """``def fname(*inputs, interpret=None)``: pad, one ``pallas_call`` (launched with the
+    warps and stages ``launch`` chooses, else Triton's defaults), slice back."""
     block = cg.Block(namer)
     auto = cg.binop(cg.call("jax.default_backend"), "!=", cg.const("gpu"))
     block.emit(ast.If(cg.binop(cg.name("interpret"), "is", cg.const(None)), [cg.assign("interpret", auto)], []))
@@ -114,6 +157,7 @@ def emit_function(lay: Layout, fname: str, params: Sequence[str], doc: str, dtyp
         cg.kw("in_specs", ast.List([block_spec(lay, t) for _, t in lay.flat.inputs], ast.Load())),
         cg.kw("out_specs", ast.List([block_spec(lay, t) for t in out_types], ast.Load())),
         cg.kw("interpret", cg.name("interpret")),
+        *([_compiler_params(launch, block)] if launch is not None else []),
     ])
     outs = block.bind("outs", ast.Call(call, list(padded), []))
     results = []

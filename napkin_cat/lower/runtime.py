@@ -15,6 +15,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from napkin_cat.cost.launch import launch
+
 __all__ = ["HELPERS", "bind_sizes", "device_mesh", "erf", "helper_source", "merge_tiles", "pad_to", "pow2_extent",
            "round_up", "shard", "split_tiles"]
 
@@ -112,6 +114,7 @@ def shard(array: Any, mesh: Any, axis: int | None, extent: int) -> Any:
 HELPERS: dict[str, Callable[..., Any]] = {
     "bind_sizes": bind_sizes, "round_up": round_up, "pow2_extent": pow2_extent, "pad_to": pad_to, "erf": erf,
     "split_tiles": split_tiles, "merge_tiles": merge_tiles, "device_mesh": device_mesh, "shard": shard,
+    "launch": launch,
 }
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
+from typing import Any
 
 from napkin_cat.terms import LEVELS
 
@@ -71,7 +72,9 @@ class Hardware:
 
     ``divisibility`` holds ``power_of_two`` (bool), ``min_tile`` and ``coalesce_bytes``;
     ``tensor_core`` holds ``m``, ``n`` (values) and ``k_bytes`` for contraction operands;
-    ``devices`` is the devices per node that the ``mesh`` level joins (1 without one).
+    ``devices`` is the devices per node that the ``mesh`` level joins (1 without one);
+    ``launch`` the keywords of ``cost.launch.launch`` (registers per thread, warps, register
+    budget, stages) for a Triton program, empty for a profile without them.
     """
 
     key: str
@@ -82,6 +85,7 @@ class Hardware:
     divisibility: dict[str, int | bool] = field(compare=False)
     tensor_core: dict[str, int] = field(compare=False)
     devices: int = 1
+    launch: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def level(self, name: str) -> Level:
         for level in self.levels:
@@ -131,6 +135,6 @@ def load(key: str) -> Hardware:
         peak = {canonical_dtype(k): float(v) for k, v in data["peak"].items()}
         return Hardware(key, str(data["name"]), int(data["sms"]), levels, peak,
                         dict(data.get("divisibility", {})), dict(data.get("tensor_core", {})),
-                        int(raw_levels.get("mesh", {}).get("devices", 1)))
+                        int(raw_levels.get("mesh", {}).get("devices", 1)), dict(data.get("launch", {})))
     except KeyError as exc:
         raise HardwareError(f"{key}.toml: missing field {exc}") from None

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 INF = jnp.inf
 BIG = 1.190988162528827e+38
 TINY = 1.1754943508222875e-38
@@ -46,6 +47,14 @@ def pad_to(array, extents, dtype):
     widths = [(0, extent - size) for extent, size in zip(extents, array.shape, strict=True)]
     return jnp.pad(array, widths) if any((w for _, w in widths)) else array
 
+def launch(values, staged, registers_per_thread, warps, register_budget, stages, smem):
+    """``(num_warps, num_stages, fits)``: the fewest warps whose budgeted registers hold
+    ``values`` 32-bit values, and the most pipeline stages whose copies of ``staged`` bytes fit
+    in ``smem``; ``fits`` is False (with the most warps, the fewest stages) when none does."""
+    w = next((w for w in warps if values <= register_budget * registers_per_thread * 32 * w), None)
+    s = next((s for s in stages if staged * s <= smem), None)
+    return (max(warps) if w is None else w, min(stages) if s is None else s, w is not None and s is not None)
+
 def flash_attention_forward(Q, K, V, *, interpret=None):
     """The forward kernel (the public function's primal)."""
     if interpret is None:
@@ -69,30 +78,26 @@ def flash_attention_forward(Q, K, V, *, interpret=None):
             t_1 = jnp.einsum('ab,cb->ac', Q_block, K_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
             S = t_1 * t_2
             masked = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + x_first < n['x'], S, -INF)
-            lift_m = jnp.max(masked, axis=(1,))
-            lift_t_1 = jnp.maximum(lift_m, -BIG)
-            lift_t_2 = masked - lift_t_1[:, None]
-            lift_t_3 = jnp.exp(lift_t_2)
-            lift_l = jnp.sum(lift_t_3, axis=(1,))
-            lift_o = jnp.einsum('ab,bc->ac', lift_t_3, V_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
-            combine_m = jnp.maximum(O_m, lift_m)
-            combine_t_1 = jnp.maximum(combine_m, -BIG)
-            combine_t_2 = O_m - combine_t_1
-            combine_c1 = jnp.exp(combine_t_2)
-            combine_t_4 = lift_m - combine_t_1
-            combine_c2 = jnp.exp(combine_t_4)
-            combine_t_5 = combine_c1 * O_l
-            combine_t_6 = combine_c2 * lift_l
-            combine_l = combine_t_5 + combine_t_6
-            combine_t_7 = combine_c1[:, None] * O_o
-            combine_t_8 = combine_c2[:, None] * lift_o
-            combine_o = combine_t_7 + combine_t_8
-            return (combine_m, combine_l, combine_o)
+            update_t_1 = jnp.max(masked, axis=(1,))
+            update_m = jnp.maximum(O_m, update_t_1)
+            update_t_2 = jnp.maximum(update_m, -BIG)
+            update_t_3 = O_m - update_t_2
+            update_c = jnp.exp(update_t_3)
+            update_t_5 = masked - update_t_2[:, None]
+            update_t_6 = jnp.exp(update_t_5)
+            update_l_chunk = jnp.sum(update_t_6, axis=(1,))
+            update_t_7 = update_c * O_l
+            update_l = update_t_7 + update_l_chunk
+            update_o_chunk = jnp.einsum('ab,bc->ac', update_t_6, V_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+            update_t_11 = update_c[:, None] * O_o
+            update_o = update_t_11 + update_o_chunk
+            return (update_m, update_l, update_o)
         O_m_2, O_l_2, O_o_2 = lax.fori_loop(0, p['x'] // 32, body, (jnp.full((32,), -INF, jnp.float32), jnp.full((32,), 0.0, jnp.float32), jnp.full((32, p['d']), 0.0, jnp.float32)))
         final_t_1 = jnp.maximum(O_l_2, TINY)
         final_t_2 = O_o_2 / final_t_1[:, None]
         out0_ref[...] = final_t_2.astype(out0_ref.dtype)
-    outs = pl.pallas_call(kernel, out_shape=[jax.ShapeDtypeStruct((p['q'], p['d']), jnp.float32)], grid=(p['q'] // 32,), in_specs=[pl.BlockSpec((32, p['d']), lambda i_q: (i_q, 0)), pl.BlockSpec((p['x'], p['d']), lambda i_q: (0, 0)), pl.BlockSpec((p['x'], p['d']), lambda i_q: (0, 0))], out_specs=[pl.BlockSpec((32, p['d']), lambda i_q: (i_q, 0))], interpret=interpret)(Q_padded, K_padded, V_padded)
+    launched = launch(3136, 8192, 255, (4, 8), 0.5, (3, 2, 1), 232448.0 - 4096)
+    outs = pl.pallas_call(kernel, out_shape=[jax.ShapeDtypeStruct((p['q'], p['d']), jnp.float32)], grid=(p['q'] // 32,), in_specs=[pl.BlockSpec((32, p['d']), lambda i_q: (i_q, 0)), pl.BlockSpec((p['x'], p['d']), lambda i_q: (0, 0)), pl.BlockSpec((p['x'], p['d']), lambda i_q: (0, 0))], out_specs=[pl.BlockSpec((32, p['d']), lambda i_q: (i_q, 0))], interpret=interpret, compiler_params=plgpu.CompilerParams(num_warps=launched[0], num_stages=launched[1]))(Q_padded, K_padded, V_padded)
     return outs[0][:n['q'], :n['d']]
 
 def flash_attention_backward(Q, K, V, dO):

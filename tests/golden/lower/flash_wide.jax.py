@@ -62,25 +62,20 @@ def flash_wide(Q, K, V):
             V_chunk = lax.dynamic_slice_in_dim(V_2, start, size, axis=0)
             t_1 = jnp.einsum('ab,cb->ac', Q_rows_2, K_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
             S = t_1 * t_2
-            lift_m = jnp.max(S, axis=(1,))
-            lift_t_1 = jnp.maximum(lift_m, -BIG)
-            lift_t_2 = S - lift_t_1[:, None]
-            lift_t_3 = jnp.exp(lift_t_2)
-            lift_l = jnp.sum(lift_t_3, axis=(1,))
-            lift_o = jnp.einsum('ab,bc->ac', lift_t_3, V_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
-            combine_m = jnp.maximum(O_m, lift_m)
-            combine_t_1 = jnp.maximum(combine_m, -BIG)
-            combine_t_2 = O_m - combine_t_1
-            combine_c1 = jnp.exp(combine_t_2)
-            combine_t_4 = lift_m - combine_t_1
-            combine_c2 = jnp.exp(combine_t_4)
-            combine_t_5 = combine_c1 * O_l
-            combine_t_6 = combine_c2 * lift_l
-            combine_l = combine_t_5 + combine_t_6
-            combine_t_7 = combine_c1[:, None] * O_o
-            combine_t_8 = combine_c2[:, None] * lift_o
-            combine_o = combine_t_7 + combine_t_8
-            return (combine_m, combine_l, combine_o)
+            update_t_1 = jnp.max(S, axis=(1,))
+            update_m = jnp.maximum(O_m, update_t_1)
+            update_t_2 = jnp.maximum(update_m, -BIG)
+            update_t_3 = O_m - update_t_2
+            update_c = jnp.exp(update_t_3)
+            update_t_5 = S - update_t_2[:, None]
+            update_t_6 = jnp.exp(update_t_5)
+            update_l_chunk = jnp.sum(update_t_6, axis=(1,))
+            update_t_7 = update_c * O_l
+            update_l = update_t_7 + update_l_chunk
+            update_o_chunk = jnp.einsum('ab,bc->ac', update_t_6, V_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+            update_t_11 = update_c[:, None] * O_o
+            update_o = update_t_11 + update_o_chunk
+            return (update_m, update_l, update_o)
         step = jax.checkpoint(step, static_argnums=(2,))
         full_chunks = n['x'] // 32
         state = (jnp.full((rows,), -INF, jnp.float32), jnp.full((rows,), 0.0, jnp.float32), jnp.full((rows, n['d']), 0.0, jnp.float32))

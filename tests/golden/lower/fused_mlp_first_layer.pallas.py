@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 INF = jnp.inf
 BIG = 1.190988162528827e+38
 TINY = 1.1754943508222875e-38
@@ -56,6 +57,14 @@ def erf(x):
     poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
     return jnp.sign(x) * (1.0 - poly * jnp.exp(-x * x))
 
+def launch(values, staged, registers_per_thread, warps, register_budget, stages, smem):
+    """``(num_warps, num_stages, fits)``: the fewest warps whose budgeted registers hold
+    ``values`` 32-bit values, and the most pipeline stages whose copies of ``staged`` bytes fit
+    in ``smem``; ``fits`` is False (with the most warps, the fewest stages) when none does."""
+    w = next((w for w in warps if values <= register_budget * registers_per_thread * 32 * w), None)
+    s = next((s for s in stages if staged * s <= smem), None)
+    return (max(warps) if w is None else w, min(stages) if s is None else s, w is not None and s is not None)
+
 def fused_mlp_first_layer_forward(X, W1, B1, W2, B2, *, interpret=None):
     """The forward kernel (the public function's primal)."""
     if interpret is None:
@@ -89,7 +98,8 @@ def fused_mlp_first_layer_forward(X, W1, B1, W2, B2, *, interpret=None):
         t_3_s_2, = lax.fori_loop(0, p['f'] // 32, body, (jnp.full((32, p['d']), 0.0, jnp.float32),))
         Y = t_3_s_2 + B2_block[None, :]
         out0_ref[...] = Y.astype(out0_ref.dtype)
-    outs = pl.pallas_call(kernel, out_shape=[jax.ShapeDtypeStruct((p['t'], p['d']), jnp.float32)], grid=(p['t'] // 32,), in_specs=[pl.BlockSpec((32, p['d']), lambda i_t: (i_t, 0)), pl.BlockSpec((p['d'], p['f']), lambda i_t: (0, 0)), pl.BlockSpec((p['f'],), lambda i_t: (0,)), pl.BlockSpec((p['f'], p['d']), lambda i_t: (0, 0)), pl.BlockSpec((p['d'],), lambda i_t: (0,))], out_specs=[pl.BlockSpec((32, p['d']), lambda i_t: (i_t, 0))], interpret=interpret)(X_padded, W1_padded, B1_padded, W2_padded, B2_padded)
+    launched = launch(max(64 * p['d'], 32 * p['d'] + 1024), 128 * p['d'] + 64, 255, (4, 8), 0.5, (3, 2, 1), 232448.0 - 66 * p['d'])
+    outs = pl.pallas_call(kernel, out_shape=[jax.ShapeDtypeStruct((p['t'], p['d']), jnp.float32)], grid=(p['t'] // 32,), in_specs=[pl.BlockSpec((32, p['d']), lambda i_t: (i_t, 0)), pl.BlockSpec((p['d'], p['f']), lambda i_t: (0, 0)), pl.BlockSpec((p['f'],), lambda i_t: (0,)), pl.BlockSpec((p['f'], p['d']), lambda i_t: (0, 0)), pl.BlockSpec((p['d'],), lambda i_t: (0,))], out_specs=[pl.BlockSpec((32, p['d']), lambda i_t: (i_t, 0))], interpret=interpret, compiler_params=plgpu.CompilerParams(num_warps=launched[0], num_stages=launched[1]))(X_padded, W1_padded, B1_padded, W2_padded, B2_padded)
     return outs[0][:n['t'], :n['d']]
 
 def fused_mlp_first_layer_backward(X, W1, B1, W2, B2, dY):

@@ -58,23 +58,19 @@ def streamed_cross_entropy_index(Z, L):
             t_1_m, t_1_l, t_2_s = carry
             Z_chunk = lax.dynamic_slice_in_dim(Z_rows_2, start, size, axis=1)
             Y = jnp.where(L_rows_2[:, None] == jnp.asarray(lax.broadcasted_iota(jnp.int32, (rows, size), 1) + start, jnp.float32), 1.0, 0.0)
-            lift_m = jnp.max(Z_chunk, axis=(1,))
-            lift_t_1 = jnp.maximum(lift_m, -BIG)
-            lift_t_2 = Z_chunk - lift_t_1[:, None]
-            lift_t_3 = jnp.exp(lift_t_2)
-            lift_l = jnp.sum(lift_t_3, axis=(1,))
-            combine_m = jnp.maximum(t_1_m, lift_m)
-            combine_t_1 = jnp.maximum(combine_m, -BIG)
-            combine_t_2 = t_1_m - combine_t_1
-            combine_c1 = jnp.exp(combine_t_2)
-            combine_t_4 = lift_m - combine_t_1
-            combine_c2 = jnp.exp(combine_t_4)
-            combine_t_5 = combine_c1 * t_1_l
-            combine_t_6 = combine_c2 * lift_l
-            combine_l = combine_t_5 + combine_t_6
+            update_t_1 = jnp.max(Z_chunk, axis=(1,))
+            update_m = jnp.maximum(t_1_m, update_t_1)
+            update_t_2 = jnp.maximum(update_m, -BIG)
+            update_t_3 = t_1_m - update_t_2
+            update_c = jnp.exp(update_t_3)
+            update_t_5 = Z_chunk - update_t_2[:, None]
+            update_t_6 = jnp.exp(update_t_5)
+            update_l_chunk = jnp.sum(update_t_6, axis=(1,))
+            update_t_7 = update_c * t_1_l
+            update_l = update_t_7 + update_l_chunk
             lift_s = jnp.sum(Y * Z_chunk, axis=(1,))
-            combine_t_1_2 = t_2_s + lift_s
-            return (combine_m, combine_l, combine_t_1_2)
+            combine_t_1 = t_2_s + lift_s
+            return (update_m, update_l, combine_t_1)
         step = jax.checkpoint(step, static_argnums=(2,))
         full_chunks = n['v'] // 32
         state = (jnp.full((rows,), -INF, jnp.float32), jnp.full((rows,), 0.0, jnp.float32), jnp.full((rows,), 0.0, jnp.float32))

@@ -62,22 +62,18 @@ def streamed_stats(X):
             combine_t_1_2 = jnp.minimum(t_2_s, lift_s_2)
             lift_s_3 = jnp.sum(X_chunk, axis=(1,))
             combine_t_1_3 = t_3_s + lift_s_3
-            lift_t_1 = jnp.maximum(lift_s, -BIG)
-            lift_t_2 = X_chunk - lift_t_1[:, None]
-            lift_t_3 = jnp.exp(lift_t_2)
-            lift_l = jnp.sum(lift_t_3, axis=(1,))
-            combine_m = jnp.maximum(t_4_m, lift_s)
-            combine_t_1_4 = jnp.maximum(combine_m, -BIG)
-            combine_t_2 = t_4_m - combine_t_1_4
-            combine_c1 = jnp.exp(combine_t_2)
-            combine_t_4 = lift_s - combine_t_1_4
-            combine_c2 = jnp.exp(combine_t_4)
-            combine_t_5 = combine_c1 * t_4_l
-            combine_t_6 = combine_c2 * lift_l
-            combine_l = combine_t_5 + combine_t_6
+            update_m = jnp.maximum(t_4_m, lift_s)
+            update_t_2 = jnp.maximum(update_m, -BIG)
+            update_t_3 = t_4_m - update_t_2
+            update_c = jnp.exp(update_t_3)
+            update_t_5 = X_chunk - update_t_2[:, None]
+            update_t_6 = jnp.exp(update_t_5)
+            update_l_chunk = jnp.sum(update_t_6, axis=(1,))
+            update_t_7 = update_c * t_4_l
+            update_l = update_t_7 + update_l_chunk
             lift_s_4 = jnp.sum(t_6, axis=(1,))
-            combine_t_1_5 = t_7_s + lift_s_4
-            return (combine_t_1, combine_t_1_2, combine_t_1_3, combine_m, combine_l, combine_t_1_5)
+            combine_t_1_4 = t_7_s + lift_s_4
+            return (combine_t_1, combine_t_1_2, combine_t_1_3, update_m, update_l, combine_t_1_4)
         step = jax.checkpoint(step, static_argnums=(2,))
         full_chunks = n['v'] // 32
         state = (jnp.full((rows,), -INF, jnp.float32), jnp.full((rows,), INF, jnp.float32), jnp.full((rows,), 0.0, jnp.float32), jnp.full((rows,), -INF, jnp.float32), jnp.full((rows,), 0.0, jnp.float32), jnp.full((rows,), 0.0, jnp.float32))

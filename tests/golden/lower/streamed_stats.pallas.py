@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 INF = jnp.inf
 BIG = 1.190988162528827e+38
 TINY = 1.1754943508222875e-38
@@ -46,6 +47,14 @@ def pad_to(array, extents, dtype):
     widths = [(0, extent - size) for extent, size in zip(extents, array.shape, strict=True)]
     return jnp.pad(array, widths) if any((w for _, w in widths)) else array
 
+def launch(values, staged, registers_per_thread, warps, register_budget, stages, smem):
+    """``(num_warps, num_stages, fits)``: the fewest warps whose budgeted registers hold
+    ``values`` 32-bit values, and the most pipeline stages whose copies of ``staged`` bytes fit
+    in ``smem``; ``fits`` is False (with the most warps, the fewest stages) when none does."""
+    w = next((w for w in warps if values <= register_budget * registers_per_thread * 32 * w), None)
+    s = next((s for s in stages if staged * s <= smem), None)
+    return (max(warps) if w is None else w, min(stages) if s is None else s, w is not None and s is not None)
+
 def streamed_stats_forward(X, *, interpret=None):
     """The forward kernel (the public function's primal)."""
     if interpret is None:
@@ -71,23 +80,19 @@ def streamed_stats_forward(X, *, interpret=None):
             combine_t_1_2 = jnp.minimum(t_2_s, lift_s_2)
             lift_s_3 = jnp.sum(X_chunk, axis=(1,))
             combine_t_1_3 = t_3_s + lift_s_3
-            lift_t_1 = jnp.maximum(lift_s, -BIG)
-            lift_t_2 = masked - lift_t_1[:, None]
-            lift_t_3 = jnp.exp(lift_t_2)
-            lift_l = jnp.sum(lift_t_3, axis=(1,))
-            combine_m = jnp.maximum(t_4_m, lift_s)
-            combine_t_1_4 = jnp.maximum(combine_m, -BIG)
-            combine_t_2 = t_4_m - combine_t_1_4
-            combine_c1 = jnp.exp(combine_t_2)
-            combine_t_4 = lift_s - combine_t_1_4
-            combine_c2 = jnp.exp(combine_t_4)
-            combine_t_5 = combine_c1 * t_4_l
-            combine_t_6 = combine_c2 * lift_l
-            combine_l = combine_t_5 + combine_t_6
+            update_m = jnp.maximum(t_4_m, lift_s)
+            update_t_2 = jnp.maximum(update_m, -BIG)
+            update_t_3 = t_4_m - update_t_2
+            update_c = jnp.exp(update_t_3)
+            update_t_5 = masked - update_t_2[:, None]
+            update_t_6 = jnp.exp(update_t_5)
+            update_l_chunk = jnp.sum(update_t_6, axis=(1,))
+            update_t_7 = update_c * t_4_l
+            update_l = update_t_7 + update_l_chunk
             masked_3 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first < n['v'], t_6, 0.0)
             lift_s_4 = jnp.sum(masked_3, axis=(1,))
-            combine_t_1_5 = t_7_s + lift_s_4
-            return (combine_t_1, combine_t_1_2, combine_t_1_3, combine_m, combine_l, combine_t_1_5)
+            combine_t_1_4 = t_7_s + lift_s_4
+            return (combine_t_1, combine_t_1_2, combine_t_1_3, update_m, update_l, combine_t_1_4)
         t_1_s_2, t_2_s_2, t_3_s_2, t_4_m_2, t_4_l_2, t_7_s_2 = lax.fori_loop(0, p['v'] // 32, body, (jnp.full((32,), -INF, jnp.float32), jnp.full((32,), INF, jnp.float32), jnp.full((32,), 0.0, jnp.float32), jnp.full((32,), -INF, jnp.float32), jnp.full((32,), 0.0, jnp.float32), jnp.full((32,), 0.0, jnp.float32)))
         final_t_1 = t_3_s_2 / float(n['v'])
         final_t_1_2 = jnp.log(t_4_l_2)
@@ -97,7 +102,8 @@ def streamed_stats_forward(X, *, interpret=None):
         out2_ref[...] = final_t_1.astype(out2_ref.dtype)
         out3_ref[...] = final_t_2.astype(out3_ref.dtype)
         out4_ref[...] = t_7_s_2.astype(out4_ref.dtype)
-    outs = pl.pallas_call(kernel, out_shape=[jax.ShapeDtypeStruct((p['t'],), jnp.float32), jax.ShapeDtypeStruct((p['t'],), jnp.float32), jax.ShapeDtypeStruct((p['t'],), jnp.float32), jax.ShapeDtypeStruct((p['t'],), jnp.float32), jax.ShapeDtypeStruct((p['t'],), jnp.float32)], grid=(p['t'] // 32,), in_specs=[pl.BlockSpec((32, p['v']), lambda i_t: (i_t, 0))], out_specs=[pl.BlockSpec((32,), lambda i_t: (i_t,)), pl.BlockSpec((32,), lambda i_t: (i_t,)), pl.BlockSpec((32,), lambda i_t: (i_t,)), pl.BlockSpec((32,), lambda i_t: (i_t,)), pl.BlockSpec((32,), lambda i_t: (i_t,))], interpret=interpret)(X_padded)
+    launched = launch(1216, 2048, 255, (4, 8), 0.5, (3, 2, 1), 232448.0 - 0)
+    outs = pl.pallas_call(kernel, out_shape=[jax.ShapeDtypeStruct((p['t'],), jnp.float32), jax.ShapeDtypeStruct((p['t'],), jnp.float32), jax.ShapeDtypeStruct((p['t'],), jnp.float32), jax.ShapeDtypeStruct((p['t'],), jnp.float32), jax.ShapeDtypeStruct((p['t'],), jnp.float32)], grid=(p['t'] // 32,), in_specs=[pl.BlockSpec((32, p['v']), lambda i_t: (i_t, 0))], out_specs=[pl.BlockSpec((32,), lambda i_t: (i_t,)), pl.BlockSpec((32,), lambda i_t: (i_t,)), pl.BlockSpec((32,), lambda i_t: (i_t,)), pl.BlockSpec((32,), lambda i_t: (i_t,)), pl.BlockSpec((32,), lambda i_t: (i_t,))], interpret=interpret, compiler_params=plgpu.CompilerParams(num_warps=launched[0], num_stages=launched[1]))(X_padded)
     return (outs[0][:n['t'],], outs[1][:n['t'],], outs[2][:n['t'],], outs[3][:n['t'],], outs[4][:n['t'],])
 
 def streamed_stats_backward(X, d_out0, d_out1, d_out2, d_out3, d_out4):

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 INF = jnp.inf
 BIG = 1.190988162528827e+38
 TINY = 1.1754943508222875e-38
@@ -46,6 +47,14 @@ def pad_to(array, extents, dtype):
     widths = [(0, extent - size) for extent, size in zip(extents, array.shape, strict=True)]
     return jnp.pad(array, widths) if any((w for _, w in widths)) else array
 
+def launch(values, staged, registers_per_thread, warps, register_budget, stages, smem):
+    """``(num_warps, num_stages, fits)``: the fewest warps whose budgeted registers hold
+    ``values`` 32-bit values, and the most pipeline stages whose copies of ``staged`` bytes fit
+    in ``smem``; ``fits`` is False (with the most warps, the fewest stages) when none does."""
+    w = next((w for w in warps if values <= register_budget * registers_per_thread * 32 * w), None)
+    s = next((s for s in stages if staged * s <= smem), None)
+    return (max(warps) if w is None else w, min(stages) if s is None else s, w is not None and s is not None)
+
 def tiled_matmul_forward(A, B, *, interpret=None):
     """The forward kernel (the public function's primal)."""
     if interpret is None:
@@ -69,7 +78,8 @@ def tiled_matmul_forward(A, B, *, interpret=None):
             return (combine_t_1,)
         t_1_s_2, = lax.fori_loop(0, p['b'] // 32, body, (jnp.full((32, 32), 0.0, jnp.float32),))
         out0_ref[...] = t_1_s_2.astype(out0_ref.dtype)
-    outs = pl.pallas_call(kernel, out_shape=[jax.ShapeDtypeStruct((p['a'], p['c']), jnp.float32)], grid=(p['a'] // 32, p['c'] // 32), in_specs=[pl.BlockSpec((32, p['b']), lambda i_a, i_c: (i_a, 0)), pl.BlockSpec((p['b'], 32), lambda i_a, i_c: (0, i_c))], out_specs=[pl.BlockSpec((32, 32), lambda i_a, i_c: (i_a, i_c))], interpret=interpret)(A_padded, B_padded)
+    launched = launch(1024, 4096, 255, (4, 8), 0.5, (3, 2, 1), 232448.0 - 0)
+    outs = pl.pallas_call(kernel, out_shape=[jax.ShapeDtypeStruct((p['a'], p['c']), jnp.float32)], grid=(p['a'] // 32, p['c'] // 32), in_specs=[pl.BlockSpec((32, p['b']), lambda i_a, i_c: (i_a, 0)), pl.BlockSpec((p['b'], 32), lambda i_a, i_c: (0, i_c))], out_specs=[pl.BlockSpec((32, 32), lambda i_a, i_c: (i_a, i_c))], interpret=interpret, compiler_params=plgpu.CompilerParams(num_warps=launched[0], num_stages=launched[1]))(A_padded, B_padded)
     return outs[0][:n['a'], :n['c']]
 
 def tiled_matmul_backward(A, B, d_out):

@@ -1,0 +1,207 @@
+"""napkin's flash attention beside JAX's Pallas `mha`, compiled for Hopper without a GPU.
+
+    python benchmarks/gpu_static.py                        # triton importable here
+    python benchmarks/gpu_static.py --triton-python PY     # triton in another interpreter
+
+Each kernel (napkin's `flash_mha` / `flash_causal_mha` of benchmarks/gpu_attention.ncd at the
+tiles the cost model chooses for h200; JAX's `jax.experimental.pallas.ops.gpu.attention.mha`
+at its default blocks) is cross-lowered for CUDA against an abstract "NVIDIA H200", and the
+Triton IR each `pallas_call` hands to XLA is captured with its `num_warps`, `num_stages` and
+grid (a private jax API, pinned to jax 0.11.2: a clear error if it moves).  The `triton`
+package (the optional extra `napkin-cat[static-gpu]`; any interpreter that has it, it needs
+no jax) compiles each for sm_90a; its bundled `ptxas -v` gives registers and spill bytes,
+`cuobjdump -sass` the SASS.  The main loop is the backward branch spanning the most
+instructions; per score element it runs loop instructions x 32 x num_warps / (block_q x block_k).
+
+Cases: bf16, N = 8192, one batch; causal and not; d = 64 and 128; 1 and 16 heads.  The table
+goes to stdout, everything to results/gpu_static.json, and the last line is
+`spill_bytes=<max over napkin kernels> sass_per_score_vs_mha=<max ratio napkin/mha>`.
+Recipe and the baseline measured by hand: ../README "Kernels" and BENCHMARKS.md.  Numbers come
+from the pip Triton, not the one XLA pins: compare kernels compiled by the same compiler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import subprocess
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+N = 8192
+
+
+# ---- compiling (any interpreter with triton; no jax) ---------------------------------------------
+
+def sass_loop(sass: str) -> dict[str, int]:
+    """Counts over the main loop of ``sass``: the backward branch spanning the most instructions."""
+    lines = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    best: list[str] = []
+    for address, text in lines:
+        branch = re.search(r"\bBRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", text)
+        if branch and int(branch.group(1), 16) < address:
+            body = [t for a, t in lines if int(branch.group(1), 16) <= a <= address]
+            best = max(best, body, key=len)
+    ops = [t.split()[1] if t.startswith("@") else t.split()[0] for t in best]
+    return {"loop": len(best), "mufu_ex2": sum(o.startswith("MUFU.EX2") for o in ops),
+            "hgmma": sum(o.startswith("HGMMA") for o in ops),
+            "local": sum(o.startswith(("STL", "LDL")) for o in ops),
+            "mask": sum(o.startswith(("FSEL", "FSETP")) for o in ops)}
+
+
+def compile_all(folder: Path) -> None:
+    """Compile every kernel of ``folder/manifest.json`` and write ``folder/compiled.json``."""
+    import triton  # the optional extra
+    from triton.backends.compiler import GPUTarget
+
+    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    out = []
+    for entry in json.loads((folder / "manifest.json").read_text()):
+        kernel = triton.compile(str(folder / entry["ttir"]), target=GPUTarget("cuda", 90, 32),
+                                options={"num_warps": entry["num_warps"], "num_stages": entry["num_stages"]})
+        ptx, cubin = folder / f"{entry['id']}.ptx", folder / f"{entry['id']}.cubin"
+        ptx.write_text(kernel.asm["ptx"])
+        cubin.write_bytes(kernel.asm["cubin"])
+        info = subprocess.run([str(tools / "ptxas"), "-arch=sm_90a", "-v", "-o", "/dev/null", str(ptx)],
+                              capture_output=True, text=True, check=True).stderr
+        sass = subprocess.run([str(tools / "cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True,
+                              check=True).stdout
+        registers = re.search(r"Used (\d+) registers", info)
+        spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", info)
+        out.append({"id": entry["id"], "registers": int(registers.group(1)) if registers else None,
+                    "spill_store_bytes": int(spills.group(1)) if spills else 0,
+                    "spill_load_bytes": int(spills.group(2)) if spills else 0,
+                    "shared_bytes": int(kernel.metadata.shared), "sass": sass_loop(sass),
+                    "triton": triton.__version__})
+    (folder / "compiled.json").write_text(json.dumps(out, indent=1))
+
+
+# ---- capturing (this checkout's jax venv) ---------------------------------------------------------
+
+def capture(fn: Any, *args: Any) -> dict[str, Any]:
+    """The Triton IR, num_warps, num_stages and grid of the one pallas_call in ``fn(*args)``,
+    cross-lowered for CUDA against an abstract H200."""
+    import jax
+    from jax._src.pallas.triton import lowering
+
+    original = lowering.lower_jaxpr_to_triton_module
+    seen: list[str] = []
+
+    def keep(*a: Any, **k: Any) -> Any:
+        result = original(*a, **k)
+        seen.append(result.module.operation.get_asm(enable_debug_info=False))
+        return result
+
+    h200 = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="gpu")
+    lowering.lower_jaxpr_to_triton_module = keep
+    try:
+        with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), (), abstract_device=h200)):
+            hlo = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    finally:
+        lowering.lower_jaxpr_to_triton_module = original
+    if len(seen) != 1:
+        raise RuntimeError(f"expected one pallas_call, captured {len(seen)} (jax's private Triton lowering "
+                           "API moved? this script is pinned to jax 0.11.2)")
+    config = {k: int(v) for k, v in re.findall(r"\b(num_warps|num_stages|grid_[xyz]) = (\d+) : i32", hlo)}
+    return {"ttir": seen[0], "num_warps": config["num_warps"], "num_stages": config["num_stages"],
+            "programs": math.prod(config.get(f"grid_{a}", 1) for a in "xyz")}
+
+
+def chosen_tiles(thm: Any, sizes: dict[str, int]) -> dict[str, int]:
+    """The tiles napkin's cost model chooses for h200 at these sizes (``napkin cost --size``)."""
+    from napkin_cat.cost import cost
+    from napkin_cat.cost.optimise import search
+    from napkin_cat.lower import realised_schedule
+
+    model = cost(thm, realised_schedule(thm.result, thm.schedule, "pallas"), hardware="h200", sizes=sizes,
+                 dtype="bf16")
+    rows = search(model, top=1, relax=True).rows
+    if not rows:
+        raise RuntimeError(f"no feasible tiles for {thm.name} at {sizes}")
+    return {k: int(v) for k, v in rows[0].tiles.items()}
+
+
+def cases() -> list[dict[str, Any]]:
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental.pallas.ops.gpu import attention as pallas_attention
+
+    from napkin_cat.lower import lower
+    from napkin_cat.proof import theorem
+
+    rows = []
+    for causal in (False, True):
+        thm = theorem(HERE / "gpu_attention.ncd", "flash_causal_mha" if causal else "flash_mha")
+        for d in (64, 128):
+            for heads in (1, 16):
+                sizes = {"b": 1, "h": heads, "q": N, "x": N, "d": d}
+                tiles = chosen_tiles(thm, sizes)
+                kernel = lower(thm, target="pallas", tiles=tiles, dtype="bf16", hardware="h200")
+                spec = jax.ShapeDtypeStruct((1, heads, N, d), jnp.bfloat16)
+                name = f"{'causal ' if causal else ''}d={d} h={heads}"
+                rows.append({"case": name, "impl": "napkin", "block_q": tiles["bq"], "block_k": tiles["bk"],
+                             **capture(lambda q, k, v, fn=kernel.fn: fn(q, k, v, interpret=False), spec, spec, spec)})
+                blocks = pallas_attention.BlockSizes.get_default()
+                spec = jax.ShapeDtypeStruct((1, N, heads, d), jnp.bfloat16)  # mha's [batch, seq, heads, d]
+
+                def mha(q: Any, k: Any, v: Any, causal: bool = causal, d: int = d) -> Any:
+                    return pallas_attention.mha(q, k, v, None, sm_scale=1 / math.sqrt(d), causal=causal)
+
+                rows.append({"case": name, "impl": "jax mha", "block_q": blocks.block_q, "block_k": blocks.block_k,
+                             **capture(mha, spec, spec, spec)})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--triton-python", default=sys.executable,
+                        help="an interpreter with the triton package (default: this one)")
+    parser.add_argument("--compile", type=Path, help=argparse.SUPPRESS)  # the compiling half, run by the first
+    args = parser.parse_args()
+    if args.compile:
+        compile_all(args.compile)
+        return
+    sys.path.insert(0, str(ROOT))
+    warnings.filterwarnings("ignore", message="The Pallas Triton backend is deprecated")
+    warnings.filterwarnings("ignore", message="jax.experimental.pallas.ops.gpu.attention is deprecated")
+    rows = cases()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        for i, row in enumerate(rows):
+            row["id"] = f"k{i}"
+            (folder / f"k{i}.ttir").write_text(row.pop("ttir"))
+        manifest = [{"id": r["id"], "ttir": f"{r['id']}.ttir", "num_warps": r["num_warps"],
+                     "num_stages": r["num_stages"]} for r in rows]
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+        subprocess.run([args.triton_python, str(Path(__file__).resolve()), "--compile", str(folder)], check=True)
+        compiled = {c["id"]: c for c in json.loads((folder / "compiled.json").read_text())}
+    for row in rows:
+        c = compiled[row.pop("id")]
+        row |= {k: v for k, v in c.items() if k != "id"}
+        row["sass_per_score"] = row["sass"]["loop"] * 32 * row["num_warps"] / (row["block_q"] * row["block_k"])
+    header = ("case", "impl", "tiles", "warps/stages", "programs", "registers", "spill B", "shared KiB",
+              "loop instr", "MUFU.EX2", "SASS/score")
+    print(" | ".join(header))
+    print(" | ".join("---" for _ in header))
+    for r in rows:
+        print(" | ".join(str(x) for x in (
+            r["case"], r["impl"], f"{r['block_q']}x{r['block_k']}", f"{r['num_warps']}/{r['num_stages']}",
+            r["programs"], r["registers"], r["spill_store_bytes"] + r["spill_load_bytes"],
+            f"{r['shared_bytes'] / 1024:.0f}", r["sass"]["loop"], r["sass"]["mufu_ex2"], f"{r['sass_per_score']:.1f}")))
+    ours = [r for r in rows if r["impl"] == "napkin"]
+    ratio = max(r["sass_per_score"] / next(m["sass_per_score"] for m in rows if m["impl"] == "jax mha"
+                                           and m["case"] == r["case"]) for r in ours)
+    spill = max(r["spill_store_bytes"] + r["spill_load_bytes"] for r in ours)
+    (HERE / "results" / "gpu_static.json").write_text(json.dumps({"n": N, "rows": rows}, indent=1) + "\n")
+    print(f"spill_bytes={spill} sass_per_score_vs_mha={ratio:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -265,7 +265,7 @@ def test_jax_grad_through_the_joined_cross_entropy_is_its_vjp(target: str) -> No
     """The forward saves LSE; the backward is elementwise; the labels get zeros."""
     path = ROOT / "proofs" / "cross_entropy_backward.ncd"
     lowered = lower(proof.theorem(path, "cross_entropy_forward"), target=target,
-                    backward=[proof.theorem(path, "cross_entropy_backward")], tiles={"gt": 16, "sv": 32})
+                    backward=[proof.theorem(path, "cross_entropy_backward")], tiles={"gt": 16, "sv": 32, "gv": 32})
     rng = np.random.default_rng(6)
     z, labels, weights = rng.standard_normal((37, 100)), rng.integers(0, 100, 37).astype(float), rng.standard_normal(37)
     options = {"interpret": True} if target == "pallas" else {}

@@ -220,7 +220,9 @@ def test_unfused_attention_baseline_versus_flash() -> None:
     assert least.transfers["smem"] * 10 < float(co.baseline.transfers_bytes)
     t = timing(co, least.tiles)
     assert float(t.serial) >= float(t.overlapped) > 0
-    assert float(t.intensity) > t.ridge  # FlashAttention at long sequences is compute-bound
+    # FlashAttention at long sequences sits near the ridge: with query tiles the registers hold
+    # (256 rows at d = 64; 512 spill) and no L2 in the model, K and V reloads keep it just below
+    assert 0.8 * t.ridge < float(t.intensity)
 
 
 def test_padded_tiles_round_trips_up_and_dtypes_override() -> None:
@@ -359,8 +361,8 @@ def test_integer_search_respects_capacity_and_divisibility() -> None:
     capacity = hardware.load("a100").level("smem").capacity
     times = [row.seconds for row in table.rows]
     assert times == sorted(times)
-    for row in table.rows:
-        assert row.memory["smem"] <= capacity
+    for row in table.rows:  # the profile's launch rule: loaded blocks in shared memory, computed tiles in registers
+        assert row.launch is not None and row.launch.fits and row.launch.smem_bytes <= capacity
         for tile in row.tiles.values():
             assert tile & (tile - 1) == 0 and tile >= 16  # Triton powers of two, tl.dot >= 16
         assert row.tiles["gq"] % 16 == 0  # Ampere mma m = 16 for the query rows

@@ -345,8 +345,13 @@ def _agrees_with(box: Box, axis: str, name: str, k: int, fills: tuple[float, ...
                 if rows.ndim > 1:
                     rows[(0,) * (rows.ndim - 1)] = fills[0]
                     rows[(-1,) * (rows.ndim - 1)] = fills[-1]
+                    cancelling = _cancelling_row(box, k, fills[0], rows.shape[-1])
+                    if cancelling is not None and rows.shape[0] > 2:  # a normaliser of exactly 0 beside a fill
+                        rows[(1,) * (rows.ndim - 1)] = cancelling
                 elif seed < len(fills):  # the operand is one row: whole of one fill, seed by seed
                     rows[...] = fills[seed]
+                elif (cancelling := _cancelling_row(box, k, fills[0], rows.shape[-1])) is not None:
+                    rows[...] = cancelling  # and, last, a normaliser of exactly 0 beside a fill
                 data[k] = np.moveaxis(rows, -1, where)
             return data
 
@@ -356,6 +361,23 @@ def _agrees_with(box: Box, axis: str, name: str, k: int, fills: tuple[float, ...
                           | (np.isfinite(got) & np.isfinite(want) & np.isclose(got, want))):
                 return False
     return True
+
+
+def _cancelling_row(box: Box, k: int, fill: float, n: int) -> np.ndarray | None:
+    """For the scores of a normalised contraction: a row [fill, g, 0, ...] whose normaliser
+    terms a2 cancel to exactly 0 (a2(g) = -a2(fill), the rest at a2's zero) while a1(fill) may
+    be infinite, the case where a guarded finaliser's o·0 is NaN but the evaluator's weight is
+    0; None where a2 has no such g among small values (or no zero), or for other operands."""
+    if box.op != "ncontract" or k != 0 or n < 2:
+        return None
+    a2 = FLOAT64.unary[box.params[1]]
+    zeros = [z for z in (0.0, -1.0, -np.inf) if np.all(a2(np.array([z])) == 0)]
+    with np.errstate(all="ignore"):
+        target = -a2(np.array([fill]))[0]
+        g = next((v for v in (1.0, -1.0, 2.0, -2.0, 0.5, -0.5) if a2(np.array([v]))[0] == target), None)
+    if g is None or not zeros or not np.isfinite(target):
+        return None
+    return np.array([fill, g] + [zeros[0]] * (n - 2))
 
 
 def _both_ways(box: Box, axis: str, name: str,

@@ -147,15 +147,20 @@ class Cost:
     def launched(self, values: Mapping[str, float | int]) -> Launch | None:
         """How a Triton program of these tiles is launched on ``hardware`` (``cost.launch``),
         or None for a profile without launch rules."""
-        rule = self.hardware.launch
-        if not rule:
+        if not self.hardware.launch:
             return None
-        registers, fixed, staged = (float(self.at(e, values)) for e in self.on_chip)
+        return self.launch_of(*(float(self.at(e, values)) for e in self.on_chip))
+
+    def launch_of(self, registers: float, fixed: float, staged: float) -> Launch:
+        """``launched`` from the numbers ``on_chip`` gives at some tiles."""
+        rule = self.hardware.launch
         smem = self.hardware.level(self.program.compute_level).capacity
         warps, stages, fits = launch(registers, staged, smem=smem - fixed, **rule)
+        spills = registers > rule["register_budget"] * rule["registers_per_thread"] * 32 * warps
         resident = occupancy(registers, fixed + staged * stages, warps, 1, rule["registers_per_thread"],
                              rule["register_budget"], self.hardware.level("reg").capacity, smem)
-        return Launch(warps, stages, fits, registers, registers / (32 * warps), fixed + staged * stages, resident)
+        return Launch(warps, stages, fits, registers, registers / (32 * warps), fixed + staged * stages, resident,
+                      spills)
 
     def at(self, expr: Expr, values: Mapping[str, float | int]) -> Expr:
         """``expr`` with axis sizes and tiles given by name substituted."""
@@ -172,7 +177,8 @@ class Cost:
 class Launch:
     """A Triton program's launch (``Cost.launched``): warps and pipeline stages chosen, whether
     its tiles fit the register budget and shared memory at all, the values it keeps in
-    registers (in all, and per thread), its shared-memory bytes and the programs per SM."""
+    registers (in all, and per thread), its shared-memory bytes, the programs per SM, and
+    whether it spills registers."""
 
     num_warps: int
     num_stages: int
@@ -181,6 +187,8 @@ class Launch:
     per_thread: float
     smem_bytes: float
     occupancy: int
+    #: the values exceed the register budget at the most warps (Triton spills to local memory)
+    spills: bool = False
 
 
 @dataclass(frozen=True)

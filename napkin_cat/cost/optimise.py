@@ -328,18 +328,23 @@ def search(c: Cost, top: int = 8, limit: int = 500_000, relax: bool = False) -> 
     The multiples a tile should have (128-byte coalescing, tensor-core fragments) are
     preferences: with ``relax``, when no configuration meets them (64 rows of a 32768-wide
     row do not fit), the search is repeated with only the backend's requirements (powers of
-    two, the dot's minimum) and ``relaxed`` lists what was dropped.  Without it, no row."""
+    two, the dot's minimum) and ``relaxed`` lists what was dropped.  Without it, no row.  With
+    launch rules, a configuration must also keep its computed tiles within the register budget
+    (``Cost.launched``): a whole 32k-wide row of logits in one program does not."""
     symbolic = sorted(n for n, s in c.sizes.items() if isinstance(s, sympy.Symbol))
     if symbolic:
         raise CostError(f"integer tiles need every axis size: give {', '.join(symbolic)}")
     cons = _constraints(c)
     table = _ranked(c, cons, top, limit)
-    if table.rows or not relax or all(rule.multiple == 1 for rule in cons.values()):
+    if table.rows or not relax:
         return table
     required = {n: rule._replace(multiple=1) for n, rule in cons.items()}
-    table = _ranked(c, required, top, limit)
     relaxed = tuple(f"{n}: {cause}" for n, rule in cons.items() for cause in rule.preferred)
-    return ConfigTable(table.rows, table.constraints, table.considered, relaxed if table.rows else ())
+    if any(rule.multiple != 1 for rule in cons.values()):
+        table = _ranked(c, required, top, limit)
+        if table.rows:
+            return ConfigTable(table.rows, table.constraints, table.considered, relaxed)
+    return ConfigTable((), table.constraints, table.considered)
 
 
 def _ranked(c: Cost, cons: dict[str, _TileRule], top: int, limit: int) -> ConfigTable:
@@ -364,11 +369,13 @@ def _ranked(c: Cost, cons: dict[str, _TileRule], top: int, limit: int) -> Config
         bandwidth.append(c.hardware.level(lv.parent).bandwidth or math.inf)
     exprs = [lv.memory_bytes for lv in levels] + [lv.transfers_bytes for lv in levels]
     exprs += [c.flops, c.programs, sympy.Mul(*c.program.trips)]
+    launched = bool(c.hardware.launch)
+    if launched:
+        exprs += list(c.on_chip)
     peak = c.hardware.peak_flops(c.dtype)
     fn = sympy.lambdify(symbols, exprs, modules=[{"Max": max, "ceiling": math.ceil}, "math"])
     # with launch rules, the compute level's capacity is the launch's: loaded blocks in shared
     # memory (per pipeline stage), computed tiles in the register budget (``Cost.launched``)
-    launched = bool(c.hardware.launch)
     rows: list[tuple[float, float, Config]] = []
     for tiles in combos:
         values = [float(v) for v in fn(*[tiles[n] for n in names])]
@@ -376,12 +383,12 @@ def _ranked(c: Cost, cons: dict[str, _TileRule], top: int, limit: int) -> Config
         if any(memory[lv.name] > cap for lv, cap in zip(levels, capacity, strict=True)
                if not (launched and lv.name == c.program.compute_level)):
             continue
-        plan = c.launched(tiles) if launched else None
+        plan = c.launch_of(*values[-3:]) if launched else None
         if plan is not None and not plan.fits:
             continue
         moved = {lv.name: values[len(levels) + i] for i, lv in enumerate(levels)}
         time = sum(moved[lv.name] / bw for lv, bw in zip(levels, bandwidth, strict=True))
-        flops, programs, trips = values[-3:]
+        flops, programs, trips = values[2 * len(levels):2 * len(levels) + 3]
         factor = parallel_factor(programs, c.hardware.sms)
         seconds = (time + flops / peak) * factor
         rows.append((seconds, trips, Config(tiles, memory, moved, time, programs, factor, seconds, plan)))

@@ -6,6 +6,7 @@ Every expression is written with ``str`` so that ``sympy.sympify`` parses it bac
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -169,7 +170,19 @@ def _numeric(c: Cost, out: dict[str, Any]) -> None:
     table: ConfigTable = search(c, relax=True)
     out["configurations"] = [{"tiles": r.tiles, "memory_bytes": r.memory, "transfers_bytes": r.transfers,
                               "transfer_time_s": r.transfer_time, "programs": r.programs,
-                              "parallel_factor": r.factor} for r in table.rows]
+                              "parallel_factor": r.factor,
+                              "launch": None if r.launch is None else dataclasses.asdict(r.launch)}
+                             for r in table.rows]
+    if c.hardware.launch:
+        values, fixed, staged = c.on_chip
+        out["launch_rule"] = {
+            "registers_values": _s(values), "smem_fixed_bytes": _s(fixed), "smem_staged_bytes": _s(staged),
+            **c.hardware.launch,
+            "note": "a Triton program keeps its computed tiles (intermediates, accumulator states; 32-bit "
+                    "values) in registers and its loaded blocks in shared memory, streamed chunks once per "
+                    "pipeline stage; num_warps is the fewest whose register_budget share of "
+                    "registers_per_thread x 32 x warps holds the values, num_stages the most that fit; "
+                    "occupancy: programs per SM by registers and shared memory (napkin_cat/cost/launch.py)"}
     out["constraints"] = {k: list(v) for k, v in table.constraints.items()}
     out["relaxed"] = list(table.relaxed)
     if not table.rows:
@@ -203,6 +216,14 @@ def _numeric(c: Cost, out: dict[str, Any]) -> None:
                    "grid_serial_s": serial * factor, "grid_overlapped_s": overlapped * factor,
                    "gain_vs_unfused_serial": _ratio(base_flop + base_move, serial * factor),
                    "gain_vs_unfused_overlapped": _ratio(max(base_flop, base_move), overlapped * factor)}
+
+
+def _launch(plan: Mapping[str, Any] | None) -> str:
+    """A configuration's launch, for the table: warps, stages, registers per thread, occupancy."""
+    if plan is None:
+        return ""
+    return (f"; {plan['num_warps']} warps, {plan['num_stages']} stages, {plan['per_thread']:.0f} values/thread, "
+            f"{plan['occupancy']} program(s)/SM")
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -259,13 +280,17 @@ def format_report(r: Mapping[str, Any]) -> str:
             mem = " ".join(f"M_{k}={v:.0f} ({100 * v / capacity[k]:.0f}%)" for k, v in row["memory_bytes"].items())
             moved = " ".join(f"H_{k}={v:.4g}" for k, v in row["transfers_bytes"].items())
             lines.append(f"  {tiles:<36} {mem:<28} {moved:<30} t_transfer={row['transfer_time_s']:.4g}s"
-                         + f" x{row['parallel_factor']:.3g} ({row['programs']:.0f} programs)")
+                         + f" x{row['parallel_factor']:.3g} ({row['programs']:.0f} programs)" + _launch(row["launch"]))
         if not r["configurations"]:
             lines.append(f"  {r['configurations_note']}")
         if r.get("relaxed"):
             lines.append("  none met every preferred multiple; dropped: " + "; ".join(r["relaxed"]))
         for k, v in r["constraints"].items():
             lines.append(f"  {k}: {'; '.join(v)}")
+        if "launch_rule" in r:
+            rule = r["launch_rule"]
+            lines.append(f"  launch: registers {rule['registers_values']} values, shared memory "
+                         f"{rule['smem_fixed_bytes']} + stages x {rule['smem_staged_bytes']} bytes; {rule['note']}")
     if "mesh" in r:
         m = r["mesh"]
         lines += ["", f"mesh: {m['devices']} devices" + (f", {m['sharded']} sharded" if m["sharded"] else "")

@@ -9,6 +9,9 @@ Numerics (documented conventions, identical in both targets):
 
 - all arithmetic is f32; contractions use ``jnp.einsum`` on operands cast to the
   kernel's dot dtype with ``preferred_element_type=float32`` (f32 accumulation);
+- in Pallas kernels exp(x) is computed as exp2(x·log2 e) (``unary``; Triton's exp2 is the
+  hardware's base-2 exponential, its exp libdevice's expf): within a few f32 ulps times
+  |x|·log2 e, exact at 0 and ±inf;
 - a box on constants alone is folded in float64 first (``folded``), and constants keep
   their value in f32 or are refused (``values.saturate``): ±inf stay infinite and
   the guarded stable forms keep their meaning;
@@ -44,8 +47,8 @@ from napkin_cat.lower.values import (
 from napkin_cat.schedule.loopnest import flatten
 from napkin_cat.terms import Axes, Box, Const, Diagram, Expr, IBin, Idx, IInt, IndexExpr, Size, Var
 
-__all__ = ["BINARY", "MIX_FILL", "TABLE", "UNARY", "argument", "emit_box", "emit_diagram", "emit_node",
-           "fill_values", "mask_padded"]
+__all__ = ["BINARY", "LOG2E", "MIX_FILL", "TABLE", "UNARY", "argument", "emit_box", "emit_diagram", "emit_node",
+           "fill_values", "mask_padded", "unary"]
 
 
 # ---- the table ------------------------------------------------------------------------------
@@ -96,9 +99,22 @@ def fill_values(box: Box, axis: str) -> tuple[float, ...] | None:
         return None
 
 
+#: log2(e): ``exp`` in a Pallas kernel is exp2(x·log2 e) (module docstring)
+LOG2E = 1.4426950408889634
+
+
+def unary(op: str, x: ast.expr, scope: Scope) -> ast.expr:
+    """``op`` applied to ``x``: the table's code, except exp as exp2(x·log2 e) where
+    ``scope.exp2`` (one multiply and the hardware's base-2 exponential instead of libdevice's
+    expf, about six FMAs per value)."""
+    if op == "exp" and scope.exp2:
+        return cg.call("jnp.exp2", cg.binop(x, "*", cg.const(LOG2E)))
+    return UNARY[op](x)
+
+
 def _unary(box: Box, args: Sequence[Value], scope: Scope) -> Value:
     (x,) = args
-    return Value(UNARY[box.op](x.expr), x.axes)
+    return Value(unary(box.op, x.expr, scope), x.axes)
 
 
 def _binary(box: Box, args: Sequence[Value], scope: Scope) -> Value:
@@ -115,7 +131,7 @@ def _reduce(box: Box, args: Sequence[Value], scope: Scope) -> Value:
     axis_kw = [cg.kw("axis", where)]
     if box.op == "logsumexp":
         shift = _shift(x, where, scope)
-        total = cg.call("jnp.sum", cg.call("jnp.exp", cg.binop(x.expr, "-", shift)), keywords=axis_kw)
+        total = cg.call("jnp.sum", unary("exp", cg.binop(x.expr, "-", shift), scope), keywords=axis_kw)
         return Value(cg.binop(cg.call("jnp.squeeze", shift, where), "+", cg.call("jnp.log", total)), out)
     if box.op == "mean":
         return Value(cg.binop(cg.call("jnp.sum", x.expr, keywords=axis_kw), "/", count(box.target, scope)), out)
@@ -138,8 +154,8 @@ def _weights(params: Sequence[str], x: Value, target: Axes, scope: Scope) -> ast
     s = x.expr
     if a1 == a2 == "exp":
         s = scope.block.bind("shifted", cg.binop(s, "-", _shift(x, where, scope)))
-    top = scope.block.bind("top", UNARY[a1](s))
-    bottom = top if a2 == a1 else UNARY[a2](s)
+    top = scope.block.bind("top", unary(a1, s, scope))
+    bottom = top if a2 == a1 else unary(a2, s, scope)
     z: ast.expr = cg.call("jnp.sum", bottom, keywords=[cg.kw("axis", where), cg.kw("keepdims", cg.const(True))])
     if b == "sqrt":
         z = cg.call("jnp.sqrt", z)

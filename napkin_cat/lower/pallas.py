@@ -197,7 +197,7 @@ def _emit_kernel(lay: Layout, params: Sequence[str], out_types: list[Axes], dtyp
                for a in all_axes(lay) if a not in lay.squeezed}
     scope = Scope(block, {a: size_of(a) for a in all_axes(lay)}, extents, offsets, lay.squeezed,
                   frozenset(a for a in all_axes(lay) if lay.may_pad(a)), dtype, dot_operand, batched_dot=False,
-                  rounded=rounded_nodes(lay))
+                  rounded=rounded_nodes(lay), exp2=True)
     env: dict[str, Value] = {}
     for (name, axes), ref in zip(lay.flat.inputs, in_refs, strict=True):
         if lay.stream not in axes:

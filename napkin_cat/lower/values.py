@@ -82,6 +82,8 @@ class Scope:
     batched_dot: bool = True
     #: intermediate arrays a ``dtype`` step stores in a narrower format: name -> jnp dtype
     rounded: Mapping[str, str] = field(default_factory=dict)
+    #: exp as exp2(x·log2 e) (Pallas kernels: ``jaxops.unary``)
+    exp2: bool = False
 
     def keep(self, axes: Axes) -> Axes:
         """The axes an in-kernel value has: the type less the squeezed grid axes."""

@@ -248,15 +248,17 @@ def choose_tiles(c: cost.Cost) -> Costed:
     the grid's ``cost.parallel_factor`` (the whole chip's peaks are reached only with every SM
     busy).  The preferred
     multiples (coalescing, tensor-core shapes) are dropped where no configuration meets them, as
-    `napkin cost` and the lowering do: a 32768-wide row whose 64-row tile overflows SMEM fits
-    one row at a time; such a plan ranks after every plan whose tiles meet them (``Costed.relaxed``)."""
+    `napkin cost` and the lowering do: a row whose 64-row tile overflows SMEM fits fewer rows at a
+    time; such a plan ranks after every plan whose tiles meet them (``Costed.relaxed``)."""
     sizes = {a: int(n) for a, n in c.sizes.items() if isinstance(n, sympy.Integer)}
     table = optimise.search(c, top=1, relax=True)
     capacities = {lv.name: c.hardware.level(lv.name).capacity for lv in c.levels[1:]}
     if not table.rows:
         if c.tiles:
             why = (f"none of the {table.considered} tile configurations allowed by the hardware fits "
-                   + ", ".join(f"{name} ({cap / 1024:.4g} KiB)" for name, cap in capacities.items()))
+                   + ", ".join(f"{name} ({cap / 1024:.4g} KiB)" for name, cap in capacities.items())
+                   + (" with its computed tiles in the register budget (napkin_cat/cost/launch.py)"
+                      if c.hardware.launch else ""))
         else:
             why = "whole arrays overflow: " + ", ".join(
                 f"{lv.name} needs {float(c.at(lv.memory_bytes, sizes)) / 1024:.4g} KiB of "

@@ -1,0 +1,89 @@
+"""How a Pallas kernel is launched (``cost.launch``): warps from the registers its computed
+tiles need, pipeline stages from the shared memory its loaded blocks need, one rule for the
+tile search, ``napkin cost`` and the generated code (which applies it to its actual blocks)."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from napkin_cat.cost import cost
+from napkin_cat.cost import hardware as hw
+from napkin_cat.cost.launch import launch, occupancy
+from napkin_cat.cost.optimise import search
+from napkin_cat.lower import lower, realised_schedule
+from napkin_cat.proof import theorem
+from tests.test_crosslower import cuda_hlo
+
+ROOT = Path(__file__).resolve().parent.parent
+RULE = hw.load("h200").launch
+SMEM = hw.load("h200").level("smem").capacity
+
+
+def test_the_fewest_warps_whose_budget_holds_the_values_and_the_most_stages_that_fit() -> None:
+    per_warp = RULE["register_budget"] * RULE["registers_per_thread"] * 32
+    assert launch(4 * per_warp, 1000, **RULE, smem=SMEM) == (4, 3, True)
+    assert launch(4 * per_warp + 1, 1000, **RULE, smem=SMEM) == (8, 3, True)
+    assert launch(100, SMEM / 2.5, **RULE, smem=SMEM) == (4, 2, True)
+    assert launch(8 * per_warp + 1, 1000, **RULE, smem=SMEM) == (8, 3, False)  # no warps hold it
+    assert launch(100, SMEM + 1, **RULE, smem=SMEM) == (4, 1, False)  # one copy does not fit
+    assert occupancy(per_warp, SMEM / 6, 4, 3, RULE["registers_per_thread"], RULE["register_budget"],
+                     262144, SMEM) == 2  # 255 registers x 128 threads: two programs' worth of the file
+
+
+@pytest.fixture(scope="module")
+def attention() -> object:
+    thm = theorem(ROOT / "benchmarks" / "gpu_attention.ncd", "flash_mha")
+    sizes = {"b": 1, "h": 16, "q": 8192, "x": 8192, "d": 64}
+    return thm, cost(thm, realised_schedule(thm.result, thm.schedule, "pallas"), hardware="h200", sizes=sizes)
+
+
+def test_attention_keeps_scores_and_states_in_registers_and_blocks_in_shared_memory(attention: object) -> None:
+    _, c = attention  # type: ignore[misc]
+    values, fixed, staged = (str(e) for e in c.on_chip)
+    assert values == "bk*bq + 66*bq"  # the score tile, O's 64 columns, its max and sum per row
+    assert (fixed, staged) == ("128*bq", "256*bk")  # Q's block once; K's and V's chunks per stage (bf16)
+
+
+def test_the_tile_search_respects_the_register_budget(attention: object) -> None:
+    _, c = attention  # type: ignore[misc]
+    rows = search(c, top=50, relax=True).rows
+    assert rows and all(r.launch is not None and r.launch.fits for r in rows)
+    budget = RULE["register_budget"] * RULE["registers_per_thread"] * 32
+    assert all(r.launch.registers <= budget * r.launch.num_warps for r in rows)  # type: ignore[union-attr]
+    assert c.launched({"bq": 512, "bk": 64}).fits is False  # 66,560 values: past even 16 warps' budget
+
+
+@pytest.mark.parametrize(("tiles", "warps"), [({"bq": 64, "bk": 64}, 4), ({"bq": 128, "bk": 128}, 8)])
+def test_the_kernel_is_launched_as_the_rule_says(attention: object, tiles: dict[str, int], warps: int) -> None:
+    thm, c = attention  # type: ignore[misc]
+    plan = c.launched(tiles)
+    assert plan.num_warps == warps
+    fn = lower(thm, target="pallas", tiles=tiles, dtype="bf16", hardware="h200").fn
+    spec = jax.ShapeDtypeStruct((1, 16, 8192, 64), jnp.bfloat16)
+    hlo = cuda_hlo(fn, spec, spec, spec)
+    assert re.search(rf"num_warps = {plan.num_warps} : i32", hlo)
+    assert re.search(rf"num_stages = {plan.num_stages} : i32", hlo)
+
+
+def test_the_static_benchmark_finds_the_main_loop() -> None:
+    """benchmarks/gpu_static.py's SASS reading (the compiling half needs the triton package)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu_static import sass_loop
+
+    sass = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   MUFU.EX2 R2, R3 ;
+        /*0020*/                   FFMA R4, R5, R6, R7 ;
+        /*0030*/                   MUFU.EX2 R2, R4 ;
+        /*0040*/                   STL [R1], R2 ;
+        /*0050*/               @P0 BRA 0x10 ;
+        /*0060*/                   BRA 0x60 ;
+    """
+    loop = sass_loop(sass)
+    assert (loop["loop"], loop["mufu_ex2"], loop["local"]) == (5, 2, 1)

@@ -85,7 +85,7 @@ def alibi_grouped_forward(Q, K, V, m, *, interpret=None):
         top = jnp.max(masked, axis=(1,), keepdims=True)
         shift = jnp.where(jnp.isfinite(top), top, 0.0)
         shifted = masked - shift
-        top_2 = jnp.exp(shifted)
+        top_2 = jnp.exp2(shifted * 1.4426950408889634)
         z = jnp.sum(top_2, axis=(1,), keepdims=True)
         t_6 = jnp.where(z == 0.0, 0.0, top_2 / jnp.where(z == 0.0, 1.0, z))
         masked_2 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, p['x']), 1) < n['x'], t_6, 0.0)

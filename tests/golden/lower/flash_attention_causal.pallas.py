@@ -83,9 +83,9 @@ def flash_attention_causal_forward(Q, K, V, *, interpret=None):
             update_m = jnp.maximum(O_m, update_t_1)
             update_t_2 = jnp.maximum(update_m, -BIG)
             update_t_3 = O_m - update_t_2
-            update_c = jnp.exp(update_t_3)
+            update_c = jnp.exp2(update_t_3 * 1.4426950408889634)
             update_t_5 = masked - update_t_2[:, None]
-            update_t_6 = jnp.exp(update_t_5)
+            update_t_6 = jnp.exp2(update_t_5 * 1.4426950408889634)
             update_l_chunk = jnp.sum(update_t_6, axis=(1,))
             update_t_7 = update_c * O_l
             update_l = update_t_7 + update_l_chunk

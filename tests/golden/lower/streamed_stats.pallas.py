@@ -70,7 +70,7 @@ def streamed_stats_forward(X, *, interpret=None):
             v_first = j * 32
             t_1_s, t_2_s, t_3_s, t_4_m, t_4_l, t_7_s = carry
             X_chunk = X_ref[:, pl.ds(v_first, 32)].astype(jnp.float32)
-            t_5 = jnp.exp(X_chunk)
+            t_5 = jnp.exp2(X_chunk * 1.4426950408889634)
             t_6 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first <= lax.broadcasted_iota(jnp.int32, (32, 32), 0) + t_first + 3, t_5, 0.0)
             masked = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first < n['v'], X_chunk, -INF)
             lift_s = jnp.max(masked, axis=(1,))
@@ -83,9 +83,9 @@ def streamed_stats_forward(X, *, interpret=None):
             update_m = jnp.maximum(t_4_m, lift_s)
             update_t_2 = jnp.maximum(update_m, -BIG)
             update_t_3 = t_4_m - update_t_2
-            update_c = jnp.exp(update_t_3)
+            update_c = jnp.exp2(update_t_3 * 1.4426950408889634)
             update_t_5 = masked - update_t_2[:, None]
-            update_t_6 = jnp.exp(update_t_5)
+            update_t_6 = jnp.exp2(update_t_5 * 1.4426950408889634)
             update_l_chunk = jnp.sum(update_t_6, axis=(1,))
             update_t_7 = update_c * t_4_l
             update_l = update_t_7 + update_l_chunk

@@ -32,7 +32,7 @@ def test_the_fewest_warps_whose_budget_holds_the_values_and_the_most_stages_that
     assert launch(100, SMEM / 2.5, **RULE, smem=SMEM) == (4, 2, True)
     assert launch(8 * per_warp + 1, 1000, **RULE, smem=SMEM) == (8, 3, False)  # no warps hold it
     assert launch(100, SMEM + 1, **RULE, smem=SMEM) == (4, 1, False)  # one copy does not fit
-    assert occupancy(per_warp, SMEM / 6, 4, 3, RULE["registers_per_thread"], RULE["register_budget"],
+    assert occupancy(per_warp, SMEM / 2, 4, RULE["registers_per_thread"], RULE["register_budget"],
                      262144, SMEM) == 2  # 255 registers x 128 threads: two programs' worth of the file
 
 

@@ -177,7 +177,7 @@ class _Semantics:
     # ---- where masks (``masks``; README "Training"): where(p, a, b) = m·a + (1 - m)·b with m the
     # indicator of p (an opaque function of the positions, m² = m: ``unmasked``), and a -inf fill
     # written a + log m, which only exp (m·exp a), a finite shift and the exp-normalised
-    # reductions may read (``_MASKABLE``); a sum of m·(positive) is positive where p holds at
+    # reductions may read (``reads_masks``); a sum of m·(positive) is positive where p holds at
     # position 0 of the summed axes for every position of the others (``kept``).
 
     def where(self, node: Box, a: Any, b: Any) -> Any:

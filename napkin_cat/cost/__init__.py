@@ -11,6 +11,7 @@ sizes (symbols where the module leaves them symbolic) and the tile symbols of th
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -124,7 +125,7 @@ class Cost:
         return sympy.Mul(*(trips for lp, trips in zip(loops, self.program.trips, strict=True)
                            if lp.kind == "group" and lp.level == self.first.name))
 
-    @property
+    @functools.cached_property
     def on_chip(self) -> tuple[Expr, Expr, Expr]:
         """Per program at the compute level, as a Triton program holds them (``cost.launch``):
         the computed values (intermediates and accumulator states, 32-bit each) kept in
@@ -156,11 +157,10 @@ class Cost:
         rule = self.hardware.launch
         smem = self.hardware.level(self.program.compute_level).capacity
         warps, stages, fits = launch(registers, staged, smem=smem - fixed, **rule)
-        spills = registers > rule["register_budget"] * rule["registers_per_thread"] * 32 * warps
-        resident = occupancy(registers, fixed + staged * stages, warps, 1, rule["registers_per_thread"],
-                             rule["register_budget"], self.hardware.level("reg").capacity, smem)
-        return Launch(warps, stages, fits, registers, registers / (32 * warps), fixed + staged * stages, resident,
-                      spills)
+        used = fixed + staged * stages
+        resident = occupancy(registers, used, warps, rule["registers_per_thread"], rule["register_budget"],
+                             self.hardware.level("reg").capacity, smem)
+        return Launch(warps, stages, fits, registers, registers / (32 * warps), used, resident)
 
     def at(self, expr: Expr, values: Mapping[str, float | int]) -> Expr:
         """``expr`` with axis sizes and tiles given by name substituted."""
@@ -177,8 +177,7 @@ class Cost:
 class Launch:
     """A Triton program's launch (``Cost.launched``): warps and pipeline stages chosen, whether
     its tiles fit the register budget and shared memory at all, the values it keeps in
-    registers (in all, and per thread), its shared-memory bytes, the programs per SM, and
-    whether it spills registers."""
+    registers (in all, and per thread), its shared-memory bytes and the programs per SM."""
 
     num_warps: int
     num_stages: int
@@ -187,8 +186,6 @@ class Launch:
     per_thread: float
     smem_bytes: float
     occupancy: int
-    #: the values exceed the register budget at the most warps (Triton spills to local memory)
-    spills: bool = False
 
 
 @dataclass(frozen=True)

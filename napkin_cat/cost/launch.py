@@ -29,11 +29,12 @@ def launch(values: float, staged: float, registers_per_thread: int, warps: Seque
     return (max(warps) if w is None else w), (min(stages) if s is None else s), w is not None and s is not None
 
 
-def occupancy(values: float, staged: float, num_warps: int, num_stages: int, registers_per_thread: int,
+def occupancy(values: float, smem_bytes: float, num_warps: int, registers_per_thread: int,
               register_budget: float, register_file: float, smem: float) -> int:
     """Programs resident on one SM: limited by its register file (each thread holding its
-    budgeted values, at most ``registers_per_thread``) and by its shared memory."""
+    budgeted values, at most ``registers_per_thread``) and by its shared memory (each program
+    using ``smem_bytes``: its blocks, and its chunks once per stage)."""
     per_thread = min(registers_per_thread, max(1.0, values / (32 * num_warps * register_budget)))
     by_registers = register_file // (4 * per_thread * 32 * num_warps)
-    by_smem = smem // (staged * num_stages) if staged else by_registers
+    by_smem = smem // smem_bytes if smem_bytes else by_registers
     return int(max(0, min(by_registers, by_smem)))

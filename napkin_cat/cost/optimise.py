@@ -336,15 +336,12 @@ def search(c: Cost, top: int = 8, limit: int = 500_000, relax: bool = False) -> 
         raise CostError(f"integer tiles need every axis size: give {', '.join(symbolic)}")
     cons = _constraints(c)
     table = _ranked(c, cons, top, limit)
-    if table.rows or not relax:
+    if table.rows or not relax or all(rule.multiple == 1 for rule in cons.values()):
         return table
     required = {n: rule._replace(multiple=1) for n, rule in cons.items()}
+    table = _ranked(c, required, top, limit)
     relaxed = tuple(f"{n}: {cause}" for n, rule in cons.items() for cause in rule.preferred)
-    if any(rule.multiple != 1 for rule in cons.values()):
-        table = _ranked(c, required, top, limit)
-        if table.rows:
-            return ConfigTable(table.rows, table.constraints, table.considered, relaxed)
-    return ConfigTable((), table.constraints, table.considered)
+    return ConfigTable(table.rows, table.constraints, table.considered, relaxed if table.rows else ())
 
 
 def _ranked(c: Cost, cons: dict[str, _TileRule], top: int, limit: int) -> ConfigTable:

@@ -185,13 +185,14 @@ def _lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str
     namer = cg.Namer(_RESERVED)
     fname = namer.fresh(name)
     params = [namer.fresh(p) for p, _ in lay.flat.inputs]
-    doc = _docstring(lay, target, placed.origin, dtype_name, hardware, proved, schedule,
+    priced = _priced(lay, hardware)
+    doc = _docstring(lay, target, placed.origin, dtype_name, priced, proved, schedule,
                      None if plan is None else mesh_target.describe(plan, lay))
     functions: list[ast.stmt]
     if plan is not None:
         functions = mesh_target.emit_functions(lay, plan, fname, params, doc, dtype_name, namer)
     else:
-        forward = _emit(lay, fname, params, doc, dtype_name, namer, hardware)
+        forward = _emit(lay, fname, params, doc, dtype_name, namer, priced)
         if link is None:
             defined, gradients = backward_target.differentiable(forward, diagram, target, params, _RESERVED)
         else:
@@ -199,11 +200,12 @@ def _lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str
             for thm in backward:
                 back = _place(thm.name, thm.result, thm.schedule, target, tiles, hardware, thm.chosen)
                 back_name = namer.fresh(thm.name)
-                back_doc = _docstring(back.layout, target, back.origin, dtype_name, hardware, _proof(thm),
+                back_priced = _priced(back.layout, hardware)
+                back_doc = _docstring(back.layout, target, back.origin, dtype_name, back_priced, _proof(thm),
                                       thm.schedule, None)
                 back_params = [cg.Namer(_RESERVED).fresh(p) for p, _ in back.layout.flat.inputs]
                 kernels.append(_emit(back.layout, back_name, back_params, back_doc, dtype_name,
-                                     cg.Namer([*_RESERVED, back_name, *back_params]), hardware))
+                                     cg.Namer([*_RESERVED, back_name, *back_params]), back_priced))
                 placed.tiles.update(back.tiles)
             defined, gradients = backward_target.joined(forward, kernels, [t.name for t in backward], link, target,
                                                         params, _RESERVED)
@@ -273,7 +275,7 @@ def _describe(partition: Partition, lay: Layout) -> str:
     return f"{partition.axis}: {named}"
 
 
-def _docstring(lay: Layout, target: str, origin: str, dtype: str, hardware: str | None, proved: str,
+def _docstring(lay: Layout, target: str, origin: str, dtype: str, priced: _Priced, proved: str,
                schedule: Schedule, mesh: str | None) -> str:
     """What the module is: theorem, diagram, schedule, tiles, placement, mesh, cost bound, proof."""
     sched = lay.schedule
@@ -291,7 +293,7 @@ def _docstring(lay: Layout, target: str, origin: str, dtype: str, hardware: str 
         "Placement: " + _placement(lay, target),
         *(["Mesh: " + (mesh or "not realised: one device runs the whole (give mesh=N, --mesh N, to shard)")]
           if schedule.mesh else []),
-        "Cost bound: " + _cost_bound(lay, hardware),
+        "Cost bound: " + _cost_bound(priced),
         f"Dtype: inputs and outputs {dtype}; arithmetic and accumulation in float32." if dtype == "float32" else
         f"Dtype: inputs and outputs {dtype}; every dot's operands rounded to {dtype} (products accumulated in "
         "float32), other arithmetic in float32: roundings of the lowering, beyond the theorem's dtype steps.",
@@ -313,39 +315,51 @@ def _placement(lay: Layout, target: str) -> str:
     return "; ".join(parts) or "one call, nothing partitioned"
 
 
+@dataclass(frozen=True)
+class _Priced:
+    """A kernel's cost model (``cost.cost_of`` of its realised schedule on ``hardware``, default
+    h100), derived once for its docstring's cost bound and its launch: None, with why, where
+    the model has no result for the schedule; the tiles by tile name."""
+
+    model: cost.Cost | None
+    why: str
+    tiles: dict[str, int]
+
+
+def _priced(lay: Layout, hardware: str | None) -> _Priced:
+    schedule = realised_schedule(lay.diagram, lay.schedule, lay.target)
+    tiles = {p.tile: lay.tiles[p.axis] for p in schedule.partitions if isinstance(p.tile, str)}
+    try:
+        return _Priced(cost.cost_of(lay.diagram, schedule, hardware or "h100"), "", tiles)
+    except (ValueError, KeyError) as exc:
+        return _Priced(None, str(exc), tiles)
+
+
 def _emit(lay: Layout, fname: str, params: Sequence[str], doc: str, dtype: str, namer: cg.Namer,
-          hardware: str | None) -> ast.FunctionDef:
+          priced: _Priced) -> ast.FunctionDef:
     """One kernel's function on its target; a Pallas kernel is launched by ``_launch_rule``."""
     if lay.target != "pallas":
         return jax_target.emit_function(lay, fname, params, doc, dtype, namer)
-    return pallas_target.emit_function(lay, fname, params, doc, dtype, namer, _launch_rule(lay, hardware))
+    return pallas_target.emit_function(lay, fname, params, doc, dtype, namer, _launch_rule(priced))
 
 
-def _launch_rule(lay: Layout, hardware: str | None) -> pallas_target.LaunchRule | None:
+def _launch_rule(priced: _Priced) -> pallas_target.LaunchRule | None:
     """What the Pallas kernel's launch is chosen from (``cost.launch``): its on-chip needs at
-    these tiles on ``hardware`` (default h100); None where the cost model has no result for
-    the schedule or the profile no launch rules (Triton's defaults then)."""
-    schedule = realised_schedule(lay.diagram, lay.schedule, lay.target)
-    try:
-        model = cost.cost_of(lay.diagram, schedule, hardware or "h100")
-    except (ValueError, KeyError):
+    these tiles; None where the cost model has no result for the schedule or the profile no
+    launch rules (Triton's defaults then)."""
+    model = priced.model
+    if model is None or not model.hardware.launch:
         return None
-    if not model.hardware.launch:
-        return None
-    values = {p.tile: lay.tiles[p.axis] for p in schedule.partitions if isinstance(p.tile, str)}
-    values_, fixed, staged = (model.at(e, values) for e in model.on_chip)
-    return pallas_target.LaunchRule(values_, fixed, staged, model.hardware.launch,
+    values, fixed, staged = (model.at(e, priced.tiles) for e in model.on_chip)
+    return pallas_target.LaunchRule(values, fixed, staged, model.hardware.launch,
                                     model.hardware.level(model.program.compute_level).capacity)
 
 
-def _cost_bound(lay: Layout, hardware: str | None) -> str:
+def _cost_bound(priced: _Priced) -> str:
     """H at the first level below HBM (values moved), symbolic and at the chosen tiles, and FLOPs."""
-    schedule = realised_schedule(lay.diagram, lay.schedule, lay.target)
-    try:
-        model = cost.cost_of(lay.diagram, schedule, hardware or "h100")
-    except (ValueError, KeyError) as exc:
-        return f"not derived ({exc})"
+    model = priced.model
+    if model is None:
+        return f"not derived ({priced.why})"
     level = model.first
-    values = {p.tile: lay.tiles[p.axis] for p in schedule.partitions if isinstance(p.tile, str)}
     return (f"H_{level.name} = {level.transfers} values between hbm and {level.name}"
-            f" (= {model.at(level.transfers, values)} at these tiles); FLOPs = {model.flops}")
+            f" (= {model.at(level.transfers, priced.tiles)} at these tiles); FLOPs = {model.flops}")

@@ -1,9 +1,9 @@
 """Gradients of lowered Pallas kernels (napkin_cat.lower.backward): ``jax.grad`` through the
 ``jax.custom_vjp`` (the VJP diagram) equals ``jax.grad`` of the unscheduled diagram lowered to
 plain JAX and differentiated through its own code, at ragged sizes in f32, in interpret mode
-(a subset of the kernels: each is slow on CPU).  The plain-JAX target's own autodiff is
-tested in tests/test_lower_jax.py (test_grad_matches_plain_jax) and here for every kernel of
-proofs/ (``test_grad_of_every_jax_kernel_matches_plain_jax``); a Pallas gradient is also
+for every kernel of proofs/ and the extra cases, on both targets (slow-marked: a Pallas
+kernel in interpret mode takes seconds on CPU).  The plain-JAX target's own autodiff is also
+tested in tests/test_lower_jax.py (test_grad_matches_plain_jax); a Pallas gradient is
 cross-lowered for CUDA, as the forwards are."""
 
 from __future__ import annotations
@@ -22,9 +22,6 @@ from napkin_cat.lower.backward import GRADIENTS
 from tests import lower_cases as cases
 
 pytestmark = pytest.mark.slow  # Pallas gradients in interpret mode take minutes (CI runs them)
-
-#: Pallas in interpret mode: attention (masked, woven over heads), labels, several outputs
-PALLAS = ["flash_attention_causal", "flash_mha", "streamed_cross_entropy_index", "streamed_stats"]
 
 
 def _loss(fn: Any, weights: list[np.ndarray]) -> Any:
@@ -50,11 +47,6 @@ def _check(name: str, target: str, dtype: str = "float32", tol: float = 1e-4) ->
     for g, w, i in zip(got, want, wrt, strict=True):
         assert g.dtype == inputs[i].dtype
         assert cases.relative_error(np.asarray(g, np.float32), np.asarray(w, np.float64)) < tol, (name, i)
-
-
-@pytest.mark.parametrize("name", PALLAS)
-def test_grad_of_pallas_kernels_matches_plain_jax(name: str) -> None:
-    _check(name, "pallas")
 
 
 def test_grad_of_a_bf16_kernel_is_within_bf16_tolerance() -> None:
@@ -83,12 +75,13 @@ def test_flash_attention_gradient_is_plain_attentions(target: str, name: str, q:
         assert cases.relative_error(g, np.asarray(w, np.float64)) < 1e-4
 
 
+@pytest.mark.parametrize("target", ["jax", "pallas"])
 @pytest.mark.parametrize("name", sorted(cases.theorems()))
-def test_grad_of_every_jax_kernel_matches_plain_jax(name: str) -> None:
-    """Issue 13: the gradient of every kernel of proofs/ (and the extra cases), plain-JAX target,
-    at ragged sizes in f32, against the unscheduled diagram's (relative error < 1e-4; a theorem
-    with ``dtype`` steps, within bf16's tolerance)."""
-    _check(name, "jax", tol=max(1e-4, cases.tolerance(cases.theorems()[name])))
+def test_grad_of_every_kernel_matches_plain_jax(name: str, target: str) -> None:
+    """Issue 13: the gradient of every kernel of proofs/ (and the extra cases), both targets
+    (Pallas in interpret mode), at ragged sizes in f32, against the unscheduled diagram's
+    (relative error < 1e-4; a theorem with ``dtype`` steps, within bf16's tolerance)."""
+    _check(name, target, tol=max(1e-4, cases.tolerance(cases.theorems()[name])))
 
 
 @pytest.mark.parametrize("name", ["flash_attention_causal", "streamed_cross_entropy_index"])

@@ -27,11 +27,22 @@ SMEM = hw.load("h200").level("smem").capacity
 
 def test_the_fewest_warps_whose_budget_holds_the_values_and_the_most_stages_that_fit() -> None:
     per_warp = RULE["register_budget"] * RULE["registers_per_thread"] * 32
-    assert launch(4 * per_warp, 1000, **RULE, smem=SMEM) == (4, 3, True)
-    assert launch(4 * per_warp + 1, 1000, **RULE, smem=SMEM) == (8, 3, True)
-    assert launch(100, SMEM / 2.5, **RULE, smem=SMEM) == (4, 2, True)
-    assert launch(8 * per_warp + 1, 1000, **RULE, smem=SMEM) == (8, 3, False)  # no warps hold it
-    assert launch(100, SMEM + 1, **RULE, smem=SMEM) == (4, 1, False)  # one copy does not fit
+    assert launch(4 * per_warp, 1000, 128, **RULE, smem=SMEM) == (4, 3, True)
+    assert launch(4 * per_warp + 1, 1000, 128, **RULE, smem=SMEM) == (8, 3, True)
+    assert launch(100, SMEM / 2.5, 128, **RULE, smem=SMEM) == (4, 2, True)
+    assert launch(8 * per_warp + 1, 1000, 128, **RULE, smem=SMEM) == (8, 3, False)  # no warps hold it
+    assert launch(100, SMEM + 1, 128, **RULE, smem=SMEM) == (4, 1, False)  # one copy does not fit
+
+
+def test_warps_beyond_the_rows_do_not_count() -> None:
+    """8 warps on 64 rows would each take 8 of them, half an MMA fragment: Triton computes the
+    rows twice and holds no more values, so 8 warps are not a way to fit 64 rows' values
+    (gpu_static: a 64x256 attention tile at 8 warps ran 16.0 SASS per score, at 4 warps 8.3)."""
+    per_warp = RULE["register_budget"] * RULE["registers_per_thread"] * 32
+    assert RULE["rows_per_warp"] == 16
+    assert launch(4 * per_warp + 1, 1000, 127, **RULE, smem=SMEM) == (4, 3, False)
+    assert launch(4 * per_warp + 1, 1000, 128, **RULE, smem=SMEM) == (8, 3, True)
+    assert launch(100, 1000, 16, **RULE, smem=SMEM) == (4, 3, True)  # the fewest warps always may
     assert occupancy(per_warp, SMEM / 2, 4, RULE["registers_per_thread"], RULE["register_budget"],
                      262144, SMEM) == 2  # 255 registers x 128 threads: two programs' worth of the file
 
@@ -45,9 +56,10 @@ def attention() -> object:
 
 def test_attention_keeps_scores_and_states_in_registers_and_blocks_in_shared_memory(attention: object) -> None:
     _, c = attention  # type: ignore[misc]
-    values, fixed, staged = (str(e) for e in c.on_chip)
+    values, fixed, staged, rows = (str(e) for e in c.on_chip)
     assert values == "bk*bq + 66*bq"  # the score tile, O's 64 columns, its max and sum per row
     assert (fixed, staged) == ("128*bq", "256*bk")  # Q's block once; K's and V's chunks per stage (bf16)
+    assert rows == "bq"  # one query per row of every computed tile (b and h: one per program)
 
 
 def test_the_tile_search_respects_the_register_budget(attention: object) -> None:
@@ -56,6 +68,9 @@ def test_the_tile_search_respects_the_register_budget(attention: object) -> None
     assert rows and all(r.launch is not None and r.launch.fits for r in rows)
     budget = RULE["register_budget"] * RULE["registers_per_thread"] * 32
     assert all(r.launch.registers <= budget * r.launch.num_warps for r in rows)  # type: ignore[union-attr]
+    assert all(r.tiles["bq"] >= RULE["rows_per_warp"] * r.launch.num_warps for r in rows)  # type: ignore[union-attr]
+    assert c.launched({"bq": 64, "bk": 256}).num_warps == 4  # 161 values a thread: 4 warps' budget
+    assert c.launched({"bq": 64, "bk": 512}).fits is False  # 8 warps would repeat the 64 rows
     assert c.launched({"bq": 512, "bk": 64}).fits is False  # 66,560 values: past even 16 warps' budget
 
 

@@ -401,3 +401,25 @@ def test_an_infinite_operand_without_the_padded_axis_is_masked_along_it(target: 
     want = np.asarray(evaluate(thm.source, arrays, sizes=sizes), np.float64)
     assert np.isneginf(want).any() and not np.isnan(want).any()
     assert cases.agrees(np.asarray(got, np.float64), want)
+
+
+@pytest.mark.parametrize(("name", "q", "x", "tiles"), [
+    ("flash_attention_causal", 100, 77, {"gq": 32, "sx": 16}),
+    ("flash_attention_causal", 70, 130, {"gq": 16, "sx": 32}),
+    ("flash_window", 90, 100, {"gq": 32, "sx": 16}),
+])
+def test_chunks_a_mask_holds_on_run_without_it(name: str, q: int, x: int, tiles: dict[str, int]) -> None:
+    """In a query block, the key chunks the causal (or window) mask holds on entirely run a
+    step without the mask, chosen per chunk from the block's offset (``skip.full_range``);
+    the others keep it, and the result matches the evaluator at ragged sizes."""
+    from tests.test_lower_pallas import _masked_theorem
+
+    thm = _masked_theorem(name)
+    lowered = lower(thm, target="jax", tiles=tiles)
+    masked, kept = (lowered.source.split(f"def {step}(")[1].split("return")[0] for step in ("step", "step_2"))
+    assert "q_first" in masked and "q_first" not in kept
+    sizes = {a.name: a.size or 24 for a in thm.result.axes} | {"q": q, "x": x}
+    rng = np.random.default_rng(q * x)
+    arrays = [rng.standard_normal([sizes[a] for a in p.axes]) for p in thm.result.inputs]
+    got = lowered.fn(*[jnp.asarray(a, jnp.float32) for a in arrays])
+    assert cases.relative_error(got, cases.reference(thm, arrays, sizes)[0]) < cases.F32_TOL

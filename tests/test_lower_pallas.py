@@ -309,11 +309,14 @@ def _masked_theorem(name: str) -> Any:
 ])
 def test_masked_chunks_are_skipped_soundly(name: str, q: int, x: int, tiles: dict[str, int]) -> None:
     """Chunks a mask fills with -inf (online_softmax's pad) are skipped: the loop bounds
-    depend on the program's query offset, and the result still matches the evaluator."""
+    depend on the program's query offset; the chunks the mask holds on entirely run a body
+    without it (``skip.full_range``); and the result still matches the evaluator."""
     thm = _masked_theorem(name)
     lowered = lower(thm, target="pallas", tiles=tiles)
-    assert "lax.fori_loop(first_chunk" in lowered.source or "lax.fori_loop(0, end_chunk" in lowered.source
+    assert "lax.fori_loop(full_end, end_chunk, body," in lowered.source
     assert "end_chunk = " in lowered.source and "q_first" in lowered.source.split("end_chunk = ")[1].split("\n")[0]
+    kept = lowered.source.split("def body_2(")[1].split("return")[0]
+    assert "q_first" not in kept and "q_first" in lowered.source.split("def body(")[1].split("return")[0]
     sizes = {a.name: a.size or 24 for a in thm.result.axes} | {"q": q, "x": x}
     rng = np.random.default_rng(q + x)
     arrays = [rng.standard_normal([sizes[a] for a in p.axes]) for p in thm.result.inputs]

@@ -21,7 +21,7 @@ from napkin_cat.evaluate import evaluate
 from napkin_cat.lower import lower
 from napkin_cat.proof import check_module
 from napkin_cat.schedule.loopnest import flatten
-from napkin_cat.schedule.masks import GroupAxis, chunk_count, chunk_range, stream_masks
+from napkin_cat.schedule.masks import GroupAxis, chunk_count, chunk_range, full_masks, full_range, stream_masks
 from napkin_cat.terms import Box, Partition, Schedule
 from tests.lower_cases import agrees
 
@@ -293,3 +293,36 @@ def test_a_mask_skips_no_chunk_where_another_operand_may_be_infinite() -> None:
     got = np.asarray(lowered.fn(*[jnp.asarray(a, jnp.float32) for a in arrays], interpret=True), np.float64)
     assert np.isnan(want).any() and np.isfinite(want).any()
     assert agrees(got, want)
+
+
+@pytest.mark.parametrize("name", sorted(PREDICATES))
+@pytest.mark.parametrize(("q", "x", "gq", "sx"), [(100, 100, 32, 16), (64, 200, 16, 64), (50, 90, 8, 32), (96, 96, 32, 32)])
+def test_full_range_per_program_is_exact(name: str, q: int, x: int, gq: int, sx: int) -> None:
+    """Per program, ``full_range`` is exactly the chunks on which the mask holds at every
+    position of the (padded) block: there the kernel leaves the mask out."""
+    flat = flatten(MODULE.diagram(name))
+    (where, sides), = full_masks(flat, STREAM, [n.name for n in flat.nodes], {"q"})
+    assert getattr(flat.node(where).expr, "op", None) == "where"
+    pred, trips = PREDICATES[name], math.ceil(x / sx)
+    for p in range(math.ceil(q / gq)):
+        lo, hi = full_range(sides, {"q": p * gq}, {"q": gq - 1}, sx, trips)
+        full = [c for c in range(trips)
+                if all(pred(g, i) for g in range(p * gq, (p + 1) * gq) for i in range(c * sx, (c + 1) * sx))]
+        assert list(range(max(lo, 0), max(hi, lo, 0))) == full, (p, lo, hi)
+
+
+@pytest.mark.parametrize("name", ["unequal", "either", "plain"])
+def test_masks_that_are_not_affine_conjunctions_are_never_left_out(name: str) -> None:
+    flat = flatten(MODULE.diagram(name))
+    assert full_masks(flat, STREAM, [n.name for n in flat.nodes], {"q"}) == ()
+
+
+def test_a_conjunct_on_grid_indices_alone_keeps_the_mask() -> None:
+    """``q < 50 and q >= x`` bounds rows the chunk cannot see: leaving the mask out would drop it."""
+    text = TEXT.split("diagram causal")[0] + """diagram rows(Q: [q d], K: [x d], V: [x d]) -> [q d] {
+  S = where[q x](q < 50 and q >= x, contract[d](Q, K), -inf)
+  return ncontract[x; exp, exp, id](S, V)
+}
+"""
+    flat = flatten(loads(text).diagram("rows"))
+    assert full_masks(flat, STREAM, [n.name for n in flat.nodes], {"q"}) == ()

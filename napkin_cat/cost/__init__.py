@@ -126,12 +126,14 @@ class Cost:
                            if lp.kind == "group" and lp.level == self.first.name))
 
     @functools.cached_property
-    def on_chip(self) -> tuple[Expr, Expr, Expr]:
+    def on_chip(self) -> tuple[Expr, Expr, Expr, Expr]:
         """Per program at the compute level, as a Triton program holds them (``cost.launch``):
         the computed values (intermediates and accumulator states, 32-bit each) kept in
         registers, the bytes of blocks loaded outside any stream (one copy in shared memory),
-        and the bytes of chunks loaded inside a stream (one copy per pipeline stage); each the
-        largest over the columns."""
+        and the bytes of chunks loaded inside a stream (one copy per pipeline stage), each the
+        largest over the columns; and the program's rows, which its warps split: the fewest
+        grouped positions (the product of a computed tile's extents along group axes) of any
+        computed tile that has a group axis (else the largest tile's size: nothing to split)."""
         view = next(v for v in self.program.views if v.level == self.program.compute_level)
         loops = self.program.nest.loops
         streamed = {s.array for s in view.steps
@@ -141,9 +143,14 @@ class Cost:
             return max_of([sympy.Add(*(b.size / b.copies * weight(b.array) for b in view.live(step.index) if keep(b)))
                            for step in view.steps])
 
+        computed = [b for b in view.buffers if b.role in ("value", "state")]
+        grouped = {lp.axis for lp in loops if lp.kind == "group"}
+        rows = [sympy.Mul(*(n for a, n in b.shape if a in grouped)) for b in computed
+                if any(a in grouped for a, _ in b.shape)]
         return (peak(lambda b: b.role in ("value", "state"), lambda _: 1),
                 peak(lambda b: b.role == "load" and b.array not in streamed, self.bytes_of.__getitem__),
-                peak(lambda b: b.role == "load" and b.array in streamed, self.bytes_of.__getitem__))
+                peak(lambda b: b.role == "load" and b.array in streamed, self.bytes_of.__getitem__),
+                sympy.Min(*rows) if rows else max_of([b.size for b in computed] or [sympy.Integer(1)]))
 
     def launched(self, values: Mapping[str, float | int]) -> Launch | None:
         """How a Triton program of these tiles is launched on ``hardware`` (``cost.launch``),
@@ -152,11 +159,11 @@ class Cost:
             return None
         return self.launch_of(*(float(self.at(e, values)) for e in self.on_chip))
 
-    def launch_of(self, registers: float, fixed: float, staged: float) -> Launch:
+    def launch_of(self, registers: float, fixed: float, staged: float, rows: float) -> Launch:
         """``launched`` from the numbers ``on_chip`` gives at some tiles."""
         rule = self.hardware.launch
         smem = self.hardware.level(self.program.compute_level).capacity
-        warps, stages, fits = launch(registers, staged, smem=smem - fixed, **rule)
+        warps, stages, fits = launch(registers, staged, rows, smem=smem - fixed, **rule)
         used = fixed + staged * stages
         resident = occupancy(registers, used, warps, rule["registers_per_thread"], rule["register_budget"],
                              self.hardware.level("reg").capacity, smem)

@@ -370,7 +370,7 @@ def _ranked(c: Cost, cons: dict[str, _TileRule], top: int, limit: int) -> Config
     if launched:
         exprs += list(c.on_chip)
     peak = c.hardware.peak_flops(c.dtype)
-    fn = sympy.lambdify(symbols, exprs, modules=[{"Max": max, "ceiling": math.ceil}, "math"])
+    fn = sympy.lambdify(symbols, exprs, modules=[{"Max": max, "Min": min, "ceiling": math.ceil}, "math"])
     # with launch rules, the compute level's capacity is the launch's: loaded blocks in shared
     # memory (per pipeline stage), computed tiles in the register budget (``Cost.launched``)
     rows: list[tuple[float, float, Config]] = []
@@ -380,7 +380,7 @@ def _ranked(c: Cost, cons: dict[str, _TileRule], top: int, limit: int) -> Config
         if any(memory[lv.name] > cap for lv, cap in zip(levels, capacity, strict=True)
                if not (launched and lv.name == c.program.compute_level)):
             continue
-        plan = c.launch_of(*values[-3:]) if launched else None
+        plan = c.launch_of(*values[-4:]) if launched else None
         if plan is not None and not plan.fits:
             continue
         moved = {lv.name: values[len(levels) + i] for i, lv in enumerate(levels)}

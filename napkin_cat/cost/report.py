@@ -174,14 +174,16 @@ def _numeric(c: Cost, out: dict[str, Any]) -> None:
                               "launch": None if r.launch is None else dataclasses.asdict(r.launch)}
                              for r in table.rows]
     if c.hardware.launch:
-        values, fixed, staged = c.on_chip
+        values, fixed, staged, rows = c.on_chip
         out["launch_rule"] = {
             "registers_values": _s(values), "smem_fixed_bytes": _s(fixed), "smem_staged_bytes": _s(staged),
+            "rows": _s(rows),
             **c.hardware.launch,
             "note": "a Triton program keeps its computed tiles (intermediates, accumulator states; 32-bit "
                     "values) in registers and its loaded blocks in shared memory, streamed chunks once per "
                     "pipeline stage; num_warps is the fewest whose register_budget share of "
-                    "registers_per_thread x 32 x warps holds the values, num_stages the most that fit; "
+                    "registers_per_thread x 32 x warps holds the values, with at least rows_per_warp of "
+                    "the program's rows per warp (more repeat work), num_stages the most that fit; "
                     "occupancy: programs per SM by registers and shared memory (napkin_cat/cost/launch.py)"}
     out["constraints"] = {k: list(v) for k, v in table.constraints.items()}
     out["relaxed"] = list(table.relaxed)
@@ -290,7 +292,8 @@ def format_report(r: Mapping[str, Any]) -> str:
         if "launch_rule" in r:
             rule = r["launch_rule"]
             lines.append(f"  launch: registers {rule['registers_values']} values, shared memory "
-                         f"{rule['smem_fixed_bytes']} + stages x {rule['smem_staged_bytes']} bytes; {rule['note']}")
+                         f"{rule['smem_fixed_bytes']} + stages x {rule['smem_staged_bytes']} bytes, "
+                         f"rows {rule['rows']}; {rule['note']}")
     if "mesh" in r:
         m = r["mesh"]
         lines += ["", f"mesh: {m['devices']} devices" + (f", {m['sharded']} sharded" if m["sharded"] else "")

@@ -350,8 +350,8 @@ def _launch_rule(priced: _Priced) -> pallas_target.LaunchRule | None:
     model = priced.model
     if model is None or not model.hardware.launch:
         return None
-    values, fixed, staged = (model.at(e, priced.tiles) for e in model.on_chip)
-    return pallas_target.LaunchRule(values, fixed, staged, model.hardware.launch,
+    values, fixed, staged, rows = (model.at(e, priced.tiles) for e in model.on_chip)
+    return pallas_target.LaunchRule(values, fixed, staged, rows, model.hardware.launch,
                                     model.hardware.level(model.program.compute_level).capacity)
 
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from napkin_cat.lower import codegen as cg
 from napkin_cat.lower.fold import emit_after, emit_before, emit_identity, emit_step, slots
 from napkin_cat.lower.layout import Layout
-from napkin_cat.lower.skip import chunk_range
+from napkin_cat.lower.skip import chunk_range, full_range
 from napkin_cat.lower.values import Scope, Value, transpose_to
 
 __all__ = ["all_axes", "bind_inputs", "emit_body", "emit_chunks", "emit_dot_operand", "emit_function", "load",
@@ -195,12 +195,70 @@ def emit_chunks(lay: Layout, env: dict[str, Value], scope: Scope, initial: ast.e
     tile = cg.const(lay.tiles[axis])
     block = scope.block
     namer = block.namer
+    base = scope.offsets.get(axis)
+    state = slots(lay, scope)
+    step = _emit_step(lay, env, scope, frozenset())
+    extent = scope.extents[axis]
+    full = block.bind("full_chunks", cg.binop(extent, "//", tile))
+    j, c = namer.fresh("j"), namer.fresh("c")
+    tail = cg.binop(extent, "%", tile)
+    # chunks a mask fills with an absorbing operand's padding lift to the identity (skip.py): with
+    # the block axis' offset known (``_emit_blocks``), they are skipped by a ``lax.cond``, not the
+    # loop bounds, which must stay static for reverse mode; chunks on which the where masks hold
+    # everywhere run a step without them (``skip.full_range``), chosen by a ``lax.cond`` too
+    grid = [a for a in lay.grid if a in scope.offsets and a != axis]
+    trips = cg.binop(cg.binop(cg.binop(extent, "+", tile), "-", cg.const(1)), "//", tile)
+    bounds = chunk_range(lay, scope.offsets, trips, grid) if grid and base is None else None
+    chunk_nodes = [n.name for n in lay.flat.nodes if lay.phase[n.name] == "chunk"]
+    whole = full_range(lay, scope.offsets, trips, chunk_nodes, grid) if grid and base is None else None
+    kept = _emit_step(lay, env, scope, whole[2]) if whole is not None else None
+
+    def within(index: ast.expr, lo: ast.expr, hi: ast.expr) -> ast.expr:
+        return cg.call("jnp.logical_and", cg.binop(index, ">=", lo), cg.binop(index, "<", hi))
+
+    def run(index: ast.expr, state: ast.expr, start: ast.expr, length: ast.expr) -> ast.expr:
+        def masked(carry: ast.expr) -> ast.expr:
+            if bounds is None:
+                return cg.call(step, carry, start, length)
+            return cg.call("lax.cond", within(index, *bounds),
+                           ast.Lambda(_args(c), cg.call(step, cg.name(c), start, length)),
+                           ast.Lambda(_args(c), cg.name(c)), carry)
+
+        if whole is None or kept is None:
+            return masked(state)
+        k = namer.fresh("k")
+        return cg.call("lax.cond", within(index, whole[0], whole[1]),
+                       ast.Lambda(_args(k), cg.call(kept, cg.name(k), start, length)),
+                       ast.Lambda(_args(k), masked(cg.name(k))), state)
+
+    lam = ast.Lambda(_args(j, c), run(cg.name(j), cg.name(c), cg.binop(cg.name(j), "*", tile), tile))
+    state_name = namer.fresh("state")
+    block.emit(cg.assign(state_name, initial))
+    loop = cg.call("lax.fori_loop", cg.const(0), full, lam, cg.name(state_name))
+    block.emit(ast.If(full, [cg.assign(state_name, loop)], []))  # sizes are static: a Python `if`
+    ragged = run(full, cg.name(state_name), cg.binop(full, "*", tile), tail)
+    block.emit(ast.If(tail, [cg.assign(state_name, ragged)], []))
+    finals = [namer.fresh(s.hint) for s in state]
+    written = [namer.fresh(f"out{k}") for k in lay.chunk_outputs]
+    block.emit(cg.assign(finals + written, cg.name(state_name)))
+    return [Value(cg.name(n), s.axes) for n, s in zip(finals, state, strict=True)] + \
+        [Value(cg.name(name), lay.diagram.out_types[k]) for k, name in zip(lay.chunk_outputs, written, strict=True)]
+
+
+def _emit_step(lay: Layout, env: dict[str, Value], scope: Scope, unmasked: frozenset[str]) -> str:
+    """``def step(carry, start, size)``: one chunk of the stream (the where nodes ``unmasked``
+    left out), checkpointed; returns its name."""
+    axis = lay.stream
+    assert axis is not None
+    block = scope.block
+    namer = block.namer
     step, carry, start, size = namer.fresh("step"), namer.fresh("carry"), namer.fresh("start"), namer.fresh("size")
     body = block.child()
     base = scope.offsets.get(axis)
     inner = scope.with_block(body, extents={**scope.extents, axis: cg.name(size)},
                              offsets={**scope.offsets,
-                                      axis: cg.name(start) if base is None else cg.binop(base, "+", cg.name(start))})
+                                      axis: cg.name(start) if base is None else cg.binop(base, "+", cg.name(start))},
+                             unmasked=unmasked)
     state = slots(lay, scope)
     names = [namer.fresh(s.hint) for s in state]
     buffers = [namer.fresh(f"out{k}") for k in lay.chunk_outputs]  # outputs written chunk by chunk
@@ -225,34 +283,4 @@ def emit_chunks(lay: Layout, env: dict[str, Value], scope: Scope, initial: ast.e
     static = cg.kw("static_argnums", cg.tuple_([cg.const(2)]))
     checkpointed = cg.call("jax.checkpoint", cg.name(step), keywords=[static])
     block.emit(cg.assign(step, checkpointed))
-    extent = scope.extents[axis]
-    full = block.bind("full_chunks", cg.binop(extent, "//", tile))
-    j, c = namer.fresh("j"), namer.fresh("c")
-    tail = cg.binop(extent, "%", tile)
-    # chunks a mask fills with an absorbing operand's padding lift to the identity (skip.py): with
-    # the block axis' offset known (``_emit_blocks``), they are skipped by a ``lax.cond``, not the
-    # loop bounds, which must stay static for reverse mode
-    grid = [a for a in lay.grid if a in scope.offsets and a != axis]
-    trips = cg.binop(cg.binop(cg.binop(extent, "+", tile), "-", cg.const(1)), "//", tile)
-    bounds = chunk_range(lay, scope.offsets, trips, grid) if grid and base is None else None
-
-    def run(index: ast.expr, state: ast.expr, start: ast.expr, length: ast.expr) -> ast.expr:
-        chunk = cg.call(step, state, start, length)
-        if bounds is None:
-            return chunk
-        live = cg.call("jnp.logical_and", cg.binop(index, ">=", bounds[0]), cg.binop(index, "<", bounds[1]))
-        return cg.call("lax.cond", live, ast.Lambda(_args(c), cg.call(step, cg.name(c), start, length)),
-                       ast.Lambda(_args(c), cg.name(c)), state)
-
-    lam = ast.Lambda(_args(j, c), run(cg.name(j), cg.name(c), cg.binop(cg.name(j), "*", tile), tile))
-    state_name = namer.fresh("state")
-    block.emit(cg.assign(state_name, initial))
-    loop = cg.call("lax.fori_loop", cg.const(0), full, lam, cg.name(state_name))
-    block.emit(ast.If(full, [cg.assign(state_name, loop)], []))  # sizes are static: a Python `if`
-    ragged = run(full, cg.name(state_name), cg.binop(full, "*", tile), tail)
-    block.emit(ast.If(tail, [cg.assign(state_name, ragged)], []))
-    finals = [namer.fresh(s.hint) for s in state]
-    written = [namer.fresh(f"out{k}") for k in lay.chunk_outputs]
-    block.emit(cg.assign(finals + written, cg.name(state_name)))
-    return [Value(cg.name(n), s.axes) for n, s in zip(finals, state, strict=True)] + \
-        [Value(cg.name(name), lay.diagram.out_types[k]) for k, name in zip(lay.chunk_outputs, written, strict=True)]
+    return step

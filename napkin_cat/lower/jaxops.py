@@ -11,7 +11,10 @@ Numerics (documented conventions, identical in both targets):
   kernel's dot dtype with ``preferred_element_type=float32`` (f32 accumulation);
 - in Pallas kernels exp(x) is computed as exp2(x·log2 e) (``unary``; Triton's exp2 is the
   hardware's base-2 exponential, its exp libdevice's expf): within a few f32 ulps times
-  |x|·log2 e, exact at 0 and ±inf;
+  |x|·log2 e, exact at 0 and ±inf; exp(a - b) as exp2(a·log2 e - b·log2 e), one FMA per
+  value where b is broadcast (FlashAttention's form): within a few ulps times
+  (|a| + |b|)·log2 e, 0 where a = -inf and b is finite (a or b past 2.3e38 in magnitude
+  overflows to inf, where a - b may not);
 - a box on constants alone is folded in float64 first (``folded``), and constants keep
   their value in f32 or are refused (``values.saturate``): ±inf stay infinite and
   the guarded stable forms keep their meaning;
@@ -23,6 +26,7 @@ Numerics (documented conventions, identical in both targets):
 from __future__ import annotations
 
 import ast
+import copy
 import math
 from collections.abc import Callable, Mapping, Sequence
 
@@ -103,24 +107,30 @@ def fill_values(box: Box, axis: str) -> tuple[float, ...] | None:
 LOG2E = 1.4426950408889634
 
 
-def unary(op: str, x: ast.expr, scope: Scope) -> ast.expr:
+def unary(op: str, x: ast.expr, scope: Scope, difference: tuple[ast.expr, ast.expr] | None = None) -> ast.expr:
     """``op`` applied to ``x``: the table's code, except exp as exp2(x·log2 e) where
     ``scope.exp2`` (one multiply and the hardware's base-2 exponential instead of libdevice's
-    expf, about six FMAs per value)."""
+    expf, about six FMAs per value); when ``x`` is the ``difference`` a - b, as
+    exp2(a·log2 e - b·log2 e) (one FMA per value for the multiply and the subtraction)."""
     if op == "exp" and scope.exp2:
+        if difference is not None:
+            a, b = (copy.deepcopy(e) for e in difference)
+            return cg.call("jnp.exp2", cg.binop(cg.binop(a, "*", cg.const(LOG2E)), "-",
+                                                cg.binop(b, "*", cg.const(LOG2E))))
         return cg.call("jnp.exp2", cg.binop(x, "*", cg.const(LOG2E)))
     return UNARY[op](x)
 
 
 def _unary(box: Box, args: Sequence[Value], scope: Scope) -> Value:
     (x,) = args
-    return Value(unary(box.op, x.expr, scope), x.axes)
+    return Value(unary(box.op, x.expr, scope, x.difference), x.axes)
 
 
 def _binary(box: Box, args: Sequence[Value], scope: Scope) -> Value:
     a, b = args
     axes = tuple(dict.fromkeys(a.axes + b.axes))
-    return Value(BINARY[box.op](align(a, axes), align(b, axes)), axes)
+    left, right = align(a, axes), align(b, axes)
+    return Value(BINARY[box.op](left, right), axes, difference=(left, right) if box.op == "sub" else None)
 
 
 def _reduce(box: Box, args: Sequence[Value], scope: Scope) -> Value:
@@ -131,7 +141,8 @@ def _reduce(box: Box, args: Sequence[Value], scope: Scope) -> Value:
     axis_kw = [cg.kw("axis", where)]
     if box.op == "logsumexp":
         shift = _shift(x, where, scope)
-        total = cg.call("jnp.sum", unary("exp", cg.binop(x.expr, "-", shift), scope), keywords=axis_kw)
+        total = cg.call("jnp.sum", unary("exp", cg.binop(x.expr, "-", shift), scope, (x.expr, shift)),
+                        keywords=axis_kw)
         return Value(cg.binop(cg.call("jnp.squeeze", shift, where), "+", cg.call("jnp.log", total)), out)
     if box.op == "mean":
         return Value(cg.binop(cg.call("jnp.sum", x.expr, keywords=axis_kw), "/", count(box.target, scope)), out)
@@ -271,6 +282,14 @@ def _where(box: Box, args: Sequence[Value], scope: Scope) -> Value:
     return Value(_broadcast(value, axes, a.axes + b.axes, scope), axes)
 
 
+def _kept(box: Box, args: Sequence[Value], scope: Scope) -> Value:
+    """``where`` on a chunk where its predicate holds everywhere (``Scope.unmasked``): its value
+    operand, with the axes the masked node has."""
+    a, b = args
+    axes = tuple(dict.fromkeys(a.axes + b.axes + scope.keep(box.target)))
+    return Value(_broadcast(align(a, axes), axes, a.axes, scope), axes)
+
+
 def _broadcast(value: ast.expr, axes: Axes, carried: Axes, scope: Scope) -> ast.expr:
     """The value broadcast to ``axes`` when some come only from a box's brackets (a
     predicate or index expression that does not mention them)."""
@@ -403,18 +422,23 @@ def emit_node(name: str, box: Box, env: dict[str, Value], scope: Scope, hint: st
     constant = folded(box, env)
     if constant is not None:
         value = Value(cg.call("jnp.float32", saturate(constant, box.span)), (), constant=constant)
+    elif name in scope.unmasked:
+        value = _kept(box, [argument(a, env, scope) for a in box.args], scope)
     else:
         value = emit_box(box, [argument(a, env, scope) for a in box.args], scope)
     if name in scope.rounded:  # a marked approximation (R10): round to the format, compute on in f32
         value = Value(rounded(value.expr, scope.rounded[name]), value.axes)
-    bound = Value(scope.block.bind(hint or name, value.expr), value.axes, constant=value.constant)
+    bound = Value(scope.block.bind(hint or name, value.expr), value.axes, constant=value.constant,
+                  difference=None if name in scope.rounded else value.difference)
     env[name] = bound
     return bound
 
 
 def emit_diagram(diagram: Diagram, args: Sequence[Value], scope: Scope) -> list[Value]:
-    """Inline a whole diagram (an accumulator's lift/combine/final) on emitted arguments."""
+    """Inline a whole diagram (an accumulator's lift/combine/final) on emitted arguments (its
+    node names are its own: none is one of the kernel's ``Scope.unmasked`` nodes)."""
     flat = flatten(diagram)
+    scope = scope.with_block(scope.block, unmasked=frozenset())
     env = {p: v for (p, _), v in zip(flat.inputs, args, strict=True)}
     for node in flat.nodes:
         assert isinstance(node.expr, Box)

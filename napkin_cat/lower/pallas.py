@@ -10,7 +10,8 @@
   them (jaxops), so they never reach a result;
 - the streamed axis is a ``lax.fori_loop`` inside the kernel over ``pl.ds`` chunks of the
   block, the accumulator states in the carry (the Triton backend has no scratch memory);
-  chunks that a mask fills with the accumulator's padding value are skipped (``skip.chunk_range``);
+  chunks that a mask fills with the accumulator's padding value are skipped (``skip.chunk_range``),
+  and chunks on which the where masks hold everywhere run without them (``skip.full_range``);
 - values are f32 inside the kernel, dots accumulate in f32, masks are finite.
 """
 
@@ -27,7 +28,7 @@ from napkin_cat.lower import codegen as cg
 from napkin_cat.lower.fold import emit_after, emit_before, emit_identity, emit_step, slots
 from napkin_cat.lower.jax import all_axes, bind_inputs, rounded_nodes, size_of
 from napkin_cat.lower.layout import MIN_BLOCK, Layout
-from napkin_cat.lower.skip import chunk_range
+from napkin_cat.lower.skip import chunk_range, full_range
 from napkin_cat.lower.values import Scope, Value, transpose_to
 from napkin_cat.terms import Axes
 
@@ -84,12 +85,14 @@ def stored_dims(lay: Layout, axes: Axes) -> list[ast.expr]:
 @dataclass(frozen=True)
 class LaunchRule:
     """What ``cost.launch.launch`` reads for one kernel: its on-chip needs (``Cost.on_chip``:
-    register values, bytes loaded outside and inside the stream; sympy expressions in the axis
-    sizes, the tiles substituted), the profile's rule and its shared memory."""
+    register values, bytes loaded outside and inside the stream, the rows its warps split;
+    sympy expressions in the axis sizes, the tiles substituted), the profile's rule and its
+    shared memory."""
 
     values: sympy.Expr
     fixed: sympy.Expr
     staged: sympy.Expr
+    rows: sympy.Expr
     rule: Mapping[str, Any]
     smem: float
 
@@ -101,7 +104,9 @@ def _size_code(expr: sympy.Expr) -> ast.expr:
 
     class Sizes(ast.NodeTransformer):
         def visit_Name(self, node: ast.Name) -> ast.expr:
-            return cg.name("max") if node.id == "Max" else cg.subscript(cg.name("p"), cg.const(node.id))
+            if node.id in ("Max", "Min"):
+                return cg.name(node.id.lower())
+            return cg.subscript(cg.name("p"), cg.const(node.id))
 
     return Sizes().visit(tree)  # type: ignore[no-any-return]
 
@@ -111,8 +116,9 @@ def _compiler_params(launch: LaunchRule, block: cg.Block) -> ast.keyword:
     ``cost.launch.launch`` on the kernel's actual blocks."""
     rule = launch.rule
     chosen = block.bind("launched", cg.call(
-        "launch", _size_code(launch.values), _size_code(launch.staged), cg.const(rule["registers_per_thread"]),
-        cg.tuple_([cg.const(w) for w in rule["warps"]]), cg.const(rule["register_budget"]),
+        "launch", _size_code(launch.values), _size_code(launch.staged), _size_code(launch.rows),
+        cg.const(rule["registers_per_thread"]), cg.tuple_([cg.const(w) for w in rule["warps"]]),
+        cg.const(rule["register_budget"]), cg.const(rule["rows_per_warp"]),
         cg.tuple_([cg.const(s) for s in rule["stages"]]),
         cg.binop(cg.const(launch.smem), "-", _size_code(launch.fixed))))
     return cg.kw("compiler_params", cg.call("plgpu.CompilerParams", keywords=[
@@ -223,7 +229,41 @@ def _load(ref: str, index: Sequence[ast.expr]) -> ast.expr:
 
 def _emit_loop(lay: Layout, env: dict[str, Value], scope: Scope, in_refs: Sequence[str],
                out_refs: Sequence[str]) -> None:
-    """``lax.fori_loop`` over the chunks of the padded stream axis; the carry is the states."""
+    """``lax.fori_loop`` over the chunks of the padded stream axis; the carry is the states.
+    Chunks a mask fills with padding are skipped (``skip.chunk_range``); where the where
+    masks hold on a whole run of chunks (``skip.full_range``: a causal mask below the
+    diagonal), that run is a loop of its own whose body leaves them out."""
+    axis = lay.stream
+    assert axis is not None
+    tile = cg.const(lay.tiles[axis])
+    block = scope.block
+    namer = block.namer
+    trips = cg.binop(extent_of(axis), "//", tile)
+    state = slots(lay, scope)
+    finals = [namer.fresh(s.hint) for s in state]
+    bounds = chunk_range(lay, scope.offsets, trips)  # chunks a mask fills with padding are skipped
+    lo, hi = (cg.const(0), trips) if bounds is None else bounds
+    lo = lo if isinstance(lo, ast.Constant) else block.bind("first_chunk", lo)
+    hi = hi if hi is trips else block.bind("end_chunk", hi)
+    body = _emit_body(lay, env, scope, in_refs, out_refs, frozenset())
+    full = full_range(lay, scope.offsets, trips, [n.name for n in lay.flat.nodes if lay.phase[n.name] == "chunk"])
+    if full is None:
+        loop = cg.call("lax.fori_loop", lo, hi, cg.name(body), emit_identity(lay, scope))
+    else:
+        kept = _emit_body(lay, env, scope, in_refs, out_refs, full[2])
+        first = block.bind("full_first", cg.call("jnp.minimum", cg.call("jnp.maximum", full[0], lo), hi))
+        end = block.bind("full_end", cg.call("jnp.maximum", cg.call("jnp.minimum", full[1], hi), first))
+        carry = block.bind("carry", cg.call("lax.fori_loop", lo, first, cg.name(body), emit_identity(lay, scope)))
+        carry = block.bind("carry", cg.call("lax.fori_loop", first, end, cg.name(kept), carry))
+        loop = cg.call("lax.fori_loop", end, hi, cg.name(body), carry)
+    block.emit(cg.assign(finals, loop) if finals else ast.Expr(loop))
+    emit_after(lay, env, scope, [Value(cg.name(n), s.axes) for n, s in zip(finals, state, strict=True)])
+
+
+def _emit_body(lay: Layout, env: dict[str, Value], scope: Scope, in_refs: Sequence[str], out_refs: Sequence[str],
+               unmasked: frozenset[str]) -> str:
+    """``def body(j, carry)``: chunk ``j`` of the stream, the where nodes ``unmasked`` left out;
+    returns its name."""
     axis = lay.stream
     assert axis is not None
     tile = cg.const(lay.tiles[axis])
@@ -232,7 +272,7 @@ def _emit_loop(lay: Layout, env: dict[str, Value], scope: Scope, in_refs: Sequen
     body_name, j, carry = namer.fresh("body"), namer.fresh("j"), namer.fresh("carry")
     body = block.child()
     start = body.bind(f"{axis}_first", cg.binop(cg.name(j), "*", tile))
-    inner = scope.with_block(body, offsets={**scope.offsets, axis: start})
+    inner = scope.with_block(body, offsets={**scope.offsets, axis: start}, unmasked=unmasked)
     state = slots(lay, scope)
     names = [namer.fresh(s.hint) for s in state]
     if names:
@@ -253,12 +293,4 @@ def _emit_loop(lay: Layout, env: dict[str, Value], scope: Scope, in_refs: Sequen
         body.emit(ast.Assign([ast.Subscript(cg.name(out_refs[k]), where, ast.Store())], cast, lineno=0))
     body.emit(ast.Return(cg.tuple_(updated)))
     block.emit(cg.function(body_name, [j, carry], body.stmts))
-    trips = cg.binop(extent_of(axis), "//", tile)
-    finals = [namer.fresh(s.hint) for s in state]
-    bounds = chunk_range(lay, scope.offsets, trips)  # chunks a mask fills with padding are skipped
-    lo, hi = (cg.const(0), trips) if bounds is None else bounds
-    lo = lo if isinstance(lo, ast.Constant) else block.bind("first_chunk", lo)
-    hi = hi if hi is trips else block.bind("end_chunk", hi)
-    loop = cg.call("lax.fori_loop", lo, hi, cg.name(body_name), emit_identity(lay, scope))
-    block.emit(cg.assign(finals, loop) if finals else ast.Expr(loop))
-    emit_after(lay, env, scope, [Value(cg.name(n), s.axes) for n, s in zip(finals, state, strict=True)])
+    return body_name

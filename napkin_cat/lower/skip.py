@@ -1,9 +1,12 @@
-"""Which stream chunks a Pallas program skips, as code: ``masks.stream_masks`` decides, by its
-skip rule, which where masks make whole chunks lift to the accumulators' identity (a mask
-on an absorbing operand, filling it with its padding value; see its docstring for the rule
-and the shapes recognised) and gives each conjunct as a ``masks.Side``; this module writes each
-side's chunk bound from the program's grid offsets, and the loop runs over ``[lo, hi)``.
-The cost model counts the same chunks (``masks.chunk_count``).
+"""Which stream chunks a program skips, and on which it leaves its masks out, as code:
+``masks.stream_masks`` decides, by its skip rule, which where masks make whole chunks lift to
+the accumulators' identity (a mask on an absorbing operand, filling it with its padding
+value; see its docstring for the rule and the shapes recognised) and gives each conjunct as
+a ``masks.Side``; this module writes each side's chunk bound from the program's grid offsets,
+and the loop runs over ``[lo, hi)``.  The cost model counts the same chunks
+(``masks.chunk_count``).  ``masks.full_masks`` gives the where nodes whose sides bound the
+chunks they hold on entirely; ``full_range`` writes those bounds, and the kernel computes
+the nodes unmasked there (``Scope.unmasked``).
 """
 
 from __future__ import annotations
@@ -13,9 +16,9 @@ from collections.abc import Mapping, Sequence
 
 from napkin_cat.lower import codegen as cg
 from napkin_cat.lower.layout import Layout
-from napkin_cat.schedule.masks import Side, stream_masks
+from napkin_cat.schedule.masks import Side, full_masks, stream_masks
 
-__all__ = ["chunk_range"]
+__all__ = ["chunk_range", "full_range"]
 
 
 def chunk_range(lay: Layout, offsets: Mapping[str, ast.expr], trips: ast.expr,
@@ -39,9 +42,26 @@ def chunk_range(lay: Layout, offsets: Mapping[str, ast.expr], trips: ast.expr,
     return _fold("jnp.minimum", [lo for lo, _ in ranges]), _fold("jnp.maximum", [hi for _, hi in ranges])
 
 
+def full_range(lay: Layout, offsets: Mapping[str, ast.expr], trips: ast.expr, names: Sequence[str],
+               grid: Sequence[str] | None = None) -> tuple[ast.expr, ast.expr, frozenset[str]] | None:
+    """``(lo, hi, nodes)``: the chunks on which every where node of ``nodes`` holds at every
+    position of the program's block, so that it equals its value operand there; None when no
+    node among ``names`` (the chunk's nodes) has such bounds (``masks.full_masks``)."""
+    axis = lay.stream
+    if axis is None:
+        return None
+    found = full_masks(lay.flat, axis, names, lay.grid if grid is None else grid)
+    if not found:
+        return None
+    lo, hi = _bounds(tuple(side for _, sides in found for side in sides), lay, axis, offsets, trips, full=True)
+    return lo, hi, frozenset(name for name, _ in found)
+
+
 def _bounds(sides: tuple[Side, ...], lay: Layout, axis: str, offsets: Mapping[str, ast.expr],
-            trips: ast.expr) -> tuple[ast.expr, ast.expr]:
-    """Chunk bounds of one node's conjunction, each side at its block's permissive corner."""
+            trips: ast.expr, full: bool = False) -> tuple[ast.expr, ast.expr]:
+    """Chunk bounds of one node's conjunction: the chunks holding a true position, each side at
+    its block's permissive corner (as ``masks.chunk_range``); with ``full``, the chunks true at
+    every position, each side at its restrictive corner (as ``masks.full_range``)."""
     tile = lay.tiles[axis]
     lows: list[ast.expr] = []
     highs: list[ast.expr] = []
@@ -49,16 +69,21 @@ def _bounds(sides: tuple[Side, ...], lay: Layout, axis: str, offsets: Mapping[st
         terms: list[tuple[int, ast.expr]] = []
         for other, c in side.coeffs:
             span = 0 if other in lay.squeezed else lay.block(other) - 1
-            corner = cg.binop(offsets[other], "+", cg.const(span)) if side.top(c) and span else offsets[other]
+            corner = cg.binop(offsets[other], "+", cg.const(span)) if side.top(c) != full and span else offsets[other]
             terms.append((c, corner))
         bound = _linear(terms, side.const)
         a = side.divisor
-        if not side.upper:  # i >= ceil(v / a): chunks from that one on
+        if not side.upper:  # i >= ceil(v / a): chunks from that one on (full: starting there or later)
             first = bound if a == 1 else cg.binop(cg.binop(bound, "+", cg.const(a - 1)), "//", cg.const(a))
+            if full:
+                first = cg.binop(first, "+", cg.const(tile - 1))
             lows.append(cg.binop(first, "//", cg.const(tile)))
-        else:  # i <= floor(v / a): chunks up to and including that one
+        else:  # i <= floor(v / a): chunks up to and including that one (full: ending there or before)
             last = bound if a == 1 else cg.binop(bound, "//", cg.const(a))
-            highs.append(cg.binop(cg.binop(last, "//", cg.const(tile)), "+", cg.const(1)))
+            if full:
+                highs.append(cg.binop(cg.binop(last, "+", cg.const(1)), "//", cg.const(tile)))
+            else:
+                highs.append(cg.binop(cg.binop(last, "//", cg.const(tile)), "+", cg.const(1)))
     lo = cg.call("jnp.maximum", cg.const(0), _fold("jnp.maximum", lows)) if lows else cg.const(0)
     hi = cg.call("jnp.minimum", trips, _fold("jnp.minimum", highs)) if highs else trips
     return lo, hi  # hi <= lo: fori_loop runs no trip (a program whose rows mask every key)

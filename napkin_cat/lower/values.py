@@ -59,6 +59,9 @@ class Value:
     zero_padded: bool = False
     #: a constant folded at lowering time: its exact (float64) value, as the evaluator has it
     constant: float | None = None
+    #: a difference a - b: its operands' code, aligned to ``axes`` (``jaxops.unary`` emits
+    #: exp of it as exp2(a·log2 e - b·log2 e), which the compiler fuses into one FMA)
+    difference: tuple[ast.expr, ast.expr] | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,9 @@ class Scope:
     rounded: Mapping[str, str] = field(default_factory=dict)
     #: exp as exp2(x·log2 e) (Pallas kernels: ``jaxops.unary``)
     exp2: bool = False
+    #: where nodes that hold on every position of this chunk (``skip.full_range``): each is
+    #: computed as its value operand
+    unmasked: frozenset[str] = frozenset()
 
     def keep(self, axes: Axes) -> Axes:
         """The axes an in-kernel value has: the type less the squeezed grid axes."""

@@ -29,6 +29,12 @@ chunks ``[lo, hi)`` that can hold a true position.  Anything else (a disjunction
 ``!=``, a non-affine index, an axis that is neither streamed nor a grid axis, an accumulator
 with no such absorbing operand, an output that carries the streamed axis, a conjunction that
 bounds no stream index) keeps the full loop: ``stream_masks`` returns None.
+
+The same sides, taken at the block's *restrictive* corner, say which chunks a mask holds on
+entirely (``full_masks``, ``full_range``): there a kernel computes the masked node as its
+value, without the mask — FlashAttention's causal loop masks only the chunks that straddle
+the diagonal.  That needs no side condition (the mask is the identity on the chunk), only
+that every conjunct bounds the stream index, so that no row of the block is left out.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from napkin_cat.finiteness import finite
 from napkin_cat.schedule.loopnest import Flat
 from napkin_cat.terms import Box, Cmp, Const, IndexExpr, Logic, Pred, Var, fold_index
 
-__all__ = ["GroupAxis", "Side", "chunk_count", "chunk_range", "stream_masks"]
+__all__ = ["GroupAxis", "Side", "chunk_count", "chunk_range", "full_masks", "full_range", "stream_masks"]
 
 #: an affine index expression: coefficient per axis, and a constant
 Affine = tuple[dict[str, int], int]
@@ -116,9 +122,23 @@ def stream_masks(flat: Flat, stream: str, plans: Mapping[str, AccumulatorPlan],
     return tuple(found_all)
 
 
-def _sides(pred: Pred, axis: str, grid: Collection[str]) -> Sides | None:
+def full_masks(flat: Flat, stream: str, names: Collection[str], grid: Collection[str]) -> tuple[tuple[str, Sides], ...]:
+    """The ``where`` nodes among ``names`` whose predicate is a conjunction of affine
+    comparisons each bounding the ``stream`` index by ``grid`` indices, with their sides: on
+    the chunks of ``full_range`` such a node equals its value operand."""
+    out = []
+    for node in flat.nodes:
+        box = node.expr
+        if node.name in names and isinstance(box, Box) and box.op == "where" and isinstance(box.index, (Cmp, Logic)):
+            sides = _sides(box.index, stream, grid, every=True)
+            if sides is not None:
+                out.append((node.name, sides))
+    return tuple(out)
+
+
+def _sides(pred: Pred, axis: str, grid: Collection[str], every: bool = False) -> Sides | None:
     """The sides of a conjunction of affine comparisons (None: not recognised, or no conjunct
-    bounds the stream index)."""
+    bounds the stream index; with ``every``, also when some conjunct bounds none)."""
     conjuncts = _conjuncts(pred)
     if conjuncts is None:
         return None
@@ -129,6 +149,8 @@ def _sides(pred: Pred, axis: str, grid: Collection[str]) -> Sides | None:
         if any(other not in grid for other in coeffs):
             return None
         if a == 0:
+            if every:
+                return None  # a bound on grid indices alone may drop some rows of the block
             continue  # bounds no stream index: keep every chunk
         # a·i + Σ b·g + const >= 0: a < 0 gives i <= (Σ b·g + const) / -a; a > 0 gives
         # i >= (-Σ b·g - const) / a
@@ -152,6 +174,23 @@ def chunk_range(sides: Sides, offsets: Mapping[str, int], spans: Mapping[str, in
             hi = min(hi, v // side.divisor // tile + 1)
         else:
             lo = max(lo, -(-v // side.divisor) // tile)
+    return lo, hi
+
+
+def full_range(sides: Sides, offsets: Mapping[str, int], spans: Mapping[str, int], tile: int,
+               trips: int) -> tuple[int, int]:
+    """The chunks ``[lo, hi)`` of one program on which the conjunction holds at every position
+    of the block (each side at its restrictive corner: the first chunk index past a lower
+    bound, the last chunk ending before an upper one), in integers; as ``chunk_range``, the
+    Pallas and plain-JAX lowerings emit the same arithmetic as code (``skip.full_range``)."""
+    lo, hi = 0, trips
+    for side in sides:
+        v = side.const + sum(c * (offsets[g] + (0 if side.top(c) else spans[g])) for g, c in side.coeffs)
+        if side.upper:  # (j + 1)·tile - 1 <= floor(v / a)
+            hi = min(hi, (v // side.divisor + 1) // tile)
+        else:  # j·tile >= ceil(v / a)
+            first = -(-v // side.divisor)
+            lo = max(lo, -(-first // tile))
     return lo, hi
 
 

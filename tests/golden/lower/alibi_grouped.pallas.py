@@ -47,13 +47,16 @@ def pad_to(array, extents, dtype):
     widths = [(0, extent - size) for extent, size in zip(extents, array.shape, strict=True)]
     return jnp.pad(array, widths) if any((w for _, w in widths)) else array
 
-def launch(values, staged, registers_per_thread, warps, register_budget, stages, smem):
+def launch(values, staged, rows, registers_per_thread, warps, register_budget, rows_per_warp, stages, smem):
     """``(num_warps, num_stages, fits)``: the fewest warps whose budgeted registers hold
-    ``values`` 32-bit values, and the most pipeline stages whose copies of ``staged`` bytes fit
-    in ``smem``; ``fits`` is False (with the most warps, the fewest stages) when none does."""
-    w = next((w for w in warps if values <= register_budget * registers_per_thread * 32 * w), None)
+    ``values`` 32-bit values, among those that give each warp ``rows_per_warp`` of the
+    program's ``rows`` (the fewest choice always may), and the most pipeline stages whose
+    copies of ``staged`` bytes fit in ``smem``; ``fits`` is False (with the most such warps,
+    the fewest stages) when none does."""
+    usable = [w for w in warps if w == min(warps) or rows >= rows_per_warp * w]
+    w = next((w for w in usable if values <= register_budget * registers_per_thread * 32 * w), None)
     s = next((s for s in stages if staged * s <= smem), None)
-    return (max(warps) if w is None else w, min(stages) if s is None else s, w is not None and s is not None)
+    return (max(usable) if w is None else w, min(stages) if s is None else s, w is not None and s is not None)
 
 def alibi_grouped_forward(Q, K, V, m, *, interpret=None):
     """The forward kernel (the public function's primal)."""
@@ -91,7 +94,7 @@ def alibi_grouped_forward(Q, K, V, m, *, interpret=None):
         masked_2 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, p['x']), 1) < n['x'], t_6, 0.0)
         t_7 = jnp.einsum('ab,bc->ac', masked_2, V_block, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
         out0_ref[...] = t_7.astype(out0_ref.dtype)
-    launched = launch(max(64 * p['x'], 32 * p['x'] + 2560), 0, 255, (4, 8), 0.5, (3, 2, 1), 232448.0 - (320 * p['x'] + 5122))
+    launched = launch(max(64 * p['x'], 32 * p['x'] + 2560), 0, 32, 255, (4, 8), 0.55, 16, (3, 2, 1), 232448.0 - (320 * p['x'] + 5122))
     outs = pl.pallas_call(kernel, out_shape=[jax.ShapeDtypeStruct((p['b'], p['h'], p['q'], p['d']), jnp.float32)], grid=(n['b'], n['h'], p['q'] // 32), in_specs=[pl.BlockSpec((None, None, 32, p['d']), lambda i_b, i_h, i_q: (i_b, i_h, i_q, 0)), pl.BlockSpec((None, None, p['x'], p['d']), lambda i_b, i_h, i_q: (i_b, i_h, 0, 0)), pl.BlockSpec((None, None, p['x'], p['d']), lambda i_b, i_h, i_q: (i_b, i_h, 0, 0)), pl.BlockSpec((None,), lambda i_b, i_h, i_q: (i_h,))], out_specs=[pl.BlockSpec((None, None, 32, p['d']), lambda i_b, i_h, i_q: (i_b, i_h, i_q, 0))], interpret=interpret, compiler_params=plgpu.CompilerParams(num_warps=launched[0], num_stages=launched[1]))(Q_padded, K_padded, V_padded, m_padded)
     return outs[0][:, :, :n['q'], :n['d']]
 

@@ -80,14 +80,36 @@ def flash_attention_causal(Q, K, V):
             return (update_m, update_l, update_o)
         step = jax.checkpoint(step, static_argnums=(2,))
         full_chunks = n['x'] // 32
+
+        def step_2(carry_2, start_2, size_2):
+            O_m_2, O_l_2, O_o_2 = carry_2
+            K_chunk_2 = lax.dynamic_slice_in_dim(K_2, start_2, size_2, axis=0)
+            V_chunk_2 = lax.dynamic_slice_in_dim(V_2, start_2, size_2, axis=0)
+            t_1_2 = jnp.einsum('ab,cb->ac', Q_rows_2, K_chunk_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+            S_2 = t_1_2 * t_2
+            update_t_1_2 = jnp.max(S_2, axis=(1,))
+            update_m_2 = jnp.maximum(O_m_2, update_t_1_2)
+            update_t_2_2 = jnp.maximum(update_m_2, -BIG)
+            update_t_3_2 = O_m_2 - update_t_2_2
+            update_c_2 = jnp.exp(update_t_3_2)
+            update_t_5_2 = S_2 - update_t_2_2[:, None]
+            update_t_6_2 = jnp.exp(update_t_5_2)
+            update_l_chunk_2 = jnp.sum(update_t_6_2, axis=(1,))
+            update_t_7_2 = update_c_2 * O_l_2
+            update_l_2 = update_t_7_2 + update_l_chunk_2
+            update_o_chunk_2 = jnp.einsum('ab,bc->ac', update_t_6_2, V_chunk_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+            update_t_11_2 = update_c_2[:, None] * O_o_2
+            update_o_2 = update_t_11_2 + update_o_chunk_2
+            return (update_m_2, update_l_2, update_o_2)
+        step_2 = jax.checkpoint(step_2, static_argnums=(2,))
         state = (jnp.full((rows,), -INF, jnp.float32), jnp.full((rows,), 0.0, jnp.float32), jnp.full((rows, n['d']), 0.0, jnp.float32))
         if full_chunks:
-            state = lax.fori_loop(0, full_chunks, lambda j, c: lax.cond(jnp.logical_and(j >= 0, j < jnp.minimum((n['x'] + 32 - 1) // 32, (q_first + 31) // 32 + 1)), lambda c: step(c, j * 32, 32), lambda c: c, c), state)
+            state = lax.fori_loop(0, full_chunks, lambda j, c: lax.cond(jnp.logical_and(j >= 0, j < jnp.minimum((n['x'] + 32 - 1) // 32, (q_first + 1) // 32)), lambda k: step_2(k, j * 32, 32), lambda k: lax.cond(jnp.logical_and(j >= 0, j < jnp.minimum((n['x'] + 32 - 1) // 32, (q_first + 31) // 32 + 1)), lambda c: step(c, j * 32, 32), lambda c: c, k), c), state)
         if n['x'] % 32:
-            state = lax.cond(jnp.logical_and(full_chunks >= 0, full_chunks < jnp.minimum((n['x'] + 32 - 1) // 32, (q_first + 31) // 32 + 1)), lambda c: step(c, full_chunks * 32, n['x'] % 32), lambda c: c, state)
-        O_m_2, O_l_2, O_o_2 = state
-        final_t_1 = jnp.maximum(O_l_2, TINY)
-        final_t_2 = O_o_2 / final_t_1[:, None]
+            state = lax.cond(jnp.logical_and(full_chunks >= 0, full_chunks < jnp.minimum((n['x'] + 32 - 1) // 32, (q_first + 1) // 32)), lambda k_2: step_2(k_2, full_chunks * 32, n['x'] % 32), lambda k_2: lax.cond(jnp.logical_and(full_chunks >= 0, full_chunks < jnp.minimum((n['x'] + 32 - 1) // 32, (q_first + 31) // 32 + 1)), lambda c: step(c, full_chunks * 32, n['x'] % 32), lambda c: c, k_2), state)
+        O_m_3, O_l_3, O_o_3 = state
+        final_t_1 = jnp.maximum(O_l_3, TINY)
+        final_t_2 = O_o_3 / final_t_1[:, None]
         return final_t_2
     full_blocks = n['q'] // 32
     pieces = []

@@ -47,13 +47,16 @@ def pad_to(array, extents, dtype):
     widths = [(0, extent - size) for extent, size in zip(extents, array.shape, strict=True)]
     return jnp.pad(array, widths) if any((w for _, w in widths)) else array
 
-def launch(values, staged, registers_per_thread, warps, register_budget, stages, smem):
+def launch(values, staged, rows, registers_per_thread, warps, register_budget, rows_per_warp, stages, smem):
     """``(num_warps, num_stages, fits)``: the fewest warps whose budgeted registers hold
-    ``values`` 32-bit values, and the most pipeline stages whose copies of ``staged`` bytes fit
-    in ``smem``; ``fits`` is False (with the most warps, the fewest stages) when none does."""
-    w = next((w for w in warps if values <= register_budget * registers_per_thread * 32 * w), None)
+    ``values`` 32-bit values, among those that give each warp ``rows_per_warp`` of the
+    program's ``rows`` (the fewest choice always may), and the most pipeline stages whose
+    copies of ``staged`` bytes fit in ``smem``; ``fits`` is False (with the most such warps,
+    the fewest stages) when none does."""
+    usable = [w for w in warps if w == min(warps) or rows >= rows_per_warp * w]
+    w = next((w for w in usable if values <= register_budget * registers_per_thread * 32 * w), None)
     s = next((s for s in stages if staged * s <= smem), None)
-    return (max(warps) if w is None else w, min(stages) if s is None else s, w is not None and s is not None)
+    return (max(usable) if w is None else w, min(stages) if s is None else s, w is not None and s is not None)
 
 def flash_mha_forward(Q, K, V, *, interpret=None):
     """The forward kernel (the public function's primal)."""
@@ -74,31 +77,31 @@ def flash_mha_forward(Q, K, V, *, interpret=None):
 
         def body(j, carry):
             x_first = j * 64
-            O_m, O_l, O_o = carry
+            O_m_2, O_l_2, O_o_2 = carry
             K_chunk = K_ref[pl.ds(x_first, 64), :].astype(jnp.float32)
             V_chunk = V_ref[pl.ds(x_first, 64), :].astype(jnp.float32)
             t_1 = jnp.einsum('ab,cb->ac', Q_block, K_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
             S = t_1 * t_2
             masked = jnp.where(lax.broadcasted_iota(jnp.int32, (128, 64), 1) + x_first < n['x'], S, -INF)
             update_t_1 = jnp.max(masked, axis=(1,))
-            update_m = jnp.maximum(O_m, update_t_1)
+            update_m = jnp.maximum(O_m_2, update_t_1)
             update_t_2 = jnp.maximum(update_m, -BIG)
-            update_t_3 = O_m - update_t_2
-            update_c = jnp.exp2(update_t_3 * 1.4426950408889634)
+            update_t_3 = O_m_2 - update_t_2
+            update_c = jnp.exp2(O_m_2 * 1.4426950408889634 - update_t_2 * 1.4426950408889634)
             update_t_5 = masked - update_t_2[:, None]
-            update_t_6 = jnp.exp2(update_t_5 * 1.4426950408889634)
+            update_t_6 = jnp.exp2(masked * 1.4426950408889634 - update_t_2[:, None] * 1.4426950408889634)
             update_l_chunk = jnp.sum(update_t_6, axis=(1,))
-            update_t_7 = update_c * O_l
+            update_t_7 = update_c * O_l_2
             update_l = update_t_7 + update_l_chunk
             update_o_chunk = jnp.einsum('ab,bc->ac', update_t_6, V_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
-            update_t_11 = update_c[:, None] * O_o
+            update_t_11 = update_c[:, None] * O_o_2
             update_o = update_t_11 + update_o_chunk
             return (update_m, update_l, update_o)
-        O_m_2, O_l_2, O_o_2 = lax.fori_loop(0, p['x'] // 64, body, (jnp.full((128,), -INF, jnp.float32), jnp.full((128,), 0.0, jnp.float32), jnp.full((128, p['d']), 0.0, jnp.float32)))
-        final_t_1 = jnp.maximum(O_l_2, TINY)
-        final_t_2 = O_o_2 / final_t_1[:, None]
+        O_m, O_l, O_o = lax.fori_loop(0, p['x'] // 64, body, (jnp.full((128,), -INF, jnp.float32), jnp.full((128,), 0.0, jnp.float32), jnp.full((128, p['d']), 0.0, jnp.float32)))
+        final_t_1 = jnp.maximum(O_l, TINY)
+        final_t_2 = O_o / final_t_1[:, None]
         out0_ref[...] = final_t_2.astype(out0_ref.dtype)
-    launched = launch(16640, 16384, 255, (4, 8), 0.5, (3, 2, 1), 232448.0 - 16384)
+    launched = launch(16640, 16384, 128, 255, (4, 8), 0.55, 16, (3, 2, 1), 232448.0 - 16384)
     outs = pl.pallas_call(kernel, out_shape=[jax.ShapeDtypeStruct((p['b'], p['h'], p['q'], p['d']), jnp.float32)], grid=(p['q'] // 128, n['b'], n['h']), in_specs=[pl.BlockSpec((None, None, 128, p['d']), lambda i_q, i_b, i_h: (i_b, i_h, i_q, 0)), pl.BlockSpec((None, None, p['x'], p['d']), lambda i_q, i_b, i_h: (i_b, i_h, 0, 0)), pl.BlockSpec((None, None, p['x'], p['d']), lambda i_q, i_b, i_h: (i_b, i_h, 0, 0))], out_specs=[pl.BlockSpec((None, None, 128, p['d']), lambda i_q, i_b, i_h: (i_b, i_h, i_q, 0))], interpret=interpret, compiler_params=plgpu.CompilerParams(num_warps=launched[0], num_stages=launched[1]))(Q_padded, K_padded, V_padded)
     return outs[0][:, :, :n['q'], :n['d']]
 

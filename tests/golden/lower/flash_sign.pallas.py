@@ -47,13 +47,16 @@ def pad_to(array, extents, dtype):
     widths = [(0, extent - size) for extent, size in zip(extents, array.shape, strict=True)]
     return jnp.pad(array, widths) if any((w for _, w in widths)) else array
 
-def launch(values, staged, registers_per_thread, warps, register_budget, stages, smem):
+def launch(values, staged, rows, registers_per_thread, warps, register_budget, rows_per_warp, stages, smem):
     """``(num_warps, num_stages, fits)``: the fewest warps whose budgeted registers hold
-    ``values`` 32-bit values, and the most pipeline stages whose copies of ``staged`` bytes fit
-    in ``smem``; ``fits`` is False (with the most warps, the fewest stages) when none does."""
-    w = next((w for w in warps if values <= register_budget * registers_per_thread * 32 * w), None)
+    ``values`` 32-bit values, among those that give each warp ``rows_per_warp`` of the
+    program's ``rows`` (the fewest choice always may), and the most pipeline stages whose
+    copies of ``staged`` bytes fit in ``smem``; ``fits`` is False (with the most such warps,
+    the fewest stages) when none does."""
+    usable = [w for w in warps if w == min(warps) or rows >= rows_per_warp * w]
+    w = next((w for w in usable if values <= register_budget * registers_per_thread * 32 * w), None)
     s = next((s for s in stages if staged * s <= smem), None)
-    return (max(warps) if w is None else w, min(stages) if s is None else s, w is not None and s is not None)
+    return (max(usable) if w is None else w, min(stages) if s is None else s, w is not None and s is not None)
 
 def flash_sign_forward(Q, K, V, *, interpret=None):
     """The forward kernel (the public function's primal)."""
@@ -71,7 +74,7 @@ def flash_sign_forward(Q, K, V, *, interpret=None):
 
         def body(j, carry):
             x_first = j * 32
-            O_o, O_z = carry
+            O_o_2, O_z_2 = carry
             K_chunk = K_ref[pl.ds(x_first, 32), :].astype(jnp.float32)
             V_chunk = V_ref[pl.ds(x_first, 32), :].astype(jnp.float32)
             S = jnp.einsum('ab,cb->ac', Q_block, K_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
@@ -79,19 +82,19 @@ def flash_sign_forward(Q, K, V, *, interpret=None):
             lift_o = jnp.einsum('ab,bc->ac', masked, V_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
             lift_t_1 = masked * masked
             lift_z = jnp.sum(lift_t_1, axis=(1,))
-            combine_t_1 = O_o + lift_o
-            combine_t_2 = O_z + lift_z
+            combine_t_1 = O_o_2 + lift_o
+            combine_t_2 = O_z_2 + lift_z
             return (combine_t_1, combine_t_2)
-        O_o_2, O_z_2 = lax.fori_loop(0, p['x'] // 32, body, (jnp.full((32, p['d']), 0.0, jnp.float32), jnp.full((32,), 0.0, jnp.float32)))
-        final_t_1 = jnp.sqrt(O_z_2)
+        O_o, O_z = lax.fori_loop(0, p['x'] // 32, body, (jnp.full((32, p['d']), 0.0, jnp.float32), jnp.full((32,), 0.0, jnp.float32)))
+        final_t_1 = jnp.sqrt(O_z)
         final_t_2 = jnp.sign(final_t_1)
         final_t_3 = jnp.abs(final_t_2)
-        final_t_4 = O_o_2 * final_t_3[:, None]
+        final_t_4 = O_o * final_t_3[:, None]
         final_t_9 = 1.0 - final_t_3
         final_t_10 = final_t_1 + final_t_9
         final_t_11 = final_t_4 / final_t_10[:, None]
         out0_ref[...] = final_t_11.astype(out0_ref.dtype)
-    launched = launch(5152, 16384, 255, (4, 8), 0.5, (3, 2, 1), 232448.0 - 8192)
+    launched = launch(5152, 16384, 32, 255, (4, 8), 0.55, 16, (3, 2, 1), 232448.0 - 8192)
     outs = pl.pallas_call(kernel, out_shape=[jax.ShapeDtypeStruct((p['q'], p['d']), jnp.float32)], grid=(p['q'] // 32,), in_specs=[pl.BlockSpec((32, p['d']), lambda i_q: (i_q, 0)), pl.BlockSpec((p['x'], p['d']), lambda i_q: (0, 0)), pl.BlockSpec((p['x'], p['d']), lambda i_q: (0, 0))], out_specs=[pl.BlockSpec((32, p['d']), lambda i_q: (i_q, 0))], interpret=interpret, compiler_params=plgpu.CompilerParams(num_warps=launched[0], num_stages=launched[1]))(Q_padded, K_padded, V_padded)
     return outs[0][:n['q'], :n['d']]
 

@@ -47,13 +47,16 @@ def pad_to(array, extents, dtype):
     widths = [(0, extent - size) for extent, size in zip(extents, array.shape, strict=True)]
     return jnp.pad(array, widths) if any((w for _, w in widths)) else array
 
-def launch(values, staged, registers_per_thread, warps, register_budget, stages, smem):
+def launch(values, staged, rows, registers_per_thread, warps, register_budget, rows_per_warp, stages, smem):
     """``(num_warps, num_stages, fits)``: the fewest warps whose budgeted registers hold
-    ``values`` 32-bit values, and the most pipeline stages whose copies of ``staged`` bytes fit
-    in ``smem``; ``fits`` is False (with the most warps, the fewest stages) when none does."""
-    w = next((w for w in warps if values <= register_budget * registers_per_thread * 32 * w), None)
+    ``values`` 32-bit values, among those that give each warp ``rows_per_warp`` of the
+    program's ``rows`` (the fewest choice always may), and the most pipeline stages whose
+    copies of ``staged`` bytes fit in ``smem``; ``fits`` is False (with the most such warps,
+    the fewest stages) when none does."""
+    usable = [w for w in warps if w == min(warps) or rows >= rows_per_warp * w]
+    w = next((w for w in usable if values <= register_budget * registers_per_thread * 32 * w), None)
     s = next((s for s in stages if staged * s <= smem), None)
-    return (max(warps) if w is None else w, min(stages) if s is None else s, w is not None and s is not None)
+    return (max(usable) if w is None else w, min(stages) if s is None else s, w is not None and s is not None)
 
 def streamed_cross_entropy_index_forward(Z, L, *, interpret=None):
     """The forward kernel (the public function's primal)."""
@@ -70,30 +73,30 @@ def streamed_cross_entropy_index_forward(Z, L, *, interpret=None):
 
         def body(j, carry):
             v_first = j * 32
-            t_1_m, t_1_l, t_2_s = carry
+            t_1_m_2, t_1_l_2, t_2_s_2 = carry
             Z_chunk = Z_ref[:, pl.ds(v_first, 32)].astype(jnp.float32)
             Y = jnp.where(L_block[:, None] == jnp.asarray(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first, jnp.float32), 1.0, 0.0)
             masked = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first < n['v'], Z_chunk, -INF)
             update_t_1 = jnp.max(masked, axis=(1,))
-            update_m = jnp.maximum(t_1_m, update_t_1)
+            update_m = jnp.maximum(t_1_m_2, update_t_1)
             update_t_2 = jnp.maximum(update_m, -BIG)
-            update_t_3 = t_1_m - update_t_2
-            update_c = jnp.exp2(update_t_3 * 1.4426950408889634)
+            update_t_3 = t_1_m_2 - update_t_2
+            update_c = jnp.exp2(t_1_m_2 * 1.4426950408889634 - update_t_2 * 1.4426950408889634)
             update_t_5 = masked - update_t_2[:, None]
-            update_t_6 = jnp.exp2(update_t_5 * 1.4426950408889634)
+            update_t_6 = jnp.exp2(masked * 1.4426950408889634 - update_t_2[:, None] * 1.4426950408889634)
             update_l_chunk = jnp.sum(update_t_6, axis=(1,))
-            update_t_7 = update_c * t_1_l
+            update_t_7 = update_c * t_1_l_2
             update_l = update_t_7 + update_l_chunk
             masked_2 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first < n['v'], Y, 0.0)
             lift_s = jnp.sum(masked_2 * Z_chunk, axis=(1,))
-            combine_t_1 = t_2_s + lift_s
+            combine_t_1 = t_2_s_2 + lift_s
             return (update_m, update_l, combine_t_1)
-        t_1_m_2, t_1_l_2, t_2_s_2 = lax.fori_loop(0, p['v'] // 32, body, (jnp.full((32,), -INF, jnp.float32), jnp.full((32,), 0.0, jnp.float32), jnp.full((32,), 0.0, jnp.float32)))
-        final_t_1 = jnp.log(t_1_l_2)
-        final_t_2 = t_1_m_2 + final_t_1
-        t_3 = final_t_2 - t_2_s_2
+        t_1_m, t_1_l, t_2_s = lax.fori_loop(0, p['v'] // 32, body, (jnp.full((32,), -INF, jnp.float32), jnp.full((32,), 0.0, jnp.float32), jnp.full((32,), 0.0, jnp.float32)))
+        final_t_1 = jnp.log(t_1_l)
+        final_t_2 = t_1_m + final_t_1
+        t_3 = final_t_2 - t_2_s
         out0_ref[...] = t_3.astype(out0_ref.dtype)
-    launched = launch(1152, 2048, 255, (4, 8), 0.5, (3, 2, 1), 232448.0 - 64)
+    launched = launch(1152, 2048, 32, 255, (4, 8), 0.55, 16, (3, 2, 1), 232448.0 - 64)
     outs = pl.pallas_call(kernel, out_shape=[jax.ShapeDtypeStruct((p['t'],), jnp.float32)], grid=(p['t'] // 32,), in_specs=[pl.BlockSpec((32, p['v']), lambda i_t: (i_t, 0)), pl.BlockSpec((32,), lambda i_t: (i_t,))], out_specs=[pl.BlockSpec((32,), lambda i_t: (i_t,))], interpret=interpret, compiler_params=plgpu.CompilerParams(num_warps=launched[0], num_stages=launched[1]))(Z_padded, L_padded)
     return outs[0][:n['t'],]
 

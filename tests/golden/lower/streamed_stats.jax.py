@@ -76,16 +76,40 @@ def streamed_stats(X):
             return (combine_t_1, combine_t_1_2, combine_t_1_3, update_m, update_l, combine_t_1_4)
         step = jax.checkpoint(step, static_argnums=(2,))
         full_chunks = n['v'] // 32
+
+        def step_2(carry_2, start_2, size_2):
+            t_1_s_2, t_2_s_2, t_3_s_2, t_4_m_2, t_4_l_2, t_7_s_2 = carry_2
+            X_chunk_2 = lax.dynamic_slice_in_dim(X_rows_2, start_2, size_2, axis=1)
+            t_5_2 = jnp.exp(X_chunk_2)
+            lift_s_5 = jnp.max(X_chunk_2, axis=(1,))
+            combine_t_1_5 = jnp.maximum(t_1_s_2, lift_s_5)
+            lift_s_6 = jnp.min(X_chunk_2, axis=(1,))
+            combine_t_1_6 = jnp.minimum(t_2_s_2, lift_s_6)
+            lift_s_7 = jnp.sum(X_chunk_2, axis=(1,))
+            combine_t_1_7 = t_3_s_2 + lift_s_7
+            update_m_2 = jnp.maximum(t_4_m_2, lift_s_5)
+            update_t_2_2 = jnp.maximum(update_m_2, -BIG)
+            update_t_3_2 = t_4_m_2 - update_t_2_2
+            update_c_2 = jnp.exp(update_t_3_2)
+            update_t_5_2 = X_chunk_2 - update_t_2_2[:, None]
+            update_t_6_2 = jnp.exp(update_t_5_2)
+            update_l_chunk_2 = jnp.sum(update_t_6_2, axis=(1,))
+            update_t_7_2 = update_c_2 * t_4_l_2
+            update_l_2 = update_t_7_2 + update_l_chunk_2
+            lift_s_8 = jnp.sum(t_5_2, axis=(1,))
+            combine_t_1_8 = t_7_s_2 + lift_s_8
+            return (combine_t_1_5, combine_t_1_6, combine_t_1_7, update_m_2, update_l_2, combine_t_1_8)
+        step_2 = jax.checkpoint(step_2, static_argnums=(2,))
         state = (jnp.full((rows,), -INF, jnp.float32), jnp.full((rows,), INF, jnp.float32), jnp.full((rows,), 0.0, jnp.float32), jnp.full((rows,), -INF, jnp.float32), jnp.full((rows,), 0.0, jnp.float32), jnp.full((rows,), 0.0, jnp.float32))
         if full_chunks:
-            state = lax.fori_loop(0, full_chunks, lambda j, c: step(c, j * 32, 32), state)
+            state = lax.fori_loop(0, full_chunks, lambda j, c: lax.cond(jnp.logical_and(j >= 0, j < jnp.minimum((n['v'] + 32 - 1) // 32, (t_first + 3 + 1) // 32)), lambda k: step_2(k, j * 32, 32), lambda k: step(k, j * 32, 32), c), state)
         if n['v'] % 32:
-            state = step(state, full_chunks * 32, n['v'] % 32)
-        t_1_s_2, t_2_s_2, t_3_s_2, t_4_m_2, t_4_l_2, t_7_s_2 = state
-        final_t_1 = t_3_s_2 / float(n['v'])
-        final_t_1_2 = jnp.log(t_4_l_2)
-        final_t_2 = t_4_m_2 + final_t_1_2
-        return (t_1_s_2, t_2_s_2, final_t_1, final_t_2, t_7_s_2)
+            state = lax.cond(jnp.logical_and(full_chunks >= 0, full_chunks < jnp.minimum((n['v'] + 32 - 1) // 32, (t_first + 3 + 1) // 32)), lambda k_2: step_2(k_2, full_chunks * 32, n['v'] % 32), lambda k_2: step(k_2, full_chunks * 32, n['v'] % 32), state)
+        t_1_s_3, t_2_s_3, t_3_s_3, t_4_m_3, t_4_l_3, t_7_s_3 = state
+        final_t_1 = t_3_s_3 / float(n['v'])
+        final_t_1_2 = jnp.log(t_4_l_3)
+        final_t_2 = t_4_m_3 + final_t_1_2
+        return (t_1_s_3, t_2_s_3, final_t_1, final_t_2, t_7_s_3)
     full_blocks = n['t'] // 32
     pieces = []
     if full_blocks:

@@ -47,13 +47,16 @@ def pad_to(array, extents, dtype):
     widths = [(0, extent - size) for extent, size in zip(extents, array.shape, strict=True)]
     return jnp.pad(array, widths) if any((w for _, w in widths)) else array
 
-def launch(values, staged, registers_per_thread, warps, register_budget, stages, smem):
+def launch(values, staged, rows, registers_per_thread, warps, register_budget, rows_per_warp, stages, smem):
     """``(num_warps, num_stages, fits)``: the fewest warps whose budgeted registers hold
-    ``values`` 32-bit values, and the most pipeline stages whose copies of ``staged`` bytes fit
-    in ``smem``; ``fits`` is False (with the most warps, the fewest stages) when none does."""
-    w = next((w for w in warps if values <= register_budget * registers_per_thread * 32 * w), None)
+    ``values`` 32-bit values, among those that give each warp ``rows_per_warp`` of the
+    program's ``rows`` (the fewest choice always may), and the most pipeline stages whose
+    copies of ``staged`` bytes fit in ``smem``; ``fits`` is False (with the most such warps,
+    the fewest stages) when none does."""
+    usable = [w for w in warps if w == min(warps) or rows >= rows_per_warp * w]
+    w = next((w for w in usable if values <= register_budget * registers_per_thread * 32 * w), None)
     s = next((s for s in stages if staged * s <= smem), None)
-    return (max(warps) if w is None else w, min(stages) if s is None else s, w is not None and s is not None)
+    return (max(usable) if w is None else w, min(stages) if s is None else s, w is not None and s is not None)
 
 def streamed_stats_forward(X, *, interpret=None):
     """The forward kernel (the public function's primal)."""
@@ -68,41 +71,72 @@ def streamed_stats_forward(X, *, interpret=None):
 
         def body(j, carry):
             v_first = j * 32
-            t_1_s, t_2_s, t_3_s, t_4_m, t_4_l, t_7_s = carry
+            t_1_s_2, t_2_s_2, t_3_s_2, t_4_m_2, t_4_l_2, t_7_s_2 = carry
             X_chunk = X_ref[:, pl.ds(v_first, 32)].astype(jnp.float32)
             t_5 = jnp.exp2(X_chunk * 1.4426950408889634)
             t_6 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first <= lax.broadcasted_iota(jnp.int32, (32, 32), 0) + t_first + 3, t_5, 0.0)
             masked = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first < n['v'], X_chunk, -INF)
             lift_s = jnp.max(masked, axis=(1,))
-            combine_t_1 = jnp.maximum(t_1_s, lift_s)
+            combine_t_1 = jnp.maximum(t_1_s_2, lift_s)
             masked_2 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first < n['v'], X_chunk, INF)
             lift_s_2 = jnp.min(masked_2, axis=(1,))
-            combine_t_1_2 = jnp.minimum(t_2_s, lift_s_2)
+            combine_t_1_2 = jnp.minimum(t_2_s_2, lift_s_2)
             lift_s_3 = jnp.sum(X_chunk, axis=(1,))
-            combine_t_1_3 = t_3_s + lift_s_3
-            update_m = jnp.maximum(t_4_m, lift_s)
+            combine_t_1_3 = t_3_s_2 + lift_s_3
+            update_m = jnp.maximum(t_4_m_2, lift_s)
             update_t_2 = jnp.maximum(update_m, -BIG)
-            update_t_3 = t_4_m - update_t_2
-            update_c = jnp.exp2(update_t_3 * 1.4426950408889634)
+            update_t_3 = t_4_m_2 - update_t_2
+            update_c = jnp.exp2(t_4_m_2 * 1.4426950408889634 - update_t_2 * 1.4426950408889634)
             update_t_5 = masked - update_t_2[:, None]
-            update_t_6 = jnp.exp2(update_t_5 * 1.4426950408889634)
+            update_t_6 = jnp.exp2(masked * 1.4426950408889634 - update_t_2[:, None] * 1.4426950408889634)
             update_l_chunk = jnp.sum(update_t_6, axis=(1,))
-            update_t_7 = update_c * t_4_l
+            update_t_7 = update_c * t_4_l_2
             update_l = update_t_7 + update_l_chunk
             masked_3 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first < n['v'], t_6, 0.0)
             lift_s_4 = jnp.sum(masked_3, axis=(1,))
-            combine_t_1_4 = t_7_s + lift_s_4
+            combine_t_1_4 = t_7_s_2 + lift_s_4
             return (combine_t_1, combine_t_1_2, combine_t_1_3, update_m, update_l, combine_t_1_4)
-        t_1_s_2, t_2_s_2, t_3_s_2, t_4_m_2, t_4_l_2, t_7_s_2 = lax.fori_loop(0, p['v'] // 32, body, (jnp.full((32,), -INF, jnp.float32), jnp.full((32,), INF, jnp.float32), jnp.full((32,), 0.0, jnp.float32), jnp.full((32,), -INF, jnp.float32), jnp.full((32,), 0.0, jnp.float32), jnp.full((32,), 0.0, jnp.float32)))
-        final_t_1 = t_3_s_2 / float(n['v'])
-        final_t_1_2 = jnp.log(t_4_l_2)
-        final_t_2 = t_4_m_2 + final_t_1_2
-        out0_ref[...] = t_1_s_2.astype(out0_ref.dtype)
-        out1_ref[...] = t_2_s_2.astype(out1_ref.dtype)
+
+        def body_2(j_2, carry_2):
+            v_first_2 = j_2 * 32
+            t_1_s_3, t_2_s_3, t_3_s_3, t_4_m_3, t_4_l_3, t_7_s_3 = carry_2
+            X_chunk_2 = X_ref[:, pl.ds(v_first_2, 32)].astype(jnp.float32)
+            t_5_2 = jnp.exp2(X_chunk_2 * 1.4426950408889634)
+            masked_4 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first_2 < n['v'], X_chunk_2, -INF)
+            lift_s_5 = jnp.max(masked_4, axis=(1,))
+            combine_t_1_5 = jnp.maximum(t_1_s_3, lift_s_5)
+            masked_5 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first_2 < n['v'], X_chunk_2, INF)
+            lift_s_6 = jnp.min(masked_5, axis=(1,))
+            combine_t_1_6 = jnp.minimum(t_2_s_3, lift_s_6)
+            lift_s_7 = jnp.sum(X_chunk_2, axis=(1,))
+            combine_t_1_7 = t_3_s_3 + lift_s_7
+            update_m_2 = jnp.maximum(t_4_m_3, lift_s_5)
+            update_t_2_2 = jnp.maximum(update_m_2, -BIG)
+            update_t_3_2 = t_4_m_3 - update_t_2_2
+            update_c_2 = jnp.exp2(t_4_m_3 * 1.4426950408889634 - update_t_2_2 * 1.4426950408889634)
+            update_t_5_2 = masked_4 - update_t_2_2[:, None]
+            update_t_6_2 = jnp.exp2(masked_4 * 1.4426950408889634 - update_t_2_2[:, None] * 1.4426950408889634)
+            update_l_chunk_2 = jnp.sum(update_t_6_2, axis=(1,))
+            update_t_7_2 = update_c_2 * t_4_l_3
+            update_l_2 = update_t_7_2 + update_l_chunk_2
+            masked_6 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first_2 < n['v'], t_5_2, 0.0)
+            lift_s_8 = jnp.sum(masked_6, axis=(1,))
+            combine_t_1_8 = t_7_s_3 + lift_s_8
+            return (combine_t_1_5, combine_t_1_6, combine_t_1_7, update_m_2, update_l_2, combine_t_1_8)
+        full_first = jnp.minimum(jnp.maximum(0, 0), p['v'] // 32)
+        full_end = jnp.maximum(jnp.minimum(jnp.minimum(p['v'] // 32, (t_first + 3 + 1) // 32), p['v'] // 32), full_first)
+        carry_3 = lax.fori_loop(0, full_first, body, (jnp.full((32,), -INF, jnp.float32), jnp.full((32,), INF, jnp.float32), jnp.full((32,), 0.0, jnp.float32), jnp.full((32,), -INF, jnp.float32), jnp.full((32,), 0.0, jnp.float32), jnp.full((32,), 0.0, jnp.float32)))
+        carry_4 = lax.fori_loop(full_first, full_end, body_2, carry_3)
+        t_1_s, t_2_s, t_3_s, t_4_m, t_4_l, t_7_s = lax.fori_loop(full_end, p['v'] // 32, body, carry_4)
+        final_t_1 = t_3_s / float(n['v'])
+        final_t_1_2 = jnp.log(t_4_l)
+        final_t_2 = t_4_m + final_t_1_2
+        out0_ref[...] = t_1_s.astype(out0_ref.dtype)
+        out1_ref[...] = t_2_s.astype(out1_ref.dtype)
         out2_ref[...] = final_t_1.astype(out2_ref.dtype)
         out3_ref[...] = final_t_2.astype(out3_ref.dtype)
-        out4_ref[...] = t_7_s_2.astype(out4_ref.dtype)
-    launched = launch(1216, 2048, 255, (4, 8), 0.5, (3, 2, 1), 232448.0 - 0)
+        out4_ref[...] = t_7_s.astype(out4_ref.dtype)
+    launched = launch(1216, 2048, 32, 255, (4, 8), 0.55, 16, (3, 2, 1), 232448.0 - 0)
     outs = pl.pallas_call(kernel, out_shape=[jax.ShapeDtypeStruct((p['t'],), jnp.float32), jax.ShapeDtypeStruct((p['t'],), jnp.float32), jax.ShapeDtypeStruct((p['t'],), jnp.float32), jax.ShapeDtypeStruct((p['t'],), jnp.float32), jax.ShapeDtypeStruct((p['t'],), jnp.float32)], grid=(p['t'] // 32,), in_specs=[pl.BlockSpec((32, p['v']), lambda i_t: (i_t, 0))], out_specs=[pl.BlockSpec((32,), lambda i_t: (i_t,)), pl.BlockSpec((32,), lambda i_t: (i_t,)), pl.BlockSpec((32,), lambda i_t: (i_t,)), pl.BlockSpec((32,), lambda i_t: (i_t,)), pl.BlockSpec((32,), lambda i_t: (i_t,))], interpret=interpret, compiler_params=plgpu.CompilerParams(num_warps=launched[0], num_stages=launched[1]))(X_padded)
     return (outs[0][:n['t'],], outs[1][:n['t'],], outs[2][:n['t'],], outs[3][:n['t'],], outs[4][:n['t'],])
 

@@ -61,13 +61,16 @@ def merge_tiles(array, axis, tile):
     shape = kept.shape
     return kept.reshape((*shape[:axis], shape[axis] * tile, *shape[axis + 2:]))
 
-def launch(values, staged, registers_per_thread, warps, register_budget, stages, smem):
+def launch(values, staged, rows, registers_per_thread, warps, register_budget, rows_per_warp, stages, smem):
     """``(num_warps, num_stages, fits)``: the fewest warps whose budgeted registers hold
-    ``values`` 32-bit values, and the most pipeline stages whose copies of ``staged`` bytes fit
-    in ``smem``; ``fits`` is False (with the most warps, the fewest stages) when none does."""
-    w = next((w for w in warps if values <= register_budget * registers_per_thread * 32 * w), None)
+    ``values`` 32-bit values, among those that give each warp ``rows_per_warp`` of the
+    program's ``rows`` (the fewest choice always may), and the most pipeline stages whose
+    copies of ``staged`` bytes fit in ``smem``; ``fits`` is False (with the most such warps,
+    the fewest stages) when none does."""
+    usable = [w for w in warps if w == min(warps) or rows >= rows_per_warp * w]
+    w = next((w for w in usable if values <= register_budget * registers_per_thread * 32 * w), None)
     s = next((s for s in stages if staged * s <= smem), None)
-    return (max(warps) if w is None else w, min(stages) if s is None else s, w is not None and s is not None)
+    return (max(usable) if w is None else w, min(stages) if s is None else s, w is not None and s is not None)
 
 def tiled_matmul_padded_forward(A, B, *, interpret=None):
     """The forward kernel (the public function's primal)."""
@@ -84,15 +87,15 @@ def tiled_matmul_padded_forward(A, B, *, interpret=None):
 
         def body(j, carry):
             b_first = j * 32
-            t_1_s, = carry
+            t_1_s_2, = carry
             A_chunk = A_ref[:, pl.ds(b_first, 32)].astype(jnp.float32)
             B_chunk = B_ref[pl.ds(b_first, 32), :].astype(jnp.float32)
             lift_s = jnp.einsum('ab,bc->ac', A_chunk, B_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
-            combine_t_1 = t_1_s + lift_s
+            combine_t_1 = t_1_s_2 + lift_s
             return (combine_t_1,)
-        t_1_s_2, = lax.fori_loop(0, p['b'] // 32, body, (jnp.full((64, 64), 0.0, jnp.float32),))
-        out0_ref[...] = t_1_s_2.astype(out0_ref.dtype)
-    launched = launch(3072, 7168, 255, (4, 8), 0.5, (3, 2, 1), 232448.0 - 0)
+        t_1_s, = lax.fori_loop(0, p['b'] // 32, body, (jnp.full((64, 64), 0.0, jnp.float32),))
+        out0_ref[...] = t_1_s.astype(out0_ref.dtype)
+    launched = launch(3072, 7168, 3072, 255, (4, 8), 0.55, 16, (3, 2, 1), 232448.0 - 0)
     outs = pl.pallas_call(kernel, out_shape=[jax.ShapeDtypeStruct((p['a'] // 48, 64, p['c']), jnp.float32)], grid=(p['a'] // 48, p['c'] // 64), in_specs=[pl.BlockSpec((None, 64, p['b']), lambda i_a, i_c: (i_a, 0, 0)), pl.BlockSpec((p['b'], 64), lambda i_a, i_c: (0, i_c))], out_specs=[pl.BlockSpec((None, 64, 64), lambda i_a, i_c: (i_a, 0, i_c))], interpret=interpret, compiler_params=plgpu.CompilerParams(num_warps=launched[0], num_stages=launched[1]))(A_padded, B_padded)
     return merge_tiles(outs[0], 0, 48)[:n['a'], :n['c']]
 

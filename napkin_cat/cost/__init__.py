@@ -26,7 +26,7 @@ from napkin_cat.cost.launch import launch, occupancy
 from napkin_cat.kernel import Theorem
 from napkin_cat.schedule.build import program
 from napkin_cat.schedule.loopnest import loop_nest
-from napkin_cat.schedule.program import Buffer, Program, max_of
+from napkin_cat.schedule.program import Buffer, Program, max_of, simplified
 from napkin_cat.terms import Box, Diagram, Partition, Schedule, union_axes
 
 __all__ = ["CONVENTION", "Baseline", "Cost", "CostError", "Launch", "LevelCost", "Timing", "cost", "cost_of",
@@ -267,8 +267,8 @@ def cost_of(diagram: Diagram, schedule: Schedule, hardware: str | hw.Hardware = 
         prof.level(view.level)  # every level the schedule uses must exist on the hardware
     levels = [_top(prog, bytes_of)]
     for view in prog.views:
-        levels.append(LevelCost(view.level, view.parent, sympy.simplify(view.transfers()),
-                                sympy.simplify(view.transfers(bytes_of)), view.memory(), view.memory(bytes_of)))
+        levels.append(LevelCost(view.level, view.parent, simplified(view.transfers()),
+                                simplified(view.transfers(bytes_of)), view.memory(), view.memory(bytes_of)))
     base = prog if source is None else program(loop_nest(source, Schedule()), size_syms, tile_syms)
     base_bytes = bytes_of if source is None else \
         _bytes_of(base.nest.flat, Schedule(), dtypes or {}, dtype, strict=False)
@@ -316,7 +316,7 @@ def _flops(prog: Program) -> Expr:
         assert isinstance(box, Box)
         space = union_axes(*(a.axes for a in box.args), box.axes)
         total += step.count * _per_point(box) * sympy.Mul(*(e for _, e in prog.shape(space, step.path)))
-    return sympy.simplify(total)
+    return simplified(total)
 
 
 def _per_point(box: Box) -> Expr:

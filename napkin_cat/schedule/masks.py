@@ -49,6 +49,7 @@ from sympy import Expr
 from napkin_cat.certify.accumulators import AccumulatorPlan
 from napkin_cat.finiteness import finite
 from napkin_cat.schedule.loopnest import Flat
+from napkin_cat.schedule.program import simplified
 from napkin_cat.terms import Box, Cmp, Const, IndexExpr, Logic, Pred, Var, fold_index
 
 __all__ = ["GroupAxis", "Side", "chunk_count", "chunk_range", "full_masks", "full_range", "stream_masks"]
@@ -250,7 +251,7 @@ def chunk_count(masks: tuple[Sides, ...], groups: Mapping[str, GroupAxis], tile:
     ramp = sign.ramp
     clamp_hi = _sum(hi, p, n) - ramp(hi - trips, p, n) + ramp(-hi, p, n) if uppers else trips * n
     clamp_lo = _sum(lo, p, n) - ramp(lo - trips, p, n) + ramp(-lo, p, n) if lowers else sympy.Integer(0)
-    return sympy.simplify(clamp_hi - clamp_lo)
+    return simplified(clamp_hi - clamp_lo)
 
 
 def _floor_div(num: int, divisor: int, tile: Expr) -> Expr:
@@ -281,7 +282,7 @@ class _Signs:
 
     def __call__(self, expr: Expr, sign: int) -> bool:
         """Is ``expr`` provably >= 0 (sign 1) or <= 0 (sign -1)?"""
-        for value in (sympy.simplify(expr), sympy.simplify(sympy.sympify(expr).subs(self.table))):
+        for value in (simplified(expr), simplified(sympy.sympify(expr).subs(self.table))):
             if (value.is_nonnegative if sign > 0 else value.is_nonpositive):
                 return True
         return False

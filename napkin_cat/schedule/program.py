@@ -12,6 +12,7 @@ quantity is a sympy expression in the axis sizes and tile symbols.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -21,7 +22,15 @@ from sympy import Expr
 from napkin_cat.schedule.loopnest import LoopNest
 from napkin_cat.terms import LEVELS, Axes
 
-__all__ = ["Buffer", "Inst", "Program", "Step", "View", "max_of", "rank"]
+__all__ = ["Buffer", "Inst", "Program", "Step", "View", "max_of", "rank", "simplified"]
+
+
+@functools.lru_cache(maxsize=4096)
+def simplified(expr: Expr) -> Expr:
+    """``sympy.simplify``, remembered: the cost of one schedule is derived again by every verb
+    and test that prices it (cost, lower, derive), and simplifying its masked chunk counts
+    dominates that (tens of seconds for a two-level masked schedule)."""
+    return sympy.simplify(expr)
 
 #: a loop instance in a view: (index into LoopNest.loops, serial number of the instance)
 Inst = tuple[int, int]

@@ -296,7 +296,8 @@ def test_a_mask_skips_no_chunk_where_another_operand_may_be_infinite() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(PREDICATES))
-@pytest.mark.parametrize(("q", "x", "gq", "sx"), [(100, 100, 32, 16), (64, 200, 16, 64), (50, 90, 8, 32), (96, 96, 32, 32)])
+@pytest.mark.parametrize(("q", "x", "gq", "sx"),
+                         [(100, 100, 32, 16), (64, 200, 16, 64), (50, 90, 8, 32), (96, 96, 32, 32)])
 def test_full_range_per_program_is_exact(name: str, q: int, x: int, gq: int, sx: int) -> None:
     """Per program, ``full_range`` is exactly the chunks on which the mask holds at every
     position of the (padded) block: there the kernel leaves the mask out."""

@@ -423,3 +423,24 @@ def test_chunks_a_mask_holds_on_run_without_it(name: str, q: int, x: int, tiles:
     arrays = [rng.standard_normal([sizes[a] for a in p.axes]) for p in thm.result.inputs]
     got = lowered.fn(*[jnp.asarray(a, jnp.float32) for a in arrays])
     assert cases.relative_error(got, cases.reference(thm, arrays, sizes)[0]) < cases.F32_TOL
+
+
+@pytest.mark.xfail(strict=True, reason="XLA:CPU (jax 0.11.2) under jit returns 0 where 0 * -inf is NaN; "
+                                        "eager and the evaluator give NaN (differential run G, BENCHMARKS.md)")
+def test_zero_weights_against_infinite_values_stay_nan_under_jit() -> None:
+    """Found by differential run G: a normalised contraction whose rows have weights exactly 0
+    (a ``where`` fill) against values masked to -inf. The evaluator and the kernel run eagerly
+    give 0·(-inf) = NaN; under ``jax.jit`` XLA:CPU gives exp(-inf) = 0 for those rows. The
+    kernel's code is the same in both runs, so the difference is the compiler's."""
+    module = loads("axis q, x, d\ndiagram att(Q: [q d], K: [x d], V: [x d]) -> [q d] {\n"
+                   "  S = contract[d](Q, K)\n  A0 = ncontract[x; id, square, rms](where[q x](q > 2, S, 0), "
+                   "where[q x](2 * q + 1 >= x and q + 3 <= x, V, -inf))\n  return exp(A0)\n}\n")
+    thm = kernel.refl("att", module.diagram("att"))
+    rng = np.random.default_rng(0)
+    arrays = [rng.integers(-300, 301, s) / 100 for s in [(6, 4), (30, 4), (30, 4)]]
+    want = np.asarray(evaluate(thm.source, arrays), np.float64)
+    fn = lower(thm, target="jax").fn
+    xs = [jnp.asarray(a, jnp.float32) for a in arrays]
+    with jax.disable_jit():
+        assert cases.agrees(np.asarray(fn(*xs), np.float64), want)  # eagerly the kernel is right
+    assert cases.agrees(np.asarray(jax.jit(fn)(*xs), np.float64), want)

@@ -40,8 +40,9 @@ from napkin_cat.diagnostics import NapkinError
 from napkin_cat.elaborate import loads
 from napkin_cat.evaluate import FLOAT32, evaluate
 from napkin_cat.lower import lower
+from napkin_cat.lower.skip import unmaskable
 from napkin_cat.printer import print_diagram, print_step
-from napkin_cat.schedule.masks import full_masks, stream_masks
+from napkin_cat.schedule.masks import stream_masks
 from napkin_cat.terms import Module, Partition, Rewrite
 from tests import lower_cases as cases
 from tests.strategies import SIZE_REFUSALS, attention_texts, modules, schedule_steps
@@ -99,7 +100,7 @@ def _sizes(draw: Any, thm: kernel.Theorem) -> dict[str, int]:
 def run_case(module: Module, data: st.DataObject) -> dict[str, str] | None:
     """Outcome per target (``"ran"``, for Pallas with ``", skipping masked chunks"`` where
     ``masks.stream_masks`` let it skip and ``", unmasking full chunks"`` where
-    ``masks.full_masks`` let it leave masks out, or the refusal's code), None when no case arises (no
+    ``skip.unmaskable`` let it leave masks out, or the refusal's code), None when no case arises (no
     partition accepted, sizes a reshape cannot honour, f32 overflow); raises AssertionError
     on a kernel that disagrees with the evaluator."""
     diagram = data.draw(st.sampled_from(module.diagrams))
@@ -150,8 +151,7 @@ def run_case(module: Module, data: st.DataObject) -> dict[str, str] | None:
                 + "".join(f"\n  {print_step(p)}" for p in thm.schedule.partitions))
         lay = lowered.layout
         skips = lay.stream is not None and stream_masks(lay.flat, lay.stream, lay.plans, lay.grid) is not None
-        chunk = [n.name for n in lay.flat.nodes if lay.phase[n.name] == "chunk"]
-        unmasks = lay.stream is not None and bool(full_masks(lay.flat, lay.stream, chunk, lay.grid))
+        unmasks = bool(unmaskable(lay))
         outcome[target] = "ran" if target != "pallas" else \
             "ran" + (", skipping masked chunks" if skips else "") + (", unmasking full chunks" if unmasks else "")
     return outcome

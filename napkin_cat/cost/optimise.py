@@ -380,7 +380,7 @@ def _ranked(c: Cost, cons: dict[str, _TileRule], top: int, limit: int) -> Config
         if any(memory[lv.name] > cap for lv, cap in zip(levels, capacity, strict=True)
                if not (launched and lv.name == c.program.compute_level)):
             continue
-        plan = c.launch_of(*values[-4:]) if launched else None
+        plan = c.launch_of(*values[2 * len(levels) + 3:]) if launched else None
         if plan is not None and not plan.fits:
             continue
         moved = {lv.name: values[len(levels) + i] for i, lv in enumerate(levels)}

@@ -209,8 +209,7 @@ def emit_chunks(lay: Layout, env: dict[str, Value], scope: Scope, initial: ast.e
     grid = [a for a in lay.grid if a in scope.offsets and a != axis]
     trips = cg.binop(cg.binop(cg.binop(extent, "+", tile), "-", cg.const(1)), "//", tile)
     bounds = chunk_range(lay, scope.offsets, trips, grid) if grid and base is None else None
-    chunk_nodes = [n.name for n in lay.flat.nodes if lay.phase[n.name] == "chunk"]
-    whole = full_range(lay, scope.offsets, trips, chunk_nodes, grid) if grid and base is None else None
+    whole = full_range(lay, scope.offsets, trips, grid) if grid and base is None else None
     kept = _emit_step(lay, env, scope, whole[2]) if whole is not None else None
 
     def within(index: ast.expr, lo: ast.expr, hi: ast.expr) -> ast.expr:

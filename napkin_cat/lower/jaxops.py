@@ -422,10 +422,9 @@ def emit_node(name: str, box: Box, env: dict[str, Value], scope: Scope, hint: st
     constant = folded(box, env)
     if constant is not None:
         value = Value(cg.call("jnp.float32", saturate(constant, box.span)), (), constant=constant)
-    elif name in scope.unmasked:
-        value = _kept(box, [argument(a, env, scope) for a in box.args], scope)
     else:
-        value = emit_box(box, [argument(a, env, scope) for a in box.args], scope)
+        args = [argument(a, env, scope) for a in box.args]
+        value = _kept(box, args, scope) if name in scope.unmasked else emit_box(box, args, scope)
     if name in scope.rounded:  # a marked approximation (R10): round to the format, compute on in f32
         value = Value(rounded(value.expr, scope.rounded[name]), value.axes)
     bound = Value(scope.block.bind(hint or name, value.expr), value.axes, constant=value.constant,

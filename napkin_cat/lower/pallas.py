@@ -246,7 +246,7 @@ def _emit_loop(lay: Layout, env: dict[str, Value], scope: Scope, in_refs: Sequen
     lo = lo if isinstance(lo, ast.Constant) else block.bind("first_chunk", lo)
     hi = hi if hi is trips else block.bind("end_chunk", hi)
     body = _emit_body(lay, env, scope, in_refs, out_refs, frozenset())
-    full = full_range(lay, scope.offsets, trips, [n.name for n in lay.flat.nodes if lay.phase[n.name] == "chunk"])
+    full = full_range(lay, scope.offsets, trips)
     if full is None:
         loop = cg.call("lax.fori_loop", lo, hi, cg.name(body), emit_identity(lay, scope))
     else:

@@ -18,7 +18,7 @@ from napkin_cat.lower import codegen as cg
 from napkin_cat.lower.layout import Layout
 from napkin_cat.schedule.masks import Side, full_masks, stream_masks
 
-__all__ = ["chunk_range", "full_range"]
+__all__ = ["chunk_range", "full_range", "unmaskable"]
 
 
 def chunk_range(lay: Layout, offsets: Mapping[str, ast.expr], trips: ast.expr,
@@ -42,18 +42,25 @@ def chunk_range(lay: Layout, offsets: Mapping[str, ast.expr], trips: ast.expr,
     return _fold("jnp.minimum", [lo for lo, _ in ranges]), _fold("jnp.maximum", [hi for _, hi in ranges])
 
 
-def full_range(lay: Layout, offsets: Mapping[str, ast.expr], trips: ast.expr, names: Sequence[str],
+def unmaskable(lay: Layout, grid: Sequence[str] | None = None) -> tuple[tuple[str, tuple[Side, ...]], ...]:
+    """The where nodes computed per chunk whose masks a program can leave out of the chunks
+    they hold on entirely, with their sides (``masks.full_masks`` on the chunk's nodes; ``grid``
+    as in ``chunk_range``)."""
+    if lay.stream is None:
+        return ()
+    chunk = [n.name for n in lay.flat.nodes if lay.phase[n.name] == "chunk"]
+    return full_masks(lay.flat, lay.stream, chunk, lay.grid if grid is None else grid)
+
+
+def full_range(lay: Layout, offsets: Mapping[str, ast.expr], trips: ast.expr,
                grid: Sequence[str] | None = None) -> tuple[ast.expr, ast.expr, frozenset[str]] | None:
     """``(lo, hi, nodes)``: the chunks on which every where node of ``nodes`` holds at every
     position of the program's block, so that it equals its value operand there; None when no
-    node among ``names`` (the chunk's nodes) has such bounds (``masks.full_masks``)."""
-    axis = lay.stream
-    if axis is None:
+    node has such bounds (``unmaskable``)."""
+    found = unmaskable(lay, grid)
+    if not found or lay.stream is None:
         return None
-    found = full_masks(lay.flat, axis, names, lay.grid if grid is None else grid)
-    if not found:
-        return None
-    lo, hi = _bounds(tuple(side for _, sides in found for side in sides), lay, axis, offsets, trips, full=True)
+    lo, hi = _bounds(tuple(side for _, sides in found for side in sides), lay, lay.stream, offsets, trips, full=True)
     return lo, hi, frozenset(name for name, _ in found)
 
 

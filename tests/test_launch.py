@@ -32,6 +32,8 @@ def test_the_fewest_warps_whose_budget_holds_the_values_and_the_most_stages_that
     assert launch(100, SMEM / 2.5, 128, **RULE, smem=SMEM) == (4, 2, True)
     assert launch(8 * per_warp + 1, 1000, 128, **RULE, smem=SMEM) == (8, 3, False)  # no warps hold it
     assert launch(100, SMEM + 1, 128, **RULE, smem=SMEM) == (4, 1, False)  # one copy does not fit
+    assert occupancy(per_warp, SMEM / 2, 4, RULE["registers_per_thread"], RULE["register_budget"],
+                     262144, SMEM) == 2  # 255 registers x 128 threads: two programs' worth of the file
 
 
 def test_warps_beyond_the_rows_do_not_count() -> None:
@@ -43,8 +45,6 @@ def test_warps_beyond_the_rows_do_not_count() -> None:
     assert launch(4 * per_warp + 1, 1000, 127, **RULE, smem=SMEM) == (4, 3, False)
     assert launch(4 * per_warp + 1, 1000, 128, **RULE, smem=SMEM) == (8, 3, True)
     assert launch(100, 1000, 16, **RULE, smem=SMEM) == (4, 3, True)  # the fewest warps always may
-    assert occupancy(per_warp, SMEM / 2, 4, RULE["registers_per_thread"], RULE["register_budget"],
-                     262144, SMEM) == 2  # 255 registers x 128 threads: two programs' worth of the file
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +69,10 @@ def test_the_tile_search_respects_the_register_budget(attention: object) -> None
     budget = RULE["register_budget"] * RULE["registers_per_thread"] * 32
     assert all(r.launch.registers <= budget * r.launch.num_warps for r in rows)  # type: ignore[union-attr]
     assert all(r.tiles["bq"] >= RULE["rows_per_warp"] * r.launch.num_warps for r in rows)  # type: ignore[union-attr]
-    assert c.launched({"bq": 64, "bk": 256}).num_warps == 4  # 161 values a thread: 4 warps' budget
-    assert c.launched({"bq": 64, "bk": 512}).fits is False  # 8 warps would repeat the 64 rows
+    plan = c.launched({"bq": 64, "bk": 128})
+    assert (plan.num_warps, plan.fits) == (4, True)  # 97 values a thread: within 4 warps' budget
+    plan = c.launched({"bq": 64, "bk": 256})  # 161 values a thread: past 4 warps' budget (140) ...
+    assert (plan.num_warps, plan.fits) == (4, False)  # ... and 8 warps would repeat the 64 rows
     assert c.launched({"bq": 512, "bk": 64}).fits is False  # 66,560 values: past even 16 warps' budget
 
 

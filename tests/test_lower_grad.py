@@ -1,7 +1,7 @@
 """Gradients of lowered Pallas kernels (napkin_cat.lower.backward): ``jax.grad`` through the
 ``jax.custom_vjp`` (the VJP diagram) equals ``jax.grad`` of the unscheduled diagram lowered to
-plain JAX and differentiated through its own code, at ragged sizes in f32, in interpret mode
-for every kernel of proofs/ and the extra cases, on both targets (slow-marked: a Pallas
+plain JAX and differentiated through its own code, and the float64 evaluator's gradient (the
+VJP diagram, ``napkin_cat.grad``), at ragged sizes in f32, in interpret mode for every kernel of proofs/ and the extra cases, on both targets (slow-marked: a Pallas
 kernel in interpret mode takes seconds on CPU).  The plain-JAX target's own autodiff is also
 tested in tests/test_lower_jax.py (test_grad_matches_plain_jax); a Pallas gradient is
 cross-lowered for CUDA, as the forwards are."""
@@ -15,8 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from napkin_cat import kernel, proof
+from napkin_cat import grad, kernel, proof
 from napkin_cat.certify.approximation import label_inputs
+from napkin_cat.evaluate import evaluate
 from napkin_cat.lower import lower
 from napkin_cat.lower.backward import GRADIENTS
 from tests import lower_cases as cases
@@ -47,6 +48,10 @@ def _check(name: str, target: str, dtype: str = "float32", tol: float = 1e-4) ->
     for g, w, i in zip(got, want, wrt, strict=True):
         assert g.dtype == inputs[i].dtype
         assert cases.relative_error(np.asarray(g, np.float32), np.asarray(w, np.float64)) < tol, (name, i)
+    # and the evaluator's own gradient: the VJP diagram (napkin_cat.grad) in float64
+    exact = cases.as_tuple(evaluate(grad.vjp(thm.source), [*arrays, *weights], sizes=sizes))
+    for g, i in zip(got, wrt, strict=True):
+        assert cases.relative_error(np.asarray(g, np.float32), np.asarray(exact[i], np.float64)) < tol, (name, i)
 
 
 def test_grad_of_a_bf16_kernel_is_within_bf16_tolerance() -> None:
@@ -79,8 +84,9 @@ def test_flash_attention_gradient_is_plain_attentions(target: str, name: str, q:
 @pytest.mark.parametrize("name", sorted(cases.theorems()))
 def test_grad_of_every_kernel_matches_plain_jax(name: str, target: str) -> None:
     """Issue 13: the gradient of every kernel of proofs/ (and the extra cases), both targets
-    (Pallas in interpret mode), at ragged sizes in f32, against the unscheduled diagram's
-    (relative error < 1e-4; a theorem with ``dtype`` steps, within bf16's tolerance)."""
+    (Pallas in interpret mode), at ragged sizes in f32, against the unscheduled diagram's and
+    against the evaluator's own (its VJP diagram in float64): relative error < 1e-4; a theorem
+    with ``dtype`` steps, within bf16's tolerance."""
     _check(name, target, tol=max(1e-4, cases.tolerance(cases.theorems()[name])))
 
 

@@ -1,10 +1,11 @@
-"""Gradients of lowered Pallas kernels (napkin_cat.lower.backward): ``jax.grad`` through the
-``jax.custom_vjp`` (the VJP diagram) equals ``jax.grad`` of the unscheduled diagram lowered to
-plain JAX and differentiated through its own code, and the float64 evaluator's gradient (the
-VJP diagram, ``napkin_cat.grad``), at ragged sizes in f32, in interpret mode for every kernel of proofs/ and the extra cases, on both targets (slow-marked: a Pallas
-kernel in interpret mode takes seconds on CPU).  The plain-JAX target's own autodiff is also
-tested in tests/test_lower_jax.py (test_grad_matches_plain_jax); a Pallas gradient is
-cross-lowered for CUDA, as the forwards are."""
+"""Gradients of lowered kernels (napkin_cat.lower.backward): ``jax.grad`` through the lowered
+function (on Pallas a ``jax.custom_vjp`` whose backward is the VJP diagram) equals ``jax.grad``
+of the unscheduled diagram lowered to plain JAX and differentiated through its own code, and
+the float64 evaluator's gradient (the VJP diagram, ``napkin_cat.grad``), at ragged sizes in
+f32, for every kernel of proofs/ and the extra cases, on both targets (Pallas in interpret
+mode; slow-marked: a Pallas kernel in interpret mode takes seconds on CPU).  The plain-JAX
+target's own autodiff is also tested in tests/test_lower_jax.py (test_grad_matches_plain_jax);
+a Pallas gradient is cross-lowered for CUDA, as the forwards are."""
 
 from __future__ import annotations
 

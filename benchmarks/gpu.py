@@ -66,7 +66,8 @@ def napkin_attention(causal: bool, tiles: dict[str, int]) -> tuple[Any, Any]:
 
 def predicted(thm: Any, sizes: dict[str, int], tiles: dict[str, int]) -> tuple[float, float]:
     """The cost model's HBM bytes and overlapped time for this kernel at these sizes."""
-    from napkin_cat.cost import cost, timing
+    from napkin_cat.cost import cost
+    from napkin_cat.cost.roofline import timing
 
     c = cost(thm, hardware="h200", sizes=sizes, dtype="bf16")
     hbm_bytes = float(c.at(c.first.transfers_bytes, tiles))
@@ -128,7 +129,8 @@ def attention_cases(n: int, d: int, causal: bool, dry: bool, tiles: dict[str, in
 
 
 def matmul_cases(n: int, dry: bool, tiles: dict[str, int]) -> list[dict[str, Any]]:
-    from napkin_cat.cost import cost, timing
+    from napkin_cat.cost import cost
+    from napkin_cat.cost.roofline import timing
     from napkin_cat.lower import lower
     from napkin_cat.proof import theorem
 

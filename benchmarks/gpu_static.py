@@ -208,13 +208,13 @@ def main() -> None:
     ours = [r for r in rows if r["impl"] == "napkin"]
     spill = max(r["spill_store_bytes"] + r["spill_load_bytes"] for r in ours)
     same = ratio("napkin at mha's tiles")
-    print(f"at mha's tiles: sass_per_score_vs_mha={same:.2f}")
+    print(f"at mha's tiles: sass_per_score_vs_mha={same:.3f}")
     from harness import machine, write
 
     write("gpu_static", {"machine": machine(), "n": N, "triton": rows[0]["triton"], "rows": rows,
                          "spill_bytes": spill, "sass_per_score_vs_mha": ratio("napkin"),
                          "sass_per_score_vs_mha_at_mha_tiles": same})
-    print(f"spill_bytes={spill} sass_per_score_vs_mha={ratio('napkin'):.2f}")
+    print(f"spill_bytes={spill} sass_per_score_vs_mha={ratio('napkin'):.3f}")
 
 
 if __name__ == "__main__":

@@ -13,9 +13,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from napkin_cat import cli, proof
-from napkin_cat.cost import cost, cost_of, hardware, timing
+from napkin_cat.cost import cost, cost_of, hardware
 from napkin_cat.cost.bounds import diagram_bound, lower_bounds
 from napkin_cat.cost.optimise import M_BYTES, M, continuous, multilevel, piecewise, search
+from napkin_cat.cost.roofline import timing
 from napkin_cat.elaborate import loads
 from napkin_cat.terms import Partition, Quantise, Schedule
 
@@ -438,14 +439,24 @@ def test_time_estimate_combines_flops_and_transfers() -> None:
     tiles = {"ga": 128, "gc": 128, "sb": 64}
     t = timing(co, tiles)
     prof = hardware.load("h100")
+    # the contraction on tensor cores; its sum over chunks is the MMA's accumulate (no fold)
+    assert co.contract_flops == co.flops == 2 * 1024 ** 3 and co.fold_flops == 0
     flop_time = 2 * 1024 ** 3 / prof.peak_flops("bf16")
     moved = float(co.at(co.first.transfers_bytes, tiles))
-    assert float(t.flop_time) == pytest.approx(flop_time)
-    assert dict(t.transfer_times)["smem"] == pytest.approx(moved / prof.level("hbm").bandwidth)  # type: ignore[operator]
-    assert float(t.serial) == pytest.approx(flop_time + moved / prof.level("hbm").bandwidth)  # type: ignore[operator]
-    assert float(t.overlapped) == pytest.approx(max(flop_time, moved / prof.level("hbm").bandwidth))  # type: ignore[operator]
-    assert float(t.intensity) == pytest.approx(2 * 1024 ** 3 / moved)
+    once = 3 * 1024 ** 2 * 2  # A and B read, C written, once each from hbm: the re-reads hit the L2
+    hbm, l2 = once / prof.level("hbm").bandwidth, moved / prof.level("l2").bandwidth  # type: ignore[operator]
+    assert t.flop_time == pytest.approx(flop_time)
+    assert dict(t.transfer_times) == pytest.approx({"smem": hbm, "l2": l2})
+    assert t.serial == pytest.approx(flop_time + hbm + l2)
+    assert t.overlapped == pytest.approx(max(flop_time, hbm, l2))
+    assert t.intensity == pytest.approx(2 * 1024 ** 3 / moved)
     assert t.ridge == pytest.approx(prof.ridge("bf16"))
+    # the epilogue's bias add runs on the CUDA cores, at the f32 peak
+    linear = cost(proof.theorem(ROOT / "proofs" / "mlp.ncd", "fused_linear"), hardware="h100",
+                  sizes={"t": 1024, "d": 1024, "f": 1024})
+    assert linear.flops - linear.contract_flops == 1024 ** 2 and linear.fold_flops == 0
+    assert timing(linear, {"gt": 128, "gf": 128, "sd": 64}).flop_time == pytest.approx(
+        2 * 1024 ** 3 / prof.peak_flops("bf16") + 1024 ** 2 / prof.peak_flops("f32"))
 
 
 @given(st.integers(4, 9), st.integers(4, 9), st.integers(4, 9), st.integers(10, 13))

@@ -152,11 +152,12 @@ def test_spherical_attention_uses_the_l2_lemma_and_the_normalised_state() -> Non
     assert partitions(found) == [("group", "q", None), ("stream", "x", "normalised")]
 
 
-def test_mean_cross_entropy_streams_tokens_then_vocabulary_unless_the_lowering_cannot() -> None:
+def test_mean_cross_entropy_streams_tokens_and_vocabulary_unless_the_lowering_cannot() -> None:
     path = EXAMPLES / "cross_entropy.ncd"
     sizes = {"t": 4096, "v": 65536}  # one token row of logits alone does not fit next to its labels
     found = derive.derive(path, "mean_cross_entropy", derive.model_cost("h100", "bf16", sizes))
-    assert [(k, a) for k, a, _ in partitions(found)] == [("stream", "t"), ("stream", "v")]
+    # one program either way: the two orders of the streams differ by about 1 % in modelled time
+    assert sorted((k, a) for k, a, _ in partitions(found)) == [("stream", "t"), ("stream", "v")]
     for_jax = derive.derive(path, "mean_cross_entropy", derive.model_cost("h100", "bf16", sizes), lower="jax")
     assert not for_jax.search.helps
     assert "the jax lowering refuses it" in for_jax.verdict()

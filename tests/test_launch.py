@@ -4,6 +4,7 @@ tile search, ``napkin cost`` and the generated code (which applies it to its act
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 from pathlib import Path
@@ -11,11 +12,13 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
+import sympy
 
 from napkin_cat.cost import cost
 from napkin_cat.cost import hardware as hw
 from napkin_cat.cost.launch import launch, occupancy
 from napkin_cat.cost.optimise import search
+from napkin_cat.cost.roofline import estimate, timing
 from napkin_cat.lower import lower, realised_schedule
 from napkin_cat.proof import theorem
 from tests.test_crosslower import cuda_hlo
@@ -104,3 +107,64 @@ def test_the_static_benchmark_finds_the_main_loop() -> None:
     """
     loop = sass_loop(sass)
     assert (loop["loop"], loop["mufu_ex2"], loop["local"]) == (5, 2, 1)
+
+
+# ---- the time model (napkin_cat/cost/roofline.py) ------------------------------------------------
+
+
+def test_the_online_softmax_pays_one_correction_of_its_output_per_chunk(attention: object) -> None:
+    """Folding a chunk into the state costs d per row for rescaling O (the add of P·V is the
+    MMA's own accumulate) plus a few per-row operations: its update less its lift."""
+    _, c = attention  # type: ignore[misc]
+    bk, per_row = sympy.Symbol("bk", positive=True), c.fold_flops * c.tiles["bk"] / (16 * 8192 * 8192)
+    assert per_row.free_symbols == set() and 64 < per_row < 64 + 16
+    assert sympy.simplify(c.fold_flops * bk / c.tiles["bk"] - c.fold_flops) == 0
+    # a matmul streamed over its contracted axis folds for free: the tensor cores accumulate
+    mm = theorem(ROOT / "proofs" / "matmul.ncd", "tiled_matmul")
+    assert cost(mm, hardware="h200", sizes={"a": 256, "b": 256, "c": 256}).fold_flops == 0
+
+
+def test_re_reads_come_from_the_l2_while_the_in_flight_programs_fit_it(attention: object) -> None:
+    """16 heads of K and V (32 MiB at d = 64) fit the H200's 50 MB L2: hbm serves each byte once
+    and the query blocks' re-reads are L2 hits; at 64 heads of d = 128 and 64k keys they do not."""
+    thm, c = attention  # type: ignore[misc]
+    hbm, l2 = (c.hardware.level(n) for n in ("hbm", "l2"))
+    tiles = {"bq": 128, "bk": 128}
+    t = dict(timing(c, tiles).transfer_times)
+    once = 4 * 16 * 8192 * 64 * 2  # Q, K, V read and O written once, bf16
+    assert t["smem"] == pytest.approx(once / hbm.bandwidth)
+    assert t["l2"] == pytest.approx(float(c.at(c.first.transfers_bytes, tiles)) / l2.bandwidth)
+    big = cost(thm, realised_schedule(thm.result, thm.schedule, "pallas"), hardware="h200",
+               sizes={"b": 1, "h": 64, "q": 65536, "x": 65536, "d": 128})
+    assert dict(timing(big, tiles).transfer_times)["smem"] == pytest.approx(
+        float(big.at(big.first.transfers_bytes, tiles)) / hbm.bandwidth)
+
+
+def test_pipelined_attention_is_ranked_by_its_roofline_and_takes_the_tiles_fa2_takes(attention: object) -> None:
+    """Compute-bound once the L2 serves K and V: 256x64 and 128x128 tie on tensor-core time, and
+    256-row tiles halve only the L2 traffic, which is not the bound, while their 64-key chunks
+    double the online softmax's corrections.  The search takes 128x128 at 8 warps (FlashAttention-2's
+    and JAX mha's tiles; benchmarks/gpu_static.py)."""
+    _, c = attention  # type: ignore[misc]
+    rows = search(c, top=8, relax=True).rows
+    best = rows[0]
+    assert best.tiles == {"bq": 128, "bk": 128} and best.launch is not None and best.launch.overlaps
+    t = timing(c, best.tiles)
+    assert t.overlapped == t.flop_time < t.serial
+    assert best.seconds == pytest.approx(t.overlapped * best.factor)
+    wide = next(r for r in rows if r.tiles == {"bq": 256, "bk": 64})
+    assert dict(timing(c, wide.tiles).transfer_times)["l2"] < dict(t.transfer_times)["l2"]
+    assert timing(c, wide.tiles).flop_time > t.flop_time
+
+
+def test_only_a_launch_that_overlaps_is_ranked_by_its_roofline(attention: object) -> None:
+    _, c = attention  # type: ignore[misc]
+    tiles = {"bq": 128, "bk": 128}
+    work = [float(c.at(e, tiles)) for e in c.work]
+    plan = c.launched(tiles)
+    assert plan.num_stages == 3 and plan.overlaps
+    piped = estimate(c, work, plan)
+    assert piped.ranked == piped.overlapped < piped.serial
+    # one stage and one program per SM: loads wait for compute and compute for loads
+    alone = dataclasses.replace(plan, num_stages=1, occupancy=1, overlaps=False)
+    assert estimate(c, work, alone).ranked == estimate(c, work, None).ranked == piped.serial

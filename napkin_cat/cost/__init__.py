@@ -1,12 +1,12 @@
 """Scheduled terms -> sympy cost expressions: per-level transfers H_ℓ and peak memory M_ℓ
-(values and bytes), FLOPs, the unfused baseline, and time estimates (paper §2.2, §4).
+(values and bytes), FLOPs, and the unfused baseline (paper §2.2, §4).
 
 ``cost_of(diagram, schedule, ...)`` is the core; ``cost(theorem, ...)`` costs a checked
 theorem's result under its schedule.  Every quantity is a sympy expression in the axis
 sizes (symbols where the module leaves them symbolic) and the tile symbols of the schedule;
 ``Cost.at(...)`` substitutes numbers.  The per-level programs come from ``napkin_cat.schedule.build``
-(its docstring states the modelling choices); optimisation and lower bounds live in
-``napkin_cat.cost.optimise`` and ``napkin_cat.cost.bounds``.
+(its docstring states the modelling choices); optimisation, lower bounds and the time model
+live in ``napkin_cat.cost.optimise``, ``napkin_cat.cost.bounds`` and ``napkin_cat.cost.roofline``.
 """
 
 from __future__ import annotations
@@ -21,16 +21,17 @@ import sympy
 from sympy import Expr
 
 from napkin_cat import ops
+from napkin_cat.certify.accumulators import AccumulatorPlan, accumulators_for, plan
 from napkin_cat.cost import hardware as hw
 from napkin_cat.cost.launch import launch, occupancy
 from napkin_cat.kernel import Theorem
-from napkin_cat.schedule.build import program
-from napkin_cat.schedule.loopnest import loop_nest
-from napkin_cat.schedule.program import Buffer, Program, max_of, simplified
+from napkin_cat.schedule.build import chosen_accumulator, program
+from napkin_cat.schedule.loopnest import flatten, loop_nest
+from napkin_cat.schedule.program import Buffer, Inst, Program, max_of, simplified
 from napkin_cat.terms import Box, Diagram, Partition, Schedule, union_axes
 
-__all__ = ["CONVENTION", "Baseline", "Cost", "CostError", "Launch", "LevelCost", "Timing", "cost", "cost_of",
-           "parallel_factor", "timing"]
+__all__ = ["CONVENTION", "Baseline", "Cost", "CostError", "Launch", "LevelCost", "cost", "cost_of",
+           "parallel_factor"]
 
 
 class CostError(ValueError):
@@ -85,6 +86,8 @@ class Baseline:
     memory: Expr
     memory_bytes: Expr
     flops: Expr
+    #: the contractions' share of ``flops`` (``Cost.contract_flops``)
+    contract_flops: Expr = sympy.S.Zero
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,8 @@ class Cost:
     #: the schedule's partitions across devices (``cost_mesh`` costs them; the levels above are
     #: the device schedule's, summed over every device as H_l sums over every group)
     mesh: tuple[Partition, ...] = ()
+    #: the accumulator chosen for each streamed node (by node name; the rest take their default)
+    accumulators: dict[str, str] = field(default_factory=dict, compare=False)
 
     def level(self, name: str) -> LevelCost:
         for level in self.levels:
@@ -167,7 +172,38 @@ class Cost:
         used = fixed + staged * stages
         resident = occupancy(registers, used, warps, rule["registers_per_thread"], rule["register_budget"],
                              self.hardware.level("reg").capacity, smem)
-        return Launch(warps, stages, fits, registers, registers / (32 * warps), used, resident)
+        return Launch(warps, stages, fits, registers, registers / (32 * warps), used, resident,
+                      (staged > 0 and stages >= 2) or resident >= 2)
+
+    @functools.cached_property
+    def contract_flops(self) -> Expr:
+        """The contractions' share of ``flops``: tensor-core work, timed at the dtype's peak
+        (the rest at the CUDA cores' f32 peak: ``cost.roofline``)."""
+        return _flops(self.program, contractions=True)
+
+    @functools.cached_property
+    def fold_flops(self) -> Expr:
+        """FLOPs of folding each chunk of a stream into its accumulator's state, beyond the
+        chunk's own (the online softmax's correction of its running output: ``update`` less
+        ``lift`` of the accumulator, or ``combine`` without an update), once per chunk."""
+        return _fold_flops(self.program, self.accumulators)
+
+    @functools.cached_property
+    def work(self) -> tuple[Expr, ...]:
+        """What ``cost.roofline`` times, as expressions in the sizes and tiles: the bytes moved
+        into each level below hbm, the contraction FLOPs, the other FLOPs (boxes and folds),
+        the programs, then for each array loaded from hbm the bytes loaded and its own bytes
+        (which of those loads are re-reads an L2 can serve)."""
+        view = next(v for v in self.program.views if v.level == self.first.name)
+        loaded: dict[str, Expr] = {}
+        for s in view.steps:
+            if s.op == "load" and dict(self.program.homes).get(s.array) == "hbm":
+                loaded[s.array] = loaded.get(s.array, sympy.Integer(0)) + s.count * s.size * self.bytes_of[s.array]
+        flat = self.program.nest.flat
+        own = [_size(self.program, flat.type_of(a)) * self.bytes_of[a] for a in loaded]
+        return (*(lv.transfers_bytes for lv in self.levels[1:]), self.contract_flops,
+                self.flops - self.contract_flops + self.fold_flops, self.programs,
+                *(e for pair in zip(loaded.values(), own, strict=True) for e in pair))
 
     def at(self, expr: Expr, values: Mapping[str, float | int]) -> Expr:
         """``expr`` with axis sizes and tiles given by name substituted."""
@@ -193,19 +229,9 @@ class Launch:
     per_thread: float
     smem_bytes: float
     occupancy: int
-
-
-@dataclass(frozen=True)
-class Timing:
-    """A time estimate (seconds); ``serial`` adds compute and transfers, ``overlapped`` takes
-    their maximum (both are labelled in the output: the paper does not fix the combination)."""
-
-    flop_time: Expr
-    transfer_times: tuple[tuple[str, Expr], ...]
-    serial: Expr
-    overlapped: Expr
-    intensity: Expr
-    ridge: float
+    #: whether its transfers overlap its compute: its streamed chunks are pipelined (two or
+    #: more stages) or another program shares its SM (``cost.roofline``)
+    overlaps: bool = False
 
 
 def cost(theorem: Theorem, schedule: Schedule | None = None, **options: Any) -> Cost:
@@ -273,7 +299,7 @@ def cost_of(diagram: Diagram, schedule: Schedule, hardware: str | hw.Hardware = 
     base_bytes = bytes_of if source is None else \
         _bytes_of(base.nest.flat, Schedule(), dtypes or {}, dtype, strict=False)
     return Cost(diagram.name, tuple(levels), _flops(prog), _baseline(base, base_bytes), prog, prof,
-                hw.canonical_dtype(dtype), bytes_of, size_syms, tile_syms, mesh=schedule.mesh)
+                hw.canonical_dtype(dtype), bytes_of, size_syms, tile_syms, mesh=schedule.mesh, accumulators=by_node)
 
 
 def _bytes_of(flat: Any, schedule: Schedule, dtypes: Mapping[str, str], default: str,
@@ -305,8 +331,10 @@ def _top(prog: Program, bytes_of: Mapping[str, int]) -> LevelCost:
     return LevelCost("hbm", None, sympy.Integer(0), sympy.Integer(0), values, weighted)
 
 
-def _flops(prog: Program) -> Expr:
-    """FLOPs at the compute level: per point of each box's iteration space, times its trips."""
+def _flops(prog: Program, contractions: bool = False) -> Expr:
+    """FLOPs at the compute level: per point of each box's iteration space, times its trips
+    (with ``contractions``, of the contraction boxes only, and not simplified: the time model
+    evaluates it at numbers)."""
     view = prog.views[-1]
     total = sympy.Integer(0)
     for step in view.steps:
@@ -314,9 +342,54 @@ def _flops(prog: Program) -> Expr:
             continue
         box = prog.nest.flat.node(step.array).expr
         assert isinstance(box, Box)
-        space = union_axes(*(a.axes for a in box.args), box.axes)
-        total += step.count * _per_point(box) * sympy.Mul(*(e for _, e in prog.shape(space, step.path)))
-    return simplified(total)
+        if not contractions or ops.OPS[box.op].kind in ("contract", "ncontract"):
+            total += step.count * _box_flops(box, prog, step.path)
+    return total if contractions else simplified(total)
+
+
+def _box_flops(box: Box, prog: Program, path: tuple[Inst, ...]) -> Expr:
+    """A box's FLOPs once, at the extents its axes have inside ``path``."""
+    space = union_axes(*(a.axes for a in box.args), box.axes)
+    return _per_point(box) * sympy.Mul(*(e for _, e in prog.shape(space, path)))
+
+
+def _fold_flops(prog: Program, chosen: Mapping[str, str]) -> Expr:
+    """FLOPs of folding chunks into accumulator states (``Cost.fold_flops``): for each box
+    computed inside a stream over an axis it consumes, per chunk, its accumulator's ``update``
+    less its ``lift`` (``combine`` where it has no update), counted box by box as ``_flops``
+    counts the diagram's, at the extents inside the stream; an ``add`` of a contraction's
+    result is free (the tensor cores accumulate into their operand), so a contraction summed
+    over chunks folds at no cost (its ``sum`` state is the MMA's accumulator) and the online
+    softmax pays for its correction only."""
+    loops = prog.nest.loops
+    total = sympy.Integer(0)
+    for step in prog.views[-1].steps:
+        box = prog.nest.flat.node(step.array).expr if step.op == "compute" else None
+        if not isinstance(box, Box) or ops.OPS[box.op].kind == "contract":  # summed in the MMA's accumulator
+            continue
+        streams = [loops[i] for i, _ in step.path if loops[i].kind == "stream" and accumulators_for(box, loops[i].axis)]
+        if not streams:
+            continue
+        acc = _plan(box, streams[-1].axis, chosen_accumulator(box, chosen.get(step.array), streams[-1].partition.via))
+
+        per_chunk = (_term_flops(acc.update, prog, step.path) - _term_flops(acc.lift, prog, step.path)
+                     if acc.update is not None else _term_flops(acc.combine, prog, step.path))
+        total += step.count * per_chunk
+    return total
+
+
+def _term_flops(term: Diagram, prog: Program, path: tuple[Inst, ...]) -> Expr:
+    """An accumulator term's FLOPs, box by box at the extents inside ``path``; adding a chunk's
+    contraction into the state is the MMA's own accumulate (its C operand), free."""
+    boxes = [(n.name, n.expr, set(n.reads)) for n in flatten(term).nodes if isinstance(n.expr, Box)]
+    dots = {name for name, box, _ in boxes if ops.OPS[box.op].kind in ("contract", "ncontract")}
+    return sympy.Add(*(_box_flops(box, prog, path) for _, box, reads in boxes
+                       if not (box.op == "add" and dots & reads)))
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(box: Box, axis: str, name: str) -> AccumulatorPlan:
+    return plan(box, axis, name)
 
 
 def _per_point(box: Box) -> Expr:
@@ -327,7 +400,8 @@ def _per_point(box: Box) -> Expr:
 
 def _baseline(prog: Program, bytes_of: Mapping[str, int]) -> Baseline:
     flat = prog.nest.flat
-    moved, weighted, sizes_per_box, bytes_per_box, flops = [], [], [], [], sympy.Integer(0)
+    moved, weighted, sizes_per_box, bytes_per_box = [], [], [], []
+    flops, contract = sympy.Integer(0), sympy.Integer(0)
     for node in flat.nodes:
         if node.name in prog.constants:
             continue
@@ -340,7 +414,10 @@ def _baseline(prog: Program, bytes_of: Mapping[str, int]) -> Baseline:
         bytes_per_box.append(sympy.Add(*(_size(prog, flat.type_of(a)) * bytes_of[a] for a in arrays)))
         space = union_axes(*(a.axes for a in box.args), box.axes)
         flops += _per_point(box) * _size(prog, space)
-    return Baseline(sympy.Add(*moved), sympy.Add(*weighted), max_of(sizes_per_box), max_of(bytes_per_box), flops)
+        if ops.OPS[box.op].kind in ("contract", "ncontract"):
+            contract += _per_point(box) * _size(prog, space)
+    return Baseline(sympy.Add(*moved), sympy.Add(*weighted), max_of(sizes_per_box), max_of(bytes_per_box), flops,
+                    contract)
 
 
 def parallel_factor(programs: float, sms: int) -> float:
@@ -352,24 +429,3 @@ def parallel_factor(programs: float, sms: int) -> float:
     if programs <= 0 or sms <= 0:
         return 1.0
     return math.ceil(programs / sms) * sms / programs
-
-
-def timing(c: Cost, values: Mapping[str, float | int] | None = None) -> Timing:
-    """Time estimate on ``c.hardware`` at the compute dtype's peak: FLOP time, and per level the
-    bytes moved into it over its parent's bandwidth; combined as a serial sum and as an
-    overlapped maximum.  ``intensity`` is FLOPs per byte of hbm traffic, ``ridge`` the
-    hardware's FLOPs per byte at which the two balance.  ``values`` substitutes sizes and
-    tiles by name (symbols left free stay in the expressions)."""
-    vals = values or {}
-    flops = c.at(c.flops, vals)
-    per_level = []
-    for level in c.levels[1:]:
-        assert level.parent is not None
-        bandwidth = c.hardware.level(level.parent).bandwidth
-        if bandwidth is None:
-            raise hw.HardwareError(f"{c.hardware.key}: level `{level.parent}` has no bandwidth")
-        per_level.append((level.name, c.at(level.transfers_bytes, vals) / bandwidth))
-    flop_time = flops / c.hardware.peak_flops(c.dtype)
-    times = [t for _, t in per_level]
-    return Timing(flop_time, tuple(per_level), flop_time + sympy.Add(*times), sympy.Max(flop_time, *times),
-                  flops / c.at(c.first.transfers_bytes, vals), c.hardware.ridge(c.dtype, "hbm"))

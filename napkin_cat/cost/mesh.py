@@ -13,10 +13,11 @@ devices per node, ``Hardware.devices``) a mesh partition of axis a has blocks of
 - one device's hbm holds its block of every input and output (an input lacking the mesh axes
   whole: every device reads all of it), a ring input twice (the block folded and the one
   arriving);
-- time per device: FLOPs over the peak, its hbm transfers over hbm's bandwidth and the bytes it
-  receives over the interconnect's (the ``mesh`` level's bandwidth: what one device receives);
-  serial adds the three, overlapped takes the largest (the ring's send does not wait for the
-  fold: ``lower.mesh``).
+- time per device: its share of the compute and of its hbm transfers as one device's kernel
+  runs them (``cost.roofline``: with every size and tile given, the L2 serving re-reads, as
+  ``l2``), and the bytes it receives over the interconnect's bandwidth (the ``mesh`` level's:
+  what one device receives); serial adds them, overlapped takes the largest (the ring's send
+  does not wait for the fold: ``lower.mesh``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import sympy
 from sympy import Expr
 
 from napkin_cat.cost import Cost, CostError
+from napkin_cat.cost.roofline import compute_seconds, estimate
 
 __all__ = ["MeshCost", "mesh_cost", "mesh_times"]
 
@@ -90,8 +92,19 @@ def mesh_times(c: Cost, m: MeshCost, values: Mapping[str, float | int] | None = 
     vals = values or {}
     hbm = c.hardware.level("hbm").bandwidth
     link = c.hardware.level("mesh").bandwidth
-    times = {"compute": c.at(m.flops, vals) / c.hardware.peak_flops(c.dtype),
-             "hbm": c.at(m.hbm_bytes, vals) / (hbm or sympy.oo),
-             "interconnect": c.at(m.sends_bytes, vals) / (link or sympy.oo)}
+    split = c.flops / m.flops  # the devices sharing the work (1 for a ring alone)
+    work = [c.at(e, vals) for e in c.work]
+    device: dict[str, Expr]
+    if all(sympy.sympify(w).is_number for w in work):
+        # the device's kernel as one device runs it (cost.roofline: the L2 serving re-reads)
+        t = estimate(c, [float(w) for w in work], c.launched(vals))
+        moved = dict(t.transfers)
+        device = {"compute": t.compute / split, "hbm": moved[c.first.name] / split}
+        device |= {"l2": moved["l2"] / split} if "l2" in moved else {}
+    else:
+        flops = len(c.levels) - 1
+        device = {"compute": compute_seconds(c, work[flops], work[flops + 1]) / split,
+                  "hbm": c.at(m.hbm_bytes, vals) / (hbm or sympy.oo)}
+    times = device | {"interconnect": c.at(m.sends_bytes, vals) / (link or sympy.oo)}
     parts = list(times.values())
     return times | {"serial": sympy.Add(*parts), "overlapped": sympy.Max(*parts)}

@@ -22,6 +22,7 @@ from sympy import Expr
 
 from napkin_cat.cost import Cost, CostError, Launch, parallel_factor
 from napkin_cat.cost import hardware as hw
+from napkin_cat.cost.roofline import estimate
 from napkin_cat.schedule.program import max_of
 from napkin_cat.terms import Box
 
@@ -204,10 +205,13 @@ class Config:
     #: hardware's SMs
     programs: float = 1.0
     factor: float = 1.0
-    #: what the configurations rank by: (transfer time + FLOP time at the dtype's peak) * factor
+    #: what the configurations rank by: the modelled time (``cost.roofline``: overlapped for a
+    #: launch that overlaps transfers and compute, else serial) times ``factor``
     seconds: float = 0.0
     #: the Triton launch of these tiles (``Cost.launched``), for a profile with launch rules
     launch: Launch | None = None
+    #: the serial time (transfers and compute added) times ``factor``: the first tie-breaker
+    serial: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -319,9 +323,10 @@ def _candidates(extent: int, multiple: int, pow2: bool, lowest: int, pad: bool, 
 
 def search(c: Cost, top: int = 8, limit: int = 500_000, relax: bool = False) -> ConfigTable:
     """The best integer tiles: feasible under every level's capacity (bytes) and the hardware's
-    divisibility constraints, ranked by modelled time (bandwidth-weighted transfer time plus
-    FLOP time at the dtype's peak) times the grid's ``parallel_factor`` (a grid of fewer
-    programs than SMs leaves the rest idle), then by fewer loop trips.  All axis sizes must be
+    divisibility constraints, ranked by modelled time (``cost.roofline``: transfers and
+    compute, overlapped where the launch overlaps them, else added) times the grid's
+    ``parallel_factor`` (a grid of fewer programs than SMs leaves the rest idle), then by the
+    serial time, then by fewer loop trips.  All axis sizes must be
     numbers (raises CostError otherwise).  Past ``limit`` combinations the longest candidate
     lists are thinned to every other value.
 
@@ -360,37 +365,33 @@ def _ranked(c: Cost, cons: dict[str, _TileRule], top: int, limit: int) -> Config
     symbols = [c.tiles[n] for n in names]
     levels = c.levels[1:]
     capacity = [c.hardware.level(lv.name).capacity for lv in levels]
-    bandwidth = []
-    for lv in levels:
-        assert lv.parent is not None
-        bandwidth.append(c.hardware.level(lv.parent).bandwidth or math.inf)
-    exprs = [lv.memory_bytes for lv in levels] + [lv.transfers_bytes for lv in levels]
-    exprs += [c.flops, c.programs, sympy.Mul(*c.program.trips)]
     launched = bool(c.hardware.launch)
-    if launched:
-        exprs += list(c.on_chip)
-    peak = c.hardware.peak_flops(c.dtype)
+    chip = list(c.on_chip) if launched else []
+    exprs = [lv.memory_bytes for lv in levels] + [sympy.Mul(*c.program.trips)] + chip + list(c.work)
     fn = sympy.lambdify(symbols, exprs, modules=[{"Max": max, "Min": min, "ceiling": math.ceil}, "math"])
     # with launch rules, the compute level's capacity is the launch's: loaded blocks in shared
     # memory (per pipeline stage), computed tiles in the register budget (``Cost.launched``)
-    rows: list[tuple[float, float, Config]] = []
+    rows: list[tuple[float, float, float, Config]] = []
     for tiles in combos:
         values = [float(v) for v in fn(*[tiles[n] for n in names])]
         memory = {lv.name: values[i] for i, lv in enumerate(levels)}
         if any(memory[lv.name] > cap for lv, cap in zip(levels, capacity, strict=True)
                if not (launched and lv.name == c.program.compute_level)):
             continue
-        plan = c.launch_of(*values[2 * len(levels) + 3:]) if launched else None
+        trips, work = values[len(levels)], values[len(levels) + 1 + len(chip):]
+        plan = c.launch_of(*values[len(levels) + 1:len(levels) + 1 + len(chip)]) if launched else None
         if plan is not None and not plan.fits:
             continue
-        moved = {lv.name: values[len(levels) + i] for i, lv in enumerate(levels)}
-        time = sum(moved[lv.name] / bw for lv, bw in zip(levels, bandwidth, strict=True))
-        flops, programs, trips = values[2 * len(levels):2 * len(levels) + 3]
+        moved = {lv.name: work[i] for i, lv in enumerate(levels)}
+        t = estimate(c, work, plan)
+        programs = work[len(levels) + 2]
         factor = parallel_factor(programs, c.hardware.sms)
-        seconds = (time + flops / peak) * factor
-        rows.append((seconds, trips, Config(tiles, memory, moved, time, programs, factor, seconds, plan)))
-    rows.sort(key=lambda r: (float(f"{r[0]:.9g}"), r[1]))
-    return ConfigTable(tuple(r[2] for r in rows[:top]), {n: tuple(cons[n].causes) for n in names}, len(combos))
+        transfer = sum(s for _, s in t.transfers)
+        rows.append((t.ranked * factor, t.serial * factor, trips,
+                     Config(tiles, memory, moved, transfer, programs, factor, t.ranked * factor, plan,
+                            t.serial * factor)))
+    rows.sort(key=lambda r: (float(f"{r[0]:.9g}"), float(f"{r[1]:.9g}"), r[2]))
+    return ConfigTable(tuple(r[3] for r in rows[:top]), {n: tuple(cons[n].causes) for n in names}, len(combos))
 
 
 def _nested_ok(c: Cost, tiles: dict[str, int]) -> bool:

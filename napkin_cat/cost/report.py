@@ -12,11 +12,12 @@ from typing import Any
 
 import sympy
 
-from napkin_cat.cost import Cost, parallel_factor, timing
+from napkin_cat.cost import Cost, parallel_factor
 from napkin_cat.cost import hardware as hw
 from napkin_cat.cost.bounds import diagram_bound, lower_bounds
 from napkin_cat.cost.mesh import mesh_cost, mesh_times
 from napkin_cat.cost.optimise import ConfigTable, M, continuous, multilevel, piecewise, search
+from napkin_cat.cost.roofline import compute_seconds, timing
 from napkin_cat.schedule.loopnest import woven_axes
 
 __all__ = ["format_report", "report"]
@@ -170,7 +171,7 @@ def _numeric(c: Cost, out: dict[str, Any]) -> None:
     table: ConfigTable = search(c, relax=True)
     out["configurations"] = [{"tiles": r.tiles, "memory_bytes": r.memory, "transfers_bytes": r.transfers,
                               "transfer_time_s": r.transfer_time, "programs": r.programs,
-                              "parallel_factor": r.factor,
+                              "parallel_factor": r.factor, "time_s": r.seconds,
                               "launch": None if r.launch is None else dataclasses.asdict(r.launch)}
                              for r in table.rows]
     if c.hardware.launch:
@@ -193,9 +194,10 @@ def _numeric(c: Cost, out: dict[str, Any]) -> None:
         out["configurations_note"] = "none feasible under the capacity and divisibility constraints" + (
             f"; without `pad` a tile must divide its axis ({', '.join(exact)}): `pad` allows ragged tiles"
             if exact else "")
-    peak = c.hardware.peak_flops(c.dtype)
     hbm = c.hardware.level("hbm").bandwidth or 0.0
-    base_flop, base_move = float(c.baseline.flops) / peak, float(c.baseline.transfers_bytes) / hbm
+    base = c.baseline
+    base_flop = float(compute_seconds(c, base.contract_flops, base.flops - base.contract_flops))
+    base_move = float(base.transfers_bytes) / hbm
     out["baseline"]["time_s"] = {"flops": base_flop, "transfers": base_move,
                                  "serial": base_flop + base_move, "overlapped": max(base_flop, base_move)}
     out["baseline"]["fits"] = float(c.baseline.memory_bytes) <= c.hardware.level(c.first.name).capacity
@@ -213,7 +215,7 @@ def _numeric(c: Cost, out: dict[str, Any]) -> None:
                    "transfers_s": {k: float(v) for k, v in t.transfer_times},
                    "serial_s": serial, "overlapped_s": overlapped,
                    "intensity_flop_per_byte": intensity, "ridge_flop_per_byte": t.ridge,
-                   "bound_by": "compute" if intensity is None or intensity >= t.ridge else "memory",
+                   "bound_by": max([("compute", t.flop_time), *t.transfer_times], key=lambda kv: kv[1])[0],
                    "parallel_groups": groups, "sms": c.hardware.sms, "parallel_factor": factor,
                    "grid_serial_s": serial * factor, "grid_overlapped_s": overlapped * factor,
                    "gain_vs_unfused_serial": _ratio(base_flop + base_move, serial * factor),
@@ -236,8 +238,9 @@ def _ratio(a: float, b: float) -> float | None:
 def _intensity(t: Mapping[str, Any]) -> str:
     if t["intensity_flop_per_byte"] is None:
         return "no hbm traffic (compute-bound)"
-    return (f"intensity {t['intensity_flop_per_byte']:.4g} FLOP/B vs ridge {t['ridge_flop_per_byte']:.4g} "
-            f"({t['bound_by']}-bound)")
+    bound = {"compute": "compute-bound", "l2": "bound by the L2's bandwidth"}.get(
+        t["bound_by"], f"bound by the transfers into {t['bound_by']}")
+    return f"intensity {t['intensity_flop_per_byte']:.4g} FLOP/B vs ridge {t['ridge_flop_per_byte']:.4g}; {bound}"
 
 
 def _gain(value: float | None) -> str:
@@ -281,8 +284,8 @@ def format_report(r: Mapping[str, Any]) -> str:
             tiles = " ".join(f"{k}={v}" for k, v in row["tiles"].items())
             mem = " ".join(f"M_{k}={v:.0f} ({100 * v / capacity[k]:.0f}%)" for k, v in row["memory_bytes"].items())
             moved = " ".join(f"H_{k}={v:.4g}" for k, v in row["transfers_bytes"].items())
-            lines.append(f"  {tiles:<36} {mem:<28} {moved:<30} t_transfer={row['transfer_time_s']:.4g}s"
-                         + f" x{row['parallel_factor']:.3g} ({row['programs']:.0f} programs)" + _launch(row["launch"]))
+            lines.append(f"  {tiles:<36} {mem:<28} {moved:<30} t={row['time_s']:.4g}s"
+                         + f" (x{row['parallel_factor']:.3g}: {row['programs']:.0f} programs)" + _launch(row["launch"]))
         if not r["configurations"]:
             lines.append(f"  {r['configurations_note']}")
         if r.get("relaxed"):
@@ -306,7 +309,8 @@ def format_report(r: Mapping[str, Any]) -> str:
                   + ", ".join(f"{k} {v:.4g}s" if isinstance(v, float) else f"{k} {v}" for k, v in m["time_s"].items())]
     t = r.get("time")
     if t:
-        per = ", ".join(f"{k} {v:.4g}s" for k, v in t["transfers_s"].items())
+        per = ", ".join(f"{k} {v:.4g}s" if k != "l2" else f"the same bytes through the l2 {v:.4g}s"
+                        for k, v in t["transfers_s"].items())
         b = r["baseline"]["time_s"]
         lines += ["", f"time at {t['tiles']}: FLOPs {t['flops_s']:.4g}s; transfers {per}",
                   f"  serial (sum) {t['serial_s']:.4g}s; overlapped (max) {t['overlapped_s']:.4g}s; "

@@ -51,7 +51,7 @@ from napkin_cat.schedule.masks import GroupAxis, chunk_count, stream_masks
 from napkin_cat.schedule.program import Buffer, Inst, Program, Step, View, rank
 from napkin_cat.terms import Axes, Box
 
-__all__ = ["program"]
+__all__ = ["chosen_accumulator", "program"]
 
 
 def program(nest: LoopNest, sizes: Mapping[str, Expr], tiles: Mapping[str, Expr],
@@ -68,6 +68,12 @@ def program(nest: LoopNest, sizes: Mapping[str, Expr], tiles: Mapping[str, Expr]
     if stages < 1:
         raise ValueError(f"stages must be at least 1, got {stages}")
     return _Builder(nest, sizes, tiles, accumulators or {}, stages).build()
+
+
+def chosen_accumulator(box: Box, given: str | None, via: str | None) -> str:
+    """The accumulator that streams ``box``: the theorem's choice (``given``), else the stream
+    partition's ``via``, else the box's first admissible one."""
+    return given or via or ops.accumulators_for(box.op, box.params)[0]
 
 
 @dataclass(frozen=True)
@@ -195,8 +201,7 @@ class _Builder:
         """The accumulator state of a node consuming loop's axis: (component, axes) pairs."""
         box = node.expr
         assert isinstance(box, Box)
-        name = (self.accumulators.get(node.name) or self.nest.loops[loop].partition.via
-                or ops.accumulators_for(box.op, box.params)[0])
+        name = chosen_accumulator(box, self.accumulators.get(node.name), self.nest.loops[loop].partition.via)
         if ops.OPS[box.op].kind == "ncontract":
             rows = tuple(a for a in box.args[0].axes if a not in box.target)
             return [(c, node.axes if c == "o" else rows) for c in ops.ACCUMULATORS[name].state]

@@ -29,6 +29,7 @@ from napkin_cat import cost, kernel
 from napkin_cat.certify import rules
 from napkin_cat.cost import hardware as hw
 from napkin_cat.cost import optimise
+from napkin_cat.cost.roofline import compute_seconds
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.elaborate import load
 from napkin_cat.files import Outputs
@@ -121,6 +122,12 @@ def _ratio(candidate: Candidate, best: Candidate) -> str:
     if candidate.cost.relaxed and not best.cost.relaxed:
         return f" ({ratio:.4g}x the best, but its tiles lack the hardware's preferred multiples)"
     if math.isclose(ratio, 1.0, rel_tol=1e-9):
+        mine, theirs = candidate.cost, best.cost
+        if mine.serial is not None and theirs.serial is not None and not math.isclose(mine.serial, theirs.serial,
+                                                                                         rel_tol=1e-9):
+            return " (ties the best, which takes less time with transfers and compute added, not overlapped)"
+        if not math.isclose(mine.footprint, theirs.footprint, rel_tol=1e-9):
+            return " (ties the best, which leaves more fast memory free)"
         return " (ties the best, which has fewer or simpler steps)"
     return f" ({ratio:.4g}x the best)"
 
@@ -197,9 +204,10 @@ def model_cost(hardware: str = "h100", dtype: str = "bf16", sizes: Mapping[str, 
                target: str | None = None) -> CostFn:
     """The cost model (``napkin_cat.cost``) as a search cost function: modelled seconds.
 
-    A schedule is one fused kernel: its time is FLOPs at the dtype's peak plus, per level,
-    the bytes moved into it over its parent's bandwidth (the paper's multi-level sum,
-    §4.2), at the best tiles that fit every level's capacity (``choose_tiles``).  A
+    A schedule is one fused kernel: its time is the time model's (``cost.roofline``: compute
+    and, per level, the bytes moved into it over its parent's bandwidth, overlapped where the
+    launch overlaps them, else added as in the paper's multi-level sum, §4.2), at the best
+    tiles that fit every level's capacity (``choose_tiles``).  A
     diagram without partitions is one kernel holding whole arrays; when that does not
     fit, its value is the model's unfused baseline time (each box its own kernel with
     unlimited memory) with ``fits=False``: a reference and a guide for ordering rewrites,
@@ -209,7 +217,7 @@ def model_cost(hardware: str = "h100", dtype: str = "bf16", sizes: Mapping[str, 
     Raises HardwareError for an unknown profile or dtype.
     """
     profile = hw.load(hardware)
-    peak = profile.peak_flops(dtype)
+    profile.peak_flops(dtype)  # an unknown dtype is refused here, before any schedule is costed
     given = dict(sizes or {})
 
     def evaluate(thm: kernel.Theorem) -> Costed:
@@ -226,7 +234,7 @@ def model_cost(hardware: str = "h100", dtype: str = "bf16", sizes: Mapping[str, 
         own = cost.cost_of(thm.result, thm.schedule, hardware=profile, sizes=known, dtype=dtype).baseline
         hbm = profile.level("hbm").bandwidth or math.inf
         moved, flops = float(own.transfers_bytes), float(own.flops)
-        seconds = flops / peak + moved / hbm
+        seconds = float(compute_seconds(c, own.contract_flops, own.flops - own.contract_flops)) + moved / hbm
         return Costed(seconds, False, {}, f"{_us(seconds)} if run unfused, each box its own kernel with unlimited "
                                           f"memory ({_mb(moved)} moved, {flops / 1e9:.3g} GFLOP)", fused.why_not)
 
@@ -243,8 +251,8 @@ def _mb(moved: float) -> str:
 
 def choose_tiles(c: cost.Cost) -> Costed:
     """The best integer tiles of the cost model's search (``optimise.search``: every level's
-    capacity and the hardware's divisibility constraints, least transfer time, then fewest
-    loop trips), costed as they rank: transfer time plus FLOP time at the dtype's peak, times
+    capacity and the hardware's divisibility constraints, least modelled time, then fewest
+    loop trips), costed as they rank: the time model's (``cost.roofline``), times
     the grid's ``cost.parallel_factor`` (the whole chip's peaks are reached only with every SM
     busy).  The preferred
     multiples (coalescing, tensor-core shapes) are dropped where no configuration meets them, as
@@ -275,4 +283,4 @@ def choose_tiles(c: cost.Cost) -> Costed:
     grid = f"; {best.programs:.0f} programs on {c.hardware.sms} SMs (x{best.factor:.3g})" if best.factor > 1 else ""
     return Costed(seconds, True, dict(best.tiles), f"{_us(seconds)} fused: {_mb(moved)} moved from hbm; {used}; "
                                                    f"{flops / 1e9:.3g} GFLOP{grid}{dropped}", footprint=footprint,
-                  relaxed=table.relaxed)
+                  relaxed=table.relaxed, serial=best.serial)

@@ -53,8 +53,10 @@ class Costed:
     ``value``: the modelled cost (lower is better; the model's unit, named in ``summary``);
     ``fits``: whether every level's memory bound holds with ``tiles``; ``tiles``: an integer
     for every symbolic tile of the schedule; ``why_not``: the violated capacity if not;
-    ``footprint``: the largest fraction of a level's capacity in use (the tie-breaker:
-    at equal cost, the schedule that leaves more fast memory free wins); ``relaxed``: the
+    ``serial``: the cost with transfers and compute added rather than overlapped (the first
+    tie-breaker: at equal ``value``, the plan that moves and computes less in all wins, as the
+    tile search ranks tiles); ``footprint``: the largest fraction of a level's capacity in use
+    (the next: at equal cost, the schedule that leaves more fast memory free wins); ``relaxed``: the
     hardware's preferred tile multiples that ``tiles`` do not meet (none met them; the modelled
     cost does not price them, so such a plan ranks after every plan without any).
     """
@@ -66,6 +68,7 @@ class Costed:
     why_not: str = ""
     footprint: float = 0.0
     relaxed: tuple[str, ...] = ()
+    serial: float | None = None
 
 
 #: the pluggable cost function: a checked theorem -> its cost
@@ -152,12 +155,13 @@ def _schedule_key(c: Candidate) -> str:
     return f"{parts} {places} {chosen} @ {c.cost.value:.6g}"
 
 
-def _rank(c: Candidate) -> tuple[bool, float, float, int, int, str]:
+def _rank(c: Candidate) -> tuple[bool, float, float, float, int, int, str]:
     """Tiles that meet the hardware's preferred multiples first, then cheapest; at equal cost
-    the smaller footprint, then the simpler proof."""
+    the smaller serial cost, then the smaller footprint, then the simpler proof."""
     assert c.cost is not None
     names = sum(len(s.at) for s in c.steps if isinstance(s, Rewrite))
-    return (bool(c.cost.relaxed), c.cost.value, c.cost.footprint, len(c.steps), names, c.describe())
+    serial = c.cost.value if c.cost.serial is None else c.cost.serial
+    return (bool(c.cost.relaxed), c.cost.value, serial, c.cost.footprint, len(c.steps), names, c.describe())
 
 
 # ---- the search -----------------------------------------------------------------------------

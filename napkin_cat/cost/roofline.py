@@ -1,0 +1,121 @@
+"""The time model: how long one configuration's work (``Cost.work``, at numbers) takes on a
+hardware profile.  One place for the tile search (``optimise.search``), ``napkin cost``
+(``timing``) and the mesh's time per device (``mesh.mesh_times``).
+
+- **Compute**: the contractions' FLOPs at the dtype's peak (tensor cores), every other FLOP
+  (elementwise and reduction boxes, folding chunks into accumulator states) at the f32 peak of
+  the CUDA cores, which do that work in f32 (FlashAttention-2's point: the non-matmul FLOPs
+  cost many times more each).  The two add: a program's warps do both in turn.
+- **Transfers**: each level's bytes over its parent's bandwidth.  Where the schedule goes from
+  hbm straight to an on-chip level and the profile has an ``l2`` between them, every byte passes
+  through the L2 (timed at its bandwidth, reported as ``l2``) and hbm serves the first read of
+  each array, the writes, and the re-reads only if they do not fit: the in-flight programs
+  (one per SM) touch at most ``programs in flight x the bytes one program loads`` of an array,
+  and when those of every re-read array fit in the L2's capacity, re-reads are L2 hits.
+- **Serial** adds compute and transfers; **overlapped** takes their maximum (a roofline).  A
+  Triton program whose launch pipelines its streamed chunks (``num_stages`` >= 2) or shares its
+  SM with another (occupancy >= 2) overlaps them, and is ranked by the overlapped time, with
+  the serial time to break ties; any other configuration by the serial time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from napkin_cat.cost import Cost, CostError, Launch
+from napkin_cat.cost.hardware import Level
+
+__all__ = ["Seconds", "Timing", "compute_seconds", "estimate", "timing"]
+
+
+@dataclass(frozen=True)
+class Seconds:
+    """A configuration's modelled time: compute, each level's transfers (``l2``: the traffic of
+    the level below hbm through an L2 the schedule does not name), their sum and maximum, and
+    ``ranked``: what the tile search ranks by (before the grid's parallel factor)."""
+
+    compute: float
+    transfers: tuple[tuple[str, float], ...]
+    serial: float
+    overlapped: float
+    ranked: float
+
+
+def estimate(c: Cost, work: Sequence[float], launch: Launch | None = None) -> Seconds:
+    """The time of ``c.work`` evaluated at one configuration (``work``, in its order), launched
+    as ``launch`` (None: no launch rules, ranked by the serial time)."""
+    hw = c.hardware
+    levels = c.levels[1:]
+    moved = list(work[:len(levels)])
+    contract, other, programs = work[len(levels):len(levels) + 3]
+    loads = work[len(levels) + 3:]
+    compute = compute_seconds(c, contract, other)
+    transfers: list[tuple[str, float]] = []
+    l2 = _implicit_l2(c)
+    for lv, bytes_moved in zip(levels, moved, strict=True):
+        assert lv.parent is not None
+        bandwidth = hw.level(lv.parent).bandwidth or float("inf")
+        if lv is c.first and l2 is not None:
+            reread = [(n, own) for n, own in zip(loads[::2], loads[1::2], strict=True) if n > own]
+            inflight = min(programs, hw.sms) if programs > 0 else 1.0
+            footprint = sum(min(own, inflight * n / max(programs, 1.0)) for n, own in reread)
+            if footprint <= l2.capacity:
+                transfers.append((lv.name, (bytes_moved - sum(n - own for n, own in reread)) / bandwidth))
+            else:
+                transfers.append((lv.name, bytes_moved / bandwidth))
+            transfers.append(("l2", bytes_moved / (l2.bandwidth or float("inf"))))
+        else:
+            transfers.append((lv.name, bytes_moved / bandwidth))
+    serial = compute + sum(t for _, t in transfers)
+    overlapped = max([compute, *(t for _, t in transfers)])
+    return Seconds(compute, tuple(transfers), serial, overlapped,
+                   overlapped if launch is not None and launch.overlaps else serial)
+
+
+def compute_seconds(c: Cost, contract: Any, other: Any) -> Any:
+    """Compute time (numbers or sympy expressions): ``contract`` FLOPs at the dtype's peak,
+    ``other`` FLOPs at the f32 peak (the dtype's where the profile gives no f32 peak)."""
+    peak = c.hardware.peak_flops(c.dtype)
+    return contract / peak + other / c.hardware.peak.get("f32", peak)
+
+
+def _implicit_l2(c: Cost) -> Level | None:
+    """The profile's ``l2`` level where the schedule skips it (hbm straight to the level below)."""
+    names = {lv.name for lv in c.levels}
+    if "l2" in names or c.first.parent != "hbm":
+        return None
+    return next((lv for lv in c.hardware.levels if lv.name == "l2" and lv.bandwidth), None)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """A time estimate (seconds, ``cost.roofline``): compute (``flop_time``: contractions at
+    the dtype's peak, other FLOPs at f32's), each level's transfers, their sum (``serial``) and
+    maximum (``overlapped``); ``intensity`` is FLOPs per byte moved from hbm (the schedule's),
+    ``ridge`` the dtype's peak per byte of hbm bandwidth."""
+
+    flop_time: float
+    transfer_times: tuple[tuple[str, float], ...]
+    serial: float
+    overlapped: float
+    intensity: float
+    ridge: float
+
+
+def timing(c: Cost, values: Mapping[str, float | int] | None = None) -> Timing:
+    """Time estimate on ``c.hardware`` (``cost.roofline``) with sizes and tiles given by name in
+    ``values``; raises CostError unless they make every quantity a number."""
+    vals = values or {}
+    try:
+        work = [float(c.at(e, vals)) for e in c.work]
+        flops = float(c.at(c.flops, vals))
+        hbm = float(c.at(c.first.transfers_bytes, vals))
+    except TypeError as err:
+        missing = sorted(set(c.symbols()) - set(vals))
+        raise CostError(f"a time estimate needs every size and tile: give {', '.join(missing)}") from err
+    t = estimate(c, work, c.launched(vals))
+    return Timing(t.compute, t.transfers, t.serial, t.overlapped, flops / hbm if hbm else math.inf,
+                  c.hardware.ridge(c.dtype, "hbm"))

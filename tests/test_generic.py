@@ -52,7 +52,9 @@ def _theorems() -> dict[str, Any]:
 
 
 THEOREMS = _theorems()
-NAMES = sorted(THEOREMS)
+#: each theorem's tests share a pytest-xdist worker (``--dist loadgroup``): its cost, derived
+#: once per process (``simplified`` is remembered), takes a minute for the two-level masked one
+NAMES = [pytest.param(name, marks=pytest.mark.xdist_group(f"generic:{name}")) for name in sorted(THEOREMS)]
 
 
 def _case(name: str) -> tuple[Any, dict[str, int], list[np.ndarray], tuple[np.ndarray, ...]]:

@@ -28,6 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PROOF = ROOT / "proofs" / "ring_attention.ncd"
 ATTENTION = ROOT / "examples" / "attention.ncd"
 F32 = 4
+#: one pytest-xdist worker runs this module (``--dist loadgroup``, pyproject): the probe's
+#: subprocess is a module fixture, and each worker that ran a test of it would run it again
+pytestmark = pytest.mark.xdist_group("mesh_probe")
 
 
 @pytest.fixture(scope="module")

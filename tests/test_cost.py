@@ -221,9 +221,9 @@ def test_unfused_attention_baseline_versus_flash() -> None:
     assert least.transfers["smem"] * 10 < float(co.baseline.transfers_bytes)
     t = timing(co, least.tiles)
     assert float(t.serial) >= float(t.overlapped) > 0
-    # FlashAttention at long sequences sits near the ridge: with query tiles the registers hold
-    # (256 rows at d = 64; 512 spill) and no L2 in the model, K and V reloads keep it just below
-    assert 0.8 * t.ridge < float(t.intensity)
+    # with the L2 serving K's and V's reloads, hbm serves each byte once: FlashAttention at long
+    # sequences is far past hbm's ridge (its bound, if any transfer, is the L2's)
+    assert float(t.intensity) > 10 * t.ridge
 
 
 def test_padded_tiles_round_trips_up_and_dtypes_override() -> None:
@@ -447,9 +447,9 @@ def test_time_estimate_combines_flops_and_transfers() -> None:
     hbm, l2 = once / prof.level("hbm").bandwidth, moved / prof.level("l2").bandwidth  # type: ignore[operator]
     assert t.flop_time == pytest.approx(flop_time)
     assert dict(t.transfer_times) == pytest.approx({"smem": hbm, "l2": l2})
-    assert t.serial == pytest.approx(flop_time + hbm + l2)
+    assert t.serial == pytest.approx(flop_time + max(hbm, l2))  # the way through the L2 counted once
     assert t.overlapped == pytest.approx(max(flop_time, hbm, l2))
-    assert t.intensity == pytest.approx(2 * 1024 ** 3 / moved)
+    assert t.intensity == pytest.approx(2 * 1024 ** 3 / once)  # FLOPs per byte hbm serves
     assert t.ridge == pytest.approx(prof.ridge("bf16"))
     # the epilogue's bias add runs on the CUDA cores, at the f32 peak
     linear = cost(proof.theorem(ROOT / "proofs" / "mlp.ncd", "fused_linear"), hardware="h100",

@@ -149,10 +149,8 @@ def test_cost_has_a_mesh_level(capsys: pytest.CaptureFixture[str]) -> None:
     assert int(levels["hbm"]["transfers"]) == 8 * 7 * 2 * block
     times = mesh["time_s"]
     assert times["interconnect"] == pytest.approx(2 * 7 * 2 * block / 450e9)
-    device = ("compute", "hbm", "l2", "interconnect")  # l2: the device's re-reads of K and V hit its L2
-    assert set(times) == {*device, "serial", "overlapped"}
-    assert times["overlapped"] == max(times[k] for k in device)
-    assert times["serial"] == pytest.approx(sum(times[k] for k in device))
+    assert times["overlapped"] == max(times["compute"], times["hbm"], times["interconnect"])
+    assert times["serial"] == pytest.approx(times["compute"] + times["hbm"] + times["interconnect"])
 
 
 def test_cost_mesh_devices_option_and_symbolic_sizes(capsys: pytest.CaptureFixture[str]) -> None:

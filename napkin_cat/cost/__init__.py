@@ -192,18 +192,37 @@ class Cost:
     def work(self) -> tuple[Expr, ...]:
         """What ``cost.roofline`` times, as expressions in the sizes and tiles: the bytes moved
         into each level below hbm, the contraction FLOPs, the other FLOPs (boxes and folds),
-        the programs, then for each array loaded from hbm the bytes loaded and its own bytes
-        (which of those loads are re-reads an L2 can serve)."""
-        view = next(v for v in self.program.views if v.level == self.first.name)
-        loaded: dict[str, Expr] = {}
-        for s in view.steps:
-            if s.op == "load" and dict(self.program.homes).get(s.array) == "hbm":
-                loaded[s.array] = loaded.get(s.array, sympy.Integer(0)) + s.count * s.size * self.bytes_of[s.array]
+        the programs, then for each array loaded from hbm (``loaded_from_hbm``'s order) the
+        bytes loaded and its own bytes (which of those loads are re-reads an L2 can serve)."""
         flat = self.program.nest.flat
-        own = [_size(self.program, flat.type_of(a)) * self.bytes_of[a] for a in loaded]
+        pairs = [(n, _size(self.program, flat.type_of(a)) * self.bytes_of[a]) for a, n in self._loads.items()]
         return (*(lv.transfers_bytes for lv in self.levels[1:]), self.contract_flops,
                 self.flops - self.contract_flops + self.fold_flops, self.programs,
-                *(e for pair in zip(loaded.values(), own, strict=True) for e in pair))
+                *(e for pair in pairs for e in pair))
+
+    @functools.cached_property
+    def _loads(self) -> dict[str, Expr]:
+        """Bytes loaded from hbm into the level below it, per array."""
+        view = next(v for v in self.program.views if v.level == self.first.name)
+        homes = dict(self.program.homes)
+        loaded: dict[str, Expr] = {}
+        for s in view.steps:
+            if s.op == "load" and homes.get(s.array) == "hbm":
+                loaded[s.array] = loaded.get(s.array, sympy.Integer(0)) + s.count * s.size * self.bytes_of[s.array]
+        return loaded
+
+    @functools.cached_property
+    def loaded_from_hbm(self) -> tuple[tuple[str, bool], ...]:
+        """Each array loaded from hbm, and whether the programs that share its blocks run next
+        to each other: the grid axes it lacks (whose programs re-read it) are all axes that no
+        streamed input has, which the Pallas lowering puts first in its grid, the fastest
+        (``lower.layout``: the query blocks of attention, which share one head's K and V)."""
+        flat = self.program.nest.flat
+        loops = self.program.nest.loops
+        streams = {lp.axis for lp in loops if lp.kind == "stream"}
+        streamed = {a for _, axes in flat.inputs if streams & set(axes) for a in axes}
+        grid = {lp.axis for lp in loops if lp.kind == "group" and lp.level == self.first.name}
+        return tuple((a, bool(streams) and not (grid - set(flat.type_of(a))) & streamed) for a in self._loads)
 
     def at(self, expr: Expr, values: Mapping[str, float | int]) -> Expr:
         """``expr`` with axis sizes and tiles given by name substituted."""

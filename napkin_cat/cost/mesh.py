@@ -13,11 +13,11 @@ devices per node, ``Hardware.devices``) a mesh partition of axis a has blocks of
 - one device's hbm holds its block of every input and output (an input lacking the mesh axes
   whole: every device reads all of it), a ring input twice (the block folded and the one
   arriving);
-- time per device: its share of the compute and of its hbm transfers as one device's kernel
-  runs them (``cost.roofline``: with every size and tile given, the L2 serving re-reads, as
-  ``l2``), and the bytes it receives over the interconnect's bandwidth (the ``mesh`` level's:
-  what one device receives); serial adds them, overlapped takes the largest (the ring's send
-  does not wait for the fold: ``lower.mesh``).
+- time per device: its share of the compute (``cost.roofline``: contractions at the dtype's
+  peak, the rest at f32's), its hbm transfers over hbm's bandwidth (every one: the L2's hits
+  are not modelled per device) and the bytes it receives over the interconnect's (the
+  ``mesh`` level's bandwidth: what one device receives); serial adds the three, overlapped
+  takes the largest (the ring's send does not wait for the fold: ``lower.mesh``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import sympy
 from sympy import Expr
 
 from napkin_cat.cost import Cost, CostError
-from napkin_cat.cost.roofline import compute_seconds, estimate
+from napkin_cat.cost.roofline import compute_seconds
 
 __all__ = ["MeshCost", "mesh_cost", "mesh_times"]
 
@@ -92,19 +92,11 @@ def mesh_times(c: Cost, m: MeshCost, values: Mapping[str, float | int] | None = 
     vals = values or {}
     hbm = c.hardware.level("hbm").bandwidth
     link = c.hardware.level("mesh").bandwidth
-    split = c.flops / m.flops  # the devices sharing the work (1 for a ring alone)
+    split = m.devices if m.sharded else 1  # the devices sharing the work
     work = [c.at(e, vals) for e in c.work]
-    device: dict[str, Expr]
-    if all(sympy.sympify(w).is_number for w in work):
-        # the device's kernel as one device runs it (cost.roofline: the L2 serving re-reads)
-        t = estimate(c, [float(w) for w in work], c.launched(vals))
-        moved = dict(t.transfers)
-        device = {"compute": t.compute / split, "hbm": moved[c.first.name] / split}
-        device |= {"l2": moved["l2"] / split} if "l2" in moved else {}
-    else:
-        flops = len(c.levels) - 1
-        device = {"compute": compute_seconds(c, work[flops], work[flops + 1]) / split,
-                  "hbm": c.at(m.hbm_bytes, vals) / (hbm or sympy.oo)}
-    times = device | {"interconnect": c.at(m.sends_bytes, vals) / (link or sympy.oo)}
+    flops = len(c.levels) - 1
+    times = {"compute": compute_seconds(c, work[flops], work[flops + 1]) / split,
+             "hbm": c.at(m.hbm_bytes, vals) / (hbm or sympy.oo),
+             "interconnect": c.at(m.sends_bytes, vals) / (link or sympy.oo)}
     parts = list(times.values())
     return times | {"serial": sympy.Add(*parts), "overlapped": sympy.Max(*parts)}

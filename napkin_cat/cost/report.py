@@ -7,6 +7,7 @@ Every expression is written with ``str`` so that ``sympy.sympify`` parses it bac
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -208,7 +209,7 @@ def _numeric(c: Cost, out: dict[str, Any]) -> None:
     t = timing(c, best)
     serial, overlapped = float(t.serial), float(t.overlapped)
     # FLOPs per byte of hbm traffic; None where nothing moves through hbm (no ratio exists)
-    intensity = float(t.intensity) if float(c.at(c.first.transfers_bytes, best)) else None
+    intensity = t.intensity if math.isfinite(t.intensity) else None
     groups = float(c.at(c.programs, best))
     factor = parallel_factor(groups, c.hardware.sms)
     out["time"] = {"tiles": dict(best), "flops_s": float(t.flop_time),
@@ -240,7 +241,8 @@ def _intensity(t: Mapping[str, Any]) -> str:
         return "no hbm traffic (compute-bound)"
     bound = {"compute": "compute-bound", "l2": "bound by the L2's bandwidth"}.get(
         t["bound_by"], f"bound by the transfers into {t['bound_by']}")
-    return f"intensity {t['intensity_flop_per_byte']:.4g} FLOP/B vs ridge {t['ridge_flop_per_byte']:.4g}; {bound}"
+    return (f"intensity {t['intensity_flop_per_byte']:.4g} FLOP per byte from hbm vs ridge "
+            f"{t['ridge_flop_per_byte']:.4g}; {bound}")
 
 
 def _gain(value: float | None) -> str:

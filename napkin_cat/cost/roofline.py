@@ -9,10 +9,14 @@ hardware profile.  One place for the tile search (``optimise.search``), ``napkin
 - **Transfers**: each level's bytes over its parent's bandwidth.  Where the schedule goes from
   hbm straight to an on-chip level and the profile has an ``l2`` between them, every byte passes
   through the L2 (timed at its bandwidth, reported as ``l2``) and hbm serves the first read of
-  each array, the writes, and the re-reads only if they do not fit: the in-flight programs
-  (one per SM) touch at most ``programs in flight x the bytes one program loads`` of an array,
-  and when those of every re-read array fit in the L2's capacity, re-reads are L2 hits.
-- **Serial** adds compute and transfers; **overlapped** takes their maximum (a roofline).  A
+  each array, the writes, and the re-reads only if they do not fit.  They fit when the blocks
+  of the re-read arrays that the programs in flight (SMs x programs per SM) touch together fit
+  the L2's capacity: each program loads ``loaded / programs`` of an array, and an array loaded
+  ``r`` times is shared by ``r`` programs; where those run next to each other
+  (``Cost.loaded_from_hbm``: the lowering's grid order) the programs in flight touch
+  ``(in flight + r) / r`` distinct blocks of it, else up to one block each.
+- **Serial** adds compute and transfers (a byte's way from hbm through the L2 counted once, at
+  the slower of the two); **overlapped** takes their maximum (a roofline).  A
   Triton program whose launch pipelines its streamed chunks (``num_stages`` >= 2) or shares its
   SM with another (occupancy >= 2) overlaps them, and is ranked by the overlapped time, with
   the serial time to break ties; any other configuration by the serial time.
@@ -34,8 +38,9 @@ __all__ = ["Seconds", "Timing", "compute_seconds", "estimate", "timing"]
 @dataclass(frozen=True)
 class Seconds:
     """A configuration's modelled time: compute, each level's transfers (``l2``: the traffic of
-    the level below hbm through an L2 the schedule does not name), their sum and maximum, and
-    ``ranked``: what the tile search ranks by (before the grid's parallel factor)."""
+    the level below hbm through an L2 the schedule does not name; that level's own entry is its
+    hbm side), their sum (``serial``, the L2 path counted once) and maximum, and ``ranked``:
+    what the tile search ranks by (before the grid's parallel factor)."""
 
     compute: float
     transfers: tuple[tuple[str, float], ...]
@@ -55,24 +60,28 @@ def estimate(c: Cost, work: Sequence[float], launch: Launch | None = None) -> Se
     compute = compute_seconds(c, contract, other)
     transfers: list[tuple[str, float]] = []
     l2 = _implicit_l2(c)
+    path = 0.0  # the serial time of the transfers: a byte through hbm and the L2 counted once
     for lv, bytes_moved in zip(levels, moved, strict=True):
         assert lv.parent is not None
         bandwidth = hw.level(lv.parent).bandwidth or float("inf")
         if lv is c.first and l2 is not None:
-            reread = [(n, own) for n, own in zip(loads[::2], loads[1::2], strict=True) if n > own]
-            inflight = min(programs, hw.sms) if programs > 0 else 1.0
-            footprint = sum(min(own, inflight * n / max(programs, 1.0)) for n, own in reread)
-            if footprint <= l2.capacity:
-                transfers.append((lv.name, (bytes_moved - sum(n - own for n, own in reread)) / bandwidth))
-            else:
-                transfers.append((lv.name, bytes_moved / bandwidth))
-            transfers.append(("l2", bytes_moved / (l2.bandwidth or float("inf"))))
+            inflight = max(1.0, min(programs, hw.sms * (launch.occupancy if launch is not None else 1)))
+            footprint, reread = 0.0, 0.0
+            for (n, own), (_, adjacent) in zip(zip(loads[::2], loads[1::2], strict=True), c.loaded_from_hbm,
+                                               strict=True):
+                if n > own:
+                    shared, block = n / own, n / max(programs, 1.0)  # programs per byte, bytes per program
+                    blocks = (inflight + shared) / shared if adjacent else inflight
+                    footprint, reread = footprint + min(own, blocks * block), reread + n - own
+            from_hbm = bytes_moved - reread if footprint <= l2.capacity else bytes_moved
+            transfers += [(lv.name, from_hbm / bandwidth), ("l2", bytes_moved / (l2.bandwidth or float("inf")))]
+            path += max(t for _, t in transfers[-2:])
         else:
             transfers.append((lv.name, bytes_moved / bandwidth))
-    serial = compute + sum(t for _, t in transfers)
+            path += transfers[-1][1]
     overlapped = max([compute, *(t for _, t in transfers)])
-    return Seconds(compute, tuple(transfers), serial, overlapped,
-                   overlapped if launch is not None and launch.overlaps else serial)
+    return Seconds(compute, tuple(transfers), compute + path, overlapped,
+                   overlapped if launch is not None and launch.overlaps else compute + path)
 
 
 def compute_seconds(c: Cost, contract: Any, other: Any) -> Any:
@@ -94,8 +103,8 @@ def _implicit_l2(c: Cost) -> Level | None:
 class Timing:
     """A time estimate (seconds, ``cost.roofline``): compute (``flop_time``: contractions at
     the dtype's peak, other FLOPs at f32's), each level's transfers, their sum (``serial``) and
-    maximum (``overlapped``); ``intensity`` is FLOPs per byte moved from hbm (the schedule's),
-    ``ridge`` the dtype's peak per byte of hbm bandwidth."""
+    maximum (``overlapped``); ``intensity`` is FLOPs per byte hbm serves (after the L2's
+    hits), ``ridge`` the dtype's peak per byte of hbm bandwidth."""
 
     flop_time: float
     transfer_times: tuple[tuple[str, float], ...]
@@ -112,10 +121,10 @@ def timing(c: Cost, values: Mapping[str, float | int] | None = None) -> Timing:
     try:
         work = [float(c.at(e, vals)) for e in c.work]
         flops = float(c.at(c.flops, vals))
-        hbm = float(c.at(c.first.transfers_bytes, vals))
     except TypeError as err:
         missing = sorted(set(c.symbols()) - set(vals))
         raise CostError(f"a time estimate needs every size and tile: give {', '.join(missing)}") from err
     t = estimate(c, work, c.launched(vals))
+    hbm = dict(t.transfers)[c.first.name] * (c.hardware.level("hbm").bandwidth or 0.0)  # what hbm serves
     return Timing(t.compute, t.transfers, t.serial, t.overlapped, flops / hbm if hbm else math.inf,
                   c.hardware.ridge(c.dtype, "hbm"))

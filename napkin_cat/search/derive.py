@@ -281,6 +281,7 @@ def choose_tiles(c: cost.Cost) -> Costed:
     footprint = max(best.memory[name] / cap for name, cap in capacities.items())
     dropped = f"; tiles without the preferred {', '.join(table.relaxed)}" if table.relaxed else ""
     grid = f"; {best.programs:.0f} programs on {c.hardware.sms} SMs (x{best.factor:.3g})" if best.factor > 1 else ""
-    return Costed(seconds, True, dict(best.tiles), f"{_us(seconds)} fused: {_mb(moved)} moved from hbm; {used}; "
-                                                   f"{flops / 1e9:.3g} GFLOP{grid}{dropped}", footprint=footprint,
-                  relaxed=table.relaxed, serial=best.serial)
+    summary = (f"{_us(seconds)} fused: {_mb(moved)} moved to and from {c.levels[1].name}; {used}; "
+               f"{flops / 1e9:.3g} GFLOP{grid}{dropped}")
+    return Costed(seconds, True, dict(best.tiles), summary, footprint=footprint, relaxed=table.relaxed,
+                  serial=best.serial)

@@ -161,7 +161,9 @@ def _rank(c: Candidate) -> tuple[bool, float, float, float, int, int, str]:
     assert c.cost is not None
     names = sum(len(s.at) for s in c.steps if isinstance(s, Rewrite))
     serial = c.cost.value if c.cost.serial is None else c.cost.serial
-    return (bool(c.cost.relaxed), c.cost.value, serial, c.cost.footprint, len(c.steps), names, c.describe())
+    # to 9 significant digits, as the tile search ranks: equal models differ in the last bits
+    value, serial = (float(f"{v:.9g}") for v in (c.cost.value, serial))
+    return (bool(c.cost.relaxed), value, serial, c.cost.footprint, len(c.steps), names, c.describe())
 
 
 # ---- the search -----------------------------------------------------------------------------

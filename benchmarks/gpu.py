@@ -8,12 +8,18 @@ Self-contained for an offline machine: napkin is imported from this checkout and
 put on sys.path (a pure-Python wheel imports as a zip). It
 
 1. checks every kernel against XLA at one size (flash attention causal and non-causal,
-   d = 64 and 128, bf16; tiled matmul, bf16 in, f32 accumulation);
+   d = 64 and 128, bf16, at the tiles napkin's cost model chooses for the H200; tiled
+   matmul, bf16 in, f32 accumulation; the gradient of attention, forward and backward);
 2. times them against `jax.experimental.pallas.ops.gpu.attention.mha`,
    `jax.nn.dot_product_attention(implementation='cudnn')`, naive XLA attention and
    `jnp.dot`, at N = 2k, 8k, 16k with batch × N = 16k tokens and d × heads = 2048;
+   training (issue 13): `jax.grad` of Σ out·dO through napkin's proved FlashAttention-2
+   forward and backward kernels (proofs/flash_attention_backward.ncd, one head of d = 64,
+   vmapped over batch × heads) against `jax.grad` of mha (its own Pallas backward), of cuDNN's and of
+   naive XLA attention, with the scratch memory each compiled gradient needs
+   (`memory_analysis().temp_size_in_bytes`: N² for those that keep the probabilities);
 3. prints TFLOP/s and % of the H200's dense bf16 peak, with the cost model's predicted
-   HBM bytes and time beside each napkin kernel, and writes results/gpu.json.
+   HBM bytes and time beside each napkin forward kernel, and writes results/gpu.json.
 """
 
 from __future__ import annotations
@@ -56,12 +62,16 @@ def bench(fn: Callable[[], Any], warmup: int, iters: int) -> tuple[float, float]
     return statistics.median(times), min(times)
 
 
-def napkin_attention(causal: bool, tiles: dict[str, int]) -> tuple[Any, Any]:
-    from napkin_cat.lower import lower
+def napkin_theorem(causal: bool) -> Any:
     from napkin_cat.proof import theorem
 
-    thm = theorem(HERE / "gpu_attention.ncd", "flash_causal_mha" if causal else "flash_mha")
-    return thm, lower(thm, target="pallas", tiles=tiles, dtype="bf16")
+    return theorem(HERE / "gpu_attention.ncd", "flash_causal_mha" if causal else "flash_mha")
+
+
+def napkin_attention(thm: Any, tiles: dict[str, int]) -> Any:
+    from napkin_cat.lower import lower
+
+    return lower(thm, target="pallas", tiles=tiles, dtype="bf16")
 
 
 def predicted(thm: Any, sizes: dict[str, int], tiles: dict[str, int]) -> tuple[float, float]:
@@ -83,8 +93,9 @@ def naive_attention(q: Any, k: Any, v: Any, causal: bool) -> Any:
     return jnp.einsum("bhqx,bhxd->bhqd", p, v, preferred_element_type=jnp.float32).astype(q.dtype)
 
 
-def attention_cases(n: int, d: int, causal: bool, dry: bool, tiles: dict[str, int]) -> list[dict[str, Any]]:
-    """napkin's kernel and every baseline at one size; correctness against naive f32 XLA."""
+def attention_cases(n: int, d: int, causal: bool, dry: bool, tiles: dict[str, int] | None) -> list[dict[str, Any]]:
+    """napkin's kernel (at ``tiles``, else the cost model's) and every baseline at one size,
+    mha at napkin's tiles; correctness against naive f32 XLA."""
     from jax.experimental.pallas.ops.gpu import attention as pallas_attention
 
     batch = 1 if dry else max(1, TOKENS // n)
@@ -92,12 +103,14 @@ def attention_cases(n: int, d: int, causal: bool, dry: bool, tiles: dict[str, in
     keys = jax.random.split(jax.random.PRNGKey(n + d + causal), 3)
     q, k, v = (jax.random.normal(kk, (batch, heads, n, d), jnp.bfloat16) for kk in keys)
     flops = 4 * batch * heads * n * n * d / (2 if causal else 1)
-    thm, kernel = napkin_attention(causal, tiles)
+    thm = napkin_theorem(causal)
+    sizes = {"b": batch, "h": heads, "q": n, "x": n, "d": d}
+    tiles = tiles or chosen_tiles(thm, sizes)
+    kernel = napkin_attention(thm, tiles)
     interpret = True if dry else None
     ours = jax.jit(lambda q, k, v: kernel.fn(q, k, v, interpret=interpret))
     ref = naive_attention(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32), causal)
     err = float(jnp.max(jnp.abs(ours(q, k, v).astype(jnp.float32) - ref)))
-    sizes = {"b": batch, "h": heads, "q": n, "x": n, "d": d}
     hbm, t_pred = predicted(thm, sizes, tiles)
     minimal = 4 * batch * heads * n * d * 2
     qt, kt, vt = (jnp.swapaxes(a, 1, 2) for a in (q, k, v))  # [batch, seq, heads, d] for mha and cudnn
@@ -124,6 +137,79 @@ def attention_cases(n: int, d: int, causal: bool, dry: bool, tiles: dict[str, in
         if name == "napkin":
             row |= {"max_err": err, "pred_hbm_mb": hbm / 1e6, "min_hbm_mb": minimal / 1e6,
                     "pred_ms": t_pred * 1e3}
+        rows.append(row)
+    return rows
+
+
+def chosen_tiles(thm: Any, sizes: dict[str, int]) -> dict[str, int]:
+    """The tiles napkin's cost model chooses for the H200 at these sizes (as `napkin cost --size`
+    and benchmarks/gpu_static.py choose them)."""
+    from napkin_cat.cost import cost
+    from napkin_cat.cost.optimise import search
+    from napkin_cat.lower import realised_schedule
+
+    model = cost(thm, realised_schedule(thm.result, thm.schedule, "pallas"), hardware="h200", sizes=sizes,
+                 dtype="bf16")
+    rows = search(model, top=1, relax=True).rows
+    if not rows:
+        raise RuntimeError(f"no feasible tiles for {thm.name} at {sizes}")
+    return {k: int(v) for k, v in rows[0].tiles.items()}
+
+
+def backward_cases(n: int, d: int, causal: bool, dry: bool) -> list[dict[str, Any]]:
+    """Forward + backward: ``jax.grad`` of Σ attention(Q, K, V)·dO in Q, K and V, each
+    implementation against ``jax.grad`` of naive attention in f32."""
+    from jax.experimental.pallas.ops.gpu import attention as pallas_attention
+
+    from napkin_cat.lower import lower
+    from napkin_cat.proof import theorem
+
+    batch = 1 if dry else max(1, TOKENS // n)
+    heads = 2 if dry else HIDDEN // d
+    keys = jax.random.split(jax.random.PRNGKey(7 * n + d + causal), 4)
+    q, k, v, d_o = (jax.random.normal(kk, (batch, heads, n, d), jnp.bfloat16) for kk in keys)
+    path = ROOT / "proofs" / "flash_attention_backward.ncd"
+    prefix = "flash_attention_causal" if causal else "flash_attention"
+    block, chunk = (64, 32) if dry else (128, 64)
+    kernel = lower(theorem(path, f"{prefix}_forward"), target="pallas", dtype="bf16",
+                   tiles={"gq": block, "sx": chunk, "gx": block, "sq": chunk},
+                   backward=[theorem(path, f"{prefix}_backward_kv"), theorem(path, f"{prefix}_backward_q")])
+    interpret = True if dry else None
+    one_head = jax.vmap(jax.vmap(lambda q, k, v: kernel.fn(q, k, v, interpret=interpret)))  # over batch, heads
+
+    def grad_of(forward: Callable[..., Any]) -> Callable[..., Any]:
+        return jax.jit(jax.grad(lambda q, k, v: jnp.sum(forward(q, k, v).astype(jnp.float32)
+                                                        * d_o.astype(jnp.float32)), argnums=(0, 1, 2)))
+
+    f32 = [a.astype(jnp.float32) for a in (q, k, v)]
+    ref = grad_of(lambda q, k, v: naive_attention(q, k, v, causal))(*f32)
+    ours = grad_of(one_head)
+    err = max(float(jnp.max(jnp.abs(g.astype(jnp.float32) - r)) / jnp.max(jnp.abs(r)))
+              for g, r in zip(ours(q, k, v), ref, strict=True))
+    swap = lambda f: lambda q, k, v: jnp.swapaxes(f(*(jnp.swapaxes(a, 1, 2) for a in (q, k, v))), 1, 2)  # noqa: E731
+    cases: dict[str, Callable[..., Any]] = {
+        "napkin": ours,
+        "pallas mha": grad_of(swap(lambda q, k, v: pallas_attention.mha(q, k, v, None, sm_scale=1 / math.sqrt(d),
+                                                                          causal=causal, interpret=dry))),
+        "naive xla": grad_of(lambda q, k, v: naive_attention(q, k, v, causal)),
+    }
+    if not dry:
+        cases["cudnn"] = grad_of(swap(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
+                                                                                    implementation="cudnn")))
+    flops = 3.5 * 4 * batch * heads * n * n * d / (2 if causal else 1)  # backward 2.5x the forward (FA-2)
+    rows = []
+    for name, fn in cases.items():
+        row: dict[str, Any] = {"kernel": f"attention grad d={d}{' causal' if causal else ''}", "impl": name, "n": n}
+        try:
+            median, best = bench(lambda fn=fn: fn(q, k, v), warmup=1 if dry else 3, iters=2 if dry else 10)
+            scratch = fn.lower(q, k, v).compile().memory_analysis()
+            row |= {"median_ms": median * 1e3, "min_ms": best * 1e3, "tflops": flops / median / 1e12,
+                    "pct_peak": 100 * flops / median / PEAK_BF16,
+                    "temp_mb": None if scratch is None else scratch.temp_size_in_bytes / 2**20}
+        except Exception as exc:  # a baseline that cannot run here is reported, not fatal
+            row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
+        if name == "napkin":
+            row["max_err"] = err
         rows.append(row)
     return rows
 
@@ -164,7 +250,7 @@ def matmul_cases(n: int, dry: bool, tiles: dict[str, int]) -> list[dict[str, Any
 def render(rows: list[dict[str, Any]]) -> str:
     cols = [("kernel", "kernel"), ("impl", "impl"), ("n", "N"), ("median_ms", "median ms"), ("min_ms", "min ms"),
             ("tflops", "TFLOP/s"), ("pct_peak", "% peak"), ("max_err", "max err"), ("pred_hbm_mb", "pred HBM MB"),
-            ("min_hbm_mb", "min HBM MB"), ("pred_ms", "pred ms"), ("error", "error")]
+            ("min_hbm_mb", "min HBM MB"), ("pred_ms", "pred ms"), ("temp_mb", "temp MiB"), ("error", "error")]
     cells = [[h for _, h in cols]] + [[_fmt(r.get(k)) for k, _ in cols] for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(cols))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)) for line in cells)
@@ -182,7 +268,7 @@ def main() -> None:
     args = parser.parse_args()
     dry = args.dry_run
     sizes = args.sizes or ([128] if dry else [2048, 8192, 16384])
-    attn_tiles = {"bq": 64, "bk": 64} if dry else {"bq": 128, "bk": 64}
+    attn_tiles = {"bq": 64, "bk": 64} if dry else None  # on the GPU: the cost model's
     mm_tiles = {"ga": 64, "gc": 64, "sb": 32} if dry else {"ga": 128, "gc": 128, "sb": 64}
     print(f"jax {jax.__version__} backend={jax.default_backend()} devices={[d.device_kind for d in jax.devices()]}"
           f"{' (dry run: interpret mode)' if dry else ''}", flush=True)
@@ -193,11 +279,22 @@ def main() -> None:
         for d in (64, 128):
             for causal in (False, True):
                 rows += attention_cases(n, d, causal, dry, attn_tiles)
+                if d == 64:  # examples/attention_backward.ncd, which the backward proofs use, declares d = 64
+                    rows += backward_cases(n, d, causal, dry)
                 print(f"attention N={n} d={d} causal={causal} done", flush=True)
         rows += matmul_cases(n, dry, mm_tiles)
     print("\n" + render(rows))
     failed = [r for r in rows if r["impl"] == "napkin" and not r.get("max_err", 1) < (5e-2 if r["kernel"] != "matmul"
                                                                                           else 2e-2)]
+    grads = {r["kernel"] for r in rows if "grad" in r["kernel"]}
+    for kernel in sorted(grads):  # training: napkin's fwd+bwd time and memory over the peers', at the largest N
+        at = max(r["n"] for r in rows if r["kernel"] == kernel)
+        mine = next(r for r in rows if r["kernel"] == kernel and r["n"] == at and r["impl"] == "napkin")
+        for r in rows:
+            if r["kernel"] == kernel and r["n"] == at and r["impl"] != "napkin" and "median_ms" in r:
+                print(f"{kernel} N={at}: napkin vs {r['impl']}: speedup {r['median_ms'] / mine['median_ms']:.2f}"
+                      + (f", scratch memory ratio {r['temp_mb'] / mine['temp_mb']:.2f}"
+                         if r.get("temp_mb") and mine.get("temp_mb") else ""))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"jax": jax.__version__, "devices": [d.device_kind for d in jax.devices()],

@@ -63,8 +63,13 @@ def test_gpu_script_dry_run_checks_its_kernels(tmp_path: Path) -> None:
     result = json.loads(out.read_text())
     assert result["dry_run"]
     ours = [r for r in result["rows"] if r["impl"] == "napkin"]
-    assert len(ours) == 5  # attention d=64/128 x causal/not, and matmul
-    assert all(r["max_err"] < 5e-2 and r["pred_hbm_mb"] >= r["min_hbm_mb"] for r in ours)
+    forward = [r for r in ours if "grad" not in r["kernel"]]
+    assert len(forward) == 5  # attention d=64/128 x causal/not, and matmul
+    assert all(r["max_err"] < 5e-2 and r["pred_hbm_mb"] >= r["min_hbm_mb"] for r in forward)
+    # training: the joined forward and backward kernels' gradient, d = 64, causal and not
+    assert sorted(r["kernel"] for r in ours if "grad" in r["kernel"]) == ["attention grad d=64",
+                                                                         "attention grad d=64 causal"]
+    assert all(r["max_err"] < 5e-2 and r["temp_mb"] > 0 for r in ours if "grad" in r["kernel"])
     assert all("error" not in r for r in result["rows"])
 
 

@@ -45,6 +45,9 @@ warnings.filterwarnings("ignore", message="jax.experimental.pallas.ops.gpu.atten
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
+sys.path.insert(0, str(HERE))
+from gpu_static import chosen_tiles  # noqa: E402
+
 PEAK_BF16 = 989e12  # H200 SXM dense bf16 tensor-core FLOP/s (H200 datasheet: 1,979 with sparsity)
 TOKENS, HIDDEN = 16384, 2048
 
@@ -105,7 +108,7 @@ def attention_cases(n: int, d: int, causal: bool, dry: bool, tiles: dict[str, in
     flops = 4 * batch * heads * n * n * d / (2 if causal else 1)
     thm = napkin_theorem(causal)
     sizes = {"b": batch, "h": heads, "q": n, "x": n, "d": d}
-    tiles = tiles or chosen_tiles(thm, sizes)
+    tiles = tiles or chosen_tiles(thm, sizes)  # as benchmarks/gpu_static.py (and `napkin cost --size`) choose
     kernel = napkin_attention(thm, tiles)
     interpret = True if dry else None
     ours = jax.jit(lambda q, k, v: kernel.fn(q, k, v, interpret=interpret))
@@ -139,21 +142,6 @@ def attention_cases(n: int, d: int, causal: bool, dry: bool, tiles: dict[str, in
                     "pred_ms": t_pred * 1e3}
         rows.append(row)
     return rows
-
-
-def chosen_tiles(thm: Any, sizes: dict[str, int]) -> dict[str, int]:
-    """The tiles napkin's cost model chooses for the H200 at these sizes (as `napkin cost --size`
-    and benchmarks/gpu_static.py choose them)."""
-    from napkin_cat.cost import cost
-    from napkin_cat.cost.optimise import search
-    from napkin_cat.lower import realised_schedule
-
-    model = cost(thm, realised_schedule(thm.result, thm.schedule, "pallas"), hardware="h200", sizes=sizes,
-                 dtype="bf16")
-    rows = search(model, top=1, relax=True).rows
-    if not rows:
-        raise RuntimeError(f"no feasible tiles for {thm.name} at {sizes}")
-    return {k: int(v) for k, v in rows[0].tiles.items()}
 
 
 def backward_cases(n: int, d: int, causal: bool, dry: bool) -> list[dict[str, Any]]:

@@ -181,6 +181,12 @@ class Cost:
         (the rest at the CUDA cores' f32 peak: ``cost.roofline``)."""
         return _flops(self.program, contractions=True)
 
+    @property
+    def other_flops(self) -> Expr:
+        """Every FLOP but the contractions': the other boxes' and the folds' (``cost.roofline``
+        times them at the CUDA cores' f32 peak)."""
+        return self.flops - self.contract_flops + self.fold_flops
+
     @functools.cached_property
     def fold_flops(self) -> Expr:
         """FLOPs of folding each chunk of a stream into its accumulator's state, beyond the
@@ -196,8 +202,7 @@ class Cost:
         bytes loaded and its own bytes (which of those loads are re-reads an L2 can serve)."""
         flat = self.program.nest.flat
         pairs = [(n, _size(self.program, flat.type_of(a)) * self.bytes_of[a]) for a, n in self._loads.items()]
-        return (*(lv.transfers_bytes for lv in self.levels[1:]), self.contract_flops,
-                self.flops - self.contract_flops + self.fold_flops, self.programs,
+        return (*(lv.transfers_bytes for lv in self.levels[1:]), self.contract_flops, self.other_flops, self.programs,
                 *(e for pair in pairs for e in pair))
 
     @functools.cached_property
@@ -361,7 +366,7 @@ def _flops(prog: Program, contractions: bool = False) -> Expr:
             continue
         box = prog.nest.flat.node(step.array).expr
         assert isinstance(box, Box)
-        if not contractions or ops.OPS[box.op].kind in ("contract", "ncontract"):
+        if not contractions or _on_tensor_cores(box):
             total += step.count * _box_flops(box, prog, step.path)
     return total if contractions else simplified(total)
 
@@ -401,7 +406,7 @@ def _term_flops(term: Diagram, prog: Program, path: tuple[Inst, ...]) -> Expr:
     """An accumulator term's FLOPs, box by box at the extents inside ``path``; adding a chunk's
     contraction into the state is the MMA's own accumulate (its C operand), free."""
     boxes = [(n.name, n.expr, set(n.reads)) for n in flatten(term).nodes if isinstance(n.expr, Box)]
-    dots = {name for name, box, _ in boxes if ops.OPS[box.op].kind in ("contract", "ncontract")}
+    dots = {name for name, box, _ in boxes if _on_tensor_cores(box)}
     return sympy.Add(*(_box_flops(box, prog, path) for _, box, reads in boxes
                        if not (box.op == "add" and dots & reads)))
 
@@ -409,6 +414,11 @@ def _term_flops(term: Diagram, prog: Program, path: tuple[Inst, ...]) -> Expr:
 @functools.lru_cache(maxsize=256)
 def _plan(box: Box, axis: str, name: str) -> AccumulatorPlan:
     return plan(box, axis, name)
+
+
+def _on_tensor_cores(box: Box) -> bool:
+    """Is the box a contraction (plain or normalised): the work the time model puts on tensor cores?"""
+    return ops.OPS[box.op].kind in ("contract", "ncontract")
 
 
 def _per_point(box: Box) -> Expr:
@@ -431,10 +441,9 @@ def _baseline(prog: Program, bytes_of: Mapping[str, int]) -> Baseline:
         weighted += [_size(prog, flat.type_of(a)) * bytes_of[a] for a in arrays]
         sizes_per_box.append(sympy.Add(*(_size(prog, flat.type_of(a)) for a in arrays)))
         bytes_per_box.append(sympy.Add(*(_size(prog, flat.type_of(a)) * bytes_of[a] for a in arrays)))
-        space = union_axes(*(a.axes for a in box.args), box.axes)
-        flops += _per_point(box) * _size(prog, space)
-        if ops.OPS[box.op].kind in ("contract", "ncontract"):
-            contract += _per_point(box) * _size(prog, space)
+        own = _box_flops(box, prog, ())
+        flops += own
+        contract += own if _on_tensor_cores(box) else 0
     return Baseline(sympy.Add(*moved), sympy.Add(*weighted), max_of(sizes_per_box), max_of(bytes_per_box), flops,
                     contract)
 

@@ -49,6 +49,8 @@ class MeshCost:
     memory_bytes: Expr
     flops: Expr
     hbm_bytes: Expr
+    #: the devices that share the work: all of them with a sharded axis, else 1 (a ring alone)
+    split: int = 1
 
 
 def mesh_cost(c: Cost, devices: int | None = None) -> MeshCost | None:
@@ -82,7 +84,7 @@ def mesh_cost(c: Cost, devices: int | None = None) -> MeshCost | None:
     memory_bytes = sympy.Add(*(copies[n] * on_device(axes) * c.bytes_of[n] for n, axes in resident))
     split = count if groups else 1
     return MeshCost(count, groups[0] if groups else None, ring, {str(p.tile): block[p.axis] for p in c.mesh},
-                    sends, sends_bytes, memory, memory_bytes, c.flops / split, c.first.transfers_bytes / split)
+                    sends, sends_bytes, memory, memory_bytes, c.flops / split, c.first.transfers_bytes / split, split)
 
 
 def mesh_times(c: Cost, m: MeshCost, values: Mapping[str, float | int] | None = None) -> dict[str, Expr]:
@@ -92,10 +94,7 @@ def mesh_times(c: Cost, m: MeshCost, values: Mapping[str, float | int] | None = 
     vals = values or {}
     hbm = c.hardware.level("hbm").bandwidth
     link = c.hardware.level("mesh").bandwidth
-    split = m.devices if m.sharded else 1  # the devices sharing the work
-    work = [c.at(e, vals) for e in c.work]
-    flops = len(c.levels) - 1
-    times = {"compute": compute_seconds(c, work[flops], work[flops + 1]) / split,
+    times = {"compute": compute_seconds(c, c.at(c.contract_flops, vals), c.at(c.other_flops, vals)) / m.split,
              "hbm": c.at(m.hbm_bytes, vals) / (hbm or sympy.oo),
              "interconnect": c.at(m.sends_bytes, vals) / (link or sympy.oo)}
     parts = list(times.values())

@@ -13,7 +13,7 @@ from typing import Any
 
 import sympy
 
-from napkin_cat.cost import Cost, parallel_factor
+from napkin_cat.cost import Cost
 from napkin_cat.cost import hardware as hw
 from napkin_cat.cost.bounds import diagram_bound, lower_bounds
 from napkin_cat.cost.mesh import mesh_cost, mesh_times
@@ -205,13 +205,13 @@ def _numeric(c: Cost, out: dict[str, Any]) -> None:
     if not table.rows:
         out["time"] = None
         return
-    best: Mapping[str, int] = table.rows[0].tiles
+    chosen = table.rows[0]
+    best: Mapping[str, int] = chosen.tiles
     t = timing(c, best)
     serial, overlapped = float(t.serial), float(t.overlapped)
     # FLOPs per byte of hbm traffic; None where nothing moves through hbm (no ratio exists)
     intensity = t.intensity if math.isfinite(t.intensity) else None
-    groups = float(c.at(c.programs, best))
-    factor = parallel_factor(groups, c.hardware.sms)
+    groups, factor = chosen.programs, chosen.factor
     out["time"] = {"tiles": dict(best), "flops_s": float(t.flop_time),
                    "transfers_s": {k: float(v) for k, v in t.transfer_times},
                    "serial_s": serial, "overlapped_s": overlapped,

@@ -172,3 +172,11 @@ def test_only_a_launch_that_overlaps_is_ranked_by_its_roofline(attention: object
     # one stage and one program per SM: loads wait for compute and compute for loads
     alone = dataclasses.replace(plan, num_stages=1, occupancy=1, overlaps=False)
     assert estimate(c, work, alone).ranked == estimate(c, work, None).ranked == piped.serial
+
+
+def test_a_configurations_transfer_time_counts_the_way_through_the_l2_once(attention: object) -> None:
+    _, c = attention  # type: ignore[misc]
+    best = search(c, top=1, relax=True).rows[0]
+    t = timing(c, best.tiles)
+    moved = dict(t.transfer_times)
+    assert best.transfer_time == pytest.approx(t.serial - t.flop_time) == pytest.approx(max(moved["smem"], moved["l2"]))

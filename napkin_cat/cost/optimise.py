@@ -200,6 +200,7 @@ class Config:
     tiles: dict[str, int]
     memory: dict[str, float]
     transfers: dict[str, float]
+    #: the transfers' serial seconds (``roofline.Seconds.transfer``: bytes through an implicit L2 once)
     transfer_time: float
     #: the programs of the grid these tiles make, and ``cost.parallel_factor`` of them on the
     #: hardware's SMs
@@ -386,9 +387,8 @@ def _ranked(c: Cost, cons: dict[str, _TileRule], top: int, limit: int) -> Config
         t = estimate(c, work, plan)
         programs = work[len(levels) + 2]
         factor = parallel_factor(programs, c.hardware.sms)
-        transfer = sum(s for _, s in t.transfers)
         rows.append((t.ranked * factor, t.serial * factor, trips,
-                     Config(tiles, memory, moved, transfer, programs, factor, t.ranked * factor, plan,
+                     Config(tiles, memory, moved, t.transfer, programs, factor, t.ranked * factor, plan,
                             t.serial * factor)))
     rows.sort(key=lambda r: (float(f"{r[0]:.9g}"), float(f"{r[1]:.9g}"), r[2]))
     return ConfigTable(tuple(r[3] for r in rows[:top]), {n: tuple(cons[n].causes) for n in names}, len(combos))

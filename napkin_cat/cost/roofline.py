@@ -48,6 +48,11 @@ class Seconds:
     overlapped: float
     ranked: float
 
+    @property
+    def transfer(self) -> float:
+        """The transfers' share of the serial time (the L2 path counted once)."""
+        return self.serial - self.compute
+
 
 def estimate(c: Cost, work: Sequence[float], launch: Launch | None = None) -> Seconds:
     """The time of ``c.work`` evaluated at one configuration (``work``, in its order), launched

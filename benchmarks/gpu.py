@@ -65,6 +65,18 @@ def bench(fn: Callable[[], Any], warmup: int, iters: int) -> tuple[float, float]
     return statistics.median(times), min(times)
 
 
+def timed(fn: Callable[[], Any], flops: float, dry: bool, iters: int = 20) -> dict[str, float]:
+    """A case's row fields: median and min milliseconds (``bench``), TFLOP/s and % of peak."""
+    median, best = bench(fn, warmup=1 if dry else 3, iters=2 if dry else iters)
+    return {"median_ms": median * 1e3, "min_ms": best * 1e3, "tflops": flops / median / 1e12,
+            "pct_peak": 100 * flops / median / PEAK_BF16}
+
+
+def failed(exc: Exception) -> dict[str, str]:
+    """The row field of a baseline that cannot run here: reported, not fatal."""
+    return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"}
+
+
 def napkin_theorem(causal: bool) -> Any:
     from napkin_cat.proof import theorem
 
@@ -132,11 +144,9 @@ def attention_cases(n: int, d: int, causal: bool, dry: bool, tiles: dict[str, in
     for name, fn in cases.items():
         row: dict[str, Any] = {"kernel": f"attention d={d}{' causal' if causal else ''}", "impl": name, "n": n}
         try:
-            median, best = bench(fn, warmup=1 if dry else 3, iters=2 if dry else 20)
-            row |= {"median_ms": median * 1e3, "min_ms": best * 1e3, "tflops": flops / median / 1e12,
-                    "pct_peak": 100 * flops / median / PEAK_BF16}
-        except Exception as exc:  # a baseline that cannot run here is reported, not fatal
-            row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
+            row |= timed(fn, flops, dry)
+        except Exception as exc:
+            row |= failed(exc)
         if name == "napkin":
             row |= {"max_err": err, "pred_hbm_mb": hbm / 1e6, "min_hbm_mb": minimal / 1e6,
                     "pred_ms": t_pred * 1e3}
@@ -189,13 +199,11 @@ def backward_cases(n: int, d: int, causal: bool, dry: bool) -> list[dict[str, An
     for name, fn in cases.items():
         row: dict[str, Any] = {"kernel": f"attention grad d={d}{' causal' if causal else ''}", "impl": name, "n": n}
         try:
-            median, best = bench(lambda fn=fn: fn(q, k, v), warmup=1 if dry else 3, iters=2 if dry else 10)
+            row |= timed(lambda fn=fn: fn(q, k, v), flops, dry, iters=10)
             scratch = fn.lower(q, k, v).compile().memory_analysis()
-            row |= {"median_ms": median * 1e3, "min_ms": best * 1e3, "tflops": flops / median / 1e12,
-                    "pct_peak": 100 * flops / median / PEAK_BF16,
-                    "temp_mb": None if scratch is None else scratch.temp_size_in_bytes / 2**20}
-        except Exception as exc:  # a baseline that cannot run here is reported, not fatal
-            row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
+            row["temp_mb"] = None if scratch is None else scratch.temp_size_in_bytes / 2**20
+        except Exception as exc:
+            row |= failed(exc)
         if name == "napkin":
             row["max_err"] = err
         rows.append(row)
@@ -225,9 +233,7 @@ def matmul_cases(n: int, dry: bool, tiles: dict[str, int]) -> list[dict[str, Any
     for name, fn in {"napkin": lambda: ours(a, b),
                      "jnp.dot": jax.jit(lambda: jnp.dot(a, b, preferred_element_type=jnp.float32))}.items():
         row: dict[str, Any] = {"kernel": "matmul", "impl": name, "n": n}
-        median, best = bench(fn, warmup=1 if dry else 3, iters=2 if dry else 20)
-        row |= {"median_ms": median * 1e3, "min_ms": best * 1e3, "tflops": flops / median / 1e12,
-                "pct_peak": 100 * flops / median / PEAK_BF16}
+        row |= timed(fn, flops, dry)
         if name == "napkin":
             row |= {"max_err": err, "pred_hbm_mb": hbm / 1e6, "min_hbm_mb": 3 * n * n * 2 / 1e6,
                     "pred_ms": t_pred * 1e3}

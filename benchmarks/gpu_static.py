@@ -9,8 +9,8 @@ at its default blocks) is cross-lowered for CUDA against an abstract "NVIDIA H20
 Triton IR each `pallas_call` hands to XLA is captured with its `num_warps`, `num_stages` and
 grid (a private jax API, pinned to jax 0.11.2: a clear error if it moves).  The `triton`
 package (the optional extra `napkin-cat[static-gpu]`; any interpreter that has it, it needs
-no jax) compiles each for sm_90a; its bundled `ptxas -v` gives registers and spill bytes,
-`cuobjdump -sass` the SASS.  The main loop is the backward branch spanning the most
+no jax) compiles each for sm_90a, from the TTIR passes on as XLA does; its bundled `ptxas -v`
+gives registers and spill bytes, `cuobjdump -sass` the SASS.  The main loop is the backward branch spanning the most
 instructions; per score element it runs loop instructions x 32 x num_warps / (block_q x block_k).
 
 Cases: bf16, N = 8192, one batch; causal and not; d = 64 and 128; 1 and 16 heads.  napkin's
@@ -62,12 +62,27 @@ def sass_loop(sass: str) -> dict[str, int]:
 def compile_all(folder: Path) -> None:
     """Compile every kernel of ``folder/manifest.json`` and write ``folder/compiled.json``."""
     import triton  # the optional extra
+    from triton._C.libtriton import ir
     from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
 
+    target = GPUTarget("cuda", 90, 32)
+    backend = make_backend(target)
     tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     out = []
     for entry in json.loads((folder / "manifest.json").read_text()):
-        kernel = triton.compile(str(folder / entry["ttir"]), target=GPUTarget("cuda", 90, 32),
+        # triton.compile starts an IR file after that IR's own stage; XLA runs the TTIR passes
+        # (canonicalize, combine: acc + dot(a, b) -> dot(a, b, acc), CSE, ...) on what Pallas
+        # hands it (MakeTTIR in its compilation_pipeline_cuda.cc), so run them first.
+        context = ir.context()
+        ir.load_dialects(context)
+        backend.load_dialects(context)
+        module = ir.parse_mlir_module(str(folder / entry["ttir"]), context)
+        module.context = context
+        options = backend.parse_options({"num_warps": entry["num_warps"], "num_stages": entry["num_stages"]})
+        ttir = folder / f"{entry['id']}.opt.ttir"
+        ttir.write_text(str(backend.make_ttir(module, {}, options, target.arch)))
+        kernel = triton.compile(str(ttir), target=target,
                                 options={"num_warps": entry["num_warps"], "num_stages": entry["num_stages"]})
         ptx, cubin = folder / f"{entry['id']}.ptx", folder / f"{entry['id']}.cubin"
         ptx.write_text(kernel.asm["ptx"])

@@ -250,14 +250,27 @@ def _emit_loop(lay: Layout, env: dict[str, Value], scope: Scope, in_refs: Sequen
     if full is None:
         loop = cg.call("lax.fori_loop", lo, hi, cg.name(body), emit_identity(lay, scope))
     else:
+        # A side with no bound (a causal mask's first chunks, say) gets no loop of its own: each
+        # pipelined loop Triton compiles holds its own registers (README "Kernels").
         kept = _emit_body(lay, env, scope, in_refs, out_refs, full[2])
-        first = block.bind("full_first", cg.call("jnp.minimum", cg.call("jnp.maximum", full[0], lo), hi))
+        head = not (_is_zero(full[0]) and _is_zero(lo))
+        first = block.bind("full_first", cg.call("jnp.minimum", cg.call("jnp.maximum", full[0], lo), hi)) \
+            if head else lo
         end = block.bind("full_end", cg.call("jnp.maximum", cg.call("jnp.minimum", full[1], hi), first))
-        carry = block.bind("carry", cg.call("lax.fori_loop", lo, first, cg.name(body), emit_identity(lay, scope)))
-        carry = block.bind("carry", cg.call("lax.fori_loop", first, end, cg.name(kept), carry))
-        loop = cg.call("lax.fori_loop", end, hi, cg.name(body), carry)
+        carry: ast.expr = emit_identity(lay, scope)
+        if head:
+            carry = block.bind("carry", cg.call("lax.fori_loop", lo, first, cg.name(body), carry))
+        if full[1] is trips and hi is trips:
+            loop = cg.call("lax.fori_loop", first, end, cg.name(kept), carry)
+        else:
+            carry = block.bind("carry", cg.call("lax.fori_loop", first, end, cg.name(kept), carry))
+            loop = cg.call("lax.fori_loop", end, hi, cg.name(body), carry)
     block.emit(cg.assign(finals, loop) if finals else ast.Expr(loop))
     emit_after(lay, env, scope, [Value(cg.name(n), s.axes) for n, s in zip(finals, state, strict=True)])
+
+
+def _is_zero(e: ast.expr) -> bool:
+    return isinstance(e, ast.Constant) and e.value == 0
 
 
 def _emit_body(lay: Layout, env: dict[str, Value], scope: Scope, in_refs: Sequence[str], out_refs: Sequence[str],

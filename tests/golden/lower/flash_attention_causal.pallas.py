@@ -120,11 +120,9 @@ def flash_attention_causal_forward(Q, K, V, *, interpret=None):
             update_t_11_2 = update_c_2[:, None] * O_o_3
             update_o_2 = update_t_11_2 + update_o_chunk_2
             return (update_m_2, update_l_2, update_o_2)
-        full_first = jnp.minimum(jnp.maximum(0, 0), end_chunk)
-        full_end = jnp.maximum(jnp.minimum(jnp.minimum(p['x'] // 32, (q_first + 1) // 32), end_chunk), full_first)
-        carry_3 = lax.fori_loop(0, full_first, body, (jnp.full((32,), -INF, jnp.float32), jnp.full((32,), 0.0, jnp.float32), jnp.full((32, p['d']), 0.0, jnp.float32)))
-        carry_4 = lax.fori_loop(full_first, full_end, body_2, carry_3)
-        O_m, O_l, O_o = lax.fori_loop(full_end, end_chunk, body, carry_4)
+        full_end = jnp.maximum(jnp.minimum(jnp.minimum(p['x'] // 32, (q_first + 1) // 32), end_chunk), 0)
+        carry_3 = lax.fori_loop(0, full_end, body_2, (jnp.full((32,), -INF, jnp.float32), jnp.full((32,), 0.0, jnp.float32), jnp.full((32, p['d']), 0.0, jnp.float32)))
+        O_m, O_l, O_o = lax.fori_loop(full_end, end_chunk, body, carry_3)
         final_t_1 = jnp.maximum(O_l, TINY)
         final_t_2 = O_o / final_t_1[:, None]
         out0_ref[...] = final_t_2.astype(out0_ref.dtype)

@@ -123,11 +123,9 @@ def streamed_stats_forward(X, *, interpret=None):
             lift_s_8 = jnp.sum(masked_6, axis=(1,))
             combine_t_1_8 = t_7_s_3 + lift_s_8
             return (combine_t_1_5, combine_t_1_6, combine_t_1_7, update_m_2, update_l_2, combine_t_1_8)
-        full_first = jnp.minimum(jnp.maximum(0, 0), p['v'] // 32)
-        full_end = jnp.maximum(jnp.minimum(jnp.minimum(p['v'] // 32, (t_first + 3 + 1) // 32), p['v'] // 32), full_first)
-        carry_3 = lax.fori_loop(0, full_first, body, (jnp.full((32,), -INF, jnp.float32), jnp.full((32,), INF, jnp.float32), jnp.full((32,), 0.0, jnp.float32), jnp.full((32,), -INF, jnp.float32), jnp.full((32,), 0.0, jnp.float32), jnp.full((32,), 0.0, jnp.float32)))
-        carry_4 = lax.fori_loop(full_first, full_end, body_2, carry_3)
-        t_1_s, t_2_s, t_3_s, t_4_m, t_4_l, t_7_s = lax.fori_loop(full_end, p['v'] // 32, body, carry_4)
+        full_end = jnp.maximum(jnp.minimum(jnp.minimum(p['v'] // 32, (t_first + 3 + 1) // 32), p['v'] // 32), 0)
+        carry_3 = lax.fori_loop(0, full_end, body_2, (jnp.full((32,), -INF, jnp.float32), jnp.full((32,), INF, jnp.float32), jnp.full((32,), 0.0, jnp.float32), jnp.full((32,), -INF, jnp.float32), jnp.full((32,), 0.0, jnp.float32), jnp.full((32,), 0.0, jnp.float32)))
+        t_1_s, t_2_s, t_3_s, t_4_m, t_4_l, t_7_s = lax.fori_loop(full_end, p['v'] // 32, body, carry_3)
         final_t_1 = t_3_s / float(n['v'])
         final_t_1_2 = jnp.log(t_4_l)
         final_t_2 = t_4_m + final_t_1_2

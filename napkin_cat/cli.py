@@ -256,7 +256,8 @@ def cmd_lower(args: argparse.Namespace) -> int:
             known = ", ".join(t.name for t in module.theorems) or "none"
             raise UsageError(f"no theorem `{name}` in {args.file} (theorems: {known})")
     tiles = _pairs(args.tile, "--tile", "NAME")
-    dtype, hardware = _dtype(args.dtype, KERNEL_DTYPES), _hardware(args.hardware)
+    dtype = _dtype(args.dtype, KERNEL_DTYPES)
+    hardware = _hardware(args.hardware) if args.hardware else None  # lower's default: by target
     outputs = Outputs(module.scope_files)
     outputs.check(args.output)
     thm = proof.theorem(args.file, args.theorem)
@@ -499,7 +500,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--target", choices=("pallas", "jax"), default="pallas", help="Pallas kernel or plain JAX")
     p.add_argument("--tile", action="append", metavar="NAME=N", help="a tile size by tile name or axis (repeatable)")
     p.add_argument("--dtype", default=DEFAULT_DTYPE, help=_DTYPE_HELP)
-    p.add_argument("--hardware", default="h100", help="hardware profile for default tiles (h100, h200, a100)")
+    p.add_argument("--hardware", help="hardware profile for default tiles (h100, h200, a100, cpu; default: h100 "
+                                      "for pallas, cpu for jax)")
     p.add_argument("--mesh", type=int, metavar="N", help="run the mesh partitions on N devices (jax.shard_map)")
     p.add_argument("--backward", metavar="T1,T2", help="theorems of the same file whose kernels compute the "
                    "gradients: the function becomes a jax.custom_vjp (README \"Training\")")
@@ -515,7 +517,7 @@ def _parser() -> argparse.ArgumentParser:
     p = command("derive", "search for the cheapest checked schedule of a diagram; write the proof")
     p.add_argument("file", help="the .ncd file")
     p.add_argument("diagram", help="the diagram to schedule")
-    p.add_argument("--hardware", default="h100", help="hardware profile (h100, h200, a100)")
+    p.add_argument("--hardware", default="h100", help="hardware profile (h100, h200, a100, cpu)")
     p.add_argument("--dtype", default=DEFAULT_DTYPE, help=_DTYPE_HELP)
     sizes(p)
     p.add_argument("-o", "--output", required=True, help="OUT.ncd, the proof file to write")
@@ -530,7 +532,7 @@ def _parser() -> argparse.ArgumentParser:
         p = command(name, text)
         p.add_argument("file", help="the proof file")
         p.add_argument("theorem", help="the theorem")
-        p.add_argument("--hardware", default="h100", help="hardware profile (h100, h200, a100)")
+        p.add_argument("--hardware", default="h100", help="hardware profile (h100, h200, a100, cpu)")
         p.add_argument("--dtype", default=DEFAULT_DTYPE, help=_DTYPE_HELP)
         sizes(p)
         p.add_argument("--stages", type=_count(1), default=1,

@@ -12,8 +12,8 @@ from napkin_cat.cost import hardware as hw
 from napkin_cat.terms import LEVELS
 
 
-def test_three_profiles_ship_inside_the_package() -> None:
-    assert {"h100", "h200", "a100"} <= set(hw.available())
+def test_the_profiles_ship_inside_the_package() -> None:
+    assert {"h100", "h200", "a100", "cpu"} <= set(hw.available())
     for key in hw.available():
         assert resources.files("napkin_cat.cost.hardware").joinpath(f"{key}.toml").is_file()
 
@@ -34,7 +34,19 @@ def test_profile_levels_are_ordered_and_positive(key: str) -> None:
     assert prof.peak_flops("bf16") > prof.peak_flops("f32")
 
 
-@pytest.mark.parametrize("key", ["h100", "h200", "a100"])
+def test_the_cpu_profile_prices_loop_trips_and_elementwise_work() -> None:
+    """The profile measured on this project's machine (benchmarks/cpu_profile.py): main memory
+    and the last-level cache as hbm and smem, no registers level, one program at a time, a
+    cost per loop trip and a rate for non-contraction work; the GPU profiles have neither."""
+    cpu = hw.load("cpu")
+    assert [lv.name for lv in cpu.levels] == ["hbm", "smem"] and cpu.sms == 1
+    assert cpu.level("smem").capacity < cpu.level("hbm").capacity
+    assert cpu.loop_overhead > 0 and cpu.elementwise is not None and 0 < cpu.elementwise < cpu.peak_flops("f32")
+    for key in ("h100", "h200", "a100"):
+        assert hw.load(key).loop_overhead == 0 and hw.load(key).elementwise is None
+
+
+@pytest.mark.parametrize("key", ["h100", "h200", "a100", "cpu"])
 def test_every_number_cites_a_source(key: str) -> None:
     text = resources.files("napkin_cat.cost.hardware").joinpath(f"{key}.toml").read_text(encoding="utf-8")
     numbers = [line for line in text.splitlines() if re.match(r"^\w+ = [0-9]", line)]

@@ -198,12 +198,19 @@ class Cost:
     def work(self) -> tuple[Expr, ...]:
         """What ``cost.roofline`` times, as expressions in the sizes and tiles: the bytes moved
         into each level below hbm, the contraction FLOPs, the other FLOPs (boxes and folds),
-        the programs, then for each array loaded from hbm (``loaded_from_hbm``'s order) the
-        bytes loaded and its own bytes (which of those loads are re-reads an L2 can serve)."""
+        the programs, the loop trips (``iterations``), then for each array loaded from hbm
+        (``loaded_from_hbm``'s order) the bytes loaded and its own bytes (which of those loads
+        are re-reads an L2 can serve)."""
         flat = self.program.nest.flat
         pairs = [(n, _size(self.program, flat.type_of(a)) * self.bytes_of[a]) for a, n in self._loads.items()]
         return (*(lv.transfers_bytes for lv in self.levels[1:]), self.contract_flops, self.other_flops, self.programs,
-                *(e for pair in pairs for e in pair))
+                self.iterations, *(e for pair in pairs for e in pair))
+
+    @property
+    def iterations(self) -> Expr:
+        """How many times the innermost loop body runs: every loop's trips multiplied (the
+        grid's programs times each program's chunks)."""
+        return sympy.Mul(*self.program.trips)
 
     @functools.cached_property
     def _loads(self) -> dict[str, Expr]:

@@ -368,7 +368,7 @@ def _ranked(c: Cost, cons: dict[str, _TileRule], top: int, limit: int) -> Config
     capacity = [c.hardware.level(lv.name).capacity for lv in levels]
     launched = bool(c.hardware.launch)
     chip = list(c.on_chip) if launched else []
-    exprs = [lv.memory_bytes for lv in levels] + [sympy.Mul(*c.program.trips)] + chip + list(c.work)
+    exprs = [lv.memory_bytes for lv in levels] + [c.iterations] + chip + list(c.work)
     fn = sympy.lambdify(symbols, exprs, modules=[{"Max": max, "Min": min, "ceiling": math.ceil}, "math"])
     # with launch rules, the compute level's capacity is the launch's: loaded blocks in shared
     # memory (per pipeline stage), computed tiles in the register budget (``Cost.launched``)

@@ -212,7 +212,7 @@ def _numeric(c: Cost, out: dict[str, Any]) -> None:
     # FLOPs per byte of hbm traffic; None where nothing moves through hbm (no ratio exists)
     intensity = t.intensity if math.isfinite(t.intensity) else None
     groups, factor = chosen.programs, chosen.factor
-    out["time"] = {"tiles": dict(best), "flops_s": float(t.flop_time),
+    out["time"] = {"tiles": dict(best), "flops_s": float(t.flop_time), "loop_overhead_s": float(t.overhead),
                    "transfers_s": {k: float(v) for k, v in t.transfer_times},
                    "serial_s": serial, "overlapped_s": overlapped,
                    "intensity_flop_per_byte": intensity, "ridge_flop_per_byte": t.ridge,
@@ -314,7 +314,8 @@ def format_report(r: Mapping[str, Any]) -> str:
         per = ", ".join(f"{k} {v:.4g}s" if k != "l2" else f"the same bytes through the l2 {v:.4g}s"
                         for k, v in t["transfers_s"].items())
         b = r["baseline"]["time_s"]
-        lines += ["", f"time at {t['tiles']}: FLOPs {t['flops_s']:.4g}s; transfers {per}",
+        loops = f"; loop overhead {t['loop_overhead_s']:.4g}s" if t["loop_overhead_s"] else ""
+        lines += ["", f"time at {t['tiles']}: FLOPs {t['flops_s']:.4g}s; transfers {per}{loops}",
                   f"  serial (sum) {t['serial_s']:.4g}s; overlapped (max) {t['overlapped_s']:.4g}s; "
                   + _intensity(t),
                   f"  {t['parallel_groups']:.0f} programs (parallel groups) on {t['sms']} SMs"

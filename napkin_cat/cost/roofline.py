@@ -15,6 +15,9 @@ hardware profile.  One place for the tile search (``optimise.search``), ``napkin
   ``r`` times is shared by ``r`` programs; where those run next to each other
   (``Cost.loaded_from_hbm``: the lowering's grid order) the programs in flight touch
   ``(in flight + r) / r`` distinct blocks of it, else up to one block each.
+- **Loop overhead**: a profile's ``loop_overhead`` seconds for each trip of the innermost
+  loop body (``Cost.iterations``), added to both times; zero on the GPUs, where a program's
+  loop is compiled code.  XLA:CPU runs each trip as a sequence of library calls.
 - **Serial** adds compute and transfers (a byte's way from hbm through the L2 counted once, at
   the slower of the two); **overlapped** takes their maximum (a roofline).  A
   Triton program whose launch pipelines its streamed chunks (``num_stages`` >= 2) or shares its
@@ -39,19 +42,21 @@ __all__ = ["Seconds", "Timing", "compute_seconds", "estimate", "timing"]
 class Seconds:
     """A configuration's modelled time: compute, each level's transfers (``l2``: the traffic of
     the level below hbm through an L2 the schedule does not name; that level's own entry is its
-    hbm side), their sum (``serial``, the L2 path counted once) and maximum, and ``ranked``:
-    what the tile search ranks by (before the grid's parallel factor)."""
+    hbm side), their sum (``serial``, the L2 path counted once) and maximum, each plus the
+    loops' ``overhead`` (trips x the profile's ``loop_overhead``), and ``ranked``: what the
+    tile search ranks by (before the grid's parallel factor)."""
 
     compute: float
     transfers: tuple[tuple[str, float], ...]
     serial: float
     overlapped: float
     ranked: float
+    overhead: float = 0.0
 
     @property
     def transfer(self) -> float:
         """The transfers' share of the serial time (the L2 path counted once)."""
-        return self.serial - self.compute
+        return self.serial - self.compute - self.overhead
 
 
 def estimate(c: Cost, work: Sequence[float], launch: Launch | None = None) -> Seconds:
@@ -60,9 +65,10 @@ def estimate(c: Cost, work: Sequence[float], launch: Launch | None = None) -> Se
     hw = c.hardware
     levels = c.levels[1:]
     moved = list(work[:len(levels)])
-    contract, other, programs = work[len(levels):len(levels) + 3]
-    loads = work[len(levels) + 3:]
+    contract, other, programs, iterations = work[len(levels):len(levels) + 4]
+    loads = work[len(levels) + 4:]
     compute = compute_seconds(c, contract, other)
+    overhead = iterations * hw.loop_overhead
     transfers: list[tuple[str, float]] = []
     l2 = _implicit_l2(c)
     path = 0.0  # the serial time of the transfers: a byte through hbm and the L2 counted once
@@ -84,16 +90,19 @@ def estimate(c: Cost, work: Sequence[float], launch: Launch | None = None) -> Se
         else:
             transfers.append((lv.name, bytes_moved / bandwidth))
             path += transfers[-1][1]
-    overlapped = max([compute, *(t for _, t in transfers)])
-    return Seconds(compute, tuple(transfers), compute + path, overlapped,
-                   overlapped if launch is not None and launch.overlaps else compute + path)
+    overlapped = max([compute, *(t for _, t in transfers)]) + overhead
+    serial = compute + overhead + path
+    return Seconds(compute, tuple(transfers), serial, overlapped,
+                   overlapped if launch is not None and launch.overlaps else serial, overhead)
 
 
 def compute_seconds(c: Cost, contract: Any, other: Any) -> Any:
     """Compute time (numbers or sympy expressions): ``contract`` FLOPs at the dtype's peak,
-    ``other`` FLOPs at the f32 peak (the dtype's where the profile gives no f32 peak)."""
-    peak = c.hardware.peak_flops(c.dtype)
-    return contract / peak + other / c.hardware.peak.get("f32", peak)
+    ``other`` FLOPs at the profile's ``elementwise`` rate, else at the f32 peak (the dtype's
+    where the profile gives no f32 peak)."""
+    hw = c.hardware
+    peak = hw.peak_flops(c.dtype)
+    return contract / peak + other / (hw.elementwise or hw.peak.get("f32", peak))
 
 
 def _implicit_l2(c: Cost) -> Level | None:
@@ -107,9 +116,10 @@ def _implicit_l2(c: Cost) -> Level | None:
 @dataclass(frozen=True)
 class Timing:
     """A time estimate (seconds, ``cost.roofline``): compute (``flop_time``: contractions at
-    the dtype's peak, other FLOPs at f32's), each level's transfers, their sum (``serial``) and
-    maximum (``overlapped``); ``intensity`` is FLOPs per byte hbm serves (after the L2's
-    hits), ``ridge`` the dtype's peak per byte of hbm bandwidth."""
+    the dtype's peak, other FLOPs at the elementwise rate), each level's transfers, their sum
+    (``serial``) and maximum (``overlapped``), each plus the loops' ``overhead``;
+    ``intensity`` is FLOPs per byte hbm serves (after the L2's hits), ``ridge`` the dtype's
+    peak per byte of hbm bandwidth."""
 
     flop_time: float
     transfer_times: tuple[tuple[str, float], ...]
@@ -117,6 +127,7 @@ class Timing:
     overlapped: float
     intensity: float
     ridge: float
+    overhead: float = 0.0
 
 
 def timing(c: Cost, values: Mapping[str, float | int] | None = None) -> Timing:
@@ -132,4 +143,4 @@ def timing(c: Cost, values: Mapping[str, float | int] | None = None) -> Timing:
     t = estimate(c, work, c.launched(vals))
     hbm = dict(t.transfers)[c.first.name] * (c.hardware.level("hbm").bandwidth or 0.0)  # what hbm serves
     return Timing(t.compute, t.transfers, t.serial, t.overlapped, flops / hbm if hbm else math.inf,
-                  c.hardware.ridge(c.dtype, "hbm"))
+                  c.hardware.ridge(c.dtype, "hbm"), t.overhead)

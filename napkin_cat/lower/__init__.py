@@ -40,8 +40,8 @@ from napkin_cat.printer import print_diagram, print_step
 from napkin_cat.schedule.loopnest import flatten, woven_axes
 from napkin_cat.terms import Diagram, Partition, Schedule
 
-__all__ = ["DEFAULT_TILE", "DTYPES", "KERNEL_DTYPES", "REPRESENTATIVE_SIZE", "TARGETS", "Lowered", "default_tiles",
-           "lower", "realised_schedule"]
+__all__ = ["DEFAULT_HARDWARE", "DEFAULT_TILE", "DTYPES", "KERNEL_DTYPES", "REPRESENTATIVE_SIZE", "TARGETS", "Lowered",
+           "default_tiles", "lower", "realised_schedule"]
 
 TARGETS = ("pallas", "jax")
 
@@ -59,6 +59,11 @@ DEFAULT_TILE = 64
 
 #: the size assumed for symbolic axes when the cost model picks default tiles
 REPRESENTATIVE_SIZE = 4096
+
+#: the hardware profile each target's default tiles and cost bound come from when none is
+#: given: Pallas kernels are GPU kernels; the plain-JAX target is napkin's CPU path, priced on
+#: the profile measured on this project's machine (``cost/hardware/cpu.toml``)
+DEFAULT_HARDWARE: dict[str, str] = {"pallas": "h100", "jax": "cpu"}
 
 #: names the emitted module defines or its code reads: no theorem, input or binding may take
 #: one (a theorem named `len` would shadow the builtin its helpers call), nor any builtin
@@ -85,19 +90,21 @@ class Lowered:
     function: str = ""
 
 
-def default_tiles(diagram: Diagram, schedule: Schedule, hardware: str | None = None) -> tuple[dict[str, int], str]:
+def default_tiles(diagram: Diagram, schedule: Schedule, hardware: str | None = None,
+                  dtype: str = "bf16") -> tuple[dict[str, int], str]:
     """A size for every symbolic tile, and where it came from.
 
     The cost model's integer search (``optimise.search``: capacities, tensor-core and
-    Triton constraints of ``hardware``, default h100) picks the tiles for symbolic axes
-    of ``REPRESENTATIVE_SIZE``; without a cost model result every tile is ``DEFAULT_TILE``.
+    Triton constraints of ``hardware``, default h100; arrays in ``dtype``) picks the tiles
+    for symbolic axes of ``REPRESENTATIVE_SIZE``; without a cost model result every tile is
+    ``DEFAULT_TILE``.
     """
     names = [p.tile for p in schedule.partitions if isinstance(p.tile, str)]
     if not names:
         return {}, "fixed by the proof"
     try:
         sizes = {a.name: REPRESENTATIVE_SIZE for a in diagram.axes if a.size is None}
-        model = cost.cost_of(diagram, schedule, hardware or "h100", sizes=sizes)
+        model = cost.cost_of(diagram, schedule, hardware or "h100", sizes=sizes, dtype=dtype)
         rows = optimise.search(model, top=1, relax=True).rows
         if rows and set(names) <= set(rows[0].tiles):
             return {n: int(rows[0].tiles[n]) for n in names}, (
@@ -157,7 +164,9 @@ def _place(name: str, diagram: Diagram, schedule: Schedule, target: str, tiles: 
             given[p.tile] = given[p.axis]
     missing = [p.tile for p in device.partitions if isinstance(p.tile, str) and p.tile not in given]
     if missing:
-        defaults, origin = default_tiles(diagram, realised_schedule(diagram, device, target), hardware)
+        # the plain-JAX target computes every array in f32, its loaded chunks included
+        defaults, origin = default_tiles(diagram, realised_schedule(diagram, device, target), hardware,
+                                         "f32" if target == "jax" else "bf16")
         origin = f"{', '.join(sorted(given))} given; the others: {origin}" if given else origin
     else:
         defaults, origin = {}, "given" if given else "fixed by the proof"
@@ -179,6 +188,7 @@ def _lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str
     dtype_name = _dtype_name(dtype)
     if hardware is not None and hardware not in hw.available():
         raise NapkinError(error("lower.hardware", hardware=hardware, known=", ".join(hw.available())))
+    hardware = hardware or DEFAULT_HARDWARE[target]
     plan = None if mesh is None else mesh_target.mesh_plan(name, schedule, mesh)
     placed = _place(name, diagram, schedule, target, tiles, hardware, chosen)
     lay = placed.layout

@@ -1,6 +1,7 @@
 """Hardware profiles as data: memory levels, capacities, bandwidths, peak FLOP/s, tile constraints.
 
-Each profile is a TOML file in this package (``h100.toml``, ``h200.toml``, ``a100.toml``),
+Each profile is a TOML file in this package (``h100.toml``, ``h200.toml``, ``a100.toml``,
+``cpu.toml``),
 read with ``tomllib`` through ``importlib.resources`` so that it ships inside the wheel.
 Every number in a profile cites its source in a comment.
 
@@ -74,7 +75,10 @@ class Hardware:
     ``tensor_core`` holds ``m``, ``n`` (values) and ``k_bytes`` for contraction operands;
     ``devices`` is the devices per node that the ``mesh`` level joins (1 without one);
     ``launch`` the keywords of ``cost.launch.launch`` (registers per thread, warps, register
-    budget, stages) for a Triton program, empty for a profile without them.
+    budget, stages) for a Triton program, empty for a profile without them; ``elementwise``
+    the FLOP/s of work that is not a contraction (None: the f32 peak, a GPU's CUDA cores);
+    ``loop_overhead`` the seconds each trip of the kernel's loops costs beyond its work (a
+    processor that runs a kernel's loop body as a sequence of library calls, XLA:CPU's).
     """
 
     key: str
@@ -86,6 +90,8 @@ class Hardware:
     tensor_core: dict[str, int] = field(compare=False)
     devices: int = 1
     launch: dict[str, Any] = field(default_factory=dict, compare=False)
+    elementwise: float | None = None
+    loop_overhead: float = 0.0
 
     def level(self, name: str) -> Level:
         for level in self.levels:
@@ -116,7 +122,7 @@ def available() -> tuple[str, ...]:
 
 
 def load(key: str) -> Hardware:
-    """Read a profile by name (``h100``, ``h200``, ``a100``); raises HardwareError."""
+    """Read a profile by name (``h100``, ``h200``, ``a100``, ``cpu``); raises HardwareError."""
     key = key.lower()
     if key not in available():
         raise HardwareError(f"no hardware profile `{key}` (profiles: {', '.join(available())})")
@@ -135,6 +141,8 @@ def load(key: str) -> Hardware:
         peak = {canonical_dtype(k): float(v) for k, v in data["peak"].items()}
         return Hardware(key, str(data["name"]), int(data["sms"]), levels, peak,
                         dict(data.get("divisibility", {})), dict(data.get("tensor_core", {})),
-                        int(raw_levels.get("mesh", {}).get("devices", 1)), dict(data.get("launch", {})))
+                        int(raw_levels.get("mesh", {}).get("devices", 1)), dict(data.get("launch", {})),
+                        float(data["elementwise"]) if "elementwise" in data else None,
+                        float(data.get("loop_overhead", 0.0)))
     except KeyError as exc:
         raise HardwareError(f"{key}.toml: missing field {exc}") from None

@@ -1,0 +1,157 @@
+"""Measure this CPU for napkin's `cpu` hardware profile (napkin_cat/cost/hardware/cpu.toml) and
+check the tile choice that profile drives against measured times.
+
+    .venv/bin/python benchmarks/cpu_profile.py [--n 8192] [--rounds 7]
+
+1. **Rates**: XLA:CPU's dot (1024 x 64 by 64 x 1024 into f32, a score tile's) in f32, bf16 and
+   f16, and a read of 512 MiB (a sum) for the memory bandwidth.
+2. **A grid** of napkin's streamed attention (`flash_attention_prescaled` of
+   proofs/flash_attention.ncd, the plain-JAX target, f32, d = 64, q = x = n) at query blocks
+   `gq` and key chunks `sx`, powers of two, timed round-robin: every configuration once per
+   round, the median of `--rounds`, so that a shared machine's drift hits all alike.
+3. **A fit** of the grid's times, less the bytes at the read bandwidth (the time model's terms
+   as `napkin_cat.cost` counts them at each configuration), to the contraction FLOPs over a
+   rate plus the fold FLOPs over an elementwise rate plus the loop trips times a loop overhead
+   (least squares; at one n the contraction FLOPs are the same for every tile, so that rate is
+   the attention kernel's own, its elementwise boxes included). The profile's f32 peak,
+   `elementwise` and `loop_overhead` come from here; its bf16 and f16 peaks scale the f32 one
+   by the dots' measured ratios.
+4. **The check**: the tiles `optimise.search` chooses on the `cpu` profile at q = x = n (the
+   default tiles of `--target jax`), their measured time and rank among the grid's.
+
+Last line: `model_pick=GQxSX pick_vs_best=R rank=K/M` (R: the pick's measured time over the
+grid's best). JSON to results/cpu_profile.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from harness import machine, write
+
+D = 64
+
+
+def _median(fn: Any, repeats: int = 7) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def rates() -> dict[str, float]:
+    import jax
+    import jax.numpy as jnp
+
+    key = jax.random.PRNGKey(0)
+    out = {}
+    for name, dtype in (("f32", jnp.float32), ("bf16", jnp.bfloat16), ("f16", jnp.float16)):
+        a = jax.random.normal(key, (1024, D), dtype)
+        b = jax.random.normal(key, (D, 1024), dtype)
+        dot = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32))
+        out[f"dot_{name}_flops"] = 2 * 1024 * D * 1024 / _median(lambda f=dot, a=a, b=b: jax.block_until_ready(f(a, b)))
+    y = jnp.ones((128 * 2**20,), jnp.float32)
+    total = jax.jit(jnp.sum)
+    out["read_bytes_per_s"] = y.size * 4 / _median(lambda: jax.block_until_ready(total(y)))
+    return out
+
+
+def grid(n: int, rounds: int, tiles: list[tuple[int, int]]) -> dict[tuple[int, int], float]:
+    import jax
+
+    from napkin_cat.lower import lower
+    from napkin_cat.proof import theorem
+
+    thm = theorem(str(Path(__file__).resolve().parent.parent / "proofs" / "flash_attention.ncd"),
+                  "flash_attention_prescaled")
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    q, k, v = (jax.random.normal(x, (n, D), jax.numpy.float32) for x in keys)
+    fns = {}
+    for gq, sx in tiles:
+        fn = jax.jit(lower(thm, target="jax", tiles={"gq": gq, "sx": sx}, dtype="f32").fn)
+        jax.block_until_ready(fn(q, k, v))
+        fns[gq, sx] = fn
+    times: dict[tuple[int, int], list[float]] = {t: [] for t in tiles}
+    for _ in range(rounds):
+        for t, fn in fns.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(q, k, v))
+            times[t].append(time.perf_counter() - t0)
+    return {t: statistics.median(ts) for t, ts in times.items()}
+
+
+def model(n: int) -> Any:
+    from napkin_cat.cost import cost
+    from napkin_cat.lower import realised_schedule
+    from napkin_cat.proof import theorem
+
+    thm = theorem(str(Path(__file__).resolve().parent.parent / "proofs" / "flash_attention.ncd"),
+                  "flash_attention_prescaled")
+    return cost(thm, realised_schedule(thm.result, thm.schedule, "jax"), hardware="cpu", sizes={"q": n, "x": n},
+                dtype="f32")
+
+
+def main() -> None:
+    import numpy as np
+
+    from napkin_cat.cost.optimise import search
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=8192, help="q = x (default 8192)")
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+    n = args.n
+    measured = rates()
+    for k, v in measured.items():
+        print(f"{k}: {v:.4g}")
+    c = model(n)
+    pick = {k: int(v) for k, v in search(c, top=1).rows[0].tiles.items()}
+    tiles = sorted({(gq, sx) for gq in (256, 512, 1024, 2048, 4096, 8192, 16384)
+                    for sx in (32, 64, 128, 256, 512, 1024, 2048) if gq <= n and sx <= n}
+                   | {(pick["gq"], pick["sx"])})
+    times = grid(n, args.rounds, tiles)
+    rows, design, target = [], [], []
+    for (gq, sx), t in times.items():
+        at = {"gq": gq, "sx": sx}
+        terms = {name: float(c.at(e, at)) for name, e in (("contract", c.contract_flops), ("fold", c.fold_flops),
+                                                          ("iterations", c.iterations),
+                                                          ("bytes", c.first.transfers_bytes))}
+        rows.append({"gq": gq, "sx": sx, "median_s": t, **terms})
+        design.append([terms["contract"], terms["fold"], terms["iterations"]])
+        target.append(t - terms["bytes"] / measured["read_bytes_per_s"])
+    (per_contract, per_fold, per_trip), *_ = np.linalg.lstsq(np.array(design), np.array(target), rcond=None)
+    fit = {name: float(1 / per) if per > 0 else None
+           for name, per in (("f32_flops", per_contract), ("elementwise_flops", per_fold))}
+    fit["loop_overhead_s"] = float(per_trip)
+    residual = [t - float(np.dot(x, (per_contract, per_fold, per_trip))) for x, t in zip(design, target, strict=True)]
+    fit["rms_residual_s"] = float(np.sqrt(np.mean(np.square(residual))))
+    f32 = fit["f32_flops"] or float("nan")
+    scaled = {k: f32 * measured[f"dot_{k}_flops"] / measured["dot_f32_flops"] for k in ("bf16", "f16")}
+    print(f"fit: f32 {f32:.4g} FLOP/s (bf16 {scaled['bf16']:.3g}, f16 {scaled['f16']:.3g} by the dots' ratios), "
+          f"elementwise {fit['elementwise_flops'] or float('nan'):.4g} FLOP/s, loop overhead {per_trip:.4g}s per trip; "
+          f"rms residual {fit['rms_residual_s']:.3g}s")
+    ranked = sorted(rows, key=lambda r: r["median_s"])
+    print("gq     sx     median_s  iterations")
+    for r in ranked:
+        mark = "  <- the cpu profile's choice" if (r["gq"], r["sx"]) == (pick["gq"], pick["sx"]) else ""
+        print(f"{r['gq']:<6} {r['sx']:<6} {r['median_s']:.4f}    {r['iterations']:.0f}{mark}")
+    rank = 1 + next(i for i, r in enumerate(ranked) if (r["gq"], r["sx"]) == (pick["gq"], pick["sx"]))
+    ratio = times[pick["gq"], pick["sx"]] / ranked[0]["median_s"]
+    write("cpu_profile", {"machine": machine(), "n": n, "rounds": args.rounds, "rates": measured, "fit": fit,
+                          "pick": pick, "rows": rows})
+    print(f"model_pick={pick['gq']}x{pick['sx']} pick_vs_best={ratio:.2f} rank={rank}/{len(ranked)}")
+
+
+if __name__ == "__main__":
+    main()

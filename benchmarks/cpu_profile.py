@@ -35,19 +35,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness import machine, write
+from harness import machine, time_call, write
 
 D = 64
 
 
-def _median(fn: Any, repeats: int = 7) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def _median(fn: Any) -> float:
+    return float(time_call(fn, warmup=1, repeats=7)["median_s"])
 
 
 def rates() -> dict[str, float]:

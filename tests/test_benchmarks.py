@@ -51,6 +51,15 @@ def test_backward_benchmark_runs_every_case(tmp_path: Path) -> None:
     assert out.strip().splitlines()[-1].startswith("grad_speedup_vs_dpa=")
 
 
+def test_cpu_profile_script_measures_fits_and_ranks_the_choice(tmp_path: Path) -> None:
+    out = _run([str(BENCH / "cpu_profile.py"), "--n", "512", "--rounds", "1"], tmp_path)
+    result = json.loads((tmp_path / "cpu_profile.json").read_text())
+    assert result["rates"]["dot_f32_flops"] > 0 and result["fit"]["rms_residual_s"] >= 0
+    assert result["rows"] and all(row["median_s"] > 0 for row in result["rows"])
+    assert (result["pick"]["gq"], result["pick"]["sx"]) in {(row["gq"], row["sx"]) for row in result["rows"]}
+    assert out.strip().splitlines()[-1].startswith("model_pick=")
+
+
 def test_checker_benchmark_runs(tmp_path: Path) -> None:
     _run([str(BENCH / "checker_bench.py"), "--layers", "2", "--repeats", "1"], tmp_path)
     rows = json.loads((tmp_path / "checker_bench.json").read_text())["rows"]

@@ -248,7 +248,8 @@ def _constraints(c: Cost) -> dict[str, _TileRule]:
             continue
         causes, preferred, multiple, lowest = [], [], 1, 1
         if div.get("power_of_two"):
-            causes.append("power of two (Pallas Triton backend)")
+            causes.append("power of two (Pallas Triton backend)" if c.hardware.launch else
+                          f"power of two ({c.hardware.key} profile: a search grid, not a rule)")
             if lp.kind == "stream" and int(div.get("min_tile", 1)) > lowest:
                 # a stream chunk is an in-kernel block with no padding: the lowering's rule
                 lowest = int(div["min_tile"])

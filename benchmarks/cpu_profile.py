@@ -3,8 +3,8 @@ check the tile choice that profile drives against measured times.
 
     .venv/bin/python benchmarks/cpu_profile.py [--n 8192] [--rounds 7]
 
-1. **Rates**: XLA:CPU's dot (1024 x 64 by 64 x 1024 into f32, a score tile's) in f32, bf16 and
-   f16, and a read of 512 MiB (a sum) for the memory bandwidth.
+1. **Rates**: XLA:CPU's f32 dot (1024 x 64 by 64 x 1024, a score tile's) for reference, and a
+   read of 512 MiB (a sum) for the memory bandwidth.
 2. **A grid** of napkin's streamed attention (`flash_attention_prescaled` of
    proofs/flash_attention.ncd, the plain-JAX target, f32, d = 64, q = x = n) at query blocks
    `gq` and key chunks `sx`, powers of two, timed round-robin: every configuration once per
@@ -13,9 +13,9 @@ check the tile choice that profile drives against measured times.
    as `napkin_cat.cost` counts them at each configuration), to the contraction FLOPs over a
    rate plus the fold FLOPs over an elementwise rate plus the loop trips times a loop overhead
    (least squares; at one n the contraction FLOPs are the same for every tile, so that rate is
-   the attention kernel's own, its elementwise boxes included). The profile's f32 peak,
-   `elementwise` and `loop_overhead` come from here; its bf16 and f16 peaks scale the f32 one
-   by the dots' measured ratios.
+   the attention kernel's own, its elementwise boxes included). The profile's peak (every
+   dtype's: the plain-JAX target multiplies in f32 on a CPU), `elementwise` and
+   `loop_overhead` come from here.
 4. **The check**: the tiles `optimise.search` chooses on the `cpu` profile at q = x = n (the
    default tiles of `--target jax`), their measured time and rank among the grid's.
 
@@ -50,11 +50,10 @@ def rates() -> dict[str, float]:
 
     key = jax.random.PRNGKey(0)
     out = {}
-    for name, dtype in (("f32", jnp.float32), ("bf16", jnp.bfloat16), ("f16", jnp.float16)):
-        a = jax.random.normal(key, (1024, D), dtype)
-        b = jax.random.normal(key, (D, 1024), dtype)
-        dot = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32))
-        out[f"dot_{name}_flops"] = 2 * 1024 * D * 1024 / _median(lambda f=dot, a=a, b=b: jax.block_until_ready(f(a, b)))
+    a = jax.random.normal(key, (1024, D), jnp.float32)
+    b = jax.random.normal(key, (D, 1024), jnp.float32)
+    dot = jax.jit(jnp.dot)
+    out["dot_f32_flops"] = 2 * 1024 * D * 1024 / _median(lambda: jax.block_until_ready(dot(a, b)))
     y = jnp.ones((128 * 2**20,), jnp.float32)
     total = jax.jit(jnp.sum)
     out["read_bytes_per_s"] = y.size * 4 / _median(lambda: jax.block_until_ready(total(y)))
@@ -130,9 +129,7 @@ def main() -> None:
     fit["loop_overhead_s"] = float(per_trip)
     residual = [t - float(np.dot(x, (per_contract, per_fold, per_trip))) for x, t in zip(design, target, strict=True)]
     fit["rms_residual_s"] = float(np.sqrt(np.mean(np.square(residual))))
-    f32 = fit["f32_flops"] or float("nan")
-    scaled = {k: f32 * measured[f"dot_{k}_flops"] / measured["dot_f32_flops"] for k in ("bf16", "f16")}
-    print(f"fit: f32 {f32:.4g} FLOP/s (bf16 {scaled['bf16']:.3g}, f16 {scaled['f16']:.3g} by the dots' ratios), "
+    print(f"fit: contractions {fit['f32_flops'] or float('nan'):.4g} FLOP/s, "
           f"elementwise {fit['elementwise_flops'] or float('nan'):.4g} FLOP/s, loop overhead {per_trip:.4g}s per trip; "
           f"rms residual {fit['rms_residual_s']:.3g}s")
     ranked = sorted(rows, key=lambda r: r["median_s"])

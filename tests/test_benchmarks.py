@@ -54,10 +54,13 @@ def test_backward_benchmark_runs_every_case(tmp_path: Path) -> None:
 def test_cpu_profile_script_measures_fits_and_ranks_the_choice(tmp_path: Path) -> None:
     out = _run([str(BENCH / "cpu_profile.py"), "--n", "512", "--rounds", "1"], tmp_path)
     result = json.loads((tmp_path / "cpu_profile.json").read_text())
-    assert result["rates"]["dot_f32_flops"] > 0 and result["fit"]["rms_residual_s"] >= 0
-    assert result["rows"] and all(row["median_s"] > 0 for row in result["rows"])
-    assert (result["pick"]["gq"], result["pick"]["sx"]) in {(row["gq"], row["sx"]) for row in result["rows"]}
-    assert out.strip().splitlines()[-1].startswith("model_pick=")
+    assert result["rates"]["dot_f32_flops"] > 0 and result["rates"]["read_bytes_per_s"] > 0
+    shapes = {(row["gq"], row["sx"]) for row in result["rows"] if row["median_s"] > 0}
+    assert {(256, 32), (512, 512)} <= shapes and len(shapes) == len(result["rows"]) >= 10  # the grid up to n = 512
+    assert set(result["fit"]) == {"f32_flops", "elementwise_flops", "loop_overhead_s", "rms_residual_s"}
+    pick = f"{result['pick']['gq']}x{result['pick']['sx']}"
+    assert out.strip().splitlines()[-1].startswith(f"model_pick={pick} ")
+    assert out.strip().splitlines()[-1].endswith(f"/{len(shapes)}")
 
 
 def test_checker_benchmark_runs(tmp_path: Path) -> None:

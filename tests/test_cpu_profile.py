@@ -52,7 +52,7 @@ def test_the_search_keeps_to_few_wide_trips_within_the_cache(attention: object) 
     assert best.memory["smem"] <= CPU.level("smem").capacity
     assert float(c.at(c.iterations, best.tiles)) <= 64
     for slow in ({"gq": 256, "sx": 32}, {"gq": 1024, "sx": 64}, {"gq": 512, "sx": 128}):
-        assert timing(c, slow).serial > 1.2 * best.seconds
+        assert timing(c, slow).serial > best.seconds
 
 
 def test_the_jax_target_takes_its_default_tiles_from_the_cpu_profile(capsys: pytest.CaptureFixture[str],

@@ -178,13 +178,13 @@ class Cost:
     @functools.cached_property
     def contract_flops(self) -> Expr:
         """The contractions' share of ``flops``: tensor-core work, timed at the dtype's peak
-        (the rest at the CUDA cores' f32 peak: ``cost.roofline``)."""
+        (the rest at the elementwise rate, a GPU's CUDA cores' f32 peak: ``cost.roofline``)."""
         return _flops(self.program, contractions=True)
 
     @property
     def other_flops(self) -> Expr:
         """Every FLOP but the contractions': the other boxes' and the folds' (``cost.roofline``
-        times them at the CUDA cores' f32 peak)."""
+        times them at the profile's elementwise rate, by default its f32 peak)."""
         return self.flops - self.contract_flops + self.fold_flops
 
     @functools.cached_property

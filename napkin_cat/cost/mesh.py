@@ -14,7 +14,8 @@ devices per node, ``Hardware.devices``) a mesh partition of axis a has blocks of
   whole: every device reads all of it), a ring input twice (the block folded and the one
   arriving);
 - time per device: its share of the compute (``cost.roofline``: contractions at the dtype's
-  peak, the rest at f32's), its hbm transfers over hbm's bandwidth (every one: the L2's hits
+  peak, the rest at the elementwise rate; no loop overhead: no profile with a mesh level has
+  one), its hbm transfers over hbm's bandwidth (every one: the L2's hits
   are not modelled per device) and the bytes it receives over the interconnect's (the
   ``mesh`` level's bandwidth: what one device receives); serial adds the three, overlapped
   takes the largest (the ring's send does not wait for the fold: ``lower.mesh``).

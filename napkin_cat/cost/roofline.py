@@ -3,9 +3,10 @@ hardware profile.  One place for the tile search (``optimise.search``), ``napkin
 (``timing``) and the mesh's time per device (``mesh.mesh_times``).
 
 - **Compute**: the contractions' FLOPs at the dtype's peak (tensor cores), every other FLOP
-  (elementwise and reduction boxes, folding chunks into accumulator states) at the f32 peak of
-  the CUDA cores, which do that work in f32 (FlashAttention-2's point: the non-matmul FLOPs
-  cost many times more each).  The two add: a program's warps do both in turn.
+  (elementwise and reduction boxes, folding chunks into accumulator states) at the profile's
+  ``elementwise`` rate, by default the f32 peak of the CUDA cores, which do that work in f32
+  (FlashAttention-2's point: the non-matmul FLOPs cost many times more each).  The two add: a
+  program's warps do both in turn.
 - **Transfers**: each level's bytes over its parent's bandwidth.  Where the schedule goes from
   hbm straight to an on-chip level and the profile has an ``l2`` between them, every byte passes
   through the L2 (timed at its bandwidth, reported as ``l2``) and hbm serves the first read of

@@ -95,7 +95,8 @@ def default_tiles(diagram: Diagram, schedule: Schedule, hardware: str | None = N
     """A size for every symbolic tile, and where it came from.
 
     The cost model's integer search (``optimise.search``: capacities, tensor-core and
-    Triton constraints of ``hardware``, default h100; arrays in ``dtype``) picks the tiles
+    Triton constraints of ``hardware``, default h100 (``lower`` passes its target's
+    ``DEFAULT_HARDWARE``); arrays in ``dtype``) picks the tiles
     for symbolic axes of ``REPRESENTATIVE_SIZE``; without a cost model result every tile is
     ``DEFAULT_TILE``.
     """
@@ -167,6 +168,10 @@ def _place(name: str, diagram: Diagram, schedule: Schedule, target: str, tiles: 
         # the plain-JAX target computes every array in f32, its loaded chunks included
         defaults, origin = default_tiles(diagram, realised_schedule(diagram, device, target), hardware,
                                          "f32" if target == "jax" else "bf16")
+        unrealised = sorted(n for n in missing if n not in defaults)  # plain JAX vectorises them whole
+        if unrealised:
+            defaults |= {n: DEFAULT_TILE for n in unrealised}
+            origin += f"; {', '.join(unrealised)}: {DEFAULT_TILE}, not realised by this target"
         origin = f"{', '.join(sorted(given))} given; the others: {origin}" if given else origin
     else:
         defaults, origin = {}, "given" if given else "fixed by the proof"
@@ -244,10 +249,15 @@ def _lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str
 
 
 def realised_schedule(diagram: Diagram, schedule: Schedule, target: str) -> Schedule:
-    """The schedule a ``target`` kernel runs: for Pallas, the proved one with ``group AXIS
-    by 1`` for each axis it puts on the grid unpartitioned (``loopnest.woven_axes``), so
-    default tiles and the docstring's cost bound describe the kernel, not a placement with
-    those axes whole in every program."""
+    """The schedule a ``target`` kernel runs, so that default tiles and the docstring's cost
+    bound describe the kernel, not a placement it does not make.  For Pallas, the proved one
+    with ``group AXIS by 1`` for each axis it puts on the grid unpartitioned
+    (``loopnest.woven_axes``).  For plain JAX (``lower.jax``), only what it realises: the
+    stream and, with one, the group of the first grid axis, whose blocks ``lax.map`` walks;
+    every other group axis is vectorised whole, a kernel without a stream runs whole, and a
+    nested partition or placement below the outer level is the compiler's."""
+    if target == "jax":
+        return _jax_realised(diagram, schedule)
     if target != "pallas":
         return schedule
     device = schedule.device().partitions
@@ -255,6 +265,28 @@ def realised_schedule(diagram: Diagram, schedule: Schedule, target: str) -> Sche
     level = device[0].level if device else "smem"
     added = tuple(Partition("group", a, 1, level) for a in woven_axes(flatten(diagram), partitioned))
     return replace(schedule, partitions=schedule.mesh + added + device) if added else schedule
+
+
+def _jax_realised(diagram: Diagram, schedule: Schedule) -> Schedule:
+    device = schedule.device()
+    if not device.partitions:
+        return schedule
+    level = device.partitions[0].level
+    outer: dict[str, Partition] = {}
+    for p in device.partitions:
+        if p.level == level:
+            outer.setdefault(p.axis, p)
+    stream = next((p for p in outer.values() if p.kind == "stream"), None)
+    kept: set[Partition] = set()
+    if stream is not None:
+        groups = [a for a, p in outer.items() if p.kind == "group"]
+        first = [a for a in (diagram.out_types[0] if diagram.out_types else ()) if a in groups]
+        first += [a for a in groups if a not in first]  # the grid's order (``layout``)
+        kept = {stream} | ({outer[first[0]]} if first else set())
+    partitions = tuple(p for p in device.partitions if p in kept)
+    placements = tuple(pl for pl in schedule.placements if pl.level in ("mesh", "hbm", level))
+    realised = Schedule(schedule.mesh + partitions, placements, schedule.quantisations)
+    return schedule if realised == schedule else realised
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -327,9 +359,10 @@ def _placement(lay: Layout, target: str) -> str:
 
 @dataclass(frozen=True)
 class _Priced:
-    """A kernel's cost model (``cost.cost_of`` of its realised schedule on ``hardware``, default
-    h100), derived once for its docstring's cost bound and its launch: None, with why, where
-    the model has no result for the schedule; the tiles by tile name."""
+    """A kernel's cost model (``cost.cost_of`` of its realised schedule on ``hardware``, the
+    target's ``DEFAULT_HARDWARE`` unless given), derived once for its docstring's cost bound
+    and its launch: None, with why, where the model has no result for the schedule; the tiles
+    by tile name."""
 
     model: cost.Cost | None
     why: str

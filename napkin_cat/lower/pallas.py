@@ -251,16 +251,18 @@ def _emit_loop(lay: Layout, env: dict[str, Value], scope: Scope, in_refs: Sequen
         loop = cg.call("lax.fori_loop", lo, hi, cg.name(body), emit_identity(lay, scope))
     else:
         # A side with no bound (a causal mask's first chunks, say) gets no loop of its own: each
-        # pipelined loop Triton compiles holds its own registers (README "Kernels").
+        # pipelined loop Triton compiles holds its own registers (README "Kernels").  With no
+        # lower bound the masked loop before the run is empty (``first`` = min(lo, hi) then);
+        # with no upper bound the one after it (``end`` >= hi).
         kept = _emit_body(lay, env, scope, in_refs, out_refs, full[2])
-        head = not (_is_zero(full[0]) and _is_zero(lo))
+        head = not _is_zero(full[0])
         first = block.bind("full_first", cg.call("jnp.minimum", cg.call("jnp.maximum", full[0], lo), hi)) \
             if head else lo
         end = block.bind("full_end", cg.call("jnp.maximum", cg.call("jnp.minimum", full[1], hi), first))
         carry: ast.expr = emit_identity(lay, scope)
         if head:
             carry = block.bind("carry", cg.call("lax.fori_loop", lo, first, cg.name(body), carry))
-        if full[1] is trips and hi is trips:
+        if full[1] is trips:
             loop = cg.call("lax.fori_loop", first, end, cg.name(kept), carry)
         else:
             carry = block.bind("carry", cg.call("lax.fori_loop", first, end, cg.name(kept), carry))

@@ -38,8 +38,8 @@ def test_cpu_benchmark_runs_every_case(script: str, size: str, tmp_path: Path) -
     assert {row["case"] for row in result["rows"]} >= {"napkin"}
     if script == "attention_cpu.py":
         assert out.strip().splitlines()[-1].startswith("speedup_vs_dpa=")
-        assert {row["case"] for row in result["rows"]} == {"napkin", "naive", "dpa", "hand", "napkin_causal",
-                                                           "hand_causal"}
+        assert {row["case"] for row in result["rows"]} == {"napkin", "napkin_default", "naive", "dpa", "hand",
+                                                           "napkin_causal", "hand_causal"}
         assert "causal_speedup_vs_hand=" in out.strip().splitlines()[-1]
 
 

@@ -11,6 +11,7 @@ diagonal and masks only the chunks that straddle it.
 
     .venv/bin/python benchmarks/attention_cpu.py [--sizes N ...]
     .venv/bin/python benchmarks/attention_cpu.py --backward [--sizes N ...]
+    .venv/bin/python benchmarks/attention_cpu.py --interleaved [--n N] [--rounds R]
 
 Each case runs in its own process (peak RSS is per case). The last line compares napkin
 with dot_product_attention at the largest N both ran and with the hand-written peers:
@@ -25,6 +26,11 @@ streamed attention (query blocks of 1024 by `lax.map`, key chunks of 512 by `for
 softmax, scale folded into Q) differentiated by JAX. Its last line is
 `grad_speedup_vs_dpa=X grad_memory_ratio_vs_dpa=Y grad_speedup_vs_hand=Z` and the peak memory
 of napkin at each N is printed beside N (linear growth is the goal).
+
+`--interleaved` times napkin, `hand`, napkin causal and `hand_causal` in one process at one N
+(default 16384), each once per round in turn for `--rounds` rounds (default 9), so that a shared
+machine's drift hits the peers alike (no peak memory: one process). Its last line is
+`speedup_vs_hand=Z causal_speedup_vs_hand=W` from the medians.
 """
 
 from __future__ import annotations
@@ -187,7 +193,33 @@ def _ratio(rows: list[dict[str, Any]], case: str, key: str) -> tuple[float, int]
     return float(last[key]), int(last["n"])
 
 
+def interleaved(n: int, rounds: int) -> None:
+    import statistics
+    import time
+
+    cases = {name: CASES[name](n) for name in ("napkin", "hand", "napkin_causal", "hand_causal")}
+    for run in cases.values():
+        run()  # compile and warm up
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(rounds):
+        for name, run in cases.items():
+            t0 = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - t0)
+    median = {name: statistics.median(ts) for name, ts in times.items()}
+    for name, t in median.items():
+        print(f"{name:>14} n={n}  median {t:.4f} s  (min {min(times[name]):.4f}, max {max(times[name]):.4f})")
+    print(f"speedup_vs_hand={median['hand'] / median['napkin']:.2f} "
+          f"causal_speedup_vs_hand={median['hand_causal'] / median['napkin_causal']:.2f}")
+
+
 def main() -> None:
+    if "--interleaved" in sys.argv:
+        args = sys.argv[1:]
+        n = int(args[args.index("--n") + 1]) if "--n" in args else 16384
+        rounds = int(args[args.index("--rounds") + 1]) if "--rounds" in args else 9
+        interleaved(n, rounds)
+        return
     backward = "--backward" in sys.argv
     argv = [a for a in sys.argv[1:] if a != "--backward"]
     if backward:

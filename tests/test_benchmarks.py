@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +42,13 @@ def test_cpu_benchmark_runs_every_case(script: str, size: str, tmp_path: Path) -
         assert {row["case"] for row in result["rows"]} == {"napkin", "napkin_default", "naive", "dpa", "hand",
                                                            "napkin_causal", "hand_causal"}
         assert "causal_speedup_vs_hand=" in out.strip().splitlines()[-1]
+
+
+def test_interleaved_attention_times_the_peers_in_one_process(tmp_path: Path) -> None:
+    out = _run([str(BENCH / "attention_cpu.py"), "--interleaved", "--n", "256", "--rounds", "2"], tmp_path)
+    lines = out.strip().splitlines()
+    assert [line.split()[0] for line in lines[:-1]] == ["napkin", "hand", "napkin_causal", "hand_causal"]
+    assert re.fullmatch(r"speedup_vs_hand=\d+\.\d\d causal_speedup_vs_hand=\d+\.\d\d", lines[-1])
 
 
 def test_backward_benchmark_runs_every_case(tmp_path: Path) -> None:

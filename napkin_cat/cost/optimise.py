@@ -369,7 +369,7 @@ def _ranked(c: Cost, cons: dict[str, _TileRule], top: int, limit: int) -> Config
     capacity = [c.hardware.level(lv.name).capacity for lv in levels]
     launched = bool(c.hardware.launch)
     chip = list(c.on_chip) if launched else []
-    exprs = [lv.memory_bytes for lv in levels] + [c.iterations] + chip + list(c.work)
+    exprs = [lv.memory_bytes for lv in levels] + chip + list(c.work)
     fn = sympy.lambdify(symbols, exprs, modules=[{"Max": max, "Min": min, "ceiling": math.ceil}, "math"])
     # with launch rules, the compute level's capacity is the launch's: loaded blocks in shared
     # memory (per pipeline stage), computed tiles in the register budget (``Cost.launched``)
@@ -380,13 +380,13 @@ def _ranked(c: Cost, cons: dict[str, _TileRule], top: int, limit: int) -> Config
         if any(memory[lv.name] > cap for lv, cap in zip(levels, capacity, strict=True)
                if not (launched and lv.name == c.program.compute_level)):
             continue
-        trips, work = values[len(levels)], values[len(levels) + 1 + len(chip):]
-        plan = c.launch_of(*values[len(levels) + 1:len(levels) + 1 + len(chip)]) if launched else None
+        work = values[len(levels) + len(chip):]
+        plan = c.launch_of(*values[len(levels):len(levels) + len(chip)]) if launched else None
         if plan is not None and not plan.fits:
             continue
         moved = {lv.name: work[i] for i, lv in enumerate(levels)}
         t = estimate(c, work, plan)
-        programs = work[len(levels) + 2]
+        programs, trips = work[len(levels) + 2:len(levels) + 4]  # ``Cost.work``'s order
         factor = parallel_factor(programs, c.hardware.sms)
         rows.append((t.ranked * factor, t.serial * factor, trips,
                      Config(tiles, memory, moved, t.transfer, programs, factor, t.ranked * factor, plan,

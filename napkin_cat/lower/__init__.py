@@ -33,7 +33,7 @@ from napkin_cat.lower import codegen as cg
 from napkin_cat.lower import jax as jax_target
 from napkin_cat.lower import mesh as mesh_target
 from napkin_cat.lower import pallas as pallas_target
-from napkin_cat.lower.layout import Layout, layout
+from napkin_cat.lower.layout import Layout, grid_order, layout
 from napkin_cat.lower.runtime import helper_source
 from napkin_cat.lower.values import BIG, TINY
 from napkin_cat.printer import print_diagram, print_step
@@ -279,10 +279,8 @@ def _jax_realised(diagram: Diagram, schedule: Schedule) -> Schedule:
     stream = next((p for p in outer.values() if p.kind == "stream"), None)
     kept: set[Partition] = set()
     if stream is not None:
-        groups = [a for a, p in outer.items() if p.kind == "group"]
-        first = [a for a in (diagram.out_types[0] if diagram.out_types else ()) if a in groups]
-        first += [a for a in groups if a not in first]  # the grid's order (``layout``)
-        kept = {stream} | ({outer[first[0]]} if first else set())
+        grid = grid_order(diagram.out_types, [a for a, p in outer.items() if p.kind == "group"])
+        kept = {stream} | ({outer[grid[0]]} if grid else set())
     partitions = tuple(p for p in device.partitions if p in kept)
     placements = tuple(pl for pl in schedule.placements if pl.level in ("mesh", "hbm", level))
     realised = Schedule(schedule.mesh + partitions, placements, schedule.quantisations)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +32,7 @@ from napkin_cat.lower.runtime import pow2_extent
 from napkin_cat.schedule.loopnest import Flat, LoopNest, Node, loop_nest, touches, woven_axes
 from napkin_cat.terms import Box, Diagram, Schedule, Size
 
-__all__ = ["FORMATS", "MIN_BLOCK", "TRITON_MISSING", "Layout", "layout"]
+__all__ = ["FORMATS", "MIN_BLOCK", "TRITON_MISSING", "Layout", "grid_order", "layout"]
 
 #: the smallest block the Triton backend's dot accepts on every dimension (Triton's tl.dot needs >= 16)
 MIN_BLOCK = 16
@@ -166,8 +166,7 @@ def layout(name: str, diagram: Diagram, schedule: Schedule, tiles: Mapping[str, 
     # groups whose tile the Triton backend cannot use as a block: each tile padded to one
     padded_tiles = tuple(a for a in groups if target == "pallas" and a not in squeezed
                          and not _group_block_ok(flat, a, axis_tiles, frozenset(squeezed)))
-    grid = tuple(a for a in out_types[0] if a in squeezed or a in groups) if out_types else ()
-    grid += tuple(a for a in groups if a not in grid)
+    grid = grid_order(out_types, groups, squeezed)
     if target == "pallas" and stream is not None:
         # The first grid axis varies fastest between programs launched together: put first the
         # axes that the streamed inputs lack (attention's query blocks), so the programs running
@@ -199,6 +198,14 @@ def layout(name: str, diagram: Diagram, schedule: Schedule, tiles: Mapping[str, 
                     plans, frozenset(padded_tiles), derived)
     _check_padding(result)
     return result
+
+
+def grid_order(out_types: Sequence[tuple[str, ...]], groups: Sequence[str],
+               squeezed: Sequence[str] = ()) -> tuple[str, ...]:
+    """The grid's axes before Pallas reorders them for the L2: the first output's grid axes in
+    its order, then the other group axes in the schedule's."""
+    grid = tuple(a for a in out_types[0] if a in squeezed or a in groups) if out_types else ()
+    return grid + tuple(a for a in groups if a not in grid)
 
 
 def _at(node: Node) -> dict[str, Any]:

@@ -42,7 +42,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import driver, napkin_kernel
+from harness import driver, napkin_kernel, round_robin
 
 D = 64
 STREAM_TILE = 512
@@ -195,17 +195,9 @@ def _ratio(rows: list[dict[str, Any]], case: str, key: str) -> tuple[float, int]
 
 def interleaved(n: int, rounds: int) -> None:
     import statistics
-    import time
 
-    cases = {name: CASES[name](n) for name in ("napkin", "hand", "napkin_causal", "hand_causal")}
-    for run in cases.values():
-        run()  # compile and warm up
-    times: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(rounds):
-        for name, run in cases.items():
-            t0 = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - t0)
+    times = round_robin({name: CASES[name](n) for name in ("napkin", "hand", "napkin_causal", "hand_causal")},
+                        rounds)
     median = {name: statistics.median(ts) for name, ts in times.items()}
     for name, t in median.items():
         print(f"{name:>14} n={n}  median {t:.4f} s  (min {min(times[name]):.4f}, max {max(times[name]):.4f})")

@@ -28,14 +28,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness import machine, time_call, write
+from harness import machine, round_robin, time_call, write
 
 D = 64
 
@@ -70,18 +69,11 @@ def grid(n: int, rounds: int, tiles: list[tuple[int, int]]) -> dict[tuple[int, i
                   "flash_attention_prescaled")
     keys = jax.random.split(jax.random.PRNGKey(0), 3)
     q, k, v = (jax.random.normal(x, (n, D), jax.numpy.float32) for x in keys)
-    fns = {}
+    calls = {}
     for gq, sx in tiles:
         fn = jax.jit(lower(thm, target="jax", tiles={"gq": gq, "sx": sx}, dtype="f32").fn)
-        jax.block_until_ready(fn(q, k, v))
-        fns[gq, sx] = fn
-    times: dict[tuple[int, int], list[float]] = {t: [] for t in tiles}
-    for _ in range(rounds):
-        for t, fn in fns.items():
-            t0 = time.perf_counter()
-            jax.block_until_ready(fn(q, k, v))
-            times[t].append(time.perf_counter() - t0)
-    return {t: statistics.median(ts) for t, ts in times.items()}
+        calls[gq, sx] = lambda fn=fn: jax.block_until_ready(fn(q, k, v))
+    return {t: statistics.median(ts) for t, ts in round_robin(calls, rounds).items()}
 
 
 def model(n: int) -> Any:

@@ -10,8 +10,9 @@ Triton IR each `pallas_call` hands to XLA is captured with its `num_warps`, `num
 grid (a private jax API, pinned to jax 0.11.2: a clear error if it moves).  The `triton`
 package (the optional extra `napkin-cat[static-gpu]`; any interpreter that has it, it needs
 no jax) compiles each for sm_90a, from the TTIR passes on as XLA does; its bundled `ptxas -v`
-gives registers and spill bytes, `cuobjdump -sass` the SASS.  The main loop is the backward branch spanning the most
-instructions; per score element it runs loop instructions x 32 x num_warps / (block_q x block_k).
+gives registers and spill bytes, `cuobjdump -sass` the SASS.  The main loop is the backward
+branch spanning the most instructions; per score element it runs loop instructions x 32 x
+num_warps / (block_q x block_k).
 
 Cases: bf16, N = 8192, one batch; causal and not; d = 64 and 128; 1 and 16 heads.  napkin's
 kernel is also compiled at mha's tiles, which separates its code from its tile choice.  The table

@@ -16,7 +16,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -67,6 +67,20 @@ def time_call(fn: Callable[[], Any], warmup: int = 2, repeats: int = 5) -> dict[
         times.append(time.perf_counter() - t0)
     return {"first_s": first, "median_s": statistics.median(times), "min_s": min(times),
             "max_s": max(times), "times_s": times}
+
+
+def round_robin(calls: Mapping[Any, Callable[[], Any]], rounds: int) -> dict[Any, list[float]]:
+    """Wall times of each of ``calls`` (which must block until done), after one warm-up call
+    each: every call once per round, in turn, so that a shared machine's drift hits all alike."""
+    for fn in calls.values():
+        fn()
+    times: dict[Any, list[float]] = {key: [] for key in calls}
+    for _ in range(rounds):
+        for key, fn in calls.items():
+            t0 = time.perf_counter()
+            fn()
+            times[key].append(time.perf_counter() - t0)
+    return times
 
 
 def peak_rss_mib() -> float:

@@ -6,6 +6,7 @@ cost model's use of it."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import jax.numpy as jnp
@@ -21,8 +22,16 @@ from napkin_cat.evaluate import evaluate
 from napkin_cat.lower import lower
 from napkin_cat.proof import check_module
 from napkin_cat.schedule.loopnest import flatten
-from napkin_cat.schedule.masks import GroupAxis, chunk_count, chunk_range, full_masks, full_range, stream_masks
-from napkin_cat.terms import Box, Partition, Schedule
+from napkin_cat.schedule.masks import (
+    GroupAxis,
+    chunk_count,
+    chunk_range,
+    full_masks,
+    full_range,
+    masked_fill,
+    stream_masks,
+)
+from napkin_cat.terms import Box, Partition, Schedule, Var
 from tests.lower_cases import agrees
 
 # every diagram masks the scores with -inf, the online softmax's padding for them, and
@@ -327,3 +336,63 @@ def test_a_conjunct_on_grid_indices_alone_keeps_the_mask() -> None:
 """
     flat = flatten(loads(text).diagram("rows"))
     assert full_masks(flat, STREAM, [n.name for n in flat.nodes], {"q"}) == ()
+
+
+# ---- fills carried through elementwise ops (the causal backward's P = exp(S - L)) ----------------
+
+#: an expression R over M = where(q >= x, S, -inf), Z = where(q >= x, S, 0),
+#: N = where(q > x, S, -inf) and the inputs S: [q x], L: [q]; the where node whose predicate
+#: R's fill is under, and the fill (None: not known)
+FILLS = [("M", "M", -math.inf), ("exp(M - L)", "M", 0.0), ("exp(M - L) * (S - L)", "M", 0.0),
+         ("(S - L) * exp(M)", "M", 0.0), ("M + S", "M", -math.inf), ("S - M", "M", math.inf),
+         ("-M", "M", math.inf), ("relu(M)", "M", 0.0), ("sigmoid(M)", "M", 0.0), ("min(M, S)", "M", -math.inf),
+         ("S / M", "M", 0.0), ("Z * S", "Z", 0.0), ("exp(M) * exp(N)", "M", 0.0), ("M + M", "M", -math.inf),
+         ("exp(Z)", "Z", 1.0), ("exp(N)", "N", 0.0),
+         # not known: the result depends on the other operand, or is NaN, or the other may be
+         # infinite, or the fill is not a constant, or a reduction mixes the positions
+         ("M * S", None, None), ("max(M, S)", None, None), ("Z / S", None, None), ("M / S", None, None),
+         ("M - M", None, None), ("exp(M) * log(S)", None, None), ("gelu(M)", None, None), ("S", None, None),
+         ("exp(where[q x](q >= x, S, L))", None, None), ("sum[x](exp(M))", None, None)]
+
+
+@pytest.mark.parametrize(("expr", "where", "fill"), FILLS, ids=[e for e, _, _ in FILLS])
+def test_a_fill_is_carried_only_where_arithmetic_fixes_it(expr: str, where: str | None, fill: float | None) -> None:
+    """``masked_fill``: a where's constant fill, carried through unary ops to their exact value
+    and through binary ops where it fixes the result for every finite other operand, under
+    that where's predicate; unknown (None) for a product with an infinity, a maximum that keeps
+    the finite side, 0/0, -inf - -inf, an operand that may be infinite (log), a NaN (gelu at
+    -inf), a fill that is not a constant, a reduction."""
+    out = "q" if expr.startswith("sum") else "q x"
+    text = ("axis q, x\ndiagram f(S: [q x], L: [q]) -> [" + out + "] {\n"
+            "  M = where[q x](q >= x, S, -inf)\n  Z = where[q x](q >= x, S, 0)\n  N = where[q x](q > x, S, -inf)\n"
+            f"  R = {expr}\n  return R\n}}\n")
+    flat = flatten(loads(text).diagram("f"))
+    defs = {n.name: n.expr for n in flat.nodes}
+    found = masked_fill(Var(flat.outputs[0], ()), defs, [name for name, _ in flat.inputs])
+    if where is None:
+        assert found is None, found
+    else:
+        assert found == (defs[where].index, fill), found  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("name", ["backward_kv", "backward_q"])
+def test_the_causal_backward_passes_skip_what_the_mask_zeroes(name: str) -> None:
+    """FlashAttention-2's causal backward: ``P = exp(S - L)`` and ``dS = P·(dP - D)`` are 0
+    where the mask fills the scores with -inf, and they absorb the passes' sums, so each pass
+    costs about half its unmasked twin at large sizes and both targets bound its loop (the
+    kernels equal the evaluator: test_lower_jax/test_lower_pallas, every theorem of proofs/)."""
+    from napkin_cat.cost import cost
+    from napkin_cat.proof import theorem
+
+    path = str(Path(__file__).resolve().parent.parent / "proofs" / "flash_attention_backward.ncd")
+    causal, plain = (theorem(path, f"flash_attention_{kind}{name}") for kind in ("causal_", ""))
+    sizes = {"q": 1 << 15, "x": 1 << 15}
+    tiles = {"gq": 128, "sx": 64, "gx": 128, "sq": 64}
+    ours, theirs = cost(causal, sizes=sizes), cost(plain, sizes=sizes)
+    assert len(ours.program.masked) == 1
+    ratio = float(ours.at(ours.flops, tiles) / theirs.at(theirs.flops, tiles))
+    assert 0.5 <= ratio < 0.52, ratio
+    for thm, skips in ((causal, True), (plain, False)):
+        lay = lower(thm, target="pallas", tiles=tiles).layout
+        assert (stream_masks(lay.flat, lay.stream, lay.plans, lay.grid) is not None) == skips
+        assert ("lax.cond(" in lower(thm, target="jax", tiles=tiles).source) == skips  # the chunk skip

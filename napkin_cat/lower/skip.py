@@ -36,7 +36,7 @@ def chunk_range(lay: Layout, offsets: Mapping[str, ast.expr], trips: ast.expr,
     masks = stream_masks(lay.flat, axis, lay.plans, lay.grid if grid is None else grid)
     if masks is None:
         return None
-    ranges = [_bounds(sides, lay, axis, offsets, trips) for sides in masks]
+    ranges = [_bounds(sides, lay, axis, offsets, trips) for sides in dict.fromkeys(masks)]
     if len(ranges) == 1:
         return ranges[0]
     return _fold("jnp.minimum", [lo for lo, _ in ranges]), _fold("jnp.maximum", [hi for _, hi in ranges])

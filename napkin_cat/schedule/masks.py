@@ -4,7 +4,7 @@ the Pallas lowering (``lower/skip.py`` turns the bounds into code) and the cost 
 place that decides skipping, by this rule (``c`` a chunk of the streamed axis, ``B`` the
 box an accumulator ``acc`` streams, ``x_i`` its operands)::
 
-                 x_i = where(p, a, pad_i)    i ∈ absorbing(acc)    p false on all of c
+          x_i = pad_i where p is false    i ∈ absorbing(acc)    p false on all of c
     skip ──────────────────────────────────────────────────────────────────────────────
                               lift_acc(x|c) = identity_acc
 
@@ -19,8 +19,13 @@ operand at once, while a skipped chunk keeps the others.  Masked values of an at
 chunk); masked scores (``where(q >= x, S, -inf)``) do, so causal attention stops at the
 diagonal.
 
-The one shape recognised is a ``where[...](pred, A, fill)`` node that feeds an absorbing
-operand directly, with ``fill`` equal to the operand's pad and ``pred`` a conjunction of
+An operand is known to be ``fill`` where ``pred`` is false (``masked_fill``) when it is a
+``where[...](pred, A, fill)`` with a constant fill, or elementwise ops carry such a fill to
+it: a unary op to its exact value at the fill (exp(-inf) = 0), a binary op where the fill
+fixes the result for every finite value of the other operand (``-inf - L = -inf``,
+``0 · y = 0``).  So the causal backward's ``P = exp(S - L)`` and ``dS = P·(dP - D)`` are 0
+where the scores are masked, and its passes skip what the forward skips.  The fill must
+equal the operand's pad, and ``pred`` must be a conjunction of
 affine comparisons between the streamed axis' index and grid axes' indices (``q >= x``,
 ``q - x < 256``).  Each conjunct is a
 ``Side``: a bound on the stream index taken at the corner of the program's index box where
@@ -40,19 +45,23 @@ that every conjunct bounds the stream index, so that no row of the block is left
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import sympy
 from sympy import Expr
 
+from napkin_cat import ops
 from napkin_cat.certify.accumulators import AccumulatorPlan
+from napkin_cat.evaluate import FLOAT64
 from napkin_cat.finiteness import finite
 from napkin_cat.schedule.loopnest import Flat
 from napkin_cat.schedule.program import simplified
 from napkin_cat.terms import Box, Cmp, Const, IndexExpr, Logic, Pred, Var, fold_index
 
-__all__ = ["GroupAxis", "Side", "chunk_count", "chunk_range", "full_masks", "full_range", "stream_masks"]
+__all__ = ["GroupAxis", "Side", "chunk_count", "chunk_range", "full_masks", "full_range", "masked_fill", "stream_masks"]
 
 #: an affine index expression: coefficient per axis, and a constant
 Affine = tuple[dict[str, int], int]
@@ -95,7 +104,6 @@ def stream_masks(flat: Flat, stream: str, plans: Mapping[str, AccumulatorPlan],
     """
     if not plans or any(stream in flat.type_of(o) for o in flat.outputs):
         return None
-    wheres = {n.name: n.expr for n in flat.nodes if isinstance(n.expr, Box) and n.expr.op == "where"}
     defs = {n.name: n.expr for n in flat.nodes}
     inputs = frozenset(name for name, _ in flat.inputs)
     found_all: list[Sides] = []
@@ -107,20 +115,81 @@ def stream_masks(flat: Flat, stream: str, plans: Mapping[str, AccumulatorPlan],
         found = None
         pads = plans[node.name].pad or ()  # no padding law: no absorbing operand either
         for i in plans[node.name].absorbing:
-            arg, fill = node.expr.args[i], pads[i]
-            mask = wheres.get(arg.name) if isinstance(arg, Var) else None
-            if mask is None or not isinstance(mask.args[-1], Const) or mask.args[-1].value != fill:
+            known = masked_fill(node.expr.args[i], defs, inputs)
+            if known is None or known[1] != pads[i]:
                 continue
             if not all(finite(a, defs, inputs) for j, a in enumerate(node.expr.args) if j != i):
                 continue  # another operand may be infinite: the chunk may lift to NaN, not the identity
-            if isinstance(mask.index, (Cmp, Logic)):
-                found = _sides(mask.index, stream, grid)
+            found = _sides(known[0], stream, grid)
             if found is not None:
                 break
         if found is None:
             return None
         found_all.append(found)
     return tuple(found_all)
+
+
+def masked_fill(expr: Expr, defs: Mapping[str, Expr], inputs: Collection[str]) -> tuple[Pred, float] | None:
+    """``(p, c)``: ``expr`` is ``c`` at every position where ``p`` is false, on finite inputs
+    (None: not known).  A ``where`` with a constant fill gives its predicate and fill; a unary
+    op carries a fill to its value there (``_at``); a binary op carries one where one operand
+    has a fill that fixes the result for every finite value of the other (``_absorbed``), or
+    where both have fills under the same predicate (``_at``)."""
+    if isinstance(expr, Var):
+        return masked_fill(defs[expr.name], defs, inputs) if expr.name in defs else None
+    if not isinstance(expr, Box):
+        return None
+    if expr.op == "where":
+        fill = expr.args[-1]
+        if isinstance(fill, Const) and isinstance(expr.index, (Cmp, Logic)):
+            return expr.index, fill.value
+        return None
+    kind = ops.OPS[expr.op].kind
+    if kind not in ("unary", "binary"):
+        return None
+    fills = [masked_fill(a, defs, inputs) for a in expr.args]
+    if kind == "unary":
+        (f,) = fills
+        value = None if f is None else _at(expr.op, (f[1],))
+        return None if f is None or value is None else (f[0], value)
+    a, b = fills
+    if a is not None and b is not None and a[0] == b[0]:
+        value = _at(expr.op, (a[1], b[1]))
+        if value is not None:
+            return a[0], value
+    for k, f in enumerate(fills):
+        if f is not None and finite(expr.args[1 - k], defs, frozenset(inputs)):
+            value = _absorbed(expr.op, k, f[1])
+            if value is not None:
+                return f[0], value
+    return None
+
+
+def _at(op: str, values: tuple[float, ...]) -> float | None:
+    """``op`` at constant operands, where float32 and float64 give the same number (an exact
+    result, as exp(-inf) = 0: the same in a kernel's dtype as in the evaluator's)."""
+    table: Mapping[str, Callable[..., Any]] = FLOAT64.unary if len(values) == 1 else FLOAT64.binary
+    with np.errstate(all="ignore"):
+        wide, narrow = (float(table[op](*(np.asarray(v, dtype) for v in values))) for dtype in (np.float64, np.float32))
+    return wide if wide == narrow else None  # NaN != NaN
+
+
+def _absorbed(op: str, k: int, c: float) -> float | None:
+    """The value of binary ``op`` whose operand ``k`` is ``c`` and whose other operand is any
+    finite real, where that value does not depend on it (None elsewhere): an infinity through
+    addition and subtraction, zero through multiplication, an infinite divisor, and the
+    infinity that a maximum or minimum keeps."""
+    if op == "add" and math.isinf(c):
+        return c
+    if op == "sub" and math.isinf(c):
+        return c if k == 0 else -c
+    if op == "mul" and c == 0:
+        return 0.0
+    if op == "div" and k == 1 and math.isinf(c):
+        return 0.0
+    if (op == "maximum" and c == math.inf) or (op == "minimum" and c == -math.inf):
+        return c
+    return None
 
 
 def full_masks(flat: Flat, stream: str, names: Collection[str], grid: Collection[str]) -> tuple[tuple[str, Sides], ...]:

@@ -29,11 +29,13 @@ PROOF = ROOT / "proofs" / "ring_attention.ncd"
 ATTENTION = ROOT / "examples" / "attention.ncd"
 F32 = 4
 #: one pytest-xdist worker runs this module (``--dist loadgroup``, pyproject): the probe's
-#: subprocess is a module fixture, and each worker that ran a test of it would run it again
+#: subprocess is a fixture, and each worker that ran a test of it would run it again; it is
+#: session-scoped, since a module fixture runs again when the worker leaves the module and
+#: comes back (it ran twice, 80 s each)
 pytestmark = pytest.mark.xdist_group("mesh_probe")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def probe(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The probe's measurements, with the module `napkin lower --mesh 8` wrote run as well."""
     written = tmp_path_factory.mktemp("mesh") / "X.py"

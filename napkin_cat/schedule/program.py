@@ -153,7 +153,12 @@ def max_of(columns: list[Expr]) -> Expr:
 
 def _dominates(big: Expr, small: Expr) -> bool:
     """``big >= small`` for all sizes and tiles >= 1: ``big - small`` with every symbol s
-    written 1 + s' is a polynomial in the s' >= 0 with non-negative coefficients."""
+    written 1 + s' is a polynomial in the s' >= 0 with non-negative coefficients.  (Writing
+    s as 1 + s' commutes with subtraction, so two polynomials are each rewritten once,
+    ``_shifted``: ``max_of`` compares every pair of columns.)"""
+    shifted = _shifted(big), _shifted(small)
+    if shifted[0] is not None and shifted[1] is not None:
+        return all(t.as_coeff_Mul()[0] >= 0 for t in sympy.Add.make_args(shifted[0] - shifted[1]))
     diff = sympy.expand(big - small)
     if diff == 0:
         return True
@@ -161,3 +166,12 @@ def _dominates(big: Expr, small: Expr) -> bool:
     if symbols and diff.is_polynomial(*symbols):
         diff = sympy.expand(diff.subs({s: s + 1 for s in symbols}, simultaneous=True))
     return all(t.as_coeff_Mul()[0] >= 0 for t in sympy.Add.make_args(diff))
+
+
+@functools.lru_cache(maxsize=4096)
+def _shifted(expr: Expr) -> Expr | None:
+    """``expr`` with every symbol s written 1 + s', expanded; None unless it is a polynomial."""
+    symbols = sorted(expr.free_symbols, key=str)
+    if symbols and not expr.is_polynomial(*symbols):
+        return None
+    return sympy.expand(expr.subs({s: s + 1 for s in symbols}, simultaneous=True))

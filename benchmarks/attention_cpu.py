@@ -3,7 +3,8 @@ and jax.nn.dot_product_attention, on the CPU: f32, d = 64, one head.
 
 napkin's kernel is `flash_attention_prescaled` from proofs/flash_attention.ncd (the schedule
 `napkin derive` finds: the scale moved onto Q; query blocks of 1024, keys streamed in chunks
-of 512), and `flash_attention_causal` for the causal case. `napkin_default` is the first at
+of 512), and `flash_attention_causal_prescaled` (the same with the causal mask) for the causal
+case. `napkin_default` is the first at
 the tiles `--target jax` chooses by itself (the `cpu` hardware profile's tile search, at
 symbolic sizes of 4096). `hand` is a hand-written streamed
 attention with the same blocks (`hand_attention`); `hand_causal` stops each block at the
@@ -23,14 +24,18 @@ napkin's `flash_attention_forward` joined with its proved backward kernels
 (proofs/flash_attention_backward.ncd, `lower(..., backward=[...])`; keys and queries streamed in
 chunks of 512), against `jax.grad` of `dot_product_attention` and of `hand`, a hand-written
 streamed attention (query blocks of 1024 by `lax.map`, key chunks of 512 by `fori_loop`, online
-softmax, scale folded into Q) differentiated by JAX. Its last line is
-`grad_speedup_vs_dpa=X grad_memory_ratio_vs_dpa=Y grad_speedup_vs_hand=Z` and the peak memory
-of napkin at each N is printed beside N (linear growth is the goal).
+softmax, scale folded into Q) differentiated by JAX; and the causal pair, napkin's causal forward
+and backward passes (which skip the chunks the mask zeroes) against `dot_product_attention`
+with `is_causal`. Its last line is `grad_speedup_vs_dpa=X grad_memory_ratio_vs_dpa=Y
+grad_speedup_vs_hand=Z causal_grad_speedup_vs_dpa=W` and the peak memory of napkin at each N
+is printed beside N (linear growth is the goal).
 
-`--interleaved` times napkin, `hand`, napkin causal and `hand_causal` in one process at one N
-(default 16384), each once per round in turn for `--rounds` rounds (default 9), so that a shared
-machine's drift hits the peers alike (no peak memory: one process). Its last line is
-`speedup_vs_hand=Z causal_speedup_vs_hand=W` from the medians.
+`--interleaved` times napkin, `napkin_default`, `hand`, napkin causal and `hand_causal` in one
+process at one N (default 16384), each once per round in turn for `--rounds` rounds (default 9),
+so that a shared machine's drift hits the peers alike (no peak memory: one process). Each pair
+(`PAIRS`) is compared round by round: the peer's time over napkin's in the same round, with the
+median, the quartiles and how many rounds napkin won. Its last line is
+`speedup_vs_hand=Z causal_speedup_vs_hand=W` from those per-round medians.
 """
 
 from __future__ import annotations
@@ -74,7 +79,7 @@ def napkin_default(n: int) -> Callable[[], Any]:
 
 
 def napkin_causal(n: int) -> Callable[[], Any]:
-    return _napkin("flash_attention_causal", n)
+    return _napkin("flash_attention_causal_prescaled", n)
 
 
 def naive(n: int) -> Callable[[], Any]:
@@ -160,20 +165,29 @@ def _grad_case(forward: Callable[..., Any], n: int) -> Callable[[], Any]:
     return lambda: jax.block_until_ready(fn(q, k, v))
 
 
-def napkin_grad(n: int) -> Callable[[], Any]:
+def napkin_grad(n: int, causal: bool = False) -> Callable[[], Any]:
     chunk = min(n, STREAM_TILE)
     block = min(n, HAND_BLOCK)
-    kernel = napkin_kernel("proofs/flash_attention_backward.ncd", "flash_attention_forward", "jax",
+    prefix = "flash_attention_causal" if causal else "flash_attention"
+    kernel = napkin_kernel("proofs/flash_attention_backward.ncd", f"{prefix}_forward", "jax",
                            tiles={"gq": block, "sx": chunk, "gx": block, "sq": chunk},
-                           backward=["flash_attention_backward_kv", "flash_attention_backward_q"])
+                           backward=[f"{prefix}_backward_kv", f"{prefix}_backward_q"])
     return _grad_case(kernel.fn, n)
 
 
-def dpa_grad(n: int) -> Callable[[], Any]:
+def napkin_causal_grad(n: int) -> Callable[[], Any]:
+    return napkin_grad(n, causal=True)
+
+
+def dpa_grad(n: int, causal: bool = False) -> Callable[[], Any]:
     import jax
 
-    return _grad_case(lambda q, k, v: jax.nn.dot_product_attention(q[None, :, None], k[None, :, None],
-                                                                    v[None, :, None])[0, :, 0], n)
+    return _grad_case(lambda q, k, v: jax.nn.dot_product_attention(q[None, :, None], k[None, :, None], v[None, :, None],
+                                                                    is_causal=causal)[0, :, 0], n)
+
+
+def dpa_causal_grad(n: int) -> Callable[[], Any]:
+    return dpa_grad(n, causal=True)
 
 
 def hand_grad(n: int) -> Callable[[], Any]:
@@ -182,7 +196,8 @@ def hand_grad(n: int) -> Callable[[], Any]:
 
 CASES = {"napkin": napkin, "napkin_default": napkin_default, "naive": naive, "dpa": dpa, "hand": hand,
          "napkin_causal": napkin_causal, "hand_causal": hand_causal,
-         "napkin_grad": napkin_grad, "dpa_grad": dpa_grad, "hand_grad": hand_grad}
+         "napkin_grad": napkin_grad, "dpa_grad": dpa_grad, "hand_grad": hand_grad,
+         "napkin_causal_grad": napkin_causal_grad, "dpa_causal_grad": dpa_causal_grad}
 
 
 def _ratio(rows: list[dict[str, Any]], case: str, key: str) -> tuple[float, int] | None:
@@ -193,16 +208,34 @@ def _ratio(rows: list[dict[str, Any]], case: str, key: str) -> tuple[float, int]
     return float(last[key]), int(last["n"])
 
 
+def _speedup(rows: list[dict[str, Any]], ours: str, peer: str) -> float | None:
+    """The peer's median time over ours at the largest N both ran (None if they share none)."""
+    times = {case: {r["n"]: r["median_s"] for r in rows if r["case"] == case and "median_s" in r}
+             for case in (ours, peer)}
+    both = sorted(set(times[ours]) & set(times[peer]))
+    return times[peer][both[-1]] / times[ours][both[-1]] if both else None
+
+
+#: the peers `--interleaved` compares, each as (peer, napkin's kernel)
+PAIRS = (("hand", "napkin"), ("hand", "napkin_default"), ("hand_causal", "napkin_causal"))
+
+
 def interleaved(n: int, rounds: int) -> None:
     import statistics
 
-    times = round_robin({name: CASES[name](n) for name in ("napkin", "hand", "napkin_causal", "hand_causal")},
-                        rounds)
-    median = {name: statistics.median(ts) for name, ts in times.items()}
-    for name, t in median.items():
-        print(f"{name:>14} n={n}  median {t:.4f} s  (min {min(times[name]):.4f}, max {max(times[name]):.4f})")
-    print(f"speedup_vs_hand={median['hand'] / median['napkin']:.2f} "
-          f"causal_speedup_vs_hand={median['hand_causal'] / median['napkin_causal']:.2f}")
+    names = ("napkin", "napkin_default", "hand", "napkin_causal", "hand_causal")
+    times = round_robin({name: CASES[name](n) for name in names}, rounds)
+    for name in names:
+        ts = times[name]
+        print(f"{name:>14} n={n}  median {statistics.median(ts):.4f} s  (min {min(ts):.4f}, max {max(ts):.4f})")
+    paired = {}
+    for peer, ours in PAIRS:  # the peer's time over ours in each round: drift between rounds cancels
+        ratios = sorted(p / o for p, o in zip(times[peer], times[ours], strict=True))
+        low, mid, high = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+        paired[ours] = mid
+        print(f"{peer}/{ours}: median {mid:.3f} per round, quartiles {low:.3f} to {high:.3f}, "
+              f"{sum(r >= 1 for r in ratios)} of {len(ratios)} rounds at >= 1")
+    print(f"speedup_vs_hand={paired['napkin']:.2f} causal_speedup_vs_hand={paired['napkin_causal']:.2f}")
 
 
 def main() -> None:
@@ -216,29 +249,29 @@ def main() -> None:
     argv = [a for a in sys.argv[1:] if a != "--backward"]
     if backward:
         rows = driver("attention_cpu_backward", __file__, CASES, default_sizes=[4096, 8192, 16384],
-                      only_large={"dpa_grad": 16384, "hand_grad": 16384}, describe=__doc__ or "", argv=argv,
-                      selected=["napkin_grad", "dpa_grad", "hand_grad"])
+                      only_large={"dpa_grad": 16384, "hand_grad": 16384, "dpa_causal_grad": 16384},
+                      describe=__doc__ or "", argv=argv,
+                      selected=["napkin_grad", "dpa_grad", "hand_grad", "napkin_causal_grad", "dpa_causal_grad"])
         peaks = ", ".join(f"N={r['n']}: {r['peak_rss_mib']:.0f} MiB" for r in rows
                           if r["case"] == "napkin_grad" and "peak_rss_mib" in r)
         print(f"napkin forward+backward peak memory: {peaks}")
         dpa_t, dpa_m, hand_t = (_ratio(rows, c, k) for c, k in (("dpa_grad", "time_vs_napkin"),
                                                                ("dpa_grad", "mem_vs_napkin"),
                                                                ("hand_grad", "time_vs_napkin")))
-        if dpa_t and dpa_m and hand_t:
+        causal = _speedup(rows, "napkin_causal_grad", "dpa_causal_grad")
+        if dpa_t and dpa_m and hand_t and causal:
             print(f"grad_speedup_vs_dpa={dpa_t[0]:.2f} grad_memory_ratio_vs_dpa={dpa_m[0]:.2f} "
-                  f"grad_speedup_vs_hand={hand_t[0]:.2f}")
+                  f"grad_speedup_vs_hand={hand_t[0]:.2f} causal_grad_speedup_vs_dpa={causal:.2f}")
         return
     rows = driver("attention_cpu", __file__, CASES, default_sizes=[1024, 4096, 16384, 32768, 131072],
                   only_large={"naive": 32768, "dpa": 32768}, describe=__doc__ or "", argv=argv,
                   selected=["napkin", "napkin_default", "naive", "dpa", "hand", "napkin_causal", "hand_causal"])
     dpa_t, dpa_m = _ratio(rows, "dpa", "time_vs_napkin"), _ratio(rows, "dpa", "mem_vs_napkin")
     hand_t = _ratio(rows, "hand", "time_vs_napkin")
-    causal = {r["n"]: r["median_s"] for r in rows if r["case"] == "napkin_causal" and "median_s" in r}
-    hand_c = {r["n"]: r["median_s"] for r in rows if r["case"] == "hand_causal" and "median_s" in r}
-    both = sorted(set(causal) & set(hand_c))
-    if dpa_t and dpa_m and hand_t and both:
+    causal = _speedup(rows, "napkin_causal", "hand_causal")
+    if dpa_t and dpa_m and hand_t and causal:
         print(f"speedup_vs_dpa={dpa_t[0]:.2f} memory_ratio_vs_dpa={dpa_m[0]:.2f} speedup_vs_hand={hand_t[0]:.2f} "
-              f"causal_speedup_vs_hand={hand_c[both[-1]] / causal[both[-1]]:.2f}")
+              f"causal_speedup_vs_hand={causal:.2f}")
 
 
 if __name__ == "__main__":

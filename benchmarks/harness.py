@@ -71,12 +71,14 @@ def time_call(fn: Callable[[], Any], warmup: int = 2, repeats: int = 5) -> dict[
 
 def round_robin(calls: Mapping[Any, Callable[[], Any]], rounds: int) -> dict[Any, list[float]]:
     """Wall times of each of ``calls`` (which must block until done), after one warm-up call
-    each: every call once per round, in turn, so that a shared machine's drift hits all alike."""
+    each: every call once per round, in turn, so that a shared machine's drift hits all alike;
+    every other round in reverse order, so that no call always follows the same one (whose
+    caches it would inherit)."""
     for fn in calls.values():
         fn()
     times: dict[Any, list[float]] = {key: [] for key in calls}
-    for _ in range(rounds):
-        for key, fn in calls.items():
+    for round_ in range(rounds):
+        for key, fn in (reversed if round_ % 2 else iter)(list(calls.items())):
             t0 = time.perf_counter()
             fn()
             times[key].append(time.perf_counter() - t0)

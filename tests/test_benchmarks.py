@@ -47,16 +47,23 @@ def test_cpu_benchmark_runs_every_case(script: str, size: str, tmp_path: Path) -
 def test_interleaved_attention_times_the_peers_in_one_process(tmp_path: Path) -> None:
     out = _run([str(BENCH / "attention_cpu.py"), "--interleaved", "--n", "256", "--rounds", "2"], tmp_path)
     lines = out.strip().splitlines()
-    assert [line.split()[0] for line in lines[:-1]] == ["napkin", "hand", "napkin_causal", "hand_causal"]
+    assert [line.split()[0] for line in lines[-9:-4]] == ["napkin", "napkin_default", "hand", "napkin_causal",
+                                                          "hand_causal"]
+    assert [line.split(":")[0] for line in lines[-4:-1]] == ["hand/napkin", "hand/napkin_default",
+                                                             "hand_causal/napkin_causal"]
+    assert all(re.search(r"median \d+\.\d{3} per round, quartiles .* [0-2] of 2 rounds at >= 1", line)
+               for line in lines[-4:-1])
     assert re.fullmatch(r"speedup_vs_hand=\d+\.\d\d causal_speedup_vs_hand=\d+\.\d\d", lines[-1])
 
 
 def test_backward_benchmark_runs_every_case(tmp_path: Path) -> None:
     out = _run([str(BENCH / "attention_cpu.py"), "--backward", "--sizes", "512", "--repeats", "1"], tmp_path)
     rows = json.loads((tmp_path / "attention_cpu_backward.json").read_text())["rows"]
-    assert {row["case"] for row in rows} == {"napkin_grad", "dpa_grad", "hand_grad"}
+    assert {row["case"] for row in rows} == {"napkin_grad", "dpa_grad", "hand_grad", "napkin_causal_grad",
+                                             "dpa_causal_grad"}
     assert all("error" not in row and row["median_s"] > 0 for row in rows)
-    assert out.strip().splitlines()[-1].startswith("grad_speedup_vs_dpa=")
+    assert re.fullmatch(r"grad_speedup_vs_dpa=\S+ grad_memory_ratio_vs_dpa=\S+ grad_speedup_vs_hand=\S+ "
+                        r"causal_grad_speedup_vs_dpa=\d+\.\d\d", out.strip().splitlines()[-1])
 
 
 def test_cpu_profile_script_measures_fits_and_ranks_the_choice(tmp_path: Path) -> None:

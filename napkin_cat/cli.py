@@ -295,7 +295,7 @@ def cmd_grad(args: argparse.Namespace) -> int:
 
 def cmd_derive(args: argparse.Namespace) -> int:
     """Search checked rewrites and relabellings for the cheapest schedule; write it as a proof."""
-    from napkin_cat.lower import KERNEL_DTYPES, lower  # jax is imported only by the verbs that lower
+    from napkin_cat.lower import DEFAULT_HARDWARE, KERNEL_DTYPES, lower  # jax is imported only by the verbs that lower
     from napkin_cat.search import derive  # it lowers: jax
 
     module = _module(args.file)
@@ -303,7 +303,8 @@ def cmd_derive(args: argparse.Namespace) -> int:
     out = Path(args.output)
     if out.suffix != ".ncd":
         raise UsageError(f"-o expects a proof file name ending in .ncd, got {args.output!r}")
-    dtype, hardware = _dtype(args.dtype, KERNEL_DTYPES if args.lower else None), _hardware(args.hardware)
+    dtype = _dtype(args.dtype, KERNEL_DTYPES if args.lower else None)
+    hardware = _hardware(args.hardware or (DEFAULT_HARDWARE[args.lower] if args.lower else "h100"))
     outputs = Outputs(module.scope_files)
     outputs.check(out)  # before the search: an unwritable -o is found now, not after it
     if args.lower:
@@ -517,7 +518,8 @@ def _parser() -> argparse.ArgumentParser:
     p = command("derive", "search for the cheapest checked schedule of a diagram; write the proof")
     p.add_argument("file", help="the .ncd file")
     p.add_argument("diagram", help="the diagram to schedule")
-    p.add_argument("--hardware", default="h100", help="hardware profile (h100, h200, a100, cpu)")
+    p.add_argument("--hardware", help="hardware profile (h100, h200, a100, cpu; default: h100, or with --lower the "
+                                      "target's: h100 for pallas, cpu for jax)")
     p.add_argument("--dtype", default=DEFAULT_DTYPE, help=_DTYPE_HELP)
     sizes(p)
     p.add_argument("-o", "--output", required=True, help="OUT.ncd, the proof file to write")

@@ -68,3 +68,16 @@ def test_the_jax_target_takes_its_default_tiles_from_the_cpu_profile(capsys: pyt
     assert main(["lower", str(PROOF), "flash_attention_prescaled", "--target", "jax", "-o", str(out)]) == 0
     assert "cost model optimum for cpu" in out.read_text()
     capsys.readouterr()
+
+
+@pytest.mark.parametrize(("args", "profile"), [(["--lower", "jax"], "cpu"), (["--lower", "pallas"], "h100"),
+                                               ([], "h100"), (["--lower", "jax", "--hardware", "h200"], "h200")])
+def test_derive_prices_on_the_profile_lower_would_use(args: list[str], profile: str, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """`napkin derive --lower jax` searches on `cpu`, as `napkin lower --target jax` tiles;
+    `--hardware` still overrides, and without `--lower` the default stays h100."""
+    out = tmp_path / "mm.ncd"
+    sizes = ["--size", "a=256", "--size", "b=256", "--size", "c=256"]
+    assert main(["derive", str(ROOT / "examples" / "matmul.ncd"), "matmul", *sizes, "-o", str(out), *args]) == 0
+    assert f"(hardware={profile} " in out.read_text().splitlines()[0]
+    capsys.readouterr()

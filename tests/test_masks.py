@@ -341,18 +341,22 @@ def test_a_conjunct_on_grid_indices_alone_keeps_the_mask() -> None:
 # ---- fills carried through elementwise ops (the causal backward's P = exp(S - L)) ----------------
 
 #: an expression R over M = where(q >= x, S, -inf), Z = where(q >= x, S, 0),
-#: N = where(q > x, S, -inf) and the inputs S: [q x], L: [q]; the where node whose predicate
-#: R's fill is under, and the fill (None: not known)
+#: N = where(q > x, S, -inf), W = where(q >= x, S, inf) and the inputs S: [q x], L: [q]; the
+#: where node whose predicate R's fill is under, and the fill (None: not known)
 FILLS = [("M", "M", -math.inf), ("exp(M - L)", "M", 0.0), ("exp(M - L) * (S - L)", "M", 0.0),
          ("(S - L) * exp(M)", "M", 0.0), ("M + S", "M", -math.inf), ("S - M", "M", math.inf),
          ("-M", "M", math.inf), ("relu(M)", "M", 0.0), ("sigmoid(M)", "M", 0.0), ("min(M, S)", "M", -math.inf),
          ("S / M", "M", 0.0), ("Z * S", "Z", 0.0), ("exp(M) * exp(N)", "M", 0.0), ("M + M", "M", -math.inf),
-         ("exp(Z)", "Z", 1.0), ("exp(N)", "N", 0.0),
+         ("exp(Z)", "Z", 1.0), ("exp(N)", "N", 0.0), ("sigmoid(-(Z * S))", "Z", 0.5),
          # not known: the result depends on the other operand, or is NaN, or the other may be
          # infinite, or the fill is not a constant, or a reduction mixes the positions
          ("M * S", None, None), ("max(M, S)", None, None), ("Z / S", None, None), ("M / S", None, None),
          ("M - M", None, None), ("exp(M) * log(S)", None, None), ("gelu(M)", None, None), ("S", None, None),
-         ("exp(where[q x](q >= x, S, L))", None, None), ("sum[x](exp(M))", None, None)]
+         ("exp(where[q x](q >= x, S, L))", None, None), ("sum[x](exp(M))", None, None),
+         # a zero of either sign (0·S is -0 where S < 0, S / inf where S < 0) carries nothing
+         # that tells the signs apart
+         ("recip(Z * S)", None, None), ("rsqrt(Z * S)", None, None), ("sigmoid(-recip(Z * S))", None, None),
+         ("recip(S / W)", None, None), ("recip(Z)", None, None)]
 
 
 @pytest.mark.parametrize(("expr", "where", "fill"), FILLS, ids=[e for e, _, _ in FILLS])
@@ -361,10 +365,12 @@ def test_a_fill_is_carried_only_where_arithmetic_fixes_it(expr: str, where: str 
     and through binary ops where it fixes the result for every finite other operand, under
     that where's predicate; unknown (None) for a product with an infinity, a maximum that keeps
     the finite side, 0/0, -inf - -inf, an operand that may be infinite (log), a NaN (gelu at
-    -inf), a fill that is not a constant, a reduction."""
+    -inf), a fill that is not a constant, a reduction, and a zero whose sign matters
+    (``recip(0·S)`` is -inf where S < 0)."""
     out = "q" if expr.startswith("sum") else "q x"
     text = ("axis q, x\ndiagram f(S: [q x], L: [q]) -> [" + out + "] {\n"
             "  M = where[q x](q >= x, S, -inf)\n  Z = where[q x](q >= x, S, 0)\n  N = where[q x](q > x, S, -inf)\n"
+            "  W = where[q x](q >= x, S, inf)\n"
             f"  R = {expr}\n  return R\n}}\n")
     flat = flatten(loads(text).diagram("f"))
     defs = {n.name: n.expr for n in flat.nodes}
@@ -396,3 +402,25 @@ def test_the_causal_backward_passes_skip_what_the_mask_zeroes(name: str) -> None
         lay = lower(thm, target="pallas", tiles=tiles).layout
         assert (stream_masks(lay.flat, lay.stream, lay.plans, lay.grid) is not None) == skips
         assert ("lax.cond(" in lower(thm, target="jax", tiles=tiles).source) == skips  # the chunk skip
+
+
+@pytest.mark.parametrize(("acc", "body"), [("sum", "sum[x](sigmoid(-recip(Z * S)))"), ("min", "min[x](recip(Z * S))"),
+                                           ("max", "max[x](-recip(Z * S))")])
+def test_a_signed_zero_is_never_taken_for_the_identity(acc: str, body: str) -> None:
+    """0·S is -0 where S < 0, and recip(-0) = -inf: a chunk the mask fills with zeros does not
+    lift to the identity through recip, so nothing is skipped, and both targets give the
+    evaluator's values (they skipped, and differed, when the zero's sign was dropped)."""
+    text = ("axis q, x\ndiagram f(S: [q x]) -> [q] {\n  Z = where[q x](q >= x, S, 0)\n"
+            f"  return {body}\n}}\ntheorem t: f {{\n  group q by gq pad\n  stream x by sx via {acc} pad\n}}\n")
+    (result,) = check_module(loads(text))
+    assert result.theorem is not None, result.failure
+    rng = np.random.default_rng(0)
+    s = np.abs(rng.standard_normal((32, 32))) + 1
+    s[:, 16:] *= -1
+    want = np.asarray(evaluate(result.theorem.source, [s], sizes={"q": 32, "x": 32}), np.float64)
+    for target in ("pallas", "jax"):
+        lowered = lower(result.theorem, target=target, tiles={"gq": 16, "sx": 16})
+        lay = lowered.layout
+        assert stream_masks(lay.flat, lay.stream, lay.plans, lay.grid) is None
+        got = lowered.fn(jnp.asarray(s, jnp.float32), **({"interpret": True} if target == "pallas" else {}))
+        assert agrees(np.asarray(got, np.float64), want), (target, got, want)

@@ -12,7 +12,10 @@ Side condition: operand ``i`` *absorbs* (``AccumulatorPlan.absorbing``, certifie
 absorption law in ``certify``): that operand alone at its padding value makes the chunk's
 lift the identity, whatever finite values the other operands hold; so every other operand
 must be finite (``finiteness.finite``: a ``-inf`` mask there gives ``0 · -inf = NaN`` in the
-chunk, which skipping would drop).  A mask whose fill
+chunk, which skipping would drop).  Finite over the reals, the proof domain: an operand that
+overflows float64 (``exp(800)``) gives the evaluator ``0 · inf = NaN`` where a skipped chunk
+gives nothing, outside the contract every kernel keeps (finite real inputs, results within
+the dtype's range).  A mask whose fill
 equals its operand's padding value is not enough by itself: the padding law fills every
 operand at once, while a skipped chunk keeps the others.  Masked values of an attention
 (``where(q >= x, V, 0)``) do not absorb (the normaliser still sums exp(s - m) over the
@@ -23,7 +26,8 @@ An operand is known to be ``fill`` where ``pred`` is false (``masked_fill``) whe
 ``where[...](pred, A, fill)`` with a constant fill, or elementwise ops carry such a fill to
 it: a unary op to its exact value at the fill (exp(-inf) = 0), a binary op where the fill
 fixes the result for every finite value of the other operand (``-inf - L = -inf``,
-``0 · y = 0``).  So the causal backward's ``P = exp(S - L)`` and ``dS = P·(dP - D)`` are 0
+``0 · y = ±0``; a zero's sign is not tracked, so what tells the signs apart, ``recip`` or a
+division by it, carries nothing).  So the causal backward's ``P = exp(S - L)`` and ``dS = P·(dP - D)`` are 0
 where the scores are masked, and its passes skip what the forward skips.  The fill must
 equal the operand's pad, and ``pred`` must be a conjunction of
 affine comparisons between the streamed axis' index and grid axes' indices (``q >= x``,
@@ -44,6 +48,7 @@ that every conjunct bounds the stream index, so that no row of the block is left
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -134,58 +139,67 @@ def masked_fill(expr: Expr, defs: Mapping[str, Expr], inputs: Collection[str]) -
     (None: not known).  A ``where`` with a constant fill gives its predicate and fill; a unary
     op carries a fill to its value there (``_at``); a binary op carries one where one operand
     has a fill that fixes the result for every finite value of the other (``_absorbed``), or
-    where both have fills under the same predicate (``_at``)."""
-    if isinstance(expr, Var):
-        return masked_fill(defs[expr.name], defs, inputs) if expr.name in defs else None
-    if not isinstance(expr, Box):
-        return None
-    if expr.op == "where":
-        fill = expr.args[-1]
-        if isinstance(fill, Const) and isinstance(expr.index, (Cmp, Logic)):
-            return expr.index, fill.value
-        return None
-    kind = ops.OPS[expr.op].kind
-    if kind not in ("unary", "binary"):
-        return None
-    fills = [masked_fill(a, defs, inputs) for a in expr.args]
-    if kind == "unary":
-        (f,) = fills
-        value = None if f is None else _at(expr.op, (f[1],))
-        return None if f is None or value is None else (f[0], value)
-    a, b = fills
-    if a is not None and b is not None and a[0] == b[0]:
-        value = _at(expr.op, (a[1], b[1]))
-        if value is not None:
-            return a[0], value
-    for k, f in enumerate(fills):
-        if f is not None and finite(expr.args[1 - k], defs, frozenset(inputs)):
-            value = _absorbed(expr.op, k, f[1])
+    where both have fills under the same predicate (``_at``).  A zero is carried without its
+    sign (``0·y`` is -0 for a negative y), so nothing that tells the signs apart
+    (``recip``, a division by it) carries it."""
+    inside = frozenset(inputs)
+    known: dict[str, tuple[Pred, float] | None] = {}  # per binding: a value may feed many ops
+
+    def fill(e: Expr) -> tuple[Pred, float] | None:
+        if isinstance(e, Var):
+            if e.name not in defs:
+                return None
+            if e.name not in known:
+                known[e.name] = fill(defs[e.name])
+            return known[e.name]
+        if not isinstance(e, Box):
+            return None
+        if e.op == "where":
+            last = e.args[-1]
+            return (e.index, last.value) if isinstance(last, Const) and isinstance(e.index, (Cmp, Logic)) else None
+        kind = ops.OPS[e.op].kind
+        if kind not in ("unary", "binary"):
+            return None
+        fills = [fill(a) for a in e.args]
+        first = fills[0]
+        if first is not None and all(f is not None and f[0] == first[0] for f in fills):
+            value = _at(e.op, tuple(f[1] for f in fills if f is not None))
             if value is not None:
-                return f[0], value
-    return None
+                return first[0], value
+        for k, f in enumerate(fills if kind == "binary" else ()):
+            if f is not None and finite(e.args[1 - k], defs, inside):
+                value = _absorbed(e.op, k, f[1])
+                if value is not None:
+                    return f[0], value
+        return None
+
+    return fill(expr)
 
 
 def _at(op: str, values: tuple[float, ...]) -> float | None:
-    """``op`` at constant operands, where float32 and float64 give the same number (an exact
-    result, as exp(-inf) = 0: the same in a kernel's dtype as in the evaluator's)."""
+    """``op`` at constant operands, where the result does not depend on the sign of a zero
+    operand (both are tried) and is not NaN; in float64, as the evaluator computes it (and in
+    float32, which must agree: conservative, since a skipped chunk is never computed)."""
     table: Mapping[str, Callable[..., Any]] = FLOAT64.unary if len(values) == 1 else FLOAT64.binary
+    signed = itertools.product(*(((0.0, -0.0) if v == 0 else (v,)) for v in values))
     with np.errstate(all="ignore"):
-        wide, narrow = (float(table[op](*(np.asarray(v, dtype) for v in values))) for dtype in (np.float64, np.float32))
-    return wide if wide == narrow else None  # NaN != NaN
+        results = {float(table[op](*(np.asarray(v, dtype) for v in operands)))
+                   for operands in signed for dtype in (np.float64, np.float32)}
+    if any(math.isnan(r) for r in results) or len({(r, math.copysign(1.0, r)) for r in results}) > 1:
+        return None
+    return results.pop()
 
 
 def _absorbed(op: str, k: int, c: float) -> float | None:
     """The value of binary ``op`` whose operand ``k`` is ``c`` and whose other operand is any
     finite real, where that value does not depend on it (None elsewhere): an infinity through
-    addition and subtraction, zero through multiplication, an infinite divisor, and the
-    infinity that a maximum or minimum keeps."""
+    addition and subtraction, a zero (of either sign) through multiplication and under an
+    infinite divisor, and the infinity that a maximum or minimum keeps."""
     if op == "add" and math.isinf(c):
         return c
     if op == "sub" and math.isinf(c):
         return c if k == 0 else -c
-    if op == "mul" and c == 0:
-        return 0.0
-    if op == "div" and k == 1 and math.isinf(c):
+    if (op == "mul" and c == 0) or (op == "div" and k == 1 and math.isinf(c)):
         return 0.0
     if (op == "maximum" and c == math.inf) or (op == "minimum" and c == -math.inf):
         return c

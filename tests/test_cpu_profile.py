@@ -81,3 +81,20 @@ def test_derive_prices_on_the_profile_lower_would_use(args: list[str], profile: 
     assert main(["derive", str(ROOT / "examples" / "matmul.ncd"), "matmul", *sizes, "-o", str(out), *args]) == 0
     assert f"(hardware={profile} " in out.read_text().splitlines()[0]
     capsys.readouterr()
+
+
+def test_on_the_cpu_a_summed_chunk_is_added_by_a_pass_over_its_state() -> None:
+    """XLA:CPU adds each chunk's dot into a summed state in a pass of its own
+    (``accumulate_pass``): tiled_matmul folds one FLOP per state value per chunk on the cpu
+    profile and none on h100 (the MMA accumulates into its operand), so narrow chunks cost
+    more than wide ones there, as measured (512 × 64 ran 1.6× 1024 × 1024, BENCHMARKS.md)."""
+    thm = theorem(ROOT / "proofs" / "matmul.ncd", "tiled_matmul")
+    schedule = realised_schedule(thm.result, thm.schedule, "jax")
+    n = 4096
+    sizes = {"a": n, "b": n, "c": n}
+    cpu, gpu = (cost(thm, schedule, hardware=name, sizes=sizes, dtype="f32") for name in ("cpu", "h100"))
+    narrow, wide = {"ga": 512, "sb": 64}, {"ga": 1024, "sb": 1024}
+    assert CPU.accumulate_pass and not hw.load("h100").accumulate_pass
+    assert cpu.at(cpu.fold_flops, narrow) == (n // 512) * (n // 64) * 512 * n  # programs × chunks × state
+    assert gpu.at(gpu.fold_flops, narrow) == 0
+    assert timing(cpu, narrow).serial > timing(cpu, wide).serial

@@ -192,7 +192,7 @@ class Cost:
         """FLOPs of folding each chunk of a stream into its accumulator's state, beyond the
         chunk's own (the online softmax's correction of its running output: ``update`` less
         ``lift`` of the accumulator, or ``combine`` without an update), once per chunk."""
-        return _fold_flops(self.program, self.accumulators)
+        return _fold_flops(self.program, self.accumulators, self.hardware.accumulate_pass)
 
     @functools.cached_property
     def work(self) -> tuple[Expr, ...]:
@@ -384,22 +384,28 @@ def _box_flops(box: Box, prog: Program, path: tuple[Inst, ...]) -> Expr:
     return _per_point(box) * sympy.Mul(*(e for _, e in prog.shape(space, path)))
 
 
-def _fold_flops(prog: Program, chosen: Mapping[str, str]) -> Expr:
+def _fold_flops(prog: Program, chosen: Mapping[str, str], accumulate_pass: bool = False) -> Expr:
     """FLOPs of folding chunks into accumulator states (``Cost.fold_flops``): for each box
     computed inside a stream over an axis it consumes, per chunk, its accumulator's ``update``
     less its ``lift`` (``combine`` where it has no update), counted box by box as ``_flops``
     counts the diagram's, at the extents inside the stream; an ``add`` of a contraction's
     result is free (the tensor cores accumulate into their operand), so a contraction summed
     over chunks folds at no cost (its ``sum`` state is the MMA's accumulator) and the online
-    softmax pays for its correction only."""
+    softmax pays for its correction only.  With ``accumulate_pass`` (``Hardware``: XLA:CPU) a
+    summed contraction's add is a pass of its own, one FLOP per state value per chunk; the
+    online softmax's still rides in its correction's pass."""
     loops = prog.nest.loops
     total = sympy.Integer(0)
     for step in prog.views[-1].steps:
         box = prog.nest.flat.node(step.array).expr if step.op == "compute" else None
-        if not isinstance(box, Box) or ops.OPS[box.op].kind == "contract":  # summed in the MMA's accumulator
+        if not isinstance(box, Box):
             continue
         streams = [loops[i] for i, _ in step.path if loops[i].kind == "stream" and accumulators_for(box, loops[i].axis)]
         if not streams:
+            continue
+        if ops.OPS[box.op].kind == "contract":  # summed in the MMA's accumulator, or by a pass over the state
+            if accumulate_pass:
+                total += step.count * sympy.Mul(*(extent for _, extent in prog.shape(box.axes, step.path)))
             continue
         acc = _plan(box, streams[-1].axis, chosen_accumulator(box, chosen.get(step.array), streams[-1].partition.via))
 

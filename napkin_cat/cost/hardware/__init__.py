@@ -78,7 +78,9 @@ class Hardware:
     budget, stages) for a Triton program, empty for a profile without them; ``elementwise``
     the FLOP/s of work that is not a contraction (None: the f32 peak, a GPU's CUDA cores);
     ``loop_overhead`` the seconds each trip of the kernel's loops costs beyond its work (a
-    processor that runs a kernel's loop body as a sequence of library calls, XLA:CPU's).
+    processor that runs a kernel's loop body as a sequence of library calls, XLA:CPU's);
+    ``accumulate_pass`` whether a chunk's contraction is added into its summed state by a pass
+    of its own (XLA:CPU) rather than by the matrix unit into its operand (tensor cores).
     """
 
     key: str
@@ -92,6 +94,7 @@ class Hardware:
     launch: dict[str, Any] = field(default_factory=dict, compare=False)
     elementwise: float | None = None
     loop_overhead: float = 0.0
+    accumulate_pass: bool = False
 
     def level(self, name: str) -> Level:
         for level in self.levels:
@@ -143,6 +146,6 @@ def load(key: str) -> Hardware:
                         dict(data.get("divisibility", {})), dict(data.get("tensor_core", {})),
                         int(raw_levels.get("mesh", {}).get("devices", 1)), dict(data.get("launch", {})),
                         float(data["elementwise"]) if "elementwise" in data else None,
-                        float(data.get("loop_overhead", 0.0)))
+                        float(data.get("loop_overhead", 0.0)), bool(data.get("accumulate_pass", False)))
     except KeyError as exc:
         raise HardwareError(f"{key}.toml: missing field {exc}") from None

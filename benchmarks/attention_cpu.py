@@ -231,7 +231,7 @@ def interleaved(n: int, rounds: int) -> None:
     paired = {}
     for peer, ours in PAIRS:  # the peer's time over ours in each round: drift between rounds cancels
         ratios = sorted(p / o for p, o in zip(times[peer], times[ours], strict=True))
-        low, mid, high = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+        low, mid, high = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else ratios * 3
         paired[ours] = mid
         print(f"{peer}/{ours}: median {mid:.3f} per round, quartiles {low:.3f} to {high:.3f}, "
               f"{sum(r >= 1 for r in ratios)} of {len(ratios)} rounds at >= 1")

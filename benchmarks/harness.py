@@ -71,16 +71,23 @@ def time_call(fn: Callable[[], Any], warmup: int = 2, repeats: int = 5) -> dict[
 
 def round_robin(calls: Mapping[Any, Callable[[], Any]], rounds: int) -> dict[Any, list[float]]:
     """Wall times of each of ``calls`` (which must block until done), after one warm-up call
-    each: every call once per round, in turn, so that a shared machine's drift hits all alike;
-    every other round in reverse order, so that no call always follows the same one (whose
-    caches it would inherit)."""
+    each: every call once per round, so that a shared machine's drift hits all alike, in a
+    seeded random order that never starts with the call that ended the round before, so that
+    no call always follows the same one (whose caches it would inherit) or itself."""
+    import random
+
     for fn in calls.values():
         fn()
     times: dict[Any, list[float]] = {key: [] for key in calls}
-    for round_ in range(rounds):
-        for key, fn in (reversed if round_ % 2 else iter)(list(calls.items())):
+    order, rng = list(calls), random.Random(0)
+    for _ in range(rounds):
+        last = order[-1]
+        rng.shuffle(order)
+        if order[0] == last:
+            order[0], order[-1] = order[-1], order[0]
+        for key in order:
             t0 = time.perf_counter()
-            fn()
+            calls[key]()
             times[key].append(time.perf_counter() - t0)
     return times
 

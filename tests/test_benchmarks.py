@@ -7,6 +7,7 @@ run (the same code as on the H200, in interpret mode) checks its kernels' correc
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -115,3 +116,18 @@ def test_differential_run_counts_and_records(tmp_path: Path) -> None:
     assert result["mismatches"] == [] and result["drawn"] >= result["accepted_schedules"] >= 1
     assert sum(result["outcomes"].values()) == 2 * result["accepted_schedules"]  # one outcome per target
     assert f"accepted schedules {result['accepted_schedules']}" in out
+
+
+@pytest.mark.parametrize("names", ["ab", "abcde"])
+def test_round_robin_varies_the_order_and_never_repeats_a_call(names: str) -> None:
+    """Each call runs once per round (after one warm-up each), never right after itself, and
+    (with more than two) after more than one other call: no call inherits one peer's caches."""
+    sys.path.insert(0, str(BENCH))
+    from harness import round_robin
+
+    seen: list[str] = []
+    times = round_robin({k: (lambda k=k: seen.append(k)) for k in names}, 40)
+    assert all(len(times[k]) == 40 for k in names) and len(seen) == 41 * len(names)
+    assert all(a != b for a, b in itertools.pairwise(seen))
+    if len(names) > 2:
+        assert all(len({a for a, b in itertools.pairwise(seen) if b == k}) > 1 for k in names)

@@ -98,3 +98,18 @@ def test_on_the_cpu_a_summed_chunk_is_added_by_a_pass_over_its_state() -> None:
     assert cpu.at(cpu.fold_flops, narrow) == (n // 512) * (n // 64) * 512 * n  # programs × chunks × state
     assert gpu.at(gpu.fold_flops, narrow) == 0
     assert timing(cpu, narrow).serial > timing(cpu, wide).serial
+
+
+def test_derive_for_the_jax_target_prices_in_f32_as_lower_does() -> None:
+    """The plain-JAX target computes in f32 whatever its inputs (``PRICED_DTYPE``), so derive
+    prices its candidates in f32 under any ``--dtype``: bf16 would count half the bytes and
+    choose tiles (512 × 1024 for this matmul) that overflow the cache at f32."""
+    from napkin_cat.lower import PRICED_DTYPE
+    from napkin_cat.search.derive import model_cost
+
+    thm = theorem(ROOT / "proofs" / "matmul.ncd", "tiled_matmul")
+    sizes = {"a": 4096, "b": 4096, "c": 4096}
+    assert PRICED_DTYPE == {"jax": "f32"}
+    as_bf16, as_f32 = (model_cost("cpu", dtype, sizes, target="jax")(thm) for dtype in ("bf16", "f32"))
+    assert as_bf16.tiles == as_f32.tiles and as_f32.fits
+    assert model_cost("cpu", "bf16", sizes)(thm).tiles != as_f32.tiles  # no target: priced as given

@@ -191,7 +191,8 @@ class Cost:
     def fold_flops(self) -> Expr:
         """FLOPs of folding each chunk of a stream into its accumulator's state, beyond the
         chunk's own (the online softmax's correction of its running output: ``update`` less
-        ``lift`` of the accumulator, or ``combine`` without an update), once per chunk."""
+        ``lift`` of the accumulator, or ``combine`` without an update), once per chunk; on a
+        profile with ``accumulate_pass`` also a summed contraction's add (``_fold_flops``)."""
         return _fold_flops(self.program, self.accumulators, self.hardware.accumulate_pass)
 
     @functools.cached_property

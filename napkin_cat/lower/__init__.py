@@ -40,8 +40,8 @@ from napkin_cat.printer import print_diagram, print_step
 from napkin_cat.schedule.loopnest import flatten, woven_axes
 from napkin_cat.terms import Diagram, Partition, Schedule
 
-__all__ = ["DEFAULT_HARDWARE", "DEFAULT_TILE", "DTYPES", "KERNEL_DTYPES", "REPRESENTATIVE_SIZE", "TARGETS", "Lowered",
-           "default_tiles", "lower", "realised_schedule"]
+__all__ = ["DEFAULT_HARDWARE", "DEFAULT_TILE", "DTYPES", "KERNEL_DTYPES", "PRICED_DTYPE", "REPRESENTATIVE_SIZE",
+           "TARGETS", "Lowered", "default_tiles", "lower", "realised_schedule"]
 
 TARGETS = ("pallas", "jax")
 
@@ -64,6 +64,10 @@ REPRESENTATIVE_SIZE = 4096
 #: given: Pallas kernels are GPU kernels; the plain-JAX target is napkin's CPU path, priced on
 #: the profile measured on this project's machine (``cost/hardware/cpu.toml``)
 DEFAULT_HARDWARE: dict[str, str] = {"pallas": "h100", "jax": "cpu"}
+
+#: the dtype a target's tiles are priced in where it fixes one: the plain-JAX target computes
+#: every array in f32, its loaded chunks included, whatever its inputs' dtype
+PRICED_DTYPE: dict[str, str] = {"jax": "f32"}
 
 #: names the emitted module defines or its code reads: no theorem, input or binding may take
 #: one (a theorem named `len` would shadow the builtin its helpers call), nor any builtin
@@ -165,9 +169,8 @@ def _place(name: str, diagram: Diagram, schedule: Schedule, target: str, tiles: 
             given[p.tile] = given[p.axis]
     missing = [p.tile for p in device.partitions if isinstance(p.tile, str) and p.tile not in given]
     if missing:
-        # the plain-JAX target computes every array in f32, its loaded chunks included
         defaults, origin = default_tiles(diagram, realised_schedule(diagram, device, target), hardware,
-                                         "f32" if target == "jax" else "bf16")
+                                         PRICED_DTYPE.get(target, "bf16"))
         unrealised = sorted(n for n in missing if n not in defaults)  # plain JAX vectorises them whole
         if unrealised:
             defaults |= {n: DEFAULT_TILE for n in unrealised}

@@ -33,7 +33,7 @@ from napkin_cat.cost.roofline import compute_seconds
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.elaborate import load
 from napkin_cat.files import Outputs
-from napkin_cat.lower import realised_schedule
+from napkin_cat.lower import PRICED_DTYPE, realised_schedule
 from napkin_cat.lower.layout import layout
 from napkin_cat.printer import print_step
 from napkin_cat.proof import CheckResult, check_file
@@ -214,10 +214,12 @@ def model_cost(hardware: str = "h100", dtype: str = "bf16", sizes: Mapping[str, 
     never a winner.  With ``target`` "pallas", a schedule is costed as that kernel runs it
     (``realised_schedule``: an axis woven through every box and left unpartitioned is a grid
     axis, one position per program, so arrays lacking it are re-loaded by each program).
-    Raises HardwareError for an unknown profile or dtype.
+    A target that computes in one dtype is priced in it (``PRICED_DTYPE``: plain JAX in f32),
+    as ``lower`` prices its default tiles.  Raises HardwareError for an unknown profile or dtype.
     """
     profile = hw.load(hardware)
     profile.peak_flops(dtype)  # an unknown dtype is refused here, before any schedule is costed
+    dtype = PRICED_DTYPE.get(target, dtype) if target else dtype
     given = dict(sizes or {})
 
     def evaluate(thm: kernel.Theorem) -> Costed:

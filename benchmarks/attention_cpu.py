@@ -200,20 +200,12 @@ CASES = {"napkin": napkin, "napkin_default": napkin_default, "naive": naive, "dp
          "napkin_causal_grad": napkin_causal_grad, "dpa_causal_grad": dpa_causal_grad}
 
 
-def _ratio(rows: list[dict[str, Any]], case: str, key: str) -> tuple[float, int] | None:
-    both = [r for r in rows if r["case"] == case and key in r]
-    if not both:
-        return None
-    last = max(both, key=lambda r: r["n"])
-    return float(last[key]), int(last["n"])
-
-
-def _speedup(rows: list[dict[str, Any]], ours: str, peer: str) -> float | None:
-    """The peer's median time over ours at the largest N both ran (None if they share none)."""
-    times = {case: {r["n"]: r["median_s"] for r in rows if r["case"] == case and "median_s" in r}
-             for case in (ours, peer)}
-    both = sorted(set(times[ours]) & set(times[peer]))
-    return times[peer][both[-1]] / times[ours][both[-1]] if both else None
+def _ratio(rows: list[dict[str, Any]], ours: str, peer: str, key: str = "median_s") -> float | None:
+    """The peer's ``key`` (median time, or peak memory) over ours at the largest N both ran
+    (None if they share none)."""
+    values = {case: {r["n"]: r[key] for r in rows if r["case"] == case and key in r} for case in (ours, peer)}
+    both = sorted(set(values[ours]) & set(values[peer]))
+    return values[peer][both[-1]] / values[ours][both[-1]] if both else None
 
 
 #: the peers `--interleaved` compares, each as (peer, napkin's kernel)
@@ -255,22 +247,20 @@ def main() -> None:
         peaks = ", ".join(f"N={r['n']}: {r['peak_rss_mib']:.0f} MiB" for r in rows
                           if r["case"] == "napkin_grad" and "peak_rss_mib" in r)
         print(f"napkin forward+backward peak memory: {peaks}")
-        dpa_t, dpa_m, hand_t = (_ratio(rows, c, k) for c, k in (("dpa_grad", "time_vs_napkin"),
-                                                               ("dpa_grad", "mem_vs_napkin"),
-                                                               ("hand_grad", "time_vs_napkin")))
-        causal = _speedup(rows, "napkin_causal_grad", "dpa_causal_grad")
+        dpa_t, dpa_m = _ratio(rows, "napkin_grad", "dpa_grad"), _ratio(rows, "napkin_grad", "dpa_grad", "peak_rss_mib")
+        hand_t = _ratio(rows, "napkin_grad", "hand_grad")
+        causal = _ratio(rows, "napkin_causal_grad", "dpa_causal_grad")
         if dpa_t and dpa_m and hand_t and causal:
-            print(f"grad_speedup_vs_dpa={dpa_t[0]:.2f} grad_memory_ratio_vs_dpa={dpa_m[0]:.2f} "
-                  f"grad_speedup_vs_hand={hand_t[0]:.2f} causal_grad_speedup_vs_dpa={causal:.2f}")
+            print(f"grad_speedup_vs_dpa={dpa_t:.2f} grad_memory_ratio_vs_dpa={dpa_m:.2f} "
+                  f"grad_speedup_vs_hand={hand_t:.2f} causal_grad_speedup_vs_dpa={causal:.2f}")
         return
     rows = driver("attention_cpu", __file__, CASES, default_sizes=[1024, 4096, 16384, 32768, 131072],
                   only_large={"naive": 32768, "dpa": 32768}, describe=__doc__ or "", argv=argv,
                   selected=["napkin", "napkin_default", "naive", "dpa", "hand", "napkin_causal", "hand_causal"])
-    dpa_t, dpa_m = _ratio(rows, "dpa", "time_vs_napkin"), _ratio(rows, "dpa", "mem_vs_napkin")
-    hand_t = _ratio(rows, "hand", "time_vs_napkin")
-    causal = _speedup(rows, "napkin_causal", "hand_causal")
+    dpa_t, dpa_m = _ratio(rows, "napkin", "dpa"), _ratio(rows, "napkin", "dpa", "peak_rss_mib")
+    hand_t, causal = _ratio(rows, "napkin", "hand"), _ratio(rows, "napkin_causal", "hand_causal")
     if dpa_t and dpa_m and hand_t and causal:
-        print(f"speedup_vs_dpa={dpa_t[0]:.2f} memory_ratio_vs_dpa={dpa_m[0]:.2f} speedup_vs_hand={hand_t[0]:.2f} "
+        print(f"speedup_vs_dpa={dpa_t:.2f} memory_ratio_vs_dpa={dpa_m:.2f} speedup_vs_hand={hand_t:.2f} "
               f"causal_speedup_vs_hand={causal:.2f}")
 
 

@@ -153,18 +153,18 @@ def max_of(columns: list[Expr]) -> Expr:
 
 def _dominates(big: Expr, small: Expr) -> bool:
     """``big >= small`` for all sizes and tiles >= 1: ``big - small`` with every symbol s
-    written 1 + s' is a polynomial in the s' >= 0 with non-negative coefficients.  (Writing
-    s as 1 + s' commutes with subtraction, so two polynomials are each rewritten once,
-    ``_shifted``: ``max_of`` compares every pair of columns.)"""
+    written 1 + s' is a polynomial in the s' >= 0 with non-negative coefficients (a difference
+    that is not a polynomial is read as it is).  Writing s as 1 + s' commutes with
+    subtraction, so two polynomials are each rewritten once (``_shifted``, remembered:
+    ``max_of`` compares every pair of columns)."""
     shifted = _shifted(big), _shifted(small)
     if shifted[0] is not None and shifted[1] is not None:
-        return all(t.as_coeff_Mul()[0] >= 0 for t in sympy.Add.make_args(shifted[0] - shifted[1]))
-    diff = sympy.expand(big - small)
-    if diff == 0:
-        return True
-    symbols = sorted(diff.free_symbols, key=str)
-    if symbols and diff.is_polynomial(*symbols):
-        diff = sympy.expand(diff.subs({s: s + 1 for s in symbols}, simultaneous=True))
+        diff = shifted[0] - shifted[1]
+    else:
+        raw = sympy.expand(big - small)
+        diff = _shifted(raw)
+        if diff is None:
+            diff = raw
     return all(t.as_coeff_Mul()[0] >= 0 for t in sympy.Add.make_args(diff))
 
 

@@ -142,12 +142,13 @@ def load(key: str) -> Hardware:
             for name in LEVELS if name in raw_levels
         )
         peak = {canonical_dtype(k): float(v) for k, v in data["peak"].items()}
-        if not isinstance(data.get("accumulate_pass", False), bool):
+        accumulate_pass = data.get("accumulate_pass", False)
+        if not isinstance(accumulate_pass, bool):
             raise HardwareError(f"{key}.toml: accumulate_pass must be true or false")
         return Hardware(key, str(data["name"]), int(data["sms"]), levels, peak,
                         dict(data.get("divisibility", {})), dict(data.get("tensor_core", {})),
                         int(raw_levels.get("mesh", {}).get("devices", 1)), dict(data.get("launch", {})),
                         float(data["elementwise"]) if "elementwise" in data else None,
-                        float(data.get("loop_overhead", 0.0)), data.get("accumulate_pass", False))
+                        float(data.get("loop_overhead", 0.0)), accumulate_pass)
     except KeyError as exc:
         raise HardwareError(f"{key}.toml: missing field {exc}") from None

@@ -15,9 +15,20 @@ from napkin_cat.kernel import Theorem
 from napkin_cat.printer import print_module
 from napkin_cat.terms import Diagram, Module
 
-__all__ = ["Diagnostic", "Diagram", "Module", "NapkinError", "Span", "Theorem", "load", "loads", "print_module",
-           "render", "run"]
+__all__ = ["Diagnostic", "Diagram", "Fused", "Module", "NapkinError", "Span", "Theorem", "attention", "fuse", "load",
+           "loads", "print_module", "render", "run"]
 __version__ = "0.1.0"
+
+#: the front door for JAX code (``napkin_cat.fused``), loaded on first use: it imports jax
+_FRONT_DOOR = ("Fused", "attention", "fuse")
+
+
+def __getattr__(name: str) -> object:
+    if name in _FRONT_DOOR:
+        from napkin_cat import fused as front_door
+
+        return getattr(front_door, name)
+    raise AttributeError(f"module 'napkin_cat' has no attribute {name!r}")
 
 
 def show_in_notebooks() -> bool:

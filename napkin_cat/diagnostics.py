@@ -122,6 +122,8 @@ MESSAGES: dict[str, str] = {
     "lower.unbound_axis": "axis `{axis}` of `{node}` gets its size from no input and has no declared size",
     "lower.mesh_tile": "tile `{tile}` is a mesh tile: each device's block of `{axis}` is ⌈|{axis}|/N⌉ for N "
         "devices (--mesh N), not a given size",
+    "fuse.not_proved": "theorem `{name}` rests on what is only tested ({tested}); napkin_cat.fuse takes proved "
+        "theorems (strict=False to accept it)",
     "lower.backward_mesh": "a forward with backward kernels runs on one device: lower it without --mesh",
     "lower.backward_input": "input `{name}` of backward `{diagram}` is none of the forward's inputs ({inputs}), "
         "named outputs ({outputs}) or output cotangents ({cotangents})",

@@ -213,3 +213,27 @@ def test_each_rule_contains_what_the_evaluator_computes(op: str, params: str, te
     abstract = analyse(term_expr, {}, classes)
     got = {class_of(float(v)) for v in np.ravel(value)}
     assert got <= abstract, (term, classes, arrays, value)
+
+
+@pytest.mark.parametrize(("shift", "accepted"), [
+    ("max[x](S)", True),
+    ("sum[x](exp(M))", True),                      # exp(-inf) = 0: a sum of zeros and positives
+    ("log(1.0 + sum[x](exp(M)))", True),           # 1 + (0 or more) is positive
+    ("sqrt(sum[x](square(M - max[x](S))))", False),  # (-inf)² = +inf
+    ("sum[x](exp(M) * S)", True),                 # masked weights (0) times finite values
+    ("sum[x](exp(S) * M)", False),                # a positive weight times -inf
+    ("sum[x](recip(exp(M)))", False),              # 1 / exp(-inf) = +inf
+    ("max[x](log(exp(M)))", False),                # log(exp(-inf)) = -inf
+    ("rsqrt(sum[x](exp(M)))", False),              # a fully masked row: 1 / sqrt(0)
+])
+def test_a_shift_lemma_applies_where_the_analysis_vouches_for_the_shift(shift: str, accepted: bool) -> None:
+    text = (f"axis q, x\ndiagram f(S: [q x]) -> [q x] {{\n  M = where[q x](x >= q + 2, S, -inf)\n"
+            f"  P = softmax[x](S - {shift})\n  return P\n}}\n")
+    module, lemma = loads(text), rules.library()["softmax_shift"]
+    step = Rewrite("softmax_shift", ("P",))
+    if accepted:
+        thm = kernel.rewrite(kernel.refl("t", module.diagram("f")), lemma, step, {"softmax_shift": "tested: t"})
+        assert "lemma softmax_shift" in "; ".join(thm.trust)
+    else:
+        with pytest.raises(KernelError, match=r"^instantiate: lemma `softmax_shift` holds when `c` is finite"):
+            kernel.rewrite(kernel.refl("t", module.diagram("f")), lemma, step, {"softmax_shift": "tested: t"})

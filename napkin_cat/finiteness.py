@@ -14,7 +14,7 @@ binding is read through, anything else (a diagram used as a box, an unknown name
 without a rule) is ``TOP``, every class.  ``RULES`` holds one transfer rule per op of
 ``ops.OPS`` (a test checks that, and each rule against the evaluator):
 
-- unary ops map class by class (``_UNARY``): ``exp(-inf) = 0`` (so ``exp`` of a mask is
+- unary ops map class by class (``UNARY``): ``exp(-inf) = 0`` (so ``exp`` of a mask is
   ``{0, +}``, not positive), ``exp(+inf) = +inf``; ``log``: ``0 → -inf``, negative → nan;
   ``sqrt``/``rsqrt`` of a negative → nan, ``rsqrt``/``recip`` of 0 → ``±inf`` (the zero's sign);
   ``gelu``/``silu`` of ``-inf`` → nan (``-inf · 0``); nan stays nan;
@@ -44,8 +44,8 @@ from functools import reduce as fold
 from napkin_cat import ops
 from napkin_cat.terms import Box, Const, Diagram, Expr, Size, Var
 
-__all__ = ["FINITE", "INFINITE", "MASKS", "MASKS_TESTED", "RULES", "TOP", "Value", "analyse", "class_of", "finite",
-           "finite_in", "masked", "narrowed", "unsupported"]
+__all__ = ["FINITE", "INFINITE", "MASKS", "MASKS_TESTED", "RULES", "TOP", "UNARY", "Value", "analyse", "class_of",
+           "finite", "finite_in", "masked", "narrowed", "unsupported"]
 
 Value = frozenset[str]
 #: the classes in order (``maximum`` keeps the larger), nan apart
@@ -64,7 +64,7 @@ def _v(text: str) -> Value:
 
 
 #: unary ops class by class (nan → nan for every op); ``id`` is a normalised contraction's activation
-_UNARY: dict[str, dict[str, str]] = {
+UNARY: dict[str, dict[str, str]] = {
     "id": {c: c for c in ORDER},
     "exp": {"-inf": "0", "-": "+", "0": "+", "+": "+", "+inf": "+inf"},
     "log": {"-inf": "nan", "-": "nan", "0": "-inf", "+": "- 0 +", "+inf": "+inf"},
@@ -84,7 +84,9 @@ _UNARY: dict[str, dict[str, str]] = {
 
 
 def _unary(op: str, a: Value) -> Value:
-    return frozenset().union(*(_v("nan") if c == "nan" else _v(_UNARY[op][c]) for c in a))
+    if op not in UNARY:
+        return TOP  # an op without a rule could be anything
+    return frozenset().union(*(_v("nan") if c == "nan" else _v(UNARY[op][c]) for c in a))
 
 
 def _add(a: str, b: str) -> Value:
@@ -181,8 +183,9 @@ def _rule(op: str) -> Rule:
         return lambda box, vs, _: FINITE
     if kind == "onehot":
         return lambda box, vs, _: _v("0 +")
-    assert kind in ("split", "join", "rename", "transpose"), kind
-    return lambda box, vs, _: vs[0]
+    if kind in ("split", "join", "rename", "transpose"):
+        return lambda box, vs, _: vs[0]
+    return lambda box, vs, _: TOP  # an op of a kind without a rule could be anything
 
 
 RULES: dict[str, Rule] = {op: _rule(op) for op in ops.OPS}

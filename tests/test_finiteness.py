@@ -162,7 +162,7 @@ TEMPLATES: dict[str, list[tuple[str, str]]] = {
     "ncontract": [(_AB, f"ncontract[x; {a1}, {a2}, {b}](A, B)") for a1 in ("exp", "id", "recip", "log")
                   for a2 in ("exp", "square", "id") for b in sorted(ops.NORMALISERS)],
     "where": [(_AB, "where[q x](x <= q, A, B)")],
-    "index": [(_AB, "index[q x](q - x) + A * 0.0")],
+    "index": [(_AB, "index[q x](q - x)"), (_AB, "index[q x](q * x - 2)")],
     "onehot": [(_AB, "onehot[v](A)")],
     "split": [(_AB, "split[x -> y z](A)")],
     "join": [("A: [q y z], B: [q x]", "join[y z -> x](A)")],

@@ -1,88 +1,255 @@
-"""TRUSTED: a sound finiteness analysis, to discharge a lemma's ``when c finite`` condition.
+"""TRUSTED: a sound finiteness and sign analysis, to discharge a lemma's ``when c finite``
+condition, decide what an accumulator's proof or test covers, and let a kernel skip a chunk.
 
-``finite(expr, defs)`` is True only if ``expr`` is a finite real at every position for
-every finite real input of its diagram (the proof domain, README "Proofs": inputs are
-finite reals, axes have at least one position; ``±inf`` enters only through constants).
-It answers False whenever it cannot tell: a ``-inf`` mask, a division, a logarithm or a
-square root of something not known to be positive, a binding it cannot see.  The kernel
-refuses an instantiation whose matched term it does not vouch for, naming the condition.
+Domain (README "Proofs"): every input entry is a finite real, every axis has at least one
+position; ``±inf`` enters only through constants (masks) and what ops make of them.  The
+analysis is abstract interpretation over the *classes* of an extended real::
 
-Rules (over the reals, with the evaluator's conventions): constants are finite iff they
-are; sizes are finite and positive; elementwise ops other than the partial ones below,
-reductions, normalisations (a zero normaliser gives 0), contractions, where, reshapes and
-onehot give finite values from finite operands, and ``exp`` from finite or ``-inf``
-operands (``masked``); ``div``/``recip`` need a nonzero denominator (positive, or the guarded
-``d + (1 - square(sign d))``), ``rsqrt``/``log`` a positive operand, ``sqrt`` a non-negative
-one; an index expression is integer arithmetic (``+ - *``), so finite.
+    "-inf"   "-" (negative, finite)   "0" (either sign of zero)   "+"   "+inf"   "nan"
+
+A term's abstract value is a set of classes that contains the class of every entry of its
+value, for every input in the domain, over the reals with the evaluator's conventions
+(``evaluate.py``).  Inputs are ``{-, 0, +}``, constants their class, sizes ``{+}``; a
+binding is read through, anything else (a diagram used as a box, an unknown name, an op
+without a rule) is ``TOP``, every class.  ``RULES`` holds one transfer rule per op of
+``ops.OPS`` (a test checks that, and each rule against the evaluator):
+
+- unary ops map class by class (``UNARY``): ``exp(-inf) = 0`` (so ``exp`` of a mask is
+  ``{0, +}``, not positive), ``exp(+inf) = +inf``; ``log``: ``0 → -inf``, negative → nan;
+  ``sqrt``/``rsqrt`` of a negative → nan, ``rsqrt``/``recip`` of 0 → ``±inf`` (the zero's sign);
+  ``gelu``/``silu`` of ``-inf`` → nan (``-inf · 0``); nan stays nan;
+- binary ops combine every pair of classes (``_PAIR``): ``+inf + -inf = nan``,
+  ``0 · ±inf = nan``, signs multiply; ``a - b = a + (-b)``, ``a / b = a · (1/b)``; and one
+  relational fact: the guarded divisor ``d + (1 - g)``, ``g`` = ``square(sign d)`` or
+  ``abs(sign d)``, is 1 where d = 0 and d elsewhere;
+- a reduction over n ≥ 1 positions folds its pair rule to a fixed point (every sum,
+  product, maximum or minimum of one or more entries); ``mean`` as ``sum``; ``logsumexp`` is
+  finite (at least its maximum) unless its maximum is infinite or nan;
+- a normalisation or normalised contraction ``a1(s) / b(Σ a2(s))`` (0 where the normaliser
+  is 0) composes those rules, ``exp``'s weights on scores shifted by a finite maximum;
+  ``contract`` is the sum of the product of its operands;
+- ``where`` is either operand, ``index`` a finite integer, ``onehot`` 0 or 1, reshapes
+  and renames keep their operand's classes.
+
+``finite`` asks for ``{-, 0, +}``, ``masked`` also admits ``-inf`` (a mask).
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import reduce as fold
 
 from napkin_cat import ops
 from napkin_cat.terms import Box, Const, Diagram, Expr, Size, Var
 
-__all__ = ["INFINITE", "MASKS", "MASKS_TESTED", "finite", "finite_in", "masked", "narrowed", "unsupported"]
+__all__ = ["FINITE", "INFINITE", "MASKS", "MASKS_TESTED", "RULES", "TOP", "UNARY", "Value", "analyse", "class_of",
+           "finite", "finite_in", "masked", "narrowed", "unsupported"]
 
-#: elementwise ops finite on finite operands (over the reals)
-_TOTAL = frozenset({"exp", "neg", "square", "abs", "sign", "tanh", "sigmoid", "relu", "gelu", "silu",
-                    "add", "sub", "mul", "maximum", "minimum"})
-#: ops whose value is ≥ 0 / > 0 for finite operands
-_NONNEGATIVE = frozenset({"square", "abs", "relu", "exp", "sigmoid", "sqrt"})
-_POSITIVE = frozenset({"exp", "sigmoid"})
+Value = frozenset[str]
+#: the classes in order (``maximum`` keeps the larger), nan apart
+ORDER = ("-inf", "-", "0", "+", "+inf")
+FINITE: Value = frozenset({"-", "0", "+"})
+TOP: Value = frozenset({*ORDER, "nan"})
+
+
+def class_of(v: float) -> str:
+    """The class of one float: ``-inf``, ``-``, ``0`` (either sign), ``+``, ``+inf`` or ``nan``."""
+    return "nan" if math.isnan(v) else "0" if v == 0 else ("-" if v < 0 else "+") + ("inf" if math.isinf(v) else "")
+
+
+def _v(text: str) -> Value:
+    return frozenset(text.split())
+
+
+#: unary ops class by class (nan → nan for every op); ``id`` is a normalised contraction's activation
+UNARY: dict[str, dict[str, str]] = {
+    "id": {c: c for c in ORDER},
+    "exp": {"-inf": "0", "-": "+", "0": "+", "+": "+", "+inf": "+inf"},
+    "log": {"-inf": "nan", "-": "nan", "0": "-inf", "+": "- 0 +", "+inf": "+inf"},
+    "neg": {"-inf": "+inf", "-": "+", "0": "0", "+": "-", "+inf": "-inf"},
+    "sqrt": {"-inf": "nan", "-": "nan", "0": "0", "+": "+", "+inf": "+inf"},
+    "rsqrt": {"-inf": "nan", "-": "nan", "0": "-inf +inf", "+": "+", "+inf": "0"},
+    "recip": {"-inf": "0", "-": "-", "0": "-inf +inf", "+": "+", "+inf": "0"},
+    "square": {"-inf": "+inf", "-": "+", "0": "0", "+": "+", "+inf": "+inf"},
+    "abs": {"-inf": "+inf", "-": "+", "0": "0", "+": "+", "+inf": "+inf"},
+    "tanh": {"-inf": "-", "-": "-", "0": "0", "+": "+", "+inf": "+"},
+    "sigmoid": {"-inf": "0", "-": "+", "0": "+", "+": "+", "+inf": "+"},
+    "relu": {"-inf": "0", "-": "0", "0": "0", "+": "+", "+inf": "+inf"},
+    "gelu": {"-inf": "nan", "-": "-", "0": "0", "+": "+", "+inf": "+inf"},
+    "silu": {"-inf": "nan", "-": "-", "0": "0", "+": "+", "+inf": "+inf"},
+    "sign": {"-inf": "-", "-": "-", "0": "0", "+": "+", "+inf": "+"},
+}
+
+
+def _unary(op: str, a: Value) -> Value:
+    if op not in UNARY:
+        return TOP  # an op without a rule could be anything
+    return frozenset().union(*(_v("nan") if c == "nan" else _v(UNARY[op][c]) for c in a))
+
+
+def _add(a: str, b: str) -> Value:
+    if "nan" in (a, b) or {a, b} == {"-inf", "+inf"}:
+        return _v("nan")
+    if a.endswith("inf") or b.endswith("inf"):
+        return _v(a if a.endswith("inf") else b)
+    return _v(b) if a == "0" else _v(a) if b in ("0", a) else FINITE  # a negative plus a positive: any
+
+
+def _mul(a: str, b: str) -> Value:
+    if "nan" in (a, b) or ({a, b} & {"-inf", "+inf"} and "0" in (a, b)):
+        return _v("nan")
+    if "0" in (a, b):
+        return _v("0")
+    negative = a.startswith("-") != b.startswith("-")
+    infinite = a.endswith("inf") or b.endswith("inf")
+    return _v(("-" if negative else "+") + ("inf" if infinite else ""))
+
+
+def _extremum(pick: Callable[..., int]) -> Callable[[str, str], Value]:
+    return lambda a, b: _v("nan") if "nan" in (a, b) else _v(ORDER[pick(ORDER.index(a), ORDER.index(b))])
+
+
+#: binary ops on one class of each operand
+_PAIR: dict[str, Callable[[str, str], Value]] = {
+    "add": _add,
+    "sub": lambda a, b: frozenset().union(*(_add(a, n) for n in _unary("neg", _v(b)))),
+    "mul": _mul,
+    "div": lambda a, b: frozenset().union(*(_mul(a, r) for r in _unary("recip", _v(b)))),
+    "maximum": _extremum(max),
+    "minimum": _extremum(min),
+}
+
+
+def _pairs(op: str, a: Value, b: Value) -> Value:
+    return frozenset().union(*(_PAIR[op](x, y) for x in a for y in b))
+
+
+def _folded(op: str, a: Value) -> Value:
+    """Every ``op``-fold of one or more entries of ``a`` (a reduction over n ≥ 1 positions)."""
+    out = a
+    while (grown := out | _pairs(op, out, a)) != out:
+        out = grown
+    return out
+
+
+def _logsumexp(a: Value) -> Value:
+    """m + log Σ exp(x - m) with m the maximum: at least m where m is finite, else m."""
+    top = _folded("maximum", a)
+    finite_max = [c for c in ORDER[1:4] if c in top]
+    return (top - FINITE) | (frozenset(ORDER[ORDER.index(finite_max[0]):4]) if finite_max else frozenset())
+
+
+def _weights(params: tuple[str, ...], s: Value) -> Value:
+    """a1(s) / b(Σ a2(s)), 0 where the normaliser is 0; exp's weights read s - max s, the
+    maximum taken as 0 where it is not finite (evaluate.nweights)."""
+    a1, a2, b = params
+    if a1 == a2 == "exp":
+        top = _folded("maximum", s)
+        s = _pairs("sub", s, (top & FINITE) | (_v("0") if top - FINITE else frozenset()))
+    z = _folded("add", _unary(a2, s))
+    denom = z if b == "id" else _unary("sqrt", z)  # rms: sqrt(z / n), n ≥ 1, the same classes
+    return _pairs("div", _unary(a1, s), denom - _v("0")) | (_v("0") if "0" in denom else frozenset())
+
+
+_REDUCE = {"sum": "add", "mean": "add", "prod": "mul", "max": "maximum", "min": "minimum"}
+
+#: one transfer rule per op: (the box, its operands' values, the analysis) -> the box's value
+Rule = Callable[[Box, list[Value], "_Analysis"], Value]
+
+
+def _rule(op: str) -> Rule:
+    kind = ops.OPS[op].kind
+    if kind == "unary":
+        return lambda box, vs, _: _unary(op, vs[0])
+    if op == "add":
+        return lambda box, vs, an: an.guarded(box) or _pairs("add", *vs)
+    if kind == "binary":
+        return lambda box, vs, _: _pairs(op, *vs)
+    if op == "logsumexp":
+        return lambda box, vs, _: _logsumexp(vs[0])
+    if kind == "reduce":
+        return lambda box, vs, _: _folded(_REDUCE[op], vs[0])
+    if kind == "normalise":
+        return lambda box, vs, _: _weights(ops.OPS[op].weights or ("", "", ""), vs[0])
+    if kind == "ncontract":
+        return lambda box, vs, _: _folded("add", _pairs("mul", _weights(box.params, vs[0]), vs[1]))
+    if kind == "contract":
+        return lambda box, vs, _: _folded("add", fold(lambda a, b: _pairs("mul", a, b), vs))
+    if kind == "where":
+        return lambda box, vs, _: vs[0] | vs[1]
+    if kind == "index":
+        return lambda box, vs, _: FINITE
+    if kind == "onehot":
+        return lambda box, vs, _: _v("0 +")
+    if kind in ("split", "join", "rename", "transpose"):
+        return lambda box, vs, _: vs[0]
+    return lambda box, vs, _: TOP  # an op of a kind without a rule could be anything
+
+
+RULES: dict[str, Rule] = {op: _rule(op) for op in ops.OPS}
+
+
+class _Analysis:
+    """The abstract values of a diagram's terms: ``defs`` maps binding names to their
+    expressions, ``inputs`` the inputs to their values (finite reals by the domain)."""
+
+    def __init__(self, defs: Mapping[str, Expr], inputs: Mapping[str, Value]):
+        self.defs, self.inputs, self.seen = defs, inputs, dict[str, Value]()
+
+    def value(self, expr: Expr) -> Value:
+        if isinstance(expr, Var):
+            if expr.name in self.inputs:
+                return self.inputs[expr.name]
+            if expr.name not in self.defs:
+                return TOP
+            if expr.name not in self.seen:
+                self.seen[expr.name] = TOP  # a cycle (none in a diagram) would read TOP
+                self.seen[expr.name] = self.value(self.defs[expr.name])
+            return self.seen[expr.name]
+        if isinstance(expr, Const):
+            return frozenset({class_of(expr.value)})
+        if isinstance(expr, Size):
+            return _v("+")
+        if not isinstance(expr, Box) or expr.op not in RULES:
+            return TOP
+        return RULES[expr.op](expr, [self.value(a) for a in expr.args], self)
+
+    def through(self, expr: Expr) -> Expr:
+        while isinstance(expr, Var) and expr.name in self.defs and expr.name not in self.inputs:
+            expr = self.defs[expr.name]
+        return expr
+
+    def guarded(self, box: Box) -> Value | None:
+        """``d + (1 - g)`` with ``g`` = ``square(sign d)`` or ``abs(sign d)``: 1 where d = 0
+        (the evaluator's and the VJP's guard of a divisor that may be 0), d elsewhere
+        (g = 1 there, also where d is infinite); None for any other sum."""
+        for d, rest in (box.args, box.args[::-1]):
+            rest = self.through(rest)
+            if isinstance(rest, Box) and rest.op == "sub" and rest.args[0] == Const(1.0):
+                g = self.through(rest.args[1])
+                inner = self.through(g.args[0]) if isinstance(g, Box) and g.op in ("square", "abs") else None
+                if isinstance(inner, Box) and inner.op == "sign" and self.through(inner.args[0]) == self.through(d):
+                    v = self.value(d)
+                    return (v - _v("0")) | (_v("+") if "0" in v else frozenset())
+        return None
+
+
+def analyse(expr: Expr, defs: Mapping[str, Expr], inputs: Mapping[str, Value]) -> Value:
+    """The abstract value of ``expr``, its inputs' values given by ``inputs``."""
+    return _Analysis(defs, inputs).value(expr)
 
 
 def finite(expr: Expr, defs: Mapping[str, Expr], inputs: frozenset[str] | set[str] = frozenset()) -> bool:
     """Is ``expr`` finite wherever it is evaluated on finite inputs?  ``defs`` maps binding
     names to their expressions, ``inputs`` names the diagram's inputs (finite by the domain)."""
-    if isinstance(expr, Var):
-        return expr.name in inputs or (expr.name in defs and finite(defs[expr.name], defs, inputs))
-    if isinstance(expr, Const):
-        return math.isfinite(expr.value)
-    if isinstance(expr, Size):
-        return True
-    if isinstance(expr, Box) and expr.op == "exp" and masked(expr.args[0], defs, inputs):
-        return True  # exp(-inf) = 0: the weights of masked scores, exp(S - L)
-    if not isinstance(expr, Box) or not all(finite(a, defs, inputs) for a in expr.args):
-        return False  # a diagram used as a box, or an operand that may be infinite
-    kind = ops.OPS[expr.op].kind
-    if expr.op in _TOTAL or kind in ("reduce", "normalise", "contract", "where", "index", "onehot", "split", "join",
-                                     "rename", "transpose"):
-        return True
-    if expr.op == "recip":
-        return _nonzero(expr.args[0], defs, inputs)
-    if expr.op in ("rsqrt", "log"):
-        return _sign(expr.args[0], defs, inputs) == "positive"
-    if expr.op == "div":
-        return _nonzero(expr.args[1], defs, inputs)
-    if expr.op == "sqrt":
-        return _sign(expr.args[0], defs, inputs) in ("positive", "nonnegative")
-    if expr.op == "ncontract":  # z = Σ a2(S) ≥ 0 unless a2 is id; b = sqrt needs z ≥ 0
-        return expr.params[2] == "id" or expr.params[1] in _NONNEGATIVE
-    return False
+    return analyse(expr, defs, dict.fromkeys(inputs, FINITE)) <= FINITE
 
 
 def masked(expr: Expr, defs: Mapping[str, Expr], inputs: frozenset[str] | set[str] = frozenset()) -> bool:
-    """Is every entry of ``expr`` finite or ``-inf`` (a mask) on finite inputs?  A mask is a
-    ``-inf`` constant chosen by ``where``, kept by adding finite terms or other masks,
-    subtracting finite terms, or scaling by a positive one."""
-    if finite(expr, defs, inputs) or (isinstance(expr, Const) and expr.value == -math.inf):
-        return True
-    if isinstance(expr, Var) and expr.name in defs:
-        return masked(defs[expr.name], defs, inputs)
-    if not isinstance(expr, Box):
-        return False
-    if expr.op in ("where", "add"):
-        return all(masked(a, defs, inputs) for a in expr.args)
-    if expr.op == "sub":
-        return masked(expr.args[0], defs, inputs) and finite(expr.args[1], defs, inputs)
-    if expr.op == "mul":
-        return any(masked(a, defs, inputs) and finite(b, defs, inputs) and _sign(b, defs, inputs) == "positive"
-                   for a, b in (expr.args, expr.args[::-1]))
-    return False
+    """Is every entry of ``expr`` finite or ``-inf`` (a mask) on finite inputs?"""
+    return analyse(expr, defs, dict.fromkeys(inputs, FINITE)) <= FINITE | _v("-inf")
 
 
 #: how a proof names the parameters it also covers with -inf masks (prove.py writes it)
@@ -140,55 +307,3 @@ def finite_in(diagram: Diagram, expr: Expr) -> bool:
     """``finite`` for a term of ``diagram`` (its bindings and inputs in scope)."""
     defs = {let.names[0]: let.expr for let in diagram.body if len(let.names) == 1}
     return finite(expr, defs, {p.name for p in diagram.inputs})
-
-
-def _nonzero(expr: Expr, defs: Mapping[str, Expr], inputs: frozenset[str] | set[str]) -> bool:
-    """Nonzero at every finite input (the operand is known finite): positive, or the guarded
-    divisor ``d + (1 - g)`` with ``g`` = ``square(sign(d))`` or ``abs(sign(d))``, which is 1
-    where d = 0 and d elsewhere (the evaluator's and the VJP's convention for a quotient whose
-    divisor may be 0)."""
-    if _sign(expr, defs, inputs) == "positive":
-        return True
-    expr = _through(expr, defs)
-    if not (isinstance(expr, Box) and expr.op == "add"):
-        return False
-    for d, rest in (expr.args, expr.args[::-1]):
-        rest = _through(rest, defs)
-        if isinstance(rest, Box) and rest.op == "sub" and rest.args[0] == Const(1.0):
-            g = _through(rest.args[1], defs)
-            inner = _through(g.args[0], defs) if isinstance(g, Box) and g.op in ("square", "abs") else None
-            if isinstance(inner, Box) and inner.op == "sign" and _through(inner.args[0], defs) == _through(d, defs):
-                return True
-    return False
-
-
-def _through(expr: Expr, defs: Mapping[str, Expr]) -> Expr:
-    """The expression a binding names (through chains of names)."""
-    while isinstance(expr, Var) and expr.name in defs:
-        expr = defs[expr.name]
-    return expr
-
-
-def _sign(expr: Expr, defs: Mapping[str, Expr], inputs: frozenset[str] | set[str]) -> str | None:
-    """"positive" or "nonnegative" where that holds for every finite input, else None
-    (the operand is known finite: ``finite`` checked it first)."""
-    if isinstance(expr, Var) and expr.name in defs:
-        return _sign(defs[expr.name], defs, inputs)
-    if isinstance(expr, Size):
-        return "positive"
-    if isinstance(expr, Const):
-        return "positive" if expr.value > 0 else "nonnegative" if expr.value == 0 else None
-    if not isinstance(expr, Box):
-        return None
-    if expr.op in _POSITIVE or (expr.op == "sqrt" and _sign(expr.args[0], defs, inputs) == "positive"):
-        return "positive"
-    if expr.op in _NONNEGATIVE:
-        return "nonnegative"
-    if expr.op in ("mul", "add", "maximum", "minimum"):
-        signs = [_sign(a, defs, inputs) for a in expr.args]
-        if None in signs:
-            return None
-        if expr.op == "add" or expr.op == "maximum":
-            return "positive" if "positive" in signs else "nonnegative"
-        return "positive" if set(signs) == {"positive"} else "nonnegative"
-    return None

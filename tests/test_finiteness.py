@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
-import pytest
+import math
+from functools import cache
 
-from napkin_cat import certify, kernel
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from napkin_cat import certify, kernel, ops
 from napkin_cat.certify import accumulators, rules
 from napkin_cat.elaborate import loads
-from napkin_cat.finiteness import finite, unsupported
+from napkin_cat.evaluate import evaluate
+from napkin_cat.finiteness import RULES, TOP, analyse, class_of, finite, unsupported
 from napkin_cat.kernel import KernelError
 from napkin_cat.proof import check_module
-from napkin_cat.terms import Box, Rewrite, Var
+from napkin_cat.terms import Box, Diagram, Expr, Rewrite, Var
 
 HEADER = "axis q, x\ndiagram f(S: [q x], T: [q x]) -> [q x] {\n"
 
@@ -26,7 +33,17 @@ def _term(text: str) -> tuple[bool, str]:
     ("logsumexp[x](S) * 2.0", True),
     ("S / x", True),                                   # a size is positive
     ("S / exp(T)", True),
-    ("log(sum[x](exp(S)) + 1.0)", False),              # a sum of positives is not tracked: refused, not guessed
+    ("log(sum[x](exp(S)) + 1.0)", True),               # a sum of positives (n >= 1) is positive
+    ("log(sum[x](exp(where[q x](x > q, S, -inf))))", False),  # a fully masked row sums exp(-inf) = 0: log 0
+    ("recip(exp(where[q x](x > q, S, -inf)))", False),  # exp of a mask is 0 there, not positive
+    ("rsqrt(sum[x](exp(where[q x](x > q, S, -inf))))", False),
+    ("log(exp(where[q x](x > q, S, -inf)))", False),
+    ("sqrt(S - max[x](S))", False),                    # sqrt of a negative is NaN
+    ("ncontract[x; id, id, id](S, T)", True),          # S / Σ S, and 0 where Σ S = 0
+    ("ncontract[x; recip, exp, id](S, T)", False),     # recip(S) is infinite at S = 0, whatever the normaliser
+    ("ncontract[x; exp, log, id](S, T)", False),       # log(S) is NaN at S < 0
+    ("ncontract[x; exp, exp, id](S, T)", True),
+    ("ncontract[x; square, square, sqrt](S, T)", True),
     ("recip(0.0)", False),
     ("-inf", False),
     ("max[x](where[q x](x > q, S, -inf))", False),     # a fully masked row's maximum is -inf
@@ -127,3 +144,96 @@ def test_an_accumulator_use_on_an_operand_that_may_be_infinite_needs_a_test_with
     # (found by the differential run: a tested normalised state over +inf scores gave NaN for 0)
     assert unsupported("tested: float64", diagram, term) is not None
     assert unsupported("tested: float64 [infinite: X0]", diagram, term) is None
+
+
+# ---- every transfer rule against the evaluator --------------------------------------------------
+
+CLASSES = ("-inf", "-", "0", "+", "+inf", "nan")
+_AB = "A: [q x], B: [q x]"
+#: per op, terms that exercise its rule: (parameters, term); A and B range over every class
+TEMPLATES: dict[str, list[tuple[str, str]]] = {
+    **{op: [(_AB, f"{op}(A)")] for op in ops.UNARY},
+    "add": [(_AB, "A + B"), (_AB, "A / (B + (1 - square(sign(B))))"), (_AB, "recip((1 - abs(sign(A))) + A)")],
+    "sub": [(_AB, "A - B")], "mul": [(_AB, "A * B")], "div": [(_AB, "A / B")],
+    "maximum": [(_AB, "max(A, B)")], "minimum": [(_AB, "min(A, B)")],
+    **{op: [(_AB, f"{op}[x](A)")] for op in ("sum", "max", "min", "prod", "mean", "logsumexp")},
+    **{op: [(_AB, f"{op}[x](A)")] for op in ("softmax", "l2norm", "rmsnorm")},
+    "contract": [(_AB, "contract[x](A, B)"), (_AB, "contract[](A, B)")],
+    "ncontract": [(_AB, f"ncontract[x; {a1}, {a2}, {b}](A, B)") for a1 in ("exp", "id", "recip", "log")
+                  for a2 in ("exp", "square", "id") for b in sorted(ops.NORMALISERS)],
+    "where": [(_AB, "where[q x](x <= q, A, B)")],
+    "index": [(_AB, "index[q x](q - x)"), (_AB, "index[q x](q * x - 2)")],
+    "onehot": [(_AB, "onehot[v](A)")],
+    "split": [(_AB, "split[x -> y z](A)")],
+    "join": [("A: [q y z], B: [q x]", "join[y z -> x](A)")],
+    "rename": [(_AB, "rename[x -> w](A)")],
+    "transpose": [(_AB, "transpose[x q](A)")],
+}
+
+
+def test_every_op_has_a_rule_and_a_test() -> None:
+    assert set(RULES) == set(ops.OPS) == set(TEMPLATES)
+
+
+def test_an_op_without_a_rule_could_be_anything() -> None:
+    assert analyse(Box("no_such_op", (), ()), {}, {}) == TOP
+    assert analyse(Var("unbound", ()), {}, {}) == TOP
+
+
+@st.composite
+def _entry(draw: st.DrawFn, classes: frozenset[str]) -> float:
+    c = draw(st.sampled_from(sorted(classes)))
+    magnitude = draw(st.floats(1e-3, 5.0))  # where float64 computes every op as the reals do
+    return {"-inf": -math.inf, "-": -magnitude, "0": draw(st.sampled_from((0.0, -0.0))), "+": magnitude,
+            "+inf": math.inf, "nan": math.nan}[c]
+
+
+@cache
+def _parsed(params: str, term: str) -> tuple[Expr, Diagram]:
+    """``term`` typed (one side of a lemma on ``params``) and as a diagram the evaluator runs."""
+    (lemma,) = loads(f"axis q, x, y, z, v, w\nlemma f({params}) : {term} = {term}\n").lemmas
+    return lemma.lhs, certify.lemma_side(lemma, lemma.lhs)
+
+
+@pytest.mark.parametrize(("op", "params", "term"), [(op, p, t) for op, ts in TEMPLATES.items() for p, t in ts])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_each_rule_contains_what_the_evaluator_computes(op: str, params: str, term: str, data: st.DataObject) -> None:
+    """For operands drawn from any classes (±inf, ±0, NaN, finite values of either sign), every
+    entry the float64 evaluator computes lies in the class set the analysis gives the term."""
+    term_expr, diagram = _parsed(params, term)
+    sizes = {"q": data.draw(st.integers(1, 3)), "x": 4, "y": 2, "z": 2, "v": 3}
+    if "split" not in term and "join" not in term:
+        sizes["x"] = data.draw(st.integers(1, 3))
+    classes = {p.name: frozenset(data.draw(st.sets(st.sampled_from(CLASSES), min_size=1))) for p in diagram.inputs}
+    arrays = [np.array(data.draw(st.lists(_entry(classes[p.name]), min_size=n, max_size=n)), dtype=float)
+              .reshape([sizes[a] for a in p.axes]) for p in diagram.inputs
+              for n in [math.prod(sizes[a] for a in p.axes)]]
+    value = evaluate(diagram, arrays, sizes=sizes)
+    abstract = analyse(term_expr, {}, classes)
+    got = {class_of(float(v)) for v in np.ravel(value)}
+    assert got <= abstract, (term, classes, arrays, value)
+
+
+@pytest.mark.parametrize(("shift", "accepted"), [
+    ("max[x](S)", True),
+    ("sum[x](exp(M))", True),                      # exp(-inf) = 0: a sum of zeros and positives
+    ("log(1.0 + sum[x](exp(M)))", True),           # 1 + (0 or more) is positive
+    ("sqrt(sum[x](square(M - max[x](S))))", False),  # (-inf)² = +inf
+    ("sum[x](exp(M) * S)", True),                 # masked weights (0) times finite values
+    ("sum[x](exp(S) * M)", False),                # a positive weight times -inf
+    ("sum[x](recip(exp(M)))", False),              # 1 / exp(-inf) = +inf
+    ("max[x](log(exp(M)))", False),                # log(exp(-inf)) = -inf
+    ("rsqrt(sum[x](exp(M)))", False),              # a fully masked row: 1 / sqrt(0)
+])
+def test_a_shift_lemma_applies_where_the_analysis_vouches_for_the_shift(shift: str, accepted: bool) -> None:
+    text = (f"axis q, x\ndiagram f(S: [q x]) -> [q x] {{\n  M = where[q x](x >= q + 2, S, -inf)\n"
+            f"  P = softmax[x](S - {shift})\n  return P\n}}\n")
+    module, lemma = loads(text), rules.library()["softmax_shift"]
+    step = Rewrite("softmax_shift", ("P",))
+    if accepted:
+        thm = kernel.rewrite(kernel.refl("t", module.diagram("f")), lemma, step, {"softmax_shift": "tested: t"})
+        assert "lemma softmax_shift" in "; ".join(thm.trust)
+    else:
+        with pytest.raises(KernelError, match=r"^instantiate: lemma `softmax_shift` holds when `c` is finite"):
+            kernel.rewrite(kernel.refl("t", module.diagram("f")), lemma, step, {"softmax_shift": "tested: t"})

@@ -282,12 +282,15 @@ def test_a_mask_skips_chunks_only_on_an_absorbing_operand(form: str, name: str, 
     assert np.max(np.abs(got - want)[finite]) <= 2e-5 * scale, (form, name, masked)
 
 
-def test_a_mask_skips_no_chunk_where_another_operand_may_be_infinite() -> None:
+@pytest.mark.parametrize("values", ["where[x d](d < 2, V, -inf)", "recip(exp(where[x d](d < 2, V, -inf)))",
+                                    "log(exp(where[x d](d < 2, V, -inf)))", "rsqrt(exp(where[x d](d < 2, V, -inf)))"])
+def test_a_mask_skips_no_chunk_where_another_operand_may_be_infinite(values: str) -> None:
     """The side condition: the masked scores absorb only against finite values.  With values
-    that a `-inf` mask fills, a chunk the scores mask lifts to 0·(-inf) = NaN in the evaluator,
-    so the kernel runs it too (no skip) and gives the evaluator's NaN, not a number."""
+    that a `-inf` mask makes infinite (exp(-inf) = 0, so recip, log and rsqrt of it are not
+    finite), a chunk the scores mask lifts to 0·inf = NaN in the evaluator, so the kernel runs
+    it too (no skip) and gives the evaluator's NaN, not a number."""
     text = ("axis q, x\naxis d = 4\ndiagram f(S: [q x], V: [x d]) -> [q d] {\n"
-            "  M = where[q x](q >= x, S, -inf)\n  W = where[x d](d < 2, V, -inf)\n"
+            f"  M = where[q x](q >= x, S, -inf)\n  W = {values}\n"
             "  return ncontract[x; exp, exp, id](M, W)\n}\n"
             "theorem t: f {\n  group q by gq pad\n  stream x by sx via online_softmax pad\n}\n")
     (result,) = check_module(loads(text))

@@ -1,7 +1,7 @@
 """Every op has an entry in every interpreter's table.
 
 The interpreters of a diagram (the float64 and sympy evaluator, which certification's
-reach analysis also reads scalars with, the JAX lowering, drawing)
+reach analysis also reads scalars with, the JAX lowering, drawing, the finiteness analysis)
 are tables over ``ops.OPS``, keyed by the op's name or by its ``kind``.  One parametrised
 test names each op against each table, so a new op that some interpreter lacks fails here
 with both names, before any diagram that uses it reaches that interpreter.
@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 
 import pytest
 
-from napkin_cat import evaluate, ops
+from napkin_cat import evaluate, finiteness, ops
 from napkin_cat.draw import graph
 from napkin_cat.lower import jaxops
 
@@ -47,6 +47,8 @@ TABLES: dict[str, Table] = {
     "lower.jaxops.UNARY": (jaxops.UNARY, _by_name, _of_kind("unary")),
     "lower.jaxops.BINARY": (jaxops.BINARY, _by_name, _of_kind("binary")),
     "draw.graph.GLYPHS": (graph.GLYPHS, _by_name, _every),
+    "finiteness.RULES": (finiteness.RULES, _by_name, _every),
+    "finiteness.UNARY": (finiteness.UNARY, _by_name, _of_kind("unary")),
     # every interpreter computes a normalisation as the normalised contraction of its weights
     "ops.OpInfo.weights": ({n: i.weights for n, i in ops.OPS.items() if i.weights}, _by_name, _of_kind("normalise")),
 }

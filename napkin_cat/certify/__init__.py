@@ -210,11 +210,21 @@ def _exact_tier(lemma: LemmaDecl, lhs: Diagram, rhs: Diagram, swept: int, factor
         for a, b in zip(flat(left), flat(right, [v.axes for v in left]), strict=True):
             exact = sympy.sympify(a) - sympy.sympify(b)
             d = sympy.N(exact, 50)  # rational when every operation was: then it must be 0
-            if not (a == b or (exact == 0 if exact.is_Rational else d.is_number and d.is_finite and abs(d) < 1e-30)):
+            if not (a == b or (exact == 0 if exact.is_Rational else d.is_number and d.is_finite
+                               and abs(d) < 1e-30 * _magnitude(a, b))):
                 return checked, (f"sizes {show_sizes(sizes)} on rational inputs: {sympy.N(a, 12)} vs "
                                  f"{sympy.N(b, 12)} (difference {sympy.N(d, 3)})")
         checked += 1
     return checked, None
+
+
+def _magnitude(a: Any, b: Any) -> float:
+    """The larger of |a| and |b|, at most 1 (1 where neither is a finite number): the exact
+    tier's threshold for an irrational difference is relative below 1, so two sides of order
+    1e-40 that differ by a factor are told apart (an absolute 1e-30 passed them)."""
+    values = [abs(sympy.N(v, 50)) for v in (a, b)]
+    finite = [float(v) for v in values if v.is_number and v.is_finite]
+    return min(1.0, max(finite)) if finite else 1.0
 
 
 def _float64_tier(lemma: LemmaDecl, lhs: Diagram, rhs: Diagram, swept: int, factor: float, cases: int,

@@ -30,7 +30,10 @@ __all__ = ["Quo", "Rem", "index", "maximum", "minimum", "reduce"]
 
 class _Reduction(sympy.Function):
     """A reduction of ``kind`` (Sum, Max, Min, Prod) over ``axes`` of its one argument (bound
-    symbols j_a); subclasses per (kind, axes).  Each kind keeps a body's sign (n ≥ 1)."""
+    symbols j_a); subclasses per (kind, axes).  Its sign at every length n ≥ 1: a sum, maximum
+    or minimum keeps its body's (positive, non-negative, and by sympy's inference from them
+    non-positive or negative); a product is positive or non-negative where its body is, and
+    of unknown sign otherwise (Π(-1 - X²) is negative at odd lengths, positive at even ones)."""
 
     kind = ""
     axes: tuple[str, ...] = ()
@@ -39,10 +42,14 @@ class _Reduction(sympy.Function):
         return self.args[0].is_real  # type: ignore[no-any-return]
 
     def _eval_is_positive(self) -> bool | None:
-        return self.args[0].is_positive  # type: ignore[no-any-return]
+        return self._sign(self.args[0].is_positive)
 
     def _eval_is_nonnegative(self) -> bool | None:
-        return self.args[0].is_nonnegative  # type: ignore[no-any-return]
+        return self._sign(self.args[0].is_nonnegative)
+
+    def _sign(self, body: bool | None) -> bool | None:
+        """The body's answer, or for a product only a True one (False tells nothing at even n)."""
+        return body if self.kind != "Prod" or body else None
 
 
 @cache

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from napkin_cat import certify
-from napkin_cat.certify import accumulators, rules
+from napkin_cat.certify import accumulators, prove, rules
 from napkin_cat.certify import reach as certify_reach
 from napkin_cat.certify.accumulators import accumulators_for
 from napkin_cat.elaborate import loads
@@ -109,6 +109,60 @@ def test_lemmas_keep_the_values_conventions_define(text: str, edge: str) -> None
     side gives NaN: a rewrite must keep every finite value of its left side."""
     cert = certify.certify_lemma(loads("axis x\n" + text).lemmas[0])
     assert not cert.ok and cert.how == "float64" and edge in (cert.counterexample or ""), cert
+
+
+def test_partly_masked_rows_of_every_shape_are_edge_inputs() -> None:
+    """The kept count k = Σ sign(p) plus k(x - k)(2k - x)(2k - x + 1), which is 0 at k = x,
+    k = 0 and k = ⌊x/2⌋ (every other entry masked, a prefix, a suffix): only a mask of
+    another shape (here arbitrary entries at x=3, k=2) sees the lemma is false."""
+    k = "sum[x](sign(softmax[x](S)))"
+    text = f"axis x\nlemma kept(S: [x]) : {k} = {k} + {k} * (x - {k}) * (2.0 * {k} - x) * (2.0 * {k} - x + 1.0)"
+    cert = certify.certify_lemma(loads(text).lemmas[0])
+    assert not cert.ok and cert.how == "float64", cert
+    assert "-inf" in (cert.counterexample or "") and "every other" not in (cert.counterexample or ""), cert
+
+
+UNSAFE = [
+    ("lemma e(A: [], B: []) : exp(A + B) = exp(A) * exp(B)", "magnitude 1000 it gives nan where the left side gives 1"),
+    ("lemma l(S: [x]) : logsumexp[x](S) = log(sum[x](exp(S)))",
+     "magnitude 1000 it gives inf where the left side gives 1000"),
+    ("lemma s(S: [x]) : softmax[x](S) = exp(S) / sum[x](exp(S)) when S finite", "magnitude 1000 it gives nan"),
+    ("lemma a(X: []) : abs(X) = sqrt(square(X))", "magnitude 1e+200 it gives inf where the left side gives 1e+200"),
+    ("lemma d(A: [x], B: [x], C: [x]) : contract[x](A + B, C) = contract[x](A, C) + contract[x](B, C)",
+     "magnitude 1e+200 it gives nan where the left side gives 0"),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), UNSAFE)
+def test_lemmas_that_overflow_in_floating_point_are_refused(text: str, message: str) -> None:
+    """Each is true over the reals (proved at every size) and on every edge input, but its
+    right side overflows where its left side is finite (exp past 709.8, a square past 1.3e154,
+    a product of two terms of 1e200 whose sum is 0)."""
+    lemma = loads("axis x\n" + text).lemmas[0]
+    assert prove.prove_lemma(lemma) is not None
+    cert = certify.certify_lemma(lemma)
+    assert not cert.ok and cert.how == "float64 safety", cert
+    assert message in (cert.counterexample or ""), cert
+    assert cert.counterexample == certify.lemma_float_safety(lemma)
+
+
+@pytest.mark.parametrize("text", [
+    "lemma e(A: [], B: []) : exp(A) * exp(B) = exp(A + B)",
+    "lemma l(S: [x]) : log(sum[x](exp(S))) = logsumexp[x](S)",
+    "lemma a(X: []) : sqrt(square(X)) = abs(X)",
+    "lemma d(A: [x], B: [x], C: [x]) : contract[x](A, C) + contract[x](B, C) = contract[x](A + B, C)",
+])
+def test_the_safe_direction_of_an_overflowing_lemma_certifies(text: str) -> None:
+    """The same equations the other way round: where the left side is finite so is the right
+    (a finite exp(A)·exp(B) means A + B < 709.8; log Σ exp is inf where logsumexp is finite)."""
+    lemma = loads("axis x\n" + text).lemmas[0]
+    assert certify.lemma_float_safety(lemma) is None
+    assert certify.certify_lemma(lemma).ok
+
+
+@pytest.mark.parametrize("name", sorted(rules.library()))
+def test_library_lemmas_are_safe_in_floating_point(name: str) -> None:
+    assert certify.lemma_float_safety(rules.library()[name]) is None
 
 
 def test_edge_inputs_skip_values_the_left_side_leaves_undefined() -> None:

@@ -6,7 +6,16 @@ import numpy as np
 import pytest
 import sympy
 
-from napkin_cat.certify.cases import MAX_ORDERED, TooLarge, edges, grid, numeric_equal, symbolic_equal, symbols
+from napkin_cat.certify.cases import (
+    MAX_ORDERED,
+    TooLarge,
+    edges,
+    grid,
+    numeric_equal,
+    partial_masks,
+    symbolic_equal,
+    symbols,
+)
 from napkin_cat.elaborate import loads
 
 
@@ -58,13 +67,40 @@ def test_edges_scale_then_zero_and_mask_each_parameter() -> None:
     lemma = loads("axis x\nlemma l(A: [x], B: [x]) : A + B = B + A").lemmas[0]
     values = [np.array([1.0, 2.0]), np.array([3.0, 4.0])]
     found = list(edges(lemma, values, 10.0))
+    masks = [f"-inf {what}" for what in ("at every other entry", "on a prefix", "on a suffix", "but at one entry",
+                                         "outside a band", "at arbitrary entries")]
     assert [what for what, _ in found] == [
         " with the inputs times 10", " with `A` = 0", " with `A` = rows summing to 0", " with `A` = -inf",
-        " with `A` = -inf at every other entry", " with `A` = +inf", " with `B` = 0", " with `B` = rows summing to 0",
-        " with `B` = -inf", " with `B` = -inf at every other entry", " with `B` = +inf"]
+        *(f" with `A` = {m}" for m in masks), " with `A` = +inf", " with `B` = 0", " with `B` = rows summing to 0",
+        " with `B` = -inf", *(f" with `B` = {m}" for m in masks), " with `B` = +inf"]
     finite = loads("axis x\nlemma l(A: [x], B: [x]) : A + B = B + A when B finite").lemmas[0]
     assert [what for what, _ in edges(finite, values, 10.0)][-1] == " with `B` = rows summing to 0"  # no infinity
     np.testing.assert_array_equal(found[0][1][1], [30.0, 40.0])
     np.testing.assert_array_equal(found[2][1][0], [5.0, -5.0])  # 1 + floor(4·|1|), paired with its negation
     np.testing.assert_array_equal(found[4][1][0], [-np.inf, 2.0])
     np.testing.assert_array_equal(found[4][1][1], values[1])  # the other parameter is left as drawn
+
+
+def test_partial_masks_take_the_shapes_masks_take() -> None:
+    """Every other entry, a prefix, a suffix, one entry kept, a band kept and an arbitrary
+    predicate, at the positions each names; all but the every-other one keep an entry at
+    every size, and the kept entries keep their values."""
+    n = 7
+    value = np.arange(1.0, n + 1)
+    shapes = dict(partial_masks(value))
+    kept = {what: np.flatnonzero(np.isfinite(v)).tolist() for what, v in shapes.items()}
+    assert kept["-inf at every other entry"] == [1, 3, 5]
+    assert kept["-inf on a prefix"] == [4, 5, 6]
+    assert kept["-inf on a suffix"] == [0, 1, 2]
+    assert kept["-inf but at one entry"] == [3]
+    assert kept["-inf outside a band"] == [2, 3, 4]
+    assert 0 < len(kept["-inf at arbitrary entries"]) < n and n // 3 in kept["-inf at arbitrary entries"]
+    for v in shapes.values():
+        finite = np.isfinite(v)
+        np.testing.assert_array_equal(v[finite], value[finite])
+        assert np.all(v[~finite] == -np.inf)
+    for size in range(2, 6):  # a kept entry at every size past 1 (at 1 a prefix is the whole row)
+        for what, v in partial_masks(np.zeros(size)):
+            assert what == "-inf at every other entry" or np.isfinite(v).any(), (what, size)
+    matrix = dict(partial_masks(np.ones((2, 3))))["-inf on a suffix"]  # row-major over every axis
+    np.testing.assert_array_equal(np.isfinite(matrix), [[True, True, True], [False, False, False]])

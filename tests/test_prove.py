@@ -151,3 +151,51 @@ def test_a_broken_min_or_prod_is_not_proved(op: str, identity: float, fill: floa
     other, _ = _box({"min": "max", "prod": "sum"}[op])
     wrong = accumulators.plan(other, axis, {"min": "max", "prod": "sum"}[op], guard=False)
     assert prove._laws(dataclasses.replace(plan, combine=wrong.combine), plan, box, False) == "recomposition"
+
+
+_A, _B = "sum[x](sign(softmax[x](S)))", "sum[x](sign(softmax[x](T)))"  # the kept keys of each row
+_P, _Q = "sum[x](softmax[x](S))", "sum[x](softmax[x](T))"  # 1, or 0 on a fully masked row
+_BOTH = "sum[x](softmax[x](S) * softmax[x](T))"
+PARTLY_MASKED = f"""axis x
+lemma count_kept(S: [x]) : {_A} = x * {_P}
+lemma both_kept(S: [x], T: [x]) : sum[x](sign(softmax[x](S)) * sign(softmax[x](T))) = \
+{_A} * {_Q} + {_B} * {_P} - x * {_P} * {_Q}
+lemma overlap_positive(S: [x], T: [x]) : {_BOTH} * recip({_BOTH}) = 1.0
+"""
+
+
+@pytest.mark.parametrize("lemma", loads(PARTLY_MASKED).lemmas, ids=lambda lemma: lemma.name)
+def test_partly_masked_rows_are_not_taken_as_finite(lemma) -> None:  # type: ignore[no-untyped-def]
+    """Each is true on finite scores (every weight positive) and on fully masked rows, but not
+    where a row is partly masked: a masked weight is exactly 0 (sign 0, a key counted out), and
+    two partly masked rows may keep no key in common (Σ p_S·p_T = 0).  The prover proves the
+    finite case and names no parameter maskable, saying which mix of masked rows fails."""
+    proof = prove.prove_lemma(lemma)
+    assert proof is not None and "masks" not in proof, proof
+    why = prove.masks_unproved(lemma)
+    assert why is not None and "partly masked" in why, why
+    if lemma.name == "overlap_positive":  # two indicators in one sum: no row is known to keep a term of both
+        assert "recip" in why and "not known positive" in why, why
+
+
+MASKABLE = """axis x, d
+lemma shift_two(S: [x], T: [x], c: []) : softmax[x](S - c) * softmax[x](T) = softmax[x](S) * softmax[x](T)
+lemma lse_shift_max(S: [x], c: []) : logsumexp[x](S + c) - max[x](S) = logsumexp[x](S) + c - max[x](S)
+lemma contract_two(S: [x], T: [x], V: [x d]) : contract[x](softmax[x](S), V) + contract[x](softmax[x](T), V) = \
+ncontract[x; exp, exp, id](S, V) + ncontract[x; exp, exp, id](T, V)
+"""
+
+
+@pytest.mark.parametrize("lemma", loads(MASKABLE).lemmas, ids=lambda lemma: lemma.name)
+def test_masks_are_proved_in_every_mix_of_partly_and_fully_masked_rows(lemma) -> None:  # type: ignore[no-untyped-def]
+    """Shifts and normalised contractions of several score rows hold whatever each row's mask
+    (m·exp(S') with m any 0/1 indicator, or every entry -inf): the prover names them all."""
+    assert prove.masks_unproved(lemma) is None
+    scores = [p.name for p in lemma.params if p.name in ("S", "T")]
+    assert f"[-inf masks: {', '.join(scores)}]" in (prove.prove_lemma(lemma) or "")
+
+
+@pytest.mark.parametrize("name", ["softmax_contract", "online_softmax_shift", "softmax_shift", "logsumexp_shift"])
+def test_library_score_lemmas_keep_their_masks(name: str) -> None:
+    assert prove.masks_unproved(rules.library()[name]) is None
+    assert "[-inf masks: S]" in (prove.prove_lemma(rules.library()[name]) or "")

@@ -70,8 +70,8 @@ from napkin_cat.evaluate import FLOAT64, SYMBOLIC, Algebra, Named, evaluate_name
 from napkin_cat.ops import typed_box
 from napkin_cat.terms import Box, Diagram, Expr, LemmaDecl, Var, box_diagram, walk
 
-__all__ = ["LEVELS", "Certificate", "accumulator", "canonical", "certify_accumulator", "certify_lemma",
-           "infinite_tested", "lemma_side", "representative_boxes"]
+__all__ = ["LEMMA_SAFETY_SCALES", "LEVELS", "Certificate", "accumulator", "canonical", "certify_accumulator",
+           "certify_lemma", "infinite_tested", "lemma_float_safety", "lemma_side", "representative_boxes"]
 
 #: (symbolic size bound, random float64 cases) per level
 LEVELS: dict[str, tuple[int, int]] = {"quick": (2, 12), "full": (3, 60)}
@@ -147,6 +147,9 @@ def _certify_lemma(lemma: LemmaDecl, level: str) -> Certificate:
     numeric, problem = _float64_tier(lemma, lhs, rhs, swept, factor, cases, labels)
     if problem is not None:
         return Certificate(False, "float64", problem)
+    problem = lemma_float_safety(lemma)
+    if problem is not None:
+        return Certificate(False, "float64 safety", problem)
     if (checked == 0 and not labels) or numeric == 0:
         return Certificate(False, "none", "no admissible sizes to check")
     extra = f", {skipped} too large for case splitting" if skipped else ""
@@ -407,12 +410,79 @@ def _both_ways(box: Box, axis: str, name: str,
 SAFETY_SCALE = 1000.0
 
 
-def _safety_values(rng: np.random.Generator, shape: list[int]) -> np.ndarray:
-    """Seeded normal values scaled so the largest is exactly +SAFETY_SCALE (past exp's float
-    range whatever the draw: a std of 1000 over six values once peaked at 640, and passed)."""
+#: the magnitudes of a lemma's floating-point test (``lemma_float_safety``): exp overflows past
+#: 709.8, a square past 1.3e154, anything past 1.8e308
+LEMMA_SAFETY_SCALES = (SAFETY_SCALE, 1e4, 1e200, 1e300)
+
+
+def _safety_values(rng: np.random.Generator, shape: list[int], scale: float = SAFETY_SCALE) -> np.ndarray:
+    """Seeded normal values scaled so the largest is exactly +``scale`` (past exp's float
+    range whatever the draw at SAFETY_SCALE: a std of 1000 over six values once peaked at
+    640, and passed)."""
     z = rng.standard_normal(shape)
     peak = z.flat[np.abs(z).argmax()] if z.size else 1.0
-    return SAFETY_SCALE * z / peak if peak else z
+    return scale * z / peak if peak else z
+
+
+def _unsafe(want: np.ndarray, got: np.ndarray, scale: float, rtol: float | None, what: str) -> str | None:
+    """The floating-point failure of ``got`` (what napkin would run) against ``want`` (the
+    value it replaces) on inputs of magnitude ``scale``: a value ``want`` has finite that
+    ``got`` makes inf or NaN (or, with ``rtol``, not close to it); None where there is none."""
+    with np.errstate(invalid="ignore"):
+        held = np.isfinite(got) & (np.isclose(got, want, rtol=rtol, atol=1e-9) if rtol is not None else True)
+        bad = np.isfinite(want) & ~held
+    if not bad.any():
+        return None
+    return (f"it fails in floating point: on inputs of magnitude {scale:g} it gives {np.ravel(got[bad])[0]:.4g} "
+            f"where {what} gives {np.ravel(want[bad])[0]:.4g}")
+
+
+@cache
+def lemma_float_safety(lemma: LemmaDecl) -> str | None:
+    """Why ``lemma`` fails in floating point, or None.
+
+    Its sides are equal over the reals, but the right side (what a rewritten diagram runs)
+    may overflow where the left side does not (``exp(A + B) = exp(A) * exp(B)`` at A = 800,
+    B = -800: 1 by the left, inf · 0 = NaN by the right; logsumexp written as log Σ exp).  Both
+    sides are evaluated at the smallest sizes (every axis 1 to 3, ``_SAFETY_SIZES`` of them)
+    on seeded inputs of each magnitude of ``LEMMA_SAFETY_SCALES``, with every parameter
+    positive, every one negative, and each one alone negated (``_safety_values``: normals
+    scaled so the largest is the magnitude, so both signs occur within a parameter too); the
+    right side must be finite wherever the left side is (the float64 tier compares values).
+    Every parameter has the one magnitude: where values of far apart magnitudes meet only
+    near the float64 edge (A·c·B at A = 1e300, c = 1e10, B = 1e-300, which any
+    reassociation, and so every tiling, can overflow) the lemma is not checked (README
+    "Proofs")."""
+    lhs, rhs = lemma_side(lemma, lemma.lhs), lemma_side(lemma, lemma.rhs)
+    k = len(lemma.params)
+    signs = [[1.0] * k, [-1.0] * k] + [[-1.0 if j == i else 1.0 for j in range(k)] for i in range(k)]
+    tried = 0
+    for sizes in grid([a.name for a in lemma.axes], 3):
+        if tried == _SAFETY_SIZES:
+            break
+        for magnitude, (case, sign) in itertools.product(LEMMA_SAFETY_SCALES, enumerate(signs)):
+            rng = np.random.default_rng(case)
+            inputs = [Named(p.axes, s * _safety_values(rng, [sizes[a] for a in p.axes], magnitude))
+                      for p, s in zip(lemma.params, sign, strict=True)]
+            with np.errstate(all="ignore"):
+                try:
+                    (left,) = evaluate_named(lhs, inputs, dict(sizes), FLOAT64)
+                except NapkinError:
+                    break  # sizes the left side's reshapes do not admit
+                right, problem = _right_side(rhs, inputs, sizes, FLOAT64)
+            if right is None:
+                return problem
+            want = np.asarray(left.data, float)
+            got = np.asarray(right[0].data if not left.axes else right[0].to(left.axes), float)
+            unsafe = _unsafe(want, got, magnitude, None, "the left side")
+            if unsafe:
+                return f"{unsafe} (sizes {show_sizes(sizes)}, signs {', '.join(f'{s:+g}' for s in sign)})"
+        else:
+            tried += 1
+    return None
+
+
+_SAFETY_SIZES = 4  # the size combinations (smallest first) a lemma's floating-point test evaluates
 
 
 @cache
@@ -428,12 +498,7 @@ def float_safety(box: Box, axis: str, name: str) -> str | None:
     rng = np.random.default_rng(0)
     want, got = _both_ways(box, axis, name, lambda diagram, sizes: [
         _safety_values(rng, [sizes[a] for a in p.axes]) for p in diagram.inputs])
-    with np.errstate(invalid="ignore"):
-        bad = np.isfinite(want) & ~(np.isfinite(got) & np.isclose(got, want, rtol=1e-6, atol=1e-9))
-    if bad.any():
-        return (f"it fails in floating point: on inputs of magnitude {SAFETY_SCALE:g} it gives "
-                f"{np.ravel(got[bad])[0]:.4g} where `{box.op}` gives {np.ravel(want[bad])[0]:.4g}")
-    return None
+    return _unsafe(want, got, SAFETY_SCALE, 1e-6, f"`{box.op}`")
 
 
 @cache

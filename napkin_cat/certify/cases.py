@@ -24,8 +24,8 @@ import sympy
 from napkin_cat.evaluate import Named
 from napkin_cat.terms import LemmaDecl
 
-__all__ = ["MAX_ORDERED", "TOLERANCE", "TooLarge", "edges", "flat", "grid", "numeric_equal", "show_sizes",
-           "symbolic_equal", "symbols", "zero_sum"]
+__all__ = ["MAX_ORDERED", "TOLERANCE", "TooLarge", "edges", "flat", "grid", "numeric_equal", "partial_masks",
+           "show_sizes", "symbolic_equal", "symbols", "zero_sum"]
 
 MAX_ORDERED = 5  #: at most 5! orderings per symbolic case
 TOLERANCE = 1e-9  #: relative and absolute tolerance of ``numeric_equal``
@@ -64,18 +64,39 @@ def edges(lemma: LemmaDecl, values: Sequence[Any], scale: float) -> Iterator[tup
     ``scale``, then where the evaluator's conventions decide values (evaluate.py), per
     parameter: all zeros (normalising an all-zero row gives 0), rows summing to 0 though not
     0 (``zero_sum``: a zero normaliser Σ a2(S) of an odd a2), all ``-inf`` (a fully
-    masked row: softmax gives 0), half its entries ``-inf`` (a partly masked row) and all
-    ``+inf`` (a shift by the negated maximum of a masked row); the infinite ones only for a
-    parameter the lemma does not declare finite (``when c finite``)."""
+    masked row: softmax gives 0), partly ``-inf`` (``partial_masks``: a partly masked row,
+    its masked weights exactly 0) and all ``+inf`` (a shift by the negated maximum of a
+    masked row); the infinite ones only for a parameter the lemma does not declare finite
+    (``when c finite``)."""
     yield f" with the inputs times {scale:g}", [np.asarray(v) * scale for v in values]
     for i, param in enumerate(lemma.params):
-        masked = np.array(values[i], dtype=float, copy=True)
-        masked.reshape(-1)[::2] = -math.inf
-        infinite = [("-inf", np.full_like(values[i], -math.inf)), ("-inf at every other entry", masked),
+        infinite = [("-inf", np.full_like(values[i], -math.inf)), *partial_masks(values[i]),
                     ("+inf", np.full_like(values[i], math.inf))]
         zeros = [("0", np.zeros_like(values[i]))] + ([("rows summing to 0", zero_sum(values[i]))] if param.axes else [])
         for what, value in zeros + ([] if param.name in lemma.finite else infinite):
             yield f" with `{param.name}` = {what}", [value if j == i else v for j, v in enumerate(values)]
+
+
+def partial_masks(value: Any) -> list[tuple[str, np.ndarray]]:
+    """``value`` with some of its entries (in row-major order, k = 0..n-1) ``-inf``, in the
+    shapes masks take: every other entry, a prefix (k < n/2: keys before a window), a suffix
+    (k ≥ n/2: a causal row's future keys), all but one entry (a single key kept), all but a band
+    (|k - n/2| ≤ 1, a sliding window) and a seeded arbitrary predicate that keeps at least one
+    entry (the positions a mask removes depend on the index in every way)."""
+    v = np.asarray(value, dtype=float)
+    n = v.size
+    k = np.arange(n)
+    arbitrary = np.random.default_rng(n).random(n) < 0.5
+    arbitrary[n // 3] = False
+    shapes = [("at every other entry", k % 2 == 0), ("on a prefix", k < (n + 1) // 2), ("on a suffix", k >= n // 2),
+              ("but at one entry", k != n // 2), ("outside a band", np.abs(k - n // 2) > 1),
+              ("at arbitrary entries", arbitrary)]
+    out = []
+    for what, mask in shapes:
+        masked = v.copy()
+        masked.reshape(-1)[mask] = -math.inf
+        out.append((f"-inf {what}", masked))
+    return out
 
 
 def zero_sum(value: Any) -> np.ndarray:

@@ -26,6 +26,15 @@ cases: S identically 0 along the row (the evaluator's convention gives 0), or no
 normaliser is positive); each case is proved.  Ops outside this semantics (where, index,
 onehot, transpose, piecewise activations) are not proved.
 
+-inf masks (``masks_unproved``): a parameter read only as scores (of softmax, logsumexp, max,
+ncontract[exp, exp, id], over all its axes: one row) may be partly masked, S = S' + log m
+with m an opaque 0/1 indicator of the positions (so exp(S) = m·exp(S') is exactly 0 where
+masked, whatever positions the mask removes), where a sum of m·(positive) over the row is
+positive and its maximum real, because the row keeps an entry; or fully masked, -inf at
+every entry.  Every mix of the two cases over the score parameters must normalise to the
+same term; a finite row is the case m = 1.  The accumulator laws' masks
+(``_masked_laws``) are the same two cases per chunk.
+
 A backward join (``prove_join``, lower/backward.py): backward diagrams fed the forward's
 inputs, its outputs (the saved statistics) and the cotangents give, summed per input, the same
 terms as the VJP diagram of the forward (``napkin_cat.grad``), each output of each at every
@@ -60,7 +69,7 @@ from sympy.core.function import AppliedUndef
 
 from napkin_cat import ops
 from napkin_cat.certify import accumulators as acc
-from napkin_cat.certify.atoms import Quo, Rem, _expand, _i, _MaxOf, _n, _Reduction, index, maximum, minimum, reduce
+from napkin_cat.certify.atoms import Quo, Rem, _expand, _i, _j, _MaxOf, _n, _Reduction, index, maximum, minimum, reduce
 from napkin_cat.terms import (
     Box,
     Const,
@@ -76,20 +85,27 @@ from napkin_cat.terms import (
     run_diagram,
 )
 
-__all__ = ["Unproved", "prove_accumulator", "prove_join", "prove_lemma"]
+__all__ = ["Unproved", "masks_unproved", "prove_accumulator", "prove_join", "prove_lemma", "why_unproved"]
 
 
 class Unproved(Exception):
     """The term leaves the proved fragment; the message says where."""
 
 
-def _input_max(x: Any) -> bool:
-    """Is ``x`` -oo or a maximum of inputs (a running max of float64 inputs, ≥ -FLOAT_MAX)?"""
+def _input_max(x: Any, rows: frozenset[Any] = frozenset()) -> bool:
+    """Is ``x`` -oo or a maximum of inputs (a running max of float64 inputs, ≥ -FLOAT_MAX):
+    of an input, or of a partly masked one S' + log m whose indicator m is one of ``rows``
+    (its row keeps an entry, ``_Semantics.kept``) over every position m reads?"""
     if x == -sympy.oo:
         return True
     if isinstance(x, _MaxOf):
-        return all(_input_max(a) for a in x.args)
-    return isinstance(x, _Reduction) and x.kind == "Max" and isinstance(x.args[0], AppliedUndef)
+        return all(_input_max(a, rows) for a in x.args)
+    if not isinstance(x, _Reduction) or x.kind != "Max":
+        return False
+    terms = sympy.Add.make_args(x.args[0])
+    masks = [t.args[0] for t in terms if isinstance(t, sympy.log) and t.args[0].func in rows]
+    return isinstance(terms[0], AppliedUndef) and len(terms) == 1 + len(masks) and len(masks) <= 1 and all(
+        set(m.args) <= {_j(a) for a in x.axes} for m in masks)
 
 
 #: boxes that move positions between axes: split, join and rename (a split into one part)
@@ -137,13 +153,15 @@ class _Semantics:
 
     def __init__(self, zero: frozenset[str] = frozenset(), split: Mapping[str, tuple[str, str]] | None = None,
                  fill: Mapping[int, Mapping[Any, Any]] | None = None, known: set[Any] | None = None,
-                 ties: Mapping[Any, Any] | None = None, masks: bool = False):
+                 ties: Mapping[Any, Any] | None = None, masks: bool = False, rows: frozenset[Any] = frozenset()):
         self.zero, self.split, self.fill, self.ties = zero, dict(split or {}), dict(fill or {}), dict(ties or {})
         self.cases: set[str] = set()
         self.known = known if known is not None else set()  # normalisers positive in this case
         #: ``where`` masks (``masks``): per (predicate, axes), its indicator m and the predicate
         self.masks: dict[tuple[Any, tuple[str, ...]], Any] | None = {} if masks else None
         self.predicates: dict[Any, tuple[Any, tuple[str, ...]]] = {}
+        #: the indicators of partly masked parameters (``_row_masked``) whose one row keeps an entry
+        self.rows = rows
 
     def size(self, a: str) -> Any:
         return sum((_n(p) for p in self.split[a]), sympy.Integer(0)) if a in self.split else _n(a).xreplace(self.ties)
@@ -169,10 +187,32 @@ class _Semantics:
         return join(*parts)
 
     def positive(self, d: Any, what: str) -> Any:
-        if d.xreplace({k: sympy.Dummy(positive=True) for k in self.known}).is_positive is not True \
-                and not self.kept(d):
+        if not self.is_positive(d):
             raise Unproved(f"{what} of `{d}`, not known positive")
         return d
+
+    def is_positive(self, d: Any) -> bool:
+        """Is ``d`` positive in this case: by sympy's assumptions, with the normalisers ``known``
+        positive here and the reductions ``held`` says?"""
+        return bool(d.xreplace(self.held(d)).is_positive is True)
+
+    def held(self, *values: Any) -> dict[Any, Any]:
+        """What this case knows of the atoms of ``values``, as symbols to put in their place:
+        the normalisers ``known`` and every sum that keeps a term of every row (``kept``) are
+        positive, the maximum of a row that keeps an entry (``_input_max``) is real."""
+        held: dict[Any, Any] = {k: sympy.Dummy(positive=True) for k in self.known}
+        for a in set().union(*(getattr(v, "atoms", lambda *_: set())(_Reduction) for v in values)):
+            if self.kept(a):
+                held[a] = sympy.Dummy(positive=True)
+            elif a.kind == "Max" and _input_max(a, self.rows):
+                held[a] = sympy.Dummy(real=True)
+        return held
+
+    def equal(self, left: tuple[Any, ...], right: tuple[Any, ...]) -> bool:
+        """``_all_equal`` with the atoms this case knows of (``held``) as such symbols (one per
+        atom, on both sides), so that the field algebra may use their sign."""
+        held = self.held(*left, *right)
+        return _all_equal(tuple(v.xreplace(held) for v in left), tuple(v.xreplace(held) for v in right))
 
     # ---- where masks (``masks``; README "Training"): where(p, a, b) = m·a + (1 - m)·b with m the
     # indicator of p (an opaque function of the positions, m² = m: ``unmasked``), and a -inf fill
@@ -211,9 +251,16 @@ class _Semantics:
 
     def kept(self, d: Any) -> bool:
         """Is ``d`` a sum whose body is a product of positive factors and masks that each keep
-        position 0 of the summed axes (so a term of every row is positive)?"""
-        if not isinstance(d, _Reduction) or d.kind != "Sum" or not self.predicates:
+        position 0 of the summed axes (so a term of every row is positive), or of positive
+        factors and one indicator of ``rows`` whose every position the sum runs over (its row
+        keeps an entry, which is then a positive term)?"""
+        if not isinstance(d, _Reduction) or d.kind != "Sum" or not (self.predicates or self.rows):
             return False
+        bound = {_j(a) for a in d.axes}
+        rows = [f for f in sympy.Mul.make_args(d.args[0]) if f.func in self.rows]
+        if rows:
+            return len(rows) == 1 and set(rows[0].args) <= bound and len(set(rows[0].args)) == len(rows[0].args) \
+                and all(f.is_positive for f in sympy.Mul.make_args(d.args[0]) if f is not rows[0])
         for f in sympy.Mul.make_args(d.args[0]):
             if f.is_positive:
                 continue
@@ -276,7 +323,7 @@ class _Semantics:
             return sympy.sqrt(x)
         if op in ("recip", "rsqrt"):
             return 1 / self.positive(sympy.sqrt(x) if op == "rsqrt" else x, op)
-        if op == "maximum" and args[1] == _constant(-acc.FLOAT_MAX) and _input_max(x):  # the guarded shift:
+        if op == "maximum" and args[1] == _constant(-acc.FLOAT_MAX) and _input_max(x, self.rows):  # the guarded shift:
             return args[1] if x == -sympy.oo else x  # a maximum of finite float64 inputs is at least -FLOAT_MAX
         if op in ("add", "sub", "mul", "maximum", "minimum"):
             y = args[1]
@@ -335,7 +382,7 @@ class _Semantics:
         denom = {"id": z, "sqrt": sympy.sqrt(z), "rms": sympy.sqrt(z / count)}[b]
         if denom == 0:
             return sympy.Integer(0)
-        if denom.is_positive is not True and not self.kept(denom):
+        if not self.is_positive(denom):
             # Σ S² is 0 iff S is 0 along the row: a case of its own
             arg = node.args[0]
             if a2 != "square" or not isinstance(arg, Var) or not set(arg.axes) <= set(node.target):
@@ -374,12 +421,10 @@ def _input(name: str, axes: tuple[str, ...], split: Mapping[str, str] | None = N
 def prove_lemma(lemma: LemmaDecl) -> str | None:
     """``proved: ...`` if both sides agree at every size on finite inputs, else None (with why
     in ``why_unproved``); it names the parameters for which ``-inf`` masks are proved too
-    (``masked_cases``), in the form ``finiteness.narrowed`` reads."""
+    (``masks_unproved``), in the form ``finiteness.narrowed`` reads."""
     if why_unproved(lemma):
         return None
-    scores = [p.name for p in lemma.params if all(_scores_only(side, p.name) for side in (lemma.lhs, lemma.rhs))]
-    subsets = [set(c) for k in range(1, len(scores) + 1) for c in itertools.combinations(scores, k)]
-    masks = scores if all(_masked_case(lemma, c) for c in subsets) else []  # every mix of fully masked rows
+    masks = _scores(lemma) if masks_unproved(lemma) is None else []
     axes = {_n(a.name): sympy.Symbol(a.name) for a in lemma.axes}
     tied = ", ".join(f"{axes[k]} = {str(v.xreplace(axes)).replace('*', '·')}" for k, v in _ties(lemma).items())
     where = f" where the left side is defined ({tied})" if tied else ""
@@ -387,24 +432,82 @@ def prove_lemma(lemma: LemmaDecl) -> str | None:
         f" [-inf masks: {', '.join(masks)}]" if masks else "")
 
 
-def _masked_case(lemma: LemmaDecl, names: set[str]) -> bool:
-    """Does the lemma hold when the entries of parameters ``names`` may also be ``-inf`` (masks)?
+def _scores(lemma: LemmaDecl) -> list[str]:
+    """The parameters read only as scores (``_scores_only``), which may be proved for masks."""
+    return [p.name for p in lemma.params if all(_scores_only(side, p.name) for side in (lemma.lhs, lemma.rhs))]
 
-    Where a row keeps one finite entry, a parameter that occurs only as the scores of a
-    softmax, logsumexp, max or exp-normalised contraction over its own axes (possibly shifted
-    by a term without it) enters every value through exp(S) ≥ 0 with Σ exp(S) > 0 and a finite
-    maximum, which is exactly what the finite-input proof used of it; so that proof covers the
-    row.  A fully masked row is its own case: both sides evaluated with S = -inf (exp(-inf) =
-    0, the evaluator's zero-normaliser convention) must agree, for every set of such
-    parameters whose rows are fully masked together (the caller tries each)."""
-    inputs = [-sympy.oo if p.name in names else _input(p.name, p.axes) for p in lemma.params]
-    try:
-        ties = _ties(lemma)
-        (left,) = _Semantics(ties=ties).run(_side(lemma, lemma.lhs), inputs)
-        (right,) = _Semantics(ties=ties).run(_side(lemma, lemma.rhs), inputs)
-    except Unproved:
-        return False
-    return _equal(left, right)
+
+#: the most score parameters whose mask cases (2 per parameter, every mix) are tried
+_MAX_MASKED = 4
+
+
+@cache
+def masks_unproved(lemma: LemmaDecl) -> str | None:
+    """Why the lemma is not proved when the entries of its score parameters (``_scores``) may
+    also be ``-inf`` (masks), or None when it is.
+
+    Such a parameter S is one row (the scores of boxes over all its axes), read only through
+    exp(S) and max(S).  Each row is one of two cases, and every mix of the parameters' cases
+    must normalise to the same term (``_disagreement``):
+
+    - partly masked (``kept``): S = S' + log m with S' finite and m an opaque 0/1 indicator
+      of the positions (exp(S) = m·exp(S'), exactly 0 where masked: a mask at positions that
+      depend on the index, a prefix, a band, a single key kept, any predicate), which keeps at
+      least one position, so a sum of m·(positive) over the row is positive (``kept``) and
+      max(S) a maximum of finite entries (an opaque atom); a finite row is the case m = 1;
+    - fully masked (``full``): S = -inf everywhere (exp(-inf) = 0, the evaluator's
+      zero-normaliser convention, log 0 = -inf)."""
+    scores = _scores(lemma)
+    if not scores:
+        return "no parameter is read only as the scores of softmax, logsumexp, max or ncontract[exp, exp, id]"
+    if len(scores) > _MAX_MASKED:
+        return f"{len(scores)} score parameters: more than {_MAX_MASKED} to try every mix of masked rows"
+    for kinds in itertools.product(("kept", "full"), repeat=len(scores)):
+        masked = dict(zip(scores, kinds, strict=True))
+        why = _disagreement(lemma, masked)
+        if why:
+            rows = ", ".join(f"{n} {'partly' if k == 'kept' else 'fully'} masked" for n, k in masked.items())
+            return f"with {rows}: {why}"
+    return None
+
+
+def _row_mask(name: str) -> Any:
+    """The indicator of parameter ``name``'s unmasked positions (a name no input has)."""
+    return sympy.Function(f"{name}'kept", nonnegative=True)
+
+
+def _disagreement(lemma: LemmaDecl, masked: Mapping[str, str]) -> str | None:
+    """Why the sides of ``lemma`` do not normalise to the same term (None: they do), in every
+    normaliser case (a parameter taken 0, ``_Semantics.weights``), with each parameter of
+    ``masked`` partly (``"kept"``) or fully (``"full"``) masked as ``masks_unproved`` says."""
+    rows = frozenset(_row_mask(p.name) for p in lemma.params if masked.get(p.name) == "kept" and p.axes)
+
+    def value(p: Param, zero: frozenset[str]) -> Any:
+        if p.name in zero:
+            return sympy.Integer(0)
+        if masked.get(p.name) == "full":
+            return -sympy.oo
+        x = _input(p.name, p.axes)
+        return x + sympy.log(_row_mask(p.name)(*[_i(a) for a in p.axes])) if _row_mask(p.name) in rows else x
+
+    zero: frozenset[str] = frozenset()
+    tried: set[frozenset[str]] = set()
+    pending = [zero]
+    while pending:
+        zero = pending.pop()
+        tried.add(zero)
+        inputs = [value(p, zero) for p in lemma.params]
+        try:
+            sem = _Semantics(zero, ties=_ties(lemma), rows=rows)
+            left = sem.run(_side(lemma, lemma.lhs), inputs)
+            right = sem.run(_side(lemma, lemma.rhs), inputs)
+        except Unproved as exc:
+            return str(exc)
+        if not sem.equal(left, right):
+            where = f" with {', '.join(sorted(zero))} = 0" if zero else ""
+            return f"the sides do not normalise to the same term{where}"
+        pending += [zero | {c} for c in sem.cases if zero | {c} not in tried]
+    return None
 
 
 #: boxes whose first operand is read only through exp(S) and max(S) (the scores)
@@ -442,25 +545,8 @@ def _walk(expr: Expr) -> list[Expr]:
 
 @cache
 def why_unproved(lemma: LemmaDecl) -> str | None:
-    """Why ``lemma`` is not proved (None when it is)."""
-    zero: frozenset[str] = frozenset()
-    tried: set[frozenset[str]] = set()
-    pending = [zero]
-    while pending:
-        zero = pending.pop()
-        tried.add(zero)
-        inputs = [sympy.Integer(0) if p.name in zero else _input(p.name, p.axes) for p in lemma.params]
-        try:
-            sem = _Semantics(zero, ties=_ties(lemma))
-            (left,) = sem.run(_side(lemma, lemma.lhs), inputs)
-            (right,) = sem.run(_side(lemma, lemma.rhs), inputs)
-        except Unproved as exc:
-            return str(exc)
-        if not _equal(left, right):
-            where = f" with {', '.join(sorted(zero))} = 0" if zero else ""
-            return f"the sides do not normalise to the same term{where}"
-        pending += [zero | {c} for c in sem.cases if zero | {c} not in tried]
-    return None
+    """Why ``lemma`` is not proved on finite inputs (None when it is)."""
+    return _disagreement(lemma, {})
 
 
 def prove_join(forward: Diagram, reference: Diagram,
@@ -518,38 +604,51 @@ def prove_accumulator(box: Box, axis: str, name: str, pad: bool) -> str | None:
 
 
 def _masked_laws(plan: acc.AccumulatorPlan, guarded: acc.AccumulatorPlan, box: Box) -> bool:
-    """The laws where the scores ``X0`` may be ``-inf`` (see ``_masked_case``): a chunk with a
-    finite entry is covered by the finite proof; a fully masked chunk (either one, or the whole
-    row) is checked with the guarded forms, whose shift max(m, -FLOAT_MAX) keeps exp(-inf - m)
-    at 0; with the whole row masked the guarded finaliser must give the box's 0."""
+    """The laws where the scores ``X0`` may be ``-inf`` (see ``masks_unproved``), with the
+    guarded forms, whose shift max(m, -FLOAT_MAX) keeps exp(-inf - m) at 0: each chunk (and
+    the whole row) partly masked, X0' + log m with m an opaque indicator that keeps an entry
+    of the chunk (masked weights exactly 0), or fully masked (-inf), in every mix of the two
+    chunks; a masked chunk into a finite state and into the identity; the finaliser must give
+    the box's value, the guarded one on a fully masked row (0 where every entry is masked), the
+    unguarded one on a partly masked row, which is the guarded one there as on finite rows (the
+    shift is the row's finite maximum, and its normaliser at least that maximum's exp(0) = 1)."""
     axis, parts = plan.axis, (f"{plan.axis}1", f"{plan.axis}2")
-    scores = {sympy.Function("X0", real=True): -sympy.oo}
-    args = [_input(f"X{k}", a.axes) for k, a in enumerate(box.args)]
+    mask = _row_mask("X0")
+    rows = frozenset({mask})
+    full = {sympy.Function("X0", real=True): -sympy.oo, mask: sympy.Integer(1)}
 
-    def chunk(part: str, masked: bool) -> list[Any]:
-        return [-sympy.oo if masked and k == 0 else _input(f"X{k}", a.axes, {axis: part})
-                for k, a in enumerate(box.args)]
+    def sem(split: Mapping[str, tuple[str, str]] | None = None,
+            fill: Mapping[int, Mapping[Any, Any]] | None = None) -> _Semantics:
+        return _Semantics(frozenset(), split, fill, rows=rows)
+
+    def chunk(part: str | None, kind: str) -> list[Any]:
+        """The operands on ``part`` (None: the whole row), the scores partly or fully masked."""
+        xs = [_input(f"X{k}", a.axes, {axis: part} if part else None) for k, a in enumerate(box.args)]
+        return [-sympy.oo if kind == "full" else xs[0] + sympy.log(mask(*xs[0].args)), *xs[1:]]
 
     try:
-        for first, second in ((True, False), (False, True), (True, True)):
-            lifted = [_Semantics().run(_renamed(guarded.lift, axis, p), chunk(p, m))
-                      for p, m in ((parts[0], first), (parts[1], second))]
-            fill = {k: scores for k, m in enumerate((first, second)) if m}
-            whole = _Semantics(frozenset(), {axis: parts}, fill).run(guarded.lift, args)
-            if not _all_equal(_Semantics().run(guarded.combine, [*lifted[0], *lifted[1]]), whole):
+        for kinds in itertools.product(("kept", "full"), repeat=2):
+            lifted = [sem().run(_renamed(guarded.lift, axis, part), chunk(part, kind))
+                      for part, kind in zip(parts, kinds, strict=True)]
+            fill = {n: full for n, k in enumerate(kinds) if k == "full"}
+            whole = sem({axis: parts}, fill).run(guarded.lift, chunk(None, "kept"))
+            if not sem().equal(sem().run(guarded.combine, [*lifted[0], *lifted[1]]), whole):
                 return False
-        masked = [-sympy.oo, *args[1:]]
-        state = _Semantics().run(guarded.lift, masked)
         identity = [_constant(v) for v in guarded.identity]
-        if guarded.update is not None:  # a masked chunk into a finite state, and into the identity
-            held = [_input(f"{n}0", t) for n, t in guarded.state]
-            for before in (held, identity):
-                if not _all_equal(_Semantics().run(guarded.update, [*before, *masked]),
-                                  _Semantics().run(guarded.combine, [*before, *state])):
-                    return False
-        (final,) = _Semantics().run(guarded.final, list(state))
-        (value,) = _Semantics().run(box_diagram(box), masked)
-        return _all_equal(_Semantics().run(guarded.combine, [*identity, *state]), state) and _equal(final, value)
+        for kind in ("kept", "full"):
+            masked = chunk(None, kind)
+            state = sem().run(guarded.lift, masked)
+            if guarded.update is not None:  # a masked chunk into a finite state, and into the identity
+                held = [_input(f"{n}0", t) for n, t in guarded.state]
+                for before in (held, identity):
+                    if not sem().equal(sem().run(guarded.update, [*before, *masked]),
+                                       sem().run(guarded.combine, [*before, *state])):
+                        return False
+            final = sem().run((guarded if kind == "full" else plan).final, list(state))
+            value = sem().run(box_diagram(box), masked)
+            if not (sem().equal(sem().run(guarded.combine, [*identity, *state]), state) and sem().equal(final, value)):
+                return False
+        return True
     except Unproved:
         return False
 

@@ -186,7 +186,7 @@ def test_use_refuses_special_and_oversized_files(tmp_path: Path, capsys: pytest.
     (tmp_path / "zero.ncd").symlink_to("/dev/zero")
     (tmp_path / "big.ncd").write_text(" " * (files.MAX_SOURCE_BYTES + 1))
     (tmp_path / "dir.ncd").mkdir()
-    expected = {"pipe.ncd": "not a regular file (a pipe)", "zero.ncd": "not a regular file (a character device)",
+    expected = {"pipe.ncd": "not a regular file (a pipe)", "zero.ncd": "not an .ncd file (it leads to /dev/zero)",
                 "big.ncd": "past the limit of 1048576 bytes", "dir.ncd": "not a regular file (a folder)"}
     for name, reason in expected.items():
         with pytest.raises(NapkinError) as info:  # returns at once: the FIFO is opened without blocking

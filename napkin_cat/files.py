@@ -161,10 +161,12 @@ def _printable(path: str | Path) -> str:
 @contextlib.contextmanager
 def _interrupts_held() -> Iterator[Callable[[], bool]]:
     """Hold Ctrl-C (SIGINT) while the block runs: the block may ask whether one came, and
-    ``KeyboardInterrupt`` is raised when it ends.  Only the main thread can hold it; elsewhere
-    Ctrl-C is raised where it lands, and the block's own clean-up handles it."""
-    previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
-    if previous is None or previous == signal.SIG_IGN:
+    ``KeyboardInterrupt`` is raised when it ends.  Only Python's own Ctrl-C handler, in the
+    main thread, is held; otherwise (another thread, a handler the program installed) a
+    signal acts where it lands, and the block's own clean-up handles what it raises."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGINT) if main else None
+    if previous is not signal.default_int_handler:
         yield lambda: False
         return
     came: list[int] = []

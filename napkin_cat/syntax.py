@@ -98,7 +98,7 @@ def _check_depth(tree: Tree[Any], path: str) -> None:
 
 
 def parse_tree(text: str, path: str = "<string>") -> Tree[Any]:
-    """Parse ``text``; raise ``NapkinError`` with a located diagnostic on a syntax error.
+    r"""Parse ``text``; raise ``NapkinError`` with a located diagnostic on a syntax error.
     ``\r\n``, ``\r`` and ``\n`` each end a line (``diagnostics.LINE_BREAK``, as the renderer
     counts them): the grammar sees ``\n`` for each."""
     try:

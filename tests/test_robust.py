@@ -477,6 +477,23 @@ def test_a_device_node_named_ncd_is_not_read(tmp_path: Path) -> None:
         files.read_source(node)
 
 
+def test_check_reads_a_folders_ncd_entries_once_without_entering_links(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x.ncd").write_text("axis x\n")
+    (tmp_path / "b.ncd").write_text("axis b\n")
+    (tmp_path / "notes.txt").write_text("not read\n")
+    (tmp_path / "dir.ncd").mkdir()  # a folder named like a source is entered, not read
+    (tmp_path / "dir.ncd" / "y.ncd").write_text("axis y\n")
+    (tmp_path / "loop").symlink_to(tmp_path)  # a link to a folder is not entered
+    (tmp_path / "link.ncd").symlink_to(tmp_path / "a")  # a .ncd link is a member: the read rule refuses it
+    found = files.source_paths([tmp_path])
+    assert [p.relative_to(tmp_path).as_posix() for p in found] == ["a/x.ncd", "b.ncd", "dir.ncd/y.ncd", "link.ncd"]
+    with pytest.raises(files.FileRefused, match=r"not an \.ncd file"):
+        files.read_source(tmp_path / "link.ncd")
+    with pytest.raises(files.FileRefused, match="no such file or folder"):
+        files.source_paths([tmp_path / "absent"])
+
+
 def _special_outputs(folder: Path) -> dict[str, Path]:
     """A FIFO, a copy of /dev/null's device node (as root), and links to each, to nothing and
     to a folder: every kind of output napkin must refuse and leave as it was."""

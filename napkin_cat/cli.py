@@ -27,7 +27,7 @@ from napkin_cat.cost.hardware import HardwareError
 from napkin_cat.diagnostics import NapkinError, render
 from napkin_cat.elaborate import load
 from napkin_cat.evaluate import bind_sizes, refuse_too_large, run
-from napkin_cat.files import OutputRefused, Outputs
+from napkin_cat.files import FileRefused, OutputRefused, Outputs, source_paths
 from napkin_cat.grad import vjp_module
 from napkin_cat.kernel import Theorem
 from napkin_cat.printer import print_module
@@ -140,15 +140,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     """Check every theorem in the given files and folders; exit 1 if any fails or, with
     ``--certify``, if a library lemma or accumulator fails its full certification."""
 
-    files: list[Path] = []
-    for item in args.paths:
-        path = Path(item)
-        if path.is_dir():
-            files.extend(sorted(path.rglob("*.ncd")))
-        elif path.is_file():
-            files.append(path)
-        else:
-            raise UsageError(f"no such file or folder: {item}")
+    try:
+        files = source_paths(args.paths)  # each then read by the one rule of files.read_source
+    except FileRefused as exc:
+        raise UsageError(str(exc)) from None
     level = "full" if args.certify else "quick"
     uncertified = 0  # library lemmas and accumulators whose full certification failed: CI must fail too
     if args.certify:
@@ -339,17 +334,20 @@ def cmd_derive(args: argparse.Namespace) -> int:
             print("  tiles: " + ", ".join(f"{k}={v}" for k, v in best.cost.tiles.items()))
     else:
         print(found.verdict())
-    checked = derive.write(found, out, outputs)
+    text, checked = derive.checked(found, out)  # the proof and its kernel are written together or not at all
     if checked.theorem is None:
         assert checked.failure is not None
-        print(render(checked.failure), file=sys.stderr)
+        print(render(checked.failure, {str(out): text}), file=sys.stderr)
         return EXIT_INPUT
-    print(f"wrote {out}: {checked.summary()}")
+    written = {out: (text, f"wrote {out}: {checked.summary()}")}
     if args.lower:
         tiles = dict(best.cost.tiles) if best.cost is not None else {}
         lowered = lower(checked.theorem, target=args.lower, tiles=tiles, dtype=dtype, hardware=hardware)
-        kernel_path = outputs.write(out.with_suffix(".py"), lowered.source)
-        print(f"wrote {kernel_path}: {args.lower} function `{lowered.function}`")
+        kernel_path = out.with_suffix(".py")
+        written[kernel_path] = (lowered.source, f"wrote {kernel_path}: {args.lower} function `{lowered.function}`")
+    outputs.write_all((path, data) for path, (data, _) in written.items())
+    for _, said in written.values():
+        print(said)
     return EXIT_OK
 
 

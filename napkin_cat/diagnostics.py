@@ -9,6 +9,7 @@ message``, the source line, a caret under the span, then an optional hint.
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -22,7 +23,19 @@ __all__ = [
     "did_you_mean",
     "error",
     "render",
+    "source_lines",
 ]
+
+#: what ends a line of source: ``\r\n``, ``\r`` or ``\n``, and nothing else (the parser reads
+#: the text with each of them made ``\n``, so the two count lines alike; the other characters
+#: ``str.splitlines`` breaks at, such as form feed or U+2028, end no line)
+LINE_BREAK = re.compile(r"\r\n?|\n")
+
+
+def source_lines(text: str) -> list[str]:
+    """The lines of ``text`` as the parser counts them (``LINE_BREAK``)."""
+    lines = LINE_BREAK.split(text)
+    return lines[:-1] if lines and lines[-1] == "" and len(lines) > 1 else lines
 
 
 @dataclass(frozen=True)
@@ -154,6 +167,9 @@ MESSAGES: dict[str, str] = {
     "lower.constant": "the constant {value} is outside float32's range ({low} to {high} in magnitude, or 0): a "
         "kernel would compute with another number; fold it with the constants next to it (`A * (1e-39 * 1e38)` "
         "is lowered as `A * 0.1`) or rescale",
+    # gradients
+    "grad.no_inputs": "`{diagram}` has no inputs: its vector-Jacobian product would have no outputs, and a "
+        "diagram returns at least one (there is nothing to differentiate)",
     # proofs (napkin_cat.kernel refuses; napkin_cat.proof reports)
     "proof.refused": "{rule}: {reason}",
     "proof.unknown_lemma": "unknown lemma `{name}`",
@@ -216,9 +232,11 @@ def render(diag: Diagnostic, sources: dict[str, str] | None = None) -> str:
                 text = read_source(span.file)
             except FileRefused:
                 text = None
-        lines = text.splitlines() if text is not None else []
+        lines = source_lines(text) if text is not None else []
         if 1 <= span.line <= len(lines):
-            line = lines[span.line - 1]
+            # a character the terminal would not show as one column (a control character, a
+            # line or page separator) is shown as U+FFFD, so the quote stays one line and the caret aligned
+            line = "".join(c if c == "\t" or c.isprintable() else "\ufffd" for c in lines[span.line - 1])
             width = 1
             if span.end_line == span.line and span.end_col > span.col:
                 width = span.end_col - span.col

@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from napkin_cat import ops
+from napkin_cat.diagnostics import NapkinError, error
 from napkin_cat.ops import inlined, typed_box
 from napkin_cat.terms import (
     Axes,
@@ -386,7 +387,11 @@ def vjp(diagram: Diagram) -> Diagram:
 
 def vjp_module(diagram: Diagram) -> Module:
     """A module holding ``vjp(diagram)`` and the axes it uses: printed, it parses and
-    elaborates to the same diagram (the VJP calls no diagram, so it needs no ``use``)."""
+    elaborates to the same diagram (the VJP calls no diagram, so it needs no ``use``).  A
+    diagram without inputs is refused (``NapkinError``): its VJP would have no outputs, and
+    a diagram returns at least one."""
+    if not diagram.inputs:
+        raise NapkinError(error("grad.no_inputs", diagram.span, diagram=diagram.name))
     result = vjp(diagram)
     return Module(f"{result.name}.ncd", (), result.axes, (result,))
 

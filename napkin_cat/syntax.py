@@ -15,7 +15,7 @@ from lark import Lark, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 from lark.lexer import PatternStr
 
-from napkin_cat.diagnostics import Diagnostic, NapkinError, Span, error
+from napkin_cat.diagnostics import LINE_BREAK, Diagnostic, NapkinError, Span, error, source_lines
 
 __all__ = ["grammar_text", "parse_tree"]
 
@@ -66,7 +66,7 @@ def _diagnostic(exc: UnexpectedInput, path: str, text: str) -> Diagnostic:
     line = getattr(exc, "line", 0) or 0
     col = getattr(exc, "column", 0) or 0
     if isinstance(exc, UnexpectedEOF) or (isinstance(exc, UnexpectedToken) and exc.token.type == "$END"):
-        lines = text.splitlines() or [""]
+        lines = source_lines(text)
         line, col = len(lines), len(lines[-1]) + 1
         return error("syntax.unexpected_eof", Span(path, line, col), expected=_describe(set(exc.expected)))
     if isinstance(exc, UnexpectedToken):
@@ -98,9 +98,11 @@ def _check_depth(tree: Tree[Any], path: str) -> None:
 
 
 def parse_tree(text: str, path: str = "<string>") -> Tree[Any]:
-    """Parse ``text``; raise ``NapkinError`` with a located diagnostic on a syntax error."""
+    r"""Parse ``text``; raise ``NapkinError`` with a located diagnostic on a syntax error.
+    ``\r\n``, ``\r`` and ``\n`` each end a line (``diagnostics.LINE_BREAK``, as the renderer
+    counts them): the grammar sees ``\n`` for each."""
     try:
-        tree = _parser().parse(text)
+        tree = _parser().parse(LINE_BREAK.sub("\n", text))
     except UnexpectedInput as exc:
         raise NapkinError(_diagnostic(exc, path, text)) from None
     _check_depth(tree, path)

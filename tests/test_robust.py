@@ -5,8 +5,11 @@ replace an input, generated code cannot be shadowed, and the small things users 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -186,7 +189,7 @@ def test_use_refuses_special_and_oversized_files(tmp_path: Path, capsys: pytest.
     (tmp_path / "zero.ncd").symlink_to("/dev/zero")
     (tmp_path / "big.ncd").write_text(" " * (files.MAX_SOURCE_BYTES + 1))
     (tmp_path / "dir.ncd").mkdir()
-    expected = {"pipe.ncd": "not a regular file (a pipe)", "zero.ncd": "not a regular file (a character device)",
+    expected = {"pipe.ncd": "not a regular file (a pipe)", "zero.ncd": "not an .ncd file (it leads to /dev/zero)",
                 "big.ncd": "past the limit of 1048576 bytes", "dir.ncd": "not a regular file (a folder)"}
     for name, reason in expected.items():
         with pytest.raises(NapkinError) as info:  # returns at once: the FIFO is opened without blocking
@@ -410,3 +413,340 @@ def test_a_cost_table_with_more_columns_than_the_picture_keeps_its_totals(monkey
     monkeypatch.setattr(draw, "cost_table", lambda theorem: CostTable((("M smem", {0: "1", 99: "2"}),), ("total",)))
     svg = draw.draw_svg(thm)
     assert "per-column costs omitted" in svg and "total" in svg
+
+
+# ---- issue 33: one rule for reads, special files never replaced, all-or-nothing outputs ------
+
+#: every verb that reads a file, with FILE for the file and OUT for an output in the same folder
+READING_VERBS = {
+    "parse": ["parse", "FILE"], "check": ["check", "FILE"], "eval": ["eval", "FILE", "f"],
+    "cost": ["cost", "FILE", "t"], "pseudo": ["pseudo", "FILE", "t"], "lower": ["lower", "FILE", "t", "-o", "OUT.py"],
+    "draw": ["draw", "FILE", "f", "-o", "OUT.svg"], "grad": ["grad", "FILE", "f", "-o", "OUT.ncd"],
+    "derive": ["derive", "FILE", "f", "-o", "OUT.ncd"],
+}
+
+
+def _argv(verb: str, file: Path, out_folder: Path) -> list[str]:
+    return [str(file) if a == "FILE" else str(out_folder / a[3:]) if a.startswith("OUT") else a
+            for a in READING_VERBS[verb]]
+
+
+@pytest.mark.parametrize("verb", sorted(READING_VERBS))
+def test_no_verb_shows_a_file_that_is_not_ncd(verb: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The file named, a `.ncd` link to it, a folder holding that link and a file that `use`s
+    it: each is refused in one line and no byte of the file is printed or written."""
+    secret = tmp_path / "environ.txt"
+    secret.write_text(SECRET + "\naxis q\n")
+    (tmp_path / "leak.ncd").symlink_to(secret)
+    user = tmp_path / "user.ncd"
+    user.write_text('use "leak.ncd"\naxis i\ndiagram f(X: [i]) -> [i] { return X }\ntheorem t: f {}\n')
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "member.ncd").symlink_to(secret)
+    outs = tmp_path / "outs"
+    outs.mkdir()
+    cases = [(secret, f"cannot read {secret}: not an .ncd file"),
+             (tmp_path / "leak.ncd", f"not an .ncd file (it leads to {secret})"),
+             (user, f"not an .ncd file (it leads to {secret})")]
+    if verb == "check":
+        cases.append((folder, f"not an .ncd file (it leads to {secret})"))
+    for file, reason in cases:
+        code, out, err = run(capsys, *_argv(verb, file, outs))
+        assert code == 1 and "s3cr3t" not in out + err and "Traceback" not in err, (file, out, err)
+        assert reason in err and len(err.splitlines()) == (3 if file == user else 1), (file, err)
+        assert list(outs.iterdir()) == []
+
+
+def test_check_of_a_folder_never_prints_the_environment(tmp_path: Path) -> None:
+    """The reported leak: a `*.ncd` link to /proc/self/environ in a folder given to `check`."""
+    (tmp_path / "env.ncd").symlink_to("/proc/self/environ")
+    (tmp_path / "ok.ncd").write_text("axis q\n")
+    ran = subprocess.run([sys.executable, "-m", "napkin_cat", "check", str(tmp_path)], capture_output=True,
+                         text=True, env={**os.environ, "NAPKIN_PLANTED": "s3cr3t-value"}, timeout=300)
+    assert ran.returncode == 1 and "s3cr3t-value" not in ran.stdout + ran.stderr
+    assert "/environ); napkin reads only .ncd files" in ran.stderr and "1 file(s) with errors" in ran.stdout
+
+
+def test_a_device_node_named_ncd_is_not_read(tmp_path: Path) -> None:
+    node = tmp_path / "zero.ncd"
+    try:
+        os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(1, 5))  # /dev/zero's numbers
+    except PermissionError:
+        pytest.skip("creating a device node needs root")
+    with pytest.raises(files.FileRefused, match=r"not a regular file \(a character device\)"):
+        files.read_source(node)
+
+
+def test_check_reads_a_folders_ncd_entries_once_without_entering_links(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x.ncd").write_text("axis x\n")
+    (tmp_path / "b.ncd").write_text("axis b\n")
+    (tmp_path / "notes.txt").write_text("not read\n")
+    (tmp_path / "dir.ncd").mkdir()  # a folder named like a source is entered, not read
+    (tmp_path / "dir.ncd" / "y.ncd").write_text("axis y\n")
+    (tmp_path / "loop").symlink_to(tmp_path)  # a link to a folder is not entered
+    (tmp_path / "link.ncd").symlink_to(tmp_path / "a")  # a .ncd link is a member: the read rule refuses it
+    found = files.source_paths([tmp_path])
+    assert [p.relative_to(tmp_path).as_posix() for p in found] == ["a/x.ncd", "b.ncd", "dir.ncd/y.ncd", "link.ncd"]
+    with pytest.raises(files.FileRefused, match=r"not an \.ncd file"):
+        files.read_source(tmp_path / "link.ncd")
+    with pytest.raises(files.FileRefused, match="no such file or folder"):
+        files.source_paths([tmp_path / "absent"])
+
+
+def _special_outputs(folder: Path) -> dict[str, Path]:
+    """A FIFO, a copy of /dev/null's device node (as root), and links to each, to nothing and
+    to a folder: every kind of output napkin must refuse and leave as it was."""
+    made = {"fifo": folder / "fifo", "link to fifo": folder / "to_fifo", "dangling link": folder / "dangling",
+            "link to folder": folder / "to_folder"}
+    os.mkfifo(made["fifo"])
+    made["link to fifo"].symlink_to("fifo")
+    made["dangling link"].symlink_to("nowhere")
+    made["link to folder"].symlink_to(folder)
+    with contextlib.suppress(PermissionError):
+        os.mknod(folder / "null", stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        made["device"] = folder / "null"
+        (folder / "to_null").symlink_to("null")
+        made["link to device"] = folder / "to_null"
+    return made
+
+
+def _state(folder: Path) -> dict[str, tuple[int, int, str]]:
+    return {p.name: (os.lstat(p).st_mode, os.lstat(p).st_rdev, os.readlink(p) if p.is_symlink() else "")
+            for p in folder.iterdir()}
+
+
+@pytest.mark.parametrize("verb", ["lower", "grad", "draw", "derive"])
+def test_special_files_given_to_o_are_left_as_they_were(verb: str, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    proof = _copy_proof(tmp_path)
+    argv = {"lower": ["lower", str(proof), "tiled_matmul", "--target", "jax"],
+            "grad": ["grad", str(tmp_path / "examples" / "matmul.ncd"), "matmul"],
+            "draw": ["draw", str(proof), "tiled_matmul"],
+            "derive": ["derive", str(tmp_path / "examples" / "matmul.ncd"), "matmul", "--size=a=8", "--size=b=8",
+                       "--size=c=8"]}[verb]
+    suffix = {"lower": ".py", "grad": ".ncd", "draw": ".svg", "derive": ".ncd"}[verb]
+    folder = tmp_path / "outs"
+    folder.mkdir()
+    made = _special_outputs(folder)
+    before = _state(folder)
+    for kind, target in made.items():
+        named = target.with_name(target.name + suffix)
+        os.rename(target, named)
+        code, out, err = run(capsys, *argv, "-o", str(named))
+        os.rename(named, target)
+        assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, (kind, err)
+        assert "search stopped" not in out
+    assert _state(folder) == before, "an output replaced a special file or left a temporary one"
+    if verb == "derive":  # a link to a regular file is written through (lower, grad and draw alike)
+        real = folder / "real.ncd"
+        real.write_text("old\n")
+        (folder / "link.ncd").symlink_to("real.ncd")
+        code, _, err = run(capsys, *argv, "--budget", "3", "-o", str(folder / "link.ncd"))
+        assert code == 0, err
+        assert os.readlink(folder / "link.ncd") == "real.ncd" and real.read_text().startswith("# Derived by")
+        assert run(capsys, "check", str(folder / "link.ncd"))[0] == 0  # its `use` is relative to real.ncd's folder
+
+
+def test_a_link_to_a_regular_file_is_written_through(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "elsewhere").mkdir()
+    real = tmp_path / "elsewhere" / "real.ncd"
+    real.write_text("old\n")
+    real.chmod(0o640)
+    link = tmp_path / "link.ncd"
+    link.symlink_to(real)
+    code, _, err = run(capsys, "grad", ATTENTION, "attention", "-o", str(link))
+    assert code == 0, err
+    assert link.is_symlink() and os.readlink(link) == str(real) and "attention_vjp" in real.read_text()
+    assert stat.S_IMODE(real.stat().st_mode) == 0o640
+    assert sorted(p.name for p in (tmp_path / "elsewhere").iterdir()) == ["real.ncd"]
+
+
+def test_an_interrupted_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """Ctrl-C as a KeyboardInterrupt raised inside the write, and as a real SIGINT while it is
+    under way: no output, no temporary file, the old contents kept; the CLI exits 130."""
+    old = tmp_path / "a.py"
+    old.write_text("old\n")
+    fsync = os.fsync
+    calls: list[int] = []
+
+    def interrupt_second(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", interrupt_second)
+    with pytest.raises(KeyboardInterrupt):
+        files.Outputs().write_all([(old, "new\n"), (tmp_path / "b.py", "new\n")])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.py"] and old.read_text() == "old\n"
+
+    def signal_then_sync(fd: int) -> None:
+        os.kill(os.getpid(), signal.SIGINT)  # held until the staged files are whole, then nothing is renamed
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", signal_then_sync)
+    with pytest.raises(KeyboardInterrupt):
+        files.Outputs().write_all([(old, "new\n"), (tmp_path / "b.py", "new\n")])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.py"] and old.read_text() == "old\n"
+    code, out, err = run(capsys, "grad", ATTENTION, "attention", "-o", str(tmp_path / "g.ncd"))
+    assert code == 130 and err == "napkin grad: interrupted\n" and out == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.py"]
+    monkeypatch.undo()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is restored
+
+
+def test_derive_lower_that_fails_writes_neither_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    import napkin_cat.lower
+    from napkin_cat.diagnostics import error
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise NapkinError(error("lower.streams", None, axes="a, b"))
+
+    monkeypatch.setattr(napkin_cat.lower, "lower", refuse)
+    out = tmp_path / "d.ncd"
+    code, stdout, err = run(capsys, "derive", str(ROOT / "examples" / "matmul.ncd"), "matmul", "--size=a=8",
+                            "--size=b=8", "--size=c=8", "--budget", "3", "--lower", "jax", "-o", str(out))
+    assert code == 1 and "this schedule streams a, b" in err and "wrote" not in stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_draw_steps_writes_all_pictures_or_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    def full_disk(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    code, _, err = run(capsys, "draw", MATMUL_PROOF, "tiled_matmul", "--steps", "-o", str(tmp_path / "strip"))
+    assert code == 2 and "No space left on device" in err and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("verb", ["lower", "grad", "draw", "derive"])
+def test_an_output_name_too_long_is_a_usage_error(verb: str, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    long = str(tmp_path / ("x" * 300))
+    argv = {"lower": ["lower", MATMUL_PROOF, "tiled_matmul", "-o", long + ".py"],
+            "grad": ["grad", ATTENTION, "attention", "-o", long + ".ncd"],
+            "draw": ["draw", MATMUL_PROOF, "tiled_matmul", "-o", long + ".svg"],
+            "derive": ["derive", str(ROOT / "examples" / "matmul.ncd"), "matmul", "--size=a=8", "--size=b=8",
+                       "--size=c=8", "-o", long + ".ncd"]}[verb]
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and err.endswith(": File name too long\n") and len(err.splitlines()) == 1, err
+    assert out == "" and list(tmp_path.iterdir()) == []
+    code, _, err = run(capsys, "draw", MATMUL_PROOF, "tiled_matmul", "--steps", "-o", long)
+    assert code == 2 and err.endswith(": File name too long\n")
+    code, _, err = run(capsys, "check", long + ".ncd")
+    assert code == 2 and err.endswith(": File name too long\n")
+
+
+# ---- issue 33: `use` loads each file once, without recursion ---------------------------------
+
+def test_a_use_dag_loads_each_file_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """18 levels of two files, each using both files of the next: 2^17 paths, 35 files."""
+    import time
+
+    from napkin_cat import elaborate
+
+    levels = 18
+    for level in range(levels):
+        for side in "ab":
+            uses = "".join(f'use "l{level + 1}{s}.ncd"\n' for s in "ab") if level + 1 < levels else ""
+            (tmp_path / f"l{level}{side}.ncd").write_text(f"{uses}axis x{level}{side}\n")
+    reads: list[Path] = []
+    real = elaborate.read_source
+    monkeypatch.setattr(elaborate, "read_source", lambda path: reads.append(Path(path)) or real(path))
+    start = time.perf_counter()
+    module = load(tmp_path / "l0a.ncd")
+    elapsed = time.perf_counter() - start
+    assert elapsed < 1.0, f"{elapsed:.2f} s"
+    assert len(reads) == len(set(reads)) == 1 + 2 * (levels - 1)
+    assert {a.name for a in module.scope_axes} == {"x0a"} | {f"x{k}{s}" for k in range(1, levels) for s in "ab"}
+
+
+def test_a_use_chain_340_deep_loads_and_a_cycle_is_located(tmp_path: Path) -> None:
+    depth = 340
+    for k in range(depth):
+        (tmp_path / f"c{k}.ncd").write_text((f'use "c{k + 1}.ncd"\n' if k + 1 < depth else "") + f"axis a{k}\n")
+    assert len(load(tmp_path / "c0.ncd").scope_axes) == depth
+    (tmp_path / f"c{depth - 1}.ncd").write_text('use "c0.ncd"\naxis last\n')
+    with pytest.raises(NapkinError) as info:
+        load(tmp_path / "c0.ncd")
+    (cycle,) = info.value.diagnostics
+    assert cycle.code == "use.cycle" and cycle.span is not None and cycle.span.file.endswith(f"c{depth - 1}.ncd")
+    assert cycle.message.startswith("`use` cycle: c0.ncd -> c1.ncd -> ") and cycle.span.line == 1
+
+
+def test_a_file_used_along_two_paths_reports_its_error_once(tmp_path: Path) -> None:
+    (tmp_path / "a.ncd").write_text('use "c.ncd"\naxis a\n')
+    (tmp_path / "b.ncd").write_text('use "c.ncd"\naxis b\n')
+    (tmp_path / "c.ncd").write_text("axis c = 0\n")
+    (tmp_path / "main.ncd").write_text('use "a.ncd"\nuse "b.ncd"\n')
+    with pytest.raises(NapkinError) as info:
+        load(tmp_path / "main.ncd")
+    assert info.value.codes == ("axis.bad_size",)
+
+
+# ---- issue 33: line endings -------------------------------------------------------------------
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n", "\r"])
+def test_every_line_ending_gives_a_located_error(newline: str, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Old-Mac CR-only files were one comment: `check` said 0 of 0 and exited 0."""
+    bad = tmp_path / "bad.ncd"
+    bad.write_bytes(newline.join(["# a broken file", "axis i", "diagram f(X: [i]) -> [i] {", "  return Y", "}",
+                                  "theorem t: f {}", ""]).encode())
+    code, out, err = run(capsys, "check", str(bad))
+    assert code == 1 and "0 of 0 theorems checked; 1 file(s) with errors" in out
+    assert err.splitlines()[:3] == [f"{bad}:4:10: error: unknown name `Y`", "    return Y", "           ^"]
+    bad.write_bytes(newline.join(["# fine", "axis i", "diagram f(X: [i]) -> [i] { return X }", "theorem t: f {}",
+                                  ""]).encode())
+    assert run(capsys, "check", str(bad))[:2] == (0, f"{bad}: t ≡: no steps  (trust: refl)\n"
+                                                     "1 of 1 theorems checked\n")
+
+
+#: every character `str.splitlines` breaks at besides \n and \r: none ends a line of .ncd
+OTHER_BREAKS = ["\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
+
+
+@pytest.mark.parametrize("char", OTHER_BREAKS, ids=lambda c: f"U+{ord(c):04X}")
+def test_parser_and_renderer_count_lines_alike(char: str, tmp_path: Path) -> None:
+    assert len(f"a{char}b".splitlines()) == 2
+    bad = tmp_path / "bad.ncd"
+    bad.write_text(f"# a{char}comment\naxis i\ndiagram f(X: [i]) -> [i] {{\n  return Y\n}}\n", encoding="utf-8")
+    with pytest.raises(NapkinError) as info:
+        load(bad)
+    (diag,) = info.value.diagnostics
+    assert render(diag).splitlines() == [f"{bad}:4:10: error: unknown name `Y`", "    return Y", "           ^"]
+    # on the line quoted, it is shown as one visible column, so the quote stays one line
+    bad.write_text(f"axis i\ndiagram f(X: [i]) -> [i] {{ return X{char} + Y }}\n", encoding="utf-8")
+    with pytest.raises(NapkinError) as info:
+        load(bad)
+    (diag,) = info.value.diagnostics
+    assert diag.span is not None and diag.span.line == 2
+    lines = render(diag).splitlines()
+    assert len(lines) == 3 and lines[1] == "  diagram f(X: [i]) -> [i] { return X\ufffd + Y }"
+    caret = lines[2].index("^")  # under the unknown `Y`, or under the character where it is not whitespace
+    assert caret == 2 + diag.span.col - 1 and lines[1][caret] == ("Y" if diag.code == "name.unknown" else "\ufffd")
+
+
+# ---- issue 33: grad output always parses -------------------------------------------------------
+
+def test_grad_of_a_diagram_without_inputs_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = tmp_path / "c.ncd"
+    source.write_text("axis i = 4\ndiagram c() -> [i] { return onehot[i](2) }\n")
+    code, out, err = run(capsys, "grad", str(source), "c", "-o", str(tmp_path / "c_vjp.ncd"))
+    assert code == 1 and out == "" and sorted(p.name for p in tmp_path.iterdir()) == ["c.ncd"]
+    assert err.splitlines()[0] == f"{source}:2:1: error: `c` has no inputs: its vector-Jacobian product would have " \
+        "no outputs, and a diagram returns at least one (there is nothing to differentiate)"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.ncd")), ids=lambda p: p.stem)
+def test_grad_output_of_every_example_diagram_parses(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    module = load(path)
+    assert module.diagrams
+    for diagram in module.diagrams:
+        code, out, err = run(capsys, "grad", str(path), diagram.name)
+        assert code == 0, err
+        assert loads(out).diagram(f"{diagram.name}_vjp").inputs[0].name == diagram.inputs[0].name

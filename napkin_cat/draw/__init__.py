@@ -16,6 +16,7 @@ cairosvg.
 
 from __future__ import annotations
 
+import contextlib
 import html
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,7 +39,7 @@ from napkin_cat.draw.layout import (
     text_width,
     triangle,
 )
-from napkin_cat.files import OutputRefused, Outputs
+from napkin_cat.files import Outputs
 from napkin_cat.printer import print_step
 from napkin_cat.schedule.loopnest import loop_nest
 from napkin_cat.terms import LEVELS, Diagram, Schedule
@@ -349,26 +350,29 @@ def draw_steps(states: Sequence[TheoremLike], folder: str | Path, expand: bool =
 
     ``states[k]`` is the theorem after its first ``k`` steps (``states[0]``: reflexivity);
     each picture is captioned with the rule of the step that produced it.  The folder is
-    created if missing; each file is written through ``outputs`` (atomically).
+    created if missing (its parent must exist); the files are written through ``outputs``,
+    all or none (``Outputs.write_all``), and a folder created for them is removed if they
+    are not.
     """
     folder = Path(folder)
-    if folder.exists() and not folder.is_dir():
-        raise OutputRefused(f"{folder} is a file; --steps writes a folder")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise OutputRefused(f"cannot create the folder {folder}: {exc.strerror or type(exc).__name__}") from None
-    outputs = outputs or Outputs()
-    written, rows = [], []
+    pictures, rows = [], []
     for k, state in enumerate(states):
-        path = outputs.write(folder / f"step{k:02d}.svg", draw_svg(state, expand))
-        written.append(path)
+        name = f"step{k:02d}.svg"
+        pictures.append((folder / name, draw_svg(state, expand)))
         rule = print_step(state.steps[-1]) if state.steps else f"the diagram {state.source.name} (reflexivity)"
         rows.append(f'<figure><figcaption>{k}. {html.escape(rule)}</figcaption>'
-                    f'<img src="{path.name}" alt="{html.escape(rule)}"></figure>')
-    name = html.escape(states[0].name) if states else "derivation"
-    page = (f'<!doctype html>\n<html><head><meta charset="utf-8"><title>{name}</title>\n'
+                    f'<img src="{name}" alt="{html.escape(rule)}"></figure>')
+    title = html.escape(states[0].name) if states else "derivation"
+    page = (f'<!doctype html>\n<html><head><meta charset="utf-8"><title>{title}</title>\n'
             '<style>body{font-family:sans-serif;margin:2em} figure{margin:0 0 2em 0} '
             'figcaption{font-weight:bold;margin-bottom:.5em} img{max-width:100%}</style></head>\n'
-            f'<body><h1>{name}: the derivation, step by step</h1>\n' + "\n".join(rows) + "\n</body></html>\n")
-    return [*written, outputs.write(folder / "index.html", page)]
+            f'<body><h1>{title}: the derivation, step by step</h1>\n' + "\n".join(rows) + "\n</body></html>\n")
+    outputs = outputs or Outputs()
+    created = outputs.folder(folder)
+    try:
+        return outputs.write_all([*pictures, (folder / "index.html", page)])
+    except BaseException:
+        if created:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise

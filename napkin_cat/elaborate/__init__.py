@@ -23,7 +23,7 @@ from lark import Token, Tree
 from napkin_cat import ops
 from napkin_cat.diagnostics import Diagnostic, NapkinError, Span, did_you_mean, error
 from napkin_cat.elaborate.expr import ExprElaborator, Node, _fmt, _span, _tok, _tokens
-from napkin_cat.files import FileRefused, read_source
+from napkin_cat.files import FileRefused, read_source, resolve_source
 from napkin_cat.syntax import parse_tree
 from napkin_cat.terms import (
     LEVELS,
@@ -55,28 +55,70 @@ _MAYBE_IMPORTED = ("name.unknown", "box.unknown", "axis.not_declared")
 
 def load(path: str | Path) -> Module:
     """Read, parse and elaborate an .ncd file (and everything it ``use``s)."""
-    return _load(Path(path), ())
+    return _Loader().load(Path(path))
 
 
 def loads(text: str, path: str = "<string>") -> Module:
-    """Parse and elaborate .ncd source text; ``use`` paths resolve against the cwd."""
-    return _Elaborator(text, path, Path(path).parent if path != "<string>" else Path.cwd(), ()).module()
+    """Parse and elaborate .ncd source text; ``use`` paths resolve against the folder of
+    ``path`` (the cwd for ``<string>``)."""
+    base = Path(path).resolve().parent if path != "<string>" else Path.cwd()
+    return _Loader().elaborate(_Elaborator(text, path, base, ()))
 
 
-def _load(path: Path, stack: tuple[Path, ...]) -> Module:
-    try:
-        text = read_source(path)
-    except FileRefused as exc:
-        raise NapkinError(error("file.not_found", path=exc.path, reason=exc.reason)) from None
-    return _Elaborator(text, str(path), path.parent, (*stack, path.resolve())).module()
+class _Loader:
+    """The files of one ``load``, each read, parsed and elaborated once, memoised by its
+    resolved path (a `use` DAG costs its number of files, not its number of paths), in
+    dependency order by an explicit stack, not recursion (a `use` chain may be as deep as
+    there are files)."""
+
+    def __init__(self) -> None:
+        self.done: dict[Path, Module | NapkinError] = {}
+
+    def load(self, path: Path) -> Module:
+        try:
+            key = resolve_source(path)
+            text = read_source(path)
+        except FileRefused as exc:
+            raise NapkinError(error("file.not_found", path=exc.path, reason=exc.reason)) from None
+        # `use` paths are relative to the file's own folder once its links are followed, as for a used file
+        return self.elaborate(_Elaborator(text, str(path), key.parent, (key,)))
+
+    def elaborate(self, root: _Elaborator) -> Module:
+        """``root``'s module, after every file it uses (depth first; a file in progress that is
+        used again is a cycle, which its user reports)."""
+        frames = [(root, iter(root.parse()))]
+        active = set(root.stack[-1:])
+        while True:
+            elaborator, pending = frames[-1]
+            target = next(pending, None)
+            if target is None:
+                frames.pop()
+                if not frames:
+                    return elaborator.module(self.done)
+                active.discard(elaborator.stack[-1])
+                try:
+                    self.done[elaborator.stack[-1]] = elaborator.module(self.done)
+                except NapkinError as exc:
+                    self.done[elaborator.stack[-1]] = exc
+            elif target not in self.done and target not in active:
+                try:
+                    used = _Elaborator(read_source(target), str(target), target.parent, (*elaborator.stack, target))
+                    frames.append((used, iter(used.parse())))
+                    active.add(target)
+                except FileRefused as exc:
+                    self.done[target] = NapkinError(error("file.not_found", path=exc.path, reason=exc.reason))
+                except NapkinError as exc:  # it does not parse
+                    self.done[target] = exc
 
 
 class _Elaborator(ExprElaborator):
     def __init__(self, text: str, path: str, base: Path, stack: tuple[Path, ...]):
         self.path = path
         self.base = base
-        self.stack = stack
+        self.stack = stack  # the resolved files being loaded, from the first to this one
         self.text = text
+        self.items: list[Node] = []
+        self.used: list[tuple[Token, Path | None]] = []  # each `use` and the file it resolves to
         self.diags: list[Diagnostic] = []
         self.axes: dict[str, Axis] = {}  # everything in scope
         self.own_axes: list[Axis] = []
@@ -111,12 +153,18 @@ class _Elaborator(ExprElaborator):
         return tuple(names) if ok else None
 
     # -- the module -------------------------------------------------------------------
-    def module(self) -> Module:
-        tree = parse_tree(self.text, self.path)
-        items = list(tree.children)
-        for item in items:
-            if item.data == "use_decl":
-                self.use(item)
+    def parse(self) -> list[Path]:
+        """Parse the text (``NapkinError`` on a syntax error); the resolved files it uses."""
+        self.items = list(parse_tree(self.text, self.path).children)
+        self.used = [self.use_target(item) for item in self.items if item.data == "use_decl"]
+        return [target for _, target in self.used if target is not None]
+
+    def module(self, loaded: dict[Path, Module | NapkinError]) -> Module:
+        """Elaborate the parsed items, with the files they use already in ``loaded``."""
+        for tok, target in self.used:
+            if target is not None:
+                self.use(tok, target, loaded)
+        items = self.items
         for item in items:
             if item.data == "axis_decl":
                 for axis_item in item.children:
@@ -142,36 +190,41 @@ class _Elaborator(ExprElaborator):
             scope_files=tuple(dict.fromkeys(self.files)),
         )
 
-    def use(self, item: Node) -> None:
-        """Bring a used file's names into scope.  Only a regular .ncd file within the size
-        limit is read (``files.read_source``), and a diagnostic never quotes a used file
-        that does not parse as .ncd: its syntax error becomes one line at the `use`."""
+    def use_target(self, item: Node) -> tuple[Token, Path | None]:
+        """A `use` and the file it names, resolved (``files.resolve_source``: a path ending in
+        .ncd whose links lead to a file ending in .ncd), or None with the error recorded."""
         tok = _tok(item, 0)
         rel = tok.value[1:-1]
         self.uses.append(rel)
         if "\0" in rel or not rel.endswith(".ncd"):
             self.err("use.not_ncd", tok, path=ascii(rel)[1:-1])
             self.broken_uses.append(rel)
-            return
+            return tok, None
         try:
-            target = (self.base / rel).resolve()
-        except (OSError, RuntimeError) as exc:  # e.g. a symbolic link loop
-            self.err("file.not_found", tok, path=rel, reason=str(exc))
+            return tok, resolve_source(self.base / rel)
+        except FileRefused as exc:
+            self.err("file.not_found", tok, path=exc.path, reason=exc.reason)
             self.broken_uses.append(rel)
-            return
+            return tok, None
+
+    def use(self, tok: Token, target: Path, loaded: dict[Path, Module | NapkinError]) -> None:
+        """Bring a used file's names into scope.  Only a regular .ncd file within the size
+        limit is read (``files.read_source``), and a diagnostic never quotes a used file
+        that does not parse as .ncd: its syntax error becomes one line at the `use`."""
+        rel = tok.value[1:-1]
         if target in self.stack:
             cycle = " -> ".join(str(p.name) for p in self.stack[self.stack.index(target):]) + f" -> {target.name}"
             self.err("use.cycle", tok, cycle=cycle)
             return
-        try:
-            sub = _load(target, self.stack)
-        except NapkinError as exc:
-            for d in exc.diagnostics:
+        sub = loaded[target]
+        if isinstance(sub, NapkinError):
+            for d in sub.diagnostics:
                 if d.code == "file.not_found" and d.span is None:
-                    self.diags.append(replace(d, span=_span(tok, self.path)))
+                    d = replace(d, span=_span(tok, self.path))
                 elif d.code.startswith("syntax.") and d.span is not None and d.span.file == str(target):
                     self.err("use.not_parsed", tok, path=rel, line=d.span.line, col=d.span.col)
-                else:
+                    continue
+                if d not in self.diags:  # a file used along several paths reports its errors once
                     self.diags.append(d)
             self.broken_uses.append(rel)
             return

@@ -31,12 +31,12 @@ from napkin_cat.cost import hardware as hw
 from napkin_cat.cost import optimise
 from napkin_cat.cost.roofline import compute_seconds
 from napkin_cat.diagnostics import NapkinError
-from napkin_cat.elaborate import load
+from napkin_cat.elaborate import load, loads
 from napkin_cat.files import Outputs
 from napkin_cat.lower import PRICED_DTYPE, realised_schedule
 from napkin_cat.lower.layout import layout
 from napkin_cat.printer import print_step
-from napkin_cat.proof import CheckResult, check_file
+from napkin_cat.proof import CheckResult, check_module
 from napkin_cat.search.rewrite import Candidate, Costed, CostFn, ScreenFn, Search, search
 from napkin_cat.terms import Partition
 
@@ -176,18 +176,29 @@ def proof_text(derivation: Derivation, out_path: str | Path, runners_up: int = 6
     return "\n".join(lines) + "\n"
 
 
-def write(derivation: Derivation, out_path: str | Path, outputs: Outputs | None = None) -> CheckResult:
-    """Write the proof file (atomically, through ``outputs``, which refuses a path it must
-    not replace: ``files.OutputRefused``) and check it again; the derived theorem's result.
+def checked(derivation: Derivation, out_path: str | Path) -> tuple[str, CheckResult]:
+    """The proof file's text as it will be written at ``out_path``, and the derived
+    theorem's result, checked from that text as the file will read (its ``use`` resolved
+    from ``out_path``'s folder), before anything is written.
 
-    Raises NapkinError if the written file does not elaborate (a bug, reported to the
-    user rather than hidden); a theorem that fails its check is in the result.
+    Raises NapkinError if the text does not elaborate (a bug, reported to the user rather
+    than hidden); a theorem that fails its check is in the result.
     """
     out = Path(out_path)
-    (outputs or Outputs()).write(out, proof_text(derivation, out))
-    results = {r.name: r for r in check_file(out)}
-    assert derivation.theorem_name in results, f"{out}: the written file lost theorem {derivation.theorem_name}"
-    return results[derivation.theorem_name]
+    text = proof_text(derivation, out)
+    results = {r.name: r for r in check_module(loads(text, str(out)))}
+    assert derivation.theorem_name in results, f"{out}: the proof text lost theorem {derivation.theorem_name}"
+    return text, results[derivation.theorem_name]
+
+
+def write(derivation: Derivation, out_path: str | Path, outputs: Outputs | None = None) -> CheckResult:
+    """Check the proof file (``checked``) and write it (atomically, through ``outputs``, which
+    refuses a path it must not replace: ``files.OutputRefused``) only if its theorem holds:
+    a failed derivation leaves no file."""
+    text, result = checked(derivation, out_path)
+    if result.theorem is not None:
+        (outputs or Outputs()).write(out_path, text)
+    return result
 
 
 # ---- the cost model as the search's cost function -------------------------------------------

@@ -104,7 +104,8 @@ def _input_max(x: Any, rows: frozenset[Any] = frozenset()) -> bool:
         return False
     terms = sympy.Add.make_args(x.args[0])
     masks = [t.args[0] for t in terms if isinstance(t, sympy.log) and t.args[0].func in rows]
-    return isinstance(terms[0], AppliedUndef) and len(terms) == 1 + len(masks) and len(masks) <= 1 and all(
+    inputs = [t for t in terms if isinstance(t, AppliedUndef) and t.func not in rows]
+    return len(inputs) == 1 and len(terms) == 1 + len(masks) and len(masks) <= 1 and all(
         set(m.args) <= {_j(a) for a in x.axes} for m in masks)
 
 

@@ -306,6 +306,10 @@ class Schedule:
         """The first ``split`` partition (blocks folded by parallel programs, then combined), if any."""
         return next((p for p in self.partitions if p.kind == "split"), None)
 
+    def unsplit(self) -> Schedule:
+        """The schedule each program of a split runs on its block: the partitions but the split."""
+        return Schedule(tuple(p for p in self.partitions if p.kind != "split"), self.placements, self.quantisations)
+
     def device(self) -> Schedule:
         """The schedule each device runs: the partitions and placements below the mesh level
         (with no ``mesh`` partition, the schedule itself)."""

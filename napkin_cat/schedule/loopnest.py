@@ -128,6 +128,12 @@ class Loop:
         return self.partition.kind
 
     @property
+    def folds(self) -> bool:
+        """A sequential fold of its axis into accumulator states: a stream, or a split (whose
+        blocks' states the combine step folds in order)."""
+        return self.kind in ("stream", "split")
+
+    @property
     def tile(self) -> str | int:
         return self.partition.tile
 
@@ -152,7 +158,7 @@ class LoopNest:
 
     @property
     def streams(self) -> tuple[Loop, ...]:
-        return tuple(lp for lp in self.loops if lp.kind == "stream")
+        return tuple(lp for lp in self.loops if lp.folds)
 
     def phase(self, loop: Loop, name: str) -> str:
         index = self.loops.index(loop)
@@ -212,7 +218,7 @@ def loop_nest(diagram: Diagram, schedule: Schedule) -> LoopNest:
     loops = tuple(Loop(p) for p in schedule.partitions)
     phases = []
     for index, lp in enumerate(loops):
-        if lp.kind in ("stream", "split"):
+        if lp.folds:
             phases.append((index, tuple(_phases(flat, lp.axis).items())))
     placements = tuple((name, p.level) for p in schedule.placements for name in p.names)
     return LoopNest(flat, loops, tuple(phases), placements)

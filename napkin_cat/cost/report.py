@@ -321,9 +321,9 @@ def format_report(r: Mapping[str, Any]) -> str:
     if "split" in r:
         sp = r["split"]
         lines += ["", f"split: {sp['axis']} in {sp['blocks']} blocks of {sp['tile']}, one program each: "
-                  f"{sp['programs']} programs; partial states {sp['states']} values ({sp['states_bytes']} bytes) written and read "
-                  f"back; re-reads {sp['rereads']} values ({sp['rereads_bytes']} bytes); {sp['launches']} launches "
-                  f"(each after the first {sp['launch_overhead_s']:g}s)"]
+                  f"{sp['programs']} programs; partial states {sp['states']} values ({sp['states_bytes']} bytes) "
+                  f"written and read back; re-reads {sp['rereads']} values ({sp['rereads_bytes']} bytes); "
+                  f"{sp['launches']} launches (each after the first {sp['launch_overhead_s']:g}s)"]
     t = r.get("time")
     if t:
         per = ", ".join(f"{k} {v:.4g}s" if k != "l2" else f"the same bytes through the l2 {v:.4g}s"

@@ -197,9 +197,8 @@ def _lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str
     if hardware is not None and hardware not in hw.available():
         raise NapkinError(error("lower.hardware", hardware=hardware, known=", ".join(hw.available())))
     hardware = hardware or DEFAULT_HARDWARE[target]
-    if schedule.split is not None and (target == "pallas" or mesh is not None):  # before pricing its tiles
-        raise NapkinError(error("lower.split_pallas" if target == "pallas" else "lower.split_mesh",
-                                axis=schedule.split.axis))
+    if schedule.split is not None and mesh is not None:  # before pricing its tiles
+        raise NapkinError(error("lower.split_mesh", axis=schedule.split.axis))
     plan = None if mesh is None else mesh_target.mesh_plan(name, schedule, mesh)
     placed = _place(name, diagram, schedule, target, tiles, hardware, chosen)
     lay = placed.layout
@@ -270,11 +269,12 @@ def realised_schedule(diagram: Diagram, schedule: Schedule, target: str) -> Sche
         return replace(program, partitions=(*program.mesh, split, *program.device().partitions))
     if target != "pallas":
         return schedule
-    device = schedule.device().partitions
+    top = () if schedule.split is None else (schedule.split,)  # a split's programs above the grid's
+    device = schedule.device().unsplit().partitions
     partitioned = frozenset(p.axis for p in device)
     level = device[0].level if device else "smem"
     added = tuple(Partition("group", a, 1, level) for a in woven_axes(flatten(diagram), partitioned))
-    return replace(schedule, partitions=schedule.mesh + added + device) if added else schedule
+    return replace(schedule, partitions=(*schedule.mesh, *top, *added, *device)) if added else schedule
 
 
 def _jax_realised(diagram: Diagram, schedule: Schedule) -> Schedule:
@@ -386,7 +386,8 @@ class _Priced:
 
 def _priced(lay: Layout, hardware: str | None) -> _Priced:
     schedule = realised_schedule(lay.diagram, lay.schedule, lay.target)
-    tiles = {p.tile: lay.tiles[p.axis] for p in schedule.partitions if isinstance(p.tile, str)}
+    tiles = {p.tile: lay.split[1] if p.kind == "split" and lay.split else lay.tiles[p.axis]
+             for p in schedule.partitions if isinstance(p.tile, str)}
     try:
         return _Priced(cost.cost_of(lay.diagram, schedule, hardware or "h100"), "", tiles)
     except (ValueError, KeyError) as exc:

@@ -11,8 +11,9 @@ where it lives in the emitted code:
 - ``whole``: every other axis, present in full inside the kernel.
 
 A split (``split a by k``) is laid out as its programs' schedule (``Schedule.unsplit``), which
-must stream ``a``, with ``split`` = (a, k): the plain-JAX target maps the blocks and combines
-their states (``lower.jax``); the Pallas target refuses it (``lower.split_pallas``).
+must stream ``a``, with ``split`` = (a, k): ``a`` is padded to whole blocks of k (masked like a
+ragged tile), the plain-JAX target maps the blocks and combines their states (``lower.jax``),
+the Pallas target gives each block a program of its own (``lower.pallas``).
 
 It also refuses, with a diagnostic and before any code runs, what the targets cannot
 serve: accumulation across a grid axis, several streamed axes, a value that needs the
@@ -122,7 +123,7 @@ class Layout:
         if size is None:
             return True
         if axis in self.tiles:
-            return size % self.tiles[axis] != 0
+            return size % (self.split[1] if self.split and self.split[0] == axis else self.tiles[axis]) != 0
         return size != pow2_extent(size, MIN_BLOCK)
 
 
@@ -200,7 +201,8 @@ def layout(name: str, diagram: Diagram, schedule: Schedule, tiles: Mapping[str, 
     for step in schedule.quantisations:
         if step.dtype not in FORMATS:
             raise NapkinError(error("lower.dtype", dtype=step.dtype, known=", ".join(FORMATS)))
-    split = None if schedule.split is None else _split(schedule, tiles, stream, axis_tiles, out_types, target)
+    split = None if schedule.split is None else _split(schedule, tiles, stream, axis_tiles, out_types, flat,
+                                                       frozenset(padded_tiles))
     result = Layout(name, diagram, schedule, target, nest, axis_tiles, grid, frozenset(squeezed), stream, phase,
                     plans, frozenset(padded_tiles), derived, split)
     _check_padding(result)
@@ -208,13 +210,14 @@ def layout(name: str, diagram: Diagram, schedule: Schedule, tiles: Mapping[str, 
 
 
 def _split(schedule: Schedule, tiles: Mapping[str, int], stream: str | None, axis_tiles: Mapping[str, int],
-           out_types: Sequence[tuple[str, ...]], target: str) -> tuple[str, int]:
+           out_types: Sequence[tuple[str, ...]], flat: Flat, padded_tiles: frozenset[str]) -> tuple[str, int]:
     """The split's (axis, block), or a refusal of what the targets cannot run (module docstring)."""
     split = schedule.split
     assert split is not None
     axis = split.axis
-    if target == "pallas":
-        raise NapkinError(error("lower.split_pallas", axis=axis))
+    if padded_tiles:
+        raise NapkinError(error("lower.split_pallas", axis=axis, why=f"the tiles of {', '.join(sorted(padded_tiles))} "
+                                "are not Triton blocks (its states would be stored tile by tile)"))
     if stream != axis:
         what = "streams nothing" if stream is None else f"streams `{stream}`"
         raise NapkinError(error("lower.split_stream", axis=axis, what=what))
@@ -224,6 +227,11 @@ def _split(schedule: Schedule, tiles: Mapping[str, int], stream: str | None, axi
     for index, axes in enumerate(out_types):
         if axis in axes:
             raise NapkinError(error("lower.split_output", index=index, axis=axis))
+    for node in flat.nodes:  # the last block is padded: its consumers mask the padding
+        box = node.expr
+        if isinstance(box, Box) and axis in box.target and touches(node, axis) not in ("weaves", "positional") \
+                and fill_values(box, axis) is None:
+            raise NapkinError(error("lower.no_pad", node=node.name, op=box.op, axis=axis, span=box.span))
     return axis, block
 
 

@@ -364,8 +364,9 @@ def _placement(lay: Layout, target: str) -> str:
     elif lay.grid:
         parts.append("vectorised over " + ", ".join(lay.grid))
     if lay.split is not None:
-        parts.append(f"{lay.split[0]} split in blocks of {lay.split[1]} (jax.vmap over the blocks), their states "
-                     "combined in order (lax.fori_loop)")
+        where = "the grid's last axis" if target == "pallas" else "jax.vmap over the blocks"
+        parts.append(f"{lay.split[0]} split in blocks of {lay.split[1]} ({where}), their states combined in order "
+                     "(lax.fori_loop)")
     if lay.stream is not None:
         accs = sorted({p.name for p in lay.plans.values()})
         parts.append(f"{lay.stream} streamed in chunks of {lay.tiles[lay.stream]} carrying {', '.join(accs)}")

@@ -329,7 +329,8 @@ def format_report(r: Mapping[str, Any]) -> str:
         per = ", ".join(f"{k} {v:.4g}s" if k != "l2" else f"the same bytes through the l2 {v:.4g}s"
                         for k, v in t["transfers_s"].items())
         b = r["baseline"]["time_s"]
-        loops = f"; loop overhead {t['loop_overhead_s']:.4g}s" if t["loop_overhead_s"] else ""
+        what = "loop and launch overhead" if "split" in r else "loop overhead"
+        loops = f"; {what} {t['loop_overhead_s']:.4g}s" if t["loop_overhead_s"] else ""
         lines += ["", f"time at {t['tiles']}: FLOPs {t['flops_s']:.4g}s; transfers {per}{loops}",
                   f"  serial (sum) {t['serial_s']:.4g}s; overlapped (max) {t['overlapped_s']:.4g}s; "
                   + _intensity(t),

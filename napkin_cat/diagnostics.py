@@ -147,6 +147,7 @@ MESSAGES: dict[str, str] = {
         "devices of a ring must hold the same block of `{group}`, which a mesh of one axis cannot give",
     "lower.mesh_output": "output {index} lacks the sharded axis `{axis}`: every device would write all of it",
     "lower.split_pallas": "--target pallas cannot run the split of `{axis}`: {why}; use --target jax",
+    "lower.split_many": "the lowering runs one split per kernel; this schedule splits {axes}",
     "lower.split_mesh": "a split of `{axis}` runs on one device; lowering it with --mesh is not supported",
     "lower.split_stream": "the split of `{axis}` needs each program to stream its block (`stream {axis} by TILE "
         "via ACC` after the split); this schedule {what}",

@@ -17,7 +17,7 @@ import sympy
 
 from napkin_cat import certify, kernel
 from napkin_cat.certify import rules
-from napkin_cat.cost import cost, cost_of
+from napkin_cat.cost import CostError, cost, cost_of
 from napkin_cat.cost.report import format_report, report
 from napkin_cat.cost.roofline import timing
 from napkin_cat.diagnostics import NapkinError
@@ -212,3 +212,25 @@ def test_the_lowering_refuses_what_it_cannot_run() -> None:
     assert "needs each program to stream its block" in str(alone)
     both = "  split x by kx via online_softmax pad\n  stream x by sx via online_softmax"
     assert "a split of `x` runs on one device" in str(_lower_text(both, mesh=2))
+
+
+def test_two_splits_check_but_cost_and_lowering_take_one() -> None:
+    """Two splits are sound (two outer folds, the interpreter runs them), but the cost model and
+    the lowering realise one combine step per kernel and say so."""
+    text = """axis r, c
+diagram both(A: [r c]) -> [] {
+  return sum[r c](A)
+}
+theorem t: both {
+  split r by 4 via sum pad
+  split c by 4 via sum pad
+}
+"""
+    thm = prove(loads(text), "t")
+    arrays = [np.random.default_rng(1).standard_normal((9, 6))]
+    (got,) = run_schedule(thm, arrays)
+    np.testing.assert_allclose(got, np.sum(arrays[0]), rtol=1e-12)
+    with pytest.raises(CostError, match=r"one split per kernel; this schedule splits r, c"):
+        cost(thm)
+    with pytest.raises(NapkinError, match=r"one split per kernel; this schedule splits r, c"):
+        lower(thm, target="jax")

@@ -330,7 +330,10 @@ def cost_of(diagram: Diagram, schedule: Schedule, hardware: str | hw.Hardware = 
     for view in prog.views:
         levels.append(LevelCost(view.level, view.parent, simplified(view.transfers()),
                                 simplified(view.transfers(bytes_of)), view.memory(), view.memory(bytes_of)))
-    split = split_cost(prog, bytes_of, by_node)
+    try:
+        split = split_cost(prog, bytes_of, by_node)
+    except ValueError as exc:  # several splits: the caller's schedule, not a defect of the model
+        raise CostError(str(exc)) from None
     if split is not None:  # its partial states and re-reads cross hbm too
         levels[1] = replace(levels[1], transfers=simplified(levels[1].transfers + split.transfers),
                             transfers_bytes=simplified(levels[1].transfers_bytes + split.transfers_bytes))

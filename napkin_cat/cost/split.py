@@ -59,11 +59,16 @@ class SplitCost:
 
 
 def split_cost(prog: Program, bytes_of: Mapping[str, int], accumulators: Mapping[str, str]) -> SplitCost | None:
-    """The split of ``prog``'s loop nest (None without one)."""
+    """The split of ``prog``'s loop nest (None without one); ValueError for several (``CostError``
+    is the cost package's, which imports this module)."""
     nest = prog.nest
-    index = next((i for i, lp in enumerate(nest.loops) if lp.kind == "split"), None)
-    if index is None:
+    indices = [i for i, lp in enumerate(nest.loops) if lp.kind == "split"]
+    if not indices:
         return None
+    if len(indices) > 1:
+        raise ValueError(f"the cost model prices one split per kernel; this schedule splits "
+                         f"{', '.join(nest.loops[i].axis for i in indices)}")
+    index = indices[0]
     loop = nest.loops[index]
     blocks = prog.trips[index]
 

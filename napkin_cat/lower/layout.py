@@ -215,6 +215,8 @@ def _split(schedule: Schedule, tiles: Mapping[str, int], stream: str | None, axi
     split = schedule.split
     assert split is not None
     axis = split.axis
+    if len(splits := [p.axis for p in schedule.partitions if p.kind == "split"]) > 1:
+        raise NapkinError(error("lower.split_many", axes=", ".join(splits)))
     if padded_tiles:
         raise NapkinError(error("lower.split_pallas", axis=axis, why=f"the tiles of {', '.join(sorted(padded_tiles))} "
                                 "are not Triton blocks (its states would be stored tile by tile)"))

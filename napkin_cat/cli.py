@@ -267,6 +267,8 @@ def cmd_lower(args: argparse.Namespace) -> int:
                     backward=backs)
     outputs.write(args.output, lowered.source)
     placed = ", ".join(f"{axis}={tile}" for axis, tile in lowered.layout.tiles.items()) or "no tiles"
+    split = lowered.layout.split
+    placed += f"; {split[0]} split in blocks of {split[1]}" if split is not None else ""
     placed += f"; on a mesh of {args.mesh} devices" if args.mesh is not None else ""
     print(f"wrote {args.output}: {args.target} function `{lowered.function}` ({placed})")
     return EXIT_OK

@@ -159,6 +159,13 @@ MESSAGES: dict[str, str] = {
     "lower.mesh_both": "input `{name}` carries both the sharded axis `{group}` and the ring axis `{ring}`: the "
         "devices of a ring must hold the same block of `{group}`, which a mesh of one axis cannot give",
     "lower.mesh_output": "output {index} lacks the sharded axis `{axis}`: every device would write all of it",
+    "lower.split_pallas": "--target pallas cannot run the split of `{axis}`: {why}; use --target jax",
+    "lower.split_many": "the lowering runs one split per kernel; this schedule splits {axes}",
+    "lower.split_mesh": "a split of `{axis}` runs on one device; lowering it with --mesh is not supported",
+    "lower.split_stream": "the split of `{axis}` needs each program to stream its block (`stream {axis} by TILE "
+        "via ACC` after the split); this schedule {what}",
+    "lower.split_tile": "the split's block of {block} is not a multiple of the stream's chunk of {tile} along `{axis}`",
+    "lower.split_output": "output {index} carries the split axis `{axis}`; a split writes no output along its axis",
     "lower.mesh_pallas_ring": "--target pallas cannot run the ring of `{axis}`: a Pallas kernel keeps its "
         "accumulator state inside one pallas_call and returns only the final value, while a ring carries the "
         "state from block to block; use --target jax",

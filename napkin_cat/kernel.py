@@ -1,10 +1,10 @@
 """TRUSTED: the proof kernel.  Only this module constructs a ``Theorem``.
 
-A ``Theorem`` states  source ≡ result  under its schedule, over the reals (or, once a
-``dtype`` step is taken, within the recorded tolerances), and lists its trust basis.
+A ``Theorem`` states source ≡ result under its schedule, over the reals (or, once a ``dtype`` step is taken, within
+the recorded tolerances), and lists its trust basis.
 
-Interface (each rule's inference rule is in its docstring; every refusal raises ``KernelError``
-whose message starts with the rule's name and names the failed condition and the box):
+Interface (each rule's inference rule is in its docstring; every refusal raises ``KernelError`` whose message
+starts with the rule's name and names the failed condition and the box):
 
     refl(name, D)                        ⊢ D ≡ D
     unfold(thm)                          δ: inline every diagram used as a box
@@ -12,20 +12,20 @@ whose message starts with the rule's name and names the failed condition and the
     rewrite(thm, lemma, step, certified) instantiation of a certified lemma + congruence + trans
     group(thm, step)                     R3 group partition (tiling), R8 nesting, R9 divisibility
     stream(thm, step, accumulator)       R4 + R5 stream partition with certified accumulators
+    split(thm, step, accumulator)        stream's conditions; blocks folded in parallel, states combined
     place(thm, step)                     R2 placement (recolouring)
     quantise(thm, step, measure)         R10 dtype change: a marked approximation, never an equality
     match(pattern, term, vars, axes)     first-order matching (the search proposes rewrites with it)
 
-It reads the op catalogue's typing rule (``ops.typed_box``) and how a box treats an axis
-(``ops.treatment``: weaves | consumes | mixes | absent, as the ``ops`` docstring defines them).
+It reads the op catalogue's typing rule (``ops.typed_box``) and how a box treats an axis (``ops.treatment``: weaves
+| consumes | mixes | absent, as the ``ops`` docstring defines them).
 
-The kernel imports only the IR, the op catalogue, diagnostics and the finiteness analysis.
-Certification is an input: lemma names map to how they were certified, ``accumulator(box, axis,
-name, pad)`` answers how an accumulator's laws were certified for that box, ``measure`` a dtype
-step's error.  Each answer is ``proved`` (for every size) or ``tested``; ``Theorem.tested`` lists
-what a theorem rests on that is only tested.  The trusted code: this module, ``terms`` (the IR,
-``inline_calls``, ``run_diagram``), ``ops`` (``result_axes``, ``typed_box``, ``treatment``),
-``finiteness``, and for ``proved`` answers the symbolic prover ``certify.prove`` with its reduction
+The kernel imports only the IR, the op catalogue, diagnostics and the finiteness analysis. Certification is an
+input: lemma names map to how they were certified, ``accumulator(box, axis, name, pad)`` answers how an
+accumulator's laws were certified for that box, ``measure`` a dtype step's error. Each answer is ``proved`` (for
+every size) or ``tested``; ``Theorem.tested`` lists what a theorem rests on that is only tested. The trusted code:
+this module, ``terms`` (the IR, ``inline_calls``, ``run_diagram``), ``ops`` (``result_axes``, ``typed_box``,
+``treatment``), ``finiteness``, and for ``proved`` answers the symbolic prover ``certify.prove`` with its reduction
 and index atoms ``certify.atoms`` (README "Proofs").
 """
 
@@ -41,7 +41,7 @@ from napkin_cat.finiteness import finite_in, narrowed, unsupported
 from napkin_cat.terms import Axes, Box, Diagram, Expr, LemmaDecl, Partition, Schedule, Size, Var, walk
 
 __all__ = ["DTYPE_ROUNDOFF", "KernelError", "Theorem", "group", "match", "place", "quantise", "refl", "rewrite",
-           "stream", "trans", "unfold"]
+           "split", "stream", "trans", "unfold"]
 
 _TOKEN = object()
 _EMPTY = Schedule()
@@ -69,9 +69,9 @@ class KernelError(NapkinError):
 class Theorem:
     """⊢ source ≡ result under ``schedule``; constructed only by this module.
 
-    ``accumulators`` lists (axis, consuming box, accumulator) for every stream step;
-    ``approximations`` the dtype steps (the theorem is exact iff it has none); ``tested``
-    what it rests on that is only tested, not proved (lemmas, accumulators, dtype claims).
+    ``accumulators`` lists (axis, consuming box, accumulator) for every stream step; ``approximations`` the dtype
+    steps (the theorem is exact iff it has none); ``tested`` what it rests on that is only tested, not proved
+    (lemmas, accumulators, dtype claims).
     """
 
     name: str
@@ -93,10 +93,6 @@ class Theorem:
     @property
     def exact(self) -> bool:
         return not self.approximations
-
-    def accumulator_of(self, box: Box, axis: str) -> str | None:
-        """The accumulator chosen for ``box`` streaming ``axis``, if any."""
-        return next((name for a, b, name in self.accumulators if a == axis and b == box), None)
 
     @property
     def chosen(self) -> dict[tuple[str, str, tuple[str, ...], tuple[str, ...]], str]:
@@ -128,7 +124,7 @@ def _boxes(diagram: Diagram) -> list[tuple[str, Box]]:
 
 def _no_schedule(thm: Theorem, rule: str, span: Span | None) -> None:
     if thm.schedule != _EMPTY:
-        raise KernelError(rule, "the diagram already carries a schedule (group/stream/place/dtype); "
+        raise KernelError(rule, "the diagram already carries a schedule (group/stream/split/place/dtype); "
                                 "rewrite first, then relabel", span)
 
 
@@ -141,9 +137,9 @@ def refl(name: str, diagram: Diagram) -> Theorem:
 def unfold(thm: Theorem) -> Theorem:
     """δ-unfolding:   ⊢ A ≡ D[f(X)]    f(P) = body      ─────  ⊢ A ≡ D[body[P := X]]
 
-    A diagram used as a box means its body run on the arguments, woven over the extra
-    axes by name (terms.Apply), so inlining it, with every inner box retyped to carry the
-    woven axes (ops.inlined: terms.inline_calls with the kernel's typing rule), is an equality.
+    A diagram used as a box means its body run on the arguments, woven over the extra axes by name (terms.Apply), so
+    inlining it, with every inner box retyped to carry the woven axes (ops.inlined: terms.inline_calls with the
+    kernel's typing rule), is an equality.
     """
     if not thm.result.uses_diagrams():
         return thm
@@ -170,13 +166,12 @@ def rewrite(thm: Theorem, lemma: LemmaDecl, step: terms.Rewrite, certified: Mapp
         ───────────────────────────────────────────────    sub-terms and its axes injectively
                     ⊢ A ≡ D[σ(rhs)]                        to the diagram's; extra axes woven
 
-    The bindings named by ``at`` are inlined into the last of them (the root; with
-    ``return``, the returned expressions) and the first sub-term matching ``lhs`` is
-    replaced; named bindings left unused are dropped.
-    Side conditions: the lemma is certified; σ binds every variable and axis of ``rhs``;
-    an extra axis of a matched variable is not the image of a lemma axis (so every box of
-    the pattern weaves it, R1); both sides get the same type; a variable the lemma needs
-    finite (``when c finite``) is matched to a term ``finiteness.finite`` vouches for.
+    The bindings named by ``at`` are inlined into the last of them (the root; with ``return``, the returned
+    expressions) and the first sub-term matching ``lhs`` is replaced; named bindings left unused are dropped.
+    Side conditions: the lemma is certified; σ binds every variable and axis of ``rhs``; an extra axis of a matched
+    variable is not the image of a lemma axis (so every box of the pattern weaves it, R1); both sides get the same
+    type; a variable the lemma needs finite (``when c finite``) is matched to a term ``finiteness.finite`` vouches
+    for.
     """
     if lemma.name not in certified:
         raise KernelError("instantiate", f"lemma `{lemma.name}` is not certified", step.span)
@@ -319,9 +314,9 @@ def _reindex(index: terms.Pred | terms.IndexExpr | None,
 def _nest(thm: Theorem, step: Partition) -> tuple[terms.Divides, ...]:
     """R8 nesting and R9 divisibility; returns the divisibility constraints to record.
 
-    Partitions are listed outermost first: a level may not be larger than an earlier one;
-    an axis is partitioned at most once per level; an inner tile divides the outer tile;
-    the outermost tile divides the axis unless ``pad`` declares a masked ragged tile.
+    Partitions are listed outermost first: a level may not be larger than an earlier one; an axis is partitioned at
+    most once per level; an inner tile divides the outer tile; the outermost tile divides the axis unless ``pad``
+    declares a masked ragged tile.
     """
     rule, diagram, span, axis = step.kind, thm.result, step.span, step.axis
     sizes = diagram.axis_sizes()
@@ -386,8 +381,25 @@ def stream(thm: Theorem, step: Partition, accumulator: AccumulatorOracle) -> The
 
     Boxes after the consumption see only the accumulator's final value (post-composition).
     """
-    if step.kind != "stream":
-        raise KernelError("stream", f"a {step.kind} partition of `{step.axis}` is not a stream step", step.span)
+    return _stream(thm, step, accumulator, "stream")
+
+
+def split(thm: Theorem, step: Partition, accumulator: AccumulatorOracle) -> Theorem:
+    """Split reduction (flash-decoding's split-KV):
+
+        ⊢ A ≡ D    the side conditions of ``stream`` for a (R4, R5, R8)    k | |a| (or pad)
+        ─────────────────────────────────────────────────────────────────────────────────────
+        ⊢ A ≡ D  with a cut in blocks of k, each folded from the identity in its own program,
+                 the programs' states merged in order with the accumulator's combine, then finalised
+
+    Sound by the certified law combine(lift(x), lift(y)) = lift(x ⊕ y): any fold or tree of them is lift(a).
+    """
+    return _stream(thm, step, accumulator, "split")
+
+
+def _stream(thm: Theorem, step: Partition, accumulator: AccumulatorOracle, rule: str) -> Theorem:
+    if step.kind != rule:
+        raise KernelError(rule, f"a {step.kind} partition of `{step.axis}` is not a {rule} step", step.span)
     constraints = _nest(thm, step)
     axis, span, via = step.axis, step.span, step.via
     labels = {id(n): label for label, n in _boxes(thm.result)}
@@ -399,23 +411,22 @@ def stream(thm: Theorem, step: Partition, accumulator: AccumulatorOracle) -> The
             return isinstance(node, Var) and env[node.name]
         how, label = ops.treatment(node, axis), labels[id(node)]
         if how == "mixes":
-            raise KernelError("stream", f"box {label} mixes axis `{axis}` and has no accumulator; rewrite it "
-                                        "with a certified lemma into a consuming box first (R4)", span)
+            raise KernelError(rule, f"box {label} mixes axis `{axis}` and has no accumulator; rewrite it "
+                                    "with a certified lemma into a consuming box first (R4)", span)
         if how != "absent" and any(kids):
-            raise KernelError("stream", f"box {label} reads a value computed from the whole of `{axis}` while "
-                                        f"`{axis}` is still being streamed (a second pass)", span)
+            raise KernelError(rule, f"box {label} reads a value computed from the whole of `{axis}` while "
+                                    f"`{axis}` is still being streamed (a second pass)", span)
         if how == "consumes":
             consumers.append((label, ops.accumulators_for(node.op, node.params), node))
         return how == "consumes" or any(kids)
 
     terms.run_diagram(thm.result, [False for _ in thm.result.inputs], visit)
     if via is not None and not any(via in names for _, names, _ in consumers):
-        raise KernelError("stream", f"accumulator `{via}` cannot stream {consumers[0][0]} along `{axis}`; admissible: "
-                                    f"{', '.join(consumers[0][1]) or 'none'}" if consumers else
-                                    f"`via {via}` names an accumulator but no box consumes `{axis}`", span)
+        raise KernelError(rule, f"accumulator `{via}` cannot stream {consumers[0][0]} along `{axis}`; admissible: "
+                                f"{', '.join(consumers[0][1]) or 'none'}" if consumers else
+                                f"`via {via}` names an accumulator but no box consumes `{axis}`", span)
     chosen: list[tuple[str, Box, str]] = []
-    trust: list[str] = []
-    tested: list[str] = []
+    trust, tested = list[str](), list[str]()
     for label, names, box in consumers:
         if (prior := next((n for _, b, n in thm.accumulators if b == box), None)) and via in names and via != prior:
             raise KernelError("nest", f"{label} is streamed via `{prior}` at an outer level; a nested stream (of "
@@ -425,18 +436,18 @@ def stream(thm: Theorem, step: Partition, accumulator: AccumulatorOracle) -> The
         found = next(((n, how) for n, how in answers.items() if how.startswith(("proved", "tested"))), None)
         if found is None:
             tried = "; ".join(f"{n}: {why}" for n, why in answers.items()) or "none"
-            raise KernelError("stream", f"no certified accumulator{' with padding' if step.pad else ''} for "
-                                        f"{label} (tried {tried})", span)
+            raise KernelError(rule, f"no certified accumulator{' with padding' if step.pad else ''} for "
+                                    f"{label} (tried {tried})", span)
         operands = {f"X{k}": a for k, a in enumerate(box.args)}
         if why := unsupported(found[1], thm.result, operands):
-            raise KernelError("stream", f"accumulator {found[0]} for {label}: {why}", span)
+            raise KernelError(rule, f"accumulator {found[0]} for {label}: {why}", span)
         how = narrowed(found[1], thm.result, operands)
         chosen.append((axis, box, found[0]))
         trust.append(f"accumulator {found[0]} for {label} ({how})")
         tested += [] if how.startswith("proved") else [f"accumulator {found[0]} for {label}"]
     via = via if via is not None else (chosen[0][2] if len({c[2] for c in chosen}) == 1 else None)
     schedule = replace(thm.schedule, partitions=(*thm.schedule.partitions, replace(step, via=via)))
-    return _extend(thm, step, ("stream", *trust), tuple(tested), schedule=schedule,
+    return _extend(thm, step, (rule, *trust), tuple(tested), schedule=schedule,
                    constraints=thm.constraints + constraints, accumulators=thm.accumulators + tuple(chosen))
 
 
@@ -463,8 +474,8 @@ def quantise(thm: Theorem, step: terms.Quantise, measure: Measure) -> Theorem:
         ───────────────────────────────────────────────────────────────────────────────────
                               ⊢ A ≈_tol D[X : dtype]
 
-    ``measure`` (an input, like certification) gives the error of the quantised theorem on
-    seeded inputs, or None and why it cannot; the claim rests on that measurement (tested).
+    ``measure`` (an input, like certification) gives the error of the quantised theorem on seeded inputs, or None
+    and why it cannot; the claim rests on that measurement (tested).
     """
     _arrays(thm, step.names, "dtype", step.span)
     if step.dtype not in DTYPE_ROUNDOFF:

@@ -132,7 +132,7 @@ def print_step(step: Step) -> str:
     if isinstance(step, Rewrite):
         return f"rewrite {step.lemma} at {', '.join(step.at)}"
     if isinstance(step, Partition):
-        text = f"{step.kind} {step.axis} by {step.tile} at {step.level}"
+        text = f"{step.kind} {step.axis} by {step.tile}" + ("" if step.kind == "split" else f" at {step.level}")
         if step.via:
             text += f" via {step.via}"
         return text + (" pad" if step.pad else "")

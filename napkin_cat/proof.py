@@ -78,7 +78,8 @@ def describe_step(step: Step) -> str:
         return f"rewrite {step.lemma} at {', '.join(step.at)}"
     if isinstance(step, Partition):
         via = f" via {step.via}" if step.via else ""
-        return f"{step.kind} {step.axis} by {step.tile} at {step.level}{via}{' pad' if step.pad else ''}"
+        at = "" if step.kind == "split" else f" at {step.level}"
+        return f"{step.kind} {step.axis} by {step.tile}{at}{via}{' pad' if step.pad else ''}"
     if isinstance(step, Place):
         return f"place {', '.join(step.names)} at {step.level}"
     return f"dtype {', '.join(step.names)} as {step.dtype} tol {step.tol:g}"
@@ -164,7 +165,7 @@ def _apply(thm: kernel.Theorem, step: Step, lemmas: dict[str, LemmaDecl], level:
     if isinstance(step, Partition):
         if step.kind == "group":
             return kernel.group(thm, step)
-        return kernel.stream(thm, step, certify.accumulator)
+        return (kernel.split if step.kind == "split" else kernel.stream)(thm, step, certify.accumulator)
     if isinstance(step, Place):
         return kernel.place(thm, step)
     assert isinstance(step, Quantise)

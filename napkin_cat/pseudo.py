@@ -88,6 +88,9 @@ def _loop_line(loop: Loop, trips: Expr, tile: Expr) -> str:
     if loop.kind == "group":
         return f"parallel for each {loop.axis}-tile of {tile} ({trips} tiles) at {loop.level}:"
     via = f" via {loop.partition.via}" if loop.partition.via else ""
+    if loop.kind == "split":
+        return (f"parallel for each {loop.axis}-block of {tile} ({trips} programs) at {loop.level}{via}, "
+                "each state from the identity, then combined in order:")
     return f"for each {loop.axis}-chunk of {tile} ({trips} chunks) at {loop.level}{via}:"
 
 

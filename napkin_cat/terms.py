@@ -246,11 +246,15 @@ class Rewrite:
 
 @dataclass(frozen=True)
 class Partition:
-    """``group``/``stream`` AXIS ``by`` TILE [``at`` LEVEL] [``via`` ACC] [``pad``].
+    """``group``/``stream`` AXIS ``by`` TILE [``at`` LEVEL] [``via`` ACC] [``pad``], or
+    ``split`` AXIS ``by`` TILE [``via`` ACC] [``pad``].
 
     A group partition tiles an axis that every box weaves (paper R3); a stream
-    partition walks an axis in chunks with an accumulator (R4, R5).  ``tile`` is an
-    integer or the name of a tile-size symbol; ``level`` is where the tile lives.
+    partition walks an axis in chunks with an accumulator (R4, R5); a split cuts a
+    consumed axis in blocks (at ``hbm``) that parallel programs fold into partial
+    states, merged afterwards with the accumulator's combine (``kernel.split``).
+    ``tile`` is an integer or the name of a tile-size symbol; ``level`` is where the
+    tile lives.
     """
 
     kind: str
@@ -296,6 +300,15 @@ class Schedule:
     def mesh(self) -> tuple[Partition, ...]:
         """The partitions at the ``mesh`` level (across devices), outermost first."""
         return tuple(p for p in self.partitions if p.level == MESH)
+
+    @property
+    def split(self) -> Partition | None:
+        """The first ``split`` partition (blocks folded by parallel programs, then combined), if any."""
+        return next((p for p in self.partitions if p.kind == "split"), None)
+
+    def unsplit(self) -> Schedule:
+        """The schedule each program of a split runs on its block: the partitions but the split."""
+        return Schedule(tuple(p for p in self.partitions if p.kind != "split"), self.placements, self.quantisations)
 
     def device(self) -> Schedule:
         """The schedule each device runs: the partitions and placements below the mesh level

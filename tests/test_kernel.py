@@ -340,7 +340,7 @@ def test_stream_after_lemma_records_the_accumulator() -> None:
                         Partition("stream", "x", "sx", via="online_softmax"), _ok)
     ((axis, box, name),) = thm.accumulators
     assert (axis, box.op, name) == ("x", "ncontract", "online_softmax")
-    assert thm.accumulator_of(box, "x") == "online_softmax"
+    assert thm.chosen[("x", box.op, box.target, box.params)] == "online_softmax"
     assert any(t.startswith("accumulator online_softmax") for t in thm.trust)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import sympy
@@ -24,6 +24,7 @@ from napkin_cat import ops
 from napkin_cat.certify.accumulators import AccumulatorPlan, accumulators_for, plan
 from napkin_cat.cost import hardware as hw
 from napkin_cat.cost.launch import launch, occupancy
+from napkin_cat.cost.split import SplitCost, split_cost
 from napkin_cat.kernel import Theorem
 from napkin_cat.schedule.build import chosen_accumulator, program
 from napkin_cat.schedule.loopnest import flatten, loop_nest
@@ -110,6 +111,8 @@ class Cost:
     mesh: tuple[Partition, ...] = ()
     #: the accumulator chosen for each streamed node (by node name; the rest take their default)
     accumulators: dict[str, str] = field(default_factory=dict, compare=False)
+    #: what a split adds (``cost.split``: its states and re-reads are in the hbm traffic above)
+    split: SplitCost | None = None
 
     def level(self, name: str) -> LevelCost:
         for level in self.levels:
@@ -125,10 +128,10 @@ class Cost:
     @property
     def programs(self) -> Expr:
         """How many programs run in parallel: the product of the trips of the group loops at
-        the level below hbm (the kernel's grid; one program per group)."""
+        the level below hbm (the kernel's grid; one program per group) and of a split's blocks."""
         loops = self.program.nest.loops
         return sympy.Mul(*(trips for lp, trips in zip(loops, self.program.trips, strict=True)
-                           if lp.kind == "group" and lp.level == self.first.name))
+                           if (lp.kind == "group" and lp.level == self.first.name) or lp.kind == "split"))
 
     @functools.cached_property
     def on_chip(self) -> tuple[Expr, Expr, Expr, Expr]:
@@ -142,7 +145,7 @@ class Cost:
         view = next(v for v in self.program.views if v.level == self.program.compute_level)
         loops = self.program.nest.loops
         streamed = {s.array for s in view.steps
-                    if s.op == "load" and any(loops[i].kind == "stream" for i, _ in s.path)}
+                    if s.op == "load" and any(loops[i].folds for i, _ in s.path)}
 
         def peak(keep: Callable[[Buffer], bool], weight: Callable[[str], int]) -> Expr:
             return max_of([sympy.Add(*(b.size / b.copies * weight(b.array) for b in view.live(step.index) if keep(b)))
@@ -232,7 +235,7 @@ class Cost:
         (``lower.layout``: the query blocks of attention, which share one head's K and V)."""
         flat = self.program.nest.flat
         loops = self.program.nest.loops
-        streams = {lp.axis for lp in loops if lp.kind == "stream"}
+        streams = {lp.axis for lp in loops if lp.folds}
         streamed = {a for _, axes in flat.inputs if streams & set(axes) for a in axes}
         grid = {lp.axis for lp in loops if lp.kind == "group" and lp.level == self.first.name}
         return tuple((a, bool(streams) and not (grid - set(flat.type_of(a))) & streamed) for a in self._loads)
@@ -327,11 +330,21 @@ def cost_of(diagram: Diagram, schedule: Schedule, hardware: str | hw.Hardware = 
     for view in prog.views:
         levels.append(LevelCost(view.level, view.parent, simplified(view.transfers()),
                                 simplified(view.transfers(bytes_of)), view.memory(), view.memory(bytes_of)))
+    try:
+        split = split_cost(prog, bytes_of, by_node)
+    except ValueError as exc:  # several splits: the caller's schedule, not a defect of the model
+        raise CostError(str(exc)) from None
+    if split is not None:  # its partial states and re-reads cross hbm too
+        levels[1] = replace(levels[1], transfers=simplified(levels[1].transfers + split.transfers),
+                            transfers_bytes=simplified(levels[1].transfers_bytes + split.transfers_bytes))
+        levels[0] = replace(levels[0], memory=levels[0].memory + split.states,
+                            memory_bytes=levels[0].memory_bytes + split.states_bytes)
     base = prog if source is None else program(loop_nest(source, Schedule()), size_syms, tile_syms)
     base_bytes = bytes_of if source is None else \
         _bytes_of(base.nest.flat, Schedule(), dtypes or {}, dtype, strict=False)
     return Cost(diagram.name, tuple(levels), _flops(prog), _baseline(base, base_bytes), prog, prof,
-                hw.canonical_dtype(dtype), bytes_of, size_syms, tile_syms, mesh=schedule.mesh, accumulators=by_node)
+                hw.canonical_dtype(dtype), bytes_of, size_syms, tile_syms, mesh=schedule.mesh, accumulators=by_node,
+                split=split)
 
 
 def _bytes_of(flat: Any, schedule: Schedule, dtypes: Mapping[str, str], default: str,
@@ -401,7 +414,7 @@ def _fold_flops(prog: Program, chosen: Mapping[str, str], accumulate_pass: bool 
         box = prog.nest.flat.node(step.array).expr if step.op == "compute" else None
         if not isinstance(box, Box):
             continue
-        streams = [loops[i] for i, _ in step.path if loops[i].kind == "stream" and accumulators_for(box, loops[i].axis)]
+        streams = [loops[i] for i, _ in step.path if loops[i].folds and accumulators_for(box, loops[i].axis)]
         if not streams:
             continue
         if ops.OPS[box.op].kind == "contract":  # summed in the MMA's accumulator, or by a pass over the state

@@ -250,7 +250,7 @@ def _constraints(c: Cost) -> dict[str, _TileRule]:
         if div.get("power_of_two"):
             causes.append("power of two (Pallas Triton backend)" if c.hardware.launch else
                           f"power of two ({c.hardware.key} profile: a search grid, not a rule)")
-            if lp.kind == "stream" and int(div.get("min_tile", 1)) > lowest:
+            if lp.folds and int(div.get("min_tile", 1)) > lowest:
                 # a stream chunk is an in-kernel block with no padding: the lowering's rule
                 lowest = int(div["min_tile"])
                 causes.append(f">= {lowest} (a Triton stream chunk is a block)")

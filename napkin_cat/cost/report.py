@@ -133,6 +133,15 @@ def report(c: Cost, name: str, devices: int | None = None) -> dict[str, Any]:
     if numeric:
         _numeric(c, out)
     _mesh(c, out, devices)
+    if c.split is not None:
+        sp = c.split
+        out["split"] = {"axis": sp.axis, "tile": str(sp.tile), "blocks": _s(sp.blocks), "programs": _s(c.programs),
+                        "states": _s(sp.states), "states_bytes": _s(sp.states_bytes), "rereads": _s(sp.rereads),
+                        "rereads_bytes": _s(sp.rereads_bytes), "launches": sp.launches,
+                        "launch_overhead_s": c.hardware.launch_overhead,
+                        "note": "every program writes its partial state to hbm and the combine step reads it back "
+                                "(2 x states, f32, in the hbm traffic above, with the re-reads of inputs lacking "
+                                "the axis); the combine is one more launch (napkin_cat/cost/split.py)"}
     return out
 
 
@@ -309,12 +318,19 @@ def format_report(r: Mapping[str, Any]) -> str:
                   f"FLOPs {m['flops_per_device']}",
                   "  time per device" + (f" at {m['time_tiles']}" if m["time_tiles"] else "") + ": "
                   + ", ".join(f"{k} {v:.4g}s" if isinstance(v, float) else f"{k} {v}" for k, v in m["time_s"].items())]
+    if "split" in r:
+        sp = r["split"]
+        lines += ["", f"split: {sp['axis']} in {sp['blocks']} blocks of {sp['tile']}, one program each: "
+                  f"{sp['programs']} programs; partial states {sp['states']} values ({sp['states_bytes']} bytes) "
+                  f"written and read back; re-reads {sp['rereads']} values ({sp['rereads_bytes']} bytes); "
+                  f"{sp['launches']} launches (each after the first {sp['launch_overhead_s']:g}s)"]
     t = r.get("time")
     if t:
         per = ", ".join(f"{k} {v:.4g}s" if k != "l2" else f"the same bytes through the l2 {v:.4g}s"
                         for k, v in t["transfers_s"].items())
         b = r["baseline"]["time_s"]
-        loops = f"; loop overhead {t['loop_overhead_s']:.4g}s" if t["loop_overhead_s"] else ""
+        what = "loop and launch overhead" if "split" in r else "loop overhead"
+        loops = f"; {what} {t['loop_overhead_s']:.4g}s" if t["loop_overhead_s"] else ""
         lines += ["", f"time at {t['tiles']}: FLOPs {t['flops_s']:.4g}s; transfers {per}{loops}",
                   f"  serial (sum) {t['serial_s']:.4g}s; overlapped (max) {t['overlapped_s']:.4g}s; "
                   + _intensity(t),

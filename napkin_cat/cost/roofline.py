@@ -18,7 +18,8 @@ hardware profile.  One place for the tile search (``optimise.search``), ``napkin
   ``(in flight + r) / r`` distinct blocks of it, else up to one block each.
 - **Loop overhead**: a profile's ``loop_overhead`` seconds for each trip of the innermost
   loop body (``Cost.iterations``), added to both times; zero on the GPUs, where a program's
-  loop is compiled code.  XLA:CPU runs each trip as a sequence of library calls.
+  loop is compiled code.  XLA:CPU runs each trip as a sequence of library calls.  A split's
+  combine is a second kernel: its ``launch_overhead`` is added the same way (``cost.split``).
 - **Serial** adds compute and transfers (a byte's way from hbm through the L2 counted once, at
   the slower of the two); **overlapped** takes their maximum (a roofline).  A
   Triton program whose launch pipelines its streamed chunks (``num_stages`` >= 2) or shares its
@@ -69,7 +70,7 @@ def estimate(c: Cost, work: Sequence[float], launch: Launch | None = None) -> Se
     contract, other, programs, iterations = work[len(levels):len(levels) + 4]
     loads = work[len(levels) + 4:]
     compute = compute_seconds(c, contract, other)
-    overhead = iterations * hw.loop_overhead
+    overhead = iterations * hw.loop_overhead + (c.split.launches - 1 if c.split else 0) * hw.launch_overhead
     transfers: list[tuple[str, float]] = []
     l2 = _implicit_l2(c)
     path = 0.0  # the serial time of the transfers: a byte through hbm and the L2 counted once

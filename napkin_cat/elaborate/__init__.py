@@ -458,17 +458,17 @@ class _Elaborator(ExprElaborator):
         if tree.data == "rewrite_step":
             return Rewrite(toks[0], tuple(toks[1:]) + tuple(str(t) for t in kids if isinstance(t, Token)
                                                             and t.type == "RETURN"), sp)
-        if tree.data in ("group_step", "stream_step"):
+        if tree.data in ("group_step", "stream_step", "split_step"):
             tile_tok = _tok(sub["tile"], 0)
             tile: str | int = _count(tile_tok) if tile_tok.type == "INT" else str(tile_tok)
             if isinstance(tile, int) and not 0 < tile <= MAX_AXIS_SIZE:
                 self.err("axis.bad_tile", tile_tok, kind=tree.data.removesuffix("_step"), axis=toks[0],
                          size=_shown(tile_tok), limit=MAX_AXIS_SIZE)
                 return None
-            level = self.level(sub.get("at_level"))
-            via = str(sub["via"].children[0]) if "via" in sub else None
+            level = "hbm" if tree.data == "split_step" else self.level(sub.get("at_level"))  # a split's blocks
+            via = str(sub["via"].children[0]) if "via" in sub else None  # stay in hbm, one per program
             pad = any(isinstance(t, Token) and t.type == "PAD" for t in kids)
-            kind = "group" if tree.data == "group_step" else "stream"
+            kind = tree.data.removesuffix("_step")
             return None if level is None else Partition(kind, toks[0], tile, level, via, pad, sp)
         if tree.data == "place_step":
             level = self.level(sub.get("at_level"))

@@ -197,6 +197,8 @@ def _lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str
     if hardware is not None and hardware not in hw.available():
         raise NapkinError(error("lower.hardware", hardware=hardware, known=", ".join(hw.available())))
     hardware = hardware or DEFAULT_HARDWARE[target]
+    if schedule.split is not None and mesh is not None:  # before pricing its tiles
+        raise NapkinError(error("lower.split_mesh", axis=schedule.split.axis))
     plan = None if mesh is None else mesh_target.mesh_plan(name, schedule, mesh)
     placed = _place(name, diagram, schedule, target, tiles, hardware, chosen)
     lay = placed.layout
@@ -258,16 +260,21 @@ def realised_schedule(diagram: Diagram, schedule: Schedule, target: str) -> Sche
     (``loopnest.woven_axes``).  For plain JAX (``lower.jax``), only what it realises: the
     stream and, with one, the group of the first grid axis, whose blocks ``lax.map`` walks;
     every other group axis is vectorised whole, a kernel without a stream runs whole, and a
-    nested partition or placement below the outer level is the compiler's."""
+    nested partition or placement below the outer level is the compiler's; a split as proved."""
     if target == "jax":
-        return _jax_realised(diagram, schedule)
+        split = schedule.split
+        if split is None:
+            return _jax_realised(diagram, schedule)
+        program = _jax_realised(diagram, schedule.unsplit())
+        return replace(program, partitions=(*program.mesh, split, *program.device().partitions))
     if target != "pallas":
         return schedule
-    device = schedule.device().partitions
+    top = () if schedule.split is None else (schedule.split,)  # a split's programs above the grid's
+    device = schedule.device().unsplit().partitions
     partitioned = frozenset(p.axis for p in device)
     level = device[0].level if device else "smem"
     added = tuple(Partition("group", a, 1, level) for a in woven_axes(flatten(diagram), partitioned))
-    return replace(schedule, partitions=schedule.mesh + added + device) if added else schedule
+    return replace(schedule, partitions=(*schedule.mesh, *top, *added, *device)) if added else schedule
 
 
 def _jax_realised(diagram: Diagram, schedule: Schedule) -> Schedule:
@@ -311,7 +318,10 @@ def compile_module(source: str, filename: str) -> dict[str, Any]:
 def _describe(partition: Partition, lay: Layout) -> str:
     """``axis: tile = N`` for the partition the kernel realises (the outermost of its axis);
     a nested one (registers) is the compiler's: named as such, never with the outer value."""
-    outer = next(p for p in lay.schedule.partitions if p.axis == partition.axis)
+    if partition.kind == "split" and lay.split is not None:
+        named = f"{partition.tile} = {lay.split[1]}" if isinstance(partition.tile, str) else str(lay.split[1])
+        return f"{partition.axis}: {named} per program (split)"
+    outer = next(p for p in lay.schedule.unsplit().partitions if p.axis == partition.axis)
     if partition is not outer:
         return f"{partition.axis}: {partition.tile} at {partition.level} (not realised: the compiler's)"
     value = lay.tiles.get(partition.axis)
@@ -353,6 +363,10 @@ def _placement(lay: Layout, target: str) -> str:
         parts.append("grid over " + (", ".join(grid) if grid else "nothing (one program)"))
     elif lay.grid:
         parts.append("vectorised over " + ", ".join(lay.grid))
+    if lay.split is not None:
+        where = "the grid's last axis" if target == "pallas" else "jax.vmap over the blocks"
+        parts.append(f"{lay.split[0]} split in blocks of {lay.split[1]} ({where}), their states combined in order "
+                     "(lax.fori_loop)")
     if lay.stream is not None:
         accs = sorted({p.name for p in lay.plans.values()})
         parts.append(f"{lay.stream} streamed in chunks of {lay.tiles[lay.stream]} carrying {', '.join(accs)}")
@@ -373,7 +387,8 @@ class _Priced:
 
 def _priced(lay: Layout, hardware: str | None) -> _Priced:
     schedule = realised_schedule(lay.diagram, lay.schedule, lay.target)
-    tiles = {p.tile: lay.tiles[p.axis] for p in schedule.partitions if isinstance(p.tile, str)}
+    tiles = {p.tile: lay.split[1] if p.kind == "split" and lay.split else lay.tiles[p.axis]
+             for p in schedule.partitions if isinstance(p.tile, str)}
     try:
         return _Priced(cost.cost_of(lay.diagram, schedule, hardware or "h100"), "", tiles)
     except (ValueError, KeyError) as exc:

@@ -27,7 +27,7 @@ from napkin_cat.lower.layout import Layout
 from napkin_cat.lower.values import Scope, Value, saturate, transpose_to
 from napkin_cat.terms import Axes, Box
 
-__all__ = ["Slot", "emit_after", "emit_before", "emit_identity", "emit_step", "slots"]
+__all__ = ["Slot", "emit_after", "emit_before", "emit_combine", "emit_identity", "emit_step", "slots"]
 
 
 @dataclass(frozen=True)
@@ -105,6 +105,21 @@ def emit_step(lay: Layout, env: dict[str, Value], scope: Scope, carry: Sequence[
         for value, (_, axes) in zip(merged, plan.state, strict=True):
             updated.append(transpose_to(value, scope.keep(axes)))
     return updated
+
+
+def emit_combine(lay: Layout, scope: Scope, first: Sequence[Value], second: Sequence[Value]) -> list[ast.expr]:
+    """Two carries merged by every accumulator's ``combine`` (a split's partial states, in
+    order: ``first`` holds the earlier positions), each state in its declared axis order."""
+    all_slots = slots(lay, scope)
+    merged: list[ast.expr] = []
+    for node in lay.flat.nodes:
+        plan = lay.plans.get(node.name)
+        if plan is None:
+            continue
+        mine = [i for i, s in enumerate(all_slots) if s.node == node.name]
+        values = emit_diagram(plan.combine, [first[i] for i in mine] + [second[i] for i in mine], scope)
+        merged += [transpose_to(v, scope.keep(axes)) for v, (_, axes) in zip(values, plan.state, strict=True)]
+    return merged
 
 
 def emit_after(lay: Layout, env: dict[str, Value], scope: Scope, carry: Sequence[Value]) -> None:

@@ -12,6 +12,13 @@ masking is needed and memory stays O(chunk) instead of O(whole axis).  ``fori_lo
 with static bounds lowers to ``scan``, so ``jax.grad`` works through it; the step is
 ``jax.checkpoint``-ed, so the backward pass stores one carry per chunk and recomputes
 the chunk's intermediates (as FlashAttention's backward recomputes the scores).
+
+A split (``split a by k``, ``Layout.split``) replaces the stream of ``a``: the inputs carrying
+``a`` are zero-padded to ⌈|a|/k⌉ blocks of k, ``jax.vmap`` folds every block from the
+accumulators' identity with the program's stream (chunks of the stream's tile; the padded
+positions masked with the accumulators' padding values, as a ragged tile is), and a
+``lax.fori_loop`` merges the blocks' partial states in order with the accumulators' lowered
+``combine`` from the identity (``fold.emit_combine``) before the finals and the nodes after.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import ast
 from collections.abc import Callable, Sequence
 
 from napkin_cat.lower import codegen as cg
-from napkin_cat.lower.fold import emit_after, emit_before, emit_identity, emit_step, slots
+from napkin_cat.lower.fold import emit_after, emit_before, emit_combine, emit_identity, emit_step, slots
 from napkin_cat.lower.layout import Layout
 from napkin_cat.lower.skip import chunk_range, full_range
 from napkin_cat.lower.values import Scope, Value, transpose_to
@@ -81,14 +88,16 @@ def emit_function(lay: Layout, fname: str, params: Sequence[str], doc: str, dtyp
     sizes = {a: size_of(a) for a in all_axes(lay)}
     scope = Scope(block, sizes, dict(sizes), dot_dtype=dtype, dot_operand=dot_operand, rounded=rounded_nodes(lay))
     groups = [a for a in lay.grid if a != lay.stream]
+    stream = None if lay.split is None else _emit_split
     if lay.stream is not None and groups:
-        _emit_blocks(lay, params, scope, groups[0])
+        _emit_blocks(lay, params, scope, groups[0], stream)
     else:
-        emit_body(lay, params, scope)
+        emit_body(lay, params, scope, stream)
     return cg.function(fname, params, block.stmts, doc)
 
 
-def _emit_blocks(lay: Layout, params: Sequence[str], scope: Scope, axis: str) -> None:
+def _emit_blocks(lay: Layout, params: Sequence[str], scope: Scope, axis: str,
+                 stream: Callable[[Layout, dict[str, Value], Scope], None] | None = None) -> None:
     """The body under ``lax.map`` over the whole blocks of ``axis``, then once over the ragged
     last block (module docstring; no padding, whose rows could put NaN into a backward pass
     through the inputs they share), then ``return`` of the outputs put back together."""
@@ -104,7 +113,7 @@ def _emit_blocks(lay: Layout, params: Sequence[str], scope: Scope, axis: str) ->
             param = body.bind(f"{param}_rows", sliced).id
         inner.append(param)
     emit_body(lay, inner, scope.with_block(body, extents={**scope.extents, axis: cg.name(rows)},
-                                           offsets={**scope.offsets, axis: cg.name(first)}))
+                                           offsets={**scope.offsets, axis: cg.name(first)}), stream)
     block.emit(cg.function(program, [first, rows], body.stmts))
     full = block.bind("full_blocks", cg.binop(size, "//", tile))
     tail = cg.binop(size, "%", tile)
@@ -182,6 +191,51 @@ def _emit_stream(lay: Layout, env: dict[str, Value], scope: Scope) -> None:
     emit_after(lay, env, scope, finals)
     for k, value in zip(lay.chunk_outputs, written, strict=True):
         env[lay.flat.outputs[k]] = value
+
+
+def _emit_split(lay: Layout, env: dict[str, Value], scope: Scope) -> None:
+    """The split of the streamed axis (module docstring): blocks folded under ``jax.vmap``, their
+    states merged in order, then the finals and the nodes after."""
+    assert lay.split is not None
+    axis, tile = lay.split
+    block, namer = scope.block, scope.block.namer
+    size, width = scope.extents[axis], cg.const(tile)
+    count = block.bind("split_blocks", cg.binop(cg.binop(cg.binop(size, "+", width), "-", cg.const(1)), "//", width))
+    padded: dict[str, ast.expr] = {}
+    for name, axes in lay.flat.inputs:
+        if axis in axes:
+            widths: list[ast.expr] = [cg.tuple_([cg.const(0), cg.binop(cg.binop(count, "*", width), "-", size)
+                                                 if a == axis else cg.const(0)]) for a in axes]
+            pad = cg.call("jnp.pad", env[name].expr, ast.List(widths, ast.Load()))
+            padded[name] = block.bind(f"{name}_padded", pad)
+    fold, b = namer.fresh("split_fold"), namer.fresh("b")
+    body = block.child()
+    start = body.bind("split_start", cg.binop(cg.name(b), "*", width))
+    inner = scope.with_block(body, extents={**scope.extents, axis: width},
+                             offsets={**scope.offsets, axis: start}, padded=scope.padded | {axis})
+    blocks = {name: Value(body.bind(f"{name}_split", cg.call("lax.dynamic_slice_in_dim", value, start, width,
+                                                                keywords=[cg.kw("axis", cg.const(
+                                                                    env[name].axes.index(axis)))])),
+                          env[name].axes) for name, value in padded.items()}
+    state = emit_chunks(lay, {**env, **blocks}, inner, emit_identity(lay, inner))
+    body.emit(ast.Return(cg.tuple_([v.expr for v in state])))
+    block.emit(cg.function(fold, [b], body.stmts))
+    partial = block.bind("partial_states", cg.call(cg.call("jax.vmap", cg.name(fold)), cg.call("jnp.arange", count)))
+    merge, i, carry = namer.fresh("split_merge"), namer.fresh("i"), namer.fresh("carry")
+    body = block.child()
+    slot_list = slots(lay, scope)
+    held = [namer.fresh(s.hint) for s in slot_list]
+    body.emit(cg.assign(held, cg.name(carry)))
+    earlier = [Value(cg.name(n), s.axes) for n, s in zip(held, slot_list, strict=True)]
+    arrived = [Value(cg.subscript(cg.subscript(partial, cg.const(k)), cg.name(i)), s.axes)
+               for k, s in enumerate(slot_list)]
+    body.emit(ast.Return(cg.tuple_(emit_combine(lay, scope.with_block(body), earlier, arrived))))
+    block.emit(cg.function(merge, [i, carry], body.stmts))
+    merged = block.bind("merged", cg.call("lax.fori_loop", cg.const(0), count, cg.name(merge),
+                                          emit_identity(lay, scope)))
+    finals = [namer.fresh(s.hint) for s in slot_list]
+    block.emit(cg.assign(finals, merged))
+    emit_after(lay, env, scope, [Value(cg.name(n), s.axes) for n, s in zip(finals, slot_list, strict=True)])
 
 
 def emit_chunks(lay: Layout, env: dict[str, Value], scope: Scope, initial: ast.expr) -> list[Value]:

@@ -10,6 +10,11 @@ where it lives in the emitted code:
 - ``stream``: walked in chunks by an in-kernel loop whose carry holds accumulator states;
 - ``whole``: every other axis, present in full inside the kernel.
 
+A split (``split a by k``) is laid out as its programs' schedule (``Schedule.unsplit``), which
+must stream ``a``, with ``split`` = (a, k): ``a`` is padded to whole blocks of k (masked like a
+ragged tile), the plain-JAX target maps the blocks and combines their states (``lower.jax``),
+the Pallas target gives each block a program of its own (``lower.pallas``).
+
 It also refuses, with a diagnostic and before any code runs, what the targets cannot
 serve: accumulation across a grid axis, several streamed axes, a value that needs the
 whole streamed axis after the stream, padding with no neutral value, and (Pallas)
@@ -57,7 +62,8 @@ class Layout:
     ``padded_tiles`` the grouped axes (Pallas) whose tile cannot be a Triton block (not a
     power of two, or below ``MIN_BLOCK`` where a dot needs it: ``_group_block_ok``):
     stored as (tiles, block) with each tile padded to a block;
-    ``derived`` the sizes that reshapes determine (``_derive_sizes``).
+    ``derived`` the sizes that reshapes determine (``_derive_sizes``); ``split`` the axis
+    of a split and its block (``schedule`` keeps the split; ``nest`` is its programs').
     """
 
     name: str
@@ -73,6 +79,7 @@ class Layout:
     plans: Mapping[str, AccumulatorPlan]
     padded_tiles: frozenset[str] = frozenset()
     derived: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
+    split: tuple[str, int] | None = None
 
     @property
     def chunk_outputs(self) -> tuple[int, ...]:
@@ -116,7 +123,7 @@ class Layout:
         if size is None:
             return True
         if axis in self.tiles:
-            return size % self.tiles[axis] != 0
+            return size % (self.split[1] if self.split and self.split[0] == axis else self.tiles[axis]) != 0
         return size != pow2_extent(size, MIN_BLOCK)
 
 
@@ -129,7 +136,7 @@ def layout(name: str, diagram: Diagram, schedule: Schedule, tiles: Mapping[str, 
     the proof certified for each consuming box (``Theorem.chosen``); a box it does not name
     gets the stream's ``via``, else its first admissible one.
     """
-    nest = loop_nest(diagram, schedule)
+    nest = loop_nest(diagram, schedule.unsplit())
     flat = nest.flat
     by_axis: dict[str, tuple[str, int]] = {}
     for loop in nest.loops:
@@ -194,10 +201,40 @@ def layout(name: str, diagram: Diagram, schedule: Schedule, tiles: Mapping[str, 
     for step in schedule.quantisations:
         if step.dtype not in FORMATS:
             raise NapkinError(error("lower.dtype", dtype=step.dtype, known=", ".join(FORMATS)))
+    split = None if schedule.split is None else _split(schedule, tiles, stream, axis_tiles, out_types, flat,
+                                                       frozenset(padded_tiles))
     result = Layout(name, diagram, schedule, target, nest, axis_tiles, grid, frozenset(squeezed), stream, phase,
-                    plans, frozenset(padded_tiles), derived)
+                    plans, frozenset(padded_tiles), derived, split)
     _check_padding(result)
     return result
+
+
+def _split(schedule: Schedule, tiles: Mapping[str, int], stream: str | None, axis_tiles: Mapping[str, int],
+           out_types: Sequence[tuple[str, ...]], flat: Flat, padded_tiles: frozenset[str]) -> tuple[str, int]:
+    """The split's (axis, block), or a refusal of what the targets cannot run (module docstring)."""
+    split = schedule.split
+    assert split is not None
+    axis = split.axis
+    if len(splits := [p.axis for p in schedule.partitions if p.kind == "split"]) > 1:
+        raise NapkinError(error("lower.split_many", axes=", ".join(splits)))
+    if padded_tiles:
+        raise NapkinError(error("lower.split_pallas", axis=axis, why=f"the tiles of {', '.join(sorted(padded_tiles))} "
+                                "are not Triton blocks (its states would be stored tile by tile)"))
+    if stream != axis:
+        what = "streams nothing" if stream is None else f"streams `{stream}`"
+        raise NapkinError(error("lower.split_stream", axis=axis, what=what))
+    block = _tile_value(split.tile, axis, tiles)
+    if block % axis_tiles[axis]:
+        raise NapkinError(error("lower.split_tile", axis=axis, block=block, tile=axis_tiles[axis]))
+    for index, axes in enumerate(out_types):
+        if axis in axes:
+            raise NapkinError(error("lower.split_output", index=index, axis=axis))
+    for node in flat.nodes:  # the last block is padded: its consumers mask the padding
+        box = node.expr
+        if isinstance(box, Box) and axis in box.target and touches(node, axis) not in ("weaves", "positional") \
+                and fill_values(box, axis) is None:
+            raise NapkinError(error("lower.no_pad", node=node.name, op=box.op, axis=axis, span=box.span))
+    return axis, block
 
 
 def grid_order(out_types: Sequence[tuple[str, ...]], groups: Sequence[str],

@@ -12,7 +12,12 @@
   block, the accumulator states in the carry (the Triton backend has no scratch memory);
   chunks that a mask fills with the accumulator's padding value are skipped (``skip.chunk_range``),
   and chunks on which the where masks hold everywhere run without them (``skip.full_range``);
-- values are f32 inside the kernel, dots accumulate in f32, masks are finite.
+- values are f32 inside the kernel, dots accumulate in f32, masks are finite;
+- a split (``Layout.split``: blocks of k of the streamed axis) is one more grid axis, the last:
+  each program streams its block of k and writes its unfinalised accumulator states to f32
+  outputs with one row per block; after the ``pallas_call``, plain JAX merges the rows in order
+  with the accumulators' ``combine`` (``fold.emit_combine``), then runs the finals and the nodes
+  after the stream, and slices the outputs back.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import Any
 import sympy
 
 from napkin_cat.lower import codegen as cg
-from napkin_cat.lower.fold import emit_after, emit_before, emit_identity, emit_step, slots
+from napkin_cat.lower.fold import Slot, emit_after, emit_before, emit_combine, emit_identity, emit_step, slots
 from napkin_cat.lower.jax import all_axes, bind_inputs, rounded_nodes, size_of
 from napkin_cat.lower.layout import MIN_BLOCK, Layout
 from napkin_cat.lower.skip import chunk_range, full_range
@@ -34,12 +39,17 @@ from napkin_cat.terms import Axes
 
 __all__ = ["emit_function"]
 
+#: the index of a split's block in the grid (its last axis)
+SPLIT_INDEX = "i_split"
+
 
 def padded_extent(lay: Layout, axis: str) -> ast.expr:
     """The extent an axis is padded to in HBM (see module docstring)."""
     kind = lay.kind(axis)
     if axis in lay.squeezed:
         return size_of(axis)
+    if lay.split is not None and axis == lay.split[0]:  # whole blocks of the split
+        return cg.call("round_up", size_of(axis), cg.const(lay.split[1]))
     if kind in ("grid", "stream"):
         return cg.call("round_up", size_of(axis), cg.const(lay.tiles[axis]))
     return cg.call("pow2_extent", size_of(axis), cg.const(MIN_BLOCK))
@@ -49,11 +59,16 @@ def extent_of(axis: str) -> ast.expr:
     return cg.subscript(cg.name("p"), cg.const(axis))
 
 
-def block_spec(lay: Layout, axes: Axes) -> ast.expr:
-    """``pl.BlockSpec(block_shape, index_map)`` for an array with these axes."""
-    dims: list[ast.expr] = []
-    index: list[ast.expr] = []
+def block_spec(lay: Layout, axes: Axes, per_block: bool = False) -> ast.expr:
+    """``pl.BlockSpec(block_shape, index_map)`` for an array with these axes (``per_block``: a
+    split's state, one leading row per block of the split, squeezed)."""
+    dims: list[ast.expr] = [cg.const(None)] if per_block else []
+    index: list[ast.expr] = [cg.name(SPLIT_INDEX)] if per_block else []
     for axis in axes:
+        if lay.split is not None and axis == lay.split[0]:  # this program's block of the split
+            dims.append(cg.const(lay.split[1]))
+            index.append(cg.name(SPLIT_INDEX))
+            continue
         if axis in lay.padded_tiles:  # stored as (tiles, block): one tile, squeezed, per program
             dims += [cg.const(None), cg.const(lay.block(axis))]
             index += [cg.name(f"i_{axis}"), cg.const(0)]
@@ -65,7 +80,7 @@ def block_spec(lay: Layout, axes: Axes) -> ast.expr:
         else:
             dims.append(extent_of(axis))
         index.append(cg.name(f"i_{axis}") if axis in lay.grid else cg.const(0))
-    args = [f"i_{a}" for a in lay.grid]
+    args = [f"i_{a}" for a in lay.grid] + ([SPLIT_INDEX] if lay.split is not None else [])
     lam = ast.Lambda(ast.arguments(posonlyargs=[], args=[ast.arg(a) for a in args], vararg=None, kwonlyargs=[],
                                    kw_defaults=[], kwarg=None, defaults=[]), cg.tuple_(index))
     return cg.call("pl.BlockSpec", cg.tuple_(dims), lam)
@@ -152,20 +167,28 @@ def emit_function(lay: Layout, fname: str, params: Sequence[str], doc: str, dtyp
                                 cg.const(lay.block(in_axes[k])))
         padded.append(block.bind(f"{param}_padded", value))
     out_types = list(lay.diagram.out_types)
-    kernel = _emit_kernel(lay, params, out_types, dtype, namer, dot_operand)
+    states = [Slot(n.name, plan, i, t) for n in lay.flat.nodes if (plan := lay.plans.get(n.name))
+              for i, (_, t) in enumerate(plan.state)]
+    written = [s.axes for s in states] if lay.split is not None else out_types  # a split writes its states
+    kernel = _emit_kernel(lay, params, written, dtype, namer, dot_operand)
     block.emit(kernel)
+    blocks = [] if lay.split is None else [cg.binop(extent_of(lay.split[0]), "//", cg.const(lay.split[1]))]
     shapes: list[ast.expr] = [cg.call("jax.ShapeDtypeStruct", cg.tuple_(stored_dims(lay, t)), storage)
-                              for t in out_types]
-    grid = cg.tuple_([_grid_extent(lay, a) for a in lay.grid])
+                              for t in out_types] if lay.split is None else \
+        [cg.call("jax.ShapeDtypeStruct", cg.tuple_(blocks + stored_dims(lay, t)), cg.attr("jnp.float32"))
+         for t in written]
+    grid = cg.tuple_([_grid_extent(lay, a) for a in lay.grid] + blocks)
     call = cg.call("pl.pallas_call", cg.name(kernel.name), keywords=[
         cg.kw("out_shape", ast.List(shapes, ast.Load())),
         cg.kw("grid", grid),
         cg.kw("in_specs", ast.List([block_spec(lay, t) for _, t in lay.flat.inputs], ast.Load())),
-        cg.kw("out_specs", ast.List([block_spec(lay, t) for t in out_types], ast.Load())),
+        cg.kw("out_specs", ast.List([block_spec(lay, t, lay.split is not None) for t in written], ast.Load())),
         cg.kw("interpret", cg.name("interpret")),
         *([_compiler_params(launch, block)] if launch is not None else []),
     ])
     outs = block.bind("outs", ast.Call(call, list(padded), []))
+    if lay.split is not None:
+        outs = _combine(lay, block, outs, states, padded, dtype, dot_operand)
     results = []
     for k, t in enumerate(out_types):
         index = [ast.Slice() if a in lay.squeezed else ast.Slice(None, size_of(a)) for a in t]
@@ -199,6 +222,9 @@ def _emit_kernel(lay: Layout, params: Sequence[str], out_types: list[Axes], dtyp
         pid = cg.call("pl.program_id", cg.const(k))
         first = pid if axis in lay.squeezed else cg.binop(pid, "*", cg.const(lay.tiles[axis]))
         offsets[axis] = block.bind(f"{axis}_first", first)
+    if lay.split is not None:  # where this program's block of the split starts
+        pid = cg.call("pl.program_id", cg.const(len(lay.grid)))
+        offsets[lay.split[0]] = block.bind(f"{lay.split[0]}_block", cg.binop(pid, "*", cg.const(lay.split[1])))
     extents = {a: cg.const(lay.block(a)) if lay.kind(a) in ("grid", "stream") else extent_of(a)
                for a in all_axes(lay) if a not in lay.squeezed}
     scope = Scope(block, {a: size_of(a) for a in all_axes(lay)}, extents, offsets, lay.squeezed,
@@ -210,7 +236,13 @@ def _emit_kernel(lay: Layout, params: Sequence[str], out_types: list[Axes], dtyp
             env[name] = Value(block.bind(f"{name}_block", _load(ref, ())), scope.keep(axes), zero_padded=True)
     emit_before(lay, env, scope)
     if lay.stream is not None:
-        _emit_loop(lay, env, scope, in_refs, out_refs)
+        finals = _emit_loop(lay, env, scope, in_refs, out_refs)
+        if lay.split is not None:  # the block's states, finalised after the combine
+            for state, ref in zip(finals, out_refs, strict=True):
+                block.emit(ast.Assign([ast.Subscript(cg.name(ref), ast.Constant(Ellipsis), ast.Store())],
+                                      state.expr, lineno=0))
+            return cg.function(kname, [*in_refs, *out_refs], block.stmts)
+        emit_after(lay, env, scope, finals)
     for k, (out, t, ref) in enumerate(zip(lay.flat.outputs, out_types, out_refs, strict=True)):
         if k in lay.chunk_outputs:
             continue  # written chunk by chunk inside the loop
@@ -228,25 +260,27 @@ def _load(ref: str, index: Sequence[ast.expr]) -> ast.expr:
 
 
 def _emit_loop(lay: Layout, env: dict[str, Value], scope: Scope, in_refs: Sequence[str],
-               out_refs: Sequence[str]) -> None:
+               out_refs: Sequence[str]) -> list[Value]:
     """``lax.fori_loop`` over the chunks of the padded stream axis; the carry is the states.
     Chunks a mask fills with padding are skipped (``skip.chunk_range``); where the where
     masks hold on a whole run of chunks (``skip.full_range``: a causal mask below the
-    diagonal), that run is a loop of its own whose body leaves them out."""
+    diagonal), that run is a loop of its own whose body leaves them out.  Returns the states;
+    a split's block is ``Layout.split``'s, at its offset, and skips nothing."""
     axis = lay.stream
     assert axis is not None
     tile = cg.const(lay.tiles[axis])
     block = scope.block
     namer = block.namer
-    trips = cg.binop(extent_of(axis), "//", tile)
+    trips = cg.binop(extent_of(axis) if lay.split is None else cg.const(lay.split[1]), "//", tile)
     state = slots(lay, scope)
     finals = [namer.fresh(s.hint) for s in state]
-    bounds = chunk_range(lay, scope.offsets, trips)  # chunks a mask fills with padding are skipped
+    # chunks a mask fills with padding are skipped
+    bounds = chunk_range(lay, scope.offsets, trips) if lay.split is None else None
     lo, hi = (cg.const(0), trips) if bounds is None else bounds
     lo = lo if isinstance(lo, ast.Constant) else block.bind("first_chunk", lo)
     hi = hi if hi is trips else block.bind("end_chunk", hi)
     body = _emit_body(lay, env, scope, in_refs, out_refs, frozenset())
-    full = full_range(lay, scope.offsets, trips)
+    full = full_range(lay, scope.offsets, trips) if lay.split is None else None
     if full is None:
         loop = cg.call("lax.fori_loop", lo, hi, cg.name(body), emit_identity(lay, scope))
     else:
@@ -268,7 +302,42 @@ def _emit_loop(lay: Layout, env: dict[str, Value], scope: Scope, in_refs: Sequen
             carry = block.bind("carry", cg.call("lax.fori_loop", first, end, cg.name(kept), carry))
             loop = cg.call("lax.fori_loop", end, hi, cg.name(body), carry)
     block.emit(cg.assign(finals, loop) if finals else ast.Expr(loop))
-    emit_after(lay, env, scope, [Value(cg.name(n), s.axes) for n, s in zip(finals, state, strict=True)])
+    return [Value(cg.name(n), s.axes) for n, s in zip(finals, state, strict=True)]
+
+
+def _combine(lay: Layout, block: cg.Block, outs: ast.Name, states: Sequence[Slot], inputs: Sequence[ast.Name],
+             dtype: str, dot_operand: str | None) -> ast.Name:
+    """After the ``pallas_call`` of a split (module docstring): the blocks' states merged in order
+    from the identity, the finals and the nodes after the stream, in plain JAX on the padded
+    extents; returns the outputs (a tuple, in the kernel dtype) for the wrapper to slice."""
+    assert lay.split is not None
+    axes = all_axes(lay)
+    scope = Scope(block, {a: size_of(a) for a in axes}, {a: extent_of(a) for a in axes}, dot_dtype=dtype,
+                  dot_operand=dot_operand, rounded=rounded_nodes(lay))
+    namer = block.namer
+    merge, i, carry = namer.fresh("split_merge"), namer.fresh("i"), namer.fresh("carry")
+    body = block.child()
+    held = [namer.fresh(s.hint) for s in states]
+    body.emit(cg.assign(held, cg.name(carry)))
+    earlier = [Value(cg.name(n), s.axes) for n, s in zip(held, states, strict=True)]
+    arrived = [Value(cg.subscript(cg.subscript(outs, cg.const(k)), cg.name(i)), s.axes) for k, s in enumerate(states)]
+    body.emit(ast.Return(cg.tuple_(emit_combine(lay, scope.with_block(body), earlier, arrived))))
+    block.emit(cg.function(merge, [i, carry], body.stmts))
+    count = cg.binop(extent_of(lay.split[0]), "//", cg.const(lay.split[1]))
+    merged = block.bind("merged", cg.call("lax.fori_loop", cg.const(0), count, cg.name(merge),
+                                          emit_identity(lay, scope)))
+    finals = [namer.fresh(s.hint) for s in states]
+    block.emit(cg.assign(finals, merged))
+    env: dict[str, Value] = {}  # the nodes after the stream may read inputs and nodes before it
+    for (name, t), stored in zip(lay.flat.inputs, inputs, strict=True):
+        if lay.split[0] not in t:  # padded as the kernel reads it
+            whole = cg.call(ast.Attribute(stored, "astype", ast.Load()), cg.attr("jnp.float32"))
+            env[name] = Value(block.bind(f"{name}_whole", whole), t, zero_padded=True)
+    emit_before(lay, env, scope)
+    emit_after(lay, env, scope, [Value(cg.name(n), s.axes) for n, s in zip(finals, states, strict=True)])
+    results = [cg.call(ast.Attribute(transpose_to(env[o], t), "astype", ast.Load()), cg.attr(f"jnp.{dtype}"))
+               for o, t in zip(lay.flat.outputs, lay.diagram.out_types, strict=True)]
+    return block.bind("outs", cg.tuple_(results))
 
 
 def _is_zero(e: ast.expr) -> bool:
@@ -286,8 +355,10 @@ def _emit_body(lay: Layout, env: dict[str, Value], scope: Scope, in_refs: Sequen
     namer = block.namer
     body_name, j, carry = namer.fresh("body"), namer.fresh("j"), namer.fresh("carry")
     body = block.child()
-    start = body.bind(f"{axis}_first", cg.binop(cg.name(j), "*", tile))
-    inner = scope.with_block(body, offsets={**scope.offsets, axis: start}, unmasked=unmasked)
+    start = body.bind(f"{axis}_first", cg.binop(cg.name(j), "*", tile))  # in the block; past a split's offset:
+    base = scope.offsets.get(axis)
+    at = start if base is None else body.bind(f"{axis}_at", cg.binop(base, "+", start))
+    inner = scope.with_block(body, offsets={**scope.offsets, axis: at}, unmasked=unmasked)
     state = slots(lay, scope)
     names = [namer.fresh(s.hint) for s in state]
     if names:

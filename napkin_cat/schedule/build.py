@@ -188,7 +188,7 @@ class _Builder:
         visible = [i for i, lp in enumerate(self.nest.loops) if rank(lp.level) <= rank(level)]
         groups = sorted((i for i in visible if self.nest.loops[i].kind == "group"),
                         key=lambda i: rank(self.nest.loops[i].level))
-        streams = sorted((i for i in visible if self.nest.loops[i].kind == "stream"),
+        streams = sorted((i for i in visible if self.nest.loops[i].folds),
                          key=lambda i: rank(self.nest.loops[i].level))
         return _ViewBuilder(self, level, parent, tuple(groups), tuple(streams)).build()
 

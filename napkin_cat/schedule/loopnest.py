@@ -5,7 +5,9 @@ pseudocode and the schedule interpreter.
 inlined by the kernel's own inliner (``ops.inlined``: their woven axes added to every inner
 box's type).  ``loop_nest`` then reads a
 ``Schedule``: group partitions become parallel loops (a grid), stream partitions become
-sequential loops, and every node is placed relative to each stream loop (paper R4/R5):
+sequential loops (a split's blocks too: each a program's partial state, combined in order; the
+interpreter runs them so, cost and lowering read ``Schedule.split``), and every node is placed
+relative to each stream or split loop (paper R4/R5):
 
 - ``before``: does not depend on the streamed axis; computed once per group (hoisted);
 - ``chunk``: carries the streamed axis; computed per chunk (woven through the stream);
@@ -126,6 +128,12 @@ class Loop:
         return self.partition.kind
 
     @property
+    def folds(self) -> bool:
+        """A sequential fold of its axis into accumulator states: a stream, or a split (whose
+        blocks' states the combine step folds in order)."""
+        return self.kind in ("stream", "split")
+
+    @property
     def tile(self) -> str | int:
         return self.partition.tile
 
@@ -150,7 +158,7 @@ class LoopNest:
 
     @property
     def streams(self) -> tuple[Loop, ...]:
-        return tuple(lp for lp in self.loops if lp.kind == "stream")
+        return tuple(lp for lp in self.loops if lp.folds)
 
     def phase(self, loop: Loop, name: str) -> str:
         index = self.loops.index(loop)
@@ -210,7 +218,7 @@ def loop_nest(diagram: Diagram, schedule: Schedule) -> LoopNest:
     loops = tuple(Loop(p) for p in schedule.partitions)
     phases = []
     for index, lp in enumerate(loops):
-        if lp.kind == "stream":
+        if lp.folds:
             phases.append((index, tuple(_phases(flat, lp.axis).items())))
     placements = tuple((name, p.level) for p in schedule.placements for name in p.names)
     return LoopNest(flat, loops, tuple(phases), placements)

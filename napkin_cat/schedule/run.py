@@ -15,7 +15,10 @@ Execution follows ``loopnest`` (loops outermost first, each node's phase per str
   consumer's value and the ``after`` nodes run.  With ``pad`` a ragged chunk is padded
   and the consumers' operands are masked with the accumulator's padding values.
   A stream nested inside a stream of the same axis (R8) returns its state, not its final
-  value, to the enclosing stream, which combines it.
+  value, to the enclosing stream, which combines it;
+- a **split** loop runs as a stream loop: each block is folded from the identity (by the
+  nested stream, or lifted whole), as its own program would, and the blocks' partial states
+  are merged in order with ``combine`` before ``final`` (the combine step of ``kernel.split``).
 ``Size`` always means the whole axis.
 """
 

@@ -79,6 +79,7 @@ class Hardware:
     the FLOP/s of work that is not a contraction (None: the f32 peak, a GPU's CUDA cores);
     ``loop_overhead`` the seconds each trip of the kernel's loops costs beyond its work (a
     processor that runs a kernel's loop body as a sequence of library calls, XLA:CPU's);
+    ``launch_overhead`` the seconds each kernel launch beyond the first costs (a split's combine);
     ``accumulate_pass`` whether a chunk's contraction is added into its summed state by a pass
     of its own (XLA:CPU) rather than by the matrix unit into its operand (tensor cores).
     """
@@ -95,6 +96,7 @@ class Hardware:
     elementwise: float | None = None
     loop_overhead: float = 0.0
     accumulate_pass: bool = False
+    launch_overhead: float = 0.0
 
     def level(self, name: str) -> Level:
         for level in self.levels:
@@ -149,6 +151,7 @@ def load(key: str) -> Hardware:
                         dict(data.get("divisibility", {})), dict(data.get("tensor_core", {})),
                         int(raw_levels.get("mesh", {}).get("devices", 1)), dict(data.get("launch", {})),
                         float(data["elementwise"]) if "elementwise" in data else None,
-                        float(data.get("loop_overhead", 0.0)), accumulate_pass)
+                        float(data.get("loop_overhead", 0.0)), accumulate_pass,
+                        float(data.get("launch_overhead", 0.0)))
     except KeyError as exc:
         raise HardwareError(f"{key}.toml: missing field {exc}") from None

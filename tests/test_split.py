@@ -1,0 +1,236 @@
+"""Split reductions (issue 29 item 1, README "Split reductions"): ``split AXIS by TILE [via ACC]
+[pad]`` runs the stream of an axis in parallel programs, one per block, and merges their partial
+states with the accumulator's combine.
+
+The kernel's rule (its valid case and each refusal, with the rule's name and condition), the
+schedule interpreter, the cost (states, re-reads, programs, the extra launch), both lowerings
+against the evaluator at ragged sizes, and the lowering's refusals.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sympy
+
+from napkin_cat import certify, kernel
+from napkin_cat.certify import rules
+from napkin_cat.cost import CostError, cost, cost_of
+from napkin_cat.cost.report import format_report, report
+from napkin_cat.cost.roofline import timing
+from napkin_cat.diagnostics import NapkinError
+from napkin_cat.elaborate import loads
+from napkin_cat.evaluate import evaluate
+from napkin_cat.kernel import KernelError, Theorem
+from napkin_cat.lower import lower
+from napkin_cat.printer import print_step
+from napkin_cat.proof import check_file, prove, theorem
+from napkin_cat.schedule.run import run_schedule
+from napkin_cat.terms import Partition, Rewrite
+
+ROOT = Path(__file__).resolve().parent.parent
+PROOF = ROOT / "proofs" / "flash_decoding.ncd"
+ATTENTION = (ROOT / "examples" / "attention.ncd").read_text(encoding="utf-8")
+
+
+def _decoding() -> Theorem:
+    return theorem(PROOF, "flash_decoding")
+
+
+def _rewritten() -> Theorem:
+    """attention after softmax_contract: the normalised contraction a split may stream."""
+    thm = kernel.unfold(kernel.refl("t", loads(ATTENTION).diagram("attention")))
+    return kernel.rewrite(thm, rules.library()["softmax_contract"], Rewrite("softmax_contract", ("P", "O")),
+                          {"softmax_contract": "tested: test"})
+
+
+def _inputs(q: int, x: int, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(shape) for shape in [(q, 64), (x, 64), (x, 64)]]
+
+
+def _reference(thm: Theorem, arrays: list[np.ndarray]) -> np.ndarray:
+    out = evaluate(thm.source, arrays)  # one output: its array
+    return np.asarray(out)
+
+
+# ---- the kernel's rule ------------------------------------------------------------------------
+
+
+def test_flash_decoding_checks_strictly_and_records_the_split() -> None:
+    (result,) = check_file(PROOF, strict=True)
+    assert result.ok, result.summary()
+    thm = result.theorem
+    assert thm is not None and thm.schedule.split is not None
+    assert [p.kind for p in thm.schedule.partitions] == ["split", "stream"]
+    assert thm.schedule.split.level == "hbm" and thm.schedule.split.via == "online_softmax"
+    assert "split" in thm.trust and not thm.tested  # the combine law is proved, nothing only tested
+    assert any(t.startswith("accumulator online_softmax") and "proved" in t for t in thm.trust)
+    assert [str(c) for c in thm.constraints] == ["sx | kx"]  # R9: the nested stream divides the block
+
+
+def _refusal(step: Partition, before: tuple[Partition, ...] = (), thm: Theorem | None = None) -> KernelError:
+    current = _rewritten() if thm is None else thm
+    for p in before:
+        current = (kernel.split if p.kind == "split" else kernel.stream if p.kind == "stream" else
+                   lambda t, s, _o: kernel.group(t, s))(current, p, certify.accumulator)
+    with pytest.raises(KernelError) as info:
+        (kernel.split if step.kind == "split" else kernel.stream)(current, step, certify.accumulator)
+    return info.value
+
+
+def test_the_rule_refuses_each_invalid_split_with_its_name_and_condition() -> None:
+    split = Partition("split", "x", "kx", "hbm", "online_softmax")
+    plain = kernel.unfold(kernel.refl("t", loads(ATTENTION).diagram("attention")))
+    cases = [
+        # softmax before the lemma: a box that mixes the axis has no accumulator (R4)
+        (_refusal(split, thm=plain), "split", "mixes axis `x` and has no accumulator"),
+        # a wrong accumulator for the normalised contraction
+        (_refusal(Partition("split", "x", "kx", "hbm", "max")), "split", "accumulator `max` cannot stream"),
+        # an accumulator whose laws hold over the reals but that overflows (certify.float_safety)
+        (_refusal(Partition("split", "x", "kx", "hbm", "normalised")), "split", "no certified accumulator"),
+        # each program folds with another state than the combine step merges (R8)
+        (_refusal(Partition("stream", "x", "sx", "smem", "normalised"), (split,)), "nest",
+         "is streamed via `online_softmax` at an outer level"),
+        # a nested tile that does not divide the block (R9)
+        (_refusal(Partition("stream", "x", 64, "smem", "online_softmax"),
+                  (Partition("split", "x", 1000, "hbm", "online_softmax"),)), "nest",
+         "tile 64 does not divide the `hbm` tile 1000"),
+        # a split inside the stream (or any partition below hbm) of the keys (R8: outer levels first)
+        (_refusal(split, (Partition("stream", "x", "sx", "smem", "online_softmax"),)), "nest",
+         "split at `hbm` comes after a partition at `smem`"),
+        (_refusal(split, (Partition("group", "q", "gq"),)), "nest", "split at `hbm` comes after"),
+        # a second split of the same axis
+        (_refusal(split, (split,)), "nest", "axis `x` is already partitioned at `hbm`"),
+        # a stream step handed to the split rule
+        (_split_as_stream(), "split", "a stream partition of `x` is not a split step"),
+    ]
+    for error, rule, condition in cases:
+        assert error.rule == rule, (error.rule, error.condition)
+        assert condition in error.condition, error.condition
+
+
+def _split_as_stream() -> KernelError:
+    with pytest.raises(KernelError) as info:
+        kernel.split(_rewritten(), Partition("stream", "x", "kx", "hbm", "online_softmax"), certify.accumulator)
+    return info.value
+
+
+def test_stream_refuses_a_split_step_and_a_ragged_split_needs_pad() -> None:
+    with pytest.raises(KernelError, match=r"stream: a split partition of `x` is not a stream step"):
+        kernel.stream(_rewritten(), Partition("split", "x", "kx", "hbm", "online_softmax"), certify.accumulator)
+    text = """axis q, d
+axis x = 100
+diagram keys(S: [q x], V: [x d]) -> [q d] {
+  return ncontract[x; exp, exp, id](S, V)
+}
+"""
+    thm = kernel.refl("t", loads(text).diagram("keys"))
+    with pytest.raises(KernelError, match=r"split: tile 64 does not divide axis `x` of size 100; declare `pad`"):
+        kernel.split(thm, Partition("split", "x", 64, "hbm", "online_softmax"), certify.accumulator)
+    padded = kernel.split(thm, Partition("split", "x", 64, "hbm", "online_softmax", pad=True), certify.accumulator)
+    assert padded.schedule.split is not None and padded.schedule.split.pad
+
+
+def test_split_round_trips_through_the_printer() -> None:
+    module = loads(ATTENTION + "\ntheorem t: attention {\n  rewrite softmax_contract at P, O\n"
+                   "  split x by kx via online_softmax pad\n  stream x by sx via online_softmax\n}\n")
+    steps = module.theorems[0].steps
+    assert print_step(steps[1]) == "split x by kx via online_softmax pad"
+    again = loads(ATTENTION + "\ntheorem t: attention {\n" + "".join(f"  {print_step(s)}\n" for s in steps) + "}\n")
+    assert again.theorems[0].steps == steps
+
+
+# ---- the schedule interpreter ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("q", "x", "kx", "sx"), [(1, 100, 32, 16), (3, 77, 64, 8), (1, 5, 16, 4), (2, 48, 16, 16)])
+def test_the_interpreter_runs_the_split_as_the_evaluator(q: int, x: int, kx: int, sx: int) -> None:
+    thm = _decoding()
+    arrays = _inputs(q, x)
+    (got,) = run_schedule(thm, arrays, tiles={"kx": kx, "sx": sx})
+    np.testing.assert_allclose(got, _reference(thm, arrays), rtol=1e-10, atol=1e-12)
+
+
+# ---- cost ---------------------------------------------------------------------------------------
+
+
+def test_cost_counts_the_partial_states_the_re_reads_the_programs_and_the_launch() -> None:
+    thm = _decoding()
+    c = cost(thm, sizes={"q": 1, "x": 32768}, hardware="h200")
+    assert c.split is not None and c.split.axis == "x" and c.split.launches == 2
+    at = {"kx": 256, "sx": 64}
+    blocks = 32768 // 256
+    assert c.at(c.split.blocks, at) == blocks and c.at(c.programs, at) == blocks  # q = 1: the split is the grid
+    assert c.at(c.split.states, at) == blocks * (1 + 1 + 64)  # online softmax's (m, l, o) for one query
+    assert c.at(c.split.states_bytes, at) == 4 * blocks * 66  # f32
+    assert c.at(c.split.rereads, at) == (blocks - 1) * 64  # the query, loaded by every program
+    fused = cost_of(thm.result, thm.schedule.unsplit(), sizes={"q": 1, "x": 32768}, hardware="h200",
+                    accumulators={"ncontract:('x',):('exp', 'exp', 'id')": "online_softmax"})
+    extra = c.at(c.first.transfers, at) - fused.at(fused.first.transfers, at)
+    assert extra == 2 * blocks * 66 + (blocks - 1) * 64  # written and read back, plus the re-reads
+    assert sympy.sympify(c.at(c.flops, at)) == fused.at(fused.flops, at)
+    t = timing(c, at)
+    assert t.overhead == pytest.approx(c.hardware.launch_overhead) and c.hardware.launch_overhead > 0
+    text = format_report(report(c, thm.name))
+    assert "split: x in ceiling(32768/kx) blocks of kx" in text and "partial states 66*ceiling(32768/kx)" in text
+
+
+# ---- lowering ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", ["jax", "pallas"])
+@pytest.mark.parametrize(("q", "x", "kx", "sx"), [(1, 100, 32, 16), (3, 77, 64, 16), (1, 5, 32, 16)])
+def test_the_lowered_split_matches_the_evaluator_at_ragged_sizes(target: str, q: int, x: int, kx: int,
+                                                                 sx: int) -> None:
+    thm = _decoding()
+    arrays = _inputs(q, x, seed=x)
+    lowered = lower(thm, target=target, tiles={"kx": kx, "sx": sx})
+    args = [a.astype(np.float32) for a in arrays]
+    got = np.asarray(lowered.fn(*args, interpret=True) if target == "pallas" else lowered.fn(*args))
+    want = _reference(thm, arrays)
+    assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < 1e-5
+    source = lowered.source
+    if target == "jax":
+        assert "jax.vmap(split_fold)" in source and "split_merge" in source
+    else:  # the blocks are the grid's last axis, one row of states each
+        assert f"p['x'] // {kx})" in source and "i_split" in source and "split_merge" in source
+
+
+def _lower_text(steps: str, target: str = "jax", **options: object) -> NapkinError:
+    thm = prove(loads(ATTENTION + f"\ntheorem t: attention {{\n  rewrite softmax_contract at P, O\n{steps}\n}}\n"),
+                "t")
+    with pytest.raises(NapkinError) as info:
+        lower(thm, target=target, tiles={"kx": 64, "sx": 16, "gq": 16}, **options)  # type: ignore[arg-type]
+    return info.value
+
+
+def test_the_lowering_refuses_what_it_cannot_run() -> None:
+    alone = _lower_text("  split x by kx via online_softmax pad")
+    assert "needs each program to stream its block" in str(alone)
+    both = "  split x by kx via online_softmax pad\n  stream x by sx via online_softmax"
+    assert "a split of `x` runs on one device" in str(_lower_text(both, mesh=2))
+
+
+def test_two_splits_check_but_cost_and_lowering_take_one() -> None:
+    """Two splits are sound (two outer folds, the interpreter runs them), but the cost model and
+    the lowering realise one combine step per kernel and say so."""
+    text = """axis r, c
+diagram both(A: [r c]) -> [] {
+  return sum[r c](A)
+}
+theorem t: both {
+  split r by 4 via sum pad
+  split c by 4 via sum pad
+}
+"""
+    thm = prove(loads(text), "t")
+    arrays = [np.random.default_rng(1).standard_normal((9, 6))]
+    (got,) = run_schedule(thm, arrays)
+    np.testing.assert_allclose(got, np.sum(arrays[0]), rtol=1e-12)
+    with pytest.raises(CostError, match=r"one split per kernel; this schedule splits r, c"):
+        cost(thm)
+    with pytest.raises(NapkinError, match=r"one split per kernel; this schedule splits r, c"):
+        lower(thm, target="jax")

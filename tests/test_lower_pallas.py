@@ -444,3 +444,21 @@ def test_the_cpu_miscompile_workaround_is_on_and_keeps_kernels_exact() -> None:
         fn = lower(thm, target=target).fn
         got = fn(*[jnp.asarray(a, jnp.float32) for a in arrays], **({"interpret": True} if target == "pallas" else {}))
         np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("target", ["pallas", "jax"])
+@pytest.mark.parametrize("offset", [1e2, 1e4, 1e6])
+def test_exp_of_a_shifted_score_keeps_f32_accuracy_however_large_the_scores(target: str, offset: float) -> None:
+    """issue 28: the Pallas kernels wrote exp(S - m) as exp2(S·log2 e - m·log2 e), which rounds
+    m·log2 e: 1.7e-2 off at scores near 10⁶.  The difference is now taken first, so scores given
+    exactly in f32 (the largest 10⁶ + 10) keep the f32 bound whatever their magnitude."""
+    thm = cases.proved("axis q, x, d\ndiagram scored(S: [q x], V: [x d]) -> [q d] {\n  P = softmax[x](S)\n"
+                       "  O = contract[x](P, V)\n  return O\n}", "scored",
+                       "rewrite softmax_contract at P, O", "group q by gq", "stream x by sx via online_softmax")
+    rng = np.random.default_rng(8)
+    scores = (offset + 3 * rng.standard_normal((20, 50))).astype(np.float32).astype(np.float64)
+    values = rng.standard_normal((50, 8))
+    options = {"interpret": True} if target == "pallas" else {}
+    fn = lower(thm, target=target, tiles={"gq": 16, "sx": 16}).fn
+    got = fn(jnp.asarray(scores, jnp.float32), jnp.asarray(values, jnp.float32), **options)
+    assert cases.relative_error(got, cases.reference(thm, [scores, values], {})[0]) < cases.F32_TOL

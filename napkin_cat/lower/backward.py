@@ -150,7 +150,7 @@ def link(forward: Diagram, backwards: Sequence[Diagram], allow_tested: bool = Fa
         if not allow_tested:
             raise NapkinError(error("lower.backward_unproved", forward.span, hint=(
                 "a join only tested in float64 is lowered with --allow-tested-join (Python: "
-                "lower(..., allow_tested_join=True)), with a warning"), forward=forward.name, why=why)) from None
+                "lower(..., allow_tested_join=True)), with a warning"), forward=forward.name, why=str(why))) from None
         tested = _tested(forward, reference, backwards, result)
         return replace(result, trust=f"tested, not proved ({why}): equal to the VJP of the forward (napkin_cat.grad) "
                                      f"{tested}", proved=False)

@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import sys
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -243,6 +244,7 @@ def cmd_draw(args: argparse.Namespace) -> int:
 def cmd_lower(args: argparse.Namespace) -> int:
     """Lower a checked theorem to a Pallas kernel or a streamed plain-JAX module."""
     from napkin_cat.lower import KERNEL_DTYPES, lower  # jax is imported only by the verbs that lower
+    from napkin_cat.lower.backward import UnprovedJoinWarning
 
     module = _module(args.file)
     backward = [n.strip() for n in (args.backward or "").split(",") if n.strip()]
@@ -263,8 +265,12 @@ def cmd_lower(args: argparse.Namespace) -> int:
         known = ", ".join(sorted({f"{p.tile} (axis {p.axis})" for p in parts})) or "none"
         raise UsageError(f"--tile names {', '.join(unknown)}: not a tile or partitioned axis of "
                          f"{', '.join(f'`{n}`' for n in (args.theorem, *backward))} (tiles: {known})")
-    lowered = lower(thm, target=args.target, tiles=tiles, dtype=dtype, hardware=hardware, mesh=args.mesh,
-                    backward=backs)
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always", UnprovedJoinWarning)
+        lowered = lower(thm, target=args.target, tiles=tiles, dtype=dtype, hardware=hardware, mesh=args.mesh,
+                        backward=backs, allow_tested_join=args.allow_tested_join)
+    for w in warned:
+        print(f"warning: {w.message}", file=sys.stderr)
     outputs.write(args.output, lowered.source)
     placed = ", ".join(f"{axis}={tile}" for axis, tile in lowered.layout.tiles.items()) or "no tiles"
     split = lowered.layout.split
@@ -506,6 +512,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--mesh", type=int, metavar="N", help="run the mesh partitions on N devices (jax.shard_map)")
     p.add_argument("--backward", metavar="T1,T2", help="theorems of the same file whose kernels compute the "
                    "gradients: the function becomes a jax.custom_vjp (README \"Training\")")
+    p.add_argument("--allow-tested-join", action="store_true", help="lower --backward kernels whose join the "
+                   "prover cannot prove, on the float64 test alone (a warning; the docstring says so)")
     p.add_argument("-o", "--output", required=True, help="OUT.py")
     p.set_defaults(func=cmd_lower)
 

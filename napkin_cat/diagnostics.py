@@ -147,6 +147,8 @@ MESSAGES: dict[str, str] = {
     "lower.backward_primal": "no backward reads a cotangent of the forward's outputs ({cotangents}): nothing to "
         "differentiate",
     "lower.backward_wrong": "the backward passes do not give the forward's VJP (napkin_cat.grad): {why}",
+    "lower.backward_unproved": "the backward passes of `{forward}` are not proved to give its VJP "
+        "(certify.prove.prove_join: {why})",
     "lower.mesh_devices": "--mesh {devices}: a mesh needs a positive number of devices",
     "lower.mesh_none": "--mesh {devices}: `{name}` has no partition at mesh (`group AXIS by TILE at mesh` shards "
         "an axis, `stream AXIS by TILE at mesh via ACC` rings one)",

@@ -4,7 +4,14 @@ that are not in the repository, random inputs at ragged sizes, tolerances.
 Tolerances (documented in README "Kernels"): errors are measured relative to the largest
 reference magnitude (at least 1).  f32 kernels must agree with the float64 evaluator to
 ``F32_TOL``; bf16 kernels (inputs and outputs rounded to bf16, 8-bit mantissa, unit
-roundoff 2^-8, f32 arithmetic inside) to ``BF16_TOL``.
+roundoff 2^-8, f32 arithmetic inside) to ``BF16_TOL``.  On extreme inputs
+(``extreme_inputs``: scaled until the scores, the operands of exp, softmax, logsumexp and
+normalised contractions, reach ``EXTREME`` = 10⁴ in magnitude, or just short of an output f32
+cannot hold) the f32 bound grows with that
+magnitude |S| as f32's own rounding of it does (``extreme_tolerance``: ``F32_TOL +
+EXTREME_SLOPE·|S|``), since a score computed in f32 is off by about 2⁻²⁴·|S| and exp carries
+that error into every weight; kernels with ``dtype`` steps are left out (bf16 scores near 10⁴
+are off by 2⁻⁸·|S| ≈ 40: no bound).
 """
 
 from __future__ import annotations
@@ -18,13 +25,19 @@ import numpy as np
 
 from napkin_cat import loads
 from napkin_cat.certify.approximation import label_inputs
-from napkin_cat.evaluate import evaluate
+from napkin_cat.evaluate import Named, evaluate, visitor
 from napkin_cat.kernel import Theorem
+from napkin_cat.ops import inlined
 from napkin_cat.proof import check_file, check_module, prove
+from napkin_cat.terms import Box, run_diagram
 
 ROOT = Path(__file__).resolve().parent.parent
 F32_TOL = 2e-5
 BF16_TOL = 4e-2
+#: the largest magnitude ``extreme_inputs`` drives a diagram's values to
+EXTREME = 1e4
+#: the f32 bound's growth per unit of that magnitude: 2^-22, four units of f32 roundoff
+EXTREME_SLOPE = 2.0**-22
 
 #: small power-of-two tiles for every tile name the proofs use (interpret mode is slow)
 TILES = {name: 32 for name in ("ga", "gc", "sb", "gq", "sx", "wq", "rx", "gt", "sv", "gf", "sd", "sf")} | {"gg": 1}
@@ -88,6 +101,13 @@ def theorems() -> dict[str, Any]:
     return found
 
 
+@functools.cache
+def extreme_names() -> list[str]:
+    """The f32 kernels of proofs/ (no ``dtype`` steps): the extreme-input tests' theorems."""
+    return sorted(r.name for path in sorted((ROOT / "proofs").glob("*.ncd")) for r in check_file(path)
+                  if r.theorem is not None and not r.theorem.approximations)
+
+
 def proved(text: str, diagram: str, *steps: str) -> Theorem:
     """The kernel's theorem ``diagram { steps }`` over the module ``text`` (named after the diagram)."""
     body = "\n".join(steps)
@@ -117,6 +137,66 @@ def inputs(theorem: Any, seed: int, low: int = 17, high: int = 100) -> tuple[dic
     return sizes, arrays
 
 
+def extreme_inputs(theorem: Any, seed: int) -> tuple[dict[str, int], list[np.ndarray], float]:
+    """``inputs`` (smaller sizes), every input but labels scaled by powers of two until the
+    scores (``largest_score``), or in a diagram without any every value it computes, reach
+    ``EXTREME`` in magnitude, or one step short of an output that f32 cannot hold (finite
+    past 1e30, or more entries infinite or NaN than at scale 1: f32 overflow, not a lowering
+    question), rounded to f32 (the kernels' inputs exactly); and the scores' largest
+    magnitude |S| (0 without scores)."""
+    sizes, arrays = inputs(theorem, seed, low=17, high=60)
+    labels = label_inputs(theorem.result)
+    names = [p.name for p in theorem.source.inputs]
+    kept, largest, nonfinite = arrays, 0.0, None
+    for step in range(60):
+        scaled = [a if name in labels else (a * 2.0**step).astype(np.float32).astype(np.float64)
+                  for name, a in zip(names, arrays, strict=True)]
+        with np.errstate(all="ignore"):
+            outs = [np.asarray(o, np.float64) for o in reference(theorem, scaled, sizes)]
+        count = sum(int(np.sum(~np.isfinite(o))) for o in outs)
+        nonfinite = count if nonfinite is None else nonfinite
+        if count > nonfinite or any(np.any(np.abs(o[np.isfinite(o)]) >= 1e30) for o in outs):
+            break
+        score, value = largest_score(theorem.source, scaled, sizes)
+        kept, largest = scaled, score
+        if score >= EXTREME or (score == 0.0 and value >= EXTREME):
+            break
+    return sizes, kept, largest
+
+
+#: the boxes whose first operand is a score: exp carries its absolute error into every weight
+SCORED = frozenset({"exp", "softmax", "logsumexp", "ncontract"})
+
+
+def largest_score(diagram: Any, arrays: list[np.ndarray], sizes: dict[str, int]) -> tuple[float, float]:
+    """The largest finite magnitude of a score (the first operand of a ``SCORED`` box) and of
+    any value ``diagram`` computes, in float64 (calls inlined)."""
+    flat = inlined(diagram)
+    exact = visitor(sizes)
+    scores, values = [0.0], [0.0]
+
+    def magnitude(v: Any) -> float:
+        data = np.asarray(v.data, np.float64)
+        return float(np.max(np.abs(data[np.isfinite(data)]), initial=0.0))
+
+    def visit(node: Any, kids: Any, env: Any) -> Any:
+        value = exact(node, kids, env)
+        if isinstance(node, Box) and node.op in SCORED:
+            scores.append(magnitude(kids[0]))
+        values.extend(magnitude(v) for v in (value if isinstance(value, tuple) else (value,)))
+        return value
+
+    with np.errstate(all="ignore"):
+        run_diagram(flat, [Named(p.axes, a) for p, a in zip(flat.inputs, arrays, strict=True)], visit)
+    return max(scores), max(values)
+
+
+def extreme_tolerance(theorem: Any, largest: float) -> float:
+    """The f32 bound on extreme inputs (module docstring): ``F32_TOL`` plus ``EXTREME_SLOPE``
+    times the scores' largest magnitude."""
+    return F32_TOL + EXTREME_SLOPE * largest
+
+
 def reference(theorem: Any, arrays: list[np.ndarray], sizes: dict[str, int]) -> tuple[np.ndarray, ...]:
     """The float64 evaluator on the theorem's source diagram (what the proof says it equals)."""
     out = evaluate(theorem.source, arrays, sizes=sizes)
@@ -135,15 +215,15 @@ def relative_error(got: Any, want: np.ndarray) -> float:
     return float(np.max(np.abs(got - want), initial=0.0) / max(1.0, float(np.max(np.abs(want), initial=0.0))))
 
 
-def agrees(got: np.ndarray, want: np.ndarray) -> bool:
-    """The kernel gives the evaluator's value: within f32 tolerance (1e-4 of the largest finite
-    reference magnitude, at least 1) where the evaluator is finite, the same infinity where it
-    gives ±inf (±inf constants stay infinite in kernels, lower/values.py), and NaN where it gives
-    NaN (say 0·inf)."""
+def agrees(got: np.ndarray, want: np.ndarray, tol: float = 1e-4) -> bool:
+    """The kernel gives the evaluator's value: within ``tol`` (f32 tolerance: 1e-4 of the largest
+    finite reference magnitude, at least 1) where the evaluator is finite, the same infinity where
+    it gives ±inf (±inf constants stay infinite in kernels, lower/values.py), and NaN where it
+    gives NaN (say 0·inf)."""
     finite = np.isfinite(want)
     scale = max(1.0, float(np.max(np.abs(want[finite]), initial=0.0)))
     with np.errstate(invalid="ignore"):  # inf - inf where both are infinite: decided below
-        close = finite & (np.abs(got - want) <= 1e-4 * scale)
+        close = finite & (np.abs(got - want) <= tol * scale)
     same = (np.isinf(want) & (got == want)) | (np.isnan(want) & np.isnan(got))
     return bool(np.all(close | same))
 

@@ -26,11 +26,22 @@ import jax  # noqa: E402  (after the device count is checked)
 import jax.numpy as jnp  # noqa: E402
 
 from napkin_cat import grad  # noqa: E402
+from napkin_cat.elaborate import loads  # noqa: E402
 from napkin_cat.evaluate import evaluate  # noqa: E402
 from napkin_cat.lower import lower  # noqa: E402
-from napkin_cat.proof import theorem  # noqa: E402
+from napkin_cat.proof import prove, theorem  # noqa: E402
 
 PROOFS = ROOT / "proofs" / "ring_attention.ncd"
+#: the sharded axis's size read as a scalar: each device must see |q|, not its block's extent
+SIZED = """axis q, d
+diagram sized(X: [q d], Y: [q d]) -> [q d] {
+  return X * rsqrt(q) + Y * q
+}
+theorem sized: sized {
+  group q by gq at mesh
+  group q by gr
+}
+"""
 
 
 def _inputs(shapes: list[tuple[int, ...]], seed: int) -> list[np.ndarray]:
@@ -85,6 +96,10 @@ def main() -> None:
     for target, n in (("jax", 100), ("pallas", 32)):
         fn = lower(heads, target=target, mesh=DEVICES, tiles={"gq": 32, "sx": 16}).fn
         out[f"sharded_mha/{target}"] = _run(fn, heads.source, _inputs([(2, 12, n, 64)] * 3, 7))
+    sized = prove(loads(SIZED), "sized")  # 37 rows over 8 devices: blocks of 5, padded
+    for target in ("jax", "pallas"):
+        fn = lower(sized, target=target, mesh=DEVICES, tiles={"gr": 4}, dtype="float32").fn
+        out[f"sized/{target}"] = _run(fn, sized.source, _inputs([(37, 16)] * 2, 8))
     for devices in (1, 8):
         out[f"memory/{devices}"] = _memory("ring_attention", devices, 1024, 1024)
     for name in ("ring_attention", "ring_attention_causal"):

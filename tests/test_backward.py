@@ -14,6 +14,7 @@ and cross-lowered for CUDA by test_lower_*.)
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -30,7 +31,7 @@ from napkin_cat.diagnostics import NapkinError
 from napkin_cat.elaborate import load, loads
 from napkin_cat.evaluate import evaluate
 from napkin_cat.lower import lower
-from napkin_cat.lower.backward import link
+from napkin_cat.lower.backward import UnprovedJoinWarning, link
 from tests.lower_cases import proved
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -134,22 +135,35 @@ def test_the_joined_module_says_what_it_rests_on() -> None:
      "`onehot` is outside the proved fragment"),
 ])
 def test_each_shipped_join_is_proved_or_says_why_not(file: str, forward: str, backwards: str, why: str | None) -> None:
+    """A join the prover cannot prove is refused with its reason; with the opt-in it rests on
+    the float64 test alone, and says so."""
     module = load(ROOT / "examples" / f"{file}.ncd")
-    ln = link(module.diagram(forward), [module.diagram(b) for b in backwards.split(",")])
-    assert ln.trust.startswith("proved equal to the VJP" if why is None else
-                               f"tested, not proved ({why}): equal to the VJP of the forward")
+    diagrams = (module.diagram(forward), [module.diagram(b) for b in backwards.split(",")])
+    if why is None:
+        ln = link(*diagrams)
+        assert ln.proved and ln.trust.startswith("proved equal to the VJP")
+        return
+    with pytest.raises(NapkinError) as err:
+        link(*diagrams)
+    assert err.value.codes == ("lower.backward_unproved",)
+    assert f"`{forward}` are not proved to give its VJP (certify.prove.prove_join: {why})" in str(err.value)
+    ln = link(*diagrams, allow_tested=True)
+    assert not ln.proved
+    assert ln.trust.startswith(f"tested, not proved ({why}): equal to the VJP of the forward")
 
 
 def test_the_join_prover_refuses_a_join_that_is_nearly_right() -> None:
-    """The symbolic proof is not the float64 test: D off by one part in 10^12 passes
+    """The symbolic proof is not the float64 test: D off by one part in 10^15 passes
     the float64 test here, and the prover refuses it all the same."""
     text = (ROOT / "examples" / "attention_backward.ncd").read_text().replace(
         'use "attention.ncd"', f'use "{ROOT / "examples" / "attention.ncd"}"')
-    module = loads(text.replace("D = contract[d](dO, O)", "D = contract[d](dO, O) * 1.000000000001"))
+    module = loads(text.replace("D = contract[d](dO, O)", "D = contract[d](dO, O) * 1.000000000000001"))
     forward = module.diagram("attention_forward")
     backwards = [module.diagram(f"attention_backward_{p}") for p in ("kv", "q")]
-    ln = link(forward, backwards)  # the float64 test accepts it ...
+    ln = link(forward, backwards, allow_tested=True)  # the float64 test accepts it ...
     assert ln.trust.startswith("tested, not proved (the gradients of Q do not normalise to the same term)")
+    with pytest.raises(NapkinError, match="gradients of Q do not normalise"):  # ... lower refuses it unproved
+        link(forward, backwards)
     with pytest.raises(Unproved, match="gradients of Q"):  # ... the proof does not
         prove_join(forward, grad.vjp(replace(forward, outputs=forward.outputs[:1], out_types=forward.out_types[:1])),
                    list(zip(backwards, ln.sources, ln.targets, strict=True)))
@@ -171,10 +185,10 @@ RIGHT = ("diagram b(K: [x d], dt: [q], Q: [q d]) -> [q d], [x d] {\n  dQ = dt * 
          "  dK = K * 0 + contract[q](dt, Q)\n  return dQ, dK\n}\n")
 
 
-def _join(backward_text: str) -> object:
+def _join(backward_text: str, allow_tested_join: bool = False) -> object:
     forward = proved(FORWARD, "f", "group q by gq")
     back = kernel.refl("b", loads(FORWARD + backward_text).diagram("b"))
-    return lower(forward, target="jax", tiles={"gq": 4}, backward=[back])
+    return lower(forward, target="jax", tiles={"gq": 4}, backward=[back], allow_tested_join=allow_tested_join)
 
 
 def test_a_right_backward_of_another_diagram_is_joined() -> None:
@@ -202,8 +216,13 @@ def test_a_wrong_backward_is_refused(old: str, new: str, code: str, says: str) -
     text = RIGHT.replace(old, new).replace("dR", "dQ")
     if "no backward" in says:
         text = text.replace("return dQ, dK", "return dQ")
-    with pytest.raises(NapkinError) as err:
-        _join(text)
+    if code == "lower.backward_wrong":  # a resolved join that is wrong: first refused unproved ...
+        with pytest.raises(NapkinError) as err:
+            _join(text)
+        assert err.value.codes == ("lower.backward_unproved",)
+        assert "--allow-tested-join" in (err.value.diagnostics[0].hint or "")
+    with pytest.raises(NapkinError) as err:  # ... and refused by the test with the opt-in
+        _join(text, allow_tested_join=code == "lower.backward_wrong")
     assert err.value.codes == (code,)
     assert says in err.value.diagnostics[0].message, err.value.diagnostics[0].message
 
@@ -244,8 +263,10 @@ def test_jax_grad_through_the_joined_mlp_is_the_mlps(target: str) -> None:
     custom VJP at ragged sizes, equal to the VJP of examples/mlp.ncd's mlp."""
     path = ROOT / "proofs" / "mlp_backward.ncd"
     backward = [proof.theorem(path, f"mlp_backward_{part}") for part in ("x", "w", "b")]
-    lowered = lower(proof.theorem(path, "mlp_forward"), target=target, backward=backward,
-                    tiles={"gt": 16, "sf": 16, "gf": 16, "st": 16})
+    with pytest.warns(UnprovedJoinWarning, match="mlp_forward: the join of its backward kernels is not proved"):
+        lowered = lower(proof.theorem(path, "mlp_forward"), target=target, backward=backward,
+                        tiles={"gt": 16, "sf": 16, "gf": 16, "st": 16}, allow_tested_join=True)
+    assert "WARNING: the join is not proved" in lowered.source
     rng = np.random.default_rng(5)
     sizes = {"t": 37, "d": 20, "f": 45}
     shapes = [("t", "d"), ("d", "f"), ("f",), ("f", "d"), ("d",), ("t", "d")]
@@ -264,8 +285,10 @@ def test_jax_grad_through_the_joined_mlp_is_the_mlps(target: str) -> None:
 def test_jax_grad_through_the_joined_cross_entropy_is_its_vjp(target: str) -> None:
     """The forward saves LSE; the backward is elementwise; the labels get zeros."""
     path = ROOT / "proofs" / "cross_entropy_backward.ncd"
-    lowered = lower(proof.theorem(path, "cross_entropy_forward"), target=target,
-                    backward=[proof.theorem(path, "cross_entropy_backward")], tiles={"gt": 16, "sv": 32, "gv": 32})
+    with pytest.warns(UnprovedJoinWarning):
+        lowered = lower(proof.theorem(path, "cross_entropy_forward"), target=target,
+                        backward=[proof.theorem(path, "cross_entropy_backward")], tiles={"gt": 16, "sv": 32, "gv": 32},
+                        allow_tested_join=True)
     rng = np.random.default_rng(6)
     z, labels, weights = rng.standard_normal((37, 100)), rng.integers(0, 100, 37).astype(float), rng.standard_normal(37)
     options = {"interpret": True} if target == "pallas" else {}
@@ -333,3 +356,112 @@ def test_the_join_prover_refuses_a_minus_inf_mask_read_as_a_number() -> None:
     with pytest.raises(Unproved, match="a -inf mask meets `contract`"):
         prove_join(forward, grad.vjp(forward),
                    [(module.diagram("b"), [("input", 0), ("input", 1), ("cotangent", 0)], (0,))])
+
+
+# ---- joins the prover cannot prove: refused, or with the opt-in refused by the stronger test ----
+
+#: sliding-window attention (width 8): every row keeps a key, but the prover cannot name one
+WINDOW = """axis q, x
+axis d = 4
+diagram fwd(Q: [q d], K: [x d], V: [x d]) -> [q d], [q] {{
+  S = where[q x](q >= x and q - x < 8, contract[d](Q, K) * rsqrt(d), -inf)
+  O = contract[x](softmax[x](S), V)
+  L = logsumexp[x](S)
+  return O, L
+}}
+diagram bwd(Q: [q d], K: [x d], V: [x d], O: [q d], L: [q], dO: [q d]) -> [q d], [x d], [x d] {{
+  S = where[q x](q >= x and q - x < {width}, contract[d](Q, K) * rsqrt(d), -inf)
+  P = exp(S - L)
+  dS = P * (contract[d](dO, V) - contract[d](dO, O))
+  dQ = contract[x](dS, K) * rsqrt(d)
+  dK = contract[q](dS, Q) * rsqrt(d)
+  dV = contract[q](P, dO)
+  return dQ, dK, dV
+}}
+"""
+
+
+def _cross_entropy(old: str, new: str) -> tuple[object, list[object]]:
+    text = (ROOT / "examples" / "cross_entropy_backward.ncd").read_text().replace(
+        'use "cross_entropy.ncd"', f'use "{ROOT / "examples" / "cross_entropy.ncd"}"').replace(old, new)
+    module = loads(text)
+    return module.diagram("cross_entropy_forward"), [module.diagram("cross_entropy_backward")]
+
+
+def _window(width: int) -> tuple[object, list[object]]:
+    module = loads(WINDOW.format(width=width))
+    return module.diagram("fwd"), [module.diagram("bwd")]
+
+
+def _factor() -> tuple[object, list[object]]:
+    module = loads(FORWARD + RIGHT.replace("dQ = dt * sum[x](K)", "dQ = dt * sum[x](K) * min(1, 8 / x)"))
+    return module.diagram("f"), [module.diagram("b")]
+
+
+@pytest.mark.parametrize(("case", "why", "wrong"), [
+    # the backward's window one key wider: a key 8 behind its query needs q, x > 8 to exist
+    (lambda: _window(9), "not known positive|may be 0", "dQ at"),
+    # the label term doubled: read only where a label names a position of the vocabulary
+    (lambda: _cross_entropy("- onehot[v](L)", "- onehot[v](L) * 2"), "`onehot` is outside the proved fragment",
+     "dZ at"),
+    # a factor that is 1 up to x = 8 and 8/x past it
+    (lambda: _factor(), "gradients of Q do not normalise", "dQ at"),
+], ids=["window_off_by_one", "label_term_doubled", "size_dependent_factor"])
+def test_a_wrong_join_is_refused_unproved_and_with_the_opt_in_by_the_test(case: object, why: str,
+                                                                           wrong: str) -> None:
+    """Issue 28's wrong joins, each of which the old test (sizes 1-7, normal labels) accepted."""
+    forward, backwards = case()  # type: ignore[operator]
+    with pytest.raises(NapkinError) as err:
+        link(forward, backwards)
+    assert err.value.codes == ("lower.backward_unproved",)
+    assert re.search(why, str(err.value)), str(err.value)
+    with pytest.raises(NapkinError) as err:
+        link(forward, backwards, allow_tested=True)
+    assert err.value.codes == ("lower.backward_wrong",)
+    assert wrong in str(err.value), str(err.value)
+
+
+def test_the_tested_path_draws_sizes_past_every_constant_and_labels_across_the_vocabulary() -> None:
+    """The right window and the right cross-entropy are lowered with the opt-in; the test's
+    draws pass the window's width 8 and hit the first and last labels."""
+    ln = link(*_window(8), allow_tested=True)  # type: ignore[arg-type]
+    assert not ln.proved and "the largest integer constant of the diagrams: 8" in ln.trust
+    drawn = re.findall(r"q=(\d+), x=(\d+)", ln.trust)
+    assert len(drawn) == 4 and all(int(q) > 8 and int(x) > 8 for q, x in drawn[1:]), ln.trust
+    assert "labels across the vocabulary" in link(*_cross_entropy("", ""), allow_tested=True).trust  # type: ignore[arg-type]
+
+
+def test_lower_joins_a_tested_window_only_with_the_opt_in() -> None:
+    module = loads(WINDOW.format(width=8))
+    forward, back = kernel.refl("fwd", module.diagram("fwd")), kernel.refl("bwd", module.diagram("bwd"))
+    with pytest.raises(NapkinError) as err:
+        lower(forward, target="jax", backward=[back])
+    assert err.value.codes == ("lower.backward_unproved",)
+    with pytest.warns(UnprovedJoinWarning, match="fwd: the join of its backward kernels is not proved"):
+        lowered = lower(forward, target="jax", backward=[back], allow_tested_join=True)
+    assert "tested, not proved" in lowered.source and "WARNING: the join is not proved" in lowered.source
+    rng = np.random.default_rng(7)
+    sizes = {"q": 12, "x": 12, "d": 4}
+    q, k, v, d_o = (rng.standard_normal((12, 4)) for _ in range(4))
+    got = jax.grad(lambda *a: jnp.sum(lowered.fn(*a) * d_o), argnums=(0, 1, 2))(  # type: ignore[attr-defined]
+        *[jnp.asarray(a, jnp.float32) for a in (q, k, v)])
+    fwd = module.diagram("fwd")
+    want = evaluate(grad.vjp(replace(fwd, outputs=fwd.outputs[:1], out_types=fwd.out_types[:1])), [q, k, v, d_o],
+                    sizes=sizes)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(np.asarray(g, np.float64), w, atol=1e-4 * float(np.max(np.abs(w))))
+
+
+def test_napkin_lower_refuses_a_tested_join_without_allow_tested_join(tmp_path: Path) -> None:
+    path, out = str(ROOT / "proofs" / "mlp_backward.ncd"), str(tmp_path / "mlp.py")
+    command = [sys.executable, "-m", "napkin_cat", "lower", path, "mlp_forward", "--target", "jax",
+               "--backward", "mlp_backward_x,mlp_backward_w,mlp_backward_b", "-o", out]
+    refused = subprocess.run(command, capture_output=True, text=True, check=False)
+    assert refused.returncode == 1 and not Path(out).exists()
+    assert "error: the backward passes of `mlp_forward` are not proved to give its VJP" in refused.stderr
+    assert "mlp_backward.ncd:" in refused.stderr and "hint:" in refused.stderr
+    assert "--allow-tested-join" in refused.stderr
+    allowed = subprocess.run([*command, "--allow-tested-join"], capture_output=True, text=True, check=False)
+    assert allowed.returncode == 0, allowed.stderr
+    assert "warning: mlp_forward: the join of its backward kernels is not proved" in allowed.stderr
+    assert "WARNING: the join is not proved" in Path(out).read_text()

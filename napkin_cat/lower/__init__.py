@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import builtins
 import linecache
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -121,13 +122,16 @@ def default_tiles(diagram: Diagram, schedule: Schedule, hardware: str | None = N
 
 def lower(theorem: Theorem, target: str = "pallas", tiles: Mapping[str, int] | None = None,
           dtype: Any = None, hardware: str | None = None, mesh: int | None = None,
-          backward: Sequence[Theorem] = ()) -> Lowered:
+          backward: Sequence[Theorem] = (), allow_tested_join: bool = False) -> Lowered:
     """Lower a kernel ``Theorem``: its result diagram under its proved schedule (on ``mesh``
     devices: ``lower.mesh``).
 
     With ``backward`` (theorems whose diagrams compute the gradients from the forward's
     inputs, outputs and cotangents, ``lower.backward``), the function is a ``jax.custom_vjp``
-    whose backward runs their kernels; ``tiles`` binds their tile names too.  Refuses
+    whose backward runs their kernels; ``tiles`` binds their tile names too.  A join the
+    prover cannot prove is refused (``lower.backward_unproved``) unless ``allow_tested_join``:
+    then it is lowered on the float64 test alone, with a ``UnprovedJoinWarning`` and the trust
+    level in the module's docstring (``lower.backward``).  Refuses
     (NapkinError) what the target cannot serve; a ``TypeError`` for anything but a
     ``Theorem`` (build one with ``napkin_cat.proof.theorem``/``prove`` or the kernel's rules).
     """
@@ -137,7 +141,11 @@ def lower(theorem: Theorem, target: str = "pallas", tiles: Mapping[str, int] | N
                             "(napkin_cat.proof.theorem(path, name) or kernel.refl for the unscheduled diagram)")
     if backward and mesh is not None:
         raise NapkinError(error("lower.backward_mesh"))
-    link = backward_target.link(theorem.source, [b.source for b in backward]) if backward else None
+    link = backward_target.link(theorem.source, [b.source for b in backward], allow_tested_join) if backward \
+        else None
+    if link is not None and not link.proved:
+        warnings.warn(f"{theorem.name}: the join of its backward kernels is not proved; lowered on the test alone: "
+                      f"{link.trust}", backward_target.UnprovedJoinWarning, stacklevel=2)
     return _lower_schedule(theorem.name, theorem.result, theorem.schedule, target, tiles, dtype, hardware,
                            proved=_proof(theorem), mesh=mesh, chosen=theorem.chosen, backward=backward, link=link)
 

@@ -11,13 +11,17 @@ function returns it); the others are statistics, returned only to the backward. 
 backward output is the gradient of the forward input it is named after (``dQ`` for ``Q``;
 several backwards' gradients of one input are summed; an input no backward gives a gradient
 for, such as class labels, gets zeros, which the test below checks).  Each schedule is proved
-by its own theorem.  That the diagrams together are the forward's VJP is checked by ``link``
-twice: it evaluates both sides (the joined diagrams, and ``grad.vjp`` of the forward's primal
-outputs) in float64 at ``DRAWS`` random size draws and refuses with ``lower.backward_wrong``
-where they differ; then it proves them equal at every size (``certify.prove.prove_join``:
-attention's backward from the saved log-sum-exp and D = Σ dO·O is proved this way).  Where
-the terms leave the proved fragment (``where`` masks, ``onehot``, the guarded division of
-gelu's slope) the join is only tested, and the docstring says so and why.
+by its own theorem.  That the diagrams together are the forward's VJP is proved at every size
+(``certify.prove.prove_join``: attention's backward from the saved log-sum-exp and
+D = Σ dO·O is proved this way) and tested (``_tested``: both sides in float64 at ``DRAWS``
+size draws, the small sizes 1 to 7 and sizes past every integer constant of the diagrams,
+inputs at several scales and labels across the vocabulary), refusing with
+``lower.backward_wrong`` where they differ.  A join the prover cannot prove (``where``
+masks it cannot show keep a key per row, ``onehot``, the guarded division of gelu's slope)
+is refused with its reason (``lower.backward_unproved``) unless the caller opts in
+(``allow_tested``: ``lower(..., allow_tested_join=True)``, ``--allow-tested-join``): then it
+rests on the test alone, ``lower`` warns (``UnprovedJoinWarning``) and the module docstring
+says so and why.
 
 Without backward theorems:
 
@@ -36,11 +40,13 @@ be lowered, the Pallas function is the forward itself and its docstring says why
 from __future__ import annotations
 
 import ast
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from napkin_cat.certify.approximation import label_inputs
 from napkin_cat.certify.prove import Unproved, prove_join
 from napkin_cat.diagnostics import NapkinError, error
 from napkin_cat.evaluate import evaluate
@@ -48,12 +54,34 @@ from napkin_cat.grad import cotangent_names, vjp
 from napkin_cat.lower import codegen as cg
 from napkin_cat.lower import jax as jax_target
 from napkin_cat.lower.layout import layout
-from napkin_cat.terms import Diagram, Schedule, Var
+from napkin_cat.ops import inlined
+from napkin_cat.terms import (
+    Box,
+    Cmp,
+    Const,
+    Diagram,
+    IndexExpr,
+    Logic,
+    Pred,
+    Schedule,
+    Var,
+    fold_index,
+    fold_pred,
+    walk,
+)
 
-__all__ = ["DRAWS", "GRADIENTS", "Link", "differentiable", "joined", "link"]
+__all__ = ["DRAWS", "GRADIENTS", "Link", "UnprovedJoinWarning", "differentiable", "joined", "link"]
 
 #: size draws at which ``link`` tests the backward diagrams against the forward's VJP
-DRAWS = 3
+DRAWS = 4
+#: the first draw's symbolic sizes are 1 to SMALL; the others' past SMALL and every constant
+SMALL = 7
+#: the scales of the normal inputs, by draw
+SCALES = (1.0, 1.0, 4.0, 16.0)
+
+
+class UnprovedJoinWarning(UserWarning):
+    """``lower`` joined backward kernels whose join is only tested, not proved (opted in)."""
 
 
 @dataclass(frozen=True)
@@ -70,11 +98,16 @@ class Link:
     trust: str
     #: the forward outputs' names (binding names, or ``output J``), for the docstring
     names: tuple[str, ...] = ()
+    #: whether ``prove_join`` proved the join (else it was allowed on the test alone)
+    proved: bool = True
 
 
-def link(forward: Diagram, backwards: Sequence[Diagram]) -> Link:
-    """Resolve the backwards' inputs and outputs against ``forward``, then test that they give
-    its VJP; raises ``NapkinError`` (``lower.backward_*``) otherwise."""
+def link(forward: Diagram, backwards: Sequence[Diagram], allow_tested: bool = False) -> Link:
+    """Resolve the backwards' inputs and outputs against ``forward``, then prove that they give
+    its VJP (``certify.prove.prove_join``) and test it (``_tested``); raises ``NapkinError``
+    (``lower.backward_*``) otherwise.  A join the prover cannot prove is refused
+    (``lower.backward_unproved``, with the prover's reason) unless ``allow_tested``: then it
+    rests on the test alone, and the ``Link`` says so (``proved`` False)."""
     inputs = {p.name: (i, p.axes) for i, p in enumerate(forward.inputs)}
     outputs = {o.name: (j, t) for j, (o, t) in enumerate(zip(forward.outputs, forward.out_types, strict=True))
                if isinstance(o, Var) and o.name not in inputs}
@@ -111,27 +144,45 @@ def link(forward: Diagram, backwards: Sequence[Diagram]) -> Link:
     result = Link(primal, tuple(sources), tuple(targets), "", names)
     reference = vjp(replace(forward, outputs=tuple(forward.outputs[j] for j in primal),
                             out_types=tuple(forward.out_types[j] for j in primal)))
-    tested = _tested(forward, reference, backwards, result)
     try:
         proof = prove_join(forward, reference, list(zip(backwards, result.sources, result.targets, strict=True)))
     except Unproved as why:
+        if not allow_tested:
+            raise NapkinError(error("lower.backward_unproved", forward.span, hint=(
+                "a join only tested in float64 is lowered with --allow-tested-join (Python: "
+                "lower(..., allow_tested_join=True)), with a warning"), forward=forward.name, why=str(why))) from None
+        tested = _tested(forward, reference, backwards, result)
         return replace(result, trust=f"tested, not proved ({why}): equal to the VJP of the forward (napkin_cat.grad) "
-                                     f"{tested}")
+                                     f"{tested}", proved=False)
+    tested = _tested(forward, reference, backwards, result)
     return replace(result, trust=f"proved equal to the VJP of the forward (napkin_cat.grad){proof[len('proved:'):]}, "
                                  f"and tested {tested}")
 
 
 def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], ln: Link) -> str:
     """Evaluate the joined backwards and ``reference`` (``grad.vjp`` of the forward's primal
-    outputs) in float64 at ``DRAWS`` size draws (symbolic axes 1 to 7, seeded normal inputs); a
-    description, or ``lower.backward_wrong`` naming the first gradient that differs."""
+    outputs) in float64 at ``DRAWS`` size draws, and return a description, or raise
+    ``lower.backward_wrong`` naming the first gradient that differs.
+
+    The first draw takes every symbolic axis from 1 to ``SMALL`` (the small edge cases); the
+    others take them past ``SMALL`` and every integer constant of the diagrams and their index predicates
+    (``_constants``: a window of width 8 needs sizes above 8 to show an off-by-one, a factor
+    ``min(1, 8 / x)`` sizes above 8 to differ from 1).  Inputs are seeded normals at the
+    draw's scale (1, 4, 16); labels (the inputs an ``onehot[v]`` operand is computed from,
+    ``approximation.label_inputs``) are positions across the whole of ``v``, first and last
+    included, so that a wrong label term is read."""
     axes = {a.name: a.size for d in (forward, *backwards) for a in d.axes}
+    past = _constants((forward, *backwards), axes)
+    labels = _labels(forward, backwards, ln)
     drawn = []
     for seed in range(DRAWS):
         rng = np.random.default_rng(seed)
-        sizes = {a: n if n is not None else int(rng.integers(1, 8)) for a, n in axes.items()}
-        drawn.append(", ".join(f"{a}={n}" for a, n in sizes.items() if axes[a] is None))
-        args = [rng.standard_normal([sizes[a] for a in p.axes]) for p in forward.inputs]
+        low = 1 if seed == 0 else max(past, SMALL) + 1
+        sizes = {a: n if n is not None else int(rng.integers(low, low + 7)) for a, n in axes.items()}
+        scale = SCALES[seed % len(SCALES)]
+        drawn.append(", ".join(f"{a}={n}" for a, n in sizes.items() if axes[a] is None) + f" at scale {scale:g}")
+        args = [_drawn(rng, [sizes[a] for a in p.axes], scale, sizes.get(labels.get(i, ""), 0))
+                for i, p in enumerate(forward.inputs)]
         cts = [rng.standard_normal([sizes[a] for a in p.axes]) for p in reference.inputs[len(forward.inputs):]]
         try:
             outs = _tuple(evaluate(forward, args, sizes=sizes))
@@ -145,15 +196,67 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
             raise NapkinError(error("lower.backward_wrong", why=f"evaluating them failed: {exc}")) from None
         for k, (p, g, w) in enumerate(zip(forward.inputs, got, want, strict=True)):
             w = np.asarray(w, np.float64)
-            scale = max(1.0, float(np.max(np.abs(w), initial=0.0)))
-            close = np.isclose(g, w, rtol=1e-7, atol=1e-10 * scale, equal_nan=True)
+            scale_w = max(1.0, float(np.max(np.abs(w), initial=0.0)))
+            close = np.isclose(g, w, rtol=1e-7, atol=1e-10 * scale_w, equal_nan=True)
             if not close.all():
                 where = tuple(int(i) for i in np.argwhere(~close)[0])
                 given = "" if any(i == k for t in ln.targets for i in t) else " (no backward gives it)"
                 raise NapkinError(error("lower.backward_wrong", why=(
                     f"d{p.name} at {list(where)} is {g[where]:.6g} from the backwards{given} but {w[where]:.6g} from "
-                    f"the VJP, with sizes {drawn[-1]} and seeded normal inputs")))
-    return f"in float64 at {DRAWS} size draws ({'; '.join(drawn)})"
+                    f"the VJP, with sizes {drawn[-1]}{' and labels across the vocabulary' if labels else ''}")))
+    return (f"in float64 at {DRAWS} size draws ({'; '.join(drawn)}; the largest integer constant of the diagrams: "
+            f"{past}){', labels across the vocabulary' if labels else ''}")
+
+
+def _drawn(rng: np.random.Generator, shape: list[int], scale: float, vocabulary: int) -> np.ndarray:
+    """Seeded normals at ``scale``, or with a ``vocabulary`` (a label input) positions in
+    ``[0, vocabulary)``, the first and the last among them where there is room."""
+    if not vocabulary:
+        return scale * rng.standard_normal(shape)
+    drawn = rng.integers(0, vocabulary, shape)
+    flat = drawn.reshape(-1)
+    flat[:2] = [0, vocabulary - 1][:flat.size]
+    return drawn.astype(np.float64)
+
+
+def _constants(diagrams: Sequence[Diagram], axes: dict[str, int | None]) -> int:
+    """The largest integer constant of ``diagrams`` (calls inlined): the integral literals of
+    their terms, the integers of their index predicates, and the sizes of declared axes an
+    index predicate compares against (a position along ``d = 64`` reaches 63)."""
+    found = [0]
+    for d in diagrams:
+        flat = inlined(d)
+        for expr in (*(let.expr for let in flat.body), *flat.outputs):
+            for node in walk(expr):
+                if isinstance(node, Const) and math.isfinite(node.value) and float(node.value).is_integer():
+                    found.append(abs(int(node.value)))
+                elif isinstance(node, Box) and node.index is not None:
+                    found += [abs(n) for n in _index_integers(node.index)]
+                    found += [axes[a] or 0 for a in node.target if a in axes]
+    return max(found)
+
+
+def _index_integers(index: Pred | IndexExpr) -> list[int]:
+    def expr(e: IndexExpr) -> list[int]:
+        return fold_index(e, lambda _: [], lambda n: [n], lambda _, a, b: a + b)
+
+    if isinstance(index, (Cmp, Logic)):
+        return fold_pred(index, lambda _, a, b: expr(a) + expr(b), lambda _, a, b: a + (b or []))
+    return expr(index)
+
+
+def _labels(forward: Diagram, backwards: Sequence[Diagram], ln: Link) -> dict[int, str]:
+    """The forward inputs that hold labels, by position, each with the axis it indexes: read
+    by a ``onehot`` in the forward, or in a backward that takes them as inputs."""
+    position = {p.name: i for i, p in enumerate(forward.inputs)}
+    found = {position[name]: axis for name, axis in label_inputs(inlined(forward)).items() if name in position}
+    for b, row in zip(backwards, ln.sources, strict=True):
+        names = {p.name: source for p, source in zip(b.inputs, row, strict=True)}
+        for name, axis in label_inputs(inlined(b)).items():
+            kind, i = names.get(name, ("", -1))
+            if kind == "input":
+                found.setdefault(i, axis)
+    return found
 
 
 def _tuple(value: object) -> tuple:
@@ -276,5 +379,6 @@ def {public}({listed}{", *, interpret=None" if target == "pallas" else ""}):
     line = (f"Gradients: a jax.custom_vjp; the forward kernel {saved}; residuals are the inputs and the forward's "
             f"outputs; the backward kernels {', '.join(names)} (each proved by its theorem, its docstring in this "
             f"module) give the input gradients. That the backward diagrams together are the forward's VJP is "
-            f"{ln.trust}.")
+            f"{ln.trust}." + ("" if ln.proved else " WARNING: the join is not proved; it was lowered on the test "
+                                                  "alone (allow_tested_join, --allow-tested-join)."))
     return [forward, *kernels, wrapper], line

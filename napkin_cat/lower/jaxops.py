@@ -11,10 +11,11 @@ Numerics (documented conventions, identical in both targets):
   kernel's dot dtype with ``preferred_element_type=float32`` (f32 accumulation);
 - in Pallas kernels exp(x) is computed as exp2(x·log2 e) (``unary``; Triton's exp2 is the
   hardware's base-2 exponential, its exp libdevice's expf): within a few f32 ulps times
-  |x|·log2 e, exact at 0 and ±inf; exp(a - b) as exp2(a·log2 e - b·log2 e), one FMA per
-  value where b is broadcast (FlashAttention's form): within a few ulps times
-  (|a| + |b|)·log2 e, 0 where a = -inf and b is finite (a or b past 2.3e38 in magnitude
-  overflows to inf, where a - b may not);
+  |x|·log2 e, exact at 0 and ±inf (|x| ≤ 104 where the result is neither 0 nor inf);
+  exp(a - b) as exp2((a - b)·log2 e), the difference first: within a few ulps times
+  |a - b|·log2 e whatever |a| and |b| are (exp2(a·log2 e - b·log2 e), FlashAttention's
+  one-FMA form, rounds b·log2 e: an error of ulp(|b|·log2 e) in the exponent, 9% at
+  |b| = 10⁶), 0 where a = -inf and b is finite;
 - a box on constants alone is folded in float64 first (``folded``), and constants keep
   their value in f32 or are refused (``values.saturate``): ±inf stay infinite and
   the guarded stable forms keep their meaning;
@@ -26,7 +27,6 @@ Numerics (documented conventions, identical in both targets):
 from __future__ import annotations
 
 import ast
-import copy
 import math
 from collections.abc import Callable, Mapping, Sequence
 
@@ -107,30 +107,26 @@ def fill_values(box: Box, axis: str) -> tuple[float, ...] | None:
 LOG2E = 1.4426950408889634
 
 
-def unary(op: str, x: ast.expr, scope: Scope, difference: tuple[ast.expr, ast.expr] | None = None) -> ast.expr:
+def unary(op: str, x: ast.expr, scope: Scope) -> ast.expr:
     """``op`` applied to ``x``: the table's code, except exp as exp2(x·log2 e) where
     ``scope.exp2`` (one multiply and the hardware's base-2 exponential instead of libdevice's
-    expf, about six FMAs per value); when ``x`` is the ``difference`` a - b, as
-    exp2(a·log2 e - b·log2 e) (one FMA per value for the multiply and the subtraction)."""
+    expf, about six FMAs per value).  exp(a - b) is exp2((a - b)·log2 e), the difference
+    first (module docstring): the exponent's error is relative to |a - b|, not |a| + |b|."""
     if op == "exp" and scope.exp2:
-        if difference is not None:
-            a, b = (copy.deepcopy(e) for e in difference)
-            return cg.call("jnp.exp2", cg.binop(cg.binop(a, "*", cg.const(LOG2E)), "-",
-                                                cg.binop(b, "*", cg.const(LOG2E))))
         return cg.call("jnp.exp2", cg.binop(x, "*", cg.const(LOG2E)))
     return UNARY[op](x)
 
 
 def _unary(box: Box, args: Sequence[Value], scope: Scope) -> Value:
     (x,) = args
-    return Value(unary(box.op, x.expr, scope, x.difference), x.axes)
+    return Value(unary(box.op, x.expr, scope), x.axes)
 
 
 def _binary(box: Box, args: Sequence[Value], scope: Scope) -> Value:
     a, b = args
     axes = tuple(dict.fromkeys(a.axes + b.axes))
     left, right = align(a, axes), align(b, axes)
-    return Value(BINARY[box.op](left, right), axes, difference=(left, right) if box.op == "sub" else None)
+    return Value(BINARY[box.op](left, right), axes)
 
 
 def _reduce(box: Box, args: Sequence[Value], scope: Scope) -> Value:
@@ -141,7 +137,7 @@ def _reduce(box: Box, args: Sequence[Value], scope: Scope) -> Value:
     axis_kw = [cg.kw("axis", where)]
     if box.op == "logsumexp":
         shift = _shift(x, where, scope)
-        total = cg.call("jnp.sum", unary("exp", cg.binop(x.expr, "-", shift), scope, (x.expr, shift)),
+        total = cg.call("jnp.sum", unary("exp", cg.binop(x.expr, "-", shift), scope),
                         keywords=axis_kw)
         return Value(cg.binop(cg.call("jnp.squeeze", shift, where), "+", cg.call("jnp.log", total)), out)
     if box.op == "mean":
@@ -427,8 +423,7 @@ def emit_node(name: str, box: Box, env: dict[str, Value], scope: Scope, hint: st
         value = _kept(box, args, scope) if name in scope.unmasked else emit_box(box, args, scope)
     if name in scope.rounded:  # a marked approximation (R10): round to the format, compute on in f32
         value = Value(rounded(value.expr, scope.rounded[name]), value.axes)
-    bound = Value(scope.block.bind(hint or name, value.expr), value.axes, constant=value.constant,
-                  difference=None if name in scope.rounded else value.difference)
+    bound = Value(scope.block.bind(hint or name, value.expr), value.axes, constant=value.constant)
     env[name] = bound
     return bound
 

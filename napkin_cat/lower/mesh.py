@@ -139,10 +139,12 @@ def emit_functions(lay: Layout, plan: MeshPlan, fname: str, params: Sequence[str
         placed.append(block.bind(f"{param}_shards", cg.call("shard", cg.name(param), mesh, cg.const(axis), extent)))
     device = namer.fresh(f"{fname}_device")
     if pallas:
-        out.append(_pallas_device(lay, plan, device, params, dtype, namer))
+        given = {a: namer.fresh(f"size_{a}") for a in plan.axes}
+        out.append(_pallas_device(lay, plan, device, params, dtype, namer, given))
         mapped = namer.fresh("on_device")
         inner = [namer.fresh(p) for p in params]
-        call = cg.call(device, *[cg.name(p) for p in inner], keywords=[cg.kw("interpret", cg.name("interpret"))])
+        call = cg.call(device, *[cg.name(p) for p in inner], keywords=[
+            cg.kw("interpret", cg.name("interpret")), *(cg.kw(k, size_of(a)) for a, k in given.items())])
         block.emit(cg.function(mapped, inner, [ast.Return(call)]))
     else:
         mapped = device
@@ -231,9 +233,11 @@ def _ring(plan: MeshPlan, me: ast.expr) -> Callable[[Layout, dict[str, Value], S
 
 
 def _pallas_device(lay: Layout, plan: MeshPlan, name: str, params: Sequence[str], dtype: str,
-                   namer: cg.Namer) -> ast.FunctionDef:
+                   namer: cg.Namer, given: dict[str, str]) -> ast.FunctionDef:
     """The Pallas kernel on one device's blocks: the sharded axis's declared size (if any) is
-    not the block's, so it is read from the blocks."""
+    not the block's, so its extent is read from the blocks, and its size (``Size(a)`` in the
+    diagram: ``rsqrt(q)``) from the keyword ``given[a]``, which the caller passes the global
+    size (every box weaves a sharded axis (R3), so no mask reads its size)."""
     sizes = tuple((a, None if a in plan.axes else n) for a, n in lay.flat.sizes)
     local = replace(lay, nest=replace(lay.nest, flat=replace(lay.flat, sizes=sizes)))
-    return pallas_target.emit_function(local, name, params, "", dtype, namer)
+    return pallas_target.emit_function(local, name, params, "", dtype, namer, given=given)

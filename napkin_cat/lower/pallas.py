@@ -141,9 +141,15 @@ def _compiler_params(launch: LaunchRule, block: cg.Block) -> ast.keyword:
 
 
 def emit_function(lay: Layout, fname: str, params: Sequence[str], doc: str, dtype: str,
-                  namer: cg.Namer, launch: LaunchRule | None = None) -> ast.FunctionDef:
+                  namer: cg.Namer, launch: LaunchRule | None = None,
+                  given: Mapping[str, str] | None = None) -> ast.FunctionDef:
     """``def fname(*inputs, interpret=None)``: pad, one ``pallas_call`` (launched with the
-    warps and stages ``launch`` chooses, else Triton's defaults), slice back."""
+    warps and stages ``launch`` chooses, else Triton's defaults), slice back.
+
+    ``given`` maps axes whose true size is not their extent in the inputs (a mesh device's
+    blocks: ``lower.mesh``) to a keyword-only parameter that holds it; the kernel reads
+    ``Size(a)`` from that parameter, and everything else (padding, grid, blocks) from the
+    inputs."""
     block = cg.Block(namer)
     auto = cg.binop(cg.call("jax.default_backend"), "!=", cg.const("gpu"))
     block.emit(ast.If(cg.binop(cg.name("interpret"), "is", cg.const(None)), [cg.assign("interpret", auto)], []))
@@ -170,7 +176,7 @@ def emit_function(lay: Layout, fname: str, params: Sequence[str], doc: str, dtyp
     states = [Slot(n.name, plan, i, t) for n in lay.flat.nodes if (plan := lay.plans.get(n.name))
               for i, (_, t) in enumerate(plan.state)]
     written = [s.axes for s in states] if lay.split is not None else out_types  # a split writes its states
-    kernel = _emit_kernel(lay, params, written, dtype, namer, dot_operand)
+    kernel = _emit_kernel(lay, params, written, dtype, namer, dot_operand, given or {})
     block.emit(kernel)
     blocks = [] if lay.split is None else [cg.binop(extent_of(lay.split[0]), "//", cg.const(lay.split[1]))]
     shapes: list[ast.expr] = [cg.call("jax.ShapeDtypeStruct", cg.tuple_(stored_dims(lay, t)), storage)
@@ -200,7 +206,8 @@ def emit_function(lay: Layout, fname: str, params: Sequence[str], doc: str, dtyp
                 value = cg.call("merge_tiles", value, cg.const(i), cg.const(lay.tiles[t[i]]))
         results.append(cg.subscript(value, index) if index else value)
     block.emit(ast.Return(results[0] if len(results) == 1 else cg.tuple_(results)))
-    return cg.function(fname, params, block.stmts, doc, kwonly=[("interpret", cg.const(None))])
+    return cg.function(fname, params, block.stmts, doc, kwonly=[
+        ("interpret", cg.const(None)), *((name, cg.const(None)) for name in (given or {}).values())])
 
 
 def _grid_extent(lay: Layout, axis: str) -> ast.expr:
@@ -211,7 +218,8 @@ def _grid_extent(lay: Layout, axis: str) -> ast.expr:
 
 
 def _emit_kernel(lay: Layout, params: Sequence[str], out_types: list[Axes], dtype: str,
-                 namer: cg.Namer, dot_operand: str | None = None) -> ast.FunctionDef:
+                 namer: cg.Namer, dot_operand: str | None = None,
+                 given: Mapping[str, str] | None = None) -> ast.FunctionDef:
     """The kernel body: grid offsets, block loads, the phases, the stream loop, stores."""
     block = cg.Block(namer)
     kname = namer.fresh("kernel")
@@ -227,7 +235,8 @@ def _emit_kernel(lay: Layout, params: Sequence[str], out_types: list[Axes], dtyp
         offsets[lay.split[0]] = block.bind(f"{lay.split[0]}_block", cg.binop(pid, "*", cg.const(lay.split[1])))
     extents = {a: cg.const(lay.block(a)) if lay.kind(a) in ("grid", "stream") else extent_of(a)
                for a in all_axes(lay) if a not in lay.squeezed}
-    scope = Scope(block, {a: size_of(a) for a in all_axes(lay)}, extents, offsets, lay.squeezed,
+    sizes = {a: cg.name(given[a]) if given and a in given else size_of(a) for a in all_axes(lay)}
+    scope = Scope(block, sizes, extents, offsets, lay.squeezed,
                   frozenset(a for a in all_axes(lay) if lay.may_pad(a)), dtype, dot_operand, batched_dot=False,
                   rounded=rounded_nodes(lay), exp2=True)
     env: dict[str, Value] = {}

@@ -59,9 +59,6 @@ class Value:
     zero_padded: bool = False
     #: a constant folded at lowering time: its exact (float64) value, as the evaluator has it
     constant: float | None = None
-    #: a difference a - b: its operands' code, aligned to ``axes`` (``jaxops.unary`` emits
-    #: exp of it as exp2(a·log2 e - b·log2 e), which the compiler fuses into one FMA)
-    difference: tuple[ast.expr, ast.expr] | None = None
 
 
 @dataclass(frozen=True)

@@ -87,9 +87,9 @@ def flash_attention_causal_forward(Q, K, V, *, interpret=None):
             update_m = jnp.maximum(O_m_2, update_t_1)
             update_t_2 = jnp.maximum(update_m, -BIG)
             update_t_3 = O_m_2 - update_t_2
-            update_c = jnp.exp2(O_m_2 * 1.4426950408889634 - update_t_2 * 1.4426950408889634)
+            update_c = jnp.exp2(update_t_3 * 1.4426950408889634)
             update_t_5 = masked - update_t_2[:, None]
-            update_t_6 = jnp.exp2(masked * 1.4426950408889634 - update_t_2[:, None] * 1.4426950408889634)
+            update_t_6 = jnp.exp2(update_t_5 * 1.4426950408889634)
             update_l_chunk = jnp.sum(update_t_6, axis=(1,))
             update_t_7 = update_c * O_l_2
             update_l = update_t_7 + update_l_chunk
@@ -110,9 +110,9 @@ def flash_attention_causal_forward(Q, K, V, *, interpret=None):
             update_m_2 = jnp.maximum(O_m_3, update_t_1_2)
             update_t_2_2 = jnp.maximum(update_m_2, -BIG)
             update_t_3_2 = O_m_3 - update_t_2_2
-            update_c_2 = jnp.exp2(O_m_3 * 1.4426950408889634 - update_t_2_2 * 1.4426950408889634)
+            update_c_2 = jnp.exp2(update_t_3_2 * 1.4426950408889634)
             update_t_5_2 = masked_2 - update_t_2_2[:, None]
-            update_t_6_2 = jnp.exp2(masked_2 * 1.4426950408889634 - update_t_2_2[:, None] * 1.4426950408889634)
+            update_t_6_2 = jnp.exp2(update_t_5_2 * 1.4426950408889634)
             update_l_chunk_2 = jnp.sum(update_t_6_2, axis=(1,))
             update_t_7_2 = update_c_2 * O_l_3
             update_l_2 = update_t_7_2 + update_l_chunk_2

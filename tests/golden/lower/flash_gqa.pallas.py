@@ -88,9 +88,9 @@ def flash_gqa_forward(Q, K, V, *, interpret=None):
             update_m = jnp.maximum(O_m_2, update_t_1)
             update_t_2 = jnp.maximum(update_m, -BIG)
             update_t_3 = O_m_2 - update_t_2
-            update_c = jnp.exp2(O_m_2 * 1.4426950408889634 - update_t_2 * 1.4426950408889634)
+            update_c = jnp.exp2(update_t_3 * 1.4426950408889634)
             update_t_5 = masked - update_t_2[:, None]
-            update_t_6 = jnp.exp2(masked * 1.4426950408889634 - update_t_2[:, None] * 1.4426950408889634)
+            update_t_6 = jnp.exp2(update_t_5 * 1.4426950408889634)
             update_l_chunk = jnp.sum(update_t_6, axis=(1,))
             update_t_7 = update_c * O_l_2
             update_l = update_t_7 + update_l_chunk

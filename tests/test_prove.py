@@ -7,9 +7,10 @@ import dataclasses
 import math
 
 import pytest
+import sympy
 
 from napkin_cat import certify
-from napkin_cat.certify import accumulators, prove, rules
+from napkin_cat.certify import accumulators, atoms, prove, rules
 from napkin_cat.elaborate import loads
 from napkin_cat.ops import typed_box
 from napkin_cat.terms import Box, Var
@@ -199,3 +200,18 @@ def test_masks_are_proved_in_every_mix_of_partly_and_fully_masked_rows(lemma) ->
 def test_library_score_lemmas_keep_their_masks(name: str) -> None:
     assert prove.masks_unproved(rules.library()[name]) is None
     assert "[-inf masks: S]" in (prove.prove_lemma(rules.library()[name]) or "")
+
+
+def test_nan_is_not_absorbed_by_an_infinity_in_max_or_min() -> None:
+    """On a fully masked row max[x](S) - max[x](S) is -inf - -inf = NaN, and the evaluator's
+    max(NaN, +inf) is NaN; the prover's lattice once let +oo absorb sympy's nan, so the left side
+    below was +oo there like the right side and S was named maskable (tests/unsound/
+    redteam_max_of_nan_and_inf.ncd: NaN rewritten to +inf on a fully masked row)."""
+    assert atoms.maximum(sympy.nan, sympy.oo) is sympy.nan and atoms.minimum(-sympy.oo, sympy.nan) is sympy.nan
+    (lemma,) = loads("""axis x
+lemma absorb(S: [x]) : max(max[x](S) - max[x](S), neg(max[x](S))) = max(0.0, neg(max[x](S)))
+""").lemmas
+    proof = prove.prove_lemma(lemma)
+    assert proof is not None and "masks" not in proof, proof
+    why = prove.masks_unproved(lemma)
+    assert why is not None and "S fully masked" in why, why

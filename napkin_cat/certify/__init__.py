@@ -449,6 +449,12 @@ def lemma_float_safety(lemma: LemmaDecl) -> str | None:
     positive, every one negative, and each one alone negated (``_safety_values``: normals
     scaled so the largest is the magnitude, so both signs occur within a parameter too); the
     right side must be finite wherever the left side is (the float64 tier compares values).
+    Then, in each case where the left side is within ``_HEADROOM`` of float64's range at one
+    magnitude and not at the next (magnitude 1 taken within), the largest magnitude between them
+    where it is still within is found by bisection (``_finite_edge``) and both sides compared
+    there, so a right side that overflows first is seen even in a window no sampled magnitude
+    falls in (``exp(c - 50) = exp(c) · exp(-50)`` is inf on the right only for c in
+    (709.8, 759.8), and the left side is inf at 1e3 too).
     Every parameter has the one magnitude: where values of far apart magnitudes meet only
     near the float64 edge (A·c·B at A = 1e300, c = 1e10, B = 1e-300, which any
     reassociation, and so every tiling, can overflow) the lemma is not checked (README
@@ -456,30 +462,82 @@ def lemma_float_safety(lemma: LemmaDecl) -> str | None:
     lhs, rhs = lemma_side(lemma, lemma.lhs), lemma_side(lemma, lemma.rhs)
     k = len(lemma.params)
     signs = [[1.0] * k, [-1.0] * k] + [[-1.0 if j == i else 1.0 for j in range(k)] for i in range(k)]
-    tried = 0
+    admitted: list[tuple[dict[str, int], dict[int, list[bool]]]] = []
     for sizes in grid([a.name for a in lemma.axes], 3):
-        if tried == _SAFETY_SIZES:
+        if len(admitted) == _SAFETY_SIZES:
             break
+        finite: dict[int, list[bool]] = {}  # per sign case: is the left side `_bounded` at each magnitude
         for magnitude, (case, sign) in itertools.product(LEMMA_SAFETY_SCALES, enumerate(signs)):
-            rng = np.random.default_rng(case)
-            inputs = [Named(p.axes, s * _safety_values(rng, [sizes[a] for a in p.axes], magnitude))
-                      for p, s in zip(lemma.params, sign, strict=True)]
-            with np.errstate(all="ignore"):
-                try:
-                    (left,) = evaluate_named(lhs, inputs, dict(sizes), FLOAT64)
-                except NapkinError:
-                    break  # sizes the left side's reshapes do not admit
-                right, problem = _right_side(rhs, inputs, sizes, FLOAT64)
-            if right is None:
-                return problem
-            want = np.asarray(left.data, float)
-            got = np.asarray(right[0].data if not left.axes else right[0].to(left.axes), float)
+            try:
+                want, got = _safety_sides(lhs, rhs, sizes, case, sign, magnitude)
+            except NapkinError:
+                break  # sizes the left side's reshapes do not admit
+            if isinstance(got, str):
+                return got
+            finite.setdefault(case, []).append(_bounded(want))
             unsafe = _unsafe(want, got, magnitude, None, "the left side")
             if unsafe:
                 return f"{unsafe} (sizes {show_sizes(sizes)}, signs {', '.join(f'{s:+g}' for s in sign)})"
         else:
-            tried += 1
+            admitted.append((sizes, finite))
+    for sizes, finite in admitted:  # the left side's float64 edge between two magnitudes
+        for case, sign in enumerate(signs):
+            low = [1.0, *LEMMA_SAFETY_SCALES]
+            turns = [(a, b) for a, b, was, now in zip(low, LEMMA_SAFETY_SCALES, [True, *finite[case]], finite[case],
+                                                      strict=False) if was and not now]
+            for a, b in turns[:1]:
+                edge = _finite_edge(lambda m, z=sizes, c=case, s=sign: _bounded(  # type: ignore[misc]
+                    _safety_sides(lhs, rhs, z, c, s, m)[0]), a, b)
+                if edge is None:
+                    continue
+                want, got = _safety_sides(lhs, rhs, sizes, case, sign, edge)
+                unsafe = got if isinstance(got, str) else _unsafe(want, got, edge, None, "the left side")
+                if unsafe:
+                    return f"{unsafe} (sizes {show_sizes(sizes)}, signs {', '.join(f'{s:+g}' for s in sign)})"
     return None
+
+
+def _safety_sides(lhs: Diagram, rhs: Diagram, sizes: dict[str, int], case: int, sign: list[float],
+                  magnitude: float) -> tuple[np.ndarray, np.ndarray | str]:
+    """(left, right) of ``lemma_float_safety``'s case ``case`` (its seed) with ``sign`` per
+    parameter at ``magnitude``; the right side is why it cannot be evaluated where it cannot."""
+    rng = np.random.default_rng(case)
+    inputs = [Named(p.axes, s * _safety_values(rng, [sizes[a] for a in p.axes], magnitude))
+              for p, s in zip(lhs.inputs, sign, strict=True)]
+    with np.errstate(all="ignore"):
+        (left,) = evaluate_named(lhs, inputs, dict(sizes), FLOAT64)
+        right, problem = _right_side(rhs, inputs, sizes, FLOAT64)
+    want = np.asarray(left.data, float)
+    if right is None:
+        return want, problem or "the right side cannot be evaluated"
+    return want, np.asarray(right[0].data if not left.axes else right[0].to(left.axes), float)
+
+
+#: bisection steps on log(magnitude) to the left side's float64 edge (``lemma_float_safety``)
+_EDGE_STEPS = 60
+#: the edge is where the left side leaves |v| <= _HEADROOM · FLOAT_MAX: nearer the largest float,
+#: any reassociation (A·C + B·C against (A + B)·C, whose partial sums differ by a few times)
+#: overflows, and napkin claims nothing there (README "Proofs")
+_HEADROOM = 1e-3
+
+
+def _bounded(values: np.ndarray) -> bool:
+    """Is every entry finite and at most ``_HEADROOM`` of the largest float in magnitude?"""
+    with np.errstate(invalid="ignore"):
+        return bool(np.all(np.abs(values) <= _HEADROOM * acc.FLOAT_MAX))
+
+
+def _finite_edge(finite: Callable[[float], bool], low: float, high: float) -> float | None:
+    """The largest magnitude bisection finds in (low, high) where ``finite`` holds, given that
+    it holds at ``low`` and not at ``high`` (on log(magnitude)); None if none past ``low``."""
+    lo, hi, found = math.log(low), math.log(high), None
+    for _ in range(_EDGE_STEPS):
+        mid = (lo + hi) / 2
+        if finite(math.exp(mid)):
+            lo, found = mid, math.exp(mid)
+        else:
+            hi = mid
+    return found
 
 
 _SAFETY_SIZES = 4  # the size combinations (smallest first) a lemma's floating-point test evaluates

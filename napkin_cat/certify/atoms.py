@@ -10,7 +10,7 @@ over finite reals (n_a ≥ 1 everywhere):
 - max, min, Π: an index-free body c gives c (max, min) or c^n (Π), and nested reductions of
   one kind merge: max_a max_B u = max_{a∪B} u (likewise min, Π);
 - max and min of values are commutative, associative, idempotent atoms with identities -oo
-  and +oo (``maximum``, ``minimum``), each absorbing the other infinity.
+  and +oo (``maximum``, ``minimum``), each absorbing the other infinity, and NaN absorbing both.
 
 Reshapes read positions through the split bijection i = q·n + r (0 ≤ r < n): an index is an
 integer expression in index symbols, sizes and ``Quo(e, n)`` = ⌊e/n⌋, ``Rem(e, n)`` = e mod n,
@@ -125,10 +125,14 @@ class _MinOf(_Extremum):
 
 def _lattice(cls: type[_Extremum], pick: Callable[[list[Any]], Any], top: Any, values: tuple[Any, ...]) -> Any:
     """``cls`` of ``values`` with absorbing element ``top`` and identity ``-top`` (sympy's
-    Max/Min compare their arguments at every construction, which dominated the prover's time)."""
+    Max/Min compare their arguments at every construction, which dominated the prover's time);
+    a NaN argument (sympy's ``nan``, e.g. -oo - -oo on a fully masked row) gives NaN, as the
+    evaluator's ``maximum``/``minimum`` do, ``top`` included: max(NaN, +inf) is NaN, not +inf."""
     flat: list[Any] = []
     for v in values:
         flat.extend(v.args if isinstance(v, cls) else (v,))
+    if sympy.nan in flat:
+        return sympy.nan
     if top in flat:
         return top
     numbers = [v for v in flat if v.is_number and v != -top]

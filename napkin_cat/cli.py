@@ -243,8 +243,7 @@ def cmd_draw(args: argparse.Namespace) -> int:
 
 def cmd_lower(args: argparse.Namespace) -> int:
     """Lower a checked theorem to a Pallas kernel or a streamed plain-JAX module."""
-    from napkin_cat.lower import KERNEL_DTYPES, lower  # jax is imported only by the verbs that lower
-    from napkin_cat.lower.backward import UnprovedJoinWarning
+    from napkin_cat.lower import KERNEL_DTYPES, UnprovedJoinWarning, lower  # jax: only the verbs that lower
 
     module = _module(args.file)
     backward = [n.strip() for n in (args.backward or "").split(",") if n.strip()]

@@ -34,6 +34,7 @@ from napkin_cat.lower import codegen as cg
 from napkin_cat.lower import jax as jax_target
 from napkin_cat.lower import mesh as mesh_target
 from napkin_cat.lower import pallas as pallas_target
+from napkin_cat.lower.backward import UnprovedJoinWarning
 from napkin_cat.lower.layout import Layout, grid_order, layout
 from napkin_cat.lower.runtime import helper_source
 from napkin_cat.lower.values import BIG, TINY
@@ -42,7 +43,7 @@ from napkin_cat.schedule.loopnest import flatten, woven_axes
 from napkin_cat.terms import Diagram, Partition, Schedule
 
 __all__ = ["DEFAULT_HARDWARE", "DEFAULT_TILE", "DTYPES", "KERNEL_DTYPES", "PRICED_DTYPE", "REPRESENTATIVE_SIZE",
-           "TARGETS", "Lowered", "compile_module", "default_tiles", "lower", "realised_schedule"]
+           "TARGETS", "Lowered", "UnprovedJoinWarning", "compile_module", "default_tiles", "lower", "realised_schedule"]
 
 TARGETS = ("pallas", "jax")
 
@@ -145,7 +146,7 @@ def lower(theorem: Theorem, target: str = "pallas", tiles: Mapping[str, int] | N
         else None
     if link is not None and not link.proved:
         warnings.warn(f"{theorem.name}: the join of its backward kernels is not proved; lowered on the test alone: "
-                      f"{link.trust}", backward_target.UnprovedJoinWarning, stacklevel=2)
+                      f"{link.trust}", UnprovedJoinWarning, stacklevel=2)
     return _lower_schedule(theorem.name, theorem.result, theorem.schedule, target, tiles, dtype, hardware,
                            proved=_proof(theorem), mesh=mesh, chosen=theorem.chosen, backward=backward, link=link)
 

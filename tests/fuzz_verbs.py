@@ -25,6 +25,7 @@ import contextlib
 import io
 import os
 import re
+import shutil
 import signal
 import stat
 import subprocess
@@ -181,8 +182,11 @@ def run(invocation: Invocation) -> Outcome:
     start = time.monotonic()
     outcome = _process(invocation) if invocation.process else _in_process(invocation)
     seconds = time.monotonic() - start
-    error = outcome.error or _replaced(invocation, kinds)
-    return Outcome(invocation, outcome.code, error, outcome.startup, seconds)
+    replaced = _replaced(invocation, kinds)
+    if replaced:  # made again, so that later runs meet the special files too
+        for path in invocation.guarded:
+            _special_output(Path(path))
+    return Outcome(invocation, outcome.code, outcome.error or replaced, outcome.startup, seconds)
 
 
 def run_verb(verb: str, argv: list[str], seconds: float = TIME_BOUND) -> Outcome:
@@ -470,12 +474,28 @@ def prepare(folder: Path) -> Path:
         (special / f"link{suffix}").symlink_to(secret)
         _device(special / f"device{suffix}")
     for suffix in ("", ".svg", ".png", ".txt", ".py", ".ncd"):
-        os.mkfifo(special / f"out_fifo{suffix}")
-        (special / f"out_folder{suffix}").mkdir()
-        (special / f"out_link{suffix}").symlink_to(secret)
-        (special / f"out_dangling{suffix}").symlink_to(special / "nowhere" / "x")
-        _device(special / f"out_device{suffix}")
+        for kind in SPECIAL_OUTPUTS:
+            _special_output(special / f"out_{kind}{suffix}")
     return folder
+
+
+def _special_output(path: Path) -> None:
+    """(Re)make the special output ``path`` names (``out_KIND...``), whatever is there now."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        path.unlink()
+    kind = path.name.split("_", 1)[1].split(".", 1)[0]
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    elif kind == "link":
+        path.symlink_to(path.parent / "secret.txt")
+    elif kind == "dangling":
+        path.symlink_to(path.parent / "nowhere" / "x")
+    else:
+        _device(path)
 
 
 def _device(path: Path) -> None:

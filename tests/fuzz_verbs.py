@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import random
 import re
 import shutil
 import signal
@@ -330,24 +331,28 @@ def _names(text: str) -> tuple[list[str], list[str], list[str], list[str]]:
     return diagrams, theorems, axes or ["q"], tiles or ["t0"]
 
 
-def malformed_profiles(draw: st.DrawFn) -> str:
+def chance(rng: random.Random, p: float) -> bool:
+    return rng.random() < p
+
+
+def malformed_profiles(rng: random.Random) -> str:
     """A shipped profile's text with one or two lines broken: a number replaced by a bad value,
     a line deleted or duplicated, garbage inserted, or the text cut short."""
-    key = draw(st.sampled_from(("h100", "h200", "a100", "cpu")))
+    key = rng.choice(("h100", "h200", "a100", "cpu"))
     lines = resources.files("napkin_cat.cost.hardware").joinpath(f"{key}.toml").read_text().splitlines()
-    for _ in range(draw(st.integers(1, 2))):
-        i = draw(st.integers(0, len(lines) - 1))
-        edit = draw(st.sampled_from(("value", "value", "value", "delete", "duplicate", "garbage", "cut")))
+    for _ in range(rng.randint(1, 2)):
+        i = rng.randint(0, len(lines) - 1)
+        edit = rng.choice(("value", "value", "value", "delete", "duplicate", "garbage", "cut"))
         if edit == "value" and " = " in lines[i]:
             name = lines[i].split(" = ", 1)[0]
-            lines[i] = f"{name} = {draw(st.sampled_from(_BAD_VALUES))}"
+            lines[i] = f"{name} = {rng.choice(_BAD_VALUES)}"
         elif edit == "delete":
             del lines[i]
         elif edit == "duplicate":
             lines.insert(i, lines[i])
         elif edit == "garbage":
-            lines.insert(i, draw(st.sampled_from(("[levels.l3]", "x = ", "= 3", "[peak", "name = 'a\nb'", "\x00",
-                                                  "[levels]", "levels = 3", "per = 1", "devices = 1000000"))))
+            lines.insert(i, rng.choice(("[levels.l3]", "x = ", "= 3", "[peak", "name = 'a\nb'", "\x00",
+                                                  "[levels]", "levels = 3", "per = 1", "devices = 1000000")))
         else:
             lines = lines[:i]
         if not lines:
@@ -355,20 +360,20 @@ def malformed_profiles(draw: st.DrawFn) -> str:
     return "\n".join(lines) + "\n"
 
 
-@st.composite
-def hardware(draw: st.DrawFn, folder: Path) -> str:
-    kind = draw(st.sampled_from(("shipped", "shipped", "malformed", "malformed", "malformed", "file", "unknown",
-                                 "special")))
+def hardware(rng: random.Random, folder: Path) -> str:
+    """A --hardware value: shipped, unknown, a special file, a profile file or a malformed one."""
+    kind = rng.choice(("shipped", "shipped", "malformed", "malformed", "malformed", "file", "unknown",
+                                 "special"))
     if kind == "shipped":
-        return draw(st.sampled_from(("h100", "h200", "a100", "cpu", "H100")))
+        return rng.choice(("h100", "h200", "a100", "cpu", "H100"))
     if kind == "unknown":
-        return draw(st.sampled_from(("tpu", "", "h100.toml", "../h100", "-1")))
+        return rng.choice(("tpu", "", "h100.toml", "../h100", "-1"))
     if kind == "special":
-        return str(folder / "special" / draw(st.sampled_from(("fifo.toml", "folder.toml", "link.toml",
-                                                               "missing.toml", "device.toml"))))
-    path = folder / "profiles" / f"p{draw(st.integers(0, 9))}.toml"
-    key = draw(st.sampled_from(("h100", "h200", "a100", "cpu")))
-    text = malformed_profiles(draw) if kind == "malformed" else \
+        return str(folder / "special" / rng.choice(("fifo.toml", "folder.toml", "link.toml",
+                                                               "missing.toml", "device.toml")))
+    path = folder / "profiles" / f"p{rng.randint(0, 9)}.toml"
+    key = rng.choice(("h100", "h200", "a100", "cpu"))
+    text = malformed_profiles(rng) if kind == "malformed" else \
         resources.files("napkin_cat.cost.hardware").joinpath(f"{key}.toml").read_text()
     path.write_text(text, encoding="utf-8", errors="surrogateescape")
     return str(path)
@@ -378,85 +383,88 @@ def hardware(draw: st.DrawFn, folder: Path) -> str:
 def invocations(draw: st.DrawFn, folder: Path) -> Invocation:
     """A verb with options on an input written into ``folder`` (which holds examples/ and
     proofs/ copies so that the proofs' `use "../examples/..."` resolve, and ``prepare``'s
-    special files)."""
-    if draw(st.booleans()):
+    special files).  The texts come from hypothesis's strategies, every other choice from a
+    ``random.Random`` it seeds (uniform: hypothesis favours the ends of a range, which would
+    make a rare choice, say a process or an early signal, a frequent one)."""
+    rng = draw(st.randoms(use_true_random=True))
+    if chance(rng, 0.5):
         name, text = draw(edited_proofs())
         path = folder / "proofs" / f"fuzz_{name}"
     else:
         text = draw(theorem_modules())
         path = folder / "proofs" / "fuzz_generated.ncd"
-    encoding = draw(st.sampled_from(ENCODINGS))
+    encoding = rng.choice(ENCODINGS)
     path.write_bytes(encoded(text, encoding))
-    if draw(st.integers(0, 19)) == 0:  # a special file in place of the input
-        path = folder / "special" / draw(st.sampled_from(SPECIAL_INPUTS))
+    if rng.randint(0, 19) == 0:  # a special file in place of the input
+        path = folder / "special" / rng.choice(SPECIAL_INPUTS)
     diagrams, theorems, axes, tiles = _names(text)
-    verb = draw(st.sampled_from(VERBS))
+    verb = rng.choice(VERBS)
     guarded: list[str] = []
 
     def maybe(option: str, *values: str) -> list[str]:
-        return [option, draw(st.sampled_from(values))] if draw(st.booleans()) else []
+        return [option, rng.choice(values)] if chance(rng, 0.5) else []
 
     def flag(option: str) -> list[str]:
-        return [option] if draw(st.booleans()) else []
+        return [option] if chance(rng, 0.5) else []
 
     def sizes() -> list[str]:
-        huge = draw(st.integers(0, 9)) == 0
-        out = [f"--size={a}={99_999_999_999 if huge else draw(st.integers(1, 4))}" for a in axes if draw(st.booleans())]
-        if draw(st.integers(0, 9)) == 0:
-            out.append(f"--size={draw(st.sampled_from(('q', 'q=0', 'q=-1', '=3', 'q=x', 'nope=4', 'q=1' + '0' * 30)))}")
+        huge = rng.randint(0, 9) == 0
+        out = [f"--size={a}={99_999_999_999 if huge else rng.randint(1, 4)}" for a in axes if chance(rng, 0.5)]
+        if rng.randint(0, 9) == 0:
+            out.append(f"--size={rng.choice(('q', 'q=0', 'q=-1', '=3', 'q=x', 'nope=4', 'q=1' + '0' * 30))}")
         return out
 
     def output(suffix: str) -> list[str]:
-        if draw(st.integers(0, 7)) == 0:
-            special = str(folder / "special" / f"out_{draw(st.sampled_from(SPECIAL_OUTPUTS))}{suffix}")
+        if rng.randint(0, 7) == 0:
+            special = str(folder / "special" / f"out_{rng.choice(SPECIAL_OUTPUTS)}{suffix}")
             guarded.append(special)
             return ["-o", special]
         return ["-o", str(folder / "out" / f"out{suffix}")]
 
     def common() -> list[str]:
         dtype = maybe("--dtype", "bf16", "f32", "f16", "fp8e4m3", "tf32", "float32", "int8", "")
-        return [*dtype, *(["--hardware", draw(hardware(folder))] if draw(st.booleans()) else [])]
+        return [*dtype, *(["--hardware", hardware(rng, folder)] if chance(rng, 0.5) else [])]
 
     argv: list[str]
     if verb == "parse":
         argv = [str(path)]
     elif verb == "check":
-        paths = [str(path)] + ([str(folder / "proofs")] if draw(st.integers(0, 9)) == 0 else [])
+        paths = [str(path)] + ([str(folder / "proofs")] if rng.randint(0, 9) == 0 else [])
         argv = [*paths, *flag("--strict"), *flag("--json"), *flag("-q"),
-                *(["--certify"] if draw(st.integers(0, 199)) == 0 else [])]
+                *(["--certify"] if rng.randint(0, 199) == 0 else [])]
     elif verb == "lemmas":
-        argv = [*([draw(st.sampled_from(("softmax_contract", "online_softmax", "sum", "nope")))]
-                  if draw(st.booleans()) else []), *flag("--json")]
+        argv = [*([rng.choice(("softmax_contract", "online_softmax", "sum", "nope"))]
+                  if chance(rng, 0.5) else []), *flag("--json")]
     elif verb == "eval":
-        argv = [str(path), draw(st.sampled_from(diagrams)), *sizes(),
+        argv = [str(path), rng.choice(diagrams), *sizes(),
                 *maybe("--seed", "0", "1", "3", "-1", "x", str(2**70))]
     elif verb == "grad":
-        argv = [str(path), draw(st.sampled_from(diagrams)), *(output(".ncd") if draw(st.booleans()) else [])]
+        argv = [str(path), rng.choice(diagrams), *(output(".ncd") if chance(rng, 0.5) else [])]
     elif verb == "draw":
         steps = flag("--steps")
-        suffix = "" if steps and draw(st.booleans()) else draw(st.sampled_from((".svg", ".png", ".txt")))
-        argv = [str(path), draw(st.sampled_from(theorems + diagrams)), *output(suffix), *flag("--expand"), *steps]
+        suffix = "" if steps and chance(rng, 0.5) else rng.choice((".svg", ".png", ".txt"))
+        argv = [str(path), rng.choice(theorems + diagrams), *output(suffix), *flag("--expand"), *steps]
     elif verb in ("cost", "pseudo"):
-        argv = [str(path), draw(st.sampled_from(theorems)), *sizes(), *common(),
+        argv = [str(path), rng.choice(theorems), *sizes(), *common(),
                 *maybe("--stages", "1", "2", "3", "0", "x")]
         if verb == "cost":
             argv += [*flag("--json"), *maybe("--mesh", "1", "4", "8", "0", "-1", "65536", "65537", "x")]
     elif verb == "lower":
-        tile = [f"--tile={draw(st.sampled_from(tiles + axes))}={draw(st.sampled_from(('16', '64', '1', '0', 'x')))}"
-                for _ in range(draw(st.integers(0, 2)))]
-        argv = [str(path), draw(st.sampled_from(theorems)), *maybe("--target", "jax", "pallas", "cuda"), *tile,
+        tile = [f"--tile={rng.choice(tiles + axes)}={rng.choice(('16', '64', '1', '0', 'x'))}"
+                for _ in range(rng.randint(0, 2))]
+        argv = [str(path), rng.choice(theorems), *maybe("--target", "jax", "pallas", "cuda"), *tile,
                 *common(), *maybe("--mesh", "1", "2", "8", "0", "65536", "65537"),
                 *maybe("--backward", ",".join(theorems[:2]), "nope", ","), *output(".py")]
     else:  # derive: small budgets, so a run stays within the bound
-        argv = [str(path), draw(st.sampled_from(diagrams)), *sizes(), *common(),
-                *maybe("--lower", "jax", "pallas"), "--budget", draw(st.sampled_from(("1", "3", "5", "0"))),
-                "--seconds", draw(st.sampled_from(("2", "5", "0", "inf", "nan"))),
-                *maybe("--max-rewrites", "0", "1", "2", "-1"), *output(draw(st.sampled_from((".ncd", ".ncd", ".py"))))]
-    process = draw(st.integers(0, 24)) == 0
+        argv = [str(path), rng.choice(diagrams), *sizes(), *common(),
+                *maybe("--lower", "jax", "pallas"), "--budget", rng.choice(("1", "3", "5", "0")),
+                "--seconds", rng.choice(("2", "5", "0", "inf", "nan")),
+                *maybe("--max-rewrites", "0", "1", "2", "-1"), *output(rng.choice((".ncd", ".ncd", ".py")))]
+    process = rng.randint(0, 24) == 0
     interrupt = None
-    if draw(st.integers(0, 9)) == 0 or (process and draw(st.booleans())):
-        interrupt = draw(st.floats(0.0, 4.0 if process else 1.5))
-    full = process and draw(st.booleans())
+    if rng.randint(0, 9) == 0 or (process and chance(rng, 0.5)):
+        interrupt = rng.uniform(0.0, 4.0 if process else 1.5)
+    full = process and chance(rng, 0.5)
     return Invocation(verb, tuple(argv), interrupt, process, full, tuple(guarded))
 
 

@@ -513,8 +513,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--target", choices=("pallas", "jax"), default="pallas", help="Pallas kernel or plain JAX")
     p.add_argument("--tile", action="append", metavar="NAME=N", help="a tile size by tile name or axis (repeatable)")
     p.add_argument("--dtype", default=DEFAULT_DTYPE, help=_DTYPE_HELP)
-    p.add_argument("--hardware", help="hardware profile for default tiles (h100, h200, a100, cpu; default: h100 "
-                                      "for pallas, cpu for jax)")
+    p.add_argument("--hardware", help="hardware profile for default tiles (h100, h200, a100, cpu, or a .toml "
+                                      "profile file; default: h100 for pallas, cpu for jax)")
     p.add_argument("--mesh", type=_count(1, MAX_MESH_DEVICES), metavar="N",
                    help=f"run the mesh partitions on N devices (jax.shard_map; 1 to {MAX_MESH_DEVICES})")
     p.add_argument("--backward", metavar="T1,T2", help="theorems of the same file whose kernels compute the "
@@ -531,8 +531,8 @@ def _parser() -> argparse.ArgumentParser:
     p = command("derive", "search for the cheapest checked schedule of a diagram; write the proof")
     p.add_argument("file", help="the .ncd file")
     p.add_argument("diagram", help="the diagram to schedule")
-    p.add_argument("--hardware", help="hardware profile (h100, h200, a100, cpu; default: h100, or with --lower the "
-                                      "target's: h100 for pallas, cpu for jax)")
+    p.add_argument("--hardware", help="hardware profile (h100, h200, a100, cpu, or a .toml profile file; default: "
+                                      "h100, or with --lower the target's: h100 for pallas, cpu for jax)")
     p.add_argument("--dtype", default=DEFAULT_DTYPE, help=_DTYPE_HELP)
     sizes(p)
     p.add_argument("-o", "--output", required=True, help="OUT.ncd, the proof file to write")
@@ -547,7 +547,8 @@ def _parser() -> argparse.ArgumentParser:
         p = command(name, text)
         p.add_argument("file", help="the proof file")
         p.add_argument("theorem", help="the theorem")
-        p.add_argument("--hardware", default="h100", help="hardware profile (h100, h200, a100, cpu)")
+        p.add_argument("--hardware", default="h100", help="hardware profile (h100, h200, a100, cpu, or a .toml "
+                                                          "profile file)")
         p.add_argument("--dtype", default=DEFAULT_DTYPE, help=_DTYPE_HELP)
         sizes(p)
         p.add_argument("--stages", type=_count(1), default=1,

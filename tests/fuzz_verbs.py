@@ -401,8 +401,11 @@ def invocations(draw: st.DrawFn, folder: Path) -> Invocation:
     verb = rng.choice(VERBS)
     guarded: list[str] = []
 
-    def maybe(option: str, *values: str) -> list[str]:
-        return [option, rng.choice(values)] if chance(rng, 0.5) else []
+    def maybe(option: str, good: tuple[str, ...], bad: tuple[str, ...] = ()) -> list[str]:
+        """Half the time, ``option`` with a value: a bad one (a usage error) one time in six."""
+        if not chance(rng, 0.5):
+            return []
+        return [option, rng.choice(bad if bad and chance(rng, 1 / 6) else good)]
 
     def flag(option: str) -> list[str]:
         return [option] if chance(rng, 0.5) else []
@@ -422,7 +425,7 @@ def invocations(draw: st.DrawFn, folder: Path) -> Invocation:
         return ["-o", str(folder / "out" / f"out{suffix}")]
 
     def common() -> list[str]:
-        dtype = maybe("--dtype", "bf16", "f32", "f16", "fp8e4m3", "tf32", "float32", "int8", "")
+        dtype = maybe("--dtype", ("bf16", "f32", "f16", "fp8e4m3", "tf32", "float32"), ("int8", ""))
         return [*dtype, *(["--hardware", hardware(rng, folder)] if chance(rng, 0.5) else [])]
 
     argv: list[str]
@@ -437,7 +440,7 @@ def invocations(draw: st.DrawFn, folder: Path) -> Invocation:
                   if chance(rng, 0.5) else []), *flag("--json")]
     elif verb == "eval":
         argv = [str(path), rng.choice(diagrams), *sizes(),
-                *maybe("--seed", "0", "1", "3", "-1", "x", str(2**70))]
+                *maybe("--seed", ("0", "1", "3", str(2**70)), ("-1", "x"))]
     elif verb == "grad":
         argv = [str(path), rng.choice(diagrams), *(output(".ncd") if chance(rng, 0.5) else [])]
     elif verb == "draw":
@@ -446,20 +449,20 @@ def invocations(draw: st.DrawFn, folder: Path) -> Invocation:
         argv = [str(path), rng.choice(theorems + diagrams), *output(suffix), *flag("--expand"), *steps]
     elif verb in ("cost", "pseudo"):
         argv = [str(path), rng.choice(theorems), *sizes(), *common(),
-                *maybe("--stages", "1", "2", "3", "0", "x")]
+                *maybe("--stages", ("1", "2", "3"), ("0", "x"))]
         if verb == "cost":
-            argv += [*flag("--json"), *maybe("--mesh", "1", "4", "8", "0", "-1", "65536", "65537", "x")]
+            argv += [*flag("--json"), *maybe("--mesh", ("1", "4", "8", "65536"), ("0", "-1", "65537", "x"))]
     elif verb == "lower":
-        tile = [f"--tile={rng.choice(tiles + axes)}={rng.choice(('16', '64', '1', '0', 'x'))}"
-                for _ in range(rng.randint(0, 2))]
-        argv = [str(path), rng.choice(theorems), *maybe("--target", "jax", "pallas", "cuda"), *tile,
-                *common(), *maybe("--mesh", "1", "2", "8", "0", "65536", "65537"),
-                *maybe("--backward", ",".join(theorems[:2]), "nope", ","), *output(".py")]
+        tile = [f"--tile={rng.choice(tiles + axes)}={rng.choice(('16', '16', '64', '64', '32', '1', '0', 'x'))}"
+                for _ in range(rng.choice((0, 0, 0, 1, 1, 2)))]
+        argv = [str(path), rng.choice(theorems), *maybe("--target", ("jax", "pallas"), ("cuda",)), *tile,
+                *common(), *maybe("--mesh", ("1", "2", "8", "65536"), ("0", "65537")),
+                *maybe("--backward", (",".join(theorems[:2]), ","), ("nope",)), *output(".py")]
     else:  # derive: small budgets, so a run stays within the bound
         argv = [str(path), rng.choice(diagrams), *sizes(), *common(),
-                *maybe("--lower", "jax", "pallas"), "--budget", rng.choice(("1", "3", "5", "0")),
-                "--seconds", rng.choice(("2", "5", "0", "inf", "nan")),
-                *maybe("--max-rewrites", "0", "1", "2", "-1"), *output(rng.choice((".ncd", ".ncd", ".py")))]
+                *maybe("--lower", ("jax", "pallas")), "--budget", rng.choice(("1", "3", "5", "5", "5", "0")),
+                "--seconds", rng.choice(("2", "5", "5", "5", "5", "5", "5", "0", "inf", "nan")),
+                *maybe("--max-rewrites", ("0", "1", "2"), ("-1",)), *output(rng.choice((".ncd", ".ncd", ".py")))]
     process = rng.randint(0, 24) == 0
     interrupt = None
     if rng.randint(0, 9) == 0 or (process and chance(rng, 0.5)):

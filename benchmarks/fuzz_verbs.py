@@ -15,6 +15,7 @@ command.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import sys
 import tempfile
 import time
@@ -29,6 +30,14 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from tests.fuzz_verbs import Invocation, Tally, invocations, prepare, run
 
 
+def _digest(arg: str) -> str:
+    """The content of a regular file an argument names (an input written for this run), hashed."""
+    try:
+        return hashlib.sha256(Path(arg).read_bytes()).hexdigest() if Path(arg).is_file() else ""
+    except OSError:
+        return ""
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10_000)
@@ -37,6 +46,7 @@ def main() -> int:
     args = parser.parse_args()
     folder = prepare(Path(tempfile.mkdtemp(prefix="napkin-fuzz-long-")))
     tally = Tally()
+    seen: set[tuple[str, ...]] = set()
     stop = time.monotonic() + 60 * args.minutes
 
     @settings(max_examples=args.runs, deadline=None, database=None, phases=[Phase.generate],
@@ -45,6 +55,10 @@ def main() -> int:
     def one(invocation: Invocation) -> None:
         if time.monotonic() > stop:
             return
+        key = (str(invocation), *(_digest(a) for a in invocation.argv))
+        if key in seen:  # hypothesis generates some examples twice: each is run and counted once
+            return
+        seen.add(key)
         outcome = run(invocation)
         tally.add(outcome)
         if not outcome.ok:

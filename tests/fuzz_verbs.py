@@ -410,9 +410,10 @@ def invocations(draw: st.DrawFn, folder: Path) -> Invocation:
     def flag(option: str) -> list[str]:
         return [option] if chance(rng, 0.5) else []
 
-    def sizes() -> list[str]:
+    def sizes(p: float = 0.5, sizes: tuple[int, ...] = (1, 2, 3, 4)) -> list[str]:
+        """Each axis sized with probability ``p``; one time in ten, too large; sometimes malformed."""
         huge = rng.randint(0, 9) == 0
-        out = [f"--size={a}={99_999_999_999 if huge else rng.randint(1, 4)}" for a in axes if chance(rng, 0.5)]
+        out = [f"--size={a}={99_999_999_999 if huge else rng.choice(sizes)}" for a in axes if chance(rng, p)]
         if rng.randint(0, 9) == 0:
             out.append(f"--size={rng.choice(('q', 'q=0', 'q=-1', '=3', 'q=x', 'nope=4', 'q=1' + '0' * 30))}")
         return out
@@ -459,10 +460,10 @@ def invocations(draw: st.DrawFn, folder: Path) -> Invocation:
                 *common(), *maybe("--mesh", ("1", "2", "8", "65536"), ("0", "65537"), p=0.15),
                 *maybe("--backward", (",".join(theorems[:2]), ","), ("nope",), p=0.1), *output(".py")]
     else:  # derive: small budgets, so a run stays within the bound
-        argv = [str(path), rng.choice(diagrams), *sizes(), *common(),
-                *maybe("--lower", ("jax", "pallas")), "--budget", rng.choice(("1", "3", "5", "5", "5", "0")),
-                "--seconds", rng.choice(("2", "5", "5", "5", "5", "5", "5", "0", "inf", "nan")),
-                *maybe("--max-rewrites", ("0", "1", "2"), ("-1",)), *output(rng.choice((".ncd", ".ncd", ".py")))]
+        argv = [str(path), rng.choice(diagrams), *sizes(0.95, (16, 64, 128)), *common(),
+                *maybe("--lower", ("jax", "pallas")), *maybe("--budget", ("1", "3", "5"), ("0",), p=1.0),
+                *maybe("--seconds", ("2", "5"), ("0", "inf", "nan"), p=1.0),
+                *maybe("--max-rewrites", ("0", "1", "2"), ("-1",)), *output(".ncd" if chance(rng, 0.9) else ".py")]
     process = rng.randint(0, 24) == 0
     interrupt = None
     if rng.randint(0, 9) == 0 or (process and chance(rng, 0.5)):

@@ -8,27 +8,35 @@ import os
 import sys
 import warnings
 
-from napkin_cat.diagnostics import Diagnostic, NapkinError, Span, render
-from napkin_cat.elaborate import load, loads
-from napkin_cat.evaluate import run
-from napkin_cat.kernel import Theorem
-from napkin_cat.printer import print_module
-from napkin_cat.terms import Diagram, Module
-
 __all__ = ["Diagnostic", "Diagram", "Fused", "Module", "NapkinError", "Span", "Theorem", "attention", "fuse", "load",
            "loads", "print_module", "render", "run"]
 __version__ = "0.1.0"
 
-#: the front door for JAX code (``napkin_cat.fused``), loaded on first use: it imports jax
-_FRONT_DOOR = ("Fused", "attention", "fuse")
+#: where each public name lives: imported on first use (PEP 562), so that ``import napkin_cat``
+#: (which the ``napkin`` command does before anything else) loads no numpy, sympy or lark and
+#: Ctrl-C in the command's first seconds reaches its handler (``__main__``)
+_EXPORTS: dict[str, str] = {
+    "Diagnostic": "napkin_cat.diagnostics", "NapkinError": "napkin_cat.diagnostics", "Span": "napkin_cat.diagnostics",
+    "render": "napkin_cat.diagnostics", "load": "napkin_cat.elaborate", "loads": "napkin_cat.elaborate",
+    "run": "napkin_cat.evaluate", "Theorem": "napkin_cat.kernel", "print_module": "napkin_cat.printer",
+    "Diagram": "napkin_cat.terms", "Module": "napkin_cat.terms",
+    # the front door for JAX code (README "From JAX"): it imports jax
+    "Fused": "napkin_cat.fused", "attention": "napkin_cat.fused", "fuse": "napkin_cat.fused",
+}
 
 
 def __getattr__(name: str) -> object:
-    if name in _FRONT_DOOR:
-        from napkin_cat import fused as front_door
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'napkin_cat' has no attribute {name!r}")
+    import importlib  # only when a public name is first used
 
-        return getattr(front_door, name)
-    raise AttributeError(f"module 'napkin_cat' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
 
 
 def show_in_notebooks() -> bool:
@@ -45,8 +53,8 @@ def show_in_notebooks() -> bool:
     from napkin_cat.draw import draw_svg
 
     formatter = shell.display_formatter.formatters["image/svg+xml"]
-    formatter.for_type(Diagram, draw_svg)
-    formatter.for_type(Theorem, draw_svg)
+    formatter.for_type(__getattr__("Diagram"), draw_svg)
+    formatter.for_type(__getattr__("Theorem"), draw_svg)
     return True
 
 

@@ -1,7 +1,9 @@
 """The `napkin` command line: the only module that prints or exits.
 
 Exit codes: 0 success, 1 an error in the input (diagnostics printed), 2 a usage error
-(including an output that cannot or must not be written), 130 interrupted (Ctrl-C).
+(including an output that cannot or must not be written), 74 standard output or error could
+not be written (a full disk; sysexits' EX_IOERR), 130 interrupted (Ctrl-C), 141 the reader
+of standard output closed it early (as SIGPIPE would).
 Each subcommand is one ``cmd_*`` function registered in ``_parser``.  Outputs go through
 ``files.Outputs``: checked before any long work, never one of the files read, written
 atomically.
@@ -10,12 +12,14 @@ atomically.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -25,7 +29,7 @@ from napkin_cat.certify.accumulators import accumulators_for
 from napkin_cat.cost import hardware as hw
 from napkin_cat.cost import report as cost_report
 from napkin_cat.cost.hardware import HardwareError
-from napkin_cat.diagnostics import NapkinError, render
+from napkin_cat.diagnostics import NapkinError, error, render
 from napkin_cat.elaborate import load
 from napkin_cat.evaluate import bind_sizes, refuse_too_large, run
 from napkin_cat.files import FileRefused, OutputRefused, Outputs, source_paths
@@ -33,7 +37,7 @@ from napkin_cat.grad import vjp_module
 from napkin_cat.kernel import Theorem
 from napkin_cat.printer import print_module
 from napkin_cat.proof import check_file
-from napkin_cat.terms import MAX_AXIS_SIZE, Module
+from napkin_cat.terms import MAX_AXIS_SIZE, MAX_MESH_DEVICES, Module
 
 __all__ = ["main"]
 
@@ -42,7 +46,7 @@ class UsageError(Exception):
     """A command-line mistake (exit code 2)."""
 
 
-EXIT_OK, EXIT_INPUT, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_PIPE = 0, 1, 2, 130, 141
+EXIT_OK, EXIT_INPUT, EXIT_USAGE, EXIT_IO, EXIT_INTERRUPTED, EXIT_PIPE = 0, 1, 2, 74, 130, 141
 
 #: the number formats every verb accepts (``--dtype``), and the one default
 DEFAULT_DTYPE = "bf16"
@@ -84,10 +88,16 @@ def _dtype(name: str, kernel_dtypes: Mapping[str, str] | None = None) -> str:
     return canonical
 
 
-def _hardware(name: str) -> str:
-    if name not in hw.available():
-        raise UsageError(f"no hardware profile `{name}` (profiles: {', '.join(hw.available())})")
-    return name
+def _hardware(name: str) -> hw.Hardware:
+    """``--hardware``: a shipped profile's name or a .toml file, read and checked now, before
+    any long work.  An unknown name or a missing file is a usage error; a file that cannot be
+    read or breaks the schema an error in an input (``hardware.profile``)."""
+    try:
+        return hw.load(name)
+    except hw.ProfileError as exc:
+        raise NapkinError(error("hardware.profile", path=exc.path, reason=exc.reason)) from None
+    except hw.HardwareError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _diagram_or_usage(module: Module, name: str) -> object:
@@ -327,7 +337,7 @@ def cmd_derive(args: argparse.Namespace) -> int:
         cost = derive.model_cost(hardware, dtype, sizes, target=args.lower)
     except HardwareError as exc:
         raise UsageError(str(exc)) from None
-    settings = {"hardware": hardware, "dtype": dtype} | {a: str(n) for a, n in sizes.items()}
+    settings = {"hardware": hardware.key, "dtype": dtype} | {a: str(n) for a, n in sizes.items()}
     found = derive.derive(args.file, args.diagram, cost, settings=settings, max_rewrites=args.max_rewrites,
                           budget=args.budget, seconds=args.seconds, lower=args.lower,
                           progress=lambda message: print(f"napkin derive: {message}", file=sys.stderr))
@@ -411,16 +421,17 @@ def cmd_lemmas(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _count(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an integer of at least ``minimum``."""
+def _count(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer of at least ``minimum`` (and at most ``maximum``)."""
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"expected an integer of at least {minimum}, got {value}")
+        if value < minimum or (maximum is not None and value > maximum):
+            bound = f"from {minimum} to {maximum}" if maximum is not None else f"of at least {minimum}"
+            raise argparse.ArgumentTypeError(f"expected an integer {bound}, got {value}")
         return value
 
     return parse
@@ -455,7 +466,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="napkin", formatter_class=fmt,
         description="Neural circuit diagrams as text: check relabelling proofs, derive IO costs, lower to JAX kernels.",
-        epilog="Exit codes: 0 success, 1 an error in the input, 2 a usage error, 130 interrupted.")
+        epilog="Exit codes: 0 success, 1 an error in the input, 2 a usage error, 74 standard output could not be "
+               "written, 130 interrupted, 141 the reader closed standard output.")
     parser.add_argument("--version", action="version", version=f"napkin {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -506,9 +518,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--target", choices=("pallas", "jax"), default="pallas", help="Pallas kernel or plain JAX")
     p.add_argument("--tile", action="append", metavar="NAME=N", help="a tile size by tile name or axis (repeatable)")
     p.add_argument("--dtype", default=DEFAULT_DTYPE, help=_DTYPE_HELP)
-    p.add_argument("--hardware", help="hardware profile for default tiles (h100, h200, a100, cpu; default: h100 "
-                                      "for pallas, cpu for jax)")
-    p.add_argument("--mesh", type=int, metavar="N", help="run the mesh partitions on N devices (jax.shard_map)")
+    p.add_argument("--hardware", help="hardware profile for default tiles (h100, h200, a100, cpu, or a .toml "
+                                      "profile file; default: h100 for pallas, cpu for jax)")
+    p.add_argument("--mesh", type=_count(1, MAX_MESH_DEVICES), metavar="N",
+                   help=f"run the mesh partitions on N devices (jax.shard_map; 1 to {MAX_MESH_DEVICES})")
     p.add_argument("--backward", metavar="T1,T2", help="theorems of the same file whose kernels compute the "
                    "gradients: the function becomes a jax.custom_vjp (README \"Training\")")
     p.add_argument("--allow-tested-join", action="store_true", help="lower --backward kernels whose join the "
@@ -525,8 +538,8 @@ def _parser() -> argparse.ArgumentParser:
     p = command("derive", "search for the cheapest checked schedule of a diagram; write the proof")
     p.add_argument("file", help="the .ncd file")
     p.add_argument("diagram", help="the diagram to schedule")
-    p.add_argument("--hardware", help="hardware profile (h100, h200, a100, cpu; default: h100, or with --lower the "
-                                      "target's: h100 for pallas, cpu for jax)")
+    p.add_argument("--hardware", help="hardware profile (h100, h200, a100, cpu, or a .toml profile file; default: "
+                                      "h100, or with --lower the target's: h100 for pallas, cpu for jax)")
     p.add_argument("--dtype", default=DEFAULT_DTYPE, help=_DTYPE_HELP)
     sizes(p)
     p.add_argument("-o", "--output", required=True, help="OUT.ncd, the proof file to write")
@@ -541,39 +554,109 @@ def _parser() -> argparse.ArgumentParser:
         p = command(name, text)
         p.add_argument("file", help="the proof file")
         p.add_argument("theorem", help="the theorem")
-        p.add_argument("--hardware", default="h100", help="hardware profile (h100, h200, a100, cpu)")
+        p.add_argument("--hardware", default="h100", help="hardware profile (h100, h200, a100, cpu, or a .toml "
+                                                          "profile file)")
         p.add_argument("--dtype", default=DEFAULT_DTYPE, help=_DTYPE_HELP)
         sizes(p)
         p.add_argument("--stages", type=_count(1), default=1,
                        help="buffers per streamed chunk (2: double buffering; Pallas Triton's default is 3)")
         if name == "cost":
             p.add_argument("--json", action="store_true", help="print sympy-parsable JSON")
-            p.add_argument("--mesh", type=int, metavar="N", help="devices of the mesh level (default: the "
-                                                                 "hardware profile's devices per node)")
+            p.add_argument("--mesh", type=_count(1, MAX_MESH_DEVICES), metavar="N",
+                           help=f"devices of the mesh level, 1 to {MAX_MESH_DEVICES} (default: the hardware "
+                                "profile's devices per node)")
         p.set_defaults(func=func)
     return parser
 
 
+class StreamFailed(Exception):
+    """Standard output or error could not be written (a full disk, an I/O error): exit 74."""
+
+    def __init__(self, stream: str, cause: OSError):
+        super().__init__(f"cannot write standard {stream}: {cause.strerror or type(cause).__name__}")
+
+
+class _Guarded:
+    """A text stream whose write errors, other than a closed pipe, become ``StreamFailed``."""
+
+    def __init__(self, stream: Any, name: str):
+        self._stream, self._name = stream, name
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self._stream.write(text))
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise StreamFailed(self._name, exc) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise StreamFailed(self._name, exc) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _silence(stream: Any) -> None:
+    """Point ``stream``'s descriptor at /dev/null, so that Python's final flush of what it still
+    buffers cannot fail again (and print a traceback) after napkin has reported the failure."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # a test's StringIO has no descriptor
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
+    """Run the command line; every outcome is an exit code of the module docstring, with at most
+    one line on stderr for an interruption or a failed output stream."""
+    stdout, stderr = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Guarded(stdout, "output"), _Guarded(stderr, "error")  # type: ignore[assignment]
+    command = "napkin"
     try:
-        return int(args.func(args))
-    except (UsageError, OutputRefused) as exc:
-        print(f"napkin {args.command}: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except NapkinError as exc:
-        for diag in exc.diagnostics:
-            print(render(diag), file=sys.stderr)
-        return EXIT_INPUT
+        args = _parser().parse_args(argv)
+        command = f"napkin {args.command}"
+        return _run(args, command)
     except KeyboardInterrupt:
-        print(f"napkin {args.command}: interrupted", file=sys.stderr)
+        _say(stderr, f"{command}: interrupted")
         return EXIT_INTERRUPTED
+    except StreamFailed as exc:
+        _say(stderr, f"{command}: error: {exc}")
+        _silence(stdout)
+        return EXIT_IO
     except BrokenPipeError:
         # the reader closed stdout early (`napkin lemmas | head`): stop quietly, as a process
         # killed by SIGPIPE would, and keep Python's final flush from writing to the closed pipe
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _silence(stdout)
         return EXIT_PIPE
+    finally:
+        sys.stdout, sys.stderr = stdout, stderr
+
+
+def _say(stream: Any, line: str) -> None:
+    """One line on ``stream``, if it can still be written."""
+    try:
+        stream.write(line + "\n")
+        stream.flush()
+    except OSError:
+        pass
+
+
+def _run(args: argparse.Namespace, command: str) -> int:
+    try:
+        code = int(args.func(args))
+    except (UsageError, OutputRefused) as exc:
+        print(f"{command}: error: {exc}", file=sys.stderr)
+        code = EXIT_USAGE
+    except NapkinError as exc:
+        for diag in exc.diagnostics:
+            print(render(diag), file=sys.stderr)
+        code = EXIT_INPUT
+    sys.stdout.flush()  # a full disk is found here, not by Python's flush at exit
+    sys.stderr.flush()
+    return code
 
 
 if __name__ == "__main__":  # pragma: no cover

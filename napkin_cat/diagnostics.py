@@ -115,7 +115,8 @@ MESSAGES: dict[str, str] = {
     # lowering (napkin_cat.lower refuses what a target cannot serve, before anything runs)
     "lower.target": "unknown lowering target `{target}`; targets: {targets}",
     "lower.dtype": "unknown dtype `{dtype}`; known: {known}",
-    "lower.hardware": "unknown hardware profile `{hardware}`; profiles: {known}",
+    "lower.hardware": "{reason}",
+    "hardware.profile": "hardware profile {path}: {reason}",
     "lower.tile_unbound": "tile `{tile}` of axis `{axis}` has no positive integer size; give it with --tile {tile}=N",
     "lower.tile_pow2": "tile {tile} of axis `{axis}`: the Pallas GPU (Triton) backend needs power-of-two blocks "
         "of at least {least} (or groups of 1)",
@@ -149,7 +150,7 @@ MESSAGES: dict[str, str] = {
     "lower.backward_wrong": "the backward passes do not give the forward's VJP (napkin_cat.grad): {why}",
     "lower.backward_unproved": "the backward passes of `{forward}` are not proved to give its VJP "
         "(certify.prove.prove_join: {why})",
-    "lower.mesh_devices": "--mesh {devices}: a mesh needs a positive number of devices",
+    "lower.mesh_devices": "--mesh {devices}: a mesh has 1 to {limit} devices",
     "lower.mesh_none": "--mesh {devices}: `{name}` has no partition at mesh (`group AXIS by TILE at mesh` shards "
         "an axis, `stream AXIS by TILE at mesh via ACC` rings one)",
     "lower.mesh_axes": "a mesh of one axis shards at most one axis and rings at most one; `{name}` {what} at mesh",

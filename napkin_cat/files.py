@@ -65,25 +65,26 @@ def _reason(exc: OSError) -> str:
     return exc.strerror or type(exc).__name__
 
 
-def resolve_source(path: str | Path) -> Path:
+def resolve_source(path: str | Path, suffix: str = SOURCE_SUFFIX) -> Path:
     """The file ``path`` names, every symbolic link followed; ``FileRefused`` unless it exists
-    and its name ends in ``.ncd``."""
+    and its name ends in ``suffix`` (``.ncd``; ``.toml`` for a hardware profile)."""
     try:
         target = Path(os.path.realpath(path, strict=True))
     except ValueError:
         raise FileRefused(path, "the path contains a NUL character") from None
     except OSError as exc:
         raise FileRefused(path, _reason(exc)) from None
-    if not target.name.endswith(SOURCE_SUFFIX):
+    if not target.name.endswith(suffix):
         where = "" if os.path.abspath(path) == str(target) else f" (it leads to {shown(target)})"
-        raise FileRefused(path, f"not an {SOURCE_SUFFIX} file{where}; napkin reads only {SOURCE_SUFFIX} files")
+        raise FileRefused(path, f"not an {suffix} file{where}; napkin reads only {suffix} files here")
     return target
 
 
-def read_source(path: str | Path, limit: int = MAX_SOURCE_BYTES) -> str:
-    """The text of the regular ``.ncd`` file ``path`` resolves to, of at most ``limit`` bytes,
-    decoded as UTF-8 (a leading byte-order mark dropped); raises ``FileRefused`` otherwise."""
-    target = resolve_source(path)
+def read_source(path: str | Path, limit: int = MAX_SOURCE_BYTES, suffix: str = SOURCE_SUFFIX) -> str:
+    """The text of the regular file ``path`` resolves to, whose name ends in ``suffix``, of at
+    most ``limit`` bytes, decoded as UTF-8 (a leading byte-order mark dropped); raises
+    ``FileRefused`` otherwise."""
+    target = resolve_source(path, suffix)
     try:  # the resolved path holds no link; O_NOFOLLOW refuses one swapped in since
         fd = os.open(target, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0))
     except OSError as exc:  # O_NONBLOCK: a FIFO opens without a writer

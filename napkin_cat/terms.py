@@ -34,6 +34,11 @@ MESH = "mesh"
 #: float64, where the cost model and the tile search compute)
 MAX_AXIS_SIZE = 1 << 53
 
+#: the most devices a mesh may have (``--mesh``, a hardware profile's ``devices``): 2^16, past
+#: the largest machines JAX runs one program on (multislice TPU jobs of about 50,000 chips); the
+#: emitted code's size does not grow with it (the ring's permutation is computed)
+MAX_MESH_DEVICES = 1 << 16
+
 
 @dataclass(frozen=True)
 class Axis:

@@ -2,14 +2,17 @@
 (tokens and characters deleted, inserted, swapped), go through parse + elaborate, and the
 only exception allowed out is ``NapkinError`` carrying located diagnostics.  Generated
 well-typed modules are also evaluated on random inputs under the same rule.  Every verb of
-the command line (parse, check, eval, cost, pseudo, lower, draw) runs on generated modules
-with theorems and on edited bundled proofs (``tests/fuzz_verbs.py``), each run bounded in
-time, and must exit 0, 1 or 2; CI runs a short profile, ``benchmarks/fuzz_verbs.py`` the long
-one (its figure is in BENCHMARKS.md)."""
+the command line runs with every option on generated modules with theorems and edited bundled
+proofs in several encodings, special files, malformed hardware profiles and interruptions
+(``tests/fuzz_verbs.py``), each run bounded in time, and must exit 0, 1 or 2 (130 when
+interrupted, with one line; 74 on a full stdout) without a traceback; CI runs a short profile,
+``benchmarks/fuzz_verbs.py`` the long one (its figure is in BENCHMARKS.md)."""
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import tempfile
 from pathlib import Path
 
@@ -22,7 +25,8 @@ from napkin_cat import run
 from napkin_cat.diagnostics import NapkinError, render
 from napkin_cat.elaborate import loads
 from napkin_cat.terms import Module
-from tests.fuzz_verbs import invocations, prepare, run_verb
+from tests import fuzz_verbs
+from tests.fuzz_verbs import OPTIONS, VERBS, Invocation, invocations, prepare, run_verb
 from tests.strategies import SIZE_REFUSALS, input_arrays, modules, sizes_for
 
 EXAMPLES = {p.name: p.read_text() for p in (Path(__file__).resolve().parent.parent / "examples").glob("*.ncd")}
@@ -136,10 +140,20 @@ _VERBS_DIR = prepare(Path(tempfile.mkdtemp(prefix="napkin-fuzz-verbs-")))
 
 @settings(max_examples=25, deadline=None)
 @given(invocations(_VERBS_DIR))
-def test_every_verb_gives_an_exit_code_not_a_traceback(invocation: tuple[str, list[str]]) -> None:
-    verb, argv = invocation
-    outcome = run_verb(verb, argv)
-    assert outcome.ok, f"napkin {verb} {' '.join(argv)}: {outcome.error}"
+def test_every_verb_gives_an_exit_code_not_a_traceback(invocation: Invocation) -> None:
+    outcome = fuzz_verbs.run(invocation)
+    assert outcome.ok, f"{invocation}: {outcome.error}"
+
+
+def test_the_verb_fuzzer_draws_every_verb_and_option() -> None:
+    """The fuzzer's ``OPTIONS`` are the parser's: a new verb or option is fuzzed or this fails."""
+    from napkin_cat import cli
+
+    parsers = cli._parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    assert set(VERBS) == set(parsers)
+    for verb, parser in parsers.items():
+        options = {max(a.option_strings, key=len) for a in parser._actions if a.option_strings} - {"--help"}
+        assert options == OPTIONS[verb], verb
 
 
 def test_the_verb_fuzzer_sees_escaped_exceptions_and_hangs(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -159,3 +173,35 @@ def test_the_verb_fuzzer_sees_escaped_exceptions_and_hangs(monkeypatch: pytest.M
     monkeypatch.setattr(cli, "cmd_parse", slow)
     outcome = run_verb("parse", ["x.ncd"], seconds=0.2)
     assert not outcome.ok and outcome.error == "took longer than 0.2 s"
+
+
+def test_the_verb_fuzzer_sees_tracebacks_replaced_special_files_and_silent_interrupts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    import napkin_cat.cli as cli
+
+    def printed(args: object) -> int:
+        print("Traceback (most recent call last):", file=sys.stderr)
+        return 0
+
+    monkeypatch.setattr(cli, "cmd_parse", printed)
+    assert "a traceback on stderr" in fuzz_verbs.run(Invocation("parse", ("x.ncd",))).error
+    fifo = str(_VERBS_DIR / "special" / "out_fifo.svg")
+
+    def replacing(args: object) -> int:
+        os.replace(_VERBS_DIR / "out" / "made", fifo)
+        return 0
+
+    (_VERBS_DIR / "out" / "made").write_text("x")
+    monkeypatch.setattr(cli, "cmd_parse", replacing)
+    outcome = fuzz_verbs.run(Invocation("parse", ("x.ncd",), guarded=(fifo,)))
+    assert outcome.error == f"special output replaced: {fifo}"
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)  # made again for the next runs
+
+    def interrupted(args: object) -> int:
+        return 130
+
+    monkeypatch.setattr(cli, "cmd_parse", interrupted)
+    assert "interrupted without the one line" in fuzz_verbs.run(Invocation("parse", ("x.ncd",), interrupt=5.0)).error
+    assert fuzz_verbs.run(Invocation("parse", ("x.ncd",))).error.startswith("exit 130")

@@ -37,8 +37,7 @@ ALLOWED: dict[str, set[str]] = {
 #: every function-level import of the package, (importer, imported) -> why it is deferred
 LAZY: dict[tuple[str, str], str] = {
     ("napkin_cat", "napkin_cat.draw"): "drawing (drawsvg, cairosvg) is loaded only inside a notebook shell",
-    ("napkin_cat", "napkin_cat.fused"): "the front door imports jax: loaded on first use of napkin_cat.fuse, so "
-                                        "`import napkin_cat` (the CLI's first import) stays light",
+    ("napkin_cat.__main__", "napkin_cat.cli"): "Ctrl-C while the CLI's modules load is caught (exit 130)",
     ("napkin_cat.cli", "napkin_cat.lower"): "jax is imported only by the verbs that lower",
     ("napkin_cat.cli", "napkin_cat.search.derive"): "derive lowers (jax): imported only by `derive`",
     ("napkin_cat.cli", "napkin_cat.draw"): "drawsvg and cairosvg are imported only by `draw`",

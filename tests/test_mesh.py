@@ -126,7 +126,7 @@ def test_mesh_lowering_refuses_what_it_cannot_run(tmp_path: Path, diagram: str, 
 
 
 def test_mesh_of_no_devices_and_given_mesh_tiles_are_refused() -> None:
-    with pytest.raises(NapkinError, match="positive number of devices"):
+    with pytest.raises(NapkinError, match="a mesh has 1 to 65536 devices"):
         lower(theorem(PROOF, "ring_attention"), target="jax", mesh=0)
     with pytest.raises(NapkinError, match="tile `mq` is a mesh tile"):
         lower(theorem(PROOF, "ring_attention"), target="jax", mesh=8, tiles={"mq": 128})

@@ -31,6 +31,7 @@ from sympy import Expr
 
 from napkin_cat.cost import Cost, CostError
 from napkin_cat.cost.roofline import compute_seconds
+from napkin_cat.terms import MAX_MESH_DEVICES
 
 __all__ = ["MeshCost", "mesh_cost", "mesh_times"]
 
@@ -57,12 +58,12 @@ class MeshCost:
 def mesh_cost(c: Cost, devices: int | None = None) -> MeshCost | None:
     """The mesh level of ``c`` on ``devices`` devices (default ``c.hardware.devices``), or None
     when its schedule has no partition at mesh.  Raises CostError for a mesh of one axis that
-    would shard or ring two axes, or for fewer than one device."""
+    would shard or ring two axes, or for a count of devices outside 1 to ``MAX_MESH_DEVICES``."""
     if not c.mesh:
         return None
     count = c.hardware.devices if devices is None else devices
-    if count < 1:
-        raise CostError(f"a mesh needs a positive number of devices, not {count}")
+    if not 1 <= count <= MAX_MESH_DEVICES:
+        raise CostError(f"a mesh has 1 to {MAX_MESH_DEVICES} devices, not {count}")
     groups = [p.axis for p in c.mesh if p.kind == "group"]
     rings = [p.axis for p in c.mesh if p.kind == "stream"]
     if len(groups) > 1 or len(rings) > 1:

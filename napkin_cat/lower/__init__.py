@@ -96,33 +96,44 @@ class Lowered:
     function: str = ""
 
 
-def default_tiles(diagram: Diagram, schedule: Schedule, hardware: str | None = None,
+def default_tiles(diagram: Diagram, schedule: Schedule, hardware: str | hw.Hardware | None = None,
                   dtype: str = "bf16") -> tuple[dict[str, int], str]:
     """A size for every symbolic tile, and where it came from.
 
     The cost model's integer search (``optimise.search``: capacities, tensor-core and
     Triton constraints of ``hardware``, default h100 (``lower`` passes its target's
     ``DEFAULT_HARDWARE``); arrays in ``dtype``) picks the tiles
-    for symbolic axes of ``REPRESENTATIVE_SIZE``; without a cost model result every tile is
-    ``DEFAULT_TILE``.
+    for symbolic axes of ``REPRESENTATIVE_SIZE``; where the model has no result for the
+    schedule (a level the profile lacks) or no feasible configuration, every tile is
+    ``DEFAULT_TILE``, and the origin says why.  A profile that cannot be loaded is never
+    such a case: its ``HardwareError`` propagates.
     """
     names = [p.tile for p in schedule.partitions if isinstance(p.tile, str)]
     if not names:
         return {}, "fixed by the proof"
+    profile = _profile(hardware)
     try:
         sizes = {a.name: REPRESENTATIVE_SIZE for a in diagram.axes if a.size is None}
-        model = cost.cost_of(diagram, schedule, hardware or "h100", sizes=sizes, dtype=dtype)
+        model = cost.cost_of(diagram, schedule, profile, sizes=sizes, dtype=dtype)
         rows = optimise.search(model, top=1, relax=True).rows
         if rows and set(names) <= set(rows[0].tiles):
             return {n: int(rows[0].tiles[n]) for n in names}, (
-                f"cost model optimum for {hardware or 'h100'} at symbolic sizes {REPRESENTATIVE_SIZE}")
+                f"cost model optimum for {profile.key} at symbolic sizes {REPRESENTATIVE_SIZE}")
     except (ValueError, KeyError) as exc:  # e.g. a level the hardware profile lacks
         return {n: DEFAULT_TILE for n in names}, f"default {DEFAULT_TILE} (the cost model could not choose: {exc})"
     return {n: DEFAULT_TILE for n in names}, f"default {DEFAULT_TILE} (no feasible cost-model configuration)"
 
 
+def _profile(hardware: str | hw.Hardware | None, target: str = "pallas") -> hw.Hardware:
+    """The profile a lowering prices on (``hw.load``; the target's ``DEFAULT_HARDWARE`` for
+    None); HardwareError for an unknown or malformed one."""
+    if isinstance(hardware, hw.Hardware):
+        return hardware
+    return hw.load(hardware or DEFAULT_HARDWARE[target])
+
+
 def lower(theorem: Theorem, target: str = "pallas", tiles: Mapping[str, int] | None = None,
-          dtype: Any = None, hardware: str | None = None, mesh: int | None = None,
+          dtype: Any = None, hardware: str | hw.Hardware | None = None, mesh: int | None = None,
           backward: Sequence[Theorem] = (), allow_tested_join: bool = False) -> Lowered:
     """Lower a kernel ``Theorem``: its result diagram under its proved schedule (on ``mesh``
     devices: ``lower.mesh``).
@@ -165,7 +176,7 @@ class _Placed:
 
 
 def _place(name: str, diagram: Diagram, schedule: Schedule, target: str, tiles: Mapping[str, int] | None,
-           hardware: str | None, chosen: Mapping[tuple[str, str, tuple[str, ...], tuple[str, ...]], str] | None,
+           hardware: hw.Hardware, chosen: Mapping[tuple[str, str, tuple[str, ...], tuple[str, ...]], str] | None,
            ) -> _Placed:
     """The device schedule's layout, with default tiles for the symbolic ones not given."""
     device = schedule.device()  # mesh tiles are the devices' blocks, not chosen here
@@ -192,8 +203,9 @@ def _place(name: str, diagram: Diagram, schedule: Schedule, target: str, tiles: 
 
 
 def _lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str = "pallas",
-                    tiles: Mapping[str, int] | None = None, dtype: Any = None, hardware: str | None = None,
-                    proved: str = "not proved (a bare schedule)", mesh: int | None = None,
+                    tiles: Mapping[str, int] | None = None, dtype: Any = None,
+                    hardware: str | hw.Hardware | None = None, proved: str = "not proved (a bare schedule)",
+                    mesh: int | None = None,
                     chosen: Mapping[tuple[str, str, tuple[str, ...], tuple[str, ...]], str] | None = None,
                     backward: Sequence[Theorem] = (), link: backward_target.Link | None = None) -> Lowered:
     """Lower ``diagram`` under ``schedule``, which the caller has proved (on ``mesh`` devices:
@@ -203,18 +215,19 @@ def _lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str
     if target not in TARGETS:
         raise NapkinError(error("lower.target", target=target, targets=", ".join(TARGETS)))
     dtype_name = _dtype_name(dtype)
-    if hardware is not None and hardware not in hw.available():
-        raise NapkinError(error("lower.hardware", hardware=hardware, known=", ".join(hw.available())))
-    hardware = hardware or DEFAULT_HARDWARE[target]
+    try:
+        profile = _profile(hardware, target)
+    except hw.HardwareError as exc:  # never priced silently on another profile or default tiles
+        raise NapkinError(error("lower.hardware", reason=str(exc))) from None
     if schedule.split is not None and mesh is not None:  # before pricing its tiles
         raise NapkinError(error("lower.split_mesh", axis=schedule.split.axis))
     plan = None if mesh is None else mesh_target.mesh_plan(name, schedule, mesh)
-    placed = _place(name, diagram, schedule, target, tiles, hardware, chosen)
+    placed = _place(name, diagram, schedule, target, tiles, profile, chosen)
     lay = placed.layout
     namer = cg.Namer(_RESERVED)
     fname = namer.fresh(name)
     params = [namer.fresh(p) for p, _ in lay.flat.inputs]
-    priced = _priced(lay, hardware)
+    priced = _priced(lay, profile)
     doc = _docstring(lay, target, placed.origin, dtype_name, priced, proved, schedule,
                      None if plan is None else mesh_target.describe(plan, lay))
     functions: list[ast.stmt]
@@ -227,9 +240,9 @@ def _lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str
         else:
             kernels = []
             for thm in backward:
-                back = _place(thm.name, thm.result, thm.schedule, target, tiles, hardware, thm.chosen)
+                back = _place(thm.name, thm.result, thm.schedule, target, tiles, profile, thm.chosen)
                 back_name = namer.fresh(thm.name)
-                back_priced = _priced(back.layout, hardware)
+                back_priced = _priced(back.layout, profile)
                 back_doc = _docstring(back.layout, target, back.origin, dtype_name, back_priced, _proof(thm),
                                       thm.schedule, None)
                 back_params = [cg.Namer(_RESERVED).fresh(p) for p, _ in back.layout.flat.inputs]
@@ -394,12 +407,12 @@ class _Priced:
     tiles: dict[str, int]
 
 
-def _priced(lay: Layout, hardware: str | None) -> _Priced:
+def _priced(lay: Layout, hardware: hw.Hardware) -> _Priced:
     schedule = realised_schedule(lay.diagram, lay.schedule, lay.target)
     tiles = {p.tile: lay.split[1] if p.kind == "split" and lay.split else lay.tiles[p.axis]
              for p in schedule.partitions if isinstance(p.tile, str)}
     try:
-        return _Priced(cost.cost_of(lay.diagram, schedule, hardware or "h100"), "", tiles)
+        return _Priced(cost.cost_of(lay.diagram, schedule, hardware), "", tiles)
     except (ValueError, KeyError) as exc:
         return _Priced(None, str(exc), tiles)
 

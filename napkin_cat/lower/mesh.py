@@ -33,7 +33,7 @@ from napkin_cat.lower.jaxops import fill_values
 from napkin_cat.lower.layout import Layout
 from napkin_cat.lower.values import Scope, Value
 from napkin_cat.schedule.loopnest import touches
-from napkin_cat.terms import Axes, Box, Schedule
+from napkin_cat.terms import MAX_MESH_DEVICES, Axes, Box, Schedule
 
 __all__ = ["MESH_AXIS", "MeshPlan", "describe", "emit_functions", "mesh_plan"]
 
@@ -56,8 +56,8 @@ class MeshPlan:
 
 def mesh_plan(name: str, schedule: Schedule, devices: int) -> MeshPlan:
     """The mesh partitions of ``schedule`` on a one-axis mesh of ``devices``, or a refusal."""
-    if devices < 1:
-        raise NapkinError(error("lower.mesh_devices", devices=devices))
+    if not 1 <= devices <= MAX_MESH_DEVICES:
+        raise NapkinError(error("lower.mesh_devices", devices=devices, limit=MAX_MESH_DEVICES))
     parts = schedule.mesh
     if not parts:
         raise NapkinError(error("lower.mesh_none", devices=devices, name=name))
@@ -215,7 +215,7 @@ def _ring(plan: MeshPlan, me: ast.expr) -> Callable[[Layout, dict[str, Value], S
         # ring_step(i, carry): fold the blocks held and send them on (independent: they may overlap)
         step, i = namer.fresh("ring_step"), namer.fresh("i")
         body = block.child()
-        perm = ast.List([cg.tuple_([cg.const(j), cg.const((j + 1) % count)]) for j in range(count)], ast.Load())
+        perm = body.bind("ring_perm", _ring_permutation(namer, count))
         sent = [cg.call("lax.ppermute", cg.subscript(cg.name(carry), cg.const(len(state) + k)), cg.const(MESH_AXIS),
                         perm) for k in range(len(travelling))]
         origin = cg.binop(cg.binop(me, "-", cg.name(i)), "%", cg.const(count))
@@ -230,6 +230,15 @@ def _ring(plan: MeshPlan, me: ast.expr) -> Callable[[Layout, dict[str, Value], S
         emit_after(lay, env, scope, [Value(cg.name(n), s.axes) for n, s in zip(finals, state, strict=True)])
 
     return emit
+
+
+def _ring_permutation(namer: cg.Namer, count: int) -> ast.expr:
+    """``[(j, (j + 1) % count) for j in range(count)]``: each device sends to the next, computed
+    when the kernel runs, so the code's size does not grow with the devices (issue 33)."""
+    j = namer.fresh("j")
+    pair = cg.tuple_([cg.name(j), cg.binop(cg.binop(cg.name(j), "+", cg.const(1)), "%", cg.const(count))])
+    loop = ast.comprehension(ast.Name(j, ast.Store()), cg.call("range", cg.const(count)), [], 0)
+    return ast.ListComp(pair, [loop])
 
 
 def _pallas_device(lay: Layout, plan: MeshPlan, name: str, params: Sequence[str], dtype: str,

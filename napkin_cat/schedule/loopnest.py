@@ -105,9 +105,10 @@ def flatten(diagram: Diagram) -> Flat:
     out_names = []
     for out in diagram.outputs:
         value = emit(out, env, None)
-        if not isinstance(value, Var):
-            value = Var(fresh("out"), out.axes)
-            nodes.append(Node(value.name, Box("mul", (out, Const(1.0)), out.axes), out.axes))
+        if not isinstance(value, Var):  # a constant or a size (an alias of one too): copied from its value
+            copy = Var(fresh("out"), out.axes)
+            nodes.append(Node(copy.name, Box("mul", (value, Const(1.0)), out.axes), out.axes))
+            value = copy
         out_names.append(value.name)
     inputs = tuple((p.name, p.axes) for p in diagram.inputs)
     return Flat(inputs, tuple(nodes), tuple(out_names), tuple((a.name, a.size) for a in diagram.axes))

@@ -211,7 +211,7 @@ def axes_of(module_path: str | Path, diagram: str) -> dict[str, int | None]:
     return kernel.unfold(kernel.refl(diagram, source)).result.axis_sizes()
 
 
-def model_cost(hardware: str = "h100", dtype: str = "bf16", sizes: Mapping[str, int] | None = None,
+def model_cost(hardware: str | hw.Hardware = "h100", dtype: str = "bf16", sizes: Mapping[str, int] | None = None,
                target: str | None = None) -> CostFn:
     """The cost model (``napkin_cat.cost``) as a search cost function: modelled seconds.
 
@@ -228,7 +228,7 @@ def model_cost(hardware: str = "h100", dtype: str = "bf16", sizes: Mapping[str, 
     A target that computes in one dtype is priced in it (``PRICED_DTYPE``: plain JAX in f32),
     as ``lower`` prices its default tiles.  Raises HardwareError for an unknown profile or dtype.
     """
-    profile = hw.load(hardware)
+    profile = hardware if isinstance(hardware, hw.Hardware) else hw.load(hardware)
     profile.peak_flops(dtype)  # an unknown dtype is refused here, before any schedule is costed
     dtype = PRICED_DTYPE.get(target, dtype) if target else dtype
     given = dict(sizes or {})

@@ -221,7 +221,8 @@ def model_cost(hardware: str = "h100", dtype: str = "bf16", sizes: Mapping[str, 
     tiles that fit every level's capacity (``choose_tiles``).  A
     diagram without partitions is one kernel holding whole arrays; when that does not
     fit, its value is the model's unfused baseline time (each box its own kernel with
-    unlimited memory) with ``fits=False``: a reference and a guide for ordering rewrites,
+    unlimited memory, a launch overhead for each after the first: ``roofline.unfused``) with
+    ``fits=False``: a reference and a guide for ordering rewrites,
     never a winner.  With ``target`` "pallas", a schedule is costed as that kernel runs it
     (``realised_schedule``: an axis woven through every box and left unpartitioned is a grid
     axis, one position per program, so arrays lacking it are re-loaded by each program).

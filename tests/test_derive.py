@@ -522,3 +522,24 @@ def test_a_long_prompt_keeps_the_unsplit_flash_attention() -> None:
     splits = [k for k in found.search.candidates if k.ok and k.theorem and k.theorem.schedule.split is not None]
     assert splits and found.best.cost is not None
     assert all(k.cost and found.best.cost.value < k.cost.value for k in splits)
+
+
+def _example_diagrams() -> list[tuple[str, str]]:
+    return [(path.name, d.name) for path in sorted(EXAMPLES.glob("*.ncd")) for d in load(path).diagrams]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("example", "diagram"), _example_diagrams())
+def test_every_example_diagram_derives_a_plan_that_lowers_on_both_targets(example: str, diagram: str) -> None:
+    """Issue 29: every plan derive returns lowers, splits among the candidates (every symbolic
+    axis 512 on the h100: mlp's hidden axis is split there)."""
+    from napkin_cat.lower import lower
+
+    path = EXAMPLES / example
+    sizes = {a: 512 for a, n in derive.axes_of(path, diagram).items() if n is None}
+    found = derive.derive(path, diagram, derive.model_cost("h100", "bf16", sizes), seconds=600)
+    best = found.best
+    assert best.theorem is not None and best.cost is not None
+    if found.search.helps:
+        for target in ("jax", "pallas"):
+            lower(best.theorem, target=target, tiles=dict(best.cost.tiles))

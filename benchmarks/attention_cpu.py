@@ -13,6 +13,7 @@ diagonal and masks only the chunks that straddle it.
     .venv/bin/python benchmarks/attention_cpu.py [--sizes N ...]
     .venv/bin/python benchmarks/attention_cpu.py --backward [--sizes N ...]
     .venv/bin/python benchmarks/attention_cpu.py --interleaved [--n N] [--rounds R]
+    .venv/bin/python benchmarks/attention_cpu.py --decode [--x X] [--rounds R]
 
 Each case runs in its own process (peak RSS is per case). The last line compares napkin
 with dot_product_attention at the largest N both ran and with the hand-written peers:
@@ -36,6 +37,15 @@ so that a shared machine's drift hits the peers alike (no peak memory: one proce
 (`PAIRS`) is compared round by round: the peer's time over napkin's in the same round, with the
 median, the quartiles and how many rounds napkin won. Its last line is
 `speedup_vs_hand=Z causal_speedup_vs_hand=W` from those per-round medians.
+
+`--decode` times one-query attention (decoding) over a cache of `--x` keys (default 32768) in
+one interleaved run (`--rounds`, default 9): `napkin_split`, the split plan `napkin derive` finds
+(`flash_decoding` of proofs/flash_decoding.ncd: blocks of 4096 keys folded in parallel by
+`jax.vmap`, each streamed in chunks of 512, states merged), beside `napkin_unsplit`
+(`flash_attention` of proofs/flash_attention.ncd at gq = 1, sx = 512: one fold over all the
+keys) and `dpa` (`jax.nn.dot_product_attention`). Its last line is
+`decode_speedup_vs_dpa=X decode_speedup_vs_unsplit=Y`, per-round medians of the peer's time over
+the split's.
 """
 
 from __future__ import annotations
@@ -230,7 +240,63 @@ def interleaved(n: int, rounds: int) -> None:
     print(f"speedup_vs_hand={paired['napkin']:.2f} causal_speedup_vs_hand={paired['napkin_causal']:.2f}")
 
 
+#: the decode benchmark's tiles: key blocks of the split, key chunks of each program's stream
+DECODE_BLOCK, DECODE_CHUNK = 4096, 512
+
+
+def _decode_inputs(x: int) -> tuple[Any, Any, Any]:
+    q, _, _ = _inputs(1)
+    _, k, v = _inputs(x)
+    return q, k, v
+
+
+def decode_cases(x: int) -> dict[str, Callable[[], Any]]:
+    """One query over ``x`` keys: the split plan, the unsplit kernel, dot_product_attention."""
+    import jax
+
+    chunk = min(x, DECODE_CHUNK)
+    block = -(-min(x, DECODE_BLOCK) // chunk) * chunk  # a whole number of chunks (the split is padded)
+    split = jax.jit(napkin_kernel("proofs/flash_decoding.ncd", "flash_decoding", "jax",
+                                  tiles={"kx": block, "sx": chunk}).fn)
+    unsplit = jax.jit(napkin_kernel("proofs/flash_attention.ncd", "flash_attention", "jax",
+                                    tiles={"gq": 1, "sx": min(x, DECODE_CHUNK)}).fn)
+    q, k, v = _decode_inputs(x)  # after napkin_cat is imported (napkin_kernel): see harness.napkin_kernel
+    dpa_fn = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q[None, :, None], k[None, :, None],
+                                                                   v[None, :, None])[0, :, 0])
+    return {name: (lambda fn=fn: jax.block_until_ready(fn(q, k, v)))
+            for name, fn in (("napkin_split", split), ("napkin_unsplit", unsplit), ("dpa", dpa_fn))}
+
+
+def decode(x: int, rounds: int) -> None:
+    import statistics
+
+    import numpy as np
+
+    calls = decode_cases(x)
+    results = {name: np.asarray(call()) for name, call in calls.items()}
+    for got in results.values():  # the three compute the same attention
+        np.testing.assert_allclose(got.reshape(1, D), results["dpa"].reshape(1, D), rtol=1e-4, atol=1e-5)
+    times = round_robin(calls, rounds)
+    for name, ts in times.items():
+        print(f"{name:>14} q=1 x={x}  median {statistics.median(ts) * 1e3:.3f} ms  "
+              f"(min {min(ts) * 1e3:.3f}, max {max(ts) * 1e3:.3f})")
+    paired = {}
+    for peer in ("dpa", "napkin_unsplit"):  # the peer's time over the split's in each round
+        ratios = sorted(p / o for p, o in zip(times[peer], times["napkin_split"], strict=True))
+        low, mid, high = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else ratios * 3
+        paired[peer] = mid
+        print(f"{peer}/napkin_split: median {mid:.3f} per round, quartiles {low:.3f} to {high:.3f}, "
+              f"{sum(r >= 1 for r in ratios)} of {len(ratios)} rounds at >= 1")
+    print(f"decode_speedup_vs_dpa={paired['dpa']:.2f} decode_speedup_vs_unsplit={paired['napkin_unsplit']:.2f}")
+
+
 def main() -> None:
+    if "--decode" in sys.argv:
+        args = sys.argv[1:]
+        x = int(args[args.index("--x") + 1]) if "--x" in args else 32768
+        rounds = int(args[args.index("--rounds") + 1]) if "--rounds" in args else 9
+        decode(x, rounds)
+        return
     if "--interleaved" in sys.argv:
         args = sys.argv[1:]
         n = int(args[args.index("--n") + 1]) if "--n" in args else 16384

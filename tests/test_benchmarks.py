@@ -57,6 +57,16 @@ def test_interleaved_attention_times_the_peers_in_one_process(tmp_path: Path) ->
     assert re.fullmatch(r"speedup_vs_hand=\d+\.\d\d causal_speedup_vs_hand=\d+\.\d\d", lines[-1])
 
 
+def test_decode_benchmark_times_the_split_beside_its_peers_in_one_run(tmp_path: Path) -> None:
+    """`--decode`: the split plan, the unsplit kernel and dot_product_attention at one query over a
+    ragged cache (the split padded), checked equal, then timed round by round."""
+    out = _run([str(BENCH / "attention_cpu.py"), "--decode", "--x", "1000", "--rounds", "2"], tmp_path)
+    lines = out.strip().splitlines()
+    assert [line.split()[0] for line in lines[-6:-3]] == ["napkin_split", "napkin_unsplit", "dpa"]
+    assert [line.split(":")[0] for line in lines[-3:-1]] == ["dpa/napkin_split", "napkin_unsplit/napkin_split"]
+    assert re.fullmatch(r"decode_speedup_vs_dpa=\d+\.\d\d decode_speedup_vs_unsplit=\d+\.\d\d", lines[-1])
+
+
 def test_backward_benchmark_runs_every_case(tmp_path: Path) -> None:
     out = _run([str(BENCH / "attention_cpu.py"), "--backward", "--sizes", "512", "--repeats", "1"], tmp_path)
     rows = json.loads((tmp_path / "attention_cpu_backward.json").read_text())["rows"]

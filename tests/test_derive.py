@@ -452,3 +452,94 @@ def test_derive_finds_backward_schedules(example: str, diagram: str, theorem: st
     assert found.best.cost is not None and hand.fits
     assert found.best.cost.value <= hand.value * (1 + 1e-9)
     assert ("group", grouped) in [(k, a) for k, a, _ in partitions(found)]
+
+
+# ---- split reductions (issue 29; README "Split reductions") --------------------------------------
+
+
+def _decoding(tmp_path: Path, x: int) -> tuple[derive.Derivation, Path]:
+    """derive of one-query attention over ``x`` keys on the h200, written and checked."""
+    found = derive.derive(EXAMPLES / "attention.ncd", "attention", derive.model_cost("h200", "bf16", {"q": 1, "x": x}),
+                          settings={"hardware": "h200"}, seconds=600)
+    out = tmp_path / f"decode_{x}.ncd"
+    assert derive.write(found, out).ok
+    return found, out
+
+
+@pytest.mark.slow
+def test_decoding_derives_a_split_that_checks_costs_and_lowers(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 29's done-when: one query over 32768 keys on the h200.  Unsplit, the grid is one
+    program on 132 SMs; the cost model alone picks the split (no rule knows decoding), whose grid
+    leaves at most one SM in thirty idle, far cheaper than every unsplit plan and the unfused
+    diagram; the written proof checks --strict, `napkin cost` shows both kernels and the combine's
+    traffic, and the plan (derived again at a ragged size, where it is padded) lowers on both
+    targets and matches the evaluator at ragged sizes."""
+    from napkin_cat.lower import lower
+
+    found, out = _decoding(tmp_path, 32768)
+    best = found.best
+    assert best.theorem is not None and best.cost is not None
+    split = best.theorem.schedule.split
+    assert split is not None and split.axis == "x" and split.via == "online_softmax"
+    c = cost.cost(best.theorem, hardware="h200", sizes={"q": 1, "x": 32768}, dtype="bf16")
+    row = optimise.search(c, top=1, relax=True).rows[0]
+    assert row.tiles == best.cost.tiles and row.factor == cost.parallel_factor(row.programs, c.hardware.sms)
+    assert row.factor < 1.05  # 128 programs in one wave (or 256 in two) on 132 SMs, not 1 program (x132)
+    unsplit = [k for k in found.search.candidates if k.ok and k.theorem and k.theorem.schedule.split is None]
+    assert unsplit and all(k.cost and best.cost.value * 10 < k.cost.value for k in unsplit)
+    baseline = found.search.baseline.cost
+    assert baseline is not None and best.cost.value < baseline.value  # the unfused diagram, launches counted
+    assert main(["check", "--strict", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["cost", str(out), "attention_derived", "--hardware", "h200", "--size", "q=1",
+                 "--size", "x=32768"]) == 0
+    report = capsys.readouterr().out
+    assert "partial states" in report and "written and read back" in report and "2 launches" in report
+
+    ragged, _ = _decoding(tmp_path, 32767)  # no tile divides it: the same plan, padded
+    thm = ragged.best.theorem
+    assert thm is not None and thm.schedule.split is not None and thm.schedule.split.pad
+    tiles = {name: {"k": 32}.get(name[0], 16) for name in ragged.best.cost.tiles} if ragged.best.cost else {}
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal((n, 64)).astype(np.float32) for n in (1, 100, 100))
+    want = np.asarray(run(load(EXAMPLES / "attention.ncd").diagram("attention"), q, k, v))
+    for target in ("jax", "pallas"):
+        fn = lower(thm, target=target, tiles=tiles).fn
+        got = np.asarray(fn(q, k, v, interpret=True) if target == "pallas" else fn(q, k, v))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_a_long_prompt_keeps_the_unsplit_flash_attention() -> None:
+    """At q = x = 16384 the query tiles alone fill the h200: a split was considered (and would
+    have cost its partial states' traffic) but the unsplit FlashAttention schedule wins."""
+    sizes = {"q": 16384, "x": 16384}
+    found = derive.derive(EXAMPLES / "attention.ncd", "attention", derive.model_cost("h200", "bf16", sizes),
+                          settings={"hardware": "h200"}, seconds=600)
+    assert found.best.theorem is not None and found.best.theorem.schedule.split is None
+    assert partitions(found) == [("group", "q", None), ("stream", "x", "online_softmax")]
+    splits = [k for k in found.search.candidates if k.ok and k.theorem and k.theorem.schedule.split is not None]
+    assert splits and found.best.cost is not None
+    assert all(k.cost and found.best.cost.value < k.cost.value for k in splits)
+
+
+def _example_diagrams() -> list[tuple[str, str]]:
+    return [(path.name, d.name) for path in sorted(EXAMPLES.glob("*.ncd")) for d in load(path).diagrams]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("example", "diagram"), _example_diagrams())
+def test_every_example_diagram_derives_a_plan_that_lowers_on_both_targets(example: str, diagram: str) -> None:
+    """Issue 29: every plan derive returns lowers, splits among the candidates (every symbolic
+    axis 512 on the h100: mlp's hidden axis is split there)."""
+    from napkin_cat.lower import lower
+
+    path = EXAMPLES / example
+    sizes = {a: 512 for a, n in derive.axes_of(path, diagram).items() if n is None}
+    found = derive.derive(path, diagram, derive.model_cost("h100", "bf16", sizes), seconds=600)
+    best = found.best
+    assert best.theorem is not None and best.cost is not None
+    if found.search.helps:
+        for target in ("jax", "pallas"):
+            lower(best.theorem, target=target, tiles=dict(best.cost.tiles))

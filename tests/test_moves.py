@@ -93,3 +93,18 @@ def test_signature_ignores_operand_order_only() -> None:
                            {"softmax_contract": "t"})
     assert moves.signature(swapped.result) == moves.signature(base.result)
     assert moves.signature(fused.result) != moves.signature(base.result)
+
+
+def test_split_moves_come_with_the_stream_they_split() -> None:
+    """A plan splits only an axis it streams, above every other partition, with the stream's
+    accumulator; dropping that stream drops the split."""
+    source = load(EXAMPLES / "attention.ncd").diagram("attention")
+    diagram = kernel.unfold(kernel.refl("t", source)).result
+    plan = moves.Plan(("q",), (("x", "online_softmax"),))
+    split = next(p for p in moves.neighbours(plan, diagram) if p.split)
+    assert split == moves.Plan(("q",), (("x", "online_softmax"),), split="x")
+    steps = moves.plan_steps(split, diagram, pad=True)
+    assert steps[0] == Partition("split", "x", "kx", "hbm", "online_softmax", pad=True)
+    assert steps[1:] == moves.plan_steps(plan, diagram, pad=True)
+    assert all(p.split is None for p in moves.neighbours(split, diagram) if not p.streams)
+    assert moves.plan_steps(moves.Plan(split="x"), diagram) == ()  # nothing streamed, nothing split

@@ -80,7 +80,8 @@ class LevelCost:
 @dataclass(frozen=True)
 class Baseline:
     """The unfused baseline: every box its own kernel, every intermediate saved to hbm and
-    loaded back by each consumer; memory is the largest single box's operands and result."""
+    loaded back by each consumer; memory is the largest single box's operands and result;
+    ``kernels`` the launches (one per box)."""
 
     transfers: Expr
     transfers_bytes: Expr
@@ -89,6 +90,8 @@ class Baseline:
     flops: Expr
     #: the contractions' share of ``flops`` (``Cost.contract_flops``)
     contract_flops: Expr = sympy.S.Zero
+    #: the kernels launched, one per box (each after the first costs ``launch_overhead``)
+    kernels: int = 1
 
 
 @dataclass(frozen=True)
@@ -472,7 +475,7 @@ def _baseline(prog: Program, bytes_of: Mapping[str, int]) -> Baseline:
         flops += own
         contract += own if _on_tensor_cores(box) else 0
     return Baseline(sympy.Add(*moved), sympy.Add(*weighted), max_of(sizes_per_box), max_of(bytes_per_box), flops,
-                    contract)
+                    contract, max(1, len(sizes_per_box)))
 
 
 def parallel_factor(programs: float, sms: int) -> float:

@@ -18,7 +18,7 @@ from napkin_cat.cost import hardware as hw
 from napkin_cat.cost.bounds import diagram_bound, lower_bounds
 from napkin_cat.cost.mesh import mesh_cost, mesh_times
 from napkin_cat.cost.optimise import ConfigTable, M, continuous, multilevel, piecewise, search
-from napkin_cat.cost.roofline import compute_seconds, timing
+from napkin_cat.cost.roofline import timing, unfused
 from napkin_cat.schedule.loopnest import woven_axes
 
 __all__ = ["format_report", "report"]
@@ -204,12 +204,10 @@ def _numeric(c: Cost, out: dict[str, Any]) -> None:
         out["configurations_note"] = "none feasible under the capacity and divisibility constraints" + (
             f"; without `pad` a tile must divide its axis ({', '.join(exact)}): `pad` allows ragged tiles"
             if exact else "")
-    hbm = c.hardware.level("hbm").bandwidth or 0.0
-    base = c.baseline
-    base_flop = float(compute_seconds(c, base.contract_flops, base.flops - base.contract_flops))
-    base_move = float(base.transfers_bytes) / hbm
-    out["baseline"]["time_s"] = {"flops": base_flop, "transfers": base_move,
-                                 "serial": base_flop + base_move, "overlapped": max(base_flop, base_move)}
+    base_flop, base_move, base_launch = unfused(c)
+    out["baseline"]["time_s"] = {"flops": base_flop, "transfers": base_move, "launches": base_launch,
+                                 "serial": base_flop + base_move + base_launch,
+                                 "overlapped": max(base_flop, base_move) + base_launch}
     out["baseline"]["fits"] = float(c.baseline.memory_bytes) <= c.hardware.level(c.first.name).capacity
     if not table.rows:
         out["time"] = None
@@ -228,8 +226,9 @@ def _numeric(c: Cost, out: dict[str, Any]) -> None:
                    "bound_by": max([("compute", t.flop_time), *t.transfer_times], key=lambda kv: kv[1])[0],
                    "parallel_groups": groups, "sms": c.hardware.sms, "parallel_factor": factor,
                    "grid_serial_s": serial * factor, "grid_overlapped_s": overlapped * factor,
-                   "gain_vs_unfused_serial": _ratio(base_flop + base_move, serial * factor),
-                   "gain_vs_unfused_overlapped": _ratio(max(base_flop, base_move), overlapped * factor)}
+                   "gain_vs_unfused_serial": _ratio(base_flop + base_move + base_launch, serial * factor),
+                   "gain_vs_unfused_overlapped": _ratio(max(base_flop, base_move) + base_launch,
+                                                        overlapped * factor)}
 
 
 def _launch(plan: Mapping[str, Any] | None) -> str:
@@ -338,7 +337,9 @@ def format_report(r: Mapping[str, Any]) -> str:
                   + ("" if t["parallel_factor"] == 1 else
                      f": in waves that leave SMs idle, x{t['parallel_factor']:.3g} the times above, "
                      f"serial {t['grid_serial_s']:.4g}s, overlapped {t['grid_overlapped_s']:.4g}s"),
-                  f"  unfused baseline: serial {b['serial']:.4g}s, overlapped {b['overlapped']:.4g}s; gain "
+                  f"  unfused baseline: serial {b['serial']:.4g}s, overlapped {b['overlapped']:.4g}s"
+                  + (f" (with {b['launches']:.4g}s of launch overhead, a kernel per box)" if b["launches"] else "")
+                  + "; gain "
                   f"{_gain(t['gain_vs_unfused_serial'])} (serial), "
                   f"{_gain(t['gain_vs_unfused_overlapped'])} (overlapped)"
                   + ("" if r["baseline"]["fits"] else f"; the baseline does not fit {_below_hbm(r)} "

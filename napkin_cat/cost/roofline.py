@@ -19,7 +19,8 @@ hardware profile.  One place for the tile search (``optimise.search``), ``napkin
 - **Loop overhead**: a profile's ``loop_overhead`` seconds for each trip of the innermost
   loop body (``Cost.iterations``), added to both times; zero on the GPUs, where a program's
   loop is compiled code.  XLA:CPU runs each trip as a sequence of library calls.  A split's
-  combine is a second kernel: its ``launch_overhead`` is added the same way (``cost.split``).
+  combine is a second kernel: its ``launch_overhead`` is added the same way (``cost.split``),
+  as it is for every kernel after the first of the unfused baseline (``unfused``).
 - **Serial** adds compute and transfers (a byte's way from hbm through the L2 counted once, at
   the slower of the two); **overlapped** takes their maximum (a roofline).  A
   Triton program whose launch pipelines its streamed chunks (``num_stages`` >= 2) or shares its
@@ -37,7 +38,7 @@ from typing import Any
 from napkin_cat.cost import Cost, CostError, Launch
 from napkin_cat.cost.hardware import Level
 
-__all__ = ["Seconds", "Timing", "compute_seconds", "estimate", "timing"]
+__all__ = ["Seconds", "Timing", "compute_seconds", "estimate", "timing", "unfused"]
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,16 @@ def estimate(c: Cost, work: Sequence[float], launch: Launch | None = None) -> Se
     serial = compute + overhead + path
     return Seconds(compute, tuple(transfers), serial, overlapped,
                    overlapped if launch is not None and launch.overlaps else serial, overhead)
+
+
+def unfused(c: Cost) -> tuple[float, float, float]:
+    """The unfused baseline's time (``Cost.baseline``: every box its own kernel, with the whole
+    chip and unlimited memory) as (compute, hbm transfers, launch overhead): one launch per
+    box, each after the first at the profile's ``launch_overhead``, as a split's combine."""
+    base = c.baseline
+    hbm = c.hardware.level("hbm").bandwidth or math.inf
+    flop = float(compute_seconds(c, base.contract_flops, base.flops - base.contract_flops))
+    return flop, float(base.transfers_bytes) / hbm, (base.kernels - 1) * c.hardware.launch_overhead
 
 
 def compute_seconds(c: Cost, contract: Any, other: Any) -> Any:

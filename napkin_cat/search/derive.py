@@ -29,7 +29,7 @@ from napkin_cat import cost, kernel
 from napkin_cat.certify import rules
 from napkin_cat.cost import hardware as hw
 from napkin_cat.cost import optimise
-from napkin_cat.cost.roofline import compute_seconds
+from napkin_cat.cost.roofline import unfused
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.elaborate import load, loads
 from napkin_cat.files import Outputs
@@ -221,7 +221,8 @@ def model_cost(hardware: str | hw.Hardware = "h100", dtype: str = "bf16", sizes:
     tiles that fit every level's capacity (``choose_tiles``).  A
     diagram without partitions is one kernel holding whole arrays; when that does not
     fit, its value is the model's unfused baseline time (each box its own kernel with
-    unlimited memory) with ``fits=False``: a reference and a guide for ordering rewrites,
+    unlimited memory, a launch overhead for each after the first: ``roofline.unfused``) with
+    ``fits=False``: a reference and a guide for ordering rewrites,
     never a winner.  With ``target`` "pallas", a schedule is costed as that kernel runs it
     (``realised_schedule``: an axis woven through every box and left unpartitioned is a grid
     axis, one position per program, so arrays lacking it are re-loaded by each program).
@@ -244,12 +245,13 @@ def model_cost(hardware: str | hw.Hardware = "h100", dtype: str = "bf16", sizes:
         # no partitions and too large for one kernel: keep the unfused time as a guide for
         # the search's ordering of rewrites, but it is not a schedule that fits
         # the unfused baseline of this (possibly rewritten) diagram itself, not of the source
-        own = cost.cost_of(thm.result, thm.schedule, hardware=profile, sizes=known, dtype=dtype).baseline
-        hbm = profile.level("hbm").bandwidth or math.inf
-        moved, flops = float(own.transfers_bytes), float(own.flops)
-        seconds = float(compute_seconds(c, own.contract_flops, own.flops - own.contract_flops)) + moved / hbm
+        own = cost.cost_of(thm.result, thm.schedule, hardware=profile, sizes=known, dtype=dtype)
+        flop, move, launches = unfused(own)
+        seconds = flop + move + launches
+        moved, flops = float(own.baseline.transfers_bytes), float(own.baseline.flops)
         return Costed(seconds, False, {}, f"{_us(seconds)} if run unfused, each box its own kernel with unlimited "
-                                          f"memory ({_mb(moved)} moved, {flops / 1e9:.3g} GFLOP)", fused.why_not)
+                                          f"memory ({_mb(moved)} moved, {flops / 1e9:.3g} GFLOP, "
+                                          f"{own.baseline.kernels} launches)", fused.why_not)
 
     return evaluate
 

@@ -9,8 +9,9 @@ proposes proof steps; the kernel decides.
   group candidates (every box weaves the axis, R3) and the stream candidates (some box
   consumes it, none mixes it, no output carries it, R4).
 - ``Plan`` / ``plan_steps``: a relabelling (groups; ordered streams, each with a
-  preferred accumulator; one or two levels; placements) as proof steps with symbolic
-  tile names; ``neighbours`` and ``starts`` define the hill climb over plans.
+  preferred accumulator; optionally one streamed axis split across programs; one or two
+  levels; placements) as proof steps with symbolic tile names; ``neighbours`` and
+  ``starts`` define the hill climb over plans.
 """
 
 from __future__ import annotations
@@ -127,32 +128,44 @@ def accumulator_choices(diagram: Diagram, axis: str) -> tuple[str, ...]:
 @dataclass(frozen=True, order=True)
 class Plan:
     """A relabelling choice: grouped axes; streamed axes, outermost first, each with its
-    preferred accumulator (None: the kernel's first certified one); levels (1 or 2); and
-    with two levels the intermediates kept at the outer one (R2; by default an
-    intermediate lives at the innermost partition's level)."""
+    preferred accumulator (None: the kernel's first certified one); levels (1 or 2); with
+    two levels the intermediates kept at the outer one (R2; by default an intermediate
+    lives at the innermost partition's level); and ``split``, a streamed axis whose stream
+    also runs in parallel programs, one per block, their partial states combined
+    afterwards (``split AXIS by TILE via ACC`` above every other partition, with the
+    stream's accumulator: README "Split reductions")."""
 
     groups: tuple[str, ...] = ()
     streams: tuple[tuple[str, str | None], ...] = ()
     levels: int = 1
     placed: tuple[str, ...] = ()
+    split: str | None = None
 
 
 #: the memory level of each partition level, and the tile-name prefixes used there
 _LEVELS: tuple[tuple[str, str, str], ...] = (("smem", "g", "s"), ("reg", "w", "r"))
+#: the tile-name prefix of a split's blocks (they stay in hbm, one per program)
+_SPLIT = "k"
 
 
 def plan_steps(plan: Plan, diagram: Diagram, pad: bool = False) -> tuple[Partition | Place, ...]:
-    """The steps of ``plan``: partitions, outer level first, groups before the stream; then
-    one ``place`` step for the intermediates kept at the outer level.  With ``pad`` every
+    """The steps of ``plan``: the split, if any (its blocks sit in hbm, above every other
+    partition: R8); partitions, outer level first, groups before the stream; then one
+    ``place`` step for the intermediates kept at the outer level.  With ``pad`` every
     partition is ``pad`` (masked ragged tiles: no tile need divide its axis).
 
-    Tile sizes are symbols named after the axis (``gq`` groups q at smem, ``sx`` streams x,
-    ``wq``/``rx`` the same at registers), renamed apart from the diagram's axes.  The second
-    level re-partitions the same axes except batch axes (``batch_axes``).
+    Tile sizes are symbols named after the axis (``kx`` splits x, ``gq`` groups q at smem,
+    ``sx`` streams x, ``wq``/``rx`` the same at registers), renamed apart from the diagram's
+    axes.  The second level re-partitions the same axes except batch axes (``batch_axes``).
+    A split names the accumulator its stream names (the kernel requires the nested stream
+    to continue the split's state); a plan whose split axis is not streamed has no split.
     """
     taken = set(diagram.axis_sizes()) | {a for p in diagram.inputs for a in p.axes}
     batch = batch_axes(diagram)
     steps: list[Partition | Place] = []
+    for axis, via in plan.streams:
+        if axis == plan.split:
+            steps.append(Partition("split", axis, _fresh(_SPLIT + axis, taken), "hbm", via, pad=pad))
     for depth, (level, gprefix, sprefix) in enumerate(_LEVELS[: plan.levels]):
         for axis in plan.groups:
             if depth > 0 and axis in batch:
@@ -183,17 +196,21 @@ def _fresh(name: str, taken: set[str]) -> str:
 
 def neighbours(plan: Plan, diagram: Diagram) -> Iterator[Plan]:
     """The plans one move away: toggle a group; drop, replace or add a stream, or change
-    its accumulator; add or drop the second level; toggle a placement."""
+    its accumulator; split a streamed axis across programs, or stop splitting it; add or
+    drop the second level; toggle a placement.  Dropping or replacing the split axis's
+    stream drops the split with it."""
     groups, candidates = group_axes(diagram), stream_axes(diagram)
     for axis in groups:
         toggled = tuple(a for a in groups if (a in plan.groups) != (a == axis))
         yield replace(plan, groups=toggled)
     streamed = [a for a, _ in plan.streams]
     for k, (axis, via) in enumerate(plan.streams):
-        yield replace(plan, streams=plan.streams[:k] + plan.streams[k + 1:])  # drop it
+        kept = None if axis == plan.split else plan.split
+        yield replace(plan, streams=plan.streams[:k] + plan.streams[k + 1:], split=kept)  # drop it
         for other in candidates:  # stream another axis in its place
             if other not in streamed:
-                yield replace(plan, streams=(*plan.streams[:k], (other, None), *plan.streams[k + 1:]))
+                yield replace(plan, streams=(*plan.streams[:k], (other, None), *plan.streams[k + 1:]), split=kept)
+        yield replace(plan, split=None if axis == plan.split else axis)  # split it (one split per kernel)
         for choice in (None, *accumulator_choices(diagram, axis)):
             if choice != via:
                 yield replace(plan, streams=(*plan.streams[:k], (axis, choice), *plan.streams[k + 1:]))

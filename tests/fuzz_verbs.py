@@ -56,7 +56,8 @@ OPTIONS: dict[str, frozenset[str]] = {
     "check": frozenset({"--certify", "--strict", "--json", "--quiet"}),
     "cost": frozenset({"--hardware", "--dtype", "--size", "--stages", "--json", "--mesh"}),
     "pseudo": frozenset({"--hardware", "--dtype", "--size", "--stages"}),
-    "lower": frozenset({"--target", "--tile", "--dtype", "--hardware", "--mesh", "--backward", "--output"}),
+    "lower": frozenset({"--target", "--tile", "--dtype", "--hardware", "--mesh", "--backward", "--allow-tested-join",
+                        "--output"}),
     "derive": frozenset({"--hardware", "--dtype", "--size", "--output", "--lower", "--budget", "--seconds",
                          "--max-rewrites"}),
     "grad": frozenset({"--output"}),
@@ -458,7 +459,8 @@ def invocations(draw: st.DrawFn, folder: Path) -> Invocation:
                 for _ in range(rng.choice((0, 0, 0, 1, 1, 2)))]
         argv = [str(path), rng.choice(theorems), *maybe("--target", ("jax", "pallas"), ("cuda",)), *tile,
                 *common(), *maybe("--mesh", ("1", "2", "8", "65536"), ("0", "65537"), p=0.15),
-                *maybe("--backward", (",".join(theorems[:2]), ","), ("nope",), p=0.1), *output(".py")]
+                *maybe("--backward", (",".join(theorems[:2]), ","), ("nope",), p=0.1), *flag("--allow-tested-join"),
+                *output(".py")]
     else:  # derive: small budgets, so a run stays within the bound
         argv = [str(path), rng.choice(diagrams), *sizes(0.95, (16, 64, 128)), *common(),
                 *maybe("--lower", ("jax", "pallas")), *maybe("--budget", ("1", "3", "5"), ("0",), p=1.0),

@@ -290,18 +290,18 @@ def decode(x: int, rounds: int) -> None:
     print(f"decode_speedup_vs_dpa={paired['dpa']:.2f} decode_speedup_vs_unsplit={paired['napkin_unsplit']:.2f}")
 
 
+def _option(name: str, default: int) -> int:
+    """The integer after ``name`` on the command line, else ``default``."""
+    args = sys.argv[1:]
+    return int(args[args.index(name) + 1]) if name in args else default
+
+
 def main() -> None:
     if "--decode" in sys.argv:
-        args = sys.argv[1:]
-        x = int(args[args.index("--x") + 1]) if "--x" in args else 32768
-        rounds = int(args[args.index("--rounds") + 1]) if "--rounds" in args else 9
-        decode(x, rounds)
+        decode(_option("--x", 32768), _option("--rounds", 9))
         return
     if "--interleaved" in sys.argv:
-        args = sys.argv[1:]
-        n = int(args[args.index("--n") + 1]) if "--n" in args else 16384
-        rounds = int(args[args.index("--rounds") + 1]) if "--rounds" in args else 9
-        interleaved(n, rounds)
+        interleaved(_option("--n", 16384), _option("--rounds", 9))
         return
     backward = "--backward" in sys.argv
     argv = [a for a in sys.argv[1:] if a != "--backward"]

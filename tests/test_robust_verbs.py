@@ -240,6 +240,18 @@ def test_a_real_sigint_at_any_moment_exits_130_with_one_line(delay: float) -> No
     assert proc.returncode == 130 and len(err.splitlines()) == 1 and err.endswith(": interrupted\n"), err
 
 
+def test_a_sigint_after_the_command_ended_cannot_kill_the_process() -> None:
+    """Python restores SIGINT's default action while it shuts down: a Ctrl-C landing after the
+    command's work (CI saw one at 2.5 s) killed the process with status -2 and no message."""
+    script = ("import os, signal, sys\n"
+              "from napkin_cat.__main__ import entry\n"
+              "code = entry()\n"
+              "os.kill(os.getpid(), signal.SIGINT)\n"
+              "sys.exit(code)\n")
+    ran = subprocess.run([sys.executable, "-c", script, "lemmas"], capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0 and ran.stderr == "" and "exp_mul" in ran.stdout, ran.stderr
+
+
 def test_the_console_script_is_the_guarded_entry() -> None:
     import tomllib
 

@@ -269,7 +269,9 @@ def cmd_lower(args: argparse.Namespace) -> int:
     thm = proof.theorem(args.file, args.theorem)
     backs = [proof.theorem(args.file, name) for name in backward]
     parts = [p for t in (thm, *backs) for p in t.schedule.partitions]
-    unknown = [n for n in tiles if n not in {str(p.tile) for p in parts} | {p.axis for p in parts}]
+    names = {str(p.tile) for p in parts} | {p.axis for p in parts}
+    names |= {f"{t.name}.{n}" for t in (thm, *backs) for p in t.schedule.partitions for n in (str(p.tile), p.axis)}
+    unknown = [n for n in tiles if n not in names]
     if unknown:
         known = ", ".join(sorted({f"{p.tile} (axis {p.axis})" for p in parts})) or "none"
         raise UsageError(f"--tile names {', '.join(unknown)}: not a tile or partitioned axis of "
@@ -516,7 +518,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("file", help="the proof file")
     p.add_argument("theorem", help="the theorem to lower")
     p.add_argument("--target", choices=("pallas", "jax"), default="pallas", help="Pallas kernel or plain JAX")
-    p.add_argument("--tile", action="append", metavar="NAME=N", help="a tile size by tile name or axis (repeatable)")
+    p.add_argument("--tile", action="append", metavar="NAME=N",
+                   help="a tile size by tile name or axis (repeatable); KERNEL.NAME=N sets one kernel's alone")
     p.add_argument("--dtype", default=DEFAULT_DTYPE, help=_DTYPE_HELP)
     p.add_argument("--hardware", help="hardware profile for default tiles (h100, h200, a100, cpu, or a .toml "
                                       "profile file; default: h100 for pallas, cpu for jax)")

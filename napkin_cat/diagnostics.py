@@ -117,6 +117,7 @@ MESSAGES: dict[str, str] = {
     "lower.dtype": "unknown dtype `{dtype}`; known: {known}",
     "lower.hardware": "{reason}",
     "hardware.profile": "hardware profile {path}: {reason}",
+    "lower.tile_kernel": "tile `{key}` names no kernel being lowered; NAME.TILE binds a tile of one of: {kernels}",
     "lower.tile_unbound": "tile `{tile}` of axis `{axis}` has no positive integer size; give it with --tile {tile}=N",
     "lower.tile_pow2": "tile {tile} of axis `{axis}`: the Pallas GPU (Triton) backend needs power-of-two blocks "
         "of at least {least} (or groups of 1)",

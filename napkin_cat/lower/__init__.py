@@ -81,7 +81,8 @@ _RESERVED = ("jax", "jnp", "lax", "pl", "plgpu", "n", "p", "INF", "BIG", "TINY",
 @dataclass(frozen=True)
 class Lowered:
     """A lowered theorem: the module's source, its function (``fn``, a ``jax.custom_vjp``
-    whose backward is the lowered VJP diagram), the tile sizes by tile name (``tiles``), how
+    whose backward is the lowered VJP diagram), the tile sizes by tile name (``tiles``; a
+    backward kernel's as ``KERNEL.TILE``), how
     the schedule was placed onto the kernel (``layout``), and ``forward``: the same kernel
     without the custom VJP (``jax.grad`` differentiates through its code; Pallas cannot)."""
 
@@ -140,7 +141,8 @@ def lower(theorem: Theorem, target: str = "pallas", tiles: Mapping[str, int] | N
 
     With ``backward`` (theorems whose diagrams compute the gradients from the forward's
     inputs, outputs and cotangents, ``lower.backward``), the function is a ``jax.custom_vjp``
-    whose backward runs their kernels; ``tiles`` binds their tile names too.  A join the
+    whose backward runs their kernels; ``tiles`` binds their tile names too, and ``NAME.TILE``
+    binds one kernel's tile alone (``Lowered.tiles`` gives the backward kernels' so).  A join the
     prover cannot prove is refused (``lower.backward_unproved``) unless ``allow_tested_join``:
     then it is lowered on the float64 test alone, with a ``UnprovedJoinWarning`` and the trust
     level in the module's docstring (``lower.backward``).  Refuses
@@ -158,8 +160,21 @@ def lower(theorem: Theorem, target: str = "pallas", tiles: Mapping[str, int] | N
     if link is not None and not link.proved:
         warnings.warn(f"{theorem.name}: the join of its backward kernels is not proved; lowered on the test alone: "
                       f"{link.trust}", UnprovedJoinWarning, stacklevel=2)
+    kernels = [thm.name for thm in (theorem, *backward)]
+    for key in tiles or {}:
+        if "." in key and key.split(".", 1)[0] not in kernels:
+            raise NapkinError(error("lower.tile_kernel", key=key, kernels=", ".join(kernels)))
     return _lower_schedule(theorem.name, theorem.result, theorem.schedule, target, tiles, dtype, hardware,
                            proved=_proof(theorem), mesh=mesh, chosen=theorem.chosen, backward=backward, link=link)
+
+
+def _kernel_tiles(name: str, tiles: Mapping[str, int] | None) -> dict[str, int]:
+    """The tiles that bind kernel ``name``: every plain name, and ``NAME.TILE`` (one kernel's
+    own, over the plain one); the kernels of a training step share tile names (the forward's
+    and the dQ pass's ``gq``, ``sx``) but not their best sizes."""
+    own = {k: v for k, v in (tiles or {}).items() if "." not in k}
+    own.update({k.split(".", 1)[1]: v for k, v in (tiles or {}).items() if k.split(".", 1)[0] == name and "." in k})
+    return own
 
 
 def _proof(theorem: Theorem) -> str:
@@ -222,7 +237,7 @@ def _lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str
     if schedule.split is not None and mesh is not None:  # before pricing its tiles
         raise NapkinError(error("lower.split_mesh", axis=schedule.split.axis))
     plan = None if mesh is None else mesh_target.mesh_plan(name, schedule, mesh)
-    placed = _place(name, diagram, schedule, target, tiles, profile, chosen)
+    placed = _place(name, diagram, schedule, target, _kernel_tiles(name, tiles), profile, chosen)
     lay = placed.layout
     namer = cg.Namer(_RESERVED)
     fname = namer.fresh(name)
@@ -240,7 +255,8 @@ def _lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str
         else:
             kernels = []
             for thm in backward:
-                back = _place(thm.name, thm.result, thm.schedule, target, tiles, profile, thm.chosen)
+                back = _place(thm.name, thm.result, thm.schedule, target, _kernel_tiles(thm.name, tiles), profile,
+                              thm.chosen)
                 back_name = namer.fresh(thm.name)
                 back_priced = _priced(back.layout, profile)
                 back_doc = _docstring(back.layout, target, back.origin, dtype_name, back_priced, _proof(thm),
@@ -248,7 +264,7 @@ def _lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str
                 back_params = [cg.Namer(_RESERVED).fresh(p) for p, _ in back.layout.flat.inputs]
                 kernels.append(_emit(back.layout, back_name, back_params, back_doc, dtype_name,
                                      cg.Namer([*_RESERVED, back_name, *back_params]), back_priced))
-                placed.tiles.update(back.tiles)
+                placed.tiles.update({f"{thm.name}.{k}": v for k, v in back.tiles.items()})
             defined, gradients = backward_target.joined(forward, kernels, [t.name for t in backward], link, target,
                                                         params, _RESERVED)
         functions, doc = list(defined), doc + gradients + "\n"

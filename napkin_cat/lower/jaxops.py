@@ -363,7 +363,11 @@ def mask_padded(box: Box, args: Sequence[Value], scope: Scope) -> list[Value]:
                 # padding law needs it at its own fill there too (0 · -inf would be NaN)
                 axes = (*v.axes, axis)
             valid = cg.binop(position(axis, axes, scope), "<", scope.sizes[axis])
-            masked = cg.call("jnp.where", valid, align(v, axes), saturate(fill))
+            masked: ast.expr = cg.call("jnp.where", valid, align(v, axes), saturate(fill))
+            extent = scope.pad_extents.get(axis)
+            if extent is not None and axes == v.axes:  # sizes are Python ints when traced:
+                # no mask (and no compare in the kernel's loop) where the size fills the tiles
+                masked = ast.IfExp(cg.binop(scope.sizes[axis], "<", extent), masked, v.expr)
             out[i] = Value(scope.block.bind("masked", masked), axes)
     return out
 

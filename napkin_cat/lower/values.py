@@ -87,6 +87,9 @@ class Scope:
     #: where nodes that hold on every position of this chunk (``skip.full_range``): each is
     #: computed as its value operand
     unmasked: frozenset[str] = frozenset()
+    #: a padded axis's whole padded extent (code), where the kernel is traced at its size: the
+    #: masks of its padding are then left out when that size fills the extent (``jaxops.mask_padded``)
+    pad_extents: Mapping[str, ast.expr] = field(default_factory=dict)
 
     def keep(self, axes: Axes) -> Axes:
         """The axes an in-kernel value has: the type less the squeezed grid axes."""

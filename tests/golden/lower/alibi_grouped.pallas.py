@@ -84,14 +84,14 @@ def alibi_grouped_forward(Q, K, V, m, *, interpret=None):
         t_5 = m_block * t_4
         S = t_3 - t_5
         M = jnp.where(lax.broadcasted_iota(jnp.int32, (32, p['x']), 0) + q_first >= lax.broadcasted_iota(jnp.int32, (32, p['x']), 1), S, -INF)
-        masked = jnp.where(lax.broadcasted_iota(jnp.int32, (32, p['x']), 1) < n['x'], M, -INF)
+        masked = jnp.where(lax.broadcasted_iota(jnp.int32, (32, p['x']), 1) < n['x'], M, -INF) if n['x'] < p['x'] else M
         top = jnp.max(masked, axis=(1,), keepdims=True)
         shift = jnp.where(jnp.isfinite(top), top, 0.0)
         shifted = masked - shift
         top_2 = jnp.exp2(shifted * 1.4426950408889634)
         z = jnp.sum(top_2, axis=(1,), keepdims=True)
         t_6 = jnp.where(z == 0.0, 0.0, top_2 / jnp.where(z == 0.0, 1.0, z))
-        masked_2 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, p['x']), 1) < n['x'], t_6, 0.0)
+        masked_2 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, p['x']), 1) < n['x'], t_6, 0.0) if n['x'] < p['x'] else t_6
         t_7 = jnp.einsum('ab,bc->ac', masked_2, V_block, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
         out0_ref[...] = t_7.astype(out0_ref.dtype)
     launched = launch(max(64 * p['x'], 32 * p['x'] + 2560), 0, 32, 255, (4, 8), 0.55, 16, (3, 2, 1), 232448.0 - (320 * p['x'] + 5122))

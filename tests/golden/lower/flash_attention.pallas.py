@@ -80,7 +80,7 @@ def flash_attention_forward(Q, K, V, *, interpret=None):
             V_chunk = V_ref[pl.ds(x_first, 32), :].astype(jnp.float32)
             t_1 = jnp.einsum('ab,cb->ac', Q_block, K_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
             S = t_1 * t_2
-            masked = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + x_first < n['x'], S, -INF)
+            masked = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + x_first < n['x'], S, -INF) if n['x'] < p['x'] else S
             update_t_1 = jnp.max(masked, axis=(1,))
             update_m = jnp.maximum(O_m_2, update_t_1)
             update_t_2 = jnp.maximum(update_m, -BIG)

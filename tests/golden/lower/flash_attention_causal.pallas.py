@@ -82,7 +82,7 @@ def flash_attention_causal_forward(Q, K, V, *, interpret=None):
             t_1 = jnp.einsum('ab,cb->ac', Q_block, K_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
             S = t_1 * t_2
             M = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 0) + q_first >= lax.broadcasted_iota(jnp.int32, (32, 32), 1) + x_first, S, -INF)
-            masked = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + x_first < n['x'], M, -INF)
+            masked = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + x_first < n['x'], M, -INF) if n['x'] < p['x'] else M
             update_t_1 = jnp.max(masked, axis=(1,))
             update_m = jnp.maximum(O_m_2, update_t_1)
             update_t_2 = jnp.maximum(update_m, -BIG)
@@ -105,7 +105,7 @@ def flash_attention_causal_forward(Q, K, V, *, interpret=None):
             V_chunk_2 = V_ref[pl.ds(x_first_2, 32), :].astype(jnp.float32)
             t_1_2 = jnp.einsum('ab,cb->ac', Q_block, K_chunk_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
             S_2 = t_1_2 * t_2
-            masked_2 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + x_first_2 < n['x'], S_2, -INF)
+            masked_2 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + x_first_2 < n['x'], S_2, -INF) if n['x'] < p['x'] else S_2
             update_t_1_2 = jnp.max(masked_2, axis=(1,))
             update_m_2 = jnp.maximum(O_m_3, update_t_1_2)
             update_t_2_2 = jnp.maximum(update_m_2, -BIG)

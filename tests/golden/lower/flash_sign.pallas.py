@@ -78,7 +78,7 @@ def flash_sign_forward(Q, K, V, *, interpret=None):
             K_chunk = K_ref[pl.ds(x_first, 32), :].astype(jnp.float32)
             V_chunk = V_ref[pl.ds(x_first, 32), :].astype(jnp.float32)
             S = jnp.einsum('ab,cb->ac', Q_block, K_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
-            masked = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + x_first < n['x'], S, 0.0)
+            masked = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + x_first < n['x'], S, 0.0) if n['x'] < p['x'] else S
             lift_o = jnp.einsum('ab,bc->ac', masked, V_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
             lift_t_1 = masked * masked
             lift_z = jnp.sum(lift_t_1, axis=(1,))

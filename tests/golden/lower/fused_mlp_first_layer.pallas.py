@@ -94,7 +94,7 @@ def fused_mlp_first_layer_forward(X, W1, B1, W2, B2, *, interpret=None):
             t_1 = jnp.einsum('ab,bc->ac', X_block, W1_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
             t_2 = t_1 + B1_chunk[None, :]
             H = 0.5 * t_2 * (1.0 + erf(t_2 * 0.7071067811865476))
-            masked = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + f_first < n['f'], H, 0.0)
+            masked = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + f_first < n['f'], H, 0.0) if n['f'] < p['f'] else H
             lift_s = jnp.einsum('ab,bc->ac', masked, W2_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
             combine_t_1 = t_3_s_2 + lift_s
             return (combine_t_1,)

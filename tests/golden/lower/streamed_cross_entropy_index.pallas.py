@@ -76,7 +76,7 @@ def streamed_cross_entropy_index_forward(Z, L, *, interpret=None):
             t_1_m_2, t_1_l_2, t_2_s_2 = carry
             Z_chunk = Z_ref[:, pl.ds(v_first, 32)].astype(jnp.float32)
             Y = jnp.where(L_block[:, None] == jnp.asarray(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first, jnp.float32), 1.0, 0.0)
-            masked = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first < n['v'], Z_chunk, -INF)
+            masked = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first < n['v'], Z_chunk, -INF) if n['v'] < p['v'] else Z_chunk
             update_t_1 = jnp.max(masked, axis=(1,))
             update_m = jnp.maximum(t_1_m_2, update_t_1)
             update_t_2 = jnp.maximum(update_m, -BIG)
@@ -87,7 +87,7 @@ def streamed_cross_entropy_index_forward(Z, L, *, interpret=None):
             update_l_chunk = jnp.sum(update_t_6, axis=(1,))
             update_t_7 = update_c * t_1_l_2
             update_l = update_t_7 + update_l_chunk
-            masked_2 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first < n['v'], Y, 0.0)
+            masked_2 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first < n['v'], Y, 0.0) if n['v'] < p['v'] else Y
             lift_s = jnp.sum(masked_2 * Z_chunk, axis=(1,))
             combine_t_1 = t_2_s_2 + lift_s
             return (update_m, update_l, combine_t_1)

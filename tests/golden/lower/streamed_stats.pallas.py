@@ -75,10 +75,10 @@ def streamed_stats_forward(X, *, interpret=None):
             X_chunk = X_ref[:, pl.ds(v_first, 32)].astype(jnp.float32)
             t_5 = jnp.exp2(X_chunk * 1.4426950408889634)
             t_6 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first <= lax.broadcasted_iota(jnp.int32, (32, 32), 0) + t_first + 3, t_5, 0.0)
-            masked = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first < n['v'], X_chunk, -INF)
+            masked = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first < n['v'], X_chunk, -INF) if n['v'] < p['v'] else X_chunk
             lift_s = jnp.max(masked, axis=(1,))
             combine_t_1 = jnp.maximum(t_1_s_2, lift_s)
-            masked_2 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first < n['v'], X_chunk, INF)
+            masked_2 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first < n['v'], X_chunk, INF) if n['v'] < p['v'] else X_chunk
             lift_s_2 = jnp.min(masked_2, axis=(1,))
             combine_t_1_2 = jnp.minimum(t_2_s_2, lift_s_2)
             lift_s_3 = jnp.sum(X_chunk, axis=(1,))
@@ -92,7 +92,7 @@ def streamed_stats_forward(X, *, interpret=None):
             update_l_chunk = jnp.sum(update_t_6, axis=(1,))
             update_t_7 = update_c * t_4_l_2
             update_l = update_t_7 + update_l_chunk
-            masked_3 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first < n['v'], t_6, 0.0)
+            masked_3 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first < n['v'], t_6, 0.0) if n['v'] < p['v'] else t_6
             lift_s_4 = jnp.sum(masked_3, axis=(1,))
             combine_t_1_4 = t_7_s_2 + lift_s_4
             return (combine_t_1, combine_t_1_2, combine_t_1_3, update_m, update_l, combine_t_1_4)
@@ -102,10 +102,10 @@ def streamed_stats_forward(X, *, interpret=None):
             t_1_s_3, t_2_s_3, t_3_s_3, t_4_m_3, t_4_l_3, t_7_s_3 = carry_2
             X_chunk_2 = X_ref[:, pl.ds(v_first_2, 32)].astype(jnp.float32)
             t_5_2 = jnp.exp2(X_chunk_2 * 1.4426950408889634)
-            masked_4 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first_2 < n['v'], X_chunk_2, -INF)
+            masked_4 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first_2 < n['v'], X_chunk_2, -INF) if n['v'] < p['v'] else X_chunk_2
             lift_s_5 = jnp.max(masked_4, axis=(1,))
             combine_t_1_5 = jnp.maximum(t_1_s_3, lift_s_5)
-            masked_5 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first_2 < n['v'], X_chunk_2, INF)
+            masked_5 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first_2 < n['v'], X_chunk_2, INF) if n['v'] < p['v'] else X_chunk_2
             lift_s_6 = jnp.min(masked_5, axis=(1,))
             combine_t_1_6 = jnp.minimum(t_2_s_3, lift_s_6)
             lift_s_7 = jnp.sum(X_chunk_2, axis=(1,))
@@ -119,7 +119,7 @@ def streamed_stats_forward(X, *, interpret=None):
             update_l_chunk_2 = jnp.sum(update_t_6_2, axis=(1,))
             update_t_7_2 = update_c_2 * t_4_l_3
             update_l_2 = update_t_7_2 + update_l_chunk_2
-            masked_6 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first_2 < n['v'], t_5_2, 0.0)
+            masked_6 = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + v_first_2 < n['v'], t_5_2, 0.0) if n['v'] < p['v'] else t_5_2
             lift_s_8 = jnp.sum(masked_6, axis=(1,))
             combine_t_1_8 = t_7_s_3 + lift_s_8
             return (combine_t_1_5, combine_t_1_6, combine_t_1_7, update_m_2, update_l_2, combine_t_1_8)

@@ -43,21 +43,34 @@ N = 8192
 
 # ---- compiling (any interpreter with triton; no jax) ---------------------------------------------
 
-def sass_loop(sass: str) -> dict[str, int]:
-    """Counts over the main loop of ``sass``: the backward branch spanning the most instructions."""
-    lines = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
-    best: list[str] = []
-    for address, text in lines:
-        branch = re.search(r"\bBRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", text)
-        if branch and int(branch.group(1), 16) < address:
-            body = [t for a, t in lines if int(branch.group(1), 16) <= a <= address]
-            best = max(best, body, key=len)
-    ops = [t.split()[1] if t.startswith("@") else t.split()[0] for t in best]
+def _counts(body: list[str]) -> dict[str, Any]:
+    ops = [t.split()[1] if t.startswith("@") else t.split()[0] for t in body]
     mix = collections.Counter(o.split(".")[0] for o in ops)
-    return {"loop": len(best), "mufu_ex2": sum(o.startswith("MUFU.EX2") for o in ops), "mix": dict(mix.most_common()),
+    return {"loop": len(body), "mufu_ex2": sum(o.startswith("MUFU.EX2") for o in ops), "mix": dict(mix.most_common()),
             "hgmma": sum(o.startswith("HGMMA") for o in ops),
             "local": sum(o.startswith(("STL", "LDL")) for o in ops),
             "mask": sum(o.startswith(("FSEL", "FSETP")) for o in ops)}
+
+
+def sass_loop(sass: str) -> dict[str, Any]:
+    """Counts over the main loop of ``sass`` (the backward branch spanning the most
+    instructions) and, as ``second``, over the longest loop outside it (a causal kernel's
+    masked loop on the diagonal chunks; None where there is none)."""
+    lines = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    loops: list[tuple[int, int]] = []
+    for address, text in lines:
+        branch = re.search(r"\bBRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", text)
+        if branch and int(branch.group(1), 16) < address:
+            loops.append((int(branch.group(1), 16), address))
+
+    def body(span: tuple[int, int]) -> list[str]:
+        return [t for a, t in lines if span[0] <= a <= span[1]]
+    if not loops:
+        return {**_counts([]), "second": None}
+    main = max(loops, key=lambda span: len(body(span)))
+    apart = [span for span in loops if span[1] < main[0] or span[0] > main[1]]
+    second = max(apart, key=lambda span: len(body(span))) if apart else None
+    return {**_counts(body(main)), "second": None if second is None else _counts(body(second))}
 
 
 def compile_all(folder: Path) -> None:
@@ -207,16 +220,21 @@ def main() -> None:
     for row in rows:
         c = compiled[row.pop("id")]
         row |= {k: v for k, v in c.items() if k != "id"}
-        row["sass_per_score"] = row["sass"]["loop"] * 32 * row["num_warps"] / (row["block_q"] * row["block_k"])
+        per_score = 32 * row["num_warps"] / (row["block_q"] * row["block_k"])
+        row["sass_per_score"] = row["sass"]["loop"] * per_score
+        second = row["sass"]["second"]
+        row["second_sass_per_score"] = None if second is None else second["loop"] * per_score
     header = ("case", "impl", "tiles", "warps/stages", "programs", "registers", "spill B", "shared KiB",
-              "loop instr", "MUFU.EX2", "SASS/score")
+              "loop instr", "MUFU.EX2", "SASS/score", "other loop SASS/score (masks)")
     print(" | ".join(header))
     print(" | ".join("---" for _ in header))
     for r in rows:
         print(" | ".join(str(x) for x in (
             r["case"], r["impl"], f"{r['block_q']}x{r['block_k']}", f"{r['num_warps']}/{r['num_stages']}",
             r["programs"], r["registers"], r["spill_store_bytes"] + r["spill_load_bytes"],
-            f"{r['shared_bytes'] / 1024:.0f}", r["sass"]["loop"], r["sass"]["mufu_ex2"], f"{r['sass_per_score']:.1f}")))
+            f"{r['shared_bytes'] / 1024:.0f}", r["sass"]["loop"], r["sass"]["mufu_ex2"], f"{r['sass_per_score']:.1f}",
+            "-" if r["second_sass_per_score"] is None
+            else f"{r['second_sass_per_score']:.1f} ({r['sass']['second']['mask']})")))
     def ratio(impl: str) -> float:
         return max(r["sass_per_score"] / next(m["sass_per_score"] for m in rows if m["impl"] == "jax mha"
                                               and m["case"] == r["case"]) for r in rows if r["impl"] == impl)

@@ -103,10 +103,14 @@ def test_the_static_benchmark_finds_the_main_loop() -> None:
         /*0030*/                   MUFU.EX2 R2, R4 ;
         /*0040*/                   STL [R1], R2 ;
         /*0050*/               @P0 BRA 0x10 ;
-        /*0060*/                   BRA 0x60 ;
+        /*0060*/                   FSETP.GE.AND P1, PT, R2, R3, PT ;
+        /*0070*/                   FSEL R2, R2, -INF, P1 ;
+        /*0080*/               @P0 BRA 0x60 ;
+        /*0090*/                   BRA 0x90 ;
     """
     loop = sass_loop(sass)
     assert (loop["loop"], loop["mufu_ex2"], loop["local"]) == (5, 2, 1)
+    assert loop["second"] is not None and (loop["second"]["loop"], loop["second"]["mask"]) == (3, 2)
 
 
 # ---- the time model (napkin_cat/cost/roofline.py) ------------------------------------------------

@@ -5,11 +5,23 @@ grammar, a modest number of examples so the whole suite stays fast on two cores,
 fixed seed per test (``derandomize``) so that a commit passes or fails the same way on
 every machine.  ``dev`` explores: many more examples from a fresh random seed each run
 (``pytest --hypothesis-profile=dev``); a failure it finds is pinned with ``@example``.
+
+napkin's cache folder (``napkin_cat.cache``: kernels, certificates) is a fresh temporary one
+for the session, inherited by the processes tests start: no test writes into the user's home,
+and no test reads what an older run stored.
 """
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
+
 from hypothesis import HealthCheck, settings
+
+os.environ["NAPKIN_CACHE_DIR"] = _CACHE = tempfile.mkdtemp(prefix="napkin-test-cache-")
+atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 
 settings.register_profile(
     "ci", deadline=None, max_examples=40, suppress_health_check=[HealthCheck.too_slow], print_blob=True,

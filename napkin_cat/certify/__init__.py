@@ -29,7 +29,11 @@ where a normaliser is 0 (all ≤ 0, rows summing to 0, all 0: ``_SCORE_EDGES``),
 draws almost never are.  A lemma's right side that cannot be evaluated at sizes its left
 side admits (a reshape the sizes do not honour) is a counterexample (``_right_side``).
 
-Results are cached; ``napkin check`` uses the ``quick`` level, ``napkin check
+Results are cached, in the process and on disk (``napkin_cat.cache``: a lemma's certificate
+and the kernel's oracle ``accumulator`` answer are stored under a key of the lemma's or the
+canonical box's full structure (``repr``, which covers every field equality compares), the
+level, napkin's own source and the numpy, scipy, sympy and Python versions; a corrupted entry
+is computed again).  ``napkin check`` uses the ``quick`` level, ``napkin check
 --certify`` the ``full`` one.  Every certificate says what was checked: ``tested: ...``,
 or ``proved: ...; tested: ...`` when ``prove`` also proves the lemma at every size (the
 kernel's oracle ``accumulator`` likewise answers ``proved`` or ``tested``).  This module
@@ -42,13 +46,15 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import cache
 from typing import Any
 
 import numpy as np
+import scipy
 import sympy
 
+from napkin_cat.cache import cache_folder, key, read, write
 from napkin_cat.certify import accumulators as acc
 from napkin_cat.certify import prove
 from napkin_cat.certify.cases import (
@@ -98,6 +104,35 @@ def lemma_side(lemma: LemmaDecl, side: Expr) -> Diagram:
     return Diagram(lemma.name, lemma.params, (), (side,), (side.axes,), lemma.axes)
 
 
+#: what a stored result depends on beside its subject and napkin's source: the numeric libraries
+_LIBRARIES = {"numpy": np.__version__, "scipy": scipy.__version__, "sympy": sympy.__version__}
+
+
+def _stored[T](kind: str, settings: dict[str, Any], compute: Callable[[], T], encode: Callable[[T], Any],
+               decode: Callable[[Any], T | None]) -> T:
+    """``compute()``, or its value stored on disk under ``settings`` (``napkin_cat.cache``);
+    ``decode`` answers None for a payload it does not accept (then it is computed again)."""
+    folder = cache_folder()
+    entry_key = key(kind, settings | _LIBRARIES)
+    payload = read(folder, entry_key, lambda p: decode(p) is not None)
+    if payload is not None:
+        found = decode(payload)
+        assert found is not None
+        return found
+    value = compute()
+    write(folder, entry_key, encode(value))
+    return value
+
+
+def _certificate(payload: Any) -> Certificate | None:
+    """A stored certificate, or None if the payload is not one."""
+    if not (isinstance(payload, dict) and set(payload) == {"ok", "how", "counterexample"}
+            and isinstance(payload["ok"], bool) and isinstance(payload["how"], str)
+            and (payload["counterexample"] is None or isinstance(payload["counterexample"], str))):
+        return None
+    return Certificate(payload["ok"], payload["how"], payload["counterexample"])
+
+
 @cache
 def certify_lemma(lemma: LemmaDecl, level: str = "quick") -> Certificate:
     """Check ``lemma`` symbolically up to the level's size bound and numerically at random.
@@ -112,8 +147,13 @@ def certify_lemma(lemma: LemmaDecl, level: str = "quick") -> Certificate:
     branches of the box are exercised.
     A lemma whose sides sympy cannot evaluate (``max(X, recip(0))``: complex infinity is
     not comparable) is refused, and so is one that ``rules.validate`` refuses (sides of
-    different types cannot be compared).
+    different types cannot be compared).  Stored on disk (the module docstring).
     """
+    return _stored("lemma", {"lemma": repr(lemma), "level": level}, lambda: _lemma_certificate(lemma, level),
+                   asdict, _certificate)
+
+
+def _lemma_certificate(lemma: LemmaDecl, level: str) -> Certificate:
     try:
         return _certify_lemma(lemma, level)
     except ValueError as exc:  # raised by sympy on values it cannot order (complex infinity)
@@ -310,11 +350,19 @@ def canonical(box: Box, axis: str) -> Box:
     return typed_box(box.op, args, box.target, box.out, box.params)
 
 
+@cache
 def accumulator(box: Box, axis: str, name: str, pad: bool) -> str:
     """The kernel's oracle: how ``name`` was certified for ``box`` along ``axis`` (``proved: ...``
     or ``tested: ...``), else why it is refused: its laws fail, or it is unsafe in floating
-    point (``float_safety``)."""
+    point (``float_safety``).  Stored on disk per canonical box (the module docstring)."""
     plain = canonical(box, axis)
+    return _stored("accumulator", {"box": repr(plain), "axis": axis, "name": name, "pad": pad},
+                   lambda: _accumulator(plain, axis, name, pad), lambda answer: answer,
+                   lambda payload: payload if isinstance(payload, str) else None)
+
+
+@cache
+def _accumulator(plain: Box, axis: str, name: str, pad: bool) -> str:
     cert = certify_accumulator(plain, axis, name, pad, "quick")
     if not cert.ok:
         return f"its laws fail ({cert.how}: {cert.counterexample})" if cert.counterexample else cert.how

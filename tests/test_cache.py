@@ -1,0 +1,135 @@
+"""napkin's cache folder (``napkin_cat.cache``) and the certificates certify stores in it.
+
+A stored certificate is read back instead of certifying again; a changed lemma or box
+(its content, not its place in a file) is a new key; an entry that is corrupted, truncated,
+copied under another key or of the wrong shape is ignored and certified again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from napkin_cat import cache, certify
+from napkin_cat.certify import rules
+from napkin_cat.certify.catalogue import entries
+from napkin_cat.diagnostics import Span
+from napkin_cat.ops import typed_box
+from napkin_cat.terms import Var
+
+
+@pytest.fixture
+def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    where = tmp_path / "cache"
+    monkeypatch.setenv("NAPKIN_CACHE_DIR", str(where))
+    return where
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Certification replaced by a recorder (the real one is certify's tests' business): each
+    computed certificate is logged, so a read from disk is one that logs nothing."""
+    log: list[str] = []
+
+    def lemma(lemma: object, level: str) -> certify.Certificate:
+        log.append(f"lemma {lemma.name} {level}")  # type: ignore[attr-defined]
+        return certify.Certificate(False, "sympy", f"counterexample {len(log)}")
+
+    def accumulator(box: object, axis: str, name: str, pad: bool) -> str:
+        log.append(f"accumulator {name} {pad}")
+        return f"tested: run {len(log)}"
+
+    monkeypatch.setattr(certify, "_lemma_certificate", lemma)
+    monkeypatch.setattr(certify, "_accumulator", accumulator)
+    return log
+
+
+def _lemma() -> object:
+    return next(iter(rules.library().values()))
+
+
+def _certify(lemma: object, level: str = "quick") -> certify.Certificate:
+    return certify.certify_lemma.__wrapped__(lemma, level)  # type: ignore[no-any-return]  # past the process memo
+
+
+def test_a_certificate_is_stored_once_and_read_back(folder: Path, calls: list[str]) -> None:
+    lemma = _lemma()
+    first = _certify(lemma)
+    assert calls == [f"lemma {lemma.name} quick"] and len(list(folder.glob("lemma-*.json"))) == 1  # type: ignore[attr-defined]
+    assert _certify(lemma) == first and len(calls) == 1
+    moved = dataclasses.replace(lemma, span=Span("elsewhere.ncd", 40, 1))  # type: ignore[type-var]
+    assert _certify(moved) == first and len(calls) == 1  # where it is written is not what it says
+    _certify(lemma, "full")
+    assert len(calls) == 2  # another level, another key
+
+
+def test_a_changed_lemma_or_box_misses_the_cache(folder: Path, calls: list[str]) -> None:
+    lemma = _lemma()
+    _certify(lemma)
+    changed = dataclasses.replace(lemma, rhs=lemma.lhs)  # type: ignore[type-var, attr-defined]
+    assert _certify(changed).counterexample == "counterexample 2" and len(calls) == 2
+    renamed = dataclasses.replace(lemma, name=lemma.name + "_2")  # type: ignore[type-var, attr-defined]
+    _certify(renamed)
+    assert len(calls) == 3
+    box = typed_box("sum", (Var("X0", ("q", "x")),), ("x",))
+    oracle = certify.accumulator.__wrapped__  # type: ignore[attr-defined]
+    assert oracle(box, "x", "sum", True) == "tested: run 4"
+    assert oracle(box, "x", "sum", True) == "tested: run 4" and len(calls) == 4
+    assert oracle(box, "x", "sum", False) == "tested: run 5"  # the padding law is part of the question
+    other = typed_box("max", (Var("X0", ("q", "x")),), ("x",))
+    assert oracle(other, "x", "max", True) == "tested: run 6"
+    woven = typed_box("sum", (Var("S", ("b", "q", "x")),), ("x",))  # the canonical box drops woven axes
+    assert oracle(woven, "x", "sum", True) == "tested: run 4" and len(calls) == 6
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "verdict flipped", "another key", "wrong shape",
+                                    "empty"])
+def test_a_damaged_entry_is_ignored_and_certified_again(damage: str, folder: Path, calls: list[str]) -> None:
+    lemma = _lemma()
+    first = _certify(lemma)
+    (path,) = folder.glob("lemma-*.json")
+    entry = json.loads(path.read_text())
+    if damage == "truncated":
+        path.write_text(path.read_text()[: len(path.read_text()) // 2])
+    elif damage == "garbage":
+        path.write_bytes(b"\xff\xfe not json")
+    elif damage == "verdict flipped":  # ok: true without napkin having said so: the digest no longer matches
+        entry["payload"]["ok"] = True
+        path.write_text(json.dumps(entry))
+    elif damage == "another key":  # a valid entry of another lemma copied under this key
+        other = dataclasses.replace(lemma, name="other")  # type: ignore[type-var]
+        _certify(other)
+        (copied,) = [p for p in folder.glob("lemma-*.json") if p != path]
+        path.write_text(copied.read_text())
+    elif damage == "wrong shape":  # a consistent entry whose payload is not a certificate
+        entry["payload"] = {"ok": "yes", "how": 3, "counterexample": None}
+        entry["digest"] = cache._digest(entry["key"], entry["payload"])
+        path.write_text(json.dumps(entry))
+    else:
+        path.write_text("")
+    before = len(calls)
+    again = _certify(lemma)
+    assert len(calls) == before + 1 and again.ok is False and again != first  # computed anew (the recorder counts)
+    assert _certify(lemma) == again and len(calls) == before + 1  # and stored over the damaged entry
+
+
+def test_no_cache_folder_means_no_disk(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, calls: list[str]) -> None:
+    monkeypatch.setenv("NAPKIN_CACHE_DIR", "")
+    monkeypatch.chdir(tmp_path)
+    lemma = _lemma()
+    _certify(lemma)
+    _certify(lemma)
+    assert len(calls) == 2 and list(tmp_path.iterdir()) == []
+
+
+def test_a_real_certificate_round_trips(folder: Path) -> None:
+    """Without the recorder: the stored certificate of a library lemma equals the computed one."""
+    name = next(e.name for e in entries() if e.kind == "lemma")
+    lemma = rules.library()[name]
+    computed = certify._lemma_certificate(lemma, "quick")
+    assert _certify(lemma) == computed  # stored
+    assert _certify(lemma) == computed  # read back
+    assert len(list(folder.glob("lemma-*.json"))) == 1

@@ -35,7 +35,7 @@ EXIT_OK, EXIT_INPUT, EXIT_USAGE, EXIT_IO, EXIT_INTERRUPTED, EXIT_PIPE = 0, 1, 2,
 #: each subcommand's module in ``napkin_cat.verbs`` (its function is ``cmd_<verb>``), imported
 #: when the verb runs: the dispatch that keeps ``--help`` and ``parse`` light (test_imports
 #: holds these modules to the import rule as it does written imports)
-VERBS: dict[str, str] = {"parse": "text", "grad": "text", "eval": "evaluate", "check": "check", "lemmas": "check",
+VERBS: dict[str, str] = {"parse": "text", "grad": "text", "eval": "evaluate", "check": "check", "lemmas": "lemmas",
                          "draw": "draw", "cost": "cost", "pseudo": "cost", "lower": "lower", "derive": "lower"}
 
 

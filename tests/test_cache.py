@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from napkin_cat import cache, certify
-from napkin_cat.certify import rules
+from napkin_cat.certify import rules, tiers
 from napkin_cat.certify.catalogue import entries
 from napkin_cat.diagnostics import Span
 from napkin_cat.ops import typed_box
@@ -42,8 +42,8 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         log.append(f"accumulator {name} {pad}")
         return f"tested: run {len(log)}"
 
-    monkeypatch.setattr(certify, "_lemma_certificate", lemma)
-    monkeypatch.setattr(certify, "_accumulator", accumulator)
+    monkeypatch.setattr(tiers, "lemma_certificate", lemma)
+    monkeypatch.setattr(tiers, "accumulator_answer", accumulator)
     return log
 
 
@@ -129,7 +129,7 @@ def test_a_real_certificate_round_trips(folder: Path) -> None:
     """Without the recorder: the stored certificate of a library lemma equals the computed one."""
     name = next(e.name for e in entries() if e.kind == "lemma")
     lemma = rules.library()[name]
-    computed = certify._lemma_certificate(lemma, "quick")
+    computed = tiers.lemma_certificate(lemma, "quick")
     assert _certify(lemma) == computed  # stored
     assert _certify(lemma) == computed  # read back
     assert len(list(folder.glob("lemma-*.json"))) == 1

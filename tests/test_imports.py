@@ -41,6 +41,8 @@ ALLOWED: dict[str, set[str]] = {
 LAZY: dict[tuple[str, str], str] = {
     ("napkin_cat", "napkin_cat.draw"): "drawing (drawsvg, cairosvg) is loaded only inside a notebook shell",
     ("napkin_cat.__main__", "napkin_cat.cli"): "Ctrl-C while the CLI's modules load is caught (exit 130)",
+    ("napkin_cat.certify", "napkin_cat.certify.tiers"): "the tiers load sympy: imported on a certificate cache miss",
+    ("napkin_cat.verbs.check", "napkin_cat.certify.prove"): "sympy: loaded by `check --certify` only, not `check`",
 }
 
 

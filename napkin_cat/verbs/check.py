@@ -1,4 +1,4 @@
-"""``napkin check`` and ``napkin lemmas``: proof files checked, the library listed."""
+"""``napkin check``: proof files checked (with ``--certify``, the library certified in full)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import json
 import sys
 
 from napkin_cat import certify
-from napkin_cat.certify import catalogue, prove, rules
+from napkin_cat.certify import rules
 from napkin_cat.certify.accumulators import accumulators_for
 from napkin_cat.diagnostics import NapkinError, render
 from napkin_cat.files import FileRefused, source_paths
 from napkin_cat.proof import check_file
 from napkin_cat.verbs import EXIT_INPUT, EXIT_OK, UsageError
 
-__all__ = ["cmd_check", "cmd_lemmas"]
+__all__ = ["cmd_check"]
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -28,6 +28,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     level = "full" if args.certify else "quick"
     uncertified = 0  # library lemmas and accumulators whose full certification failed: CI must fail too
     if args.certify:
+        from napkin_cat.certify import prove  # sympy: only the full certification loads it
+
         for lemma in rules.library().values():
             cert = certify.certify_lemma(lemma, level)
             uncertified += not cert.ok
@@ -83,20 +85,3 @@ def cmd_check(args: argparse.Namespace) -> int:
     else:
         print(total)
     return EXIT_INPUT if failed or broken or uncertified else EXIT_OK
-
-
-def cmd_lemmas(args: argparse.Namespace) -> int:
-    """List the library's lemmas and accumulators with their statements."""
-    found = [e for e in catalogue.entries() if args.name is None or e.name == args.name]
-    if not found:
-        known = ", ".join(sorted({e.name for e in catalogue.entries()}))
-        raise UsageError(f"no lemma or accumulator `{args.name}` (known: {known})")
-    if args.json:
-        print(json.dumps([vars(e) for e in found], indent=2))
-        return EXIT_OK
-    for e in found:
-        head = f"{e.statement}  ({e.trust})" if e.kind == "lemma" else \
-            f"accumulator {e.name} for {e.applies_to} ({e.trust}):"
-        body = "" if e.kind == "lemma" else "\n" + "\n".join(f"  {line}" for line in e.statement.splitlines())
-        print(head + body)
-    return EXIT_OK

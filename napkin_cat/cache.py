@@ -20,21 +20,24 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import sys
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from napkin_cat.files import OutputRefused, Outputs
+from napkin_cat.files import MAX_SOURCE_BYTES, FileRefused, OutputRefused, Outputs, read_source
 
-__all__ = ["cache_folder", "key", "napkin_hash", "read", "write"]
+__all__ = ["cache_folder", "closure", "key", "napkin_hash", "read", "sources", "write"]
 
 #: bumped when an entry's layout changes
 FORMAT = 2
 _PACKAGE = Path(__file__).resolve().parent
 _lock = threading.Lock()
 _own_hash: list[str] = []
+#: the grammar's `use_decl: "use" STRING` with what may stand between (blanks and comments)
+_USE = re.compile(r'\buse(?:\s|#[^\n\r]*)*"([^"\n]*)"')
 
 
 def cache_folder() -> Path | None:
@@ -70,6 +73,32 @@ def key(kind: str, settings: Mapping[str, Any], sources: tuple[bytes, ...] | lis
     for body in sources:
         digest.update(len(body).to_bytes(8, "little") + body)
     return f"{kind}-{digest.hexdigest()}"
+
+
+def closure(path: str | Path) -> dict[Path, bytes]:
+    """The contents of ``path`` and of every file it could ``use``, transitively (a
+    ``use "..."`` in a comment counts too: a file too many only costs a cache miss), by resolved
+    path; a file that cannot be read counts by its reason (elaboration reports it), read by
+    the one rule of ``files.read_source``."""
+    seen: dict[Path, bytes] = {}
+    todo = [Path(path).resolve()]
+    while todo:
+        here = todo.pop()
+        if here in seen:
+            continue
+        try:
+            text = read_source(here, MAX_SOURCE_BYTES)
+        except FileRefused as exc:
+            seen[here] = f"unreadable: {exc.reason}".encode()
+            continue
+        seen[here] = text.encode("utf-8")
+        todo.extend((here.parent / rel).resolve() for rel in _USE.findall(text))
+    return seen
+
+
+def sources(path: str | Path) -> list[bytes]:
+    """``closure(path)`` as a key's sources: each file's resolved path and contents."""
+    return [str(p).encode() + b"\0" + body for p, body in sorted(closure(path).items())]
 
 
 def _digest(entry_key: str, payload: Any) -> str:

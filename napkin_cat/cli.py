@@ -6,7 +6,9 @@ not be written (a full disk; sysexits' EX_IOERR), 130 interrupted (Ctrl-C), 141 
 of standard output closed it early (as SIGPIPE would).
 The parser is built here from light modules only (``--help`` loads no numpy, sympy, lark or
 jax); each subcommand is one ``cmd_*`` function of a module of ``napkin_cat.verbs``, named in
-``VERBS`` and imported only when that verb runs, so a verb loads only what it uses.
+``VERBS`` and imported only when that verb runs, so a verb loads only what it uses; the
+outcome of ``lower``, ``cost`` and ``pseudo`` is replayed from napkin's cache when their
+inputs are unchanged (``verbs.replay``).
 Outputs go through ``files.Outputs``: checked before any long work, never one of the files
 read, written atomically.
 """
@@ -26,6 +28,7 @@ from napkin_cat.diagnostics import NapkinError, render
 from napkin_cat.files import OutputRefused
 from napkin_cat.limits import MAX_MESH_DEVICES
 from napkin_cat.verbs import DEFAULT_DTYPE, KERNEL_DEFAULT_DTYPE, UsageError
+from napkin_cat.verbs.replay import replay
 
 __all__ = ["main"]
 
@@ -272,7 +275,8 @@ def _say(stream: Any, line: str) -> None:
 
 def _run(args: argparse.Namespace, command: str) -> int:
     try:
-        code = int(_verb(args.verb)(args))
+        replayed = replay(args)  # lower, cost, pseudo: a stored outcome of the same inputs
+        code = replayed if replayed is not None else int(_verb(args.verb)(args))
     except (UsageError, OutputRefused) as exc:
         print(f"{command}: error: {exc}", file=sys.stderr)
         code = EXIT_USAGE

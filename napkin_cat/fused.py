@@ -30,7 +30,6 @@ positions enter as ``index[q x](q - x)``), keys masked where an index predicate 
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,18 +40,15 @@ import jax
 import jax.numpy as jnp
 
 from napkin_cat import proof
-from napkin_cat.cache import cache_folder, key, read, write
+from napkin_cat.cache import cache_folder, key, read, sources, write
 from napkin_cat.diagnostics import NapkinError, error
 from napkin_cat.elaborate import load, loads
-from napkin_cat.files import MAX_SOURCE_BYTES, FileRefused, read_source
 from napkin_cat.kernel import Theorem
 from napkin_cat.lower import TARGETS, compile_module, lower
 from napkin_cat.terms import Module
 
 __all__ = ["Fused", "attention", "cache_folder", "fuse"]
 
-#: the grammar's `use_decl: "use" STRING` with what may stand between (blanks and comments)
-_USE = re.compile(r'\buse(?:\s|#[^\n\r]*)*"([^"\n]*)"')
 #: bumped when the cache entry's layout changes
 _FORMAT = 1
 _lock = threading.Lock()
@@ -91,7 +87,7 @@ def fuse(path: str | Path, theorem: str, *, backward: Sequence[str] = (), target
     Nothing is read or proved until the first call (or ``source``); errors in the file or
     the proof are raised then as ``NapkinError`` with located diagnostics."""
     where = Path(path)
-    return _fused(lambda: _closure(where), lambda: load(where), theorem, backward, target, tiles, hardware,
+    return _fused(lambda: sources(where), lambda: load(where), theorem, backward, target, tiles, hardware,
                   strict, cache)
 
 
@@ -201,27 +197,6 @@ def _proved(module: Module, name: str, strict: bool) -> Theorem:
 def _compiled(entry: Mapping[str, Any], theorem: str) -> Callable[..., Any]:
     function: Callable[..., Any] = compile_module(entry["source"], f"<napkin-fused:{theorem}>")[entry["function"]]
     return function
-
-
-def _closure(path: Path) -> list[bytes]:
-    """The contents of ``path`` and of every file it could ``use``, transitively (a
-    ``use "..."`` in a comment counts too: a file too many only costs a cache miss), each
-    prefixed by its resolved path; a file that cannot be read counts by its path and reason
-    (elaboration reports it)."""
-    seen: dict[Path, bytes] = {}
-    todo = [path.resolve()]
-    while todo:
-        here = todo.pop()
-        if here in seen:
-            continue
-        try:
-            text = read_source(here, MAX_SOURCE_BYTES)
-        except FileRefused as exc:
-            seen[here] = f"unreadable: {exc.reason}".encode()
-            continue
-        seen[here] = text.encode("utf-8")
-        todo.extend((here.parent / rel).resolve() for rel in _USE.findall(text))
-    return [str(p).encode() + b"\0" + body for p, body in sorted(seen.items())]
 
 
 def _valid(entry: Any) -> bool:

@@ -133,3 +133,82 @@ def test_a_real_certificate_round_trips(folder: Path) -> None:
     assert _certify(lemma) == computed  # stored
     assert _certify(lemma) == computed  # read back
     assert len(list(folder.glob("lemma-*.json"))) == 1
+
+
+# ---- a verb's outcome, replayed (napkin_cat.verbs.replay) -------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _matmul(tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of proofs/matmul.ncd and the diagram file it uses: (the proof, the used file)."""
+    for folder in ("proofs", "examples"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "matmul.ncd").write_text((ROOT / folder / "matmul.ncd").read_text())
+    return tmp_path / "proofs" / "matmul.ncd", tmp_path / "examples" / "matmul.ncd"
+
+
+def _napkin(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    from napkin_cat.cli import main
+
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cost_pseudo_and_lower_replay_their_outcome(folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    proof, used = _matmul(tmp_path)
+    kernel = tmp_path / "k.py"
+    runs = [("cost", str(proof), "tiled_matmul", "--size", "a=256"), ("pseudo", str(proof), "tiled_matmul"),
+            ("lower", str(proof), "tiled_matmul", "--target", "jax", "-o", str(kernel))]
+    first = [_napkin(capsys, *argv) for argv in runs]
+    assert all(code == 0 for code, _, _ in first), first
+    source = kernel.read_text()
+    kernel.unlink()
+    from napkin_cat.verbs import cost as cost_verbs
+    from napkin_cat.verbs import lower as lower_verbs
+
+    ran: list[str] = []
+    for module, name in ((cost_verbs, "cmd_cost"), (cost_verbs, "cmd_pseudo"), (lower_verbs, "cmd_lower")):
+        monkeypatch.setattr(module, name, lambda args: ran.append(args.verb) or 3)
+    assert [_napkin(capsys, *argv) for argv in runs] == first and ran == []  # replayed, byte for byte
+    assert kernel.read_text() == source
+    assert _napkin(capsys, "cost", str(proof), "tiled_matmul", "--size", "a=512")[0] == 3 and ran == ["cost"]
+    used.write_text(used.read_text() + "\n# a comment in the used file changes the key\n")
+    assert [_napkin(capsys, *argv)[0] for argv in runs] == [3, 3, 3] and ran == ["cost", "cost", "pseudo", "lower"]
+
+
+def test_a_replay_checks_its_outputs_and_a_damaged_outcome_runs_the_verb(
+        folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    proof, _ = _matmul(tmp_path)
+    target = tmp_path / "k.py"
+    argv = ("lower", str(proof), "tiled_matmul", "--target", "jax", "-o", str(target))
+    assert _napkin(capsys, *argv)[0] == 0
+    target.unlink()
+    target.mkdir()  # an output that is a folder: refused by the replay as by the verb
+    code, _, err = _napkin(capsys, *argv)
+    assert code == 2 and "k.py" in err and target.is_dir()
+    target.rmdir()
+    (entry,) = folder.glob("verb-lower-*.json")
+    entry.write_text(entry.read_text().replace("tiled_matmul", "tiled_matmuk"))
+    from napkin_cat.verbs import lower as lower_verbs
+
+    ran: list[str] = []
+    monkeypatch.setattr(lower_verbs, "cmd_lower", lambda args: ran.append(args.verb) or 3)
+    assert _napkin(capsys, *argv)[0] == 3 and ran == ["lower"]  # the digest no longer matches: not replayed
+
+
+def test_a_changed_hardware_profile_file_is_a_new_key(folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    profile = tmp_path / "mine.toml"
+    profile.write_text((ROOT / "napkin_cat" / "cost" / "hardware" / "cpu.toml").read_text())
+    argv = ("cost", str(ROOT / "proofs" / "matmul.ncd"), "tiled_matmul", "--hardware", str(profile))
+    assert _napkin(capsys, *argv)[0] == 0
+    from napkin_cat.verbs import cost as cost_verbs
+
+    ran: list[str] = []
+    monkeypatch.setattr(cost_verbs, "cmd_cost", lambda args: ran.append(args.verb) or 3)
+    assert _napkin(capsys, *argv)[0] == 0 and ran == []
+    profile.write_text(profile.read_text() + "\n# another profile\n")
+    assert _napkin(capsys, *argv)[0] == 3 and ran == ["cost"]

@@ -162,7 +162,8 @@ def test_the_cli_dispatches_verbs_to_light_modules_by_the_import_rule() -> None:
         assert name in MODULES, f"cli.VERBS[{verb!r}]: no module {name}"
         assert stage(name) <= stage("napkin_cat.cli")
         assert f"def cmd_{verb}(" in MODULES[name].read_text(encoding="utf-8"), f"{name} has no cmd_{verb}"
-    light = {"napkin_cat", "napkin_cat.diagnostics", "napkin_cat.files", "napkin_cat.limits", "napkin_cat.verbs"}
+    light = {"napkin_cat", "napkin_cat.diagnostics", "napkin_cat.files", "napkin_cat.limits", "napkin_cat.verbs",
+             "napkin_cat.verbs.replay", "napkin_cat.cache"}
     edges = graph()
     assert {t for t, (_, top) in edges["napkin_cat.cli"].items() if top} <= light
     for module in light:

@@ -15,6 +15,7 @@ from napkin_cat.diagnostics import NapkinError, error
 from napkin_cat.kernel import Theorem
 from napkin_cat.verbs import EXIT_OK, UsageError, parse_sizes
 from napkin_cat.verbs.common import module_or_usage
+from napkin_cat.verbs.replay import store
 
 __all__ = ["cmd_cost", "cmd_pseudo", "dtype_option", "hardware_option", "theorem_or_usage"]
 
@@ -61,10 +62,9 @@ def cmd_cost(args: argparse.Namespace) -> int:
         data = cost_report.report(c, args.theorem, args.mesh)
     except (HardwareError, cost.CostError) as exc:
         raise UsageError(str(exc)) from None
-    if args.json:
-        print(json.dumps(data, indent=2, allow_nan=False))
-    else:
-        print(cost_report.format_report(data), end="")
+    text = json.dumps(data, indent=2, allow_nan=False) + "\n" if args.json else cost_report.format_report(data)
+    print(text, end="")
+    store(args, text)
     return EXIT_OK
 
 
@@ -76,5 +76,7 @@ def cmd_pseudo(args: argparse.Namespace) -> int:
         c = cost.cost(thm, hardware=hardware, sizes=sizes, dtype=dtype, stages=args.stages)
     except (HardwareError, cost.CostError) as exc:
         raise UsageError(str(exc)) from None
-    print(pseudo.render(c.program, c.bytes_of), end="")
+    text = pseudo.render(c.program, c.bytes_of)
+    print(text, end="")
+    store(args, text)
     return EXIT_OK

@@ -24,6 +24,7 @@ from napkin_cat.verbs import (
 )
 from napkin_cat.verbs.common import diagram_or_usage, module_or_usage
 from napkin_cat.verbs.cost import dtype_option, hardware_option
+from napkin_cat.verbs.replay import store
 
 __all__ = ["cmd_derive", "cmd_lower"]
 
@@ -53,14 +54,16 @@ def cmd_lower(args: argparse.Namespace) -> int:
         warnings.simplefilter("always", UnprovedJoinWarning)
         lowered = lower(thm, target=args.target, tiles=tiles, dtype=dtype, hardware=hardware, mesh=args.mesh,
                         backward=backs, allow_tested_join=args.allow_tested_join)
-    for w in warned:
-        print(f"warning: {w.message}", file=sys.stderr)
+    warned_text = "".join(f"warning: {w.message}\n" for w in warned)
+    print(warned_text, end="", file=sys.stderr)
     outputs.write(args.output, lowered.source)
     placed = ", ".join(f"{axis}={tile}" for axis, tile in lowered.layout.tiles.items()) or "no tiles"
     split = lowered.layout.split
     placed += f"; {split[0]} split in blocks of {split[1]}" if split is not None else ""
     placed += f"; on a mesh of {args.mesh} devices" if args.mesh is not None else ""
-    print(f"wrote {args.output}: {args.target} function `{lowered.function}` ({placed})")
+    said = f"wrote {args.output}: {args.target} function `{lowered.function}` ({placed})\n"
+    print(said, end="")
+    store(args, said, warned_text, {args.output: lowered.source})
     return EXIT_OK
 
 

@@ -169,3 +169,31 @@ def test_the_cli_dispatches_verbs_to_light_modules_by_the_import_rule() -> None:
     for module in light:
         for target in edges.get(module, {}):
             assert target in light or not edges[module][target][1], f"{module} imports {target} at its top"
+
+
+_LOADED = """import contextlib, io, sys
+from napkin_cat.cli import main
+with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
+    main(sys.argv[1:])
+print(sorted(m for m in ("numpy", "sympy", "scipy", "lark", "jax") if m in sys.modules))
+"""
+
+
+def test_help_loads_nothing_heavy_and_a_stored_check_no_sympy(tmp_path: Path) -> None:
+    """What the verbs load (README "Command line"): ``--help`` none of numpy, sympy, scipy, lark,
+    jax; ``check`` no jax, and with its certificates stored (the second run) no sympy or scipy."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, NAPKIN_CACHE_DIR=str(tmp_path), PYTHONPATH=str(PACKAGE.parent))
+
+    def loaded(*argv: str) -> str:
+        ran = subprocess.run([sys.executable, "-c", _LOADED, *argv], capture_output=True, text=True, env=env,
+                             timeout=600, check=True)
+        return ran.stdout.strip().splitlines()[-1]
+
+    assert loaded("--help") == "[]"
+    proof = str(PACKAGE.parent / "proofs" / "flash_attention.ncd")
+    assert "jax" not in loaded("check", proof)
+    assert loaded("check", proof) == "['lark', 'numpy']"

@@ -212,3 +212,21 @@ def test_a_changed_hardware_profile_file_is_a_new_key(folder: Path, tmp_path: Pa
     assert _napkin(capsys, *argv)[0] == 0 and ran == []
     profile.write_text(profile.read_text() + "\n# another profile\n")
     assert _napkin(capsys, *argv)[0] == 3 and ran == ["cost"]
+
+
+def test_a_simplified_cost_expression_reads_back_as_simplify_returned_it(folder: Path) -> None:
+    import sympy
+
+    from napkin_cat.schedule import program
+
+    q, x = sympy.symbols("q x", positive=True, integer=True)
+    expr = (q**2 + 2 * q * x + x**2) / (q + x) + sympy.ceiling(q / 64) * sympy.Max(x, 64)
+    want = sympy.simplify(expr)
+    assert program.simplified.__wrapped__(expr) == want  # type: ignore[attr-defined]
+    (entry,) = folder.glob("simplified-*.json")
+    assert program.simplified.__wrapped__(expr) == want  # type: ignore[attr-defined]  # read back
+    data = json.loads(entry.read_text())
+    data["payload"] = "Add(("  # a consistent entry whose text does not read back: simplified again
+    data["digest"] = cache._digest(data["key"], data["payload"])
+    entry.write_text(json.dumps(data))
+    assert program.simplified.__wrapped__(expr) == want  # type: ignore[attr-defined]

@@ -16,6 +16,7 @@ Documented conventions for awkward inputs (float64):
 
 from __future__ import annotations
 
+import importlib
 import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
@@ -23,8 +24,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import sympy
-from scipy import special
 
 from napkin_cat import ops
 from napkin_cat.diagnostics import NapkinError, error
@@ -80,13 +79,30 @@ def _weights(name: str) -> tuple[str, str, str]:
     return weights
 
 
+class _Library:
+    """A library imported on first use: sympy (the symbolic algebra) and scipy.special (the
+    float64 algebra's erf and expit) stay unloaded in a process that evaluates neither, such as
+    ``napkin check`` whose certificates are all stored (``napkin_cat.cache``)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(importlib.import_module(self._name), attr)
+
+
+sympy: Any = _Library("sympy")
+special: Any = _Library("scipy.special")
+
+
 class Algebra:
     """Scalar semantics: float64 numpy (the reference) or sympy expressions (certify)."""
 
     symbolic = False
+    #: the unary ops, elementwise
+    unary: dict[str, Callable[[Any], Any]]
 
     def __init__(self) -> None:
-        self.unary: dict[str, Callable[[Any], Any]] = {}
         #: the binary ops, elementwise on arrays and on single scalars alike
         self.binary: dict[str, Callable[[Any, Any], Any]] = {
             "add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": operator.truediv,
@@ -123,7 +139,7 @@ class _Float64(Algebra):
         self.unary = {
             "exp": np.exp, "log": np.log, "neg": np.negative, "sqrt": np.sqrt,
             "rsqrt": lambda x: 1.0 / np.sqrt(x), "recip": lambda x: 1.0 / x, "square": np.square,
-            "abs": np.abs, "tanh": np.tanh, "sigmoid": special.expit,
+            "abs": np.abs, "tanh": np.tanh, "sigmoid": lambda x: special.expit(x),
             "relu": lambda x: np.maximum(x, 0.0), "gelu": _gelu, "silu": lambda x: x * special.expit(x),
             "sign": np.sign, "id": lambda x: x,
         }
@@ -184,9 +200,15 @@ class _Float32(_Float64):
 class _Symbolic(Algebra):
     symbolic = True
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __getattr__(self, name: str) -> Any:
+        """The sympy-built tables (``unary``, ``_max``, ...), made on first use: creating the
+        algebra imports no sympy."""
+        if name not in ("unary", "_max", "_min", "_add", "_mul"):
+            raise AttributeError(name)
+        self._tables()
+        return self.__dict__[name]
 
+    def _tables(self) -> None:
         def lift(f: Callable[[Any], Any]) -> Callable[[Any], Any]:
             return np.frompyfunc(f, 1, 1)  # type: ignore[no-any-return]
 

@@ -9,9 +9,10 @@ rounded to bf16 behind the caller's back.
 
 The theorem is checked by the trusted kernel (with ``strict=True``, the default, it must rest
 only on proved lemmas and accumulators, as ``napkin check --strict`` demands) and lowered by
-``napkin_cat.lower``; the generated module is stored in a cache folder (``NAPKIN_CACHE_DIR``,
-else ``$XDG_CACHE_HOME/napkin``, else ``~/.cache/napkin``; ``cache=False`` or the folder
-``None`` turns it off) under a key that covers everything the kernel depends on: the
+``napkin_cat.lower``; the generated module is stored in napkin's cache folder
+(``napkin_cat.cache``: ``NAPKIN_CACHE_DIR``, else ``$XDG_CACHE_HOME/napkin``, else
+``~/.cache/napkin``; ``cache=False`` or an empty ``NAPKIN_CACHE_DIR`` turns it off) under a
+key that covers everything the kernel depends on: the
 contents of the .ncd file and of every file it could ``use`` (found by the grammar's
 ``use "PATH"`` form, comments included, so a file is never left out), the theorem and
 backward names, target, dtype, tiles, hardware, strictness, napkin's own source (its
@@ -29,10 +30,6 @@ positions enter as ``index[q x](q - x)``), keys masked where an index predicate 
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,33 +40,19 @@ import jax
 import jax.numpy as jnp
 
 from napkin_cat import proof
+from napkin_cat.cache import cache_folder, key, read, sources, write
 from napkin_cat.diagnostics import NapkinError, error
 from napkin_cat.elaborate import load, loads
-from napkin_cat.files import MAX_SOURCE_BYTES, FileRefused, OutputRefused, Outputs, read_source
 from napkin_cat.kernel import Theorem
 from napkin_cat.lower import TARGETS, compile_module, lower
 from napkin_cat.terms import Module
 
 __all__ = ["Fused", "attention", "cache_folder", "fuse"]
 
-#: the grammar's `use_decl: "use" STRING` with what may stand between (blanks and comments)
-_USE = re.compile(r'\buse(?:\s|#[^\n\r]*)*"([^"\n]*)"')
 #: bumped when the cache entry's layout changes
 _FORMAT = 1
-_PACKAGE = Path(__file__).resolve().parent
 _lock = threading.Lock()
 _memo: dict[str, tuple[Callable[..., Any], str]] = {}
-_own_hash: list[str] = []
-
-
-def cache_folder() -> Path | None:
-    """Where kernels are cached: ``NAPKIN_CACHE_DIR`` (empty: no disk cache), else
-    ``$XDG_CACHE_HOME/napkin``, else ``~/.cache/napkin``."""
-    chosen = os.environ.get("NAPKIN_CACHE_DIR")
-    if chosen is not None:
-        return Path(chosen) if chosen else None
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "napkin"
 
 
 @dataclass(frozen=True)
@@ -104,7 +87,7 @@ def fuse(path: str | Path, theorem: str, *, backward: Sequence[str] = (), target
     Nothing is read or proved until the first call (or ``source``); errors in the file or
     the proof are raised then as ``NapkinError`` with located diagnostics."""
     where = Path(path)
-    return _fused(lambda: _closure(where), lambda: load(where), theorem, backward, target, tiles, hardware,
+    return _fused(lambda: sources(where), lambda: load(where), theorem, backward, target, tiles, hardware,
                   strict, cache)
 
 
@@ -162,18 +145,19 @@ def _fused(sources: Callable[[], list[bytes]], module: Callable[[], Module], the
                 "tiles": dict(sorted((tiles or {}).items()))}
 
     def build(dtype: str) -> tuple[Callable[..., Any], str]:
-        key = _key(sources(), settings | {"dtype": dtype})
+        entry_key = key("kernel", {"format": _FORMAT, "jax": jax.__version__, **settings, "dtype": dtype},
+                        sources())
         with _lock:
-            if key in _memo:
-                return _memo[key]
+            if entry_key in _memo:
+                return _memo[entry_key]
         folder = cache_folder() if cache else None
-        entry = _read(folder, key)
+        entry = read(folder, entry_key, _valid)
         if entry is None:
             entry = _lowered(module(), theorem, backward, chosen, tiles, hardware, strict, dtype)
-            _write(folder, key, entry)
+            write(folder, entry_key, entry)
         built = _compiled(entry, theorem), entry["source"]
         with _lock:
-            _memo[key] = built
+            _memo[entry_key] = built
         return built
 
     return Fused(theorem, chosen, backward, build)
@@ -215,69 +199,7 @@ def _compiled(entry: Mapping[str, Any], theorem: str) -> Callable[..., Any]:
     return function
 
 
-def _closure(path: Path) -> list[bytes]:
-    """The contents of ``path`` and of every file it could ``use``, transitively (a
-    ``use "..."`` in a comment counts too: a file too many only costs a cache miss), each
-    prefixed by its resolved path; a file that cannot be read counts by its path and reason
-    (elaboration reports it)."""
-    seen: dict[Path, bytes] = {}
-    todo = [path.resolve()]
-    while todo:
-        here = todo.pop()
-        if here in seen:
-            continue
-        try:
-            text = read_source(here, MAX_SOURCE_BYTES)
-        except FileRefused as exc:
-            seen[here] = f"unreadable: {exc.reason}".encode()
-            continue
-        seen[here] = text.encode("utf-8")
-        todo.extend((here.parent / rel).resolve() for rel in _USE.findall(text))
-    return [str(p).encode() + b"\0" + body for p, body in sorted(seen.items())]
-
-
-def _napkin_hash() -> str:
-    """napkin's own source (modules, the version in ``__init__``, grammar, lemma library), hashed
-    once per process."""
-    with _lock:
-        if not _own_hash:
-            digest = hashlib.sha256()
-            for path in sorted(p for p in _PACKAGE.rglob("*") if p.suffix in (".py", ".ncd", ".lark", ".toml")):
-                digest.update(str(path.relative_to(_PACKAGE)).encode() + b"\0" + path.read_bytes())
-            grammar = _PACKAGE.parent / "grammar" / "ncd.lark"
-            if grammar.is_file():
-                digest.update(grammar.read_bytes())
-            _own_hash.append(digest.hexdigest())
-        return _own_hash[0]
-
-
-def _key(sources: list[bytes], settings: Mapping[str, Any]) -> str:
-    digest = hashlib.sha256(json.dumps({"format": _FORMAT, "napkin": _napkin_hash(), "jax": jax.__version__,
-                                        "settings": settings}, sort_keys=True).encode())
-    for body in sources:
-        digest.update(len(body).to_bytes(8, "little") + body)
-    return digest.hexdigest()
-
-
-def _read(folder: Path | None, key: str) -> dict[str, Any] | None:
-    """The cached entry for ``key``, or None (absent, unreadable or not napkin's)."""
-    if folder is None:
-        return None
-    try:
-        entry = json.loads((folder / f"{key}.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    ok = isinstance(entry, dict) and entry.get("format") == _FORMAT and isinstance(entry.get("source"), str) \
+def _valid(entry: Any) -> bool:
+    """Is ``entry`` a kernel entry of this layout (else it is lowered again)?"""
+    return isinstance(entry, dict) and entry.get("format") == _FORMAT and isinstance(entry.get("source"), str) \
         and isinstance(entry.get("function"), str)
-    return entry if ok else None
-
-
-def _write(folder: Path | None, key: str, entry: Mapping[str, Any]) -> None:
-    """Store ``entry`` atomically; a cache that cannot be written is skipped (the kernel still runs)."""
-    if folder is None:
-        return
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        Outputs().write(folder / f"{key}.json", json.dumps(entry, sort_keys=True))
-    except (OSError, OutputRefused):
-        return

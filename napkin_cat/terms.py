@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Union
 
 from napkin_cat.diagnostics import Span
+from napkin_cat.limits import MAX_AXIS_SIZE as MAX_AXIS_SIZE  # re-exported: the IR's limits
+from napkin_cat.limits import MAX_MESH_DEVICES as MAX_MESH_DEVICES
 
 Axes = tuple[str, ...]
 
@@ -28,16 +30,6 @@ LEVELS: tuple[str, ...] = ("mesh", "hbm", "l2", "smem", "reg")
 
 #: the level above one device
 MESH = "mesh"
-
-
-#: the largest axis size or tile (2^53: every size and product of a few stays exact in
-#: float64, where the cost model and the tile search compute)
-MAX_AXIS_SIZE = 1 << 53
-
-#: the most devices a mesh may have (``--mesh``, a hardware profile's ``devices``): 2^16, past
-#: the largest machines JAX runs one program on (multislice TPU jobs of about 50,000 chips); the
-#: emitted code's size does not grow with it (the ring's permutation is computed)
-MAX_MESH_DEVICES = 1 << 16
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,7 @@ def test_a_second_process_reads_the_kernel_from_disk(cache: Path, monkeypatch: p
     new process), the same kernel comes from the cache folder without proving anything."""
     q, k, v = _qkv()
     first = napkin_cat.fuse(ROOT / "proofs/flash_attention.ncd", "flash_attention", target="jax")(q, k, v)
-    assert len(list(cache.glob("*.json"))) == 1
+    assert len(list(cache.glob("kernel-*.json"))) == 1
     monkeypatch.setattr(fused, "_memo", {})
 
     def refuse(*_args: object) -> None:
@@ -103,7 +103,7 @@ def test_a_changed_used_file_is_a_new_key(tmp_path: Path, cache: Path) -> None:
     assert text.count("* rsqrt(d)") >= 1
     used.write_text(text.replace("* rsqrt(d)", "* rsqrt(d) * 2", 1))
     after = napkin_cat.fuse(tmp_path / "proofs/flash_attention.ncd", "flash_attention", target="jax")(q, k, v)
-    assert len(list(cache.glob("*.json"))) == 2
+    assert len(list(cache.glob("kernel-*.json"))) == 2
     assert np.abs(np.asarray(before) - _attention(q, k, v)).max() < 1e-5
     assert np.abs(np.asarray(after) - _attention(q, k, v, scores=lambda s: 2 * s)).max() < 1e-5
 

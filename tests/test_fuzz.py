@@ -157,12 +157,12 @@ def test_the_verb_fuzzer_draws_every_verb_and_option() -> None:
 
 
 def test_the_verb_fuzzer_sees_escaped_exceptions_and_hangs(monkeypatch: pytest.MonkeyPatch) -> None:
-    import napkin_cat.cli as cli
+    from napkin_cat.verbs import text as text_verbs  # where `parse` lives: patched to fail on purpose
 
     def broken(args: object) -> int:
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr(cli, "cmd_parse", broken)
+    monkeypatch.setattr(text_verbs, "cmd_parse", broken)
     outcome = run_verb("parse", [str(_VERBS_DIR / "proofs" / "matmul.ncd")])
     assert not outcome.ok and "ZeroDivisionError: a bug" in outcome.error
 
@@ -170,7 +170,7 @@ def test_the_verb_fuzzer_sees_escaped_exceptions_and_hangs(monkeypatch: pytest.M
         while True:
             pass
 
-    monkeypatch.setattr(cli, "cmd_parse", slow)
+    monkeypatch.setattr(text_verbs, "cmd_parse", slow)
     outcome = run_verb("parse", ["x.ncd"], seconds=0.2)
     assert not outcome.ok and outcome.error == "took longer than 0.2 s"
 
@@ -179,13 +179,13 @@ def test_the_verb_fuzzer_sees_tracebacks_replaced_special_files_and_silent_inter
         monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
-    import napkin_cat.cli as cli
+    from napkin_cat.verbs import text as text_verbs  # where `parse` lives: patched to fail on purpose
 
     def printed(args: object) -> int:
         print("Traceback (most recent call last):", file=sys.stderr)
         return 0
 
-    monkeypatch.setattr(cli, "cmd_parse", printed)
+    monkeypatch.setattr(text_verbs, "cmd_parse", printed)
     assert "a traceback on stderr" in fuzz_verbs.run(Invocation("parse", ("x.ncd",))).error
     fifo = str(_VERBS_DIR / "special" / "out_fifo.svg")
 
@@ -194,7 +194,7 @@ def test_the_verb_fuzzer_sees_tracebacks_replaced_special_files_and_silent_inter
         return 0
 
     (_VERBS_DIR / "out" / "made").write_text("x")
-    monkeypatch.setattr(cli, "cmd_parse", replacing)
+    monkeypatch.setattr(text_verbs, "cmd_parse", replacing)
     outcome = fuzz_verbs.run(Invocation("parse", ("x.ncd",), guarded=(fifo,)))
     assert outcome.error == f"special output replaced: {fifo}"
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)  # made again for the next runs
@@ -202,6 +202,6 @@ def test_the_verb_fuzzer_sees_tracebacks_replaced_special_files_and_silent_inter
     def interrupted(args: object) -> int:
         return 130
 
-    monkeypatch.setattr(cli, "cmd_parse", interrupted)
+    monkeypatch.setattr(text_verbs, "cmd_parse", interrupted)
     assert "interrupted without the one line" in fuzz_verbs.run(Invocation("parse", ("x.ncd",), interrupt=5.0)).error
     assert fuzz_verbs.run(Invocation("parse", ("x.ncd",))).error.startswith("exit 130")

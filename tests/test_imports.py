@@ -18,18 +18,21 @@ PACKAGE = Path(__file__).resolve().parent.parent / "napkin_cat"
 
 #: the pipeline's stages, upstream first; a module's stage is its longest listed prefix
 STAGES: tuple[str, ...] = (
-    "napkin_cat.files", "napkin_cat.diagnostics", "napkin_cat.terms", "napkin_cat.ops", "napkin_cat.syntax",
-    "napkin_cat.elaborate", "napkin_cat.printer", "napkin_cat.evaluate", "napkin_cat.finiteness", "napkin_cat.kernel",
+    "napkin_cat.limits", "napkin_cat.files", "napkin_cat.cache", "napkin_cat.diagnostics", "napkin_cat.terms",
+    "napkin_cat.ops", "napkin_cat.syntax", "napkin_cat.elaborate", "napkin_cat.printer", "napkin_cat.evaluate",
+    "napkin_cat.finiteness", "napkin_cat.kernel",
     "napkin_cat.certify", "napkin_cat.proof", "napkin_cat.grad", "napkin_cat.schedule", "napkin_cat.cost",
     "napkin_cat.pseudo", "napkin_cat.draw", "napkin_cat.lower", "napkin_cat.search", "napkin_cat.fused", "napkin_cat",
-    "napkin_cat.cli",
+    "napkin_cat.verbs", "napkin_cat.cli",
     "napkin_cat.__main__",
 )
 #: modules held to a narrower list than their stage allows; the empty set means none at all
 ALLOWED: dict[str, set[str]] = {
+    "napkin_cat.limits": set(),
     "napkin_cat.files": set(),
+    "napkin_cat.cache": {"napkin_cat.files"},  # entries are written as every output is
     "napkin_cat.diagnostics": {"napkin_cat.files"},  # source lines for carets, read as the elaborator reads them
-    "napkin_cat.terms": {"napkin_cat.diagnostics"},  # Span only: a type every term carries
+    "napkin_cat.terms": {"napkin_cat.diagnostics", "napkin_cat.limits"},  # Span: a type every term carries
     # the trusted base: the kernel, the IR it reads, and the finiteness analysis that discharges side conditions
     "napkin_cat.kernel": {"napkin_cat.terms", "napkin_cat.ops", "napkin_cat.diagnostics", "napkin_cat.finiteness"},
     "napkin_cat.finiteness": {"napkin_cat.terms", "napkin_cat.ops"},
@@ -38,9 +41,8 @@ ALLOWED: dict[str, set[str]] = {
 LAZY: dict[tuple[str, str], str] = {
     ("napkin_cat", "napkin_cat.draw"): "drawing (drawsvg, cairosvg) is loaded only inside a notebook shell",
     ("napkin_cat.__main__", "napkin_cat.cli"): "Ctrl-C while the CLI's modules load is caught (exit 130)",
-    ("napkin_cat.cli", "napkin_cat.lower"): "jax is imported only by the verbs that lower",
-    ("napkin_cat.cli", "napkin_cat.search.derive"): "derive lowers (jax): imported only by `derive`",
-    ("napkin_cat.cli", "napkin_cat.draw"): "drawsvg and cairosvg are imported only by `draw`",
+    ("napkin_cat.certify", "napkin_cat.certify.tiers"): "the tiers load sympy: imported on a certificate cache miss",
+    ("napkin_cat.verbs.check", "napkin_cat.certify.prove"): "sympy: loaded by `check --certify` only, not `check`",
 }
 
 
@@ -106,7 +108,7 @@ def test_the_resolver_sees_the_known_imports() -> None:
     assert {"napkin_cat.ops", "napkin_cat.diagnostics", "napkin_cat.syntax", "napkin_cat.terms"} <= imports
     edges = graph()
     assert edges["napkin_cat.cost"]["napkin_cat.schedule.loopnest"][1]  # a package's __init__ is its module
-    assert not edges["napkin_cat.cli"]["napkin_cat.lower"][1]  # a function-level import is seen as one
+    assert not edges["napkin_cat"]["napkin_cat.draw"][1]  # a function-level import is seen as one
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=[module_name(p) for p in SOURCES])
@@ -146,3 +148,52 @@ def test_function_level_imports_are_the_listed_few() -> None:
              for target, (_, top) in targets.items() if not top}
     assert found == set(LAZY), f"unlisted: {sorted(found - set(LAZY))}; stale: {sorted(set(LAZY) - found)}"
     assert len(LAZY) <= 5
+
+
+def test_the_cli_dispatches_verbs_to_light_modules_by_the_import_rule() -> None:
+    """The CLI imports a verb's module by name when the verb runs (``cli.VERBS``, so that
+    ``--help`` and ``parse`` load nothing heavy); those edges obey the rule of written imports:
+    each names a module of ``napkin_cat.verbs`` that defines the verb's function, and the
+    modules the CLI imports at its top are light (no numpy, sympy, lark or jax below them)."""
+    from napkin_cat import cli
+
+    for verb, module in cli.VERBS.items():
+        name = f"napkin_cat.verbs.{module}"
+        assert name in MODULES, f"cli.VERBS[{verb!r}]: no module {name}"
+        assert stage(name) <= stage("napkin_cat.cli")
+        assert f"def cmd_{verb}(" in MODULES[name].read_text(encoding="utf-8"), f"{name} has no cmd_{verb}"
+    light = {"napkin_cat", "napkin_cat.diagnostics", "napkin_cat.files", "napkin_cat.limits", "napkin_cat.verbs",
+             "napkin_cat.verbs.replay", "napkin_cat.cache"}
+    edges = graph()
+    assert {t for t, (_, top) in edges["napkin_cat.cli"].items() if top} <= light
+    for module in light:
+        for target in edges.get(module, {}):
+            assert target in light or not edges[module][target][1], f"{module} imports {target} at its top"
+
+
+_LOADED = """import contextlib, io, sys
+from napkin_cat.cli import main
+with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
+    main(sys.argv[1:])
+print(sorted(m for m in ("numpy", "sympy", "scipy", "lark", "jax") if m in sys.modules))
+"""
+
+
+def test_help_loads_nothing_heavy_and_a_stored_check_no_sympy(tmp_path: Path) -> None:
+    """What the verbs load (README "Command line"): ``--help`` none of numpy, sympy, scipy, lark,
+    jax; ``check`` no jax, and with its certificates stored (the second run) no sympy or scipy."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, NAPKIN_CACHE_DIR=str(tmp_path), PYTHONPATH=str(PACKAGE.parent))
+
+    def loaded(*argv: str) -> str:
+        ran = subprocess.run([sys.executable, "-c", _LOADED, *argv], capture_output=True, text=True, env=env,
+                             timeout=600, check=True)
+        return ran.stdout.strip().splitlines()[-1]
+
+    assert loaded("--help") == "[]"
+    proof = str(PACKAGE.parent / "proofs" / "flash_attention.ncd")
+    assert "jax" not in loaded("check", proof)
+    assert loaded("check", proof) == "['lark', 'numpy']"

@@ -23,6 +23,7 @@ from napkin_cat import cli, files
 from napkin_cat.cli import main
 from napkin_cat.diagnostics import NapkinError, render
 from napkin_cat.elaborate import load, loads
+from napkin_cat.verbs import text as text_verbs  # where `parse` lives: patched to fail on purpose
 
 ROOT = Path(__file__).resolve().parent.parent
 ATTENTION = str(ROOT / "examples" / "attention.ncd")
@@ -142,10 +143,12 @@ def test_bad_dtype_or_hardware_is_a_usage_error_in_every_verb(option: tuple[str,
     assert not (tmp_path / "k.py").exists() and not (tmp_path / "d.ncd").exists()
 
 
-def test_one_dtype_vocabulary_and_default(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    for verb in ("lower", "derive", "cost", "pseudo"):
-        actions = {a.dest: a for a in cli._parser()._subparsers._group_actions[0].choices[verb]._actions}
-        assert actions["dtype"].default == cli.DEFAULT_DTYPE
+def test_one_dtype_vocabulary_and_the_documented_defaults(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every verb reads --dtype alike; a written kernel is f32 unless asked (`lower`, and `derive
+    --lower` when resolved), as the Python lower() emits it; the cost model prices in bf16."""
+    defaults = {verb: {a.dest: a for a in cli._parser()._subparsers._group_actions[0].choices[verb]._actions}[
+        "dtype"].default for verb in ("lower", "derive", "cost", "pseudo")}
+    assert defaults == {"lower": "f32", "derive": None, "cost": "bf16", "pseudo": "bf16"}
     out = tmp_path / "k.py"
     code, _, err = run(capsys, "lower", MATMUL_PROOF, "tiled_matmul", "--target", "jax", "--dtype", "fp16",
                        "-o", str(out))
@@ -154,11 +157,25 @@ def test_one_dtype_vocabulary_and_default(tmp_path: Path, capsys: pytest.Capture
     assert code == 2 and "kernels are emitted in f32, bf16, f16 only" in err
 
 
+@pytest.mark.parametrize("target", ["jax", "pallas"])
+def test_the_cli_and_python_lower_agree_on_the_default_dtype(target: str, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from napkin_cat.lower import lower
+    from napkin_cat.proof import theorem
+
+    out = tmp_path / "k.py"
+    code, _, err = run(capsys, "lower", MATMUL_PROOF, "tiled_matmul", "--target", target, "-o", str(out))
+    assert code == 0, err
+    written = out.read_text()
+    assert written == lower(theorem(MATMUL_PROOF, "tiled_matmul"), target=target).source
+    assert "inputs and outputs float32" in written
+
+
 def test_ctrl_c_exits_130_with_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     def interrupted(args: object) -> int:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "cmd_parse", interrupted)
+    monkeypatch.setattr(text_verbs, "cmd_parse", interrupted)
     code, out, err = run(capsys, "parse", ATTENTION)
     assert code == 130 and out == "" and err == "napkin parse: interrupted\n"
 
@@ -599,13 +616,13 @@ def test_an_interrupted_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest
 
 def test_derive_lower_that_fails_writes_neither_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    import napkin_cat.lower
     from napkin_cat.diagnostics import error
+    from napkin_cat.verbs import lower as lower_verbs
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise NapkinError(error("lower.streams", None, axes="a, b"))
 
-    monkeypatch.setattr(napkin_cat.lower, "lower", refuse)
+    monkeypatch.setattr(lower_verbs, "lower", refuse)  # the lowering `derive --lower` calls
     out = tmp_path / "d.ncd"
     code, stdout, err = run(capsys, "derive", str(ROOT / "examples" / "matmul.ncd"), "matmul", "--size=a=8",
                             "--size=b=8", "--size=c=8", "--budget", "3", "--lower", "jax", "-o", str(out))

@@ -454,7 +454,14 @@ def _on_tensor_cores(box: Box) -> bool:
 def _per_point(box: Box) -> Expr:
     info = ops.OPS[box.op]
     # ops docstring: a contraction of n operands costs n per point (2k per output element for two)
-    return sympy.Integer(len(box.args)) if info.kind == "contract" else sympy.nsimplify(info.flops)
+    return sympy.Integer(len(box.args)) if info.kind == "contract" else _rational(info.flops)
+
+
+@functools.cache
+def _rational(flops: float) -> Expr:
+    """An op's FLOPs per point as the rational it stands for (``nsimplify``, a parse per call:
+    remembered, since the search prices every box of every candidate)."""
+    return sympy.nsimplify(flops)
 
 
 def _baseline(prog: Program, bytes_of: Mapping[str, int]) -> Baseline:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import sympy
 from sympy import Expr
 
+from napkin_cat.cache import cache_folder, key, read, write
 from napkin_cat.schedule.loopnest import LoopNest
 from napkin_cat.terms import LEVELS, Axes
 
@@ -27,10 +28,29 @@ __all__ = ["Buffer", "Inst", "Program", "Step", "View", "max_of", "rank", "simpl
 
 @functools.lru_cache(maxsize=4096)
 def simplified(expr: Expr) -> Expr:
-    """``sympy.simplify``, remembered: the cost of one schedule is derived again by every verb
-    and test that prices it (cost, lower, derive), and simplifying its masked chunk counts
-    dominates that (tens of seconds for a two-level masked schedule)."""
-    return sympy.simplify(expr)
+    """``sympy.simplify``, remembered in the process and on disk (``napkin_cat.cache``, keyed by
+    the expression's ``srepr`` and the sympy version): the cost of one schedule is derived again
+    by every verb and test that prices it (cost, lower, derive), and simplifying its masked
+    chunk counts dominates that (tens of seconds for a two-level masked schedule).  A result is
+    stored only where its ``srepr`` reads back as the same expression, so what is read back is
+    what ``simplify`` returned."""
+    entry_key = key("simplified", {"expr": sympy.srepr(expr), "sympy": sympy.__version__})
+    stored = read(cache_folder(), entry_key, lambda payload: isinstance(payload, str))
+    if stored is not None:
+        try:
+            value: Expr = sympy.sympify(stored)
+            return value
+        except (sympy.SympifyError, SyntaxError, TypeError, ValueError, NameError, AttributeError):
+            pass  # not readable here: simplified again below
+    result: Expr = sympy.simplify(expr)
+    text = sympy.srepr(result)
+    try:
+        faithful = sympy.sympify(text) == result
+    except (sympy.SympifyError, SyntaxError, TypeError, ValueError, NameError, AttributeError):
+        faithful = False
+    if faithful:
+        write(cache_folder(), entry_key, text)
+    return result
 
 #: a loop instance in a view: (index into LoopNest.loops, serial number of the instance)
 Inst = tuple[int, int]

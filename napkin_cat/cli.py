@@ -26,6 +26,7 @@ import numpy as np
 from napkin_cat import __version__, certify, cost, proof, pseudo
 from napkin_cat.certify import catalogue, prove, rules
 from napkin_cat.certify.accumulators import accumulators_for
+from napkin_cat.cost import chain as cost_chain
 from napkin_cat.cost import hardware as hw
 from napkin_cat.cost import report as cost_report
 from napkin_cat.cost.hardware import HardwareError
@@ -268,7 +269,7 @@ def cmd_lower(args: argparse.Namespace) -> int:
     outputs.check(args.output)
     thm = proof.theorem(args.file, args.theorem)
     backs = [proof.theorem(args.file, name) for name in backward]
-    parts = [p for t in (thm, *backs) for p in t.schedule.partitions]
+    parts = [p for t in (thm, *backs) for p in proof.partitions(t)]
     unknown = [n for n in tiles if n not in {str(p.tile) for p in parts} | {p.axis for p in parts}]
     if unknown:
         known = ", ".join(sorted({f"{p.tile} (axis {p.axis})" for p in parts})) or "none"
@@ -281,12 +282,16 @@ def cmd_lower(args: argparse.Namespace) -> int:
     for w in warned:
         print(f"warning: {w.message}", file=sys.stderr)
     outputs.write(args.output, lowered.source)
-    placed = ", ".join(f"{axis}={tile}" for axis, tile in lowered.layout.tiles.items()) or "no tiles"
-    split = lowered.layout.split
-    placed += f"; {split[0]} split in blocks of {split[1]}" if split is not None else ""
+    placed = "; ".join(_tiles_placed(lay) for lay in lowered.layouts or (lowered.layout,))
     placed += f"; on a mesh of {args.mesh} devices" if args.mesh is not None else ""
     print(f"wrote {args.output}: {args.target} function `{lowered.function}` ({placed})")
     return EXIT_OK
+
+
+def _tiles_placed(lay: Any) -> str:
+    """``axis=tile, ...`` of a lowered kernel's layout, and its split's blocks."""
+    placed = ", ".join(f"{axis}={tile}" for axis, tile in lay.tiles.items()) or "no tiles"
+    return placed + (f"; {lay.split[0]} split in blocks of {lay.split[1]}" if lay.split is not None else "")
 
 
 def cmd_grad(args: argparse.Namespace) -> int:
@@ -381,14 +386,15 @@ def cmd_cost(args: argparse.Namespace) -> int:
     dtype, hardware, sizes = _dtype(args.dtype), _hardware(args.hardware), parse_sizes(args.size)
     thm = _theorem_or_usage(args.file, args.theorem)
     try:
-        c = cost.cost(thm, hardware=hardware, sizes=sizes, dtype=dtype, stages=args.stages)
-        data = cost_report.report(c, args.theorem, args.mesh)
+        options = {"hardware": hardware, "sizes": sizes, "dtype": dtype, "stages": args.stages}
+        data = cost_chain.chain_report(thm, args.theorem, args.mesh, **options) if thm.kernels else \
+            cost_report.report(cost.cost(thm, **options), args.theorem, args.mesh)
     except (HardwareError, cost.CostError) as exc:
         raise UsageError(str(exc)) from None
     if args.json:
         print(json.dumps(data, indent=2, allow_nan=False))
     else:
-        print(cost_report.format_report(data), end="")
+        print((cost_chain.format_chain if thm.kernels else cost_report.format_report)(data), end="")
     return EXIT_OK
 
 
@@ -396,11 +402,17 @@ def cmd_pseudo(args: argparse.Namespace) -> int:
     """Print a theorem's pseudocode diagram: loops, columns, live buffers, transfers per level."""
     dtype, hardware, sizes = _dtype(args.dtype), _hardware(args.hardware), parse_sizes(args.size)
     thm = _theorem_or_usage(args.file, args.theorem)
+    parts = []
+    for k, (kernel, writes) in enumerate(zip(thm.kernels, thm.writes, strict=True), start=1):  # a chain's, in order
+        wrote = "the outputs" if writes == ("return",) else f"{', '.join(writes)} to hbm for the kernels after it"
+        parts.append((f"# kernel {k} of {len(thm.kernels)}: {kernel.name}, writes {wrote}\n", kernel))
     try:
-        c = cost.cost(thm, hardware=hardware, sizes=sizes, dtype=dtype, stages=args.stages)
+        for header, each in parts or [("", thm)]:
+            own = {a: n for a, n in sizes.items() if a in each.result.axis_sizes()} if parts else sizes
+            c = cost.cost(each, hardware=hardware, sizes=own, dtype=dtype, stages=args.stages)
+            print(header + pseudo.render(c.program, c.bytes_of), end="")
     except (HardwareError, cost.CostError) as exc:
         raise UsageError(str(exc)) from None
-    print(pseudo.render(c.program, c.bytes_of), end="")
     return EXIT_OK
 
 

@@ -22,7 +22,7 @@ from napkin_cat.certify.approximation import label_inputs
 from napkin_cat.elaborate import loads
 from napkin_cat.evaluate import evaluate
 from napkin_cat.kernel import KernelError, Theorem
-from napkin_cat.proof import check_file, check_module, theorem
+from napkin_cat.proof import check_file, check_module, partitions, theorem
 from napkin_cat.schedule.run import run_schedule
 from napkin_cat.terms import Partition
 
@@ -40,7 +40,7 @@ def _draw_sizes(draw: Callable[[st.SearchStrategy[Any]], Any], thm: Theorem) -> 
     declared = thm.result.axis_sizes()
     tiles: dict[str, int] = {}
     by_axis: dict[str, list[Partition]] = {}
-    for p in thm.schedule.partitions:
+    for p in partitions(thm):  # a chain's kernels' too
         by_axis.setdefault(p.axis, []).append(p)
     sizes: dict[str, int] = {}
     for axis, parts in by_axis.items():

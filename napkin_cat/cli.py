@@ -340,12 +340,14 @@ def cmd_derive(args: argparse.Namespace) -> int:
                          f"--size AXIS=N")
     try:
         cost = derive.model_cost(hardware, dtype, sizes, target=args.lower)
+        unfused = derive.unfused_cost(hardware, dtype, sizes, target=args.lower)
     except HardwareError as exc:
         raise UsageError(str(exc)) from None
     settings = {"hardware": hardware.key, "dtype": dtype} | {a: str(n) for a, n in sizes.items()}
     found = derive.derive(args.file, args.diagram, cost, settings=settings, max_rewrites=args.max_rewrites,
                           budget=args.budget, seconds=args.seconds, lower=args.lower,
-                          progress=lambda message: print(f"napkin derive: {message}", file=sys.stderr))
+                          progress=lambda message: print(f"napkin derive: {message}", file=sys.stderr),
+                          unfused=unfused, launch_overhead=hardware.launch_overhead)
     search = found.search
     print(f"search stopped: {search.stopped} ({search.detail}); {len(search.candidates)} candidates checked "
           f"in {search.elapsed:.2f} s")

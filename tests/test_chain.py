@@ -28,6 +28,7 @@ from napkin_cat.lower import lower
 from napkin_cat.printer import print_module
 from napkin_cat.proof import check_file, check_module, theorem
 from napkin_cat.schedule.run import run_schedule
+from napkin_cat.search.derive import checked, derive, model_cost, unfused_cost
 
 ROOT = Path(__file__).resolve().parent.parent
 PROOF = ROOT / "proofs" / "chains.ncd"
@@ -186,3 +187,35 @@ def test_cost_pseudo_and_draw_show_every_kernel(tmp_path: Path, capsys: pytest.C
     assert main(["lower", str(PROOF), "mean_cross_entropy_chained", "--target", "jax", "-o",
                  str(tmp_path / "k.py")]) == 0
     assert "; " in capsys.readouterr().out  # the tiles of each kernel
+
+
+# ---- derive: fusion boundaries ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("path", "name", "sizes"), [
+    ("matmul.ncd", "matmul", {"a": 512, "b": 512, "c": 512}),  # the tiled plan is modelled slower than unfused
+    ("chains.ncd", "mean_token_loss", {"t": 512, "v": 512}),
+])
+def test_derive_never_returns_a_plan_slower_than_the_unfused_diagram_and_it_lowers(
+        path: str, name: str, sizes: dict[str, int], tmp_path: Path) -> None:
+    source = ROOT / "examples" / path
+    cost_fn, unfused = model_cost("h100", "bf16", sizes), unfused_cost("h100", "bf16", sizes)
+    found = derive(source, name, cost_fn, seconds=20, unfused=unfused, launch_overhead=4e-6)
+    plain = kernel.unfold(kernel.refl(name, load(source).diagram(name)))
+    best = found.best
+    assert best.ok and best.cost is not None and best.cost.value <= unfused(plain).value * (1 + 1e-9)
+    unfused_plans = [c for c in found.search.candidates if c.kernels and not any(k.steps for k in c.kernels)]
+    assert len(unfused_plans) == 1 and unfused_plans[0].ok  # the unfused diagram is always a candidate
+    text, result = checked(found, tmp_path / "derived.ncd")
+    assert result.theorem is not None, text
+    thm = result.theorem
+    rng = np.random.default_rng(0)
+    small = {a: 37 for a in sizes}  # ragged for every tile
+    arrays = [rng.standard_normal([small[a] for a in p.axes]) for p in thm.source.inputs]
+    if name == "mean_token_loss":
+        arrays[1] = rng.integers(0, small["v"], size=small["t"]).astype(float)
+    want = evaluate(thm.source, arrays)
+    for target in ("jax", "pallas"):
+        tiles = {k: 16 for k in (best.cost.tiles or {})}
+        got = lower(thm, target=target, tiles=tiles).fn(*(jnp.asarray(a, jnp.float32) for a in arrays))
+        np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=2e-5)

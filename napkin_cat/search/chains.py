@@ -46,7 +46,7 @@ def with_boundaries(found: Search, module: Module, diagram: str, cost: CostFn, u
             pieces = terms.cut(whole, ((name,), ("return",)))
         except ValueError:  # a binding the outputs do not read through another
             continue
-        if not pieces[1].body:  # the second kernel would only copy
+        if not pieces[1].body or any(map(_unbound, pieces)):  # the second kernel would only copy
             continue
         scope = replace(module, diagrams=module.diagrams + pieces,
                         scope_diagrams=(module.scope_diagrams or module.diagrams) + pieces)
@@ -62,6 +62,13 @@ def with_boundaries(found: Search, module: Module, diagram: str, cost: CostFn, u
     best = min(fitting, key=rank) if fitting else found.best
     return replace(found, best=best, candidates=found.candidates + tuple(extra),
                    elapsed=found.elapsed + time.monotonic() - started)
+
+
+def _unbound(piece: Diagram) -> bool:
+    """Does the kernel have a symbolic axis that none of its inputs carries (``onehot[v](L)`` alone)?  Nothing
+    would give its lowering the size."""
+    carried = {a for p in piece.inputs for a in p.axes}
+    return any(a.size is None and a.name not in carried for a in piece.axes)
 
 
 def _renamed(steps: tuple[Step, ...], suffix: str) -> tuple[Step, ...]:
@@ -103,8 +110,11 @@ def _unfused(module: Module, whole: Diagram, diagram: str, name: str, lemmas: Ma
              unfused: UnfusedFn) -> Candidate:
     """Every binding its own kernel, unscheduled, priced at the unfused baseline."""
     read = {n.name for e in [*(let.expr for let in whole.body), *whole.outputs] for n in walk(e) if isinstance(n, Var)}
-    kernels = tuple(KernelDecl((let.names[0],), ()) for let in whole.body if let.names[0] in read)
-    kernels += (KernelDecl(("return",), ()),)
+    writes = [let.names[0] for let in whole.body if let.names[0] in read]
+    while unbound := [w for w, piece in zip(writes, terms.cut(whole, (*((w,) for w in writes), ("return",))),
+                                            strict=False) if _unbound(piece)]:
+        writes = [w for w in writes if w not in unbound]  # computed where it is read instead
+    kernels = (*(KernelDecl((w,), ()) for w in writes), KernelDecl(("return",), ()))
     first = check_theorem(module, TheoremDecl(name, diagram, ()), dict(lemmas)).theorem
     assert first is not None  # the diagram itself, no steps
     base = unfused(first)

@@ -265,7 +265,10 @@ def test_cli_derive_writes_a_checked_proof_and_a_kernel(tmp_path: Path, capsys: 
                  "--size", "c=2048", "-o", str(out), "--lower", "jax"])
     printed = capsys.readouterr().out
     assert code == 0, printed
-    assert "search stopped: saturated" in printed and "group a by ga" in printed
+    # the tiled kernel, or the unfused diagram (one unscheduled kernel: XLA's dot) where the cpu profile models
+    # that faster: derive never returns a plan modelled slower than the unfused diagram
+    assert "search stopped: saturated" in printed
+    assert "group a by ga" in printed or "best: kernel return {}" in printed
     assert main(["check", str(out)]) == 0
     spec = importlib.util.spec_from_file_location("mm_kernel", out.with_suffix(".py"))
     assert spec is not None and spec.loader is not None

@@ -25,9 +25,9 @@ The kernel imports only the IR, the op catalogue, diagnostics and the finiteness
 input: lemma names map to how they were certified, ``accumulator(box, axis, name, pad)`` answers how an
 accumulator's laws were certified for that box, ``measure`` a dtype step's error. Each answer is ``proved`` (for
 every size) or ``tested``; ``Theorem.tested`` lists what a theorem rests on that is only tested. The trusted code:
-this module, ``terms`` (the IR, ``inline_calls``, ``run_diagram``), ``ops`` (``result_axes``, ``typed_box``,
-``treatment``), ``finiteness``, and for ``proved`` answers the symbolic prover ``certify.prove`` with its reduction
-and index atoms ``certify.atoms`` (README "Proofs").
+this module, ``terms`` (the IR, ``inline_calls``, ``run_diagram``, ``match``, ``cut``), ``ops`` (``result_axes``,
+``typed_box``, ``treatment``), ``finiteness``, and for ``proved`` answers the symbolic prover ``certify.prove`` with
+its reduction and index atoms ``certify.atoms`` (README "Proofs").
 """
 
 from __future__ import annotations

@@ -408,6 +408,9 @@ def cmd_pseudo(args: argparse.Namespace) -> int:
     for k, (kernel, writes) in enumerate(zip(thm.kernels, thm.writes, strict=True), start=1):  # a chain's, in order
         wrote = "the outputs" if writes == ("return",) else f"{', '.join(writes)} to hbm for the kernels after it"
         parts.append((f"# kernel {k} of {len(thm.kernels)}: {kernel.name}, writes {wrote}\n", kernel))
+    unknown = [a for a in sizes if parts and not any(a in k.result.axis_sizes() for k in thm.kernels)]
+    if unknown:
+        raise UsageError(f"sizes name axes that `{thm.source.name}` does not use: {', '.join(unknown)}")
     try:
         for header, each in parts or [("", thm)]:
             own = {a: n for a, n in sizes.items() if a in each.result.axis_sizes()} if parts else sizes

@@ -182,6 +182,9 @@ def test_cost_pseudo_and_draw_show_every_kernel(tmp_path: Path, capsys: pytest.C
     assert main(["pseudo", *args]) == 0
     text = capsys.readouterr().out
     assert text.index("# kernel 1 of 2") < text.index("save O smem -> hbm") < text.index("# kernel 2 of 2")
+    for verb in ("cost", "pseudo"):  # an axis no kernel uses is a usage error, as for one kernel
+        assert main([verb, str(PROOF), "mean_cross_entropy_chained", "--size", "zz=3"]) == 2
+        assert "does not use: zz" in capsys.readouterr().err
     svg = draw_svg(_chain("attention_then_projection"))
     assert "as 2 kernels run in order" in svg and svg.count("<svg") == 3
     assert main(["lower", str(PROOF), "mean_cross_entropy_chained", "--target", "jax", "-o",

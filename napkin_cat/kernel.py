@@ -15,6 +15,7 @@ starts with the rule's name and names the failed condition and the box):
     split(thm, step, accumulator)        stream's conditions; blocks folded in parallel, states combined
     place(thm, step)                     R2 placement (recolouring)
     quantise(thm, step, measure)         R10 dtype change: a marked approximation, never an equality
+    chain(thm, writes, kernels, span)    composition: each kernel proved, run in order through hbm
     match(pattern, term, vars, axes)     first-order matching (the search proposes rewrites with it)
 
 It reads the op catalogue's typing rule (``ops.typed_box``) and how a box treats an axis (``ops.treatment``: weaves
@@ -24,9 +25,9 @@ The kernel imports only the IR, the op catalogue, diagnostics and the finiteness
 input: lemma names map to how they were certified, ``accumulator(box, axis, name, pad)`` answers how an
 accumulator's laws were certified for that box, ``measure`` a dtype step's error. Each answer is ``proved`` (for
 every size) or ``tested``; ``Theorem.tested`` lists what a theorem rests on that is only tested. The trusted code:
-this module, ``terms`` (the IR, ``inline_calls``, ``run_diagram``), ``ops`` (``result_axes``, ``typed_box``,
-``treatment``), ``finiteness``, and for ``proved`` answers the symbolic prover ``certify.prove`` with its reduction
-and index atoms ``certify.atoms`` (README "Proofs").
+this module, ``terms`` (the IR, ``inline_calls``, ``run_diagram``, ``match``, ``cut``), ``ops`` (``result_axes``,
+``typed_box``, ``treatment``), ``finiteness``, and for ``proved`` answers the symbolic prover ``certify.prove`` with
+its reduction and index atoms ``certify.atoms`` (README "Proofs").
 """
 
 from __future__ import annotations
@@ -38,10 +39,10 @@ from dataclasses import InitVar, dataclass, fields, replace
 from napkin_cat import ops, terms
 from napkin_cat.diagnostics import NapkinError, Span, error
 from napkin_cat.finiteness import finite_in, narrowed, unsupported
-from napkin_cat.terms import Axes, Box, Diagram, Expr, LemmaDecl, Partition, Schedule, Size, Var, walk
+from napkin_cat.terms import Box, Diagram, Expr, LemmaDecl, Partition, Schedule, Size, Var, match, walk
 
-__all__ = ["DTYPE_ROUNDOFF", "KernelError", "Theorem", "group", "match", "place", "quantise", "refl", "rewrite",
-           "split", "stream", "trans", "unfold"]
+__all__ = ["DTYPE_ROUNDOFF", "KernelError", "Theorem", "chain", "group", "match", "place", "quantise", "refl",
+           "rewrite", "split", "stream", "trans", "unfold"]
 
 _TOKEN = object()
 _EMPTY = Schedule()
@@ -69,6 +70,7 @@ class KernelError(NapkinError):
 class Theorem:
     """⊢ source ≡ result under ``schedule``; constructed only by this module.
 
+    A chain (``kernels``) runs each kernel theorem's result under its schedule, in order.
     ``accumulators`` lists (axis, consuming box, accumulator) for every stream step; ``approximations`` the dtype
     steps (the theorem is exact iff it has none); ``tested`` what it rests on that is only tested, not proved
     (lemmas, accumulators, dtype claims).
@@ -84,6 +86,9 @@ class Theorem:
     accumulators: tuple[tuple[str, Box, str], ...] = ()
     approximations: tuple[terms.Quantise, ...] = ()
     tested: tuple[str, ...] = ()
+    #: a chain's kernels (run in order, their sources ``terms.cut`` of ``result``) and the arrays each writes
+    kernels: tuple[Theorem, ...] = ()
+    writes: tuple[tuple[str, ...], ...] = ()
     token: InitVar[object] = None
 
     def __post_init__(self, token: object) -> None:
@@ -234,35 +239,6 @@ def _replace(expr: Expr, old: Expr, new: Expr) -> Expr:
     args = tuple(_replace(a, old, new) for a in expr.args)
     return expr if args == expr.args else ops.typed_box(expr.op, args, expr.target, expr.out, expr.params, expr.index,
                                                     expr.span)
-
-
-def _match_axes(pattern: Axes, actual: Axes, axes: dict[str, str]) -> bool:
-    """Extend the injective axis map ``axes`` so that ``pattern`` maps onto ``actual``."""
-    if len(pattern) != len(actual):
-        return False
-    for p, a in zip(pattern, actual, strict=True):
-        if axes.get(p, a) != a or (p not in axes and a in axes.values()):
-            return False
-        axes[p] = a
-    return True
-
-
-def match(pattern: Expr, actual: Expr, vars_: dict[str, Expr], axes: dict[str, str],
-          unfold: Callable[[Expr], Expr] = lambda e: e) -> bool:
-    """First-order matching of a lemma side against a term, extending ``vars_`` and ``axes``;
-    ``unfold`` (the search's, never the kernel's) may look through a let name before comparing."""
-    if isinstance(pattern, Var):  # by repr, which tells -0.0 from 0.0 and nan apart (== does not)
-        return repr(vars_.setdefault(pattern.name, actual)) == repr(actual)
-    actual = unfold(actual)
-    if isinstance(pattern, terms.Const):
-        return repr(pattern) == repr(actual)
-    if isinstance(pattern, Size):
-        return isinstance(actual, Size) and _match_axes((pattern.axis,), (actual.axis,), axes)
-    return (isinstance(pattern, Box) and isinstance(actual, Box) and pattern.op == actual.op
-            and pattern.params == actual.params and pattern.index is None and actual.index is None
-            and len(pattern.args) == len(actual.args) and len(pattern.target) == len(actual.target)
-            and _match_axes(pattern.target + pattern.out, actual.target + actual.out, axes)
-            and all(match(p, a, vars_, axes, unfold) for p, a in zip(pattern.args, actual.args, strict=True)))
 
 
 def _instantiate(lemma: LemmaDecl, vars_: dict[str, Expr], axes: dict[str, str], span: Span | None) -> Expr:
@@ -496,3 +472,27 @@ def quantise(thm: Theorem, step: terms.Quantise, measure: Measure) -> Theorem:
                           else "declare a tolerance at least the measured error, or keep fewer arrays in the "
                                "narrow format")
     return _extend(out, None, (f"approximation: {claim} (tested: {how})",), (f"dtype {claim}",))
+
+
+def chain(thm: Theorem, writes: tuple[tuple[str, ...], ...], kernels: tuple[Theorem, ...],
+          span: Span | None) -> Theorem:
+    """Chained kernels (composition through hbm):
+
+        ⊢ A ≡ D    K_1, ..., K_n = terms.cut(D, writes)    ⊢ K_k ≡ K_k' under S_k for each k
+        ─────────────────────────────────────────────────────────────────────────────────────
+        ⊢ A ≡ D  run as K_1' ... K_n' in order, each written array kept in hbm for the later ones
+
+    Sound by ``terms.cut``: each K_k computes the arrays it writes as D binds them from the inputs and the arrays
+    written before, and K_n the outputs."""
+    _no_schedule(thm, "chain", span)
+    try:
+        expected = terms.cut(thm.result, writes)
+    except ValueError as exc:
+        raise KernelError("chain", str(exc), span) from None
+    if tuple(k.source for k in kernels) != expected or any(k.kernels for k in kernels):
+        raise KernelError("chain", "a kernel's theorem is not about its piece of the diagram", span)
+    return _extend(thm, None, ("chain", *(f"{k.name}: {t}" for k in kernels for t in k.trust if t != "refl")),
+                   tuple(f"{k.name}: {t}" for k in kernels for t in k.tested), kernels=kernels, writes=writes,
+                   constraints=thm.constraints + tuple(c for k in kernels for c in k.constraints),
+                   accumulators=thm.accumulators + tuple(a for k in kernels for a in k.accumulators),
+                   approximations=thm.approximations + tuple(a for k in kernels for a in k.approximations))

@@ -144,6 +144,8 @@ def print_step(step: Step) -> str:
 
 def print_theorem(theorem: TheoremDecl) -> str:
     body = "".join(f"  {print_step(s)}\n" for s in theorem.steps)
+    for k in theorem.kernels:
+        body += f"  kernel {', '.join(k.writes)} {{\n" + "".join(f"    {print_step(s)}\n" for s in k.steps) + "  }\n"
     return f"theorem {theorem.name}: {theorem.diagram} {{\n{body}}}"
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from napkin_cat import certify, kernel
+from napkin_cat import certify, kernel, terms
 from napkin_cat.certify import approximation, rules
 from napkin_cat.certify.accumulators import chunk
 from napkin_cat.diagnostics import Diagnostic, NapkinError, did_you_mean, error
@@ -35,13 +35,15 @@ from napkin_cat.terms import (
     Place,
     Quantise,
     Rewrite,
+    Schedule,
     Step,
     TheoremDecl,
     Var,
     walk,
 )
 
-__all__ = ["CheckResult", "check_file", "check_module", "check_theorem", "describe_step", "prove", "theorem"]
+__all__ = ["CheckResult", "check_file", "check_module", "check_theorem", "describe_step", "partitions", "prove",
+           "theorem"]
 
 
 @dataclass(frozen=True)
@@ -63,13 +65,17 @@ class CheckResult:
     def summary(self) -> str:
         """``NAME: step; step; ... [trust: ...]`` or ``NAME: FAILED at step N``."""
         steps = "; ".join(describe_step(s) for s in self.steps) or "no steps"
+        if self.theorem is not None and self.theorem.kernels:
+            steps = "; ".join([*(describe_step(s) for s in self.theorem.steps), *(
+                f"kernel {', '.join(w)} {{{'; '.join(describe_step(s) for s in k.steps)}}}"
+                for w, k in zip(self.theorem.writes, self.theorem.kernels, strict=True))])
         if self.theorem is not None:
             exact = "≡" if self.theorem.exact else "≈"
             constraints = ", ".join(str(c) for c in self.theorem.constraints)
             when = f" [assuming {constraints}]" if constraints else ""
             return f"{self.name} {exact}: {steps}{when}  (trust: {'; '.join(self.theorem.trust)})"
         return f"{self.name}: FAILED at step {self.step}: {describe_step(self.steps[self.step - 1])}" \
-            if self.step else f"{self.name}: FAILED"
+            if self.step and self.step <= len(self.steps) else f"{self.name}: FAILED"
 
 
 def describe_step(step: Step) -> str:
@@ -118,22 +124,60 @@ def prove(module: Module, name: str) -> kernel.Theorem:
 def check_theorem(module: Module, decl: TheoremDecl, lemmas: dict[str, LemmaDecl],
                   level: str = "quick", strict: bool = False) -> CheckResult:
     """Run one theorem's steps through the kernel; with ``strict``, a step that makes the
-    theorem rest on something only tested (``Theorem.tested``) is refused too."""
-    diagram = module.diagram(decl.diagram)
-    thm = kernel.unfold(kernel.refl(decl.name, diagram))
-    for index, step in enumerate(decl.steps, start=1):
+    theorem rest on something only tested (``Theorem.tested``) is refused too.  A chain's
+    kernels (``kernel ... { steps }``) are each proved on their piece of the diagram
+    (``terms.cut``), then joined by ``kernel.chain``; the steps are numbered through them, and a
+    refused join counts as the first kernel's first step."""
+    steps = decl.steps + tuple(s for k in decl.kernels for s in k.steps)
+    whole, failed = _steps(kernel.unfold(kernel.refl(decl.name, module.diagram(decl.diagram))), decl.steps, 0,
+                           lemmas, level, strict)
+    if failed is not None:
+        return CheckResult(decl.name, module.path, steps, None, *failed)
+    if not decl.kernels:
+        return CheckResult(decl.name, module.path, steps, whole)
+    writes, span, done = tuple(k.writes for k in decl.kernels), decl.kernels[0].span, len(decl.steps)
+    try:
+        if whole.schedule != Schedule():  # the kernel's refusal: relabellings belong in the kernels
+            kernel.chain(whole, writes, (), span)
+        try:
+            pieces = terms.cut(whole.result, writes)
+        except ValueError as exc:  # as kernel.chain refuses it
+            raise kernel.KernelError("chain", str(exc), span) from None
+        kernels = []
+        for k, (piece, block) in enumerate(zip(pieces, decl.kernels, strict=True)):
+            thm, failed = _steps(kernel.refl(f"{decl.name}_k{k + 1}", piece), block.steps, done, lemmas, level,
+                                 strict)
+            if failed is not None:
+                return CheckResult(decl.name, module.path, steps, None, *failed)
+            kernels.append(thm)
+            done += len(block.steps)
+        return CheckResult(decl.name, module.path, steps, kernel.chain(whole, writes, tuple(kernels), span))
+    except NapkinError as exc:
+        return CheckResult(decl.name, module.path, steps, None, exc.diagnostics[0], len(decl.steps) + 1)
+
+
+def _steps(thm: kernel.Theorem, steps: tuple[Step, ...], done: int, lemmas: dict[str, LemmaDecl], level: str,
+           strict: bool) -> tuple[kernel.Theorem, tuple[Diagnostic, int, str | None] | None]:
+    """The theorem after ``steps`` (numbered after ``done`` earlier ones), or the first refusal:
+    its diagnostic, its step number and a counterexample where one is found."""
+    for index, step in enumerate(steps, start=done + 1):
         before = thm.tested
         try:
             thm = _apply(thm, step, lemmas, level)
         except NapkinError as exc:
             witness = _counterexample(thm.result, step) if isinstance(step, Partition) else None
-            return CheckResult(decl.name, module.path, decl.steps, None, exc.diagnostics[0], index, witness)
+            return thm, (exc.diagnostics[0], index, witness)
         if strict and (new := [t for t in thm.tested if t not in before]):  # tested, so no counterexample
             refusal = error("proof.refused", step.span, "prove it, or check without --strict", rule="strict",
                             reason=f"the theorem would rest on {', '.join(new)}, which is only tested, "
                                    "not proved for every size")
-            return CheckResult(decl.name, module.path, decl.steps, None, refusal, index)
-    return CheckResult(decl.name, module.path, decl.steps, thm)
+            return thm, (refusal, index, None)
+    return thm, None
+
+
+def partitions(thm: kernel.Theorem) -> tuple[Partition, ...]:
+    """Every partition of a theorem's schedule and, for a chain, of its kernels' in order."""
+    return thm.schedule.partitions + tuple(p for k in thm.kernels for p in k.schedule.partitions)
 
 
 def measure(thm: kernel.Theorem) -> tuple[float | None, str]:

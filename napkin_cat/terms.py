@@ -323,13 +323,24 @@ class Schedule:
 
 
 @dataclass(frozen=True)
+class KernelDecl:
+    """``kernel NAME, ... { steps }`` in a theorem: one kernel of a chain, which writes the named arrays to hbm for
+    the kernels after it (``return``: the diagram's outputs; ``kernel.chain``), proved by its own steps."""
+
+    writes: tuple[str, ...]
+    steps: tuple[Step, ...]
+    span: Span | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
 class TheoremDecl:
-    """``theorem NAME: DIAGRAM { steps }`` as written; the kernel checks it."""
+    """``theorem NAME: DIAGRAM { steps [kernel ... { steps }]* }`` as written; the kernel checks it."""
 
     name: str
     diagram: str
     steps: tuple[Step, ...]
     span: Span | None = field(default=None, compare=False, repr=False)
+    kernels: tuple[KernelDecl, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -555,3 +566,84 @@ def fresh_name(base: str, taken: set[str]) -> str:
         name = f"{base}_{k}"
     taken.add(name)
     return name
+
+
+def cut(diagram: Diagram, writes: Sequence[tuple[str, ...]]) -> tuple[Diagram, ...]:
+    """The kernels of a chain (``kernel.chain``): kernel k computes the arrays ``writes[k]`` (the last one the
+    diagram's outputs) from the diagram's inputs and the arrays the kernels before it wrote.
+
+    Its body is every binding of ``diagram`` (single-named, no ``Apply``: unfolded) that those arrays need and no
+    earlier kernel wrote, in the diagram's order (a binding two kernels need is computed by each); its inputs are the
+    diagram's inputs it reads, in declared order, then the written arrays it reads, in the order they were written.
+    Run in order, each on those values, the kernels compute every written array as the diagram binds it and, last,
+    the diagram's outputs.  ValueError where ``writes`` is not such a chain (each array written once, read by a
+    later kernel, the last kernel alone writing ``return``)."""
+    lets = {let.names[0]: let for let in diagram.body}
+    flat = [n for w in writes for n in w]
+    if any(len(let.names) > 1 for let in diagram.body) or diagram.uses_diagrams():
+        raise ValueError("the diagram binds several names at once or uses a diagram as a box; unfold it first")
+    if not writes or writes[-1] != ("return",) or flat.count("return") != 1:
+        raise ValueError("the last kernel, and only it, writes the outputs (`kernel return`)")
+    for n in flat[:-1]:
+        if n not in lets:
+            raise ValueError(f"`{n}` is not a binding of `{diagram.name}` (bindings: {', '.join(lets)})")
+        if flat.count(n) > 1:
+            raise ValueError(f"`{n}` is written twice; each array is written by one kernel, once")
+    declared = {p.name: p for p in diagram.inputs}
+    written: dict[str, Param] = {}
+    kernels: list[Diagram] = []
+    for k, names in enumerate(writes):
+        last = k == len(writes) - 1
+        roots = diagram.outputs if last else tuple(Var(n, lets[n].expr.axes) for n in names)
+        needed: set[str] = set()
+        read: set[str] = set()
+        stack = list(roots)
+        while stack:
+            for node in walk(stack.pop()):
+                if not isinstance(node, Var):
+                    continue
+                if node.name in written or node.name in declared:
+                    read.add(node.name)
+                elif node.name not in needed:
+                    needed.add(node.name)
+                    stack.append(lets[node.name].expr)
+        inputs = tuple(p for p in diagram.inputs if p.name in read) + tuple(p for n, p in written.items() if n in read)
+        body = tuple(let for let in diagram.body if let.names[0] in needed)
+        used = set(axes_in_order(inputs, [*(let.expr for let in body), *roots]))
+        kernels.append(Diagram(f"{diagram.name}_k{k + 1}", inputs, body, tuple(roots),
+                               diagram.out_types if last else tuple(r.axes for r in roots),
+                               tuple(a for a in diagram.axes if a.name in used), diagram.span))
+        written.update((n, Param(n, lets[n].expr.axes)) for n in ([] if last else names))
+    for n in (n for n in flat[:-1] if not any(n in {p.name for p in k.inputs} for k in kernels)):
+        raise ValueError(f"no later kernel reads `{n}`; write only what the kernels after it need")
+    return tuple(kernels)
+
+
+def match_axes(pattern: Axes, actual: Axes, axes: dict[str, str]) -> bool:
+    """Extend the injective axis map ``axes`` so that ``pattern`` maps onto ``actual``."""
+    if len(pattern) != len(actual):
+        return False
+    for p, a in zip(pattern, actual, strict=True):
+        if axes.get(p, a) != a or (p not in axes and a in axes.values()):
+            return False
+        axes[p] = a
+    return True
+
+
+def match(pattern: Expr, actual: Expr, vars_: dict[str, Expr], axes: dict[str, str],
+          unfold: Callable[[Expr], Expr] = lambda e: e) -> bool:
+    """First-order matching of a lemma side against a term, extending ``vars_`` and ``axes`` (the kernel's
+    ``match``, trusted: ``kernel.rewrite`` instantiates a lemma where it matches);
+    ``unfold`` (the search's, never the kernel's) may look through a let name before comparing."""
+    if isinstance(pattern, Var):  # by repr, which tells -0.0 from 0.0 and nan apart (== does not)
+        return repr(vars_.setdefault(pattern.name, actual)) == repr(actual)
+    actual = unfold(actual)
+    if isinstance(pattern, Const):
+        return repr(pattern) == repr(actual)
+    if isinstance(pattern, Size):
+        return isinstance(actual, Size) and match_axes((pattern.axis,), (actual.axis,), axes)
+    return (isinstance(pattern, Box) and isinstance(actual, Box) and pattern.op == actual.op
+            and pattern.params == actual.params and pattern.index is None and actual.index is None
+            and len(pattern.args) == len(actual.args) and len(pattern.target) == len(actual.target)
+            and match_axes(pattern.target + pattern.out, actual.target + actual.out, axes)
+            and all(match(p, a, vars_, axes, unfold) for p, a in zip(pattern.args, actual.args, strict=True)))

@@ -34,7 +34,8 @@ def test_kernel_lowers_for_cuda(name: str, dtype: str) -> None:
     sizes, _ = cases.inputs(thm, seed=0, low=100, high=300)
     specs = [jax.ShapeDtypeStruct(tuple(sizes[a] for a in p.axes), jnp.dtype(dtype)) for p in thm.result.inputs]
     hlo = cuda_hlo(lower(thm, target="pallas", tiles=cases.TILES | {"gq": 64, "sx": 64}, dtype=dtype).fn, *specs)
-    assert hlo.count(TRITON_CALL) == 1  # one fused kernel, the wrapper's padding and slicing around it
+    # one fused kernel (a chain: one per kernel), the wrapper's padding and slicing around it
+    assert hlo.count(TRITON_CALL) == max(1, len(thm.kernels))
 
 
 def test_default_tiles_lower_for_cuda() -> None:

@@ -265,7 +265,10 @@ def test_cli_derive_writes_a_checked_proof_and_a_kernel(tmp_path: Path, capsys: 
                  "--size", "c=2048", "-o", str(out), "--lower", "jax"])
     printed = capsys.readouterr().out
     assert code == 0, printed
-    assert "search stopped: saturated" in printed and "group a by ga" in printed
+    # the tiled kernel, or the unfused diagram (one unscheduled kernel: XLA's dot) where the cpu profile models
+    # that faster: derive never returns a plan modelled slower than the unfused diagram
+    assert "search stopped: saturated" in printed
+    assert "group a by ga" in printed or "best: kernel return {}" in printed
     assert main(["check", str(out)]) == 0
     spec = importlib.util.spec_from_file_location("mm_kernel", out.with_suffix(".py"))
     assert spec is not None and spec.loader is not None
@@ -531,15 +534,19 @@ def _example_diagrams() -> list[tuple[str, str]]:
 @pytest.mark.slow
 @pytest.mark.parametrize(("example", "diagram"), _example_diagrams())
 def test_every_example_diagram_derives_a_plan_that_lowers_on_both_targets(example: str, diagram: str) -> None:
-    """Issue 29: every plan derive returns lowers, splits among the candidates (every symbolic
-    axis 512 on the h100: mlp's hidden axis is split there)."""
+    """Issue 29: every plan derive returns lowers, splits and fusion boundaries among the candidates
+    (every symbolic axis 512 on the h100: mlp's hidden axis is split there), and none is modelled
+    slower than the unfused diagram, which is always a candidate."""
     from napkin_cat.lower import lower
 
     path = EXAMPLES / example
     sizes = {a: 512 for a, n in derive.axes_of(path, diagram).items() if n is None}
-    found = derive.derive(path, diagram, derive.model_cost("h100", "bf16", sizes), seconds=600)
+    unfused = derive.unfused_cost("h100", "bf16", sizes)
+    found = derive.derive(path, diagram, derive.model_cost("h100", "bf16", sizes), seconds=600, unfused=unfused,
+                          launch_overhead=4e-6)
     best = found.best
-    assert best.theorem is not None and best.cost is not None
-    if found.search.helps:
-        for target in ("jax", "pallas"):
-            lower(best.theorem, target=target, tiles=dict(best.cost.tiles))
+    assert best.ok and best.theorem is not None and best.cost is not None
+    plain = kernel.unfold(kernel.refl(diagram, load(path).diagram(diagram)))
+    assert best.cost.value <= unfused(plain).value * (1 + 1e-9)
+    for target in ("jax", "pallas"):
+        lower(best.theorem, target=target, tiles=dict(best.cost.tiles))

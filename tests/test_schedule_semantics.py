@@ -17,12 +17,12 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from napkin_cat import certify, kernel
+from napkin_cat import certify, kernel, terms
 from napkin_cat.certify.approximation import label_inputs
 from napkin_cat.elaborate import loads
 from napkin_cat.evaluate import evaluate
 from napkin_cat.kernel import KernelError, Theorem
-from napkin_cat.proof import check_file, check_module, theorem
+from napkin_cat.proof import check_file, check_module, partitions, theorem
 from napkin_cat.schedule.run import run_schedule
 from napkin_cat.terms import Partition
 
@@ -40,7 +40,7 @@ def _draw_sizes(draw: Callable[[st.SearchStrategy[Any]], Any], thm: Theorem) -> 
     declared = thm.result.axis_sizes()
     tiles: dict[str, int] = {}
     by_axis: dict[str, list[Partition]] = {}
-    for p in thm.schedule.partitions:
+    for p in partitions(thm):  # a chain's kernels' too
         by_axis.setdefault(p.axis, []).append(p)
     sizes: dict[str, int] = {}
     for axis, parts in by_axis.items():
@@ -157,6 +157,28 @@ def test_every_schedule_the_kernel_accepts_computes_the_diagram(text: str, data:
     kept = np.isfinite(want)  # the contract is every finite value: a -inf mask fed to a contraction
     # makes infinities, and their sums are conventions, not real numbers
     np.testing.assert_allclose(got[kept], want[kept], rtol=1e-9, atol=1e-9, err_msg=f"{text}{thm.schedule}")
+
+
+@settings(max_examples=60, deadline=None)
+@given(chains(), st.data())
+def test_every_chain_the_join_accepts_computes_the_diagram(text: str, data: st.DataObject) -> None:
+    """``terms.cut``, trusted with the kernel's join (``kernel.chain``): for any arrays a generated
+    diagram's kernels write (in the diagram's order), the pieces run in order, each on the inputs and
+    the arrays written before it, compute the diagram."""
+    diagram = loads(text).diagram("f")
+    whole = kernel.unfold(kernel.refl("t", diagram))
+    names = [let.names[0] for let in whole.result.body]
+    kept = data.draw(st.lists(st.booleans(), min_size=len(names), max_size=len(names)))
+    writes = (*((n,) for n, keep in zip(names, kept, strict=True) if keep), ("return",))
+    pieces = terms.cut(whole.result, writes)
+    thm = kernel.chain(whole, writes, tuple(kernel.refl(f"k{i}", p) for i, p in enumerate(pieces)), None)
+    assert len(thm.kernels) == len(writes)
+    sizes = {a: data.draw(st.integers(1, 5)) for a in "qxd"}
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    arrays = [rng.standard_normal([sizes[a] for a in p.axes]) for p in diagram.inputs]
+    want = evaluate(diagram, arrays, sizes=sizes)
+    (got,) = run_schedule(thm, arrays, sizes=sizes)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12, equal_nan=True, err_msg=f"{text}{writes}")
 
 
 def test_forged_schedule_is_caught() -> None:

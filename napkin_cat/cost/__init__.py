@@ -24,7 +24,7 @@ from napkin_cat import ops
 from napkin_cat.certify.accumulators import AccumulatorPlan, accumulators_for, plan
 from napkin_cat.cost import hardware as hw
 from napkin_cat.cost.launch import launch, occupancy
-from napkin_cat.cost.split import SplitCost, split_cost
+from napkin_cat.cost.split import SplitCost, per_point, split_cost
 from napkin_cat.kernel import Theorem
 from napkin_cat.schedule.build import chosen_accumulator, program
 from napkin_cat.schedule.loopnest import flatten, loop_nest
@@ -345,7 +345,8 @@ def cost_of(diagram: Diagram, schedule: Schedule, hardware: str | hw.Hardware = 
     base = prog if source is None else program(loop_nest(source, Schedule()), size_syms, tile_syms)
     base_bytes = bytes_of if source is None else \
         _bytes_of(base.nest.flat, Schedule(), dtypes or {}, dtype, strict=False)
-    return Cost(diagram.name, tuple(levels), _flops(prog), _baseline(base, base_bytes), prog, prof,
+    flops = _flops(prog) if split is None else simplified(_flops(prog) + split.flops)  # the combine's too
+    return Cost(diagram.name, tuple(levels), flops, _baseline(base, base_bytes), prog, prof,
                 hw.canonical_dtype(dtype), bytes_of, size_syms, tile_syms, mesh=schedule.mesh, accumulators=by_node,
                 split=split)
 
@@ -398,7 +399,7 @@ def _flops(prog: Program, contractions: bool = False) -> Expr:
 def _box_flops(box: Box, prog: Program, path: tuple[Inst, ...]) -> Expr:
     """A box's FLOPs once, at the extents its axes have inside ``path``."""
     space = union_axes(*(a.axes for a in box.args), box.axes)
-    return _per_point(box) * sympy.Mul(*(e for _, e in prog.shape(space, path)))
+    return per_point(box) * sympy.Mul(*(e for _, e in prog.shape(space, path)))
 
 
 def _fold_flops(prog: Program, chosen: Mapping[str, str], accumulate_pass: bool = False) -> Expr:
@@ -449,19 +450,6 @@ def _plan(box: Box, axis: str, name: str) -> AccumulatorPlan:
 def _on_tensor_cores(box: Box) -> bool:
     """Is the box a contraction (plain or normalised): the work the time model puts on tensor cores?"""
     return ops.OPS[box.op].kind in ("contract", "ncontract")
-
-
-def _per_point(box: Box) -> Expr:
-    info = ops.OPS[box.op]
-    # ops docstring: a contraction of n operands costs n per point (2k per output element for two)
-    return sympy.Integer(len(box.args)) if info.kind == "contract" else _rational(info.flops)
-
-
-@functools.cache
-def _rational(flops: float) -> Expr:
-    """An op's FLOPs per point as the rational it stands for (``nsimplify``, a parse per call:
-    remembered, since the search prices every box of every candidate)."""
-    return sympy.nsimplify(flops)
 
 
 def _baseline(prog: Program, bytes_of: Mapping[str, int]) -> Baseline:

@@ -13,23 +13,28 @@ split adds beyond that fold, over n = ⌈|a|/k⌉ blocks (n trips of the split l
 - **launches**: the combine is a second kernel: one more launch, timed at the profile's
   ``launch_overhead`` (``cost.roofline``).
 
-The combine's own FLOPs (n states merged per output position) are not counted.
+- **combine FLOPs**: the combine merges the n states in order, n − 1 applications of the
+  accumulator's ``combine`` term (online softmax's rescale of both states and their sum), each
+  box of it counted per point of its space as the diagram's boxes are (``per_point``).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import sympy
 from sympy import Expr
 
+from napkin_cat import ops
 from napkin_cat.certify.accumulators import plan
 from napkin_cat.schedule.build import chosen_accumulator
+from napkin_cat.schedule.loopnest import flatten
 from napkin_cat.schedule.program import Program
-from napkin_cat.terms import Box
+from napkin_cat.terms import Box, union_axes
 
-__all__ = ["STATE_BYTES", "SplitCost", "split_cost"]
+__all__ = ["STATE_BYTES", "SplitCost", "per_point", "split_cost"]
 
 #: bytes per value of a partial state in hbm (states are computed and kept in f32)
 STATE_BYTES = 4
@@ -48,6 +53,8 @@ class SplitCost:
     rereads: Expr
     rereads_bytes: Expr
     launches: int = 2
+    #: the combine's FLOPs (n - 1 merges of every state)
+    flops: Expr = sympy.S.Zero
 
     @property
     def transfers(self) -> Expr:
@@ -75,12 +82,15 @@ def split_cost(prog: Program, bytes_of: Mapping[str, int], accumulators: Mapping
     def size(axes: tuple[str, ...]) -> Expr:
         return sympy.Mul(*(e for _, e in prog.shape(axes, ())))
 
-    states = sympy.Integer(0)
+    states, merge = sympy.Integer(0), sympy.Integer(0)
     for node in nest.consumers(loop):
         box = node.expr
         assert isinstance(box, Box)
         name = chosen_accumulator(box, accumulators.get(node.name), loop.partition.via)
-        states += sympy.Add(*(size(axes) for _, axes in plan(box, loop.axis, name).state))
+        acc = plan(box, loop.axis, name)
+        states += sympy.Add(*(size(axes) for _, axes in acc.state))
+        merge += sympy.Add(*(per_point(n.expr) * size(union_axes(*(a.axes for a in n.expr.args), n.expr.axes))
+                             for n in flatten(acc.combine).nodes if isinstance(n.expr, Box)))
     first = prog.views[0]
     homes = dict(prog.homes)
     loads: dict[str, Expr] = {}
@@ -90,4 +100,18 @@ def split_cost(prog: Program, bytes_of: Mapping[str, int], accumulators: Mapping
     rereads = sympy.Add(*((blocks - 1) * n for n in loads.values()))
     rereads_bytes = sympy.Add(*((blocks - 1) * n * bytes_of[a] for a, n in loads.items()))
     return SplitCost(loop.axis, loop.tile, blocks, blocks * states, blocks * states * STATE_BYTES,
-                     rereads, rereads_bytes)
+                     rereads, rereads_bytes, flops=(blocks - 1) * merge)
+
+
+def per_point(box: Box) -> Expr:
+    """A box's FLOPs per point of its iteration space (``ops`` docstring: a contraction of n operands costs n per
+    point, 2k per output element for two)."""
+    info = ops.OPS[box.op]
+    return sympy.Integer(len(box.args)) if info.kind == "contract" else _rational(info.flops)
+
+
+@functools.cache
+def _rational(flops: float) -> Expr:
+    """An op's FLOPs per point as the rational it stands for (``nsimplify``, a parse per call:
+    remembered, since the search prices every box of every candidate)."""
+    return sympy.nsimplify(flops)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import html
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,11 +154,40 @@ def draw_svg(obj: Diagram | TheoremLike, expand: bool = False) -> str:
         return _render(obj, PlainDecor(obj), expand, obj.name, [], None)
     if not _is_theorem(obj):
         raise TypeError(f"draw_svg draws a Diagram or a Theorem, not {type(obj).__name__}")
+    if getattr(obj, "kernels", ()):
+        return _chain_svg(obj, expand)
     diagram = obj.result
     steps = [print_step(s) for s in obj.steps]
     title = f"{obj.name}: {obj.source.name}" if obj.source.name == diagram.name else \
         f"{obj.name}: {obj.source.name} ≡ {diagram.name}"
     return _render(diagram, ScheduleDecor(diagram, obj.schedule), expand, title, steps, cost_table(obj))
+
+
+def _chain_svg(obj: TheoremLike, expand: bool) -> str:
+    """A chain (``kernel.chain``): a title naming its kernels and the arrays each writes to hbm, then each
+    kernel's picture (as ``draw_svg`` draws a theorem) below the one before, in the order they run."""
+    kernels: Sequence[TheoremLike] = obj.kernels  # type: ignore[attr-defined]
+    writes: Sequence[tuple[str, ...]] = obj.writes  # type: ignore[attr-defined]
+    pictures = [draw_svg(k, expand) for k in kernels]
+    sizes = [tuple(float(v) for v in re.search(r'width="([0-9.]+)" height="([0-9.]+)"', svg).groups())  # type: ignore[union-attr]
+             for svg in pictures]
+    lines = [f"{obj.name}: {obj.source.name} as {len(kernels)} kernels run in order",
+             *(f"kernel {k}: {kernel.name} writes {'the outputs' if w == ('return',) else ', '.join(w) + ' to hbm'}"
+               for k, (kernel, w) in enumerate(zip(kernels, writes, strict=True), start=1))]
+    top = 30.0 + 18.0 * len(lines)
+    width = max(*(w for w, _ in sizes), *(text_width(t, 15) + 32 for t in lines))
+    d = dw.Drawing(width, top + sum(h for _, h in sizes))
+    d.append(dw.Rectangle(0, 0, width, top + sum(h for _, h in sizes), fill="white"))
+    _text(d, 16, 22, lines[0], _Text(15, weight="bold"))
+    for i, line in enumerate(lines[1:]):
+        _text(d, 16, 42 + 18 * i, line, _Text(12, family=SERIF))
+    outer = str(d.as_svg())
+    y, nested = top, []
+    for svg, (_, h) in zip(pictures, sizes, strict=True):
+        body = svg[svg.index("<svg"):]
+        nested.append(f'<svg x="0" y="{y:.1f}"' + body[len("<svg"):])
+        y += h
+    return outer.replace("</svg>", "".join(nested) + "</svg>")
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from napkin_cat.terms import (
     Axis,
     Diagram,
     Expr,
+    KernelDecl,
     LemmaDecl,
     Let,
     Module,
@@ -436,10 +437,18 @@ class _Elaborator(ExprElaborator):
             self.err("name.duplicate", name, kind="theorem", name=name.value,
                      first=next(t.span for t in self.theorems if t.name == name.value))
             return
-        steps = [self.step(s) for s in tree.children[2:]]
-        if any(s is None for s in steps):
+        blocks = [c for c in tree.children[2:] if isinstance(c, Tree) and c.data == "kernel_block"]
+        steps = [self.step(s) for s in tree.children[2:] if s not in blocks]
+        kernels = [self.kernel(b) for b in blocks]
+        if any(s is None for s in steps) or any(k is None for k in kernels):
             return
-        self.theorems.append(TheoremDecl(name.value, diagram.value, tuple(steps), _span(tree, self.path)))  # type: ignore[arg-type]
+        self.theorems.append(TheoremDecl(name.value, diagram.value, tuple(steps), _span(tree, self.path),  # type: ignore[arg-type]
+                                         tuple(kernels)))  # type: ignore[arg-type]
+
+    def kernel(self, tree: Node) -> KernelDecl | None:
+        writes = tuple(str(t) for t in tree.children if isinstance(t, Token))
+        steps = [self.step(s) for s in tree.children if isinstance(s, Tree)]
+        return None if any(s is None for s in steps) else KernelDecl(writes, tuple(steps), _span(tree, self.path))  # type: ignore[arg-type]
 
     def level(self, tree: Node | None, default: str = "smem") -> str | None:
         if tree is None:

@@ -63,8 +63,11 @@ def run_schedule(theorem: Theorem, arrays: Sequence[Any], sizes: Mapping[str, in
     """Run ``theorem.result`` under ``theorem.schedule`` on float64 arrays (declared input order).
 
     ``tiles`` gives a value to every symbolic tile size; ``sizes`` to axes no input carries.
-    Returns one array per output, in the declared axis order.
+    Returns one array per output, in the declared axis order.  A chain runs its kernels in order,
+    each on the inputs and the arrays the kernels before it wrote.
     """
+    if theorem.kernels:
+        return _run_chain(theorem, arrays, sizes, tiles)
     diagram = theorem.result
     data = [np.asarray(a, dtype=np.float64) for a in arrays]
     full = bind_sizes(diagram, [d.shape for d in data], sizes)
@@ -85,6 +88,17 @@ def run_schedule(theorem: Theorem, arrays: Sequence[Any], sizes: Mapping[str, in
         assert isinstance(value, Named)
         outs.append(value.to(axes))
     return tuple(outs)
+
+
+def _run_chain(theorem: Theorem, arrays: Sequence[Any], sizes: Mapping[str, int] | None,
+               tiles: Mapping[str, int] | None) -> tuple[Any, ...]:
+    """A chain's kernels in order, each on the inputs and the arrays written before it."""
+    written = dict(zip((p.name for p in theorem.result.inputs), arrays, strict=True))
+    outs: tuple[Any, ...] = ()
+    for kernel, writes in zip(theorem.kernels, theorem.writes, strict=True):
+        outs = run_schedule(kernel, [written[p.name] for p in kernel.result.inputs], sizes, tiles)
+        written.update(zip(writes, outs, strict=True))
+    return outs
 
 
 class _Runner:

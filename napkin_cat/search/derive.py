@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import sympy
@@ -37,11 +37,12 @@ from napkin_cat.lower import PRICED_DTYPE, realised_schedule
 from napkin_cat.lower.layout import layout
 from napkin_cat.printer import print_step
 from napkin_cat.proof import CheckResult, check_module
+from napkin_cat.search.chains import UnfusedFn, with_boundaries
 from napkin_cat.search.rewrite import Candidate, Costed, CostFn, ScreenFn, Search, search
 from napkin_cat.terms import Partition
 
 __all__ = ["Derivation", "axes_of", "choose_tiles", "derive", "lowering_screen", "model_cost",
-           "proof_text", "write"]
+           "proof_text", "unfused_cost", "write"]
 
 @dataclass(frozen=True)
 class Derivation:
@@ -79,11 +80,14 @@ class Derivation:
 
 def derive(path: str | Path, diagram: str, cost_fn: CostFn, *, settings: Mapping[str, str] | None = None,
            max_rewrites: int = 2, budget: int = 2000, seconds: float = 60.0, lower: str | None = None,
-           progress: Callable[[str], None] | None = None) -> Derivation:
+           progress: Callable[[str], None] | None = None, unfused: UnfusedFn | None = None,
+           launch_overhead: float = 0.0) -> Derivation:
     """Search ``diagram`` of the file at ``path`` for its cheapest fitting schedule.
 
     With ``lower`` ("pallas" or "jax") only schedules that target can lower are accepted
-    (``lowering_screen``).
+    (``lowering_screen``).  With ``unfused`` (``unfused_cost``), fusion boundaries are searched too
+    (``search.chains``: chains of two kernels, each launch after the first at ``launch_overhead``,
+    and the unfused diagram, so the answer is never modelled slower than it).
 
     ``settings`` (hardware, dtype, sizes, ...) are only recorded for the written file.
     Raises NapkinError if the file does not elaborate and KeyError for an unknown diagram.
@@ -93,6 +97,11 @@ def derive(path: str | Path, diagram: str, cost_fn: CostFn, *, settings: Mapping
     result = search(module, diagram, cost_fn, lemmas=rules.lemmas_in_scope(module),
                     theorem_name=f"{diagram}_derived", max_rewrites=max_rewrites, budget=budget, seconds=seconds,
                     screen=_lowering(lower) if lower else None, progress=progress)
+    if unfused is not None:
+        result = with_boundaries(result, module, diagram, cost_fn, unfused, lemmas=rules.lemmas_in_scope(module),
+                                 theorem_name=f"{diagram}_derived", launch_overhead=launch_overhead,
+                                 max_rewrites=max_rewrites, budget=budget, seconds=seconds,
+                                 screen=_lowering(lower) if lower else None)
     return Derivation(source, diagram, result, dict(settings or {}))
 
 
@@ -104,9 +113,10 @@ def _lowering(target: str) -> ScreenFn:
 
 
 def lowering_screen(thm: kernel.Theorem, costed: Costed, target: str) -> str | None:
-    """Why ``target`` cannot lower the theorem's schedule at the chosen tiles, or None."""
+    """Why ``target`` cannot lower the theorem's schedule (a chain's: each kernel's) at the chosen tiles, or None."""
     try:
-        layout(thm.name, thm.result, thm.schedule, costed.tiles, target)
+        for each in thm.kernels or (thm,):
+            layout(each.name, each.result, each.schedule, costed.tiles, target)
     except NapkinError as exc:
         return f"the {target} lowering refuses it: {exc}"
     return None
@@ -167,6 +177,8 @@ def proof_text(derivation: Derivation, out_path: str | Path, runners_up: int = 6
         lines += _comment(derivation.verdict())
     lines += [f'use "{use}"', "", f"theorem {derivation.theorem_name}: {derivation.diagram} {{"]
     lines += [f"  {print_step(step)}" for step in best.explicit]
+    for block in best.kernels:
+        lines += [f"  kernel {', '.join(block.writes)} {{", *(f"    {print_step(s)}" for s in block.steps), "  }"]
     lines += ["}"]
     others = found.runners_up(runners_up)
     if others:
@@ -231,6 +243,7 @@ def model_cost(hardware: str | hw.Hardware = "h100", dtype: str = "bf16", sizes:
     """
     profile = hardware if isinstance(hardware, hw.Hardware) else hw.load(hardware)
     profile.peak_flops(dtype)  # an unknown dtype is refused here, before any schedule is costed
+    baseline = unfused_cost(profile, dtype, sizes, target)
     dtype = PRICED_DTYPE.get(target, dtype) if target else dtype
     given = dict(sizes or {})
 
@@ -244,14 +257,30 @@ def model_cost(hardware: str | hw.Hardware = "h100", dtype: str = "bf16", sizes:
             return fused
         # no partitions and too large for one kernel: keep the unfused time as a guide for
         # the search's ordering of rewrites, but it is not a schedule that fits
-        # the unfused baseline of this (possibly rewritten) diagram itself, not of the source
-        own = cost.cost_of(thm.result, thm.schedule, hardware=profile, sizes=known, dtype=dtype)
+        return replace(baseline(thm), why_not=fused.why_not)
+
+    return evaluate
+
+
+def unfused_cost(hardware: str | hw.Hardware = "h100", dtype: str = "bf16", sizes: Mapping[str, int] | None = None,
+                 target: str | None = None) -> UnfusedFn:
+    """The unfused baseline of a theorem's (possibly rewritten) diagram as a ``Costed`` that does not fit: every
+    box its own kernel with unlimited memory, a launch overhead for each after the first
+    (``roofline.unfused``); priced as ``model_cost`` prices (``PRICED_DTYPE`` for ``target``)."""
+    hardware = hardware if isinstance(hardware, hw.Hardware) else hw.load(hardware)
+    dtype = PRICED_DTYPE.get(target, dtype) if target else dtype
+    sizes = dict(sizes or {})
+
+    def evaluate(thm: kernel.Theorem) -> Costed:
+        used = thm.result.axis_sizes()
+        own = cost.cost_of(thm.result, thm.schedule, hardware=hardware,
+                           sizes={a: n for a, n in sizes.items() if a in used}, dtype=dtype)
         flop, move, launches = unfused(own)
         seconds = flop + move + launches
         moved, flops = float(own.baseline.transfers_bytes), float(own.baseline.flops)
         return Costed(seconds, False, {}, f"{_us(seconds)} if run unfused, each box its own kernel with unlimited "
                                           f"memory ({_mb(moved)} moved, {flops / 1e9:.3g} GFLOP, "
-                                          f"{own.baseline.kernels} launches)", fused.why_not)
+                                          f"{own.baseline.kernels} launches)")
 
     return evaluate
 

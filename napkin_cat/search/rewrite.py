@@ -41,9 +41,9 @@ from napkin_cat import kernel
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.proof import check_theorem, describe_step
 from napkin_cat.search.moves import Plan, axis_roles, neighbours, plan_steps, proposals, signature, starts
-from napkin_cat.terms import Diagram, LemmaDecl, Module, Partition, Rewrite, Step, TheoremDecl
+from napkin_cat.terms import Diagram, KernelDecl, LemmaDecl, Module, Partition, Rewrite, Step, TheoremDecl
 
-__all__ = ["Candidate", "CostFn", "Costed", "ScreenFn", "Search", "search"]
+__all__ = ["Candidate", "CostFn", "Costed", "ScreenFn", "Search", "rank", "search"]
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,8 @@ class Candidate:
     theorem: kernel.Theorem | None = None
     cost: Costed | None = None
     refused: str | None = None
+    #: a chain's kernels (``search.chains``), each with its steps as the kernel settled them
+    kernels: tuple[KernelDecl, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -101,7 +103,9 @@ class Candidate:
         return tuple(next(chosen) if isinstance(step, Partition) else step for step in self.steps)
 
     def describe(self) -> str:
-        return "; ".join(describe_step(s) for s in self.explicit) or "no steps (the diagram as written)"
+        kernels = [f"kernel {', '.join(k.writes)} {{{'; '.join(describe_step(s) for s in k.steps)}}}"
+                   for k in self.kernels]
+        return "; ".join([*(describe_step(s) for s in self.explicit), *kernels]) or "no steps (the diagram as written)"
 
 
 @dataclass(frozen=True)
@@ -125,10 +129,10 @@ class Search:
     def runners_up(self, limit: int = 5) -> list[Candidate]:
         """The next best fitting candidates, then those that fit but were screened out, then
         the closest that do not fit, then the kernel's and the cost model's refusals."""
-        ranked = sorted((c for c in self.candidates if c.ok and c is not self.best), key=_rank)
+        ranked = sorted((c for c in self.candidates if c.ok and c is not self.best), key=rank)
         costed = [c for c in self.candidates if c.cost is not None and not c.ok]
-        screened = sorted((c for c in costed if c.refused is not None and c.cost and c.cost.fits), key=_rank)
-        unfit = sorted((c for c in costed if c.refused is None), key=_rank)
+        screened = sorted((c for c in costed if c.refused is not None and c.cost and c.cost.fits), key=rank)
+        unfit = sorted((c for c in costed if c.refused is None), key=rank)
         refused = [c for c in self.candidates if c.cost is None]
         shown: list[Candidate] = []
         seen = {self.best.describe(), _schedule_key(self.best)}
@@ -155,15 +159,16 @@ def _schedule_key(c: Candidate) -> str:
     return f"{parts} {places} {chosen} @ {c.cost.value:.6g}"
 
 
-def _rank(c: Candidate) -> tuple[bool, float, float, float, int, int, str]:
+def rank(c: Candidate) -> tuple[bool, float, float, float, int, int, int, str]:
     """Tiles that meet the hardware's preferred multiples first, then cheapest; at equal cost
-    the smaller serial cost, then the smaller footprint, then the simpler proof."""
+    the smaller serial cost, then the smaller footprint, then fewer kernels, then the simpler proof."""
     assert c.cost is not None
-    names = sum(len(s.at) for s in c.steps if isinstance(s, Rewrite))
+    steps = c.steps + tuple(s for k in c.kernels for s in k.steps)
+    names = sum(len(s.at) for s in steps if isinstance(s, Rewrite))
     serial = c.cost.value if c.cost.serial is None else c.cost.serial
     # to 9 significant digits, as the tile search ranks: equal models differ in the last bits
     value, serial = (float(f"{v:.9g}") for v in (c.cost.value, serial))
-    return (bool(c.cost.relaxed), value, serial, c.cost.footprint, len(c.steps), names, c.describe())
+    return (bool(c.cost.relaxed), value, serial, c.cost.footprint, len(c.kernels), len(steps), names, c.describe())
 
 
 # ---- the search -----------------------------------------------------------------------------
@@ -210,7 +215,7 @@ class _State:
         now = time.monotonic()
         if self.progress and now - self.reported >= _PROGRESS_EVERY:
             self.reported = now
-            best = min((c for c in self.seen.values() if c.ok), key=_rank, default=None)
+            best = min((c for c in self.seen.values() if c.ok), key=rank, default=None)
             self.progress(f"{len(self.seen)} candidates checked; best so far: "
                           + (f"{best.describe()} ({best.cost.summary})" if best and best.cost else "none"))
         return cand
@@ -231,10 +236,10 @@ def _climb(state: _State, prefix: tuple[Step, ...], diagram: Diagram) -> None:
         current = _plan(state, prefix, plan, diagram)
         while True:
             moves = [(_plan(state, prefix, p, diagram), p) for p in neighbours(plan, diagram)]
-            better = [(c, p) for c, p in moves if c.ok and (not current.ok or _rank(c) < _rank(current))]
+            better = [(c, p) for c, p in moves if c.ok and (not current.ok or rank(c) < rank(current))]
             if not better:
                 break
-            current, plan = min(better, key=lambda cp: _rank(cp[0]))
+            current, plan = min(better, key=lambda cp: rank(cp[0]))
 
 
 def _plan(state: _State, prefix: tuple[Step, ...], plan: Plan, diagram: Diagram) -> Candidate:
@@ -308,7 +313,7 @@ def search(module: Module, diagram: str, cost: CostFn, *, lemmas: Mapping[str, L
         "budget": f"the budget of {state.budget} candidates was spent ({len(frontier)} diagrams unexplored)",
         "time": f"the time limit of {seconds:g} s was reached ({len(frontier)} diagrams unexplored)",
     }[stopped]
-    best = min((c for c in state.seen.values() if c.ok), key=_rank, default=baseline)
+    best = min((c for c in state.seen.values() if c.ok), key=rank, default=baseline)
     if baseline.ok and best.cost is not None and baseline.cost is not None and \
             best.cost.value >= baseline.cost.value:
         best = baseline  # only a strictly cheaper schedule replaces a diagram that already fits

@@ -8,6 +8,7 @@ import json
 from collections.abc import Mapping
 
 from napkin_cat import cost, proof, pseudo
+from napkin_cat.cost import chain as cost_chain
 from napkin_cat.cost import hardware as hw
 from napkin_cat.cost import report as cost_report
 from napkin_cat.cost.hardware import HardwareError
@@ -58,11 +59,13 @@ def cmd_cost(args: argparse.Namespace) -> int:
     dtype, hardware, sizes = dtype_option(args.dtype), hardware_option(args.hardware), parse_sizes(args.size)
     thm = theorem_or_usage(args.file, args.theorem)
     try:
-        c = cost.cost(thm, hardware=hardware, sizes=sizes, dtype=dtype, stages=args.stages)
-        data = cost_report.report(c, args.theorem, args.mesh)
+        options = {"hardware": hardware, "sizes": sizes, "dtype": dtype, "stages": args.stages}
+        data = cost_chain.chain_report(thm, args.theorem, args.mesh, **options) if thm.kernels else \
+            cost_report.report(cost.cost(thm, **options), args.theorem, args.mesh)
     except (HardwareError, cost.CostError) as exc:
         raise UsageError(str(exc)) from None
-    text = json.dumps(data, indent=2, allow_nan=False) + "\n" if args.json else cost_report.format_report(data)
+    text = json.dumps(data, indent=2, allow_nan=False) + "\n" if args.json else \
+        (cost_chain.format_chain if thm.kernels else cost_report.format_report)(data)
     print(text, end="")
     store(args, text)
     return EXIT_OK
@@ -72,11 +75,21 @@ def cmd_pseudo(args: argparse.Namespace) -> int:
     """Print a theorem's pseudocode diagram: loops, columns, live buffers, transfers per level."""
     dtype, hardware, sizes = dtype_option(args.dtype), hardware_option(args.hardware), parse_sizes(args.size)
     thm = theorem_or_usage(args.file, args.theorem)
+    parts = []
+    for k, (kernel, writes) in enumerate(zip(thm.kernels, thm.writes, strict=True), start=1):  # a chain's, in order
+        wrote = "the outputs" if writes == ("return",) else f"{', '.join(writes)} to hbm for the kernels after it"
+        parts.append((f"# kernel {k} of {len(thm.kernels)}: {kernel.name}, writes {wrote}\n", kernel))
+    unknown = [a for a in sizes if parts and not any(a in k.result.axis_sizes() for k in thm.kernels)]
+    if unknown:
+        raise UsageError(f"sizes name axes that `{thm.source.name}` does not use: {', '.join(unknown)}")
+    text = ""
     try:
-        c = cost.cost(thm, hardware=hardware, sizes=sizes, dtype=dtype, stages=args.stages)
+        for header, each in parts or [("", thm)]:
+            own = {a: n for a, n in sizes.items() if a in each.result.axis_sizes()} if parts else sizes
+            c = cost.cost(each, hardware=hardware, sizes=own, dtype=dtype, stages=args.stages)
+            text += header + pseudo.render(c.program, c.bytes_of)
     except (HardwareError, cost.CostError) as exc:
         raise UsageError(str(exc)) from None
-    text = pseudo.render(c.program, c.bytes_of)
     print(text, end="")
     store(args, text)
     return EXIT_OK

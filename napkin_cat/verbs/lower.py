@@ -6,6 +6,7 @@ import argparse
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 from napkin_cat import proof
 from napkin_cat.cost.hardware import HardwareError
@@ -44,9 +45,9 @@ def cmd_lower(args: argparse.Namespace) -> int:
     outputs.check(args.output)
     thm = proof.theorem(args.file, args.theorem)
     backs = [proof.theorem(args.file, name) for name in backward]
-    parts = [p for t in (thm, *backs) for p in t.schedule.partitions]
+    parts = [p for t in (thm, *backs) for p in proof.partitions(t)]
     names = {str(p.tile) for p in parts} | {p.axis for p in parts}
-    names |= {f"{t.name}.{n}" for t in (thm, *backs) for p in t.schedule.partitions for n in (str(p.tile), p.axis)}
+    names |= {f"{t.name}.{n}" for t in (thm, *backs) for p in proof.partitions(t) for n in (str(p.tile), p.axis)}
     unknown = [n for n in tiles if n not in names]
     if unknown:
         known = ", ".join(sorted({f"{p.tile} (axis {p.axis})" for p in parts})) or "none"
@@ -59,14 +60,18 @@ def cmd_lower(args: argparse.Namespace) -> int:
     warned_text = "".join(f"warning: {w.message}\n" for w in warned)
     print(warned_text, end="", file=sys.stderr)
     outputs.write(args.output, lowered.source)
-    placed = ", ".join(f"{axis}={tile}" for axis, tile in lowered.layout.tiles.items()) or "no tiles"
-    split = lowered.layout.split
-    placed += f"; {split[0]} split in blocks of {split[1]}" if split is not None else ""
+    placed = "; ".join(_tiles_placed(lay) for lay in lowered.layouts or (lowered.layout,))
     placed += f"; on a mesh of {args.mesh} devices" if args.mesh is not None else ""
     said = f"wrote {args.output}: {args.target} function `{lowered.function}` ({placed})\n"
     print(said, end="")
     store(args, said, warned_text, {args.output: lowered.source})
     return EXIT_OK
+
+
+def _tiles_placed(lay: Any) -> str:
+    """``axis=tile, ...`` of a lowered kernel's layout, and its split's blocks."""
+    placed = ", ".join(f"{axis}={tile}" for axis, tile in lay.tiles.items()) or "no tiles"
+    return placed + (f"; {lay.split[0]} split in blocks of {lay.split[1]}" if lay.split is not None else "")
 
 
 def cmd_derive(args: argparse.Namespace) -> int:
@@ -97,12 +102,14 @@ def cmd_derive(args: argparse.Namespace) -> int:
                          f"--size AXIS=N")
     try:
         cost = derive.model_cost(hardware, dtype, sizes, target=args.lower)
+        unfused = derive.unfused_cost(hardware, dtype, sizes, target=args.lower)
     except HardwareError as exc:
         raise UsageError(str(exc)) from None
     settings = {"hardware": hardware.key, "dtype": dtype} | {a: str(n) for a, n in sizes.items()}
     found = derive.derive(args.file, args.diagram, cost, settings=settings, max_rewrites=args.max_rewrites,
                           budget=args.budget, seconds=args.seconds, lower=args.lower,
-                          progress=lambda message: print(f"napkin derive: {message}", file=sys.stderr))
+                          progress=lambda message: print(f"napkin derive: {message}", file=sys.stderr),
+                          unfused=unfused, launch_overhead=hardware.launch_overhead)
     search = found.search
     print(f"search stopped: {search.stopped} ({search.detail}); {len(search.candidates)} candidates checked "
           f"in {search.elapsed:.2f} s")

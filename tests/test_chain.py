@@ -1,0 +1,224 @@
+"""Chained kernels (issue 29 item 2, README "Chained kernels"): a theorem names its kernels with the
+arrays each writes to hbm (``kernel NAME, ... { steps }``, the last ``kernel return``).
+
+The cut (``terms.cut``) and the join rule (``kernel.chain``) with their refusals, the printer round
+trip, the schedule interpreter, both lowerings and ``jax.grad`` against the evaluator at ragged sizes,
+the summed cost with its launches, and ``pseudo``/``draw``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from napkin_cat import kernel, terms
+from napkin_cat.cli import main
+from napkin_cat.cost import cost
+from napkin_cat.cost.chain import chain_report
+from napkin_cat.draw import draw_svg
+from napkin_cat.elaborate import load, loads
+from napkin_cat.evaluate import evaluate
+from napkin_cat.kernel import KernelError, Theorem
+from napkin_cat.lower import lower
+from napkin_cat.printer import print_module
+from napkin_cat.proof import check_file, check_module, theorem
+from napkin_cat.schedule.run import run_schedule
+from napkin_cat.search.derive import checked, derive, model_cost, unfused_cost
+
+ROOT = Path(__file__).resolve().parent.parent
+PROOF = ROOT / "proofs" / "chains.ncd"
+TILES = {"gq": 16, "sx": 16, "gp": 16, "gf": 16, "sd": 16, "gt": 16, "sv": 16, "st": 16}
+
+
+def _chain(name: str) -> Theorem:
+    return theorem(PROOF, name)
+
+
+def _inputs(name: str, seed: int = 0) -> list[np.ndarray]:
+    """Ragged sizes: no tile above divides q = 37, x = 29, f = 21, t = 11 or v = 45."""
+    rng = np.random.default_rng(seed)
+    if name == "attention_then_projection":
+        return [rng.standard_normal(s) for s in [(37, 64), (29, 64), (29, 64), (64, 21)]]
+    return [rng.standard_normal((11, 45)), rng.integers(0, 45, size=11).astype(float)]
+
+
+def test_both_chains_check_strictly_as_two_kernels() -> None:
+    results = {r.name: r for r in check_file(PROOF, strict=True)}
+    assert set(results) == {"attention_then_projection", "mean_cross_entropy_chained"}
+    for r in results.values():
+        thm = r.theorem
+        assert thm is not None and not thm.tested and thm.schedule == terms.Schedule()
+        assert len(thm.kernels) == 2 and thm.writes[-1] == ("return",) and "chain" in thm.trust
+        assert all(k.schedule.partitions for k in thm.kernels)
+    thm = results["attention_then_projection"].theorem
+    assert thm is not None and thm.writes == (("A",), ("return",))
+    first, second = thm.kernels
+    assert [p.name for p in first.source.inputs] == ["Q", "K", "V"]  # W is the projection's only
+    assert [p.name for p in second.source.inputs] == ["W", "A"]  # inputs first, then the written arrays
+    assert {p.kind for p in first.schedule.partitions} == {"group", "stream"}
+    assert any("softmax_contract" in t for t in thm.trust)
+
+
+def test_a_chain_prints_and_parses_back() -> None:
+    module = load(PROOF)
+    again = loads(print_module(module), str(PROOF))
+    assert again.theorems == module.theorems
+    assert [len(t.kernels) for t in again.theorems] == [2, 2]
+
+
+def test_the_cut_computes_each_written_array_as_the_diagram_binds_it() -> None:
+    thm = kernel.unfold(kernel.refl("t", load(ROOT / "examples" / "chains.ncd").diagram("attention_projected")))
+    first, second = terms.cut(thm.result, (("S",), ("return",)))
+    assert [let.names[0] for let in first.body] == ["S"] and first.out_types == (("q", "x"),)
+    assert [let.names[0] for let in second.body] == ["P", "O", "A"]  # everything after S, in order
+    arrays = _inputs("attention_then_projection")
+    assert [p.name for p in second.inputs] == ["V", "W", "S"]
+    out = evaluate(second, [arrays[2], arrays[3], evaluate(first, arrays[:2])])
+    np.testing.assert_allclose(out, evaluate(thm.result, arrays), rtol=1e-12, atol=1e-12)
+
+
+def _whole() -> Theorem:
+    return kernel.unfold(kernel.refl("t", load(ROOT / "examples" / "chains.ncd").diagram("attention_projected")))
+
+
+@pytest.mark.parametrize(("writes", "condition"), [
+    ((("return",), ("A",)), "the last kernel, and only it, writes the outputs"),
+    ((("W",), ("return",)), "`W` is not a binding"),
+    ((("A",), ("A",), ("return",)), "`A` is written twice"),
+    ((("A", "A"), ("return",)), "`A` is written twice"),
+    ((("O", "S"), ("return",)), "no later kernel reads `S`"),
+    ((), "the last kernel, and only it"),
+])
+def test_the_join_refuses_what_is_not_a_chain(writes: tuple[tuple[str, ...], ...], condition: str) -> None:
+    with pytest.raises(KernelError) as info:
+        kernel.chain(_whole(), writes, (), None)
+    assert info.value.rule == "chain" and condition in info.value.condition
+
+
+def test_the_join_refuses_a_kernel_about_another_piece() -> None:
+    whole = _whole()
+    pieces = terms.cut(whole.result, (("A",), ("return",)))
+    honest = tuple(kernel.refl(f"k{i}", p) for i, p in enumerate(pieces))
+    assert kernel.chain(whole, (("A",), ("return",)), honest, None).kernels == honest
+    other = terms.cut(whole.result, (("S",), ("return",)))  # a proved kernel, but of another cut
+    for forged in [(kernel.refl("k0", other[0]), honest[1]), honest[::-1], honest[:1]]:
+        with pytest.raises(KernelError, match="not about its piece"):
+            kernel.chain(whole, (("A",), ("return",)), forged, None)
+    nested = kernel.chain(whole, (("A",), ("return",)), honest, None)
+    with pytest.raises(KernelError, match="not about its piece"):  # a chain is not a kernel of another
+        kernel.chain(whole, (("A",), ("return",)), (nested, honest[1]), None)
+
+
+def test_a_scheduled_diagram_is_not_cut() -> None:
+    text = ('use "chains.ncd"\ntheorem t: attention_projected {\n  group q by gq\n  kernel A {\n  }\n'
+            '  kernel return {\n  }\n}\n')
+    (result,) = check_module(loads(text, str(ROOT / "examples" / "t.ncd")))
+    assert not result.ok and result.step == 2 and result.failure is not None
+    assert "chain: the diagram already carries a schedule" in result.failure.message
+
+
+@pytest.mark.parametrize("name", ["attention_then_projection", "mean_cross_entropy_chained"])
+def test_the_interpreter_runs_the_kernels_in_order(name: str) -> None:
+    thm = _chain(name)
+    arrays = _inputs(name)
+    sizes = {"attention_then_projection": {"q": 32, "x": 32, "f": 16}, "mean_cross_entropy_chained": {"t": 16, "v": 48}}
+    rng = np.random.default_rng(1)  # divisible sizes: the proofs declare no pad
+    s = sizes[name]
+    arrays = [rng.standard_normal((s["q"], 64)), rng.standard_normal((s["x"], 64)), rng.standard_normal((s["x"], 64)),
+              rng.standard_normal((64, s["f"]))] if "q" in s else \
+        [rng.standard_normal((s["t"], s["v"])), rng.integers(0, s["v"], size=s["t"]).astype(float)]
+    got = run_schedule(thm, arrays, tiles=TILES)
+    np.testing.assert_allclose(got[0], evaluate(thm.source, arrays), rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("target", ["jax", "pallas"])
+@pytest.mark.parametrize("name", ["attention_then_projection", "mean_cross_entropy_chained"])
+def test_both_targets_match_the_evaluator_at_ragged_sizes_and_differentiate(name: str, target: str) -> None:
+    thm = _chain(name)
+    lowered = lower(thm, target=target, tiles=TILES)
+    assert len(lowered.layouts) == 2 and lowered.layout is lowered.layouts[-1]
+    assert "run in order" in lowered.source and f"{thm.name}_k1" in lowered.source
+    arrays = _inputs(name)
+    args = [jnp.asarray(a, jnp.float32) for a in arrays]
+    np.testing.assert_allclose(np.asarray(lowered.fn(*args)), evaluate(thm.source, arrays), rtol=2e-5, atol=2e-5)
+    plain = lower(kernel.unfold(kernel.refl("plain", thm.source)), target="jax")  # the diagram, unscheduled
+
+    def loss(f: object) -> object:
+        return jax.grad(lambda z: jnp.sum(jnp.sin(f(z, *args[1:]))))(args[0])  # type: ignore[operator]
+
+    np.testing.assert_allclose(np.asarray(loss(lowered.fn)), np.asarray(loss(plain.fn)), rtol=1e-4, atol=1e-5)
+
+
+def test_the_cost_sums_the_kernels_and_their_launches() -> None:
+    thm = _chain("attention_then_projection")
+    sizes = {"q": 4096, "x": 4096, "f": 1024}
+    r = chain_report(thm, thm.name, hardware="h200", sizes=sizes)
+    assert [k["theorem"] for k in r["kernels"]] == ["attention_then_projection_k1", "attention_then_projection_k2"]
+    assert r["launches"] == 2 and r["launch_overhead_s"] == 4e-6
+    (buffer,) = r["buffers"]
+    assert buffer["array"] == "A" and buffer["values"] == str(4096 * 64) and buffer["readers"] == 1
+    each = [k["time"]["grid_serial_s"] for k in r["kernels"]]
+    assert r["time"]["serial_s"] == pytest.approx(sum(each) + 4e-6)
+    whole = cost(thm, hardware="h200", sizes=sizes)  # the baseline is the whole diagram's
+    assert r["time"]["unfused_s"]["serial"] > r["time"]["serial_s"] > 0
+    assert whole.baseline.kernels >= 4
+
+
+def test_cost_pseudo_and_draw_show_every_kernel(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = [str(PROOF), "attention_then_projection", "--hardware", "h200", "--size", "q=4096", "--size", "x=4096",
+            "--size", "f=1024"]
+    assert main(["cost", *args]) == 0
+    text = capsys.readouterr().out
+    assert "== kernel 1 of 2: attention_then_projection_k1, writes A ==" in text
+    assert "== kernel 2 of 2: attention_then_projection_k2, writes the outputs ==" in text
+    assert "buffer A [q d]: 262144 values" in text and "2 launches" in text and "chain time: serial" in text
+    assert main(["cost", *args, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["launches"] == 2
+    assert main(["pseudo", *args]) == 0
+    text = capsys.readouterr().out
+    assert text.index("# kernel 1 of 2") < text.index("save O smem -> hbm") < text.index("# kernel 2 of 2")
+    for verb in ("cost", "pseudo"):  # an axis no kernel uses is a usage error, as for one kernel
+        assert main([verb, str(PROOF), "mean_cross_entropy_chained", "--size", "zz=3"]) == 2
+        assert "does not use: zz" in capsys.readouterr().err
+    svg = draw_svg(_chain("attention_then_projection"))
+    assert "as 2 kernels run in order" in svg and svg.count("<svg") == 3
+    assert main(["lower", str(PROOF), "mean_cross_entropy_chained", "--target", "jax", "-o",
+                 str(tmp_path / "k.py")]) == 0
+    assert "; " in capsys.readouterr().out  # the tiles of each kernel
+
+
+# ---- derive: fusion boundaries ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("path", "name", "sizes"), [
+    ("matmul.ncd", "matmul", {"a": 512, "b": 512, "c": 512}),  # the tiled plan is modelled slower than unfused
+    ("chains.ncd", "mean_token_loss", {"t": 512, "v": 512}),
+])
+def test_derive_never_returns_a_plan_slower_than_the_unfused_diagram_and_it_lowers(
+        path: str, name: str, sizes: dict[str, int], tmp_path: Path) -> None:
+    source = ROOT / "examples" / path
+    cost_fn, unfused = model_cost("h100", "bf16", sizes), unfused_cost("h100", "bf16", sizes)
+    found = derive(source, name, cost_fn, seconds=20, unfused=unfused, launch_overhead=4e-6)
+    plain = kernel.unfold(kernel.refl(name, load(source).diagram(name)))
+    best = found.best
+    assert best.ok and best.cost is not None and best.cost.value <= unfused(plain).value * (1 + 1e-9)
+    unfused_plans = [c for c in found.search.candidates if c.kernels and not any(k.steps for k in c.kernels)]
+    assert len(unfused_plans) == 1 and unfused_plans[0].ok  # the unfused diagram is always a candidate
+    text, result = checked(found, tmp_path / "derived.ncd")
+    assert result.theorem is not None, text
+    thm = result.theorem
+    rng = np.random.default_rng(0)
+    small = {a: 37 for a in sizes}  # ragged for every tile
+    arrays = [rng.standard_normal([small[a] for a in p.axes]) for p in thm.source.inputs]
+    if name == "mean_token_loss":
+        arrays[1] = rng.integers(0, small["v"], size=small["t"]).astype(float)
+    want = evaluate(thm.source, arrays)
+    for target in ("jax", "pallas"):
+        tiles = {k: 16 for k in (best.cost.tiles or {})}
+        got = lower(thm, target=target, tiles=tiles).fn(*(jnp.asarray(a, jnp.float32) for a in arrays))
+        np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=2e-5)

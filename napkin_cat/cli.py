@@ -515,7 +515,8 @@ def _parser() -> argparse.ArgumentParser:
     p = command("lower", "lower a theorem to a JAX Pallas kernel or streamed plain JAX (a .py module)")
     p.add_argument("file", help="the proof file")
     p.add_argument("theorem", help="the theorem to lower")
-    p.add_argument("--target", choices=("pallas", "jax"), default="pallas", help="Pallas kernel or plain JAX")
+    p.add_argument("--target", choices=("pallas", "mosaic", "jax"), default="pallas",
+                   help="Pallas kernel (Triton backend), Mosaic GPU kernel (Hopper) or plain JAX")
     p.add_argument("--tile", action="append", metavar="NAME=N", help="a tile size by tile name or axis (repeatable)")
     p.add_argument("--dtype", default=DEFAULT_DTYPE, help=_DTYPE_HELP)
     p.add_argument("--hardware", help="hardware profile for default tiles (h100, h200, a100, cpu, or a .toml "

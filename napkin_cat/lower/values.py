@@ -87,6 +87,11 @@ class Scope:
     #: where nodes that hold on every position of this chunk (``skip.full_range``): each is
     #: computed as its value operand
     unmasked: frozenset[str] = frozenset()
+    #: a matrix product is ``wgmma(...)`` on tensor cores (the Mosaic GPU target, ``lower.mosaic``)
+    wgmma: bool = False
+    #: values that are a shared-memory block or chunk as loaded: value name -> its ref's name
+    #: (``wgmma`` reads such an operand in place)
+    refs: Mapping[str, str] = field(default_factory=dict)
 
     def keep(self, axes: Axes) -> Axes:
         """The axes an in-kernel value has: the type less the squeezed grid axes."""

@@ -1,0 +1,105 @@
+"""The Mosaic GPU target (``lower --target mosaic``, napkin_cat/lower/mosaic.py).
+
+- interpret mode (``plgpu.InterpretGPUParams``: GMEM/SMEM, TMA, barriers and wgmma simulated on
+  the CPU) against the float64 evaluator: a tiled matmul, flash attention and causal flash
+  attention, in bf16 (wgmma multiplies f16/bf16);
+- every kernel of the lowering cases (tests/lower_cases.py: the proofs/ theorems and more)
+  cross-lowered for an abstract H200: one ``mosaic_gpu`` custom call in the HLO, or refused
+  with ``lower.mosaic`` and its reason, never another error;
+- the tiles the machine model picks for this target meet its constraints (h200's [mosaic]).
+
+Cross-lowering needs Mosaic GPU's MLIR bindings (``_mosaic_gpu_ext``), which ship in the JAX
+CUDA plugin matching jax (``jax-cuda13-plugin==0.11.2``, the ``mosaic`` extra); without it those
+tests skip and say so.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from napkin_cat.cost import hardware as hw
+from napkin_cat.diagnostics import NapkinError
+from napkin_cat.lower import lower
+from tests import lower_cases as cases
+
+H200 = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="gpu")
+MOSAIC_CALL = "custom_call @mosaic_gpu"
+PLUGIN = importlib.util.find_spec("jax_cuda13_plugin") is not None
+needs_plugin = pytest.mark.skipif(not PLUGIN, reason="cross-lowering Mosaic GPU needs _mosaic_gpu_ext from "
+                                  "jax-cuda13-plugin==0.11.2 (pip install -e '.[mosaic]')")
+
+
+def cuda_hlo(fn: object, *args: jax.ShapeDtypeStruct) -> str:
+    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), (), abstract_device=H200)):
+        traced = jax.jit(functools.partial(fn, interpret=False)).trace(*args)  # type: ignore[call-arg]
+        return traced.lower(lowering_platforms=("cuda",)).as_text()  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("name", ["tiled_matmul", "flash_attention", "flash_attention_causal"])
+def test_interpret_matches_evaluator(name: str) -> None:
+    """Ragged sizes (padding and masks), the cost model's tiles for h200's Mosaic rules."""
+    thm = cases.theorems()[name]
+    sizes, arrays = cases.inputs(thm, seed=0, low=100, high=300)
+    arrays = [np.asarray(jnp.asarray(a, jnp.bfloat16).astype(jnp.float32), np.float64) for a in arrays]
+    low = lower(thm, target="mosaic", dtype="bfloat16")
+    assert "plgpu.emit_pipeline" in low.source and "wgmma(" in low.source
+    assert ("jnp.exp2" in low.source) == (name != "tiled_matmul")
+    got = cases.as_tuple(low.forward(*[jnp.asarray(a, jnp.bfloat16) for a in arrays]))  # interpret: auto on CPU
+    for out, want in zip(got, cases.reference(thm, arrays, sizes), strict=True):
+        assert out.dtype == jnp.bfloat16
+        assert cases.relative_error(out, want) < cases.BF16_TOL
+
+
+def test_causal_kernel_skips_and_unmasks() -> None:
+    """Chunks above the diagonal are never fetched; below it a pipeline without the mask runs."""
+    src = lower(cases.theorems()["flash_attention_causal"], target="mosaic", dtype="bfloat16").source
+    assert "end_chunk" in src and "full_end" in src
+    assert src.count("plgpu.emit_pipeline(") == 2 and src.count("lax.cond(") == 2
+
+
+@needs_plugin
+@pytest.mark.parametrize("name", sorted(cases.theorems()))
+def test_kernel_cross_lowers_or_is_refused(name: str) -> None:
+    thm = cases.theorems()[name]
+    sizes, _ = cases.inputs(thm, seed=0, low=100, high=300)
+    specs = [jax.ShapeDtypeStruct(tuple(sizes[a] for a in p.axes), jnp.bfloat16) for p in thm.result.inputs]
+    try:
+        fn = lower(thm, target="mosaic", dtype="bfloat16").forward
+    except NapkinError as exc:
+        assert exc.diagnostics[0].code in ("lower.mosaic", "lower.triton_op", "lower.stream_mixed"), str(exc)
+        return
+    assert cuda_hlo(fn, *specs).count(MOSAIC_CALL) == 1
+
+
+def test_f32_is_refused_with_reason() -> None:
+    with pytest.raises(NapkinError, match="wgmma multiplies f16/bf16"):
+        lower(cases.theorems()["tiled_matmul"], target="mosaic", dtype="float32")
+
+
+def test_off_model_tile_is_refused() -> None:
+    with pytest.raises(NapkinError, match="multiples of 64"):
+        lower(cases.theorems()["flash_attention"], target="mosaic", dtype="bfloat16", tiles={"gq": 32, "sx": 64})
+
+
+@pytest.mark.parametrize("name", ["tiled_matmul", "flash_attention", "flash_attention_causal", "mlp_forward",
+                                  "fused_linear", "flash_mha"])
+def test_model_tiles_meet_mosaic_rules(name: str) -> None:
+    """The tiles the cost model picks for this target: powers of two, multiples of wgmma m
+    (which also makes them multiples of wgmma n and of 16, the bf16 k), within a TMA box."""
+    rules = hw.load("h200").mosaic
+    assert rules == {"wgmma_m": 64, "wgmma_n": 8, "warpgroup_threads": 128, "tma_box": 256,
+                     "max_concurrent_steps": 2}
+    thm = cases.theorems()[name]
+    low = lower(thm, target="mosaic", dtype="bfloat16")
+    for axis in low.layout.grid + ((low.layout.stream,) if low.layout.stream else ()):
+        if axis in low.layout.squeezed:
+            continue
+        tile = low.layout.tiles[axis]
+        assert tile % rules["wgmma_m"] == 0 and tile % rules["wgmma_n"] == 0 and tile <= rules["tma_box"], (axis, tile)
+        assert tile & (tile - 1) == 0

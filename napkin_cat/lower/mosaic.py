@@ -22,7 +22,9 @@ differs in how a program moves data and multiplies:
 
 What Mosaic GPU cannot express is refused before anything is emitted (``lower.mosaic``): f32
 kernels (wgmma has no IEEE f32), a split (its per-block states), a tile padded to a block, an
-output written chunk by chunk, a scalar input, and tiles off the machine model (``check_tiles``:
+output written chunk by chunk, a scalar input or one whose last axis is one position per
+program (TMA's 16-byte minimum), a kernel with no matrix product (nothing anchors Mosaic's
+register layouts), and tiles off the machine model (``check_tiles``:
 wgmma ``m`` a multiple of 64, TMA boxes of at most 256 per dimension).
 """
 
@@ -46,6 +48,10 @@ __all__ = ["MOSAIC_STEPS", "WGMMA_SOURCE", "check_tiles", "emit_function", "mosa
 #: TMA copies in flight per streamed input (``emit_pipeline``'s ``max_concurrent_steps``) when
 #: the profile's [mosaic] table gives none
 MOSAIC_STEPS = 2
+
+#: squeezed (one program per position) axes are padded in HBM to a multiple of this many
+#: elements, so every stride but the last is a multiple of 16 bytes (TMA's rule) in 16-bit formats
+STRIDE_ALIGN = 8
 
 #: the emitted module's matrix product on tensor cores (``jaxops`` calls it for a contraction
 #: where ``Scope.wgmma``): ``a`` [m, k] (``a_k`` = 1; 0: stored [k, m]) times ``b`` [k, n]
@@ -97,8 +103,12 @@ def check_tiles(lay: Layout, rules: Mapping[str, int]) -> None:
                      "give a tile of 64, 128 or 256")
     if lay.chunk_outputs:
         raise refuse("an output carries the streamed axis (written chunk by chunk); use --target pallas")
-    if any(not axes for _, axes in lay.flat.inputs):
-        raise refuse("a scalar input (TMA copies arrays of rank 1 to 5)")
+    for name, axes in lay.flat.inputs:
+        if not axes:
+            raise refuse(f"input `{name}` is a scalar (TMA copies arrays of rank 1 to 5)")
+        if axes[-1] in lay.squeezed:
+            raise refuse(f"input `{name}`'s last axis `{axes[-1]}` is one position per program (a TMA copy moves "
+                         "at least 16 bytes along the last dimension)")
     box = int(rules.get("tma_box", 256))
     least = int(rules.get("wgmma_m", 64))
     for axis in (*lay.grid, *((lay.stream,) if lay.stream else ())):
@@ -124,7 +134,10 @@ def emit_function(lay: Layout, fname: str, params: Sequence[str], doc: str, dtyp
     block.emit(ast.If(cg.binop(cg.name("interpret"), "is", cg.const(None)), [cg.assign("interpret", auto)], []))
     bind_inputs(lay, params, block)
     axes = all_axes(lay)
-    block.emit(cg.assign("p", cg.dict_([(a, padded_extent(lay, a)) for a in axes])))
+    # squeezed axes padded to a multiple of STRIDE_ALIGN: TMA needs 16-byte strides (the padding is
+    # never read: one program per true position)
+    block.emit(cg.assign("p", cg.dict_([(a, cg.call("round_up", size_of(a), cg.const(STRIDE_ALIGN))
+                                         if a in lay.squeezed else padded_extent(lay, a)) for a in axes])))
     storage = cg.attr(f"jnp.{dtype}")
     padded = []
     for (name, in_axes), param in zip(lay.flat.inputs, params, strict=True):
@@ -142,8 +155,14 @@ def emit_function(lay: Layout, fname: str, params: Sequence[str], doc: str, dtyp
     if whole:
         scratch.append(cg.call("plgpu.Barrier", keywords=[cg.kw("num_barriers", cg.const(len(whole)))]))
     kernel = _emit_kernel(lay, params, whole, dtype, namer, int(rules.get("max_concurrent_steps", MOSAIC_STEPS)))
+    if not any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "wgmma"
+               for n in ast.walk(kernel)):
+        raise NapkinError(error("lower.mosaic", name=lay.name, reason="no matrix product for wgmma: Mosaic GPU "
+                                "infers register layouts from its wgmma accumulators, and without one jax 0.11.2's "
+                                "inference fails (after minutes, on cross_entropy_forward); use --target pallas"))
     block.emit(kernel)
-    shapes: list[ast.expr] = [cg.call("jax.ShapeDtypeStruct", cg.tuple_([extent_of(a) for a in t]), storage) for t in out_types]
+    shapes: list[ast.expr] = [cg.call("jax.ShapeDtypeStruct", cg.tuple_([extent_of(a) for a in t]), storage)
+                              for t in out_types]
     mode = ast.IfExp(cg.name("interpret"), cg.call("plgpu.InterpretGPUParams"), cg.const(None))
     grid = [size_of(a) if a in lay.squeezed else cg.binop(extent_of(a), "//", cg.const(lay.tiles[a]))
             for a in lay.grid]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +30,7 @@ from napkin_cat.diagnostics import NapkinError
 from napkin_cat.lower import lower
 from tests import lower_cases as cases
 
+ROOT = Path(__file__).resolve().parent.parent
 H200 = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="gpu")
 MOSAIC_CALL = "custom_call @mosaic_gpu"
 PLUGIN = importlib.util.find_spec("jax_cuda13_plugin") is not None
@@ -115,3 +117,17 @@ def test_model_tiles_meet_mosaic_rules(name: str) -> None:
         tile = low.layout.tiles[axis]
         assert tile % rules["wgmma_m"] == 0 and tile % rules["wgmma_n"] == 0 and tile <= rules["tma_box"], (axis, tile)
         assert tile & (tile - 1) == 0
+
+
+def test_a_profile_without_mosaic_rules_is_refused() -> None:
+    with pytest.raises(NapkinError, match="has no \\[mosaic\\] table"):
+        lower(cases.theorems()["tiled_matmul"], target="mosaic", dtype="bfloat16", hardware="cpu")
+
+
+def test_mosaic_table_is_checked() -> None:
+    text = (ROOT / "napkin_cat" / "cost" / "hardware" / "h200.toml").read_text()
+    with pytest.raises(hw.ProfileError, match="mosaic"):
+        hw.parse(text.replace("tma_box = 256", ""), "h200", "h200.toml")
+    with pytest.raises(hw.ProfileError, match="mosaic.tma_box"):
+        hw.parse(text.replace("tma_box = 256", "tma_box = 0"), "h200", "h200.toml")
+    assert hw.load("h200").for_mosaic().divisibility["max_tile"] == 256

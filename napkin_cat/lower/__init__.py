@@ -225,6 +225,9 @@ def _lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str
         profile = _profile(hardware, target)
     except hw.HardwareError as exc:  # never priced silently on another profile or default tiles
         raise NapkinError(error("lower.hardware", reason=str(exc))) from None
+    if target == "mosaic" and not profile.mosaic:
+        raise NapkinError(error("lower.mosaic", name=name, reason=f"the hardware profile `{profile.key}` has no "
+                                "[mosaic] table (wgmma shapes, TMA box, pipeline depth); use h100 or h200"))
     if schedule.split is not None and mesh is not None:  # before pricing its tiles
         raise NapkinError(error("lower.split_mesh", axis=schedule.split.axis))
     if mesh is not None and target == "mosaic":

@@ -128,6 +128,6 @@ def test_mosaic_table_is_checked() -> None:
     text = (ROOT / "napkin_cat" / "cost" / "hardware" / "h200.toml").read_text()
     with pytest.raises(hw.ProfileError, match="mosaic"):
         hw.parse(text.replace("tma_box = 256", ""), "h200", "h200.toml")
-    with pytest.raises(hw.ProfileError, match="mosaic.tma_box"):
+    with pytest.raises(hw.ProfileError, match=r"mosaic\.tma_box"):
         hw.parse(text.replace("tma_box = 256", "tma_box = 0"), "h200", "h200.toml")
     assert hw.load("h200").for_mosaic().divisibility["max_tile"] == 256

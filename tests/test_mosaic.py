@@ -51,9 +51,10 @@ def cuda_hlo(fn: object, *args: jax.ShapeDtypeStruct) -> str:
         return traced.lower(lowering_platforms=("cuda",)).as_text()  # type: ignore[no-any-return]
 
 
-@pytest.mark.parametrize("name", ["tiled_matmul", "flash_attention", "flash_attention_causal"])
+@pytest.mark.parametrize("name", ["tiled_matmul", "flash_attention", "flash_attention_causal", "flash_mha"])
 def test_interpret_matches_evaluator(name: str) -> None:
-    """Ragged sizes (padding and masks), the cost model's tiles for h200's Mosaic rules."""
+    """Ragged sizes (padding and masks), the cost model's tiles for h200's Mosaic rules; flash_mha
+    has batch and head axes one position per program (squeezed windows of the TMA copies)."""
     thm = cases.theorems()[name]
     sizes, arrays = cases.inputs(thm, seed=0, low=100, high=300)
     arrays = [np.asarray(jnp.asarray(a, jnp.bfloat16).astype(jnp.float32), np.float64) for a in arrays]

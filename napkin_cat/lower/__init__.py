@@ -1,10 +1,11 @@
 """Lowering proved schedules to JAX: Pallas kernels and streamed plain-JAX functions.
 
-``lower(theorem, target="pallas" | "jax", tiles=None, dtype=None, hardware=None, mesh=None)``
+``lower(theorem, target="pallas" | "mosaic" | "jax", tiles=None, dtype=None, hardware=None, mesh=None)``
 returns a ``Lowered``: ``.source`` is a self-contained Python module (built with ``ast``,
 byte-identical for the same input) defining one function named after the theorem, and
 ``.fn`` is that function, taking the diagram's inputs in declared order as jax arrays
-(Pallas ones also accept ``interpret=``; ``None`` means "interpret unless on a GPU").
+(Pallas and Mosaic GPU ones also accept ``interpret=``; ``None`` means "interpret unless on a
+GPU"; ``lower.mosaic`` is the Mosaic GPU target).
 Partitions at ``mesh`` are realised only with ``mesh=N`` (``lower.mesh``: ``jax.shard_map``
 over N devices, the device schedule inside each); without it one device runs everything.
 

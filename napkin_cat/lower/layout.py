@@ -133,7 +133,7 @@ class Layout:
 
 def layout(name: str, diagram: Diagram, schedule: Schedule, tiles: Mapping[str, int], target: str,
            chosen: Mapping[tuple[str, str, tuple[str, ...], tuple[str, ...]], str] | None = None) -> Layout:
-    """Place the schedule onto a ``target`` ("pallas" or "jax") kernel, or refuse.
+    """Place the schedule onto a ``target`` ("pallas", "mosaic" or "jax") kernel, or refuse.
 
     ``tiles`` binds every symbolic tile name of the schedule (and may override integers
     by axis name); the result's ``tiles`` is keyed by axis.  ``chosen`` names the accumulator

@@ -133,3 +133,20 @@ def test_mosaic_table_is_checked() -> None:
     with pytest.raises(hw.ProfileError, match=r"mosaic\.tma_box"):
         hw.parse(text.replace("tma_box = 256", "tma_box = 0"), "h200", "h200.toml")
     assert hw.load("h200").for_mosaic().divisibility["max_tile"] == 256
+
+
+def test_cli_writes_a_mosaic_module_or_a_located_refusal(capsys: pytest.CaptureFixture[str],
+                                                        tmp_path: Path) -> None:
+    from napkin_cat.cli import main
+
+    proofs = str(ROOT / "proofs" / "flash_attention.ncd")
+    out = tmp_path / "fa.py"
+    assert main(["lower", proofs, "flash_attention_causal", "--target", "mosaic", "--dtype", "bf16",
+                 "-o", str(out)]) == 0
+    assert "plgpu.kernel(" in out.read_text() and "from jax.experimental.pallas import mosaic_gpu as plgpu" in \
+        out.read_text()
+    capsys.readouterr()
+    assert main(["lower", proofs, "flash_attention_causal", "--target", "mosaic", "--tile", "gq=32",
+                 "-o", str(tmp_path / "no.py")]) == 1
+    err = capsys.readouterr().err
+    assert "cannot be lowered for Mosaic GPU: tile 32 of `q`" in err and "Traceback" not in err

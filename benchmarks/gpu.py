@@ -12,7 +12,9 @@ put on sys.path (a pure-Python wheel imports as a zip). It
    matmul, bf16 in, f32 accumulation; the gradient of attention, forward and backward);
 2. times them against `jax.experimental.pallas.ops.gpu.attention.mha`,
    `jax.nn.dot_product_attention(implementation='cudnn')`, naive XLA attention and
-   `jnp.dot`, at N = 2k, 8k, 16k with batch × N = 16k tokens and d × heads = 2048;
+   `jnp.dot`, at N = 2k, 8k, 16k with batch × N = 16k tokens and d × heads = 2048; on a GPU
+   also napkin's Mosaic GPU kernel (`--target mosaic`) against JAX's FA3-style
+   `attention_mgpu` (f16; it needs absl-py, else its row holds the import error);
    training (issue 13): `jax.grad` of Σ out·dO through napkin's proved FlashAttention-2
    forward and backward kernels (proofs/flash_attention_backward.ncd, one head of d = 64,
    vmapped over batch × heads) against `jax.grad` of mha (its own Pallas backward), of cuDNN's and of
@@ -137,9 +139,11 @@ def attention_cases(n: int, d: int, causal: bool, dry: bool, tiles: dict[str, in
                                                             block_sizes=blocks, interpret=dry)),
         "naive xla": jax.jit(lambda: naive_attention(q, k, v, causal)),
     }
+    errors: dict[str, Any] = {}
     if not dry:
         cases["cudnn"] = jax.jit(lambda: jax.nn.dot_product_attention(qt, kt, vt, is_causal=causal,
                                                                       implementation="cudnn"))
+        cases |= mosaic_cases(thm, q, k, v, qt, kt, vt, causal, ref, errors)
     rows = []
     for name, fn in cases.items():
         row: dict[str, Any] = {"kernel": f"attention d={d}{' causal' if causal else ''}", "impl": name, "n": n}
@@ -150,8 +154,40 @@ def attention_cases(n: int, d: int, causal: bool, dry: bool, tiles: dict[str, in
         if name == "napkin":
             row |= {"max_err": err, "pred_hbm_mb": hbm / 1e6, "min_hbm_mb": minimal / 1e6,
                     "pred_ms": t_pred * 1e3}
+        if name in errors:
+            row |= {"max_err": errors[name]} if isinstance(errors[name], float) else {"error": errors[name]}
         rows.append(row)
     return rows
+
+
+def mosaic_cases(thm: Any, q: Any, k: Any, v: Any, qt: Any, kt: Any, vt: Any, causal: bool, ref: Any,
+                 errors: dict[str, Any]) -> dict[str, Callable[[], Any]]:
+    """The Mosaic GPU rows (a GPU only: attention_mgpu does not run in interpret mode): napkin's
+    ``--target mosaic`` kernel (bf16, the tiles its cost model picks within h200's [mosaic] rules)
+    and JAX's FA3-style ``attention_mgpu`` (f16 only; its benchmark's blocks 64 x 128, two
+    stages); a kernel that fails to lower or run is a row with its error."""
+    from napkin_cat.lower import lower
+
+    cases: dict[str, Callable[[], Any]] = {}
+    try:
+        mosaic = jax.jit(lower(thm, target="mosaic", dtype="bf16").fn)
+        errors["napkin mosaic"] = float(jnp.max(jnp.abs(mosaic(q, k, v).astype(jnp.float32) - ref)))
+        cases["napkin mosaic"] = lambda: mosaic(q, k, v)
+    except Exception as exc:
+        errors["napkin mosaic"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    try:  # it imports jax._src.test_util, which needs absl-py
+        from jax.experimental.pallas.ops.gpu import attention_mgpu
+    except ImportError as exc:
+        reason = exc
+
+        def missing() -> Any:
+            raise reason
+        cases["attention_mgpu"] = missing
+        return cases
+    q16, k16, v16 = (a.astype(jnp.float16) for a in (qt, kt, vt))
+    config = attention_mgpu.TuningConfig(block_q=64, block_kv=128, max_concurrent_steps=2, causal=causal)
+    cases["attention_mgpu"] = jax.jit(lambda: attention_mgpu.attention(q16, k16, v16, config))
+    return cases
 
 
 def backward_cases(n: int, d: int, causal: bool, dry: bool) -> list[dict[str, Any]]:

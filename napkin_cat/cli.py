@@ -143,12 +143,14 @@ def _parser() -> argparse.ArgumentParser:
     p = command("lower", "lower a theorem to a JAX Pallas kernel or streamed plain JAX (a .py module)")
     p.add_argument("file", help="the proof file")
     p.add_argument("theorem", help="the theorem to lower")
-    p.add_argument("--target", choices=("pallas", "jax"), default="pallas", help="Pallas kernel or plain JAX")
+    p.add_argument("--target", choices=("pallas", "mosaic", "jax"), default="pallas",
+                   help="Pallas kernel (Triton backend), Mosaic GPU kernel (Hopper) or plain JAX")
     p.add_argument("--tile", action="append", metavar="NAME=N",
                    help="a tile size by tile name or axis (repeatable); KERNEL.NAME=N sets one kernel's alone")
-    p.add_argument("--dtype", default=KERNEL_DEFAULT_DTYPE, help=_DTYPE_HELP)
+    p.add_argument("--dtype", help=f"{_DTYPE_HELP} (default: {KERNEL_DEFAULT_DTYPE}; bf16 for mosaic, whose "
+                                   "wgmma has no f32 path)")
     p.add_argument("--hardware", help="hardware profile for default tiles (h100, h200, a100, cpu, or a .toml "
-                                      "profile file; default: h100 for pallas, cpu for jax)")
+                                      "profile file; default: h100 for pallas, h200 for mosaic, cpu for jax)")
     p.add_argument("--mesh", type=_count(1, MAX_MESH_DEVICES), metavar="N",
                    help=f"run the mesh partitions on N devices (jax.shard_map; 1 to {MAX_MESH_DEVICES})")
     p.add_argument("--backward", metavar="T1,T2", help="theorems of the same file whose kernels compute the "

@@ -114,6 +114,7 @@ MESSAGES: dict[str, str] = {
     "eval.size_binding": "size for axis `{axis}` must be a positive integer, got {got!r}",
     # lowering (napkin_cat.lower refuses what a target cannot serve, before anything runs)
     "lower.target": "unknown lowering target `{target}`; targets: {targets}",
+    "lower.mosaic": "`{name}` cannot be lowered for Mosaic GPU: {reason}",
     "lower.dtype": "unknown dtype `{dtype}`; known: {known}",
     "lower.hardware": "{reason}",
     "hardware.profile": "hardware profile {path}: {reason}",

@@ -236,6 +236,8 @@ class _TileRule(NamedTuple):
     lowest: int
     causes: list[str]
     preferred: list[str]
+    #: the largest tile the backend takes (``divisibility.max_tile``: a TMA box), 0 for none
+    highest: int = 0
 
 
 def _constraints(c: Cost) -> dict[str, _TileRule]:
@@ -280,7 +282,10 @@ def _constraints(c: Cost) -> dict[str, _TileRule]:
         if prev:
             multiple, lowest = math.lcm(multiple, prev.multiple), max(lowest, prev.lowest)
             causes, preferred = prev.causes + causes, prev.preferred + preferred
-        out[lp.tile] = _TileRule(multiple, bool(div.get("power_of_two")), lowest, causes, preferred)
+        highest = int(div.get("max_tile", 0))
+        if highest:
+            causes.append(f"<= {highest} (a TMA box dimension)")
+        out[lp.tile] = _TileRule(multiple, bool(div.get("power_of_two")), lowest, causes, preferred, highest)
     return out
 
 
@@ -359,6 +364,8 @@ def _ranked(c: Cost, cons: dict[str, _TileRule], top: int, limit: int) -> Config
     choices = [_candidates(int(c.sizes[axes_of[n][0].axis]), cons[n].multiple, cons[n].power_of_two, cons[n].lowest,
                            any(lp.partition.pad for lp in axes_of[n]),
                            all(lp.partition.kind == "group" for lp in axes_of[n])) for n in names]
+    choices = [[t for t in values if not cons[n].highest or t <= cons[n].highest]
+               for n, values in zip(names, choices, strict=True)]
     while math.prod(len(c) for c in choices) > limit:  # thin the longest list, keeping its ends
         longest = max(range(len(choices)), key=lambda k: len(choices[k]))
         choices[longest] = choices[longest][::2] + ([choices[longest][-1]] if len(choices[longest]) % 2 == 0 else [])

@@ -1,10 +1,11 @@
 """Lowering proved schedules to JAX: Pallas kernels and streamed plain-JAX functions.
 
-``lower(theorem, target="pallas" | "jax", tiles=None, dtype=None, hardware=None, mesh=None)``
+``lower(theorem, target="pallas" | "mosaic" | "jax", tiles=None, dtype=None, hardware=None, mesh=None)``
 returns a ``Lowered``: ``.source`` is a self-contained Python module (built with ``ast``,
 byte-identical for the same input) defining one function named after the theorem, and
 ``.fn`` is that function, taking the diagram's inputs in declared order as jax arrays
-(Pallas ones also accept ``interpret=``; ``None`` means "interpret unless on a GPU").
+(Pallas and Mosaic GPU ones also accept ``interpret=``; ``None`` means "interpret unless on a
+GPU"; ``lower.mosaic`` is the Mosaic GPU target).
 Partitions at ``mesh`` are realised only with ``mesh=N`` (``lower.mesh``: ``jax.shard_map``
 over N devices, the device schedule inside each); without it one device runs everything.
 
@@ -33,9 +34,10 @@ from napkin_cat.lower import backward as backward_target
 from napkin_cat.lower import codegen as cg
 from napkin_cat.lower import jax as jax_target
 from napkin_cat.lower import mesh as mesh_target
+from napkin_cat.lower import mosaic as mosaic_target
 from napkin_cat.lower import pallas as pallas_target
 from napkin_cat.lower.backward import UnprovedJoinWarning
-from napkin_cat.lower.layout import Layout, grid_order, layout
+from napkin_cat.lower.layout import KERNEL_TARGETS, Layout, grid_order, layout
 from napkin_cat.lower.runtime import helper_source
 from napkin_cat.lower.values import BIG, TINY
 from napkin_cat.printer import print_diagram, print_step
@@ -45,7 +47,7 @@ from napkin_cat.terms import Diagram, Partition, Schedule
 __all__ = ["DEFAULT_HARDWARE", "DEFAULT_TILE", "DTYPES", "KERNEL_DTYPES", "PRICED_DTYPE", "REPRESENTATIVE_SIZE",
            "TARGETS", "Lowered", "UnprovedJoinWarning", "compile_module", "default_tiles", "lower", "realised_schedule"]
 
-TARGETS = ("pallas", "jax")
+TARGETS = ("pallas", "mosaic", "jax")
 
 #: the number formats kernels are emitted in (``hardware.canonical_dtype`` names), as jax dtypes
 KERNEL_DTYPES: dict[str, str] = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
@@ -65,11 +67,19 @@ REPRESENTATIVE_SIZE = 4096
 #: the hardware profile each target's default tiles and cost bound come from when none is
 #: given: Pallas kernels are GPU kernels; the plain-JAX target is napkin's CPU path, priced on
 #: the profile measured on this project's machine (``cost/hardware/cpu.toml``)
-DEFAULT_HARDWARE: dict[str, str] = {"pallas": "h100", "jax": "cpu"}
+DEFAULT_HARDWARE: dict[str, str] = {"pallas": "h100", "mosaic": "h200", "jax": "cpu"}
+
+#: what each target's module is, for its docstring
+KINDS = {"pallas": "a JAX Pallas kernel", "mosaic": "a JAX Pallas Mosaic GPU kernel (plgpu.kernel)",
+         "jax": "plain streamed JAX"}
 
 #: the dtype a target's tiles are priced in where it fixes one: the plain-JAX target computes
 #: every array in f32, its loaded chunks included, whatever its inputs' dtype
 PRICED_DTYPE: dict[str, str] = {"jax": "f32"}
+
+#: the dtype kernels are emitted in when none is given: f32, except where the target has no f32
+#: path (Mosaic GPU's wgmma multiplies f16/bf16 only)
+DEFAULT_DTYPE: dict[str, str] = {"mosaic": "bfloat16"}
 
 #: names the emitted module defines or its code reads: no theorem, input or binding may take
 #: one (a theorem named `len` would shadow the builtin its helpers call), nor any builtin
@@ -210,7 +220,8 @@ def _place(name: str, diagram: Diagram, schedule: Schedule, target: str, tiles: 
             given[p.tile] = given[p.axis]
     missing = [p.tile for p in device.partitions if isinstance(p.tile, str) and p.tile not in given]
     if missing:
-        defaults, origin = default_tiles(diagram, realised_schedule(diagram, device, target), hardware,
+        defaults, origin = default_tiles(diagram, realised_schedule(diagram, device, target),
+                                         hardware.for_mosaic() if target == "mosaic" else hardware,
                                          PRICED_DTYPE.get(target, "bf16"))
         unrealised = sorted(n for n in missing if n not in defaults)  # plain JAX vectorises them whole
         if unrealised:
@@ -235,13 +246,19 @@ def _lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str
     in depth)."""
     if target not in TARGETS:
         raise NapkinError(error("lower.target", target=target, targets=", ".join(TARGETS)))
-    dtype_name = _dtype_name(dtype)
+    dtype_name = _dtype_name(dtype, target)
     try:
         profile = _profile(hardware, target)
     except hw.HardwareError as exc:  # never priced silently on another profile or default tiles
         raise NapkinError(error("lower.hardware", reason=str(exc))) from None
+    if target == "mosaic" and not profile.mosaic:
+        raise NapkinError(error("lower.mosaic", name=name, reason=f"the hardware profile `{profile.key}` has no "
+                                "[mosaic] table (wgmma shapes, TMA box, pipeline depth); use h100 or h200"))
     if schedule.split is not None and mesh is not None:  # before pricing its tiles
         raise NapkinError(error("lower.split_mesh", axis=schedule.split.axis))
+    if mesh is not None and target == "mosaic":
+        raise NapkinError(error("lower.mosaic", name=name, reason="a mesh (its kernels are Pallas Triton or plain "
+                                "JAX programs per device); use --target pallas or jax"))
     plan = None if mesh is None else mesh_target.mesh_plan(name, schedule, mesh)
     placed = _place(name, diagram, schedule, target, _kernel_tiles(name, tiles), profile, chosen)
     lay = placed.layout
@@ -255,7 +272,7 @@ def _lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str
     if plan is not None:
         functions = mesh_target.emit_functions(lay, plan, fname, params, doc, dtype_name, namer)
     else:
-        forward = _emit(lay, fname, params, doc, dtype_name, namer, priced)
+        forward = _emit(lay, fname, params, doc, dtype_name, namer, priced, profile)
         if link is None:
             defined, gradients = backward_target.differentiable(forward, diagram, target, params, _RESERVED)
         else:
@@ -269,7 +286,7 @@ def _lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str
                                       thm.schedule, None)
                 back_params = [cg.Namer(_RESERVED).fresh(p) for p, _ in back.layout.flat.inputs]
                 kernels.append(_emit(back.layout, back_name, back_params, back_doc, dtype_name,
-                                     cg.Namer([*_RESERVED, back_name, *back_params]), back_priced))
+                                     cg.Namer([*_RESERVED, back_name, *back_params]), back_priced, profile))
                 placed.tiles.update({f"{thm.name}.{k}": v for k, v in back.tiles.items()})
             defined, gradients = backward_target.joined(forward, kernels, [t.name for t in backward], link, target,
                                                         params, _RESERVED)
@@ -288,15 +305,19 @@ def _module(name: str, target: str, functions: list[ast.stmt], doc: str, fname: 
     assert isinstance(public, ast.FunctionDef)
     public.body[0] = ast.Expr(ast.Constant(doc.replace("\n", "\n    ")))
     body = [cg.import_("jax"), cg.import_("jax.numpy", "jnp"), cg.import_("jax", names=("lax",))]
-    if target == "pallas":
+    if target in KERNEL_TARGETS:
         body.append(cg.import_("jax.experimental", names=("pallas as pl",)))
-        body.append(cg.import_("jax.experimental.pallas", names=("triton as plgpu",)))
+        backend = "triton" if target == "pallas" else "mosaic_gpu"
+        body.append(cg.import_("jax.experimental.pallas", names=(f"{backend} as plgpu",)))
     body += [cg.assign("INF", cg.attr("jnp.inf")), cg.assign("BIG", cg.const(BIG)), cg.assign("TINY", cg.const(TINY))]
-    helpers = ["bind_sizes"] + (["round_up", "pow2_extent", "pad_to"] if target == "pallas" else [])
+    helpers = ["bind_sizes"] + (["round_up", "pow2_extent", "pad_to"] if target in KERNEL_TARGETS else [])
     used = {n.id for f in functions for n in ast.walk(f) if isinstance(n, ast.Name)}
     helpers += [h for h in ("round_up", "device_mesh", "shard", "split_tiles", "merge_tiles", "erf", "launch")
                 if h in used and h not in helpers]
     body += helper_source(helpers)
+    if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "wgmma"
+           for f in functions for n in ast.walk(f)):
+        body += ast.parse(mosaic_target.WGMMA_SOURCE).body
     body += functions
     summary = doc.splitlines()[0] + f"\n\nGenerated by napkin; the contract is in the docstring of `{fname}`.\n"
     source = cg.module(summary, body)
@@ -309,7 +330,7 @@ def _lower_chain(theorem: Theorem, target: str, tiles: Mapping[str, int] | None,
     in order, the arrays each writes passed to the kernels after it (in HBM); differentiable as one kernel is."""
     if target not in TARGETS:
         raise NapkinError(error("lower.target", target=target, targets=", ".join(TARGETS)))
-    dtype_name = _dtype_name(dtype)
+    dtype_name = _dtype_name(dtype, target)
     try:
         profile = _profile(hardware, target)
     except hw.HardwareError as exc:
@@ -368,7 +389,7 @@ def realised_schedule(diagram: Diagram, schedule: Schedule, target: str) -> Sche
             return _jax_realised(diagram, schedule)
         program = _jax_realised(diagram, schedule.unsplit())
         return replace(program, partitions=(*program.mesh, split, *program.device().partitions))
-    if target != "pallas":
+    if target not in KERNEL_TARGETS:
         return schedule
     top = () if schedule.split is None else (schedule.split,)  # a split's programs above the grid's
     device = schedule.device().unsplit().partitions
@@ -398,9 +419,9 @@ def _jax_realised(diagram: Diagram, schedule: Schedule) -> Schedule:
     return schedule if realised == schedule else realised
 
 
-def _dtype_name(dtype: Any) -> str:
+def _dtype_name(dtype: Any, target: str) -> str:
     if dtype is None:
-        return "float32"
+        return DEFAULT_DTYPE.get(target, "float32")
     key = getattr(dtype, "name", None) or getattr(dtype, "__name__", None) or str(dtype)
     if key.lower() not in DTYPES:
         raise NapkinError(error("lower.dtype", dtype=key, known=", ".join(KERNEL_DTYPES)))
@@ -436,7 +457,7 @@ def _docstring(lay: Layout, target: str, origin: str, dtype: str, priced: _Price
     sched = lay.schedule
     steps: Sequence[Any] = (*schedule.partitions, *schedule.placements, *schedule.quantisations)
     lines = [
-        f"`{lay.name}` lowered by napkin to {'a JAX Pallas kernel' if target == 'pallas' else 'plain streamed JAX'}.",
+        f"`{lay.name}` lowered by napkin to {KINDS[target]}.",
         "",
         "Theorem: " + lay.name,
         "Proved by: " + proved,
@@ -458,14 +479,14 @@ def _docstring(lay: Layout, target: str, origin: str, dtype: str, priced: _Price
 
 def _placement(lay: Layout, target: str) -> str:
     parts = []
-    if target == "pallas":
+    if target in KERNEL_TARGETS:
         grid = [f"{a} (one program per position)" if a in lay.squeezed else f"{a} (blocks of {lay.tiles[a]})"
                 for a in lay.grid]
         parts.append("grid over " + (", ".join(grid) if grid else "nothing (one program)"))
     elif lay.grid:
         parts.append("vectorised over " + ", ".join(lay.grid))
     if lay.split is not None:
-        where = "the grid's last axis" if target == "pallas" else "jax.vmap over the blocks"
+        where = "the grid's last axis" if target in KERNEL_TARGETS else "jax.vmap over the blocks"
         parts.append(f"{lay.split[0]} split in blocks of {lay.split[1]} ({where}), their states combined in order "
                      "(lax.fori_loop)")
     if lay.stream is not None:
@@ -497,8 +518,11 @@ def _priced(lay: Layout, hardware: hw.Hardware) -> _Priced:
 
 
 def _emit(lay: Layout, fname: str, params: Sequence[str], doc: str, dtype: str, namer: cg.Namer,
-          priced: _Priced) -> ast.FunctionDef:
-    """One kernel's function on its target; a Pallas kernel is launched by ``_launch_rule``."""
+          priced: _Priced, hardware: hw.Hardware) -> ast.FunctionDef:
+    """One kernel's function on its target; a Pallas kernel is launched by ``_launch_rule``, a
+    Mosaic GPU one under the profile's Mosaic rules."""
+    if lay.target == "mosaic":
+        return mosaic_target.emit_function(lay, fname, params, doc, dtype, namer, hardware.mosaic)
     if lay.target != "pallas":
         return jax_target.emit_function(lay, fname, params, doc, dtype, namer)
     return pallas_target.emit_function(lay, fname, params, doc, dtype, namer, _launch_rule(priced))

@@ -266,6 +266,8 @@ def _tuple(value: object) -> tuple:
 GRADIENTS = {
     "pallas": "Gradients: a jax.custom_vjp; residuals are the inputs only; the backward is the diagram's VJP "
               "(napkin_cat.grad) lowered unscheduled to plain JAX, its intermediates materialised whole.",
+    "mosaic": "Gradients: a jax.custom_vjp; residuals are the inputs only; the backward is the diagram's VJP "
+              "(napkin_cat.grad) lowered unscheduled to plain JAX, its intermediates materialised whole.",
     "jax": "Gradients: jax.grad differentiates this code; the streamed step is checkpointed (the backward keeps "
            "per-chunk carries, not the whole of any streamed axis).",
 }
@@ -278,7 +280,7 @@ def differentiable(forward: ast.FunctionDef, diagram: Diagram, target: str, para
 
     ``forward`` is named as the public function; ``reserved`` are the module-level names
     (helpers, imports) nothing may shadow."""
-    if target != "pallas":
+    if target == "jax":
         return [forward], GRADIENTS[target]
     public = forward.name
     namer = cg.Namer([*reserved, public, *params])
@@ -330,7 +332,7 @@ def joined(forward: ast.FunctionDef, kernels: Sequence[ast.FunctionDef], names: 
     namer = cg.Namer([*reserved, public, *params, *(k.name for k in kernels)])
     fwd_name = namer.fresh(f"{public}_forward")
     forward.name = fwd_name
-    keyword = ", interpret=interpret" if target == "pallas" else ""
+    keyword = ", interpret=interpret" if target != "jax" else ""
     run, run_fwd, run_bwd, args, outs, res, cts, tupled = (
         namer.fresh(n) for n in ("run", "run_fwd", "run_bwd", "args", "outs", "res", "cts", "as_tuple"))
     primal = ", ".join(f"{outs}[{j}]" for j in ln.primal) + ("," if len(ln.primal) == 1 else "")
@@ -348,7 +350,7 @@ def joined(forward: ast.FunctionDef, kernels: Sequence[ast.FunctionDef], names: 
     body = "\n        ".join(calls)
     listed = ", ".join(params)
     text = f'''
-def {public}({listed}{", *, interpret=None" if target == "pallas" else ""}):
+def {public}({listed}{", *, interpret=None" if target != "jax" else ""}):
     def {tupled}(value):
         return value if isinstance(value, tuple) else (value,)
 

@@ -139,7 +139,8 @@ def _reduce(box: Box, args: Sequence[Value], scope: Scope) -> Value:
         shift = _shift(x, where, scope)
         total = cg.call("jnp.sum", unary("exp", cg.binop(x.expr, "-", shift), scope),
                         keywords=axis_kw)
-        return Value(cg.binop(cg.call("jnp.squeeze", shift, where), "+", cg.call("jnp.log", total)), out)
+        rows = cg.call("jnp.max", shift, keywords=axis_kw) if scope.wgmma else cg.call("jnp.squeeze", shift, where)
+        return Value(cg.binop(rows, "+", cg.call("jnp.log", total)), out)
     if box.op == "mean":
         return Value(cg.binop(cg.call("jnp.sum", x.expr, keywords=axis_kw), "/", count(box.target, scope)), out)
     return Value(cg.call(f"jnp.{box.op}", x.expr, keywords=axis_kw), out)
@@ -148,10 +149,25 @@ def _reduce(box: Box, args: Sequence[Value], scope: Scope) -> Value:
 def _shift(x: Value, where: ast.expr, scope: Scope) -> ast.expr:
     """The maximum with kept dimensions where it is finite, else 0, bound to a name: the
     evaluator's shift, so a row whose maximum is -inf gives exp(-inf) = 0 and one whose maximum
-    is +inf gives exp(inf) = inf, never exp(inf - inf) = NaN (found by the differential run)."""
-    m = scope.block.bind("top", cg.call("jnp.max", x.expr, keywords=[cg.kw("axis", where),
-                                                                     cg.kw("keepdims", cg.const(True))]))
-    return scope.block.bind("shift", cg.call("jnp.where", cg.call("jnp.isfinite", m), m, cg.const(0.0)))
+    is +inf gives exp(inf) = inf, never exp(inf - inf) = NaN (found by the differential run).
+    Mosaic GPU lowers no ``is_finite``: there it is |m| < inf (false for ±inf and NaN alike)."""
+    m = scope.block.bind("top", _kept_dims(cg.call("jnp.max", x.expr, keywords=[cg.kw("axis", where)]), x, where,
+                                           scope))
+    finite = cg.binop(cg.call("jnp.abs", m), "<", cg.name("INF")) if scope.wgmma else cg.call("jnp.isfinite", m)
+    return scope.block.bind("shift", cg.call("jnp.where", finite, m, cg.const(0.0)))
+
+
+def _kept_dims(reduced: ast.expr, x: Value, where: ast.expr, scope: Scope) -> ast.expr:
+    """A reduction of ``x`` over ``where`` shaped to broadcast against it: the reduced axes kept
+    as 1s, or on Mosaic GPU (``scope.wgmma``) broadcast back to ``x``'s shape, as its layouts
+    need (a [rows, 1] array has no wgmma row layout; ``lax.broadcast_in_dim`` of a row vector does)."""
+    assert isinstance(where, ast.Tuple)
+    gone = [e.value for e in where.elts if isinstance(e, ast.Constant)]
+    if scope.wgmma:
+        kept = cg.tuple_([cg.const(i) for i in range(len(x.axes)) if i not in gone])
+        return cg.call("lax.broadcast_in_dim", reduced, shape(x.axes, scope), kept)
+    assert isinstance(reduced, ast.Call)
+    return ast.Call(reduced.func, reduced.args, [*reduced.keywords, cg.kw("keepdims", cg.const(True))])
 
 
 def _weights(params: Sequence[str], x: Value, target: Axes, scope: Scope) -> ast.expr:
@@ -163,7 +179,7 @@ def _weights(params: Sequence[str], x: Value, target: Axes, scope: Scope) -> ast
         s = scope.block.bind("shifted", cg.binop(s, "-", _shift(x, where, scope)))
     top = scope.block.bind("top", unary(a1, s, scope))
     bottom = top if a2 == a1 else unary(a2, s, scope)
-    z: ast.expr = cg.call("jnp.sum", bottom, keywords=[cg.kw("axis", where), cg.kw("keepdims", cg.const(True))])
+    z: ast.expr = _kept_dims(cg.call("jnp.sum", bottom, keywords=[cg.kw("axis", where)]), x, where, scope)
     if b == "sqrt":
         z = cg.call("jnp.sqrt", z)
     elif b == "rms":
@@ -197,6 +213,8 @@ def _contract(box: Box, args: Sequence[Value], scope: Scope) -> Value:
         spec = ",".join("".join(letters[a] for a in v.axes) for v in operands) + "->" + \
             "".join(letters[a] for a in dot_out)
         dtype = cg.attr(f"jnp.{scope.dot_dtype}")
+        if scope.wgmma:
+            return Value(_wgmma(operands, target, scope), dot_out)
         keywords = [cg.kw("preferred_element_type", cg.attr("jnp.float32"))]
         if scope.dot_dtype == "float32":  # IEEE f32: on GPU an f32 dot defaults to TF32
             keywords.append(cg.kw("precision", cg.attr("lax.Precision.HIGHEST")))
@@ -217,6 +235,24 @@ def _contract(box: Box, args: Sequence[Value], scope: Scope) -> Value:
     if not target:
         return Value(product, everything)
     return Value(cg.call("jnp.sum", product, keywords=[cg.kw("axis", positions(everything, target))]), out)
+
+
+def _wgmma(operands: Sequence[Value], target: Axes, scope: Scope) -> ast.expr:
+    """``wgmma(a, b, a_k, b_k, a_ref, b_ref, dtype)`` (``lower.mosaic.WGMMA_SOURCE``) for two
+    matrices contracting one axis: an operand held in shared memory as loaded is passed as its ref."""
+    a, b = operands
+    shared = [x for x in a.axes if x in target]
+    assert len(a.axes) == 2 and len(b.axes) == 2 and len(shared) == 1, (a.axes, b.axes, target)
+    k = shared[0]
+
+    def operand(v: Value) -> tuple[ast.expr, ast.expr]:
+        if isinstance(v.expr, ast.Name) and v.expr.id in scope.refs:
+            return cg.name(scope.refs[v.expr.id]), cg.const(True)
+        return v.expr, cg.const(False)
+
+    (ea, ra), (eb, rb) = operand(a), operand(b)
+    return cg.call("wgmma", ea, eb, cg.const(a.axes.index(k)), cg.const(b.axes.index(k)), ra, rb,
+                   cg.attr(f"jnp.{scope.dot_dtype}"))
 
 
 def _as_matrices(operands: Sequence[Value], target: Axes, scope: Scope) -> tuple[list[Value], dict[str, Axes]]:

@@ -37,10 +37,14 @@ from napkin_cat.lower.runtime import pow2_extent
 from napkin_cat.schedule.loopnest import Flat, LoopNest, Node, loop_nest, touches, woven_axes
 from napkin_cat.terms import Box, Diagram, Schedule, Size
 
-__all__ = ["FORMATS", "MIN_BLOCK", "TRITON_MISSING", "Layout", "grid_order", "layout"]
+__all__ = ["FORMATS", "KERNEL_TARGETS", "MIN_BLOCK", "TRITON_MISSING", "Layout", "grid_order", "layout"]
 
 #: the smallest block the Triton backend's dot accepts on every dimension (Triton's tl.dot needs >= 16)
 MIN_BLOCK = 16
+
+#: the targets that place a schedule onto a GPU kernel's grid, blocks and padding (Pallas's
+#: Triton and Mosaic GPU backends); the plain-JAX target vectorises
+KERNEL_TARGETS = ("pallas", "mosaic")
 
 #: jnp dtype of each number format a ``dtype`` step may name (f64 needs jax_enable_x64: refused)
 FORMATS: dict[str, str] = {"f32": "float32", "tf32": "float32", "bf16": "bfloat16", "f16": "float16",
@@ -117,7 +121,7 @@ class Layout:
 
     def may_pad(self, axis: str) -> bool:
         """Can the padded extent of this axis exceed its size (so consumers must mask)?"""
-        if self.target != "pallas" or axis in self.squeezed:
+        if self.target not in KERNEL_TARGETS or axis in self.squeezed:
             return False
         size = self.declared(axis)
         if size is None:
@@ -129,7 +133,7 @@ class Layout:
 
 def layout(name: str, diagram: Diagram, schedule: Schedule, tiles: Mapping[str, int], target: str,
            chosen: Mapping[tuple[str, str, tuple[str, ...], tuple[str, ...]], str] | None = None) -> Layout:
-    """Place the schedule onto a ``target`` ("pallas" or "jax") kernel, or refuse.
+    """Place the schedule onto a ``target`` ("pallas", "mosaic" or "jax") kernel, or refuse.
 
     ``tiles`` binds every symbolic tile name of the schedule (and may override integers
     by axis name); the result's ``tiles`` is keyed by axis.  ``chosen`` names the accumulator
@@ -154,27 +158,27 @@ def layout(name: str, diagram: Diagram, schedule: Schedule, tiles: Mapping[str, 
         raise NapkinError(error("lower.streams", axes=", ".join(streams)))
     stream = streams[0] if streams else None
     groups = tuple(axis for axis, (kind, _) in by_axis.items() if kind == "group")
-    if target == "pallas" and stream is not None and not _block_ok(axis_tiles[stream]):
+    if target in KERNEL_TARGETS and stream is not None and not _block_ok(axis_tiles[stream]):
         raise NapkinError(error("lower.tile_pow2", axis=stream, tile=axis_tiles[stream], least=MIN_BLOCK))
     out_types = list(diagram.out_types)
     for axis in groups:
         _check_grid_axis(flat, axis, out_types)
     derived = _derive_sizes(flat)
-    if target == "pallas":
+    if target in KERNEL_TARGETS:
         for node in flat.nodes:
             if isinstance(node.expr, Box) and node.expr.op in TRITON_MISSING:
                 raise NapkinError(error("lower.triton_op", **_at(node), op=node.expr.op,
                                         missing=TRITON_MISSING[node.expr.op]))
     squeezed: tuple[str, ...] = ()
-    if target == "pallas" and out_types:
+    if target in KERNEL_TARGETS and out_types:
         # woven axes and groups of one: one program per position, the axis squeezed away
         woven = woven_axes(flat, frozenset(by_axis))
         squeezed = tuple(a for a in out_types[0] if a in woven or (a in groups and axis_tiles[a] == 1))
     # groups whose tile the Triton backend cannot use as a block: each tile padded to one
-    padded_tiles = tuple(a for a in groups if target == "pallas" and a not in squeezed
+    padded_tiles = tuple(a for a in groups if target in KERNEL_TARGETS and a not in squeezed
                          and not _group_block_ok(flat, a, axis_tiles, frozenset(squeezed)))
     grid = grid_order(out_types, groups, squeezed)
-    if target == "pallas" and stream is not None:
+    if target in KERNEL_TARGETS and stream is not None:
         # The first grid axis varies fastest between programs launched together: put first the
         # axes that the streamed inputs lack (attention's query blocks), so the programs running
         # at once read the same streamed blocks (K and V of one head) and share them in L2.

@@ -90,6 +90,11 @@ class Scope:
     #: a padded axis's whole padded extent (code), where the kernel is traced at its size: the
     #: masks of its padding are then left out when that size fills the extent (``jaxops.mask_padded``)
     pad_extents: Mapping[str, ast.expr] = field(default_factory=dict)
+    #: a matrix product is ``wgmma(...)`` on tensor cores (the Mosaic GPU target, ``lower.mosaic``)
+    wgmma: bool = False
+    #: values that are a shared-memory block or chunk as loaded: value name -> its ref's name
+    #: (``wgmma`` reads such an operand in place)
+    refs: Mapping[str, str] = field(default_factory=dict)
 
     def keep(self, axes: Axes) -> Axes:
         """The axes an in-kernel value has: the type less the squeezed grid axes."""

@@ -39,7 +39,7 @@ def cmd_lower(args: argparse.Namespace) -> int:
             known = ", ".join(t.name for t in module.theorems) or "none"
             raise UsageError(f"no theorem `{name}` in {args.file} (theorems: {known})")
     tiles = pairs(args.tile, "--tile", "NAME")
-    dtype = dtype_option(args.dtype, KERNEL_DTYPES)
+    dtype = dtype_option(args.dtype, KERNEL_DTYPES) if args.dtype else None  # lower's default: by target
     hardware = hardware_option(args.hardware) if args.hardware else None  # lower's default: by target
     outputs = Outputs(module.scope_files)
     outputs.check(args.output)

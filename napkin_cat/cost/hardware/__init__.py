@@ -25,7 +25,7 @@ import math
 import os
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Any
 
@@ -115,6 +115,21 @@ class Hardware:
     loop_overhead: float = 0.0
     accumulate_pass: bool = False
     launch_overhead: float = 0.0
+    #: what a Mosaic GPU kernel needs (the [mosaic] table; empty: the profile has no Mosaic GPU):
+    #: ``wgmma_m``, ``wgmma_n`` (tensor-core operand multiples), ``warpgroup_threads``,
+    #: ``tma_box`` (the most elements per TMA box dimension), ``max_concurrent_steps`` (TMA
+    #: copies in flight per streamed input)
+    mosaic: dict[str, int] = field(default_factory=dict, compare=False)
+
+    def for_mosaic(self) -> Hardware:
+        """This profile as the Mosaic GPU target prices it: every contraction and stream tile
+        a power of two from ``wgmma_m`` to ``tma_box`` (``divisibility`` min_tile/max_tile).
+        HardwareError for a profile without a [mosaic] table."""
+        if not self.mosaic:
+            raise HardwareError(f"{self.key} has no [mosaic] table (the Mosaic GPU target needs one)")
+        rules = {**self.divisibility, "power_of_two": True, "min_tile": self.mosaic["wgmma_m"],
+                 "max_tile": self.mosaic["tma_box"]}
+        return replace(self, divisibility=rules)
 
     def level(self, name: str) -> Level:
         for level in self.levels:
@@ -258,6 +273,9 @@ def _table(data: Mapping[str, Any], where: str, path: str, required: Sequence[st
 
 
 #: The profile schema, for README: the keys, what each must be, and which are required.
+#: the keys of a profile's [mosaic] table (``Hardware.mosaic``)
+MOSAIC_KEYS = ("wgmma_m", "wgmma_n", "warpgroup_threads", "tma_box", "max_concurrent_steps")
+
 SCHEMA: tuple[tuple[str, str], ...] = (
     ("name", "required: a one-line string of at most 200 printable characters"),
     ("sms", f"required: an integer from 1 to {_MAX_UNITS}, the SMs (or cores running programs at once)"),
@@ -277,6 +295,7 @@ SCHEMA: tuple[tuple[str, str], ...] = (
     ("elementwise", "optional: a finite positive number of FLOP/s of work that is not a contraction"),
     ("loop_overhead", "optional: a finite number of seconds of at least 0 (default 0)"),
     ("accumulate_pass", "optional: true or false (default false)"),
+    ("mosaic", "optional: " + ", ".join(MOSAIC_KEYS) + f", all five, integers from 1 to {_MAX_UNITS}"),
 )
 
 
@@ -289,7 +308,7 @@ def parse(text: str, key: str, path: str) -> Hardware:
         raise ProfileError(path, f"not valid TOML: {exc}") from None
     top = _table(data, "", path, ("name", "sms", "levels", "peak"),
                  ("divisibility", "tensor_core", "launch", "elementwise", "loop_overhead", "accumulate_pass",
-                  "launch_overhead"))
+                  "launch_overhead", "mosaic"))
     name = top["name"]
     if not (isinstance(name, str) and name and len(name) <= 200 and name.isprintable()):
         raise ProfileError(path, "`name` must be a one-line string of 1 to 200 printable characters"
@@ -346,9 +365,13 @@ def parse(text: str, key: str, path: str) -> Hardware:
                   "warps": _integers(raw["warps"], "launch.warps", path, 1024), "register_budget": budget,
                   "rows_per_warp": _integer(raw["rows_per_warp"], "launch.rows_per_warp", path, 1 << 16),
                   "stages": _integers(raw["stages"], "launch.stages", path, 64)}
+    mosaic: dict[str, int] = {}
+    if "mosaic" in top:
+        raw = _table(data, "mosaic", path, MOSAIC_KEYS)
+        mosaic = {k: _integer(v, f"mosaic.{k}", path, _MAX_UNITS) for k, v in raw.items()}
     elementwise = _positive(top["elementwise"], "elementwise", path) if "elementwise" in top else None
     loop_overhead = _positive(top.get("loop_overhead", 0.0), "loop_overhead", path, zero=True)
     accumulate_pass = _boolean(top.get("accumulate_pass", False), "accumulate_pass", path)
     launch_overhead = _positive(top.get("launch_overhead", 0.0), "launch_overhead", path, zero=True)
     return Hardware(key, name, sms, tuple(levels), peak, divisibility, tensor_core, devices, launch, elementwise,
-                    loop_overhead, accumulate_pass, launch_overhead)
+                    loop_overhead, accumulate_pass, launch_overhead, mosaic)

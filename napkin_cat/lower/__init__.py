@@ -73,6 +73,10 @@ DEFAULT_HARDWARE: dict[str, str] = {"pallas": "h100", "mosaic": "h200", "jax": "
 KINDS = {"pallas": "a JAX Pallas kernel", "mosaic": "a JAX Pallas Mosaic GPU kernel (plgpu.kernel)",
          "jax": "plain streamed JAX"}
 
+#: what a chain of each target's kernels is, for its docstring
+_KINDS_PLURAL = {"pallas": "JAX Pallas kernels", "mosaic": "JAX Pallas Mosaic GPU kernels",
+                 "jax": "plain streamed JAX kernels"}
+
 #: the dtype a target's tiles are priced in where it fixes one: the plain-JAX target computes
 #: every array in f32, its loaded chunks included, whatever its inputs' dtype
 PRICED_DTYPE: dict[str, str] = {"jax": "f32"}
@@ -169,6 +173,10 @@ def lower(theorem: Theorem, target: str = "pallas", tiles: Mapping[str, int] | N
         raise NapkinError(error("lower.backward_mesh"))
     link = backward_target.link(theorem.source, [b.source for b in backward], allow_tested_join) if backward \
         else None
+    kernels = [k.name for k in theorem.kernels] or [thm.name for thm in (theorem, *backward)]
+    for key in tiles or {}:
+        if "." in key and key.split(".", 1)[0] not in kernels:
+            raise NapkinError(error("lower.tile_kernel", key=key, kernels=", ".join(kernels)))
     if theorem.kernels:
         if backward or mesh is not None:
             raise NapkinError(error("lower.chain", what="--backward" if backward else "--mesh"))
@@ -176,10 +184,6 @@ def lower(theorem: Theorem, target: str = "pallas", tiles: Mapping[str, int] | N
     if link is not None and not link.proved:
         warnings.warn(f"{theorem.name}: the join of its backward kernels is not proved; lowered on the test alone: "
                       f"{link.trust}", UnprovedJoinWarning, stacklevel=2)
-    kernels = [thm.name for thm in (theorem, *backward)]
-    for key in tiles or {}:
-        if "." in key and key.split(".", 1)[0] not in kernels:
-            raise NapkinError(error("lower.tile_kernel", key=key, kernels=", ".join(kernels)))
     return _lower_schedule(theorem.name, theorem.result, theorem.schedule, target, tiles, dtype, hardware,
                            proved=_proof(theorem), mesh=mesh, chosen=theorem.chosen, backward=backward, link=link)
 
@@ -341,15 +345,15 @@ def _lower_chain(theorem: Theorem, target: str, tiles: Mapping[str, int] | None,
     env = {p.name: name for p, name in zip(theorem.result.inputs, params, strict=True)}
     kernels: list[ast.stmt] = []
     calls, lays, picked, docs = [], [], {}, []
-    keyword = ", interpret=interpret" if target == "pallas" else ""
+    keyword = ", interpret=interpret" if target in ("pallas", "mosaic") else ""
     for k, writes in zip(theorem.kernels, theorem.writes, strict=True):
-        placed = _place(k.name, k.result, k.schedule, target, tiles, profile, k.chosen)
+        placed = _place(k.name, k.result, k.schedule, target, _kernel_tiles(k.name, tiles), profile, k.chosen)
         kname = namer.fresh(k.name)
         kparams = [cg.Namer(_RESERVED).fresh(p) for p, _ in placed.layout.flat.inputs]
         priced = _priced(placed.layout, profile)
         kdoc = _docstring(placed.layout, target, placed.origin, dtype_name, priced, _proof(k), k.schedule, None)
         kernels.append(_emit(placed.layout, kname, kparams, kdoc, dtype_name,
-                             cg.Namer([*_RESERVED, kname, *kparams]), priced))
+                             cg.Namer([*_RESERVED, kname, *kparams]), priced, profile))
         args = ", ".join(env[p.name] for p in k.result.inputs)
         if writes == ("return",):
             calls.append(f"return {kname}({args}{keyword})")
@@ -360,12 +364,12 @@ def _lower_chain(theorem: Theorem, target: str, tiles: Mapping[str, int] | None,
         picked.update(placed.tiles)
         wrote = "the outputs" if writes == ("return",) else ", ".join(writes)
         docs.append(f"  {kname}: writes {wrote}; {_placement(placed.layout, target)}")
-    star = ", *, interpret=None" if target == "pallas" else ""
+    star = ", *, interpret=None" if target in ("pallas", "mosaic") else ""
     text = f"def {fname}({', '.join(params)}{star}):\n    ''\n" + "".join(f"    {c}\n" for c in calls)
     forward = ast.parse(text).body[0]
     assert isinstance(forward, ast.FunctionDef)
     doc = "\n".join([f"`{theorem.name}` lowered by napkin to {len(lays)} "
-                     f"{'JAX Pallas kernels' if target == 'pallas' else 'plain streamed JAX kernels'} run in order.",
+                     f"{_KINDS_PLURAL[target]} run in order.",
                      "", "Theorem: " + theorem.name, "Proved by: " + _proof(theorem),
                      "Kernels (each array a kernel writes is kept in HBM for the kernels after it):", *docs]) + "\n"
     defined, gradients = backward_target.differentiable(forward, theorem.result, target, params, _RESERVED)

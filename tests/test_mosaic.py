@@ -90,7 +90,7 @@ def test_kernel_cross_lowers_or_is_refused(name: str) -> None:
         with pytest.raises(ValueError, match="Mosaic GPU kernel exceeds available shared memory"):
             cuda_hlo(fn, *specs)
         return
-    assert cuda_hlo(fn, *specs).count(MOSAIC_CALL) == 1
+    assert cuda_hlo(fn, *specs).count(MOSAIC_CALL) == max(1, len(thm.kernels))  # one call per kernel of a chain
 
 
 def test_f32_is_refused_with_reason() -> None:

@@ -145,10 +145,11 @@ def test_bad_dtype_or_hardware_is_a_usage_error_in_every_verb(option: tuple[str,
 
 def test_one_dtype_vocabulary_and_the_documented_defaults(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Every verb reads --dtype alike; a written kernel is f32 unless asked (`lower`, and `derive
-    --lower` when resolved), as the Python lower() emits it; the cost model prices in bf16."""
+    --lower` when resolved; bf16 on mosaic, resolved by lower() per target), as the Python
+    lower() emits it; the cost model prices in bf16."""
     defaults = {verb: {a.dest: a for a in cli._parser()._subparsers._group_actions[0].choices[verb]._actions}[
         "dtype"].default for verb in ("lower", "derive", "cost", "pseudo")}
-    assert defaults == {"lower": "f32", "derive": None, "cost": "bf16", "pseudo": "bf16"}
+    assert defaults == {"lower": None, "derive": None, "cost": "bf16", "pseudo": "bf16"}
     out = tmp_path / "k.py"
     code, _, err = run(capsys, "lower", MATMUL_PROOF, "tiled_matmul", "--target", "jax", "--dtype", "fp16",
                        "-o", str(out))
@@ -157,7 +158,7 @@ def test_one_dtype_vocabulary_and_the_documented_defaults(tmp_path: Path, capsys
     assert code == 2 and "kernels are emitted in f32, bf16, f16 only" in err
 
 
-@pytest.mark.parametrize("target", ["jax", "pallas"])
+@pytest.mark.parametrize("target", ["jax", "pallas", "mosaic"])
 def test_the_cli_and_python_lower_agree_on_the_default_dtype(target: str, tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     from napkin_cat.lower import lower
@@ -168,7 +169,7 @@ def test_the_cli_and_python_lower_agree_on_the_default_dtype(target: str, tmp_pa
     assert code == 0, err
     written = out.read_text()
     assert written == lower(theorem(MATMUL_PROOF, "tiled_matmul"), target=target).source
-    assert "inputs and outputs float32" in written
+    assert f"inputs and outputs {'bfloat16' if target == 'mosaic' else 'float32'}" in written
 
 
 def test_ctrl_c_exits_130_with_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

@@ -132,6 +132,9 @@ def inputs(theorem: Any, seed: int, low: int = 17, high: int = 100) -> tuple[dic
         shape = [sizes[a] for a in param.axes]
         if param.name in labels:  # class labels: integer positions along the one-hot axis
             arrays.append(rng.integers(0, sizes[labels[param.name]], size=shape).astype(np.float64))
+        elif param.integer:  # segment ids, lengths, page numbers: a few ragged runs, sorted
+            runs = 1 + max(sizes.values()) // 16
+            arrays.append(np.sort(rng.integers(0, runs + 1, size=shape), axis=-1).astype(np.float64))
         else:
             arrays.append(rng.standard_normal(shape))
     return sizes, arrays

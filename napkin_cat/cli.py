@@ -381,7 +381,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
     dtype, hardware, sizes = _dtype(args.dtype), _hardware(args.hardware), parse_sizes(args.size)
     thm = _theorem_or_usage(args.file, args.theorem)
     try:
-        c = cost.cost(thm, hardware=hardware, sizes=sizes, dtype=dtype, stages=args.stages)
+        c = cost.cost(thm, hardware=hardware, sizes=sizes, dtype=dtype, stages=args.stages, live=args.live)
         data = cost_report.report(c, args.theorem, args.mesh)
     except (HardwareError, cost.CostError) as exc:
         raise UsageError(str(exc)) from None
@@ -397,7 +397,7 @@ def cmd_pseudo(args: argparse.Namespace) -> int:
     dtype, hardware, sizes = _dtype(args.dtype), _hardware(args.hardware), parse_sizes(args.size)
     thm = _theorem_or_usage(args.file, args.theorem)
     try:
-        c = cost.cost(thm, hardware=hardware, sizes=sizes, dtype=dtype, stages=args.stages)
+        c = cost.cost(thm, hardware=hardware, sizes=sizes, dtype=dtype, stages=args.stages, live=args.live)
     except (HardwareError, cost.CostError) as exc:
         raise UsageError(str(exc)) from None
     print(pseudo.render(c.program, c.bytes_of), end="")
@@ -419,6 +419,17 @@ def cmd_lemmas(args: argparse.Namespace) -> int:
         body = "" if e.kind == "lemma" else "\n" + "\n".join(f"  {line}" for line in e.statement.splitlines())
         print(head + body)
     return EXIT_OK
+
+
+def _fraction(text: str) -> float:
+    """An argparse type: a number in (0, 1] (``--live``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}") from None
+    if not 0.0 < value <= 1.0:  # NaN fails both comparisons
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text}")
+    return value
 
 
 def _count(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
@@ -560,6 +571,9 @@ def _parser() -> argparse.ArgumentParser:
         sizes(p)
         p.add_argument("--stages", type=_count(1), default=1,
                        help="buffers per streamed chunk (2: double buffering; Pallas Triton's default is 3)")
+        p.add_argument("--live", type=_fraction, default=1.0, metavar="F",
+                       help="fraction of the (program, chunk) pairs a mask read from data leaves live, in (0, 1] "
+                            "(a document mask: about 1/documents; default 1, every chunk)")
         if name == "cost":
             p.add_argument("--json", action="store_true", help="print sympy-parsable JSON")
             p.add_argument("--mesh", type=_count(1, MAX_MESH_DEVICES), metavar="N",

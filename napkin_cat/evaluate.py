@@ -47,7 +47,8 @@ from napkin_cat.terms import (
 )
 
 __all__ = ["FLOAT32", "FLOAT64", "INDEX_ARITH", "MAX_POINTS_EVALUATED", "SYMBOLIC", "Algebra", "Named", "bind_sizes",
-           "evaluate", "evaluate_named", "iteration_spaces", "largest_space", "refuse_too_large", "visitor"]
+           "evaluate", "evaluate_named", "iteration_spaces", "largest_space", "refuse_too_large", "sample_integers",
+           "visitor"]
 
 #: the most points (array positions) one box's iteration space or one input may have in an
 #: evaluation: 2^26 float64 values are 512 MiB, and a box holds a few such arrays at once
@@ -569,6 +570,13 @@ def evaluate(diagram: Diagram, arrays: Sequence[Any], sizes: Mapping[str, int] |
     inputs = [Named(p.axes, d) for p, d in zip(diagram.inputs, data, strict=True)]
     outs = tuple(o.data for o in evaluate_named(diagram, inputs, bound, algebra))
     return outs[0] if len(outs) == 1 else outs
+
+
+def sample_integers(rng: np.random.Generator, shape: Sequence[int], runs: int = 4) -> np.ndarray:
+    """A random value for an ``int`` input in seeded tests: sorted along its last axis, values in
+    ``[0, runs)`` (segment ids in a few documents of ragged lengths, lengths, page numbers), as
+    float64; a standard-normal draw would make every comparison false."""
+    return np.sort(rng.integers(0, runs, size=tuple(shape)), axis=-1).astype(np.float64)
 
 
 def run(diagram: Diagram, *arrays: Any, sizes: Mapping[str, int] | None = None) -> Any:

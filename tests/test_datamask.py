@@ -6,16 +6,26 @@ round-trips them, and every misuse is a located diagnostic, not a traceback.
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import napkin_cat
+from napkin_cat.cost import cost
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.elaborate import load, loads
+from napkin_cat.lower import lower
 from napkin_cat.printer import print_module
+from napkin_cat.proof import check_file, prove
+from napkin_cat.schedule.datamask import block_liveness
 from tests.test_elaborate import one_error
 
-EXAMPLES = napkin_cat.elaborate.load("examples/masked_attention.ncd")
+ROOT = Path(__file__).resolve().parent.parent
+
+EXAMPLES = load(ROOT / "examples" / "masked_attention.ncd")
 
 
 def _softmax_rows(s: np.ndarray) -> np.ndarray:
@@ -76,8 +86,8 @@ def test_gather_reads_through_the_page_table_and_clamps_out_of_range_positions()
 
 
 def test_integer_inputs_round_trip_through_the_printer() -> None:
-    module = load("examples/masked_attention.ncd")
-    assert loads(print_module(module), "examples/masked_attention.ncd") == module
+    module = load(ROOT / "examples" / "masked_attention.ncd")
+    assert loads(print_module(module), str(ROOT / "examples" / "masked_attention.ncd")) == module
     assert loads(GATHER) == loads(print_module(loads(GATHER)))
     assert "Dq: int [q]" in print_module(module)
 
@@ -123,3 +133,92 @@ def test_integer_bindings_stay_integer_and_reals_do_not_become_integers() -> Non
     code, *_ = one_error(HEAD + "diagram f(P: int [b], T: [n x]) -> [b x] {\n"
                          "  I = exp(P)\n  return gather[n](T, I)\n}\n")
     assert code == "type.integer_needed"
+
+
+# ---- skipping chunks whose data mask is 0 everywhere (schedule/datamask.py, lower/dataskip.py) ----------
+
+
+def _document_theorem(name: str = "flash_document_attention") -> Any:
+    return {r.name: r.theorem for r in check_file(ROOT / "proofs" / "document_attention.ncd")}[name]
+
+
+@pytest.mark.parametrize("target", ["pallas", "jax"])
+def test_chunks_a_document_mask_empties_are_skipped(target: str) -> None:
+    """Five documents of 30 tokens, blocks and chunks of 32: 13 of the 25 (block, chunk) pairs
+    hold a query and a key of one document (``block_liveness``).  NaN values in the keys of the
+    last chunk poison every row of a program that runs it (0 · NaN): the rows of the three
+    programs whose documents end before it stay finite, and equal the evaluator, only because
+    their kernels skip it; the rows of the two that run it are NaN."""
+    thm = _document_theorem()
+    rng = np.random.default_rng(0)
+    Q, K, V = _qkv(rng, q=150, x=150)
+    ids = np.repeat(np.arange(5), 30).astype(np.float64)
+    live = block_liveness(ids[:, None] == ids[None, :], 32, 32)
+    assert live.sum() == 13 and not live[:3, 4].any() and live[3:, 4].all()
+    want = napkin_cat.run(thm.source, Q, K, V, ids, ids)
+    poisoned = V.copy()
+    poisoned[128:] = np.nan
+    lowered = lower(thm, target=target, tiles={"gq": 32, "sx": 32})
+    assert "lax.cond(live" in lowered.source
+    extra = {"interpret": True} if target == "pallas" else {}
+    got = np.asarray(lowered.fn(*(jnp.asarray(a, jnp.float32) for a in (Q, K, poisoned, ids, ids)), **extra))
+    assert np.all(np.isnan(got[96:]).any(axis=1))
+    assert np.abs(got[:96] - want[:96]).max() < 1e-5
+    clean = np.asarray(lowered.fn(*(jnp.asarray(a, jnp.float32) for a in (Q, K, V, ids, ids)), **extra))
+    assert np.abs(clean - want).max() < 1e-5
+
+
+def test_a_data_mask_on_a_non_absorbing_operand_skips_nothing() -> None:
+    """Masking the values (select(M, V, 0)) does not make a chunk's lift the identity (the
+    normaliser still sums exp(s - m) there): no chunk is skipped, and the kernel is exact."""
+    text = ("axis q, x\naxis d = 4\n"
+            "diagram f(Q: [q d], K: [x d], V: [x d], Dq: int [q], Dx: int [x]) -> [q d] {\n"
+            "  S = contract[d](Q, K)\n  P = softmax[x](S)\n  O = contract[x](P, select(eq(Dq, Dx), V, 0))\n"
+            "  return O\n}\n"
+            "theorem t: f {\n  rewrite softmax_contract at P, O\n  group q by gq\n"
+            "  stream x by sx via online_softmax\n}\n")
+    thm = prove(loads(text), "t")
+    lowered = lower(thm, target="pallas", tiles={"gq": 16, "sx": 16})
+    assert "live" not in lowered.source
+    rng = np.random.default_rng(3)
+    Q, K, V = rng.standard_normal((40, 4)), rng.standard_normal((40, 4)), rng.standard_normal((40, 4))
+    ids = np.repeat(np.arange(4), 10).astype(np.float64)
+    got = lowered.fn(*(jnp.asarray(a, jnp.float32) for a in (Q, K, V, ids, ids)), interpret=True)
+    assert np.abs(np.asarray(got) - napkin_cat.run(thm.source, Q, K, V, ids, ids)).max() < 1e-5
+
+
+def test_only_masks_read_from_data_are_data_masks() -> None:
+    """data_masks finds the select's mask on the document kernel, and leaves the affine causal
+    mask (an index predicate) to masks.stream_masks."""
+    thm = _document_theorem()
+    lay = lower(thm, target="pallas", tiles={"gq": 32, "sx": 32})
+    assert "live = jnp.any" in lay.source
+    causal = {r.name: r.theorem for r in check_file(ROOT / "proofs" / "flash_attention.ncd")}["flash_attention_causal"]
+    assert "live" not in lower(causal, target="pallas", tiles={"gq": 32, "sx": 32}).source
+
+
+def test_the_cost_of_a_document_mask_is_the_live_fraction_of_its_chunks() -> None:
+    """Eight documents of 2048 tokens at q = x = 16384 (blocks of 128 queries, chunks of 64
+    keys): the causal document kernel runs the pairs ``block_liveness`` finds live (documents
+    and diagonal, about 1/15), and costed at that fraction it moves under a quarter of the
+    bytes of the causal kernel (which runs half).  The document mask alone leaves 1/8 live:
+    1/4 of the causal stream's chunks, plus its segment ids.  ``--live`` 1 (the default) is the
+    bound for any data: every chunk."""
+    ids = np.repeat(np.arange(8), 2048)
+    pos = np.arange(16384)
+    same = ids[:, None] == ids[None, :]
+    live_causal = float(block_liveness(same & (pos[:, None] >= pos[None, :]), 128, 64).mean())
+    live_doc = float(block_liveness(same, 128, 64).mean())
+    assert live_doc == 1 / 8 and 1 / 16 < live_causal < 1 / 14
+    sizes, at = {"q": 16384, "x": 16384}, {"gq": 128, "sx": 64}
+    causal = {r.name: r.theorem for r in check_file(ROOT / "proofs" / "flash_attention.ncd")}["flash_attention_causal"]
+
+    def moved(thm: Any, live: float = 1.0) -> float:
+        c = cost(thm, hardware="h200", sizes=sizes, live=live)
+        return float(c.at(c.level("smem").transfers_bytes, at))
+
+    dense = moved(causal)
+    assert moved(_document_theorem("flash_causal_document_attention"), live_causal) <= dense / 4
+    document = moved(_document_theorem(), live_doc)
+    assert dense / 4 < document < dense / 4 * 1.05  # 129 values per key (K, V, the id) against 128
+    assert moved(_document_theorem()) > 7 * document  # every chunk (the bound for any data): about 8 times

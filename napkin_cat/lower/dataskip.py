@@ -50,7 +50,9 @@ def live_chunk(lay: Layout, env: dict[str, Value], scope: Scope) -> ast.expr | N
     if masks is None:
         return None
     defs = {n.name: n.expr for n in lay.flat.nodes}
-    tests = [cg.call("jnp.any", _conjunction(found, defs, env, scope)) for found in dict.fromkeys(masks)]
+    # max of 0/1 rather than jnp.any: Pallas' Triton backend has no reduce_or
+    tests = [cg.binop(cg.call("jnp.max", cg.call("jnp.where", _conjunction(found, defs, env, scope), cg.const(1.0),
+                                                 cg.const(0.0))), ">", cg.const(0.0)) for found in dict.fromkeys(masks)]
     live = tests[0]
     for test in tests[1:]:
         live = cg.call("jnp.logical_or", live, test)

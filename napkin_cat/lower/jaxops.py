@@ -332,14 +332,19 @@ def _select(box: Box, args: Sequence[Value], scope: Scope) -> Value:
 
 def _gather(box: Box, args: Sequence[Value], scope: Scope) -> Value:
     """The table along n at the positions, clamped into [0, |n| - 1] then rounded down (as the
-    evaluator: the same element for every position)."""
+    evaluator: the same element for every position); |n| is the true size, so a padded table's
+    padding is never read."""
     table, at = args
     (n,) = box.target
     axes = ops.result_axes("gather", (table.axes, at.axes), box.target)
-    last = cg.binop(scope.extents[n], "-", cg.const(1))
+    last = cg.binop(scope.sizes[n], "-", cg.const(1))
     clamped = cg.call("jnp.clip", align(at, axes), cg.const(0), last)
     index = cg.call("jnp.asarray", clamped, cg.attr("jnp.int32"))
     full = (*axes, n)
+    if not scope.take:  # Σ_n where(n == position, T, 0): exact (one term; no 0·inf), no gather primitive
+        hit = cg.binop(cg.call("jnp.expand_dims", index, cg.const(-1)), "==", position(n, full, scope))
+        picked = cg.call("jnp.where", hit, align(table, full), cg.const(0.0))
+        return Value(cg.call("jnp.sum", picked, keywords=[cg.kw("axis", cg.const(-1))]), axes)
     source = cg.call("jnp.broadcast_to", align(table, full), shape(full, scope))
     index = cg.call("jnp.broadcast_to", cg.call("jnp.expand_dims", index, cg.const(-1)),
                     cg.tuple_([*(scope.extents[a] for a in axes), cg.const(1)]))

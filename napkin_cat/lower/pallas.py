@@ -239,7 +239,7 @@ def _emit_kernel(lay: Layout, params: Sequence[str], out_types: list[Axes], dtyp
     sizes = {a: cg.name(given[a]) if given and a in given else size_of(a) for a in all_axes(lay)}
     scope = Scope(block, sizes, extents, offsets, lay.squeezed,
                   frozenset(a for a in all_axes(lay) if lay.may_pad(a)), dtype, dot_operand, batched_dot=False,
-                  rounded=rounded_nodes(lay), exp2=True)
+                  rounded=rounded_nodes(lay), exp2=True, take=False)
     env: dict[str, Value] = {}
     for (name, axes), ref in zip(lay.flat.inputs, in_refs, strict=True):
         if lay.stream not in axes:

@@ -250,3 +250,19 @@ def test_paged_attention_is_dense_attention_on_the_gathered_keys(target: str) ->
     extra = {"interpret": True} if target == "pallas" else {}
     got = lowered.fn(*(jnp.asarray(a, jnp.float32) for a in (Q, Kp, Vp, page)), **extra)
     assert np.abs(np.asarray(got) - dense).max() < 1e-5
+
+
+def test_keys_past_each_length_are_skipped() -> None:
+    """Key padding: batch element 0 holds 40 keys, element 1 holds 70 of 128; with chunks of 32
+    the chunks past each length are never run (NaN values there never reach the output)."""
+    thm = _document_theorem("flash_padded_attention")
+    rng = np.random.default_rng(5)
+    Q, K, V = _qkv(rng, 2, q=32, x=128)
+    length = np.array([40.0, 70.0])
+    want = napkin_cat.run(thm.source, Q, K, V, length)
+    poisoned = V.copy()
+    poisoned[0, 64:] = np.nan
+    poisoned[1, 96:] = np.nan
+    lowered = lower(thm, target="pallas", tiles={"gq": 32, "sx": 32})
+    got = lowered.fn(*(jnp.asarray(a, jnp.float32) for a in (Q, K, poisoned, length)), interpret=True)
+    assert np.abs(np.asarray(got) - want).max() < 1e-5

@@ -562,7 +562,8 @@ def evaluate(diagram: Diagram, arrays: Sequence[Any], sizes: Mapping[str, int] |
     data = [algebra.asarray(a) if not algebra.symbolic else np.asarray(a, dtype=object) for a in arrays]
     for param, values in zip(diagram.inputs, data, strict=False):
         if param.integer and not algebra.symbolic:
-            wrong = values[np.asarray(values, dtype=np.float64) != np.floor(np.asarray(values, dtype=np.float64))]
+            real = np.asarray(values, dtype=np.float64)
+            wrong = real[~np.isfinite(real) | (real != np.floor(real))]
             if wrong.size:  # NaN and the infinities too: they are no integers
                 raise NapkinError(error("eval.integer", name=param.name, value=float(wrong.flat[0])))
     bound = bind_sizes(diagram, [np.shape(d) for d in data], sizes)

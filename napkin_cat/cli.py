@@ -49,6 +49,17 @@ def _verb(name: str) -> Callable[[argparse.Namespace], int]:
     return function
 
 
+def _fraction(text: str) -> float:
+    """An argparse type: a number in (0, 1] (``--live``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}") from None
+    if not 0.0 < value <= 1.0:  # NaN fails both comparisons
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text}")
+    return value
+
+
 def _count(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
     """An argparse type: an integer of at least ``minimum`` (and at most ``maximum``)."""
 
@@ -192,6 +203,9 @@ def _parser() -> argparse.ArgumentParser:
         sizes(p)
         p.add_argument("--stages", type=_count(1), default=1,
                        help="buffers per streamed chunk (2: double buffering; Pallas Triton's default is 3)")
+        p.add_argument("--live", type=_fraction, default=1.0, metavar="F",
+                       help="fraction of the (program, chunk) pairs a mask read from data leaves live, in (0, 1] "
+                            "(a document mask: about 1/documents; default 1, every chunk)")
         if name == "cost":
             p.add_argument("--json", action="store_true", help="print sympy-parsable JSON")
             p.add_argument("--mesh", type=_count(1, MAX_MESH_DEVICES), metavar="N",

@@ -83,6 +83,12 @@ MESSAGES: dict[str, str] = {
     "type.arg_missing_axis": "argument {index} of `{callee}` must have axes {expected}; it has {actual}",
     "type.predicate_outside_where": "a comparison or logical operator is only allowed as the condition of `where`",
     "type.predicate_expected": "the first argument of `where` must be a comparison of indices, e.g. `q >= x`",
+    "type.dtype": "unknown element type `{name}`: an input is real (no type name) or `int`",
+    "type.integer_lemma": "lemma parameter `{name}`: lemmas range over real arrays; `int` is for diagram inputs",
+    "type.integer_needed": "{box}: operand {index} must be an integer (an `int` input, a position, a comparison "
+                           "or integer arithmetic of them); it is real",
+    "type.gather_axis": "gather[{axis}]: axis `{axis}` must be on the table (operand 1, {have}) and not on the "
+                        "positions (operand 2, {positions})",
     "type.index_axis": "`{name}` in an index expression must be one of the box's axes {axes}",
     "type.index_expr": "index expressions allow integers, axis indices, +, - and * only",
     "type.tuple_arity": "`{callee}` returns {n} outputs; bind them with {n} names",
@@ -111,6 +117,7 @@ MESSAGES: dict[str, str] = {
     "eval.too_large": "evaluating `{diagram}` holds {points:.3g} points over [{axes}] in one box, past the "
         "{limit:.3g} an evaluation may allocate",
     "eval.dtype": "input `{name}` holds {kind} values; napkin evaluates real numbers",
+    "eval.integer": "input `{name}` is declared `int` but holds {value!r}, not an integer",
     "eval.size_binding": "size for axis `{axis}` must be a positive integer, got {got!r}",
     # lowering (napkin_cat.lower refuses what a target cannot serve, before anything runs)
     "lower.target": "unknown lowering target `{target}`; targets: {targets}",

@@ -46,7 +46,8 @@ from napkin_cat.terms import (
 )
 
 __all__ = ["FLOAT32", "FLOAT64", "INDEX_ARITH", "MAX_POINTS_EVALUATED", "SYMBOLIC", "Algebra", "Named", "bind_sizes",
-           "evaluate", "evaluate_named", "iteration_spaces", "largest_space", "refuse_too_large", "visitor"]
+           "evaluate", "evaluate_named", "iteration_spaces", "largest_space", "refuse_too_large", "sample_integers",
+           "visitor"]
 
 #: the most points (array positions) one box's iteration space or one input may have in an
 #: evaluation: 2^26 float64 values are 512 MiB, and a box holds a few such arrays at once
@@ -422,6 +423,38 @@ class _Interpreter:
         a, b = kids[0].aligned(axes), kids[1].aligned(axes)
         return Named(axes, np.asarray(alg.binary[node.op](a, b), dtype=a.dtype if alg.symbolic else None))
 
+    def compare(self, node: Box, kids: tuple[Named, ...]) -> Named:
+        """1 where the comparison holds, else 0 (integer operands: exact in float64 below 2^53)."""
+        axes = union_axes(kids[0].axes, kids[1].axes)
+        hit = _COMPARE[ops.COMPARE[node.op]](kids[0].aligned(axes), kids[1].aligned(axes))
+        one, zero = (sympy.Integer(1), sympy.Integer(0)) if self.alg.symbolic else (1.0, 0.0)
+        return Named(axes, self.alg.asarray(np.where(np.asarray(hit, dtype=bool), one, zero)))
+
+    def select(self, node: Box, kids: tuple[Named, ...]) -> Named:
+        """A where the mask is nonzero, else B."""
+        axes = union_axes(*(k.axes for k in kids))
+        mask, a, b = (k.aligned(axes) for k in kids)
+        shape = np.broadcast_shapes(*(np.shape(v) for v in (mask, a, b)))
+        data = np.where(np.asarray(mask != 0, dtype=bool), a, b)
+        return Named(axes, np.asarray(np.broadcast_to(data, shape), dtype=data.dtype))
+
+    def gather(self, node: Box, kids: tuple[Named, ...]) -> Named:
+        """T along n at the positions I, each clamped into [0, |n| - 1] (a fractional position
+        is rounded down first): so every position reads some element, as the lowerings clamp."""
+        table, at = kids
+        n = node.target[0]
+        axes = ops.result_axes("gather", (table.axes, at.axes), node.target)
+        size = table.data.shape[table.axes.index(n)]
+        shape = {a: k for v in kids for a, k in zip(v.axes, np.shape(v.data), strict=True)}
+        full = [shape[a] for a in axes]
+        positions = np.broadcast_to(at.aligned(axes), full)
+        if self.alg.symbolic:
+            positions = np.vectorize(lambda v: int(sympy.floor(v)), otypes=[np.int64])(positions)
+        positions = np.clip(np.floor(np.asarray(positions, dtype=np.float64)), 0, size - 1).astype(np.int64)
+        source = np.broadcast_to(table.aligned((*axes, n)), [*full, size])
+        data = np.take_along_axis(source, positions[..., None], axis=-1)[..., 0]
+        return Named(axes, np.asarray(data))
+
     def reduce(self, node: Box, kids: tuple[Named, ...]) -> Named:
         arg = kids[0]
         pos = tuple(arg.axes.index(a) for a in node.target)
@@ -510,6 +543,7 @@ class _Interpreter:
 #: op's kind has an entry here and in every other interpreter's table
 BY_KIND: dict[str, Callable[[_Interpreter, Box, tuple[Named, ...]], Named]] = {
     "unary": _Interpreter.unary, "binary": _Interpreter.binary, "reduce": _Interpreter.reduce,
+    "compare": _Interpreter.compare, "select": _Interpreter.select, "gather": _Interpreter.gather,
     "normalise": _Interpreter.normalise, "contract": _Interpreter.contract, "ncontract": _Interpreter.contract,
     "where": _Interpreter.indexed, "index": _Interpreter.indexed, "onehot": _Interpreter.onehot,
     "split": _Interpreter.reshape, "join": _Interpreter.reshape, "rename": _Interpreter.reshape,
@@ -548,11 +582,24 @@ def evaluate(diagram: Diagram, arrays: Sequence[Any], sizes: Mapping[str, int] |
         if not algebra.symbolic and np.iscomplexobj(array):  # float64 would drop the imaginary part
             raise NapkinError(error("eval.dtype", name=param.name, kind="complex"))
     data = [algebra.asarray(a) if not algebra.symbolic else np.asarray(a, dtype=object) for a in arrays]
+    for param, values in zip(diagram.inputs, data, strict=False):
+        if param.integer and not algebra.symbolic:
+            real = np.asarray(values, dtype=np.float64)
+            wrong = real[~np.isfinite(real) | (real != np.floor(real))]
+            if wrong.size:  # NaN and the infinities too: they are no integers
+                raise NapkinError(error("eval.integer", name=param.name, value=float(wrong.flat[0])))
     bound = bind_sizes(diagram, [np.shape(d) for d in data], sizes)
     refuse_too_large(diagram, bound)
     inputs = [Named(p.axes, d) for p, d in zip(diagram.inputs, data, strict=True)]
     outs = tuple(o.data for o in evaluate_named(diagram, inputs, bound, algebra))
     return outs[0] if len(outs) == 1 else outs
+
+
+def sample_integers(rng: np.random.Generator, shape: Sequence[int], runs: int = 4) -> np.ndarray:
+    """A random value for an ``int`` input in seeded tests: sorted along its last axis, values in
+    ``[0, runs)`` (segment ids in a few documents of ragged lengths, lengths, page numbers), as
+    float64; a standard-normal draw would make every comparison false."""
+    return np.sort(rng.integers(0, runs, size=tuple(shape)), axis=-1).astype(np.float64)
 
 
 def run(diagram: Diagram, *arrays: Any, sizes: Mapping[str, int] | None = None) -> Any:

@@ -179,6 +179,12 @@ def _rule(op: str) -> Rule:
         return lambda box, vs, _: _folded("add", fold(lambda a, b: _pairs("mul", a, b), vs))
     if kind == "where":
         return lambda box, vs, _: vs[0] | vs[1]
+    if kind == "compare":
+        return lambda box, vs, _: _v("0 +")
+    if kind == "select":
+        return lambda box, vs, _: vs[1] | vs[2]
+    if kind == "gather":
+        return lambda box, vs, _: vs[0]
     if kind == "index":
         return lambda box, vs, _: FINITE
     if kind == "onehot":

@@ -223,6 +223,23 @@ def _where(box: Box, y: Var, g: Expr) -> tuple[Expr | None, ...]:
             _box("where", zero, g, target=box.target, index=box.index))  # type: ignore[arg-type]
 
 
+def _select(box: Box, y: Var, g: Expr) -> tuple[Expr | None, ...]:
+    mask, zero = box.args[0], _c(0.0)
+    return None, _box("select", mask, g, zero), _box("select", mask, zero, g)
+
+
+def _gather(box: Box, y: Var, g: Expr) -> tuple[Expr | None, ...]:
+    """The table's cotangent: each position's cotangent added where it was read,
+    Σ over the positions' own axes of onehot[n](clamp(I)) · g (a scatter-add)."""
+    table, at = box.args
+    (n,) = box.target
+    last = _box("sub", Size(n), _c(1.0))
+    clamped = _box("maximum", _box("minimum", at, last), _c(0.0))
+    hit = _box("onehot", clamped, target=(n,))
+    target = tuple(a for a in dict.fromkeys(hit.axes + g.axes) if a not in table.axes)
+    return _box("contract", hit, g, target=target), None
+
+
 def _reshape(box: Box, y: Var, g: Expr) -> tuple[Expr | None, ...]:
     if box.op == "transpose":
         return (g,)
@@ -240,7 +257,7 @@ def _constant(box: Box, y: Var, g: Expr) -> tuple[Expr | None, ...]:
 _RULES: dict[str, Rule] = {
     "unary": _unary, "binary": _binary, "reduce": _reduce, "normalise": _normalise, "contract": _contract,
     "where": _where, "split": _reshape, "join": _reshape, "rename": _reshape, "transpose": _reshape,
-    "index": _constant, "onehot": _constant,
+    "index": _constant, "onehot": _constant, "compare": _constant, "select": _select, "gather": _gather,
 }
 
 

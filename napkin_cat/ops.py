@@ -14,14 +14,17 @@ every other box costs ``flops`` per element it reads, a transcendental counting 
 
 from __future__ import annotations
 
+import math
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from napkin_cat.diagnostics import Span
-from napkin_cat.terms import Axes, Box, Diagram, Expr, IndexExpr, Pred, inline_calls
+from napkin_cat.terms import Axes, Box, Const, Diagram, Expr, IndexExpr, Pred, Size, Var, inline_calls
 
 __all__ = [
     "ACCUMULATORS",
     "BINARY",
+    "COMPARE",
     "INFIX",
     "NORMALISERS",
     "OPS",
@@ -31,6 +34,7 @@ __all__ = [
     "OpInfo",
     "accumulators_for",
     "inlined",
+    "integer_valued",
     "is_consuming",
     "is_mixing",
     "result_axes",
@@ -44,8 +48,8 @@ __all__ = [
 class OpInfo:
     """What the elaborator and the kernel need to know about one primitive box.
 
-    kind:     unary | binary | reduce | normalise | contract | ncontract | where | index |
-              onehot | split | join | rename | transpose
+    kind:     unary | binary | compare | select | gather | reduce | normalise | contract |
+              ncontract | where | index | onehot | split | join | rename | transpose
     arity:    number of array arguments (None: one or more)
     target:   "none" (no brackets), "required" (named axes), "list" (axis list, may be empty)
     arrow:    the brackets carry ``-> axes`` (split, join, rename)
@@ -96,6 +100,10 @@ BINARY: dict[str, str | None] = {
     "minimum": None,  # written min(A, B)
 }
 
+#: comparisons of integer values, elementwise and broadcasting by name: 1 where the comparison
+#: holds, else 0 (a mask that ``select`` reads; data-dependent masks such as segment ids)
+COMPARE: dict[str, str] = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+
 #: the functions b(z) allowed as the aggregator of a normalised contraction
 NORMALISERS: dict[str, str] = {
     "id": "b(z) = z",
@@ -110,6 +118,18 @@ def _ops() -> dict[str, OpInfo]:
         table[name] = OpInfo(name, "unary", 1, doc=doc)
     for name in BINARY:
         table[name] = OpInfo(name, "binary", 2, doc=f"elementwise {name}, broadcasting by axis name")
+    for name, symbol in COMPARE.items():
+        table[name] = OpInfo(name, "compare", 2,
+                             doc=f"1 where A {symbol} B, else 0: integer operands, broadcasting by axis name")
+    table["select"] = OpInfo(
+        "select", "select", 3,
+        doc="select(M, A, B): A where the integer mask M is nonzero, else B (broadcasting by name)",
+    )
+    table["gather"] = OpInfo(
+        "gather", "gather", 2, "required", flops=0.0,
+        doc="gather[n](T, I): T read along n at the integer positions I, clamped into [0, |n| - 1]; "
+            "n is replaced by the axes of I",
+    )
     reduce_docs = {
         "sum": ("sum", ("sum",)),
         "max": ("maximum", ("max",)),
@@ -215,16 +235,46 @@ def is_consuming(op: str) -> bool:
 
 
 def is_mixing(op: str) -> bool:
-    """Does one output position read every input position along the named axes?"""
-    return OPS[op].kind in ("normalise", "split", "join", "rename")
+    """Does one output position read every input position along the named axes?  (A gather
+    reads any position along its axis, chosen by data.)"""
+    return OPS[op].kind in ("normalise", "split", "join", "rename", "gather")
+
+
+#: boxes whose value is an integer where their operands are (arithmetic that keeps integers)
+_INTEGER_CLOSED = frozenset({"add", "sub", "mul", "maximum", "minimum", "neg", "abs", "sign", "square",
+                             "sum", "max", "min", "prod", "split", "join", "rename", "transpose"})
+
+
+def integer_valued(expr: Expr, integers: Collection[str]) -> bool:
+    """Is ``expr`` integer-valued wherever it is evaluated?  ``integers`` names the arrays known to
+    hold integers (inputs declared ``int``, bindings of integer expressions).  Comparisons,
+    positions (``index``), ``onehot`` and axis sizes are integers; integer arithmetic, a select or
+    where of integers and a gather from an integer array keep them; everything else is real."""
+    if isinstance(expr, Var):
+        return expr.name in integers
+    if isinstance(expr, Const):
+        return math.isfinite(expr.value) and float(expr.value).is_integer()
+    if isinstance(expr, Size):
+        return True
+    if not isinstance(expr, Box):
+        return False
+    kind = OPS[expr.op].kind
+    if kind in ("compare", "index", "onehot"):
+        return True
+    if kind == "select":
+        return all(integer_valued(a, integers) for a in expr.args[1:])
+    if kind == "gather":
+        return integer_valued(expr.args[0], integers)
+    return (expr.op in _INTEGER_CLOSED or kind == "where") and all(integer_valued(a, integers) for a in expr.args)
 
 
 def result_axes(op: str, args: tuple[tuple[str, ...], ...], target: tuple[str, ...] = (),
                 out: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The typing rule of a primitive box: its result axes from its operands' axes.
 
-    unary/normalise: the operand's axes; binary: the union by name (order of first
-    appearance); where: that union and the target; reduce: the operand minus the target;
+    unary/normalise: the operand's axes; binary, compare, select: the union by name (order of
+    first appearance); gather[n](T, I): T's axes with n replaced by the axes of I that T
+    lacks; where: that union and the target; reduce: the operand minus the target;
     (n)contract: the union minus the target; index: the target; onehot: the operand plus
     the target; transpose: the operand's other axes (woven through it by a call), then the
     target order; split/join/rename: the new axes take the place of the first old one.
@@ -237,8 +287,12 @@ def result_axes(op: str, args: tuple[tuple[str, ...], ...], target: tuple[str, .
         union.extend(a for a in axes if a not in union)
     if kind in ("unary", "normalise"):
         return have
-    if kind == "binary":
+    if kind in ("binary", "compare", "select"):
         return tuple(union)
+    if kind == "gather":  # the axes of T with n replaced by those of I it lacks
+        at = have.index(target[0])
+        extra = tuple(a for a in args[1] if a not in have)
+        return have[:at] + extra + have[at + 1:]
     if kind == "where":
         return tuple(union) + tuple(a for a in target if a not in union)
     if kind == "reduce":

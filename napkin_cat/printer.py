@@ -115,7 +115,7 @@ def _type(axes: Axes) -> str:
 
 
 def _params(params: tuple[Param, ...]) -> str:
-    return ", ".join(f"{p.name}: {_type(p.axes)}" for p in params)
+    return ", ".join(f"{p.name}: {'int ' if p.integer else ''}{_type(p.axes)}" for p in params)
 
 
 def print_diagram(diagram: Diagram) -> str:

@@ -23,7 +23,7 @@ from napkin_cat.certify import approximation, rules
 from napkin_cat.certify.accumulators import chunk
 from napkin_cat.diagnostics import Diagnostic, NapkinError, did_you_mean, error
 from napkin_cat.elaborate import load
-from napkin_cat.evaluate import FLOAT64, Named, evaluate_named
+from napkin_cat.evaluate import FLOAT64, Named, evaluate_named, sample_integers
 from napkin_cat.printer import print_expr
 from napkin_cat.terms import (
     Box,
@@ -292,7 +292,8 @@ def _counterexample(diagram: Diagram, step: Partition) -> str | None:
     if any(n > 4096 for n in sizes.values()):
         return None
     rng = np.random.default_rng(0)
-    inputs = [Named(p.axes, rng.standard_normal([sizes[a] for a in p.axes])) for p in diagram.inputs]
+    inputs = [Named(p.axes, (sample_integers if p.integer else _normal)(rng, [sizes[a] for a in p.axes]))
+              for p in diagram.inputs]
     try:
         whole = evaluate_named(diagram, inputs, dict(sizes), FLOAT64)
         n = sizes[step.axis]
@@ -321,6 +322,10 @@ def _counterexample(diagram: Diagram, step: Partition) -> str | None:
             return (f"with {_sizes(sizes)}, tile {tile} and seeded normal inputs, output {k} at {list(where)} is "
                     f"{got[where]:.6g} tile by tile but {out.data[where]:.6g} by the diagram")
     return None
+
+
+def _normal(rng: np.random.Generator, shape: list[int]) -> np.ndarray:
+    return rng.standard_normal(shape)
 
 
 def _sizes(sizes: dict[str, int]) -> str:

@@ -189,9 +189,13 @@ Expr = Union[Var, Const, Size, Box, Apply]
 
 @dataclass(frozen=True)
 class Param:
+    """A diagram input: its name and axes; ``integer`` for one declared ``int`` (segment ids,
+    lengths, page tables: what comparisons, masks and gathers read)."""
+
     name: str
     axes: Axes
     span: Span | None = field(default=None, compare=False, repr=False)
+    integer: bool = False
 
 
 @dataclass(frozen=True)

@@ -54,8 +54,8 @@ OPTIONS: dict[str, frozenset[str]] = {
     "parse": frozenset(),
     "eval": frozenset({"--size", "--seed"}),
     "check": frozenset({"--certify", "--strict", "--json", "--quiet"}),
-    "cost": frozenset({"--hardware", "--dtype", "--size", "--stages", "--json", "--mesh"}),
-    "pseudo": frozenset({"--hardware", "--dtype", "--size", "--stages"}),
+    "cost": frozenset({"--hardware", "--dtype", "--size", "--stages", "--live", "--json", "--mesh"}),
+    "pseudo": frozenset({"--hardware", "--dtype", "--size", "--stages", "--live"}),
     "lower": frozenset({"--target", "--tile", "--dtype", "--hardware", "--mesh", "--backward", "--allow-tested-join",
                         "--output"}),
     "derive": frozenset({"--hardware", "--dtype", "--size", "--output", "--lower", "--budget", "--seconds",
@@ -451,7 +451,8 @@ def invocations(draw: st.DrawFn, folder: Path) -> Invocation:
         argv = [str(path), rng.choice(theorems + diagrams), *output(suffix), *flag("--expand"), *steps]
     elif verb in ("cost", "pseudo"):
         argv = [str(path), rng.choice(theorems), *sizes(), *common(),
-                *maybe("--stages", ("1", "2", "3"), ("0", "x"))]
+                *maybe("--stages", ("1", "2", "3"), ("0", "x")),
+                *maybe("--live", ("1", "0.5", "0.125"), ("0", "1.5", "nan", "x"))]
         if verb == "cost":
             argv += [*flag("--json"), *maybe("--mesh", ("1", "4", "8", "65536"), ("0", "-1", "65537", "x"))]
     elif verb == "lower":

@@ -25,7 +25,7 @@ import numpy as np
 
 from napkin_cat import loads
 from napkin_cat.certify.approximation import label_inputs
-from napkin_cat.evaluate import Named, evaluate, visitor
+from napkin_cat.evaluate import Named, evaluate, sample_integers, visitor
 from napkin_cat.kernel import Theorem
 from napkin_cat.ops import inlined
 from napkin_cat.proof import check_file, check_module, prove
@@ -132,6 +132,8 @@ def inputs(theorem: Any, seed: int, low: int = 17, high: int = 100) -> tuple[dic
         shape = [sizes[a] for a in param.axes]
         if param.name in labels:  # class labels: integer positions along the one-hot axis
             arrays.append(rng.integers(0, sizes[labels[param.name]], size=shape).astype(np.float64))
+        elif param.integer:  # segment ids, lengths, page numbers: a few ragged runs, sorted
+            arrays.append(sample_integers(rng, shape))
         else:
             arrays.append(rng.standard_normal(shape))
     return sizes, arrays

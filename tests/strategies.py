@@ -251,6 +251,16 @@ def _array(draw: Draw, scope: _Scope) -> Typed:
     return name, scope.env[name]
 
 
+def _integer(draw: Draw, scope: _Scope, avoid: str | None = None) -> Typed:
+    """An integer operand (a comparison's, a gather's positions): an index box over axes other
+    than ``avoid``, or an integer constant."""
+    free = [a for a in scope.nameable if a != avoid]
+    if not free or draw(st.integers(0, 3)) == 0:
+        return draw(st.sampled_from(("0", "2", "(-1)"))), ()
+    target = _subset(draw, free, min_size=1, max_size=2)
+    return f"index[{' '.join(target)}]({_index_expr(draw, target, 2)})", target
+
+
 def _operand(draw: Draw, scope: _Scope, depth: int) -> Typed:
     """An operand of a box: mostly an array in scope, sometimes a nested box (depth > 0) or a
     scalar; now and then masked (``_mask``)."""
@@ -294,6 +304,21 @@ def _box(draw: Draw, scope: _Scope, op: str, depth: int) -> Typed:
         form = _BINARY[op]
         union = tuple(dict.fromkeys(la + ra))
         return (f"{form}({left}, {right})" if form in ("max", "min") else f"({left} {form} {right})"), union
+    if op in ops.COMPARE:
+        (left, la), (right, ra) = _integer(draw, scope), _integer(draw, scope)
+        return f"{op}({left}, {right})", tuple(dict.fromkeys(la + ra))
+    if op == "select":
+        mask, ma = _box(draw, scope, draw(st.sampled_from(sorted(ops.COMPARE))), depth)
+        (left, la), (right, ra) = _operand(draw, scope, depth), _operand(draw, scope, depth)
+        return f"select({mask}, {left}, {right})", tuple(dict.fromkeys(ma + la + ra))
+    if op == "gather":
+        table, axes = _with_axes(draw, scope, depth)
+        named = [a for a in axes if a != _BATCH]
+        if not named:
+            return table, axes
+        n = draw(st.sampled_from(named))
+        at, pa = _integer(draw, scope, avoid=n)
+        return f"gather[{n}]({table}, {at})", ops.result_axes("gather", (axes, pa), (n,))
     if op == "call":
         call = _call(draw, scope, [d for d in scope.diagrams if len(d.out_types) == 1])
         if call is None:

@@ -162,6 +162,10 @@ TEMPLATES: dict[str, list[tuple[str, str]]] = {
     "ncontract": [(_AB, f"ncontract[x; {a1}, {a2}, {b}](A, B)") for a1 in ("exp", "id", "recip", "log")
                   for a2 in ("exp", "square", "id") for b in sorted(ops.NORMALISERS)],
     "where": [(_AB, "where[q x](x <= q, A, B)")],
+    **{op: [(_AB, f"{op}(index[q](q), index[x](x))"), (_AB, f"{op}(onehot[v](A), index[q x](q - x))")]
+       for op in ops.COMPARE},
+    "select": [(_AB, "select(eq(index[q](q), index[x](x)), A, B)"), (_AB, "select(onehot[v](A), A, B)")],
+    "gather": [(_AB, "gather[x](A, index[q](q))"), (_AB, "gather[x](B, sum[x](onehot[v](A)))")],
     "index": [(_AB, "index[q x](q - x)"), (_AB, "index[q x](q * x - 2)")],
     "onehot": [(_AB, "onehot[v](A)")],
     "split": [(_AB, "split[x -> y z](A)")],

@@ -19,7 +19,7 @@ from napkin_cat import kernel, load, loads
 from napkin_cat.certify.approximation import label_inputs
 from napkin_cat.cli import main
 from napkin_cat.diagnostics import NapkinError
-from napkin_cat.evaluate import evaluate
+from napkin_cat.evaluate import evaluate, sample_integers
 from napkin_cat.grad import cotangent_names, vjp, vjp_module
 from napkin_cat.lower import lower
 from napkin_cat.printer import print_module
@@ -32,9 +32,11 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.ncd"))
 
 
 def _random(diagram: Diagram, sizes: dict[str, int], seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Standard normal inputs and output cotangents: ties and kinks have probability 0."""
+    """Standard normal inputs and output cotangents: ties and kinks have probability 0; `int`
+    inputs (segment ids, lengths, pages) hold small sorted integers."""
     rng = np.random.default_rng(seed)
-    xs = [rng.standard_normal([sizes[a] for a in p.axes]) for p in diagram.inputs]
+    xs = [(sample_integers if p.integer else lambda r, s: r.standard_normal(s))(rng, [sizes[a] for a in p.axes])
+          for p in diagram.inputs]
     cts = [rng.standard_normal([sizes[a] for a in t]) for t in diagram.out_types]
     return xs, cts
 

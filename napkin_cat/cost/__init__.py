@@ -57,7 +57,9 @@ CONVENTION = (
     "saves and FLOPs inside the stream count once per (group, chunk) pair that can hold a true "
     "position (about half of causal attention's; exact when the chunk tile divides the group tile); "
     "the plain-JAX target skips the same chunks in the block it maps (lax.cond), and runs every chunk "
-    "when it vectorises the masked group instead."
+    "when it vectorises the masked group instead. A mask read from data (a select of an integer mask, "
+    "napkin_cat/schedule/datamask.py) is costed at the given live fraction of the pairs (--live; default 1, "
+    "every chunk), which both kernels test chunk by chunk at run time."
 )
 
 
@@ -294,7 +296,7 @@ def _node_key(box: Box) -> str:
 def cost_of(diagram: Diagram, schedule: Schedule, hardware: str | hw.Hardware = "h100",
             sizes: Mapping[str, int] | None = None, dtypes: Mapping[str, str] | None = None,
             dtype: str = "bf16", accumulators: Mapping[str, str] | None = None,
-            source: Diagram | None = None, stages: int = 1) -> Cost:
+            source: Diagram | None = None, stages: int = 1, live: float = 1.0) -> Cost:
     """Derive H_ℓ, M_ℓ and FLOPs of ``diagram`` run under ``schedule``.
 
     ``sizes`` gives symbolic axes a size (unknown names raise CostError); ``dtypes`` maps array
@@ -302,7 +304,8 @@ def cost_of(diagram: Diagram, schedule: Schedule, hardware: str | hw.Hardware = 
     the default ``dtype``; ``accumulators`` maps a consuming box (``op:target:params``) to the
     accumulator that streams it.  The unfused baseline is that of ``source`` (the diagram
     before any rewrite; default ``diagram``).  ``stages`` multi-buffers every chunk loaded in a
-    stream (``pseudo_build.program``): 1 is the paper's model, 2 double buffering.
+    stream (``pseudo_build.program``): 1 is the paper's model, 2 double buffering.  ``live``
+    is the fraction of chunks a data mask leaves live (``schedule.datamask``; 1: every chunk).
     """
     prof = hardware if isinstance(hardware, hw.Hardware) else hw.load(hardware)
     nest = loop_nest(diagram, schedule.device())  # one device's program (the mesh: cost_mesh)
@@ -325,7 +328,7 @@ def cost_of(diagram: Diagram, schedule: Schedule, hardware: str | hw.Hardware = 
         raise CostError(f"tile names clash with axis names: {', '.join(clash)}")
     by_node = {n.name: accumulators[_node_key(n.expr)] for n in nest.flat.nodes
                if isinstance(n.expr, Box) and accumulators and _node_key(n.expr) in accumulators}
-    prog = program(nest, size_syms, tile_syms, by_node, stages)
+    prog = program(nest, size_syms, tile_syms, by_node, stages, live)
     bytes_of = _bytes_of(nest.flat, schedule, dtypes or {}, dtype)
     for view in prog.views:
         prof.level(view.level)  # every level the schedule uses must exist on the hardware

@@ -124,9 +124,10 @@ def report(c: Cost, name: str, devices: int | None = None) -> dict[str, Any]:
     loops = c.program.nest.loops
     for index, runs, full in c.program.masked:
         out["masked"] = {"axis": loops[index].axis, "runs": _s(runs), "of": _s(full), "note": (
-            f"a where mask fills whole {loops[index].axis}-chunks: {_s(runs)} of the {_s(full)} (group, chunk) "
-            "pairs can hold a true position, and the counts inside the stream are the Pallas kernel's, "
-            "which runs only those (the plain-JAX kernel runs all of them)")}
+            f"a mask fills whole {loops[index].axis}-chunks: {_s(runs)} of the {_s(full)} (group, chunk) "
+            "pairs can hold a true position (for a mask read from data, the --live fraction given), and the "
+            "counts inside the stream are the Pallas kernel's, which runs only those (the plain-JAX kernel "
+            "runs all of them where it vectorises the masked group)")}
     ml = multilevel(c) if len(c.levels) > 2 else None
     if ml is not None:
         out["multilevel"] = {"levels": {k: _s(v.transfers) for k, v in ml[0].items()}, "time": _s(ml[1])}

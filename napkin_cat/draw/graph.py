@@ -48,6 +48,9 @@ GLYPHS: dict[str, tuple[str, str, bool]] = {
     "contract": ("rect", "Σ", True),
     "ncontract": ("rect", "Σ", True),  # after its normaliser: ◁ for softmax, else N(a1,a2,b)
     "where": ("rect", "where", False),
+    **{name: ("rect", symbol, False) for name, symbol in ops.COMPARE.items()},
+    "select": ("rect", "select", False),
+    "gather": ("rect", "gather", True),
     "index": ("rect", "index", False),
     "onehot": ("rect", "onehot", True),
     "split": ("rect", "split", False),

@@ -127,6 +127,7 @@ class _Elaborator(ExprElaborator):
         self.own_diagrams: list[Diagram] = []
         self.lemmas: list[LemmaDecl] = []
         self.failed: set[str] = set()  # diagrams with errors: calls to them report nothing more
+        self.integers: set[str] = set()  # the integer-valued arrays of the diagram being elaborated
         self.imported_lemmas: list[LemmaDecl] = []
         self.theorems: list[TheoremDecl] = []
         self.uses: list[str] = []
@@ -306,14 +307,18 @@ class _Elaborator(ExprElaborator):
         for diagram_name in by_name:
             visit(diagram_name, [])
 
-    def params(self, tree: Node | None) -> tuple[list[Param], dict[str, Axes | None]]:
+    def params(self, tree: Node | None, lemma: bool = False) -> tuple[list[Param], dict[str, Axes | None]]:
         """The well-typed inputs, and an environment that also binds the ill-typed ones to
         ``None`` so that their uses report nothing more."""
         out: list[Param] = []
         env: dict[str, Axes | None] = {}
         for p in tree.children if tree is not None else []:
             name = _tok(p, 0)
-            axes = self.axis_type(p.children[1])
+            axes = self.axis_type(p.children[-1])
+            dtype = p.children[1] if len(p.children) == 3 else None
+            integer = self.dtype(dtype, name, lemma) if isinstance(dtype, Token) else False
+            if integer is None:
+                axes = None
             if any(q.name == name.value for q in out):
                 self.err("name.duplicate", name, kind="input", name=name.value,
                          first=next(q.span for q in out if q.name == name.value))
@@ -322,9 +327,21 @@ class _Elaborator(ExprElaborator):
             if self.reserved(name, "an array"):
                 continue
             if axes is not None:
-                out.append(Param(name.value, axes, _span(name, self.path)))
+                out.append(Param(name.value, axes, _span(name, self.path), integer=bool(integer)))
                 env[name.value] = axes
+        self.integers = {p.name for p in out if p.integer}
         return out, env
+
+    def dtype(self, tok: Token, name: Token, lemma: bool) -> bool | None:
+        """Is an input declared ``int``?  None after reporting a type name that is not ``int``,
+        or ``int`` on a lemma parameter."""
+        if tok.value != "int":
+            self.err("type.dtype", tok, did_you_mean(tok.value, ["int"]), name=tok.value)
+            return None
+        if lemma:
+            self.err("type.integer_lemma", tok, name=name.value)
+            return None
+        return True
 
     def reserved(self, name: Token, kind: str) -> bool:
         if name.value in self.axes or name.value == "inf":
@@ -362,6 +379,8 @@ class _Elaborator(ExprElaborator):
                         env[tok.value] = None
                     continue
                 types = self.bind_types(expr, names, stmt)
+                if len(names) == 1 and ops.integer_valued(expr, self.integers):
+                    self.integers.add(names[0].value)
                 for tok, axes in zip(names, types, strict=True):
                     env[tok.value] = axes
                 if all(t is not None for t in types):
@@ -412,7 +431,7 @@ class _Elaborator(ExprElaborator):
         name = _tok(tree, 0)
         rest = tree.children[1:]
         params_tree = rest[0] if isinstance(rest[0], Tree) and rest[0].data == "params" else None
-        params, env = self.params(params_tree)
+        params, env = self.params(params_tree, lemma=True)
         n_errors = len(self.diags)
         finite = rest.pop() if isinstance(rest[-1], Tree) and rest[-1].data == "finite" else None
         lhs = self.operand(rest[-2], env, {})

@@ -72,6 +72,7 @@ class ExprElaborator:
     axes: dict[str, Axis]
     diagrams: dict[str, Diagram]
     failed: set[str]
+    integers: set[str]
 
     def err(self, code: str, where: Node | Token | Span | None, hint: str | None = None,
             **args: object) -> None:
@@ -175,7 +176,7 @@ class ExprElaborator:
         if args is None:
             return None
         typed = self.box_type(info, tree, target, out, args)
-        if typed is None:
+        if typed is None or not self.integers_ok(info, tree, target, args):
             return None
         return Box(op, tuple(args), typed, target, out or (), params or (), span=_span(tree, self.path))
 
@@ -257,6 +258,12 @@ class ExprElaborator:
             if target[0] in have:
                 self.err("type.axis_exists", tree, box=f"onehot[{target[0]}]", axis=target[0])
                 return False
+        if kind == "gather" and (len(target) != 1 or target[0] not in have or target[0] in types[1]):
+            if len(target) != 1:
+                self.err("box.axis_count", tree, name="gather", expected=1, place="in its brackets", got=len(target))
+            else:
+                self.err("type.gather_axis", tree, axis=target[0], have=_fmt(have), positions=_fmt(types[1]))
+            return False
         if kind == "ncontract":
             missing = [a for a in target if a not in have]
             if missing:
@@ -271,6 +278,18 @@ class ExprElaborator:
                          have=", ".join(_fmt(t) for t in types))
                 return False
         return True
+
+    def integers_ok(self, info: ops.OpInfo, tree: Node, target: Axes, args: list[Expr]) -> bool:
+        """The operands that must be integers are (comparisons: both; select: the mask; gather:
+        the positions), as ``ops.integer_valued`` judges."""
+        needed = {"compare": (0, 1), "select": (0,), "gather": (1,)}.get(info.kind, ())
+        brackets = f"[{' '.join(target)}]" if target else ""
+        ok = True
+        for i in needed:
+            if not ops.integer_valued(args[i], self.integers):
+                self.err("type.integer_needed", tree, box=f"{info.name}{brackets}", index=i + 1)
+                ok = False
+        return ok
 
     def reshape_ok(self, name: str, tree: Node, old: Axes, new: Axes, have: Axes) -> bool:
         """split[a -> b c], join[b c -> a], rename[a -> b]: arity, fresh names, sizes."""
@@ -376,6 +395,10 @@ class ExprElaborator:
         inner = {a.name for a in callee.axes}
         ok = True
         for i, (arg, param) in enumerate(zip(args, callee.inputs, strict=True)):
+            if param.integer and not ops.integer_valued(arg, self.integers):
+                self.err("type.integer_needed", tree, box=callee.name, index=i + 1)
+                ok = False
+                continue
             if not set(param.axes) <= set(arg.axes):
                 self.err("type.arg_missing_axis", tree, index=i + 1, callee=callee.name,
                          expected=_fmt(param.axes), actual=_fmt(arg.axes))

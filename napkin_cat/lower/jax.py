@@ -27,6 +27,7 @@ import ast
 from collections.abc import Callable, Sequence
 
 from napkin_cat.lower import codegen as cg
+from napkin_cat.lower.dataskip import guarded_step
 from napkin_cat.lower.fold import emit_after, emit_before, emit_combine, emit_identity, emit_step, slots
 from napkin_cat.lower.layout import Layout
 from napkin_cat.lower.skip import chunk_range, full_range
@@ -323,13 +324,17 @@ def _emit_step(lay: Layout, env: dict[str, Value], scope: Scope, unmasked: froze
                              keywords=[cg.kw("axis", cg.const(axes.index(axis)))])
             chunk_env[name] = Value(body.bind(f"{name}_chunk", sliced), axes)
     carried = [Value(cg.name(n), s.axes) for n, s in zip(names, state, strict=True)]
-    updated = emit_step(lay, chunk_env, inner, carried)
-    for k, buffer in zip(lay.chunk_outputs, buffers, strict=True):
-        out_type = lay.diagram.out_types[k]
-        value = transpose_to(chunk_env[lay.flat.outputs[k]], out_type)
-        updated.append(cg.call("lax.dynamic_update_slice_in_dim", cg.name(buffer), value, cg.name(start),
-                               keywords=[cg.kw("axis", cg.const(out_type.index(axis)))]))
-    body.emit(ast.Return(cg.tuple_(updated)))
+    # a chunk whose data mask is 0 everywhere keeps the carry (dataskip.py; no output is chunked then)
+    guarded = guarded_step(lay, chunk_env, inner, carried, carry) if not buffers else None
+    if guarded is None:
+        updated = emit_step(lay, chunk_env, inner, carried)
+        for k, buffer in zip(lay.chunk_outputs, buffers, strict=True):
+            out_type = lay.diagram.out_types[k]
+            value = transpose_to(chunk_env[lay.flat.outputs[k]], out_type)
+            updated.append(cg.call("lax.dynamic_update_slice_in_dim", cg.name(buffer), value, cg.name(start),
+                                   keywords=[cg.kw("axis", cg.const(out_type.index(axis)))]))
+        guarded = cg.tuple_(updated)
+    body.emit(ast.Return(guarded))
     block.emit(cg.function(step, [carry, start, size], body.stmts))
     # rematerialise each chunk in the backward pass: jax.grad keeps one carry per chunk,
     # not the chunk's intermediates (O(q·x) for attention scores)

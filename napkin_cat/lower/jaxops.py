@@ -352,6 +352,42 @@ def _onehot(box: Box, args: Sequence[Value], scope: Scope) -> Value:
     return Value(cg.call("jnp.where", hit, cg.const(1.0), cg.const(0.0)), axes)
 
 
+def _compare(box: Box, args: Sequence[Value], scope: Scope) -> Value:
+    a, b = args
+    axes = tuple(dict.fromkeys(a.axes + b.axes))
+    hit = cg.binop(align(a, axes), ops.COMPARE[box.op], align(b, axes))
+    return Value(cg.call("jnp.where", hit, cg.const(1.0), cg.const(0.0)), axes)
+
+
+def _select(box: Box, args: Sequence[Value], scope: Scope) -> Value:
+    mask, a, b = args
+    axes = tuple(dict.fromkeys(mask.axes + a.axes + b.axes))
+    value = cg.call("jnp.where", cg.binop(align(mask, axes), "!=", cg.const(0)), align(a, axes), align(b, axes))
+    return Value(value, axes)
+
+
+def _gather(box: Box, args: Sequence[Value], scope: Scope) -> Value:
+    """The table along n at the positions, clamped into [0, |n| - 1] then rounded down (as the
+    evaluator: the same element for every position); |n| is the true size, so a padded table's
+    padding is never read."""
+    table, at = args
+    (n,) = box.target
+    axes = ops.result_axes("gather", (table.axes, at.axes), box.target)
+    last = cg.binop(scope.sizes[n], "-", cg.const(1))
+    clamped = cg.call("jnp.clip", align(at, axes), cg.const(0), last)
+    index = cg.call("jnp.asarray", clamped, cg.attr("jnp.int32"))
+    full = (*axes, n)
+    if not scope.take:  # Σ_n where(n == position, T, 0): exact (one term; no 0·inf), no gather primitive
+        hit = cg.binop(cg.call("jnp.expand_dims", index, cg.const(-1)), "==", position(n, full, scope))
+        picked = cg.call("jnp.where", hit, align(table, full), cg.const(0.0))
+        return Value(cg.call("jnp.sum", picked, keywords=[cg.kw("axis", cg.const(-1))]), axes)
+    source = cg.call("jnp.broadcast_to", align(table, full), shape(full, scope))
+    index = cg.call("jnp.broadcast_to", cg.call("jnp.expand_dims", index, cg.const(-1)),
+                    cg.tuple_([*(scope.extents[a] for a in axes), cg.const(1)]))
+    value = cg.call("jnp.take_along_axis", source, index, keywords=[cg.kw("axis", cg.const(-1))])
+    return Value(cg.call("jnp.squeeze", value, cg.const(-1)), axes)
+
+
 def _reshape(box: Box, args: Sequence[Value], scope: Scope) -> Value:
     (x,) = args
     if box.op == "transpose":  # axes are tracked by name: only the declared order changes
@@ -370,7 +406,8 @@ def _reshape(box: Box, args: Sequence[Value], scope: Scope) -> Value:
 TABLE: dict[str, Callable[[Box, Sequence[Value], Scope], Value]] = {
     "unary": _unary, "binary": _binary, "reduce": _reduce, "normalise": _normalise, "contract": _contract,
     "ncontract": _contract, "where": _where, "index": _index, "onehot": _onehot, "split": _reshape,
-    "join": _reshape, "rename": _reshape, "transpose": _reshape,
+    "join": _reshape, "rename": _reshape, "transpose": _reshape, "compare": _compare, "select": _select,
+    "gather": _gather,
 }
 
 

@@ -30,6 +30,7 @@ from typing import Any
 import sympy
 
 from napkin_cat.lower import codegen as cg
+from napkin_cat.lower.dataskip import guarded_step
 from napkin_cat.lower.fold import Slot, emit_after, emit_before, emit_combine, emit_identity, emit_step, slots
 from napkin_cat.lower.jax import all_axes, bind_inputs, rounded_nodes, size_of
 from napkin_cat.lower.layout import MIN_BLOCK, Layout
@@ -238,7 +239,7 @@ def _emit_kernel(lay: Layout, params: Sequence[str], out_types: list[Axes], dtyp
     sizes = {a: cg.name(given[a]) if given and a in given else size_of(a) for a in all_axes(lay)}
     scope = Scope(block, sizes, extents, offsets, lay.squeezed,
                   frozenset(a for a in all_axes(lay) if lay.may_pad(a)), dtype, dot_operand, batched_dot=False,
-                  rounded=rounded_nodes(lay), exp2=True,
+                  rounded=rounded_nodes(lay), exp2=True, take=False,
                   pad_extents={a: extent_of(a) for a in all_axes(lay) if lay.may_pad(a) and not (given and a in given)})
     env: dict[str, Value] = {}
     for (name, axes), ref in zip(lay.flat.inputs, in_refs, strict=True):
@@ -379,14 +380,18 @@ def _emit_body(lay: Layout, env: dict[str, Value], scope: Scope, in_refs: Sequen
             index = [cg.call("pl.ds", start, tile) if a == axis else ast.Slice() for a in scope.keep(axes)]
             chunk_env[name] = Value(body.bind(f"{name}_chunk", _load(ref, index)), scope.keep(axes), zero_padded=True)
     carried = [Value(cg.name(n), s.axes) for n, s in zip(names, state, strict=True)]
-    updated = emit_step(lay, chunk_env, inner, carried)
-    for k in lay.chunk_outputs:  # a sequential group: store this chunk of the output
-        kept = scope.keep(lay.diagram.out_types[k])
-        value = transpose_to(chunk_env[lay.flat.outputs[k]], kept)
-        where = cg.tuple_([cg.call("pl.ds", start, tile) if a == axis else ast.Slice() for a in kept])
-        cast = cg.call(ast.Attribute(value, "astype", ast.Load()),
-                       ast.Attribute(cg.name(out_refs[k]), "dtype", ast.Load()))
-        body.emit(ast.Assign([ast.Subscript(cg.name(out_refs[k]), where, ast.Store())], cast, lineno=0))
-    body.emit(ast.Return(cg.tuple_(updated)))
+    # a chunk whose data mask is 0 everywhere keeps the carry (dataskip.py; no output is chunked then)
+    guarded = guarded_step(lay, chunk_env, inner, carried, carry) if not lay.chunk_outputs else None
+    if guarded is None:
+        updated = emit_step(lay, chunk_env, inner, carried)
+        for k in lay.chunk_outputs:  # a sequential group: store this chunk of the output
+            kept = scope.keep(lay.diagram.out_types[k])
+            value = transpose_to(chunk_env[lay.flat.outputs[k]], kept)
+            where = cg.tuple_([cg.call("pl.ds", start, tile) if a == axis else ast.Slice() for a in kept])
+            cast = cg.call(ast.Attribute(value, "astype", ast.Load()),
+                           ast.Attribute(cg.name(out_refs[k]), "dtype", ast.Load()))
+            body.emit(ast.Assign([ast.Subscript(cg.name(out_refs[k]), where, ast.Store())], cast, lineno=0))
+        guarded = cg.tuple_(updated)
+    body.emit(ast.Return(guarded))
     block.emit(cg.function(body_name, [j, carry], body.stmts))
     return body_name

@@ -84,6 +84,9 @@ class Scope:
     rounded: Mapping[str, str] = field(default_factory=dict)
     #: exp as exp2(x·log2 e) (Pallas kernels: ``jaxops.unary``)
     exp2: bool = False
+    #: the backend has a gather (XLA: ``jnp.take_along_axis``); False in Pallas kernels (the
+    #: Triton backend has none), where ``gather`` selects and sums along its axis instead
+    take: bool = True
     #: where nodes that hold on every position of this chunk (``skip.full_range``): each is
     #: computed as its value operand
     unmasked: frozenset[str] = frozenset()

@@ -33,7 +33,9 @@ It makes these explicit choices (the Napkin paper leaves them open):
   Pallas lowering does before skipping them, every step inside that stream (its loads, saves and boxes) is
   counted once per (program, chunk) pair that runs (``masks.chunk_count``: causal attention
   runs about half), not once per trip of every loop; memory and steps outside the stream
-  are unchanged.  Without a closed form for the pairs, every chunk is counted.
+  are unchanged.  Without a closed form for the pairs, every chunk is counted.  Where the mask
+  is read from data (``datamask.data_masks``: a document mask), which chunks run is known only
+  at run time: the steps are counted by the ``live`` fraction given (``napkin cost --live``).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from sympy import Expr
 
 from napkin_cat import ops
 from napkin_cat.certify.accumulators import AccumulatorPlan, plan
+from napkin_cat.schedule.datamask import data_masks
 from napkin_cat.schedule.loopnest import LoopNest, Node, woven_axes
 from napkin_cat.schedule.masks import GroupAxis, chunk_count, stream_masks
 from napkin_cat.schedule.program import Buffer, Inst, Program, Step, View, rank
@@ -55,7 +58,7 @@ __all__ = ["chosen_accumulator", "program"]
 
 
 def program(nest: LoopNest, sizes: Mapping[str, Expr], tiles: Mapping[str, Expr],
-            accumulators: Mapping[str, str] | None = None, stages: int = 1) -> Program:
+            accumulators: Mapping[str, str] | None = None, stages: int = 1, live: float = 1.0) -> Program:
     """Build the per-level views of a loop nest.
 
     ``sizes`` maps every axis to its size (an integer or a positive symbol), ``tiles`` every
@@ -63,11 +66,16 @@ def program(nest: LoopNest, sizes: Mapping[str, Expr], tiles: Mapping[str, Expr]
     consuming node (else the partition's ``via``, else the op's first accumulator).
     ``stages`` buffers each chunk loaded inside a stream that many times (software
     pipelining: 2 is double buffering; the Pallas Triton backend's default
-    ``num_stages`` is 3): memory grows, transfers do not change.
+    ``num_stages`` is 3): memory grows, transfers do not change.  ``live`` is the fraction of
+    (program, chunk) pairs a data mask leaves live (``datamask``: 1/8 for eight equal documents
+    in blocks that do not straddle two), by which the steps of a stream that a data mask skips
+    are counted; 1 (every chunk) is the bound that holds for any data.
     """
     if stages < 1:
         raise ValueError(f"stages must be at least 1, got {stages}")
-    return _Builder(nest, sizes, tiles, accumulators or {}, stages).build()
+    if not 0.0 < live <= 1.0:
+        raise ValueError(f"the live fraction must be in (0, 1], got {live}")
+    return _Builder(nest, sizes, tiles, accumulators or {}, stages, live).build()
 
 
 def chosen_accumulator(box: Box, given: str | None, via: str | None) -> str:
@@ -98,9 +106,9 @@ class _Builder:
     """Symbols, homes and the compute level shared by the views of one loop nest."""
 
     def __init__(self, nest: LoopNest, sizes: Mapping[str, Expr], tiles: Mapping[str, Expr],
-                 accumulators: Mapping[str, str], stages: int = 1) -> None:
+                 accumulators: Mapping[str, str], stages: int = 1, live: float = 1.0) -> None:
         self.nest, self.flat = nest, nest.flat
-        self.stages = stages
+        self.stages, self.live = stages, live
         self.sizes = dict(sizes)
         self.tiles = tuple(sympy.Integer(lp.tile) if isinstance(lp.tile, int) else tiles[lp.tile]
                            for lp in nest.loops)
@@ -156,8 +164,9 @@ class _Builder:
         for a in woven_axes(self.flat, frozenset(outermost)):
             groups[a] = GroupAxis(self.sizes[a], sympy.Integer(1))
         masks = stream_masks(self.flat, axis, plans, groups)
-        if masks is None:
-            return ()
+        if masks is None:  # a mask read from data: the live fraction of the chunks, as given
+            data = data_masks(self.flat, axis, plans) is not None and self.live < 1
+            return ((index, sympy.nsimplify(self.live) * self.trips[index], self.trips[index]),) if data else ()
         caps = {self.tiles[i]: self.sizes[loops[i].axis] for i in outermost.values()
                 if isinstance(self.tiles[i], sympy.Symbol)}
         runs = chunk_count(masks, groups, self.tiles[index], self.trips[index], caps)

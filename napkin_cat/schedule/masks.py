@@ -125,7 +125,7 @@ def stream_masks(flat: Flat, stream: str, plans: Mapping[str, AccumulatorPlan],
                 continue
             if not all(finite(a, defs, inputs) for j, a in enumerate(node.expr.args) if j != i):
                 continue  # another operand may be infinite: the chunk may lift to NaN, not the identity
-            found = _sides(known[0], stream, grid)
+            found = _sides(known[0], stream, grid) if isinstance(known[0], (Cmp, Logic)) else None
             if found is not None:
                 break
         if found is None:
@@ -134,18 +134,19 @@ def stream_masks(flat: Flat, stream: str, plans: Mapping[str, AccumulatorPlan],
     return tuple(found_all)
 
 
-def masked_fill(expr: Expr, defs: Mapping[str, Expr], inputs: Collection[str]) -> tuple[Pred, float] | None:
+def masked_fill(expr: Expr, defs: Mapping[str, Expr], inputs: Collection[str]) -> tuple[Pred | Expr, float] | None:
     """``(p, c)``: ``expr`` is ``c`` at every position where ``p`` is false, on finite inputs
-    (None: not known).  A ``where`` with a constant fill gives its predicate and fill; a unary
+    (None: not known).  A ``where`` with a constant fill gives its predicate and fill, a
+    ``select`` with one its mask (an array: false where it is 0, ``schedule.datamask``); a unary
     op carries a fill to its value there (``_at``); a binary op carries one where one operand
     has a fill that fixes the result for every finite value of the other (``_absorbed``), or
     where both have fills under the same predicate (``_at``).  A zero is carried without its
     sign (``0·y`` is -0 for a negative y), so nothing that tells the signs apart
     (``recip``, a division by it) carries it."""
     inside = frozenset(inputs)
-    known: dict[str, tuple[Pred, float] | None] = {}  # per binding: a value may feed many ops
+    known: dict[str, tuple[Pred | Expr, float] | None] = {}  # per binding: a value may feed many ops
 
-    def fill(e: Expr) -> tuple[Pred, float] | None:
+    def fill(e: Expr) -> tuple[Pred | Expr, float] | None:
         if isinstance(e, Var):
             if e.name not in defs:
                 return None
@@ -157,6 +158,9 @@ def masked_fill(expr: Expr, defs: Mapping[str, Expr], inputs: Collection[str]) -
         if e.op == "where":
             last = e.args[-1]
             return (e.index, last.value) if isinstance(last, Const) and isinstance(e.index, (Cmp, Logic)) else None
+        if e.op == "select":
+            last = e.args[-1]
+            return (e.args[0], last.value) if isinstance(last, Const) else None
         kind = ops.OPS[e.op].kind
         if kind not in ("unary", "binary"):
             return None

@@ -59,7 +59,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
     dtype, hardware, sizes = dtype_option(args.dtype), hardware_option(args.hardware), parse_sizes(args.size)
     thm = theorem_or_usage(args.file, args.theorem)
     try:
-        options = {"hardware": hardware, "sizes": sizes, "dtype": dtype, "stages": args.stages}
+        options = {"hardware": hardware, "sizes": sizes, "dtype": dtype, "stages": args.stages, "live": args.live}
         data = cost_chain.chain_report(thm, args.theorem, args.mesh, **options) if thm.kernels else \
             cost_report.report(cost.cost(thm, **options), args.theorem, args.mesh)
     except (HardwareError, cost.CostError) as exc:
@@ -86,7 +86,7 @@ def cmd_pseudo(args: argparse.Namespace) -> int:
     try:
         for header, each in parts or [("", thm)]:
             own = {a: n for a, n in sizes.items() if a in each.result.axis_sizes()} if parts else sizes
-            c = cost.cost(each, hardware=hardware, sizes=own, dtype=dtype, stages=args.stages)
+            c = cost.cost(each, hardware=hardware, sizes=own, dtype=dtype, stages=args.stages, live=args.live)
             text += header + pseudo.render(c.program, c.bytes_of)
     except (HardwareError, cost.CostError) as exc:
         raise UsageError(str(exc)) from None

@@ -1,0 +1,110 @@
+"""Which stream chunks a mask read from data lets a kernel skip: the data-dependent side of
+``masks`` (whose module docstring states the skip rule this module applies unchanged)::
+
+          x_i = pad_i where M = 0    i ∈ absorbing(acc)    M = 0 on all of (block, c)
+    skip ──────────────────────────────────────────────────────────────────────────────
+                              lift_acc(x|c) = identity_acc
+
+Here the mask is an integer array ``M`` (``select(M, A, fill)``: a document mask
+``eq(Dq, Dx)``, key padding ``lt(index[x](x), len)``), so whether it is 0 on a whole chunk is
+known only at run time.  ``data_masks`` decides statically that the rest of the rule holds
+(each accumulating node has an absorbing operand that ``masks.masked_fill`` shows is its
+padding value wherever ``M`` is 0, every other operand finite); a kernel then computes ``M``
+on the (program block, chunk) pair at the start of each chunk and runs the chunk only where
+some entry is nonzero (``lower/dataskip.py``).  The liveness test is exact, not a bound: a
+chunk is skipped only when the mask is 0 at every position of the pair, whatever the data
+(sorted or not, padded positions included, where the zero-padded ids may make a chunk look
+live but never dead).  The cost model counts the live chunks as a fraction of all
+(``live_fraction``, ``--live``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from napkin_cat.certify.accumulators import AccumulatorPlan
+from napkin_cat.finiteness import finite
+from napkin_cat.schedule.loopnest import Flat
+from napkin_cat.schedule.masks import masked_fill
+from napkin_cat.terms import Axes, Box, Cmp, Const, Expr, Logic, Pred, Var
+
+__all__ = ["DataMask", "block_liveness", "data_masks"]
+
+
+@dataclass(frozen=True)
+class DataMask:
+    """Where an absorbing operand may differ from its padding value: where every integer mask of
+    ``masks`` is nonzero and every index predicate of ``preds`` (each with the axes of its
+    ``where``) holds.  Outside, the operand is its padding value."""
+
+    masks: tuple[Expr, ...]
+    preds: tuple[tuple[Pred, Axes], ...] = ()
+
+
+def data_masks(flat: Flat, stream: str, plans: Mapping[str, AccumulatorPlan]) -> tuple[DataMask, ...] | None:
+    """Per accumulating node (``plans``: every node that consumes ``stream``), the integer mask
+    whose zeros fill an absorbing operand with its padding value; None where some node has
+    none, or an output carries the streamed axis (a chunk of it is written by the loop)."""
+    if not plans or any(stream in flat.type_of(o) for o in flat.outputs):
+        return None
+    defs = {n.name: n.expr for n in flat.nodes}
+    inputs = frozenset(name for name, _ in flat.inputs)
+    found_all: list[DataMask] = []
+    for node in flat.nodes:
+        if node.name not in plans:
+            continue
+        if not isinstance(node.expr, Box):
+            return None
+        found = None
+        pads = plans[node.name].pad or ()  # no padding law: no absorbing operand either
+        for i in plans[node.name].absorbing:
+            known = masked_fill(node.expr.args[i], defs, inputs)
+            if known is None or isinstance(known[0], (Cmp, Logic)) or known[1] != pads[i]:
+                continue  # an index predicate is masks.py's (affine bounds), not a data mask
+            if all(finite(a, defs, inputs) for j, a in enumerate(node.expr.args) if j != i):
+                found = _nested(node.expr.args[i], known[0], known[1], defs)
+                break
+        if found is None:
+            return None
+        found_all.append(found)
+    return tuple(found_all)
+
+
+def _nested(operand: Expr, mask: Expr, fill: float, defs: Mapping[str, Expr]) -> DataMask:
+    """The conjunction a chain of masks with one fill makes: an operand ``select(M1, X, c)``
+    with ``X = select(M2, Y, c)`` or ``where[...](p, Y, c)`` (and so on) is ``c`` wherever
+    ``M1 = 0``, or ``M1 != 0`` and ``X = c``: live only where ``M1``, ``M2`` and ``p`` all hold
+    (a causal document mask: the documents and the diagonal).  An operand that is not itself
+    such a select keeps the one mask ``masks.masked_fill`` found."""
+    masks: list[Expr] = []
+    preds: list[tuple[Pred, Axes]] = []
+    expr = operand
+    while True:
+        while isinstance(expr, Var) and expr.name in defs:
+            expr = defs[expr.name]
+        if not isinstance(expr, Box) or not isinstance(expr.args[-1], Const) or expr.args[-1].value != fill:
+            break
+        if expr.op == "select":
+            masks.append(expr.args[0])
+            expr = expr.args[1]
+        elif expr.op == "where" and isinstance(expr.index, (Cmp, Logic)):
+            preds.append((expr.index, expr.target))
+            expr = expr.args[0]
+        else:
+            break
+    return DataMask(tuple(masks), tuple(preds)) if masks else DataMask((mask,))
+
+
+def block_liveness(mask: np.ndarray, block: int, chunk: int) -> np.ndarray:
+    """``live[p, c]``: is the ``[rows, keys]`` mask nonzero somewhere on program ``p``'s block
+    of ``block`` rows and chunk ``c`` of ``chunk`` keys (a ragged last block or chunk counts
+    its real positions)?  The numpy statement of the kernels' per-chunk test, for measuring
+    the fraction of live chunks (``live_fraction`` of the cost model) on real segment ids."""
+    rows, keys = mask.shape
+    p, c = -(-rows // block), -(-keys // chunk)
+    padded = np.zeros((p * block, c * chunk), dtype=bool)
+    padded[:rows, :keys] = mask != 0
+    return padded.reshape(p, block, c, chunk).any(axis=(1, 3))

@@ -542,7 +542,10 @@ def test_every_example_diagram_derives_a_plan_that_lowers_on_both_targets(exampl
     path = EXAMPLES / example
     sizes = {a: 512 for a, n in derive.axes_of(path, diagram).items() if n is None}
     unfused = derive.unfused_cost("h100", "bf16", sizes)
-    found = derive.derive(path, diagram, derive.model_cost("h100", "bf16", sizes), seconds=600, unfused=unfused,
+    # half the CLI's default search time: the claim holds for whatever plan the search returns
+    # when it stops (the unfused diagram is a candidate from the start), and the diagrams with
+    # many rewrites (alibi_mha, gqa) would otherwise spend 10 minutes each of CI's time
+    found = derive.derive(path, diagram, derive.model_cost("h100", "bf16", sizes), seconds=30, unfused=unfused,
                           launch_overhead=4e-6)
     best = found.best
     assert best.ok and best.theorem is not None and best.cost is not None

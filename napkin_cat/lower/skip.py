@@ -85,8 +85,10 @@ def ordered_runs(block: cg.Block, runs: Runs) -> list[tuple[Range, Range | None]
         for i in range(len(items)):
             for k in range(len(items) - 1 - i):
                 first, second = items[k], items[k + 1]
-                if isinstance(first[0], ast.Constant) and isinstance(second[0], ast.Constant):
-                    if first[0].value > second[0].value:  # known here: no select in the kernel
+                starts = [e.value if isinstance(e, ast.Constant) and isinstance(e.value, int) else None
+                          for e in (first[0], second[0])]
+                if starts[0] is not None and starts[1] is not None:
+                    if starts[0] > starts[1]:  # known here: no select in the kernel
                         items[k], items[k + 1] = second, first
                     continue
                 before = block.bind("in_order", cg.binop(first[0], "<=", second[0]))

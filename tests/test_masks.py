@@ -75,6 +75,23 @@ diagram either(Q: [q d], K: [x d], V: [x d]) -> [q d] {
   S = where[q x](q >= x or x < 4, contract[d](Q, K), -inf)
   return ncontract[x; exp, exp, id](S, V)
 }
+diagram rows_or(Q: [q d], K: [x d], V: [x d]) -> [q d] {
+  S = where[q x](q >= x or q < 50, contract[d](Q, K), -inf)
+  return ncontract[x; exp, exp, id](S, V)
+}
+diagram unequal_or(Q: [q d], K: [x d], V: [x d]) -> [q d] {
+  S = where[q x](q >= x or q != x + 60, contract[d](Q, K), -inf)
+  return ncontract[x; exp, exp, id](S, V)
+}
+diagram negated_or(Q: [q d], K: [x d], V: [x d]) -> [q d] {
+  S = where[q x](q >= x or not (x < 100), contract[d](Q, K), -inf)
+  return ncontract[x; exp, exp, id](S, V)
+}
+diagram too_many(Q: [q d], K: [x d], V: [x d]) -> [q d] {
+  S = where[q x]((x < 1 or q >= x) and (x < 2 or q >= x + 1) and (x < 3 or q >= x + 2) and (x < 4 or q >= x + 3),
+                 contract[d](Q, K), -inf)
+  return ncontract[x; exp, exp, id](S, V)
+}
 diagram zero_fill(Q: [q d], K: [x d], V: [x d]) -> [q d] {
   S = where[q x](q >= x, contract[d](Q, K), 0)
   return ncontract[x; exp, exp, id](S, V)
@@ -167,10 +184,14 @@ def test_chunk_count_closed_form_for_causal() -> None:
     assert n is not None and sympy.simplify(n - sympy.Rational(4096) / sx * (4096 / gq + 1) / 2) == 0
 
 
-@pytest.mark.parametrize("name", ["unequal", "zero_fill", "values", "plain"])
+@pytest.mark.parametrize("name", ["unequal", "rows_or", "unequal_or", "negated_or", "too_many", "zero_fill", "values",
+                                  "plain"])
 def test_unrecognised_masks_keep_every_chunk(name: str) -> None:
-    """!=, a fill that is not the padding, a mask on the values (which do not
-    absorb: the normaliser still needs the chunk), or no mask: no skip, full count."""
+    """!=, a disjunction with a disjunct that bounds no stream index (rows below 50 see every
+    key, whatever ``q >= x`` skips), with a ``!=`` or a negation, or whose normal form has
+    more than ``MAX_DISJUNCTS`` disjuncts, a fill that is not the padding, a mask on the
+    values (which do not absorb: the normaliser still needs the chunk), or no mask: no skip,
+    full count."""
     assert masks_of(name) is None
     c = cost_of(MODULE.diagram(name), flash(), sizes={"q": 256, "x": 256})
     assert c.program.masked == ()
@@ -581,3 +602,23 @@ def test_disjunctive_cost_counts_the_kernels_chunks(name: str) -> None:
         assert all(r < 0.03 for r in ratio.values()), ratio
     else:
         assert all(1 <= r < 1.001 for r in ratio.values()), ratio  # the 48-key prefix lies in the first chunk
+
+
+@pytest.mark.parametrize("target", ["pallas", "jax"])
+def test_a_disjunct_that_bounds_no_key_keeps_every_chunk_on_both_targets(target: str) -> None:
+    """``q >= x or q < 50``: the first disjunct alone would stop each program at its diagonal,
+    but rows below 50 see every key, so no chunk is skipped and both kernels equal the
+    evaluator at ragged sizes (a skip by the first disjunct drops those rows' later keys)."""
+    text = TEXT + "theorem t: rows_or {\n  group q by gq pad\n  stream x by sx via online_softmax pad\n}\n"
+    (result,) = [r for r in check_module(loads(text)) if r.name == "t"]
+    assert result.theorem is not None, result.failure
+    lowered = lower(result.theorem, target=target, tiles={"gq": 16, "sx": 16})
+    lay = lowered.layout
+    assert stream_masks(lay.flat, STREAM, lay.plans, lay.grid) is None
+    sizes = {"q": 70, "x": 90, "d": 8}
+    rng = np.random.default_rng(3)
+    arrays = [rng.standard_normal([sizes[a] for a in p.axes]) for p in result.theorem.source.inputs]
+    want = np.asarray(evaluate(result.theorem.source, arrays, sizes=sizes), np.float64)
+    options = {"interpret": True} if target == "pallas" else {}
+    got = np.asarray(lowered.fn(*[jnp.asarray(a, jnp.float32) for a in arrays], **options), np.float64)
+    assert agrees(got, want)

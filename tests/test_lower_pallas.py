@@ -322,7 +322,7 @@ def _masked_theorem(name: str) -> Any:
 def test_masked_chunks_are_skipped_soundly(name: str, q: int, x: int, tiles: dict[str, int]) -> None:
     """Chunks a mask fills with -inf (online_softmax's pad) are skipped: the loop bounds
     depend on the program's query offset; the chunks the mask holds on entirely run a body
-    without it (``skip.full_range``); and the result still matches the evaluator.  The
+    without it (``skip.Runs.full``); and the result still matches the evaluator.  The
     causal mask has no lower bound, so no loop runs masked chunks before the unmasked ones
     (an empty loop Triton still compiles and gives registers); the window's has one."""
     thm = _masked_theorem(name)

@@ -1,12 +1,14 @@
 """Which stream chunks a program skips, and on which it leaves its masks out, as code:
 ``masks.stream_masks`` decides, by its skip rule, which where masks make whole chunks lift to
 the accumulators' identity (a mask on an absorbing operand, filling it with its padding
-value; see its docstring for the rule and the shapes recognised) and gives each conjunct as
-a ``masks.Side``; this module writes each side's chunk bound from the program's grid offsets,
-and the loop runs over ``[lo, hi)``.  The cost model counts the same chunks
-(``masks.chunk_count``).  ``masks.full_masks`` gives the where nodes whose sides bound the
-chunks they hold on entirely; ``full_range`` writes those bounds, and the kernel computes
-the nodes unmasked there (``Scope.unmasked``).
+value; see its docstring for the rule and the shapes recognised) and gives each disjunct of
+each mask as a conjunction of ``masks.Side``; this module writes each side's chunk bound from
+the program's grid offsets (``stream_runs``), and the loop runs over the union of the ranges:
+one range for a conjunction, and for a disjunction the ranges sorted and made disjoint
+(``ordered_runs``, the code of ``masks.chunk_runs``).  The cost model counts the same chunks
+(``masks.chunk_count``).  ``masks.full_masks`` gives the where nodes (and disjuncts) whose
+sides bound the chunks they hold on entirely; each range carries those bounds, and the
+kernel computes the nodes unmasked there (``Scope.unmasked``).
 """
 
 from __future__ import annotations

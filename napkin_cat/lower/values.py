@@ -84,7 +84,7 @@ class Scope:
     rounded: Mapping[str, str] = field(default_factory=dict)
     #: exp as exp2(x·log2 e) (Pallas kernels: ``jaxops.unary``)
     exp2: bool = False
-    #: where nodes that hold on every position of this chunk (``skip.full_range``): each is
+    #: where nodes that hold on every position of this chunk (``skip.Runs.full``): each is
     #: computed as its value operand
     unmasked: frozenset[str] = frozenset()
 

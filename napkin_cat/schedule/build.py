@@ -32,7 +32,8 @@ It makes these explicit choices (the Napkin paper leaves them open):
   makes whole chunks of the (one) streamed axis lift to the accumulators' identity, as the
   Pallas lowering does before skipping them, every step inside that stream (its loads, saves and boxes) is
   counted once per (program, chunk) pair that runs (``masks.chunk_count``: causal attention
-  runs about half), not once per trip of every loop; memory and steps outside the stream
+  runs about half; a disjunction, the union of its disjuncts' ranges), not once per trip of
+  every loop; memory and steps outside the stream
   are unchanged.  Without a closed form for the pairs, every chunk is counted.
 """
 

@@ -31,19 +31,25 @@ division by it, carries nothing).  So the causal backward's ``P = exp(S - L)`` a
 where the scores are masked, and its passes skip what the forward skips.  The fill must
 equal the operand's pad, and ``pred`` must be a conjunction of
 affine comparisons between the streamed axis' index and grid axes' indices (``q >= x``,
-``q - x < 256``).  Each conjunct is a
+``q - x < 256``), or a disjunction of such conjunctions (``q >= x or x < 48``; ``and`` over
+``or`` is distributed, up to ``MAX_DISJUNCTS`` disjuncts).  Each conjunct is a
 ``Side``: a bound on the stream index taken at the corner of the program's index box where
 it is most permissive (interval arithmetic), and the intersection of the sides gives the
-chunks ``[lo, hi)`` that can hold a true position.  Anything else (a disjunction, a negation,
-``!=``, a non-affine index, an axis that is neither streamed nor a grid axis, an accumulator
-with no such absorbing operand, an output that carries the streamed axis, a conjunction that
-bounds no stream index) keeps the full loop: ``stream_masks`` returns None.
+chunks ``[lo, hi)`` that can hold a true position.  A disjunction is true somewhere on a
+chunk only if one of its disjuncts is, so the chunks that can hold a true position lie in
+the union of the disjuncts' ranges (``chunk_runs``: a window's ``[lo, diagonal]`` and its
+sinks' ``[0, s)``); a chunk outside all of them is false for every disjunct on all of it.
+Anything else (a negation, ``!=``, a non-affine index, an axis that is neither streamed nor
+a grid axis, an accumulator with no such absorbing operand, an output that carries the
+streamed axis, a disjunct that bounds no stream index) keeps the full loop:
+``stream_masks`` returns None.
 
 The same sides, taken at the block's *restrictive* corner, say which chunks a mask holds on
 entirely (``full_masks``, ``full_range``): there a kernel computes the masked node as its
 value, without the mask — FlashAttention's causal loop masks only the chunks that straddle
 the diagonal.  That needs no side condition (the mask is the identity on the chunk), only
-that every conjunct bounds the stream index, so that no row of the block is left out.
+that every conjunct bounds the stream index, so that no row of the block is left out.  For
+a disjunction, a chunk on which any one disjunct holds everywhere is such a chunk.
 """
 
 from __future__ import annotations
@@ -285,7 +291,7 @@ def full_range(sides: Sides, offsets: Mapping[str, int], spans: Mapping[str, int
     """The chunks ``[lo, hi)`` of one program on which the conjunction holds at every position
     of the block (each side at its restrictive corner: the first chunk index past a lower
     bound, the last chunk ending before an upper one), in integers; as ``chunk_range``, the
-    Pallas and plain-JAX lowerings emit the same arithmetic as code (``skip.full_range``)."""
+    Pallas and plain-JAX lowerings emit the same arithmetic as code (``skip.stream_runs``)."""
     lo, hi = 0, trips
     for side in sides:
         v = side.const + sum(c * (offsets[g] + (0 if side.top(c) else spans[g])) for g, c in side.coeffs)

@@ -287,14 +287,16 @@ def _emit_loop(lay: Layout, env: dict[str, Value], scope: Scope, in_refs: Sequen
     finals = [namer.fresh(s.hint) for s in state]
     # chunks a mask fills with padding are skipped: the loop runs over each disjoint live range
     runs = stream_runs(lay, scope.offsets, trips) if lay.split is None else None
+    pieces = ordered_runs(block, runs) if runs is not None else [((cg.const(0), trips), None)]
+    bounded = [(lo if isinstance(lo, ast.Constant) else block.bind("first_chunk", lo),
+                hi if hi is trips else block.bind("end_chunk", hi), full) for (lo, hi), full in pieces]
     body = _emit_body(lay, env, scope, in_refs, out_refs, frozenset())
     kept = _emit_body(lay, env, scope, in_refs, out_refs, runs.unmasked) \
         if runs is not None and runs.full is not None else None
-    pieces = ordered_runs(block, runs) if runs is not None else [((cg.const(0), trips), None)]
     carry: ast.expr = emit_identity(lay, scope)
-    for k, ((lo, hi), full) in enumerate(pieces):
+    for k, (lo, hi, full) in enumerate(bounded):
         loop = _emit_run(block, body, kept, lo, hi, full, trips, carry)
-        if k + 1 < len(pieces):
+        if k + 1 < len(bounded):
             carry = block.bind("carry", loop)
     block.emit(cg.assign(finals, loop) if finals else ast.Expr(loop))
     return [Value(cg.name(n), s.axes) for n, s in zip(finals, state, strict=True)]
@@ -305,8 +307,6 @@ def _emit_run(block: cg.Block, body: str, kept: str | None, lo: ast.expr, hi: as
     """The loops over chunks ``[lo, hi)`` from ``carry`` (their last call, as code): ``body``
     on each, or, with a ``full`` range, ``kept`` (the masks left out) on the chunks inside it
     and ``body`` on those before and after."""
-    lo = lo if isinstance(lo, ast.Constant) else block.bind("first_chunk", lo)
-    hi = hi if hi is trips else block.bind("end_chunk", hi)
     if full is None or kept is None:
         return cg.call("lax.fori_loop", lo, hi, cg.name(body), carry)
     # A side with no bound (a causal mask's first chunks, say) gets no loop of its own: each

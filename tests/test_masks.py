@@ -5,6 +5,7 @@ cost model's use of it."""
 
 from __future__ import annotations
 
+import ast
 import math
 from pathlib import Path
 from typing import Any
@@ -15,12 +16,14 @@ import pytest
 import sympy
 
 from napkin_cat.certify.accumulators import plan
-from napkin_cat.cost import cost_of
+from napkin_cat.cost import cost, cost_of
 from napkin_cat.cost.optimise import continuous
 from napkin_cat.elaborate import loads
 from napkin_cat.evaluate import evaluate
+from napkin_cat.lower import codegen as cg
 from napkin_cat.lower import lower
-from napkin_cat.proof import check_module
+from napkin_cat.lower.skip import ordered_runs, stream_runs
+from napkin_cat.proof import check_module, theorem
 from napkin_cat.schedule.loopnest import flatten
 from napkin_cat.schedule.masks import (
     GroupAxis,
@@ -440,9 +443,6 @@ def test_the_causal_backward_passes_skip_what_the_mask_zeroes(name: str) -> None
     where the mask fills the scores with -inf, and they absorb the passes' sums, so each pass
     costs about half its unmasked twin at large sizes and both targets bound its loop (the
     kernels equal the evaluator: test_lower_jax/test_lower_pallas, every theorem of proofs/)."""
-    from napkin_cat.cost import cost
-    from napkin_cat.proof import theorem
-
     path = str(Path(__file__).resolve().parent.parent / "proofs" / "flash_attention_backward.ncd")
     causal, plain = (theorem(path, f"flash_attention_{kind}{name}") for kind in ("causal_", ""))
     sizes = {"q": 1 << 15, "x": 1 << 15}
@@ -487,8 +487,6 @@ KERNELS = {"flash_attention_prefix_lm": lambda g, i: g >= i or i < 48,
 
 
 def _proof(name: str) -> Any:
-    from napkin_cat.proof import theorem
-
     return theorem(str(Path(__file__).resolve().parent.parent / "proofs" / "flash_attention.ncd"), name)
 
 
@@ -496,11 +494,6 @@ def _emitted_runs(lowered: Any, trips: int) -> Any:
     """The Pallas kernel's chunk runs of one program as the code it emits (``skip.stream_runs``
     and ``skip.ordered_runs``, the arithmetic ``_emit_loop`` writes before its loops), compiled
     into ``f(q_first) -> [((lo, hi), full or None), ...]``."""
-    import ast
-
-    from napkin_cat.lower import codegen as cg
-    from napkin_cat.lower.skip import ordered_runs, stream_runs
-
     block = cg.Block(cg.Namer(["q_first", "jnp"]))
     runs = stream_runs(lowered.layout, {"q": cg.name("q_first")}, cg.const(trips))
     assert runs is not None and runs.skips
@@ -583,8 +576,6 @@ def test_disjunctive_cost_counts_the_kernels_chunks(name: str) -> None:
     of live (program, chunk) pairs times a chunk of K and V, at ragged padded sizes and with
     symbolic tiles substituted; at 32k tokens the sliding window with sinks moves a small
     fraction of causal attention's bytes and FLOPs, and prefix-LM about causal's."""
-    from napkin_cat.cost import cost
-
     thm = _proof(name)
     c = cost(thm, sizes={"q": 4096, "x": 4096})
     assert len(c.program.masked) == 1

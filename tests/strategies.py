@@ -198,14 +198,17 @@ def _predicate(draw: Draw, axes: tuple[str, ...], depth: int) -> str:
 
 def _affine(draw: Draw, axes: tuple[str, ...]) -> str:
     """A conjunction of one or two comparisons of the kind causal and windowed masks write
-    (``a >= b``, ``a - b < 3``, ``2 * a + 1 >= b``, ``b < 5``)."""
+    (``a >= b``, ``a - b < 3``, ``2 * a + 1 >= b``, ``b < 5``), or one in three a disjunction
+    of such a conjunction and one more comparison, as prefix-LM and window-with-sinks masks
+    write (``a >= b or b < 5``)."""
     def one() -> str:
         a, b = draw(st.permutations(axes))[:2] if len(axes) > 1 else (axes[0], axes[0])
         left = draw(st.sampled_from((a, f"{a} - {b}", f"2 * {a} + 1", f"{a} + 3")))
         right = b if left == a or left.startswith(("2", f"{a} +")) else str(draw(st.integers(0, 20)))
         return f"{left} {draw(st.sampled_from(('>=', '<=', '>', '<')))} {right}"
 
-    return one() if draw(st.booleans()) else f"{one()} and {one()}"
+    conjunction = one() if draw(st.booleans()) else f"{one()} and {one()}"
+    return conjunction if draw(st.integers(0, 2)) else f"{conjunction} or {one()}"
 
 
 def _mask(draw: Draw, scope: _Scope, operand: Typed) -> Typed:

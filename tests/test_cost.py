@@ -264,6 +264,12 @@ BETA = {
 }
 
 
+#: masks whose ranges a constant bounds (the prefix, the sinks: ``floor(47/sx)`` chunks): the
+#: count stays piecewise in the tiles with every size given, so no continuous optimum (the
+#: report lists the best integer tiles instead)
+PIECEWISE_IN_TILES = {"flash_attention_prefix_lm", "flash_attention_sink_window"}
+
+
 def all_theorems() -> list[proof.CheckResult]:
     return [r for p in sorted((ROOT / "proofs").glob("*.ncd")) for r in proof.check_file(p)]
 
@@ -281,6 +287,9 @@ def test_every_theorem_in_proofs_has_a_cost_and_its_beta() -> None:
             # optimum until the sizes are given (here all equal)
             assert continuous(co) is None, r.name
             co = cost(r.theorem, sizes={a: 1 << 14 for a, s in co.sizes.items() if isinstance(s, sympy.Symbol)})
+            if r.name in PIECEWISE_IN_TILES:
+                assert piecewise(co.first.transfers) and continuous(co) is None, r.name
+                continue
         opt = continuous(co)
         assert opt is not None, r.name
         assert opt.beta == BETA.get(r.name, opt.beta), (r.name, opt.transfers)

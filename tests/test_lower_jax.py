@@ -423,7 +423,7 @@ def test_an_infinite_operand_without_the_padded_axis_is_masked_along_it(target: 
 ])
 def test_chunks_a_mask_holds_on_run_without_it(name: str, q: int, x: int, tiles: dict[str, int]) -> None:
     """In a query block, the key chunks the causal (or window) mask holds on entirely run a
-    step without the mask, chosen per chunk from the block's offset (``skip.full_range``);
+    step without the mask, chosen per chunk from the block's offset (``skip.Runs.full``);
     the others keep it, and the result matches the evaluator at ragged sizes."""
     from tests.test_lower_pallas import _masked_theorem
 

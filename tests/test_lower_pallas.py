@@ -323,7 +323,7 @@ def _masked_theorem(name: str) -> Any:
 def test_masked_chunks_are_skipped_soundly(name: str, q: int, x: int, tiles: dict[str, int]) -> None:
     """Chunks a mask fills with -inf (online_softmax's pad) are skipped: the loop bounds
     depend on the program's query offset; the chunks the mask holds on entirely run a body
-    without it (``skip.full_range``); and the result still matches the evaluator.  The
+    without it (``skip.Runs.full``); and the result still matches the evaluator.  The
     causal mask has no lower bound, so no loop runs masked chunks before the unmasked ones
     (an empty loop Triton still compiles and gives registers); the window's has one."""
     thm = _masked_theorem(name)
@@ -352,7 +352,9 @@ def test_a_causal_kernel_with_two_accumulators_has_two_loops() -> None:
 
 
 def test_unmasked_or_unrecognised_loops_run_every_chunk() -> None:
-    """No mask feeding the accumulator, or a disjunction: the loop is ``(0, chunks)``."""
+    """No mask feeding the accumulator, or a disjunction with a disjunct that bounds no key
+    (rows below 5 see every key): the loops run every chunk, ``(0, chunks)``; the disjunction's
+    other disjunct still holds on the chunks below the diagonal, which run without the mask."""
     plain = lower(cases.theorems()["flash_attention"], target="pallas", tiles=cases.TILES).source
     module = loads("axis q, x, d\ndiagram f(Q: [q d], K: [x d], V: [x d]) -> [q d] {\n"
                    "  S = contract[d](Q, K)\n  P = softmax[x](where[q x](q >= x or q < 5, S, -inf))\n"
@@ -362,13 +364,15 @@ def test_unmasked_or_unrecognised_loops_run_every_chunk() -> None:
     results = check_module(module)
     assert results[0].theorem is not None, results[0].failure
     disjunction = lower(results[0].theorem, target="pallas", tiles=cases.TILES).source
-    for src in (plain, disjunction):
-        assert "lax.fori_loop(0, p['x'] // 32" in src and "end_chunk" not in src
+    assert "lax.fori_loop(0, p['x'] // 32" in plain and "end_chunk" not in plain
+    assert "lax.fori_loop(0, full_end, body_2," in disjunction and "end_chunk" not in disjunction
+    assert "lax.fori_loop(full_end, p['x'] // 32, body," in disjunction
 
 
-def test_several_masked_accumulators_loop_over_the_hull_of_their_ranges() -> None:
-    """A causal softmax-contract and a max under a window mask share one loop: it runs from
-    the window's first chunk to the diagonal's last, and both results stay exact."""
+def test_several_masked_accumulators_loop_over_the_union_of_their_ranges() -> None:
+    """A causal softmax-contract and a max under a window mask: the loops run over the union
+    of their ranges (the diagonal's, then what the window's adds past it, here nothing), as
+    for a disjunction, and both results stay exact."""
     module = loads("axis q, x, d\ndiagram f(Q: [q d], K: [x d], V: [x d]) -> [q d], [q] {\n"
                    "  S = contract[d](Q, K)\n  P = softmax[x](where[q x](q >= x, S, -inf))\n"
                    "  O = contract[x](P, V)\n  W = where[q x](q - x < 8, S, -inf)\n  return O, max[x](W)\n}\n"
@@ -376,7 +380,7 @@ def test_several_masked_accumulators_loop_over_the_hull_of_their_ranges() -> Non
                    "  stream x by sx via online_softmax\n}\n")
     thm = check_module(module)[0].theorem
     lowered = lower(thm, target="pallas", tiles={"gq": 16, "sx": 16})
-    assert "first_chunk = jnp.minimum(" in lowered.source and "end_chunk = jnp.maximum(" in lowered.source
+    assert "run_first_2 = jnp.maximum(" in lowered.source and "in_order = " in lowered.source
     rng = np.random.default_rng(11)
     arrays = [rng.standard_normal(shape) for shape in [(50, 24), (70, 24), (70, 24)]]
     got = lowered.fn(*[jnp.asarray(a, jnp.float32) for a in arrays], interpret=True)

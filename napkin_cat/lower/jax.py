@@ -30,7 +30,7 @@ from napkin_cat.lower import codegen as cg
 from napkin_cat.lower.dataskip import guarded_step
 from napkin_cat.lower.fold import emit_after, emit_before, emit_combine, emit_identity, emit_step, slots
 from napkin_cat.lower.layout import Layout
-from napkin_cat.lower.skip import chunk_range, full_range
+from napkin_cat.lower.skip import stream_runs
 from napkin_cat.lower.values import Scope, Value, transpose_to
 
 __all__ = ["all_axes", "bind_inputs", "emit_body", "emit_chunks", "emit_dot_operand", "emit_function", "load",
@@ -260,28 +260,32 @@ def emit_chunks(lay: Layout, env: dict[str, Value], scope: Scope, initial: ast.e
     # chunks a mask fills with an absorbing operand's padding lift to the identity (skip.py): with
     # the block axis' offset known (``_emit_blocks``), they are skipped by a ``lax.cond``, not the
     # loop bounds, which must stay static for reverse mode; chunks on which the where masks hold
-    # everywhere run a step without them (``skip.full_range``), chosen by a ``lax.cond`` too
+    # everywhere run a step without them (``Runs.full``), chosen by a ``lax.cond`` too; a
+    # disjunction's chunk runs when it lies in any of its ranges
     grid = [a for a in lay.grid if a in scope.offsets and a != axis]
     trips = cg.binop(cg.binop(cg.binop(extent, "+", tile), "-", cg.const(1)), "//", tile)
-    bounds = chunk_range(lay, scope.offsets, trips, grid) if grid and base is None else None
-    whole = full_range(lay, scope.offsets, trips, grid) if grid and base is None else None
-    kept = _emit_step(lay, env, scope, whole[2]) if whole is not None else None
+    runs = stream_runs(lay, scope.offsets, trips, grid) if grid and base is None else None
+    kept = _emit_step(lay, env, scope, runs.unmasked) if runs is not None and runs.full is not None else None
 
-    def within(index: ast.expr, lo: ast.expr, hi: ast.expr) -> ast.expr:
-        return cg.call("jnp.logical_and", cg.binop(index, ">=", lo), cg.binop(index, "<", hi))
+    def within(index: ast.expr, ranges: tuple[tuple[ast.expr, ast.expr], ...]) -> ast.expr:
+        tests = [cg.call("jnp.logical_and", cg.binop(index, ">=", lo), cg.binop(index, "<", hi)) for lo, hi in ranges]
+        out = tests[0]
+        for test in tests[1:]:
+            out = cg.call("jnp.logical_or", out, test)
+        return out
 
     def run(index: ast.expr, state: ast.expr, start: ast.expr, length: ast.expr) -> ast.expr:
         def masked(carry: ast.expr) -> ast.expr:
-            if bounds is None:
+            if runs is None or not runs.skips:
                 return cg.call(step, carry, start, length)
-            return cg.call("lax.cond", within(index, *bounds),
+            return cg.call("lax.cond", within(index, runs.live),
                            ast.Lambda(_args(c), cg.call(step, cg.name(c), start, length)),
                            ast.Lambda(_args(c), cg.name(c)), carry)
 
-        if whole is None or kept is None:
+        if runs is None or runs.full is None or kept is None:
             return masked(state)
         k = namer.fresh("k")
-        return cg.call("lax.cond", within(index, whole[0], whole[1]),
+        return cg.call("lax.cond", within(index, runs.full),
                        ast.Lambda(_args(k), cg.call(kept, cg.name(k), start, length)),
                        ast.Lambda(_args(k), masked(cg.name(k))), state)
 

@@ -10,7 +10,7 @@ differs in how a program moves data and multiplies:
 - each input block the program reads whole is copied by TMA (``plgpu.copy_gmem_to_smem``) into
   shared memory, waited on through one barrier each, then read into registers;
 - the streamed inputs are a ``plgpu.emit_pipeline`` over the chunks the program does not skip
-  (``skip.chunk_range``; runs where every where mask holds, ``skip.full_range``, are a pipeline
+  (``skip.stream_runs``, each disjoint range in order; runs where every where mask holds, ``Runs.full``, are a pipeline
   of their own without the masks): TMA copies into ``MOSAIC_STEPS`` shared-memory buffers in
   flight, the accumulator states in the pipeline's carry (registers); a pipeline of no steps
   is not run (``lax.cond``);
@@ -40,7 +40,7 @@ from napkin_cat.lower.fold import emit_after, emit_before, emit_identity, emit_s
 from napkin_cat.lower.jax import all_axes, bind_inputs, rounded_nodes, size_of
 from napkin_cat.lower.layout import Layout
 from napkin_cat.lower.pallas import extent_of, padded_extent
-from napkin_cat.lower.skip import chunk_range, full_range
+from napkin_cat.lower.skip import cut_at_full, ordered_runs, stream_runs
 from napkin_cat.lower.values import Scope, Value, transpose_to
 
 __all__ = ["MOSAIC_STEPS", "WGMMA_SOURCE", "check_tiles", "emit_function", "mosaic_rules"]
@@ -276,24 +276,20 @@ def _emit_stream(lay: Layout, env: dict[str, Value], scope: Scope, in_refs: Sequ
     block = scope.block
     namer = block.namer
     trips = cg.binop(extent_of(axis), "//", cg.const(lay.tiles[axis]))
-    bounds = chunk_range(lay, scope.offsets, trips)
-    lo, hi = (cg.const(0), trips) if bounds is None else bounds
-    lo = lo if isinstance(lo, ast.Constant) else block.bind("first_chunk", lo)
-    hi = hi if hi is trips else block.bind("end_chunk", hi)
+    live = stream_runs(lay, scope.offsets, trips)
+    pieces = ordered_runs(block, live) if live is not None else [((cg.const(0), trips), None)]
     streamed = [(name, t, ref) for (name, t), ref in zip(lay.flat.inputs, in_refs, strict=True) if axis in t]
     windows = [_window(lay, ref, t, scope.offsets) for _, t, ref in streamed]
     carry: ast.expr = emit_identity(lay, scope)
-    full = full_range(lay, scope.offsets, trips)
-    runs: list[tuple[ast.expr, ast.expr, frozenset[str]]]
-    if full is None:
-        runs = [(lo, hi, frozenset())]
-    else:
-        head = not (isinstance(full[0], ast.Constant) and full[0].value == 0)
-        first = block.bind("full_first", cg.call("jnp.minimum", cg.call("jnp.maximum", full[0], lo), hi)) \
-            if head else lo
-        end = block.bind("full_end", cg.call("jnp.maximum", cg.call("jnp.minimum", full[1], hi), first))
-        runs = ([(lo, first, frozenset())] if head else []) + [(first, end, full[2])] + \
-            ([] if full[1] is trips else [(end, hi, frozenset())])
+    runs: list[tuple[ast.expr, ast.expr, frozenset[str]]] = []
+    for (lo, hi), full in pieces:  # each disjoint live range in order, its full chunks unmasked
+        lo = lo if isinstance(lo, ast.Constant) else block.bind("first_chunk", lo)
+        hi = hi if hi is trips else block.bind("end_chunk", hi)
+        if full is None or live is None or live.full is None:
+            runs.append((lo, hi, frozenset()))
+            continue
+        runs += [(a, b, live.unmasked if unmasked else frozenset())
+                 for a, b, unmasked in cut_at_full(block, lo, hi, full, trips)]
     for start, stop, unmasked in runs:
         body = _emit_body(lay, env, scope, streamed, start, unmasked)
         specs: list[ast.expr] = []

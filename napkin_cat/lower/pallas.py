@@ -10,8 +10,9 @@
   them (jaxops), so they never reach a result;
 - the streamed axis is a ``lax.fori_loop`` inside the kernel over ``pl.ds`` chunks of the
   block, the accumulator states in the carry (the Triton backend has no scratch memory);
-  chunks that a mask fills with the accumulator's padding value are skipped (``skip.chunk_range``),
-  and chunks on which the where masks hold everywhere run without them (``skip.full_range``);
+  chunks that a mask fills with the accumulator's padding value are skipped (``skip.stream_runs``:
+  a loop per disjoint range of live chunks, one for a conjunction, several for a disjunction),
+  and chunks on which the where masks hold everywhere run without them (``Runs.full``);
 - values are f32 inside the kernel, dots accumulate in f32, masks are finite;
 - a split (``Layout.split``: blocks of k of the streamed axis) is one more grid axis, the last:
   each program streams its block of k and writes its unfinalised accumulator states to f32
@@ -34,7 +35,7 @@ from napkin_cat.lower.dataskip import guarded_step
 from napkin_cat.lower.fold import Slot, emit_after, emit_before, emit_combine, emit_identity, emit_step, slots
 from napkin_cat.lower.jax import all_axes, bind_inputs, rounded_nodes, size_of
 from napkin_cat.lower.layout import MIN_BLOCK, Layout
-from napkin_cat.lower.skip import chunk_range, full_range
+from napkin_cat.lower.skip import cut_at_full, ordered_runs, stream_runs
 from napkin_cat.lower.values import Scope, Value, transpose_to
 from napkin_cat.terms import Axes
 
@@ -273,8 +274,9 @@ def _load(ref: str, index: Sequence[ast.expr]) -> ast.expr:
 def _emit_loop(lay: Layout, env: dict[str, Value], scope: Scope, in_refs: Sequence[str],
                out_refs: Sequence[str]) -> list[Value]:
     """``lax.fori_loop`` over the chunks of the padded stream axis; the carry is the states.
-    Chunks a mask fills with padding are skipped (``skip.chunk_range``); where the where
-    masks hold on a whole run of chunks (``skip.full_range``: a causal mask below the
+    Chunks a mask fills with padding are skipped (``skip.stream_runs``: a disjunction's union of
+    ranges runs as disjoint ranges in order); where the where
+    masks hold on a whole run of chunks (``Runs.full``: a causal mask below the
     diagonal), that run is a loop of its own whose body leaves them out.  Returns the states;
     a split's block is ``Layout.split``'s, at its offset, and skips nothing."""
     axis = lay.stream
@@ -285,35 +287,35 @@ def _emit_loop(lay: Layout, env: dict[str, Value], scope: Scope, in_refs: Sequen
     trips = cg.binop(extent_of(axis) if lay.split is None else cg.const(lay.split[1]), "//", tile)
     state = slots(lay, scope)
     finals = [namer.fresh(s.hint) for s in state]
-    # chunks a mask fills with padding are skipped
-    bounds = chunk_range(lay, scope.offsets, trips) if lay.split is None else None
-    lo, hi = (cg.const(0), trips) if bounds is None else bounds
-    lo = lo if isinstance(lo, ast.Constant) else block.bind("first_chunk", lo)
-    hi = hi if hi is trips else block.bind("end_chunk", hi)
+    # chunks a mask fills with padding are skipped: the loop runs over each disjoint live range
+    runs = stream_runs(lay, scope.offsets, trips) if lay.split is None else None
+    pieces = ordered_runs(block, runs) if runs is not None else [((cg.const(0), trips), None)]
+    bounded = [(lo if isinstance(lo, ast.Constant) else block.bind("first_chunk", lo),
+                hi if hi is trips else block.bind("end_chunk", hi), full) for (lo, hi), full in pieces]
     body = _emit_body(lay, env, scope, in_refs, out_refs, frozenset())
-    full = full_range(lay, scope.offsets, trips) if lay.split is None else None
-    if full is None:
-        loop = cg.call("lax.fori_loop", lo, hi, cg.name(body), emit_identity(lay, scope))
-    else:
-        # A side with no bound (a causal mask's first chunks, say) gets no loop of its own: each
-        # pipelined loop Triton compiles holds its own registers (README "Kernels").  With no
-        # lower bound the masked loop before the run is empty (``first`` = min(lo, hi) then);
-        # with no upper bound the one after it (``end`` >= hi).
-        kept = _emit_body(lay, env, scope, in_refs, out_refs, full[2])
-        head = not _is_zero(full[0])
-        first = block.bind("full_first", cg.call("jnp.minimum", cg.call("jnp.maximum", full[0], lo), hi)) \
-            if head else lo
-        end = block.bind("full_end", cg.call("jnp.maximum", cg.call("jnp.minimum", full[1], hi), first))
-        carry: ast.expr = emit_identity(lay, scope)
-        if head:
-            carry = block.bind("carry", cg.call("lax.fori_loop", lo, first, cg.name(body), carry))
-        if full[1] is trips:
-            loop = cg.call("lax.fori_loop", first, end, cg.name(kept), carry)
-        else:
-            carry = block.bind("carry", cg.call("lax.fori_loop", first, end, cg.name(kept), carry))
-            loop = cg.call("lax.fori_loop", end, hi, cg.name(body), carry)
+    kept = _emit_body(lay, env, scope, in_refs, out_refs, runs.unmasked) \
+        if runs is not None and runs.full is not None else None
+    carry: ast.expr = emit_identity(lay, scope)
+    for k, (lo, hi, full) in enumerate(bounded):
+        loop = _emit_run(block, body, kept, lo, hi, full, trips, carry)
+        if k + 1 < len(bounded):
+            carry = block.bind("carry", loop)
     block.emit(cg.assign(finals, loop) if finals else ast.Expr(loop))
     return [Value(cg.name(n), s.axes) for n, s in zip(finals, state, strict=True)]
+
+
+def _emit_run(block: cg.Block, body: str, kept: str | None, lo: ast.expr, hi: ast.expr,
+              full: tuple[ast.expr, ast.expr] | None, trips: ast.expr, carry: ast.expr) -> ast.expr:
+    """The loops over chunks ``[lo, hi)`` from ``carry`` (their last call, as code): ``body``
+    on each, or, with a ``full`` range, ``kept`` (the masks left out) on the chunks inside it
+    and ``body`` on those before and after (``skip.cut_at_full``)."""
+    pieces = [(lo, hi, False)] if full is None or kept is None else cut_at_full(block, lo, hi, full, trips)
+    loop = carry
+    for k, (start, stop, unmasked) in enumerate(pieces):
+        loop = cg.call("lax.fori_loop", start, stop, cg.name(kept if unmasked and kept else body), carry)
+        if k + 1 < len(pieces):
+            carry = block.bind("carry", loop)
+    return loop
 
 
 def _combine(lay: Layout, block: cg.Block, outs: ast.Name, states: Sequence[Slot], inputs: Sequence[ast.Name],
@@ -349,10 +351,6 @@ def _combine(lay: Layout, block: cg.Block, outs: ast.Name, states: Sequence[Slot
     results = [cg.call(ast.Attribute(transpose_to(env[o], t), "astype", ast.Load()), cg.attr(f"jnp.{dtype}"))
                for o, t in zip(lay.flat.outputs, lay.diagram.out_types, strict=True)]
     return block.bind("outs", cg.tuple_(results))
-
-
-def _is_zero(e: ast.expr) -> bool:
-    return isinstance(e, ast.Constant) and e.value == 0
 
 
 def _emit_body(lay: Layout, env: dict[str, Value], scope: Scope, in_refs: Sequence[str], out_refs: Sequence[str],

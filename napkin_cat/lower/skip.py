@@ -1,67 +1,133 @@
 """Which stream chunks a program skips, and on which it leaves its masks out, as code:
 ``masks.stream_masks`` decides, by its skip rule, which where masks make whole chunks lift to
 the accumulators' identity (a mask on an absorbing operand, filling it with its padding
-value; see its docstring for the rule and the shapes recognised) and gives each conjunct as
-a ``masks.Side``; this module writes each side's chunk bound from the program's grid offsets,
-and the loop runs over ``[lo, hi)``.  The cost model counts the same chunks
-(``masks.chunk_count``).  ``masks.full_masks`` gives the where nodes whose sides bound the
-chunks they hold on entirely; ``full_range`` writes those bounds, and the kernel computes
-the nodes unmasked there (``Scope.unmasked``).
+value; see its docstring for the rule and the shapes recognised) and gives each disjunct of
+each mask as a conjunction of ``masks.Side``; this module writes each side's chunk bound from
+the program's grid offsets (``stream_runs``), and the loop runs over the union of the ranges:
+one range for a conjunction, and for a disjunction the ranges sorted and made disjoint
+(``ordered_runs``, the code of ``masks.chunk_runs``).  The cost model counts the same chunks
+(``masks.chunk_count``).  ``masks.full_masks`` gives the where nodes (and disjuncts) whose
+sides bound the chunks they hold on entirely; each range carries those bounds, and the
+kernel computes the nodes unmasked there (``Scope.unmasked``).
 """
 
 from __future__ import annotations
 
 import ast
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from napkin_cat.lower import codegen as cg
 from napkin_cat.lower.layout import Layout
 from napkin_cat.schedule.masks import Side, full_masks, stream_masks
 
-__all__ = ["chunk_range", "full_range", "unmaskable"]
+__all__ = ["Runs", "cut_at_full", "ordered_runs", "stream_runs", "unmaskable"]
+
+#: a chunk range ``[lo, hi)`` of one program, as code
+Range = tuple[ast.expr, ast.expr]
 
 
-def chunk_range(lay: Layout, offsets: Mapping[str, ast.expr], trips: ast.expr,
-                grid: Sequence[str] | None = None) -> tuple[ast.expr, ast.expr] | None:
-    """``(lo, hi)`` chunk bounds of the stream loop for one program, or None for ``(0, trips)``.
+@dataclass(frozen=True)
+class Runs:
+    """One program's stream chunks: those that run are the union of the ``live`` ranges (one
+    per conjunction of ``masks.stream_masks``, which may overlap; ``(0, trips)`` where no mask
+    skips), and with each, ``full``: chunks on which every node of ``unmasked`` holds at every
+    position of the block (None: no node is left out); ``skips``: whether a mask skips chunks."""
+
+    live: tuple[Range, ...]
+    full: tuple[Range, ...] | None
+    unmasked: frozenset[str]
+    skips: bool
+
+
+def stream_runs(lay: Layout, offsets: Mapping[str, ast.expr], trips: ast.expr,
+                grid: Sequence[str] | None = None) -> Runs | None:
+    """The chunk ranges of one program (``Runs``), or None for the full loop with every mask.
 
     ``offsets`` holds the first index in this program (code) of each axis of ``grid`` (by
     default the layout's: Pallas programs; the plain-JAX target passes its mapped block axis),
-    each spanning ``lay.block`` positions from there; ``trips`` is the number of chunks.  The
-    loop runs over the hull of the accumulating nodes' ranges (``masks.stream_masks``).
+    each spanning ``lay.block`` positions from there; ``trips`` is the number of chunks.  A
+    where node is left out (``unmaskable``) with each live range when it has a disjunct whose
+    full range to pair with it: the range's own conjunction, or the node's only disjunct (any
+    disjunct's full range is sound; the pairing keeps one range per live range).
     """
     axis = lay.stream
     if axis is None:
         return None
     masks = stream_masks(lay.flat, axis, lay.plans, lay.grid if grid is None else grid)
-    if masks is None:
+    conjunctions: tuple[tuple[Side, ...] | None, ...] = masks if masks is not None else (None,)
+    found = unmaskable(lay, grid)
+    options: dict[str, list[tuple[Side, ...]]] = {}
+    for name, sides in found:
+        options.setdefault(name, []).append(sides)
+
+    def pick(name: str, conjunction: tuple[Side, ...] | None) -> tuple[Side, ...] | None:
+        if conjunction in options[name]:
+            return conjunction
+        return options[name][0] if len(options[name]) == 1 else None
+
+    kept = [name for name in options if all(pick(name, c) is not None for c in conjunctions)]
+    if masks is None and not kept:
         return None
-    ranges = [_bounds(sides, lay, axis, offsets, trips) for sides in dict.fromkeys(masks)]
-    if len(ranges) == 1:
-        return ranges[0]
-    return _fold("jnp.minimum", [lo for lo, _ in ranges]), _fold("jnp.maximum", [hi for _, hi in ranges])
+    live = tuple(_bounds(c, lay, axis, offsets, trips) if c is not None else (cg.const(0), trips)
+                 for c in conjunctions)
+    full = tuple(_bounds(tuple(side for name in kept for side in pick(name, c) or ()), lay, axis, offsets, trips,
+                         full=True) for c in conjunctions) if kept else None
+    return Runs(live, full, frozenset(kept), masks is not None)
+
+
+def ordered_runs(block: cg.Block, runs: Runs) -> list[tuple[Range, Range | None]]:
+    """The live ranges made disjoint and put in increasing order, each with its full range: as
+    ``masks.chunk_runs``, sorted by their first chunk (compare and swap, as code) and each
+    started past the ends of those before, so that no chunk runs twice and chunks run in order
+    (the accumulators combine in order).  One range is returned as it is."""
+    items: list[tuple[ast.expr, ...]] = [
+        (lo, hi, *(runs.full[k] if runs.full is not None else ())) for k, (lo, hi) in enumerate(runs.live)]
+    if len(items) > 1:
+        for i in range(len(items)):
+            for k in range(len(items) - 1 - i):
+                first, second = items[k], items[k + 1]
+                starts = [e.value if isinstance(e, ast.Constant) and isinstance(e.value, int) else None
+                          for e in (first[0], second[0])]
+                if starts[0] is not None and starts[1] is not None:
+                    if starts[0] > starts[1]:  # known here: no select in the kernel
+                        items[k], items[k + 1] = second, first
+                    continue
+                before = block.bind("in_order", cg.binop(first[0], "<=", second[0]))
+                pairs = list(zip(first, second, strict=True))
+                items[k] = tuple(block.bind("run", cg.call("jnp.where", before, a, b)) for a, b in pairs)
+                items[k + 1] = tuple(block.bind("run", cg.call("jnp.where", before, b, a)) for a, b in pairs)
+        end: ast.expr = cg.const(0)
+        for k, (lo, hi, *rest) in enumerate(items):
+            items[k] = (block.bind("run_first", cg.call("jnp.maximum", lo, end)), hi, *rest)
+            if k + 1 < len(items):
+                end = block.bind("run_end", cg.call("jnp.maximum", end, hi))
+    return [((lo, hi), (rest[0], rest[1]) if rest else None) for lo, hi, *rest in items]
+
+
+def cut_at_full(block: cg.Block, lo: ast.expr, hi: ast.expr, full: Range, trips: ast.expr,
+                ) -> list[tuple[ast.expr, ast.expr, bool]]:
+    """Chunks ``[lo, hi)`` cut at the ``full`` range inside them: ``(start, stop, unmasked)``
+    pieces in order, the middle one computed without the masks.  A side with no bound (a causal
+    mask's first chunks, say) gets no piece of its own: each pipelined loop Triton compiles
+    holds its own registers (README "Kernels").  With no lower bound the masked piece before the
+    run would be empty (``first`` = min(lo, hi) then); with no upper bound the one after it."""
+    head = not (isinstance(full[0], ast.Constant) and full[0].value == 0)
+    first = block.bind("full_first", cg.call("jnp.minimum", cg.call("jnp.maximum", full[0], lo), hi)) \
+        if head else lo
+    end = block.bind("full_end", cg.call("jnp.maximum", cg.call("jnp.minimum", full[1], hi), first))
+    return ([(lo, first, False)] if head else []) + [(first, end, True)] + \
+        ([] if full[1] is trips else [(end, hi, False)])
 
 
 def unmaskable(lay: Layout, grid: Sequence[str] | None = None) -> tuple[tuple[str, tuple[Side, ...]], ...]:
     """The where nodes computed per chunk whose masks a program can leave out of the chunks
-    they hold on entirely, with their sides (``masks.full_masks`` on the chunk's nodes; ``grid``
-    as in ``chunk_range``)."""
+    they hold on entirely, with the sides of each of their disjuncts (``masks.full_masks`` on
+    the chunk's nodes; ``grid`` as in ``stream_runs``)."""
     if lay.stream is None:
         return ()
     chunk = [n.name for n in lay.flat.nodes if lay.phase[n.name] == "chunk"]
     return full_masks(lay.flat, lay.stream, chunk, lay.grid if grid is None else grid)
-
-
-def full_range(lay: Layout, offsets: Mapping[str, ast.expr], trips: ast.expr,
-               grid: Sequence[str] | None = None) -> tuple[ast.expr, ast.expr, frozenset[str]] | None:
-    """``(lo, hi, nodes)``: the chunks on which every where node of ``nodes`` holds at every
-    position of the program's block, so that it equals its value operand there; None when no
-    node has such bounds (``unmaskable``)."""
-    found = unmaskable(lay, grid)
-    if not found or lay.stream is None:
-        return None
-    lo, hi = _bounds(tuple(side for _, sides in found for side in sides), lay, lay.stream, offsets, trips, full=True)
-    return lo, hi, frozenset(name for name, _ in found)
 
 
 def _bounds(sides: tuple[Side, ...], lay: Layout, axis: str, offsets: Mapping[str, ast.expr],

@@ -32,10 +32,11 @@ It makes these explicit choices (the Napkin paper leaves them open):
   makes whole chunks of the (one) streamed axis lift to the accumulators' identity, as the
   Pallas lowering does before skipping them, every step inside that stream (its loads, saves and boxes) is
   counted once per (program, chunk) pair that runs (``masks.chunk_count``: causal attention
-  runs about half), not once per trip of every loop; memory and steps outside the stream
-  are unchanged.  Without a closed form for the pairs, every chunk is counted.  Where the mask
-  is read from data (``datamask.data_masks``: a document mask), which chunks run is known only
-  at run time: the steps are counted by the ``live`` fraction given (``napkin cost --live``).
+  runs about half; a disjunction, the union of its disjuncts' ranges), not once per trip of
+  every loop; memory and steps outside the stream are unchanged.  Without a closed form for
+  the pairs, every chunk is counted.  Where the mask is read from data
+  (``datamask.data_masks``: a document mask), which chunks run is known only at run time: the
+  steps are counted by the ``live`` fraction given (``napkin cost --live``).
 """
 
 from __future__ import annotations

@@ -31,19 +31,25 @@ division by it, carries nothing).  So the causal backward's ``P = exp(S - L)`` a
 where the scores are masked, and its passes skip what the forward skips.  The fill must
 equal the operand's pad, and ``pred`` must be a conjunction of
 affine comparisons between the streamed axis' index and grid axes' indices (``q >= x``,
-``q - x < 256``).  Each conjunct is a
+``q - x < 256``), or a disjunction of such conjunctions (``q >= x or x < 48``; ``and`` over
+``or`` is distributed, up to ``MAX_DISJUNCTS`` disjuncts).  Each conjunct is a
 ``Side``: a bound on the stream index taken at the corner of the program's index box where
 it is most permissive (interval arithmetic), and the intersection of the sides gives the
-chunks ``[lo, hi)`` that can hold a true position.  Anything else (a disjunction, a negation,
-``!=``, a non-affine index, an axis that is neither streamed nor a grid axis, an accumulator
-with no such absorbing operand, an output that carries the streamed axis, a conjunction that
-bounds no stream index) keeps the full loop: ``stream_masks`` returns None.
+chunks ``[lo, hi)`` that can hold a true position.  A disjunction is true somewhere on a
+chunk only if one of its disjuncts is, so the chunks that can hold a true position lie in
+the union of the disjuncts' ranges (``chunk_runs``: a window's ``[lo, diagonal]`` and its
+sinks' ``[0, s)``); a chunk outside all of them is false for every disjunct on all of it.
+Anything else (a negation, ``!=``, a non-affine index, an axis that is neither streamed nor
+a grid axis, an accumulator with no such absorbing operand, an output that carries the
+streamed axis, a disjunct that bounds no stream index) keeps the full loop:
+``stream_masks`` returns None.
 
 The same sides, taken at the block's *restrictive* corner, say which chunks a mask holds on
 entirely (``full_masks``, ``full_range``): there a kernel computes the masked node as its
 value, without the mask — FlashAttention's causal loop masks only the chunks that straddle
 the diagonal.  That needs no side condition (the mask is the identity on the chunk), only
-that every conjunct bounds the stream index, so that no row of the block is left out.
+that every conjunct bounds the stream index, so that no row of the block is left out.  For
+a disjunction, a chunk on which any one disjunct holds everywhere is such a chunk.
 """
 
 from __future__ import annotations
@@ -66,7 +72,8 @@ from napkin_cat.schedule.loopnest import Flat
 from napkin_cat.schedule.program import simplified
 from napkin_cat.terms import Box, Cmp, Const, IndexExpr, Logic, Pred, Var, fold_index
 
-__all__ = ["GroupAxis", "Side", "chunk_count", "chunk_range", "full_masks", "full_range", "masked_fill", "stream_masks"]
+__all__ = ["GroupAxis", "Side", "chunk_count", "chunk_range", "chunk_runs", "full_masks", "full_range", "masked_fill",
+           "stream_masks"]
 
 #: an affine index expression: coefficient per axis, and a constant
 Affine = tuple[dict[str, int], int]
@@ -99,13 +106,15 @@ Sides = tuple[Side, ...]
 
 def stream_masks(flat: Flat, stream: str, plans: Mapping[str, AccumulatorPlan],
                  grid: Collection[str]) -> tuple[Sides, ...] | None:
-    """The sides bounding the stream index of each accumulating node, or None for the full loop.
+    """Conjunctions of sides bounding the stream index, one per disjunct of each accumulating
+    node's mask (duplicates dropped), or None for the full loop: a chunk outside the ranges of
+    all of them lifts every node to its identity, so the loop may run over their union.
 
     ``plans`` maps every node that consumes ``stream`` to its accumulator; ``grid`` names
     the axes a program covers one block of.  Every accumulating node must have a recognised
     mask on an absorbing operand (the module docstring's rule; the first one found is used):
-    the loop may then run over the hull of their ranges, since chunks inside it but outside
-    one node's range lift to that node's identity.
+    the loop may then run over the union of their ranges (or a hull of it), since chunks
+    outside one node's ranges lift to that node's identity.
     """
     if not plans or any(stream in flat.type_of(o) for o in flat.outputs):
         return None
@@ -125,13 +134,13 @@ def stream_masks(flat: Flat, stream: str, plans: Mapping[str, AccumulatorPlan],
                 continue
             if not all(finite(a, defs, inputs) for j, a in enumerate(node.expr.args) if j != i):
                 continue  # another operand may be infinite: the chunk may lift to NaN, not the identity
-            found = _sides(known[0], stream, grid) if isinstance(known[0], (Cmp, Logic)) else None
+            found = _mask(known[0], stream, grid) if isinstance(known[0], (Cmp, Logic)) else None
             if found is not None:
                 break
         if found is None:
             return None
-        found_all.append(found)
-    return tuple(found_all)
+        found_all.extend(found)
+    return tuple(dict.fromkeys(found_all))
 
 
 def masked_fill(expr: Expr, defs: Mapping[str, Expr], inputs: Collection[str]) -> tuple[Pred | Expr, float] | None:
@@ -211,25 +220,41 @@ def _absorbed(op: str, k: int, c: float) -> float | None:
 
 
 def full_masks(flat: Flat, stream: str, names: Collection[str], grid: Collection[str]) -> tuple[tuple[str, Sides], ...]:
-    """The ``where`` nodes among ``names`` whose predicate is a conjunction of affine
-    comparisons each bounding the ``stream`` index by ``grid`` indices, with their sides: on
-    the chunks of ``full_range`` such a node equals its value operand."""
+    """The ``where`` nodes among ``names`` whose predicate is a disjunction of conjunctions of
+    affine comparisons, with the sides of each disjunct whose every conjunct bounds the
+    ``stream`` index by ``grid`` indices (a node once per such disjunct): on the chunks of any
+    one disjunct's ``full_range`` such a node equals its value operand (the disjunct holds
+    everywhere there, so the disjunction does; a disjunct left out only narrows that)."""
     out = []
     for node in flat.nodes:
         box = node.expr
         if node.name in names and isinstance(box, Box) and box.op == "where" and isinstance(box.index, (Cmp, Logic)):
-            sides = _sides(box.index, stream, grid, every=True)
-            if sides is not None:
-                out.append((node.name, sides))
+            for conjuncts in _disjuncts(box.index) or ():
+                sides = _sides(conjuncts, stream, grid, every=True)
+                if sides is not None and (node.name, sides) not in out:
+                    out.append((node.name, sides))
     return tuple(out)
 
 
-def _sides(pred: Pred, axis: str, grid: Collection[str], every: bool = False) -> Sides | None:
-    """The sides of a conjunction of affine comparisons (None: not recognised, or no conjunct
-    bounds the stream index; with ``every``, also when some conjunct bounds none)."""
-    conjuncts = _conjuncts(pred)
-    if conjuncts is None:
+def _mask(pred: Pred, axis: str, grid: Collection[str]) -> tuple[Sides, ...] | None:
+    """The sides of each disjunct of ``pred`` (None: a disjunct not recognised, or one that
+    bounds no stream index, which keeps every chunk)."""
+    disjuncts = _disjuncts(pred)
+    if disjuncts is None:
         return None
+    out = []
+    for conjuncts in disjuncts:
+        sides = _sides(conjuncts, axis, grid)
+        if sides is None:
+            return None
+        out.append(sides)
+    return tuple(dict.fromkeys(out))
+
+
+def _sides(conjuncts: list[Affine], axis: str, grid: Collection[str], every: bool = False) -> Sides | None:
+    """The sides of a conjunction of affine forms ``f >= 0`` (None: an index that is neither
+    the stream's nor a grid axis', or no conjunct bounds the stream index; with ``every``, also
+    when some conjunct bounds none)."""
     out: list[Side] = []
     for coeffs_all, const in conjuncts:
         coeffs = {k: v for k, v in coeffs_all.items() if v != 0}
@@ -270,7 +295,7 @@ def full_range(sides: Sides, offsets: Mapping[str, int], spans: Mapping[str, int
     """The chunks ``[lo, hi)`` of one program on which the conjunction holds at every position
     of the block (each side at its restrictive corner: the first chunk index past a lower
     bound, the last chunk ending before an upper one), in integers; as ``chunk_range``, the
-    Pallas and plain-JAX lowerings emit the same arithmetic as code (``skip.full_range``)."""
+    Pallas and plain-JAX lowerings emit the same arithmetic as code (``skip.stream_runs``)."""
     lo, hi = 0, trips
     for side in sides:
         v = side.const + sum(c * (offsets[g] + (0 if side.top(c) else spans[g])) for g, c in side.coeffs)
@@ -282,6 +307,22 @@ def full_range(sides: Sides, offsets: Mapping[str, int], spans: Mapping[str, int
     return lo, hi
 
 
+def chunk_runs(masks: tuple[Sides, ...], offsets: Mapping[str, int], spans: Mapping[str, int], tile: int,
+               trips: int) -> list[tuple[int, int]]:
+    """The chunks of one program that can hold a true position of any of ``masks`` (the union
+    of their ``chunk_range``), as disjoint runs ``[lo, hi)`` in increasing order (empty ones
+    left out): the ranges sorted by their first chunk, each started past the ends of those
+    before it, so that no chunk runs twice and the chunks run in order.  The Pallas lowering
+    emits the same sweep as code (``skip.ordered_runs``)."""
+    out = []
+    end = 0
+    for lo, hi in sorted((chunk_range(sides, offsets, spans, tile, trips) for sides in masks), key=lambda r: r[0]):
+        if hi > max(lo, end):
+            out.append((max(lo, end), hi))
+        end = max(end, hi)
+    return out
+
+
 @dataclass(frozen=True)
 class GroupAxis:
     """A grid axis as the cost model sees it: blocks of ``tile`` indices, ``trips`` of them."""
@@ -290,55 +331,94 @@ class GroupAxis:
     trips: Expr
 
 
+#: the most conjunctions whose union ``chunk_count`` counts (by inclusion and exclusion: one
+#: term per nonempty subset)
+MAX_UNION = 4
+
+
 def chunk_count(masks: tuple[Sides, ...], groups: Mapping[str, GroupAxis], tile: Expr,
                 trips: Expr, caps: Mapping[sympy.Symbol, Expr] | None = None) -> Expr | None:
     """The number of (program, chunk) pairs that run, summed over the programs of the mask's
-    grid axis, as a closed form in the sizes and tiles; None where none is derived.
+    grid axis, as a closed form in the sizes and tiles; None where none is derived.  A chunk
+    runs when it can hold a true position of any of ``masks`` (their union, ``chunk_runs``).
 
     Exact when ``divisor·tile`` divides ``c·group tile`` for every side (for ``q >= x``: the
     stream tile divides the group tile) and the trips are whole; otherwise each program's
-    bounds are rounded as if it did (within one chunk per side).  A closed form is derived
-    when every node has the same sides, at most one lower and one upper, over at most one
-    grid axis.  A program whose range is empty contributes nothing; the count is clipped to
-    ``[0, trips]`` per program, with ``Min``/``Max`` where sympy cannot decide the sign;
-    ``caps`` bounds tile symbols from above (a tile is at most its axis) for those decisions.
-    A program's block is its group tile: a Pallas tile stored as a larger block
-    (``Layout.padded_tiles``) may run one more chunk per program than counted.
+    bounds are rounded as if it did (within one chunk per side).  The union of up to
+    ``MAX_UNION`` conjunctions over at most one grid axis is counted by inclusion and exclusion:
+    the chunks of an intersection are those of the conjunction of all the sides.  A
+    conjunction is counted in closed form when at most one of its lower and one of its upper
+    sides read the grid axis (the others bound every program alike and clip its range).  A
+    program whose range is empty contributes nothing; the count is clipped to ``[0, trips]``
+    per program, with ``Min``/``Max`` where sympy cannot decide the sign; ``caps`` bounds tile
+    symbols from above (a tile is at most its axis) for those decisions.  A program's block is
+    its group tile: a Pallas tile stored as a larger block (``Layout.padded_tiles``) may run
+    one more chunk per program than counted.
     """
-    if any(m != masks[0] for m in masks):
-        return None
-    sides = masks[0]
-    axes = {g for side in sides for g, _ in side.coeffs}
-    lowers = [s for s in sides if not s.upper]
-    uppers = [s for s in sides if s.upper]
-    if len(axes) > 1 or len(lowers) > 1 or len(uppers) > 1:
+    masks = tuple(dict.fromkeys(masks))
+    axes = {g for sides in masks for side in sides for g, _ in side.coeffs}
+    if len(axes) > 1 or len(masks) > MAX_UNION:
         return None
     axis = next(iter(axes), None)
     if axis is not None and axis not in groups:
         raise ValueError(f"the mask bounds the stream by `{axis}`, which `groups` lacks ({', '.join(groups)})")
     group = groups[axis] if axis is not None else GroupAxis(sympy.Integer(1), sympy.Integer(1))
-    p = sympy.Dummy("p", integer=True, nonnegative=True)
-    n = group.trips
+    count = _Count(axis, group, tile, trips, _Signs(caps or {}))
+    total: Expr = sympy.Integer(0)
+    for size in range(1, len(masks) + 1):
+        for subset in itertools.combinations(masks, size):
+            term = count(tuple(dict.fromkeys(side for sides in subset for side in sides)))
+            if term is None:
+                return None
+            total += term if size % 2 else -term
+    return simplified(total)
 
-    def bound(side: Side, round_up: int) -> Expr:
-        """The side's chunk index as linear in the program index p (upper: one past the last)."""
-        c = dict(side.coeffs).get(axis, 0) if axis is not None else 0
-        top = 1 if c != 0 and side.top(c) else 0
-        step = c * group.tile / (side.divisor * tile)
-        rest = _floor_div(side.const - c * top + round_up, side.divisor, tile)
-        return step * (p + top) + rest
 
-    hi: Expr = bound(uppers[0], 0) + 1 if uppers else trips
-    lo: Expr = bound(lowers[0], lowers[0].divisor - 1) if lowers else sympy.Integer(0)
-    sign = _Signs(caps or {})
-    # with lo <= hi, max(0, min(trips, hi) - max(0, lo)) = clamp(hi) - clamp(lo), clamp to
-    # [0, trips]; Σ_p clamp(f) = Σ f - Σ (f - trips)^+ + Σ (-f)^+, ramps of linear functions
-    if uppers and lowers and not all(sign(sympy.expand(hi - lo).subs(p, at), 1) for at in (0, n - 1)):
-        return None  # some program's range may be empty: the difference of clamps is not the count
-    ramp = sign.ramp
-    clamp_hi = _sum(hi, p, n) - ramp(hi - trips, p, n) + ramp(-hi, p, n) if uppers else trips * n
-    clamp_lo = _sum(lo, p, n) - ramp(lo - trips, p, n) + ramp(-lo, p, n) if lowers else sympy.Integer(0)
-    return simplified(clamp_hi - clamp_lo)
+@dataclass(frozen=True)
+class _Count:
+    """The (program, chunk) pairs of one conjunction, over the ``group.trips`` programs of
+    ``axis`` (none: one program)."""
+
+    axis: str | None
+    group: GroupAxis
+    tile: Expr
+    trips: Expr
+    sign: _Signs
+
+    def __call__(self, sides: Sides) -> Expr | None:
+        p = sympy.Dummy("p", integer=True, nonnegative=True)
+        n, trips = self.group.trips, self.trips
+
+        def reads(side: Side) -> bool:
+            return any(g == self.axis and c != 0 for g, c in side.coeffs)
+
+        def bound(side: Side, round_up: int) -> Expr:
+            """The side's chunk index as linear in the program index p (upper: one past the last)."""
+            c = dict(side.coeffs).get(self.axis, 0) if self.axis is not None else 0
+            top = 1 if c != 0 and side.top(c) else 0
+            step = c * self.group.tile / (side.divisor * self.tile)
+            rest = _floor_div(side.const - c * top + round_up, side.divisor, self.tile)
+            return step * (p + top) + rest
+
+        uppers = [bound(s, 0) + 1 for s in sides if s.upper and reads(s)]
+        lowers = [bound(s, s.divisor - 1) for s in sides if not s.upper and reads(s)]
+        if len(uppers) > 1 or len(lowers) > 1:
+            return None
+        # the sides that read no grid index clip every program's range to [a, b]
+        fixed_hi = [bound(s, 0) + 1 for s in sides if s.upper and not reads(s)]
+        fixed_lo = [bound(s, s.divisor - 1) for s in sides if not s.upper and not reads(s)]
+        a: Expr = sympy.Max(0, *fixed_lo) if fixed_lo else sympy.Integer(0)
+        b: Expr = sympy.Max(a, sympy.Min(trips, *fixed_hi)) if fixed_hi or fixed_lo else trips
+        hi, lo = (uppers or [None])[0], (lowers or [None])[0]
+        if hi is not None and lo is not None and \
+                not all(self.sign(sympy.expand(hi - lo).subs(p, at), 1) for at in (0, n - 1)):
+            return None  # some program's range may be empty: the difference of clamps is not the count
+        # with lo <= hi, max(0, min(b, hi) - max(a, lo)) = clamp(hi) - clamp(lo), clamp to
+        # [a, b]; Σ_p clamp(f) = Σ f - Σ (f - b)^+ + Σ (a - f)^+, ramps of linear functions
+        ramp = self.sign.ramp
+        clamp_hi = _sum(hi, p, n) - ramp(hi - b, p, n) + ramp(a - hi, p, n) if hi is not None else b * n
+        clamp_lo = _sum(lo, p, n) - ramp(lo - b, p, n) + ramp(a - lo, p, n) if lo is not None else a * n
+        return clamp_hi - clamp_lo
 
 
 def _floor_div(num: int, divisor: int, tile: Expr) -> Expr:
@@ -393,21 +473,30 @@ class _Signs:
         return sympy.Sum(sympy.Max(0, f), (p, 0, n - 1))
 
 
-def _conjuncts(pred: Pred) -> list[Affine] | None:
-    """Each conjunct as an affine form ``f`` meaning ``f >= 0`` (None: not recognised)."""
+#: the most disjuncts a predicate's disjunctive normal form may have for the analysis
+MAX_DISJUNCTS = 8
+
+
+def _disjuncts(pred: Pred) -> list[list[Affine]] | None:
+    """``pred`` in disjunctive normal form: a list of conjunctions, each a list of affine
+    forms ``f`` meaning ``f >= 0`` (None: not recognised, or more than ``MAX_DISJUNCTS``)."""
     if isinstance(pred, Logic):
-        if pred.op != "and" or pred.right is None:
+        if pred.right is None or pred.op not in ("and", "or"):
             return None
-        first, rest = _conjuncts(pred.left), _conjuncts(pred.right)
-        return None if first is None or rest is None else first + rest
-    left, right = _affine(pred.left), _affine(pred.right)
-    if left is None or right is None:
+        left, right = _disjuncts(pred.left), _disjuncts(pred.right)
+        if left is None or right is None:
+            return None
+        out = left + right if pred.op == "or" else [a + b for a in left for b in right]
+        return out if len(out) <= MAX_DISJUNCTS else None
+    left_form, right_form = _affine(pred.left), _affine(pred.right)
+    if left_form is None or right_form is None:
         return None
-    diff = _combine(left, right, -1)  # left - right
+    diff = _combine(left_form, right_form, -1)  # left - right
     minus = _combine(({}, 0), diff, -1)  # right - left
     by_op: dict[str, list[Affine]] = {
         ">=": [diff], ">": [_shift(diff, -1)], "<=": [minus], "<": [_shift(minus, -1)], "==": [diff, minus]}
-    return by_op.get(pred.op)
+    found = by_op.get(pred.op)
+    return None if found is None else [found]
 
 
 def _shift(form: Affine, by: int) -> Affine:

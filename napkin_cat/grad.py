@@ -193,6 +193,16 @@ def _reduce(box: Box, y: Var, g: Expr) -> tuple[Expr | None, ...]:
     raise AssertionError(box.op)  # prod: its rule reads the companion _others binds the rules run
 
 
+def _scan(box: Box, y: Var, g: Expr) -> tuple[Expr | None, ...]:
+    """cumsum: dX[s] = Σ_{t>=s} g[t], the reverse running sum, as Σ g - cumsum g + g.  linrec's reverse
+    recurrence runs backwards along the axis, which no box of the language does: refused (grad.scan)."""
+    (axis,) = box.target
+    if box.op != "cumsum":
+        raise NapkinError(error("grad.scan", box.span, op=box.op, axis=axis))
+    g = _expand(g, (axis,))
+    return (_add(_sub(_sum(g, (axis,)), _box("cumsum", g, target=(axis,))), g),)
+
+
 def _normalise(box: Box, y: Var, g: Expr) -> tuple[Expr | None, ...]:
     (x,) = box.args
     axes = box.target
@@ -238,9 +248,9 @@ def _constant(box: Box, y: Var, g: Expr) -> tuple[Expr | None, ...]:
 
 
 _RULES: dict[str, Rule] = {
-    "unary": _unary, "binary": _binary, "reduce": _reduce, "normalise": _normalise, "contract": _contract,
-    "where": _where, "split": _reshape, "join": _reshape, "rename": _reshape, "transpose": _reshape,
-    "index": _constant, "onehot": _constant,
+    "unary": _unary, "binary": _binary, "reduce": _reduce, "normalise": _normalise, "scan": _scan,
+    "contract": _contract, "where": _where, "split": _reshape, "join": _reshape, "rename": _reshape,
+    "transpose": _reshape, "index": _constant, "onehot": _constant,
 }
 
 

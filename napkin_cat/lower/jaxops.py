@@ -145,6 +145,19 @@ def _reduce(box: Box, args: Sequence[Value], scope: Scope) -> Value:
     return Value(cg.call(f"jnp.{box.op}", x.expr, keywords=axis_kw), out)
 
 
+def _scan(box: Box, args: Sequence[Value], scope: Scope) -> Value:
+    """``cumsum`` as ``jnp.cumsum``; ``linrec`` as the module's ``linrec`` helper (runtime.linrec:
+    an associative scan of the pairs (A, X)), both along the named axis."""
+    axes = tuple(dict.fromkeys(a for v in args for a in v.axes))
+    where = cg.const(axes.index(box.target[0]))
+    if box.op == "cumsum":
+        return Value(cg.call("jnp.cumsum", align(args[0], axes), keywords=[cg.kw("axis", where)]), axes)
+    decay, x = args
+    full = shape(axes, scope)
+    return Value(cg.call("linrec", cg.call("jnp.broadcast_to", align(decay, axes), full),
+                         cg.call("jnp.broadcast_to", align(x, axes), full), where), axes)
+
+
 def _shift(x: Value, where: ast.expr, scope: Scope) -> ast.expr:
     """The maximum with kept dimensions where it is finite, else 0, bound to a name: the
     evaluator's shift, so a row whose maximum is -inf gives exp(-inf) = 0 and one whose maximum
@@ -332,9 +345,9 @@ def _reshape(box: Box, args: Sequence[Value], scope: Scope) -> Value:
 
 
 TABLE: dict[str, Callable[[Box, Sequence[Value], Scope], Value]] = {
-    "unary": _unary, "binary": _binary, "reduce": _reduce, "normalise": _normalise, "contract": _contract,
-    "ncontract": _contract, "where": _where, "index": _index, "onehot": _onehot, "split": _reshape,
-    "join": _reshape, "rename": _reshape, "transpose": _reshape,
+    "unary": _unary, "binary": _binary, "reduce": _reduce, "normalise": _normalise, "scan": _scan,
+    "contract": _contract, "ncontract": _contract, "where": _where, "index": _index, "onehot": _onehot,
+    "split": _reshape, "join": _reshape, "rename": _reshape, "transpose": _reshape,
 }
 
 

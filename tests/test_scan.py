@@ -7,6 +7,7 @@ lowering on both targets, cumsum's reverse mode against finite differences.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
@@ -15,8 +16,8 @@ import pytest
 from napkin_cat import kernel, loads, run
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.grad import vjp
-from napkin_cat.lower import lower
-from napkin_cat.proof import check_module
+from napkin_cat.lower import lower, runtime
+from napkin_cat.proof import check_module, theorem
 from napkin_cat.schedule.run import run_schedule
 from napkin_cat.terms import Partition
 
@@ -168,3 +169,68 @@ def test_a_scan_partition_records_its_divisibility_and_nests_like_a_group() -> N
         kernel.group(thm, Partition("scan", "t", "c"))
     with pytest.raises(kernel.KernelError, match="mixes axis `t`"):  # a group of the scanned axis: refused
         kernel.group(thm, Partition("group", "t", "r", level="reg"))
+
+
+# ---- the proofs: chunked causal linear attention and Mamba-2's SSD, lowered ------------------------
+
+PROOFS = Path(__file__).resolve().parent.parent / "proofs" / "scans.ncd"
+
+
+def _linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """out[t] = q_t · H_t with H_t = H_{t-1} + k_t v_tᵀ, one position at a time (float64); batch
+    and head axes in front."""
+    h = np.zeros((*q.shape[:-2], q.shape[-1], v.shape[-1]))
+    out = []
+    for t in range(q.shape[-2]):
+        h = h + k[..., t, :, None] * v[..., t, None, :]
+        out.append(np.einsum("...d,...de->...e", q[..., t, :], h))
+    return np.stack(out, axis=-2)
+
+
+def _ssd(a: np.ndarray, b: np.ndarray, c: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Mamba-2's recurrence: H_t = exp(A_t) H_{t-1} + B_t X_tᵀ, Y_t = C_t · H_t (float64); ``a`` is
+    [.. t] per head, ``b``/``c`` [.. t n] shared by the heads, ``x`` [.. t p]."""
+    h = np.zeros((*x.shape[:-2], b.shape[-1], x.shape[-1]))
+    out = []
+    for t in range(x.shape[-2]):
+        h = np.exp(a[..., t])[..., None, None] * h + b[..., t, :, None] * x[..., t, None, :]
+        out.append(np.einsum("...n,...np->...p", c[..., t, :], h))
+    return np.stack(out, axis=-2)
+
+
+@pytest.mark.parametrize("target", ["jax", "pallas"])
+@pytest.mark.parametrize("name", ["linear_attention_chunked", "linear_attention_mha_chunked", "ssd_chunked",
+                                  "ssd_mha_chunked"])
+@pytest.mark.parametrize(("t", "c"), [(37, 16), (16, 16), (5, 16), (64, 32)])
+def test_chunked_proofs_lower_and_match_the_sequential_recurrence(target: str, name: str, t: int, c: int) -> None:
+    """Each theorem of proofs/scans.ncd checks --strict, lowers on both targets (chunks of c in an
+    in-kernel loop whose carry is each scan's state) and matches the recurrence above, run in
+    float64, to 1e-5 relative to the largest output, at ragged lengths (f32 kernels)."""
+    thm = theorem(PROOFS, name)
+    assert not thm.tested and thm.schedule.partitions[-1].kind == "scan"
+    rng = np.random.default_rng(t + len(name))
+    sizes = {"t": t, "b": 2, "h": 3, "d": 4, "e": 3, "n": 4, "p": 3}
+    arrays = {p.name: rng.standard_normal([sizes[a] for a in p.axes]) for p in thm.source.inputs}
+    if "A" in arrays:  # log-decays of Mamba-2: negative, a[t] = exp(A[t]) in (0, 1)
+        arrays["A"] = -np.abs(arrays["A"]) * 0.5
+    names = [p.name for p in thm.source.inputs]
+    if name == "ssd_mha_chunked":  # B and C lack the head axis: shared by the heads
+        want = _ssd(arrays["A"], arrays["B"][:, None], arrays["C"][:, None], arrays["X"])
+    else:
+        want = (_ssd if "ssd" in name else _linear_attention)(*(arrays[k] for k in names))
+    fn = lower(thm, target=target, tiles={"c": c}).fn
+    got = np.asarray(fn(*[jnp.asarray(arrays[k], jnp.float32) for k in names]), np.float64)
+    assert got.shape == want.shape
+    assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_both_linrec_helpers_run_the_recurrence(axis: int) -> None:
+    """runtime.linrec (an associative scan) and runtime.linrec_rows (Triton's loop over positions)
+    against the float64 recurrence, along either axis."""
+    rng = np.random.default_rng(axis)
+    a, x = rng.uniform(-1.1, 1.1, (6, 5)), rng.standard_normal((6, 5))
+    want = np.moveaxis(_sequential(np.moveaxis(a, axis, 0), np.moveaxis(x, axis, 0)), 0, axis)
+    for helper in (runtime.linrec, runtime.linrec_rows):
+        got = helper(jnp.asarray(a, jnp.float32), jnp.asarray(x, jnp.float32), axis)
+        np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-5, atol=1e-5)

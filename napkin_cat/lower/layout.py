@@ -80,6 +80,9 @@ class Layout:
     padded_tiles: frozenset[str] = frozenset()
     derived: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
     split: tuple[str, int] | None = None
+    #: the scan nodes along a scanned axis (``scan`` partition, walked as the stream): each chunk
+    #: starts them from their carried value, the last of the chunk before (``fold.emit_step``)
+    carried: tuple[str, ...] = ()
 
     @property
     def chunk_outputs(self) -> tuple[int, ...]:
@@ -149,7 +152,7 @@ def layout(name: str, diagram: Diagram, schedule: Schedule, tiles: Mapping[str, 
             continue
         by_axis[loop.axis] = (loop.kind, tile)
     axis_tiles = {axis: tile for axis, (_, tile) in by_axis.items()}
-    streams = [axis for axis, (kind, _) in by_axis.items() if kind == "stream"]
+    streams = [axis for axis, (kind, _) in by_axis.items() if kind in ("stream", "scan")]
     if len(streams) > 1:
         raise NapkinError(error("lower.streams", axes=", ".join(streams)))
     stream = streams[0] if streams else None
@@ -182,11 +185,15 @@ def layout(name: str, diagram: Diagram, schedule: Schedule, tiles: Mapping[str, 
         grid = tuple(sorted(grid, key=lambda a: a in streamed))
     phase = {n.name: "before" for n in flat.nodes}
     plans: dict[str, AccumulatorPlan] = {}
+    carried: tuple[str, ...] = ()
     if stream is not None:
         loop = next(lp for lp in nest.loops if lp.axis == stream)
         phase = {n.name: nest.phase(loop, n.name) for n in flat.nodes}
+        if loop.kind == "scan":
+            carried = tuple(n.name for n in flat.nodes if touches(n, stream) == "scan")
         for node in flat.nodes:
-            if phase[node.name] == "chunk" and touches(node, stream) not in ("weaves", "positional"):
+            if phase[node.name] == "chunk" and touches(node, stream) not in ("weaves", "positional") \
+                    and node.name not in carried:
                 raise NapkinError(error("lower.stream_mixed", **_at(node), op=touches(node, stream),
                                         axis=stream))
             if phase[node.name] == "after" and stream in node.axes:
@@ -204,7 +211,7 @@ def layout(name: str, diagram: Diagram, schedule: Schedule, tiles: Mapping[str, 
     split = None if schedule.split is None else _split(schedule, tiles, stream, axis_tiles, out_types, flat,
                                                        frozenset(padded_tiles))
     result = Layout(name, diagram, schedule, target, nest, axis_tiles, grid, frozenset(squeezed), stream, phase,
-                    plans, frozenset(padded_tiles), derived, split)
+                    plans, frozenset(padded_tiles), derived, split, carried)
     _check_padding(result)
     return result
 

@@ -180,8 +180,6 @@ MESSAGES: dict[str, str] = {
     # gradients
     "grad.no_inputs": "`{diagram}` has no inputs: its vector-Jacobian product would have no outputs, and a "
         "diagram returns at least one (there is nothing to differentiate)",
-    "grad.scan": "`{op}[{axis}]` has no reverse mode yet: its adjoint is a recurrence run backwards along `{axis}`, "
-        "which no box of the language writes (cumsum's is Σ g - cumsum g + g)",
     # proofs (napkin_cat.kernel refuses; napkin_cat.proof reports)
     "proof.refused": "{rule}: {reason}",
     "proof.unknown_lemma": "unknown lemma `{name}`",

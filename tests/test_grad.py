@@ -56,16 +56,6 @@ def _directional(diagram: Diagram, xs: list[np.ndarray], cts: list[np.ndarray], 
     return (plus - minus) / (2 * h)
 
 
-def _differentiable(diagram: Diagram) -> bool:
-    """False where the VJP is refused because a box has no reverse mode yet (linrec: grad.scan)."""
-    try:
-        vjp(diagram)
-    except NapkinError as exc:
-        assert exc.codes == ("grad.scan",), exc
-        return False
-    return True
-
-
 def _sized(diagram: Diagram, sizes: dict[str, int]) -> bool:
     try:
         evaluate(diagram, _random(diagram, sizes, 0)[0], sizes=sizes)
@@ -82,7 +72,7 @@ def test_vjp_of_random_diagrams_matches_finite_differences(data: st.DataObject, 
     a random v, where the function is smooth there (two step sizes agree)."""
     diagram = data.draw(st.sampled_from(module.diagrams))
     sizes = data.draw(sizes_for(diagram, 1, 3))
-    assume(_differentiable(diagram) and _sized(diagram, sizes))
+    assume(_sized(diagram, sizes))
     xs, cts = _random(diagram, sizes, data.draw(st.integers(0, 2**32 - 1)))
     with np.errstate(all="ignore"):
         grads = _gradients(diagram, xs, cts, sizes)
@@ -107,7 +97,7 @@ def test_vjp_of_random_diagrams_matches_jax_grad_of_their_lowering(data: st.Data
     plain JAX (f32), on diagrams that are not in the repo."""
     diagram = data.draw(st.sampled_from(module.diagrams))
     sizes = data.draw(sizes_for(diagram, 1, 3))
-    assume(_differentiable(diagram) and _sized(diagram, sizes))
+    assume(_sized(diagram, sizes))
     try:
         fn = lower(kernel.refl(diagram.name, diagram), target="jax").fn
     except NapkinError as exc:
@@ -131,7 +121,7 @@ def test_vjp_of_random_diagrams_matches_jax_grad_of_their_lowering(data: st.Data
 
 @given(module=modules(max_diagrams=2))
 def test_vjp_prints_as_ncd_that_elaborates_to_it(module: Any) -> None:
-    for diagram in filter(_differentiable, module.diagrams):
+    for diagram in module.diagrams:
         built = vjp_module(diagram)
         assert loads(print_module(built)).diagrams == built.diagrams
 
@@ -139,7 +129,7 @@ def test_vjp_prints_as_ncd_that_elaborates_to_it(module: Any) -> None:
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_vjp_of_every_example_matches_jax_grad(path: Path) -> None:
     module = load(str(path))
-    for diagram in filter(_differentiable, module.diagrams):
+    for diagram in module.diagrams:
         sizes = {a.name: a.size or 5 + i for i, a in enumerate(diagram.axes)}
         xs, cts = _random(diagram, sizes, 7)
         for i, p in enumerate(diagram.inputs):  # class labels hold positions along their one-hot axis

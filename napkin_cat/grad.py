@@ -46,6 +46,7 @@ from napkin_cat.terms import (
     IBin,
     Idx,
     IInt,
+    IndexExpr,
     Let,
     Logic,
     Module,
@@ -66,7 +67,7 @@ __all__ = ["cotangent_names", "vjp", "vjp_module"]
 
 
 def _box(op: str, *args: Expr, target: Axes = (), out: Axes = (), params: tuple[str, ...] = (),
-         index: Pred | None = None) -> Box:
+         index: Pred | IndexExpr | None = None) -> Box:
     return typed_box(op, tuple(args), target, out, params, index)
 
 

@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 
 from napkin_cat import kernel, loads, run
+from napkin_cat.cost import CostError, cost_of
+from napkin_cat.cost.mesh import mesh_cost
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.grad import vjp
 from napkin_cat.lower import lower, runtime
@@ -231,3 +233,15 @@ def test_both_linrec_helpers_run_the_recurrence(axis: int) -> None:
     for helper in (runtime.linrec, runtime.linrec_rows):
         got = helper(jnp.asarray(a, jnp.float32), jnp.asarray(x, jnp.float32), axis)
         np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_scan_at_mesh_is_refused_by_the_lowering_and_the_cost_model() -> None:
+    """The kernel admits a scan at any level (chunks in order are chunks in order); no backend passes a
+    carry from device to device, so lowering with --mesh and costing the mesh refuse it by name."""
+    module = loads(TEXT + "theorem m: state {\n  scan t by c at mesh\n}\n")
+    (result,) = check_module(module)
+    assert result.theorem is not None
+    with pytest.raises(NapkinError, match="scans `t` at mesh"):
+        lower(result.theorem, target="jax", tiles={"c": 4}, mesh=2)
+    with pytest.raises(CostError, match="scans t at mesh"):
+        mesh_cost(cost_of(result.theorem.result, result.theorem.schedule), 2)

@@ -162,6 +162,8 @@ MESSAGES: dict[str, str] = {
     "lower.mesh_devices": "--mesh {devices}: a mesh has 1 to {limit} devices",
     "lower.mesh_none": "--mesh {devices}: `{name}` has no partition at mesh (`group AXIS by TILE at mesh` shards "
         "an axis, `stream AXIS by TILE at mesh via ACC` rings one)",
+    "lower.mesh_scan": "`{name}` scans `{axis}` at mesh: its chunks run one after another, each from the carry of "
+        "the one before, which no device-to-device code passes; scan at hbm or below",
     "lower.mesh_axes": "a mesh of one axis shards at most one axis and rings at most one; `{name}` {what} at mesh",
     "lower.mesh_ring_alone": "the ring of `{axis}` needs an axis sharded at mesh as well (each device keeps its "
         "tile of it): add `group AXIS by TILE at mesh` for an axis every output carries",

@@ -466,6 +466,19 @@ class _Interpreter:
         n = math.prod(arg.data.shape[i] for i in pos)
         return Named(arg.axes, self.alg.normalise(node.op, arg.data, pos, n))
 
+    def scan(self, node: Box, kids: tuple[Named, ...]) -> Named:
+        """The recurrence run position by position along the named axis, as its definition reads
+        (ops.OPS): h[0] = X[0], h[t] = A[t]·h[t-1] + X[t] (``cumsum``: A = 1, no product)."""
+        axes = union_axes(*(k.axes for k in kids))
+        at = axes.index(node.target[0])
+        x = np.moveaxis(kids[-1].aligned(axes), at, 0)
+        decay = np.moveaxis(kids[0].aligned(axes), at, 0) if node.op == "linrec" else None
+        h = [x[0]]
+        for t in range(1, x.shape[0]):
+            h.append((h[-1] if decay is None else decay[t if decay.shape[0] > 1 else 0] * h[-1]) + x[t])
+        data = np.stack(np.broadcast_arrays(*h))
+        return Named(axes, np.moveaxis(data, 0, at))
+
     def contract(self, node: Box, kids: tuple[Named, ...]) -> Named:
         operands = list(kids)
         if node.op == "ncontract":
@@ -544,7 +557,8 @@ class _Interpreter:
 BY_KIND: dict[str, Callable[[_Interpreter, Box, tuple[Named, ...]], Named]] = {
     "unary": _Interpreter.unary, "binary": _Interpreter.binary, "reduce": _Interpreter.reduce,
     "compare": _Interpreter.compare, "select": _Interpreter.select, "gather": _Interpreter.gather,
-    "normalise": _Interpreter.normalise, "contract": _Interpreter.contract, "ncontract": _Interpreter.contract,
+    "normalise": _Interpreter.normalise, "scan": _Interpreter.scan, "contract": _Interpreter.contract,
+    "ncontract": _Interpreter.contract,
     "where": _Interpreter.indexed, "index": _Interpreter.indexed, "onehot": _Interpreter.onehot,
     "split": _Interpreter.reshape, "join": _Interpreter.reshape, "rename": _Interpreter.reshape,
     "transpose": _Interpreter.reshape,

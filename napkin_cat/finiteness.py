@@ -23,8 +23,9 @@ without a rule) is ``TOP``, every class.  ``RULES`` holds one transfer rule per 
   relational fact: the guarded divisor ``d + (1 - g)``, ``g`` = ``square(sign d)`` or
   ``abs(sign d)``, is 1 where d = 0 and d elsewhere;
 - a reduction over n ≥ 1 positions folds its pair rule to a fixed point (every sum,
-  product, maximum or minimum of one or more entries); ``mean`` as ``sum``; ``logsumexp`` is
-  finite (at least its maximum) unless its maximum is infinite or nan;
+  product, maximum or minimum of one or more entries); ``mean`` as ``sum``; ``cumsum`` as
+  ``sum`` (each prefix is a sum of one or more entries); ``linrec`` the least set holding X
+  and closed under h ↦ A·h + X; ``logsumexp`` is finite (at least its maximum) unless its maximum is infinite or nan;
 - a normalisation or normalised contraction ``a1(s) / b(Σ a2(s))`` (0 where the normaliser
   is 0) composes those rules, ``exp``'s weights on scores shifted by a finite maximum;
   ``contract`` is the sum of the product of its operands;
@@ -153,6 +154,15 @@ def _weights(params: tuple[str, ...], s: Value) -> Value:
     return _pairs("div", _unary(a1, s), denom - _v("0")) | (_v("0") if "0" in denom else frozenset())
 
 
+def _recurrence(a: Value, x: Value) -> Value:
+    """Every h of h[0] = x[0], h[t] = a[t]·h[t-1] + x[t]: the least set holding ``x`` and
+    closed under h ↦ a·h + x (a fixed point, as ``_folded``)."""
+    out = x
+    while (grown := out | _pairs("add", _pairs("mul", a, out), x)) != out:
+        out = grown
+    return out
+
+
 _REDUCE = {"sum": "add", "mean": "add", "prod": "mul", "max": "maximum", "min": "minimum"}
 
 #: one transfer rule per op: (the box, its operands' values, the analysis) -> the box's value
@@ -171,6 +181,10 @@ def _rule(op: str) -> Rule:
         return lambda box, vs, _: _logsumexp(vs[0])
     if kind == "reduce":
         return lambda box, vs, _: _folded(_REDUCE[op], vs[0])
+    if op == "cumsum":
+        return lambda box, vs, _: _folded("add", vs[0])
+    if op == "linrec":
+        return lambda box, vs, _: _recurrence(vs[0], vs[1])
     if kind == "normalise":
         return lambda box, vs, _: _weights(ops.OPS[op].weights or ("", "", ""), vs[0])
     if kind == "ncontract":

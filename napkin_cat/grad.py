@@ -43,7 +43,10 @@ from napkin_cat.terms import (
     Const,
     Diagram,
     Expr,
+    IBin,
     Idx,
+    IInt,
+    IndexExpr,
     Let,
     Logic,
     Module,
@@ -64,7 +67,7 @@ __all__ = ["cotangent_names", "vjp", "vjp_module"]
 
 
 def _box(op: str, *args: Expr, target: Axes = (), out: Axes = (), params: tuple[str, ...] = (),
-         index: Pred | None = None) -> Box:
+         index: Pred | IndexExpr | None = None) -> Box:
     return typed_box(op, tuple(args), target, out, params, index)
 
 
@@ -193,6 +196,34 @@ def _reduce(box: Box, y: Var, g: Expr) -> tuple[Expr | None, ...]:
     raise AssertionError(box.op)  # prod: its rule reads the companion _others binds the rules run
 
 
+def _scan(box: Box, y: Var, g: Expr) -> tuple[Expr | None, ...]:
+    """cumsum: dX[s] = Σ_{t>=s} g[t], the reverse running sum, as Σ g - cumsum g + g (linrec's rule,
+    which needs a fresh axis, is ``_linrec``)."""
+    (axis,) = box.target
+    g = _expand(g, (axis,))
+    return (_add(_sub(_sum(g, (axis,)), _box("cumsum", g, target=(axis,))), g),)
+
+
+def _linrec(box: Box, y: Var, g: Expr, names: _Names, axes: dict[str, Axis]) -> tuple[Expr | None, ...]:
+    """h[t] = A[t]·h[t-1] + X[t]: its adjoint λ[s] = Σ_{t>=s} D[t, s]·g[t] runs backwards, which no box
+    does, so it is written over a fresh copy s of the axis: D[t, s] = Π_{s<r<=t} A[r] is
+    linrec[t](A, where[t s](t == s, 1, 0)) (0 before s), dX = λ, dA[t] = λ[t]·h[t-1] (h shifted by
+    where[t s](s + 1 == t, 1, 0); the 0 is 0 · rename[t -> s](index[t](t)), which sizes s); exact at
+    zeros of A, at a cost quadratic in |t| (as prod's)."""
+    (t,) = box.target
+    decay = box.args[0]
+    s = names.fresh(t)
+    axes[s] = Axis(s, axes[t].size if t in axes else None)
+    # 0 along s, read from a renamed copy of t's positions, so that s has t's size wherever it is evaluated
+    zero = _mul(_c(0.0), _box("rename", _box("index", target=(t,), index=Idx(t)), target=(t,), out=(s,)))
+    pulse = _box("where", _c(1.0), zero, target=(t, s), index=Cmp("==", Idx(t), Idx(s)))
+    lam = _box("rename", _box("contract", _box("linrec", decay, pulse, target=(t,)), g, target=(t,)),
+               target=(s,), out=(t,))
+    shift = _box("where", _c(1.0), zero, target=(t, s), index=Cmp("==", IBin("+", Idx(s), IInt(1)), Idx(t)))
+    before = _box("contract", shift, _box("rename", y, target=(t,), out=(s,)), target=(s,))
+    return _mul(lam, before), lam
+
+
 def _normalise(box: Box, y: Var, g: Expr) -> tuple[Expr | None, ...]:
     (x,) = box.args
     axes = box.target
@@ -255,9 +286,10 @@ def _constant(box: Box, y: Var, g: Expr) -> tuple[Expr | None, ...]:
 
 
 _RULES: dict[str, Rule] = {
-    "unary": _unary, "binary": _binary, "reduce": _reduce, "normalise": _normalise, "contract": _contract,
-    "where": _where, "split": _reshape, "join": _reshape, "rename": _reshape, "transpose": _reshape,
-    "index": _constant, "onehot": _constant, "compare": _constant, "select": _select, "gather": _gather,
+    "unary": _unary, "binary": _binary, "reduce": _reduce, "normalise": _normalise, "scan": _scan,
+    "contract": _contract, "where": _where, "split": _reshape, "join": _reshape, "rename": _reshape,
+    "transpose": _reshape, "index": _constant, "onehot": _constant, "compare": _constant, "select": _select,
+    "gather": _gather,
 }
 
 
@@ -384,6 +416,8 @@ def vjp(diagram: Diagram) -> Diagram:
             args: tuple[Expr, ...] = (expr,)
         elif expr.op == "prod":
             grads, args = (_mul(g, others[name]),), expr.args
+        elif expr.op == "linrec":
+            grads, args = _linrec(expr, Var(name, expr.axes), g, names, axes), expr.args
         else:
             grads, args = _RULES[ops.OPS[expr.op].kind](expr, Var(name, expr.axes), g), expr.args
         for arg, grad in zip(args, grads, strict=True):

@@ -10,7 +10,7 @@ starts with the rule's name and names the failed condition and the box):
     unfold(thm)                          δ: inline every diagram used as a box
     trans(t1, t2)                        A ≡ B,  B ≡ C  ⊢  A ≡ C
     rewrite(thm, lemma, step, certified) instantiation of a certified lemma + congruence + trans
-    group(thm, step)                     R3 group partition (tiling), R8 nesting, R9 divisibility
+    group(thm, step)                     R3 group partition (tiling), R8 nesting, R9 divisibility; scan: in order
     stream(thm, step, accumulator)       R4 + R5 stream partition with certified accumulators
     split(thm, step, accumulator)        stream's conditions; blocks folded in parallel, states combined
     place(thm, step)                     R2 placement (recolouring)
@@ -323,25 +323,26 @@ def _nest(thm: Theorem, step: Partition) -> tuple[terms.Divides, ...]:
 
 
 def group(thm: Theorem, step: Partition) -> Theorem:
-    """Group partition (R3):
-
-        ⊢ A ≡ D    every box of D that axis a reaches weaves a    g | |a| (or pad)
-        ─────────────────────────────────────────────────────────────────────────
-                    ⊢ A ≡ D  with  a ↦ (|a|/g groups) × g   (tiles independent)
-
-    Boxes that consume or mix a are refused: a consumed axis can only be streamed.
-    """
-    if step.kind != "group":
+    """Group partition (R3); ``scan``: its tiles (chunks) run in order, each scan along a carrying its state:
+        ⊢ A ≡ D    every box of D that axis a reaches weaves a (scan: or is cumsum[a], linrec[a])    g | |a| (or pad)
+        ─────────────────────────────────────────────────────────────────────────────────────────────────────────
+        ⊢ A ≡ D  with a ↦ (|a|/g groups) × g, independent tiles; scan: chunks in order, a scan's chunk started from
+                 its value h at the position before it, X[first] + A[first]·h (cumsum: + h), then its recurrence
+    Boxes that consume or mix a are refused: a consumed axis can only be streamed.  A scan is sound by its definition
+    h[t] = A[t]·h[t-1] + X[t] (ops.OPS); other boxes read position t only at t (padded positions come last)."""
+    if (rule := step.kind) not in ("group", "scan"):
         raise KernelError("group", f"a {step.kind} partition of `{step.axis}` is not a group step", step.span)
     constraints = _nest(thm, step)
-    for label, box in _boxes(thm.result):
-        if (how := ops.treatment(box, step.axis)) in ("consumes", "mixes"):
+    for label, box in _boxes(thm.result):  # a scan along the axis starts each chunk from its carried state:
+        if (how := ops.treatment(box, step.axis)) in ("consumes", "mixes") and not (
+                rule == "scan" and ops.OPS[box.op].kind == "scan" and box.target == (step.axis,)):
             why = ("a consumed axis can only be streamed" if how == "consumes" else f"it moves the positions of "
                    f"`{' '.join(box.target)}` onto `{' '.join(box.out)}`; grouping `{step.axis}` tiles one side only"
                    if box.out else f"its outputs read every position along `{step.axis}`")
-            raise KernelError("group", f"box {label} {how} axis `{step.axis}`; {why} (R3)", step.span)
+            raise KernelError(rule, f"box {label} {how} axis `{step.axis}`; {why} ("
+                              f"{'R3' if rule == 'group' else 'only a scan along it carries a state'})", step.span)
     schedule = replace(thm.schedule, partitions=(*thm.schedule.partitions, step))
-    return _extend(thm, step, ("group",), schedule=schedule, constraints=thm.constraints + constraints)
+    return _extend(thm, step, (rule,), schedule=schedule, constraints=thm.constraints + constraints)
 
 
 def stream(thm: Theorem, step: Partition, accumulator: AccumulatorOracle) -> Theorem:

@@ -48,7 +48,7 @@ __all__ = [
 class OpInfo:
     """What the elaborator and the kernel need to know about one primitive box.
 
-    kind:     unary | binary | compare | select | gather | reduce | normalise | contract |
+    kind:     unary | binary | compare | select | gather | reduce | normalise | scan | contract |
               ncontract | where | index | onehot | split | join | rename | transpose
     arity:    number of array arguments (None: one or more)
     target:   "none" (no brackets), "required" (named axes), "list" (axis list, may be empty)
@@ -148,6 +148,14 @@ def _ops() -> dict[str, OpInfo]:
     }
     for name, (doc, flops, weights) in norm_docs.items():
         table[name] = OpInfo(name, "normalise", 1, "required", flops=flops, doc=doc, weights=weights)
+    # scans: one named axis, kept on the output; position t reads positions 0..t (so they mix it)
+    table["cumsum"] = OpInfo("cumsum", "scan", 1, "required", flops=1.0,
+                             doc="cumsum[t](X): Σ_{s<=t} X[s], the running sum along t")
+    table["linrec"] = OpInfo(
+        "linrec", "scan", 2, "required", flops=2.0,
+        doc="linrec[t](A, X): h[0] = X[0], h[t] = A[t]·h[t-1] + X[t], the first-order linear recurrence "
+            "(Σ_{s<=t} Π_{s<r<=t} A[r] · X[s]; cumsum is A = 1)",
+    )
     table["contract"] = OpInfo(
         "contract", "contract", None, "list", flops=2.0, accumulators=("sum",),
         doc="Σ over the named axes of the product of the operands (einsum)",
@@ -237,7 +245,7 @@ def is_consuming(op: str) -> bool:
 def is_mixing(op: str) -> bool:
     """Does one output position read every input position along the named axes?  (A gather
     reads any position along its axis, chosen by data.)"""
-    return OPS[op].kind in ("normalise", "split", "join", "rename", "gather")
+    return OPS[op].kind in ("normalise", "scan", "split", "join", "rename", "gather")
 
 
 #: boxes whose value is an integer where their operands are (arithmetic that keeps integers)
@@ -272,9 +280,9 @@ def result_axes(op: str, args: tuple[tuple[str, ...], ...], target: tuple[str, .
                 out: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The typing rule of a primitive box: its result axes from its operands' axes.
 
-    unary/normalise: the operand's axes; binary, compare, select: the union by name (order of
-    first appearance); gather[n](T, I): T's axes with n replaced by the axes of I that T
-    lacks; where: that union and the target; reduce: the operand minus the target;
+    unary/normalise: the operand's axes; binary, compare, select and scan: the union by name
+    (order of first appearance); gather[n](T, I): T's axes with n replaced by the axes of I that
+    T lacks; where: that union and the target; reduce: the operand minus the target;
     (n)contract: the union minus the target; index: the target; onehot: the operand plus
     the target; transpose: the operand's other axes (woven through it by a call), then the
     target order; split/join/rename: the new axes take the place of the first old one.
@@ -287,7 +295,7 @@ def result_axes(op: str, args: tuple[tuple[str, ...], ...], target: tuple[str, .
         union.extend(a for a in axes if a not in union)
     if kind in ("unary", "normalise"):
         return have
-    if kind in ("binary", "compare", "select"):
+    if kind in ("binary", "compare", "select", "scan"):
         return tuple(union)
     if kind == "gather":  # the axes of T with n replaced by those of I it lacks
         at = have.index(target[0])

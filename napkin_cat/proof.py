@@ -207,7 +207,7 @@ def _apply(thm: kernel.Theorem, step: Step, lemmas: dict[str, LemmaDecl], level:
                 raise
             raise NapkinError(_no_match(exc, exc.subject, thm, lemma, lemmas, step)) from None
     if isinstance(step, Partition):
-        if step.kind == "group":
+        if step.kind in ("group", "scan"):
             return kernel.group(thm, step)
         return (kernel.split if step.kind == "split" else kernel.stream)(thm, step, certify.accumulator)
     if isinstance(step, Place):

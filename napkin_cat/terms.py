@@ -247,13 +247,15 @@ class Rewrite:
 
 @dataclass(frozen=True)
 class Partition:
-    """``group``/``stream`` AXIS ``by`` TILE [``at`` LEVEL] [``via`` ACC] [``pad``], or
-    ``split`` AXIS ``by`` TILE [``via`` ACC] [``pad``].
+    """``group``/``stream`` AXIS ``by`` TILE [``at`` LEVEL] [``via`` ACC] [``pad``],
+    ``split`` AXIS ``by`` TILE [``via`` ACC] [``pad``], or ``scan`` AXIS ``by`` TILE [``at`` LEVEL] [``pad``].
 
     A group partition tiles an axis that every box weaves (paper R3); a stream
     partition walks an axis in chunks with an accumulator (R4, R5); a split cuts a
     consumed axis in blocks (at ``hbm``) that parallel programs fold into partial
-    states, merged afterwards with the accumulator's combine (``kernel.split``).
+    states, merged afterwards with the accumulator's combine (``kernel.split``); a scan
+    partition is a group partition whose tiles run in order, each scan box (cumsum, linrec)
+    along the axis starting a chunk from its value before it (``kernel.group``).
     ``tile`` is an integer or the name of a tile-size symbol; ``level`` is where the
     tile lives.
     """

@@ -391,6 +391,12 @@ def _box(draw: Draw, scope: _Scope, op: str, depth: int) -> Typed:
         union = tuple(dict.fromkeys(axes + va))
         kept = tuple(a for a in union if a not in target)
         return f"ncontract[{' '.join(target)}; {a1}, {a2}, {b}]({text}, {v})", kept
+    if op in ("cumsum", "linrec"):  # one axis of X; linrec's decay any operand (woven where it lacks axes)
+        along = draw(st.sampled_from(named))
+        if op == "cumsum":
+            return f"cumsum[{along}]({text})", axes
+        decay, da = _operand(draw, scope, depth)
+        return f"linrec[{along}]({decay}, {text})", tuple(dict.fromkeys(da + axes))
     kind = ops.OPS[op].kind
     assert kind in ("reduce", "normalise"), op
     text, axes = _masked_often(draw, scope, (text, axes))

@@ -158,6 +158,9 @@ TEMPLATES: dict[str, list[tuple[str, str]]] = {
     "maximum": [(_AB, "max(A, B)")], "minimum": [(_AB, "min(A, B)")],
     **{op: [(_AB, f"{op}[x](A)")] for op in ("sum", "max", "min", "prod", "mean", "logsumexp")},
     **{op: [(_AB, f"{op}[x](A)")] for op in ("softmax", "l2norm", "rmsnorm")},
+    "cumsum": [(_AB, "cumsum[x](A)")],
+    "linrec": [(_AB, "linrec[x](A, B)"), ("A: [x], B: [q x]", "linrec[x](A, B)"),
+               ("A: [q], B: [q x]", "linrec[x](A, B)")],
     "contract": [(_AB, "contract[x](A, B)"), (_AB, "contract[](A, B)")],
     "ncontract": [(_AB, f"ncontract[x; {a1}, {a2}, {b}](A, B)") for a1 in ("exp", "id", "recip", "log")
                   for a2 in ("exp", "square", "id") for b in sorted(ops.NORMALISERS)],

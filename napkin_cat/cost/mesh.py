@@ -64,6 +64,9 @@ def mesh_cost(c: Cost, devices: int | None = None) -> MeshCost | None:
     count = c.hardware.devices if devices is None else devices
     if not 1 <= count <= MAX_MESH_DEVICES:
         raise CostError(f"a mesh has 1 to {MAX_MESH_DEVICES} devices, not {count}")
+    if scans := [p.axis for p in c.mesh if p.kind == "scan"]:
+        raise CostError(f"the schedule scans {scans[0]} at mesh: its chunks run one after another, each from the "
+                        "carry of the one before, which the mesh model does not count; scan at hbm or below")
     groups = [p.axis for p in c.mesh if p.kind == "group"]
     rings = [p.axis for p in c.mesh if p.kind == "stream"]
     if len(groups) > 1 or len(rings) > 1:

@@ -45,6 +45,8 @@ GLYPHS: dict[str, tuple[str, str, bool]] = {
     "softmax": ("triangle", "softmax", True),
     "l2norm": ("rect", "l2norm", True),
     "rmsnorm": ("rect", "rmsnorm", True),
+    "cumsum": ("rect", "cumsum", True),
+    "linrec": ("rect", "linrec", True),
     "contract": ("rect", "Σ", True),
     "ncontract": ("rect", "Σ", True),  # after its normaliser: ◁ for softmax, else N(a1,a2,b)
     "where": ("rect", "where", False),

@@ -486,7 +486,7 @@ class _Elaborator(ExprElaborator):
         if tree.data == "rewrite_step":
             return Rewrite(toks[0], tuple(toks[1:]) + tuple(str(t) for t in kids if isinstance(t, Token)
                                                             and t.type == "RETURN"), sp)
-        if tree.data in ("group_step", "stream_step", "split_step"):
+        if tree.data in ("group_step", "stream_step", "split_step", "scan_step"):
             tile_tok = _tok(sub["tile"], 0)
             tile: str | int = _count(tile_tok) if tile_tok.type == "INT" else str(tile_tok)
             if isinstance(tile, int) and not 0 < tile <= MAX_AXIS_SIZE:

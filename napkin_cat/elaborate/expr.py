@@ -251,6 +251,14 @@ class ExprElaborator:
                 self.err("axis.missing", tree, box=f"{name}[{' '.join(target)}]", axis=missing[0], have=_fmt(have))
                 return False
             return kind in ("reduce", "normalise") or self.reshape_ok(name, tree, target, out, have)
+        if kind == "scan":  # one axis, along which the recurrence runs; it must be on X (the last operand)
+            if len(target) != 1:
+                self.err("box.axis_count", tree, name=name, expected=1, place="in its brackets", got=len(target))
+                return False
+            if target[0] not in types[-1]:
+                self.err("axis.not_on_operand", tree, box=f"{name}[{target[0]}]", index=len(types), axis=target[0],
+                         have=_fmt(types[-1]))
+                return False
         if kind == "onehot":
             if len(target) != 1:
                 self.err("box.axis_count", tree, name="onehot", expected=1, place="in its brackets", got=len(target))

@@ -88,7 +88,8 @@ DEFAULT_DTYPE: dict[str, str] = {"mosaic": "bfloat16"}
 #: names the emitted module defines or its code reads: no theorem, input or binding may take
 #: one (a theorem named `len` would shadow the builtin its helpers call), nor any builtin
 _RESERVED = ("jax", "jnp", "lax", "pl", "plgpu", "n", "p", "INF", "BIG", "TINY", "interpret", "bind_sizes",
-             "round_up", "pow2_extent", "pad_to", "erf", "split_tiles", "merge_tiles", "device_mesh", "shard", "launch",
+             "round_up", "pow2_extent", "pad_to", "erf", "linrec", "linrec_rows", "split_tiles", "merge_tiles",
+             "device_mesh", "shard", "launch",
              *dir(builtins))
 
 
@@ -316,7 +317,8 @@ def _module(name: str, target: str, functions: list[ast.stmt], doc: str, fname: 
     body += [cg.assign("INF", cg.attr("jnp.inf")), cg.assign("BIG", cg.const(BIG)), cg.assign("TINY", cg.const(TINY))]
     helpers = ["bind_sizes"] + (["round_up", "pow2_extent", "pad_to"] if target in KERNEL_TARGETS else [])
     used = {n.id for f in functions for n in ast.walk(f) if isinstance(n, ast.Name)}
-    helpers += [h for h in ("round_up", "device_mesh", "shard", "split_tiles", "merge_tiles", "erf", "launch")
+    helpers += [h for h in ("round_up", "device_mesh", "shard", "split_tiles", "merge_tiles", "erf", "linrec",
+                            "linrec_rows", "launch")
                 if h in used and h not in helpers]
     body += helper_source(helpers)
     if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "wgmma"
@@ -412,7 +414,7 @@ def _jax_realised(diagram: Diagram, schedule: Schedule) -> Schedule:
     for p in device.partitions:
         if p.level == level:
             outer.setdefault(p.axis, p)
-    stream = next((p for p in outer.values() if p.kind == "stream"), None)
+    stream = next((p for p in outer.values() if p.kind in ("stream", "scan")), None)
     kept: set[Partition] = set()
     if stream is not None:
         grid = grid_order(diagram.out_types, [a for a, p in outer.items() if p.kind == "group"])

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from napkin_cat.certify.accumulators import AccumulatorPlan
 from napkin_cat.lower import codegen as cg
-from napkin_cat.lower.jaxops import argument, emit_diagram, emit_node, mask_padded
+from napkin_cat.lower.jaxops import argument, emit_diagram, emit_node, last, mask_padded, started
 from napkin_cat.lower.layout import Layout
 from napkin_cat.lower.values import Scope, Value, saturate, transpose_to
 from napkin_cat.terms import Axes, Box
@@ -32,16 +32,17 @@ __all__ = ["Slot", "emit_after", "emit_before", "emit_combine", "emit_identity",
 
 @dataclass(frozen=True)
 class Slot:
-    """One component of the loop carry: a state variable of one accumulating node."""
+    """One component of the loop carry: a state variable of one accumulating node, or (``plan``
+    None) the carried value of a scan node along a scanned axis (``Layout.carried``)."""
 
     node: str
-    plan: AccumulatorPlan
+    plan: AccumulatorPlan | None
     index: int
     axes: Axes
 
     @property
     def hint(self) -> str:
-        return f"{self.node}_{self.plan.state[self.index][0]}"
+        return f"{self.node}_{'carry' if self.plan is None else self.plan.state[self.index][0]}"
 
 
 def slots(lay: Layout, scope: Scope) -> list[Slot]:
@@ -51,6 +52,8 @@ def slots(lay: Layout, scope: Scope) -> list[Slot]:
         plan = lay.plans.get(node.name)
         if plan is not None:
             out.extend(Slot(node.name, plan, i, scope.keep(t)) for i, (_, t) in enumerate(plan.state))
+        elif node.name in lay.carried:
+            out.append(Slot(node.name, None, 0, scope.keep(tuple(a for a in node.axes if a != lay.stream))))
     return out
 
 
@@ -67,10 +70,11 @@ def emit_before(lay: Layout, env: dict[str, Value], scope: Scope) -> None:
 
 
 def emit_identity(lay: Layout, scope: Scope) -> ast.Tuple:
-    """The initial carry: every state variable filled with its accumulator's identity."""
+    """The initial carry: every state variable filled with its accumulator's identity, a scan's
+    carried value with 0 (the first chunk's X[first] + A[first]·0 is X[first], its definition)."""
     items = []
     for slot in slots(lay, scope):
-        fill = saturate(slot.plan.identity[slot.index])
+        fill = cg.const(0.0) if slot.plan is None else saturate(slot.plan.identity[slot.index])
         dims = cg.tuple_([scope.extents[a] for a in slot.axes])
         items.append(cg.call("jnp.full", dims, fill, cg.attr("jnp.float32")))
     return cg.tuple_(items)
@@ -80,19 +84,30 @@ def emit_step(lay: Layout, env: dict[str, Value], scope: Scope, carry: Sequence[
     """One chunk: its woven nodes, then every accumulator's lift and combine.
 
     ``env`` holds the chunk's inputs and everything computed before the loop; returns
-    the new carry, each state in its declared axis order so the carry's type is fixed.
+    the new carry, each state in its declared axis order so the carry's type is fixed.  A scan
+    node along a scanned axis starts from its carried value, and carries its chunk's last one.
     """
+    all_slots = slots(lay, scope)
+    carried = {s.node: (carry[i], s.axes) for i, s in enumerate(all_slots) if s.plan is None}
     for node in lay.flat.nodes:
         phase = lay.phase[node.name]
         if phase == "chunk":
             assert isinstance(node.expr, Box)
-            emit_node(node.name, node.expr, env, scope)
+            if node.name in carried:
+                assert lay.stream is not None
+                args = [argument(a, env, scope) for a in node.expr.args]
+                args[-1] = started(node.expr, args, carried[node.name][0], scope)
+                emit_node(node.name, node.expr, env, scope, args=args)
+            else:
+                emit_node(node.name, node.expr, env, scope)
     updated: list[ast.expr] = []
-    all_slots = slots(lay, scope)
     inner = scope.with_block(scope.block, padded=frozenset())  # operands are masked once, up front
     for node in lay.flat.nodes:
         plan = lay.plans.get(node.name)
         if plan is None:
+            if node.name in carried:
+                assert lay.stream is not None
+                updated.append(transpose_to(last(env[node.name], lay.stream, scope), carried[node.name][1]))
             continue
         box = node.expr
         assert isinstance(box, Box)
@@ -111,6 +126,7 @@ def emit_combine(lay: Layout, scope: Scope, first: Sequence[Value], second: Sequ
     """Two carries merged by every accumulator's ``combine`` (a split's partial states, in
     order: ``first`` holds the earlier positions), each state in its declared axis order."""
     all_slots = slots(lay, scope)
+    assert all(s.plan is not None for s in all_slots), "a split and a scan are two streams, which layout refuses"
     merged: list[ast.expr] = []
     for node in lay.flat.nodes:
         plan = lay.plans.get(node.name)

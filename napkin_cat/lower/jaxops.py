@@ -52,7 +52,7 @@ from napkin_cat.schedule.loopnest import flatten
 from napkin_cat.terms import Axes, Box, Const, Diagram, Expr, IBin, Idx, IInt, IndexExpr, Size, Var
 
 __all__ = ["BINARY", "LOG2E", "MIX_FILL", "TABLE", "UNARY", "argument", "emit_box", "emit_diagram", "emit_node",
-           "fill_values", "mask_padded", "unary"]
+           "fill_values", "last", "mask_padded", "started", "unary"]
 
 
 # ---- the table ------------------------------------------------------------------------------
@@ -144,6 +144,53 @@ def _reduce(box: Box, args: Sequence[Value], scope: Scope) -> Value:
     if box.op == "mean":
         return Value(cg.binop(cg.call("jnp.sum", x.expr, keywords=axis_kw), "/", count(box.target, scope)), out)
     return Value(cg.call(f"jnp.{box.op}", x.expr, keywords=axis_kw), out)
+
+
+def _scan(box: Box, args: Sequence[Value], scope: Scope) -> Value:
+    """``cumsum`` as ``jnp.cumsum``; ``linrec`` as the module's ``linrec`` helper (runtime.linrec:
+    an associative scan of the pairs (A, X)), or for the Triton backend (``Scope.batched_dot``
+    False), which lowers no slice, ``linrec_rows`` (a loop over positions); along the named axis."""
+    axes = tuple(dict.fromkeys(a for v in args for a in v.axes))
+    where = cg.const(axes.index(box.target[0]))
+    if box.op == "cumsum":
+        return Value(cg.call("jnp.cumsum", align(args[0], axes), keywords=[cg.kw("axis", where)]), axes)
+    decay, x = args
+    full = shape(axes, scope)
+    helper = "linrec" if scope.batched_dot else "linrec_rows"
+    return Value(cg.call(helper, cg.call("jnp.broadcast_to", align(decay, axes), full),
+                         cg.call("jnp.broadcast_to", align(x, axes), full), where), axes)
+
+
+def _first_rows(axes: Axes, axis: str, scope: Scope) -> ast.expr:
+    """The chunk's local positions along ``axis`` as an int array shaped like ``axes``."""
+    return cg.call("lax.broadcasted_iota", cg.attr("jnp.int32"), shape(axes, scope), cg.const(axes.index(axis)))
+
+
+def started(box: Box, args: Sequence[Value], carry: Value, scope: Scope) -> Value:
+    """A scan's X on a chunk, started from ``carry`` (its value just before the chunk): X plus
+    A·carry (cumsum: carry) at the chunk's first position, by the recurrence's definition
+    (``kernel.group``'s scan); a select, so the other positions are X exactly."""
+    (axis,) = box.target
+    x = args[-1]
+    push = carry
+    if box.op == "linrec":
+        both = tuple(dict.fromkeys(args[0].axes + carry.axes))
+        push = Value(cg.binop(align(args[0], both), "*", align(carry, both)), both)
+    axes = tuple(dict.fromkeys(x.axes + push.axes))
+    first = cg.binop(_first_rows(axes, axis, scope), "==", cg.const(0))
+    added = cg.call("jnp.where", first, align(push, axes), cg.const(0.0))
+    return Value(cg.binop(align(x, axes), "+", added), axes)
+
+
+def last(value: Value, axis: str, scope: Scope) -> Value:
+    """``value`` at the chunk's last real position along ``axis`` (the padded ones follow it), the
+    axis dropped: a select and a sum of zeros, which every target lowers."""
+    valid = cg.binop(scope.sizes[axis], "-", scope.offsets[axis]) if axis in scope.offsets else scope.sizes[axis]
+    end = cg.call("jnp.minimum", scope.extents[axis], valid)
+    hit = cg.binop(_first_rows(value.axes, axis, scope), "==", cg.binop(end, "-", cg.const(1)))
+    kept = cg.call("jnp.where", hit, value.expr, cg.const(0.0))
+    return Value(cg.call("jnp.sum", kept, keywords=[cg.kw("axis", cg.const(value.axes.index(axis)))]),
+                 tuple(a for a in value.axes if a != axis))
 
 
 def _shift(x: Value, where: ast.expr, scope: Scope) -> ast.expr:
@@ -404,10 +451,10 @@ def _reshape(box: Box, args: Sequence[Value], scope: Scope) -> Value:
 
 
 TABLE: dict[str, Callable[[Box, Sequence[Value], Scope], Value]] = {
-    "unary": _unary, "binary": _binary, "reduce": _reduce, "normalise": _normalise, "contract": _contract,
-    "ncontract": _contract, "where": _where, "index": _index, "onehot": _onehot, "split": _reshape,
-    "join": _reshape, "rename": _reshape, "transpose": _reshape, "compare": _compare, "select": _select,
-    "gather": _gather,
+    "unary": _unary, "binary": _binary, "reduce": _reduce, "normalise": _normalise, "scan": _scan,
+    "contract": _contract, "ncontract": _contract, "where": _where, "index": _index, "onehot": _onehot,
+    "split": _reshape, "join": _reshape, "rename": _reshape, "transpose": _reshape, "compare": _compare,
+    "select": _select, "gather": _gather,
 }
 
 
@@ -489,14 +536,16 @@ def folded(box: Box, env: Mapping[str, Value]) -> float | None:
     return float(out.data)
 
 
-def emit_node(name: str, box: Box, env: dict[str, Value], scope: Scope, hint: str | None = None) -> Value:
+def emit_node(name: str, box: Box, env: dict[str, Value], scope: Scope, hint: str | None = None,
+              args: Sequence[Value] | None = None) -> Value:
     """Emit ``name = box(args)`` (the Python name derived from ``hint`` or ``name``) into ``env``;
-    a box on constants alone is folded (``folded``), its value bound as an f32 scalar."""
-    constant = folded(box, env)
+    a box on constants alone is folded (``folded``), its value bound as an f32 scalar.  ``args``
+    replaces the box's own emitted operands (a scan started from its carry: ``started``)."""
+    constant = None if args is not None else folded(box, env)
     if constant is not None:
         value = Value(cg.call("jnp.float32", saturate(constant, box.span)), (), constant=constant)
     else:
-        args = [argument(a, env, scope) for a in box.args]
+        args = [argument(a, env, scope) for a in box.args] if args is None else args
         value = _kept(box, args, scope) if name in scope.unmasked else emit_box(box, args, scope)
     if name in scope.rounded:  # a marked approximation (R10): round to the format, compute on in f32
         value = Value(rounded(value.expr, scope.rounded[name]), value.axes)

@@ -84,6 +84,9 @@ class Layout:
     padded_tiles: frozenset[str] = frozenset()
     derived: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
     split: tuple[str, int] | None = None
+    #: the scan nodes along a scanned axis (``scan`` partition, walked as the stream): each chunk
+    #: starts them from their carried value, the last of the chunk before (``fold.emit_step``)
+    carried: tuple[str, ...] = ()
 
     @property
     def chunk_outputs(self) -> tuple[int, ...]:
@@ -153,7 +156,7 @@ def layout(name: str, diagram: Diagram, schedule: Schedule, tiles: Mapping[str, 
             continue
         by_axis[loop.axis] = (loop.kind, tile)
     axis_tiles = {axis: tile for axis, (_, tile) in by_axis.items()}
-    streams = [axis for axis, (kind, _) in by_axis.items() if kind == "stream"]
+    streams = [axis for axis, (kind, _) in by_axis.items() if kind in ("stream", "scan")]
     if len(streams) > 1:
         raise NapkinError(error("lower.streams", axes=", ".join(streams)))
     stream = streams[0] if streams else None
@@ -186,11 +189,15 @@ def layout(name: str, diagram: Diagram, schedule: Schedule, tiles: Mapping[str, 
         grid = tuple(sorted(grid, key=lambda a: a in streamed))
     phase = {n.name: "before" for n in flat.nodes}
     plans: dict[str, AccumulatorPlan] = {}
+    carried: tuple[str, ...] = ()
     if stream is not None:
         loop = next(lp for lp in nest.loops if lp.axis == stream)
         phase = {n.name: nest.phase(loop, n.name) for n in flat.nodes}
+        if loop.kind == "scan":
+            carried = tuple(n.name for n in flat.nodes if touches(n, stream) == "scan")
         for node in flat.nodes:
-            if phase[node.name] == "chunk" and touches(node, stream) not in ("weaves", "positional"):
+            if phase[node.name] == "chunk" and touches(node, stream) not in ("weaves", "positional") \
+                    and node.name not in carried:
                 raise NapkinError(error("lower.stream_mixed", **_at(node), op=touches(node, stream),
                                         axis=stream))
             if phase[node.name] == "after" and stream in node.axes:
@@ -208,7 +215,7 @@ def layout(name: str, diagram: Diagram, schedule: Schedule, tiles: Mapping[str, 
     split = None if schedule.split is None else _split(schedule, tiles, stream, axis_tiles, out_types, flat,
                                                        frozenset(padded_tiles))
     result = Layout(name, diagram, schedule, target, nest, axis_tiles, grid, frozenset(squeezed), stream, phase,
-                    plans, frozenset(padded_tiles), derived, split)
+                    plans, frozenset(padded_tiles), derived, split, carried)
     _check_padding(result)
     return result
 
@@ -347,7 +354,8 @@ def _check_padding(lay: Layout) -> None:
             how = touches(node, axis)
             if how in ("weaves", "positional", "rename") or not lay.may_pad(axis):  # a rename keeps the extent
                 continue
-            if expr.op == "gather":  # its positions are clamped to the true size: no padded position is read
+            if expr.op == "gather" or ops.OPS[expr.op].kind == "scan":  # a gather's positions are clamped to the
+                # true size, a scan's padded positions come after every real one: no padded position is read
                 continue
             if how in ("split", "join"):
                 raise NapkinError(error("lower.reshape_padded", **_at(node), op=expr.op, axis=axis, hint=(

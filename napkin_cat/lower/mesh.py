@@ -61,6 +61,8 @@ def mesh_plan(name: str, schedule: Schedule, devices: int) -> MeshPlan:
     parts = schedule.mesh
     if not parts:
         raise NapkinError(error("lower.mesh_none", devices=devices, name=name))
+    for part in (p for p in parts if p.kind == "scan"):
+        raise NapkinError(error("lower.mesh_scan", name=name, axis=part.axis))
     groups = [p.axis for p in parts if p.kind == "group"]
     rings = [p.axis for p in parts if p.kind == "stream"]
     for kind, axes in (("groups", groups), ("streams", rings)):

@@ -17,8 +17,9 @@ import jax.numpy as jnp
 
 from napkin_cat.cost.launch import launch
 
-__all__ = ["HELPERS", "bind_sizes", "device_mesh", "erf", "helper_source", "merge_tiles", "pad_to", "pow2_extent",
-           "round_up", "shard", "split_tiles"]
+__all__ = ["HELPERS", "bind_sizes", "device_mesh", "erf", "helper_source", "linrec", "linrec_rows",
+           "merge_tiles", "pad_to",
+           "pow2_extent", "round_up", "shard", "split_tiles"]
 
 
 def bind_sizes(arrays: Sequence[Any], signature: Sequence[tuple[str, tuple[str, ...]]],
@@ -89,6 +90,31 @@ def erf(x: Any) -> Any:
     return jnp.sign(x) * (1.0 - poly * jnp.exp(-x * x))
 
 
+def linrec(a: Any, x: Any, axis: int) -> Any:
+    """h[0] = x[0], h[t] = a[t]·h[t-1] + x[t] along ``axis`` (a and x of one shape): an
+    associative scan of the pairs (a, x) under (a1, x1) ∘ (a2, x2) = (a1·a2, a2·x1 + x2)."""
+    def combine(first: Any, second: Any) -> Any:
+        return first[0] * second[0], second[0] * first[1] + second[1]
+
+    return jax.lax.associative_scan(combine, (a, x), axis=axis)[1]
+
+
+def linrec_rows(a: Any, x: Any, axis: int) -> Any:
+    """``linrec`` for the Triton backend, which lowers no slice (so no ``associative_scan``): the
+    recurrence one position at a time in a loop, each position's A and X picked and its h written
+    by a select and a sum of zeros along ``axis`` (exact), in the evaluator's order."""
+    rows = jax.lax.broadcasted_iota(jnp.int32, x.shape, axis)
+
+    def step(i: Any, carry: Any) -> Any:
+        h, out = carry
+        pick = rows == i
+        h = jnp.sum(jnp.where(pick, a, 0.0), axis=axis) * h + jnp.sum(jnp.where(pick, x, 0.0), axis=axis)
+        return h, jnp.where(pick, jnp.expand_dims(h, axis), out)
+
+    start = jnp.zeros(x.shape[:axis] + x.shape[axis + 1:], x.dtype)
+    return jax.lax.fori_loop(0, x.shape[axis], step, (start, jnp.zeros_like(x)))[1]
+
+
 def device_mesh(count: int) -> Any:
     """A one-axis mesh named ``mesh`` over the first ``count`` devices; ValueError if jax has fewer."""
     devices = jax.devices()
@@ -113,8 +139,8 @@ def shard(array: Any, mesh: Any, axis: int | None, extent: int) -> Any:
 
 HELPERS: dict[str, Callable[..., Any]] = {
     "bind_sizes": bind_sizes, "round_up": round_up, "pow2_extent": pow2_extent, "pad_to": pad_to, "erf": erf,
-    "split_tiles": split_tiles, "merge_tiles": merge_tiles, "device_mesh": device_mesh, "shard": shard,
-    "launch": launch,
+    "linrec": linrec, "linrec_rows": linrec_rows, "split_tiles": split_tiles, "merge_tiles": merge_tiles,
+    "device_mesh": device_mesh, "shard": shard, "launch": launch,
 }
 
 

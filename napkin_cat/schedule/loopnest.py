@@ -7,7 +7,8 @@ box's type).  ``loop_nest`` then reads a
 ``Schedule``: group partitions become parallel loops (a grid), stream partitions become
 sequential loops (a split's blocks too: each a program's partial state, combined in order; the
 interpreter runs them so, cost and lowering read ``Schedule.split``), and every node is placed
-relative to each stream or split loop (paper R4/R5):
+relative to each stream, split or scan loop (paper R4/R5; a scan's scan boxes are ``chunk`` nodes
+that carry their last value to the next chunk):
 
 - ``before``: does not depend on the streamed axis; computed once per group (hoisted);
 - ``chunk``: carries the streamed axis; computed per chunk (woven through the stream);
@@ -130,9 +131,10 @@ class Loop:
 
     @property
     def folds(self) -> bool:
-        """A sequential fold of its axis into accumulator states: a stream, or a split (whose
-        blocks' states the combine step folds in order)."""
-        return self.kind in ("stream", "split")
+        """A sequential fold of its axis into accumulator states: a stream, a split (whose
+        blocks' states the combine step folds in order), or a scan (chunks in order, its
+        scan boxes' carried values the state; no box consumes the axis)."""
+        return self.kind in ("stream", "split", "scan")
 
     @property
     def tile(self) -> str | int:

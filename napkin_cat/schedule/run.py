@@ -32,7 +32,7 @@ import numpy as np
 
 from napkin_cat import ops
 from napkin_cat.certify import accumulators as acc
-from napkin_cat.evaluate import Named, bind_sizes, evaluate_named
+from napkin_cat.evaluate import Named, bind_sizes, evaluate_named, union_axes
 from napkin_cat.kernel import Theorem
 from napkin_cat.schedule.loopnest import Loop, LoopNest, Node, loop_nest
 from napkin_cat.terms import Box, Const, Diagram, Expr, Param, Size, Var
@@ -120,6 +120,8 @@ class _Runner:
             raise ValueError(f"tile `{tile_size}` of axis `{loop.axis}` is symbolic; substitute an integer")
         if loop.kind == "group":
             return self.group(loop, tile_size, nodes, inner, env, tile)
+        if loop.kind == "scan":
+            return self.scan(loop, tile_size, nodes, inner, env, tile)
         return self.stream(loop, tile_size, nodes, inner, env, tile)
 
     def tiles(self, loop: Loop, size: int, tile: _Tile) -> list[tuple[int, int, int]]:
@@ -145,6 +147,22 @@ class _Runner:
             sub = self.run(nodes, inner, self.slice_env(env, loop.axis, start, extent),
                            tile.enter(loop.axis, start, extent, valid))
             pieces.append((valid, sub))
+        return {name: _join([(v, p[name]) for v, p in pieces], loop.axis) for name in pieces[0][1]}
+
+    def scan(self, loop: Loop, size: int, nodes: list[Node], inner: list[Loop], env: dict[str, Value],
+             tile: _Tile) -> dict[str, Value]:
+        """A group loop whose tiles run in order: each scan node along the axis starts a chunk from
+        its value at the last real position before it, passed in as ``NAME@carry`` (``kernel.group``)."""
+        axis = loop.axis
+        scans = [n.name for n in nodes if isinstance(n.expr, Box) and _scans(n.expr, axis)]
+        carries: dict[str, Value] = {}
+        pieces: list[tuple[int, dict[str, Value]]] = []
+        for start, extent, valid in self.tiles(loop, size, tile):
+            sub = self.run(nodes, inner, self.slice_env(env | carries, axis, start, extent),
+                           tile.enter(axis, start, extent, valid))
+            pieces.append((valid, sub))
+            if valid:
+                carries = {f"{n}{CARRY}": _at(sub[n], axis, valid - 1) for n in scans}
         return {name: _join([(v, p[name]) for v, p in pieces], loop.axis) for name in pieces[0][1]}
 
     def stream(self, loop: Loop, size: int, nodes: list[Node], inner: list[Loop], env: dict[str, Value],
@@ -196,9 +214,16 @@ class _Runner:
                 operands = [_mask(x, axis, tile.valid[axis], fill) for x, fill in zip(operands, p.pad, strict=True)]
             return evaluate_named(p.lift, operands, dict(tile.extents), offsets=tile.offsets, full_sizes=tile.full)
         reads = list(dict.fromkeys(a.name for a in _args(box) if isinstance(a, Var)))
-        params = tuple(Param(r, _axes(env[r])) for r in reads)
+        inputs = [env[r] for r in reads]
+        if (carry := env.get(f"{node.name}{CARRY}")) is not None:  # a scan's chunk after the first
+            assert isinstance(box, Box) and isinstance(carry, Named)
+            operands = [self.operand(a, env, tile) for a in box.args]
+            operands[-1] = _started(box, operands, carry)
+            reads, inputs = [f"X{k}" for k in range(len(operands))], list(operands)
+            box = replace(box, args=tuple(Var(r, v.axes) for r, v in zip(reads, operands, strict=True)))
+        params = tuple(Param(r, _axes(v)) for r, v in zip(reads, inputs, strict=True))
         single = Diagram(node.name, params, (), (box,), (node.axes,), ())
-        (value,) = evaluate_named(single, [env[r] for r in reads], dict(tile.extents),  # type: ignore[misc]
+        (value,) = evaluate_named(single, inputs, dict(tile.extents),  # type: ignore[arg-type]
                                   offsets=tile.offsets, full_sizes=tile.full)
         return value
 
@@ -211,6 +236,40 @@ class _Runner:
             return Named((), np.float64(expr.value))
         assert isinstance(expr, Size), expr
         return Named((), np.float64(tile.full[expr.axis]))
+
+
+#: the suffix of a scan node's carried state in the environment of its chunks (no binding name has one)
+CARRY = "@carry"
+
+
+def _scans(box: Box, axis: str) -> bool:
+    return ops.OPS[box.op].kind == "scan" and box.target == (axis,)
+
+
+def _at(value: Value, axis: str, position: int) -> Named:
+    """``value`` at one position along ``axis``, the axis dropped."""
+    assert isinstance(value, Named)
+    index: list[slice | int] = [slice(None)] * len(value.axes)
+    index[value.axes.index(axis)] = position
+    return Named(tuple(a for a in value.axes if a != axis), value.data[tuple(index)])
+
+
+def _started(box: Box, operands: list[Named], carry: Named) -> Named:
+    """A scan's X started from ``carry`` (its value just before the chunk): X[first] + A[first]·carry
+    (cumsum: X[first] + carry), by the recurrence's definition (``kernel.group``)."""
+    (axis,) = box.target
+    if box.op == "linrec":
+        decay = _at(operands[0], axis, 0) if axis in operands[0].axes else operands[0]
+        both = union_axes(decay.axes, carry.axes)
+        carry = Named(both, decay.aligned(both) * carry.aligned(both))
+    x = operands[-1]
+    axes = union_axes(x.axes, carry.axes)
+    data = np.array(np.broadcast_to(x.aligned(axes), np.broadcast_shapes(x.aligned(axes).shape,
+                                                                          carry.aligned(axes).shape)))
+    first = [slice(None)] * len(axes)
+    first[axes.index(axis)] = slice(0, 1)
+    data[tuple(first)] += carry.aligned(axes)
+    return Named(axes, data)
 
 
 def _args(expr: Expr) -> tuple[Expr, ...]:

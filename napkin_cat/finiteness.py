@@ -160,6 +160,8 @@ POSITIONS = 62.0
 #: |log x| of a float64 x ≠ 1 is at least about 2^-53
 LOG_FLOOR = -53.0
 LOG2E, LN2 = math.log2(math.e), math.log(2.0)
+#: log2 of (1 + 2^-53)^(2^62), what the roundings of a product over an axis can add
+ROUNDING = 2.0 ** (POSITIONS - 53.0) * LOG2E
 
 
 @dataclass(frozen=True)
@@ -208,9 +210,10 @@ def _unary_magnitude(op: str, x: Abstract) -> tuple[float, float]:
         return min(lo, 0.0) - 1.0, min(hi, 0.0)
     if op == "sigmoid":  # in (0, 1]; exp(x)/2 at least for a negative x
         return (-big - 1.0 if negative else -1.0), 0.0
-    if op in ("gelu", "silu"):  # x times a weight in (0, 1]: Φ(x) ≥ exp(-x²)/4|x| for x < 0
-        tail = _exp2(2.0 * hi) * LOG2E + hi + 2.0 if op == "gelu" else big + 1.0
-        return lo - (tail if negative else 1.0), hi
+    if op == "gelu":  # x·(1 + erf(x/√2))/2: a non-zero 1 + erf in float64 is at least 2^-53
+        return lo - (55.0 if negative else 1.0), hi
+    if op == "silu":  # x·expit(x), expit(x) ≥ exp(x)/2 for x < 0
+        return lo - (big + 1.0 if negative else 1.0), hi
     return UNDERFLOW - 1.0, OVERFLOW  # an op without a magnitude rule: anything finite
 
 
@@ -234,11 +237,11 @@ def _bin(op: str, a: Abstract, b: Abstract) -> Abstract:
 def _fold(op: str, a: Abstract) -> Abstract:
     """Every ``op``-fold of 1 to 2^62 entries of ``a`` (a reduction)."""
     classes = _folded(op, a.classes)
-    if op == "add":
-        return _float64(classes, max(a.lo - 53.0, UNDERFLOW), a.hi + POSITIONS)
-    if op == "mul":  # |x| ≤ 2^hi over 2^62 factors
-        return _float64(classes, a.lo * 2.0 ** POSITIONS if a.lo < 0 else a.lo,
-                        a.hi * 2.0 ** POSITIONS if a.hi > 0 else a.hi)
+    if op == "add":  # a rounded partial sum s + x that grows past s + x grows by at most x: 2·Σ|x|
+        return _float64(classes, max(a.lo - 53.0, UNDERFLOW), a.hi + POSITIONS + 1.0)
+    if op == "mul":  # |x| ≤ 2^hi over 2^62 factors, each rounding by at most (1 + 2^-53)
+        return _float64(classes, (a.lo * 2.0 ** POSITIONS if a.lo < 0 else a.lo) - ROUNDING,
+                        (a.hi * 2.0 ** POSITIONS if a.hi > 0 else a.hi) + ROUNDING)
     return _float64(classes, a.lo, a.hi)  # maximum, minimum
 
 

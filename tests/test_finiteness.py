@@ -138,8 +138,8 @@ def test_a_proof_covers_a_use_only_on_its_domain() -> None:
 def test_an_accumulator_use_on_an_operand_that_may_be_infinite_needs_a_test_with_infinities() -> None:
     """A proved or tested accumulator covers finite operands (a proved one also the -inf masks it
     names); on an operand that may be +inf it is backed only where certify.infinite_tested ran
-    it with infinite entries and it agreed with the box.  logsumexp does not (a +inf row: box
-    +inf, stream NaN), sum does."""
+    it with infinite entries and it agreed with the box, or where its proof extends to every
+    float64 value.  logsumexp does neither (a +inf row: box +inf, stream NaN), sum does both."""
     for op, name, infinite in (("logsumexp", "logsumexp", ""), ("sum", "sum", " [infinite: X0]")):
         box = next(b for b, axis in certify.representative_boxes() if b.op == op)
         marker = certify.infinite_tested(certify.canonical(box, "x"), "x", name)
@@ -151,7 +151,9 @@ def test_an_accumulator_use_on_an_operand_that_may_be_infinite_needs_a_test_with
                    "theorem b: total {\n  stream x by sx via sum\n}\n")
     refused, accepted = check_module(module)
     assert refused.failure is not None and "may be infinite here" in refused.failure.message
-    assert accepted.ok and any("tested here" in t for t in accepted.theorem.trust)  # tested with +inf, not proved
+    # sum is tested with +inf, and proved at every float64 value too (prove.extended)
+    assert accepted.ok and not any("tested here" in t for t in accepted.theorem.trust)
+    assert "[extended: X0]" in "; ".join(accepted.theorem.trust)
     diagram = module.diagram("lse")
     term = {"X0": diagram.body[0].expr.args[0]}
     assert unsupported("proved: laws", diagram, term) is not None

@@ -3,22 +3,33 @@ random schedules the kernel accepts, lowered to both targets (Pallas in interpre
 compared with the float64 evaluator at ragged sizes, for a bounded time or count.
 
     .venv/bin/python benchmarks/differential.py --minutes 25 [--cases 4000] [--batch 25]
+        [--out differential] [--resume] [--full-every 8] [--seed N]
 
 Each case is ``tests/differential.py``'s ``run_case``, the one CI runs at the hypothesis
-profile's count.  Cases are drawn in batches of fresh random seeds (no shrinking: a
-mismatch is recorded with its diagram, schedule and sizes, and the run goes on).  Prints
-and writes results/differential.json: accepted schedules, per target how many ran, how
+profile's count.  Cases are drawn in batches, batch k with hypothesis seed ``seed + k`` (no
+shrinking: a mismatch is recorded with its diagram, schedule and sizes, and the run goes on).
+After every batch the results so far are written to results/OUT.json (replaced whole, so a
+killed run keeps every finished batch): accepted schedules, per target how many ran, how
 many of those Pallas kernels skipped masked chunks, the refusals by code, the runs that
 differed only by XLA's jit-only 0·inf fold (``tests/differential.py``: reported apart, not
-mismatches), and every mismatch (the run exits 1 if there is one).  Inputs are drawn on the
+mismatches), and every mismatch (the run exits 1 if there is one).  ``--resume`` continues
+the run recorded there: its counts, time and seed, at its next batch.  Inputs are drawn on the
 grid, scaled to scores near 10⁴, offset by up to 10⁴, or zero, on every operand; masks and
 fills give ±inf and fully masked rows.
+
+XLA's compile dominated a case (2.6 s of a kernel's 3 s, cProfile; BENCHMARKS.md), almost all
+of it LLVM optimising machine code: so every batch but one in ``--full-every`` compiles its
+kernels at ``xla_backend_optimization_level`` 0 (0.5 s), which leaves XLA's HLO passes — where
+its algebraic folds such as the jit-only 0·inf one happen — as they are; the others at XLA's
+default, so the whole default pipeline stays covered.  Both counts are recorded.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import json
+import random
 import sys
 import time
 from pathlib import Path
@@ -28,8 +39,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from harness import machine, write  # noqa: E402
-from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
+from harness import RESULTS, machine, write  # noqa: E402
+from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from tests.differential import MODULES, TARGETS, XLA_FOLD, run_case  # noqa: E402
@@ -40,56 +51,101 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=25.0, help="start no batch after this long")
     parser.add_argument("--cases", type=int, default=4000, help="start no batch after this many accepted schedules")
     parser.add_argument("--batch", type=int, default=25, help="cases per hypothesis run (a fresh seed each)")
+    parser.add_argument("--out", default="differential", help="results/OUT.json, written after every batch")
+    parser.add_argument("--resume", action="store_true", help="continue the run recorded in results/OUT.json")
+    parser.add_argument("--full-every", type=int, default=8,
+                        help="one batch in this many compiles at XLA's default optimisation level")
+    parser.add_argument("--seed", type=int, default=None, help="batch k draws with seed SEED + k (default: random)")
     args = parser.parse_args()
-    counts: collections.Counter[str] = collections.Counter()
-    mismatches: list[str] = []
+    state = _resumed(args.out) if args.resume else {}
+    counts: collections.Counter[str] = collections.Counter(state.get("counts", {}))
+    mismatches: list[str] = list(state.get("mismatches", []))
+    base = state.get("seed", args.seed if args.seed is not None else random.randrange(2**31))
+    batch = state.get("batches", 0)
+    before = state.get("seconds", 0.0)
     start = time.monotonic()
+
+    def elapsed() -> float:
+        return before + time.monotonic() - start
 
     def done() -> bool:
         return time.monotonic() - start > args.minutes * 60 or counts["accepted"] >= args.cases
 
-    @settings(max_examples=args.batch, deadline=None, database=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
-    @given(module=MODULES, data=st.data())
-    def case(module: Any, data: st.DataObject) -> None:  # a batch runs whole: hypothesis wants every case drawn
-        counts["drawn"] += 1
-        try:
-            outcome = run_case(module, data)
-        except AssertionError as exc:
-            counts["accepted"] += 1
-            mismatches.append(str(exc))
-            return
-        if outcome is None:
-            return
-        counts["accepted"] += 1
-        for target, what in outcome.items():
-            counts[f"{target} {what}"] += 1
-
     while not done():
-        case()
-        print(f"{time.monotonic() - start:7.0f} s  " + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())),
-              flush=True)
-    seconds = time.monotonic() - start
-    ran = {t: sum(v for k, v in counts.items() if k.startswith(f"{t} ran")) for t in TARGETS}
-    folded = {t: counts[f"{t} {XLA_FOLD}"] for t in TARGETS}
-    result = {
-        "machine": machine(),
-        "seconds": round(seconds, 1),
-        "drawn": counts["drawn"],
-        "accepted_schedules": counts["accepted"],
-        "ran": ran,
-        "outcomes": dict(sorted((k, v) for k, v in counts.items() if k.startswith(TARGETS))),
-        "xla_jit_fold": folded,
-        "mismatches": mismatches,
-    }
-    write("differential", result)
-    print(f"accepted schedules {counts['accepted']} in {seconds:.0f} s; ran: "
+        full = batch % args.full_every == 0
+        _batch(counts, mismatches, base + batch, args.batch, None if full else {"xla_backend_optimization_level": 0},
+               "default" if full else "0")
+        batch += 1
+        write(args.out, _result(counts, mismatches, elapsed(), base, batch, args.full_every, finished=False))
+        print(f"{elapsed():7.0f} s  " + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())), flush=True)
+    result = _result(counts, mismatches, elapsed(), base, batch, args.full_every, finished=True)
+    write(args.out, result)
+    ran, folded = result["ran"], result["xla_jit_fold"]
+    print(f"accepted schedules {counts['accepted']} in {elapsed():.0f} s; ran: "
           + ", ".join(f"{t} {n}" for t, n in ran.items()) + f"; mismatches: {len(mismatches)}; "
           + "of the runs, XLA's jit-only 0·inf fold (reported apart): "
           + ", ".join(f"{t} {n}" for t, n in folded.items()))
     for m in mismatches:
         print(m, file=sys.stderr)
     return 1 if mismatches else 0
+
+
+def _batch(counts: collections.Counter[str], mismatches: list[str], number: int, size: int,
+           options: dict[str, Any] | None, level: str) -> None:
+    """One hypothesis run of ``size`` cases with seed ``number``, kernels compiled with
+    ``options`` (XLA backend optimisation ``level``), counted into ``counts``."""
+
+    @seed(number)
+    @settings(max_examples=size, deadline=None, database=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(module=MODULES, data=st.data())
+    def case(module: Any, data: st.DataObject) -> None:  # a batch runs whole: hypothesis wants every case drawn
+        counts["drawn"] += 1
+        try:
+            outcome = run_case(module, data, options)
+        except AssertionError as exc:
+            mismatches.append(str(exc))
+            outcome = {}
+        if outcome is None:
+            return
+        counts["accepted"] += 1
+        counts[f"accepted at XLA backend optimisation {level}"] += 1
+        for target, what in outcome.items():
+            counts[f"{target} {what}"] += 1
+
+    case()
+
+
+def _result(counts: collections.Counter[str], mismatches: list[str], seconds: float, base: int, batches: int,
+            full_every: int, finished: bool) -> dict[str, Any]:
+    """The results file: the totals, and what ``--resume`` reads back."""
+    return {
+        "machine": machine(),
+        "finished": finished,
+        "seconds": round(seconds, 1),
+        "seed": base,
+        "batches": batches,
+        "full_every": full_every,
+        "drawn": counts["drawn"],
+        "accepted_schedules": counts["accepted"],
+        "accepted_by_xla_backend_optimisation": {
+            k.rsplit(" ", 1)[1]: v for k, v in sorted(counts.items()) if k.startswith("accepted at")},
+        "ran": {t: sum(v for k, v in counts.items() if k.startswith(f"{t} ran")) for t in TARGETS},
+        "outcomes": dict(sorted((k, v) for k, v in counts.items() if k.startswith(TARGETS))),
+        "xla_jit_fold": {t: counts[f"{t} {XLA_FOLD}"] for t in TARGETS},
+        "mismatches": mismatches,
+        "counts": dict(counts),
+    }
+
+
+def _resumed(name: str) -> dict[str, Any]:
+    """The state of the run recorded in results/NAME.json (``--resume``), or nothing."""
+    path = RESULTS / f"{name}.json"
+    if not path.exists():
+        print(f"no run to resume at {path}: starting afresh", file=sys.stderr)
+        return {}
+    recorded = json.loads(path.read_text())
+    return {k: recorded[k] for k in ("counts", "mismatches", "seed", "batches", "seconds")}
 
 
 if __name__ == "__main__":

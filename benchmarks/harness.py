@@ -139,7 +139,9 @@ def _fmt(value: Any) -> str:
 def write(name: str, payload: dict[str, Any]) -> Path:
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps(payload, indent=2) + "\n")
+    partial = path.with_suffix(".json.partial")  # replaced whole: a killed writer leaves the last file
+    partial.write_text(json.dumps(payload, indent=2) + "\n")
+    os.replace(partial, path)
     return path
 
 

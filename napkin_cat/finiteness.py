@@ -1,23 +1,30 @@
 """TRUSTED: a sound finiteness and sign analysis, to discharge a lemma's ``when c finite``
 condition, decide what an accumulator's proof or test covers, and let a kernel skip a chunk.
 
-Domain (README "Proofs"): every input entry is a finite real, every axis has at least one
-position; ``±inf`` enters only through constants (masks) and what ops make of them.  The
-analysis is abstract interpretation over the *classes* of an extended real::
+Domain (README "The domain"): every input entry is a finite value of float32's range, 0 or
+2^-149 ≤ |x| ≤ 2^128 (what every kernel reads), every axis has 1 to 2^62 positions; ``±inf``
+enters only through constants (masks) and what ops make of them, and every op computes in
+float64.  The analysis is abstract interpretation over the *classes* of a float64 value::
 
     "-inf"   "-" (negative, finite)   "0" (either sign of zero)   "+"   "+inf"   "nan"
 
-A term's abstract value is a set of classes that contains the class of every entry of its
-value, for every input in the domain, over the reals with the evaluator's conventions
-(``evaluate.py``).  Inputs are ``{-, 0, +}``, constants their class, sizes ``{+}``; a
-binding is read through, anything else (a diagram used as a box, an unknown name, an op
-without a rule) is ``TOP``, every class.  ``RULES`` holds one transfer rule per op of
-``ops.OPS`` (a test checks that, and each rule against the evaluator):
+with, for the finite non-zero entries, bounds ``lo ≤ log2 |x| ≤ hi`` (``Abstract``).  A
+term's abstract value contains the class of every entry of its float64 value, for every
+input in the domain, with the evaluator's conventions (``evaluate.py``).  Inputs are
+``{-, 0, +}`` within ``DOMAIN``, constants their class and magnitude, sizes ``{+}`` up to
+2^62; a binding is read through, anything else (a diagram used as a box, an unknown name,
+an op without a rule) is ``TOP``, every class.  ``RULES`` holds one transfer rule per op of
+``ops.OPS`` (a test checks that, and each rule against the evaluator).  Each rule gives the
+classes over the extended reals and bounds the magnitude; ``_float64`` then adds what
+float64 makes of the bounds: ``±inf`` where a finite result may reach 2^1024 (overflow:
+``exp`` of a value past 709.8, ``x·y``, ``1/x`` of a subnormal, a product over many
+positions), ``0`` where it may fall below 2^-1074 (underflow: ``exp`` past -745).
 
 - unary ops map class by class (``UNARY``): ``exp(-inf) = 0`` (so ``exp`` of a mask is
   ``{0, +}``, not positive), ``exp(+inf) = +inf``; ``log``: ``0 → -inf``, negative → nan;
   ``sqrt``/``rsqrt`` of a negative → nan, ``rsqrt``/``recip`` of 0 → ``±inf`` (the zero's sign);
-  ``gelu``/``silu`` of ``-inf`` → nan (``-inf · 0``); nan stays nan;
+  ``gelu``/``silu`` of ``-inf`` → nan (``-inf · 0``), of a negative possibly 0 (float64's
+  ``1 + erf`` cancels, ``expit`` underflows); nan stays nan;
 - binary ops combine every pair of classes (``_PAIR``): ``+inf + -inf = nan``,
   ``0 · ±inf = nan``, signs multiply; ``a - b = a + (-b)``, ``a / b = a · (1/b)``; and one
   relational fact: the guarded divisor ``d + (1 - g)``, ``g`` = ``square(sign d)`` or
@@ -27,8 +34,9 @@ without a rule) is ``TOP``, every class.  ``RULES`` holds one transfer rule per 
   ``sum`` (each prefix is a sum of one or more entries); ``linrec`` the least set holding X
   and closed under h ↦ A·h + X; ``logsumexp`` is finite (at least its maximum) unless its maximum is infinite or nan;
 - a normalisation or normalised contraction ``a1(s) / b(Σ a2(s))`` (0 where the normaliser
-  is 0) composes those rules, ``exp``'s weights on scores shifted by a finite maximum;
-  ``contract`` is the sum of the product of its operands;
+  is 0) composes those rules; exp's weights read scores shifted by their finite maximum, so
+  are in [0, 1] (the relational fact s - max s ≤ 0); ``contract`` is the sum of the product
+  of its operands;
 - ``where`` is either operand, ``index`` a finite integer, ``onehot`` 0 or 1, reshapes
   and renames keep their operand's classes.
 
@@ -40,13 +48,14 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import reduce as fold
 
 from napkin_cat import ops
 from napkin_cat.terms import Box, Const, Diagram, Expr, Size, Var
 
-__all__ = ["FINITE", "INFINITE", "MASKS", "MASKS_TESTED", "RULES", "TOP", "UNARY", "Value", "analyse", "class_of",
-           "finite", "finite_in", "masked", "narrowed", "unsupported"]
+__all__ = ["DOMAIN", "EXTENDED", "FINITE", "INFINITE", "MASKS", "MASKS_TESTED", "RULES", "TOP", "UNARY", "Abstract",
+           "Value", "analyse", "class_of", "finite", "finite_in", "masked", "narrowed", "unsupported"]
 
 Value = frozenset[str]
 #: the classes in order (``maximum`` keeps the larger), nan apart
@@ -78,8 +87,8 @@ UNARY: dict[str, dict[str, str]] = {
     "tanh": {"-inf": "-", "-": "-", "0": "0", "+": "+", "+inf": "+"},
     "sigmoid": {"-inf": "0", "-": "+", "0": "+", "+": "+", "+inf": "+"},
     "relu": {"-inf": "0", "-": "0", "0": "0", "+": "+", "+inf": "+inf"},
-    "gelu": {"-inf": "nan", "-": "-", "0": "0", "+": "+", "+inf": "+inf"},
-    "silu": {"-inf": "nan", "-": "-", "0": "0", "+": "+", "+inf": "+inf"},
+    "gelu": {"-inf": "nan", "-": "- 0", "0": "0", "+": "+", "+inf": "+inf"},
+    "silu": {"-inf": "nan", "-": "- 0", "0": "0", "+": "+", "+inf": "+inf"},
     "sign": {"-inf": "-", "-": "-", "0": "0", "+": "+", "+inf": "+"},
 }
 
@@ -142,16 +151,139 @@ def _logsumexp(a: Value) -> Value:
     return (top - FINITE) | (frozenset(ORDER[ORDER.index(finite_max[0]):4]) if finite_max else frozenset())
 
 
-def _weights(params: tuple[str, ...], s: Value) -> Value:
-    """a1(s) / b(Σ a2(s)), 0 where the normaliser is 0; exp's weights read s - max s, the
-    maximum taken as 0 where it is not finite (evaluate.nweights)."""
+#: float64's range in log2: the largest finite value is just below 2^1024 (a result from
+#: 2^1023.99 up may round to inf), the smallest non-zero one 2^-1074
+OVERFLOW, UNDERFLOW = 1023.99, -1074.0
+#: the inputs' magnitudes (log2 |x| of a non-zero entry): float32's range, subnormals included
+DOMAIN = (-149.0, 128.0)
+#: an axis's positions at most, in log2 (2^62 entries of 4 bytes fill 2^64 bytes)
+POSITIONS = 62.0
+#: |log x| of a float64 x ≠ 1 is at least about 2^-53
+LOG_FLOOR = -53.0
+LOG2E, LN2 = math.log2(math.e), math.log(2.0)
+#: log2 of (1 + 2^-53)^(2^62), what the roundings of a product over an axis can add
+ROUNDING = 2.0 ** (POSITIONS - 53.0) * LOG2E
+
+
+@dataclass(frozen=True)
+class Abstract:
+    """A term's classes, and ``lo ≤ log2 |x| ≤ hi`` for its finite non-zero entries."""
+
+    classes: Value
+    lo: float = UNDERFLOW
+    hi: float = OVERFLOW
+
+
+def _float64(classes: Value, lo: float, hi: float) -> Abstract:
+    """The value of a rule whose extended-real classes are ``classes`` and whose finite
+    non-zero entries are within 2^lo..2^hi over the reals: float64 rounds those past 2^1024
+    to ±inf and those below 2^-1074 to 0."""
+    signs = classes & _v("- +")
+    if signs and hi >= OVERFLOW:
+        classes = classes | {f"{c}inf" for c in signs}
+    if signs and lo < UNDERFLOW:
+        classes = classes | _v("0")
+    return Abstract(classes, max(min(lo, OVERFLOW), UNDERFLOW), min(max(hi, UNDERFLOW), OVERFLOW))
+
+
+def _exp2(log: float) -> float:
+    """2^log, capped where it is past any exponent float64's exp survives."""
+    return 2.0 ** min(log, 20.0)
+
+
+def _unary_magnitude(op: str, x: Abstract) -> tuple[float, float]:
+    """Bounds of log2 |op(x)| over the reals for x's finite non-zero entries."""
+    lo, hi = x.lo, x.hi
+    negative, positive = "-" in x.classes, "+" in x.classes
+    big = _exp2(hi) * LOG2E  # |x| ≤ 2^hi: exp(x) within 2^±big
+    if op in ("id", "neg", "abs", "relu"):
+        return lo, hi
+    if op == "sign":
+        return 0.0, 0.0
+    if op in ("square", "sqrt", "rsqrt", "recip"):
+        k = {"square": 2.0, "sqrt": 0.5, "rsqrt": -0.5, "recip": -1.0}[op]
+        return min(k * lo, k * hi), max(k * lo, k * hi)
+    if op == "exp":
+        return (-big if negative else 0.0), (big if positive else 0.0)
+    if op == "log":
+        return LOG_FLOOR, math.log2(max(abs(lo), abs(hi), 2.0 ** LOG_FLOOR) * LN2)
+    if op == "tanh":
+        return min(lo, 0.0) - 1.0, min(hi, 0.0)
+    if op == "sigmoid":  # in (0, 1]; exp(x)/2 at least for a negative x
+        return (-big - 1.0 if negative else -1.0), 0.0
+    if op == "gelu":  # x·(1 + erf(x/√2))/2: a non-zero 1 + erf in float64 is at least 2^-53
+        return lo - (55.0 if negative else 1.0), hi
+    if op == "silu":  # x·expit(x), expit(x) ≥ exp(x)/2 for x < 0
+        return lo - (big + 1.0 if negative else 1.0), hi
+    return UNDERFLOW - 1.0, OVERFLOW  # an op without a magnitude rule: anything finite
+
+
+def _un(op: str, x: Abstract) -> Abstract:
+    if op not in UNARY:
+        return Abstract(TOP)  # an op without a rule could be anything
+    return _float64(_unary(op, x.classes), *_unary_magnitude(op, x))
+
+
+def _bin(op: str, a: Abstract, b: Abstract) -> Abstract:
+    classes = _pairs(op, a.classes, b.classes)
+    if op in ("add", "sub"):  # a sum of floats that does not cancel to 0 is at least the smaller ulp
+        return _float64(classes, max(min(a.lo, b.lo) - 53.0, UNDERFLOW), max(a.hi, b.hi) + 1.0)
+    if op == "mul":
+        return _float64(classes, a.lo + b.lo, a.hi + b.hi)
+    if op == "div":
+        return _float64(classes, a.lo - b.hi, a.hi - b.lo)
+    return _float64(classes, min(a.lo, b.lo), max(a.hi, b.hi))  # maximum, minimum
+
+
+def _fold(op: str, a: Abstract) -> Abstract:
+    """Every ``op``-fold of 1 to 2^62 entries of ``a`` (a reduction)."""
+    classes = _folded(op, a.classes)
+    if op == "add":  # a rounded partial sum s + x that grows past s + x grows by at most x: 2·Σ|x|
+        return _float64(classes, max(a.lo - 53.0, UNDERFLOW), a.hi + POSITIONS + 1.0)
+    if op == "mul":  # |x| ≤ 2^hi over 2^62 factors, each rounding by at most (1 + 2^-53)
+        return _float64(classes, (a.lo * 2.0 ** POSITIONS if a.lo < 0 else a.lo) - ROUNDING,
+                        (a.hi * 2.0 ** POSITIONS if a.hi > 0 else a.hi) + ROUNDING)
+    return _float64(classes, a.lo, a.hi)  # maximum, minimum
+
+
+#: an axis's size
+SIZE = Abstract(_v("+"), 0.0, POSITIONS)
+
+
+def _weights(params: tuple[str, ...], s: Abstract) -> Abstract:
+    """a1(s) / b(Σ a2(s)), 0 where the normaliser is 0.  exp's weights read s - max s, the
+    maximum taken as 0 where it is not finite (evaluate.nweights): where it is finite,
+    s - max s ≤ 0 (``-inf`` where masked), its exponential in [0, 1] (0 where it underflows),
+    and the normaliser at least the maximum's exp(0) = 1, so the weights are in [0, 1]
+    (``rms``: in [0, sqrt n])."""
+    if params[0] == params[1] == "exp":
+        top = _fold("maximum", s)
+        weights = frozenset().union(*({"-inf": _v("0"), "nan": _v("nan")}.get(c, _v("0 +") if c in FINITE else
+                                                                               frozenset()) for c in s.classes))
+        # at most 1 (sqrt(n) under an rms normaliser: exp(0) / sqrt(1/n))
+        bounded = Abstract(weights if top.classes & FINITE else frozenset(), UNDERFLOW,
+                           POSITIONS / 2 if params[2] == "rms" else 0.0)
+        if not top.classes - FINITE:
+            return bounded
+        return _join(bounded, _composed(params, s))  # the maximum not finite: s itself
+    return _composed(params, s)
+
+
+def _composed(params: tuple[str, ...], s: Abstract) -> Abstract:
     a1, a2, b = params
-    if a1 == a2 == "exp":
-        top = _folded("maximum", s)
-        s = _pairs("sub", s, (top & FINITE) | (_v("0") if top - FINITE else frozenset()))
-    z = _folded("add", _unary(a2, s))
-    denom = z if b == "id" else _unary("sqrt", z)  # rms: sqrt(z / n), n ≥ 1, the same classes
-    return _pairs("div", _unary(a1, s), denom - _v("0")) | (_v("0") if "0" in denom else frozenset())
+    z = _fold("add", _un(a2, s))
+    denom = z if b == "id" else _un("sqrt", z if b == "sqrt" else _bin("div", z, SIZE))
+    nonzero = Abstract(denom.classes - _v("0"), denom.lo, denom.hi)
+    out = _bin("div", _un(a1, s), nonzero)
+    return _join(out, Abstract(_v("0"), out.lo, out.hi)) if "0" in denom.classes else out
+
+
+def _join(a: Abstract, b: Abstract) -> Abstract:
+    if not a.classes:
+        return b
+    if not b.classes:
+        return a
+    return Abstract(a.classes | b.classes, min(a.lo, b.lo), max(a.hi, b.hi))
 
 
 def _recurrence(a: Value, x: Value) -> Value:
@@ -163,49 +295,65 @@ def _recurrence(a: Value, x: Value) -> Value:
     return out
 
 
+def _linrec(a: Abstract, x: Abstract) -> Abstract:
+    """linrec: h[t] = Σ_{s ≤ t} (Π_{s < r ≤ t} a[r])·x[s] over up to 2^62 positions: its
+    classes the fixed point of ``_recurrence``; within 2^62 times the largest x while |a| ≤ 1,
+    else a product of up to 2^62 factors past 1 (``_fold``'s bound for ``mul``), with the
+    roundings of both; a non-zero entry may underflow."""
+    grow = a.hi * 2.0 ** POSITIONS if a.hi > 0 else 0.0
+    return _float64(_recurrence(a.classes, x.classes), UNDERFLOW - 1.0, x.hi + grow + POSITIONS + 1.0 + ROUNDING)
+
+
 _REDUCE = {"sum": "add", "mean": "add", "prod": "mul", "max": "maximum", "min": "minimum"}
 
 #: one transfer rule per op: (the box, its operands' values, the analysis) -> the box's value
-Rule = Callable[[Box, list[Value], "_Analysis"], Value]
+Rule = Callable[[Box, list[Abstract], "_Analysis"], Abstract]
+
+
+def _lse(a: Abstract) -> Abstract:
+    """logsumexp: within log(2^62) ≈ 43 above its maximum."""
+    return _float64(_logsumexp(a.classes), UNDERFLOW, math.log2(_exp2(a.hi) + 44.0))
 
 
 def _rule(op: str) -> Rule:
     kind = ops.OPS[op].kind
     if kind == "unary":
-        return lambda box, vs, _: _unary(op, vs[0])
+        return lambda box, vs, _: _un(op, vs[0])
     if op == "add":
-        return lambda box, vs, an: an.guarded(box) or _pairs("add", *vs)
+        return lambda box, vs, an: an.guarded(box, vs) or _bin("add", *vs)
     if kind == "binary":
-        return lambda box, vs, _: _pairs(op, *vs)
+        return lambda box, vs, _: _bin(op, *vs)
     if op == "logsumexp":
-        return lambda box, vs, _: _logsumexp(vs[0])
+        return lambda box, vs, _: _lse(vs[0])
+    if op == "mean":
+        return lambda box, vs, _: _bin("div", _fold("add", vs[0]), SIZE)
     if kind == "reduce":
-        return lambda box, vs, _: _folded(_REDUCE[op], vs[0])
-    if op == "cumsum":
-        return lambda box, vs, _: _folded("add", vs[0])
+        return lambda box, vs, _: _fold(_REDUCE[op], vs[0])
+    if op == "cumsum":  # each entry a sum of 1 to 2^62 entries
+        return lambda box, vs, _: _fold("add", vs[0])
     if op == "linrec":
-        return lambda box, vs, _: _recurrence(vs[0], vs[1])
+        return lambda box, vs, _: _linrec(vs[0], vs[1])
     if kind == "normalise":
         return lambda box, vs, _: _weights(ops.OPS[op].weights or ("", "", ""), vs[0])
     if kind == "ncontract":
-        return lambda box, vs, _: _folded("add", _pairs("mul", _weights(box.params, vs[0]), vs[1]))
+        return lambda box, vs, _: _fold("add", _bin("mul", _weights(box.params, vs[0]), vs[1]))
     if kind == "contract":
-        return lambda box, vs, _: _folded("add", fold(lambda a, b: _pairs("mul", a, b), vs))
+        return lambda box, vs, _: _fold("add", fold(lambda a, b: _bin("mul", a, b), vs))
     if kind == "where":
-        return lambda box, vs, _: vs[0] | vs[1]
+        return lambda box, vs, _: _join(vs[0], vs[1])
     if kind == "compare":
-        return lambda box, vs, _: _v("0 +")
+        return lambda box, vs, _: Abstract(_v("0 +"), 0.0, 0.0)
     if kind == "select":
-        return lambda box, vs, _: vs[1] | vs[2]
+        return lambda box, vs, _: _join(vs[1], vs[2])
     if kind == "gather":
         return lambda box, vs, _: vs[0]
     if kind == "index":
-        return lambda box, vs, _: FINITE
+        return lambda box, vs, _: Abstract(FINITE, 0.0, POSITIONS)
     if kind == "onehot":
-        return lambda box, vs, _: _v("0 +")
+        return lambda box, vs, _: Abstract(_v("0 +"), 0.0, 0.0)
     if kind in ("split", "join", "rename", "transpose"):
         return lambda box, vs, _: vs[0]
-    return lambda box, vs, _: TOP  # an op of a kind without a rule could be anything
+    return lambda box, vs, _: Abstract(TOP)  # an op of a kind without a rule could be anything
 
 
 RULES: dict[str, Rule] = {op: _rule(op) for op in ops.OPS}
@@ -213,27 +361,29 @@ RULES: dict[str, Rule] = {op: _rule(op) for op in ops.OPS}
 
 class _Analysis:
     """The abstract values of a diagram's terms: ``defs`` maps binding names to their
-    expressions, ``inputs`` the inputs to their values (finite reals by the domain)."""
+    expressions, ``inputs`` the inputs to their values (finite values within ``DOMAIN``)."""
 
-    def __init__(self, defs: Mapping[str, Expr], inputs: Mapping[str, Value]):
-        self.defs, self.inputs, self.seen = defs, inputs, dict[str, Value]()
+    def __init__(self, defs: Mapping[str, Expr], inputs: Mapping[str, Abstract]):
+        self.defs, self.inputs, self.seen = defs, inputs, dict[str, Abstract]()
 
-    def value(self, expr: Expr) -> Value:
+    def value(self, expr: Expr) -> Abstract:
         if isinstance(expr, Var):
             if expr.name in self.inputs:
                 return self.inputs[expr.name]
             if expr.name not in self.defs:
-                return TOP
+                return Abstract(TOP)
             if expr.name not in self.seen:
-                self.seen[expr.name] = TOP  # a cycle (none in a diagram) would read TOP
+                self.seen[expr.name] = Abstract(TOP)  # a cycle (none in a diagram) would read TOP
                 self.seen[expr.name] = self.value(self.defs[expr.name])
             return self.seen[expr.name]
         if isinstance(expr, Const):
-            return frozenset({class_of(expr.value)})
+            v = expr.value
+            exact = math.log2(abs(v)) if math.isfinite(v) and v != 0 else 0.0
+            return Abstract(frozenset({class_of(v)}), exact, exact)
         if isinstance(expr, Size):
-            return _v("+")
+            return SIZE
         if not isinstance(expr, Box) or expr.op not in RULES:
-            return TOP
+            return Abstract(TOP)
         return RULES[expr.op](expr, [self.value(a) for a in expr.args], self)
 
     def through(self, expr: Expr) -> Expr:
@@ -241,24 +391,25 @@ class _Analysis:
             expr = self.defs[expr.name]
         return expr
 
-    def guarded(self, box: Box) -> Value | None:
+    def guarded(self, box: Box, values: list[Abstract]) -> Abstract | None:
         """``d + (1 - g)`` with ``g`` = ``square(sign d)`` or ``abs(sign d)``: 1 where d = 0
         (the evaluator's and the VJP's guard of a divisor that may be 0), d elsewhere
         (g = 1 there, also where d is infinite); None for any other sum."""
-        for d, rest in (box.args, box.args[::-1]):
+        for (d, rest), v in zip((box.args, box.args[::-1]), values, strict=True):
             rest = self.through(rest)
             if isinstance(rest, Box) and rest.op == "sub" and rest.args[0] == Const(1.0):
                 g = self.through(rest.args[1])
                 inner = self.through(g.args[0]) if isinstance(g, Box) and g.op in ("square", "abs") else None
                 if isinstance(inner, Box) and inner.op == "sign" and self.through(inner.args[0]) == self.through(d):
-                    v = self.value(d)
-                    return (v - _v("0")) | (_v("+") if "0" in v else frozenset())
+                    classes = (v.classes - _v("0")) | (_v("+") if "0" in v.classes else frozenset())
+                    return Abstract(classes, min(v.lo, 0.0), max(v.hi, 0.0))
         return None
 
 
 def analyse(expr: Expr, defs: Mapping[str, Expr], inputs: Mapping[str, Value]) -> Value:
-    """The abstract value of ``expr``, its inputs' values given by ``inputs``."""
-    return _Analysis(defs, inputs).value(expr)
+    """The classes of ``expr``'s entries, its inputs' classes given by ``inputs`` (their
+    finite entries within ``DOMAIN``)."""
+    return _Analysis(defs, {n: Abstract(v, *DOMAIN) for n, v in inputs.items()}).value(expr).classes
 
 
 def finite(expr: Expr, defs: Mapping[str, Expr], inputs: frozenset[str] | set[str] = frozenset()) -> bool:
@@ -280,6 +431,9 @@ MASKS = re.compile(r"\[-inf masks: ([\w, ]+)\]")
 #: entries (masks), and with ±inf entries (certify.infinite_tested writes both)
 MASKS_TESTED = re.compile(r"\[-inf tested: ([\w, ]+)\]")
 INFINITE = re.compile(r"\[infinite: ([\w, ]+)\]")
+#: how a proof names the operands its laws are also proved for at every float64 value, ±inf
+#: and NaN included (prove.extended writes it: a fold of +, max or min)
+EXTENDED = re.compile(r"\[extended: ([\w, ]+)\]")
 
 
 def _listed(how: str, marker: re.Pattern[str]) -> set[str]:
@@ -306,7 +460,8 @@ def unsupported(how: str, diagram: Diagram, terms: Mapping[str, Expr]) -> str | 
     where the box gives +inf) is neither proved nor tested."""
     proved = how.startswith("proved")
     masks = _listed(how, MASKS) if proved else set()
-    n = _uncovered(diagram, terms, masks | _listed(how, MASKS_TESTED), _listed(how, INFINITE))
+    anything = _listed(how, INFINITE) | (_listed(how, EXTENDED) if proved else set())
+    n = _uncovered(diagram, terms, masks | _listed(how, MASKS_TESTED), anything)
     if n is None:
         return None
     which = ("first", "second", "third")[int(n[1:])] if n[1:].isdigit() and int(n[1:]) < 3 else n
@@ -316,9 +471,11 @@ def unsupported(how: str, diagram: Diagram, terms: Mapping[str, Expr]) -> str | 
 
 def narrowed(how: str, diagram: Diagram, terms: Mapping[str, Expr]) -> str:
     """Certification's ``how`` for one use, its parameters matched to ``terms``: a proof
-    (``proved: ...``) covers finite inputs, and -inf masks in the parameters it names in
-    ``[-inf masks: S]``; applied to anything else the use is only tested."""
-    if not how.startswith("proved") or _uncovered(diagram, terms, _listed(how, MASKS), set()) is None:
+    (``proved: ...``) covers finite inputs, -inf masks in the parameters it names in
+    ``[-inf masks: S]`` and every value in those it names in ``[extended: X0]``; applied to
+    anything else the use is only tested."""
+    if not how.startswith("proved") or _uncovered(diagram, terms, _listed(how, MASKS),
+                                                  _listed(how, EXTENDED)) is None:
         return how
     return f"tested here (proved for finite terms, applied to one that may be infinite): {how[len('proved: '):]}"
 

@@ -115,12 +115,15 @@ def _sizes(draw: Any, thm: kernel.Theorem) -> dict[str, int]:
     return sizes
 
 
-def run_case(module: Module, data: st.DataObject) -> dict[str, str] | None:
+def run_case(module: Module, data: st.DataObject,
+             compiler_options: dict[str, Any] | None = None) -> dict[str, str] | None:
     """Outcome per target (``"ran"``, for Pallas with ``", skipping masked chunks"`` where
     ``masks.stream_masks`` let it skip and ``", unmasking full chunks"`` where
     ``skip.unmaskable`` let it leave masks out, or the refusal's code), None when no case arises (no
     partition accepted, sizes a reshape cannot honour, f32 overflow); raises AssertionError
-    on a kernel that disagrees with the evaluator."""
+    on a kernel that disagrees with the evaluator.  ``compiler_options`` go to XLA's compile
+    of each kernel (``jax.stages.Lowered.compile``; the benchmark lowers most cases'
+    ``xla_backend_optimization_level``, which leaves the HLO passes as they are)."""
     diagram = data.draw(st.sampled_from(module.diagrams))
     thm = kernel.unfold(kernel.refl("t", diagram))
     thm = _schedule(thm, data.draw(schedule_steps(thm.result)))
@@ -163,7 +166,8 @@ def run_case(module: Module, data: st.DataObject) -> dict[str, str] | None:
             continue
         options = {"interpret": True} if target == "pallas" else {}
         inputs = [jnp.asarray(a, jnp.float32) for a in arrays]
-        got = cases.as_tuple(jax.jit(lambda *a, f=lowered.fn, o=options: f(*a, **o))(*inputs))
+        jitted = jax.jit(lambda *a, f=lowered.fn, o=options: f(*a, **o)).lower(*inputs)
+        got = cases.as_tuple(jitted.compile(compiler_options)(*inputs))
         if not all(cases.agrees(np.asarray(g, np.float64), w) for g, w in zip(got, wants, strict=True)):
             if _xla_fold(lowered.fn, options, inputs, got, wants):
                 outcome[target] = XLA_FOLD

@@ -126,6 +126,21 @@ def test_differential_run_counts_and_records(tmp_path: Path) -> None:
     assert result["mismatches"] == [] and result["drawn"] >= result["accepted_schedules"] >= 1
     assert sum(result["outcomes"].values()) == 2 * result["accepted_schedules"]  # one outcome per target
     assert f"accepted schedules {result['accepted_schedules']}" in out
+    assert result["finished"] and result["batches"] >= 1
+    assert result["counts"]["accepted"] == result["accepted_schedules"]
+
+
+def test_differential_run_resumes_where_its_results_stop(tmp_path: Path) -> None:
+    """The results file is written after every batch and ``--resume`` continues it: the same
+    seed, the next batch, the counts and time added to."""
+    args = [str(BENCH / "differential.py"), "--minutes", "4", "--batch", "2", "--seed", "5", "--out", "d"]
+    _run([*args, "--cases", "1"], tmp_path)
+    first = json.loads((tmp_path / "d.json").read_text())
+    _run([*args, "--cases", str(first["accepted_schedules"] + 1), "--resume", "--seed", "9"], tmp_path)
+    second = json.loads((tmp_path / "d.json").read_text())
+    assert second["seed"] == 5 and second["batches"] > first["batches"]
+    assert second["drawn"] > first["drawn"] and second["seconds"] > first["seconds"]
+    assert second["accepted_schedules"] > first["accepted_schedules"]
 
 
 @pytest.mark.parametrize("names", ["ab", "abcde"])

@@ -32,8 +32,24 @@ def _term(text: str) -> tuple[bool, str]:
     ("max[x](S)", True),
     ("logsumexp[x](S) * 2.0", True),
     ("S / x", True),                                   # a size is positive
-    ("S / exp(T)", True),
-    ("log(sum[x](exp(S)) + 1.0)", True),               # a sum of positives (n >= 1) is positive
+    ("S / exp(T)", False),                             # float64's exp(-800) is 0
+    ("S / exp(tanh(T))", True),                        # exp of a value in [-1, 1]
+    ("log(sum[x](exp(S)) + 1.0)", False),              # float64's exp(1000) is inf
+    ("log(sum[x](exp(tanh(S))) + 1.0)", True),         # a sum of positives (n >= 1) is positive
+    ("exp(S)", False),                                 # finite over the reals, inf in float64 past 709.8
+    ("exp(T - 5.0)", False),
+    ("exp(sigmoid(S) * 700.0)", True),
+    ("exp(sigmoid(S) * 710.0)", False),
+    ("S * T", True),                                   # |S|, |T| ≤ 2^128: 2^256
+    ("square(square(S))", True),
+    ("square(square(square(S)))", False),              # S^8 overflows at |S| ≥ 2^128
+    ("prod[x](S)", False),                             # a product over many positions overflows
+    ("prod[x](tanh(S))", True),                        # ... unless its factors are in [-1, 1] (it may underflow to 0)
+    ("recip(square(S) + 1.0)", True),
+    ("log(prod[x](sigmoid(S)))", False),               # the product of values in (0, 1) underflows to 0
+    ("softmax[x](S) * 1e300", True),                   # softmax weights are at most 1
+    ("rmsnorm[x](S)", True),
+    ("exp(logsumexp[x](S) - S)", False),               # no relational fact outside a normalisation
     ("log(sum[x](exp(where[q x](x > q, S, -inf))))", False),  # a fully masked row sums exp(-inf) = 0: log 0
     ("recip(exp(where[q x](x > q, S, -inf)))", False),  # exp of a mask is 0 there, not positive
     ("rsqrt(sum[x](exp(where[q x](x > q, S, -inf))))", False),
@@ -52,7 +68,8 @@ def _term(text: str) -> tuple[bool, str]:
     ("sqrt(S)", False),
     ("sqrt(square(S))", True),
     ("rsqrt(x) * S", True),
-    ("exp(where[q x](q >= x, S, -inf) - T)", True),  # exp(-inf) = 0: masked weights
+    ("exp(where[q x](q >= x, S, -inf) - T)", False),  # exp(-inf) = 0, but S - T may be 2^129
+    ("exp(where[q x](q >= x, tanh(S), -inf) - tanh(T))", True),  # exp(-inf) = 0: masked weights
     ("exp(where[q x](q >= x, S, inf))", False),      # exp(inf) = inf
     ("exp(where[q x](q >= x, S, -inf) * -1.0)", False),  # -(-inf) = inf
     ("exp(where[q x](q >= x, S, -inf) - where[q x](q >= x, T, -inf))", False),  # -inf - -inf = NaN
@@ -121,8 +138,8 @@ def test_a_proof_covers_a_use_only_on_its_domain() -> None:
 def test_an_accumulator_use_on_an_operand_that_may_be_infinite_needs_a_test_with_infinities() -> None:
     """A proved or tested accumulator covers finite operands (a proved one also the -inf masks it
     names); on an operand that may be +inf it is backed only where certify.infinite_tested ran
-    it with infinite entries and it agreed with the box.  logsumexp does not (a +inf row: box
-    +inf, stream NaN), sum does."""
+    it with infinite entries and it agreed with the box, or where its proof extends to every
+    float64 value.  logsumexp does neither (a +inf row: box +inf, stream NaN), sum does both."""
     for op, name, infinite in (("logsumexp", "logsumexp", ""), ("sum", "sum", " [infinite: X0]")):
         box = next(b for b, axis in certify.representative_boxes() if b.op == op)
         marker = certify.infinite_tested(certify.canonical(box, "x"), "x", name)
@@ -134,7 +151,9 @@ def test_an_accumulator_use_on_an_operand_that_may_be_infinite_needs_a_test_with
                    "theorem b: total {\n  stream x by sx via sum\n}\n")
     refused, accepted = check_module(module)
     assert refused.failure is not None and "may be infinite here" in refused.failure.message
-    assert accepted.ok and any("tested here" in t for t in accepted.theorem.trust)  # tested with +inf, not proved
+    # sum is tested with +inf, and proved at every float64 value too (prove.extended)
+    assert accepted.ok and not any("tested here" in t for t in accepted.theorem.trust)
+    assert "[extended: X0]" in "; ".join(accepted.theorem.trust)
     diagram = module.diagram("lse")
     term = {"X0": diagram.body[0].expr.args[0]}
     assert unsupported("proved: laws", diagram, term) is not None
@@ -190,7 +209,10 @@ def test_an_op_without_a_rule_could_be_anything() -> None:
 @st.composite
 def _entry(draw: st.DrawFn, classes: frozenset[str]) -> float:
     c = draw(st.sampled_from(sorted(classes)))
-    magnitude = draw(st.floats(1e-3, 5.0))  # where float64 computes every op as the reals do
+    # where float64 computes every op as the reals do, and across the domain's range (float32's),
+    # where exp, products and reciprocals leave float64's
+    magnitude = draw(st.one_of(st.floats(1e-3, 5.0),
+                               st.sampled_from((1.5e-45, 1e-30, 1e-8, 30.0, 700.0, 750.0, 1e10, 1e20, 3.4e38))))
     return {"-inf": -math.inf, "-": -magnitude, "0": draw(st.sampled_from((0.0, -0.0))), "+": magnitude,
             "+inf": math.inf, "nan": math.nan}[c]
 
@@ -224,10 +246,14 @@ def test_each_rule_contains_what_the_evaluator_computes(op: str, params: str, te
 
 @pytest.mark.parametrize(("shift", "accepted"), [
     ("max[x](S)", True),
-    ("sum[x](exp(M))", True),                      # exp(-inf) = 0: a sum of zeros and positives
-    ("log(1.0 + sum[x](exp(M)))", True),           # 1 + (0 or more) is positive
+    ("sum[x](exp(M))", False),                     # float64's exp(1000) is inf (issue 28)
+    ("sum[x](exp(tanh(M)))", True),                # exp(-inf) = 0: a sum of zeros and positives
+    ("log(1.0 + sum[x](exp(tanh(M))))", True),     # 1 + (0 or more) is positive
+    ("log(1.0 + sum[x](exp(M)))", False),
+    ("exp(max[x](S))", False),
     ("sqrt(sum[x](square(M - max[x](S))))", False),  # (-inf)² = +inf
-    ("sum[x](exp(M) * S)", True),                 # masked weights (0) times finite values
+    ("sum[x](exp(tanh(M)) * S)", True),           # masked weights (0) times finite values
+    ("sum[x](exp(M) * S)", False),
     ("sum[x](exp(S) * M)", False),                # a positive weight times -inf
     ("sum[x](recip(exp(M)))", False),              # 1 / exp(-inf) = +inf
     ("max[x](log(exp(M)))", False),                # log(exp(-inf)) = -inf
@@ -244,3 +270,68 @@ def test_a_shift_lemma_applies_where_the_analysis_vouches_for_the_shift(shift: s
     else:
         with pytest.raises(KernelError, match=r"^instantiate: lemma `softmax_shift` holds when `c` is finite"):
             kernel.rewrite(kernel.refl("t", module.diagram("f")), lemma, step, {"softmax_shift": "tested: t"})
+
+
+# ---- accumulators proved for every float64 value (issue 28) -------------------------------------
+
+def _box(text: str) -> Box:
+    """The returned box of a one-line diagram on S: [q x] and T: [q x]."""
+    diagram = loads(f"axis q, x\ndiagram f(S: [q x], T: [q x]) -> [q] {{\n  return {text}\n}}\n").diagram("f")
+    box = diagram.outputs[0]
+    assert isinstance(box, Box)
+    return certify.canonical(box, "x")
+
+
+@pytest.mark.parametrize(("text", "name", "pad", "expected"), [
+    ("contract[x](S, T)", "sum", False, True),
+    ("contract[x](S, T)", "sum", True, True),
+    ("sum[x](S)", "sum", True, True),
+    ("max[x](S)", "max", True, True),
+    ("min[x](S)", "min", False, True),
+    ("mean[x](S)", "sum", False, False),        # its finaliser divides: not claimed
+    ("prod[x](S)", "prod", False, False),
+    ("logsumexp[x](S)", "logsumexp", False, False),  # a +inf entry: exp(inf - inf) is NaN in the state
+    ("ncontract[x; exp, exp, id](S, T)", "online_softmax", False, False),
+])
+def test_monoid_accumulators_are_proved_for_every_float64_value(text: str, name: str, pad: bool,
+                                                                 expected: bool) -> None:
+    """prove.extended: a fold of +, max or min over the box it folds holds at ±inf and NaN
+    (the flash attention backward's Σ exp(S - L)·dP, where exp may overflow), and the claim
+    is what the evaluator and the accumulator run chunk by chunk compute with NaN entries too."""
+    from napkin_cat.certify import prove
+
+    box = _box(text)
+    plan = accumulators.plan(box, "x", name)
+    assert prove.extended(plan, pad) is expected
+    how = certify.accumulator(box, "x", name, pad)
+    assert ("[extended: " in how) is expected, how
+    if expected:
+        assert "[extended: " + ", ".join(f"X{k}" for k in range(len(box.args))) + "]" in how
+        for fills in ((math.nan,), (math.inf, -math.inf), (math.nan, math.inf)):
+            assert all(certify._agrees_with(box, "x", name, k, fills) for k in range(len(box.args))), fills
+
+
+def test_a_padded_contraction_with_an_operand_lacking_the_axis_is_not_extended() -> None:
+    """A padded position of contract[x](S, c) is 0 · c: NaN where c is infinite, so the padding
+    law holds only for finite c."""
+    from napkin_cat.certify import prove
+
+    diagram = loads("axis q, x\ndiagram f(S: [q x], c: [q]) -> [q] {\n  return contract[x](S, c)\n}\n").diagram("f")
+    box = diagram.outputs[0]
+    assert isinstance(box, Box)
+    plan = accumulators.plan(certify.canonical(box, "x"), "x", "sum")
+    assert prove.extended(plan, False) and not prove.extended(plan, True)
+
+
+def test_an_extended_proof_covers_a_use_on_any_operand_under_strict() -> None:
+    """A use whose operand may overflow (exp(S - T): S - T may pass 709.8) stays proved where
+    the proof names the operand in [extended: ...], and is only tested otherwise."""
+    from napkin_cat.finiteness import narrowed
+
+    diagram = loads(f"{HEADER}  P = exp(S - T)\n  return P\n}}\n").diagram("f")
+    terms = {"X0": Var("P", ("q", "x")), "X1": Var("S", ("q", "x"))}
+    assert not finite(Var("P", ("q", "x")), {"P": diagram.body[0].expr}, {"S", "T"})
+    assert narrowed("proved: laws [extended: X0, X1]", diagram, terms) == "proved: laws [extended: X0, X1]"
+    assert narrowed("proved: laws [extended: X1]", diagram, terms).startswith("tested here")
+    assert unsupported("proved: laws [extended: X0, X1]", diagram, terms) is None
+    assert unsupported("tested: float64 [extended: X0, X1]", diagram, terms) is not None  # only a proof names it

@@ -70,6 +70,7 @@ from sympy.core.function import AppliedUndef
 from napkin_cat import ops
 from napkin_cat.certify import accumulators as acc
 from napkin_cat.certify.atoms import Quo, Rem, _expand, _i, _j, _MaxOf, _n, _Reduction, index, maximum, minimum, reduce
+from napkin_cat.evaluate import FLOAT64
 from napkin_cat.terms import (
     Box,
     Const,
@@ -85,7 +86,7 @@ from napkin_cat.terms import (
     run_diagram,
 )
 
-__all__ = ["Unproved", "masks_unproved", "prove_accumulator", "prove_join", "prove_lemma", "why_unproved"]
+__all__ = ["Unproved", "extended", "masks_unproved", "prove_accumulator", "prove_join", "prove_lemma", "why_unproved"]
 
 
 class Unproved(Exception):
@@ -600,8 +601,45 @@ def prove_accumulator(box: Box, axis: str, name: str, pad: bool) -> str | None:
     if problem:
         return None
     masked = box.args[0] if _scores_only(box, "X0") and _masked_laws(plan, guarded, box) else None
+    anything = ", ".join(f"X{k}" for k in range(len(box.args))) if extended(plan, pad) else ""
     return "proved: laws symbolically at every chunk length (finite real inputs)" + (
-        " [-inf masks: X0]" if masked is not None else "")
+        " [-inf masks: X0]" if masked is not None else "") + (f" [extended: {anything}]" if anything else "")
+
+
+#: the monoid accumulators whose laws extend to every float64 value: their merge, the boxes they fold
+_EXTENDED = {"sum": ("add", ("sum", "contract")), "max": ("maximum", ("max",)), "min": ("minimum", ("min",))}
+
+
+def extended(plan: acc.AccumulatorPlan, pad: bool) -> bool:
+    """Do the laws of ``plan``, proved for finite operands, hold for operands of every float64
+    value, ±inf and NaN included (``finiteness.EXTENDED``)?  For a monoid accumulator of +,
+    max or min on the box it folds (sum or contract, max, min; no one-step update): its state
+    is the box's own fold over the chunk, each position's term (a contraction's product) is
+    computed alike by box and lift, and combining merges two folds; so the laws hold wherever
+    the evaluator's merge (``FLOAT64.binary``) is associative and commutative and its identity
+    neutral.  Over finite values that is the finite proof (over the reals: reassociating
+    floats rounds, README "The domain"); with ±inf or NaN among three operands, the result
+    depends on their classes alone (inf + x = inf for every finite x, NaN absorbs, inf + -inf
+    is NaN), so checking it on every triple of {-1.5, 0, 2.25, ±inf, NaN} where one is not
+    finite covers every value.  With ``pad``, every operand must carry the streamed axis, so
+    that a padded position is its fills alone (0·0, not 0·inf)."""
+    if plan.name not in _EXTENDED or plan.update is not None:
+        return False
+    merge, boxes = _EXTENDED[plan.name]
+    if plan.box.op not in boxes or (pad and not all(plan.axis in a.axes for a in plan.box.args)):
+        return False
+    op = FLOAT64.binary[merge]
+    values = (-1.5, 0.0, 2.25, -math.inf, math.inf, math.nan)
+
+    def same(a: float, b: float) -> bool:
+        return bool(a == b or (math.isnan(a) and math.isnan(b)))
+
+    for x, y, z in itertools.product(values, repeat=3):
+        if all(math.isfinite(v) for v in (x, y, z)):
+            continue
+        if not (same(op(op(x, y), z), op(x, op(y, z))) and same(op(x, y), op(y, x))):
+            return False
+    return all(same(op(plan.identity[0], x), x) for x in values)
 
 
 def _masked_laws(plan: acc.AccumulatorPlan, guarded: acc.AccumulatorPlan, box: Box) -> bool:

@@ -58,7 +58,7 @@ def test_the_search_keeps_to_few_wide_trips_within_the_cache(attention: object) 
 def test_the_jax_target_takes_its_default_tiles_from_the_cpu_profile(capsys: pytest.CaptureFixture[str],
                                                                      tmp_path: Path) -> None:
     thm = theorem(PROOF, "flash_attention_prescaled")
-    assert DEFAULT_HARDWARE == {"pallas": "h100", "jax": "cpu"}
+    assert DEFAULT_HARDWARE == {"pallas": "h100", "mosaic": "h200", "jax": "cpu"}
     lowered = lower(thm, target="jax")
     expected, origin = default_tiles(thm.result, realised_schedule(thm.result, thm.schedule, "jax"), "cpu", "f32")
     assert lowered.tiles == expected and "cost model optimum for cpu" in origin and origin in lowered.source

@@ -298,7 +298,7 @@ def test_monoid_accumulators_are_proved_for_every_float64_value(text: str, name:
     """prove.extended: a fold of +, max or min over the box it folds holds at ±inf and NaN
     (the flash attention backward's Σ exp(S - L)·dP, where exp may overflow), and the claim
     is what the evaluator and the accumulator run chunk by chunk compute with NaN entries too."""
-    from napkin_cat.certify import prove
+    from napkin_cat.certify import prove, tiers
 
     box = _box(text)
     plan = accumulators.plan(box, "x", name)
@@ -308,7 +308,7 @@ def test_monoid_accumulators_are_proved_for_every_float64_value(text: str, name:
     if expected:
         assert "[extended: " + ", ".join(f"X{k}" for k in range(len(box.args))) + "]" in how
         for fills in ((math.nan,), (math.inf, -math.inf), (math.nan, math.inf)):
-            assert all(certify._agrees_with(box, "x", name, k, fills) for k in range(len(box.args))), fills
+            assert all(tiers._agrees_with(box, "x", name, k, fills) for k in range(len(box.args))), fills
 
 
 def test_a_padded_contraction_with_an_operand_lacking_the_axis_is_not_extended() -> None:

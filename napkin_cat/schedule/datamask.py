@@ -26,9 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from napkin_cat.certify.accumulators import AccumulatorPlan
-from napkin_cat.finiteness import finite
 from napkin_cat.schedule.loopnest import Flat
-from napkin_cat.schedule.masks import masked_fill
+from napkin_cat.schedule.masks import absorbed_masks
 from napkin_cat.terms import Axes, Box, Cmp, Const, Expr, Logic, Pred, Var
 
 __all__ = ["DataMask", "block_liveness", "data_masks"]
@@ -48,29 +47,9 @@ def data_masks(flat: Flat, stream: str, plans: Mapping[str, AccumulatorPlan]) ->
     """Per accumulating node (``plans``: every node that consumes ``stream``), the integer mask
     whose zeros fill an absorbing operand with its padding value; None where some node has
     none, or an output carries the streamed axis (a chunk of it is written by the loop)."""
-    if not plans or any(stream in flat.type_of(o) for o in flat.outputs):
-        return None
-    defs = {n.name: n.expr for n in flat.nodes}
-    inputs = frozenset(name for name, _ in flat.inputs)
-    found_all: list[DataMask] = []
-    for node in flat.nodes:
-        if node.name not in plans:
-            continue
-        if not isinstance(node.expr, Box):
-            return None
-        found = None
-        pads = plans[node.name].pad or ()  # no padding law: no absorbing operand either
-        for i in plans[node.name].absorbing:
-            known = masked_fill(node.expr.args[i], defs, inputs)
-            if known is None or isinstance(known[0], (Cmp, Logic)) or known[1] != pads[i]:
-                continue  # an index predicate is masks.py's (affine bounds), not a data mask
-            if all(finite(a, defs, inputs) for j, a in enumerate(node.expr.args) if j != i):
-                found = _nested(node.expr.args[i], known[0], known[1], defs)
-                break
-        if found is None:
-            return None
-        found_all.append(found)
-    return tuple(found_all)
+    found = absorbed_masks(flat, stream, plans, lambda operand, mask, fill, defs: None
+                           if isinstance(mask, (Cmp, Logic)) else _nested(operand, mask, fill, defs))
+    return None if found is None else tuple(found)  # an index predicate is masks.py's (affine bounds)
 
 
 def _nested(operand: Expr, mask: Expr, fill: float, defs: Mapping[str, Expr]) -> DataMask:

@@ -116,11 +116,24 @@ def stream_masks(flat: Flat, stream: str, plans: Mapping[str, AccumulatorPlan],
     the loop may then run over the union of their ranges (or a hull of it), since chunks
     outside one node's ranges lift to that node's identity.
     """
+    found = absorbed_masks(flat, stream, plans, lambda operand, pred, fill, defs: _mask(pred, stream, grid)
+                           if isinstance(pred, (Cmp, Logic)) else None)
+    return None if found is None else tuple(dict.fromkeys(sides for each in found for sides in each))
+
+
+def absorbed_masks(flat: Flat, stream: str, plans: Mapping[str, AccumulatorPlan],
+                   recognise: Callable[[Expr, Pred | Expr, float, Mapping[str, Expr]], Any]) -> list[Any] | None:
+    """The skip rule's search (module docstring), shared by index masks (``stream_masks``) and
+    masks read from data (``datamask.data_masks``): per node of ``plans`` (every node that
+    consumes ``stream``), the first absorbing operand that is its padding value wherever a
+    mask is false (``masked_fill``), with every other operand finite, whose ``(operand, mask,
+    fill, defs)`` ``recognise`` turns into something not None; None where some node has none,
+    or an output carries the streamed axis (a chunk of it is written by the loop)."""
     if not plans or any(stream in flat.type_of(o) for o in flat.outputs):
         return None
     defs = {n.name: n.expr for n in flat.nodes}
     inputs = frozenset(name for name, _ in flat.inputs)
-    found_all: list[Sides] = []
+    found_all: list[Any] = []
     for node in flat.nodes:
         if node.name not in plans:
             continue
@@ -134,13 +147,13 @@ def stream_masks(flat: Flat, stream: str, plans: Mapping[str, AccumulatorPlan],
                 continue
             if not all(finite(a, defs, inputs) for j, a in enumerate(node.expr.args) if j != i):
                 continue  # another operand may be infinite: the chunk may lift to NaN, not the identity
-            found = _mask(known[0], stream, grid) if isinstance(known[0], (Cmp, Logic)) else None
+            found = recognise(node.expr.args[i], known[0], known[1], defs)
             if found is not None:
                 break
         if found is None:
             return None
-        found_all.extend(found)
-    return tuple(dict.fromkeys(found_all))
+        found_all.append(found)
+    return found_all
 
 
 def masked_fill(expr: Expr, defs: Mapping[str, Expr], inputs: Collection[str]) -> tuple[Pred | Expr, float] | None:

@@ -662,9 +662,8 @@ def test_an_output_name_too_long_is_a_usage_error(verb: str, tmp_path: Path,
 # ---- issue 33: `use` loads each file once, without recursion ---------------------------------
 
 def test_a_use_dag_loads_each_file_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """18 levels of two files, each using both files of the next: 2^17 paths, 35 files."""
-    import time
-
+    """18 levels of two files, each using both files of the next: 2^17 paths, 35 files. Loading once
+    per path took 68 s; counting the reads is the check (a wall-clock bound varied with the machine)."""
     from napkin_cat import elaborate
 
     levels = 18
@@ -675,10 +674,7 @@ def test_a_use_dag_loads_each_file_once(tmp_path: Path, monkeypatch: pytest.Monk
     reads: list[Path] = []
     real = elaborate.read_source
     monkeypatch.setattr(elaborate, "read_source", lambda path: reads.append(Path(path)) or real(path))
-    start = time.perf_counter()
     module = load(tmp_path / "l0a.ncd")
-    elapsed = time.perf_counter() - start
-    assert elapsed < 1.0, f"{elapsed:.2f} s"
     assert len(reads) == len(set(reads)) == 1 + 2 * (levels - 1)
     assert {a.name for a in module.scope_axes} == {"x0a"} | {f"x{k}{s}" for k in range(1, levels) for s in "ab"}
 

@@ -335,7 +335,7 @@ def group(thm: Theorem, step: Partition) -> Theorem:
     constraints = _nest(thm, step)
     for label, box in _boxes(thm.result):  # a scan along the axis starts each chunk from its carried state:
         if (how := ops.treatment(box, step.axis)) in ("consumes", "mixes") and not (
-                rule == "scan" and ops.OPS[box.op].kind == "scan" and box.target == (step.axis,)):
+                rule == "scan" and ops.scans_along(box, step.axis)):
             why = ("a consumed axis can only be streamed" if how == "consumes" else f"it moves the positions of "
                    f"`{' '.join(box.target)}` onto `{' '.join(box.out)}`; grouping `{step.axis}` tiles one side only"
                    if box.out else f"its outputs read every position along `{step.axis}`")

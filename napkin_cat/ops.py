@@ -39,6 +39,7 @@ __all__ = [
     "is_mixing",
     "result_axes",
     "retyped",
+    "scans_along",
     "treatment",
     "typed_box",
 ]
@@ -246,6 +247,12 @@ def is_mixing(op: str) -> bool:
     """Does one output position read every input position along the named axes?  (A gather
     reads any position along its axis, chosen by data.)"""
     return OPS[op].kind in ("normalise", "scan", "split", "join", "rename", "gather")
+
+
+def scans_along(box: Box, axis: str) -> bool:
+    """Is ``box`` a scan along ``axis`` (``cumsum[axis]``, ``linrec[axis]``): the one box that mixes
+    an axis a ``scan`` partition may cut, each chunk started from the carried state."""
+    return OPS[box.op].kind == "scan" and box.target == (axis,)
 
 
 #: boxes whose value is an integer where their operands are (arithmetic that keeps integers)

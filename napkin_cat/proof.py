@@ -42,8 +42,8 @@ from napkin_cat.terms import (
     walk,
 )
 
-__all__ = ["CheckResult", "check_file", "check_module", "check_theorem", "describe_step", "partitions", "prove",
-           "theorem"]
+__all__ = ["CheckResult", "check_file", "check_module", "check_theorem", "derivation", "describe_step", "partitions",
+           "prove", "theorem"]
 
 
 @dataclass(frozen=True)
@@ -154,6 +154,27 @@ def check_theorem(module: Module, decl: TheoremDecl, lemmas: dict[str, LemmaDecl
         return CheckResult(decl.name, module.path, steps, kernel.chain(whole, writes, tuple(kernels), span))
     except NapkinError as exc:
         return CheckResult(decl.name, module.path, steps, None, exc.diagnostics[0], len(decl.steps) + 1)
+
+
+def derivation(module: Module, decl: TheoremDecl, lemmas: dict[str, LemmaDecl]) -> list[kernel.Theorem]:
+    """The proof states of a theorem that checks (NapkinError with the refusal otherwise): the
+    diagram after each prefix of its steps (the first: reflexivity) and, for a chain, each
+    kernel's piece (``terms.cut``) after each prefix of that kernel's steps, kernel by kernel."""
+    result = check_theorem(module, decl, lemmas)
+    if result.theorem is None:
+        assert result.failure is not None
+        raise NapkinError(result.failure)
+    thm = kernel.unfold(kernel.refl(decl.name, module.diagram(decl.diagram)))
+    states = [thm]
+    for step in decl.steps:
+        states.append(thm := _apply(thm, step, lemmas, "quick"))
+    if decl.kernels:
+        pieces = terms.cut(thm.result, tuple(k.writes for k in decl.kernels))
+        for k, (piece, block) in enumerate(zip(pieces, decl.kernels, strict=True)):
+            states.append(part := kernel.refl(f"{decl.name}_k{k + 1}", piece))
+            for step in block.steps:
+                states.append(part := _apply(part, step, lemmas, "quick"))
+    return states
 
 
 def _steps(thm: kernel.Theorem, steps: tuple[Step, ...], done: int, lemmas: dict[str, LemmaDecl], level: str,

@@ -327,3 +327,19 @@ def test_random_diagrams_draw_with_all_labels_and_no_overlaps(module: Module) ->
     for diagram in module.diagrams:
         for expand in (False, True):
             _check_picture(diagram, draw_svg(diagram, expand), expand)
+
+
+def test_draw_steps_of_a_chain_draws_each_kernels_steps(tmp_path: Path) -> None:
+    """A chain's derivation strip: the whole diagram's steps, then each kernel's piece from
+    reflexivity through its own steps, kernel by kernel (not only the steps before the kernels)."""
+    proofs = ROOT / "proofs" / "chains.ncd"
+    assert main(["draw", str(proofs), "attention_then_projection", "--steps", "-o", str(tmp_path / "strip")]) == 0
+    page = (tmp_path / "strip" / "index.html").read_text()
+    captions = re.findall(r"<figcaption>\d+\. ([^<]*)</figcaption>", page)
+    assert captions == ["the diagram attention_projected (reflexivity)",
+                        "the diagram attention_projected_k1 (reflexivity)", "rewrite softmax_contract at P, O",
+                        "group q by gq at smem", "stream x by sx at smem via online_softmax",
+                        "the diagram attention_projected_k2 (reflexivity)", "group q by gp at smem",
+                        "group f by gf at smem", "stream d by sd at smem via sum"]
+    for path in (tmp_path / "strip").glob("*.svg"):
+        ET.fromstring(path.read_text())

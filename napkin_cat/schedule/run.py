@@ -154,7 +154,7 @@ class _Runner:
         """A group loop whose tiles run in order: each scan node along the axis starts a chunk from
         its value at the last real position before it, passed in as ``NAME@carry`` (``kernel.group``)."""
         axis = loop.axis
-        scans = [n.name for n in nodes if isinstance(n.expr, Box) and _scans(n.expr, axis)]
+        scans = [n.name for n in nodes if isinstance(n.expr, Box) and ops.scans_along(n.expr, axis)]
         carries: dict[str, Value] = {}
         pieces: list[tuple[int, dict[str, Value]]] = []
         for start, extent, valid in self.tiles(loop, size, tile):
@@ -240,10 +240,6 @@ class _Runner:
 
 #: the suffix of a scan node's carried state in the environment of its chunks (no binding name has one)
 CARRY = "@carry"
-
-
-def _scans(box: Box, axis: str) -> bool:
-    return ops.OPS[box.op].kind == "scan" and box.target == (axis,)
 
 
 def _at(value: Value, axis: str, position: int) -> Named:

@@ -6,9 +6,10 @@ proposes proof steps; the kernel decides.
   binding, looking through let-bound names where the pattern needs a box.  No lemma or
   box is recognised by name.
 - ``axis_roles``: how the boxes treat each axis (``ops.treatment``), which gives the
-  group candidates (every box weaves the axis, R3) and the stream candidates (some box
-  consumes it, none mixes it, no output carries it, R4).
-- ``Plan`` / ``plan_steps``: a relabelling (groups; ordered streams, each with a
+  group candidates (every box weaves the axis, R3), the scan candidates (every box weaves
+  it but the scans along it, cumsum and linrec, which carry a state from chunk to chunk)
+  and the stream candidates (some box consumes it, none mixes it, no output carries it, R4).
+- ``Plan`` / ``plan_steps``: a relabelling (groups; scans; ordered streams, each with a
   preferred accumulator; optionally one streamed axis split across programs; one or two
   levels; placements) as proof steps with symbolic tile names; ``neighbours`` and
   ``starts`` define the hill climb over plans.
@@ -24,7 +25,7 @@ from napkin_cat import kernel, ops
 from napkin_cat.terms import Box, Diagram, Expr, LemmaDecl, Partition, Place, Rewrite, Var, boxes, walk
 
 __all__ = ["Plan", "accumulator_choices", "axis_roles", "batch_axes", "group_axes", "intermediates", "neighbours",
-           "plan_steps", "proposals", "signature", "starts", "stream_axes"]
+           "plan_steps", "proposals", "scan_axes", "signature", "starts", "stream_axes"]
 
 
 # ---- lemma matching -----------------------------------------------------------------------
@@ -98,6 +99,18 @@ def group_axes(diagram: Diagram) -> tuple[str, ...]:
     return tuple(a for a, r in axis_roles(diagram).items() if r == {"weaves"})
 
 
+def scan_axes(diagram: Diagram) -> tuple[str, ...]:
+    """Axes some box scans (``ops.scans_along``: cumsum, linrec) and every other box weaves:
+    ``scan`` candidates (chunks in order, each scan carrying its value into the next chunk)."""
+    scanned: dict[str, bool] = {}
+    for _, node in boxes(diagram):
+        if isinstance(node, Box):
+            for axis in node.target:
+                scanned[axis] = scanned.get(axis, True) and ops.scans_along(node, axis)
+    roles = axis_roles(diagram)
+    return tuple(a for a, r in roles.items() if scanned.get(a) and r == {"weaves", "mixes"})
+
+
 def stream_axes(diagram: Diagram) -> tuple[str, ...]:
     """Axes some box consumes and none mixes, and no output carries: stream candidates (R4).
 
@@ -127,7 +140,8 @@ def accumulator_choices(diagram: Diagram, axis: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True, order=True)
 class Plan:
-    """A relabelling choice: grouped axes; streamed axes, outermost first, each with its
+    """A relabelling choice: grouped axes; scanned axes (chunks in order, ``scan AXIS by TILE``
+    after the groups, at the outer level only); streamed axes, outermost first, each with its
     preferred accumulator (None: the kernel's first certified one); levels (1 or 2); with
     two levels the intermediates kept at the outer one (R2; by default an intermediate
     lives at the innermost partition's level); and ``split``, a streamed axis whose stream
@@ -140,10 +154,13 @@ class Plan:
     levels: int = 1
     placed: tuple[str, ...] = ()
     split: str | None = None
+    scans: tuple[str, ...] = ()
 
 
 #: the memory level of each partition level, and the tile-name prefixes used there
 _LEVELS: tuple[tuple[str, str, str], ...] = (("smem", "g", "s"), ("reg", "w", "r"))
+#: the tile-name prefix of a scan's chunks
+_SCAN = "c"
 #: the tile-name prefix of a split's blocks (they stay in hbm, one per program)
 _SPLIT = "k"
 
@@ -171,6 +188,8 @@ def plan_steps(plan: Plan, diagram: Diagram, pad: bool = False) -> tuple[Partiti
             if depth > 0 and axis in batch:
                 continue  # sub-tiling an independent-problem axis saves nothing
             steps.append(Partition("group", axis, _fresh(gprefix + axis, taken), level, pad=pad))
+        for axis in plan.scans if depth == 0 else ():
+            steps.append(Partition("scan", axis, _fresh(_SCAN + axis, taken), level, pad=pad))
         for axis, via in plan.streams:
             steps.append(Partition("stream", axis, _fresh(sprefix + axis, taken), level, via, pad=pad))
     if plan.placed and plan.levels > 1:
@@ -195,7 +214,7 @@ def _fresh(name: str, taken: set[str]) -> str:
 
 
 def neighbours(plan: Plan, diagram: Diagram) -> Iterator[Plan]:
-    """The plans one move away: toggle a group; drop, replace or add a stream, or change
+    """The plans one move away: toggle a group or a scan; drop, replace or add a stream, or change
     its accumulator; split a streamed axis across programs, or stop splitting it; add or
     drop the second level; toggle a placement.  Dropping or replacing the split axis's
     stream drops the split with it."""
@@ -203,6 +222,9 @@ def neighbours(plan: Plan, diagram: Diagram) -> Iterator[Plan]:
     for axis in groups:
         toggled = tuple(a for a in groups if (a in plan.groups) != (a == axis))
         yield replace(plan, groups=toggled)
+    scans = scan_axes(diagram)
+    for axis in scans:
+        yield replace(plan, scans=tuple(a for a in scans if (a in plan.scans) != (a == axis)))
     streamed = [a for a, _ in plan.streams]
     for k, (axis, via) in enumerate(plan.streams):
         kept = None if axis == plan.split else plan.split
@@ -217,7 +239,7 @@ def neighbours(plan: Plan, diagram: Diagram) -> Iterator[Plan]:
     for other in candidates:  # stream one more axis, innermost
         if other not in streamed:
             yield replace(plan, streams=(*plan.streams, (other, None)))
-    if plan.groups or plan.streams:
+    if plan.groups or plan.streams or plan.scans:
         yield replace(plan, levels=3 - plan.levels, placed=())
     if plan.levels > 1:
         for name in intermediates(diagram):
@@ -226,9 +248,9 @@ def neighbours(plan: Plan, diagram: Diagram) -> Iterator[Plan]:
 
 
 def starts(diagram: Diagram) -> list[Plan]:
-    """Every group candidate grouped, with each single stream candidate, and with none."""
-    groups = group_axes(diagram)
-    return [Plan(groups, ((axis, None),)) for axis in stream_axes(diagram)] + [Plan(groups)]
+    """Every group and scan candidate cut, with each single stream candidate, and with none."""
+    groups, scans = group_axes(diagram), scan_axes(diagram)
+    return [Plan(groups, ((axis, None),), scans=scans) for axis in stream_axes(diagram)] + [Plan(groups, scans=scans)]
 
 
 def signature(diagram: Diagram) -> tuple[object, ...]:

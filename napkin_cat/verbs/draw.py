@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 from pathlib import Path
 
 from napkin_cat import draw, proof
 from napkin_cat.certify import rules
-from napkin_cat.diagnostics import NapkinError
 from napkin_cat.files import Outputs
 from napkin_cat.verbs import EXIT_OK, UsageError
 from napkin_cat.verbs.common import diagram_or_usage, module_or_usage
@@ -27,14 +25,7 @@ def cmd_draw(args: argparse.Namespace) -> int:
         subject: object = diagram_or_usage(module, args.name)
     if args.steps:
         assert decl is not None
-        lemmas = rules.lemmas_in_scope(module)
-        states = []
-        for k in range(len(decl.steps) + 1):  # the theorem after each prefix of its steps
-            result = proof.check_theorem(module, replace(decl, steps=decl.steps[:k]), lemmas)
-            if result.theorem is None:
-                assert result.failure is not None
-                raise NapkinError(result.failure)
-            states.append(result.theorem)
+        states = proof.derivation(module, decl, rules.lemmas_in_scope(module))
         written = draw.draw_steps(states, args.output, expand=args.expand, outputs=outputs)
         print(f"wrote {len(written) - 1} step pictures and {written[-1]}")
         return EXIT_OK

@@ -7,6 +7,7 @@ run (the same code as on the H200, in interpret mode) checks its kernels' correc
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import os
@@ -109,6 +110,22 @@ def test_gpu_script_dry_run_checks_its_kernels(tmp_path: Path) -> None:
                                                                          "attention grad d=64 causal"]
     assert all(r["max_err"] < 5e-2 and r["temp_mb"] > 0 for r in ours if "grad" in r["kernel"])
     assert all("error" not in r for r in result["rows"])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jax_cuda13_plugin") is None or importlib.util.find_spec("absl") is None,
+                    reason="benchmarks/mosaic_static.py cross-lowers through Mosaic GPU's MLIR bindings "
+                    "(jax-cuda13-plugin==0.11.2) and imports attention_mgpu, which needs absl-py; .ci/setup installs "
+                    "both (pinned in .ci/constraints.txt)")
+def test_mosaic_static_compares_every_case_at_the_module_level(tmp_path: Path) -> None:
+    """napkin's Mosaic GPU flash attention and attention_mgpu, d = 64 and 128, causal and not:
+    every case cross-lowers and is counted (no error row), napkin's on one warpgroup with wgmma."""
+    _run([str(BENCH / "mosaic_static.py")], tmp_path, timeout=900)
+    rows = json.loads((tmp_path / "mosaic_static.json").read_text())["rows"]
+    assert len(rows) == 8 and not [r for r in rows if "error" in r], rows
+    for row in rows:
+        assert row["wgmma"] > 0 and row["tma_load"] > 0 and 0 < row["smem_bytes"] <= 232448, row
+        if row["kernel"] == "napkin mosaic":
+            assert row["warpgroups"] == 1, row
 
 
 def test_mesh_benchmark_runs_on_host_devices(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import json
+import math
 import os
 import re
 import subprocess
@@ -126,6 +127,19 @@ def test_mosaic_static_compares_every_case_at_the_module_level(tmp_path: Path) -
         assert row["wgmma"] > 0 and row["tma_load"] > 0 and 0 < row["smem_bytes"] <= 232448, row
         if row["kernel"] == "napkin mosaic":
             assert row["warpgroups"] == 1, row
+
+
+def test_exp2_fold_measures_what_folding_log2e_into_the_scale_costs(tmp_path: Path) -> None:
+    """BENCHMARKS.md's reason the Pallas kernels keep exp2((S - m)·log2 e): with scores exact in
+    f32 (an exact 1/sqrt(64) scale, or none) folding log2 e into the scale rounds every score,
+    far worse than the difference first at large |S|, and it overflows scores near the f32 top."""
+    _run([str(BENCH / "exp2_fold.py")], tmp_path)
+    result = json.loads((tmp_path / "exp2_fold.json").read_text())
+    for row in result["rows"]:
+        if row["case"] != "scaled by 1/sqrt(128)" and row["magnitude"] == 1e6:
+            assert row["folded"] > 1e4 * row["difference first"], row
+    assert result["range"]["difference first"] == [1.0, 0.0]
+    assert all(math.isnan(w) for w in result["range"]["folded"])
 
 
 def test_mesh_benchmark_runs_on_host_devices(tmp_path: Path) -> None:

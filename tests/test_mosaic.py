@@ -28,7 +28,7 @@ import pytest
 
 from napkin_cat.cost import hardware as hw
 from napkin_cat.diagnostics import NapkinError
-from napkin_cat.lower import lower, mosaic
+from napkin_cat.lower import default_tiles, lower, mosaic, realised_schedule
 from tests import lower_cases as cases
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -127,6 +127,24 @@ def test_over_smem_kernel_runs_one_buffer_deep() -> None:
         cuda_hlo(low.forward, *specs)
 
 
+def test_default_tiles_are_the_cost_models_best_that_fit_a_full_pipeline() -> None:
+    """tiled_matmul: the cost model's optimum for h200's Mosaic rules holds its output block
+    and two buffers of its A and B chunks in more than 227 KiB, so it would run one buffer deep;
+    the default tiles are the best configuration whose kernel fits two deep."""
+    thm = cases.theorems()["tiled_matmul"]
+    profile = hw.load("h200")
+    optimum, _ = default_tiles(thm.result, realised_schedule(thm.result, thm.schedule.device(), "mosaic"),
+                               profile.for_mosaic())
+    low = lower(thm, target="mosaic", dtype="bfloat16")
+    assert low.tiles != optimum and "best configuration that fits" in low.source
+
+    def need(lay: Any, steps: int) -> int:
+        return mosaic.smem_count(lay, "bfloat16").at(mosaic.least_extents(lay), steps)
+    best = lower(thm, target="mosaic", dtype="bfloat16", tiles=optimum).layout
+    assert need(best, 1) <= SMEM < need(best, 2)
+    assert need(low.layout, 2) <= SMEM
+
+
 def test_oversized_tile_is_refused_by_its_shared_memory() -> None:
     """A 256 x 256 output block of a matmul with its k streamed 256 at a time needs more than
     227 KiB even one buffer deep; napkin refuses it, naming the bytes, before emitting."""
@@ -150,8 +168,9 @@ def test_off_model_tile_is_refused() -> None:
 def test_model_tiles_meet_mosaic_rules(name: str) -> None:
     """The tiles the cost model picks for this target, for every kernel it lowers: powers of
     two, multiples of wgmma m (which also makes them multiples of wgmma n and of 16, the bf16
-    k), within a TMA box, and a kernel that fits the H200's shared memory one pipeline buffer
-    deep at the least sizes, and at the tests' sizes at some depth (``mosaic.smem_count``)."""
+    k), within a TMA box, and a kernel that fits the H200's shared memory with its whole
+    pipeline (two buffers) at the least sizes, and at the tests' sizes at some depth
+    (``mosaic.smem_count``)."""
     rules = hw.load("h200").mosaic
     assert rules == {"wgmma_m": 64, "wgmma_n": 8, "warpgroup_threads": 128, "tma_box": 256,
                      "max_concurrent_steps": 2}
@@ -171,7 +190,7 @@ def test_model_tiles_meet_mosaic_rules(name: str) -> None:
         assert tile % rules["wgmma_m"] == 0 and tile % rules["wgmma_n"] == 0 and tile <= rules["tma_box"], (axis, tile)
         assert tile & (tile - 1) == 0
     count = mosaic.smem_count(lay, "bfloat16")
-    assert count.at(mosaic.least_extents(lay), 1) <= SMEM
+    assert count.at(mosaic.least_extents(lay), mosaic.MOSAIC_STEPS) <= SMEM
     sizes, _ = cases.inputs(thm, seed=0, low=100, high=300)
     assert count.at(mosaic.extents_at(lay, sizes), 1) <= SMEM, name
 

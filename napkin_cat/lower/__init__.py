@@ -144,7 +144,7 @@ def default_tiles(diagram: Diagram, schedule: Schedule, hardware: str | hw.Hardw
         picks = [{n: int(row.tiles[n]) for n in names} for row in rows if set(names) <= set(row.tiles)]
         for rank, pick in enumerate(picks):
             if fits is None or fits(pick):
-                where = "optimum" if rank == 0 else f"best fitting configuration (its {rank + 1}th best)"
+                where = "optimum" if rank == 0 else f"best configuration that fits (its number {rank + 1})"
                 return pick, f"cost model {where} for {profile.key} at symbolic sizes {REPRESENTATIVE_SIZE}"
     except (ValueError, KeyError) as exc:  # e.g. a level the hardware profile lacks
         return {n: DEFAULT_TILE for n in names}, f"default {DEFAULT_TILE} (the cost model could not choose: {exc})"
@@ -224,8 +224,8 @@ def _place(name: str, diagram: Diagram, schedule: Schedule, target: str, tiles: 
            hardware: hw.Hardware, chosen: Mapping[tuple[str, str, tuple[str, ...], tuple[str, ...]], str] | None,
            dtype: str = "bfloat16") -> _Placed:
     """The device schedule's layout, with default tiles for the symbolic ones not given (on
-    Mosaic GPU, tiles whose kernel in ``dtype`` fits the profile's shared memory at some size:
-    ``mosaic.fits_smem``)."""
+    Mosaic GPU, tiles whose kernel in ``dtype`` fits the profile's shared memory with its full
+    pipeline at the least sizes: ``mosaic.fits_smem``)."""
     device = schedule.device()  # mesh tiles are the devices' blocks, not chosen here
     given = dict(tiles or {})
     for p in schedule.mesh:
@@ -240,7 +240,9 @@ def _place(name: str, diagram: Diagram, schedule: Schedule, target: str, tiles: 
         if target == "mosaic":
             def fits(pick: dict[str, int]) -> bool:
                 return mosaic_target.fits_smem(lambda: layout(name, diagram, device, {**pick, **given}, target, chosen),
-                                               dtype, int(hardware.level("smem").capacity))
+                                               dtype, int(hardware.level("smem").capacity),
+                                               int(mosaic_target.mosaic_rules(hardware).get(
+                                                   "max_concurrent_steps", mosaic_target.MOSAIC_STEPS)))
         defaults, origin = default_tiles(diagram, realised_schedule(diagram, device, target),
                                          hardware.for_mosaic() if target == "mosaic" else hardware,
                                          PRICED_DTYPE.get(target, "bf16"), fits)

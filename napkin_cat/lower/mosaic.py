@@ -18,14 +18,18 @@ differs in how a program moves data and multiplies:
   accumulator (``plgpu.ACC``, f32): an operand that is a chunk or block in shared memory as
   loaded is read from there, any other value is staged into shared memory first;
 - outputs are written to shared memory and copied out by TMA (``plgpu.copy_smem_to_gmem``);
-- exp is exp2 with log2(e) folded in, as on the Triton path.
+- exp is exp2 with log2(e) folded in, as on the Triton path;
+- shared memory is counted as Mosaic GPU counts it (``SmemCount``, ``smem_count``): before it
+  launches, the kernel takes the deepest pipeline (at most ``max_concurrent_steps``) whose count
+  at its sizes fits the profile's ``smem`` level, or raises a ValueError naming the bytes.
 
 What Mosaic GPU cannot express is refused before anything is emitted (``lower.mosaic``): f32
 kernels (wgmma has no IEEE f32), a split (its per-block states), a tile padded to a block, an
 output written chunk by chunk, a scalar input or one whose last axis is one position per
 program (TMA's 16-byte minimum), a kernel with no matrix product (nothing anchors Mosaic's
-register layouts), and tiles off the machine model (``check_tiles``:
-wgmma ``m`` a multiple of 64, TMA boxes of at most 256 per dimension).
+register layouts), tiles off the machine model (``check_tiles``:
+wgmma ``m`` a multiple of 64, TMA boxes of at most 256 per dimension), and tiles whose kernel
+overflows shared memory at any size (one buffer deep, whole axes at their least extent).
 """
 
 from __future__ import annotations
@@ -60,6 +64,9 @@ MOSAIC_STEPS = 2
 SMEM_ALIGN = 1024
 REDUCTION_SCRATCH = 2048
 BARRIER_BYTES = 8
+
+#: bytes per value of each jnp dtype a kernel stores
+_BYTES = {name: hw.bytes_per_value(kind) for kind, name in FORMATS.items() if kind != "tf32"}
 
 #: the reductions Mosaic GPU gives a cross-warp scratch (``_reduce_resource_estimator``)
 _REDUCTIONS = frozenset({"jnp.sum", "jnp.max", "jnp.min"})
@@ -168,13 +175,14 @@ def smem_count(lay: Layout, dtype: str) -> SmemCount:
     return _emit_kernel(lay, params, whole, dtype, namer, cg.name("steps"))[1]
 
 
-def fits_smem(place: Callable[[], Layout], dtype: str, capacity: int) -> bool:
+def fits_smem(place: Callable[[], Layout], dtype: str, capacity: int, steps: int) -> bool:
     """Whether the layout ``place`` builds is one whose kernel fits ``capacity`` bytes of shared
-    memory at some size (one pipeline buffer, whole axes at their least extent: what
-    ``emit_function`` refuses otherwise); False for one napkin refuses to place or emit."""
+    memory ``steps`` pipeline buffers deep with every whole axis at its least extent (the
+    default tiles: the cost model prices a pipeline that overlaps its copies with compute);
+    False for one napkin refuses to place or emit."""
     try:
         lay = place()
-        return smem_count(lay, dtype).at(least_extents(lay), 1) <= capacity
+        return smem_count(lay, dtype).at(least_extents(lay), steps) <= capacity
     except NapkinError:
         return False
 
@@ -211,10 +219,10 @@ def _extents(lay: Layout) -> ast.Dict:
 def _check_smem(lay: Layout, count: SmemCount, capacity: int) -> None:
     """Refuse (``lower.mosaic``) tiles whose kernel overflows shared memory at any size: one
     pipeline buffer, every whole axis at its least extent."""
-    need = count.at(least_extents(lay), 1)
+    least = least_extents(lay)
+    need = count.at(least, 1)
     if need <= capacity:
         return
-    least = least_extents(lay)
     parts = "; ".join(f"{what} {' x '.join(str(least[a]) for a in axes) or '1'} x {size} B"
                       for what, size, axes in count.parts)
     tiles = ", ".join(f"{a}={lay.tiles[a]}" for a in (*lay.grid, *((lay.stream,) if lay.stream else ()))
@@ -410,9 +418,6 @@ def _smem(lay: Layout, dtype: str, whole: Sequence[str], extents: Mapping[str, a
     """``SmemCount`` of the emitted ``kernel``: its scratch (as ``emit_function`` declares it),
     the operands its wgmma calls stage (``staged`` at kernel level, ``bodies`` per pipeline body
     by name) and its reductions."""
-    def nbytes(name: str) -> int:
-        return hw.bytes_per_value({v: k for k, v in FORMATS.items() if k != "tf32"}[name])
-
     parts: list[tuple[str, int, tuple[str, ...]]] = []
 
     def alloc(what: str, size: int, axes: Sequence[str], times: ast.expr | None = None) -> ast.expr:
@@ -433,7 +438,7 @@ def _smem(lay: Layout, dtype: str, whole: Sequence[str], extents: Mapping[str, a
         return cg.call("max", *terms) if len(terms) > 1 else terms[0] if terms else cg.const(0)
 
     def scoped(calls: Sequence[tuple[tuple[str, ...], ...]], region: Sequence[ast.AST], what: str) -> list[ast.expr]:
-        terms = [added([alloc(f"{what} staged wgmma operand", nbytes(dtype), axes) for axes in call])
+        terms = [added([alloc(f"{what} staged wgmma operand", _BYTES[dtype], axes) for axes in call])
                  for call in calls if call]
         if any(isinstance(n, ast.Call) and ast.unparse(n.func) in _REDUCTIONS for node in region
                for n in _walk_here(node)):
@@ -441,11 +446,11 @@ def _smem(lay: Layout, dtype: str, whole: Sequence[str], extents: Mapping[str, a
         return terms
 
     types = dict(lay.flat.inputs)
-    scratch = [alloc(f"block of {name}", nbytes(lay.stored_as(name) or dtype), types[name]) for name in whole]
-    scratch += [alloc(f"output {k} staging", nbytes(dtype), t) for k, t in enumerate(lay.diagram.out_types)]
+    scratch = [alloc(f"block of {name}", _BYTES[lay.stored_as(name) or dtype], types[name]) for name in whole]
+    scratch += [alloc(f"output {k} staging", _BYTES[dtype], t) for k, t in enumerate(lay.diagram.out_types)]
     steps = cg.name("steps")
     streamed = [(name, t) for name, t in lay.flat.inputs if lay.stream is not None and lay.stream in t]
-    buffers = [alloc(f"pipeline buffer of {name} (x steps)", nbytes(lay.stored_as(name) or dtype), t, steps)
+    buffers = [alloc(f"pipeline buffer of {name} (x steps)", _BYTES[lay.stored_as(name) or dtype], t, steps)
                for name, t in streamed]
     functions = {f.name: f for f in ast.walk(kernel) if isinstance(f, ast.FunctionDef)}
     body_terms = [t for name, calls in bodies.items() for t in scoped(calls, functions[name].body, "body")]

@@ -224,3 +224,9 @@ def test_cli_writes_a_mosaic_module_or_a_located_refusal(capsys: pytest.CaptureF
                  "-o", str(tmp_path / "no.py")]) == 1
     err = capsys.readouterr().err
     assert "cannot be lowered for Mosaic GPU: tile 32 of `q`" in err and "Traceback" not in err
+    matmul = str(ROOT / "proofs" / "matmul.ncd")
+    assert main(["lower", matmul, "tiled_matmul", "--target", "mosaic", "--tile", "ga=256", "--tile", "gc=256",
+                 "--tile", "sb=256", "-o", str(tmp_path / "big.py")]) == 1
+    err = capsys.readouterr().err
+    assert "a program needs at least 393224 bytes of shared memory" in err and "Traceback" not in err
+    assert not (tmp_path / "big.py").exists()

@@ -26,7 +26,7 @@ f16 only), one batch, one head, N = 4096, d = 64 and 128, causal and not; napkin
 tiles its cost model picks for h200's [mosaic] rules (`flash_mha` / `flash_causal_mha` of
 benchmarks/gpu_attention.ncd, one batch and head); attention_mgpu at block_q = 64, block_kv =
 128, max_concurrent_steps = 2 (its benchmark's defaults).  Table to stdout, everything to
-results/mosaic_static.json.
+results/mosaic_static.json (``NAPKIN_BENCH_RESULTS`` moves the folder, as for every benchmark).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from benchmarks.harness import machine  # noqa: E402
+from benchmarks.harness import RESULTS, machine  # noqa: E402
 from napkin_cat import proof  # noqa: E402
 from napkin_cat.lower import lower  # noqa: E402
 
@@ -157,7 +157,8 @@ def main() -> None:
             print(f"| {row['kernel']} | {row['d']} | {row['causal']} | {row['error']} |")
         else:
             print("| " + " | ".join(str(row.get(k)) for k in keys) + " |")
-    out = HERE / "results" / "mosaic_static.json"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / "mosaic_static.json"
     out.write_text(json.dumps({"machine": machine(), "jax": jax.__version__, "N": N, "dtype": "float16",
                                "command": "python benchmarks/mosaic_static.py", "rows": rows}, indent=1) + "\n")
 

@@ -458,7 +458,7 @@ def invocations(draw: st.DrawFn, folder: Path) -> Invocation:
     elif verb == "lower":
         tile = [f"--tile={rng.choice(tiles + axes)}={rng.choice(('16', '16', '64', '64', '32', '1', '0', 'x'))}"
                 for _ in range(rng.choice((0, 0, 0, 1, 1, 2)))]
-        argv = [str(path), rng.choice(theorems), *maybe("--target", ("jax", "pallas"), ("cuda",)), *tile,
+        argv = [str(path), rng.choice(theorems), *maybe("--target", ("jax", "pallas", "mosaic"), ("cuda",)), *tile,
                 *common(), *maybe("--mesh", ("1", "2", "8", "65536"), ("0", "65537"), p=0.15),
                 *maybe("--backward", (",".join(theorems[:2]), ","), ("nope",), p=0.1), *flag("--allow-tested-join"),
                 *output(".py")]

@@ -7,8 +7,10 @@ run (the same code as on the H200, in interpret mode) checks its kernels' correc
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
+import math
 import os
 import re
 import subprocess
@@ -109,6 +111,35 @@ def test_gpu_script_dry_run_checks_its_kernels(tmp_path: Path) -> None:
                                                                          "attention grad d=64 causal"]
     assert all(r["max_err"] < 5e-2 and r["temp_mb"] > 0 for r in ours if "grad" in r["kernel"])
     assert all("error" not in r for r in result["rows"])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jax_cuda13_plugin") is None or importlib.util.find_spec("absl") is None,
+                    reason="benchmarks/mosaic_static.py cross-lowers through Mosaic GPU's MLIR bindings "
+                    "(jax-cuda13-plugin==0.11.2) and imports attention_mgpu, which needs absl-py; .ci/setup installs "
+                    "both (pinned in .ci/constraints.txt)")
+def test_mosaic_static_compares_every_case_at_the_module_level(tmp_path: Path) -> None:
+    """napkin's Mosaic GPU flash attention and attention_mgpu, d = 64 and 128, causal and not:
+    every case cross-lowers and is counted (no error row), napkin's on one warpgroup with wgmma."""
+    _run([str(BENCH / "mosaic_static.py")], tmp_path, timeout=900)
+    rows = json.loads((tmp_path / "mosaic_static.json").read_text())["rows"]
+    assert len(rows) == 8 and not [r for r in rows if "error" in r], rows
+    for row in rows:
+        assert row["wgmma"] > 0 and row["tma_load"] > 0 and 0 < row["smem_bytes"] <= 232448, row
+        if row["kernel"] == "napkin mosaic":
+            assert row["warpgroups"] == 1, row
+
+
+def test_exp2_fold_measures_what_folding_log2e_into_the_scale_costs(tmp_path: Path) -> None:
+    """BENCHMARKS.md's reason the Pallas kernels keep exp2((S - m)·log2 e): with scores exact in
+    f32 (an exact 1/sqrt(64) scale, or none) folding log2 e into the scale rounds every score,
+    far worse than the difference first at large |S|, and it overflows scores near the f32 top."""
+    _run([str(BENCH / "exp2_fold.py")], tmp_path)
+    result = json.loads((tmp_path / "exp2_fold.json").read_text())
+    for row in result["rows"]:
+        if row["case"] != "scaled by 1/sqrt(128)" and row["magnitude"] == 1e6:
+            assert row["folded"] > 1e4 * row["difference first"], row
+    assert result["range"]["difference first"] == [1.0, 0.0]
+    assert all(math.isnan(w) for w in result["range"]["folded"])
 
 
 def test_mesh_benchmark_runs_on_host_devices(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -27,23 +28,22 @@ import pytest
 
 from napkin_cat.cost import hardware as hw
 from napkin_cat.diagnostics import NapkinError
-from napkin_cat.lower import lower
+from napkin_cat.lower import default_tiles, lower, mosaic, realised_schedule
 from tests import lower_cases as cases
 
 ROOT = Path(__file__).resolve().parent.parent
 H200 = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="gpu")
 MOSAIC_CALL = "custom_call @mosaic_gpu"
 PLUGIN = importlib.util.find_spec("jax_cuda13_plugin") is not None
+#: Mosaic GPU's lowering core (its ``artificial_shared_memory_limit``), with the plugin only
+mgpu_core: Any = importlib.import_module("jax.experimental.mosaic.gpu.core") if PLUGIN else None
 needs_plugin = pytest.mark.skipif(not PLUGIN, reason="cross-lowering Mosaic GPU needs _mosaic_gpu_ext from "
                                   "jax-cuda13-plugin==0.11.2 (pip install -e '.[mosaic]')")
 
 
-#: kernels that overflow the H200's 227 KiB of shared memory at these sizes even at the smallest
-#: tiles (64): their whole axis d (227, padded to 256) sits in shared memory beside the 64-row
-#: blocks, pipelined MOSAIC_STEPS deep, with wgmma operands staged; Mosaic GPU refuses them when
-#: it lowers ("smem_bytes=272424 > max_smem_bytes=232448"); napkin does not check shared memory
-#: at trace time yet (README "Targets")
-OVER_SMEM = frozenset({"mlp_backward_w", "mlp_backward_x"})
+#: the shared memory per block the H200 profile gives a Mosaic GPU kernel (Mosaic GPU's own
+#: ahead-of-time default, 227 KiB)
+SMEM = int(hw.load("h200").level("smem").capacity)
 
 
 def cuda_hlo(fn: object, *args: jax.ShapeDtypeStruct) -> str:
@@ -78,19 +78,80 @@ def test_causal_kernel_skips_and_unmasks() -> None:
 @needs_plugin
 @pytest.mark.parametrize("name", sorted(cases.theorems()))
 def test_kernel_cross_lowers_or_is_refused(name: str) -> None:
+    """Each kernel cross-lowers (one Mosaic call per kernel of a chain) or is refused with a
+    reason; for a single kernel, napkin's shared-memory count (``mosaic.smem_count`` at the
+    depth the kernel picks) is exactly Mosaic GPU's: refused one byte below it, accepted at it."""
     thm = cases.theorems()[name]
     sizes, _ = cases.inputs(thm, seed=0, low=100, high=300)
-    specs = [jax.ShapeDtypeStruct(tuple(sizes[a] for a in p.axes), jnp.bfloat16) for p in thm.result.inputs]
     try:
-        fn = lower(thm, target="mosaic", dtype="bfloat16").forward
+        low = lower(thm, target="mosaic", dtype="bfloat16")
     except NapkinError as exc:
         assert exc.diagnostics[0].code in ("lower.mosaic", "lower.triton_op", "lower.stream_mixed"), str(exc)
         return
-    if name in OVER_SMEM:  # the backend's own refusal, at these tiles (module docstring)
-        with pytest.raises(ValueError, match="Mosaic GPU kernel exceeds available shared memory"):
-            cuda_hlo(fn, *specs)
+    lay = low.layout
+    if lay.stream and lay.declared(lay.stream) is None:  # emit_pipeline shrinks a static pipeline of fewer chunks
+        sizes[lay.stream] = max(sizes[lay.stream], mosaic.MOSAIC_STEPS * lay.tiles[lay.stream])
+    specs = [jax.ShapeDtypeStruct(tuple(sizes[a] for a in p.axes), jnp.bfloat16) for p in thm.result.inputs]
+    if thm.kernels:
+        assert cuda_hlo(low.forward, *specs).count(MOSAIC_CALL) == len(thm.kernels)
         return
-    assert cuda_hlo(fn, *specs).count(MOSAIC_CALL) == max(1, len(thm.kernels))  # one call per kernel of a chain
+    count = mosaic.smem_count(lay, "bfloat16")
+    extents = mosaic.extents_at(lay, sizes)
+    steps = next(s for s in range(mosaic.MOSAIC_STEPS, 0, -1) if count.at(extents, s) <= SMEM)
+    need = count.at(extents, steps)
+    with mgpu_core.artificial_shared_memory_limit(need - 1), \
+            pytest.raises(ValueError, match=f"smem_bytes={need} > max_smem_bytes={need - 1}"):
+        cuda_hlo(low.forward, *specs)
+    with mgpu_core.artificial_shared_memory_limit(need):
+        assert cuda_hlo(low.forward, *specs).count(MOSAIC_CALL) == 1
+
+
+@needs_plugin
+def test_over_smem_kernel_runs_one_buffer_deep() -> None:
+    """mlp_backward_w at d = 227 (padded to 256) needs 272,424 bytes with two pipeline buffers
+    (Mosaic GPU's own count), so its kernel pipelines one buffer deep; at d = 300 (512) not even
+    that fits, and the kernel says so before Mosaic lowers it."""
+    thm = cases.theorems()["mlp_backward_w"]
+    low = lower(thm, target="mosaic", dtype="bfloat16")
+    count = mosaic.smem_count(low.layout, "bfloat16")
+    sizes = {"t": 300, "d": 227, "f": 200}
+    extents = mosaic.extents_at(low.layout, sizes)
+    assert count.at(extents, 2) == 272424 > SMEM >= count.at(extents, 1)
+    specs = [jax.ShapeDtypeStruct(tuple(sizes[a] for a in p.axes), jnp.bfloat16) for p in thm.result.inputs]
+    hlo = cuda_hlo(low.forward, *specs)
+    assert hlo.count(MOSAIC_CALL) == 1
+    sizes["d"] = 300
+    specs = [jax.ShapeDtypeStruct(tuple(sizes[a] for a in p.axes), jnp.bfloat16) for p in thm.result.inputs]
+    with pytest.raises(ValueError, match=r"`mlp_backward_w` cannot be lowered for Mosaic GPU at sizes .*'d': 300.*"
+                       r"needs \d+ bytes of shared memory \(one pipeline buffer\), more than the 232448"):
+        cuda_hlo(low.forward, *specs)
+
+
+def test_default_tiles_are_the_cost_models_best_that_fit_a_full_pipeline() -> None:
+    """tiled_matmul: the cost model's optimum for h200's Mosaic rules holds its output block
+    and two buffers of its A and B chunks in more than 227 KiB, so it would run one buffer deep;
+    the default tiles are the best configuration whose kernel fits two deep."""
+    thm = cases.theorems()["tiled_matmul"]
+    profile = hw.load("h200")
+    optimum, _ = default_tiles(thm.result, realised_schedule(thm.result, thm.schedule.device(), "mosaic"),
+                               profile.for_mosaic())
+    low = lower(thm, target="mosaic", dtype="bfloat16")
+    assert low.tiles != optimum and "best configuration that fits" in low.source
+
+    def need(lay: Any, steps: int) -> int:
+        return mosaic.smem_count(lay, "bfloat16").at(mosaic.least_extents(lay), steps)
+    best = lower(thm, target="mosaic", dtype="bfloat16", tiles=optimum).layout
+    assert need(best, 1) <= SMEM < need(best, 2)
+    assert need(low.layout, 2) <= SMEM
+
+
+def test_oversized_tile_is_refused_by_its_shared_memory() -> None:
+    """A 256 x 256 output block of a matmul with its k streamed 256 at a time needs more than
+    227 KiB even one buffer deep; napkin refuses it, naming the bytes, before emitting."""
+    with pytest.raises(NapkinError, match=r"at tiles .*a program needs at least (\d+) bytes of shared memory "
+                       r"\(.*pipeline buffer of .*\), more than the 232448 per block"):
+        lower(cases.theorems()["tiled_matmul"], target="mosaic", dtype="bfloat16",
+              tiles={"ga": 256, "gc": 256, "sb": 256})
 
 
 def test_f32_is_refused_with_reason() -> None:
@@ -103,22 +164,35 @@ def test_off_model_tile_is_refused() -> None:
         lower(cases.theorems()["flash_attention"], target="mosaic", dtype="bfloat16", tiles={"gq": 32, "sx": 64})
 
 
-@pytest.mark.parametrize("name", ["tiled_matmul", "flash_attention", "flash_attention_causal", "mlp_forward",
-                                  "fused_linear", "flash_mha"])
+@pytest.mark.parametrize("name", sorted(cases.theorems()))
 def test_model_tiles_meet_mosaic_rules(name: str) -> None:
-    """The tiles the cost model picks for this target: powers of two, multiples of wgmma m
-    (which also makes them multiples of wgmma n and of 16, the bf16 k), within a TMA box."""
+    """The tiles the cost model picks for this target, for every kernel it lowers: powers of
+    two, multiples of wgmma m (which also makes them multiples of wgmma n and of 16, the bf16
+    k), within a TMA box, and a kernel that fits the H200's shared memory with its whole
+    pipeline (two buffers) at the least sizes, and at the tests' sizes at some depth
+    (``mosaic.smem_count``)."""
     rules = hw.load("h200").mosaic
     assert rules == {"wgmma_m": 64, "wgmma_n": 8, "warpgroup_threads": 128, "tma_box": 256,
                      "max_concurrent_steps": 2}
     thm = cases.theorems()[name]
-    low = lower(thm, target="mosaic", dtype="bfloat16")
-    for axis in low.layout.grid + ((low.layout.stream,) if low.layout.stream else ()):
-        if axis in low.layout.squeezed:
+    try:
+        low = lower(thm, target="mosaic", dtype="bfloat16")
+    except NapkinError as exc:  # refused with its reason (test_kernel_cross_lowers_or_is_refused)
+        assert exc.diagnostics[0].code in ("lower.mosaic", "lower.triton_op", "lower.stream_mixed"), str(exc)
+        return
+    if thm.kernels:  # a chain's kernels are placed as single kernels are
+        return
+    lay = low.layout
+    for axis in lay.grid + ((lay.stream,) if lay.stream else ()):
+        if axis in lay.squeezed:
             continue
-        tile = low.layout.tiles[axis]
+        tile = lay.tiles[axis]
         assert tile % rules["wgmma_m"] == 0 and tile % rules["wgmma_n"] == 0 and tile <= rules["tma_box"], (axis, tile)
         assert tile & (tile - 1) == 0
+    count = mosaic.smem_count(lay, "bfloat16")
+    assert count.at(mosaic.least_extents(lay), mosaic.MOSAIC_STEPS) <= SMEM
+    sizes, _ = cases.inputs(thm, seed=0, low=100, high=300)
+    assert count.at(mosaic.extents_at(lay, sizes), 1) <= SMEM, name
 
 
 def test_a_profile_without_mosaic_rules_is_refused() -> None:
@@ -150,3 +224,9 @@ def test_cli_writes_a_mosaic_module_or_a_located_refusal(capsys: pytest.CaptureF
                  "-o", str(tmp_path / "no.py")]) == 1
     err = capsys.readouterr().err
     assert "cannot be lowered for Mosaic GPU: tile 32 of `q`" in err and "Traceback" not in err
+    matmul = str(ROOT / "proofs" / "matmul.ncd")
+    assert main(["lower", matmul, "tiled_matmul", "--target", "mosaic", "--tile", "ga=256", "--tile", "gc=256",
+                 "--tile", "sb=256", "-o", str(tmp_path / "big.py")]) == 1
+    err = capsys.readouterr().err
+    assert "a program needs at least 393224 bytes of shared memory" in err and "Traceback" not in err
+    assert not (tmp_path / "big.py").exists()

@@ -61,6 +61,10 @@ DTYPES: dict[str, str] = {**{alias: KERNEL_DTYPES[canon] for alias, canon in hw.
 #: of two that the Triton backend accepts and that keeps interpret-mode grids small
 DEFAULT_TILE = 64
 
+#: how many of the cost model's best configurations a target's own rule (``default_tiles``'
+#: ``fits``) is tried on
+FITTED = 16
+
 #: the size assumed for symbolic axes when the cost model picks default tiles
 REPRESENTATIVE_SIZE = 4096
 
@@ -115,13 +119,16 @@ class Lowered:
 
 
 def default_tiles(diagram: Diagram, schedule: Schedule, hardware: str | hw.Hardware | None = None,
-                  dtype: str = "bf16") -> tuple[dict[str, int], str]:
+                  dtype: str = "bf16", fits: Callable[[dict[str, int]], bool] | None = None,
+                  ) -> tuple[dict[str, int], str]:
     """A size for every symbolic tile, and where it came from.
 
     The cost model's integer search (``optimise.search``: capacities, tensor-core and
     Triton constraints of ``hardware``, default h100 (``lower`` passes its target's
     ``DEFAULT_HARDWARE``); arrays in ``dtype``) picks the tiles
-    for symbolic axes of ``REPRESENTATIVE_SIZE``; where the model has no result for the
+    for symbolic axes of ``REPRESENTATIVE_SIZE``: its best configuration, or with ``fits``
+    (a target's own rule, Mosaic GPU's shared memory) the best of its ``FITTED`` best that
+    ``fits``; where the model has no result for the
     schedule (a level the profile lacks) or no feasible configuration, every tile is
     ``DEFAULT_TILE``, and the origin says why.  A profile that cannot be loaded is never
     such a case: its ``HardwareError`` propagates.
@@ -133,10 +140,12 @@ def default_tiles(diagram: Diagram, schedule: Schedule, hardware: str | hw.Hardw
     try:
         sizes = {a.name: REPRESENTATIVE_SIZE for a in diagram.axes if a.size is None}
         model = cost.cost_of(diagram, schedule, profile, sizes=sizes, dtype=dtype)
-        rows = optimise.search(model, top=1, relax=True).rows
-        if rows and set(names) <= set(rows[0].tiles):
-            return {n: int(rows[0].tiles[n]) for n in names}, (
-                f"cost model optimum for {profile.key} at symbolic sizes {REPRESENTATIVE_SIZE}")
+        rows = optimise.search(model, top=1 if fits is None else FITTED, relax=True).rows
+        picks = [{n: int(row.tiles[n]) for n in names} for row in rows if set(names) <= set(row.tiles)]
+        for rank, pick in enumerate(picks):
+            if fits is None or fits(pick):
+                where = "optimum" if rank == 0 else f"best configuration that fits (its number {rank + 1})"
+                return pick, f"cost model {where} for {profile.key} at symbolic sizes {REPRESENTATIVE_SIZE}"
     except (ValueError, KeyError) as exc:  # e.g. a level the hardware profile lacks
         return {n: DEFAULT_TILE for n in names}, f"default {DEFAULT_TILE} (the cost model could not choose: {exc})"
     return {n: DEFAULT_TILE for n in names}, f"default {DEFAULT_TILE} (no feasible cost-model configuration)"
@@ -213,8 +222,10 @@ class _Placed:
 
 def _place(name: str, diagram: Diagram, schedule: Schedule, target: str, tiles: Mapping[str, int] | None,
            hardware: hw.Hardware, chosen: Mapping[tuple[str, str, tuple[str, ...], tuple[str, ...]], str] | None,
-           ) -> _Placed:
-    """The device schedule's layout, with default tiles for the symbolic ones not given."""
+           dtype: str = "bfloat16") -> _Placed:
+    """The device schedule's layout, with default tiles for the symbolic ones not given (on
+    Mosaic GPU, tiles whose kernel in ``dtype`` fits the profile's shared memory with its full
+    pipeline at the least sizes: ``mosaic.fits_smem``)."""
     device = schedule.device()  # mesh tiles are the devices' blocks, not chosen here
     given = dict(tiles or {})
     for p in schedule.mesh:
@@ -225,9 +236,16 @@ def _place(name: str, diagram: Diagram, schedule: Schedule, target: str, tiles: 
             given[p.tile] = given[p.axis]
     missing = [p.tile for p in device.partitions if isinstance(p.tile, str) and p.tile not in given]
     if missing:
+        fits = None
+        if target == "mosaic":
+            def fits(pick: dict[str, int]) -> bool:
+                return mosaic_target.fits_smem(lambda: layout(name, diagram, device, {**pick, **given}, target, chosen),
+                                               dtype, int(hardware.level("smem").capacity),
+                                               int(mosaic_target.mosaic_rules(hardware).get(
+                                                   "max_concurrent_steps", mosaic_target.MOSAIC_STEPS)))
         defaults, origin = default_tiles(diagram, realised_schedule(diagram, device, target),
                                          hardware.for_mosaic() if target == "mosaic" else hardware,
-                                         PRICED_DTYPE.get(target, "bf16"))
+                                         PRICED_DTYPE.get(target, "bf16"), fits)
         unrealised = sorted(n for n in missing if n not in defaults)  # plain JAX vectorises them whole
         if unrealised:
             defaults |= {n: DEFAULT_TILE for n in unrealised}
@@ -265,7 +283,7 @@ def _lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str
         raise NapkinError(error("lower.mosaic", name=name, reason="a mesh (its kernels are Pallas Triton or plain "
                                 "JAX programs per device); use --target pallas or jax"))
     plan = None if mesh is None else mesh_target.mesh_plan(name, schedule, mesh)
-    placed = _place(name, diagram, schedule, target, _kernel_tiles(name, tiles), profile, chosen)
+    placed = _place(name, diagram, schedule, target, _kernel_tiles(name, tiles), profile, chosen, dtype_name)
     lay = placed.layout
     namer = cg.Namer(_RESERVED)
     fname = namer.fresh(name)
@@ -284,7 +302,7 @@ def _lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str
             kernels = []
             for thm in backward:
                 back = _place(thm.name, thm.result, thm.schedule, target, _kernel_tiles(thm.name, tiles), profile,
-                              thm.chosen)
+                              thm.chosen, dtype_name)
                 back_name = namer.fresh(thm.name)
                 back_priced = _priced(back.layout, profile)
                 back_doc = _docstring(back.layout, target, back.origin, dtype_name, back_priced, _proof(thm),
@@ -349,7 +367,8 @@ def _lower_chain(theorem: Theorem, target: str, tiles: Mapping[str, int] | None,
     calls, lays, picked, docs = [], [], {}, []
     keyword = ", interpret=interpret" if target in ("pallas", "mosaic") else ""
     for k, writes in zip(theorem.kernels, theorem.writes, strict=True):
-        placed = _place(k.name, k.result, k.schedule, target, _kernel_tiles(k.name, tiles), profile, k.chosen)
+        placed = _place(k.name, k.result, k.schedule, target, _kernel_tiles(k.name, tiles), profile, k.chosen,
+                        dtype_name)
         kname = namer.fresh(k.name)
         kparams = [cg.Namer(_RESERVED).fresh(p) for p, _ in placed.layout.flat.inputs]
         priced = _priced(placed.layout, profile)
@@ -528,7 +547,8 @@ def _emit(lay: Layout, fname: str, params: Sequence[str], doc: str, dtype: str, 
     """One kernel's function on its target; a Pallas kernel is launched by ``_launch_rule``, a
     Mosaic GPU one under the profile's Mosaic rules."""
     if lay.target == "mosaic":
-        return mosaic_target.emit_function(lay, fname, params, doc, dtype, namer, hardware.mosaic)
+        return mosaic_target.emit_function(lay, fname, params, doc, dtype, namer, hardware.mosaic,
+                                           int(hardware.level("smem").capacity))
     if lay.target != "pallas":
         return jax_target.emit_function(lay, fname, params, doc, dtype, namer)
     return pallas_target.emit_function(lay, fname, params, doc, dtype, namer, _launch_rule(priced))

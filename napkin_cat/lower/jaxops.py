@@ -261,7 +261,7 @@ def _contract(box: Box, args: Sequence[Value], scope: Scope) -> Value:
             "".join(letters[a] for a in dot_out)
         dtype = cg.attr(f"jnp.{scope.dot_dtype}")
         if scope.wgmma:
-            return Value(_wgmma(operands, target, scope), dot_out)
+            return Value(_wgmma(operands, target, scope, merged), dot_out)
         keywords = [cg.kw("preferred_element_type", cg.attr("jnp.float32"))]
         if scope.dot_dtype == "float32":  # IEEE f32: on GPU an f32 dot defaults to TF32
             keywords.append(cg.kw("precision", cg.attr("lax.Precision.HIGHEST")))
@@ -284,20 +284,29 @@ def _contract(box: Box, args: Sequence[Value], scope: Scope) -> Value:
     return Value(cg.call("jnp.sum", product, keywords=[cg.kw("axis", positions(everything, target))]), out)
 
 
-def _wgmma(operands: Sequence[Value], target: Axes, scope: Scope) -> ast.expr:
+def _wgmma(operands: Sequence[Value], target: Axes, scope: Scope, merged: Mapping[str, Axes]) -> ast.expr:
     """``wgmma(a, b, a_k, b_k, a_ref, b_ref, dtype)`` (``lower.mosaic.WGMMA_SOURCE``) for two
-    matrices contracting one axis: an operand held in shared memory as loaded is passed as its ref."""
+    matrices contracting one axis: an operand held in shared memory as loaded is passed as its ref;
+    the others are staged into shared memory by the call, their axes (``merged`` dimensions as
+    the axes they stand for) recorded in ``scope.staged``."""
     a, b = operands
     shared = [x for x in a.axes if x in target]
     assert len(a.axes) == 2 and len(b.axes) == 2 and len(shared) == 1, (a.axes, b.axes, target)
     k = shared[0]
 
+    def in_smem(v: Value) -> bool:
+        return isinstance(v.expr, ast.Name) and v.expr.id in scope.refs
+
     def operand(v: Value) -> tuple[ast.expr, ast.expr]:
-        if isinstance(v.expr, ast.Name) and v.expr.id in scope.refs:
+        if in_smem(v):
+            assert isinstance(v.expr, ast.Name)
             return cg.name(scope.refs[v.expr.id]), cg.const(True)
         return v.expr, cg.const(False)
 
     (ea, ra), (eb, rb) = operand(a), operand(b)
+    if scope.staged is not None:
+        scope.staged.append(tuple(tuple(x for n in v.axes for x in merged.get(n, (n,)))
+                                  for v in (a, b) if not in_smem(v)))
     return cg.call("wgmma", ea, eb, cg.const(a.axes.index(k)), cg.const(b.axes.index(k)), ra, rb,
                    cg.attr(f"jnp.{scope.dot_dtype}"))
 

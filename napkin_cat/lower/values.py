@@ -98,6 +98,9 @@ class Scope:
     #: values that are a shared-memory block or chunk as loaded: value name -> its ref's name
     #: (``wgmma`` reads such an operand in place)
     refs: Mapping[str, str] = field(default_factory=dict)
+    #: where ``wgmma`` records, per call, the base axes of each operand it stages into shared
+    #: memory (one entry per call; ``lower.mosaic.smem_count`` counts them); None: not recorded
+    staged: list[tuple[Axes, ...]] | None = None
 
     def keep(self, axes: Axes) -> Axes:
         """The axes an in-kernel value has: the type less the squeezed grid axes."""

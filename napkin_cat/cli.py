@@ -165,7 +165,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--mesh", type=_count(1, MAX_MESH_DEVICES), metavar="N",
                    help=f"run the mesh partitions on N devices (jax.shard_map; 1 to {MAX_MESH_DEVICES})")
     p.add_argument("--backward", metavar="T1,T2", help="theorems of the same file whose kernels compute the "
-                   "gradients: the function becomes a jax.custom_vjp (README \"Training\")")
+                   "gradients: the function becomes a jax.custom_vjp (README \"Training\"); `derived` derives "
+                   "and proves them from the theorem's VJP")
     p.add_argument("--allow-tested-join", action="store_true", help="lower --backward kernels whose join the "
                    "prover cannot prove, on the float64 test alone (a warning; the docstring says so)")
     p.add_argument("-o", "--output", required=True, help="OUT.py")

@@ -44,7 +44,8 @@ from napkin_cat.cache import cache_folder, key, read, sources, write
 from napkin_cat.diagnostics import NapkinError, error
 from napkin_cat.elaborate import load, loads
 from napkin_cat.kernel import Theorem
-from napkin_cat.lower import TARGETS, compile_module, lower
+from napkin_cat.lower import DEFAULT_HARDWARE, TARGETS, compile_module, lower
+from napkin_cat.search.backward import DERIVED, derived
 from napkin_cat.terms import Module
 
 __all__ = ["Fused", "attention", "cache_folder", "fuse"]
@@ -77,11 +78,12 @@ class Fused:
         return self._build(dtype)[0]
 
 
-def fuse(path: str | Path, theorem: str, *, backward: Sequence[str] = (), target: str | None = None,
+def fuse(path: str | Path, theorem: str, *, backward: Sequence[str] | str = (), target: str | None = None,
          tiles: Mapping[str, int] | None = None, hardware: str | None = None, strict: bool = True,
          cache: bool = True) -> Fused:
     """The kernel of ``theorem`` in the .ncd file ``path`` (with ``backward`` theorems of the
-    same file as its gradient, as ``napkin lower --backward``), lowered for ``target``
+    same file as its gradient, as ``napkin lower --backward``; ``backward="derived"`` derives,
+    schedules and proves them from the theorem's VJP, ``napkin_cat.search.backward``), lowered for ``target``
     (default: ``"pallas"`` where jax's default backend is a GPU, else ``"jax"``).
 
     Nothing is read or proved until the first call (or ``source``); errors in the file or
@@ -92,18 +94,20 @@ def fuse(path: str | Path, theorem: str, *, backward: Sequence[str] = (), target
 
 
 def attention(score_mod: str | None = None, mask_mod: str | None = None, *, head_dim: int | None = None,
-              target: str | None = None, tiles: Mapping[str, int] | None = None, hardware: str | None = None,
-              cache: bool = True) -> Fused:
+              backward: str | None = None, target: str | None = None, tiles: Mapping[str, int] | None = None,
+              hardware: str | None = None, cache: bool = True) -> Fused:
     """Attention ``softmax(score_mod(Q·K/sqrt(d)))·V`` over keys where ``mask_mod`` holds,
     as a proved FlashAttention kernel taking ``Q: [q d], K: [x d], V: [x d]`` (``jax.vmap``
     it over batch and heads). ``score_mod`` is an .ncd expression of the scaled scores
     ``S: [q x]`` (``"30 * tanh(S / 30)"``; positions as ``index[q x](q - x)``: ALiBi is
     ``"S - 0.5 * abs(index[q x](q - x))"``; a bare ``q`` is the axis's size, as in .ncd);
     ``mask_mod`` an index predicate (``"q >= x"``, ``"q - x < 256 and q >= x"``).
-    ``head_dim`` fixes ``d`` (else it is bound from the inputs)."""
+    ``head_dim`` fixes ``d`` (else it is bound from the inputs).  ``backward="derived"`` gives
+    it FlashAttention-2's backward, derived and proved (``fuse``); else its gradient is the
+    target's default (``lower.backward``)."""
     text = _attention_text(score_mod, mask_mod, head_dim)
-    return _fused(lambda: [text.encode("utf-8")], lambda: loads(text, "<napkin attention>"), "flash", (), target,
-                  tiles, hardware, True, cache)
+    return _fused(lambda: [text.encode("utf-8")], lambda: loads(text, "<napkin attention>"), "flash",
+                  () if backward is None else backward, target, tiles, hardware, True, cache)
 
 
 def _attention_text(score_mod: str | None, mask_mod: str | None, head_dim: int | None) -> str:
@@ -134,12 +138,12 @@ def _attention_text(score_mod: str | None, mask_mod: str | None, head_dim: int |
     ])
 
 
-def _fused(sources: Callable[[], list[bytes]], module: Callable[[], Module], theorem: str, backward: Sequence[str],
-           target: str | None, tiles: Mapping[str, int] | None, hardware: str | None, strict: bool,
-           cache: bool) -> Fused:
+def _fused(sources: Callable[[], list[bytes]], module: Callable[[], Module], theorem: str,
+           names: Sequence[str] | str, target: str | None, tiles: Mapping[str, int] | None, hardware: str | None,
+           strict: bool, cache: bool) -> Fused:
     if target is not None and target not in TARGETS:
         raise NapkinError(error("lower.target", target=target, targets=", ".join(TARGETS)))
-    backward = tuple(backward)
+    backward = (names,) if isinstance(names, str) else tuple(names)
     chosen = target or _default_target()
     settings = {"theorem": theorem, "backward": backward, "target": chosen, "hardware": hardware, "strict": strict,
                 "tiles": dict(sorted((tiles or {}).items()))}
@@ -181,7 +185,11 @@ def _kernel_dtype(arrays: Sequence[Any]) -> str:
 
 def _lowered(module: Module, theorem: str, backward: tuple[str, ...], target: str, tiles: Mapping[str, int] | None,
              hardware: str | None, strict: bool, dtype: str) -> dict[str, Any]:
-    forward, *joined = [_proved(module, name, strict) for name in (theorem, *backward)]
+    if backward == (DERIVED,):
+        found = derived(module, theorem, target=target, hardware=hardware or DEFAULT_HARDWARE[target], strict=strict)
+        forward, joined = found.forward, list(found.backward)
+    else:
+        forward, *joined = [_proved(module, name, strict) for name in (theorem, *backward)]
     lowered = lower(forward, target=target, tiles=tiles, dtype=dtype, hardware=hardware, backward=joined)
     return {"format": _FORMAT, "function": lowered.function, "source": lowered.source,
             "tiles": dict(lowered.tiles), "trust": list(forward.trust)}

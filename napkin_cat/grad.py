@@ -30,7 +30,7 @@ extremum is infinite have no derivative: the gradient there is not finite.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from napkin_cat import ops
 from napkin_cat.diagnostics import NapkinError, error
@@ -60,7 +60,7 @@ from napkin_cat.terms import (
     walk,
 )
 
-__all__ = ["cotangent_names", "vjp", "vjp_module"]
+__all__ = ["cotangent_names", "exp_normalised", "live", "vjp", "vjp_module"]
 
 
 # ---- building boxes ------------------------------------------------------------------------------
@@ -357,14 +357,42 @@ def cotangent_names(diagram: Diagram) -> tuple[str, ...]:
                  for i, out in enumerate(diagram.outputs))
 
 
-def vjp(diagram: Diagram) -> Diagram:
-    """The vector-Jacobian product of ``diagram`` as the diagram ``NAME_vjp`` (module docstring)."""
+def exp_normalised(diagram: Diagram) -> tuple[tuple[Expr, Axes], ...]:
+    """The exp-normalised reductions of the (inlined) diagram, each once, as (argument, axes):
+    ``softmax[T](S)`` and ``ncontract[T; exp, exp, id](S, V)`` give (S, T).  Their row statistic
+    ``logsumexp[T](S)`` is what a forward saves for ``vjp(..., statistics=...)``."""
+    found: dict[tuple[Expr, Axes], None] = {}
+    for expr in [*(let.expr for let in diagram.body), *diagram.outputs]:
+        for node in walk(expr):
+            if isinstance(node, Box) and (node.op == "softmax" or (node.op == "ncontract"
+                                          and node.params == ("exp", "exp", "id"))):
+                found[(node.args[0], node.target)] = None
+    return tuple(found)
+
+
+def vjp(diagram: Diagram, *, saved: tuple[str, ...] = (),
+        statistics: Mapping[str, tuple[Expr, Axes]] | None = None) -> Diagram:
+    """The vector-Jacobian product of ``diagram`` as the diagram ``NAME_vjp`` (module docstring).
+
+    With ``saved`` and ``statistics``, the VJP reads values the forward saved instead of
+    recomputing them (FlashAttention-2's backward), as extra inputs after the cotangents:
+    ``saved`` names bindings of the inlined diagram, read as inputs of their names;
+    ``statistics`` maps an input name to an exp-normalisation (S, T) of ``exp_normalised``,
+    whose row statistic ``logsumexp[T](S)`` the input holds.  Each such ``softmax[T](S)`` is
+    then ``exp(S - L)`` (no second softmax), and its VJP ``P·(g - D)`` takes ``D = Σ_T g·P``
+    as ``Σ dO·O`` where P's one reader is a saved ``O = contract(P, V)`` summing P over T
+    (``_row_term``); a saved ``logsumexp`` y's VJP reads ``exp(x - y)``.  The values are the
+    same in exact arithmetic (``certify.prove.prove_join`` proves a join of them)."""
     flat = inlined(diagram)
     axes = {a.name: a for a in flat.axes}
     seeds = cotangent_names(diagram)
-    names = _Names({p.name for p in flat.inputs} | {n for let in flat.body for n in let.names} | set(seeds) | set(axes))
+    stats = dict(statistics or {})
+    by_row = {row: Var(name, _box("logsumexp", row[0], target=row[1]).axes) for name, row in stats.items()}
+    names = _Names({p.name for p in flat.inputs} | {n for let in flat.body for n in let.names} | set(seeds)
+                   | set(axes) | set(stats))
     lets: list[Let] = []
     others: dict[str, Expr] = {}  # a prod binding's Π-of-the-others companion
+    normalised: dict[str, tuple[Expr, Axes]] = {}  # a softmax read as exp(S - L): its bound argument and axes
 
     def atom(expr: Expr, name: str | None = None, companion: bool = False) -> Expr:
         """The expression with every box bound to a name; a box itself becomes its Var (a
@@ -373,6 +401,12 @@ def vjp(diagram: Diagram) -> Diagram:
             return expr
         if expr.op == "ncontract":
             return atom(_ncontract(expr), name)
+        if expr.op == "softmax" and (expr.args[0], expr.target) in by_row:
+            arg = atom(expr.args[0])
+            bound = name or names.fresh("t")
+            normalised[bound] = (arg, expr.target)
+            lets.append(Let((bound,), _box("exp", _sub(arg, by_row[(expr.args[0], expr.target)]))))
+            return Var(bound, lets[-1].expr.axes)
         box = typed_box(expr.op, tuple(atom(a) for a in expr.args), expr.target, expr.out, expr.params, expr.index)
         bound = name or names.fresh("t")
         if box.op == "prod" and not companion:
@@ -391,19 +425,23 @@ def vjp(diagram: Diagram) -> Diagram:
         if isinstance(out, Var):
             cotangents.setdefault(out.name, []).append(Var(seed, t))
     backward: list[Let] = []
+    totals: dict[str, Expr | None] = {}
 
     def total(name: str) -> Expr | None:
+        if name in totals:
+            return totals[name]
         parts = cotangents.get(name)
         if not parts:
             return None
         value = parts[0]
         for part in parts[1:]:
             value = _add(value, part)
-        if isinstance(value, Var):
-            return value
-        bound = names.fresh(f"d{name}")
-        backward.append(Let((bound,), value))
-        return Var(bound, value.axes)
+        if not isinstance(value, Var):
+            bound = names.fresh(f"d{name}")
+            backward.append(Let((bound,), value))
+            value = Var(bound, value.axes)
+        totals[name] = value
+        return value
 
     for let in reversed(lets):
         (name,) = let.names
@@ -414,6 +452,14 @@ def vjp(diagram: Diagram) -> Diagram:
         if not isinstance(expr, Box):
             grads: tuple[Expr | None, ...] = (g,)
             args: tuple[Expr, ...] = (expr,)
+        elif name in normalised:
+            arg, target = normalised[name]
+            y = Var(name, expr.axes)
+            row = _row_term(name, target, lets, outputs, saved, totals) or _box("sum", _mul(g, y), target=target)
+            grads, args = (_mul(y, _sub(g, row)),), (arg,)
+        elif expr.op == "logsumexp" and name in saved:
+            (x,) = expr.args
+            grads, args = (_mul(g, _box("exp", _sub(x, Var(name, expr.axes)))),), expr.args
         elif expr.op == "prod":
             grads, args = (_mul(g, others[name]),), expr.args
         elif expr.op == "linrec":
@@ -429,8 +475,14 @@ def vjp(diagram: Diagram) -> Diagram:
         g = total(param.name)
         value = _expand(g if g is not None else _c(0.0), param.axes)
         results.append(value if value.axes == param.axes else _box("transpose", value, target=param.axes))
-    body = _live(lets + backward, results)
-    inputs = flat.inputs + tuple(Param(s, t) for s, t in zip(seeds, diagram.out_types, strict=True))
+    kept = set(saved)
+    body = live([let for let in lets if let.names[0] not in kept] + backward, results)
+    read = {n.name for let in body for n in walk(let.expr) if isinstance(n, Var)} | \
+        {n.name for r in results for n in walk(r) if isinstance(n, Var)}
+    types = {let.names[0]: let.expr.axes for let in lets}
+    inputs = flat.inputs + tuple(Param(s, t) for s, t in zip(seeds, diagram.out_types, strict=True)) + tuple(
+        Param(n, types[n]) for n in saved if n in read and n in types) + tuple(
+        Param(n, by_row[row].axes) for n, row in stats.items() if n in read)
     used = axes_in_order(inputs, [*(let.expr for let in body), *results])  # as elaboration orders them
     return Diagram(f"{diagram.name}_vjp", inputs, body, tuple(results), tuple(p.axes for p in flat.inputs),
                    tuple(axes[name] for name in used if name in axes))
@@ -447,7 +499,32 @@ def vjp_module(diagram: Diagram) -> Module:
     return Module(f"{result.name}.ncd", (), result.axes, (result,))
 
 
-def _live(lets: list[Let], outputs: list[Expr]) -> tuple[Let, ...]:
+def _row_term(name: str, target: Axes, lets: list[Let], outputs: list[Expr], saved: tuple[str, ...],
+              totals: Mapping[str, Expr | None]) -> Expr | None:
+    """Softmax's VJP term D = Σ_T g·P for P (``name``, normalised over ``target``) as Σ dO·O, or
+    None: where P's one reader is a saved ``O = contract[C](P, V)`` with C ∩ axes(P) = T, the
+    cotangent g of P is Σ dO·V and Σ_T g·P = Σ dO·Σ_C P·V = Σ_{axes(O) - axes(P)} dO·O, a
+    reduction of the forward's output rather than of a q×x array."""
+    readers = [let for let in lets if any(isinstance(n, Var) and n.name == name for n in walk(let.expr))]
+    if len(readers) != 1 or any(isinstance(n, Var) and n.name == name for o in outputs for n in walk(o)):
+        return None
+    (reader,) = readers
+    box, out = reader.expr, reader.names[0]
+    if not isinstance(box, Box) or box.op != "contract" or len(box.args) != 2 or out not in saved:
+        return None
+    p_axes = next(a.axes for a in box.args if isinstance(a, Var) and a.name == name)
+    if sum(isinstance(a, Var) and a.name == name for a in box.args) != 1 or \
+            set(box.target) & set(p_axes) != set(target):
+        return None
+    d_out = totals.get(out)
+    if d_out is None:
+        return None
+    rows = tuple(a for a in p_axes if a not in target)
+    summed = tuple(a for a in box.axes if a not in rows)
+    return _box("contract", d_out, Var(out, box.axes), target=summed)
+
+
+def live(lets: list[Let], outputs: list[Expr]) -> tuple[Let, ...]:
     """The bindings the outputs read, in order."""
     needed = {n.name for o in outputs for n in walk(o) if isinstance(n, Var)}
     kept: list[Let] = []

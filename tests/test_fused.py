@@ -147,10 +147,22 @@ def test_readme_block_runs(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.chdir(ROOT)
     section = (ROOT / "README.md").read_text(encoding="utf-8").split("## From JAX", 1)[1].split("\n## ", 1)[0]
-    (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    code, trained = re.findall(r"```python\n(.*?)```", section, flags=re.S)
     namespace: dict[str, object] = {}
     exec(compile(code, "README.md", "exec"), namespace)
     q, out, dq = (np.asarray(namespace[n], np.float64) for n in ("q", "out", "dq"))  # type: ignore[arg-type]
     assert out.shape == (4, 256, 64) and dq.shape == q.shape and np.isfinite(dq).all()
     want = _attention(q[1], q[1], q[1], scores=lambda s: 30 * np.tanh(s / 30), mask=lambda i, j: i >= j)
     assert np.abs(out[1] - want).max() < 1e-4
+    # the training step with the derived backward: its gradients are jax.grad's of the same attention
+    namespace = {}
+    exec(compile(trained, "README.md", "exec"), namespace)
+    inputs = jax.random.normal(jax.random.key(0), (3, 2, 128, 64))
+
+    def reference(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        s = 30 * jnp.tanh(q @ k.T / 8 / 30)
+        return jax.nn.softmax(jnp.where(jnp.tril(jnp.ones((128, 128), bool)), s, -jnp.inf), axis=-1) @ v
+
+    want_grads = jax.grad(lambda q, k, v: jnp.sum(jax.vmap(reference)(q, k, v) ** 2), argnums=(0, 1, 2))(*inputs)
+    for got, wanted in zip(namespace["grads"], want_grads, strict=True):  # type: ignore[call-overload]
+        np.testing.assert_allclose(np.asarray(got), np.asarray(wanted), atol=1e-3, rtol=1e-3)

@@ -317,6 +317,8 @@ class _Semantics:
             return -x
         if op == "square":
             return x**2
+        if op == "tanh":  # total and smooth on the reals (a softcap: c·tanh(S / c))
+            return sympy.tanh(x)
         if op in ("abs", "sign"):  # the guarded finaliser's |sign d|: 0 exactly where d is 0
             return sympy.Abs(x) if op == "abs" else sympy.sign(x)
         if op == "sqrt":

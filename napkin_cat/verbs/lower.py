@@ -14,6 +14,7 @@ from napkin_cat.diagnostics import render
 from napkin_cat.files import Outputs
 from napkin_cat.lower import DEFAULT_HARDWARE, KERNEL_DTYPES, UnprovedJoinWarning, lower
 from napkin_cat.search import derive
+from napkin_cat.search.backward import DERIVED, derived
 from napkin_cat.verbs import (
     DEFAULT_DTYPE,
     EXIT_INPUT,
@@ -34,7 +35,8 @@ def cmd_lower(args: argparse.Namespace) -> int:
     """Lower a checked theorem to a Pallas kernel or a streamed plain-JAX module."""
     module = module_or_usage(args.file)
     backward = [n.strip() for n in (args.backward or "").split(",") if n.strip()]
-    for name in (args.theorem, *backward):
+    derive_backward = backward == [DERIVED]
+    for name in (args.theorem, *([] if derive_backward else backward)):
         if not any(t.name == name for t in module.theorems):
             known = ", ".join(t.name for t in module.theorems) or "none"
             raise UsageError(f"no theorem `{name}` in {args.file} (theorems: {known})")
@@ -43,8 +45,12 @@ def cmd_lower(args: argparse.Namespace) -> int:
     hardware = hardware_option(args.hardware) if args.hardware else None  # lower's default: by target
     outputs = Outputs(module.scope_files)
     outputs.check(args.output)
-    thm = proof.theorem(args.file, args.theorem)
-    backs = [proof.theorem(args.file, name) for name in backward]
+    if derive_backward:  # the forward saving its statistics and the derived passes, each proved
+        found = derived(module, args.theorem, target=args.target, hardware=hardware or DEFAULT_HARDWARE[args.target])
+        thm, backs, backward = found.forward, list(found.backward), [b.name for b in found.backward]
+    else:
+        thm = proof.theorem(args.file, args.theorem)
+        backs = [proof.theorem(args.file, name) for name in backward]
     parts = [p for t in (thm, *backs) for p in proof.partitions(t)]
     names = {str(p.tile) for p in parts} | {p.axis for p in parts}
     names |= {f"{t.name}.{n}" for t in (thm, *backs) for p in proof.partitions(t) for n in (str(p.tile), p.axis)}

@@ -1,0 +1,197 @@
+"""The derived streamed backward (napkin_cat.search.backward): FlashAttention-2's plan derived
+from a forward theorem, each pass proved, the join proved, and ``jax.grad`` through the lowered
+kernels equal to the float64 VJP at ragged sizes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from napkin_cat import proof
+from napkin_cat.elaborate import load
+from napkin_cat.evaluate import evaluate
+from napkin_cat.grad import vjp
+from napkin_cat.lower import UnprovedJoinWarning, compile_module, lower
+from napkin_cat.search.backward import derived
+from napkin_cat.terms import Box, walk
+
+ROOT = Path(__file__).resolve().parent.parent
+PROOFS = ROOT / "proofs"
+
+
+def _tuple(value: object) -> tuple:
+    return value if isinstance(value, tuple) else (value,)
+
+
+def _check_gradients(path: Path, theorem: str, target: str, seed: int = 0) -> bool:
+    """Derive, lower and differentiate ``theorem``; compare with the float64 VJP at ragged sizes.
+    Returns whether the join was proved (else it was lowered on the test alone, opted in)."""
+    module = load(path)
+    found = derived(module, theorem, target=target, hardware="cpu" if target == "jax" else "h100")
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always", UnprovedJoinWarning)
+        lowered = lower(found.forward, target=target, dtype="float32", backward=list(found.backward),
+                        allow_tested_join=True)
+    proved = not any(issubclass(w.category, UnprovedJoinWarning) for w in warned)
+    fn = compile_module(lowered.source, f"<derived:{theorem}>")[lowered.function]
+    source = module.diagram(module.theorem(theorem).diagram)
+    rng = np.random.default_rng(seed)
+    # ragged: the axes the forward partitions odd (no tile divides them), the others (batch, heads) small
+    long = {p.axis for p in proof.partitions(found.forward)}
+    sizes = {a.name: a.size if a.size is not None else int(rng.integers(33, 60)) | 1 if a.name in long else 3
+             for a in found.forward.source.axes}
+    args = [rng.standard_normal([sizes[a] for a in p.axes]) for p in source.inputs]
+    outs = _tuple(evaluate(source, args, sizes=sizes))
+    cts = [rng.standard_normal(np.shape(o)) for o in outs]
+    want = _tuple(evaluate(vjp(source), [*args, *cts], sizes=sizes))
+    options = {"interpret": True} if target != "jax" else {}
+
+    def loss(*xs: jax.Array) -> jax.Array:
+        return sum(jnp.sum(o * c) for o, c in zip(_tuple(fn(*xs, **options)), cts, strict=True))
+
+    got = jax.grad(loss, argnums=tuple(range(len(args))))(*(jnp.asarray(a, jnp.float32) for a in args))
+    for p, g, w in zip(source.inputs, got, want, strict=True):
+        w = np.asarray(w, np.float64)
+        scale = max(1.0, float(np.max(np.abs(w))))
+        np.testing.assert_allclose(np.asarray(g, np.float64), w, atol=2e-4 * scale, rtol=2e-4,
+                                   err_msg=f"{theorem}: d{p.name} at {sizes}")
+    return proved
+
+
+# ---- attention: the plan the hand-written files show -----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def attention():
+    return derived(load(PROOFS / "flash_attention.ncd"), "flash_attention", target="jax", hardware="cpu")
+
+
+def test_forward_saves_the_row_statistic(attention):
+    forward = attention.forward.source
+    assert [o.name for o in forward.outputs] == ["O", "L"]
+    (stat,) = [let.expr for let in forward.body if let.names == ("L",)]
+    assert isinstance(stat, Box) and stat.op == "logsumexp" and stat.target == ("x",)
+    assert attention.forward.name == "flash_attention"  # the user's steps, on the saving forward
+
+
+def test_passes_read_the_statistic_not_a_second_softmax(attention):
+    for thm in attention.backward:
+        diagram = thm.source
+        ops = {n.op for let in diagram.body for n in walk(let.expr) if isinstance(n, Box)}
+        assert "softmax" not in ops and "logsumexp" not in ops, thm.name
+        assert {"O", "L", "dO"} <= {p.name for p in diagram.inputs}, thm.name
+        # D = Σ_d dO·O, a reduction of the saved output, not of a q×x array
+        assert any(isinstance(n, Box) and n.op == "contract" and n.target == ("d",)
+                   and {getattr(a, "name", None) for a in n.args} == {"dO", "O"}
+                   for let in diagram.body for n in walk(let.expr)), thm.name
+
+
+def test_passes_group_their_gradients_own_axes(attention):
+    plans = {}
+    for thm in attention.backward:
+        grads = tuple(o.name for o in thm.source.outputs)
+        plans[grads] = [(p.kind, p.axis, p.via) for p in proof.partitions(thm)]
+    assert set(plans) == {("dQ",), ("dK", "dV")}
+    assert plans[("dQ",)] == [("group", "q", None), ("stream", "x", "sum")]
+    assert plans[("dK", "dV")] == [("group", "x", None), ("stream", "q", "sum")]
+    assert all(kind != "split" for plan in plans.values() for kind, _, _ in plan)  # no sum across programs
+
+
+def _largest_array(jaxpr: Any) -> int:
+    """The most elements of any value a jaxpr (and the jaxprs inside it) computes."""
+    most = 0
+    for eqn in jaxpr.eqns:
+        for var in eqn.outvars:
+            most = max(most, int(np.prod(getattr(var.aval, "shape", ()))))
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (list, tuple)) else (param,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    most = max(most, _largest_array(inner))
+    return most
+
+
+@pytest.mark.parametrize("target", ["jax", "pallas"])
+def test_attention_backward_stores_no_q_by_x_array(attention, target):
+    """The whole training step (forward, dQ pass, dK/dV pass) traced at q = x = 1024: no value
+    it computes, inside the loops included, has q·x elements, while the unscheduled VJP's does."""
+    found = attention if target == "jax" else derived(load(PROOFS / "flash_attention.ncd"), "flash_attention",
+                                                       target=target)
+    tiles = {"gq": 64, "sx": 64, "gx": 64, "sq": 64}
+    lowered = lower(found.forward, target=target, dtype="float32", backward=list(found.backward), tiles=tiles)
+    fn = compile_module(lowered.source, "<derived>")[lowered.function]
+    n, d = 1024, 64
+    q = jnp.ones((n, d), jnp.float32)
+    options = {"interpret": True} if target != "jax" else {}
+    step = jax.make_jaxpr(jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v, **options)), argnums=(0, 1, 2)))(q, q, q)
+    assert _largest_array(step.jaxpr) < n * n // 4
+    plain = lower(proof.theorem(PROOFS / "flash_attention.ncd", "flash_attention"), target="pallas", dtype="float32",
+                  tiles={"gq": 64, "sx": 64})
+    unscheduled = compile_module(plain.source, "<plain>")[plain.function]
+    vjp_step = jax.make_jaxpr(jax.grad(lambda q: jnp.sum(unscheduled(q, q, q, interpret=True))))(q)
+    assert _largest_array(vjp_step.jaxpr) >= n * n  # the check sees a q×x array where there is one
+
+
+def test_attention_gradients_match_the_vjp():
+    assert _check_gradients(PROOFS / "flash_attention.ncd", "flash_attention", "jax")
+
+
+# ---- every kernel without a hand-written backward ---------------------------------------------------
+
+#: the proof files whose kernels have hand-written backwards (README "Training")
+HAND_WRITTEN = {"flash_attention_backward.ncd", "mlp_backward.ncd", "cross_entropy_backward.ncd"}
+KERNELS = [(path.name, t.name) for path in sorted(PROOFS.glob("*.ncd")) if path.name not in HAND_WRITTEN
+           for t in load(path).theorems]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("file", "theorem"), KERNELS)
+def test_every_kernel_derives_a_backward(file, theorem):
+    _check_gradients(PROOFS / file, theorem, "jax")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("file", "theorem"), [("flash_attention.ncd", "flash_attention_causal"),
+                                               ("spherical_attention.ncd", "flash_sign")])
+def test_pallas_interpret_gradients(file, theorem):
+    _check_gradients(PROOFS / file, theorem, "pallas")
+
+
+# ---- the front doors ----------------------------------------------------------------------------------
+
+
+def test_cli_lowers_a_derived_backward(tmp_path):
+    out = tmp_path / "fa.py"
+    done = subprocess.run([sys.executable, "-m", "napkin_cat", "lower", str(PROOFS / "flash_attention.ncd"),
+                           "flash_attention", "--target", "jax", "--backward", "derived", "-o", str(out)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stderr
+    text = out.read_text()
+    assert "jax.custom_vjp" in text and "saves L for the backward" in text and "proved equal to the VJP" in text
+
+
+def test_fused_attention_with_a_derived_backward():
+    import napkin_cat
+
+    softcap = napkin_cat.attention(score_mod="30 * tanh(S / 30)", mask_mod="q >= x", backward="derived",
+                                   target="jax", cache=False)
+    rng = np.random.default_rng(1)
+    q, k, v = (jnp.asarray(rng.standard_normal((45, 16)), jnp.float32) for _ in range(3))
+    grads = jax.grad(lambda q, k, v: jnp.sum(softcap(q, k, v) ** 2), argnums=(0, 1, 2))(q, k, v)
+
+    def reference(q, k, v):
+        s = 30 * jnp.tanh(q @ k.T / 4.0 / 30)
+        s = jnp.where(jnp.tril(jnp.ones((45, 45), bool)), s, -jnp.inf)
+        return jax.nn.softmax(s, axis=-1) @ v
+
+    want = jax.grad(lambda q, k, v: jnp.sum(reference(q, k, v) ** 2), argnums=(0, 1, 2))(q, k, v)
+    for g, w in zip(grads, want, strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-3, rtol=1e-3)

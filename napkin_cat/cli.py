@@ -39,7 +39,7 @@ EXIT_OK, EXIT_INPUT, EXIT_USAGE, EXIT_IO, EXIT_INTERRUPTED, EXIT_PIPE = 0, 1, 2,
 #: when the verb runs: the dispatch that keeps ``--help`` and ``parse`` light (test_imports
 #: holds these modules to the import rule as it does written imports)
 VERBS: dict[str, str] = {"parse": "text", "grad": "text", "eval": "evaluate", "check": "check", "lemmas": "lemmas",
-                         "draw": "draw", "cost": "cost", "pseudo": "cost", "lower": "lower", "derive": "lower"}
+                         "draw": "draw", "cost": "cost", "pseudo": "cost", "lower": "lower", "derive": "derive"}
 
 
 def _verb(name: str) -> Callable[[argparse.Namespace], int]:

@@ -43,6 +43,7 @@ LAZY: dict[tuple[str, str], str] = {
     ("napkin_cat.__main__", "napkin_cat.cli"): "Ctrl-C while the CLI's modules load is caught (exit 130)",
     ("napkin_cat.certify", "napkin_cat.certify.tiers"): "the tiers load sympy: imported on a certificate cache miss",
     ("napkin_cat.verbs.check", "napkin_cat.certify.prove"): "sympy: loaded by `check --certify` only, not `check`",
+    ("napkin_cat.verbs.derive", "napkin_cat.lower"): "jax: loaded by `derive --lower` only, not `derive`",
 }
 
 
@@ -197,3 +198,20 @@ def test_help_loads_nothing_heavy_and_a_stored_check_no_sympy(tmp_path: Path) ->
     proof = str(PACKAGE.parent / "proofs" / "flash_attention.ncd")
     assert "jax" not in loaded("check", proof)
     assert loaded("check", proof) == "['lark', 'numpy']"
+
+
+def test_derive_loads_no_jax(tmp_path: Path) -> None:
+    """``derive`` screens candidates with ``schedule.layout`` and prices them without the
+    lowering (README "Command line"): jax is loaded by ``derive --lower`` only."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, NAPKIN_CACHE_DIR=str(tmp_path), PYTHONPATH=str(PACKAGE.parent))
+    matmul = str(PACKAGE.parent / "examples" / "matmul.ncd")
+    argv = ["derive", matmul, "matmul", "--size=a=64", "--size=b=64", "--size=c=64", "--budget", "3",
+            "-o", str(tmp_path / "d.ncd")]
+    ran = subprocess.run([sys.executable, "-c", _LOADED, *argv], capture_output=True, text=True, env=env,
+                         timeout=600, check=True)
+    assert (tmp_path / "d.ncd").exists()
+    assert "jax" not in ran.stdout.strip().splitlines()[-1]

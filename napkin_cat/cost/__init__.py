@@ -238,7 +238,7 @@ class Cost:
         """Each array loaded from hbm, and whether the programs that share its blocks run next
         to each other: the grid axes it lacks (whose programs re-read it) are all axes that no
         streamed input has, which the Pallas lowering puts first in its grid, the fastest
-        (``lower.layout``: the query blocks of attention, which share one head's K and V)."""
+        (``schedule.layout``: the query blocks of attention, which share one head's K and V)."""
         flat = self.program.nest.flat
         loops = self.program.nest.loops
         streams = {lp.axis for lp in loops if lp.folds}

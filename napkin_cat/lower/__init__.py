@@ -22,7 +22,7 @@ import builtins
 import linecache
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from napkin_cat import cost
@@ -37,20 +37,23 @@ from napkin_cat.lower import mesh as mesh_target
 from napkin_cat.lower import mosaic as mosaic_target
 from napkin_cat.lower import pallas as pallas_target
 from napkin_cat.lower.backward import UnprovedJoinWarning
-from napkin_cat.lower.layout import KERNEL_TARGETS, Layout, grid_order, layout
 from napkin_cat.lower.runtime import helper_source
 from napkin_cat.lower.values import BIG, TINY
 from napkin_cat.printer import print_diagram, print_step
-from napkin_cat.schedule.loopnest import flatten, woven_axes
+from napkin_cat.schedule.layout import (
+    DEFAULT_HARDWARE,
+    KERNEL_DTYPES,
+    KERNEL_TARGETS,
+    PRICED_DTYPE,
+    TARGETS,
+    Layout,
+    layout,
+    realised_schedule,
+)
 from napkin_cat.terms import Diagram, Partition, Schedule
 
 __all__ = ["DEFAULT_HARDWARE", "DEFAULT_TILE", "DTYPES", "KERNEL_DTYPES", "PRICED_DTYPE", "REPRESENTATIVE_SIZE",
            "TARGETS", "Lowered", "UnprovedJoinWarning", "compile_module", "default_tiles", "lower", "realised_schedule"]
-
-TARGETS = ("pallas", "mosaic", "jax")
-
-#: the number formats kernels are emitted in (``hardware.canonical_dtype`` names), as jax dtypes
-KERNEL_DTYPES: dict[str, str] = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
 
 #: dtype names accepted by ``dtype=``: every spelling the cost model accepts for a kernel format
 DTYPES: dict[str, str] = {**{alias: KERNEL_DTYPES[canon] for alias, canon in hw.DTYPE_ALIASES.items()
@@ -68,11 +71,6 @@ FITTED = 16
 #: the size assumed for symbolic axes when the cost model picks default tiles
 REPRESENTATIVE_SIZE = 4096
 
-#: the hardware profile each target's default tiles and cost bound come from when none is
-#: given: Pallas kernels are GPU kernels; the plain-JAX target is napkin's CPU path, priced on
-#: the profile measured on this project's machine (``cost/hardware/cpu.toml``)
-DEFAULT_HARDWARE: dict[str, str] = {"pallas": "h100", "mosaic": "h200", "jax": "cpu"}
-
 #: what each target's module is, for its docstring
 KINDS = {"pallas": "a JAX Pallas kernel", "mosaic": "a JAX Pallas Mosaic GPU kernel (plgpu.kernel)",
          "jax": "plain streamed JAX"}
@@ -80,10 +78,6 @@ KINDS = {"pallas": "a JAX Pallas kernel", "mosaic": "a JAX Pallas Mosaic GPU ker
 #: what a chain of each target's kernels is, for its docstring
 _KINDS_PLURAL = {"pallas": "JAX Pallas kernels", "mosaic": "JAX Pallas Mosaic GPU kernels",
                  "jax": "plain streamed JAX kernels"}
-
-#: the dtype a target's tiles are priced in where it fixes one: the plain-JAX target computes
-#: every array in f32, its loaded chunks included, whatever its inputs' dtype
-PRICED_DTYPE: dict[str, str] = {"jax": "f32"}
 
 #: the dtype kernels are emitted in when none is given: f32, except where the target has no f32
 #: path (Mosaic GPU's wgmma multiplies f16/bf16 only)
@@ -398,50 +392,6 @@ def _lower_chain(theorem: Theorem, target: str, tiles: Mapping[str, int] | None,
     namespace, source = _module(theorem.name, target, functions, doc + gradients + "\n", fname)
     return Lowered(theorem.name, target, source, namespace[fname], picked, lays[-1], namespace[defined[0].name],
                    fname, tuple(lays))
-
-
-def realised_schedule(diagram: Diagram, schedule: Schedule, target: str) -> Schedule:
-    """The schedule a ``target`` kernel runs, so that default tiles and the docstring's cost
-    bound describe the kernel, not a placement it does not make.  For Pallas, the proved one
-    with ``group AXIS by 1`` for each axis it puts on the grid unpartitioned
-    (``loopnest.woven_axes``).  For plain JAX (``lower.jax``), only what it realises: the
-    stream and, with one, the group of the first grid axis, whose blocks ``lax.map`` walks;
-    every other group axis is vectorised whole, a kernel without a stream runs whole, and a
-    nested partition or placement below the outer level is the compiler's; a split as proved."""
-    if target == "jax":
-        split = schedule.split
-        if split is None:
-            return _jax_realised(diagram, schedule)
-        program = _jax_realised(diagram, schedule.unsplit())
-        return replace(program, partitions=(*program.mesh, split, *program.device().partitions))
-    if target not in KERNEL_TARGETS:
-        return schedule
-    top = () if schedule.split is None else (schedule.split,)  # a split's programs above the grid's
-    device = schedule.device().unsplit().partitions
-    partitioned = frozenset(p.axis for p in device)
-    level = device[0].level if device else "smem"
-    added = tuple(Partition("group", a, 1, level) for a in woven_axes(flatten(diagram), partitioned))
-    return replace(schedule, partitions=(*schedule.mesh, *top, *added, *device)) if added else schedule
-
-
-def _jax_realised(diagram: Diagram, schedule: Schedule) -> Schedule:
-    device = schedule.device()
-    if not device.partitions:
-        return schedule
-    level = device.partitions[0].level
-    outer: dict[str, Partition] = {}
-    for p in device.partitions:
-        if p.level == level:
-            outer.setdefault(p.axis, p)
-    stream = next((p for p in outer.values() if p.kind in ("stream", "scan")), None)
-    kept: set[Partition] = set()
-    if stream is not None:
-        grid = grid_order(diagram.out_types, [a for a, p in outer.items() if p.kind == "group"])
-        kept = {stream} | ({outer[grid[0]]} if grid else set())
-    partitions = tuple(p for p in device.partitions if p in kept)
-    placements = tuple(pl for pl in schedule.placements if pl.level in ("mesh", "hbm", level))
-    realised = Schedule(schedule.mesh + partitions, placements, schedule.quantisations)
-    return schedule if realised == schedule else realised
 
 
 def _dtype_name(dtype: Any, target: str) -> str:

@@ -53,8 +53,8 @@ from napkin_cat.evaluate import evaluate
 from napkin_cat.grad import cotangent_names, vjp
 from napkin_cat.lower import codegen as cg
 from napkin_cat.lower import jax as jax_target
-from napkin_cat.lower.layout import layout
 from napkin_cat.ops import inlined
+from napkin_cat.schedule.layout import layout
 from napkin_cat.terms import (
     Box,
     Cmp,

@@ -13,9 +13,9 @@ import ast
 from napkin_cat.lower import codegen as cg
 from napkin_cat.lower.fold import emit_step
 from napkin_cat.lower.jaxops import emit_node
-from napkin_cat.lower.layout import Layout
 from napkin_cat.lower.values import Scope, Value, align, position, predicate
 from napkin_cat.schedule.datamask import DataMask, data_masks
+from napkin_cat.schedule.layout import Layout
 from napkin_cat.terms import Box, Const, Expr, Var
 
 __all__ = ["guarded_step", "live_chunk"]

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from napkin_cat.certify.accumulators import AccumulatorPlan
 from napkin_cat.lower import codegen as cg
 from napkin_cat.lower.jaxops import argument, emit_diagram, emit_node, last, mask_padded, started
-from napkin_cat.lower.layout import Layout
 from napkin_cat.lower.values import Scope, Value, saturate, transpose_to
+from napkin_cat.schedule.layout import Layout
 from napkin_cat.terms import Axes, Box
 
 __all__ = ["Slot", "emit_after", "emit_before", "emit_combine", "emit_identity", "emit_step", "slots"]

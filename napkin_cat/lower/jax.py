@@ -29,9 +29,9 @@ from collections.abc import Callable, Sequence
 from napkin_cat.lower import codegen as cg
 from napkin_cat.lower.dataskip import guarded_step
 from napkin_cat.lower.fold import emit_after, emit_before, emit_combine, emit_identity, emit_step, slots
-from napkin_cat.lower.layout import Layout
 from napkin_cat.lower.skip import stream_runs
 from napkin_cat.lower.values import Scope, Value, transpose_to
+from napkin_cat.schedule.layout import Layout
 
 __all__ = ["all_axes", "bind_inputs", "emit_body", "emit_chunks", "emit_dot_operand", "emit_function", "load",
            "rounded_nodes", "size_of"]

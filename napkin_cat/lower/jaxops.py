@@ -21,7 +21,7 @@ Numerics (documented conventions, identical in both targets):
   the guarded stable forms keep their meaning;
 - a box that consumes or mixes an axis that may be padded first replaces the padded
   positions of its operands by fill values whose contribution is neutral
-  (``fill_values``: the accumulator's ``pad``, or -inf for softmax, 0 for l2/rms norms).
+  (``schedule.layout.fill_values``: the accumulator's ``pad``, or -inf for softmax, 0 for l2/rms norms).
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 
 from napkin_cat import ops
-from napkin_cat.certify.accumulators import plan
 from napkin_cat.evaluate import evaluate_named
 from napkin_cat.lower import codegen as cg
 from napkin_cat.lower.values import (
@@ -48,11 +47,12 @@ from napkin_cat.lower.values import (
     shape,
     transpose_to,
 )
+from napkin_cat.schedule.layout import fill_values
 from napkin_cat.schedule.loopnest import flatten
 from napkin_cat.terms import Axes, Box, Const, Diagram, Expr, IBin, Idx, IInt, IndexExpr, Size, Var
 
-__all__ = ["BINARY", "LOG2E", "MIX_FILL", "TABLE", "UNARY", "argument", "emit_box", "emit_diagram", "emit_node",
-           "fill_values", "last", "mask_padded", "started", "unary"]
+__all__ = ["BINARY", "LOG2E", "TABLE", "UNARY", "argument", "emit_box", "emit_diagram", "emit_node", "last",
+           "mask_padded", "started", "unary"]
 
 
 # ---- the table ------------------------------------------------------------------------------
@@ -85,23 +85,6 @@ BINARY: dict[str, Callable[[ast.expr, ast.expr], ast.expr]] = {
     "maximum": lambda a, b: cg.call("jnp.maximum", a, b),
     "minimum": lambda a, b: cg.call("jnp.minimum", a, b),
 }
-
-#: fill values of mixing boxes over padded positions (consuming boxes use their accumulator's)
-MIX_FILL: dict[str, float] = {"softmax": -math.inf, "l2norm": 0.0, "rmsnorm": 0.0}
-
-
-def fill_values(box: Box, axis: str) -> tuple[float, ...] | None:
-    """Per operand, the value padded positions along ``axis`` must hold so that ``box``
-    ignores them; None if there is none."""
-    if box.op in MIX_FILL:
-        return (MIX_FILL[box.op],)
-    if not ops.is_consuming(box.op):
-        return None
-    try:
-        return plan(box, axis).pad
-    except ValueError:
-        return None
-
 
 #: log2(e): ``exp`` in a Pallas kernel is exp2(x·log2 e) (module docstring)
 LOG2E = 1.4426950408889634

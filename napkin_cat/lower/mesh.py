@@ -29,9 +29,8 @@ from napkin_cat.lower import codegen as cg
 from napkin_cat.lower import pallas as pallas_target
 from napkin_cat.lower.fold import emit_after, emit_identity, slots
 from napkin_cat.lower.jax import all_axes, bind_inputs, emit_body, emit_chunks, emit_dot_operand, rounded_nodes, size_of
-from napkin_cat.lower.jaxops import fill_values
-from napkin_cat.lower.layout import Layout
 from napkin_cat.lower.values import Scope, Value
+from napkin_cat.schedule.layout import Layout, fill_values
 from napkin_cat.schedule.loopnest import touches
 from napkin_cat.terms import MAX_MESH_DEVICES, Axes, Box, Schedule
 

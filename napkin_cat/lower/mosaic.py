@@ -44,11 +44,11 @@ from napkin_cat.diagnostics import NapkinError, error
 from napkin_cat.lower import codegen as cg
 from napkin_cat.lower.fold import emit_after, emit_before, emit_identity, emit_step, slots
 from napkin_cat.lower.jax import all_axes, bind_inputs, rounded_nodes, size_of
-from napkin_cat.lower.layout import FORMATS, MIN_BLOCK, Layout
 from napkin_cat.lower.pallas import extent_of, padded_extent
 from napkin_cat.lower.runtime import pow2_extent, round_up
 from napkin_cat.lower.skip import cut_at_full, ordered_runs, stream_runs
 from napkin_cat.lower.values import Scope, Value, transpose_to
+from napkin_cat.schedule.layout import FORMATS, MIN_BLOCK, Layout
 
 __all__ = ["MOSAIC_STEPS", "WGMMA_SOURCE", "SmemCount", "check_tiles", "emit_function", "extents_at", "fits_smem",
            "least_extents", "mosaic_rules", "smem_count"]

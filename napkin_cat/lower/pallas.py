@@ -34,9 +34,9 @@ from napkin_cat.lower import codegen as cg
 from napkin_cat.lower.dataskip import guarded_step
 from napkin_cat.lower.fold import Slot, emit_after, emit_before, emit_combine, emit_identity, emit_step, slots
 from napkin_cat.lower.jax import all_axes, bind_inputs, rounded_nodes, size_of
-from napkin_cat.lower.layout import MIN_BLOCK, Layout
 from napkin_cat.lower.skip import cut_at_full, ordered_runs, stream_runs
 from napkin_cat.lower.values import Scope, Value, transpose_to
+from napkin_cat.schedule.layout import MIN_BLOCK, Layout
 from napkin_cat.terms import Axes
 
 __all__ = ["emit_function"]

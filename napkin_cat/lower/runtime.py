@@ -16,10 +16,10 @@ import jax
 import jax.numpy as jnp
 
 from napkin_cat.cost.launch import launch
+from napkin_cat.schedule.layout import pow2_extent
 
 __all__ = ["HELPERS", "bind_sizes", "device_mesh", "erf", "helper_source", "linrec", "linrec_rows",
-           "merge_tiles", "pad_to",
-           "pow2_extent", "round_up", "shard", "split_tiles"]
+           "merge_tiles", "pad_to", "round_up", "shard", "split_tiles"]
 
 
 def bind_sizes(arrays: Sequence[Any], signature: Sequence[tuple[str, tuple[str, ...]]],
@@ -49,11 +49,6 @@ def round_up(size: int, tile: int) -> int:
     empty axis (a kernel has at least one program and one chunk; its padding is masked and
     the outputs are sliced back to the empty axis)."""
     return max(1, -(-size // tile)) * tile
-
-
-def pow2_extent(size: int, least: int = 16) -> int:
-    """The power of two (at least ``least``) a whole axis is padded to (Triton's rule)."""
-    return max(least, 1 << (size - 1).bit_length())
 
 
 def pad_to(array: Any, extents: Sequence[int], dtype: Any) -> Any:

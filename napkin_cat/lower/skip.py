@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from napkin_cat.lower import codegen as cg
-from napkin_cat.lower.layout import Layout
+from napkin_cat.schedule.layout import Layout
 from napkin_cat.schedule.masks import Side, full_masks, stream_masks
 
 __all__ = ["Runs", "cut_at_full", "ordered_runs", "stream_runs", "unmaskable"]

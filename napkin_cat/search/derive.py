@@ -33,10 +33,9 @@ from napkin_cat.cost.roofline import unfused
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.elaborate import load, loads
 from napkin_cat.files import Outputs
-from napkin_cat.lower import PRICED_DTYPE, realised_schedule
-from napkin_cat.lower.layout import layout
 from napkin_cat.printer import print_step
 from napkin_cat.proof import CheckResult, check_module
+from napkin_cat.schedule.layout import PRICED_DTYPE, layout, realised_schedule
 from napkin_cat.search.chains import UnfusedFn, with_boundaries
 from napkin_cat.search.rewrite import Candidate, Costed, CostFn, ScreenFn, Search, search
 from napkin_cat.terms import Partition

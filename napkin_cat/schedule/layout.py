@@ -19,6 +19,11 @@ It also refuses, with a diagnostic and before any code runs, what the targets ca
 serve: accumulation across a grid axis, several streamed axes, a value that needs the
 whole streamed axis after the stream, padding with no neutral value, and (Pallas)
 tiles that are not powers of two of at least 16 (the Triton backend's rule).
+
+It holds the targets' facts that need no jax (``lower`` imports jax; ``search.derive`` screens
+candidates with ``layout`` and prices them as ``realised_schedule`` says without it): which
+targets there are, the schedule each one realises, the dtype it prices in, the hardware it
+defaults to, its padded extents (``pow2_extent``) and fill values (``fill_values``).
 """
 
 from __future__ import annotations
@@ -26,18 +31,20 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from napkin_cat import ops
 from napkin_cat.certify.accumulators import AccumulatorPlan, plan
 from napkin_cat.diagnostics import NapkinError, error
-from napkin_cat.lower.jaxops import fill_values
-from napkin_cat.lower.runtime import pow2_extent
-from napkin_cat.schedule.loopnest import Flat, LoopNest, Node, loop_nest, touches, woven_axes
-from napkin_cat.terms import Box, Diagram, Schedule, Size
+from napkin_cat.schedule.loopnest import Flat, LoopNest, Node, flatten, loop_nest, touches, woven_axes
+from napkin_cat.terms import Box, Diagram, Partition, Schedule, Size
 
-__all__ = ["FORMATS", "KERNEL_TARGETS", "MIN_BLOCK", "TRITON_MISSING", "Layout", "grid_order", "layout"]
+__all__ = ["DEFAULT_HARDWARE", "FORMATS", "KERNEL_DTYPES", "KERNEL_TARGETS", "MIN_BLOCK", "MIX_FILL", "PRICED_DTYPE",
+           "TARGETS", "TRITON_MISSING", "Layout", "fill_values", "grid_order", "layout", "pow2_extent",
+           "realised_schedule"]
+
+TARGETS = ("pallas", "mosaic", "jax")
 
 #: the smallest block the Triton backend's dot accepts on every dimension (Triton's tl.dot needs >= 16)
 MIN_BLOCK = 16
@@ -46,6 +53,18 @@ MIN_BLOCK = 16
 #: Triton and Mosaic GPU backends); the plain-JAX target vectorises
 KERNEL_TARGETS = ("pallas", "mosaic")
 
+#: the number formats kernels are emitted in (``hardware.canonical_dtype`` names), as jax dtypes
+KERNEL_DTYPES: dict[str, str] = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
+
+#: the hardware profile each target's default tiles and cost bound come from when none is
+#: given: Pallas kernels are GPU kernels; the plain-JAX target is napkin's CPU path, priced on
+#: the profile measured on this project's machine (``cost/hardware/cpu.toml``)
+DEFAULT_HARDWARE: dict[str, str] = {"pallas": "h100", "mosaic": "h200", "jax": "cpu"}
+
+#: the dtype a target's tiles are priced in where it fixes one: the plain-JAX target computes
+#: every array in f32, its loaded chunks included, whatever its inputs' dtype
+PRICED_DTYPE: dict[str, str] = {"jax": "f32"}
+
 #: jnp dtype of each number format a ``dtype`` step may name (f64 needs jax_enable_x64: refused)
 FORMATS: dict[str, str] = {"f32": "float32", "tf32": "float32", "bf16": "bfloat16", "f16": "float16",
                            "fp8e4m3": "float8_e4m3fn", "fp8e5m2": "float8_e5m2"}
@@ -53,6 +72,28 @@ FORMATS: dict[str, str] = {"f32": "float32", "tf32": "float32", "bf16": "bfloat1
 #: boxes whose lowering needs a primitive the Pallas Triton backend lacks (measured by
 #: cross-lowering every op, tests/test_crosslower.py)
 TRITON_MISSING: dict[str, str] = {"prod": "reduce_prod"}
+
+
+def pow2_extent(size: int, least: int = 16) -> int:
+    """The power of two (at least ``least``) a whole axis is padded to (Triton's rule)."""
+    return max(least, 1 << (size - 1).bit_length())
+
+
+#: fill values of mixing boxes over padded positions (consuming boxes use their accumulator's)
+MIX_FILL: dict[str, float] = {"softmax": -math.inf, "l2norm": 0.0, "rmsnorm": 0.0}
+
+
+def fill_values(box: Box, axis: str) -> tuple[float, ...] | None:
+    """Per operand, the value padded positions along ``axis`` must hold so that ``box``
+    ignores them; None if there is none."""
+    if box.op in MIX_FILL:
+        return (MIX_FILL[box.op],)
+    if not ops.is_consuming(box.op):
+        return None
+    try:
+        return plan(box, axis).pad
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -254,6 +295,51 @@ def grid_order(out_types: Sequence[tuple[str, ...]], groups: Sequence[str],
     its order, then the other group axes in the schedule's."""
     grid = tuple(a for a in out_types[0] if a in squeezed or a in groups) if out_types else ()
     return grid + tuple(a for a in groups if a not in grid)
+
+
+def realised_schedule(diagram: Diagram, schedule: Schedule, target: str) -> Schedule:
+    """The schedule a ``target`` kernel runs, so that default tiles and the docstring's cost
+    bound describe the kernel, not a placement it does not make.  For Pallas, the proved one
+    with ``group AXIS by 1`` for each axis it puts on the grid unpartitioned
+    (``loopnest.woven_axes``).  For plain JAX (``lower.jax``), only what it realises: the
+    stream and, with one, the group of the first grid axis, whose blocks ``lax.map`` walks;
+    every other group axis is vectorised whole, a kernel without a stream runs whole, and a
+    nested partition or placement below the outer level is the compiler's; a split as proved."""
+    if target == "jax":
+        split = schedule.split
+        if split is None:
+            return _jax_realised(diagram, schedule)
+        program = _jax_realised(diagram, schedule.unsplit())
+        return replace(program, partitions=(*program.mesh, split, *program.device().partitions))
+    if target not in KERNEL_TARGETS:
+        return schedule
+    top = () if schedule.split is None else (schedule.split,)  # a split's programs above the grid's
+    device = schedule.device().unsplit().partitions
+    partitioned = frozenset(p.axis for p in device)
+    level = device[0].level if device else "smem"
+    added = tuple(Partition("group", a, 1, level) for a in woven_axes(flatten(diagram), partitioned))
+    return replace(schedule, partitions=(*schedule.mesh, *top, *added, *device)) if added else schedule
+
+
+def _jax_realised(diagram: Diagram, schedule: Schedule) -> Schedule:
+    device = schedule.device()
+    if not device.partitions:
+        return schedule
+    level = device.partitions[0].level
+    outer: dict[str, Partition] = {}
+    for p in device.partitions:
+        if p.level == level:
+            outer.setdefault(p.axis, p)
+    stream = next((p for p in outer.values() if p.kind in ("stream", "scan")), None)
+    kept: set[Partition] = set()
+    if stream is not None:
+        grid = grid_order(diagram.out_types, [a for a, p in outer.items() if p.kind == "group"])
+        kept = {stream} | ({outer[grid[0]]} if grid else set())
+    partitions = tuple(p for p in device.partitions if p in kept)
+    placements = tuple(pl for pl in schedule.placements if pl.level in ("mesh", "hbm", level))
+    realised = Schedule(schedule.mesh + partitions, placements, schedule.quantisations)
+    return schedule if realised == schedule else realised
+
 
 
 def _at(node: Node) -> dict[str, Any]:

@@ -440,7 +440,9 @@ class _Interpreter:
 
     def gather(self, node: Box, kids: tuple[Named, ...]) -> Named:
         """T along n at the positions I, each clamped into [0, |n| - 1] (a fractional position
-        is rounded down first): so every position reads some element, as the lowerings clamp."""
+        is rounded down first): so every position reads some element, as the lowerings clamp.  A
+        NaN position (integer arithmetic past float64's range: inf - inf) is no position: it reads
+        NaN."""
         table, at = kids
         n = node.target[0]
         axes = ops.result_axes("gather", (table.axes, at.axes), node.target)
@@ -450,10 +452,12 @@ class _Interpreter:
         positions = np.broadcast_to(at.aligned(axes), full)
         if self.alg.symbolic:
             positions = np.vectorize(lambda v: int(sympy.floor(v)), otypes=[np.int64])(positions)
-        positions = np.clip(np.floor(np.asarray(positions, dtype=np.float64)), 0, size - 1).astype(np.int64)
+        real = np.asarray(positions, dtype=np.float64)
+        nowhere = np.isnan(real)
+        positions = np.clip(np.floor(np.where(nowhere, 0.0, real)), 0, size - 1).astype(np.int64)
         source = np.broadcast_to(table.aligned((*axes, n)), [*full, size])
         data = np.take_along_axis(source, positions[..., None], axis=-1)[..., 0]
-        return Named(axes, np.asarray(data))
+        return Named(axes, np.asarray(np.where(nowhere, np.nan, data) if nowhere.any() else data))
 
     def reduce(self, node: Box, kids: tuple[Named, ...]) -> Named:
         arg = kids[0]

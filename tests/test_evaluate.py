@@ -423,3 +423,13 @@ def test_run_takes_the_ends_of_float32s_range_and_the_infinities() -> None:
     d = diagram("(X: [i]) -> [i]", "X * 1.0")
     x = np.array([2.0**128, -(2.0**-149), 0.0, -0.0, -np.inf, np.inf, float(np.finfo(np.float32).max)])
     np.testing.assert_array_equal(run(d, x), x)
+
+
+def test_a_gather_at_a_nan_position_reads_nan() -> None:
+    """Integer arithmetic past float64's range gives NaN positions (inf - inf); the gather read
+    them as int64's minimum and raised an IndexError.  A NaN position reads NaN; others clamp."""
+    d = loads("axis n, k, j\ndiagram f(T: [n], J: int [k], I: int [j]) -> [j] {\n"
+              "  return gather[n](T, I + prod[k](J) - prod[k](J))\n}\n").diagram("f")
+    table = np.arange(4.0)
+    np.testing.assert_array_equal(run(d, table, np.full(9, 2.0**127), np.array([0.0, 1.0])), [np.nan, np.nan])
+    np.testing.assert_array_equal(run(d, table, np.full(9, 2.0), np.array([-3.0, 9.0])), [0.0, 3.0])

@@ -118,6 +118,8 @@ MESSAGES: dict[str, str] = {
         "{limit:.3g} an evaluation may allocate",
     "eval.dtype": "input `{name}` holds {kind} values; napkin evaluates real numbers",
     "eval.integer": "input `{name}` is declared `int` but holds {value!r}, not an integer",
+    "eval.range": "input `{name}` holds {value!r} at {index}, outside float32's range (0 or 2^-149 <= |x| <= 2^128), "
+        "the domain napkin's proofs and kernels take",
     "eval.size_binding": "size for axis `{axis}` must be a positive integer, got {got!r}",
     # lowering (napkin_cat.lower refuses what a target cannot serve, before anything runs)
     "lower.target": "unknown lowering target `{target}`; targets: {targets}",

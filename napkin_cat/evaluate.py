@@ -45,9 +45,9 @@ from napkin_cat.terms import (
     walk,
 )
 
-__all__ = ["FLOAT32", "FLOAT64", "INDEX_ARITH", "MAX_POINTS_EVALUATED", "SYMBOLIC", "Algebra", "Named", "bind_sizes",
-           "evaluate", "evaluate_named", "iteration_spaces", "largest_space", "refuse_too_large", "sample_integers",
-           "visitor"]
+__all__ = ["FLOAT32", "FLOAT64", "INDEX_ARITH", "INPUT_RANGE", "MAX_POINTS_EVALUATED", "SYMBOLIC", "Algebra", "Named",
+           "bind_sizes", "evaluate", "evaluate_named", "iteration_spaces", "largest_space", "refuse_too_large",
+           "sample_integers", "visitor"]
 
 #: the most points (array positions) one box's iteration space or one input may have in an
 #: evaluation: 2^26 float64 values are 512 MiB, and a box holds a few such arrays at once
@@ -440,7 +440,9 @@ class _Interpreter:
 
     def gather(self, node: Box, kids: tuple[Named, ...]) -> Named:
         """T along n at the positions I, each clamped into [0, |n| - 1] (a fractional position
-        is rounded down first): so every position reads some element, as the lowerings clamp."""
+        is rounded down first): so every position reads some element, as the lowerings clamp.  A
+        NaN position (integer arithmetic past float64's range: inf - inf) is no position: it reads
+        NaN."""
         table, at = kids
         n = node.target[0]
         axes = ops.result_axes("gather", (table.axes, at.axes), node.target)
@@ -450,10 +452,12 @@ class _Interpreter:
         positions = np.broadcast_to(at.aligned(axes), full)
         if self.alg.symbolic:
             positions = np.vectorize(lambda v: int(sympy.floor(v)), otypes=[np.int64])(positions)
-        positions = np.clip(np.floor(np.asarray(positions, dtype=np.float64)), 0, size - 1).astype(np.int64)
+        real = np.asarray(positions, dtype=np.float64)
+        nowhere = np.isnan(real)
+        positions = np.clip(np.floor(np.where(nowhere, 0.0, real)), 0, size - 1).astype(np.int64)
         source = np.broadcast_to(table.aligned((*axes, n)), [*full, size])
         data = np.take_along_axis(source, positions[..., None], axis=-1)[..., 0]
-        return Named(axes, np.asarray(data))
+        return Named(axes, np.asarray(np.where(nowhere, np.nan, data) if nowhere.any() else data))
 
     def reduce(self, node: Box, kids: tuple[Named, ...]) -> Named:
         arg = kids[0]
@@ -616,11 +620,28 @@ def sample_integers(rng: np.random.Generator, shape: Sequence[int], runs: int = 
     return np.sort(rng.integers(0, runs, size=tuple(shape)), axis=-1).astype(np.float64)
 
 
+#: the inputs' range (README "The domain"): 0, or a magnitude float32 holds (its subnormals included)
+INPUT_RANGE = (2.0**-149, 2.0**128)
+
+
 def run(diagram: Diagram, *arrays: Any, sizes: Mapping[str, int] | None = None) -> Any:
     """Evaluate ``diagram`` in float64 on numpy arrays given in declared input order.
 
     The public entry point (``napkin_cat.run(module.diagram("attention"), Q, K, V)``): symbolic
     sizes bind from the arrays, ``sizes`` gives those no input carries; returns one array, or a
-    tuple for several outputs.
+    tuple for several outputs.  A finite input entry outside float32's range (``INPUT_RANGE``:
+    what a kernel can read, and what the proofs' finiteness analysis assumes) is refused
+    (``eval.range``); ±inf and NaN are evaluated by the evaluator's conventions (outside the
+    domain too: proofs claim nothing of them).  ``evaluate`` computes past the range (the
+    lemma tests' float64 magnitudes).
     """
+    for param, array in zip(diagram.inputs, arrays, strict=False):
+        if np.iscomplexobj(array) or not np.issubdtype(np.asarray(array).dtype, np.number):
+            continue  # evaluate refuses complex values; anything else is evaluate's to convert
+        real = np.abs(np.asarray(array, dtype=np.float64))
+        outside = np.argwhere(np.isfinite(real) & (real != 0) & ((real < INPUT_RANGE[0]) | (real > INPUT_RANGE[1])))
+        if outside.size:
+            at = tuple(int(i) for i in outside[0])
+            raise NapkinError(error("eval.range", name=param.name, value=float(np.asarray(array, dtype=np.float64)[at]),
+                                    index=list(at)))
     return evaluate(diagram, arrays, sizes=sizes)

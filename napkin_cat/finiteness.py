@@ -11,7 +11,8 @@ float64.  The analysis is abstract interpretation over the *classes* of a float6
 with, for the finite non-zero entries, bounds ``lo ≤ log2 |x| ≤ hi`` (``Abstract``).  A
 term's abstract value contains the class of every entry of its float64 value, for every
 input in the domain, with the evaluator's conventions (``evaluate.py``).  Inputs are
-``{-, 0, +}`` within ``DOMAIN``, constants their class and magnitude, sizes ``{+}`` up to
+``{-, 0, +}`` within ``DOMAIN`` (but an array a chain's earlier kernel wrote
+holds what the diagram computing it gives: ``input_values``), constants their class and magnitude, sizes ``{+}`` up to
 2^62; a binding is read through, anything else (a diagram used as a box, an unknown name,
 an op without a rule) is ``TOP``, every class.  ``RULES`` holds one transfer rule per op of
 ``ops.OPS`` (a test checks that, and each rule against the evaluator).  Each rule gives the
@@ -47,15 +48,17 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from functools import reduce as fold
+from typing import Union
 
 from napkin_cat import ops
-from napkin_cat.terms import Box, Const, Diagram, Expr, Size, Var
+from napkin_cat.terms import Box, Const, Diagram, Expr, Param, Size, Var, walk
 
 __all__ = ["DOMAIN", "EXTENDED", "FINITE", "INFINITE", "MASKS", "MASKS_TESTED", "RULES", "TOP", "UNARY", "Abstract",
-           "Value", "analyse", "class_of", "finite", "finite_in", "masked", "narrowed", "unsupported"]
+           "Inputs", "Value", "abstract", "analyse", "class_of", "finite", "finite_in", "input_values", "masked",
+           "narrowed", "rounds_to_infinity", "unsupported"]
 
 Value = frozenset[str]
 #: the classes in order (``maximum`` keeps the larger), nan apart
@@ -158,6 +161,9 @@ OVERFLOW, UNDERFLOW = 1023.99, -1074.0
 DOMAIN = (-149.0, 128.0)
 #: an axis's positions at most, in log2 (2^62 entries of 4 bytes fill 2^64 bytes)
 POSITIONS = 62.0
+#: an index expression's value at most, in log2: positions and constants in int64 arithmetic,
+#: which wraps past 2^63 (``evaluate._index``), so a product of positions is still within it
+INDEX = 63.0
 #: |log x| of a float64 x ≠ 1 is at least about 2^-53
 LOG_FLOOR = -53.0
 LOG2E, LN2 = math.log2(math.e), math.log(2.0)
@@ -174,11 +180,15 @@ class Abstract:
     hi: float = OVERFLOW
 
 
+#: while false (``_ExactAt``), ``_float64`` rounds nothing: the value over the extended reals
+_ROUNDING = [True]
+
+
 def _float64(classes: Value, lo: float, hi: float) -> Abstract:
     """The value of a rule whose extended-real classes are ``classes`` and whose finite
     non-zero entries are within 2^lo..2^hi over the reals: float64 rounds those past 2^1024
     to ±inf and those below 2^-1074 to 0."""
-    signs = classes & _v("- +")
+    signs = classes & _v("- +") if _ROUNDING[0] else frozenset()
     if signs and hi >= OVERFLOW:
         classes = classes | {f"{c}inf" for c in signs}
     if signs and lo < UNDERFLOW:
@@ -263,9 +273,10 @@ def _weights(params: tuple[str, ...], s: Abstract) -> Abstract:
         # at most 1 (sqrt(n) under an rms normaliser: exp(0) / sqrt(1/n))
         bounded = Abstract(weights if top.classes & FINITE else frozenset(), UNDERFLOW,
                            POSITIONS / 2 if params[2] == "rms" else 0.0)
-        if not top.classes - FINITE:
+        if not (rest := top.classes - FINITE):
             return bounded
-        return _join(bounded, _composed(params, s))  # the maximum not finite: s itself
+        # the maximum not finite: s itself, every entry -inf where the maximum is -inf (a fully masked row)
+        return _join(bounded, _composed(params, s if rest - _v("-inf") else Abstract(s.classes & _v("-inf"))))
     return _composed(params, s)
 
 
@@ -311,8 +322,9 @@ Rule = Callable[[Box, list[Abstract], "_Analysis"], Abstract]
 
 
 def _lse(a: Abstract) -> Abstract:
-    """logsumexp: within log(2^62) ≈ 43 above its maximum."""
-    return _float64(_logsumexp(a.classes), UNDERFLOW, math.log2(_exp2(a.hi) + 44.0))
+    """logsumexp: within log(2^62) ≈ 43 above its maximum, so |lse| ≤ 2^hi + 44 ≤ 2·max(2^hi, 44)
+    (not capped as ``_exp2`` caps an exponent: the maximum itself may be as large as 2^hi)."""
+    return _float64(_logsumexp(a.classes), UNDERFLOW, max(a.hi, math.log2(44.0)) + 1.0)
 
 
 def _rule(op: str) -> Rule:
@@ -345,10 +357,10 @@ def _rule(op: str) -> Rule:
         return lambda box, vs, _: Abstract(_v("0 +"), 0.0, 0.0)
     if kind == "select":
         return lambda box, vs, _: _join(vs[1], vs[2])
-    if kind == "gather":
-        return lambda box, vs, _: vs[0]
-    if kind == "index":
-        return lambda box, vs, _: Abstract(FINITE, 0.0, POSITIONS)
+    if kind == "gather":  # an entry of the table; a NaN position (inf - inf of integers) reads NaN
+        return lambda box, vs, _: _join(vs[0], Abstract(_v("nan"))) if "nan" in vs[1].classes else vs[0]
+    if kind == "index":  # an integer the evaluator computes in int64 (wrapping): |value| ≤ 2^63
+        return lambda box, vs, _: Abstract(FINITE, 0.0, INDEX)
     if kind == "onehot":
         return lambda box, vs, _: Abstract(_v("0 +"), 0.0, 0.0)
     if kind in ("split", "join", "rename", "transpose"):
@@ -406,21 +418,89 @@ class _Analysis:
         return None
 
 
+def abstract(expr: Expr, defs: Mapping[str, Expr], inputs: Mapping[str, Value]) -> Abstract:
+    """``expr``'s abstract value (its classes and the log2 bounds of its finite non-zero
+    entries), its inputs' classes given by ``inputs`` (their finite entries within ``DOMAIN``)."""
+    return _Analysis(defs, {n: Abstract(v, *DOMAIN) for n, v in inputs.items()}).value(expr)
+
+
+class _ExactAt(_Analysis):
+    """The analysis with the boxes ``own`` (by id) computed over the extended reals, without
+    float64's overflow and underflow (``_float64`` rounds nothing there); every other term, the
+    operands of those boxes included, as float64 computes it."""
+
+    def __init__(self, defs: Mapping[str, Expr], inputs: Mapping[str, Abstract], own: Collection[int]):
+        super().__init__(defs, inputs)
+        self.own = own
+
+    def value(self, expr: Expr) -> Abstract:
+        if not (isinstance(expr, Box) and id(expr) in self.own and expr.op in RULES):
+            return super().value(expr)
+        args = [self.value(a) for a in expr.args]
+        _ROUNDING[0] = False
+        try:
+            return RULES[expr.op](expr, args, self)
+        finally:
+            _ROUNDING[0] = True
+
+
+def rounds_to_infinity(expr: Expr, operands: Iterable[Expr], diagram: Diagram) -> Box | None:
+    """The first box of ``expr`` (a term of ``diagram``), outside its ``operands`` (sub-terms it
+    takes as they are), that float64 may make ±inf or NaN where the extended reals would not,
+    its operands as float64 computes them: an overflow (``exp`` past 709.8), or a division,
+    ``log``, ``recip`` or ``rsqrt`` of a value that underflowed to 0 in another such box; None
+    where there is none.  A lemma's right side instantiated at a use (``kernel.rewrite``: the
+    operands are the terms its variables matched) is float-safe there when none of its boxes
+    does so (README "The domain"): it computes what the extended reals do, which the lemma's
+    proof covers, so it is finite wherever the left side is."""
+    matched = {id(m) for t in operands for m in walk(t)}
+    own = [b for b in walk(expr) if isinstance(b, Box) and id(b) not in matched and b.op in RULES]
+    defs, inputs = _defs(diagram), input_values(diagram.inputs)
+    floats, exact = _Analysis(defs, inputs), _ExactAt(defs, inputs, {id(b) for b in own})
+    bad = _v("-inf +inf nan")
+    return next((b for b in own if (floats.value(b).classes & bad) - exact.value(b).classes), None)
+
+
 def analyse(expr: Expr, defs: Mapping[str, Expr], inputs: Mapping[str, Value]) -> Value:
-    """The classes of ``expr``'s entries, its inputs' classes given by ``inputs`` (their
-    finite entries within ``DOMAIN``)."""
-    return _Analysis(defs, {n: Abstract(v, *DOMAIN) for n, v in inputs.items()}).value(expr).classes
+    """The classes of ``expr``'s entries (``abstract``)."""
+    return abstract(expr, defs, inputs).classes
 
 
-def finite(expr: Expr, defs: Mapping[str, Expr], inputs: frozenset[str] | set[str] = frozenset()) -> bool:
+def _defs(diagram: Diagram) -> dict[str, Expr]:
+    return {let.names[0]: let.expr for let in diagram.body if len(let.names) == 1}
+
+
+def input_values(params: Iterable[Param]) -> dict[str, Abstract]:
+    """Each input's value: finite within ``DOMAIN`` (the domain), except an array an earlier
+    kernel of a chain wrote (``Param.written``, ``terms.cut``), which holds what the diagram
+    computing it gives (``exp`` of an input may be ``+inf`` there)."""
+    out: dict[str, Abstract] = {}
+    for p in params:
+        w = p.written
+        out[p.name] = Abstract(FINITE, *DOMAIN) if w is None else \
+            _Analysis(_defs(w), input_values(w.inputs)).value(w.outputs[0]) if len(w.outputs) == 1 else Abstract(TOP)
+    return out
+
+
+#: the diagram's inputs: their names (finite within ``DOMAIN``), or each one's value (``input_values``)
+Inputs = Union[Collection[str], Mapping[str, Abstract]]
+
+
+def _classes(expr: Expr, defs: Mapping[str, Expr], inputs: Inputs) -> Value:
+    given = inputs if isinstance(inputs, Mapping) else dict.fromkeys(inputs, Abstract(FINITE, *DOMAIN))
+    return _Analysis(defs, given).value(expr).classes
+
+
+def finite(expr: Expr, defs: Mapping[str, Expr], inputs: Inputs = frozenset()) -> bool:
     """Is ``expr`` finite wherever it is evaluated on finite inputs?  ``defs`` maps binding
-    names to their expressions, ``inputs`` names the diagram's inputs (finite by the domain)."""
-    return analyse(expr, defs, dict.fromkeys(inputs, FINITE)) <= FINITE
+    names to their expressions, ``inputs`` names the diagram's inputs (finite by the domain)
+    or gives their values (``input_values``: an array a chain's earlier kernel wrote)."""
+    return _classes(expr, defs, inputs) <= FINITE
 
 
-def masked(expr: Expr, defs: Mapping[str, Expr], inputs: frozenset[str] | set[str] = frozenset()) -> bool:
+def masked(expr: Expr, defs: Mapping[str, Expr], inputs: Inputs = frozenset()) -> bool:
     """Is every entry of ``expr`` finite or ``-inf`` (a mask) on finite inputs?"""
-    return analyse(expr, defs, dict.fromkeys(inputs, FINITE)) <= FINITE | _v("-inf")
+    return _classes(expr, defs, inputs) <= FINITE | _v("-inf")
 
 
 #: how a proof names the parameters it also covers with -inf masks (prove.py writes it)
@@ -445,8 +525,7 @@ def _listed(how: str, marker: re.Pattern[str]) -> set[str]:
 def _uncovered(diagram: Diagram, terms: Mapping[str, Expr], masks: set[str], infinite: set[str]) -> str | None:
     """The first parameter whose matched term is neither finite, nor a -inf mask where the
     parameter is in ``masks``, nor anything where it is in ``infinite``; None when all are."""
-    defs = {let.names[0]: let.expr for let in diagram.body if len(let.names) == 1}
-    inputs = {p.name for p in diagram.inputs}
+    defs, inputs = _defs(diagram), input_values(diagram.inputs)
     return next((n for n, t in terms.items() if not (finite(t, defs, inputs) or n in infinite
                                                       or (n in masks and masked(t, defs, inputs)))), None)
 
@@ -469,18 +548,25 @@ def unsupported(how: str, diagram: Diagram, terms: Mapping[str, Expr]) -> str | 
             f"operands{' and -inf masks' if masks else ''}, not tested with infinite ones")
 
 
-def narrowed(how: str, diagram: Diagram, terms: Mapping[str, Expr]) -> str:
+def narrowed(how: str, diagram: Diagram, terms: Mapping[str, Expr], rhs: Expr | None = None) -> str:
     """Certification's ``how`` for one use, its parameters matched to ``terms``: a proof
     (``proved: ...``) covers finite inputs, -inf masks in the parameters it names in
     ``[-inf masks: S]`` and every value in those it names in ``[extended: X0]``; applied to
-    anything else the use is only tested."""
-    if not how.startswith("proved") or _uncovered(diagram, terms, _listed(how, MASKS),
-                                                  _listed(how, EXTENDED)) is None:
+    anything else the use is only tested.  A lemma's proof is over the reals: with ``rhs``,
+    its right side instantiated on ``terms``, it covers the use only where float64 computes
+    that as the extended reals do (``rounds_to_infinity``: no box of the lemma's overflows
+    there, as ``exp(c)`` of ``exp(c - 5) = exp(c) · exp(-5)`` does at c = 712, where the left
+    side is 1.1e307), so the right side is finite wherever the left side is."""
+    if not how.startswith("proved"):
         return how
-    return f"tested here (proved for finite terms, applied to one that may be infinite): {how[len('proved: '):]}"
+    if _uncovered(diagram, terms, _listed(how, MASKS), _listed(how, EXTENDED)) is not None:
+        return f"tested here (proved for finite terms, applied to one that may be infinite): {how[len('proved: '):]}"
+    if rhs is not None and (box := rounds_to_infinity(rhs, terms.values(), diagram)) is not None:
+        return (f"tested here (proved over the reals, but float64 may make the right side's `{box.op}` infinite "
+                f"at these operands, where the left side need not be): {how[len('proved: '):]}")
+    return how
 
 
 def finite_in(diagram: Diagram, expr: Expr) -> bool:
     """``finite`` for a term of ``diagram`` (its bindings and inputs in scope)."""
-    defs = {let.names[0]: let.expr for let in diagram.body if len(let.names) == 1}
-    return finite(expr, defs, {p.name for p in diagram.inputs})
+    return finite(expr, _defs(diagram), input_values(diagram.inputs))

@@ -176,7 +176,7 @@ def rewrite(thm: Theorem, lemma: LemmaDecl, step: terms.Rewrite, certified: Mapp
     Side conditions: the lemma is certified; σ binds every variable and axis of ``rhs``; an extra axis of a matched
     variable is not the image of a lemma axis (so every box of the pattern weaves it, R1); both sides get the same
     type; a variable the lemma needs finite (``when c finite``) is matched to a term ``finiteness.finite`` vouches
-    for.
+    for.  A proof covers the use only where no box of σ(rhs) may overflow in float64 (``finiteness.narrowed``).
     """
     if lemma.name not in certified:
         raise KernelError("instantiate", f"lemma `{lemma.name}` is not certified", step.span)
@@ -212,7 +212,7 @@ def rewrite(thm: Theorem, lemma: LemmaDecl, step: terms.Rewrite, certified: Mapp
                 while dead := [let for let in lets[:n] if len(let.names) == 1 and let.names[0] in step.at
                                and not any(_mentions(b.expr, let.names[0], {}) for b in lets)]:
                     lets, n = [let for let in lets if let not in dead], n - len(dead)
-                how = narrowed(certified[lemma.name], thm.result, vars_)
+                how = narrowed(certified[lemma.name], thm.result, vars_, instance)
                 result = replace(thm.result, body=tuple(lets[:n]), outputs=tuple(e.expr for e in lets[n:]))
                 return _extend(thm, step, ("congruence", f"lemma {lemma.name} ({how})"),
                                () if how.startswith("proved") else (f"lemma {lemma.name}",), result=result)

@@ -190,12 +190,16 @@ Expr = Union[Var, Const, Size, Box, Apply]
 @dataclass(frozen=True)
 class Param:
     """A diagram input: its name and axes; ``integer`` for one declared ``int`` (segment ids,
-    lengths, page tables: what comparisons, masks and gathers read)."""
+    lengths, page tables: what comparisons, masks and gathers read); ``written`` for an array an
+    earlier kernel of a chain wrote (``cut``): the diagram computing it from the chain's inputs,
+    which the finiteness analysis reads its values through (it need not be finite, nor within
+    the inputs' range)."""
 
     name: str
     axes: Axes
     span: Span | None = field(default=None, compare=False, repr=False)
     integer: bool = False
+    written: Diagram | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -580,10 +584,12 @@ def cut(diagram: Diagram, writes: Sequence[tuple[str, ...]]) -> tuple[Diagram, .
 
     Its body is every binding of ``diagram`` (single-named, no ``Apply``: unfolded) that those arrays need and no
     earlier kernel wrote, in the diagram's order (a binding two kernels need is computed by each); its inputs are the
-    diagram's inputs it reads, in declared order, then the written arrays it reads, in the order they were written.
-    Run in order, each on those values, the kernels compute every written array as the diagram binds it and, last,
-    the diagram's outputs.  ValueError where ``writes`` is not such a chain (each array written once, read by a
-    later kernel, the last kernel alone writing ``return``)."""
+    diagram's inputs it reads, in declared order, then the written arrays it reads, in the order they were written,
+    each a ``Param`` whose ``written`` is the diagram computing it from the chain's inputs (so an analysis of the
+    kernel knows what values it holds: an array a kernel writes may be infinite).  Run in order, each on those
+    values, the kernels compute every written array as the diagram binds it and, last, the diagram's outputs.
+    ValueError where ``writes`` is not such a chain (each array written once, read by a later kernel, the last
+    kernel alone writing ``return``)."""
     lets = {let.names[0]: let for let in diagram.body}
     flat = [n for w in writes for n in w]
     if any(len(let.names) > 1 for let in diagram.body) or diagram.uses_diagrams():
@@ -595,34 +601,42 @@ def cut(diagram: Diagram, writes: Sequence[tuple[str, ...]]) -> tuple[Diagram, .
             raise ValueError(f"`{n}` is not a binding of `{diagram.name}` (bindings: {', '.join(lets)})")
         if flat.count(n) > 1:
             raise ValueError(f"`{n}` is written twice; each array is written by one kernel, once")
-    declared = {p.name: p for p in diagram.inputs}
     written: dict[str, Param] = {}
     kernels: list[Diagram] = []
     for k, names in enumerate(writes):
         last = k == len(writes) - 1
         roots = diagram.outputs if last else tuple(Var(n, lets[n].expr.axes) for n in names)
-        needed: set[str] = set()
-        read: set[str] = set()
-        stack = list(roots)
-        while stack:
-            for node in walk(stack.pop()):
-                if not isinstance(node, Var):
-                    continue
-                if node.name in written or node.name in declared:
-                    read.add(node.name)
-                elif node.name not in needed:
-                    needed.add(node.name)
-                    stack.append(lets[node.name].expr)
-        inputs = tuple(p for p in diagram.inputs if p.name in read) + tuple(p for n, p in written.items() if n in read)
-        body = tuple(let for let in diagram.body if let.names[0] in needed)
-        used = set(axes_in_order(inputs, [*(let.expr for let in body), *roots]))
-        kernels.append(Diagram(f"{diagram.name}_k{k + 1}", inputs, body, tuple(roots),
-                               diagram.out_types if last else tuple(r.axes for r in roots),
-                               tuple(a for a in diagram.axes if a.name in used), diagram.span))
-        written.update((n, Param(n, lets[n].expr.axes)) for n in ([] if last else names))
+        kernels.append(_piece(diagram, f"{diagram.name}_k{k + 1}", roots, written, last))
+        written.update((n, Param(n, lets[n].expr.axes, written=_piece(diagram, n, (Var(n, lets[n].expr.axes),), {},
+                                                                         False)))
+                       for n in ([] if last else names))
     for n in (n for n in flat[:-1] if not any(n in {p.name for p in k.inputs} for k in kernels)):
         raise ValueError(f"no later kernel reads `{n}`; write only what the kernels after it need")
     return tuple(kernels)
+
+
+def _piece(diagram: Diagram, name: str, roots: tuple[Expr, ...], written: Mapping[str, Param], last: bool) -> Diagram:
+    """The diagram computing ``roots`` (the outputs when ``last``) from ``diagram``'s inputs and the arrays
+    ``written`` before: every binding they need that is not written, in the diagram's order (``cut``)."""
+    lets = {let.names[0]: let for let in diagram.body}
+    declared = {p.name for p in diagram.inputs}
+    needed: set[str] = set()
+    read: set[str] = set()
+    stack = list(roots)
+    while stack:
+        for node in walk(stack.pop()):
+            if not isinstance(node, Var):
+                continue
+            if node.name in written or node.name in declared:
+                read.add(node.name)
+            elif node.name not in needed:
+                needed.add(node.name)
+                stack.append(lets[node.name].expr)
+    inputs = tuple(p for p in diagram.inputs if p.name in read) + tuple(p for n, p in written.items() if n in read)
+    body = tuple(let for let in diagram.body if let.names[0] in needed)
+    used = set(axes_in_order(inputs, [*(let.expr for let in body), *roots]))
+    return Diagram(name, inputs, body, tuple(roots), diagram.out_types if last else tuple(r.axes for r in roots),
+                   tuple(a for a in diagram.axes if a.name in used), diagram.span)
 
 
 def match_axes(pattern: Axes, actual: Axes, axes: dict[str, str]) -> bool:

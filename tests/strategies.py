@@ -47,8 +47,9 @@ Draw = Callable[[st.SearchStrategy[Any]], Any]
 #: declared sizes that a rename target or split parts cannot match, and sizes too large to evaluate
 SIZE_REFUSALS = frozenset({"eval.size", "eval.too_large", "type.split_sizes"})
 
-#: finite values of moderate magnitude: exp of them stays far from overflow
-FINITE = st.floats(-8.0, 8.0, allow_nan=False, allow_infinity=False)
+#: finite values of moderate magnitude: exp of them stays far from overflow; float32 values, the
+#: domain's (``napkin_cat.run`` refuses a magnitude float32 cannot hold, such as 1e-300)
+FINITE = st.floats(-8.0, 8.0, allow_nan=False, allow_infinity=False, width=32)
 
 
 def _reshapes(diagram: Diagram) -> list[Box]:

@@ -222,3 +222,27 @@ def test_derive_never_returns_a_plan_slower_than_the_unfused_diagram_and_it_lowe
         tiles = {k: 16 for k in (best.cost.tiles or {})}
         got = lower(thm, target=target, tiles=tiles).fn(*(jnp.asarray(a, jnp.float32) for a in arrays))
         np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=2e-5)
+
+
+def test_a_kernel_never_skips_a_chunk_against_infinite_values_an_earlier_kernel_wrote() -> None:
+    """Causal attention over values W = exp(V) written by a first kernel: at V = 1000, W is inf, and
+    a masked weight 0 times it is NaN in the evaluator, on every query before that key.  The second
+    kernel read W as a finite input, so its lowering skipped the masked chunks and returned finite
+    rows 0-15 (and --strict accepted the chain); W's values are now read through the kernel that
+    wrote it (terms.cut: Param.written), so nothing is skipped and --strict refuses the rewrite."""
+    text = ("axis q, x\naxis d = 4\ndiagram f(Q: [q d], K: [x d], V: [x d]) -> [q d] {\n  W = exp(V)\n"
+            "  S = contract[d](Q, K)\n  P = softmax[x](where[q x](q >= x, S, -inf))\n  O = contract[x](P, W)\n"
+            "  return O\n}\ntheorem t: f {\n  kernel W {\n  }\n  kernel return {\n"
+            "    rewrite softmax_contract at P, O\n    group q by 16\n    stream x by 16 via online_softmax\n  }\n}\n")
+    module = loads(text)
+    (strict,) = check_module(module, strict=True)
+    assert strict.failure is not None and "softmax_contract, which is only tested" in strict.failure.message
+    (loose,) = check_module(module)
+    assert loose.theorem is not None
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal((32, 4)) for _ in range(3)]
+    arrays[2][20, 0] = 1000.0
+    want = evaluate(loose.theorem.source, arrays)
+    got = np.asarray(lower(loose.theorem, target="jax").fn(*(jnp.asarray(a, jnp.float32) for a in arrays)))
+    np.testing.assert_array_equal(np.isnan(got).any(axis=1), np.isnan(want).any(axis=1))
+    assert np.isnan(want[:20, 0]).all() and not np.isnan(want[20:]).any()

@@ -128,7 +128,7 @@ def test_every_reduction_and_normalisation_has_a_reference() -> None:
 def test_reduce(op: str, target: str, data: st.DataObject) -> None:
     kept = " ".join(a for a in "ijk" if a not in target.split())
     d = diagram(f"(X: [i j k]) -> [{kept}]", f"{op}[{target}](X)")
-    check(data, d, lambda x: REDUCE_REFERENCE[op](x, axis=TARGETS[target]), st.floats(-3.0, 3.0))
+    check(data, d, lambda x: REDUCE_REFERENCE[op](x, axis=TARGETS[target]), st.floats(-3.0, 3.0, width=32))
 
 
 @pytest.mark.parametrize("target", sorted(TARGETS))
@@ -142,9 +142,10 @@ def test_normalise(op: str, target: str, data: st.DataObject) -> None:
 @given(x=st.lists(st.floats(-1e300, 1e300), min_size=1, max_size=6))
 @example(x=[0.0, -11.0])  # log(1 + e^-11) lost 11 digits to cancellation (found by the dev profile)
 def test_huge_logits_stay_finite(x: list[float]) -> None:
+    """The float64 evaluator itself (``evaluate``: ``run`` takes float32's range only)."""
     row = np.array([x])
-    p = run(diagram("(X: [i j]) -> [i j]", "softmax[j](X)"), row)
-    lse = run(diagram("(X: [i j]) -> [i]", "logsumexp[j](X)"), row)
+    p = evaluate(diagram("(X: [i j]) -> [i j]", "softmax[j](X)"), [row])
+    lse = evaluate(diagram("(X: [i j]) -> [i]", "logsumexp[j](X)"), [row])
     assert np.all(np.isfinite(p)) and np.isfinite(lse).all()
     np.testing.assert_allclose(p.sum(), 1.0, rtol=1e-12)
     np.testing.assert_allclose(lse, special.logsumexp(row, axis=1), rtol=1e-12)
@@ -403,3 +404,32 @@ def test_symbolic_algebra_agrees_with_float64(signature: str, body: str) -> None
     floats = evaluate(d, [e.astype(float) for e in exact], algebra=FLOAT64)
     symbolic = evaluate(d, exact, algebra=SYMBOLIC)
     np.testing.assert_allclose(np.vectorize(lambda e: float(sympy.N(e)))(symbolic), floats, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("value", [1e39, -3.5e38, 1e-300, -5e-324])
+def test_run_refuses_a_magnitude_float32_cannot_hold(value: float) -> None:
+    """The domain's inputs are float32's (README "The domain"): ``run`` refuses a finite entry
+    outside it, naming the input, the value and where; ``evaluate`` computes it in float64."""
+    d = diagram("(X: [i]) -> [i]", "X * 2.0")
+    x = np.array([1.0, 0.0, value])
+    with pytest.raises(NapkinError) as info:
+        run(d, x)
+    assert info.value.codes == ("eval.range",)
+    assert "input `X`" in info.value.diagnostics[0].message and "at [2]" in info.value.diagnostics[0].message
+    np.testing.assert_array_equal(evaluate(d, [x]), x * 2.0)
+
+
+def test_run_takes_the_ends_of_float32s_range_and_the_infinities() -> None:
+    d = diagram("(X: [i]) -> [i]", "X * 1.0")
+    x = np.array([2.0**128, -(2.0**-149), 0.0, -0.0, -np.inf, np.inf, float(np.finfo(np.float32).max)])
+    np.testing.assert_array_equal(run(d, x), x)
+
+
+def test_a_gather_at_a_nan_position_reads_nan() -> None:
+    """Integer arithmetic past float64's range gives NaN positions (inf - inf); the gather read
+    them as int64's minimum and raised an IndexError.  A NaN position reads NaN; others clamp."""
+    d = loads("axis n, k, j\ndiagram f(T: [n], J: int [k], I: int [j]) -> [j] {\n"
+              "  return gather[n](T, I + prod[k](J) - prod[k](J))\n}\n").diagram("f")
+    table = np.arange(4.0)
+    np.testing.assert_array_equal(run(d, table, np.full(9, 2.0**127), np.array([0.0, 1.0])), [np.nan, np.nan])
+    np.testing.assert_array_equal(run(d, table, np.full(9, 2.0), np.array([-3.0, 9.0])), [0.0, 3.0])

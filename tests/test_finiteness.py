@@ -14,7 +14,8 @@ from napkin_cat import certify, kernel, ops
 from napkin_cat.certify import accumulators, rules
 from napkin_cat.elaborate import loads
 from napkin_cat.evaluate import evaluate
-from napkin_cat.finiteness import RULES, TOP, analyse, class_of, finite, unsupported
+from napkin_cat.finiteness import FINITE as FINITE_CLASSES
+from napkin_cat.finiteness import RULES, TOP, abstract, analyse, class_of, finite, unsupported
 from napkin_cat.kernel import KernelError
 from napkin_cat.proof import check_module
 from napkin_cat.terms import Box, Diagram, Expr, Rewrite, Var
@@ -135,6 +136,40 @@ def test_a_proof_covers_a_use_only_on_its_domain() -> None:
     assert narrowed(how, diagram, {"S": plus}).startswith("tested here")
 
 
+@pytest.mark.parametrize(("shift", "proved"), [
+    ("T", False),              # exp(T) overflows for T in float32's range where exp(T - 5) may not
+    ("tanh(T)", True),         # exp of a value in [-1, 1]: no box of the right side overflows
+    ("T * 0.001", False),      # still up to 3.4e35 at |T| ≤ 2^128, past 709.8
+    ("sigmoid(T) * 700.0", True),  # in (0, 700]: exp of it is finite
+])
+def test_a_lemma_proof_covers_a_use_only_where_its_right_side_cannot_overflow(shift: str, proved: bool) -> None:
+    """``exp(c - 5) = exp(c) · exp(-5)`` is proved over the reals and passes the lemma's float64
+    test (its window is narrower than the test's margin); at c = 712 the left side is 1.1e307,
+    the right side inf.  Its use is proved only where the right side's boxes cannot overflow."""
+    text = ("axis q\nlemma shift_out(c: []) : exp(c - 5.0) = exp(c) * exp(-5.0)\n"
+            f"diagram f(T: [q]) -> [q] {{\n  E = exp({shift} - 5.0)\n  return E\n}}\n"
+            "theorem t: f {\n  rewrite shift_out at E\n}\n")
+    (result,) = check_module(loads(text), strict=True)
+    assert result.ok is proved, result.failure
+    if not proved:
+        assert result.failure is not None and "only tested" in result.failure.message
+
+
+def test_an_array_an_earlier_kernel_wrote_holds_what_that_kernel_computes() -> None:
+    """A chain's kernel reads the arrays written before it as inputs, which are no inputs of the
+    domain: exp(T) written by one kernel may be inf in the next (terms.cut's Param.written)."""
+    from napkin_cat import terms
+    from napkin_cat.finiteness import input_values
+
+    module = loads("axis q, x\ndiagram f(S: [q x], T: [q]) -> [q x] {\n  C = exp(T)\n  D = tanh(T)\n"
+                   "  P = softmax[x](S - C - D)\n  return P\n}\n")
+    (_, second) = terms.cut(module.diagram("f"), [("C", "D"), ("return",)])
+    values = input_values(second.inputs)
+    assert values["S"].classes <= FINITE_CLASSES and values["D"].classes <= FINITE_CLASSES
+    assert "+inf" in values["C"].classes
+    assert finite(Var("D", ("q",)), {}, values) and not finite(Var("C", ("q",)), {}, values)
+
+
 def test_an_accumulator_use_on_an_operand_that_may_be_infinite_needs_a_test_with_infinities() -> None:
     """A proved or tested accumulator covers finite operands (a proved one also the -inf masks it
     names); on an operand that may be +inf it is backed only where certify.infinite_tested ran
@@ -188,7 +223,8 @@ TEMPLATES: dict[str, list[tuple[str, str]]] = {
        for op in ops.COMPARE},
     "select": [(_AB, "select(eq(index[q](q), index[x](x)), A, B)"), (_AB, "select(onehot[v](A), A, B)")],
     "gather": [(_AB, "gather[x](A, index[q](q))"), (_AB, "gather[x](B, sum[x](onehot[v](A)))")],
-    "index": [(_AB, "index[q x](q - x)"), (_AB, "index[q x](q * x - 2)")],
+    "index": [(_AB, "index[q x](q - x)"), (_AB, "index[q x](q * x - 2)"),
+              (_AB, "index[q](q * 4611686018427387904 + 4611686018427387903)")],  # int64 wraps past 2^63
     "onehot": [(_AB, "onehot[v](A)")],
     "split": [(_AB, "split[x -> y z](A)")],
     "join": [("A: [q y z], B: [q x]", "join[y z -> x](A)")],
@@ -229,7 +265,8 @@ def _parsed(params: str, term: str) -> tuple[Expr, Diagram]:
 @given(data=st.data())
 def test_each_rule_contains_what_the_evaluator_computes(op: str, params: str, term: str, data: st.DataObject) -> None:
     """For operands drawn from any classes (±inf, ±0, NaN, finite values of either sign), every
-    entry the float64 evaluator computes lies in the class set the analysis gives the term."""
+    entry the float64 evaluator computes lies in the class set the analysis gives the term, and
+    every finite non-zero one within its log2 bounds (a logsumexp of 3.4e38 is 3.4e38)."""
     term_expr, diagram = _parsed(params, term)
     sizes = {"q": data.draw(st.integers(1, 3)), "x": 4, "y": 2, "z": 2, "v": 3}
     if "split" not in term and "join" not in term:
@@ -239,9 +276,11 @@ def test_each_rule_contains_what_the_evaluator_computes(op: str, params: str, te
               .reshape([sizes[a] for a in p.axes]) for p in diagram.inputs
               for n in [math.prod(sizes[a] for a in p.axes)]]
     value = evaluate(diagram, arrays, sizes=sizes)
-    abstract = analyse(term_expr, {}, classes)
+    found = abstract(term_expr, {}, classes)
     got = {class_of(float(v)) for v in np.ravel(value)}
-    assert got <= abstract, (term, classes, arrays, value)
+    assert got <= found.classes, (term, classes, arrays, value)
+    logs = [math.log2(abs(float(v))) for v in np.ravel(value) if math.isfinite(v) and v != 0]
+    assert all(found.lo <= m <= found.hi for m in logs), (term, classes, arrays, value, found)
 
 
 @pytest.mark.parametrize(("shift", "accepted"), [

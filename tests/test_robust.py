@@ -64,6 +64,14 @@ def test_eval_refuses_a_huge_size_before_allocating(tmp_path: Path, capsys: pyte
     assert code == 1 and "[b h q d x]" in err
 
 
+def test_eval_draws_integers_for_an_int_input(capsys: pytest.CaptureFixture[str]) -> None:
+    """A standard-normal draw for segment ids was refused (`eval.integer`): an `int` input gets
+    small sorted integers, as `check` draws them."""
+    masked = str(ROOT / "examples" / "masked_attention.ncd")
+    code, out, err = run(capsys, "eval", masked, "document_attention", "--size", "q=8", "--size", "x=8")
+    assert code == 0 and err == "" and out.startswith("output 0: [q d] shape=(8, 64)")
+
+
 def test_evaluate_refuses_complex_inputs() -> None:
     f = loads("axis i\ndiagram f(A: [i]) -> [i] { return exp(A) }\n").diagram("f")
     with pytest.raises(NapkinError) as info:

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from napkin_cat import ops
-from napkin_cat.terms import Apply, Axes, Box, Const, Diagram, Expr, Partition, Schedule, Size, Var
+from napkin_cat.terms import Apply, Axes, Box, Const, Diagram, Expr, Param, Partition, Schedule, Size, Var
 
 __all__ = ["Loop", "LoopNest", "Node", "flatten", "loop_nest", "touches", "woven_axes"]
 
@@ -50,12 +50,15 @@ class Node:
 
 @dataclass(frozen=True)
 class Flat:
-    """A diagram as SSA nodes: inputs (name, axes), nodes in order, output names."""
+    """A diagram as SSA nodes: inputs (name, axes), nodes in order, output names; ``params`` the
+    diagram's inputs as declared (an array a chain's earlier kernel wrote carries how it was
+    computed: ``terms.Param.written``)."""
 
     inputs: tuple[tuple[str, Axes], ...]
     nodes: tuple[Node, ...]
     outputs: tuple[str, ...]
     sizes: tuple[tuple[str, int | None], ...]
+    params: tuple[Param, ...] = ()
 
     def node(self, name: str) -> Node:
         for n in self.nodes:
@@ -112,7 +115,7 @@ def flatten(diagram: Diagram) -> Flat:
             value = copy
         out_names.append(value.name)
     inputs = tuple((p.name, p.axes) for p in diagram.inputs)
-    return Flat(inputs, tuple(nodes), tuple(out_names), tuple((a.name, a.size) for a in diagram.axes))
+    return Flat(inputs, tuple(nodes), tuple(out_names), tuple((a.name, a.size) for a in diagram.axes), diagram.inputs)
 
 
 @dataclass(frozen=True)

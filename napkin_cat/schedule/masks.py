@@ -67,10 +67,10 @@ from sympy import Expr
 from napkin_cat import ops
 from napkin_cat.certify.accumulators import AccumulatorPlan
 from napkin_cat.evaluate import FLOAT64
-from napkin_cat.finiteness import finite
+from napkin_cat.finiteness import Inputs, finite, input_values
 from napkin_cat.schedule.loopnest import Flat
 from napkin_cat.schedule.program import simplified
-from napkin_cat.terms import Box, Cmp, Const, IndexExpr, Logic, Pred, Var, fold_index
+from napkin_cat.terms import Box, Cmp, Const, IndexExpr, Logic, Param, Pred, Var, fold_index
 
 __all__ = ["GroupAxis", "Side", "chunk_count", "chunk_range", "chunk_runs", "full_masks", "full_range", "masked_fill",
            "stream_masks"]
@@ -132,7 +132,7 @@ def absorbed_masks(flat: Flat, stream: str, plans: Mapping[str, AccumulatorPlan]
     if not plans or any(stream in flat.type_of(o) for o in flat.outputs):
         return None
     defs = {n.name: n.expr for n in flat.nodes}
-    inputs = frozenset(name for name, _ in flat.inputs)
+    inputs = input_values(flat.params or tuple(Param(name, axes) for name, axes in flat.inputs))
     found_all: list[Any] = []
     for node in flat.nodes:
         if node.name not in plans:
@@ -156,7 +156,7 @@ def absorbed_masks(flat: Flat, stream: str, plans: Mapping[str, AccumulatorPlan]
     return found_all
 
 
-def masked_fill(expr: Expr, defs: Mapping[str, Expr], inputs: Collection[str]) -> tuple[Pred | Expr, float] | None:
+def masked_fill(expr: Expr, defs: Mapping[str, Expr], inputs: Inputs) -> tuple[Pred | Expr, float] | None:
     """``(p, c)``: ``expr`` is ``c`` at every position where ``p`` is false, on finite inputs
     (None: not known).  A ``where`` with a constant fill gives its predicate and fill, a
     ``select`` with one its mask (an array: false where it is 0, ``schedule.datamask``); a unary
@@ -165,7 +165,6 @@ def masked_fill(expr: Expr, defs: Mapping[str, Expr], inputs: Collection[str]) -
     where both have fills under the same predicate (``_at``).  A zero is carried without its
     sign (``0·y`` is -0 for a negative y), so nothing that tells the signs apart
     (``recip``, a division by it) carries it."""
-    inside = frozenset(inputs)
     known: dict[str, tuple[Pred | Expr, float] | None] = {}  # per binding: a value may feed many ops
 
     def fill(e: Expr) -> tuple[Pred | Expr, float] | None:
@@ -193,7 +192,7 @@ def masked_fill(expr: Expr, defs: Mapping[str, Expr], inputs: Collection[str]) -
             if value is not None:
                 return first[0], value
         for k, f in enumerate(fills if kind == "binary" else ()):
-            if f is not None and finite(e.args[1 - k], defs, inside):
+            if f is not None and finite(e.args[1 - k], defs, inputs):
                 value = _absorbed(e.op, k, f[1])
                 if value is not None:
                     return f[0], value

@@ -230,3 +230,27 @@ def test_a_simplified_cost_expression_reads_back_as_simplify_returned_it(folder:
     data["digest"] = cache._digest(data["key"], data["payload"])
     entry.write_text(json.dumps(data))
     assert program.simplified.__wrapped__(expr) == want  # type: ignore[attr-defined]
+
+
+def test_the_cost_model_of_a_search_is_stored_and_read_back_exactly(folder: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """``derive.model_cost`` stores each answer (``derive.remembered``): a later search reads it
+    back equal, tiles in their order, without pricing the schedule again; another size is a new key,
+    and a damaged entry is priced again."""
+    from napkin_cat import proof
+    from napkin_cat.search import derive
+
+    thm = proof.theorem(str(ROOT / "proofs" / "flash_attention.ncd"), "flash_attention")
+    first = derive.model_cost("h100", sizes={"q": 2048, "x": 2048})(thm)
+    assert first.fits and first.tiles and list(folder.glob("model_cost-*.json"))
+
+    priced: list[str] = []
+    real = derive.cost.cost
+    monkeypatch.setattr(derive.cost, "cost", lambda *a, **k: priced.append("cost") or real(*a, **k))
+    again = derive.model_cost("h100", sizes={"q": 2048, "x": 2048})(thm)
+    assert again == first and list(again.tiles) == list(first.tiles) and priced == []
+    other = derive.model_cost("h100", sizes={"q": 4096, "x": 2048})(thm)
+    assert priced == ["cost"] and other.summary != first.summary
+    for entry in folder.glob("model_cost-*.json"):
+        entry.write_text(entry.read_text().replace('"fits": true', '"fits": 1'))
+    assert derive.model_cost("h100", sizes={"q": 2048, "x": 2048})(thm) == first and priced == ["cost", "cost"]

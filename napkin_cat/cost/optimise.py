@@ -347,19 +347,49 @@ def search(c: Cost, top: int = 8, limit: int = 500_000, relax: bool = False) -> 
     if symbolic:
         raise CostError(f"integer tiles need every axis size: give {', '.join(symbolic)}")
     cons = _constraints(c)
-    table = _ranked(c, cons, top, limit)
+    model = _Model(c, list(cons))
+    table = _ranked(model, cons, top, limit)
     if table.rows or not relax or all(rule.multiple == 1 for rule in cons.values()):
         return table
     required = {n: rule._replace(multiple=1) for n, rule in cons.items()}
-    table = _ranked(c, required, top, limit)
+    table = _ranked(model, required, top, limit)
     relaxed = tuple(f"{n}: {cause}" for n, rule in cons.items() for cause in rule.preferred)
     return ConfigTable(table.rows, table.constraints, table.considered, relaxed if table.rows else ())
 
 
-def _ranked(c: Cost, cons: dict[str, _TileRule], top: int, limit: int) -> ConfigTable:
+class _Model:
+    """What ``search`` evaluates at every configuration of ``c``'s tiles ``names``, built once
+    for its strict and its relaxed pass: the memory of each level below hbm, the on-chip
+    quantities of a launch (with launch rules) and the work, as one compiled function of the
+    tiles; and the nested partitions whose inner tile must divide the outer one."""
+
+    def __init__(self, c: Cost, names: list[str]) -> None:
+        self.cost, self.names = c, names
+        self.levels = c.levels[1:]
+        self.launched = bool(c.hardware.launch)
+        self.chip = list(c.on_chip) if self.launched else []
+        exprs = [lv.memory_bytes for lv in self.levels] + self.chip + list(c.work)
+        # no docstring: printing every expression a second time for it costs as much as the code
+        self.fn = sympy.lambdify([c.tiles[n] for n in names], exprs,
+                                 modules=[{"Max": max, "Min": min, "ceiling": math.ceil}, "math"], docstring_limit=0)
+        loops = c.program.nest.loops
+        #: (outer tile, inner tile) of each partition nested in another of its axis, unpadded
+        self.nested = [(loops[[j for j in range(i) if loops[j].axis == lp.axis][-1]].tile, lp.tile)
+                       for i, lp in enumerate(loops)
+                       if not lp.partition.pad and any(loops[j].axis == lp.axis for j in range(i))]
+
+    def nested_ok(self, tiles: dict[str, int]) -> bool:
+        """Nested partitions of one axis: each inner tile divides the outer one (unless padded)."""
+        for outer, inner in self.nested:
+            if int(tiles.get(str(outer), outer)) % int(tiles.get(str(inner), inner)):
+                return False
+        return True
+
+
+def _ranked(model: _Model, cons: dict[str, _TileRule], top: int, limit: int) -> ConfigTable:
     """``search`` under the tile rules ``cons``."""
+    c, names = model.cost, model.names
     loops = c.program.nest.loops
-    names = list(cons)
     axes_of = {name: [lp for lp in loops if lp.tile == name] for name in names}
     choices = [_candidates(int(c.sizes[axes_of[n][0].axis]), cons[n].multiple, cons[n].power_of_two, cons[n].lowest,
                            any(lp.partition.pad for lp in axes_of[n]),
@@ -370,14 +400,10 @@ def _ranked(c: Cost, cons: dict[str, _TileRule], top: int, limit: int) -> Config
         longest = max(range(len(choices)), key=lambda k: len(choices[k]))
         choices[longest] = choices[longest][::2] + ([choices[longest][-1]] if len(choices[longest]) % 2 == 0 else [])
     combos = [dict(zip(names, values, strict=True)) for values in itertools.product(*choices)]
-    combos = [t for t in combos if _nested_ok(c, t)]
-    symbols = [c.tiles[n] for n in names]
-    levels = c.levels[1:]
+    combos = [t for t in combos if model.nested_ok(t)]
+    levels = model.levels
     capacity = [c.hardware.level(lv.name).capacity for lv in levels]
-    launched = bool(c.hardware.launch)
-    chip = list(c.on_chip) if launched else []
-    exprs = [lv.memory_bytes for lv in levels] + chip + list(c.work)
-    fn = sympy.lambdify(symbols, exprs, modules=[{"Max": max, "Min": min, "ceiling": math.ceil}, "math"])
+    launched, chip, fn = model.launched, model.chip, model.fn
     # with launch rules, the compute level's capacity is the launch's: loaded blocks in shared
     # memory (per pipeline stage), computed tiles in the register budget (``Cost.launched``)
     rows: list[tuple[float, float, float, Config]] = []
@@ -400,16 +426,3 @@ def _ranked(c: Cost, cons: dict[str, _TileRule], top: int, limit: int) -> Config
                             t.serial * factor)))
     rows.sort(key=lambda r: (float(f"{r[0]:.9g}"), float(f"{r[1]:.9g}"), r[2]))
     return ConfigTable(tuple(r[3] for r in rows[:top]), {n: tuple(cons[n].causes) for n in names}, len(combos))
-
-
-def _nested_ok(c: Cost, tiles: dict[str, int]) -> bool:
-    """Nested partitions of one axis: each inner tile divides the outer one (unless padded)."""
-    loops = c.program.nest.loops
-    for i, lp in enumerate(loops):
-        outer = [loops[j] for j in range(i) if loops[j].axis == lp.axis]
-        if outer and not lp.partition.pad:
-            big = tiles.get(str(outer[-1].tile), outer[-1].tile)
-            small = tiles.get(str(lp.tile), lp.tile)
-            if int(big) % int(small):
-                return False
-    return True

@@ -165,6 +165,13 @@ class Program:
 
 def max_of(columns: list[Expr]) -> Expr:
     """``Max`` of column sizes without the columns another column dominates term by term."""
+    return _max_of(tuple(columns))
+
+
+@functools.lru_cache(maxsize=4096)
+def _max_of(columns: tuple[Expr, ...]) -> Expr:
+    """``max_of``, remembered: the search prices many schedules whose views have the same live
+    sets, and building a ``Max`` compares its arguments pairwise under assumptions."""
     cols = list(dict.fromkeys(sympy.expand(c) for c in columns)) or [sympy.Integer(0)]
     keep = [c for i, c in enumerate(cols)
             if not any(j != i and _dominates(o, c) and (not _dominates(c, o) or j < i) for j, o in enumerate(cols))]
@@ -176,16 +183,30 @@ def _dominates(big: Expr, small: Expr) -> bool:
     written 1 + s' is a polynomial in the s' >= 0 with non-negative coefficients (a difference
     that is not a polynomial is read as it is).  Writing s as 1 + s' commutes with
     subtraction, so two polynomials are each rewritten once (``_shifted``, remembered:
-    ``max_of`` compares every pair of columns)."""
+    ``max_of`` compares every pair of columns), and their difference is taken term by term
+    (``_coefficients``: the coefficient of each monomial, as ``Add`` collects them)."""
     shifted = _shifted(big), _shifted(small)
     if shifted[0] is not None and shifted[1] is not None:
-        diff = shifted[0] - shifted[1]
-    else:
-        raw = sympy.expand(big - small)
-        diff = _shifted(raw)
-        if diff is None:
-            diff = raw
+        mine, theirs = _coefficients(shifted[0]), _coefficients(shifted[1])
+        return all(mine.get(term, 0) - c >= 0 for term, c in theirs.items()) and \
+            all(c >= 0 for term, c in mine.items() if term not in theirs)
+    raw = sympy.expand(big - small)
+    diff = _shifted(raw)
+    if diff is None:
+        diff = raw
     return all(t.as_coeff_Mul()[0] >= 0 for t in sympy.Add.make_args(diff))
+
+
+@functools.lru_cache(maxsize=4096)
+def _coefficients(expr: Expr) -> dict[Expr, Expr]:
+    """The expanded ``expr`` as {monomial: numeric coefficient} (``as_coeff_Mul`` of each term, as
+    ``Add`` splits terms when it collects like ones): the difference of two such sums is the
+    difference of their coefficients, monomial by monomial."""
+    out: dict[Expr, Expr] = {}
+    for term in sympy.Add.make_args(expr):
+        coeff, monomial = term.as_coeff_Mul()
+        out[monomial] = out.get(monomial, sympy.Integer(0)) + coeff
+    return out
 
 
 @functools.lru_cache(maxsize=4096)

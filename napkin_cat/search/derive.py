@@ -25,7 +25,7 @@ from pathlib import Path
 
 import sympy
 
-from napkin_cat import cost, kernel
+from napkin_cat import cache, cost, kernel
 from napkin_cat.certify import rules
 from napkin_cat.cost import hardware as hw
 from napkin_cat.cost import optimise
@@ -250,15 +250,61 @@ def model_cost(hardware: str | hw.Hardware = "h100", dtype: str = "bf16", sizes:
         used = thm.result.axis_sizes()
         known = {a: n for a, n in given.items() if a in used}
         realised = realised_schedule(thm.result, thm.schedule, target) if target else None
-        c = cost.cost(thm, realised, hardware=profile, sizes=known, dtype=dtype)
-        fused = choose_tiles(c)
-        if thm.schedule.partitions or fused.fits:
-            return fused
-        # no partitions and too large for one kernel: keep the unfused time as a guide for
-        # the search's ordering of rewrites, but it is not a schedule that fits
-        return replace(baseline(thm), why_not=fused.why_not)
+
+        def compute() -> Costed:
+            c = cost.cost(thm, realised, hardware=profile, sizes=known, dtype=dtype)
+            fused = choose_tiles(c)
+            if thm.schedule.partitions or fused.fits:
+                return fused
+            # no partitions and too large for one kernel: keep the unfused time as a guide for
+            # the search's ordering of rewrites, but it is not a schedule that fits
+            return replace(baseline(thm), why_not=fused.why_not)
+
+        return remembered("model_cost", {"theorem": _priced(thm), "realised": repr(realised), "target": target,
+                                         "hardware": repr(profile), "dtype": dtype, "sizes": known}, compute)
 
     return evaluate
+
+
+def _priced(thm: kernel.Theorem) -> str:
+    """What the cost model reads of a theorem (its result, schedule, source and chosen
+    accumulators), as text for a cache key."""
+    return repr((thm.result, thm.schedule, thm.source, thm.accumulators))
+
+
+def remembered(kind: str, settings: Mapping[str, object], compute: Callable[[], Costed]) -> Costed:
+    """``compute()``, stored in napkin's cache folder (``napkin_cat.cache``: keyed by ``settings``,
+    napkin's own source and sympy's version) and read back on a later search: the cost model is
+    a function of what it prices, and pricing a schedule (sympy: its programs, the tile search)
+    is most of a search's time.  Only answers are stored; a refusal (an exception) is computed
+    again.  Floats are stored as JSON writes them (``repr``: read back exactly), tiles as pairs in
+    their order."""
+    entry_key = cache.key(kind, {**settings, "sympy": sympy.__version__})
+    stored = cache.read(cache.cache_folder(), entry_key, _costed_payload)
+    if stored is not None:
+        return Costed(stored["value"], stored["fits"], {k: v for k, v in stored["tiles"]}, stored["summary"],
+                      stored["why_not"], stored["footprint"], tuple(stored["relaxed"]), stored["serial"])
+    answer = compute()
+    payload = {"value": answer.value, "fits": answer.fits, "tiles": [[k, v] for k, v in answer.tiles.items()],
+               "summary": answer.summary, "why_not": answer.why_not, "footprint": answer.footprint,
+               "relaxed": list(answer.relaxed), "serial": answer.serial}
+    cache.write(cache.cache_folder(), entry_key, payload)
+    return answer
+
+
+def _costed_payload(payload: object) -> bool:
+    """Is ``payload`` a stored ``Costed``?"""
+    if not isinstance(payload, dict):
+        return False
+    number = (int, float)
+    return (isinstance(payload.get("value"), number) and isinstance(payload.get("fits"), bool)
+            and isinstance(payload.get("tiles"), list)
+            and all(isinstance(kv, list) and len(kv) == 2 and isinstance(kv[0], str) and type(kv[1]) is int
+                    for kv in payload["tiles"])
+            and isinstance(payload.get("summary"), str) and isinstance(payload.get("why_not"), str)
+            and isinstance(payload.get("footprint"), number) and isinstance(payload.get("relaxed"), list)
+            and all(isinstance(r, str) for r in payload["relaxed"])
+            and (payload.get("serial") is None or isinstance(payload.get("serial"), number)))
 
 
 def unfused_cost(hardware: str | hw.Hardware = "h100", dtype: str = "bf16", sizes: Mapping[str, int] | None = None,
@@ -272,14 +318,19 @@ def unfused_cost(hardware: str | hw.Hardware = "h100", dtype: str = "bf16", size
 
     def evaluate(thm: kernel.Theorem) -> Costed:
         used = thm.result.axis_sizes()
-        own = cost.cost_of(thm.result, thm.schedule, hardware=hardware,
-                           sizes={a: n for a, n in sizes.items() if a in used}, dtype=dtype)
-        flop, move, launches = unfused(own)
-        seconds = flop + move + launches
-        moved, flops = float(own.baseline.transfers_bytes), float(own.baseline.flops)
-        return Costed(seconds, False, {}, f"{_us(seconds)} if run unfused, each box its own kernel with unlimited "
-                                          f"memory ({_mb(moved)} moved, {flops / 1e9:.3g} GFLOP, "
-                                          f"{own.baseline.kernels} launches)")
+        known = {a: n for a, n in sizes.items() if a in used}
+
+        def compute() -> Costed:
+            own = cost.cost_of(thm.result, thm.schedule, hardware=hardware, sizes=known, dtype=dtype)
+            flop, move, launches = unfused(own)
+            seconds = flop + move + launches
+            moved, flops = float(own.baseline.transfers_bytes), float(own.baseline.flops)
+            return Costed(seconds, False, {}, f"{_us(seconds)} if run unfused, each box its own kernel with "
+                                              f"unlimited memory ({_mb(moved)} moved, {flops / 1e9:.3g} GFLOP, "
+                                              f"{own.baseline.kernels} launches)")
+
+        return remembered("unfused_cost", {"diagram": repr((thm.result, thm.schedule)), "hardware": repr(hardware),
+                                           "dtype": dtype, "sizes": known}, compute)
 
     return evaluate
 

@@ -38,18 +38,23 @@ def _check_gradients(path: Path, theorem: str, target: str, seed: int = 0) -> bo
     Returns whether the join was proved (else it was lowered on the test alone, opted in)."""
     module = load(path)
     found = derived(module, theorem, target=target, hardware="cpu" if target == "jax" else "h100")
+    # tiles of 16 and ragged sizes: several chunks, the last one partial
+    tiles = {str(p.tile): 16 for thm in (found.forward, *found.backward) for p in proof.partitions(thm)
+             if isinstance(p.tile, str)}
     with warnings.catch_warnings(record=True) as warned:
         warnings.simplefilter("always", UnprovedJoinWarning)
-        lowered = lower(found.forward, target=target, dtype="float32", backward=list(found.backward),
+        lowered = lower(found.forward, target=target, dtype="float32", backward=list(found.backward), tiles=tiles,
                         allow_tested_join=True)
     proved = not any(issubclass(w.category, UnprovedJoinWarning) for w in warned)
     fn = compile_module(lowered.source, f"<derived:{theorem}>")[lowered.function]
     source = module.diagram(module.theorem(theorem).diagram)
     rng = np.random.default_rng(seed)
-    # ragged: the axes the forward partitions odd (no tile divides them), the others (batch, heads) small
-    long = {p.axis for p in proof.partitions(found.forward)}
-    sizes = {a.name: a.size if a.size is not None else int(rng.integers(33, 60)) | 1 if a.name in long else 3
-             for a in found.forward.source.axes}
+    # ragged: streamed axes odd in 33..59, other tiled axes odd in 17..29, axes tiled by 1 (batch, heads) 3
+    streamed = {p.axis for thm in (found.forward, *found.backward) for p in proof.partitions(thm)
+                if p.kind == "stream"}
+    tiled = {p.axis for p in proof.partitions(found.forward) if p.tile != 1}
+    sizes = {a.name: a.size if a.size is not None else int(rng.integers(33, 60)) | 1 if a.name in streamed else
+             int(rng.integers(17, 30)) | 1 if a.name in tiled else 3 for a in found.forward.source.axes}
     # int inputs (segment ids, lengths) as the join's test draws them: every row keeps a key
     args = [drawn_integers(rng, shape) if p.integer else rng.standard_normal(shape)
             for p in source.inputs for shape in ([sizes[a] for a in p.axes],)]

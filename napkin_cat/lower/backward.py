@@ -171,7 +171,10 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
     draw's scale (1, 4, 16); labels (the inputs an ``onehot[v]`` operand is computed from,
     ``approximation.label_inputs``) are positions across the whole of ``v``, first and last
     included, so that a wrong label term is read."""
-    axes = {a.name: a.size for d in (forward, *backwards) for a in d.axes}
+    # the forward's axes, and the backwards' declared sizes; an axis only a backward has (a copy
+    # ``grad`` makes of a scanned axis, t_2 of t) is bound by the evaluator from what it reads
+    axes = {a.name: a.size for d in (forward, *backwards) for a in d.axes
+            if a.size is not None or a.name in {b.name for b in forward.axes}}
     past = _constants((forward, *backwards), axes)
     labels = _labels(forward, backwards, ln)
     drawn = []

@@ -84,11 +84,12 @@ def saving(diagram: Diagram, name: str) -> Saving:
     taken = {p.name for p in flat.inputs} | {n for let in flat.body for n in let.names} | {a.name for a in flat.axes}
     body = list(flat.body)
     outputs: list[Expr] = []
-    for out in flat.outputs:
-        if isinstance(out, Box):
+    for out, declared in zip(flat.outputs, flat.out_types, strict=True):
+        if isinstance(out, Box) or out.axes != declared:  # bound, in the declared order (a call's may differ)
+            value = out if out.axes == declared else typed_box("transpose", (out,), declared)
             bound = fresh_name("out", taken)
-            body.append(Let((bound,), out))
-            out = Var(bound, out.axes)
+            body.append(Let((bound,), value))
+            out = Var(bound, value.axes)
         outputs.append(out)
     rows = exp_normalised(flat)
     inputs = {p.name for p in flat.inputs}

@@ -16,10 +16,12 @@ import numpy as np
 import pytest
 
 from napkin_cat import proof
-from napkin_cat.elaborate import load
+from napkin_cat.elaborate import load, loads
 from napkin_cat.evaluate import evaluate
 from napkin_cat.grad import vjp
 from napkin_cat.lower import UnprovedJoinWarning, compile_module, lower
+from napkin_cat.lower.backward import drawn_integers
+from napkin_cat.proof import check_module
 from napkin_cat.search.backward import derived
 from napkin_cat.terms import Box, walk
 
@@ -36,19 +38,26 @@ def _check_gradients(path: Path, theorem: str, target: str, seed: int = 0) -> bo
     Returns whether the join was proved (else it was lowered on the test alone, opted in)."""
     module = load(path)
     found = derived(module, theorem, target=target, hardware="cpu" if target == "jax" else "h100")
+    # tiles of 16 and ragged sizes: several chunks, the last one partial
+    tiles = {str(p.tile): 16 for thm in (found.forward, *found.backward) for p in proof.partitions(thm)
+             if isinstance(p.tile, str) and p.level != "mesh"}
     with warnings.catch_warnings(record=True) as warned:
         warnings.simplefilter("always", UnprovedJoinWarning)
-        lowered = lower(found.forward, target=target, dtype="float32", backward=list(found.backward),
+        lowered = lower(found.forward, target=target, dtype="float32", backward=list(found.backward), tiles=tiles,
                         allow_tested_join=True)
     proved = not any(issubclass(w.category, UnprovedJoinWarning) for w in warned)
     fn = compile_module(lowered.source, f"<derived:{theorem}>")[lowered.function]
     source = module.diagram(module.theorem(theorem).diagram)
     rng = np.random.default_rng(seed)
-    # ragged: the axes the forward partitions odd (no tile divides them), the others (batch, heads) small
-    long = {p.axis for p in proof.partitions(found.forward)}
-    sizes = {a.name: a.size if a.size is not None else int(rng.integers(33, 60)) | 1 if a.name in long else 3
-             for a in found.forward.source.axes}
-    args = [rng.standard_normal([sizes[a] for a in p.axes]) for p in source.inputs]
+    # ragged: streamed axes odd in 33..59, other tiled axes odd in 17..29, axes tiled by 1 (batch, heads) 3
+    streamed = {p.axis for thm in (found.forward, *found.backward) for p in proof.partitions(thm)
+                if p.kind == "stream"}
+    tiled = {p.axis for p in proof.partitions(found.forward) if p.tile != 1}
+    sizes = {a.name: a.size if a.size is not None else int(rng.integers(33, 60)) | 1 if a.name in streamed else
+             int(rng.integers(17, 30)) | 1 if a.name in tiled else 3 for a in found.forward.source.axes}
+    # int inputs (segment ids, lengths) as the join's test draws them: every row keeps a key
+    args = [drawn_integers(rng, shape) if p.integer else rng.standard_normal(shape)
+            for p in source.inputs for shape in ([sizes[a] for a in p.axes],)]
     outs = _tuple(evaluate(source, args, sizes=sizes))
     cts = [rng.standard_normal(np.shape(o)) for o in outs]
     want = _tuple(evaluate(vjp(source), [*args, *cts], sizes=sizes))
@@ -57,8 +66,17 @@ def _check_gradients(path: Path, theorem: str, target: str, seed: int = 0) -> bo
     def loss(*xs: jax.Array) -> jax.Array:
         return sum(jnp.sum(o * c) for o, c in zip(_tuple(fn(*xs, **options)), cts, strict=True))
 
-    got = jax.grad(loss, argnums=tuple(range(len(args))))(*(jnp.asarray(a, jnp.float32) for a in args))
-    for p, g, w in zip(source.inputs, got, want, strict=True):
+    floats = tuple(i for i, p in enumerate(source.inputs) if not p.integer)
+
+    def loss_of_floats(*xs: jax.Array) -> jax.Array:
+        full = [jnp.asarray(a, jnp.float32) for a in args]  # kernels take int inputs as floats
+        for i, x in zip(floats, xs, strict=True):
+            full[i] = x
+        return loss(*full)
+
+    got = jax.grad(loss_of_floats, argnums=tuple(range(len(floats))))(*(jnp.asarray(args[i], jnp.float32)
+                                                                          for i in floats))
+    for p, g, w in zip([source.inputs[i] for i in floats], got, [want[i] for i in floats], strict=True):
         w = np.asarray(w, np.float64)
         scale = max(1.0, float(np.max(np.abs(w))))
         np.testing.assert_allclose(np.asarray(g, np.float64), w, atol=2e-4 * scale, rtol=2e-4,
@@ -103,6 +121,13 @@ def test_passes_group_their_gradients_own_axes(attention):
     assert plans[("dQ",)] == [("group", "q", None), ("stream", "x", "sum")]
     assert plans[("dK", "dV")] == [("group", "x", None), ("stream", "q", "sum")]
     assert all(kind != "split" for plan in plans.values() for kind, _, _ in plan)  # no sum across programs
+
+
+def test_derived_text_checks_as_a_proof_file(attention):
+    """``DerivedBackward.text`` is an .ncd file whose theorems the kernel accepts under --strict."""
+    results = check_module(loads(attention.text, "derived.ncd"), strict=True)
+    assert [r.name for r in results] == [attention.forward.name, *(b.name for b in attention.backward)]
+    assert all(r.ok for r in results), [r.summary() for r in results]
 
 
 def _largest_array(jaxpr: Any) -> int:

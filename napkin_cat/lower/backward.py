@@ -70,7 +70,7 @@ from napkin_cat.terms import (
     walk,
 )
 
-__all__ = ["DRAWS", "GRADIENTS", "Link", "UnprovedJoinWarning", "differentiable", "joined", "link"]
+__all__ = ["DRAWS", "GRADIENTS", "Link", "UnprovedJoinWarning", "differentiable", "drawn_integers", "joined", "link"]
 
 #: size draws at which ``link`` tests the backward diagrams against the forward's VJP
 DRAWS = 4
@@ -171,7 +171,10 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
     draw's scale (1, 4, 16); labels (the inputs an ``onehot[v]`` operand is computed from,
     ``approximation.label_inputs``) are positions across the whole of ``v``, first and last
     included, so that a wrong label term is read."""
-    axes = {a.name: a.size for d in (forward, *backwards) for a in d.axes}
+    # the forward's axes, and the backwards' declared sizes; an axis only a backward has (a copy
+    # ``grad`` makes of a scanned axis, t_2 of t) is bound by the evaluator from what it reads
+    axes = {a.name: a.size for d in (forward, *backwards) for a in d.axes
+            if a.size is not None or a.name in {b.name for b in forward.axes}}
     past = _constants((forward, *backwards), axes)
     labels = _labels(forward, backwards, ln)
     drawn = []
@@ -181,7 +184,8 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
         sizes = {a: n if n is not None else int(rng.integers(low, low + 7)) for a, n in axes.items()}
         scale = SCALES[seed % len(SCALES)]
         drawn.append(", ".join(f"{a}={n}" for a, n in sizes.items() if axes[a] is None) + f" at scale {scale:g}")
-        args = [_drawn(rng, [sizes[a] for a in p.axes], scale, sizes.get(labels.get(i, ""), 0))
+        args = [drawn_integers(rng, [sizes[a] for a in p.axes]) if p.integer else
+                _drawn(rng, [sizes[a] for a in p.axes], scale, sizes.get(labels.get(i, ""), 0))
                 for i, p in enumerate(forward.inputs)]
         cts = [rng.standard_normal([sizes[a] for a in p.axes]) for p in reference.inputs[len(forward.inputs):]]
         try:
@@ -216,6 +220,16 @@ def _drawn(rng: np.random.Generator, shape: list[int], scale: float, vocabulary:
     drawn = rng.integers(0, vocabulary, shape)
     flat = drawn.reshape(-1)
     flat[:2] = [0, vocabulary - 1][:flat.size]
+    return drawn.astype(np.float64)
+
+
+def drawn_integers(rng: np.random.Generator, shape: list[int]) -> np.ndarray:
+    """An ``int`` input (segment ids, lengths): 1s then 2s along its last axis, both present
+    where there is room, so that segment ids of queries and keys share their documents and a
+    length keeps a key (a row a mask empties has no FA-2 backward: README "Training")."""
+    drawn = np.sort(rng.integers(1, 3, shape), axis=-1) if shape else np.asarray(rng.integers(1, 3))
+    if shape and shape[-1] >= 2:
+        drawn[..., 0], drawn[..., -1] = 1, 2
     return drawn.astype(np.float64)
 
 

@@ -84,11 +84,12 @@ def saving(diagram: Diagram, name: str) -> Saving:
     taken = {p.name for p in flat.inputs} | {n for let in flat.body for n in let.names} | {a.name for a in flat.axes}
     body = list(flat.body)
     outputs: list[Expr] = []
-    for out in flat.outputs:
-        if isinstance(out, Box):
+    for out, declared in zip(flat.outputs, flat.out_types, strict=True):
+        if isinstance(out, Box) or out.axes != declared:  # bound, in the declared order (a call's may differ)
+            value = out if out.axes == declared else typed_box("transpose", (out,), declared)
             bound = fresh_name("out", taken)
-            body.append(Let((bound,), out))
-            out = Var(bound, out.axes)
+            body.append(Let((bound,), value))
+            out = Var(bound, value.axes)
         outputs.append(out)
     rows = exp_normalised(flat)
     inputs = {p.name for p in flat.inputs}
@@ -210,16 +211,17 @@ def derived(module: Module, theorem: str, *, target: str = "jax", sizes: Mapping
     cost_fn = model_cost(hardware, dtype, priced, target)
 
     def scheduled(diagram: Diagram, own: tuple[Step, ...] | None) -> TheoremDecl:
-        name = theorem if own is not None else fresh_name(f"{diagram.name}_derived", names)
+        name = theorem if diagram is forward.diagram else fresh_name(f"{diagram.name}_derived", names)
         if own is not None:
-            attempt = TheoremDecl(name, diagram.name, own, decl.span, decl.kernels)
+            attempt = TheoremDecl(name, diagram.name, own, decl.span)
             if proof.check_theorem(here, attempt, lemmas, strict=strict).theorem is not None:
                 return attempt
         found = search(here, diagram.name, cost_fn, lemmas=lemmas, theorem_name=name, max_rewrites=1, seconds=seconds,
                        screen=lambda thm, costed: _summed_across(thm) or lowering_screen(thm, costed, target))
         return TheoremDecl(name, diagram.name, found.best.explicit if found.best.ok else ())
 
-    decls = [scheduled(forward.diagram, decl.steps), *(scheduled(b, None) for b in backs)]
+    # a chain's kernels cannot be joined with backward kernels (lower.chain): its forward is searched as one kernel
+    decls = [scheduled(forward.diagram, None if decl.kernels else decl.steps), *(scheduled(b, None) for b in backs)]
     proved = []
     for d in decls:
         result = proof.check_theorem(here, d, lemmas, strict=strict)

@@ -101,8 +101,8 @@ def check_tiles(lay: Layout, rules: Mapping[str, int]) -> None:
                      "is not lowered for Mosaic GPU; use --target pallas")
     gathered = sorted(gathered_tables(lay.flat))
     if gathered:
-        raise refuse(f"{', '.join(f'`{t}`' for t in gathered)} is read only at the rows a gather names (a paged "
-                     "pool), which Mosaic GPU's whole-block copies do not serve; use --target pallas")
+        raise refuse(f"tables read only at the rows a gather names ({', '.join(f'`{t}`' for t in gathered)}: a "
+                     "paged pool) are not served by Mosaic GPU's whole-block copies; use --target pallas")
     if lay.padded_tiles:
         axis = sorted(lay.padded_tiles)[0]
         raise refuse(f"tile {lay.tiles[axis]} of `{axis}` is not a power of two of at least 16 (padded to a block); "

@@ -9,17 +9,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import napkin_cat
-from napkin_cat.cost import cost
+from napkin_cat.cost import CostError, cost
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.elaborate import load, loads
 from napkin_cat.lower import lower
 from napkin_cat.printer import print_module
-from napkin_cat.proof import check_file, prove
+from napkin_cat.proof import check_file, check_module, prove
 from napkin_cat.schedule.datamask import block_liveness
 from tests.test_elaborate import one_error
 
@@ -34,6 +35,11 @@ def _softmax_rows(s: np.ndarray) -> np.ndarray:
     e = np.exp(s - np.where(np.isfinite(m), m, 0.0))
     z = np.sum(e, axis=-1, keepdims=True)
     return np.where(z == 0, 0.0, e / np.where(z == 0, 1.0, z))
+
+
+def _device(array: np.ndarray) -> Any:
+    """An input as a kernel takes it: integers (ids, lengths, page tables) as int32, reals as f32."""
+    return jnp.asarray(array, jnp.int32 if np.issubdtype(array.dtype, np.integer) else jnp.float32)
 
 
 def _qkv(rng: np.random.Generator, *lead: int, q: int = 13, x: int = 11) -> tuple[np.ndarray, ...]:
@@ -127,6 +133,16 @@ def test_each_misuse_is_a_located_diagnostic(body: str, code: str, col: int) -> 
     assert (found, line, column) == (code, where, col)
 
 
+def test_a_dtype_step_on_an_integer_input_is_a_located_error() -> None:
+    """Ids are int32 in every kernel: narrowing them is refused at the step, not measured."""
+    text = ('use "../examples/masked_attention.ncd"\ntheorem q: document_attention {\n'
+            "  dtype K, Dx as bf16 tol 0.01\n}\n")
+    (result,) = check_module(loads(text, str(ROOT / "proofs" / "q.ncd")))
+    assert not result.ok and result.step == 1 and result.failure is not None
+    assert "`Dx` is an integer input" in result.failure.message
+    assert result.failure.span is not None and result.failure.span.line == 3
+
+
 def test_integer_bindings_stay_integer_and_reals_do_not_become_integers() -> None:
     ok = loads(HEAD + "diagram f(P: int [b], T: [n x]) -> [b x] {\n  I = P + 1\n  return gather[n](T, I)\n}\n")
     assert ok.diagram("f").inputs[0].integer
@@ -152,7 +168,7 @@ def test_chunks_a_document_mask_empties_are_skipped(target: str) -> None:
     thm = _document_theorem()
     rng = np.random.default_rng(0)
     Q, K, V = _qkv(rng, q=150, x=150)
-    ids = np.repeat(np.arange(5), 30).astype(np.float64)
+    ids = np.repeat(np.arange(5), 30)
     live = block_liveness(ids[:, None] == ids[None, :], 32, 32)
     assert live.sum() == 13 and not live[:3, 4].any() and live[3:, 4].all()
     want = napkin_cat.run(thm.source, Q, K, V, ids, ids)
@@ -161,10 +177,10 @@ def test_chunks_a_document_mask_empties_are_skipped(target: str) -> None:
     lowered = lower(thm, target=target, tiles={"gq": 32, "sx": 32})
     assert "lax.cond(live" in lowered.source
     extra = {"interpret": True} if target == "pallas" else {}
-    got = np.asarray(lowered.fn(*(jnp.asarray(a, jnp.float32) for a in (Q, K, poisoned, ids, ids)), **extra))
+    got = np.asarray(lowered.fn(*(_device(a) for a in (Q, K, poisoned, ids, ids)), **extra))
     assert np.all(np.isnan(got[96:]).any(axis=1))
     assert np.abs(got[:96] - want[:96]).max() < 1e-5
-    clean = np.asarray(lowered.fn(*(jnp.asarray(a, jnp.float32) for a in (Q, K, V, ids, ids)), **extra))
+    clean = np.asarray(lowered.fn(*(_device(a) for a in (Q, K, V, ids, ids)), **extra))
     assert np.abs(clean - want).max() < 1e-5
 
 
@@ -182,8 +198,8 @@ def test_a_data_mask_on_a_non_absorbing_operand_skips_nothing() -> None:
     assert "live" not in lowered.source
     rng = np.random.default_rng(3)
     Q, K, V = rng.standard_normal((40, 4)), rng.standard_normal((40, 4)), rng.standard_normal((40, 4))
-    ids = np.repeat(np.arange(4), 10).astype(np.float64)
-    got = lowered.fn(*(jnp.asarray(a, jnp.float32) for a in (Q, K, V, ids, ids)), interpret=True)
+    ids = np.repeat(np.arange(4), 10)
+    got = lowered.fn(*(_device(a) for a in (Q, K, V, ids, ids)), interpret=True)
     assert np.abs(np.asarray(got) - napkin_cat.run(thm.source, Q, K, V, ids, ids)).max() < 1e-5
 
 
@@ -199,11 +215,13 @@ def test_only_masks_read_from_data_are_data_masks() -> None:
 
 def test_the_cost_of_a_document_mask_is_the_live_fraction_of_its_chunks() -> None:
     """Eight documents of 2048 tokens at q = x = 16384 (blocks of 128 queries, chunks of 64
-    keys): the causal document kernel runs the pairs ``block_liveness`` finds live (documents
-    and diagonal, about 1/15), and costed at that fraction it moves under a quarter of the
-    bytes of the causal kernel (which runs half).  The document mask alone leaves 1/8 live:
-    1/4 of the causal stream's chunks, plus its segment ids.  ``--live`` 1 (the default) is the
-    bound for any data: every chunk."""
+    keys, bf16 values, int32 ids): a document kernel moves Q and O once, Dq once, the chunk of
+    Dx of every (program, chunk) pair (its liveness test reads it, skipped or not) and the
+    chunks of K and V of the live pairs only (``block_liveness``: 1/8 for the document mask,
+    about 1/15 with the diagonal too).  The causal document kernel moves under a quarter of the
+    bytes of the causal kernel (which runs half its pairs); the document mask alone cannot
+    (1/8 of the pairs against a little over 1/2, plus the same Q and O).  ``--live`` 1 (the
+    default) is the bound for any data: every chunk."""
     ids = np.repeat(np.arange(8), 2048)
     pos = np.arange(16384)
     same = ids[:, None] == ids[None, :]
@@ -217,39 +235,90 @@ def test_the_cost_of_a_document_mask_is_the_live_fraction_of_its_chunks() -> Non
         c = cost(thm, hardware="h200", sizes=sizes, live=live)
         return float(c.at(c.level("smem").transfers_bytes, at))
 
+    def by_hand(live: float) -> float:
+        programs, bf16, int32 = 16384 // 128, 2, 4
+        q_and_o, dq = 2 * 16384 * 64 * bf16, 16384 * int32
+        every_dx = programs * 16384 * int32
+        return q_and_o + dq + every_dx + live * programs * 16384 * 2 * 64 * bf16
+
     dense = moved(causal)
-    assert moved(_document_theorem("flash_causal_document_attention"), live_causal) <= dense / 4
+    causal_document = moved(_document_theorem("flash_causal_document_attention"), live_causal)
+    assert causal_document == by_hand(live_causal) and causal_document <= dense / 4
     document = moved(_document_theorem(), live_doc)
-    assert dense / 4 < document < dense / 4 * 1.05  # 129 values per key (K, V, the id) against 128
-    assert moved(_document_theorem()) > 7 * document  # every chunk (the bound for any data): about 8 times
+    assert document == by_hand(1 / 8) and dense / 4 < document < dense * 0.3
+    assert moved(_document_theorem()) == by_hand(1.0)  # every chunk, the bound for any data
 
 
-#: one program per batch element and block of queries, each reading its keys through the page table
-#: (the gather mixes the pool axis n, so n is never tiled; the keys run along pages j and slots s,
-#: whole in each program: small pools only, as a Triton block holds at most 2^20 values, so this
-#: theorem is not among proofs/, whose kernels all cross-lower for the H200 at sizes up to 300)
-PAGED = ("group b by 1", "group q by gq")
+def test_integer_inputs_cost_their_own_width_whatever_the_float_dtype() -> None:
+    """Segment ids are int32 (``hardware.INT_BYTES``) in an f32, a bf16 and an fp8 kernel alike,
+    and a dtype for one is refused rather than silently narrowing an id."""
+    thm = _document_theorem()
+    for dtype in ("f32", "bf16", "fp8"):
+        c = cost(thm, hardware="h200", dtype=dtype)
+        assert c.bytes_of["Dq"] == c.bytes_of["Dx"] == 4
+    with pytest.raises(CostError, match="integer inputs"):
+        cost(thm, hardware="h200", dtypes={"Dx": "bf16"})
+
+
+@pytest.mark.parametrize("target", ["pallas", "jax"])
+def test_ids_stay_exact_in_a_bf16_kernel(target: str) -> None:
+    """Ids 300 to 303 are one bf16 value apart at best (bf16 rounds 301 to 300): a kernel that
+    stored them in its dtype would merge documents.  Integer inputs are stored and compared as
+    int32, so the bf16 kernel keeps every document apart (its error is bf16 rounding of the
+    values), whether they are passed as integers or as floats; a complex array is refused."""
+    thm = _document_theorem()
+    rng = np.random.default_rng(6)
+    Q, K, V = _qkv(rng, q=40, x=40)
+    ids = np.repeat(np.arange(300, 304), 10)
+    want = napkin_cat.run(thm.source, Q, K, V, ids, ids)
+    lowered = lower(thm, target=target, tiles={"gq": 16, "sx": 16}, dtype="bfloat16")
+    extra = {"interpret": True} if target == "pallas" else {}
+    got = np.asarray(lowered.fn(*(_device(a) for a in (Q, K, V, ids, ids)), **extra), np.float64)
+    assert np.abs(got - want).max() < 0.05
+    floats = lowered.fn(*(jnp.asarray(a, jnp.float32) for a in (Q, K, V, ids, ids)), **extra)
+    assert np.array_equal(np.asarray(floats, np.float64), got)
+    with pytest.raises(TypeError, match="declared int"):
+        lowered.fn(*(_device(a) for a in (Q, K, V)), jnp.asarray(ids, jnp.complex64), _device(ids), **extra)
+
+
+def _paged_theorem() -> Any:
+    return {r.name: r.theorem for r in check_file(ROOT / "proofs" / "paged_attention.ncd")}["flash_paged_attention"]
 
 
 @pytest.mark.parametrize("target", ["pallas", "jax"])
 def test_paged_attention_is_dense_attention_on_the_gathered_keys(target: str) -> None:
-    """K and V read from a pool of 7 pages through a page table (9 and -1 lie outside the pool:
-    clamped to pages 6 and 0), at a ragged number of queries and pool pages: the kernel equals
-    softmax attention over the keys gathered by numpy, as the evaluator does exactly."""
-    text = 'use "../examples/masked_attention.ncd"\ntheorem paged: paged_attention {\n' + "\n".join(PAGED) + "\n}\n"
-    thm = prove(loads(text, str(ROOT / "proofs" / "paged.ncd")), "paged")
+    """K and V read from a pool of 7 pages through a page table of 37 pages per sequence (some
+    numbers outside the pool: clamped into it), streamed in chunks of 16 pages, at a ragged
+    number of queries and pages: the kernel equals softmax attention over the keys numpy
+    gathers, as the evaluator does exactly, and reads the pool only at the rows the chunk's page
+    numbers name (an indexed load; the pool is never loaded whole)."""
+    thm = _paged_theorem()
     rng = np.random.default_rng(4)
     b, q, n, s = 2, 20, 7, 16
     Q, Kp, Vp = rng.standard_normal((b, q, 64)), rng.standard_normal((n, s, 64)), rng.standard_normal((n, s, 64))
-    page = np.array([[4, 0, 6, 9], [2, 2, 5, -1]])
+    page = rng.integers(-2, n + 3, size=(b, 37))
     K, V = (pool[np.clip(page, 0, n - 1)].reshape(b, -1, 64) for pool in (Kp, Vp))
     scores = np.einsum("bqd,bxd->bqx", Q, K) / 8.0
     dense = np.einsum("bqx,bxd->bqd", _softmax_rows(scores), V)
     assert np.abs(napkin_cat.run(thm.source, Q, Kp, Vp, page) - dense).max() < 1e-12
-    lowered = lower(thm, target=target, tiles={"gq": 16})
+    lowered = lower(thm, target=target, tiles={"gq": 16, "sj": 16})
+    read = "Kp_ref[jnp.asarray(jnp.clip(page_chunk" if target == "pallas" else "jnp.take(Kp"
+    assert read in lowered.source and "Kp_block" not in lowered.source
     extra = {"interpret": True} if target == "pallas" else {}
-    got = lowered.fn(*(jnp.asarray(a, jnp.float32) for a in (Q, Kp, Vp, page)), **extra)
+    got = lowered.fn(*(_device(a) for a in (Q, Kp, Vp, page)), **extra)
     assert np.abs(np.asarray(got) - dense).max() < 1e-5
+
+
+def test_paged_attention_costs_the_pages_it_reads_not_the_pool() -> None:
+    """A pool of 4096 pages of 16 slots, 4 sequences of 64 pages, one query each (decoding),
+    bf16 values and int32 page numbers: each program moves its query and output, its 64 page
+    numbers and the 64 pages of K and V they name, whatever the size of the pool."""
+    thm = _paged_theorem()
+    for pool in (4096, 100000):
+        c = cost(thm, hardware="h200", sizes={"b": 4, "q": 1, "n": pool, "s": 16, "j": 64})
+        moved = float(c.at(c.level("smem").transfers_bytes, {"gq": 1, "sj": 16}))
+        per_program = 2 * 64 * 2 + 64 * 4 + 2 * 64 * 16 * 64 * 2
+        assert moved == 4 * per_program
 
 
 def test_keys_past_each_length_are_skipped() -> None:
@@ -258,11 +327,52 @@ def test_keys_past_each_length_are_skipped() -> None:
     thm = _document_theorem("flash_padded_attention")
     rng = np.random.default_rng(5)
     Q, K, V = _qkv(rng, 2, q=32, x=128)
-    length = np.array([40.0, 70.0])
+    length = np.array([40, 70])
     want = napkin_cat.run(thm.source, Q, K, V, length)
     poisoned = V.copy()
     poisoned[0, 64:] = np.nan
     poisoned[1, 96:] = np.nan
     lowered = lower(thm, target="pallas", tiles={"gq": 32, "sx": 32})
-    got = lowered.fn(*(jnp.asarray(a, jnp.float32) for a in (Q, K, poisoned, length)), interpret=True)
+    got = lowered.fn(*(_device(a) for a in (Q, K, poisoned, length)), interpret=True)
     assert np.abs(np.asarray(got) - want).max() < 1e-5
+
+
+def _t5_bucket(relative: np.ndarray, buckets: int = 32, max_distance: int = 128) -> np.ndarray:
+    """HF T5's bidirectional ``_relative_position_bucket`` of ``relative`` = key - query."""
+    half = buckets // 2
+    exact = half // 2
+    distance = np.abs(relative)
+    scaled = np.log(np.maximum(distance, 1) / exact) / np.log(max_distance / exact) * (half - exact)
+    large = np.minimum(exact + scaled.astype(int), half - 1)
+    return (relative > 0) * half + np.where(distance < exact, distance, large)
+
+
+@pytest.mark.parametrize("target", ["pallas", "jax"])
+def test_t5_bias_matches_t5_and_its_table_gets_the_scatter_added_gradient(target: str) -> None:
+    """T5's relative-position bias (32 buckets, max distance 128) read through the bucket table of
+    distances -128 .. 127, at ragged sizes: the kernel equals attention with the bias T5 computes
+    (distances past the table clamped, as T5 clamps them to its last bucket), and the gradient
+    of the bias table (napkin's VJP of gather: a scatter-add) matches central differences of the
+    numpy reference.  Both tables are read at the rows the positions name, never loaded whole."""
+    thm = {r.name: r.theorem for r in check_file(ROOT / "proofs" / "relative_bias.ncd")}["flash_t5_attention"]
+    rng = np.random.default_rng(7)
+    Q, K, V = _qkv(rng, q=45, x=37)
+    table = rng.standard_normal(32)
+    bucket = _t5_bucket(np.arange(256) - 128)
+    bias_at = _t5_bucket(np.clip(np.arange(37)[None, :] - np.arange(45)[:, None], -128, 127))
+
+    def reference(t: np.ndarray) -> np.ndarray:
+        return _softmax_rows(Q @ K.T / 8.0 + t[bias_at]) @ V
+
+    want = reference(table)
+    assert np.abs(napkin_cat.run(thm.source, Q, K, V, table, bucket) - want).max() < 1e-12
+    lowered = lower(thm, target=target, tiles={"gq": 16, "sx": 16})
+    read = "bucket_ref[jnp.asarray(jnp.clip(" if target == "pallas" else "jnp.take(bucket"
+    assert read in lowered.source and "bucket_block" not in lowered.source
+    extra = {"interpret": True} if target == "pallas" else {}
+    args = [_device(a) for a in (Q, K, V, table, bucket)]
+    assert np.abs(np.asarray(lowered.fn(*args, **extra)) - want).max() < 1e-5
+    grad = jax.grad(lambda t: lowered.fn(*args[:3], t, args[4], **extra).sum())(args[3])
+    step = 1e-6
+    numeric = [(reference(table + step * e).sum() - reference(table - step * e).sum()) / (2 * step) for e in np.eye(32)]
+    assert np.abs(np.asarray(grad) - np.array(numeric)).max() < 1e-4

@@ -330,7 +330,8 @@ def cost_of(diagram: Diagram, schedule: Schedule, hardware: str | hw.Hardware = 
     by_node = {n.name: accumulators[_node_key(n.expr)] for n in nest.flat.nodes
                if isinstance(n.expr, Box) and accumulators and _node_key(n.expr) in accumulators}
     prog = program(nest, size_syms, tile_syms, by_node, stages, live)
-    bytes_of = _bytes_of(nest.flat, schedule, dtypes or {}, dtype)
+    integers = frozenset(p.name for p in (*diagram.inputs, *(source.inputs if source else ())) if p.integer)
+    bytes_of = _bytes_of(nest.flat, schedule, dtypes or {}, dtype, integers)
     for view in prog.views:
         prof.level(view.level)  # every level the schedule uses must exist on the hardware
     levels = [_top(prog, bytes_of)]
@@ -348,7 +349,7 @@ def cost_of(diagram: Diagram, schedule: Schedule, hardware: str | hw.Hardware = 
                             memory_bytes=levels[0].memory_bytes + split.states_bytes)
     base = prog if source is None else program(loop_nest(source, Schedule()), size_syms, tile_syms)
     base_bytes = bytes_of if source is None else \
-        _bytes_of(base.nest.flat, Schedule(), dtypes or {}, dtype, strict=False)
+        _bytes_of(base.nest.flat, Schedule(), dtypes or {}, dtype, integers, strict=False)
     flops = _flops(prog) if split is None else simplified(_flops(prog) + split.flops)  # the combine's too
     return Cost(diagram.name, tuple(levels), flops, _baseline(base, base_bytes), prog, prof,
                 hw.canonical_dtype(dtype), bytes_of, size_syms, tile_syms, mesh=schedule.mesh, accumulators=by_node,
@@ -356,9 +357,11 @@ def cost_of(diagram: Diagram, schedule: Schedule, hardware: str | hw.Hardware = 
 
 
 def _bytes_of(flat: Any, schedule: Schedule, dtypes: Mapping[str, str], default: str,
-              strict: bool = True) -> dict[str, int]:
-    """Bytes per value of every array; ``strict`` refuses dtypes for arrays that do not exist
-    (the source diagram of a rewrite may lack arrays the rewrite introduced)."""
+              integers: frozenset[str] = frozenset(), strict: bool = True) -> dict[str, int]:
+    """Bytes per value of every array: an integer input (``integers``) at ``hw.INT_BYTES``
+    whatever the float dtype (``dtypes`` naming one is refused), every other array at its
+    number format; ``strict`` refuses dtypes for arrays that do not exist (the source diagram
+    of a rewrite may lack arrays the rewrite introduced)."""
     names = [name for name, _ in flat.inputs] + [n.name for n in flat.nodes]
     chosen: dict[str, str] = {}
     for q in schedule.quantisations:
@@ -368,7 +371,12 @@ def _bytes_of(flat: Any, schedule: Schedule, dtypes: Mapping[str, str], default:
     unknown = sorted(set(dtypes) - set(names) - {n.rsplit(".", 1)[-1] for n in names})
     if unknown and strict:
         raise CostError(f"dtypes name arrays that do not exist: {', '.join(unknown)}")
-    return {n: hw.bytes_per_value(chosen.get(n, chosen.get(n.rsplit(".", 1)[-1], default))) for n in names}
+    fixed = sorted(set(dtypes) & integers)
+    if fixed:
+        raise CostError(f"dtypes name integer inputs, which are {hw.INT_DTYPE} whatever the float dtype: "
+                        f"{', '.join(fixed)}")
+    return {n: hw.INT_BYTES if n in integers else
+            hw.bytes_per_value(chosen.get(n, chosen.get(n.rsplit(".", 1)[-1], default))) for n in names}
 
 
 def _size(prog: Program, axes: tuple[str, ...]) -> Expr:

@@ -4,33 +4,51 @@ filled with its padding value wherever an integer mask is 0); this module emits,
 of a chunk, the mask on the (program block, chunk) pair and the test that some entry is
 nonzero.  The targets run the chunk's step under ``lax.cond`` on that test, the skipped branch
 returning the carry unchanged (the accumulators' identity lifted and combined, by the rule).
+The test reads only its own inputs' chunks (``datamask.tested``: the segment ids); the chunks of
+the other inputs (the keys and values) are loaded inside the branch that runs, so a skipped chunk
+moves only what its test reads, as the cost model counts it.
 """
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable, Mapping
 
 from napkin_cat.lower import codegen as cg
 from napkin_cat.lower.fold import emit_step
 from napkin_cat.lower.jaxops import emit_node
 from napkin_cat.lower.values import Scope, Value, align, position, predicate
-from napkin_cat.schedule.datamask import DataMask, data_masks
+from napkin_cat.schedule.datamask import DataMask, data_masks, tested
 from napkin_cat.schedule.layout import Layout
 from napkin_cat.terms import Box, Const, Expr, Var
 
-__all__ = ["guarded_step", "live_chunk"]
+__all__ = ["ChunkLoad", "guarded_step"]
+
+#: code loading one input's chunk into a block, as the value the step reads
+ChunkLoad = Callable[[cg.Block], Value]
 
 
 def guarded_step(lay: Layout, env: dict[str, Value], scope: Scope, carried: list[Value],
-                 carry: str) -> ast.expr | None:
+                 carry: str, loads: Mapping[str, ChunkLoad]) -> ast.expr | None:
     """The chunk's new carry under ``lax.cond(live, run_chunk, lambda: carry)``: the step
     (``fold.emit_step``) in a function of its own that runs only where the chunk's data mask is
     live, the carry ``carry`` unchanged elsewhere; None where no data mask decides a skip (the
-    caller emits the step itself)."""
-    live = live_chunk(lay, env, scope)
-    if live is None:
+    caller loads the chunks and emits the step itself).  ``loads`` loads each streamed input's
+    chunk: those the test reads before it, the rest inside ``run_chunk``."""
+    if lay.stream is None:
         return None
+    masks = data_masks(lay.flat, lay.stream, lay.plans)
+    if masks is None:
+        return None
+    reads = tested(lay.flat, masks)
+    for name, load in loads.items():
+        if name in reads:
+            env[name] = load(scope.block)
+    live = _live(masks, lay, env, scope)
     run, name = scope.block.child(), scope.block.namer.fresh("run_chunk")
+    for key, load in loads.items():
+        if key not in reads:
+            env[key] = load(run)
     updated = emit_step(lay, env, scope.with_block(run), carried)
     run.emit(ast.Return(cg.tuple_(updated)))
     scope.block.emit(cg.function(name, [], run.stmts))
@@ -39,16 +57,11 @@ def guarded_step(lay: Layout, env: dict[str, Value], scope: Scope, carried: list
     return cg.call("lax.cond", live, cg.name(name), unchanged)
 
 
-def live_chunk(lay: Layout, env: dict[str, Value], scope: Scope) -> ast.expr | None:
-    """Code for "some data mask of this chunk is nonzero" (None: no data mask decides a skip).
+def _live(masks: tuple[DataMask, ...], lay: Layout, env: dict[str, Value], scope: Scope) -> ast.expr:
+    """Code for "some data mask of this chunk is nonzero".
 
-    ``env`` holds the chunk's inputs and the values computed before the loop; the nodes the
-    masks read are emitted into ``scope``'s block (and added to ``env``)."""
-    if lay.stream is None:
-        return None
-    masks = data_masks(lay.flat, lay.stream, lay.plans)
-    if masks is None:
-        return None
+    ``env`` holds the chunk's tested inputs and the values computed before the loop; the nodes
+    the masks read are emitted into ``scope``'s block (and added to ``env``)."""
     defs = {n.name: n.expr for n in lay.flat.nodes}
     # max of 0/1 rather than jnp.any: Pallas' Triton backend has no reduce_or
     tests = [cg.binop(cg.call("jnp.max", cg.call("jnp.where", _conjunction(found, defs, env, scope), cg.const(1.0),

@@ -26,12 +26,14 @@ from __future__ import annotations
 import ast
 from collections.abc import Callable, Sequence
 
+from napkin_cat.cost import hardware as hw
 from napkin_cat.lower import codegen as cg
-from napkin_cat.lower.dataskip import guarded_step
+from napkin_cat.lower.dataskip import ChunkLoad, guarded_step
 from napkin_cat.lower.fold import emit_after, emit_before, emit_combine, emit_identity, emit_step, slots
 from napkin_cat.lower.skip import stream_runs
 from napkin_cat.lower.values import Scope, Value, transpose_to
 from napkin_cat.schedule.layout import Layout
+from napkin_cat.terms import Axes
 
 __all__ = ["all_axes", "bind_inputs", "emit_body", "emit_chunks", "emit_dot_operand", "emit_function", "load",
            "rounded_nodes", "size_of"]
@@ -46,7 +48,9 @@ def bind_inputs(lay: Layout, params: Sequence[str], block: cg.Block) -> None:
     signature = cg.tuple_([cg.tuple_([cg.const(name), cg.tuple_([cg.const(a) for a in axes])])
                            for name, axes in lay.flat.inputs])
     arrays = cg.tuple_([cg.name(p) for p in params])
-    block.emit(cg.assign("n", cg.call("bind_sizes", arrays, signature, sizes_dict(lay))))
+    integers = [cg.const(name) for name, _ in lay.flat.inputs if lay.integer(name)]
+    block.emit(cg.assign("n", cg.call("bind_sizes", arrays, signature, sizes_dict(lay),
+                                      *([cg.tuple_(integers)] if integers else []))))
     for axis, how, operands in lay.derived:  # sizes that reshapes determine
         value = size_of(operands[0])
         for other in operands[1:]:
@@ -66,9 +70,10 @@ def size_of(axis: str) -> ast.expr:
 
 
 def load(param: str, dtype: str) -> ast.expr:
-    """An input in the kernel dtype (its storage precision), computed on in f32."""
-    if dtype == "float32":
-        return cg.call("jnp.asarray", cg.name(param), cg.attr("jnp.float32"))
+    """An input in the kernel dtype (its storage precision), computed on in f32; an integer
+    input (stored as ``hw.INT_DTYPE``, ``Layout.stored_as``) is computed on as stored."""
+    if dtype in ("float32", hw.INT_DTYPE):
+        return cg.call("jnp.asarray", cg.name(param), cg.attr(f"jnp.{dtype}"))
     stored = cg.call(ast.Attribute(cg.call("jnp.asarray", cg.name(param)), "astype", ast.Load()),
                      cg.attr(f"jnp.{dtype}"))
     return cg.call(ast.Attribute(stored, "astype", ast.Load()), cg.attr("jnp.float32"))
@@ -303,6 +308,11 @@ def emit_chunks(lay: Layout, env: dict[str, Value], scope: Scope, initial: ast.e
         [Value(cg.name(name), lay.diagram.out_types[k]) for k, name in zip(lay.chunk_outputs, written, strict=True)]
 
 
+def _chunk_load(name: str, axes: Axes, sliced: ast.expr) -> ChunkLoad:
+    """Code binding ``sliced``, the chunk of input ``name``, in a block."""
+    return lambda block: Value(block.bind(f"{name}_chunk", sliced), axes)
+
+
 def _emit_step(lay: Layout, env: dict[str, Value], scope: Scope, unmasked: frozenset[str]) -> str:
     """``def step(carry, start, size)``: one chunk of the stream (the where nodes ``unmasked``
     left out), checkpointed; returns its name."""
@@ -322,15 +332,14 @@ def _emit_step(lay: Layout, env: dict[str, Value], scope: Scope, unmasked: froze
     buffers = [namer.fresh(f"out{k}") for k in lay.chunk_outputs]  # outputs written chunk by chunk
     body.emit(cg.assign(names + buffers, cg.name(carry)))
     chunk_env = dict(env)
-    for name, axes in lay.flat.inputs:
-        if axis in axes:
-            sliced = cg.call("lax.dynamic_slice_in_dim", env[name].expr, cg.name(start), cg.name(size),
-                             keywords=[cg.kw("axis", cg.const(axes.index(axis)))])
-            chunk_env[name] = Value(body.bind(f"{name}_chunk", sliced), axes)
+    loads = {name: _chunk_load(name, axes, cg.call("lax.dynamic_slice_in_dim", env[name].expr, cg.name(start),
+                                                   cg.name(size), keywords=[cg.kw("axis", cg.const(axes.index(axis)))]))
+             for name, axes in lay.flat.inputs if axis in axes}
     carried = [Value(cg.name(n), s.axes) for n, s in zip(names, state, strict=True)]
     # a chunk whose data mask is 0 everywhere keeps the carry (dataskip.py; no output is chunked then)
-    guarded = guarded_step(lay, chunk_env, inner, carried, carry) if not buffers else None
+    guarded = guarded_step(lay, chunk_env, inner, carried, carry, loads) if not buffers else None
     if guarded is None:
+        chunk_env |= {name: load(body) for name, load in loads.items()}
         updated = emit_step(lay, chunk_env, inner, carried)
         for k, buffer in zip(lay.chunk_outputs, buffers, strict=True):
             out_type = lay.diagram.out_types[k]

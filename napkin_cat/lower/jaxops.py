@@ -408,11 +408,25 @@ def _select(box: Box, args: Sequence[Value], scope: Scope) -> Value:
 def _gather(box: Box, args: Sequence[Value], scope: Scope) -> Value:
     """The table along n at the positions, clamped into [0, |n| - 1] then rounded down (as the
     evaluator: the same element for every position); |n| is the true size, so a padded table's
-    padding is never read."""
+    padding is never read.  Positions that share no axis with the table are one indexed load of
+    the rows they name (``T[rows]``: through the ref of a table left in memory, a paged KV pool in
+    Pallas, or ``jnp.take``); otherwise ``take_along_axis`` on the broadcast table, or where the
+    backend has no gather, a select and sum along n."""
     table, at = args
     (n,) = box.target
-    axes = ops.result_axes("gather", (table.axes, at.axes), box.target)
     last = cg.binop(scope.sizes[n], "-", cg.const(1))
+    if not set(at.axes) & set(table.axes):  # one indexed load of the rows the positions name
+        rows = cg.call("jnp.asarray", cg.call("jnp.clip", at.expr, cg.const(0), last), cg.attr("jnp.int32"))
+        k = table.axes.index(n)
+        if table.ref is not None:  # a Pallas ref, n its first axis (datamask.gathered_tables): ref[rows, :, ...]
+            assert k == 0, table
+            rows_read = ast.Subscript(table.expr, cg.tuple_([rows, *(ast.Slice() for _ in table.axes[1:])]), ast.Load())
+            return Value(cg.call(ast.Attribute(rows_read, "astype", ast.Load()), cg.attr(f"jnp.{table.ref}")),
+                         at.axes + table.axes[1:])
+        if scope.take:
+            taken = cg.call("jnp.take", table.expr, rows, keywords=[cg.kw("axis", cg.const(k))])
+            return Value(taken, table.axes[:k] + at.axes + table.axes[k + 1:])
+    axes = ops.result_axes("gather", (table.axes, at.axes), box.target)
     clamped = cg.call("jnp.clip", align(at, axes), cg.const(0), last)
     index = cg.call("jnp.asarray", clamped, cg.attr("jnp.int32"))
     full = (*axes, n)

@@ -24,7 +24,8 @@ differs in how a program moves data and multiplies:
   at its sizes fits the profile's ``smem`` level, or raises a ValueError naming the bytes.
 
 What Mosaic GPU cannot express is refused before anything is emitted (``lower.mosaic``): f32
-kernels (wgmma has no IEEE f32), a split (its per-block states), a tile padded to a block, an
+kernels (wgmma has no IEEE f32), a split (its per-block states), a table read only at the rows a
+gather names (a paged pool: TMA copies whole blocks), a tile padded to a block, an
 output written chunk by chunk, a scalar input or one whose last axis is one position per
 program (TMA's 16-byte minimum), a kernel with no matrix product (nothing anchors Mosaic's
 register layouts), tiles off the machine model (``check_tiles``:
@@ -48,6 +49,7 @@ from napkin_cat.lower.pallas import extent_of, padded_extent
 from napkin_cat.lower.runtime import pow2_extent, round_up
 from napkin_cat.lower.skip import cut_at_full, ordered_runs, stream_runs
 from napkin_cat.lower.values import Scope, Value, transpose_to
+from napkin_cat.schedule.datamask import gathered_tables
 from napkin_cat.schedule.layout import FORMATS, MIN_BLOCK, Layout
 
 __all__ = ["MOSAIC_STEPS", "WGMMA_SOURCE", "SmemCount", "check_tiles", "emit_function", "extents_at", "fits_smem",
@@ -119,6 +121,10 @@ def check_tiles(lay: Layout, rules: Mapping[str, int]) -> None:
     if lay.split is not None:
         raise refuse(f"a split of `{lay.split[0]}` (per-block states and a combine after the kernel) "
                      "is not lowered for Mosaic GPU; use --target pallas")
+    gathered = sorted(gathered_tables(lay.flat))
+    if gathered:
+        raise refuse(f"tables read only at the rows a gather names ({', '.join(f'`{t}`' for t in gathered)}: a "
+                     "paged pool) are not served by Mosaic GPU's whole-block copies; use --target pallas")
     if lay.padded_tiles:
         axis = sorted(lay.padded_tiles)[0]
         raise refuse(f"tile {lay.tiles[axis]} of `{axis}` is not a power of two of at least 16 (padded to a block); "
@@ -345,9 +351,10 @@ def _window(lay: Layout, ref: str, axes: Sequence[str], offsets: Mapping[str, as
     return cg.subscript(ast.Attribute(cg.name(ref), "at", ast.Load()), index)
 
 
-def _load(ref: str) -> ast.expr:
+def _load(ref: str, dtype: str) -> ast.expr:
+    """All of ``ref`` as ``dtype`` (``Layout.computed_as``)."""
     return cg.call(ast.Attribute(ast.Subscript(cg.name(ref), ast.Constant(Ellipsis), ast.Load()), "astype",
-                                 ast.Load()), cg.attr("jnp.float32"))
+                                 ast.Load()), cg.attr(f"jnp.{dtype}"))
 
 
 def _emit_kernel(lay: Layout, params: Sequence[str], whole: Sequence[str], dtype: str, namer: cg.Namer,
@@ -381,7 +388,7 @@ def _emit_kernel(lay: Layout, params: Sequence[str], whole: Sequence[str], dtype
         assert barrier is not None
         at = cg.subscript(ast.Attribute(cg.name(barrier), "at", ast.Load()), cg.const(k))
         block.emit(ast.Expr(cg.call("plgpu.barrier_wait", at)))
-        loaded = block.bind(f"{name}_block", _load(in_smem[name]))
+        loaded = block.bind(f"{name}_block", _load(in_smem[name], lay.computed_as(name)))
         if lay.stored_as(name) in (None, dtype):
             refs[loaded.id] = in_smem[name]
         env[name] = Value(loaded, tuple(a for a in dict(lay.flat.inputs)[name] if a not in lay.squeezed),
@@ -538,7 +545,7 @@ def _emit_body(lay: Layout, env: dict[str, Value], scope: Scope, streamed: Seque
     refs = dict(scope.refs)
     chunk_env = dict(env)
     for (name, t, _), ref in zip(streamed, chunk_refs, strict=True):
-        value = body.bind(f"{name}_chunk", _load(ref))
+        value = body.bind(f"{name}_chunk", _load(ref, lay.computed_as(name)))
         if lay.stored_as(name) in (None, scope.dot_dtype):
             refs[value.id] = ref
         chunk_env[name] = Value(value, scope.keep(t), zero_padded=True)

@@ -7,13 +7,17 @@
   axes to a multiple of their tile, whole axes to a power of two of at least 16 (the Triton
   backend needs power-of-two arrays, and its dot at least 16 on every dimension),
   and outputs are sliced back; padded positions are masked where a box consumes or mixes
-  them (jaxops), so they never reach a result;
+  them (jaxops), so they never reach a result; a table read only at the rows its gathers
+  name (``datamask.gathered_tables``: a paged pool) is never loaded as a block: the kernel reads
+  the rows through its ref (``jaxops.gather``), and its rows axis is not padded (a pool whose
+  other axes are powers of two is passed as it is, not copied);
+- integer inputs are int32 in the wrapper and the kernel (``Layout.computed_as``);
 - the streamed axis is a ``lax.fori_loop`` inside the kernel over ``pl.ds`` chunks of the
   block, the accumulator states in the carry (the Triton backend has no scratch memory);
   chunks that a mask fills with the accumulator's padding value are skipped (``skip.stream_runs``:
   a loop per disjoint range of live chunks, one for a conjunction, several for a disjunction),
   and chunks on which the where masks hold everywhere run without them (``Runs.full``);
-- values are f32 inside the kernel, dots accumulate in f32, masks are finite;
+- other values are f32 inside the kernel, dots accumulate in f32, masks are finite;
 - a split (``Layout.split``: blocks of k of the streamed axis) is one more grid axis, the last:
   each program streams its block of k and writes its unfinalised accumulator states to f32
   outputs with one row per block; after the ``pallas_call``, plain JAX merges the rows in order
@@ -31,11 +35,12 @@ from typing import Any
 import sympy
 
 from napkin_cat.lower import codegen as cg
-from napkin_cat.lower.dataskip import guarded_step
+from napkin_cat.lower.dataskip import ChunkLoad, guarded_step
 from napkin_cat.lower.fold import Slot, emit_after, emit_before, emit_combine, emit_identity, emit_step, slots
 from napkin_cat.lower.jax import all_axes, bind_inputs, rounded_nodes, size_of
 from napkin_cat.lower.skip import cut_at_full, ordered_runs, stream_runs
 from napkin_cat.lower.values import Scope, Value, transpose_to
+from napkin_cat.schedule.datamask import gathered_tables
 from napkin_cat.schedule.layout import MIN_BLOCK, Layout
 from napkin_cat.terms import Axes
 
@@ -54,6 +59,9 @@ def padded_extent(lay: Layout, axis: str) -> ast.expr:
         return cg.call("round_up", size_of(axis), cg.const(lay.split[1]))
     if kind in ("grid", "stream"):
         return cg.call("round_up", size_of(axis), cg.const(lay.tiles[axis]))
+    carriers = {name for name, axes in lay.flat.inputs if axis in axes}
+    if carriers and carriers <= gathered_tables(lay.flat) and not any(axis in n.axes for n in lay.flat.nodes):
+        return size_of(axis)  # the rows of tables read only by indexed loads: never a block, never copied
     return cg.call("pow2_extent", size_of(axis), cg.const(MIN_BLOCK))
 
 
@@ -243,9 +251,13 @@ def _emit_kernel(lay: Layout, params: Sequence[str], out_types: list[Axes], dtyp
                   rounded=rounded_nodes(lay), exp2=True, take=False,
                   pad_extents={a: extent_of(a) for a in all_axes(lay) if lay.may_pad(a) and not (given and a in given)})
     env: dict[str, Value] = {}
+    gathered = gathered_tables(lay.flat)
     for (name, axes), ref in zip(lay.flat.inputs, in_refs, strict=True):
-        if lay.stream not in axes:
-            env[name] = Value(block.bind(f"{name}_block", _load(ref, ())), scope.keep(axes), zero_padded=True)
+        if name in gathered:  # read only at the rows its gathers name, through its ref
+            env[name] = Value(cg.name(ref), scope.keep(axes), ref=lay.computed_as(name))
+        elif lay.stream not in axes:
+            env[name] = Value(block.bind(f"{name}_block", _load(ref, (), lay.computed_as(name))), scope.keep(axes),
+                              zero_padded=True)
     emit_before(lay, env, scope)
     if lay.stream is not None:
         finals = _emit_loop(lay, env, scope, in_refs, out_refs)
@@ -264,11 +276,16 @@ def _emit_kernel(lay: Layout, params: Sequence[str], out_types: list[Axes], dtyp
     return cg.function(kname, [*in_refs, *out_refs], block.stmts)
 
 
-def _load(ref: str, index: Sequence[ast.expr]) -> ast.expr:
-    """``ref[index]`` (all of the block when ``index`` is empty) as f32."""
+def _load(ref: str, index: Sequence[ast.expr], dtype: str) -> ast.expr:
+    """``ref[index]`` (all of the block when ``index`` is empty) as ``dtype`` (``Layout.computed_as``)."""
     slot: ast.expr = cg.tuple_(list(index)) if index else ast.Constant(Ellipsis)
     return cg.call(ast.Attribute(ast.Subscript(cg.name(ref), slot, ast.Load()), "astype", ast.Load()),
-                   cg.attr("jnp.float32"))
+                   cg.attr(f"jnp.{dtype}"))
+
+
+def _chunk_load(name: str, ref: str, index: list[ast.expr], axes: Axes, dtype: str) -> ChunkLoad:
+    """Code loading ``ref[index]``, the chunk of input ``name``, into a block."""
+    return lambda block: Value(block.bind(f"{name}_chunk", _load(ref, index, dtype)), axes, zero_padded=True)
 
 
 def _emit_loop(lay: Layout, env: dict[str, Value], scope: Scope, in_refs: Sequence[str],
@@ -344,7 +361,7 @@ def _combine(lay: Layout, block: cg.Block, outs: ast.Name, states: Sequence[Slot
     env: dict[str, Value] = {}  # the nodes after the stream may read inputs and nodes before it
     for (name, t), stored in zip(lay.flat.inputs, inputs, strict=True):
         if lay.split[0] not in t:  # padded as the kernel reads it
-            whole = cg.call(ast.Attribute(stored, "astype", ast.Load()), cg.attr("jnp.float32"))
+            whole = cg.call(ast.Attribute(stored, "astype", ast.Load()), cg.attr(f"jnp.{lay.computed_as(name)}"))
             env[name] = Value(block.bind(f"{name}_whole", whole), t, zero_padded=True)
     emit_before(lay, env, scope)
     emit_after(lay, env, scope, [Value(cg.name(n), s.axes) for n, s in zip(finals, states, strict=True)])
@@ -373,14 +390,14 @@ def _emit_body(lay: Layout, env: dict[str, Value], scope: Scope, in_refs: Sequen
     if names:
         body.emit(cg.assign(names, cg.name(carry)))
     chunk_env = dict(env)
-    for (name, axes), ref in zip(lay.flat.inputs, in_refs, strict=True):
-        if axis in axes:
-            index = [cg.call("pl.ds", start, tile) if a == axis else ast.Slice() for a in scope.keep(axes)]
-            chunk_env[name] = Value(body.bind(f"{name}_chunk", _load(ref, index)), scope.keep(axes), zero_padded=True)
+    loads = {name: _chunk_load(name, ref, [cg.call("pl.ds", start, tile) if a == axis else ast.Slice()
+                                           for a in scope.keep(axes)], scope.keep(axes), lay.computed_as(name))
+             for (name, axes), ref in zip(lay.flat.inputs, in_refs, strict=True) if axis in axes}
     carried = [Value(cg.name(n), s.axes) for n, s in zip(names, state, strict=True)]
     # a chunk whose data mask is 0 everywhere keeps the carry (dataskip.py; no output is chunked then)
-    guarded = guarded_step(lay, chunk_env, inner, carried, carry) if not lay.chunk_outputs else None
+    guarded = guarded_step(lay, chunk_env, inner, carried, carry, loads) if not lay.chunk_outputs else None
     if guarded is None:
+        chunk_env |= {name: load(body) for name, load in loads.items()}
         updated = emit_step(lay, chunk_env, inner, carried)
         for k in lay.chunk_outputs:  # a sequential group: store this chunk of the output
             kept = scope.keep(lay.diagram.out_types[k])

@@ -23,16 +23,21 @@ __all__ = ["HELPERS", "bind_sizes", "device_mesh", "erf", "helper_source", "linr
 
 
 def bind_sizes(arrays: Sequence[Any], signature: Sequence[tuple[str, tuple[str, ...]]],
-               declared: Mapping[str, int]) -> dict[str, int]:
+               declared: Mapping[str, int], integers: Sequence[str] = ()) -> dict[str, int]:
     """Axis sizes from the inputs' shapes and the declared sizes; ValueError on a mismatch,
     TypeError for an input that is not real floating point (a complex input would lose its
-    imaginary part, an integer one would be rounded in the kernel's dtype)."""
+    imaginary part, an integer one would be rounded in the kernel's dtype), or, for an input
+    declared ``int`` (``integers``: ids, lengths, page tables, read as int32), neither integer
+    nor real (a real array is converted as ``astype`` does: a fraction rounds toward zero)."""
     sizes = dict(declared)
     if len(arrays) != len(signature):
         raise ValueError(f"expected {len(signature)} inputs, got {len(arrays)}")
     for (name, axes), array in zip(signature, arrays, strict=True):
         kind = array.dtype if hasattr(array, "dtype") else jnp.asarray(array).dtype
-        if not jnp.issubdtype(kind, jnp.floating):
+        if name in integers:
+            if not jnp.issubdtype(kind, jnp.integer) and not jnp.issubdtype(kind, jnp.floating):
+                raise TypeError(f"input {name} is declared int but holds {kind} values; pass an integer array")
+        elif not jnp.issubdtype(kind, jnp.floating):
             raise TypeError(f"input {name} holds {kind} values; this kernel takes real floating-point arrays")
         shape = tuple(jnp.shape(array))
         if len(shape) != len(axes):

@@ -59,6 +59,9 @@ class Value:
     zero_padded: bool = False
     #: a constant folded at lowering time: its exact (float64) value, as the evaluator has it
     constant: float | None = None
+    #: an input left in memory (``datamask.gathered_tables``): ``expr`` names its Pallas ref, read
+    #: only at the rows a gather names (``jaxops.gather``), as this jnp dtype (``Layout.computed_as``)
+    ref: str | None = None
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,12 @@ It makes these explicit choices (the Napkin paper leaves them open):
   every loop; memory and steps outside the stream are unchanged.  Without a closed form for
   the pairs, every chunk is counted.  Where the mask is read from data
   (``datamask.data_masks``: a document mask), which chunks run is known only at run time: the
-  steps are counted by the ``live`` fraction given (``napkin cost --live``).
+  steps are counted by the ``live`` fraction given (``napkin cost --live``), except the loads
+  and boxes of its liveness test (``datamask.tested``: the segment ids), which every chunk runs.
+- **Gathered tables.** An input read only at the rows gathers name (``datamask.gathered_tables``:
+  a paged KV cache's pool) is never loaded whole: each gather loads its rows (the size of its
+  result, where and as often as it runs), counted as a load of the gather's value; the value
+  computed from them is a buffer of its own (one more copy of the rows than a kernel keeps).
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ from sympy import Expr
 
 from napkin_cat import ops
 from napkin_cat.certify.accumulators import AccumulatorPlan, plan
-from napkin_cat.schedule.datamask import data_masks
+from napkin_cat.schedule.datamask import data_masks, gathered_tables, tested
 from napkin_cat.schedule.loopnest import LoopNest, Node, woven_axes
 from napkin_cat.schedule.masks import GroupAxis, chunk_count, stream_masks
 from napkin_cat.schedule.program import Buffer, Inst, Program, Step, View, rank
@@ -125,6 +130,10 @@ class _Builder:
         used = {lp.level for lp in nest.loops} | set(self.homes.values())
         self.compute = max(used, key=rank) if used != {"hbm"} else "smem"
         self.levels = sorted(used | {"hbm", self.compute}, key=rank)
+        #: inputs read only at the rows gathers name (``datamask.gathered_tables``)
+        self.gathered = gathered_tables(self.flat)
+        #: what a data mask's liveness test reads, on every chunk (``datamask.tested``)
+        self.tested: frozenset[str] = frozenset()
         self.masked = self._masked()
         self.runs = {index: runs / full for index, runs, full in self.masked}
         self.stub = Program(nest, (), self.compute, tuple(self.homes.items()), tuple(self.sizes.items()),
@@ -166,8 +175,11 @@ class _Builder:
             groups[a] = GroupAxis(self.sizes[a], sympy.Integer(1))
         masks = stream_masks(self.flat, axis, plans, groups)
         if masks is None:  # a mask read from data: the live fraction of the chunks, as given
-            data = data_masks(self.flat, axis, plans) is not None and self.live < 1
-            return ((index, sympy.nsimplify(self.live) * self.trips[index], self.trips[index]),) if data else ()
+            found = data_masks(self.flat, axis, plans)
+            if found is None or self.live >= 1:
+                return ()
+            self.tested = tested(self.flat, found)
+            return ((index, sympy.nsimplify(self.live) * self.trips[index], self.trips[index]),)
         caps = {self.tiles[i]: self.sizes[loops[i].axis] for i in outermost.values()
                 if isinstance(self.tiles[i], sympy.Symbol)}
         runs = chunk_count(masks, groups, self.tiles[index], self.trips[index], caps)
@@ -263,7 +275,9 @@ class _ViewBuilder:
         saves: list[tuple[str, tuple[Inst, ...]]] = []
         for n in b.nodes:
             for arg in dict.fromkeys(n.reads):
-                if arg not in b.constants and arg not in b.sink_only and rank(b.homes[arg]) < rank_l:
+                if arg in b.gathered and rank(b.homes[arg]) < rank_l:  # the rows the gather names, as it runs
+                    loads.setdefault((n.name, self._position(self.paths[n.name], n.name)), []).append(n.name)
+                elif arg not in b.constants and arg not in b.sink_only and rank(b.homes[arg]) < rank_l:
                     loads.setdefault((arg, self._position(self.paths[n.name], arg)), []).append(n.name)
             if rank(b.homes[n.name]) < rank_l:
                 saves.append((n.name, self._position(self.paths[n.name], n.name, tuple(self._own(n.name)))))
@@ -337,7 +351,8 @@ class _ViewBuilder:
         return steps, ends
 
     def _step(self, steps: list[Step], move: _Move, path: tuple[Inst, ...]) -> None:
-        count = sympy.Mul(*(self.b.trips[i] * self.b.runs.get(i, 1) for i, _ in path))
+        runs = self.b.runs if move.array not in self.b.tested else {}  # the liveness test runs on every chunk
+        count = sympy.Mul(*(self.b.trips[i] * runs.get(i, 1) for i, _ in path))
         shape = self._shape(self.b.flat.type_of(move.array), path)
         size = sympy.Mul(*(e for _, e in shape)) if move.op in ("load", "save") else sympy.Integer(0)
         steps.append(Step(len(steps), move.op, move.array, path, count, size, move.users))

@@ -11,11 +11,12 @@ known only at run time.  ``data_masks`` decides statically that the rest of the 
 (each accumulating node has an absorbing operand that ``masks.masked_fill`` shows is its
 padding value wherever ``M`` is 0, every other operand finite); a kernel then computes ``M``
 on the (program block, chunk) pair at the start of each chunk and runs the chunk only where
-some entry is nonzero (``lower/dataskip.py``).  The liveness test is exact, not a bound: a
-chunk is skipped only when the mask is 0 at every position of the pair, whatever the data
-(sorted or not, padded positions included, where the zero-padded ids may make a chunk look
-live but never dead).  The cost model counts the live chunks as a fraction of all
-(``live_fraction``, ``--live``).
+some entry is nonzero (``lower/dataskip.py``).  The test reads the arrays ``tested`` names
+on every chunk; everything else the chunk reads is loaded only where it runs.  The liveness
+test is exact, not a bound: a chunk is skipped only when the mask is 0 at every position of
+the pair, whatever the data (sorted or not, padded positions included, where the zero-padded
+ids may make a chunk look live but never dead).  The cost model counts the live chunks as a
+fraction of all (``live_fraction``, ``--live``), and the test's reads on every chunk.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from napkin_cat.schedule.loopnest import Flat
 from napkin_cat.schedule.masks import absorbed_masks
 from napkin_cat.terms import Axes, Box, Cmp, Const, Expr, Logic, Pred, Var
 
-__all__ = ["DataMask", "block_liveness", "data_masks"]
+__all__ = ["DataMask", "block_liveness", "data_masks", "gathered_tables", "tested"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,39 @@ def data_masks(flat: Flat, stream: str, plans: Mapping[str, AccumulatorPlan]) ->
     found = absorbed_masks(flat, stream, plans, lambda operand, mask, fill, defs: None
                            if isinstance(mask, (Cmp, Logic)) else _nested(operand, mask, fill, defs))
     return None if found is None else tuple(found)  # an index predicate is masks.py's (affine bounds)
+
+
+def tested(flat: Flat, masks: tuple[DataMask, ...]) -> frozenset[str]:
+    """The arrays the liveness test of ``masks`` reads on every chunk, skipped or not: the
+    masks' nodes and, transitively, the nodes and inputs they read (the segment ids of a
+    document mask, not its keys and values)."""
+    nodes = {n.name: n for n in flat.nodes}
+    seen: set[str] = set()
+    todo = [m.name for found in masks for m in found.masks if isinstance(m, Var)]
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo += list(nodes[name].reads) if name in nodes else []
+    return frozenset(seen)
+
+
+def gathered_tables(flat: Flat) -> frozenset[str]:
+    """The inputs a kernel reads only at the rows a gather names (a paged KV cache's pool): every
+    box that reads one is a ``gather[n]`` of it along its first axis ``n`` at positions that
+    share no axis with it (``page: [b j]`` into ``Kp: [n s d]``), and no output is one.  Such a
+    gather is one indexed load, ``T[clamp(I)]``, of the rows the positions name; the whole table
+    is never read (``lower``: through the input's ref in Pallas, ``jnp.take`` in plain JAX), and
+    the cost model counts the rows (``schedule.build``)."""
+    found = set()
+    for name, axes in flat.inputs:
+        readers = [n.expr for n in flat.nodes if name in n.reads]
+        if readers and name not in flat.outputs and all(
+                isinstance(box, Box) and box.op == "gather" and isinstance(box.args[0], Var)
+                and box.args[0].name == name and box.target == axes[:1]
+                and not set(box.args[1].axes) & set(axes) for box in readers):
+            found.add(name)
+    return frozenset(found)
 
 
 def _nested(operand: Expr, mask: Expr, fill: float, defs: Mapping[str, Expr]) -> DataMask:

@@ -11,16 +11,21 @@ INF = jnp.inf
 BIG = 1.190988162528827e+38
 TINY = 1.1754943508222875e-38
 
-def bind_sizes(arrays, signature, declared):
+def bind_sizes(arrays, signature, declared, integers=()):
     """Axis sizes from the inputs' shapes and the declared sizes; ValueError on a mismatch,
     TypeError for an input that is not real floating point (a complex input would lose its
-    imaginary part, an integer one would be rounded in the kernel's dtype)."""
+    imaginary part, an integer one would be rounded in the kernel's dtype), or, for an input
+    declared ``int`` (``integers``: ids, lengths, page tables, read as int32), neither integer
+    nor real (a real array is converted as ``astype`` does: a fraction rounds toward zero)."""
     sizes = dict(declared)
     if len(arrays) != len(signature):
         raise ValueError(f'expected {len(signature)} inputs, got {len(arrays)}')
     for (name, axes), array in zip(signature, arrays, strict=True):
         kind = array.dtype if hasattr(array, 'dtype') else jnp.asarray(array).dtype
-        if not jnp.issubdtype(kind, jnp.floating):
+        if name in integers:
+            if not jnp.issubdtype(kind, jnp.integer) and (not jnp.issubdtype(kind, jnp.floating)):
+                raise TypeError(f'input {name} is declared int but holds {kind} values; pass an integer array')
+        elif not jnp.issubdtype(kind, jnp.floating):
             raise TypeError(f'input {name} holds {kind} values; this kernel takes real floating-point arrays')
         shape = tuple(jnp.shape(array))
         if len(shape) != len(axes):

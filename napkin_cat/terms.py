@@ -28,6 +28,12 @@ Axes = tuple[str, ...]
 #: sharding, a stream partition a ring (README "Past one device").
 LEVELS: tuple[str, ...] = ("mesh", "hbm", "l2", "smem", "reg")
 
+#: the one width of integer inputs (segment ids, lengths, page tables, declared ``int``):
+#: 32-bit, whatever the float dtype, as the kernels store and read them (``lower``) and the cost
+#: model counts them (``cost``; ``cost.hardware`` re-exports both)
+INT_DTYPE = "int32"
+INT_BYTES = 4
+
 #: the level above one device
 MESH = "mesh"
 

@@ -36,10 +36,9 @@ from typing import Any
 
 from napkin_cat import ops
 from napkin_cat.certify.accumulators import AccumulatorPlan, plan
-from napkin_cat.cost import hardware as hw
 from napkin_cat.diagnostics import NapkinError, error
 from napkin_cat.schedule.loopnest import Flat, LoopNest, Node, flatten, loop_nest, touches, woven_axes
-from napkin_cat.terms import Box, Diagram, Partition, Schedule, Size
+from napkin_cat.terms import INT_DTYPE, Box, Diagram, Partition, Schedule, Size
 
 __all__ = ["DEFAULT_HARDWARE", "FORMATS", "KERNEL_DTYPES", "KERNEL_TARGETS", "MIN_BLOCK", "MIX_FILL", "PRICED_DTYPE",
            "TARGETS", "TRITON_MISSING", "Layout", "fill_values", "grid_order", "layout", "pow2_extent",
@@ -141,10 +140,10 @@ class Layout:
 
     def stored_as(self, name: str) -> str | None:
         """The jnp dtype name a ``dtype`` step stores this array in (None: the kernel's); an
-        integer input (declared ``int``) is ``hw.INT_DTYPE`` whatever the kernel's dtype, and is
+        integer input (declared ``int``) is ``INT_DTYPE`` whatever the kernel's dtype, and is
         computed on as such (``integer``)."""
         if self.integer(name):
-            return hw.INT_DTYPE
+            return INT_DTYPE
         for step in reversed(self.schedule.quantisations):
             if name in step.names:
                 return FORMATS[step.dtype]
@@ -155,9 +154,9 @@ class Layout:
         return any(p.name == name and p.integer for p in self.diagram.inputs)
 
     def computed_as(self, name: str) -> str:
-        """The jnp dtype name a kernel computes on an input in: ``hw.INT_DTYPE`` for an integer
+        """The jnp dtype name a kernel computes on an input in: ``INT_DTYPE`` for an integer
         input (exact at every id it can hold), float32 for the rest."""
-        return hw.INT_DTYPE if self.integer(name) else "float32"
+        return INT_DTYPE if self.integer(name) else "float32"
 
     @property
     def flat(self) -> Flat:

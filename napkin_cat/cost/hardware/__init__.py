@@ -30,7 +30,7 @@ from importlib import resources
 from typing import Any
 
 from napkin_cat.files import FileRefused, read_source
-from napkin_cat.terms import LEVELS, MAX_AXIS_SIZE, MAX_MESH_DEVICES, MESH
+from napkin_cat.terms import INT_BYTES, INT_DTYPE, LEVELS, MAX_AXIS_SIZE, MAX_MESH_DEVICES, MESH
 
 __all__ = ["BYTES", "DTYPE_ALIASES", "INT_BYTES", "INT_DTYPE", "MAX_PROFILE_BYTES", "SCHEMA", "Hardware",
            "HardwareError", "Level", "ProfileError", "available", "bytes_per_value", "canonical_dtype", "is_path",
@@ -39,11 +39,6 @@ __all__ = ["BYTES", "DTYPE_ALIASES", "INT_BYTES", "INT_DTYPE", "MAX_PROFILE_BYTE
 #: bytes per value of each number format (names as in the kernel's ``dtype`` step)
 BYTES: dict[str, int] = {"f64": 8, "f32": 4, "tf32": 4, "bf16": 2, "f16": 2, "fp8e4m3": 1, "fp8e5m2": 1}
 
-#: the one width of integer inputs (segment ids, lengths, page tables, declared ``int``):
-#: 32-bit, whatever the float dtype, as the kernels store and read them (``lower``) and the cost
-#: model counts them (``cost``)
-INT_DTYPE = "int32"
-INT_BYTES = 4
 
 #: common spellings of the number formats, by the canonical name they stand for
 DTYPE_ALIASES: dict[str, str] = {

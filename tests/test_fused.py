@@ -141,21 +141,32 @@ def test_attention_refuses_what_is_not_one_expression() -> None:
         napkin_cat.attention("T * 2")(*_qkv())
 
 
-def test_readme_block_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """README's "From JAX" block runs as written, and computes what it says."""
+def _readme_blocks() -> list[str]:
+    """The ```python blocks of README's "From JAX" section, in order."""
     import re
 
-    monkeypatch.chdir(ROOT)
     section = (ROOT / "README.md").read_text(encoding="utf-8").split("## From JAX", 1)[1].split("\n## ", 1)[0]
-    code, trained = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+
+
+def test_readme_block_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """README's first "From JAX" block runs as written, and computes what it says."""
+    monkeypatch.chdir(ROOT)
+    code, _ = _readme_blocks()
     namespace: dict[str, object] = {}
     exec(compile(code, "README.md", "exec"), namespace)
     q, out, dq = (np.asarray(namespace[n], np.float64) for n in ("q", "out", "dq"))  # type: ignore[arg-type]
     assert out.shape == (4, 256, 64) and dq.shape == q.shape and np.isfinite(dq).all()
     want = _attention(q[1], q[1], q[1], scores=lambda s: 30 * np.tanh(s / 30), mask=lambda i, j: i >= j)
     assert np.abs(out[1] - want).max() < 1e-4
-    # the training step with the derived backward: its gradients are jax.grad's of the same attention
-    namespace = {}
+
+
+@pytest.mark.slow  # derives, proves and lowers three kernels (minutes on 2 cores)
+def test_readme_training_block_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """README's training step with the derived backward: its gradients are jax.grad's of the same attention."""
+    monkeypatch.chdir(ROOT)
+    _, trained = _readme_blocks()
+    namespace: dict[str, object] = {}
     exec(compile(trained, "README.md", "exec"), namespace)
     inputs = jax.random.normal(jax.random.key(0), (3, 2, 128, 64))
 

@@ -68,7 +68,8 @@ REDUCTION_SCRATCH = 2048
 BARRIER_BYTES = 8
 
 #: bytes per value of each jnp dtype a kernel stores
-_BYTES = {name: hw.bytes_per_value(kind) for kind, name in FORMATS.items() if kind != "tf32"}
+_BYTES = {name: hw.bytes_per_value(kind) for kind, name in FORMATS.items() if kind != "tf32"} | {
+    hw.INT_DTYPE: hw.INT_BYTES}
 
 #: the reductions Mosaic GPU gives a cross-warp scratch (``_reduce_resource_estimator``)
 _REDUCTIONS = frozenset({"jnp.sum", "jnp.max", "jnp.min"})

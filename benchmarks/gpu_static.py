@@ -2,6 +2,7 @@
 
     python benchmarks/gpu_static.py                        # triton importable here
     python benchmarks/gpu_static.py --triton-python PY     # triton in another interpreter
+    python benchmarks/gpu_static.py --backward             # the FA-2 backward's key pass instead
 
 Each kernel (napkin's `flash_mha` / `flash_causal_mha` of benchmarks/gpu_attention.ncd at the
 tiles the cost model chooses for h200; JAX's `jax.experimental.pallas.ops.gpu.attention.mha`
@@ -73,6 +74,22 @@ def sass_loop(sass: str) -> dict[str, Any]:
     return {**_counts(body(main)), "second": None if second is None else _counts(body(second))}
 
 
+def loop_loads(ttir: str) -> list[str]:
+    """The blocks ``tt.load`` reads inside an ``scf.for`` (a streamed loop) of ``ttir``, each as its
+    shape and element type (``64x64 bf16``): what a program loads per chunk."""
+    loads, depth, loops = [], 0, []
+    for line in ttir.splitlines():
+        if "scf.for" in line:
+            loops.append(depth)
+        if loops and "tt.load" in line:
+            block = re.search(r"tensor<([0-9x]+)x!tt\.ptr<(\w+)>>", line)
+            loads.append(f"{block.group(1)} {block.group(2)}" if block else "scalar")
+        depth += line.count("{") - line.count("}")
+        while loops and depth <= loops[-1]:
+            loops.pop()
+    return loads
+
+
 def compile_all(folder: Path) -> None:
     """Compile every kernel of ``folder/manifest.json`` and write ``folder/compiled.json``."""
     import triton  # the optional extra
@@ -111,6 +128,7 @@ def compile_all(folder: Path) -> None:
                     "spill_store_bytes": int(spills.group(1)) if spills else 0,
                     "spill_load_bytes": int(spills.group(2)) if spills else 0,
                     "shared_bytes": int(kernel.metadata.shared), "sass": sass_loop(sass),
+                    "loop_loads": loop_loads(ttir.read_text()),
                     "triton": triton.__version__})
     (folder / "compiled.json").write_text(json.dumps(out, indent=1))
 
@@ -120,6 +138,15 @@ def compile_all(folder: Path) -> None:
 def capture(fn: Any, *args: Any) -> dict[str, Any]:
     """The Triton IR, num_warps, num_stages and grid of the one pallas_call in ``fn(*args)``,
     cross-lowered for CUDA against an abstract H200."""
+    seen = capture_all(fn, *args)
+    if len(seen) != 1:
+        raise RuntimeError(f"expected one pallas_call, captured {len(seen)} (jax's private Triton lowering "
+                           "API moved? this script is pinned to jax 0.11.2)")
+    return seen[0]
+
+
+def capture_all(fn: Any, *args: Any) -> list[dict[str, Any]]:
+    """``capture`` of every pallas_call in ``fn(*args)``, in the order they are lowered."""
     import jax
     from jax._src.pallas.triton import lowering
 
@@ -138,12 +165,17 @@ def capture(fn: Any, *args: Any) -> dict[str, Any]:
             hlo = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     finally:
         lowering.lower_jaxpr_to_triton_module = original
-    if len(seen) != 1:
-        raise RuntimeError(f"expected one pallas_call, captured {len(seen)} (jax's private Triton lowering "
-                           "API moved? this script is pinned to jax 0.11.2)")
-    config = {k: int(v) for k, v in re.findall(r"\b(num_warps|num_stages|grid_[xyz]) = (\d+) : i32", hlo)}
-    return {"ttir": seen[0], "num_warps": config["num_warps"], "num_stages": config["num_stages"],
-            "programs": math.prod(config.get(f"grid_{a}", 1) for a in "xyz")}
+    configs: list[dict[str, int]] = []
+    for key, value in re.findall(r"\b(num_warps|num_stages|grid_[xyz]) = (\d+) : i32", hlo):
+        if not configs or key in configs[-1]:  # each pallas_call's backend config lists each key once
+            configs.append({})
+        configs[-1][key] = int(value)
+    if not seen or len(configs) != len(seen):
+        raise RuntimeError(f"captured {len(seen)} Triton modules and {len(configs)} launch configs (jax's private "
+                           "Triton lowering API moved? this script is pinned to jax 0.11.2)")
+    return [{"ttir": ttir, "num_warps": config["num_warps"], "num_stages": config["num_stages"],
+             "programs": math.prod(config.get(f"grid_{a}", 1) for a in "xyz")}
+            for ttir, config in zip(seen, configs, strict=True)]
 
 
 def chosen_tiles(thm: Any, sizes: dict[str, int]) -> dict[str, int]:
@@ -194,11 +226,64 @@ def cases() -> list[dict[str, Any]]:
     return rows
 
 
+def backward_cases() -> list[dict[str, Any]]:
+    """FlashAttention-2's key pass (dK, dV) of proofs/flash_attention_backward.ncd, causal and not:
+    as one kernel, and as the chain whose first kernel writes D = Σ_d dO·O once (``_hoisted``),
+    each kernel at the tiles the cost model picks for h200; and JAX's `mha` backward at its default
+    blocks (its D kernel, then one kernel for dK, dV and dQ).  bf16, N = 8192, d = 64, one head."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental.pallas.ops.gpu import attention as pallas_attention
+
+    from napkin_cat.lower import lower
+    from napkin_cat.proof import theorem
+
+    sizes = {"q": N, "x": N}
+    spec = jax.ShapeDtypeStruct((N, 64), jnp.bfloat16)
+    args = (spec, spec, spec, spec, jax.ShapeDtypeStruct((N,), jnp.bfloat16), spec)  # Q K V O L dO
+    rows = []
+    for causal in (False, True):
+        case = f"{'causal ' if causal else ''}backward_kv d=64"
+        for name in ("backward_kv", "backward_kv_hoisted"):
+            thm = theorem(ROOT / "proofs" / "flash_attention_backward.ncd",
+                          f"flash_attention{'_causal' if causal else ''}_{name}")
+            kernels = thm.kernels or (thm,)
+            tiles: dict[str, int] = {}
+            for k in kernels:
+                tiles |= chosen_tiles(k, {a: n for a, n in sizes.items() if a in k.result.axis_sizes()})
+            lowered = lower(thm, target="pallas", tiles=tiles, dtype="bf16", hardware="h200")
+            captured = capture_all(lambda *a, fn=lowered.fn: fn(*a, interpret=False), *args)
+            for k, c in zip(kernels, captured, strict=True):
+                streamed = "sq" in {p.tile for p in k.schedule.partitions}
+                rows.append({"case": case, "impl": f"napkin {name}" + (f" ({k.name[-2:]})" if thm.kernels else ""),
+                             "block_q": tiles["sq"] if streamed else None, "block_k": tiles["gx"] if streamed else None,
+                             "tiles": ", ".join(f"{p.tile}={tiles[p.tile]}" for p in k.schedule.partitions), **c})
+        blocks = pallas_attention.BlockSizes.get_default()
+        shape = jax.ShapeDtypeStruct((1, N, 1, 64), jnp.bfloat16)
+
+        def mha_backward(q: Any, k: Any, v: Any, do: Any, causal: bool = causal) -> Any:
+            def mha(*operands: Any) -> Any:
+                return pallas_attention.mha(*operands, None, sm_scale=0.125, causal=causal)
+
+            return jax.vjp(mha, q, k, v)[1](do)
+
+        _, *backward = capture_all(mha_backward, shape, shape, shape, shape)  # the forward's call first
+        for label, c in zip(("jax mha backward (D)", "jax mha backward (dK dV dQ)"), backward, strict=True):
+            fused = "dQ" in label
+            rows.append({"case": case, "impl": label, "block_q": blocks.block_q_dkv if fused else None,
+                         "block_k": blocks.block_kv_dkv if fused else None,
+                         "tiles": f"{blocks.block_q_dkv}x{blocks.block_kv_dkv}" if fused else f"{blocks.block_q}",
+                         **c})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--triton-python", default=sys.executable,
                         help="an interpreter with the triton package (default: this one)")
     parser.add_argument("--compile", type=Path, help=argparse.SUPPRESS)  # the compiling half, run by the first
+    parser.add_argument("--backward", action="store_true",
+                        help="the key pass of the FA-2 backward (one kernel, D hoisted, JAX's) instead")
     args = parser.parse_args()
     if args.compile:
         compile_all(args.compile)
@@ -206,7 +291,7 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     warnings.filterwarnings("ignore", message="The Pallas Triton backend is deprecated")
     warnings.filterwarnings("ignore", message="jax.experimental.pallas.ops.gpu.attention is deprecated")
-    rows = cases()
+    rows = backward_cases() if args.backward else cases()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         for i, row in enumerate(rows):
@@ -220,10 +305,16 @@ def main() -> None:
     for row in rows:
         c = compiled[row.pop("id")]
         row |= {k: v for k, v in c.items() if k != "id"}
+        if row["block_q"] is None:  # a kernel with no scores (the backward's D)
+            row["sass_per_score"] = row["second_sass_per_score"] = None
+            continue
         per_score = 32 * row["num_warps"] / (row["block_q"] * row["block_k"])
         row["sass_per_score"] = row["sass"]["loop"] * per_score
         second = row["sass"]["second"]
         row["second_sass_per_score"] = None if second is None else second["loop"] * per_score
+    if args.backward:
+        _backward_table(rows)
+        return
     header = ("case", "impl", "tiles", "warps/stages", "programs", "registers", "spill B", "shared KiB",
               "loop instr", "MUFU.EX2", "SASS/score", "other loop SASS/score (masks)")
     print(" | ".join(header))
@@ -249,6 +340,27 @@ def main() -> None:
                          "spill_bytes": spill, "sass_per_score_vs_mha": ratio("napkin"),
                          "sass_per_score_vs_mha_at_mha_tiles": same})
     print(f"spill_bytes={spill} sass_per_score_vs_mha={ratio('napkin'):.3f}")
+
+
+def _backward_table(rows: list[dict[str, Any]]) -> None:
+    """The backward rows: per kernel its tiles, launch, registers, the blocks its streamed loop
+    loads per chunk (from the TTIR after Triton's passes) and the main loop's SASS."""
+    header = ("case", "impl", "tiles", "warps/stages", "programs", "registers", "spill B", "shared KiB",
+              "loads per chunk", "loop instr", "LDGSTS+LDG in loop", "SASS/score", "second loop SASS/score")
+    print(" | ".join(header))
+    print(" | ".join("---" for _ in header))
+    for r in rows:
+        mix = r["sass"]["mix"]
+        second = r["second_sass_per_score"]
+        print(" | ".join(str(x) for x in (
+            r["case"], r["impl"], r["tiles"], f"{r['num_warps']}/{r['num_stages']}", r["programs"], r["registers"],
+            r["spill_store_bytes"] + r["spill_load_bytes"], f"{r['shared_bytes'] / 1024:.0f}",
+            ", ".join(r["loop_loads"]) or "-", r["sass"]["loop"], mix.get("LDGSTS", 0) + mix.get("LDG", 0),
+            "-" if r["sass_per_score"] is None else f"{r['sass_per_score']:.2f}",
+            "-" if second is None else f"{second:.2f}")))
+    from harness import machine, write
+
+    write("gpu_static_backward", {"machine": machine(), "n": N, "triton": rows[0]["triton"], "rows": rows})
 
 
 if __name__ == "__main__":

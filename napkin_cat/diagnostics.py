@@ -178,7 +178,8 @@ MESSAGES: dict[str, str] = {
     "lower.mesh_output": "output {index} lacks the sharded axis `{axis}`: every device would write all of it",
     "lower.split_pallas": "--target pallas cannot run the split of `{axis}`: {why}; use --target jax",
     "lower.split_many": "the lowering runs one split per kernel; this schedule splits {axes}",
-    "lower.chain": "a chain of kernels lowers on one device without a custom backward; {what} is not supported",
+    "lower.chain": "a chain of kernels as the forward lowers on one device without a custom backward (a backward "
+        "theorem may be a chain); {what} is not supported",
     "lower.split_mesh": "a split of `{axis}` runs on one device; lowering it with --mesh is not supported",
     "lower.split_stream": "the split of `{axis}` needs each program to stream its block (`stream {axis} by TILE "
         "via ACC` after the split); this schedule {what}",

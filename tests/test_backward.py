@@ -24,9 +24,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import sympy
 
 from napkin_cat import grad, kernel, proof
 from napkin_cat.certify.prove import Unproved, prove_join
+from napkin_cat.cost import cost
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.elaborate import load, loads
 from napkin_cat.evaluate import evaluate
@@ -90,21 +92,23 @@ def test_the_lowered_backward_kernels_give_the_gradient(target: str) -> None:
         np.testing.assert_allclose(np.asarray(got, np.float64), expected, rtol=0, atol=1e-4 * scale)
 
 
-def _joined(theorems: str, target: str) -> object:
-    backward = [proof.theorem(PROOFS, f"{theorems}_backward_{part}") for part in ("kv", "q")]
+def _joined(theorems: str, target: str, kv: str = "kv") -> object:
+    backward = [proof.theorem(PROOFS, f"{theorems}_backward_{part}") for part in (kv, "q")]
     return lower(proof.theorem(PROOFS, f"{theorems}_forward"), target=target, backward=backward,
-                 tiles={"gq": 32, "sx": 16, "gx": 16, "sq": 32})
+                 tiles={"gq": 32, "sx": 16, "gx": 16, "sq": 32, "bq": 16})
 
 
+@pytest.mark.parametrize("kv", ["kv", "kv_hoisted"])
 @pytest.mark.parametrize("target", ["jax", "pallas"])
 @pytest.mark.parametrize(("diagrams", "theorems", "plain"), VARIANTS)
 def test_jax_grad_through_the_joined_kernels_is_attentions(target: str, diagrams: str, theorems: str,
-                                                         plain: str) -> None:
-    """The issue's case: q=100, x=77 (causal 100×100), tiles 32/16, both targets."""
+                                                         plain: str, kv: str) -> None:
+    """The issue's case: q=100, x=77 (causal 100×100), tiles 32/16, both targets; the key pass
+    as one kernel and as the chain that writes D first (``kv_hoisted``)."""
     sizes = {"q": 100, "x": 100 if "causal" in plain else 77, "d": 64}
     arrays = _inputs(2, sizes)
     want = _reference(plain, arrays, sizes)
-    lowered = _joined(theorems, target)
+    lowered = _joined(theorems, target, kv)
     options = {"interpret": True} if target == "pallas" else {}
     d_o = jnp.asarray(arrays[3], jnp.float32)
 
@@ -167,6 +171,49 @@ def test_the_join_prover_refuses_a_join_that_is_nearly_right() -> None:
     with pytest.raises(Unproved, match="gradients of Q"):  # ... the proof does not
         prove_join(forward, grad.vjp(replace(forward, outputs=forward.outputs[:1], out_types=forward.out_types[:1])),
                    list(zip(backwards, ln.sources, ln.targets, strict=True)))
+
+
+def test_the_hoisted_key_pass_reads_o_once_per_row_block() -> None:
+    """D = Σ_d dO·O depends on the queries alone: the one-kernel key pass loads O in every chunk
+    of every program of keys (q·d values per program), the chain's first kernel loads O and dO
+    once per block of queries and writes D, and its second kernel reads D (q values per program)
+    and never O; the joined module calls the first kernel, then the second with D."""
+    sizes = {"q": 4096, "x": 4096}
+    one = cost(proof.theorem(PROOFS, "flash_attention_backward_kv"), sizes=sizes, hardware="h200")
+    chain = proof.theorem(PROOFS, "flash_attention_backward_kv_hoisted")
+    first, second = (cost(k, sizes={a: n for a, n in sizes.items() if a in k.result.axis_sizes()}, hardware="h200")
+                     for k in chain.kernels)
+    assert [p.name for p in chain.kernels[0].result.inputs] == ["O", "dO"]
+    assert "O" not in {p.name for p in chain.kernels[1].result.inputs} and chain.writes == (("D",), ("return",))
+    q, d, gx = 4096, 64, sympy.Symbol("gx", positive=True)
+    assert sympy.simplify(first.levels[1].transfers - (2 * q * d + q)) == 0  # O, dO read once; D written once
+    assert sympy.simplify(one.levels[1].transfers - second.levels[1].transfers - (q * d - q) * 4096 / gx) == 0
+    source = _joined("flash_attention", "jax", "kv_hoisted").source  # type: ignore[attr-defined]
+    assert re.search(r"\bD = flash_attention_backward_kv_hoisted_k1\(O\w*, dO\w*\)", source)
+    assert re.search(r"return flash_attention_backward_kv_hoisted_k2\([^)]*\bD\)", source)
+
+
+def test_a_wrong_hoist_is_refused() -> None:
+    """A first kernel computing another D (dO·dO) is no piece of the key pass: the chain rule
+    refuses its theorem; written as the diagram of a chain it is, and the join refuses it."""
+    text = (ROOT / "examples" / "attention_backward.ncd").read_text().replace(
+        'use "attention.ncd"', f'use "{ROOT / "examples" / "attention.ncd"}"')
+    chain = ("theorem hoisted: attention_backward_kv {\n  kernel D {\n    group q by bq\n  }\n"
+             "  kernel return {\n    group x by gx\n    stream q by sq via sum\n  }\n}\n")
+    wrong = loads(text.replace("D = contract[d](dO, O)", "D = contract[d](dO, dO)") + chain)
+    right = proof.theorem(PROOFS, "flash_attention_backward_kv_hoisted")
+    bad = proof.prove(wrong, "hoisted")
+    with pytest.raises(kernel.KernelError, match="not about its piece"):
+        kernel.chain(kernel.refl(right.name, right.source), right.writes, (bad.kernels[0], right.kernels[1]), None)
+    forward = proof.theorem(PROOFS, "flash_attention_forward")
+    dq = proof.theorem(PROOFS, "flash_attention_backward_q")
+    with pytest.raises(NapkinError) as err:
+        lower(forward, target="jax", backward=[bad, dq], tiles={"gq": 16, "sx": 16, "gx": 16, "sq": 16, "bq": 16})
+    assert err.value.codes == ("lower.backward_unproved",)
+    with pytest.raises(NapkinError) as err:
+        lower(forward, target="jax", backward=[bad, dq], allow_tested_join=True,
+              tiles={"gq": 16, "sx": 16, "gx": 16, "sq": 16, "bq": 16})
+    assert err.value.codes == ("lower.backward_wrong",)
 
 
 # ---- refusals: every way to join the wrong diagrams ---------------------------------------------

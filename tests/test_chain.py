@@ -9,6 +9,7 @@ the summed cost with its launches, and ``pseudo``/``draw``.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import jax
@@ -16,7 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from napkin_cat import kernel, terms
+from napkin_cat import kernel, proof, terms
+from napkin_cat.certify import rules
 from napkin_cat.cli import main
 from napkin_cat.cost import cost
 from napkin_cat.cost.chain import chain_report
@@ -28,7 +30,9 @@ from napkin_cat.lower import lower
 from napkin_cat.printer import print_module
 from napkin_cat.proof import check_file, check_module, theorem
 from napkin_cat.schedule.run import run_schedule
+from napkin_cat.search.chains import exposed, hoisted, recomputed
 from napkin_cat.search.derive import checked, derive, model_cost, unfused_cost
+from napkin_cat.search.rewrite import search
 
 ROOT = Path(__file__).resolve().parent.parent
 PROOF = ROOT / "proofs" / "chains.ncd"
@@ -246,3 +250,41 @@ def test_a_kernel_never_skips_a_chunk_against_infinite_values_an_earlier_kernel_
     got = np.asarray(lower(loose.theorem, target="jax").fn(*(jnp.asarray(a, jnp.float32) for a in arrays)))
     np.testing.assert_array_equal(np.isnan(got).any(axis=1), np.isnan(want).any(axis=1))
     assert np.isnan(want[:20, 0]).all() and not np.isnan(want[20:]).any()
+
+
+# ---- hoisting: a value every program recomputes written once by a first kernel ------------------
+
+HOIST = """axis q, x, e
+axis d = 64
+diagram pass(A: [q d], B: [x d], C: [q e]) -> [x] {
+  S = contract[d](A, B)
+  out = contract[q](S, sum[e](exp(C)))
+  return out
+}
+"""
+
+
+@pytest.mark.parametrize(("e", "chained"), [(16384, True), (1, False)])
+def test_a_value_every_program_recomputes_is_hoisted_where_the_model_says_so(e: int, chained: bool) -> None:
+    """``sum[e](exp(C))`` lacks x: a program per block of x recomputes it, reading all of C, in
+    every chunk of q.  ``exposed`` binds it, ``recomputed`` names it, and ``hoisted`` keeps the
+    chain that writes it once where the model prices that cheaper (e = 16384: C is 64 M values
+    read by every program) and the one kernel where a launch costs more than it saves (e = 1)."""
+    module = loads(HOIST)
+    lemmas = rules.lemmas_in_scope(module)
+    cost_fn = model_cost("h200", "bf16", {"q": 4096, "x": 4096, "e": e})
+    one = search(module, "pass", cost_fn, lemmas=lemmas, theorem_name="t", max_rewrites=0, seconds=20)
+    thm = one.best.theorem
+    assert thm is not None and "x" in {p.axis for p in proof.partitions(thm) if p.kind == "group"}
+    assert recomputed(thm) == ()  # an operand, not a binding: nothing to cut at yet
+    bound = exposed(module.diagram("pass"), thm)
+    assert [let.names[0] for let in bound.body] == ["S", "h", "out"] and exposed(bound, thm) is bound
+    within = replace(module, diagrams=(bound,), scope_diagrams=(bound,))
+    again = search(within, "pass", cost_fn, lemmas=lemmas, theorem_name="t", max_rewrites=0, seconds=20)
+    assert again.best.theorem is not None and recomputed(again.best.theorem) == ("h",)
+    found = hoisted(again, within, "pass", cost_fn, lemmas=lemmas, theorem_name="t", launch_overhead=4e-6,
+                    max_rewrites=0, budget=200, seconds=20, screen=None)
+    assert any(c.kernels and c.kernels[0].writes == ("h",) and c.ok for c in found.candidates)  # always priced
+    assert bool(found.best.kernels) == chained
+    if chained:
+        assert found.best.theorem is not None and found.best.theorem.writes == (("h",), ("return",))

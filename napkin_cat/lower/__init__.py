@@ -177,7 +177,8 @@ def lower(theorem: Theorem, target: str = "pallas", tiles: Mapping[str, int] | N
         raise NapkinError(error("lower.backward_mesh"))
     link = backward_target.link(theorem.source, [b.source for b in backward], allow_tested_join) if backward \
         else None
-    kernels = [k.name for k in theorem.kernels] or [thm.name for thm in (theorem, *backward)]
+    kernels = [k.name for k in theorem.kernels] or [k.name for thm in (theorem, *backward)
+                                                     for k in (thm.kernels or (thm,))]
     for key in tiles or {}:
         if "." in key and key.split(".", 1)[0] not in kernels:
             raise NapkinError(error("lower.tile_kernel", key=key, kernels=", ".join(kernels)))
@@ -199,6 +200,11 @@ def _kernel_tiles(name: str, tiles: Mapping[str, int] | None) -> dict[str, int]:
     own = {k: v for k, v in (tiles or {}).items() if "." not in k}
     own.update({k.split(".", 1)[1]: v for k, v in (tiles or {}).items() if k.split(".", 1)[0] == name and "." in k})
     return own
+
+
+def _tile_names(theorem: Theorem) -> set[str]:
+    """The symbolic tile names of a kernel's schedule."""
+    return {p.tile for p in theorem.schedule.partitions if isinstance(p.tile, str)}
 
 
 def _proof(theorem: Theorem) -> str:
@@ -293,8 +299,21 @@ def _lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str
         if link is None:
             defined, gradients = backward_target.differentiable(forward, diagram, target, params, _RESERVED)
         else:
-            kernels = []
+            kernels, chains = [], []
             for thm in backward:
+                if thm.kernels:  # a chain: its kernels, and the function calling them in order as the backward kernel
+                    chained = _chain_functions(thm, namer.fresh(thm.name), [namer.fresh(p.name) for p in
+                                                                            thm.result.inputs],
+                                               target, tiles, profile, dtype_name, namer)
+                    run = chained.functions[-1]
+                    run.body[0] = ast.Expr(ast.Constant("\n".join([
+                        f"`{thm.name}`: {len(chained.layouts)} kernels run in order (proved by {_proof(thm)}):",
+                        *chained.docs])))
+                    chains += chained.functions[:-1]
+                    kernels.append(run)
+                    placed.tiles.update({f"{k.name}.{t}": v for k in thm.kernels
+                                         for t, v in chained.tiles.items() if t in _tile_names(k)})
+                    continue
                 back = _place(thm.name, thm.result, thm.schedule, target, _kernel_tiles(thm.name, tiles), profile,
                               thm.chosen, dtype_name)
                 back_name = namer.fresh(thm.name)
@@ -307,6 +326,7 @@ def _lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str
                 placed.tiles.update({f"{thm.name}.{k}": v for k, v in back.tiles.items()})
             defined, gradients = backward_target.joined(forward, kernels, [t.name for t in backward], link, target,
                                                         params, _RESERVED)
+            defined = [defined[0], *chains, *defined[1:]]
         functions, doc = list(defined), doc + gradients + "\n"
     first = functions[0]  # without a mesh, the forward kernel (under a private name when a custom VJP wraps it)
     assert isinstance(first, ast.FunctionDef)
@@ -356,8 +376,41 @@ def _lower_chain(theorem: Theorem, target: str, tiles: Mapping[str, int] | None,
     namer = cg.Namer(_RESERVED)
     fname = namer.fresh(theorem.name)
     params = [namer.fresh(p.name) for p in theorem.result.inputs]
+    chained = _chain_functions(theorem, fname, params, target, tiles, profile, dtype_name, namer)
+    doc = "\n".join([f"`{theorem.name}` lowered by napkin to {len(chained.layouts)} "
+                     f"{_KINDS_PLURAL[target]} run in order.",
+                     "", "Theorem: " + theorem.name, "Proved by: " + _proof(theorem),
+                     "Kernels (each array a kernel writes is kept in HBM for the kernels after it):",
+                     *chained.docs]) + "\n"
+    kernels, forward = chained.functions[:-1], chained.functions[-1]
+    defined, gradients = backward_target.differentiable(forward, theorem.result, target, params, _RESERVED)
+    functions: list[ast.stmt] = [*kernels, *defined]
+    namespace, source = _module(theorem.name, target, functions, doc + gradients + "\n", fname)
+    return Lowered(theorem.name, target, source, namespace[fname], chained.tiles, chained.layouts[-1],
+                   namespace[defined[0].name], fname, chained.layouts)
+
+
+@dataclass(frozen=True)
+class _Chained:
+    """A chain's kernels as functions, the function calling them in order last (its docstring
+    empty, for the caller to write), with each kernel's layout, the tiles by tile name and a
+    line per kernel for the docstring."""
+
+    functions: list[ast.FunctionDef]
+    layouts: tuple[Layout, ...]
+    tiles: dict[str, int]
+    docs: list[str]
+
+
+def _chain_functions(theorem: Theorem, fname: str, params: Sequence[str], target: str,
+                     tiles: Mapping[str, int] | None, profile: hw.Hardware, dtype_name: str,
+                     namer: cg.Namer) -> _Chained:
+    """Each kernel of the chain ``theorem`` lowered as ``lower`` lowers a theorem (``NAME.TILE``
+    binding one kernel's tile by the kernel's name), and ``fname(params)`` calling them in order,
+    each written array passed to the kernels after it: the chain's function, whether it is
+    lowered alone (``_lower_chain``) or as a backward kernel (``lower``'s ``backward``)."""
     env = {p.name: name for p, name in zip(theorem.result.inputs, params, strict=True)}
-    kernels: list[ast.stmt] = []
+    kernels: list[ast.FunctionDef] = []
     calls, lays, picked, docs = [], [], {}, []
     keyword = ", interpret=interpret" if target in ("pallas", "mosaic") else ""
     for k, writes in zip(theorem.kernels, theorem.writes, strict=True):
@@ -381,17 +434,9 @@ def _lower_chain(theorem: Theorem, target: str, tiles: Mapping[str, int] | None,
         docs.append(f"  {kname}: writes {wrote}; {_placement(placed.layout, target)}")
     star = ", *, interpret=None" if target in ("pallas", "mosaic") else ""
     text = f"def {fname}({', '.join(params)}{star}):\n    ''\n" + "".join(f"    {c}\n" for c in calls)
-    forward = ast.parse(text).body[0]
-    assert isinstance(forward, ast.FunctionDef)
-    doc = "\n".join([f"`{theorem.name}` lowered by napkin to {len(lays)} "
-                     f"{_KINDS_PLURAL[target]} run in order.",
-                     "", "Theorem: " + theorem.name, "Proved by: " + _proof(theorem),
-                     "Kernels (each array a kernel writes is kept in HBM for the kernels after it):", *docs]) + "\n"
-    defined, gradients = backward_target.differentiable(forward, theorem.result, target, params, _RESERVED)
-    functions = [*kernels, *defined]
-    namespace, source = _module(theorem.name, target, functions, doc + gradients + "\n", fname)
-    return Lowered(theorem.name, target, source, namespace[fname], picked, lays[-1], namespace[defined[0].name],
-                   fname, tuple(lays))
+    run = ast.parse(text).body[0]
+    assert isinstance(run, ast.FunctionDef)
+    return _Chained([*kernels, run], tuple(lays), picked, docs)
 
 
 def _dtype_name(dtype: Any, target: str) -> str:

@@ -16,7 +16,10 @@ proofs/flash_attention_backward.ncd write by hand:
    dV together, dQ alone), so that each pass's ``derive`` search can group its gradients' own
    axes and stream the others, summing on chip: no gradient is summed across programs;
 4. each pass scheduled by ``derive``'s search (the cost model at ``sizes``, the target's
-   lowering screen) and proved as a file's theorem is (``proof.check_theorem``, strict: only
+   lowering screen), a value its schedule recomputes in every program (``D = Σ dO·O`` in the
+   key pass, which streams the queries) hoisted into a first kernel of a chain where the model
+   prices that cheaper, launch included (``search.chains.hoisted``), and proved as a file's
+   theorem is (``proof.check_theorem``, strict: only
    proved accumulators); the join is proved by ``lower``'s ``link``
    (``certify.prove.prove_join``), refused where it cannot be unless ``allow_tested_join``.
 
@@ -38,8 +41,9 @@ from napkin_cat.diagnostics import NapkinError, error
 from napkin_cat.grad import exp_normalised, live, vjp
 from napkin_cat.ops import inlined, typed_box
 from napkin_cat.printer import print_diagram, print_step
+from napkin_cat.search.chains import exposed, hoisted
 from napkin_cat.search.derive import lowering_screen, model_cost
-from napkin_cat.search.rewrite import search
+from napkin_cat.search.rewrite import Costed, search
 from napkin_cat.terms import Box, Diagram, Expr, Let, Module, Step, TheoremDecl, Var, fresh_name, walk
 
 __all__ = ["DERIVED", "LONG", "SHORT", "DerivedBackward", "derived", "passes", "saving"]
@@ -50,6 +54,8 @@ DERIVED = "derived"
 LONG = 4096
 #: the size along its other symbolic axes (a head dimension)
 SHORT = 64
+#: the most candidates the search for each piece of a hoisting chain checks (``search.chains.hoisted``)
+HOIST_BUDGET = 2000
 
 
 @dataclass(frozen=True)
@@ -201,27 +207,50 @@ def derived(module: Module, theorem: str, *, target: str = "jax", sizes: Mapping
     names = {d.name for d in module.scope_diagrams or module.diagrams} | {t.name for t in module.theorems}
     fwd_name = fresh_name(f"{decl.diagram}_forward", names)
     forward = saving(module.diagram(decl.diagram), fwd_name)
-    backs = passes(forward, fresh_name(f"{decl.diagram}_backward", names | {fwd_name}))
-    scope = (*(module.scope_diagrams or module.diagrams), forward.diagram, *backs)
-    here = replace(module, diagrams=(*module.diagrams, forward.diagram, *backs), scope_diagrams=scope)
-    lemmas = rules.lemmas_in_scope(here)
+    backs = list(passes(forward, fresh_name(f"{decl.diagram}_backward", names | {fwd_name})))
+    lemmas = rules.lemmas_in_scope(_with(module, forward.diagram, backs))
     long = {p.axis for p in proof.partitions(source)}
     priced = {a.name: (sizes or {}).get(a.name, LONG if a.name in long else SHORT)
               for d in (forward.diagram, *backs) for a in d.axes if a.size is None}
     cost_fn = model_cost(hardware, dtype, priced, target)
+    profile = hardware if isinstance(hardware, hw.Hardware) else hw.load(hardware)
 
-    def scheduled(diagram: Diagram, own: tuple[Step, ...] | None) -> TheoremDecl:
+    def screen(thm: kernel.Theorem, costed: Costed) -> str | None:
+        return _summed_across(thm) or lowering_screen(thm, costed, target)
+
+    def scheduled(diagram: Diagram, own: tuple[Step, ...] | None) -> tuple[TheoremDecl, Diagram]:
+        """The theorem scheduling ``diagram`` and the diagram it is about (a pass with the values
+        its schedule recomputes in every program bound to names: ``chains.exposed``)."""
         name = theorem if diagram is forward.diagram else fresh_name(f"{diagram.name}_derived", names)
+        here = _with(module, forward.diagram, backs)
         if own is not None:
             attempt = TheoremDecl(name, diagram.name, own, decl.span)
             if proof.check_theorem(here, attempt, lemmas, strict=strict).theorem is not None:
-                return attempt
+                return attempt, diagram
         found = search(here, diagram.name, cost_fn, lemmas=lemmas, theorem_name=name, max_rewrites=1, seconds=seconds,
-                       screen=lambda thm, costed: _summed_across(thm) or lowering_screen(thm, costed, target))
-        return TheoremDecl(name, diagram.name, found.best.explicit if found.best.ok else ())
+                       screen=screen)
+        best = found.best.theorem
+        if diagram is not forward.diagram and found.best.ok and best is not None:
+            # a value every program recomputes is hoisted into a first kernel where the model prices that cheaper
+            bound = exposed(diagram, best)
+            within = _with(module, forward.diagram, [bound if b.name == bound.name else b for b in backs])
+            one = found if bound is diagram else search(within, bound.name, cost_fn, lemmas=lemmas,
+                                                        theorem_name=name, max_rewrites=1, seconds=seconds,
+                                                        screen=screen)
+            chained = hoisted(one, within, bound.name, cost_fn, lemmas=lemmas, theorem_name=name,
+                              launch_overhead=profile.launch_overhead, max_rewrites=1, budget=HOIST_BUDGET,
+                              seconds=seconds, screen=screen)
+            if chained.best.kernels:  # the pass as written stays where the chain does not win
+                diagram, found = bound, chained
+                backs[:] = [bound if b.name == bound.name else b for b in backs]
+        if not found.best.ok:
+            return TheoremDecl(name, diagram.name, ()), diagram
+        return TheoremDecl(name, diagram.name, found.best.explicit, kernels=found.best.kernels), diagram
 
     # a chain's kernels cannot be joined with backward kernels (lower.chain): its forward is searched as one kernel
-    decls = [scheduled(forward.diagram, None if decl.kernels else decl.steps), *(scheduled(b, None) for b in backs)]
+    decls = [scheduled(forward.diagram, None if decl.kernels else decl.steps)[0],
+             *(scheduled(b, None)[0] for b in list(backs))]
+    here = _with(module, forward.diagram, backs)
     proved = []
     for d in decls:
         result = proof.check_theorem(here, d, lemmas, strict=strict)
@@ -231,6 +260,12 @@ def derived(module: Module, theorem: str, *, target: str = "jax", sizes: Mapping
                                     why=f"its schedule is refused: {result.failure.message}"))
         proved.append(result.theorem)
     return DerivedBackward(proved[0], tuple(proved[1:]), _text(here, (forward.diagram, *backs), decls))
+
+
+def _with(module: Module, forward: Diagram, backs: Sequence[Diagram]) -> Module:
+    """``module`` with the derived forward and passes in scope."""
+    scope = (*(module.scope_diagrams or module.diagrams), forward, *backs)
+    return replace(module, diagrams=(*module.diagrams, forward, *backs), scope_diagrams=scope)
 
 
 def _text(module: Module, diagrams: Sequence[Diagram], decls: Sequence[TheoremDecl]) -> str:

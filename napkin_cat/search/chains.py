@@ -10,6 +10,14 @@ Beside the one-kernel search (``rewrite.search``), two more kinds of plan are ca
   model's unfused baseline (every box its own kernel, a launch overhead for each after the
   first: ``roofline.unfused``), so derive never returns a plan modelled slower than it.
 
+``hoisted`` tries only the boundaries a one-kernel schedule makes worth it (``recomputed``): a
+binding whose axes hold a streamed axis and lack a grouped one is recomputed, with everything it
+reads loaded again, in every chunk of every program of that group (FlashAttention-2's key pass
+recomputes ``D = Σ_d dO·O`` over the queries, and reads O, for every block of keys); cut there, a
+first kernel writes it to hbm once and the second reads it.  The derived backward
+(``search.backward``) tries them for each pass, and keeps the chain where the model prices it
+cheaper, launch included.
+
 Every candidate is a theorem with kernels checked by ``proof.check_theorem`` as ``napkin check``
 will check the written file.  The pieces' searches share the caller's budget and time limit.
 """
@@ -17,29 +25,46 @@ will check the written file.  The pieces' searches share the caller's budget and
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from napkin_cat import kernel, terms
-from napkin_cat.proof import check_theorem
+from napkin_cat.proof import check_theorem, partitions
 from napkin_cat.search.rewrite import Candidate, Costed, CostFn, ScreenFn, Search, rank, search
-from napkin_cat.terms import Diagram, KernelDecl, LemmaDecl, Module, Partition, Step, TheoremDecl, Var, walk
+from napkin_cat.terms import (
+    Box,
+    Diagram,
+    Expr,
+    KernelDecl,
+    LemmaDecl,
+    Let,
+    Module,
+    Partition,
+    Step,
+    TheoremDecl,
+    Var,
+    fresh_name,
+    walk,
+)
 
-__all__ = ["UnfusedFn", "with_boundaries"]
+__all__ = ["UnfusedFn", "exposed", "hoisted", "recomputed", "with_boundaries"]
 
 #: prices a theorem's diagram as the unfused baseline (every box its own kernel)
 UnfusedFn = Callable[[kernel.Theorem], Costed]
 
 
-def with_boundaries(found: Search, module: Module, diagram: str, cost: CostFn, unfused: UnfusedFn, *,
+def with_boundaries(found: Search, module: Module, diagram: str, cost: CostFn, unfused: UnfusedFn | None, *,
                     lemmas: Mapping[str, LemmaDecl], theorem_name: str, launch_overhead: float, max_rewrites: int,
-                    budget: int, seconds: float, screen: ScreenFn | None) -> Search:
-    """``found`` (the one-kernel search) with the chains cut at one binding and the unfused diagram
-    as candidates too; the best of them all (``rewrite.rank``) is the answer."""
+                    budget: int, seconds: float, screen: ScreenFn | None,
+                    boundaries: Sequence[str] | None = None) -> Search:
+    """``found`` (the one-kernel search) with the chains cut at one binding (each of ``boundaries``;
+    by default every binding) and the unfused diagram (with ``unfused``) as candidates too; the
+    best of them all (``rewrite.rank``) is the answer."""
     started, deadline = time.monotonic(), time.monotonic() + seconds
     whole = kernel.unfold(kernel.refl(theorem_name, module.diagram(diagram))).result
-    extra: list[Candidate] = [_unfused(module, whole, diagram, theorem_name, lemmas, unfused)]
-    for name in (let.names[0] for let in whole.body):
+    extra: list[Candidate] = [] if unfused is None else [_unfused(module, whole, diagram, theorem_name, lemmas,
+                                                                  unfused)]
+    for name in (let.names[0] for let in whole.body if boundaries is None or let.names[0] in boundaries):
         if time.monotonic() > deadline:
             break
         try:
@@ -62,6 +87,69 @@ def with_boundaries(found: Search, module: Module, diagram: str, cost: CostFn, u
     best = min(fitting, key=rank) if fitting else found.best
     return replace(found, best=best, candidates=found.candidates + tuple(extra),
                    elapsed=found.elapsed + time.monotonic() - started)
+
+
+def _recomputed_by(thm: kernel.Theorem) -> Callable[[Expr], bool]:
+    """Whether a value of a one-kernel theorem's diagram is recomputed in every chunk of every
+    program: its axes hold a streamed axis and lack one the grid holds (a grouped or split axis),
+    so it is the same for every program along that axis."""
+    grid = {p.axis for p in partitions(thm) if p.kind in ("group", "split")}
+    streamed = {p.axis for p in partitions(thm) if p.kind == "stream"}
+    return lambda e: isinstance(e, Box) and bool(set(e.axes) & streamed) and bool(grid - set(e.axes))
+
+
+def exposed(diagram: Diagram, thm: kernel.Theorem) -> Diagram:
+    """``diagram`` (unfolded, the source of the one-kernel theorem ``thm``) with each outermost
+    value ``thm`` recomputes in every program that is an operand inside a binding bound to a
+    name of its own (``h``, ``h_2``, ...), so that a chain can cut there; ``diagram`` itself
+    where there is none.  Binding an operand to a name changes no value."""
+    again = _recomputed_by(thm)
+    taken = {p.name for p in diagram.inputs} | {n for let in diagram.body for n in let.names}
+    body: list[Let] = []
+
+    def lift(expr: Expr) -> Expr:
+        if again(expr):
+            name = fresh_name("h", taken)
+            body.append(Let((name,), expr))
+            return Var(name, expr.axes)
+        return replace(expr, args=tuple(lift(a) for a in expr.args)) if isinstance(expr, Box) else expr
+
+    for let in diagram.body:
+        top = let.expr
+        body.append(replace(let, expr=top if again(top) or not isinstance(top, Box) else
+                            replace(top, args=tuple(lift(a) for a in top.args))))
+    if len(body) == len(diagram.body):
+        return diagram
+    return replace(diagram, body=tuple(body))
+
+
+def recomputed(thm: kernel.Theorem) -> tuple[str, ...]:
+    """The bindings of a one-kernel theorem's (unfolded) diagram that every program recomputes in
+    every chunk (``_recomputed_by``); only the outermost of them (read by a binding or output
+    that is not one), each a boundary ``hoisted`` tries (``exposed`` binds the operands)."""
+    if thm.kernels:
+        return ()
+    whole = kernel.unfold(kernel.refl(thm.name, thm.source)).result
+    again = {let.names[0] for let in whole.body if _recomputed_by(thm)(let.expr)}
+    readers = [*((let.names[0], let.expr) for let in whole.body), *((None, out) for out in whole.outputs)]
+    return tuple(name for name in (let.names[0] for let in whole.body) if name in again and any(
+        reader not in again and any(isinstance(n, Var) and n.name == name for n in walk(expr))
+        for reader, expr in readers))
+
+
+def hoisted(found: Search, module: Module, diagram: str, cost: CostFn, *, lemmas: Mapping[str, LemmaDecl],
+            theorem_name: str, launch_overhead: float, max_rewrites: int, budget: int, seconds: float,
+            screen: ScreenFn | None) -> Search:
+    """``found`` with, as candidates too, the chains that hoist each value its best schedule
+    recomputes in every program (``recomputed``) into a first kernel; the best of them all
+    (``rewrite.rank``: the model's time, a launch included) is the answer."""
+    best = found.best.theorem
+    names = recomputed(best) if found.best.ok and best is not None else ()
+    if not names:
+        return found
+    return with_boundaries(found, module, diagram, cost, None, lemmas=lemmas, theorem_name=theorem_name,
+                           launch_overhead=launch_overhead, max_rewrites=max_rewrites, budget=budget, seconds=seconds,
+                           screen=screen, boundaries=names)
 
 
 def _unbound(piece: Diagram) -> bool:

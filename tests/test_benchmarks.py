@@ -110,6 +110,8 @@ def test_gpu_script_dry_run_checks_its_kernels(tmp_path: Path) -> None:
     assert sorted(r["kernel"] for r in ours if "grad" in r["kernel"]) == ["attention grad d=64",
                                                                          "attention grad d=64 causal"]
     assert all(r["max_err"] < 5e-2 and r["temp_mb"] > 0 for r in ours if "grad" in r["kernel"])
+    hoisted = [r for r in result["rows"] if r["impl"] == "napkin (D hoisted)"]  # the key pass as a chain
+    assert len(hoisted) == 2 and all(r["max_err"] < 5e-2 and r["temp_mb"] > 0 for r in hoisted)
     assert all("error" not in r for r in result["rows"])
 
 

@@ -113,6 +113,30 @@ def test_the_static_benchmark_finds_the_main_loop() -> None:
     assert loop["second"] is not None and (loop["second"]["loop"], loop["second"]["mask"]) == (3, 2)
 
 
+def test_the_static_benchmark_lists_the_blocks_a_loop_loads() -> None:
+    """benchmarks/gpu_static.py's ``loop_loads``: the ``tt.load`` blocks inside an ``scf.for``
+    (what a program loads per chunk), not those before or after it (loaded once)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu_static import loop_loads
+
+    ttir = """
+    tt.func public @k(%arg0: !tt.ptr<bf16>) {
+      %0 = tt.load %a : tensor<64x64x!tt.ptr<bf16>>
+      %1 = scf.for %i = %c0 to %n step %c1 iter_args(%acc = %z) -> (tensor<64x64xf32>) : i32 {
+        %2 = tt.load %b : tensor<64x64x!tt.ptr<bf16>>
+        %3 = scf.if %p -> (tensor<64xf32>) {
+          %4 = tt.load %c : tensor<64x!tt.ptr<f32>>
+          scf.yield %4 : tensor<64xf32>
+        }
+        scf.yield %acc : tensor<64x64xf32>
+      }
+      %5 = tt.load %d : tensor<64x!tt.ptr<bf16>>
+      tt.return
+    }
+    """
+    assert loop_loads(ttir) == ["64x64 bf16", "64 f32"]
+
+
 # ---- the time model (napkin_cat/cost/roofline.py) ------------------------------------------------
 
 

@@ -161,8 +161,10 @@ def lower(theorem: Theorem, target: str = "pallas", tiles: Mapping[str, int] | N
 
     With ``backward`` (theorems whose diagrams compute the gradients from the forward's
     inputs, outputs and cotangents, ``lower.backward``), the function is a ``jax.custom_vjp``
-    whose backward runs their kernels; ``tiles`` binds their tile names too, and ``NAME.TILE``
-    binds one kernel's tile alone (``Lowered.tiles`` gives the backward kernels' so).  A join the
+    whose backward runs their kernels (a backward theorem that is a chain, ``kernel.chain``: its
+    kernels in order, the arrays between them in HBM); ``tiles`` binds their tile names too, and
+    ``NAME.TILE`` binds one kernel's tile alone (a chain's kernel by its name, ``THEOREM_k1``;
+    ``Lowered.tiles`` gives the backward kernels' so).  A join the
     prover cannot prove is refused (``lower.backward_unproved``) unless ``allow_tested_join``:
     then it is lowered on the float64 test alone, with a ``UnprovedJoinWarning`` and the trust
     level in the module's docstring (``lower.backward``).  Refuses

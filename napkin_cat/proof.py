@@ -234,9 +234,6 @@ def _apply(thm: kernel.Theorem, step: Step, lemmas: dict[str, LemmaDecl], level:
     if isinstance(step, Place):
         return kernel.place(thm, step)
     assert isinstance(step, Quantise)
-    for name in (p.name for p in thm.result.inputs if p.integer and p.name in step.names):
-        raise kernel.KernelError("dtype", f"`{name}` is an integer input: every kernel keeps it as int32 (ids, "
-                                          "lengths and page numbers are exact or wrong, never approximate)", step.span)
     return kernel.quantise(thm, step, measure)
 
 

@@ -487,7 +487,7 @@ def chain(thm: Theorem, writes: tuple[tuple[str, ...], ...], kernels: tuple[Theo
     written before, and K_n the outputs."""
     _no_schedule(thm, "chain", span)
     try:
-        expected = terms.cut(thm.result, writes)
+        expected = terms.cut(thm.result, writes, ops.integer_valued)
     except ValueError as exc:
         raise KernelError("chain", str(exc), span) from None
     if tuple(k.source for k in kernels) != expected or any(k.kernels for k in kernels):

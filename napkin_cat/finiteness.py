@@ -57,8 +57,8 @@ from napkin_cat import ops
 from napkin_cat.terms import Box, Const, Diagram, Expr, Param, Size, Var, walk
 
 __all__ = ["DOMAIN", "EXTENDED", "FINITE", "INFINITE", "MASKS", "MASKS_TESTED", "RULES", "TOP", "UNARY", "Abstract",
-           "Inputs", "Value", "abstract", "analyse", "class_of", "finite", "finite_in", "input_values", "masked",
-           "narrowed", "rounds_to_infinity", "unsupported"]
+           "Inputs", "Value", "abstract", "analyse", "class_of", "finite", "finite_fold_overflows", "finite_in",
+           "fold_overflows", "input_values", "masked", "narrowed", "rounds_to_infinity", "unsupported"]
 
 Value = frozenset[str]
 #: the classes in order (``maximum`` keeps the larger), nan apart
@@ -546,7 +546,29 @@ def unsupported(how: str, diagram: Diagram, terms: Mapping[str, Expr]) -> str | 
             f"operands{' and -inf masks' if masks else ''}, not tested with infinite ones")
 
 
-def narrowed(how: str, diagram: Diagram, terms: Mapping[str, Expr], rhs: Expr | None = None) -> str:
+def fold_overflows(box: Box, diagram: Diagram) -> bool:
+    """May ``box`` (a reduction of ``diagram`` that a stream or split folds chunk by chunk)
+    overflow in float64 on the finite entries of its operands, as they are in ``diagram``?
+    Then the order of the fold decides its class: the box's sequential sum of a, a, a, -a
+    (a = 8e307) passes 2^1024 and stays inf, the chunks' (a + a) + (a + -a) = 1.6e308; a
+    product likewise.  A proof of the accumulator's laws (over the reals, or at ±inf and NaN
+    operands: ``[extended: ...]``) says nothing of where float64 overflows."""
+    an = _Analysis(_defs(diagram), input_values(diagram.inputs))
+    finite_parts = [Abstract(v.classes & FINITE, v.lo, v.hi) for v in (an.value(a) for a in box.args)]
+    return box.op not in RULES or bool(RULES[box.op](box, finite_parts, an).classes - FINITE)
+
+
+def finite_fold_overflows(box: Box, diagram: Diagram) -> bool:
+    """``fold_overflows`` where every operand of ``box`` is finite (``finite_in``): a proof of
+    the accumulator's laws for finite operands then covers the use only if the fold cannot
+    overflow (a product of inputs: prod of seven 2^127 and 2^111, 2^127, 2^-126 is inf in
+    order, 2^1002 in chunks of 2).  Where an operand may be infinite, ``[extended: ...]``
+    backs it; see README "Proofs" for what that argument leaves open."""
+    return all(finite_in(diagram, a) for a in box.args) and fold_overflows(box, diagram)
+
+
+def narrowed(how: str, diagram: Diagram, terms: Mapping[str, Expr], rhs: Expr | None = None,
+             fold: Box | None = None) -> str:
     """Certification's ``how`` for one use, its parameters matched to ``terms``: a proof
     (``proved: ...``) covers finite inputs, -inf masks in the parameters it names in
     ``[-inf masks: S]`` and every value in those it names in ``[extended: X0]``; applied to
@@ -554,11 +576,16 @@ def narrowed(how: str, diagram: Diagram, terms: Mapping[str, Expr], rhs: Expr | 
     its right side instantiated on ``terms``, it covers the use only where float64 computes
     that as the extended reals do (``rounds_to_infinity``: no box of the lemma's overflows
     there, as ``exp(c)`` of ``exp(c - 5) = exp(c) · exp(-5)`` does at c = 712, where the left
-    side is 1.1e307), so the right side is finite wherever the left side is."""
+    side is 1.1e307), so the right side is finite wherever the left side is.  With ``fold``, the
+    box an accumulator streams, it covers the use only where that box's fold cannot overflow on
+    finite operands (``fold_overflows``: chunked, it could stay finite where the box is inf)."""
     if not how.startswith("proved"):
         return how
     if _uncovered(diagram, terms, _listed(how, MASKS), _listed(how, EXTENDED)) is not None:
         return f"tested here (proved for finite terms, applied to one that may be infinite): {how[len('proved: '):]}"
+    if fold is not None and finite_fold_overflows(fold, diagram):
+        return (f"tested here (proved over the reals, but float64 may overflow inside `{fold.op}` at these operands, "
+                f"where the order of the chunks decides whether it does): {how[len('proved: '):]}")
     if rhs is not None and (box := rounds_to_infinity(rhs, terms.values(), diagram)) is not None:
         return (f"tested here (proved over the reals, but float64 may make the right side's `{box.op}` infinite "
                 f"at these operands, where the left side need not be): {how[len('proved: '):]}")

@@ -30,7 +30,8 @@ positions), ``0`` where it may fall below 2^-1074 (underflow: ``exp`` past -745)
   ``0 · ±inf = nan``, signs multiply; ``a - b = a + (-b)``, ``a / b = a · (1/b)``; and one
   relational fact: the guarded divisor ``d + (1 - g)``, ``g`` = ``square(sign d)`` or
   ``abs(sign d)``, is 1 where d = 0 and d elsewhere;
-- a reduction over n ≥ 1 positions folds its pair rule to a fixed point (every sum,
+- a reduction over n ≥ 1 positions (up to 2^62 per axis it reduces: ``_entries``) folds its
+  pair rule to a fixed point (every sum,
   product, maximum or minimum of one or more entries); ``mean`` as ``sum``; ``cumsum`` as
   ``sum`` (each prefix is a sum of one or more entries); ``linrec`` the least set holding X
   and closed under h ↦ A·h + X; ``logsumexp`` is finite (at least its maximum) unless its maximum is infinite or nan;
@@ -242,14 +243,21 @@ def _bin(op: str, a: Abstract, b: Abstract, rounds: bool) -> Abstract:
     return _float64(classes, min(a.lo, b.lo), max(a.hi, b.hi), rounds)  # maximum, minimum
 
 
-def _fold(op: str, a: Abstract, rounds: bool) -> Abstract:
-    """Every ``op``-fold of 1 to 2^62 entries of ``a`` (a reduction)."""
+def _entries(box: Box) -> float:
+    """log2 of the most entries ``box`` reduces: 2^62 per axis of its target (a reduction over k
+    axes folds up to 2^(62k) entries of operands it need not hold: ``sum[x y](A * B)``)."""
+    return POSITIONS * max(1, len(box.target))
+
+
+def _fold(op: str, a: Abstract, rounds: bool, entries: float = POSITIONS) -> Abstract:
+    """Every ``op``-fold of 1 to 2^entries entries of ``a`` (a reduction)."""
     classes = _folded(op, a.classes)
     if op == "add":  # a rounded partial sum s + x that grows past s + x grows by at most x: 2·Σ|x|
-        return _float64(classes, max(a.lo - 53.0, UNDERFLOW), a.hi + POSITIONS + 1.0, rounds)
-    if op == "mul":  # |x| ≤ 2^hi over 2^62 factors, each rounding by at most (1 + 2^-53)
-        return _float64(classes, (a.lo * 2.0 ** POSITIONS if a.lo < 0 else a.lo) - ROUNDING,
-                        (a.hi * 2.0 ** POSITIONS if a.hi > 0 else a.hi) + ROUNDING, rounds)
+        return _float64(classes, max(a.lo - 53.0, UNDERFLOW), a.hi + entries + 1.0, rounds)
+    if op == "mul":  # |x| ≤ 2^hi over 2^entries factors, each rounding by at most (1 + 2^-53)
+        rounding = 2.0 ** (entries - 53.0) * LOG2E
+        return _float64(classes, (a.lo * 2.0 ** entries if a.lo < 0 else a.lo) - rounding,
+                        (a.hi * 2.0 ** entries if a.hi > 0 else a.hi) + rounding, rounds)
     return _float64(classes, a.lo, a.hi, rounds)  # maximum, minimum
 
 
@@ -257,30 +265,32 @@ def _fold(op: str, a: Abstract, rounds: bool) -> Abstract:
 SIZE = Abstract(_v("+"), 0.0, POSITIONS)
 
 
-def _weights(params: tuple[str, ...], s: Abstract, rounds: bool) -> Abstract:
+def _weights(params: tuple[str, ...], s: Abstract, rounds: bool, entries: float) -> Abstract:
     """a1(s) / b(Σ a2(s)), 0 where the normaliser is 0.  exp's weights read s - max s, the
     maximum taken as 0 where it is not finite (evaluate.nweights): where it is finite,
     s - max s ≤ 0 (``-inf`` where masked), its exponential in [0, 1] (0 where it underflows),
     and the normaliser at least the maximum's exp(0) = 1, so the weights are in [0, 1]
     (``rms``: in [0, sqrt n])."""
     if params[0] == params[1] == "exp":
-        top = _fold("maximum", s, rounds)
+        top = _fold("maximum", s, rounds, entries)
         weights = frozenset().union(*({"-inf": _v("0"), "nan": _v("nan")}.get(c, _v("0 +") if c in FINITE else
                                                                                frozenset()) for c in s.classes))
         # at most 1 (sqrt(n) under an rms normaliser: exp(0) / sqrt(1/n))
         bounded = Abstract(weights if top.classes & FINITE else frozenset(), UNDERFLOW,
-                           POSITIONS / 2 if params[2] == "rms" else 0.0)
+                           entries / 2 if params[2] == "rms" else 0.0)
         if not (rest := top.classes - FINITE):
             return bounded
         # the maximum not finite: s itself, every entry -inf where the maximum is -inf (a fully masked row)
-        return _join(bounded, _composed(params, s if rest - _v("-inf") else Abstract(s.classes & _v("-inf")), rounds))
-    return _composed(params, s, rounds)
+        return _join(bounded, _composed(params, s if rest - _v("-inf") else Abstract(s.classes & _v("-inf")), rounds,
+                                         entries))
+    return _composed(params, s, rounds, entries)
 
 
-def _composed(params: tuple[str, ...], s: Abstract, rounds: bool) -> Abstract:
+def _composed(params: tuple[str, ...], s: Abstract, rounds: bool, entries: float) -> Abstract:
     a1, a2, b = params
-    z = _fold("add", _un(a2, s, rounds), rounds)
-    denom = z if b == "id" else _un("sqrt", z if b == "sqrt" else _bin("div", z, SIZE, rounds), rounds)
+    z = _fold("add", _un(a2, s, rounds), rounds, entries)
+    count = Abstract(_v("+"), 0.0, entries)
+    denom = z if b == "id" else _un("sqrt", z if b == "sqrt" else _bin("div", z, count, rounds), rounds)
     nonzero = Abstract(denom.classes - _v("0"), denom.lo, denom.hi)
     out = _bin("div", _un(a1, s, rounds), nonzero, rounds)
     return _join(out, Abstract(_v("0"), out.lo, out.hi)) if "0" in denom.classes else out
@@ -319,10 +329,11 @@ _REDUCE = {"sum": "add", "mean": "add", "prod": "mul", "max": "maximum", "min": 
 Rule = Callable[[Box, list[Abstract], "_Analysis"], Abstract]
 
 
-def _lse(a: Abstract, rounds: bool) -> Abstract:
-    """logsumexp: within log(2^62) ≈ 43 above its maximum, so |lse| ≤ 2^hi + 44 ≤ 2·max(2^hi, 44)
-    (not capped as ``_exp2`` caps an exponent: the maximum itself may be as large as 2^hi)."""
-    return _float64(_logsumexp(a.classes), UNDERFLOW, max(a.hi, math.log2(44.0)) + 1.0, rounds)
+def _lse(a: Abstract, rounds: bool, entries: float) -> Abstract:
+    """logsumexp of up to 2^entries entries: within log(2^entries) (43 per axis) above its maximum,
+    so |lse| ≤ 2^hi + k ≤ 2·max(2^hi, k), k = entries·ln 2 + 1 (not capped as ``_exp2`` caps an
+    exponent: the maximum itself may be as large as 2^hi)."""
+    return _float64(_logsumexp(a.classes), UNDERFLOW, max(a.hi, math.log2(entries * LN2 + 1.0)) + 1.0, rounds)
 
 
 def _rule(op: str) -> Rule:
@@ -334,22 +345,24 @@ def _rule(op: str) -> Rule:
     if kind == "binary":
         return lambda box, vs, an: _bin(op, vs[0], vs[1], an.rounds)
     if op == "logsumexp":
-        return lambda box, vs, an: _lse(vs[0], an.rounds)
+        return lambda box, vs, an: _lse(vs[0], an.rounds, _entries(box))
     if op == "mean":
-        return lambda box, vs, an: _bin("div", _fold("add", vs[0], an.rounds), SIZE, an.rounds)
+        return lambda box, vs, an: _bin("div", _fold("add", vs[0], an.rounds, _entries(box)),
+                                        Abstract(_v("+"), 0.0, _entries(box)), an.rounds)
     if kind == "reduce":
-        return lambda box, vs, an: _fold(_REDUCE[op], vs[0], an.rounds)
+        return lambda box, vs, an: _fold(_REDUCE[op], vs[0], an.rounds, _entries(box))
     if op == "cumsum":  # each entry a sum of 1 to 2^62 entries
         return lambda box, vs, an: _fold("add", vs[0], an.rounds)
     if op == "linrec":
         return lambda box, vs, an: _linrec(vs[0], vs[1], an.rounds)
     if kind == "normalise":
-        return lambda box, vs, an: _weights(ops.OPS[op].weights or ("", "", ""), vs[0], an.rounds)
+        return lambda box, vs, an: _weights(ops.OPS[op].weights or ("", "", ""), vs[0], an.rounds, _entries(box))
     if kind == "ncontract":
-        return lambda box, vs, an: _fold("add", _bin("mul", _weights(box.params, vs[0], an.rounds), vs[1], an.rounds),
-                                         an.rounds)
+        return lambda box, vs, an: _fold("add", _bin("mul", _weights(box.params, vs[0], an.rounds, _entries(box)),
+                                                     vs[1], an.rounds), an.rounds, _entries(box))
     if kind == "contract":
-        return lambda box, vs, an: _fold("add", fold(lambda a, b: _bin("mul", a, b, an.rounds), vs), an.rounds)
+        return lambda box, vs, an: _fold("add", fold(lambda a, b: _bin("mul", a, b, an.rounds), vs), an.rounds,
+                                         _entries(box))
     if kind == "where":
         return lambda box, vs, an: _join(vs[0], vs[1])
     if kind == "compare":

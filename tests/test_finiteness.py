@@ -409,3 +409,18 @@ def test_a_sum_of_operands_that_may_overflow_is_not_proved_where_its_chunks_reor
     assert math.isfinite(float(run_schedule(loose.theorem, [a, b])[0]))  # the theorem is wrong there
     (strict,) = check_module(module, strict=True)
     assert not strict.ok
+
+
+def test_a_reduction_over_several_axes_folds_more_entries() -> None:
+    """A reduction over k axes folds up to 2^(62k) entries (each axis has up to 2^62 positions),
+    not 2^62: the logsumexp of tanh over three axes is up to 1 + 186·ln 2 ≈ 130, so 8 times it
+    may pass exp's 709.8, where the bound of one axis's 2^62 entries (≈ 88) vouched it finite."""
+    defs = {"L": loads("axis x, y, z\ndiagram f(S: [x y z]) -> [] {\n  L = logsumexp[x y z](tanh(S))\n"
+                       "  return L\n}\n").diagram("f").body[0].expr}
+    grow = loads("axis x, y, z\ndiagram f(S: [x y z]) -> [] {\n  L = logsumexp[x y z](tanh(S))\n"
+                 "  E = exp(8 * L)\n  return E\n}\n").diagram("f")
+    assert finite(Var("L", ()), defs, {"S"})
+    assert not finite(grow.body[1].expr, {let.names[0]: let.expr for let in grow.body}, {"S"})
+    alone = loads("axis x\ndiagram f(S: [x]) -> [] {\n  L = logsumexp[x](tanh(S))\n  E = exp(8 * L)\n"
+                  "  return E\n}\n").diagram("f")
+    assert finite(alone.body[1].expr, {let.names[0]: let.expr for let in alone.body}, {"S"})

@@ -30,7 +30,8 @@ positions), ``0`` where it may fall below 2^-1074 (underflow: ``exp`` past -745)
   ``0 · ±inf = nan``, signs multiply; ``a - b = a + (-b)``, ``a / b = a · (1/b)``; and one
   relational fact: the guarded divisor ``d + (1 - g)``, ``g`` = ``square(sign d)`` or
   ``abs(sign d)``, is 1 where d = 0 and d elsewhere;
-- a reduction over n ≥ 1 positions folds its pair rule to a fixed point (every sum,
+- a reduction over n ≥ 1 positions (up to 2^62 per axis it reduces: ``_entries``) folds its
+  pair rule to a fixed point (every sum,
   product, maximum or minimum of one or more entries); ``mean`` as ``sum``; ``cumsum`` as
   ``sum`` (each prefix is a sum of one or more entries); ``linrec`` the least set holding X
   and closed under h ↦ A·h + X; ``logsumexp`` is finite (at least its maximum) unless its maximum is infinite or nan;
@@ -57,8 +58,8 @@ from napkin_cat import ops
 from napkin_cat.terms import Box, Const, Diagram, Expr, Param, Size, Var, walk
 
 __all__ = ["DOMAIN", "EXTENDED", "FINITE", "INFINITE", "MASKS", "MASKS_TESTED", "RULES", "TOP", "UNARY", "Abstract",
-           "Inputs", "Value", "abstract", "analyse", "class_of", "finite", "finite_in", "input_values", "masked",
-           "narrowed", "rounds_to_infinity", "unsupported"]
+           "Inputs", "Value", "abstract", "analyse", "class_of", "finite", "finite_fold_overflows", "finite_in",
+           "fold_overflows", "input_values", "masked", "narrowed", "rounds_to_infinity", "unsupported"]
 
 Value = frozenset[str]
 #: the classes in order (``maximum`` keeps the larger), nan apart
@@ -180,15 +181,12 @@ class Abstract:
     hi: float = OVERFLOW
 
 
-#: while false (``_ExactAt``), ``_float64`` rounds nothing: the value over the extended reals
-_ROUNDING = [True]
-
-
-def _float64(classes: Value, lo: float, hi: float) -> Abstract:
+def _float64(classes: Value, lo: float, hi: float, rounds: bool) -> Abstract:
     """The value of a rule whose extended-real classes are ``classes`` and whose finite
     non-zero entries are within 2^lo..2^hi over the reals: float64 rounds those past 2^1024
-    to ±inf and those below 2^-1074 to 0."""
-    signs = classes & _v("- +") if _ROUNDING[0] else frozenset()
+    to ±inf and those below 2^-1074 to 0 (where ``rounds``; the analysis's ``rounds``, false
+    for the boxes ``_ExactAt`` takes over the extended reals, rounds nothing)."""
+    signs = classes & _v("- +") if rounds else frozenset()
     if signs and hi >= OVERFLOW:
         classes = classes | {f"{c}inf" for c in signs}
     if signs and lo < UNDERFLOW:
@@ -228,64 +226,73 @@ def _unary_magnitude(op: str, x: Abstract) -> tuple[float, float]:
     return UNDERFLOW - 1.0, OVERFLOW  # an op without a magnitude rule: anything finite
 
 
-def _un(op: str, x: Abstract) -> Abstract:
+def _un(op: str, x: Abstract, rounds: bool) -> Abstract:
     if op not in UNARY:
         return Abstract(TOP)  # an op without a rule could be anything
-    return _float64(_unary(op, x.classes), *_unary_magnitude(op, x))
+    return _float64(_unary(op, x.classes), *_unary_magnitude(op, x), rounds)
 
 
-def _bin(op: str, a: Abstract, b: Abstract) -> Abstract:
+def _bin(op: str, a: Abstract, b: Abstract, rounds: bool) -> Abstract:
     classes = _pairs(op, a.classes, b.classes)
     if op in ("add", "sub"):  # a sum of floats that does not cancel to 0 is at least the smaller ulp
-        return _float64(classes, max(min(a.lo, b.lo) - 53.0, UNDERFLOW), max(a.hi, b.hi) + 1.0)
+        return _float64(classes, max(min(a.lo, b.lo) - 53.0, UNDERFLOW), max(a.hi, b.hi) + 1.0, rounds)
     if op == "mul":
-        return _float64(classes, a.lo + b.lo, a.hi + b.hi)
+        return _float64(classes, a.lo + b.lo, a.hi + b.hi, rounds)
     if op == "div":
-        return _float64(classes, a.lo - b.hi, a.hi - b.lo)
-    return _float64(classes, min(a.lo, b.lo), max(a.hi, b.hi))  # maximum, minimum
+        return _float64(classes, a.lo - b.hi, a.hi - b.lo, rounds)
+    return _float64(classes, min(a.lo, b.lo), max(a.hi, b.hi), rounds)  # maximum, minimum
 
 
-def _fold(op: str, a: Abstract) -> Abstract:
-    """Every ``op``-fold of 1 to 2^62 entries of ``a`` (a reduction)."""
+def _entries(box: Box) -> float:
+    """log2 of the most entries ``box`` reduces: 2^62 per axis of its target (a reduction over k
+    axes folds up to 2^(62k) entries of operands it need not hold: ``sum[x y](A * B)``)."""
+    return POSITIONS * max(1, len(box.target))
+
+
+def _fold(op: str, a: Abstract, rounds: bool, entries: float = POSITIONS) -> Abstract:
+    """Every ``op``-fold of 1 to 2^entries entries of ``a`` (a reduction)."""
     classes = _folded(op, a.classes)
     if op == "add":  # a rounded partial sum s + x that grows past s + x grows by at most x: 2·Σ|x|
-        return _float64(classes, max(a.lo - 53.0, UNDERFLOW), a.hi + POSITIONS + 1.0)
-    if op == "mul":  # |x| ≤ 2^hi over 2^62 factors, each rounding by at most (1 + 2^-53)
-        return _float64(classes, (a.lo * 2.0 ** POSITIONS if a.lo < 0 else a.lo) - ROUNDING,
-                        (a.hi * 2.0 ** POSITIONS if a.hi > 0 else a.hi) + ROUNDING)
-    return _float64(classes, a.lo, a.hi)  # maximum, minimum
+        return _float64(classes, max(a.lo - 53.0, UNDERFLOW), a.hi + entries + 1.0, rounds)
+    if op == "mul":  # |x| ≤ 2^hi over 2^entries factors, each rounding by at most (1 + 2^-53)
+        rounding = 2.0 ** (entries - 53.0) * LOG2E
+        return _float64(classes, (a.lo * 2.0 ** entries if a.lo < 0 else a.lo) - rounding,
+                        (a.hi * 2.0 ** entries if a.hi > 0 else a.hi) + rounding, rounds)
+    return _float64(classes, a.lo, a.hi, rounds)  # maximum, minimum
 
 
 #: an axis's size
 SIZE = Abstract(_v("+"), 0.0, POSITIONS)
 
 
-def _weights(params: tuple[str, ...], s: Abstract) -> Abstract:
+def _weights(params: tuple[str, ...], s: Abstract, rounds: bool, entries: float) -> Abstract:
     """a1(s) / b(Σ a2(s)), 0 where the normaliser is 0.  exp's weights read s - max s, the
     maximum taken as 0 where it is not finite (evaluate.nweights): where it is finite,
     s - max s ≤ 0 (``-inf`` where masked), its exponential in [0, 1] (0 where it underflows),
     and the normaliser at least the maximum's exp(0) = 1, so the weights are in [0, 1]
     (``rms``: in [0, sqrt n])."""
     if params[0] == params[1] == "exp":
-        top = _fold("maximum", s)
+        top = _fold("maximum", s, rounds, entries)
         weights = frozenset().union(*({"-inf": _v("0"), "nan": _v("nan")}.get(c, _v("0 +") if c in FINITE else
                                                                                frozenset()) for c in s.classes))
         # at most 1 (sqrt(n) under an rms normaliser: exp(0) / sqrt(1/n))
         bounded = Abstract(weights if top.classes & FINITE else frozenset(), UNDERFLOW,
-                           POSITIONS / 2 if params[2] == "rms" else 0.0)
+                           entries / 2 if params[2] == "rms" else 0.0)
         if not (rest := top.classes - FINITE):
             return bounded
         # the maximum not finite: s itself, every entry -inf where the maximum is -inf (a fully masked row)
-        return _join(bounded, _composed(params, s if rest - _v("-inf") else Abstract(s.classes & _v("-inf"))))
-    return _composed(params, s)
+        return _join(bounded, _composed(params, s if rest - _v("-inf") else Abstract(s.classes & _v("-inf")), rounds,
+                                         entries))
+    return _composed(params, s, rounds, entries)
 
 
-def _composed(params: tuple[str, ...], s: Abstract) -> Abstract:
+def _composed(params: tuple[str, ...], s: Abstract, rounds: bool, entries: float) -> Abstract:
     a1, a2, b = params
-    z = _fold("add", _un(a2, s))
-    denom = z if b == "id" else _un("sqrt", z if b == "sqrt" else _bin("div", z, SIZE))
+    z = _fold("add", _un(a2, s, rounds), rounds, entries)
+    count = Abstract(_v("+"), 0.0, entries)
+    denom = z if b == "id" else _un("sqrt", z if b == "sqrt" else _bin("div", z, count, rounds), rounds)
     nonzero = Abstract(denom.classes - _v("0"), denom.lo, denom.hi)
-    out = _bin("div", _un(a1, s), nonzero)
+    out = _bin("div", _un(a1, s, rounds), nonzero, rounds)
     return _join(out, Abstract(_v("0"), out.lo, out.hi)) if "0" in denom.classes else out
 
 
@@ -306,13 +313,14 @@ def _recurrence(a: Value, x: Value) -> Value:
     return out
 
 
-def _linrec(a: Abstract, x: Abstract) -> Abstract:
+def _linrec(a: Abstract, x: Abstract, rounds: bool) -> Abstract:
     """linrec: h[t] = Σ_{s ≤ t} (Π_{s < r ≤ t} a[r])·x[s] over up to 2^62 positions: its
     classes the fixed point of ``_recurrence``; within 2^62 times the largest x while |a| ≤ 1,
     else a product of up to 2^62 factors past 1 (``_fold``'s bound for ``mul``), with the
     roundings of both; a non-zero entry may underflow."""
     grow = a.hi * 2.0 ** POSITIONS if a.hi > 0 else 0.0
-    return _float64(_recurrence(a.classes, x.classes), UNDERFLOW - 1.0, x.hi + grow + POSITIONS + 1.0 + ROUNDING)
+    return _float64(_recurrence(a.classes, x.classes), UNDERFLOW - 1.0, x.hi + grow + POSITIONS + 1.0 + ROUNDING,
+                    rounds)
 
 
 _REDUCE = {"sum": "add", "mean": "add", "prod": "mul", "max": "maximum", "min": "minimum"}
@@ -321,51 +329,55 @@ _REDUCE = {"sum": "add", "mean": "add", "prod": "mul", "max": "maximum", "min": 
 Rule = Callable[[Box, list[Abstract], "_Analysis"], Abstract]
 
 
-def _lse(a: Abstract) -> Abstract:
-    """logsumexp: within log(2^62) ≈ 43 above its maximum, so |lse| ≤ 2^hi + 44 ≤ 2·max(2^hi, 44)
-    (not capped as ``_exp2`` caps an exponent: the maximum itself may be as large as 2^hi)."""
-    return _float64(_logsumexp(a.classes), UNDERFLOW, max(a.hi, math.log2(44.0)) + 1.0)
+def _lse(a: Abstract, rounds: bool, entries: float) -> Abstract:
+    """logsumexp of up to 2^entries entries: within log(2^entries) (43 per axis) above its maximum,
+    so |lse| ≤ 2^hi + k ≤ 2·max(2^hi, k), k = entries·ln 2 + 1 (not capped as ``_exp2`` caps an
+    exponent: the maximum itself may be as large as 2^hi)."""
+    return _float64(_logsumexp(a.classes), UNDERFLOW, max(a.hi, math.log2(entries * LN2 + 1.0)) + 1.0, rounds)
 
 
 def _rule(op: str) -> Rule:
     kind = ops.OPS[op].kind
     if kind == "unary":
-        return lambda box, vs, _: _un(op, vs[0])
+        return lambda box, vs, an: _un(op, vs[0], an.rounds)
     if op == "add":
-        return lambda box, vs, an: an.guarded(box, vs) or _bin("add", *vs)
+        return lambda box, vs, an: an.guarded(box, vs) or _bin("add", vs[0], vs[1], an.rounds)
     if kind == "binary":
-        return lambda box, vs, _: _bin(op, *vs)
+        return lambda box, vs, an: _bin(op, vs[0], vs[1], an.rounds)
     if op == "logsumexp":
-        return lambda box, vs, _: _lse(vs[0])
+        return lambda box, vs, an: _lse(vs[0], an.rounds, _entries(box))
     if op == "mean":
-        return lambda box, vs, _: _bin("div", _fold("add", vs[0]), SIZE)
+        return lambda box, vs, an: _bin("div", _fold("add", vs[0], an.rounds, _entries(box)),
+                                        Abstract(_v("+"), 0.0, _entries(box)), an.rounds)
     if kind == "reduce":
-        return lambda box, vs, _: _fold(_REDUCE[op], vs[0])
+        return lambda box, vs, an: _fold(_REDUCE[op], vs[0], an.rounds, _entries(box))
     if op == "cumsum":  # each entry a sum of 1 to 2^62 entries
-        return lambda box, vs, _: _fold("add", vs[0])
+        return lambda box, vs, an: _fold("add", vs[0], an.rounds)
     if op == "linrec":
-        return lambda box, vs, _: _linrec(vs[0], vs[1])
+        return lambda box, vs, an: _linrec(vs[0], vs[1], an.rounds)
     if kind == "normalise":
-        return lambda box, vs, _: _weights(ops.OPS[op].weights or ("", "", ""), vs[0])
+        return lambda box, vs, an: _weights(ops.OPS[op].weights or ("", "", ""), vs[0], an.rounds, _entries(box))
     if kind == "ncontract":
-        return lambda box, vs, _: _fold("add", _bin("mul", _weights(box.params, vs[0]), vs[1]))
+        return lambda box, vs, an: _fold("add", _bin("mul", _weights(box.params, vs[0], an.rounds, _entries(box)),
+                                                     vs[1], an.rounds), an.rounds, _entries(box))
     if kind == "contract":
-        return lambda box, vs, _: _fold("add", fold(lambda a, b: _bin("mul", a, b), vs))
+        return lambda box, vs, an: _fold("add", fold(lambda a, b: _bin("mul", a, b, an.rounds), vs), an.rounds,
+                                         _entries(box))
     if kind == "where":
-        return lambda box, vs, _: _join(vs[0], vs[1])
+        return lambda box, vs, an: _join(vs[0], vs[1])
     if kind == "compare":
-        return lambda box, vs, _: Abstract(_v("0 +"), 0.0, 0.0)
+        return lambda box, vs, an: Abstract(_v("0 +"), 0.0, 0.0)
     if kind == "select":
-        return lambda box, vs, _: _join(vs[1], vs[2])
+        return lambda box, vs, an: _join(vs[1], vs[2])
     if kind == "gather":  # an entry of the table; a NaN position (inf - inf of integers) reads NaN
-        return lambda box, vs, _: _join(vs[0], Abstract(_v("nan"))) if "nan" in vs[1].classes else vs[0]
+        return lambda box, vs, an: _join(vs[0], Abstract(_v("nan"))) if "nan" in vs[1].classes else vs[0]
     if kind == "index":  # an integer the evaluator computes in int64 (wrapping): |value| ≤ 2^63
-        return lambda box, vs, _: Abstract(FINITE, 0.0, INDEX)
+        return lambda box, vs, an: Abstract(FINITE, 0.0, INDEX)
     if kind == "onehot":
-        return lambda box, vs, _: Abstract(_v("0 +"), 0.0, 0.0)
+        return lambda box, vs, an: Abstract(_v("0 +"), 0.0, 0.0)
     if kind in ("split", "join", "rename", "transpose"):
-        return lambda box, vs, _: vs[0]
-    return lambda box, vs, _: Abstract(TOP)  # an op of a kind without a rule could be anything
+        return lambda box, vs, an: vs[0]
+    return lambda box, vs, an: Abstract(TOP)  # an op of a kind without a rule could be anything
 
 
 RULES: dict[str, Rule] = {op: _rule(op) for op in ops.OPS}
@@ -373,10 +385,12 @@ RULES: dict[str, Rule] = {op: _rule(op) for op in ops.OPS}
 
 class _Analysis:
     """The abstract values of a diagram's terms: ``defs`` maps binding names to their
-    expressions, ``inputs`` the inputs to their values (finite values within ``DOMAIN``)."""
+    expressions, ``inputs`` the inputs to their values (finite values within ``DOMAIN``).
+    ``rounds``: the rules it passes itself to add what float64's rounding makes of their
+    bounds (overflow to ±inf, underflow to 0); false, the extended reals (``_ExactAt``)."""
 
-    def __init__(self, defs: Mapping[str, Expr], inputs: Mapping[str, Abstract]):
-        self.defs, self.inputs, self.seen = defs, inputs, dict[str, Abstract]()
+    def __init__(self, defs: Mapping[str, Expr], inputs: Mapping[str, Abstract], rounds: bool = True):
+        self.defs, self.inputs, self.seen, self.rounds = defs, inputs, dict[str, Abstract](), rounds
 
     def value(self, expr: Expr) -> Abstract:
         if isinstance(expr, Var):
@@ -432,16 +446,13 @@ class _ExactAt(_Analysis):
     def __init__(self, defs: Mapping[str, Expr], inputs: Mapping[str, Abstract], own: Collection[int]):
         super().__init__(defs, inputs)
         self.own = own
+        #: what the rules of the boxes ``own`` receive: the same terms, nothing rounded
+        self.exact = _Analysis(defs, inputs, rounds=False)
 
     def value(self, expr: Expr) -> Abstract:
         if not (isinstance(expr, Box) and id(expr) in self.own and expr.op in RULES):
             return super().value(expr)
-        args = [self.value(a) for a in expr.args]
-        _ROUNDING[0] = False
-        try:
-            return RULES[expr.op](expr, args, self)
-        finally:
-            _ROUNDING[0] = True
+        return RULES[expr.op](expr, [self.value(a) for a in expr.args], self.exact)
 
 
 def rounds_to_infinity(expr: Expr, operands: Iterable[Expr], diagram: Diagram) -> Box | None:
@@ -548,7 +559,29 @@ def unsupported(how: str, diagram: Diagram, terms: Mapping[str, Expr]) -> str | 
             f"operands{' and -inf masks' if masks else ''}, not tested with infinite ones")
 
 
-def narrowed(how: str, diagram: Diagram, terms: Mapping[str, Expr], rhs: Expr | None = None) -> str:
+def fold_overflows(box: Box, diagram: Diagram) -> bool:
+    """May ``box`` (a reduction of ``diagram`` that a stream or split folds chunk by chunk)
+    overflow in float64 on the finite entries of its operands, as they are in ``diagram``?
+    Then the order of the fold decides its class: the box's sequential sum of a, a, a, -a
+    (a = 8e307) passes 2^1024 and stays inf, the chunks' (a + a) + (a + -a) = 1.6e308; a
+    product likewise.  A proof of the accumulator's laws (over the reals, or at ±inf and NaN
+    operands: ``[extended: ...]``) says nothing of where float64 overflows."""
+    an = _Analysis(_defs(diagram), input_values(diagram.inputs))
+    finite_parts = [Abstract(v.classes & FINITE, v.lo, v.hi) for v in (an.value(a) for a in box.args)]
+    return box.op not in RULES or bool(RULES[box.op](box, finite_parts, an).classes - FINITE)
+
+
+def finite_fold_overflows(box: Box, diagram: Diagram) -> bool:
+    """``fold_overflows`` where every operand of ``box`` is finite (``finite_in``): a proof of
+    the accumulator's laws for finite operands then covers the use only if the fold cannot
+    overflow (a product of inputs: prod of seven 2^127 and 2^111, 2^127, 2^-126 is inf in
+    order, 2^1002 in chunks of 2).  Where an operand may be infinite, ``[extended: ...]``
+    backs it; see README "Proofs" for what that argument leaves open."""
+    return all(finite_in(diagram, a) for a in box.args) and fold_overflows(box, diagram)
+
+
+def narrowed(how: str, diagram: Diagram, terms: Mapping[str, Expr], rhs: Expr | None = None,
+             fold: Box | None = None) -> str:
     """Certification's ``how`` for one use, its parameters matched to ``terms``: a proof
     (``proved: ...``) covers finite inputs, -inf masks in the parameters it names in
     ``[-inf masks: S]`` and every value in those it names in ``[extended: X0]``; applied to
@@ -556,11 +589,16 @@ def narrowed(how: str, diagram: Diagram, terms: Mapping[str, Expr], rhs: Expr | 
     its right side instantiated on ``terms``, it covers the use only where float64 computes
     that as the extended reals do (``rounds_to_infinity``: no box of the lemma's overflows
     there, as ``exp(c)`` of ``exp(c - 5) = exp(c) · exp(-5)`` does at c = 712, where the left
-    side is 1.1e307), so the right side is finite wherever the left side is."""
+    side is 1.1e307), so the right side is finite wherever the left side is.  With ``fold``, the
+    box an accumulator streams, it covers the use only where that box's fold cannot overflow on
+    finite operands (``fold_overflows``: chunked, it could stay finite where the box is inf)."""
     if not how.startswith("proved"):
         return how
     if _uncovered(diagram, terms, _listed(how, MASKS), _listed(how, EXTENDED)) is not None:
         return f"tested here (proved for finite terms, applied to one that may be infinite): {how[len('proved: '):]}"
+    if fold is not None and finite_fold_overflows(fold, diagram):
+        return (f"tested here (proved over the reals, but float64 may overflow inside `{fold.op}` at these operands, "
+                f"where the order of the chunks decides whether it does): {how[len('proved: '):]}")
     if rhs is not None and (box := rounds_to_infinity(rhs, terms.values(), diagram)) is not None:
         return (f"tested here (proved over the reals, but float64 may make the right side's `{box.op}` infinite "
                 f"at these operands, where the left side need not be): {how[len('proved: '):]}")

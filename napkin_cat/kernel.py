@@ -73,8 +73,7 @@ class Theorem:
     A chain (``kernels``) runs each kernel theorem's result under its schedule, in order.
     ``accumulators`` lists (axis, consuming box, accumulator) for every stream step; ``approximations`` the dtype
     steps (the theorem is exact iff it has none); ``tested`` what it rests on that is only tested, not proved
-    (lemmas, accumulators, dtype claims).
-    """
+    (lemmas, accumulators, dtype claims)."""
 
     name: str
     source: Diagram
@@ -144,8 +143,7 @@ def unfold(thm: Theorem) -> Theorem:
 
     A diagram used as a box means its body run on the arguments, woven over the extra axes by name (terms.Apply), so
     inlining it, with every inner box retyped to carry the woven axes (ops.inlined: terms.inline_calls with the
-    kernel's typing rule), is an equality.
-    """
+    kernel's typing rule), is an equality."""
     if not thm.result.uses_diagrams():
         return thm
     _no_schedule(thm, "unfold", None)
@@ -418,7 +416,7 @@ def _stream(thm: Theorem, step: Partition, accumulator: AccumulatorOracle, rule:
         operands = {f"X{k}": a for k, a in enumerate(box.args)}
         if why := unsupported(found[1], thm.result, operands):
             raise KernelError(rule, f"accumulator {found[0]} for {label}: {why}", span)
-        how = narrowed(found[1], thm.result, operands)
+        how = narrowed(found[1], thm.result, operands, fold=box)
         chosen.append((axis, box, found[0]))
         trust.append(f"accumulator {found[0]} for {label} ({how})")
         tested += [] if how.startswith("proved") else [f"accumulator {found[0]} for {label}"]
@@ -447,14 +445,16 @@ def place(thm: Theorem, step: terms.Place) -> Theorem:
 def quantise(thm: Theorem, step: terms.Quantise, measure: Measure) -> Theorem:
     """dtype change (R10), a marked approximation (never an equality):
 
-        ⊢ A ≡ D    X an array of D    roundoff of the format ≤ tol    measured error ≤ tol
-        ───────────────────────────────────────────────────────────────────────────────────
+        ⊢ A ≡ D    X an array of D, no integer input    roundoff of the format ≤ tol    measured error ≤ tol
+        ──────────────────────────────────────────────────────────────────────────────────────────────────────
                               ⊢ A ≈_tol D[X : dtype]
 
     ``measure`` (an input, like certification) gives the error of the quantised theorem on seeded inputs, or None
-    and why it cannot; the claim rests on that measurement (tested).
-    """
+    and why it cannot; the claim rests on that measurement (tested); an integer input is never approximated."""
     _arrays(thm, step.names, "dtype", step.span)
+    for name in (p.name for p in thm.result.inputs if p.integer and p.name in step.names):
+        raise KernelError("dtype", f"`{name}` is an integer input: every kernel keeps it as int32 (ids, lengths and "
+                                   "page numbers are exact or wrong, never approximate)", step.span)
     if step.dtype not in DTYPE_ROUNDOFF:
         raise KernelError("dtype", f"unknown number format `{step.dtype}` (known: {', '.join(DTYPE_ROUNDOFF)})",
                           step.span)
@@ -487,7 +487,7 @@ def chain(thm: Theorem, writes: tuple[tuple[str, ...], ...], kernels: tuple[Theo
     written before, and K_n the outputs."""
     _no_schedule(thm, "chain", span)
     try:
-        expected = terms.cut(thm.result, writes)
+        expected = terms.cut(thm.result, writes, ops.integer_valued)
     except ValueError as exc:
         raise KernelError("chain", str(exc), span) from None
     if tuple(k.source for k in kernels) != expected or any(k.kernels for k in kernels):

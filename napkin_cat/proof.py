@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from napkin_cat import certify, kernel, terms
+from napkin_cat import certify, kernel, ops, terms
 from napkin_cat.certify import approximation, rules
 from napkin_cat.certify.accumulators import chunk
 from napkin_cat.diagnostics import Diagnostic, NapkinError, did_you_mean, error
@@ -140,7 +140,7 @@ def check_theorem(module: Module, decl: TheoremDecl, lemmas: dict[str, LemmaDecl
         if whole.schedule != Schedule():  # the kernel's refusal: relabellings belong in the kernels
             kernel.chain(whole, writes, (), span)
         try:
-            pieces = terms.cut(whole.result, writes)
+            pieces = terms.cut(whole.result, writes, ops.integer_valued)
         except ValueError as exc:  # as kernel.chain refuses it
             raise kernel.KernelError("chain", str(exc), span) from None
         kernels = []
@@ -169,7 +169,7 @@ def derivation(module: Module, decl: TheoremDecl, lemmas: dict[str, LemmaDecl]) 
     for step in decl.steps:
         states.append(thm := _apply(thm, step, lemmas, "quick"))
     if decl.kernels:
-        pieces = terms.cut(thm.result, tuple(k.writes for k in decl.kernels))
+        pieces = terms.cut(thm.result, tuple(k.writes for k in decl.kernels), ops.integer_valued)
         for k, (piece, block) in enumerate(zip(pieces, decl.kernels, strict=True)):
             states.append(part := kernel.refl(f"{decl.name}_k{k + 1}", piece))
             for step in block.steps:
@@ -234,9 +234,6 @@ def _apply(thm: kernel.Theorem, step: Step, lemmas: dict[str, LemmaDecl], level:
     if isinstance(step, Place):
         return kernel.place(thm, step)
     assert isinstance(step, Quantise)
-    for name in (p.name for p in thm.result.inputs if p.integer and p.name in step.names):
-        raise kernel.KernelError("dtype", f"`{name}` is an integer input: every kernel keeps it as int32 (ids, "
-                                          "lengths and page numbers are exact or wrong, never approximate)", step.span)
     return kernel.quantise(thm, step, measure)
 
 
@@ -294,7 +291,10 @@ def _swap(expr: Expr, node: Box) -> Expr:
 
 # ---- counterexamples for refused partitions ---------------------------------------------------
 
-_MERGE = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
+#: how the tiles' outputs lacking the axis are merged: a monoid accumulator's operation on its
+#: states, which are the box's values on the tiles (logsumexp's log-add: adding logsumexps was no
+#: merge at all, and printed a counterexample where the accumulator is right)
+_MERGE = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply, "logsumexp": np.logaddexp}
 
 
 def _counterexample(diagram: Diagram, step: Partition) -> str | None:

@@ -584,7 +584,8 @@ def fresh_name(base: str, taken: set[str]) -> str:
     return name
 
 
-def cut(diagram: Diagram, writes: Sequence[tuple[str, ...]]) -> tuple[Diagram, ...]:
+def cut(diagram: Diagram, writes: Sequence[tuple[str, ...]],
+        integer_valued: Callable[[Expr, set[str]], bool]) -> tuple[Diagram, ...]:
     """The kernels of a chain (``kernel.chain``): kernel k computes the arrays ``writes[k]`` (the last one the
     diagram's outputs) from the diagram's inputs and the arrays the kernels before it wrote.
 
@@ -594,6 +595,8 @@ def cut(diagram: Diagram, writes: Sequence[tuple[str, ...]]) -> tuple[Diagram, .
     each a ``Param`` whose ``written`` is the diagram computing it from the chain's inputs (so an analysis of the
     kernel knows what values it holds: an array a kernel writes may be infinite).  Run in order, each on those
     values, the kernels compute every written array as the diagram binds it and, last, the diagram's outputs.
+    A written array whose binding ``integer_valued`` judges integer (``ops.integer_valued``, given the integer
+    inputs and bindings before it) is ``integer`` in the kernels reading it, as the elaborator types the binding.
     ValueError where ``writes`` is not such a chain (each array written once, read by a later kernel, the last
     kernel alone writing ``return``)."""
     lets = {let.names[0]: let for let in diagram.body}
@@ -607,14 +610,18 @@ def cut(diagram: Diagram, writes: Sequence[tuple[str, ...]]) -> tuple[Diagram, .
             raise ValueError(f"`{n}` is not a binding of `{diagram.name}` (bindings: {', '.join(lets)})")
         if flat.count(n) > 1:
             raise ValueError(f"`{n}` is written twice; each array is written by one kernel, once")
+    integers = {p.name for p in diagram.inputs if p.integer}
+    for let in diagram.body:
+        if integer_valued(let.expr, integers):
+            integers.add(let.names[0])
     written: dict[str, Param] = {}
     kernels: list[Diagram] = []
     for k, names in enumerate(writes):
         last = k == len(writes) - 1
         roots = diagram.outputs if last else tuple(Var(n, lets[n].expr.axes) for n in names)
         kernels.append(_piece(diagram, f"{diagram.name}_k{k + 1}", roots, written, last))
-        written.update((n, Param(n, lets[n].expr.axes, written=_piece(diagram, n, (Var(n, lets[n].expr.axes),), {},
-                                                                         False)))
+        written.update((n, Param(n, lets[n].expr.axes, integer=n in integers,
+                                 written=_piece(diagram, n, (Var(n, lets[n].expr.axes),), {}, False)))
                        for n in ([] if last else names))
     for n in (n for n in flat[:-1] if not any(n in {p.name for p in k.inputs} for k in kernels)):
         raise ValueError(f"no later kernel reads `{n}`; write only what the kernels after it need")

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from napkin_cat import kernel, proof, terms
+from napkin_cat import kernel, ops, proof, terms
 from napkin_cat.certify import rules
 from napkin_cat.cli import main
 from napkin_cat.cost import cost
@@ -77,7 +77,7 @@ def test_a_chain_prints_and_parses_back() -> None:
 
 def test_the_cut_computes_each_written_array_as_the_diagram_binds_it() -> None:
     thm = kernel.unfold(kernel.refl("t", load(ROOT / "examples" / "chains.ncd").diagram("attention_projected")))
-    first, second = terms.cut(thm.result, (("S",), ("return",)))
+    first, second = terms.cut(thm.result, (("S",), ("return",)), ops.integer_valued)
     assert [let.names[0] for let in first.body] == ["S"] and first.out_types == (("q", "x"),)
     assert [let.names[0] for let in second.body] == ["P", "O", "A"]  # everything after S, in order
     arrays = _inputs("attention_then_projection")
@@ -106,10 +106,10 @@ def test_the_join_refuses_what_is_not_a_chain(writes: tuple[tuple[str, ...], ...
 
 def test_the_join_refuses_a_kernel_about_another_piece() -> None:
     whole = _whole()
-    pieces = terms.cut(whole.result, (("A",), ("return",)))
+    pieces = terms.cut(whole.result, (("A",), ("return",)), ops.integer_valued)
     honest = tuple(kernel.refl(f"k{i}", p) for i, p in enumerate(pieces))
     assert kernel.chain(whole, (("A",), ("return",)), honest, None).kernels == honest
-    other = terms.cut(whole.result, (("S",), ("return",)))  # a proved kernel, but of another cut
+    other = terms.cut(whole.result, (("S",), ("return",)), ops.integer_valued)  # a proved kernel, but of another cut
     for forged in [(kernel.refl("k0", other[0]), honest[1]), honest[::-1], honest[:1]]:
         with pytest.raises(KernelError, match="not about its piece"):
             kernel.chain(whole, (("A",), ("return",)), forged, None)
@@ -288,3 +288,33 @@ def test_a_value_every_program_recomputes_is_hoisted_where_the_model_says_so(e: 
     assert bool(found.best.kernels) == chained
     if chained:
         assert found.best.theorem is not None and found.best.theorem.writes == (("h",), ("return",))
+
+
+def test_a_written_integer_array_stays_integer_in_the_next_kernel() -> None:
+    """`E = Dx + 1` of an `int` input is integer (the elaborator types the binding so); written by a
+    first kernel, it entered the second as a real input: sampled as normal values by a `dtype`
+    measurement, approximable by a `dtype` step, lowered as float32.  terms.cut now gives it the
+    binding's `integer` flag, so the kernel's dtype rule refuses approximating it."""
+    text = ("axis q, x\naxis d = 4\ndiagram f(Q: [q d], K: [x d], V: [x d], Dq: int [q], Dx: int [x]) -> [q d] {\n"
+            "  E = Dx + 1\n  S = contract[d](Q, K)\n  M = select(eq(Dq, E), S, -inf)\n"
+            "  O = contract[x](softmax[x](M), V)\n  return O\n}\n")
+    module = loads(text)
+    (_, second) = terms.cut(kernel.unfold(kernel.refl("t", module.diagram("f"))).result, (("E",), ("return",)),
+                            ops.integer_valued)
+    assert [(p.name, p.integer) for p in second.inputs] == [("Q", False), ("K", False), ("V", False), ("Dq", True),
+                                                             ("E", True)]
+    proved = "theorem t: f {\n  kernel E {\n  }\n  kernel return {\n    rewrite softmax_contract at O\n" \
+             "    stream x by sx via online_softmax\n  }\n}\n"
+    (ok,) = check_module(loads(text + proved), strict=True)
+    assert ok.ok
+    approximated = proved.replace("via online_softmax\n", "via online_softmax\n    dtype E as bf16 tol 0.5\n")
+    (refused,) = check_module(loads(text + approximated))
+    assert refused.failure is not None and "`E` is an integer input" in refused.failure.message
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal((37, 4)), rng.standard_normal((29, 4)), rng.standard_normal((29, 4)),
+              rng.integers(0, 4, 37).astype(float), rng.integers(0, 3, 29).astype(float)]
+    assert ok.theorem is not None
+    for target in ("jax", "pallas"):
+        fn = lower(ok.theorem, target=target, tiles={"sx": 16}).fn
+        got = fn(*(jnp.asarray(a, jnp.float32) for a in arrays[:3]), *(jnp.asarray(a, jnp.int32) for a in arrays[3:]))
+        np.testing.assert_allclose(np.asarray(got), evaluate(ok.theorem.source, arrays), rtol=2e-5, atol=2e-5)

@@ -453,6 +453,17 @@ def test_dtype_tolerance_is_the_kernels_rule() -> None:
         kernel.quantise(_thm(), Quantise(("K",), "bf16", 0.01), _measured(None))
 
 
+def test_dtype_of_an_integer_input_is_the_kernels_refusal() -> None:
+    """The trusted kernel alone refuses approximating an `int` input (ids, page numbers: exact or
+    wrong), even called directly with a measurement that would let any claim through."""
+    module = loads("axis q, x\ndiagram f(S: [q x], D: int [x]) -> [q x] {\n"
+                   "  return select(eq(index[x](x), D), S, 0)\n}\n")
+    thm = kernel.refl("t", module.diagram("f"))
+    with pytest.raises(KernelError, match=r"^dtype: `D` is an integer input"):
+        kernel.quantise(thm, Quantise(("S", "D"), "bf16", 0.5), _measured(0.0))
+    assert kernel.quantise(thm, Quantise(("S",), "bf16", 0.5), _measured(0.0)).approximations
+
+
 def test_no_assert_guards_a_kernel_rule() -> None:
     """`python -O` strips asserts: a rule guarded by one would accept there what it refuses here."""
     tree = ast.parse(Path(kernel.__file__).read_text(encoding="utf-8"))

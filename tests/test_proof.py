@@ -62,6 +62,15 @@ def test_no_counterexample_for_an_axis_no_input_carries() -> None:
     assert made.failure is not None and made.counterexample is None
 
 
+def test_a_logsumexp_streams_tiles_merge_by_log_add() -> None:
+    """A logsumexp stream refused for a +inf operand (its state gives NaN where the box gives
+    +inf) is right on seeded normal inputs: its tiles' logsumexps merge by log-add, not by +
+    (which printed 6.25 tile by tile against 4.56 as a counterexample it was not)."""
+    (refused,) = check_file(UNSOUND / "redteam_split_logsumexp_over_exp.ncd")
+    assert refused.step == 1 and refused.failure is not None and "may be infinite" in refused.failure.message
+    assert refused.counterexample is None
+
+
 def test_refusal_carries_location() -> None:
     (bad,) = check_file(UNSOUND / "group_consumed_head_dim.ncd")
     assert bad.failure is not None and bad.failure.span is not None

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from napkin_cat import certify, kernel, terms
+from napkin_cat import certify, kernel, ops, terms
 from napkin_cat.certify.approximation import label_inputs
 from napkin_cat.elaborate import loads
 from napkin_cat.evaluate import evaluate, sample_integers
@@ -170,7 +170,7 @@ def test_every_chain_the_join_accepts_computes_the_diagram(text: str, data: st.D
     names = [let.names[0] for let in whole.result.body]
     kept = data.draw(st.lists(st.booleans(), min_size=len(names), max_size=len(names)))
     writes = (*((n,) for n, keep in zip(names, kept, strict=True) if keep), ("return",))
-    pieces = terms.cut(whole.result, writes)
+    pieces = terms.cut(whole.result, writes, ops.integer_valued)
     thm = kernel.chain(whole, writes, tuple(kernel.refl(f"k{i}", p) for i, p in enumerate(pieces)), None)
     assert len(thm.kernels) == len(writes)
     sizes = {a: data.draw(st.integers(1, 5)) for a in "qxd"}

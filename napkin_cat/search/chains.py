@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from napkin_cat import kernel, terms
+from napkin_cat import kernel, ops, terms
 from napkin_cat.proof import check_theorem, partitions
 from napkin_cat.search.rewrite import Candidate, Costed, CostFn, ScreenFn, Search, rank, search
 from napkin_cat.terms import (
@@ -68,7 +68,7 @@ def with_boundaries(found: Search, module: Module, diagram: str, cost: CostFn, u
         if time.monotonic() > deadline:
             break
         try:
-            pieces = terms.cut(whole, ((name,), ("return",)))
+            pieces = terms.cut(whole, ((name,), ("return",)), ops.integer_valued)
         except ValueError:  # a binding the outputs do not read through another
             continue
         if not pieces[1].body or any(map(_unbound, pieces)):  # the second kernel would only copy
@@ -199,8 +199,8 @@ def _unfused(module: Module, whole: Diagram, diagram: str, name: str, lemmas: Ma
     """Every binding its own kernel, unscheduled, priced at the unfused baseline."""
     read = {n.name for e in [*(let.expr for let in whole.body), *whole.outputs] for n in walk(e) if isinstance(n, Var)}
     writes = [let.names[0] for let in whole.body if let.names[0] in read]
-    while unbound := [w for w, piece in zip(writes, terms.cut(whole, (*((w,) for w in writes), ("return",))),
-                                            strict=False) if _unbound(piece)]:
+    while unbound := [w for w, piece in zip(writes, terms.cut(whole, (*((w,) for w in writes), ("return",)),
+                                                              ops.integer_valued), strict=False) if _unbound(piece)]:
         writes = [w for w in writes if w not in unbound]  # computed where it is read instead
     kernels = (*(KernelDecl((w,), ()) for w in writes), KernelDecl(("return",), ()))
     first = check_theorem(module, TheoremDecl(name, diagram, ()), dict(lemmas)).theorem

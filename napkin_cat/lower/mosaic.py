@@ -40,6 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from napkin_cat import ops
 from napkin_cat.cost import hardware as hw
 from napkin_cat.diagnostics import NapkinError, error
 from napkin_cat.lower import codegen as cg
@@ -51,6 +52,7 @@ from napkin_cat.lower.skip import cut_at_full, ordered_runs, stream_runs
 from napkin_cat.lower.values import Scope, Value, transpose_to
 from napkin_cat.schedule.datamask import gathered_tables
 from napkin_cat.schedule.layout import FORMATS, MIN_BLOCK, Layout
+from napkin_cat.terms import Box
 
 __all__ = ["MOSAIC_STEPS", "WGMMA_SOURCE", "SmemCount", "check_tiles", "emit_function", "extents_at", "fits_smem",
            "least_extents", "mosaic_rules", "smem_count"]
@@ -126,6 +128,11 @@ def check_tiles(lay: Layout, rules: Mapping[str, int]) -> None:
     if gathered:
         raise refuse(f"tables read only at the rows a gather names ({', '.join(f'`{t}`' for t in gathered)}: a "
                      "paged pool) are not served by Mosaic GPU's whole-block copies; use --target pallas")
+    selections = sorted({n.expr.op for n in lay.flat.nodes
+                         if isinstance(n.expr, Box) and ops.OPS[n.expr.op].kind == "topk"})
+    if selections:
+        raise refuse(f"a selection ({', '.join(selections)}: ranks by compares over a three-axis broadcast) is not "
+                     "lowered for Mosaic GPU; use --target pallas or jax")
     if lay.padded_tiles:
         axis = sorted(lay.padded_tiles)[0]
         raise refuse(f"tile {lay.tiles[axis]} of `{axis}` is not a power of two of at least 16 (padded to a block); "

@@ -133,6 +133,16 @@ def check_tiles(lay: Layout, rules: Mapping[str, int]) -> None:
     if selections:
         raise refuse(f"a selection ({', '.join(selections)}: ranks by compares over a three-axis broadcast) is not "
                      "lowered for Mosaic GPU; use --target pallas or jax")
+    for node in lay.flat.nodes:  # wgmma takes matrices: a product's free axes are not merged and split back
+        product = node.expr
+        if isinstance(product, Box) and ops.OPS[product.op].kind == "contract" and len(product.args) == 2:
+            a, b = (tuple(x for x in arg.axes if x not in lay.squeezed and x not in product.target)
+                    for arg in product.args)
+            wide = next((f for f in (tuple(x for x in a if x not in b), tuple(x for x in b if x not in a))
+                         if len(f) > 1), None)
+            if wide is not None:
+                raise refuse(f"the matrix product `{node.name}` has several free axes on one operand "
+                             f"({' '.join(wide)}): wgmma's result is not split back into them; use --target pallas")
     if lay.padded_tiles:
         axis = sorted(lay.padded_tiles)[0]
         raise refuse(f"tile {lay.tiles[axis]} of `{axis}` is not a power of two of at least 16 (padded to a block); "

@@ -299,3 +299,10 @@ def test_a_lemma_about_a_selection_is_tested_on_integers_and_rationals_not_case_
     assert any("tested: no sympy (a selection)" in t for t in result.theorem.trust)
     (strict,) = check_module(loads(text), strict=True)
     assert not strict.ok
+
+
+def test_argmax_is_numpys_and_jnps_nan_and_ties_included() -> None:
+    x = np.array([row for row, _, _ in ROWS])
+    best, _ = napkin_cat.run(_selection().source, x)
+    assert np.array_equal(best, np.argmax(x, axis=1))
+    assert np.array_equal(best, np.asarray(jnp.argmax(jnp.asarray(x), axis=1)))

@@ -89,6 +89,7 @@ MESSAGES: dict[str, str] = {
                            "or integer arithmetic of them); it is real",
     "type.gather_axis": "gather[{axis}]: axis `{axis}` must be on the table (operand 1, {have}) and not on the "
                         "positions (operand 2, {positions})",
+    "type.topk_size": "topk[{axis} -> {k}]: {why}",
     "type.index_axis": "`{name}` in an index expression must be one of the box's axes {axes}",
     "type.index_expr": "index expressions allow integers, axis indices, +, - and * only",
     "type.tuple_arity": "`{callee}` returns {n} outputs; bind them with {n} names",
@@ -120,6 +121,7 @@ MESSAGES: dict[str, str] = {
     "eval.integer": "input `{name}` is declared `int` but holds {value!r}, not an integer",
     "eval.range": "input `{name}` holds {value!r} at {index}, outside float32's range (0 or 2^-149 <= |x| <= 2^128), "
         "the domain napkin's proofs and kernels take",
+    "eval.topk_size": "topk[{axis} -> {k}] selects {count} positions but `{axis}` has {size}",
     "eval.size_binding": "size for axis `{axis}` must be a positive integer, got {got!r}",
     # lowering (napkin_cat.lower refuses what a target cannot serve, before anything runs)
     "lower.target": "unknown lowering target `{target}`; targets: {targets}",

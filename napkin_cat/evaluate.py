@@ -16,6 +16,7 @@ Documented conventions for awkward inputs (float64):
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 import operator
@@ -376,6 +377,13 @@ def index_grids(axes: Axes, sizes: Mapping[str, int], offsets: Mapping[str, int]
     return grids
 
 
+def _rank_key(row: Any, i: int) -> tuple[Any, ...]:
+    """The sort key of position i of a row of sympy numbers: NaN first, then larger first, then
+    the smaller position (the order of ``argmax`` and ``topk``)."""
+    nan = row[i] is sympy.nan
+    return (not nan, 0 if nan else -row[i], i)
+
+
 class _Interpreter:
     def __init__(self, algebra: Algebra, sizes: dict[str, int], offsets: Mapping[str, int] | None = None,
                  full_sizes: Mapping[str, int] | None = None):
@@ -458,6 +466,34 @@ class _Interpreter:
         source = np.broadcast_to(table.aligned((*axes, n)), [*full, size])
         data = np.take_along_axis(source, positions[..., None], axis=-1)[..., 0]
         return Named(axes, np.asarray(np.where(nowhere, np.nan, data) if nowhere.any() else data))
+
+    def topk(self, node: Box, kids: tuple[Named, ...]) -> Named:
+        """The positions along e ranked by value, larger first, a NaN above every number, equal
+        values (-0 and +0, two NaNs) by position, the smaller first: a stable sort, exact.
+        argmax[e] keeps the first (e leaves); topk[e -> k] the first |k|, along k in e's place."""
+        (x,) = kids
+        (axis,) = node.target
+        at = x.axes.index(axis)
+        rows = np.moveaxis(np.asarray(x.data), at, -1)
+        size = rows.shape[-1]
+        count = _size(self.sizes, node.out[0]) if node.out else 1
+        if count > size:
+            raise NapkinError(error("eval.topk_size", axis=axis, k=node.out[0], count=count, size=size))
+        if self.alg.symbolic:  # exact comparisons of sympy numbers, row by row
+            flat = rows.reshape(-1, size)
+            order = np.array([sorted(range(size), key=functools.partial(_rank_key, row)) for row in flat],
+                             dtype=np.int64).reshape(rows.shape)
+        else:
+            real = np.asarray(rows, dtype=np.float64)
+            nan = np.isnan(real)  # lexsort is stable: equal keys keep the smaller position first
+            order = np.lexsort((np.where(nan, 0.0, -real), ~nan), axis=-1)
+        picked = (order[..., :count] + self.offsets.get(axis, 0)).astype(np.float64)
+        if self.alg.symbolic:
+            picked = np.vectorize(sympy.Integer, otypes=[object])(picked.astype(np.int64))
+        if not node.out:
+            return Named(x.axes[:at] + x.axes[at + 1:], self.alg.asarray(picked[..., 0]))
+        axes = ops.result_axes(node.op, (x.axes,), node.target, node.out)
+        return Named(axes, self.alg.asarray(np.moveaxis(picked, -1, at)))
 
     def reduce(self, node: Box, kids: tuple[Named, ...]) -> Named:
         arg = kids[0]
@@ -561,6 +597,7 @@ class _Interpreter:
 BY_KIND: dict[str, Callable[[_Interpreter, Box, tuple[Named, ...]], Named]] = {
     "unary": _Interpreter.unary, "binary": _Interpreter.binary, "reduce": _Interpreter.reduce,
     "compare": _Interpreter.compare, "select": _Interpreter.select, "gather": _Interpreter.gather,
+    "topk": _Interpreter.topk,
     "normalise": _Interpreter.normalise, "scan": _Interpreter.scan, "contract": _Interpreter.contract,
     "ncontract": _Interpreter.contract,
     "where": _Interpreter.indexed, "index": _Interpreter.indexed, "onehot": _Interpreter.onehot,

@@ -371,6 +371,8 @@ def _rule(op: str) -> Rule:
         return lambda box, vs, an: _join(vs[1], vs[2])
     if kind == "gather":  # an entry of the table; a NaN position (inf - inf of integers) reads NaN
         return lambda box, vs, an: _join(vs[0], Abstract(_v("nan"))) if "nan" in vs[1].classes else vs[0]
+    if kind == "topk":  # a position along the axis: 0 <= p < 2^62
+        return lambda box, vs, an: Abstract(_v("0 +"), 0.0, POSITIONS)
     if kind == "index":  # an integer the evaluator computes in int64 (wrapping): |value| ≤ 2^63
         return lambda box, vs, an: Abstract(FINITE, 0.0, INDEX)
     if kind == "onehot":

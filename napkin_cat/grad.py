@@ -289,7 +289,7 @@ _RULES: dict[str, Rule] = {
     "unary": _unary, "binary": _binary, "reduce": _reduce, "normalise": _normalise, "scan": _scan,
     "contract": _contract, "where": _where, "split": _reshape, "join": _reshape, "rename": _reshape,
     "transpose": _reshape, "index": _constant, "onehot": _constant, "compare": _constant, "select": _select,
-    "gather": _gather,
+    "gather": _gather, "topk": _constant,  # a selection is piecewise constant: no gradient, as in every framework
 }
 
 

@@ -49,7 +49,7 @@ __all__ = [
 class OpInfo:
     """What the elaborator and the kernel need to know about one primitive box.
 
-    kind:     unary | binary | compare | select | gather | reduce | normalise | scan | contract |
+    kind:     unary | binary | compare | select | gather | topk | reduce | normalise | scan | contract |
               ncontract | where | index | onehot | split | join | rename | transpose
     arity:    number of array arguments (None: one or more)
     target:   "none" (no brackets), "required" (named axes), "list" (axis list, may be empty)
@@ -130,6 +130,18 @@ def _ops() -> dict[str, OpInfo]:
         "gather", "gather", 2, "required", flops=0.0,
         doc="gather[n](T, I): T read along n at the integer positions I, clamped into [0, |n| - 1]; "
             "n is replaced by the axes of I",
+    )
+    # selection: positions ranked by value along one axis, larger first; NaN ranks above every number
+    # and equal values (-0 = +0, NaN = NaN) rank by position, the smaller first
+    table["argmax"] = OpInfo(
+        "argmax", "topk", 1, "required", flops=1.0,
+        doc="argmax[e](X): the position of the largest entry along e (an integer; ties: the smallest position, "
+            "a NaN counts as the largest); e leaves the result",
+    )
+    table["topk"] = OpInfo(
+        "topk", "topk", 1, "required", arrow=True, flops=2.0,
+        doc="topk[e -> k](X): the positions of the |k| largest entries along e, largest first (integers; ties: "
+            "the smaller position first, a NaN counts as the largest); k takes e's place, |k| <= |e|",
     )
     reduce_docs = {
         "sum": ("sum", ("sum",)),
@@ -245,8 +257,8 @@ def is_consuming(op: str) -> bool:
 
 def is_mixing(op: str) -> bool:
     """Does one output position read every input position along the named axes?  (A gather
-    reads any position along its axis, chosen by data.)"""
-    return OPS[op].kind in ("normalise", "scan", "split", "join", "rename", "gather")
+    reads any position along its axis, chosen by data; a selection ranks every position.)"""
+    return OPS[op].kind in ("normalise", "scan", "split", "join", "rename", "gather", "topk")
 
 
 def scans_along(box: Box, axis: str) -> bool:
@@ -263,8 +275,9 @@ _INTEGER_CLOSED = frozenset({"add", "sub", "mul", "maximum", "minimum", "neg", "
 def integer_valued(expr: Expr, integers: Collection[str]) -> bool:
     """Is ``expr`` integer-valued wherever it is evaluated?  ``integers`` names the arrays known to
     hold integers (inputs declared ``int``, bindings of integer expressions).  Comparisons,
-    positions (``index``), ``onehot`` and axis sizes are integers; integer arithmetic, a select or
-    where of integers and a gather from an integer array keep them; everything else is real."""
+    positions (``index``), selections (``argmax``, ``topk``), ``onehot`` and axis sizes are
+    integers; integer arithmetic, a select or where of integers and a gather from an integer
+    array keep them; everything else is real."""
     if isinstance(expr, Var):
         return expr.name in integers
     if isinstance(expr, Const):
@@ -274,7 +287,7 @@ def integer_valued(expr: Expr, integers: Collection[str]) -> bool:
     if not isinstance(expr, Box):
         return False
     kind = OPS[expr.op].kind
-    if kind in ("compare", "index", "onehot"):
+    if kind in ("compare", "index", "onehot", "topk"):
         return True
     if kind == "select":
         return all(integer_valued(a, integers) for a in expr.args[1:])
@@ -292,7 +305,8 @@ def result_axes(op: str, args: tuple[tuple[str, ...], ...], target: tuple[str, .
     T lacks; where: that union and the target; reduce: the operand minus the target;
     (n)contract: the union minus the target; index: the target; onehot: the operand plus
     the target; transpose: the operand's other axes (woven through it by a call), then the
-    target order; split/join/rename: the new axes take the place of the first old one.
+    target order; split/join/rename, topk: the new axes take the place of the first old one
+    (argmax: none, its axis leaves).
     Assumes a well-formed box (the elaborator checks that).
     """
     kind = OPS[op].kind
@@ -320,7 +334,7 @@ def result_axes(op: str, args: tuple[tuple[str, ...], ...], target: tuple[str, .
         return target
     if kind == "onehot":
         return have + target
-    assert kind in ("split", "join", "rename"), kind
+    assert kind in ("split", "join", "rename", "topk"), kind
     position = min(have.index(a) for a in target)
     kept = [a for a in have if a not in target]
     return tuple(kept[:position]) + out + tuple(kept[position:])

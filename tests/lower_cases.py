@@ -41,7 +41,7 @@ EXTREME_SLOPE = 2.0**-22
 
 #: small power-of-two tiles for every tile name the proofs use (interpret mode is slow)
 TILES = {name: 32 for name in ("ga", "gc", "sb", "gq", "sx", "wq", "rx", "gt", "sv", "gf", "sd", "sf",
-                               "sj")} | {"gg": 1}
+                               "sj", "se")} | {"gg": 1}
 
 #: theorems on diagrams that are not in the repo: several accumulators in one loop, masks
 #: with grid offsets, a non-power-of-two head dimension, a whole-axis softmax, a per-head

@@ -366,6 +366,14 @@ def _box(draw: Draw, scope: _Scope, op: str, depth: int) -> Typed:
     named = tuple(a for a in axes if a != _BATCH)
     if not named:
         return text, axes  # nothing in scope has an axis to act on
+    if op in ("argmax", "topk"):  # topk: k a free axis of declared size at most |e|'s (both declared)
+        old = draw(st.sampled_from(named))
+        size = scope.sizes[old]
+        fits = [a for a in nameable if a not in axes and size is not None and (scope.sizes[a] or size + 1) <= size]
+        if op == "argmax" or not fits:
+            return f"argmax[{old}]({text})", tuple(a for a in axes if a != old)
+        new = draw(st.sampled_from(fits))
+        return f"topk[{old} -> {new}]({text})", tuple(new if a == old else a for a in axes)
     if op == "transpose":
         order = draw(st.permutations(axes))
         return f"transpose[{' '.join(order)}]({text})", tuple(order)

@@ -226,6 +226,8 @@ TEMPLATES: dict[str, list[tuple[str, str]]] = {
     "index": [(_AB, "index[q x](q - x)"), (_AB, "index[q x](q * x - 2)"),
               (_AB, "index[q](q * 4611686018427387904 + 4611686018427387903)")],  # int64 wraps past 2^63
     "onehot": [(_AB, "onehot[v](A)")],
+    "argmax": [(_AB, "argmax[x](A)")],
+    "topk": [(_AB, "topk[x -> k](A)"), (_AB, "gather[x](B, topk[x -> k](A))")],
     "split": [(_AB, "split[x -> y z](A)")],
     "join": [("A: [q y z], B: [q x]", "join[y z -> x](A)")],
     "rename": [(_AB, "rename[x -> w](A)")],
@@ -256,7 +258,7 @@ def _entry(draw: st.DrawFn, classes: frozenset[str]) -> float:
 @cache
 def _parsed(params: str, term: str) -> tuple[Expr, Diagram]:
     """``term`` typed (one side of a lemma on ``params``) and as a diagram the evaluator runs."""
-    (lemma,) = loads(f"axis q, x, y, z, v, w\nlemma f({params}) : {term} = {term}\n").lemmas
+    (lemma,) = loads(f"axis q, x, y, z, v, w\naxis k = 1\nlemma f({params}) : {term} = {term}\n").lemmas
     return lemma.lhs, certify.lemma_side(lemma, lemma.lhs)
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import sympy
 
+from napkin_cat import ops
 from napkin_cat.certify import accumulators as acc
 from napkin_cat.certify import prove
 from napkin_cat.certify.base import LEVELS, Certificate, lemma_side
@@ -68,7 +69,10 @@ def _certify_lemma(lemma: LemmaDecl, level: str) -> Certificate:
                                            f"{swept ** len(lemma.axes)} size combinations, past the {_MAX_GRID} that "
                                            "bounded certification checks; state it on fewer axes")
     lhs, rhs = lemma_side(lemma, lemma.lhs), lemma_side(lemma, lemma.rhs)
-    labels = any(isinstance(n, Box) and n.op == "onehot" for side in unfolded(lemma) for n in walk(side))
+    # values read as positions (onehot) or ranked (argmax, topk): no case split of symbolic inputs
+    read = {n.op if n.op == "onehot" else "a selection" for side in unfolded(lemma) for n in walk(side)
+            if isinstance(n, Box) and (n.op == "onehot" or ops.OPS[n.op].kind == "topk")}
+    labels = bool(read)
     checked, skipped, problem = (0, 0, None) if labels else _sympy_tier(lemma, lhs, rhs, bound)
     if problem is not None:
         return Certificate(False, "sympy", problem)
@@ -85,7 +89,7 @@ def _certify_lemma(lemma: LemmaDecl, level: str) -> Certificate:
     if (checked == 0 and not labels) or numeric == 0:
         return Certificate(False, "none", "no admissible sizes to check")
     extra = f", {skipped} too large for case splitting" if skipped else ""
-    symbolic = "no sympy (onehot)" if labels else f"sympy {checked} size cases ≤{bound}{extra}"
+    symbolic = f"no sympy ({' and '.join(sorted(read))})" if labels else f"sympy {checked} size cases ≤{bound}{extra}"
     tested = f"{symbolic}; exact {exact} sizes; float64 {numeric} cases, sizes ≤{swept}"
     proof = prove.prove_lemma(lemma)  # the tiers above also cover the infinite edge inputs a proof does not
     return Certificate(True, f"{proof}; tested: {tested}" if proof else f"tested: {tested}")

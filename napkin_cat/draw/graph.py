@@ -53,6 +53,8 @@ GLYPHS: dict[str, tuple[str, str, bool]] = {
     **{name: ("rect", symbol, False) for name, symbol in ops.COMPARE.items()},
     "select": ("rect", "select", False),
     "gather": ("rect", "gather", True),
+    "argmax": ("rect", "argmax", True),
+    "topk": ("rect", "top-k", True),
     "index": ("rect", "index", False),
     "onehot": ("rect", "onehot", True),
     "split": ("rect", "split", False),

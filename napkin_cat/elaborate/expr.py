@@ -211,7 +211,7 @@ class ExprElaborator:
             ok = False
         if info.arrow and out is None:
             example = {"split": "split[q -> qo qi](X)", "join": "join[qo qi -> q](X)",
-                       "rename": "rename[x -> y](X)"}[info.name]
+                       "rename": "rename[x -> y](X)", "topk": "topk[e -> k](L)"}[info.name]
             self.err("box.needs_arrow", tree, name=name.value, example=example)
             ok = False
         if not info.arrow and out is not None:
@@ -266,6 +266,8 @@ class ExprElaborator:
             if target[0] in have:
                 self.err("type.axis_exists", tree, box=f"onehot[{target[0]}]", axis=target[0])
                 return False
+        if kind == "topk" and not self.selection_ok(name, tree, target, out, have):
+            return False
         if kind == "gather" and (len(target) != 1 or target[0] not in have or target[0] in types[1]):
             if len(target) != 1:
                 self.err("box.axis_count", tree, name="gather", expected=1, place="in its brackets", got=len(target))
@@ -285,6 +287,34 @@ class ExprElaborator:
                 self.err("axis.missing", tree, box=f"{name}[{' '.join(target)}]", axis=missing[0],
                          have=", ".join(_fmt(t) for t in types))
                 return False
+        return True
+
+    def selection_ok(self, name: str, tree: Node, target: Axes, out: Axes, have: Axes) -> bool:
+        """argmax[e], topk[e -> k]: one axis e of the operand; k one new axis of a declared size
+        no larger than |e| (a symbolic |e| is checked where it is bound: ``eval.topk_size``)."""
+        if len(target) != 1 or (name == "topk" and len(out) != 1):
+            got = len(target) if len(target) != 1 else len(out)
+            place = "in its brackets" if len(target) != 1 else "after `->`"
+            self.err("box.axis_count", tree, name=name, expected=1, place=place, got=got)
+            return False
+        if target[0] not in have:
+            self.err("axis.missing", tree, box=f"{name}[{target[0]}]", axis=target[0], have=_fmt(have))
+            return False
+        if not out:
+            return True
+        (axis,), (k,) = target, out
+        if k in have:
+            self.err("type.axis_exists", tree, box=f"topk[{axis} -> {k}]", axis=k)
+            return False
+        count, size = self.axes[k].size, self.axes[axis].size
+        if count is None:
+            self.err("type.topk_size", tree, axis=axis, k=k,
+                     why=f"the number of positions selected is |{k}|, which must be declared (`axis {k} = 2`)")
+            return False
+        if size is not None and count > size:
+            self.err("type.topk_size", tree, axis=axis, k=k,
+                     why=f"selects {count} positions but `{axis}` has {size}")
+            return False
         return True
 
     def integers_ok(self, info: ops.OpInfo, tree: Node, target: Axes, args: list[Expr]) -> bool:

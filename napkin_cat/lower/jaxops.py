@@ -441,6 +441,18 @@ def _gather(box: Box, args: Sequence[Value], scope: Scope) -> Value:
     return Value(cg.call("jnp.squeeze", value, cg.const(-1)), axes)
 
 
+def _topk(box: Box, args: Sequence[Value], scope: Scope) -> Value:
+    """argmax and topk by the module's helpers (runtime.argmax, runtime.topk: the evaluator's
+    order, NaN above every number, ties to the smaller position)."""
+    (x,) = args
+    (axis,) = box.target
+    where = cg.const(x.axes.index(axis))
+    if not box.out:
+        return Value(cg.call("argmax", x.expr, where), tuple(a for a in x.axes if a != axis))
+    count = scope.extents[box.out[0]]
+    return Value(cg.call("topk", x.expr, where, count), tuple(box.out[0] if a == axis else a for a in x.axes))
+
+
 def _reshape(box: Box, args: Sequence[Value], scope: Scope) -> Value:
     (x,) = args
     if box.op == "transpose":  # axes are tracked by name: only the declared order changes
@@ -460,7 +472,7 @@ TABLE: dict[str, Callable[[Box, Sequence[Value], Scope], Value]] = {
     "unary": _unary, "binary": _binary, "reduce": _reduce, "normalise": _normalise, "scan": _scan,
     "contract": _contract, "ncontract": _contract, "where": _where, "index": _index, "onehot": _onehot,
     "split": _reshape, "join": _reshape, "rename": _reshape, "transpose": _reshape, "compare": _compare,
-    "select": _select, "gather": _gather,
+    "select": _select, "gather": _gather, "topk": _topk,
 }
 
 
@@ -470,7 +482,7 @@ TABLE: dict[str, Callable[[Box, Sequence[Value], Scope], Value]] = {
 def mask_padded(box: Box, args: Sequence[Value], scope: Scope) -> list[Value]:
     """Operands with padded positions of every consumed/mixed axis set to neutral fills."""
     out = list(args)
-    if ops.OPS[box.op].kind not in ("reduce", "normalise", "contract", "ncontract"):
+    if ops.OPS[box.op].kind not in ("reduce", "normalise", "contract", "ncontract", "topk"):
         return out
     for axis in box.target:
         if axis not in scope.padded:

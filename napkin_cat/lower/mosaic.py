@@ -40,6 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from napkin_cat import ops
 from napkin_cat.cost import hardware as hw
 from napkin_cat.diagnostics import NapkinError, error
 from napkin_cat.lower import codegen as cg
@@ -51,6 +52,7 @@ from napkin_cat.lower.skip import cut_at_full, ordered_runs, stream_runs
 from napkin_cat.lower.values import Scope, Value, transpose_to
 from napkin_cat.schedule.datamask import gathered_tables
 from napkin_cat.schedule.layout import FORMATS, MIN_BLOCK, Layout
+from napkin_cat.terms import Box
 
 __all__ = ["MOSAIC_STEPS", "WGMMA_SOURCE", "SmemCount", "check_tiles", "emit_function", "extents_at", "fits_smem",
            "least_extents", "mosaic_rules", "smem_count"]
@@ -126,6 +128,21 @@ def check_tiles(lay: Layout, rules: Mapping[str, int]) -> None:
     if gathered:
         raise refuse(f"tables read only at the rows a gather names ({', '.join(f'`{t}`' for t in gathered)}: a "
                      "paged pool) are not served by Mosaic GPU's whole-block copies; use --target pallas")
+    selections = sorted({n.expr.op for n in lay.flat.nodes
+                         if isinstance(n.expr, Box) and ops.OPS[n.expr.op].kind == "topk"})
+    if selections:
+        raise refuse(f"a selection ({', '.join(selections)}: ranks by compares over a three-axis broadcast) is not "
+                     "lowered for Mosaic GPU; use --target pallas or jax")
+    for node in lay.flat.nodes:  # wgmma takes matrices: a product's free axes are not merged and split back
+        product = node.expr
+        if isinstance(product, Box) and ops.OPS[product.op].kind == "contract" and len(product.args) == 2:
+            a, b = (tuple(x for x in arg.axes if x not in lay.squeezed and x not in product.target)
+                    for arg in product.args)
+            wide = next((f for f in (tuple(x for x in a if x not in b), tuple(x for x in b if x not in a))
+                         if len(f) > 1), None)
+            if wide is not None:
+                raise refuse(f"the matrix product `{node.name}` has several free axes on one operand "
+                             f"({' '.join(wide)}): wgmma's result is not split back into them; use --target pallas")
     if lay.padded_tiles:
         axis = sorted(lay.padded_tiles)[0]
         raise refuse(f"tile {lay.tiles[axis]} of `{axis}` is not a power of two of at least 16 (padded to a block); "

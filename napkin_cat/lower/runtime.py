@@ -18,8 +18,8 @@ import jax.numpy as jnp
 from napkin_cat.cost.launch import launch
 from napkin_cat.schedule.layout import pow2_extent
 
-__all__ = ["HELPERS", "bind_sizes", "device_mesh", "erf", "helper_source", "linrec", "linrec_rows",
-           "merge_tiles", "pad_to", "round_up", "shard", "split_tiles"]
+__all__ = ["HELPERS", "argmax", "bind_sizes", "device_mesh", "erf", "helper_source", "linrec", "linrec_rows",
+           "merge_tiles", "pad_to", "round_up", "shard", "split_tiles", "topk"]
 
 
 def bind_sizes(arrays: Sequence[Any], signature: Sequence[tuple[str, tuple[str, ...]]],
@@ -115,6 +115,38 @@ def linrec_rows(a: Any, x: Any, axis: int) -> Any:
     return jax.lax.fori_loop(0, x.shape[axis], step, (start, jnp.zeros_like(x)))[1]
 
 
+def argmax(x: Any, axis: int) -> Any:
+    """The first position of the largest entry along ``axis`` (a NaN counts as the largest), as
+    f32 (what masks and gathers read): a max, a compare and a min, which every target lowers."""
+    rows = jax.lax.broadcasted_iota(jnp.int32, x.shape, axis)
+    nan = jnp.isnan(x)
+    top = jnp.max(jnp.where(nan, jnp.inf, x), axis=axis, keepdims=True)
+    any_nan = jnp.max(jnp.where(nan, 1.0, 0.0), axis=axis, keepdims=True) > 0.0
+    hit = jnp.where(any_nan, nan, x == top)
+    return jnp.min(jnp.where(hit, rows, x.shape[axis]), axis=axis).astype(jnp.float32)
+
+
+def topk(x: Any, axis: int, count: int) -> Any:
+    """The positions of the ``count`` largest entries along ``axis``, largest first, on a new axis
+    of length ``count`` in its place (f32).  Position e's rank is the number of positions above it:
+    a larger value (a NaN above every number) or an equal one (-0 = +0, NaN = NaN) at a smaller
+    position, so ranks are 0..n-1 once each; output j is the position of rank j.  Quadratic in the
+    axis (an expert axis: a few dozen), compares and sums only, which every target lowers."""
+    mine, other = jnp.expand_dims(x, axis + 1), jnp.expand_dims(x, axis)  # [.. e 1 ..], [.. 1 e' ..]
+    both = jnp.broadcast_shapes(mine.shape, other.shape)
+    here = jax.lax.broadcasted_iota(jnp.int32, both, axis)
+    there = jax.lax.broadcasted_iota(jnp.int32, both, axis + 1)
+    nan_mine, nan_other = jnp.isnan(mine), jnp.isnan(other)
+    above = (other > mine) | (nan_other & ~nan_mine)
+    tied = ((other == mine) | (nan_other & nan_mine)) & (there < here)
+    rank = jnp.sum(jnp.where(above | tied, 1, 0), axis=axis + 1)  # [.. e ..]
+    ranks = jnp.expand_dims(rank, axis + 1)  # [.. e 1 ..]
+    shape = (*ranks.shape[:axis + 1], count, *ranks.shape[axis + 2:])
+    wanted = jax.lax.broadcasted_iota(jnp.int32, shape, axis + 1)
+    places = jax.lax.broadcasted_iota(jnp.int32, shape, axis)
+    return jnp.sum(jnp.where(ranks == wanted, places, 0), axis=axis).astype(jnp.float32)
+
+
 def device_mesh(count: int) -> Any:
     """A one-axis mesh named ``mesh`` over the first ``count`` devices; ValueError if jax has fewer."""
     devices = jax.devices()
@@ -140,7 +172,7 @@ def shard(array: Any, mesh: Any, axis: int | None, extent: int) -> Any:
 HELPERS: dict[str, Callable[..., Any]] = {
     "bind_sizes": bind_sizes, "round_up": round_up, "pow2_extent": pow2_extent, "pad_to": pad_to, "erf": erf,
     "linrec": linrec, "linrec_rows": linrec_rows, "split_tiles": split_tiles, "merge_tiles": merge_tiles,
-    "device_mesh": device_mesh, "shard": shard, "launch": launch,
+    "device_mesh": device_mesh, "shard": shard, "launch": launch, "argmax": argmax, "topk": topk,
 }
 
 

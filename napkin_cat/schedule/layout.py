@@ -80,7 +80,8 @@ def pow2_extent(size: int, least: int = 16) -> int:
 
 
 #: fill values of mixing boxes over padded positions (consuming boxes use their accumulator's)
-MIX_FILL: dict[str, float] = {"softmax": -math.inf, "l2norm": 0.0, "rmsnorm": 0.0}
+MIX_FILL: dict[str, float] = {"softmax": -math.inf, "l2norm": 0.0, "rmsnorm": 0.0,
+                              "argmax": -math.inf, "topk": -math.inf}  # padding ranks after every real entry
 
 
 def fill_values(box: Box, axis: str) -> tuple[float, ...] | None:

@@ -23,8 +23,11 @@ positive (an exponential, a sum of them), a division, ``recip`` or ``rsqrt`` by 
 term, ``sqrt`` of a non-negative one; anything else is not proved (``Unproved``), and the
 caller falls back to bounded testing.  A normaliser that can be 0 (``Σ S²``) is split by
 cases: S identically 0 along the row (the evaluator's convention gives 0), or not (the
-normaliser is positive); each case is proved.  Ops outside this semantics (where, index,
-onehot, transpose, piecewise activations) are not proved.
+normaliser is positive); each case is proved.  ``index[A](e)`` is the integer value of e at
+the positions i_a, and ``onehot[v](L)`` an opaque 0/1 function of L's value and i_v (the same
+operands give the same atom); both are refused where their axes are chunked (a chunk's
+positions are offset).  Ops outside this semantics (``where`` outside joins, comparisons and
+select of data, gather, scans, piecewise activations) are not proved.
 
 -inf masks (``masks_unproved``): a parameter read only as scores (of softmax, logsumexp, max,
 ncontract[exp, exp, id], over all its axes: one row) may be partly masked, S = S' + log m
@@ -349,6 +352,13 @@ class _Semantics:
             return self.reduce("Sum", self.weights(node, node.params, x) * args[1], t)
         if op == "transpose":  # a reorder of named axes: the value at each named position is unchanged
             return x
+        if op in ("index", "onehot") and set(t) & set(self.split):
+            raise Unproved(f"`{op}` reads the positions of a chunked axis")
+        if op == "index":  # the integer value of the index expression at each position
+            assert node.index is not None
+            return fold_index(node.index, _i, sympy.Integer, lambda o, u, v: _ARITH[o](u, v))  # type: ignore[arg-type]
+        if op == "onehot":  # 1 where the position along the new axis equals the operand, else 0
+            return _ONEHOT(x, _i(t[0]))
         if op in _RESHAPES and not self.split:
             return self.reshape(node, x)
         raise Unproved(f"`{op}` is outside the proved fragment")
@@ -396,6 +406,8 @@ class _Semantics:
         return f[a1](s) / denom
 
 
+#: onehot's value: an opaque 0/1 function of the operand's value and the position (a name no input has)
+_ONEHOT = sympy.Function("onehot'", nonnegative=True)
 _RELATIONS = {">=": sympy.Ge, "<=": sympy.Le, "==": sympy.Eq, "!=": sympy.Ne, ">": sympy.Gt, "<": sympy.Lt}
 _ARITH = {"+": sympy.Add, "-": lambda u, v: u - v, "*": sympy.Mul}
 

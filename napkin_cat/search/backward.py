@@ -196,22 +196,29 @@ def derived(module: Module, theorem: str, *, target: str = "jax", sizes: Mapping
     passes, each scheduled by ``derive``'s search for ``target`` and proved (module
     docstring); ``lower(result.forward, backward=result.backward)`` joins them, proving the
     join.  Raises ``NapkinError`` where a step fails (``lower.backward_derived``)."""
-    decl = module.theorem(theorem)
-    source = proof.prove(module, theorem)
     names = {d.name for d in module.scope_diagrams or module.diagrams} | {t.name for t in module.theorems}
+    if any(t.name == theorem for t in module.theorems):
+        decl = module.theorem(theorem)
+        long = {p.axis for p in proof.partitions(proof.prove(module, theorem))}
+    elif theorem in names:  # a diagram without a theorem: its forward is searched too, every symbolic axis long
+        decl = TheoremDecl(fresh_name(f"{theorem}_derived", names), theorem, ())
+        long = None
+    else:
+        known = ", ".join(sorted(names)) or "none"
+        raise NapkinError(error("name.unknown", None, f"theorems and diagrams here: {known}", kind="theorem or diagram",
+                                name=theorem))
     fwd_name = fresh_name(f"{decl.diagram}_forward", names)
     forward = saving(module.diagram(decl.diagram), fwd_name)
     backs = passes(forward, fresh_name(f"{decl.diagram}_backward", names | {fwd_name}))
     scope = (*(module.scope_diagrams or module.diagrams), forward.diagram, *backs)
     here = replace(module, diagrams=(*module.diagrams, forward.diagram, *backs), scope_diagrams=scope)
     lemmas = rules.lemmas_in_scope(here)
-    long = {p.axis for p in proof.partitions(source)}
-    priced = {a.name: (sizes or {}).get(a.name, LONG if a.name in long else SHORT)
+    priced = {a.name: (sizes or {}).get(a.name, LONG if long is None or a.name in long else SHORT)
               for d in (forward.diagram, *backs) for a in d.axes if a.size is None}
     cost_fn = model_cost(hardware, dtype, priced, target)
 
     def scheduled(diagram: Diagram, own: tuple[Step, ...] | None) -> TheoremDecl:
-        name = theorem if diagram is forward.diagram else fresh_name(f"{diagram.name}_derived", names)
+        name = decl.name if diagram is forward.diagram else fresh_name(f"{diagram.name}_derived", names)
         if own is not None:
             attempt = TheoremDecl(name, diagram.name, own, decl.span)
             if proof.check_theorem(here, attempt, lemmas, strict=strict).theorem is not None:
@@ -221,7 +228,8 @@ def derived(module: Module, theorem: str, *, target: str = "jax", sizes: Mapping
         return TheoremDecl(name, diagram.name, found.best.explicit if found.best.ok else ())
 
     # a chain's kernels cannot be joined with backward kernels (lower.chain): its forward is searched as one kernel
-    decls = [scheduled(forward.diagram, None if decl.kernels else decl.steps), *(scheduled(b, None) for b in backs)]
+    decls = [scheduled(forward.diagram, None if decl.kernels or long is None else decl.steps),
+             *(scheduled(b, None) for b in backs)]
     proved = []
     for d in decls:
         result = proof.check_theorem(here, d, lemmas, strict=strict)

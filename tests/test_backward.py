@@ -353,6 +353,29 @@ def test_the_join_prover_refuses_a_wrong_alibi_bias(wrong: str) -> None:
         prove_join(forward, reference, backwards)  # type: ignore[arg-type]
 
 
+def _running_sum(backward: str) -> tuple[object, object, list[object]]:
+    module = loads("axis t, d\ndiagram f(X: [t d], W: [d]) -> [t] {\n  return cumsum[t](contract[d](X, W))\n}\n"
+                   f"diagram b(X: [t d], W: [d], g: [t]) -> [t d], [d] {{\n  r = {backward}\n"
+                   "  return r * W, contract[t](r, X)\n}\n")
+    forward = module.diagram("f")
+    return forward, grad.vjp(forward), [(module.diagram("b"), [("input", 0), ("input", 1), ("cotangent", 0)], (0, 1))]
+
+
+def test_the_join_prover_proves_a_running_sum() -> None:
+    """cumsum's VJP, the reverse running sum Σ g - cumsum g + g: the same atoms on both sides."""
+    forward, reference, backwards = _running_sum("sum[t](g) - cumsum[t](g) + g")
+    assert prove_join(forward, reference, backwards).startswith("proved")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("wrong", ["cumsum[t](g)", "sum[t](g) - cumsum[t](g)", "sum[t](g) - cumsum[t](g * 2) + g"])
+def test_the_join_prover_refuses_a_wrong_running_sum(wrong: str) -> None:
+    """The forward running sum for the reverse one, the reverse one missing its own position,
+    a doubled term: each a different term."""
+    forward, reference, backwards = _running_sum(wrong)
+    with pytest.raises(Unproved, match="do not normalise to the same term"):
+        prove_join(forward, reference, backwards)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(("forward_mask", "backward_mask", "why"), [
     # a different mask in the backward: different indicators, different terms
     ("q >= x", "q > x", "gradients of Q do not normalise"),

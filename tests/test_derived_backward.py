@@ -194,8 +194,6 @@ TESTED_JOINS = {
     "proofs/mlp.ncd:fused_mlp_first_layer": "`gelu` is outside the proved fragment",
     "proofs/paged_attention.ncd:flash_paged_attention": "`gather` is outside the proved fragment",
     "proofs/relative_bias.ncd:flash_t5_attention": "`gather` is outside the proved fragment",
-    "proofs/scans.ncd:linear_attention_chunked": "`cumsum` is outside the proved fragment",
-    "proofs/scans.ncd:linear_attention_mha_chunked": "`cumsum` is outside the proved fragment",
     "proofs/scans.ncd:ssd_chunked": "reshapes an axis",
     "proofs/scans.ncd:ssd_mha_chunked": "reshapes an axis",
     "proofs/spherical_attention.ncd:flash_sign": "may be 0 and is not a case split on one row",

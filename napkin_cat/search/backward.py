@@ -195,7 +195,10 @@ def derived(module: Module, theorem: str, *, target: str = "jax", sizes: Mapping
     """The forward of ``theorem`` saving its statistics, proved, and its derived backward
     passes, each scheduled by ``derive``'s search for ``target`` and proved (module
     docstring); ``lower(result.forward, backward=result.backward)`` joins them, proving the
-    join.  Raises ``NapkinError`` where a step fails (``lower.backward_derived``)."""
+    join.  ``theorem`` may name a diagram without a theorem: its forward is then searched too,
+    every symbolic axis priced at ``LONG`` (unless ``sizes`` says), and its theorem is called
+    ``DIAGRAM_derived``.  ``seconds`` bounds each search.  Raises ``NapkinError`` where a step
+    fails (``lower.backward_derived``) or for a name that is neither (``name.unknown``)."""
     names = {d.name for d in module.scope_diagrams or module.diagrams} | {t.name for t in module.theorems}
     if any(t.name == theorem for t in module.theorems):
         decl = module.theorem(theorem)

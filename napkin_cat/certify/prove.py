@@ -24,8 +24,10 @@ term, ``sqrt`` of a non-negative one; anything else is not proved (``Unproved``)
 caller falls back to bounded testing.  A normaliser that can be 0 (``Σ S²``) is split by
 cases: S identically 0 along the row (the evaluator's convention gives 0), or not (the
 normaliser is positive); each case is proved.  ``index[A](e)`` is the integer value of e at
-the positions i_a, and ``onehot[v](L)`` an opaque 0/1 function of L's value and i_v (the same
-operands give the same atom); both are refused where their axes are chunked (a chunk's
+the positions i_a, exactly (the evaluator's int64 wrap past 2^63 and float64 rounding past 2^53
+are the numeric tier's, as a sum's rounding and a product's overflow are below), and
+``onehot[v](L)`` an opaque 0/1 function of L's value and i_v (the same operands give the same
+atom); both are refused where their axes are chunked (a chunk's
 positions are offset).  In joins, ``cumsum[a](X)`` is an opaque atom binding its own index
 symbol (``_cumsum``).  Ops outside this semantics (``where`` and ``cumsum`` outside joins,
 comparisons and select of data, gather, ``linrec``, piecewise activations) are not proved.

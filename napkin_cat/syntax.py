@@ -6,15 +6,19 @@ The grammar is ``grammar/ncd.lark``; the wheel ships it inside the package as
 
 from __future__ import annotations
 
+import base64
 import functools
+import io
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import lark
 from lark import Lark, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 from lark.lexer import PatternStr
 
+from napkin_cat.cache import cache_folder, key, read, write
 from napkin_cat.diagnostics import LINE_BREAK, Diagnostic, NapkinError, Span, error, source_lines
 
 __all__ = ["grammar_text", "parse_tree"]
@@ -41,7 +45,29 @@ def grammar_text() -> str:
 
 @functools.cache
 def _parser() -> Lark:
-    return Lark(grammar_text(), parser="lalr", propagate_positions=True, maybe_placeholders=False)
+    """The LALR parser of the grammar, its tables read back from napkin's cache folder when stored
+    (building them is about 0.1 s CPU of every process that parses), else built and stored."""
+    text = grammar_text()
+    folder = cache_folder()
+    entry = key("lark", {"lark": lark.__version__}, [text.encode()])
+    stored = read(folder, entry, lambda payload: isinstance(payload, str))
+    if stored is not None:
+        try:
+            return Lark.load(io.BytesIO(base64.b64decode(stored)))
+        except Exception:  # an entry that does not load (another lark's layout) is built again, as a miss is
+            pass
+    parser = Lark(text, parser="lalr", propagate_positions=True, maybe_placeholders=False)
+    tables = io.BytesIO()
+    parser.save(tables)
+    write(folder, entry, base64.b64encode(tables.getvalue()).decode("ascii"))
+    return parser
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(text: str) -> Tree[Any]:
+    """The tree of ``text`` (with ``\n`` line breaks), parsed once per process: a file that several
+    checked files ``use`` is parsed once.  Trees are read, never changed, by the elaborator."""
+    return _parser().parse(text)
 
 
 def _describe(names: set[str] | frozenset[str]) -> str:
@@ -102,7 +128,7 @@ def parse_tree(text: str, path: str = "<string>") -> Tree[Any]:
     ``\r\n``, ``\r`` and ``\n`` each end a line (``diagnostics.LINE_BREAK``, as the renderer
     counts them): the grammar sees ``\n`` for each."""
     try:
-        tree = _parser().parse(LINE_BREAK.sub("\n", text))
+        tree = _parsed(LINE_BREAK.sub("\n", text))
     except UnexpectedInput as exc:
         raise NapkinError(_diagnostic(exc, path, text)) from None
     _check_depth(tree, path)

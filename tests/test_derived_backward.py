@@ -16,14 +16,15 @@ import numpy as np
 import pytest
 
 from napkin_cat import proof
+from napkin_cat.diagnostics import NapkinError
 from napkin_cat.elaborate import load, loads
 from napkin_cat.evaluate import evaluate
 from napkin_cat.grad import vjp
 from napkin_cat.lower import UnprovedJoinWarning, compile_module, lower
 from napkin_cat.lower.backward import drawn_integers
 from napkin_cat.proof import check_module
-from napkin_cat.search.backward import derived
-from napkin_cat.terms import Box, walk
+from napkin_cat.search.backward import derived, passes, saving
+from napkin_cat.terms import Box, Var, walk
 
 ROOT = Path(__file__).resolve().parent.parent
 PROOFS = ROOT / "proofs"
@@ -33,11 +34,12 @@ def _tuple(value: object) -> tuple:
     return value if isinstance(value, tuple) else (value,)
 
 
-def _check_gradients(path: Path, theorem: str, target: str, seed: int = 0) -> bool:
-    """Derive, lower and differentiate ``theorem``; compare with the float64 VJP at ragged sizes.
-    Returns whether the join was proved (else it was lowered on the test alone, opted in)."""
+def _check_gradients(path: Path, theorem: str, target: str, seed: int = 0, seconds: float = 30.0) -> str | None:
+    """Derive, lower and differentiate ``theorem`` (or a diagram without one); compare with the
+    float64 VJP at ragged sizes.  Returns None where the join was proved, else the warning that
+    it was lowered on the test alone (opted in).  ``seconds`` bounds each pass's search."""
     module = load(path)
-    found = derived(module, theorem, target=target, hardware="cpu" if target == "jax" else "h100")
+    found = derived(module, theorem, target=target, hardware="cpu" if target == "jax" else "h100", seconds=seconds)
     # tiles of 16 and ragged sizes: several chunks, the last one partial
     tiles = {str(p.tile): 16 for thm in (found.forward, *found.backward) for p in proof.partitions(thm)
              if isinstance(p.tile, str) and p.level != "mesh"}
@@ -45,9 +47,9 @@ def _check_gradients(path: Path, theorem: str, target: str, seed: int = 0) -> bo
         warnings.simplefilter("always", UnprovedJoinWarning)
         lowered = lower(found.forward, target=target, dtype="float32", backward=list(found.backward), tiles=tiles,
                         allow_tested_join=True)
-    proved = not any(issubclass(w.category, UnprovedJoinWarning) for w in warned)
+    why = next((str(w.message) for w in warned if issubclass(w.category, UnprovedJoinWarning)), None)
     fn = compile_module(lowered.source, f"<derived:{theorem}>")[lowered.function]
-    source = module.diagram(module.theorem(theorem).diagram)
+    source = module.diagram(next((t.diagram for t in module.theorems if t.name == theorem), theorem))
     rng = np.random.default_rng(seed)
     # ragged: streamed axes odd in 33..59, other tiled axes odd in 17..29, axes tiled by 1 (batch, heads) 3
     streamed = {p.axis for thm in (found.forward, *found.backward) for p in proof.partitions(thm)
@@ -81,7 +83,7 @@ def _check_gradients(path: Path, theorem: str, target: str, seed: int = 0) -> bo
         scale = max(1.0, float(np.max(np.abs(w))))
         np.testing.assert_allclose(np.asarray(g, np.float64), w, atol=2e-4 * scale, rtol=2e-4,
                                    err_msg=f"{theorem}: d{p.name} at {sizes}")
-    return proved
+    return why
 
 
 # ---- attention: the plan the hand-written files show -----------------------------------------------
@@ -168,28 +170,107 @@ def test_attention_backward_stores_no_q_by_x_array(attention, target):
 
 
 def test_attention_gradients_match_the_vjp():
-    assert _check_gradients(PROOFS / "flash_attention.ncd", "flash_attention", "jax")
+    assert _check_gradients(PROOFS / "flash_attention.ncd", "flash_attention", "jax") is None
 
 
 # ---- every kernel without a hand-written backward ---------------------------------------------------
 
-#: the proof files whose kernels have hand-written backwards (README "Training")
-HAND_WRITTEN = {"flash_attention_backward.ncd", "mlp_backward.ncd", "cross_entropy_backward.ncd"}
-KERNELS = [(path.name, t.name) for path in sorted(PROOFS.glob("*.ncd")) if path.name not in HAND_WRITTEN
+EXAMPLES = ROOT / "examples"
+#: the files whose kernels have hand-written backwards (README "Training"), in proofs/ and examples/
+HAND_WRITTEN = {"flash_attention_backward.ncd", "mlp_backward.ncd", "cross_entropy_backward.ncd",
+                "attention_backward.ncd"}
+_PROVED = [(path, t.name, t.diagram) for path in sorted(PROOFS.glob("*.ncd")) if path.name not in HAND_WRITTEN
            for t in load(path).theorems]
+#: every theorem of proofs/, then every diagram of examples/ that no theorem of proofs/ schedules
+#: (those are derived from the diagram alone: ``derived`` searches their forward too)
+KERNELS = [(f"proofs/{path.name}", theorem) for path, theorem, _ in _PROVED] + [
+    (f"examples/{path.name}", d.name) for path in sorted(EXAMPLES.glob("*.ncd")) if path.name not in HAND_WRITTEN
+    for d in load(path).diagrams if d.name not in {diagram for _, _, diagram in _PROVED}]
+#: the kernels whose join is lowered on the float64 test alone (README "Derived backward"): the
+#: prover's reason.  A data mask (`eq`, `lt` of ids or lengths) can empty a row, where the FA-2
+#: backward's exp(S - L) is NaN and the VJP 0 (``test_a_document_mask_can_empty_a_row``).
+TESTED_JOINS = {
+    "proofs/document_attention.ncd:flash_document_attention": "`eq` is outside the proved fragment",
+    "proofs/document_attention.ncd:flash_causal_document_attention": "`eq` is outside the proved fragment",
+    "proofs/document_attention.ncd:flash_padded_attention": "`lt` is outside the proved fragment",
+    "proofs/mlp.ncd:fused_mlp_first_layer": "`gelu` is outside the proved fragment",
+    "proofs/paged_attention.ncd:flash_paged_attention": "`gather` is outside the proved fragment",
+    "proofs/relative_bias.ncd:flash_t5_attention": "`gather` is outside the proved fragment",
+    "proofs/scans.ncd:ssd_chunked": "reshapes an axis",
+    "proofs/scans.ncd:ssd_mha_chunked": "reshapes an axis",
+    "proofs/spherical_attention.ncd:flash_sign": "may be 0 and is not a case split on one row",
+    "proofs/spherical_attention.ncd:flash_rms_attention": "may be 0 and is not a case split on one row",
+    "examples/layernorm.ncd:layernorm": "not known positive",
+    "examples/layernorm.ncd:rms_norm_exact": "may be 0 and is not a case split on one row",
+}
+#: each pass's search budget in the sweep (seconds): the plans are found well within it
+SEARCH_SECONDS = 5.0
+#: the unmarked sample, the cheapest of each kind: an example diagram without a theorem, a join
+#: proved with `onehot`, a join tested for its listed reason (attention: ``test_attention_gradients...``)
+SAMPLE = ["examples/layernorm.ncd:rms_norm", "proofs/cross_entropy.ncd:streamed_cross_entropy_index",
+          "examples/layernorm.ncd:rms_norm_exact"]
+#: swept by a test of its own above
+ATTENTION = "proofs/flash_attention.ncd:flash_attention"
+
+
+def _swept(kernel: str) -> None:
+    file, theorem = kernel.split(":")
+    why = _check_gradients(ROOT / file, theorem, "jax", seconds=SEARCH_SECONDS)
+    assert (why is None) == (kernel not in TESTED_JOINS), f"{kernel}: join {'proved' if why is None else why}"
+    assert why is None or TESTED_JOINS[kernel] in why, why
+
+
+def test_the_sweep_covers_examples_without_a_theorem():
+    swept = {f"{f}:{t}" for f, t in KERNELS}
+    assert set(SAMPLE) <= swept and set(TESTED_JOINS) <= swept and ATTENTION in swept
+    assert any(k in TESTED_JOINS for k in SAMPLE) and not all(k in TESTED_JOINS for k in SAMPLE)
+    assert {"examples/layernorm.ncd:layernorm", "examples/attention.ncd:alibi_attention"} <= swept
+    assert "examples/attention.ncd:attention" not in swept  # scheduled by proofs/flash_attention.ncd's theorems
+
+
+def test_derived_names_a_theorem_or_a_diagram():
+    with pytest.raises(NapkinError) as err:
+        derived(load(EXAMPLES / "layernorm.ncd"), "layer_norm")
+    assert err.value.codes == ("name.unknown",)
+    assert "layernorm" in (err.value.diagnostics[0].hint or "")  # the names it knows
+
+
+def test_a_document_mask_can_empty_a_row():
+    """Why a data mask's join stays unproved: a query whose document has no key has L = log 0 =
+    -inf, and the derived passes' exp(S - L) is NaN there, while the VJP's gradient is finite."""
+    module = load(PROOFS / "document_attention.ncd")
+    forward = saving(module.diagram("document_attention"), "fwd")
+    rng = np.random.default_rng(2)
+    sizes = {"q": 3, "x": 4, "d": 64}
+    values = {"Q": rng.standard_normal((3, 64)), "K": rng.standard_normal((4, 64)), "V": rng.standard_normal((4, 64)),
+              "Dq": np.array([0.0, 1.0, 5.0]), "Dx": np.array([0.0, 0.0, 1.0, 1.0]),  # document 5 has no key
+              "dO": rng.standard_normal((3, 64))}
+    outs = evaluate(forward.diagram, [values[p.name] for p in forward.diagram.inputs], sizes=sizes)
+    values |= {o.name: v for o, v in zip(forward.diagram.outputs, outs, strict=True) if isinstance(o, Var)}
+    got = [g for b in passes(forward, "bwd")
+           for g in _tuple(evaluate(b, [values[p.name] for p in b.inputs], sizes=sizes))]
+    want = _tuple(evaluate(vjp(module.diagram("document_attention")),
+                           [values[n] for n in ("Q", "K", "V", "Dq", "Dx", "dO")], sizes=sizes))
+    assert all(np.isfinite(w).all() for w in want)
+    assert any(np.isnan(g).any() for g in got)
+
+
+@pytest.mark.parametrize("kernel", SAMPLE)
+def test_sampled_kernels_derive_a_backward(kernel):
+    _swept(kernel)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("file", "theorem"), KERNELS)
-def test_every_kernel_derives_a_backward(file, theorem):
-    _check_gradients(PROOFS / file, theorem, "jax")
+@pytest.mark.parametrize("kernel", [f"{f}:{t}" for f, t in KERNELS if f"{f}:{t}" not in {*SAMPLE, ATTENTION}])
+def test_every_kernel_derives_a_backward(kernel):
+    _swept(kernel)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("file", "theorem"), [("flash_attention.ncd", "flash_attention_causal"),
                                                ("spherical_attention.ncd", "flash_sign")])
 def test_pallas_interpret_gradients(file, theorem):
-    _check_gradients(PROOFS / file, theorem, "pallas")
+    _check_gradients(PROOFS / file, theorem, "pallas", seconds=SEARCH_SECONDS)
 
 
 # ---- the front doors ----------------------------------------------------------------------------------

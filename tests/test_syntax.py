@@ -70,3 +70,31 @@ def test_a_syntax_error_renders_with_a_caret() -> None:
 def test_empty_text_is_an_empty_module() -> None:
     assert parse_tree("").children == []
     assert parse_tree("# only a comment\n").children == []
+
+
+def test_the_parser_read_back_from_the_cache_parses_and_refuses_alike(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The LALR tables are stored in napkin's cache folder and read back by the next process:
+    the same trees (with positions) and the same syntax errors as a parser built from the grammar."""
+    from pathlib import Path
+
+    from napkin_cat import cache, syntax
+
+    text = (Path(__file__).resolve().parent.parent / "examples" / "attention.ncd").read_text()
+    bad = "diagram f(A: [x]) -> [x] {\n  return A +\n}\n"
+
+    def outcome() -> tuple[object, list[tuple[int, int, int, int]], object]:
+        syntax._parser.cache_clear()
+        syntax._parsed.cache_clear()
+        tree = parse_tree(text)
+        positions = [(t.meta.line, t.meta.column, t.meta.end_line, t.meta.end_column) for t in tree.iter_subtrees()]
+        with pytest.raises(NapkinError) as err:
+            parse_tree(bad)
+        return tree, positions, err.value.diagnostics[0]  # trees compare by rule name and children
+
+    built = outcome()
+    folder = cache.cache_folder()
+    assert folder is not None and any(p.name.startswith("lark-") for p in folder.iterdir())  # stored
+    assert outcome() == built  # read back
+    monkeypatch.setenv("NAPKIN_CACHE_DIR", "")  # no cache: built from the grammar
+    assert outcome() == built
+    syntax._parser.cache_clear()

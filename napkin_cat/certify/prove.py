@@ -23,8 +23,14 @@ positive (an exponential, a sum of them), a division, ``recip`` or ``rsqrt`` by 
 term, ``sqrt`` of a non-negative one; anything else is not proved (``Unproved``), and the
 caller falls back to bounded testing.  A normaliser that can be 0 (``Σ S²``) is split by
 cases: S identically 0 along the row (the evaluator's convention gives 0), or not (the
-normaliser is positive); each case is proved.  Ops outside this semantics (where, index,
-onehot, transpose, piecewise activations) are not proved.
+normaliser is positive); each case is proved.  ``index[A](e)`` is the integer value of e at
+the positions i_a, exactly (the evaluator's int64 wrap past 2^63 and float64 rounding past 2^53
+are the numeric tier's, as a sum's rounding and a product's overflow are below), and
+``onehot[v](L)`` an opaque 0/1 function of L's value and i_v (the same operands give the same
+atom); both are refused where their axes are chunked (a chunk's
+positions are offset).  In joins, ``cumsum[a](X)`` is an opaque atom binding its own index
+symbol (``_cumsum``).  Ops outside this semantics (``where`` and ``cumsum`` outside joins,
+comparisons and select of data, gather, ``linrec``, piecewise activations) are not proved.
 
 -inf masks (``masks_unproved``): a parameter read only as scores (of softmax, logsumexp, max,
 ncontract[exp, exp, id], over all its axes: one row) may be partly masked, S = S' + log m
@@ -349,6 +355,15 @@ class _Semantics:
             return self.reduce("Sum", self.weights(node, node.params, x) * args[1], t)
         if op == "transpose":  # a reorder of named axes: the value at each named position is unchanged
             return x
+        if op in ("index", "onehot") and set(t) & set(self.split):
+            raise Unproved(f"`{op}` reads the positions of a chunked axis")
+        if op == "index":  # the integer value of the index expression at each position
+            assert node.index is not None
+            return fold_index(node.index, _i, sympy.Integer, lambda o, u, v: _ARITH[o](u, v))  # type: ignore[arg-type]
+        if op == "onehot":  # 1 where the position along the new axis equals the operand, else 0
+            return _ONEHOT(x, _i(t[0]))
+        if op == "cumsum" and self.masks is not None:  # in joins, which move no positions (``_cumsum``)
+            return _cumsum(t[0])(x.xreplace({_i(t[0]): _k(t[0])}), _i(t[0]))
         if op in _RESHAPES and not self.split:
             return self.reshape(node, x)
         raise Unproved(f"`{op}` is outside the proved fragment")
@@ -396,6 +411,23 @@ class _Semantics:
         return f[a1](s) / denom
 
 
+#: onehot's value: an opaque 0/1 function of the operand's value and the position (a name no input has)
+_ONEHOT = sympy.Function("onehot'", nonnegative=True)
+
+
+def _k(a: str) -> sympy.Symbol:
+    return sympy.Symbol(f"k_{a}", integer=True)
+
+
+@cache
+def _cumsum(a: str) -> Any:
+    """cumsum[a](X) at position i_a: the opaque atom ``cumsum'a(X[i_a := k_a], i_a)``, Σ of its
+    body over k_a ≤ i_a, which binds k_a in its body.  k_a occurs nowhere else (only scans bind
+    it) and no reduction binds it, so an atom's body is a function of k_a and the other axes'
+    free positions alone: equal atoms are equal sums.  Only in joins (``prove_join``), where no
+    reshape moves a position into an atom's body (a rename of s to a there would let a later
+    scan over a capture it) and no axis is chunked."""
+    return sympy.Function(f"cumsum'{a}", real=True)
 _RELATIONS = {">=": sympy.Ge, "<=": sympy.Le, "==": sympy.Eq, "!=": sympy.Ne, ">": sympy.Gt, "<": sympy.Lt}
 _ARITH = {"+": sympy.Add, "-": lambda u, v: u - v, "*": sympy.Mul}
 

@@ -17,7 +17,7 @@ D = Σ dO·O is proved this way) and tested (``_tested``: both sides in float64 
 size draws, the small sizes 1 to 7 and sizes past every integer constant of the diagrams,
 inputs at several scales and labels across the vocabulary), refusing with
 ``lower.backward_wrong`` where they differ.  A join the prover cannot prove (``where``
-masks it cannot show keep a key per row, ``onehot``, the guarded division of gelu's slope)
+masks it cannot show keep a key per row, data masks, scans, the guarded division of gelu's slope)
 is refused with its reason (``lower.backward_unproved``) unless the caller opts in
 (``allow_tested``: ``lower(..., allow_tested_join=True)``, ``--allow-tested-join``): then it
 rests on the test alone, ``lower`` warns (``UnprovedJoinWarning``) and the module docstring

@@ -201,16 +201,26 @@ def derived(module: Module, theorem: str, *, target: str = "jax", sizes: Mapping
     """The forward of ``theorem`` saving its statistics, proved, and its derived backward
     passes, each scheduled by ``derive``'s search for ``target`` and proved (module
     docstring); ``lower(result.forward, backward=result.backward)`` joins them, proving the
-    join.  Raises ``NapkinError`` where a step fails (``lower.backward_derived``)."""
-    decl = module.theorem(theorem)
-    source = proof.prove(module, theorem)
+    join.  ``theorem`` may name a diagram without a theorem: its forward is then searched too,
+    every symbolic axis priced at ``LONG`` (unless ``sizes`` says), and its theorem is called
+    ``DIAGRAM_derived``.  ``seconds`` bounds each search.  Raises ``NapkinError`` where a step
+    fails (``lower.backward_derived``) or for a name that is neither (``name.unknown``)."""
     names = {d.name for d in module.scope_diagrams or module.diagrams} | {t.name for t in module.theorems}
+    if any(t.name == theorem for t in module.theorems):
+        decl = module.theorem(theorem)
+        long: set[str] | None = {p.axis for p in proof.partitions(proof.prove(module, theorem))}
+    elif theorem in names:  # a diagram without a theorem: its forward is searched too, every symbolic axis long
+        decl = TheoremDecl(fresh_name(f"{theorem}_derived", names), theorem, ())
+        long = None
+    else:
+        known = ", ".join(sorted(names)) or "none"
+        raise NapkinError(error("name.unknown", None, f"theorems and diagrams here: {known}", kind="theorem or diagram",
+                                name=theorem))
     fwd_name = fresh_name(f"{decl.diagram}_forward", names)
     forward = saving(module.diagram(decl.diagram), fwd_name)
     backs = list(passes(forward, fresh_name(f"{decl.diagram}_backward", names | {fwd_name})))
     lemmas = rules.lemmas_in_scope(_with(module, forward.diagram, backs))
-    long = {p.axis for p in proof.partitions(source)}
-    priced = {a.name: (sizes or {}).get(a.name, LONG if a.name in long else SHORT)
+    priced = {a.name: (sizes or {}).get(a.name, LONG if long is None or a.name in long else SHORT)
               for d in (forward.diagram, *backs) for a in d.axes if a.size is None}
     cost_fn = model_cost(hardware, dtype, priced, target)
     profile = hardware if isinstance(hardware, hw.Hardware) else hw.load(hardware)
@@ -221,7 +231,7 @@ def derived(module: Module, theorem: str, *, target: str = "jax", sizes: Mapping
     def scheduled(diagram: Diagram, own: tuple[Step, ...] | None) -> tuple[TheoremDecl, Diagram]:
         """The theorem scheduling ``diagram`` and the diagram it is about (a pass with the values
         its schedule recomputes in every program bound to names: ``chains.exposed``)."""
-        name = theorem if diagram is forward.diagram else fresh_name(f"{diagram.name}_derived", names)
+        name = decl.name if diagram is forward.diagram else fresh_name(f"{diagram.name}_derived", names)
         here = _with(module, forward.diagram, backs)
         if own is not None:
             attempt = TheoremDecl(name, diagram.name, own, decl.span)
@@ -248,7 +258,7 @@ def derived(module: Module, theorem: str, *, target: str = "jax", sizes: Mapping
         return TheoremDecl(name, diagram.name, found.best.explicit, kernels=found.best.kernels), diagram
 
     # a chain's kernels cannot be joined with backward kernels (lower.chain): its forward is searched as one kernel
-    decls = [scheduled(forward.diagram, None if decl.kernels else decl.steps)[0],
+    decls = [scheduled(forward.diagram, None if decl.kernels or long is None else decl.steps)[0],
              *(scheduled(b, None)[0] for b in list(backs))]
     here = _with(module, forward.diagram, backs)
     proved = []

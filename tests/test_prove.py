@@ -215,3 +215,14 @@ lemma absorb(S: [x]) : max(max[x](S) - max[x](S), neg(max[x](S))) = max(0.0, neg
     assert proof is not None and "masks" not in proof, proof
     why = prove.masks_unproved(lemma)
     assert why is not None and "S fully masked" in why, why
+
+
+def test_a_reduction_never_captures_a_position_a_rename_moved_into_a_nested_one() -> None:
+    """sum[t](rename[s -> t](sum[t](X))) sums every entry of X: the inner sum binds t, the rename
+    moves s's position onto t, and binding the outer t inside the inner atom would read X's
+    diagonal.  The prover refuses the term rather than normalise it wrongly, so neither the true
+    equation nor the diagonal one is proved."""
+    text = ("axis t, s\nlemma total(X: [t s]) : sum[t](rename[s -> t](sum[t](X))) = sum[t s](X)\n"
+            "lemma diagonal(X: [t s], D: [t]) : sum[t](rename[s -> t](sum[t](X))) = sum[t](D)\n")
+    for lemma in loads(text).lemmas:
+        assert "a nested reduction over the same axis" in (prove.why_unproved(lemma) or "")

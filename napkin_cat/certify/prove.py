@@ -175,6 +175,12 @@ class _Semantics:
         return sum((_n(p) for p in self.split[a]), sympy.Integer(0)) if a in self.split else _n(a).xreplace(self.ties)
 
     def reduce(self, kind: str, body: Any, axes: tuple[str, ...]) -> Any:
+        # a reduction over a binds i_a in its body as j_a; where a nested reduction over a already
+        # binds j_a and i_a is free in it (a rename moved a position there: sum[t](rename[s -> t](
+        # sum[t](X)))), binding i_a would capture it, reading X's diagonal where it sums every entry
+        if any(_i(a) in r.free_symbols for r in body.atoms(_Reduction) for a in set(axes) & set(r.axes)):
+            raise Unproved(f"a reduction over `{', '.join(axes)}` of a term in which a nested reduction over the same "
+                           f"axis reads a position moved onto it (a rename): outside the proved fragment")
         join = {"Sum": sympy.Add, "Max": maximum, "Min": minimum, "Prod": sympy.Mul}[kind]
         return self._parts(body, axes, lambda b, a: reduce(kind, b, a), join)
 

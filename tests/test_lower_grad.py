@@ -3,9 +3,9 @@ function (on Pallas a ``jax.custom_vjp`` whose backward is the VJP diagram) equa
 of the unscheduled diagram lowered to plain JAX and differentiated through its own code, and
 the float64 evaluator's gradient (the VJP diagram, ``napkin_cat.grad``), at ragged sizes in
 f32, for every kernel of proofs/ and the extra cases, on both targets (Pallas in interpret
-mode; slow-marked: a Pallas kernel in interpret mode takes seconds on CPU).  The plain-JAX
-target's own autodiff is also tested in tests/test_lower_jax.py (test_grad_matches_plain_jax);
-a Pallas gradient is cross-lowered for CUDA, as the forwards are."""
+mode; slow-marked: a Pallas kernel in interpret mode takes seconds on CPU, and the plain-JAX
+target's autodiff through its loops compiles for seconds, but ``FAST`` on that target runs in the
+fast run too); a Pallas gradient is cross-lowered for CUDA, as the forwards are."""
 
 from __future__ import annotations
 
@@ -23,7 +23,9 @@ from napkin_cat.lower import lower
 from napkin_cat.lower.backward import GRADIENTS
 from tests import lower_cases as cases
 
-pytestmark = pytest.mark.slow  # Pallas gradients in interpret mode take minutes (CI runs them)
+#: the plain-JAX target's rows of the fast run (``-m "not slow"``): a causal mask, a fused MLP, a
+#: loss over a vocabulary, a normalised contraction; every other row is slow-marked (CI runs them)
+FAST = ("flash_attention_causal", "fused_mlp_first_layer", "streamed_cross_entropy", "flash_rms_attention")
 
 
 def _loss(fn: Any, weights: list[np.ndarray]) -> Any:
@@ -55,10 +57,12 @@ def _check(name: str, target: str, dtype: str = "float32", tol: float = 1e-4) ->
         assert cases.relative_error(np.asarray(g, np.float32), np.asarray(exact[i], np.float64)) < tol, (name, i)
 
 
+@pytest.mark.slow
 def test_grad_of_a_bf16_kernel_is_within_bf16_tolerance() -> None:
     _check("flash_attention_causal", "pallas", "bfloat16", cases.BF16_TOL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["jax", "pallas"])
 @pytest.mark.parametrize(("name", "q", "x"), [("flash_attention", 100, 77), ("flash_attention_causal", 100, 100)])
 def test_flash_attention_gradient_is_plain_attentions(target: str, name: str, q: int, x: int) -> None:
@@ -81,8 +85,9 @@ def test_flash_attention_gradient_is_plain_attentions(target: str, name: str, q:
         assert cases.relative_error(g, np.asarray(w, np.float64)) < 1e-4
 
 
-@pytest.mark.parametrize("target", ["jax", "pallas"])
-@pytest.mark.parametrize("name", sorted(cases.theorems()))
+@pytest.mark.parametrize(("name", "target"), [
+    pytest.param(name, target, marks=() if target == "jax" and name in FAST else pytest.mark.slow)
+    for name in sorted(cases.theorems()) for target in ("jax", "pallas")])
 def test_grad_of_every_kernel_matches_plain_jax(name: str, target: str) -> None:
     """Issue 13: the gradient of every kernel of proofs/ (and the extra cases), both targets
     (Pallas in interpret mode), at ragged sizes in f32, against the unscheduled diagram's and
@@ -91,6 +96,7 @@ def test_grad_of_every_kernel_matches_plain_jax(name: str, target: str) -> None:
     _check(name, target, tol=max(1e-4, cases.tolerance(cases.theorems()[name])))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["flash_attention_causal", "streamed_cross_entropy_index"])
 def test_grad_of_a_pallas_kernel_lowers_for_cuda(name: str) -> None:
     """The custom VJP of a Pallas kernel (its forward a pallas_call, its backward the VJP diagram

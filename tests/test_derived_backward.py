@@ -202,6 +202,16 @@ TESTED_JOINS = {
     "proofs/spherical_attention.ncd:flash_rms_attention": "may be 0 and is not a case split on one row",
     "examples/layernorm.ncd:layernorm": "not known positive",
     "examples/layernorm.ncd:rms_norm_exact": "may be 0 and is not a case split on one row",
+    "proofs/moe.ncd:grouped_experts": "`gelu` is outside the proved fragment",
+    "examples/moe.ncd:route": "`topk` is outside the proved fragment",
+}
+#: the kernels whose derived backward is refused: the error's text.  ``busiest`` (an argmax) has
+#: no gradient.  ``fused_moe``: the float64 join test finds the passes 4.4e-7 off the VJP
+#: relative to one entry (33.284) where the largest gradient is 5.1e4 (scale 16): the rounding
+#: of a cancelling sum past the test's rtol 1e-7, not yet told apart from a wrong pass, so refused
+REFUSED = {
+    "examples/moe.ncd:busiest": "no input has a gradient",
+    "proofs/moe.ncd:fused_moe": "the backward passes do not give the forward's VJP",
 }
 #: each pass's search budget in the sweep (seconds): the plans are found well within it
 SEARCH_SECONDS = 5.0
@@ -215,6 +225,10 @@ ATTENTION = "proofs/flash_attention.ncd:flash_attention"
 
 def _swept(kernel: str) -> None:
     file, theorem = kernel.split(":")
+    if kernel in REFUSED:
+        with pytest.raises(NapkinError, match=REFUSED[kernel]):
+            _check_gradients(ROOT / file, theorem, "jax", seconds=SEARCH_SECONDS)
+        return
     why = _check_gradients(ROOT / file, theorem, "jax", seconds=SEARCH_SECONDS)
     assert (why is None) == (kernel not in TESTED_JOINS), f"{kernel}: join {'proved' if why is None else why}"
     assert why is None or TESTED_JOINS[kernel] in why, why
@@ -222,7 +236,7 @@ def _swept(kernel: str) -> None:
 
 def test_the_sweep_covers_examples_without_a_theorem():
     swept = {f"{f}:{t}" for f, t in KERNELS}
-    assert set(SAMPLE) <= swept and set(TESTED_JOINS) <= swept and ATTENTION in swept
+    assert set(SAMPLE) <= swept and set(TESTED_JOINS) | set(REFUSED) <= swept and ATTENTION in swept
     assert any(k in TESTED_JOINS for k in SAMPLE) and not all(k in TESTED_JOINS for k in SAMPLE)
     assert {"examples/layernorm.ncd:layernorm", "examples/attention.ncd:alibi_attention"} <= swept
     assert "examples/attention.ncd:attention" not in swept  # scheduled by proofs/flash_attention.ncd's theorems

@@ -57,8 +57,9 @@ class Costed:
     tie-breaker: at equal ``value``, the plan that moves and computes less in all wins, as the
     tile search ranks tiles); ``footprint``: the largest fraction of a level's capacity in use
     (the next: at equal cost, the schedule that leaves more fast memory free wins); ``relaxed``: the
-    hardware's preferred tile multiples that ``tiles`` do not meet (none met them; the modelled
-    cost does not price them, so such a plan ranks after every plan without any).
+    hardware's preferred tile multiples that ``tiles`` do not meet (none met them); the cost model
+    prices them (``optimise.padding``: such tiles run as if padded to the multiples), and at equal
+    cost a plan that meets them ranks first.
     """
 
     value: float
@@ -159,16 +160,17 @@ def _schedule_key(c: Candidate) -> str:
     return f"{parts} {places} {chosen} @ {c.cost.value:.6g}"
 
 
-def rank(c: Candidate) -> tuple[bool, float, float, float, int, int, int, str]:
-    """Tiles that meet the hardware's preferred multiples first, then cheapest; at equal cost
-    the smaller serial cost, then the smaller footprint, then fewer kernels, then the simpler proof."""
+def rank(c: Candidate) -> tuple[float, bool, float, float, int, int, int, str]:
+    """Cheapest first (tiles that lack the hardware's preferred multiples are priced as padded to
+    them: ``optimise.padding``); at equal cost the plan whose tiles meet them, then the smaller
+    serial cost, then the smaller footprint, then fewer kernels, then the simpler proof."""
     assert c.cost is not None
     steps = c.steps + tuple(s for k in c.kernels for s in k.steps)
     names = sum(len(s.at) for s in steps if isinstance(s, Rewrite))
     serial = c.cost.value if c.cost.serial is None else c.cost.serial
     # to 9 significant digits, as the tile search ranks: equal models differ in the last bits
     value, serial = (float(f"{v:.9g}") for v in (c.cost.value, serial))
-    return (bool(c.cost.relaxed), value, serial, c.cost.footprint, len(c.kernels), len(steps), names, c.describe())
+    return (value, bool(c.cost.relaxed), serial, c.cost.footprint, len(c.kernels), len(steps), names, c.describe())
 
 
 # ---- the search -----------------------------------------------------------------------------
@@ -245,8 +247,15 @@ def _climb(state: _State, prefix: tuple[Step, ...], diagram: Diagram) -> None:
 def _plan(state: _State, prefix: tuple[Step, ...], plan: Plan, diagram: Diagram) -> Candidate:
     """The candidate of ``plan``; where no integer tiles that divide the axes fit (ragged
     sizes: q=2000 has no power-of-two tile that is x64), the same plan with ``pad`` partitions
-    (masked ragged tiles) if that one fits."""
+    (masked ragged tiles) if that one fits.  A plan with a split is also tried with ``pad``
+    partitions (blocks sized to the SMs, each block's last chunk masked: ``optimise``), kept
+    where it is modelled cheaper."""
     plain = state.evaluate(prefix + plan_steps(plan, diagram))
+    if plan.split is not None:
+        ragged = state.evaluate(prefix + plan_steps(plan, diagram, pad=True))
+        cheaper = ragged.ok and ragged.cost is not None and (
+            not plain.ok or plain.cost is None or ragged.cost.value < plain.cost.value * (1 - 1e-9))
+        return ragged if cheaper else plain
     if plain.ok or plain.cost is None or plain.cost.tiles or not plain.theorem or not plain.theorem.schedule.partitions:
         return plain
     padded = state.evaluate(prefix + plan_steps(plan, diagram, pad=True))

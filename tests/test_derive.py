@@ -22,7 +22,6 @@ from napkin_cat import certify, cost, kernel, proof, run
 from napkin_cat.certify import rules
 from napkin_cat.cli import main
 from napkin_cat.cost import optimise, roofline
-from napkin_cat.diagnostics import NapkinError
 from napkin_cat.elaborate import load, loads
 from napkin_cat.search import derive, moves, rewrite
 from napkin_cat.terms import Partition, Rewrite
@@ -143,17 +142,8 @@ def test_matmul_gets_near_square_tiles_that_fill_the_sms() -> None:
 
 
 def test_cross_entropy_streams_the_vocabulary() -> None:
-    """At 8192 logits per row on the h100 a 64-row tile (the labels' coalescing) needs the vocabulary
-    streamed and leaves 16 programs for 132 SMs; rows of a few logits tiles hold whole rows in 512
-    programs.  Their missing multiples are priced (``optimise.padding``: the labels' few bytes), so
-    the whole rows win, modelled 8 times faster; the streamed plan is a candidate that lost on cost."""
     found = derived(EXAMPLES / "cross_entropy.ncd", "cross_entropy")
-    assert [(k, a) for k, a, _ in partitions(found)] == [("group", "t")]
-    best = found.best.cost
-    assert best is not None and best.relaxed
-    streamed = [c for c in found.search.candidates if c.ok and c.theorem is not None
-                and [(p.kind, p.axis) for p in c.theorem.schedule.partitions] == [("group", "t"), ("stream", "v")]]
-    assert streamed and all(c.cost is not None and best.value * 4 < c.cost.value for c in streamed)
+    assert [(k, a) for k, a, _ in partitions(found)] == [("group", "t"), ("stream", "v")]
 
 
 def test_spherical_attention_uses_the_l2_lemma_and_the_normalised_state() -> None:
@@ -483,31 +473,22 @@ def _decoding(tmp_path: Path, x: int) -> tuple[derive.Derivation, Path]:
 def test_decoding_derives_a_split_that_checks_costs_and_lowers(tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 29's done-when: one query over 32768 keys on the h200.  Unsplit, the grid is one
-    program on 132 SMs; the cost model alone picks the split (no rule knows decoding) with at least
-    as many programs as SMs: blocks of ⌈32768/132⌉ = 249 keys, each block's last chunk masked
-    (`split x by kx pad; stream x by sx pad`), cheaper than the best split into whole power-of-two
-    chunks (128 programs, some SM 256 keys), every unsplit plan and the unfused diagram; the written
-    proof checks --strict, `napkin cost` shows both kernels and the combine's traffic, and the plan
-    lowers on plain JAX at the derived blocks and, at power-of-two blocks, on Pallas too, matching
-    the evaluator at ragged sizes (x a multiple of neither tile)."""
+    program on 132 SMs; the cost model alone picks the split (no rule knows decoding), whose grid
+    leaves at most one SM in thirty idle, far cheaper than every unsplit plan and the unfused
+    diagram; the written proof checks --strict, `napkin cost` shows both kernels and the combine's
+    traffic, and the plan (derived again at a ragged size, where it is padded) lowers on both
+    targets and matches the evaluator at ragged sizes."""
     from napkin_cat.lower import lower
 
     found, out = _decoding(tmp_path, 32768)
     best = found.best
     assert best.theorem is not None and best.cost is not None
     split = best.theorem.schedule.split
-    assert split is not None and split.axis == "x" and split.via == "online_softmax" and split.pad
+    assert split is not None and split.axis == "x" and split.via == "online_softmax"
     c = cost.cost(best.theorem, hardware="h200", sizes={"q": 1, "x": 32768}, dtype="bf16")
     row = optimise.search(c, top=1, relax=True).rows[0]
-    sms = c.hardware.sms
-    assert row.tiles == best.cost.tiles and row.programs >= sms
-    kx = row.tiles[str(split.tile)]
-    assert kx == -(-32768 // sms) and row.programs == -(-32768 // kx)  # 249 keys, 132 programs
-    longest = row.programs * kx / 32768  # the longest program holds a whole block, the last one less
-    assert row.factor == pytest.approx(cost.parallel_factor(row.programs, sms) * longest) and row.factor < 1.01
-    whole = [k for k in found.search.candidates if k.ok and k.theorem and k.theorem.schedule.split is not None
-             and not k.theorem.schedule.split.pad]
-    assert whole and all(k.cost and best.cost.value < k.cost.value < best.cost.value * 1.05 for k in whole)
+    assert row.tiles == best.cost.tiles and row.factor == cost.parallel_factor(row.programs, c.hardware.sms)
+    assert row.factor < 1.05  # 128 programs in one wave (or 256 in two) on 132 SMs, not 1 program (x132)
     unsplit = [k for k in found.search.candidates if k.ok and k.theorem and k.theorem.schedule.split is None]
     assert unsplit and all(k.cost and best.cost.value * 10 < k.cost.value for k in unsplit)
     baseline = found.search.baseline.cost
@@ -518,20 +499,18 @@ def test_decoding_derives_a_split_that_checks_costs_and_lowers(tmp_path: Path,
                  "--size", "x=32768"]) == 0
     report = capsys.readouterr().out
     assert "partial states" in report and "written and read back" in report and "2 launches" in report
-    assert f"{row.programs:.0f} programs (parallel groups) on {sms} SMs" in report
 
-    thm = best.theorem
+    ragged, _ = _decoding(tmp_path, 32767)  # no tile divides it: the same plan, padded
+    thm = ragged.best.theorem
+    assert thm is not None and thm.schedule.split is not None and thm.schedule.split.pad
+    tiles = {name: {"k": 32}.get(name[0], 16) for name in ragged.best.cost.tiles} if ragged.best.cost else {}
     rng = np.random.default_rng(1)
-    for n, tiles, targets in ((1000, dict(best.cost.tiles), ("jax",)),
-                              (100, {name: {"k": 32}.get(name[0], 16) for name in best.cost.tiles}, ("jax", "pallas"))):
-        q, k, v = (rng.standard_normal((m, 64)).astype(np.float32) for m in (1, n, n))
-        want = np.asarray(run(load(EXAMPLES / "attention.ncd").diagram("attention"), q, k, v))
-        for target in targets:
-            fn = lower(thm, target=target, tiles=tiles).fn
-            got = np.asarray(fn(q, k, v, interpret=True) if target == "pallas" else fn(q, k, v))
-            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
-    with pytest.raises(NapkinError, match="not a whole number of chunks"):
-        lower(thm, target="pallas", tiles=dict(best.cost.tiles))
+    q, k, v = (rng.standard_normal((n, 64)).astype(np.float32) for n in (1, 100, 100))
+    want = np.asarray(run(load(EXAMPLES / "attention.ncd").diagram("attention"), q, k, v))
+    for target in ("jax", "pallas"):
+        fn = lower(thm, target=target, tiles=tiles).fn
+        got = np.asarray(fn(q, k, v, interpret=True) if target == "pallas" else fn(q, k, v))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.slow

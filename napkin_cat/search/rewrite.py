@@ -58,8 +58,8 @@ class Costed:
     tile search ranks tiles); ``footprint``: the largest fraction of a level's capacity in use
     (the next: at equal cost, the schedule that leaves more fast memory free wins); ``relaxed``: the
     hardware's preferred tile multiples that ``tiles`` do not meet (none met them); the cost model
-    prices them (``optimise.padding``: such tiles run as if padded to the multiples), and at equal
-    cost a plan that meets them ranks first.
+    prices them (``optimise.padding``: such tiles run as if padded to the multiples), and ``rank``
+    puts such a plan after the tiled plans that meet them, beside the unfused diagram.
     """
 
     value: float
@@ -160,17 +160,23 @@ def _schedule_key(c: Candidate) -> str:
     return f"{parts} {places} {chosen} @ {c.cost.value:.6g}"
 
 
-def rank(c: Candidate) -> tuple[float, bool, float, float, int, int, int, str]:
-    """Cheapest first (tiles that lack the hardware's preferred multiples are priced as padded to
-    them: ``optimise.padding``); at equal cost the plan whose tiles meet them, then the smaller
-    serial cost, then the smaller footprint, then fewer kernels, then the simpler proof."""
+def rank(c: Candidate) -> tuple[bool, float, bool, float, float, int, int, int, str]:
+    """Tiled plans whose tiles meet the hardware's preferred multiples first, then cheapest;
+    tiles that lack them are priced as padded to them (``optimise.padding``), and such plans
+    compete on that price with the unfused diagram (every binding its own kernel, untiled: the
+    multiples are not its tiles' to meet), so a plan modelled slower than it is never preferred
+    for meeting them.  At equal cost the plan whose tiles meet them, then the smaller serial
+    cost, then the smaller footprint, then fewer kernels, then the simpler proof."""
     assert c.cost is not None
     steps = c.steps + tuple(s for k in c.kernels for s in k.steps)
     names = sum(len(s.at) for s in steps if isinstance(s, Rewrite))
     serial = c.cost.value if c.cost.serial is None else c.cost.serial
     # to 9 significant digits, as the tile search ranks: equal models differ in the last bits
     value, serial = (float(f"{v:.9g}") for v in (c.cost.value, serial))
-    return (value, bool(c.cost.relaxed), serial, c.cost.footprint, len(c.kernels), len(steps), names, c.describe())
+    unfused = bool(c.kernels) and not any(k.steps for k in c.kernels)
+    relaxed = bool(c.cost.relaxed)
+    return (relaxed or unfused, value, relaxed, serial, c.cost.footprint, len(c.kernels), len(steps), names,
+            c.describe())
 
 
 # ---- the search -----------------------------------------------------------------------------
@@ -247,15 +253,8 @@ def _climb(state: _State, prefix: tuple[Step, ...], diagram: Diagram) -> None:
 def _plan(state: _State, prefix: tuple[Step, ...], plan: Plan, diagram: Diagram) -> Candidate:
     """The candidate of ``plan``; where no integer tiles that divide the axes fit (ragged
     sizes: q=2000 has no power-of-two tile that is x64), the same plan with ``pad`` partitions
-    (masked ragged tiles) if that one fits.  A plan with a split is also tried with ``pad``
-    partitions (blocks sized to the SMs, each block's last chunk masked: ``optimise``), kept
-    where it is modelled cheaper."""
+    (masked ragged tiles) if that one fits."""
     plain = state.evaluate(prefix + plan_steps(plan, diagram))
-    if plan.split is not None:
-        ragged = state.evaluate(prefix + plan_steps(plan, diagram, pad=True))
-        cheaper = ragged.ok and ragged.cost is not None and (
-            not plain.ok or plain.cost is None or ragged.cost.value < plain.cost.value * (1 - 1e-9))
-        return ragged if cheaper else plain
     if plain.ok or plain.cost is None or plain.cost.tiles or not plain.theorem or not plain.theorem.schedule.partitions:
         return plain
     padded = state.evaluate(prefix + plan_steps(plan, diagram, pad=True))

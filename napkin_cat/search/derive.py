@@ -128,7 +128,7 @@ def _ratio(candidate: Candidate, best: Candidate) -> str:
     if candidate.cost is None or best.cost is None or best.cost.value <= 0 or not math.isfinite(best.cost.value):
         return ""
     ratio = candidate.cost.value / best.cost.value
-    if candidate.cost.relaxed and not best.cost.relaxed and ratio < 1:
+    if candidate.cost.relaxed and not best.cost.relaxed:
         return f" ({ratio:.4g}x the best, but its tiles lack the hardware's preferred multiples)"
     if math.isclose(ratio, 1.0, rel_tol=1e-9):
         mine, theirs = candidate.cost, best.cost
@@ -354,8 +354,7 @@ def choose_tiles(c: cost.Cost) -> Costed:
     multiples (coalescing, tensor-core shapes) are dropped where no configuration meets them, as
     `napkin cost` and the lowering do: a row whose 64-row tile overflows SMEM fits fewer rows at a
     time; such tiles are priced as if padded to the multiples (``optimise.padding``), and the plan
-    ranks after every tiled plan whose tiles meet them, beside the unfused diagram
-    (``Costed.relaxed``, ``rewrite.rank``)."""
+    ranks after every plan whose tiles meet them (``Costed.relaxed``, ``rewrite.rank``)."""
     sizes = {a: int(n) for a, n in c.sizes.items() if isinstance(n, sympy.Integer)}
     table = optimise.search(c, top=1, relax=True)
     capacities = {lv.name: c.hardware.level(lv.name).capacity for lv in c.levels[1:]}

@@ -59,7 +59,7 @@ class Costed:
     (the next: at equal cost, the schedule that leaves more fast memory free wins); ``relaxed``: the
     hardware's preferred tile multiples that ``tiles`` do not meet (none met them); the cost model
     prices them (``optimise.padding``: such tiles run as if padded to the multiples), and ``rank``
-    puts such a plan after the tiled plans that meet them, beside the unfused diagram.
+    still puts such a plan after every plan without any.
     """
 
     value: float
@@ -160,23 +160,17 @@ def _schedule_key(c: Candidate) -> str:
     return f"{parts} {places} {chosen} @ {c.cost.value:.6g}"
 
 
-def rank(c: Candidate) -> tuple[bool, float, bool, float, float, int, int, int, str]:
-    """Tiled plans whose tiles meet the hardware's preferred multiples first, then cheapest;
-    tiles that lack them are priced as padded to them (``optimise.padding``), and such plans
-    compete on that price with the unfused diagram (every binding its own kernel, untiled: the
-    multiples are not its tiles' to meet), so a plan modelled slower than it is never preferred
-    for meeting them.  At equal cost the plan whose tiles meet them, then the smaller serial
-    cost, then the smaller footprint, then fewer kernels, then the simpler proof."""
+def rank(c: Candidate) -> tuple[bool, float, float, float, int, int, int, str]:
+    """Tiles that meet the hardware's preferred multiples first, then cheapest (tiles that lack
+    them priced as padded to them: ``optimise.padding``); at equal cost the smaller serial cost,
+    then the smaller footprint, then fewer kernels, then the simpler proof."""
     assert c.cost is not None
     steps = c.steps + tuple(s for k in c.kernels for s in k.steps)
     names = sum(len(s.at) for s in steps if isinstance(s, Rewrite))
     serial = c.cost.value if c.cost.serial is None else c.cost.serial
     # to 9 significant digits, as the tile search ranks: equal models differ in the last bits
     value, serial = (float(f"{v:.9g}") for v in (c.cost.value, serial))
-    unfused = bool(c.kernels) and not any(k.steps for k in c.kernels)
-    relaxed = bool(c.cost.relaxed)
-    return (relaxed or unfused, value, relaxed, serial, c.cost.footprint, len(c.kernels), len(steps), names,
-            c.describe())
+    return (bool(c.cost.relaxed), value, serial, c.cost.footprint, len(c.kernels), len(steps), names, c.describe())
 
 
 # ---- the search -----------------------------------------------------------------------------

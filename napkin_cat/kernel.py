@@ -290,7 +290,7 @@ def _nest(thm: Theorem, step: Partition) -> tuple[terms.Divides, ...]:
 
     Partitions are listed outermost first: a level may not be larger than an earlier one; an axis is partitioned at
     most once per level; an inner tile divides the outer tile; the outermost tile divides the axis unless ``pad``
-    declares a masked ragged tile.
+    declares a masked ragged tile, as may a stream inside a split (a block's last chunk masked: its padding law).
     """
     rule, diagram, span, axis = step.kind, thm.result, step.span, step.axis
     sizes = diagram.axis_sizes()
@@ -309,7 +309,7 @@ def _nest(thm: Theorem, step: Partition) -> tuple[terms.Divides, ...]:
     if any(p.level == step.level for p in outer):
         raise KernelError("nest", f"axis `{axis}` is already partitioned at `{step.level}`", span)
     dividend: str | int = outer[-1].tile if outer else sizes[axis] or axis
-    if step.tile == 1 or (step.pad and not outer):  # a ragged outer tile is masked; nested ones divide
+    if step.tile == 1 or (step.pad and (not outer or (step.kind == "stream" and outer[-1].kind == "split"))):
         return ()
     if isinstance(step.tile, str) or isinstance(dividend, str):
         return (terms.Divides(step.tile, dividend),)

@@ -21,7 +21,7 @@ import pytest
 from napkin_cat import certify, cost, kernel, proof, run
 from napkin_cat.certify import rules
 from napkin_cat.cli import main
-from napkin_cat.cost import optimise
+from napkin_cat.cost import optimise, roofline
 from napkin_cat.elaborate import load, loads
 from napkin_cat.search import derive, moves, rewrite
 from napkin_cat.terms import Partition, Rewrite
@@ -620,3 +620,21 @@ def test_linear_attention_derives_the_chunked_scan_that_checks_and_lowers(tmp_pa
         fn = lower(ragged.theorem, target=target, tiles=tiles).fn
         got = np.asarray(fn(q, k, v, interpret=True) if target == "pallas" else fn(q, k, v))
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+def test_tiles_without_the_preferred_multiples_are_priced_as_padded_to_them() -> None:
+    """``optimise.padding``: a tile that lacks a preferred multiple runs as if padded to it, so an
+    array's hbm traffic grows by its contiguous tile's ratio and the contraction FLOPs by the worst
+    contraction's product of its m, n, k ratios; tiles that meet every multiple cost nothing extra."""
+    def rule(*wants: tuple[int, str, str]) -> optimise._TileRule:
+        return optimise._TileRule(1, True, 1, [], [], 0, wants)
+
+    rules = {"gp": rule((64, "X", "coalesce"), (8, "S", "n")), "ct": rule((64, "A", "coalesce")),
+             "sn": rule((16, "S", "k")), "gq": rule((64, "S", "m"))}
+    assert optimise.padding(rules, {"gp": 64, "ct": 128, "sn": 16, "gq": 64}) == roofline.NO_PADDING
+    assert optimise.padding(rules, {"gp": 16, "ct": 32, "sn": 16, "gq": 64}) == ((("A", 2.0), ("X", 4.0)), 1.0)
+    assert optimise.padding(rules, {"gp": 64, "ct": 64, "sn": 8, "gq": 16}) == ((), 8.0)  # S: k 2x times m 4x
+    assert optimise.padding(rules, {"gp": 4, "ct": 64, "sn": 16, "gq": 64}) == ((("X", 16.0),), 2.0)  # n: 4 of 8
+    # the loads of each array grow by its own factor, the rest of the traffic by the largest of the others
+    pad = roofline.Padding((("L", 32.0), ("O", 2.0)))
+    assert pad.moved(1000.0, [("Z", 600.0, 600.0), ("L", 10.0, 10.0)]) == (600 + 320 + 390 * 2, [600, 600, 320, 320])

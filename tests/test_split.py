@@ -17,7 +17,7 @@ import sympy
 
 from napkin_cat import certify, kernel
 from napkin_cat.certify import rules
-from napkin_cat.cost import CostError, cost, cost_of
+from napkin_cat.cost import CostError, cost, cost_of, optimise
 from napkin_cat.cost.report import format_report, report
 from napkin_cat.cost.roofline import timing
 from napkin_cat.diagnostics import NapkinError
@@ -237,3 +237,78 @@ theorem t: both {
         cost(thm)
     with pytest.raises(NapkinError, match=r"one split per kernel; this schedule splits r, c"):
         lower(thm, target="jax")
+
+
+# ---- ragged blocks: a padded stream inside the split ------------------------------------------
+
+
+RAGGED = ATTENTION + """
+theorem ragged: attention {
+  rewrite softmax_contract at P, O
+  split x by kx via online_softmax pad
+  stream x by sx via online_softmax pad
+}
+"""
+
+
+def test_a_padded_stream_inside_a_split_needs_no_chunk_that_divides_the_block() -> None:
+    """Blocks sized to the SMs (249 keys of 32768 on 132 SMs) are no whole number of chunks: the stream
+    inside the split may be padded, each block's last chunk masked with the accumulator's padding law
+    (asked of the nested stream, as of a ragged stream), so no `sx | kx` is recorded.  Without `pad`
+    the nested tile must still divide the block, and only a stream directly inside a split is ragged."""
+    thm = prove(loads(RAGGED), "ragged")
+    assert [(p.kind, p.pad) for p in thm.schedule.partitions] == [("split", True), ("stream", True)]
+    assert thm.constraints == () and not thm.tested
+    assert _refusal(Partition("stream", "x", 16, "smem", "online_softmax"),
+                    (Partition("split", "x", 249, "hbm", "online_softmax", pad=True),)).condition.startswith(
+        "tile 16 does not divide the `hbm` tile 249")
+    streamed = (Partition("stream", "x", 256, "smem", "online_softmax", pad=True),)
+    nested = _refusal(Partition("stream", "x", 100, "reg", "online_softmax", pad=True), streamed)
+    assert nested.rule == "nest" and "tile 100 does not divide the `smem` tile 256" in nested.condition
+
+
+@pytest.mark.parametrize(("q", "x", "kx", "sx"),
+                         [(1, 1000, 249, 16), (3, 77, 9, 4), (2, 50, 50, 16), (1, 997, 249, 256)])
+def test_ragged_blocks_run_and_lower_on_plain_jax_as_the_evaluator(q: int, x: int, kx: int, sx: int) -> None:
+    """x a multiple of neither tile, the chunk longer than the block in the last case: the interpreter
+    and the plain-JAX lowering (blocks are slices of any width, each folded chunk by chunk with the
+    ragged tail masked) match the evaluator."""
+    thm = prove(loads(RAGGED), "ragged")
+    arrays = _inputs(q, x, seed=x)
+    want = _reference(thm, arrays)
+    (got,) = run_schedule(thm, arrays, tiles={"kx": kx, "sx": sx})
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+    lowered = lower(thm, target="jax", tiles={"kx": kx, "sx": sx})
+    out = np.asarray(lowered.fn(*[a.astype(np.float32) for a in arrays]))
+    assert np.max(np.abs(out - want)) / np.max(np.abs(want)) < 1e-5
+
+
+def test_pallas_runs_whole_chunk_blocks_and_refuses_ragged_ones() -> None:
+    """Pallas reads a split's block as one grid block (a power of two for Triton): the same theorem
+    lowers at blocks of whole chunks and matches the evaluator, and is refused with the reason at a
+    block that is not."""
+    thm = prove(loads(RAGGED), "ragged")
+    arrays = _inputs(2, 100, seed=5)
+    lowered = lower(thm, target="pallas", tiles={"kx": 32, "sx": 16})
+    got = np.asarray(lowered.fn(*[a.astype(np.float32) for a in arrays], interpret=True))
+    want = _reference(thm, arrays)
+    assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < 1e-5
+    with pytest.raises(NapkinError, match=r"--target pallas cannot run the split of `x`: its block of 249 is not "
+                                          r"a whole number of chunks of 16"):
+        lower(thm, target="pallas", tiles={"kx": 249, "sx": 16})
+
+
+def test_the_cost_of_ragged_blocks_counts_the_longest_program() -> None:
+    """At q = 1, x = 32768 on the h200 the tile search also tries blocks of ⌈x / SMs⌉ (and of two
+    waves) for a padded split over a padded stream: 249 keys make 132 programs, one wave; the longest
+    program holds 249 keys against 248.2 on average (x1.003), still under the 128 programs of 256 keys
+    that whole power-of-two chunks give (x1.03)."""
+    thm = prove(loads(RAGGED), "ragged")
+    c = cost(thm, sizes={"q": 1, "x": 32768}, hardware="h200")
+    rows = optimise.search(c, top=10**6, relax=True).rows
+    best = rows[0]
+    assert best.tiles["kx"] == 249 and best.programs == 132
+    assert best.factor == pytest.approx(132 * 249 / 32768)
+    whole = [r for r in rows if r.tiles["kx"] == 256]
+    assert whole and whole[0].factor == pytest.approx(132 / 128) and best.seconds < whole[0].seconds
+    assert {r.tiles["kx"] for r in rows} >= {249, 125}  # one and two programs per SM

@@ -22,7 +22,8 @@ from sympy import Expr
 
 from napkin_cat.cost import Cost, CostError, Launch, parallel_factor
 from napkin_cat.cost import hardware as hw
-from napkin_cat.cost.roofline import estimate
+from napkin_cat.cost.roofline import NO_PADDING, Padding, estimate
+from napkin_cat.schedule.loopnest import Loop
 from napkin_cat.schedule.program import max_of
 from napkin_cat.terms import Box
 
@@ -213,6 +214,11 @@ class Config:
     launch: Launch | None = None
     #: the serial time (transfers and compute added) times ``factor``: the first tie-breaker
     serial: float = 0.0
+    #: ``padding`` of these tiles: how much more tiles that lack a preferred multiple move and
+    #: compute (none when they meet every one); ``seconds`` and ``serial`` include it, ``slower``
+    #: is what it costs: the ratio of ``seconds`` to the time of unpadded tiles
+    padding: Padding = NO_PADDING
+    slower: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -238,6 +244,33 @@ class _TileRule(NamedTuple):
     preferred: list[str]
     #: the largest tile the backend takes (``divisibility.max_tile``: a TMA box), 0 for none
     highest: int = 0
+    #: each preferred multiple as (multiple, what it is for: an array or a contraction, its role:
+    #: ``coalesce`` or the tensor-core ``m``/``n``/``k``), priced by ``padding``
+    wants: tuple[tuple[int, str, str], ...] = ()
+
+
+def padding(rules: dict[str, _TileRule], tiles: dict[str, int]) -> Padding:
+    """How much more ``tiles`` move and compute for lacking the preferred multiples of ``rules``
+    (``roofline.Padding``): the hardware runs a tile that lacks one as if padded to it (a 128-byte
+    line moves whole for a 64-byte row; a tensor-core fragment computes its 64 rows for 16), so
+    an array's hbm traffic grows by the ratio ceil(t / N)·N / t of its contiguous axis's tile t to
+    the multiple N (the traffic of arrays not loaded from hbm, stores and intermediates, by the
+    largest of theirs: an upper bound), and the contraction FLOPs by the largest product of a
+    contraction's m, n and k ratios (an upper bound, as if every FLOP were the worst-padded one's).
+    Where nested tiles of one axis want a multiple for the same array or role, the worst counts.
+    No padding for tiles that meet every multiple."""
+    worst: dict[tuple[str, str], float] = {}
+    for name, rule in rules.items():
+        t = tiles[name]
+        for multiple, subject, role in rule.wants:
+            ratio = math.ceil(t / multiple) * multiple / t
+            worst[subject, role] = max(worst.get((subject, role), 1.0), ratio)
+    arrays = {subject: ratio for (subject, role), ratio in worst.items() if role == "coalesce" and ratio > 1}
+    per_box: dict[str, float] = {}
+    for (subject, role), ratio in worst.items():
+        if role != "coalesce":
+            per_box[subject] = per_box.get(subject, 1.0) * ratio
+    return Padding(tuple(sorted(arrays.items())), max(per_box.values(), default=1.0))
 
 
 def _constraints(c: Cost) -> dict[str, _TileRule]:
@@ -249,6 +282,7 @@ def _constraints(c: Cost) -> dict[str, _TileRule]:
         if not isinstance(lp.tile, str):
             continue
         causes, preferred, multiple, lowest = [], [], 1, 1
+        wants: list[tuple[int, str, str]] = []
         if div.get("power_of_two"):
             causes.append("power of two (Pallas Triton backend)" if c.hardware.launch else
                           f"power of two ({c.hardware.key} profile: a search grid, not a rule)")
@@ -263,6 +297,7 @@ def _constraints(c: Cost) -> dict[str, _TileRule]:
                 multiple = math.lcm(multiple, need)
                 preferred.append(f"x{need} ({coalesce}-byte coalescing of {name})")
                 causes.append(preferred[-1])
+                wants.append((need, name, "coalesce"))
         for node in flat.nodes:
             box = node.expr
             if not (isinstance(box, Box) and box.op in ("contract", "ncontract") and len(box.args) == 2):
@@ -278,14 +313,17 @@ def _constraints(c: Cost) -> dict[str, _TileRule]:
                 multiple = math.lcm(multiple, need)
                 preferred.append(f"x{need} (tensor-core {role} of {node.name})")
                 causes.append(preferred[-1])
+                wants.append((need, node.name, role))
         prev = out.get(lp.tile)
         if prev:
             multiple, lowest = math.lcm(multiple, prev.multiple), max(lowest, prev.lowest)
             causes, preferred = prev.causes + causes, prev.preferred + preferred
+            wants = list(prev.wants) + wants
         highest = int(div.get("max_tile", 0))
         if highest:
             causes.append(f"<= {highest} (a TMA box dimension)")
-        out[lp.tile] = _TileRule(multiple, bool(div.get("power_of_two")), lowest, causes, preferred, highest)
+        out[lp.tile] = _TileRule(multiple, bool(div.get("power_of_two")), lowest, causes, preferred, highest,
+                                 tuple(wants))
     return out
 
 
@@ -386,6 +424,37 @@ class _Model:
         return True
 
 
+#: a padded split's blocks are also tried at one and two programs per SM (``_per_sm``)
+SPLIT_WAVES = (1, 2)
+
+
+def _per_sm(c: Cost, loops: list[Loop]) -> list[int]:
+    """Blocks of a padded split whose stream below it is padded too (each block's last chunk
+    masked: ``kernel._nest``), sized to the SMs: ⌈|a| / (w·SMs)⌉ for w in ``SPLIT_WAVES``, so the
+    programs fill whole waves (whole power-of-two chunks leave some SM a longer block: README
+    "Split reductions").  A block that no power-of-two tile gives breaks the Triton backend's rule,
+    so Pallas refuses it (``schedule.layout``) where plain JAX runs it."""
+    inner = [lp for lp in c.program.nest.loops if lp.kind == "stream"]
+    out: list[int] = []
+    for lp in loops:
+        if lp.kind != "split" or not lp.partition.pad or not any(s.axis == lp.axis and s.partition.pad for s in inner):
+            continue
+        size = int(c.sizes[lp.axis])
+        out += [n for w in SPLIT_WAVES if 1 < (n := math.ceil(size / (w * c.hardware.sms))) < size]
+    return sorted(set(out))
+
+
+def _longest(c: Cost, tiles: dict[str, int]) -> float:
+    """How much longer the longest program of a split runs than the average: every block holds
+    k of |a|'s positions but the last, so the grid's ⌈|a|/k⌉ programs wait on blocks of k,
+    ⌈|a|/k⌉·k / |a| of the average (1 when k divides |a|)."""
+    if c.split is None:
+        return 1.0
+    size = int(c.sizes[c.split.axis])
+    block = int(tiles.get(str(c.split.tile), c.split.tile))
+    return math.ceil(size / block) * block / size
+
+
 def _ranked(model: _Model, cons: dict[str, _TileRule], top: int, limit: int) -> ConfigTable:
     """``search`` under the tile rules ``cons``."""
     c, names = model.cost, model.names
@@ -396,6 +465,7 @@ def _ranked(model: _Model, cons: dict[str, _TileRule], top: int, limit: int) -> 
                            all(lp.partition.kind == "group" for lp in axes_of[n])) for n in names]
     choices = [[t for t in values if not cons[n].highest or t <= cons[n].highest]
                for n, values in zip(names, choices, strict=True)]
+    choices = [values + _per_sm(c, axes_of[n]) for n, values in zip(names, choices, strict=True)]
     while math.prod(len(c) for c in choices) > limit:  # thin the longest list, keeping its ends
         longest = max(range(len(choices)), key=lambda k: len(choices[k]))
         choices[longest] = choices[longest][::2] + ([choices[longest][-1]] if len(choices[longest]) % 2 == 0 else [])
@@ -418,11 +488,13 @@ def _ranked(model: _Model, cons: dict[str, _TileRule], top: int, limit: int) -> 
         if plan is not None and not plan.fits:
             continue
         moved = {lv.name: work[i] for i, lv in enumerate(levels)}
-        t = estimate(c, work, plan)
+        padded = padding(cons, tiles)
+        t = estimate(c, work, plan, padded)
+        slower = t.ranked / estimate(c, work, plan).ranked if padded != NO_PADDING else 1.0
         programs, trips = work[len(levels) + 2:len(levels) + 4]  # ``Cost.work``'s order
-        factor = parallel_factor(programs, c.hardware.sms)
+        factor = parallel_factor(programs, c.hardware.sms) * _longest(c, tiles)
         rows.append((t.ranked * factor, t.serial * factor, trips,
                      Config(tiles, memory, moved, t.transfer, programs, factor, t.ranked * factor, plan,
-                            t.serial * factor)))
+                            t.serial * factor, padded, slower)))
     rows.sort(key=lambda r: (float(f"{r[0]:.9g}"), float(f"{r[1]:.9g}"), r[2]))
     return ConfigTable(tuple(r[3] for r in rows[:top]), {n: tuple(cons[n].causes) for n in names}, len(combos))

@@ -182,7 +182,7 @@ def _numeric(c: Cost, out: dict[str, Any]) -> None:
     table: ConfigTable = search(c, relax=True)
     out["configurations"] = [{"tiles": r.tiles, "memory_bytes": r.memory, "transfers_bytes": r.transfers,
                               "transfer_time_s": r.transfer_time, "programs": r.programs,
-                              "parallel_factor": r.factor, "time_s": r.seconds,
+                              "parallel_factor": r.factor, "padding_factor": r.slower, "time_s": r.seconds,
                               "launch": None if r.launch is None else dataclasses.asdict(r.launch)}
                              for r in table.rows]
     if c.hardware.launch:
@@ -215,7 +215,7 @@ def _numeric(c: Cost, out: dict[str, Any]) -> None:
         return
     chosen = table.rows[0]
     best: Mapping[str, int] = chosen.tiles
-    t = timing(c, best)
+    t = timing(c, best, chosen.padding)
     serial, overlapped = float(t.serial), float(t.overlapped)
     # FLOPs per byte of hbm traffic; None where nothing moves through hbm (no ratio exists)
     intensity = t.intensity if math.isfinite(t.intensity) else None
@@ -226,6 +226,8 @@ def _numeric(c: Cost, out: dict[str, Any]) -> None:
                    "intensity_flop_per_byte": intensity, "ridge_flop_per_byte": t.ridge,
                    "bound_by": max([("compute", t.flop_time), *t.transfer_times], key=lambda kv: kv[1])[0],
                    "parallel_groups": groups, "sms": c.hardware.sms, "parallel_factor": factor,
+                   "padding": {"arrays": dict(chosen.padding.arrays), "contraction_flops": chosen.padding.flops},
+                   "padding_factor": chosen.slower,
                    "grid_serial_s": serial * factor, "grid_overlapped_s": overlapped * factor,
                    "gain_vs_unfused_serial": _ratio(base_flop + base_move + base_launch, serial * factor),
                    "gain_vs_unfused_overlapped": _ratio(max(base_flop, base_move) + base_launch,
@@ -331,7 +333,12 @@ def format_report(r: Mapping[str, Any]) -> str:
         b = r["baseline"]["time_s"]
         what = "loop and launch overhead" if "split" in r else "loop overhead"
         loops = f"; {what} {t['loop_overhead_s']:.4g}s" if t["loop_overhead_s"] else ""
-        lines += ["", f"time at {t['tiles']}: FLOPs {t['flops_s']:.4g}s; transfers {per}{loops}",
+        pad = t["padding"]
+        grown = ", ".join(f"{a} x{f:.3g}" for a, f in pad["arrays"].items()) or "none"
+        padded = ([f"  tiles without the preferred multiples, priced as padded to them: hbm traffic of {grown}; "
+                   f"contraction FLOPs x{pad['contraction_flops']:.3g} (x{t['padding_factor']:.3g} the time)"]
+                  if t["padding_factor"] != 1 else [])
+        lines += ["", f"time at {t['tiles']}: FLOPs {t['flops_s']:.4g}s; transfers {per}{loops}", *padded,
                   f"  serial (sum) {t['serial_s']:.4g}s; overlapped (max) {t['overlapped_s']:.4g}s; "
                   + _intensity(t),
                   f"  {t['parallel_groups']:.0f} programs (parallel groups) on {t['sms']} SMs"

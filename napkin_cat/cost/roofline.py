@@ -33,12 +33,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from napkin_cat.cost import Cost, CostError, Launch
 from napkin_cat.cost.hardware import Level
 
-__all__ = ["Seconds", "Timing", "compute_seconds", "estimate", "timing", "unfused"]
+__all__ = ["NO_PADDING", "Padding", "Seconds", "Timing", "compute_seconds", "estimate", "timing", "unfused"]
 
 
 @dataclass(frozen=True)
@@ -62,14 +62,44 @@ class Seconds:
         return self.serial - self.compute - self.overhead
 
 
-def estimate(c: Cost, work: Sequence[float], launch: Launch | None = None) -> Seconds:
+class Padding(NamedTuple):
+    """How much more a configuration moves and computes for tiles that lack the hardware's
+    preferred multiples (``optimise.padding``): ``arrays``, each array's factor on its hbm traffic
+    (the largest of them on the hbm traffic of arrays not loaded from hbm: stores, intermediates);
+    ``flops``, the factor on the contraction FLOPs."""
+
+    arrays: tuple[tuple[str, float], ...] = ()
+    flops: float = 1.0
+
+    def moved(self, level_bytes: float, loads: Sequence[tuple[str, float, float]]) -> tuple[float, list[float]]:
+        """The hbm level's bytes and the loads' (bytes, own bytes) as padded."""
+        factor = dict(self.arrays)
+        names = {a for a, _, _ in loads}
+        rest = max((f for a, f in factor.items() if a not in names), default=1.0)
+        loaded = sum(n for _, n, _ in loads)
+        padded = sum(n * factor.get(a, 1.0) for a, n, _ in loads) + max(0.0, level_bytes - loaded) * rest
+        return padded, [b * factor.get(a, 1.0) for a, n, own in loads for b in (n, own)]
+
+
+NO_PADDING = Padding()
+
+
+def estimate(c: Cost, work: Sequence[float], launch: Launch | None = None,
+             padding: Padding = NO_PADDING) -> Seconds:
     """The time of ``c.work`` evaluated at one configuration (``work``, in its order), launched
-    as ``launch`` (None: no launch rules, ranked by the serial time)."""
+    as ``launch`` (None: no launch rules, ranked by the serial time), with the hbm traffic and
+    the contraction FLOPs grown by ``padding`` (``optimise.padding``: tiles that lack the
+    preferred multiples run as if padded to them)."""
     hw = c.hardware
     levels = c.levels[1:]
     moved = list(work[:len(levels)])
     contract, other, programs, iterations = work[len(levels):len(levels) + 4]
-    loads = work[len(levels) + 4:]
+    contract *= padding.flops
+    loads = list(work[len(levels) + 4:])
+    if padding != NO_PADDING and levels:
+        named = [(name, n, own) for (name, _), n, own in zip(c.loaded_from_hbm, loads[::2], loads[1::2],
+                                                              strict=True)]
+        moved[0], loads = padding.moved(moved[0], named)
     compute = compute_seconds(c, contract, other)
     overhead = iterations * hw.loop_overhead + (c.split.launches - 1 if c.split else 0) * hw.launch_overhead
     transfers: list[tuple[str, float]] = []
@@ -143,9 +173,11 @@ class Timing:
     overhead: float = 0.0
 
 
-def timing(c: Cost, values: Mapping[str, float | int] | None = None) -> Timing:
+def timing(c: Cost, values: Mapping[str, float | int] | None = None,
+           padding: Padding = NO_PADDING) -> Timing:
     """Time estimate on ``c.hardware`` (``cost.roofline``) with sizes and tiles given by name in
-    ``values``; raises CostError unless they make every quantity a number."""
+    ``values``, the bytes moved and the contraction FLOPs multiplied by ``padding`` (``estimate``);
+    raises CostError unless they make every quantity a number."""
     vals = values or {}
     try:
         work = [float(c.at(e, vals)) for e in c.work]
@@ -153,7 +185,7 @@ def timing(c: Cost, values: Mapping[str, float | int] | None = None) -> Timing:
     except TypeError as err:
         missing = sorted(set(c.symbols()) - set(vals))
         raise CostError(f"a time estimate needs every size and tile: give {', '.join(missing)}") from err
-    t = estimate(c, work, c.launched(vals))
+    t = estimate(c, work, c.launched(vals), padding)
     hbm = dict(t.transfers)[c.first.name] * (c.hardware.level("hbm").bandwidth or 0.0)  # what hbm serves
     return Timing(t.compute, t.transfers, t.serial, t.overlapped, flops / hbm if hbm else math.inf,
                   c.hardware.ridge(c.dtype, "hbm"), t.overhead)

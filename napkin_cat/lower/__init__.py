@@ -245,6 +245,13 @@ def _place(name: str, diagram: Diagram, schedule: Schedule, target: str, tiles: 
                                                dtype, int(hardware.level("smem").capacity),
                                                int(mosaic_target.mosaic_rules(hardware).get(
                                                    "max_concurrent_steps", mosaic_target.MOSAIC_STEPS)))
+        elif target == "pallas" and device.split is not None:
+            def fits(pick: dict[str, int]) -> bool:  # a ragged split block (priced by the model) is no grid block
+                try:
+                    layout(name, diagram, device, {**pick, **given}, target, chosen)
+                except NapkinError:
+                    return False
+                return True
         defaults, origin = default_tiles(diagram, realised_schedule(diagram, device, target),
                                          hardware.for_mosaic() if target == "mosaic" else hardware,
                                          PRICED_DTYPE.get(target, "bf16"), fits)

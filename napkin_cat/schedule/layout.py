@@ -268,7 +268,7 @@ def layout(name: str, diagram: Diagram, schedule: Schedule, tiles: Mapping[str, 
         if step.dtype not in FORMATS:
             raise NapkinError(error("lower.dtype", dtype=step.dtype, known=", ".join(FORMATS)))
     split = None if schedule.split is None else _split(schedule, tiles, stream, axis_tiles, out_types, flat,
-                                                       frozenset(padded_tiles))
+                                                       frozenset(padded_tiles), target)
     result = Layout(name, diagram, schedule, target, nest, axis_tiles, grid, frozenset(squeezed), stream, phase,
                     plans, frozenset(padded_tiles), derived, split, carried)
     _check_padding(result)
@@ -276,8 +276,13 @@ def layout(name: str, diagram: Diagram, schedule: Schedule, tiles: Mapping[str, 
 
 
 def _split(schedule: Schedule, tiles: Mapping[str, int], stream: str | None, axis_tiles: Mapping[str, int],
-           out_types: Sequence[tuple[str, ...]], flat: Flat, padded_tiles: frozenset[str]) -> tuple[str, int]:
-    """The split's (axis, block), or a refusal of what the targets cannot run (module docstring)."""
+           out_types: Sequence[tuple[str, ...]], flat: Flat, padded_tiles: frozenset[str],
+           target: str) -> tuple[str, int]:
+    """The split's (axis, block), or a refusal of what the targets cannot run (module docstring).
+    A block that is not a whole number of chunks (a padded stream inside the split: its last chunk
+    masked) runs on plain JAX, whose blocks are slices of any width; Pallas reads a block as one
+    BlockSpec block, which Triton takes only as a power of two, and its chunk loop has no ragged
+    chunk."""
     split = schedule.split
     assert split is not None
     axis = split.axis
@@ -291,7 +296,13 @@ def _split(schedule: Schedule, tiles: Mapping[str, int], stream: str | None, axi
         raise NapkinError(error("lower.split_stream", axis=axis, what=what))
     block = _tile_value(split.tile, axis, tiles)
     if block % axis_tiles[axis]:
-        raise NapkinError(error("lower.split_tile", axis=axis, block=block, tile=axis_tiles[axis]))
+        inner = [p for p in schedule.partitions if p.axis == axis and p.kind == "stream"]
+        if not all(p.pad for p in inner):
+            raise NapkinError(error("lower.split_tile", axis=axis, block=block, tile=axis_tiles[axis]))
+        if target != "jax":
+            raise NapkinError(error("lower.split_pallas", axis=axis, why=f"its block of {block} is not a whole "
+                                    f"number of chunks of {axis_tiles[axis]} (a masked last chunk in every block), "
+                                    "which a Pallas grid block cannot hold"))
     for index, axes in enumerate(out_types):
         if axis in axes:
             raise NapkinError(error("lower.split_output", index=index, axis=axis))

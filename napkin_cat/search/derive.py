@@ -132,6 +132,8 @@ def _ratio(candidate: Candidate, best: Candidate) -> str:
         return f" ({ratio:.4g}x the best, but its tiles lack the hardware's preferred multiples)"
     if math.isclose(ratio, 1.0, rel_tol=1e-9):
         mine, theirs = candidate.cost, best.cost
+        if mine.relaxed and not theirs.relaxed:
+            return " (ties the best, whose tiles meet the hardware's preferred multiples)"
         if mine.serial is not None and theirs.serial is not None and not math.isclose(mine.serial, theirs.serial,
                                                                                          rel_tol=1e-9):
             return " (ties the best, which takes less time with transfers and compute added, not overlapped)"
@@ -351,7 +353,8 @@ def choose_tiles(c: cost.Cost) -> Costed:
     busy).  The preferred
     multiples (coalescing, tensor-core shapes) are dropped where no configuration meets them, as
     `napkin cost` and the lowering do: a row whose 64-row tile overflows SMEM fits fewer rows at a
-    time; such a plan ranks after every plan whose tiles meet them (``Costed.relaxed``)."""
+    time; such tiles are priced as if padded to the multiples (``optimise.padding``), and the plan
+    ranks after every plan whose tiles meet them (``Costed.relaxed``, ``rewrite.rank``)."""
     sizes = {a: int(n) for a, n in c.sizes.items() if isinstance(n, sympy.Integer)}
     table = optimise.search(c, top=1, relax=True)
     capacities = {lv.name: c.hardware.level(lv.name).capacity for lv in c.levels[1:]}
@@ -373,7 +376,9 @@ def choose_tiles(c: cost.Cost) -> Costed:
                      for name, cap in capacities.items())
     moved = best.transfers[c.levels[1].name]
     footprint = max(best.memory[name] / cap for name, cap in capacities.items())
-    dropped = f"; tiles without the preferred {', '.join(table.relaxed)}" if table.relaxed else ""
+    dropped = (f"; tiles without the preferred {', '.join(table.relaxed)}"
+               + (f", priced as padded to them (x{best.slower:.3g})" if best.slower > 1 else "")
+               if table.relaxed else "")
     grid = f"; {best.programs:.0f} programs on {c.hardware.sms} SMs (x{best.factor:.3g})" if best.factor > 1 else ""
     summary = (f"{_us(seconds)} fused: {_mb(moved)} moved to and from {c.levels[1].name}; {used}; "
                f"{flops / 1e9:.3g} GFLOP{grid}{dropped}")

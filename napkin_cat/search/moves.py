@@ -214,7 +214,8 @@ def _fresh(name: str, taken: set[str]) -> str:
 
 
 def neighbours(plan: Plan, diagram: Diagram) -> Iterator[Plan]:
-    """The plans one move away: toggle a group or a scan; drop, replace or add a stream, or change
+    """The plans one move away: toggle a group or a scan (a plan that scans streams nothing: both
+    lowerings walk the scanned axis as the kernel's one stream); drop, replace or add a stream, or change
     its accumulator; split a streamed axis across programs, or stop splitting it; add or
     drop the second level; toggle a placement.  Dropping or replacing the split axis's
     stream drops the split with it."""
@@ -223,8 +224,11 @@ def neighbours(plan: Plan, diagram: Diagram) -> Iterator[Plan]:
         toggled = tuple(a for a in groups if (a in plan.groups) != (a == axis))
         yield replace(plan, groups=toggled)
     scans = scan_axes(diagram)
-    for axis in scans:
-        yield replace(plan, scans=tuple(a for a in scans if (a in plan.scans) != (a == axis)))
+    for axis in scans:  # a scan is the kernel's one walked axis in both lowerings: it streams nothing else
+        yield replace(plan, scans=tuple(a for a in scans if (a in plan.scans) != (a == axis)), streams=(), split=None)
+    if plan.scans:
+        yield from _levels_and_placements(plan, diagram)
+        return
     streamed = [a for a, _ in plan.streams]
     for k, (axis, via) in enumerate(plan.streams):
         kept = None if axis == plan.split else plan.split
@@ -239,6 +243,11 @@ def neighbours(plan: Plan, diagram: Diagram) -> Iterator[Plan]:
     for other in candidates:  # stream one more axis, innermost
         if other not in streamed:
             yield replace(plan, streams=(*plan.streams, (other, None)))
+    yield from _levels_and_placements(plan, diagram)
+
+
+def _levels_and_placements(plan: Plan, diagram: Diagram) -> Iterator[Plan]:
+    """``neighbours``' moves of the second level: add or drop it, toggle a placement."""
     if plan.groups or plan.streams or plan.scans:
         yield replace(plan, levels=3 - plan.levels, placed=())
     if plan.levels > 1:
@@ -248,9 +257,10 @@ def neighbours(plan: Plan, diagram: Diagram) -> Iterator[Plan]:
 
 
 def starts(diagram: Diagram) -> list[Plan]:
-    """Every group and scan candidate cut, with each single stream candidate, and with none."""
+    """Every group candidate cut, with each single stream candidate, and with every scan
+    candidate instead (a scan is the kernel's one walked axis: ``neighbours``)."""
     groups, scans = group_axes(diagram), scan_axes(diagram)
-    return [Plan(groups, ((axis, None),), scans=scans) for axis in stream_axes(diagram)] + [Plan(groups, scans=scans)]
+    return [Plan(groups, ((axis, None),)) for axis in stream_axes(diagram)] + [Plan(groups, scans=scans)]
 
 
 def signature(diagram: Diagram) -> tuple[object, ...]:

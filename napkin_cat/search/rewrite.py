@@ -57,8 +57,9 @@ class Costed:
     tie-breaker: at equal ``value``, the plan that moves and computes less in all wins, as the
     tile search ranks tiles); ``footprint``: the largest fraction of a level's capacity in use
     (the next: at equal cost, the schedule that leaves more fast memory free wins); ``relaxed``: the
-    hardware's preferred tile multiples that ``tiles`` do not meet (none met them; the modelled
-    cost does not price them, so such a plan ranks after every plan without any).
+    hardware's preferred tile multiples that ``tiles`` do not meet (none met them); the cost model
+    prices them (``optimise.padding``: such tiles run as if padded to the multiples), and ``rank``
+    still puts such a plan after every plan without any.
     """
 
     value: float
@@ -160,8 +161,9 @@ def _schedule_key(c: Candidate) -> str:
 
 
 def rank(c: Candidate) -> tuple[bool, float, float, float, int, int, int, str]:
-    """Tiles that meet the hardware's preferred multiples first, then cheapest; at equal cost
-    the smaller serial cost, then the smaller footprint, then fewer kernels, then the simpler proof."""
+    """Tiles that meet the hardware's preferred multiples first, then cheapest (tiles that lack
+    them priced as padded to them: ``optimise.padding``); at equal cost the smaller serial cost,
+    then the smaller footprint, then fewer kernels, then the simpler proof."""
     assert c.cost is not None
     steps = c.steps + tuple(s for k in c.kernels for s in k.steps)
     names = sum(len(s.at) for s in steps if isinstance(s, Rewrite))

@@ -161,6 +161,7 @@ MESSAGES: dict[str, str] = {
     "lower.backward_primal": "no backward reads a cotangent of the forward's outputs ({cotangents}): nothing to "
         "differentiate",
     "lower.backward_wrong": "the backward passes do not give the forward's VJP (napkin_cat.grad): {why}",
+    "lower.backward_untestable": "the join of `{forward}`'s backward passes cannot be tested: {why}",
     "lower.backward_derived": "cannot derive a backward for `{diagram}`: {why}",
     "lower.backward_unproved": "the backward passes of `{forward}` are not proved to give its VJP "
         "(certify.prove.prove_join: {why})",

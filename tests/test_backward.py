@@ -522,6 +522,16 @@ def test_the_tested_path_draws_sizes_past_every_constant_and_labels_across_the_v
     assert "labels across the vocabulary" in link(*_cross_entropy("", ""), allow_tested=True).trust  # type: ignore[arg-type]
 
 
+def test_a_join_whose_constants_are_past_what_the_test_can_draw_is_refused() -> None:
+    """The test draws sizes past every integer constant: a window of 5000 keys would need
+    arrays of 5001² values per draw (an index constant past 2^31, such as 3037000500, tried to
+    allocate 90 GiB); past LARGEST the opt-in refuses with the reason instead."""
+    with pytest.raises(NapkinError) as err:
+        link(*_window(5000), allow_tested=True)  # type: ignore[arg-type]
+    assert err.value.codes == ("lower.backward_untestable",)
+    assert "the integer constant 5000" in str(err.value) and "prove the join instead" in str(err.value)
+
+
 def test_lower_joins_a_tested_window_only_with_the_opt_in() -> None:
     module = loads(WINDOW.format(width=8))
     forward, back = kernel.refl("fwd", module.diagram("fwd")), kernel.refl("bwd", module.diagram("bwd"))

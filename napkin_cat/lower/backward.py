@@ -76,6 +76,10 @@ __all__ = ["DRAWS", "GRADIENTS", "Link", "UnprovedJoinWarning", "differentiable"
 DRAWS = 4
 #: the first draw's symbolic sizes are 1 to SMALL; the others' past SMALL and every constant
 SMALL = 7
+#: the largest integer constant whose sizes past it the join test draws: each array it evaluates
+#: then holds up to (LARGEST + 8)^2 values per pair of drawn axes (a window of 4096 keys, not a
+#: size past 3037000500^2 that wraps int64)
+LARGEST = 4096
 #: the scales of the normal inputs, by draw
 SCALES = (1.0, 1.0, 4.0, 16.0)
 
@@ -176,6 +180,10 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
     axes = {a.name: a.size for d in (forward, *backwards) for a in d.axes
             if a.size is not None or a.name in {b.name for b in forward.axes}}
     past = _constants((forward, *backwards), axes)
+    if past > LARGEST:
+        raise NapkinError(error("lower.backward_untestable", forward=forward.name, why=(
+            f"its diagrams hold the integer constant {past}, and the test draws sizes past every constant "
+            f"(at most {LARGEST}): prove the join instead")))
     labels = _labels(forward, backwards, ln)
     drawn = []
     for seed in range(DRAWS):

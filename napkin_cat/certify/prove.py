@@ -177,10 +177,12 @@ class _Semantics:
     def reduce(self, kind: str, body: Any, axes: tuple[str, ...]) -> Any:
         # a reduction over a binds i_a in its body as j_a; where a nested reduction over a already
         # binds j_a and i_a is free in it (a rename moved a position there: sum[t](rename[s -> t](
-        # sum[t](X)))), binding i_a would capture it, reading X's diagonal where it sums every entry
+        # sum[t](X))); or the exchange Σ_b (u · Σ_x v) = Σ_{b x} (u·v) took in a factor u reading
+        # the outer x), binding i_a would capture it: X's diagonal where it sums every entry
         if any(_i(a) in r.free_symbols for r in body.atoms(_Reduction) for a in set(axes) & set(r.axes)):
             raise Unproved(f"a reduction over `{', '.join(axes)}` of a term in which a nested reduction over the same "
-                           f"axis reads a position moved onto it (a rename): outside the proved fragment")
+                           f"axis reads that axis's outer position (after a rename or an exchange): binding it would "
+                           f"capture it, outside the proved fragment")
         join = {"Sum": sympy.Add, "Max": maximum, "Min": minimum, "Prod": sympy.Mul}[kind]
         return self._parts(body, axes, lambda b, a: reduce(kind, b, a), join)
 

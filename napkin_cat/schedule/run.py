@@ -97,7 +97,8 @@ def _run_chain(theorem: Theorem, arrays: Sequence[Any], sizes: Mapping[str, int]
     outs: tuple[Any, ...] = ()
     for kernel, writes in zip(theorem.kernels, theorem.writes, strict=True):
         outs = run_schedule(kernel, [written[p.name] for p in kernel.result.inputs], sizes, tiles)
-        written.update(zip(writes, outs, strict=True))
+        if writes != ("return",):  # the last kernel's outputs are the chain's, however many
+            written.update(zip(writes, outs, strict=True))
     return outs
 
 

@@ -226,6 +226,8 @@ def derived(module: Module, theorem: str, *, target: str = "jax", sizes: Mapping
     profile = hardware if isinstance(hardware, hw.Hardware) else hw.load(hardware)
 
     def screen(thm: kernel.Theorem, costed: Costed) -> str | None:
+        if strict and thm.tested:  # the passes are checked --strict below: a plan resting on a test is no plan
+            return f"it rests on {', '.join(thm.tested)}, only tested"
         return _summed_across(thm) or lowering_screen(thm, costed, target)
 
     def scheduled(diagram: Diagram, own: tuple[Step, ...] | None) -> tuple[TheoremDecl, Diagram]:

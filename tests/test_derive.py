@@ -506,6 +506,12 @@ def test_decoding_derives_a_split_that_checks_costs_and_lowers(tmp_path: Path,
                  "--size", "x=32768"]) == 0
     report = capsys.readouterr().out
     assert "partial states" in report and "written and read back" in report and "2 launches" in report
+    bench = (ROOT / "benchmarks" / "decode_h200.ncd").read_text(encoding="utf-8")  # the CPU benchmark's plan
+
+    def steps(text: str) -> list[str]:
+        return [line.strip() for line in text.split("{", 1)[1].split("}", 1)[0].splitlines() if line.strip()]
+
+    assert steps(bench.split("theorem", 1)[1]) == steps(out.read_text(encoding="utf-8").split("\ntheorem", 1)[1])
 
     thm, tiles = best.theorem, dict(best.cost.tiles)
     diagram = load(EXAMPLES / "attention.ncd").diagram("attention")

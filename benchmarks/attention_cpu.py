@@ -39,9 +39,11 @@ median, the quartiles and how many rounds napkin won. Its last line is
 `speedup_vs_hand=Z causal_speedup_vs_hand=W` from those per-round medians.
 
 `--decode` times one-query attention (decoding) over a cache of `--x` keys (default 32768) in
-one interleaved run (`--rounds`, default 9): `napkin_split`, the split plan `napkin derive` finds
+one interleaved run (`--rounds`, default 9): `napkin_split`, a split plan for the CPU
 (`flash_decoding` of proofs/flash_decoding.ncd: blocks of 4096 keys folded in parallel by
-`jax.vmap`, each streamed in chunks of 512, states merged), beside `napkin_unsplit`
+`jax.vmap`, each streamed in chunks of 512, states merged), `napkin_split_h200`, the plan
+`napkin derive` finds for the h200 at its tiles (`decode_h200` of benchmarks/decode_h200.ncd:
+⌈x/132⌉ = 249-key blocks, one masked chunk of 256 each), beside `napkin_unsplit`
 (`flash_attention` of proofs/flash_attention.ncd at gq = 1, sx = 512: one fold over all the
 keys) and `dpa` (`jax.nn.dot_product_attention`). Its last line is
 `decode_speedup_vs_dpa=X decode_speedup_vs_unsplit=Y`, per-round medians of the peer's time over
@@ -243,6 +245,9 @@ def interleaved(n: int, rounds: int) -> None:
 #: the decode benchmark's tiles: key blocks of the split, key chunks of each program's stream
 DECODE_BLOCK, DECODE_CHUNK = 4096, 512
 
+#: the h200 plan's blocks (one per SM) and chunk, as `napkin derive` picks them at x = 32768
+H200_SMS, H200_CHUNK = 132, 256
+
 
 def _decode_inputs(x: int) -> tuple[Any, Any, Any]:
     q, _, _ = _inputs(1)
@@ -258,13 +263,16 @@ def decode_cases(x: int) -> dict[str, Callable[[], Any]]:
     block = -(-min(x, DECODE_BLOCK) // chunk) * chunk  # a whole number of chunks (the split is padded)
     split = jax.jit(napkin_kernel("proofs/flash_decoding.ncd", "flash_decoding", "jax",
                                   tiles={"kx": block, "sx": chunk}).fn)
+    sms = jax.jit(napkin_kernel("benchmarks/decode_h200.ncd", "decode_h200", "jax",
+                                tiles={"kx": -(-x // H200_SMS), "sx": H200_CHUNK}).fn)
     unsplit = jax.jit(napkin_kernel("proofs/flash_attention.ncd", "flash_attention", "jax",
                                     tiles={"gq": 1, "sx": min(x, DECODE_CHUNK)}).fn)
     q, k, v = _decode_inputs(x)  # after napkin_cat is imported (napkin_kernel): see harness.napkin_kernel
     dpa_fn = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q[None, :, None], k[None, :, None],
                                                                    v[None, :, None])[0, :, 0])
     return {name: (lambda fn=fn: jax.block_until_ready(fn(q, k, v)))
-            for name, fn in (("napkin_split", split), ("napkin_unsplit", unsplit), ("dpa", dpa_fn))}
+            for name, fn in (("napkin_split", split), ("napkin_split_h200", sms), ("napkin_unsplit", unsplit),
+                             ("dpa", dpa_fn))}
 
 
 def decode(x: int, rounds: int) -> None:
@@ -281,13 +289,14 @@ def decode(x: int, rounds: int) -> None:
         print(f"{name:>14} q=1 x={x}  median {statistics.median(ts) * 1e3:.3f} ms  "
               f"(min {min(ts) * 1e3:.3f}, max {max(ts) * 1e3:.3f})")
     paired = {}
-    for peer in ("dpa", "napkin_unsplit"):  # the peer's time over the split's in each round
+    for peer in ("dpa", "napkin_unsplit", "napkin_split_h200"):  # the peer's time over the split's per round
         ratios = sorted(p / o for p, o in zip(times[peer], times["napkin_split"], strict=True))
         low, mid, high = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else ratios * 3
         paired[peer] = mid
         print(f"{peer}/napkin_split: median {mid:.3f} per round, quartiles {low:.3f} to {high:.3f}, "
               f"{sum(r >= 1 for r in ratios)} of {len(ratios)} rounds at >= 1")
-    print(f"decode_speedup_vs_dpa={paired['dpa']:.2f} decode_speedup_vs_unsplit={paired['napkin_unsplit']:.2f}")
+    print(f"decode_speedup_vs_dpa={paired['dpa']:.2f} decode_speedup_vs_unsplit={paired['napkin_unsplit']:.2f} "
+          f"decode_speedup_vs_h200_plan={paired['napkin_split_h200']:.2f}")
 
 
 def _option(name: str, default: int) -> int:

@@ -60,13 +60,17 @@ def test_interleaved_attention_times_the_peers_in_one_process(tmp_path: Path) ->
 
 
 def test_decode_benchmark_times_the_split_beside_its_peers_in_one_run(tmp_path: Path) -> None:
-    """`--decode`: the split plan, the unsplit kernel and dot_product_attention at one query over a
-    ragged cache (the split padded), checked equal, then timed round by round."""
+    """`--decode`: the split plans (the CPU's and the h200's, ragged blocks of ⌈x/132⌉), the unsplit
+    kernel and dot_product_attention at one query over a ragged cache (the split padded), checked
+    equal, then timed round by round."""
     out = _run([str(BENCH / "attention_cpu.py"), "--decode", "--x", "1000", "--rounds", "2"], tmp_path)
     lines = out.strip().splitlines()
-    assert [line.split()[0] for line in lines[-6:-3]] == ["napkin_split", "napkin_unsplit", "dpa"]
-    assert [line.split(":")[0] for line in lines[-3:-1]] == ["dpa/napkin_split", "napkin_unsplit/napkin_split"]
-    assert re.fullmatch(r"decode_speedup_vs_dpa=\d+\.\d\d decode_speedup_vs_unsplit=\d+\.\d\d", lines[-1])
+    assert [line.split()[0] for line in lines[-8:-4]] == ["napkin_split", "napkin_split_h200", "napkin_unsplit",
+                                                          "dpa"]
+    assert [line.split(":")[0] for line in lines[-4:-1]] == ["dpa/napkin_split", "napkin_unsplit/napkin_split",
+                                                             "napkin_split_h200/napkin_split"]
+    assert re.fullmatch(r"decode_speedup_vs_dpa=\d+\.\d\d decode_speedup_vs_unsplit=\d+\.\d\d "
+                        r"decode_speedup_vs_h200_plan=\d+\.\d\d", lines[-1])
 
 
 def test_backward_benchmark_runs_every_case(tmp_path: Path) -> None:

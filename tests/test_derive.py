@@ -473,24 +473,31 @@ def _decoding(tmp_path: Path, x: int) -> tuple[derive.Derivation, Path]:
 def test_decoding_derives_a_split_that_checks_costs_and_lowers(tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 29's done-when: one query over 32768 keys on the h200.  Unsplit, the grid is one
-    program on 132 SMs; the cost model alone picks the split (no rule knows decoding), whose grid
-    leaves at most one SM in thirty idle, far cheaper than every unsplit plan and the unfused
-    diagram; the written proof checks --strict, `napkin cost` shows both kernels and the combine's
-    traffic, and the plan (derived again at a ragged size, where it is padded) lowers on both
-    targets and matches the evaluator at ragged sizes."""
+    program on 132 SMs; the cost model alone picks the split (no rule knows decoding): ragged blocks
+    of ⌈32768/132⌉ = 249 keys, one program per SM (whole power-of-two chunks would leave 128), far
+    cheaper than every unsplit plan and the unfused diagram; the written proof checks --strict,
+    `napkin cost` shows both kernels and the combine's traffic, and the plan at its derived tiles
+    lowers on both targets, matches the evaluator at ragged sizes and cross-lowers for CUDA."""
+    import jax
+
     from napkin_cat.lower import lower
+    from tests.test_crosslower import TRITON_CALL, cuda_hlo
 
     found, out = _decoding(tmp_path, 32768)
     best = found.best
     assert best.theorem is not None and best.cost is not None
     split = best.theorem.schedule.split
-    assert split is not None and split.axis == "x" and split.via == "online_softmax"
+    assert split is not None and split.axis == "x" and split.via == "online_softmax" and split.pad
     c = cost.cost(best.theorem, hardware="h200", sizes={"q": 1, "x": 32768}, dtype="bf16")
     row = optimise.search(c, top=1, relax=True).rows[0]
-    assert row.tiles == best.cost.tiles and row.factor == cost.parallel_factor(row.programs, c.hardware.sms)
-    assert row.factor < 1.05  # 128 programs in one wave (or 256 in two) on 132 SMs, not 1 program (x132)
+    assert row.tiles == best.cost.tiles and dict(row.tiles)[str(split.tile)] == 249
+    assert row.programs >= c.hardware.sms == 132  # one wave, every SM one block; the longest holds 249 keys
+    assert row.factor == pytest.approx(cost.parallel_factor(row.programs, c.hardware.sms) * 132 * 249 / 32768)
     unsplit = [k for k in found.search.candidates if k.ok and k.theorem and k.theorem.schedule.split is None]
     assert unsplit and all(k.cost and best.cost.value * 10 < k.cost.value for k in unsplit)
+    whole = [k for k in found.search.candidates if k.ok and k.cost and k.theorem and k.theorem.schedule.split
+             and not k.theorem.schedule.split.pad]  # blocks of whole chunks: 128 programs
+    assert whole and all(best.cost.value < k.cost.value for k in whole if k.cost)
     baseline = found.search.baseline.cost
     assert baseline is not None and best.cost.value < baseline.value  # the unfused diagram, launches counted
     assert main(["check", "--strict", str(out)]) == 0
@@ -499,18 +506,26 @@ def test_decoding_derives_a_split_that_checks_costs_and_lowers(tmp_path: Path,
                  "--size", "x=32768"]) == 0
     report = capsys.readouterr().out
     assert "partial states" in report and "written and read back" in report and "2 launches" in report
+    bench = (ROOT / "benchmarks" / "decode_h200.ncd").read_text(encoding="utf-8")  # the CPU benchmark's plan
 
-    ragged, _ = _decoding(tmp_path, 32767)  # no tile divides it: the same plan, padded
-    thm = ragged.best.theorem
-    assert thm is not None and thm.schedule.split is not None and thm.schedule.split.pad
-    tiles = {name: {"k": 32}.get(name[0], 16) for name in ragged.best.cost.tiles} if ragged.best.cost else {}
+    def steps(text: str) -> list[str]:
+        return [line.strip() for line in text.split("{", 1)[1].split("}", 1)[0].splitlines() if line.strip()]
+
+    assert steps(bench.split("theorem", 1)[1]) == steps(out.read_text(encoding="utf-8").split("\ntheorem", 1)[1])
+
+    thm, tiles = best.theorem, dict(best.cost.tiles)
+    diagram = load(EXAMPLES / "attention.ncd").diagram("attention")
     rng = np.random.default_rng(1)
-    q, k, v = (rng.standard_normal((n, 64)).astype(np.float32) for n in (1, 100, 100))
-    want = np.asarray(run(load(EXAMPLES / "attention.ncd").diagram("attention"), q, k, v))
-    for target in ("jax", "pallas"):
-        fn = lower(thm, target=target, tiles=tiles).fn
-        got = np.asarray(fn(q, k, v, interpret=True) if target == "pallas" else fn(q, k, v))
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    for x in (1000, 3 * 249 + 1):  # no block or chunk divides them
+        q, k, v = (rng.standard_normal((n, 64)).astype(np.float32) for n in (1, x, x))
+        want = np.asarray(run(diagram, q, k, v))
+        for target in ("jax", "pallas"):
+            fn = lower(thm, target=target, tiles=tiles).fn
+            got = np.asarray(fn(q, k, v, interpret=True) if target == "pallas" else fn(q, k, v))
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    specs = [jax.ShapeDtypeStruct((n, 64), jax.numpy.bfloat16) for n in (1, 32768, 32768)]
+    fn = lower(thm, target="pallas", tiles=tiles, dtype="bfloat16", hardware="h200").fn
+    assert cuda_hlo(fn, *specs).count(TRITON_CALL) == 1
 
 
 @pytest.mark.slow

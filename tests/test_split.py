@@ -199,7 +199,7 @@ def test_the_lowered_split_matches_the_evaluator_at_ragged_sizes(target: str, q:
     if target == "jax":
         assert "jax.vmap(split_fold)" in source and "split_merge" in source
     else:  # the blocks are the grid's last axis, one row of states each
-        assert f"p['x'] // {kx})" in source and "i_split" in source and "split_merge" in source
+        assert f"round_up(n['x'], {kx}) // {kx})" in source and "i_split" in source and "split_merge" in source
 
 
 def _lower_text(steps: str, target: str = "jax", **options: object) -> NapkinError:
@@ -283,19 +283,60 @@ def test_ragged_blocks_run_and_lower_on_plain_jax_as_the_evaluator(q: int, x: in
     assert np.max(np.abs(out - want)) / np.max(np.abs(want)) < 1e-5
 
 
-def test_pallas_runs_whole_chunk_blocks_and_refuses_ragged_ones() -> None:
-    """Pallas reads a split's block as one grid block (a power of two for Triton): the same theorem
-    lowers at blocks of whole chunks and matches the evaluator, and is refused with the reason at a
-    block that is not."""
+@pytest.mark.parametrize(("q", "x", "kx", "sx"),
+                         [(1, 1000, 249, 16), (3, 77, 9, 16), (2, 100, 32, 16), (1, 997, 249, 256), (2, 500, 100, 32)])
+def test_pallas_runs_ragged_blocks_as_the_evaluator(q: int, x: int, kx: int, sx: int) -> None:
+    """Pallas programs read K and V whole and load whole chunks from their block's offset: blocks that
+    are no whole number of chunks (249 of 16, a 256-key chunk over a 249-key block, a 16-key chunk over
+    a 9-key block) match the evaluator in interpret mode, the positions past each block's end masked
+    (they hold the next block's keys, not zeros), as whole-chunk blocks (32 of 16) still do."""
     thm = prove(loads(RAGGED), "ragged")
-    arrays = _inputs(2, 100, seed=5)
-    lowered = lower(thm, target="pallas", tiles={"kx": 32, "sx": 16})
+    arrays = _inputs(q, x, seed=x + kx)
+    lowered = lower(thm, target="pallas", tiles={"kx": kx, "sx": sx})
     got = np.asarray(lowered.fn(*[a.astype(np.float32) for a in arrays], interpret=True))
     want = _reference(thm, arrays)
-    assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < 1e-5
-    with pytest.raises(NapkinError, match=r"--target pallas cannot run the split of `x`: its block of 249 is not "
-                                          r"a whole number of chunks of 16"):
-        lower(thm, target="pallas", tiles={"kx": 249, "sx": 16})
+    assert got.shape == want.shape and np.max(np.abs(got - want)) / np.max(np.abs(want)) < 1e-5
+
+
+def test_ragged_blocks_of_a_plain_sum_lower_on_both_targets() -> None:
+    """Nothing in the ragged Pallas split is attention's: a sum over n of A·exp(B) (its padding
+    value 0, exp of the next block's B masked after the product) in blocks of 37 rows, chunks of
+    16, matches numpy on both targets."""
+    text = """
+axis n, d
+diagram weighted(A: [n d], B: [n d]) -> [d] {
+  return sum[n](A * exp(B))
+}
+theorem t: weighted {
+  split n by kn via sum pad
+  stream n by sn via sum pad
+}
+"""
+    thm = prove(loads(text), "t")
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((300, 20)), rng.standard_normal((300, 20))
+    want = (a * np.exp(b)).sum(axis=0)
+    for target in ("jax", "pallas"):
+        fn = lower(thm, target=target, tiles={"kn": 37, "sn": 16}).fn
+        args = (a.astype(np.float32), b.astype(np.float32))
+        got = np.asarray(fn(*args, interpret=True) if target == "pallas" else fn(*args))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.max(np.abs(want)))
+
+
+def test_ragged_blocks_cross_lower_for_cuda_and_mosaic_refuses_a_split() -> None:
+    """The ragged Pallas kernel is one Triton call for an abstract H200 (every op on power-of-two
+    chunks; K and V one whole block each), bf16 and f32; Mosaic GPU refuses the split with its reason."""
+    jax = pytest.importorskip("jax")
+    from tests.test_crosslower import TRITON_CALL, cuda_hlo
+
+    thm = prove(loads(RAGGED), "ragged")
+    for dtype in ("float32", "bfloat16"):
+        specs = [jax.ShapeDtypeStruct(shape, np.dtype(dtype) if dtype == "float32" else jax.numpy.bfloat16)
+                 for shape in [(1, 64), (32768, 64), (32768, 64)]]
+        lowered = lower(thm, target="pallas", tiles={"kx": 249, "sx": 16}, dtype=dtype)
+        assert cuda_hlo(lowered.fn, *specs).count(TRITON_CALL) == 1
+    with pytest.raises(NapkinError, match=r"cannot be lowered for Mosaic GPU: a split of `x`"):
+        lower(thm, target="mosaic", tiles={"kx": 249, "sx": 16})
 
 
 def test_the_cost_of_ragged_blocks_counts_the_longest_program() -> None:

@@ -246,7 +246,8 @@ def _place(name: str, diagram: Diagram, schedule: Schedule, target: str, tiles: 
                                                int(mosaic_target.mosaic_rules(hardware).get(
                                                    "max_concurrent_steps", mosaic_target.MOSAIC_STEPS)))
         elif target == "pallas" and device.split is not None:
-            def fits(pick: dict[str, int]) -> bool:  # a ragged split block (priced by the model) is no grid block
+            def fits(pick: dict[str, int]) -> bool:  # tiles the model prices that the layout refuses (a block
+                # that is no whole number of chunks under a stream without `pad`)
                 try:
                     layout(name, diagram, device, {**pick, **given}, target, chosen)
                 except NapkinError:

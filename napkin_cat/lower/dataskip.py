@@ -82,7 +82,7 @@ def _conjunction(found: DataMask, defs: dict[str, Expr], env: dict[str, Value], 
                                + [a for _, target in found.preds for a in scope.keep(target)]))
     terms = [cg.binop(align(v, axes), "!=", cg.const(0)) for v in values]
     terms += [predicate(pred, axes, scope) for pred, _ in found.preds]
-    terms += [cg.binop(position(a, axes, scope), "<", scope.sizes[a]) for a in axes if a in scope.padded]
+    terms += [cg.binop(position(a, axes, scope), "<", scope.limit(a)) for a in axes if a in scope.padded]
     hit = terms[0]
     for term in terms[1:]:
         hit = cg.call("jnp.logical_and", hit, term)

@@ -168,7 +168,7 @@ def started(box: Box, args: Sequence[Value], carry: Value, scope: Scope) -> Valu
 def last(value: Value, axis: str, scope: Scope) -> Value:
     """``value`` at the chunk's last real position along ``axis`` (the padded ones follow it), the
     axis dropped: a select and a sum of zeros, which every target lowers."""
-    valid = cg.binop(scope.sizes[axis], "-", scope.offsets[axis]) if axis in scope.offsets else scope.sizes[axis]
+    valid = cg.binop(scope.limit(axis), "-", scope.offsets[axis]) if axis in scope.offsets else scope.limit(axis)
     end = cg.call("jnp.minimum", scope.extents[axis], valid)
     hit = cg.binop(_first_rows(value.axes, axis, scope), "==", cg.binop(end, "-", cg.const(1)))
     kept = cg.call("jnp.where", hit, value.expr, cg.const(0.0))
@@ -500,11 +500,11 @@ def mask_padded(box: Box, args: Sequence[Value], scope: Scope) -> list[Value]:
                 # an operand without the axis meets the padded positions of the others: the
                 # padding law needs it at its own fill there too (0 · -inf would be NaN)
                 axes = (*v.axes, axis)
-            valid = cg.binop(position(axis, axes, scope), "<", scope.sizes[axis])
+            valid = cg.binop(position(axis, axes, scope), "<", scope.limit(axis))
             masked: ast.expr = cg.call("jnp.where", valid, align(v, axes), saturate(fill))
             extent = scope.pad_extents.get(axis)
-            if extent is not None and axes == v.axes:  # sizes are Python ints when traced:
-                # no mask (and no compare in the kernel's loop) where the size fills the tiles
+            if extent is not None and axes == v.axes and axis not in scope.limits:  # sizes are Python ints
+                # when traced: no mask (and no compare in the kernel's loop) where the size fills the tiles
                 masked = ast.IfExp(cg.binop(scope.sizes[axis], "<", extent), masked, v.expr)
             out[i] = Value(scope.block.bind("masked", masked), axes)
     return out

@@ -22,7 +22,13 @@
   each program streams its block of k and writes its unfinalised accumulator states to f32
   outputs with one row per block; after the ``pallas_call``, plain JAX merges the rows in order
   with the accumulators' ``combine`` (``fold.emit_combine``), then runs the finals and the nodes
-  after the stream, and slices the outputs back.
+  after the stream, and slices the outputs back;
+- a ragged split (``Layout.ragged_split``: a block of k that is no whole number of chunks of t,
+  the stream inside it padded) gives every program the arrays along the axis whole (one
+  BlockSpec block of the padded extent, padded in the wrapper so that the last block's last
+  chunk lies inside it): program b loads whole chunks at b·k + j·t, and every position at or past
+  min(|a|, (b+1)·k) is padding (``Scope.limits``): masked with the accumulators' padding law
+  like a ragged tile's, never assumed zero (it holds the next block's data).
 """
 
 from __future__ import annotations
@@ -56,7 +62,11 @@ def padded_extent(lay: Layout, axis: str) -> ast.expr:
     if axis in lay.squeezed:
         return size_of(axis)
     if lay.split is not None and axis == lay.split[0]:  # whole blocks of the split
-        return cg.call("round_up", size_of(axis), cg.const(lay.split[1]))
+        whole = cg.call("round_up", size_of(axis), cg.const(lay.split[1]))
+        if not lay.ragged_split:
+            return whole
+        block, tile = lay.split[1], lay.tiles[axis]  # and the last block's last chunk
+        return cg.binop(whole, "+", cg.const(-(-block // tile) * tile - block))
     if kind in ("grid", "stream"):
         return cg.call("round_up", size_of(axis), cg.const(lay.tiles[axis]))
     carriers = {name for name, axes in lay.flat.inputs if axis in axes}
@@ -69,12 +79,23 @@ def extent_of(axis: str) -> ast.expr:
     return cg.subscript(cg.name("p"), cg.const(axis))
 
 
+def split_blocks(lay: Layout) -> ast.expr:
+    """The number of blocks of the split (its programs, the rows of its states): ⌈|a| / k⌉."""
+    assert lay.split is not None
+    axis, block = lay.split
+    return cg.binop(cg.call("round_up", size_of(axis), cg.const(block)), "//", cg.const(block))
+
+
 def block_spec(lay: Layout, axes: Axes, per_block: bool = False) -> ast.expr:
     """``pl.BlockSpec(block_shape, index_map)`` for an array with these axes (``per_block``: a
     split's state, one leading row per block of the split, squeezed)."""
     dims: list[ast.expr] = [cg.const(None)] if per_block else []
     index: list[ast.expr] = [cg.name(SPLIT_INDEX)] if per_block else []
     for axis in axes:
+        if lay.split is not None and axis == lay.split[0] and lay.ragged_split and not per_block:
+            dims.append(extent_of(axis))  # whole: the program loads its chunks from its block's offset
+            index.append(cg.const(0))
+            continue
         if lay.split is not None and axis == lay.split[0]:  # this program's block of the split
             dims.append(cg.const(lay.split[1]))
             index.append(cg.name(SPLIT_INDEX))
@@ -188,7 +209,7 @@ def emit_function(lay: Layout, fname: str, params: Sequence[str], doc: str, dtyp
     written = [s.axes for s in states] if lay.split is not None else out_types  # a split writes its states
     kernel = _emit_kernel(lay, params, written, dtype, namer, dot_operand, given or {})
     block.emit(kernel)
-    blocks = [] if lay.split is None else [cg.binop(extent_of(lay.split[0]), "//", cg.const(lay.split[1]))]
+    blocks = [] if lay.split is None else [split_blocks(lay)]
     shapes: list[ast.expr] = [cg.call("jax.ShapeDtypeStruct", cg.tuple_(stored_dims(lay, t)), storage)
                               for t in out_types] if lay.split is None else \
         [cg.call("jax.ShapeDtypeStruct", cg.tuple_(blocks + stored_dims(lay, t)), cg.attr("jnp.float32"))
@@ -246,10 +267,16 @@ def _emit_kernel(lay: Layout, params: Sequence[str], out_types: list[Axes], dtyp
     extents = {a: cg.const(lay.block(a)) if lay.kind(a) in ("grid", "stream") else extent_of(a)
                for a in all_axes(lay) if a not in lay.squeezed}
     sizes = {a: cg.name(given[a]) if given and a in given else size_of(a) for a in all_axes(lay)}
+    limits: dict[str, ast.expr] = {}
+    if lay.split is not None and lay.ragged_split:  # padding from the block's end (module docstring)
+        axis, size = lay.split
+        end = cg.binop(offsets[axis], "+", cg.const(size))
+        limits[axis] = block.bind(f"{axis}_end", cg.call("jnp.minimum", sizes[axis], end))
     scope = Scope(block, sizes, extents, offsets, lay.squeezed,
                   frozenset(a for a in all_axes(lay) if lay.may_pad(a)), dtype, dot_operand, batched_dot=False,
                   rounded=rounded_nodes(lay), exp2=True, take=False,
-                  pad_extents={a: extent_of(a) for a in all_axes(lay) if lay.may_pad(a) and not (given and a in given)})
+                  pad_extents={a: extent_of(a) for a in all_axes(lay) if lay.may_pad(a) and not (given and a in given)},
+                  limits=limits)
     env: dict[str, Value] = {}
     gathered = gathered_tables(lay.flat)
     for (name, axes), ref in zip(lay.flat.inputs, in_refs, strict=True):
@@ -283,9 +310,11 @@ def _load(ref: str, index: Sequence[ast.expr], dtype: str) -> ast.expr:
                    cg.attr(f"jnp.{dtype}"))
 
 
-def _chunk_load(name: str, ref: str, index: list[ast.expr], axes: Axes, dtype: str) -> ChunkLoad:
-    """Code loading ``ref[index]``, the chunk of input ``name``, into a block."""
-    return lambda block: Value(block.bind(f"{name}_chunk", _load(ref, index, dtype)), axes, zero_padded=True)
+def _chunk_load(name: str, ref: str, index: list[ast.expr], axes: Axes, dtype: str,
+                zero_padded: bool = True) -> ChunkLoad:
+    """Code loading ``ref[index]``, the chunk of input ``name``, into a block (``zero_padded``: its
+    padded positions hold the wrapper's zeros; not so in a ragged split's, past the block's end)."""
+    return lambda block: Value(block.bind(f"{name}_chunk", _load(ref, index, dtype)), axes, zero_padded=zero_padded)
 
 
 def _emit_loop(lay: Layout, env: dict[str, Value], scope: Scope, in_refs: Sequence[str],
@@ -301,7 +330,9 @@ def _emit_loop(lay: Layout, env: dict[str, Value], scope: Scope, in_refs: Sequen
     tile = cg.const(lay.tiles[axis])
     block = scope.block
     namer = block.namer
-    trips = cg.binop(extent_of(axis) if lay.split is None else cg.const(lay.split[1]), "//", tile)
+    # a split's block in whole chunks (a ragged one's last chunk passes its end: masked)
+    trips = cg.binop(extent_of(axis), "//", tile) if lay.split is None else \
+        cg.const(-(-lay.split[1] // lay.tiles[axis]))
     state = slots(lay, scope)
     finals = [namer.fresh(s.hint) for s in state]
     # chunks a mask fills with padding are skipped: the loop runs over each disjoint live range
@@ -353,8 +384,7 @@ def _combine(lay: Layout, block: cg.Block, outs: ast.Name, states: Sequence[Slot
     arrived = [Value(cg.subscript(cg.subscript(outs, cg.const(k)), cg.name(i)), s.axes) for k, s in enumerate(states)]
     body.emit(ast.Return(cg.tuple_(emit_combine(lay, scope.with_block(body), earlier, arrived))))
     block.emit(cg.function(merge, [i, carry], body.stmts))
-    count = cg.binop(extent_of(lay.split[0]), "//", cg.const(lay.split[1]))
-    merged = block.bind("merged", cg.call("lax.fori_loop", cg.const(0), count, cg.name(merge),
+    merged = block.bind("merged", cg.call("lax.fori_loop", cg.const(0), split_blocks(lay), cg.name(merge),
                                           emit_identity(lay, scope)))
     finals = [namer.fresh(s.hint) for s in states]
     block.emit(cg.assign(finals, merged))
@@ -390,8 +420,10 @@ def _emit_body(lay: Layout, env: dict[str, Value], scope: Scope, in_refs: Sequen
     if names:
         body.emit(cg.assign(names, cg.name(carry)))
     chunk_env = dict(env)
-    loads = {name: _chunk_load(name, ref, [cg.call("pl.ds", start, tile) if a == axis else ast.Slice()
-                                           for a in scope.keep(axes)], scope.keep(axes), lay.computed_as(name))
+    whole = lay.ragged_split  # the arrays along the axis are whole: chunks load at their global offset
+    loads = {name: _chunk_load(name, ref, [cg.call("pl.ds", at if whole else start, tile) if a == axis
+                                           else ast.Slice() for a in scope.keep(axes)], scope.keep(axes),
+                               lay.computed_as(name), zero_padded=not whole)
              for (name, axes), ref in zip(lay.flat.inputs, in_refs, strict=True) if axis in axes}
     carried = [Value(cg.name(n), s.axes) for n, s in zip(names, state, strict=True)]
     # a chunk whose data mask is 0 everywhere keeps the carry (dataskip.py; no output is chunked then)

@@ -104,6 +104,14 @@ class Scope:
     #: where ``wgmma`` records, per call, the base axes of each operand it stages into shared
     #: memory (one entry per call; ``lower.mosaic.smem_count`` counts them); None: not recorded
     staged: list[tuple[Axes, ...]] | None = None
+    #: where an axis's padding starts when not at its true size (code): a ragged split block's end,
+    #: min(size, the block's end), past which its whole chunks read the next block's positions
+    #: (``lower.pallas``); masks compare positions with ``limit``, ``Size`` still reads ``sizes``
+    limits: Mapping[str, ast.expr] = field(default_factory=dict)
+
+    def limit(self, axis: str) -> ast.expr:
+        """The first position along ``axis`` that this code treats as padding."""
+        return self.limits.get(axis, self.sizes[axis])
 
     def keep(self, axes: Axes) -> Axes:
         """The axes an in-kernel value has: the type less the squeezed grid axes."""

@@ -160,6 +160,12 @@ class Layout:
         return INT_DTYPE if self.integer(name) else "float32"
 
     @property
+    def ragged_split(self) -> bool:
+        """Is the split's block no whole number of chunks (a padded stream inside it: every block's
+        last chunk masked past the block's end)?"""
+        return self.split is not None and self.split[1] % self.tiles[self.split[0]] != 0
+
+    @property
     def flat(self) -> Flat:
         return self.nest.flat
 
@@ -184,8 +190,10 @@ class Layout:
         size = self.declared(axis)
         if size is None:
             return True
+        if self.split is not None and self.split[0] == axis:  # a ragged block's chunks pass its end
+            return self.ragged_split or size % self.split[1] != 0
         if axis in self.tiles:
-            return size % (self.split[1] if self.split and self.split[0] == axis else self.tiles[axis]) != 0
+            return size % self.tiles[axis] != 0
         return size != pow2_extent(size, MIN_BLOCK)
 
 
@@ -280,9 +288,9 @@ def _split(schedule: Schedule, tiles: Mapping[str, int], stream: str | None, axi
            target: str) -> tuple[str, int]:
     """The split's (axis, block), or a refusal of what the targets cannot run (module docstring).
     A block that is not a whole number of chunks (a padded stream inside the split: its last chunk
-    masked) runs on plain JAX, whose blocks are slices of any width; Pallas reads a block as one
-    BlockSpec block, which Triton takes only as a power of two, and its chunk loop has no ragged
-    chunk."""
+    masked) runs on plain JAX, whose blocks are slices of any width, and on Pallas, whose programs
+    read the arrays along the axis whole and load whole chunks from their block's offset, the
+    positions past the block's end masked (``Layout.ragged_split``); Mosaic GPU runs no split."""
     split = schedule.split
     assert split is not None
     axis = split.axis
@@ -299,10 +307,6 @@ def _split(schedule: Schedule, tiles: Mapping[str, int], stream: str | None, axi
         inner = [p for p in schedule.partitions if p.axis == axis and p.kind == "stream"]
         if not all(p.pad for p in inner):
             raise NapkinError(error("lower.split_tile", axis=axis, block=block, tile=axis_tiles[axis]))
-        if target != "jax":
-            raise NapkinError(error("lower.split_pallas", axis=axis, why=f"its block of {block} is not a whole "
-                                    f"number of chunks of {axis_tiles[axis]} (a masked last chunk in every block), "
-                                    "which a Pallas grid block cannot hold"))
     for index, axes in enumerate(out_types):
         if axis in axes:
             raise NapkinError(error("lower.split_output", index=index, axis=axis))

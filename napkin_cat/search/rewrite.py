@@ -247,8 +247,15 @@ def _climb(state: _State, prefix: tuple[Step, ...], diagram: Diagram) -> None:
 def _plan(state: _State, prefix: tuple[Step, ...], plan: Plan, diagram: Diagram) -> Candidate:
     """The candidate of ``plan``; where no integer tiles that divide the axes fit (ragged
     sizes: q=2000 has no power-of-two tile that is x64), the same plan with ``pad`` partitions
-    (masked ragged tiles) if that one fits."""
+    (masked ragged tiles) if that one fits.  A plan with a split is also tried with ``pad``
+    partitions (blocks sized to the SMs, each block's last chunk masked: ``optimise``; both
+    targets lower them), kept where it is modelled cheaper."""
     plain = state.evaluate(prefix + plan_steps(plan, diagram))
+    if plan.split is not None:
+        ragged = state.evaluate(prefix + plan_steps(plan, diagram, pad=True))
+        cheaper = ragged.ok and ragged.cost is not None and (
+            not plain.ok or plain.cost is None or ragged.cost.value < plain.cost.value * (1 - 1e-9))
+        return ragged if cheaper else plain
     if plain.ok or plain.cost is None or plain.cost.tiles or not plain.theorem or not plain.theorem.schedule.partitions:
         return plain
     padded = state.evaluate(prefix + plan_steps(plan, diagram, pad=True))

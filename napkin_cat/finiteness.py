@@ -171,6 +171,10 @@ POSITIONS = 62.0
 INDEX = 63.0
 #: |log x| of a float64 x ≠ 1 is at least about 2^-53
 LOG_FLOOR = -53.0
+#: how far from 0 log2 bounds must put a value for ``log`` to take its side of 1: a product's
+#: or quotient's bounds are the reals' (``_bin``), and its rounding may bring a value bounded just
+#: above 1 down to 1 (log 0); 2^-20 in log2 is past 2^30 roundings of 2^-53 each
+SIDE = 2.0 ** -20
 LOG2E, LN2 = math.log2(math.e), math.log(2.0)
 #: log2 of (1 + 2^-53)^(2^62), what the roundings of a product over an axis can add
 ROUNDING = 2.0 ** (POSITIONS - 53.0) * LOG2E
@@ -236,8 +240,8 @@ def _un(op: str, x: Abstract, rounds: bool) -> Abstract:
     if op not in UNARY:
         return Abstract(TOP)  # an op without a rule could be anything
     classes = _unary(op, x.classes)
-    if op == "log" and (x.lo > 0.0 or x.hi < 0.0):  # |x| > 1 (< 1): a finite log has the sign of log |x|
-        classes = (classes - FINITE) | (_v("+" if x.lo > 0.0 else "-") if "+" in x.classes else frozenset())
+    if op == "log" and (x.lo > SIDE or x.hi < -SIDE):  # |x| > 1 (< 1): a finite log has the sign of log |x|
+        classes = (classes - FINITE) | (_v("+" if x.lo > SIDE else "-") if "+" in x.classes else frozenset())
     return _float64(classes, *_unary_magnitude(op, x), rounds)
 
 

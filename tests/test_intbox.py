@@ -72,6 +72,17 @@ def test_the_finiteness_rule_keeps_infinities_and_makes_small_positives_zero() -
     assert values[2].classes == frozenset({"0", "+", "+inf"})  # exp overflows at 710; below 1 it floors to 0
 
 
+def test_log_of_a_value_bounded_away_from_1_has_its_sign() -> None:
+    """log(16) is positive (T5's log(max_distance / max_exact) as a divisor: no 0, so no NaN from
+    -inf / 0), log(1/16) negative; log of a size (1 at |i| = 1) or of an input may be 0 (the
+    analysis reads a size as any positive value from 1 up: a log of either sign)."""
+    d = _one("axis i\ndiagram f(X: [i]) -> [], [], [], [i] {\n"
+             "  return log(16), log(recip(16)), log(i), log(abs(X))\n}\n")
+    defs, inputs = finiteness._defs(d), finiteness.input_values(d.inputs)
+    values = [finiteness._Analysis(defs, inputs).value(o).classes for o in d.outputs]
+    assert values == [{"+"}, {"-"}, {"-", "0", "+"}, {"-", "0", "+", "-inf"}]
+
+
 def test_floor_is_typed_an_integer_and_log_is_not() -> None:
     head = "axis q, r\n"
     ok = loads(head + "diagram f(T: [r], X: [q]) -> [q] {\n  return gather[r](T, floor(X * 3))\n}\n")

@@ -55,9 +55,15 @@ def test_floor_at_the_edges_is_numpys_and_keeps_the_infinities() -> None:
 
 
 def test_integer_floor_division_is_exact() -> None:
-    """floor(i / c) is i // c for positions (a block id), negative ones included."""
-    d = _one("axis i\ndiagram f() -> [i] {\n  return floor(index[i](i - 50) / 7)\n}\n")
-    np.testing.assert_array_equal(napkin_cat.run(d, sizes={"i": 100}), (np.arange(100) - 50) // 7)
+    """floor(i / c) is i // c for positions (a block id), negative ones included: in the
+    evaluator for any c; in the f32 kernels where c is a power of two (the quotient is then exact;
+    XLA's f32 division by 7 on CPU gives -4998 / 7 = -714.00006, whose floor is -715: README)."""
+    for c in (7, 64):
+        d = _one(f"axis i\ndiagram f(X: [i]) -> [i] {{\n  return X + floor(index[i](i - 5000) / {c})\n}}\n")
+        want = (np.arange(20000) - 5000) // c
+        np.testing.assert_array_equal(napkin_cat.run(d, np.zeros(20000)), want)
+    fn = lower(kernel.refl("f", d), target="jax").fn
+    np.testing.assert_array_equal(np.asarray(fn(jnp.zeros(20000, jnp.float32))), want)
 
 
 def test_the_finiteness_rule_keeps_infinities_and_makes_small_positives_zero() -> None:

@@ -85,8 +85,8 @@ MESSAGES: dict[str, str] = {
     "type.predicate_expected": "the first argument of `where` must be a comparison of indices, e.g. `q >= x`",
     "type.dtype": "unknown element type `{name}`: an input is real (no type name) or `int`",
     "type.integer_lemma": "lemma parameter `{name}`: lemmas range over real arrays; `int` is for diagram inputs",
-    "type.integer_needed": "{box}: operand {index} must be an integer (an `int` input, a position, a comparison "
-                           "or integer arithmetic of them); it is real",
+    "type.integer_needed": "{box}: operand {index} must be an integer (an `int` input, a position, a comparison, "
+                           "a `floor` or integer arithmetic of them); it is real",
     "type.gather_axis": "gather[{axis}]: axis `{axis}` must be on the table (operand 1, {have}) and not on the "
                         "positions (operand 2, {positions})",
     "type.topk_size": "topk[{axis} -> {k}]: {why}",

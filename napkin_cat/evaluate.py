@@ -143,7 +143,7 @@ class _Float64(Algebra):
             "rsqrt": lambda x: 1.0 / np.sqrt(x), "recip": lambda x: 1.0 / x, "square": np.square,
             "abs": np.abs, "tanh": np.tanh, "sigmoid": lambda x: special.expit(x),
             "relu": lambda x: np.maximum(x, 0.0), "gelu": _gelu, "silu": lambda x: x * special.expit(x),
-            "sign": np.sign, "id": lambda x: x,
+            "sign": np.sign, "floor": np.floor, "id": lambda x: x,
         }
 
     def asarray(self, value: Any) -> Any:
@@ -222,7 +222,7 @@ class _Symbolic(Algebra):
             "sigmoid": lift(lambda x: 1 / (1 + sympy.exp(-x))), "relu": lift(lambda x: sympy.Max(x, 0)),
             "gelu": lift(lambda x: half * x * (1 + sympy.erf(x / sympy.sqrt(2)))),
             "silu": lift(lambda x: x / (1 + sympy.exp(-x))),
-            "sign": lift(sympy.sign), "id": lambda x: x,
+            "sign": lift(sympy.sign), "floor": lift(sympy.floor), "id": lambda x: x,
         }
         self._max = np.frompyfunc(sympy.Max, 2, 1)
         self._min = np.frompyfunc(sympy.Min, 2, 1)

@@ -25,7 +25,9 @@ positions), ``0`` where it may fall below 2^-1074 (underflow: ``exp`` past -745)
   ``{0, +}``, not positive), ``exp(+inf) = +inf``; ``log``: ``0 → -inf``, negative → nan;
   ``sqrt``/``rsqrt`` of a negative → nan, ``rsqrt``/``recip`` of 0 → ``±inf`` (the zero's sign);
   ``gelu``/``silu`` of ``-inf`` → nan (``-inf · 0``), of a negative possibly 0 (float64's
-  ``1 + erf`` cancels, ``expit`` underflows); nan stays nan;
+  ``1 + erf`` cancels, ``expit`` underflows); ``log`` of a positive value whose magnitude
+  bounds put it above 1 (below 1) is positive (negative): ``log(16)``; ``floor`` keeps ±inf and a negative's sign, and
+  makes a positive value below 1 zero, its non-zero values at least 1 in magnitude; nan stays nan;
 - binary ops combine every pair of classes (``_PAIR``): ``+inf + -inf = nan``,
   ``0 · ±inf = nan``, signs multiply; ``a - b = a + (-b)``, ``a / b = a · (1/b)``; and one
   relational fact: the guarded divisor ``d + (1 - g)``, ``g`` = ``square(sign d)`` or
@@ -94,6 +96,8 @@ UNARY: dict[str, dict[str, str]] = {
     "gelu": {"-inf": "nan", "-": "- 0", "0": "0", "+": "+", "+inf": "+inf"},
     "silu": {"-inf": "nan", "-": "- 0", "0": "0", "+": "+", "+inf": "+inf"},
     "sign": {"-inf": "-", "-": "-", "0": "0", "+": "+", "+inf": "+"},
+    # below 1 a positive value's floor is 0; a negative one's is at most -1
+    "floor": {"-inf": "-inf", "-": "-", "0": "0", "+": "0 +", "+inf": "+inf"},
 }
 
 
@@ -167,6 +171,10 @@ POSITIONS = 62.0
 INDEX = 63.0
 #: |log x| of a float64 x ≠ 1 is at least about 2^-53
 LOG_FLOOR = -53.0
+#: how far from 0 log2 bounds must put a value for ``log`` to take its side of 1: a product's
+#: or quotient's bounds are the reals' (``_bin``), and its rounding may bring a value bounded just
+#: above 1 down to 1 (log 0); 2^-20 in log2 is past 2^30 roundings of 2^-53 each
+SIDE = 2.0 ** -20
 LOG2E, LN2 = math.log2(math.e), math.log(2.0)
 #: log2 of (1 + 2^-53)^(2^62), what the roundings of a product over an axis can add
 ROUNDING = 2.0 ** (POSITIONS - 53.0) * LOG2E
@@ -208,6 +216,8 @@ def _unary_magnitude(op: str, x: Abstract) -> tuple[float, float]:
         return lo, hi
     if op == "sign":
         return 0.0, 0.0
+    if op == "floor":  # a non-zero integer, |floor x| ≤ |x| + 1 (x negative), ≤ |x| (x positive)
+        return 0.0, max(hi, 0.0) + (1.0 if negative else 0.0)
     if op in ("square", "sqrt", "rsqrt", "recip"):
         k = {"square": 2.0, "sqrt": 0.5, "rsqrt": -0.5, "recip": -1.0}[op]
         return min(k * lo, k * hi), max(k * lo, k * hi)
@@ -229,7 +239,10 @@ def _unary_magnitude(op: str, x: Abstract) -> tuple[float, float]:
 def _un(op: str, x: Abstract, rounds: bool) -> Abstract:
     if op not in UNARY:
         return Abstract(TOP)  # an op without a rule could be anything
-    return _float64(_unary(op, x.classes), *_unary_magnitude(op, x), rounds)
+    classes = _unary(op, x.classes)
+    if op == "log" and (x.lo > SIDE or x.hi < -SIDE):  # |x| > 1 (< 1): a finite log has the sign of log |x|
+        classes = (classes - FINITE) | (_v("+" if x.lo > SIDE else "-") if "+" in x.classes else frozenset())
+    return _float64(classes, *_unary_magnitude(op, x), rounds)
 
 
 def _bin(op: str, a: Abstract, b: Abstract, rounds: bool) -> Abstract:

@@ -22,7 +22,7 @@ Non-differentiable points take the one-sided values ``jax.grad`` gives:
 ``max(a, b)``/``min(a, b)`` at a tie give each side half (``lax.max``), so ``relu`` (which
 is ``max(x, 0)``) has slope 1/2 at 0 as ``jnp.maximum(x, 0)`` does; ``abs`` has slope 1 at
 0; ``max``/``min`` reductions split the cotangent equally among tied maxima
-(``jnp.max``); ``sign``, ``onehot``, ``index`` and ``where``'s predicate have zero
+(``jnp.max``); ``sign``, ``floor`` (``jnp.floor``'s zero), ``onehot``, ``index`` and ``where``'s predicate have zero
 derivative (they are piecewise constant).  ``l2norm``/``rmsnorm`` of an all-zero row, a
 normalised contraction with a zero normaliser, and ``max``/``min`` of a row whose
 extremum is infinite have no derivative: the gradient there is not finite.
@@ -159,7 +159,7 @@ def _unary(box: Box, y: Var, g: Expr) -> tuple[Expr | None, ...]:
             _mul(_mul(_c(0.3989422804014327), x), _box("exp", _mul(_c(-0.5), _box("square", x))))),
         "silu": lambda: _mul(_box("sigmoid", x), _add(_c(1.0), _mul(x, _sub(_c(1.0), _box("sigmoid", x))))),
     }
-    if box.op == "sign":
+    if box.op in ("sign", "floor"):  # piecewise constant: zero almost everywhere, as jax.grad gives
         return (None,)
     if box.op == "neg":
         return (_box("neg", g),)

@@ -88,6 +88,7 @@ UNARY: dict[str, str] = {
     "gelu": "x·Φ(x), the exact (erf) form",
     "silu": "x·sigmoid(x)",
     "sign": "-1, 0 or 1 as x is negative, zero or positive (reverse mode writes max's and relu's slopes with it)",
+    "floor": "the largest integer at most x, an integer (±inf and NaN stay as they are); no gradient",
 }
 
 #: the binary boxes written infix: their symbol and binding strength (the grammar's
@@ -275,8 +276,8 @@ _INTEGER_CLOSED = frozenset({"add", "sub", "mul", "maximum", "minimum", "neg", "
 def integer_valued(expr: Expr, integers: Collection[str]) -> bool:
     """Is ``expr`` integer-valued wherever it is evaluated?  ``integers`` names the arrays known to
     hold integers (inputs declared ``int``, bindings of integer expressions).  Comparisons,
-    positions (``index``), selections (``argmax``, ``topk``), ``onehot`` and axis sizes are
-    integers; integer arithmetic, a select or where of integers and a gather from an integer
+    positions (``index``), selections (``argmax``, ``topk``), ``onehot``, ``floor`` of any value
+    and axis sizes are integers; integer arithmetic, a select or where of integers and a gather from an integer
     array keep them; everything else is real."""
     if isinstance(expr, Var):
         return expr.name in integers
@@ -287,7 +288,7 @@ def integer_valued(expr: Expr, integers: Collection[str]) -> bool:
     if not isinstance(expr, Box):
         return False
     kind = OPS[expr.op].kind
-    if kind in ("compare", "index", "onehot", "topk"):
+    if kind in ("compare", "index", "onehot", "topk") or expr.op == "floor":
         return True
     if kind == "select":
         return all(integer_valued(a, integers) for a in expr.args[1:])

@@ -62,6 +62,7 @@ UNARY_REFERENCE: dict[str, tuple[Callable[[np.ndarray], np.ndarray], st.SearchSt
     "gelu": (lambda x: 0.5 * x * (1 + special.erf(x / math.sqrt(2))), FINITE),
     "silu": (lambda x: x / (1 + np.exp(-x)), FINITE),
     "sign": (lambda x: np.where(x > 0, 1.0, np.where(x < 0, -1.0, 0.0)), FINITE),
+    "floor": (lambda x: np.array([math.floor(v) for v in np.ravel(x)], dtype=float).reshape(np.shape(x)), FINITE),
 }
 
 

@@ -30,7 +30,7 @@ are the numeric tier's, as a sum's rounding and a product's overflow are below),
 atom); both are refused where their axes are chunked (a chunk's
 positions are offset).  In joins, ``cumsum[a](X)`` is an opaque atom binding its own index
 symbol (``_cumsum``).  Ops outside this semantics (``where`` and ``cumsum`` outside joins,
-comparisons and select of data, gather, ``linrec``, piecewise activations) are not proved.
+comparisons and select of data, gather, ``linrec``, piecewise activations, ``floor``) are not proved.
 
 -inf masks (``masks_unproved``): a parameter read only as scores (of softmax, logsumexp, max,
 ncontract[exp, exp, id], over all its axes: one row) may be partly masked, S = S' + log m

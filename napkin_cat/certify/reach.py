@@ -126,10 +126,13 @@ def _step_bound(lemma: LemmaDecl, others: int) -> float:
     with the others at ``others`` (the reach without steps): ``relu(x - y^4)`` steps at
     x = 82 once y reaches 3.  Where p reduces the data, the draws cover it; one not
     polynomial in the sizes and positions (``sqrt(x) - 5``) counts as unbounded
-    (``math.inf``): bounded certification cannot place its step.
+    (``math.inf``): bounded certification cannot place its step; so does ``floor`` of any
+    value that depends on a size or a position (``floor(x / 30)`` steps at every multiple of 30).
     """
     bound = 0.0
     for node in _nodes(lemma):
+        if isinstance(node, Box) and node.op == "floor" and _reads_sizes(node.args[0]):
+            return math.inf  # floor steps wherever its argument crosses an integer: at no bounded size
         if not isinstance(node, Box) or node.op not in _PIECEWISE:
             continue
         try:
@@ -156,6 +159,19 @@ def _step_bound(lemma: LemmaDecl, others: int) -> float:
             weights = [w for w in weights if w > 0]
             bound = max(bound, 1 + max(weights) / min(weights)) if weights else bound
     return bound if math.isfinite(bound) else math.inf
+
+
+def _reads_sizes(expr: Expr) -> bool:
+    """Does ``expr``'s value on one element (``_scalar``) depend on a size or a position?  A
+    reduction of the data (``_Opaque``) is covered by the draws; any other reduction of sizes
+    counts as depending on them."""
+    try:
+        value = _scalar(expr)
+    except _Opaque:
+        return False
+    except _Unbounded:
+        return True
+    return any(g.name[0] in "|#" for g in sympy.sympify(value).free_symbols)
 
 
 class _Opaque(Exception):

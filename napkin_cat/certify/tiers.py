@@ -60,7 +60,8 @@ def _certify_lemma(lemma: LemmaDecl, level: str) -> Certificate:
     swept = lemma_reach(lemma)
     if swept == UNBOUNDED:
         return Certificate(False, "reach", "a piecewise box (relu, abs, max, min) compares a size non-polynomially "
-                                           "(`relu(sqrt(x) - 5)`): bounded certification cannot place its step")
+                                           "(`relu(sqrt(x) - 5)`), or a floor reads a size or a position "
+                                           "(`floor(x / 30)`): bounded certification cannot place its step")
     if swept > _MAX_REACH:
         return Certificate(False, "reach", f"its sizes and constants reach {swept}, past the {_MAX_REACH} "
                                            "that bounded certification checks")

@@ -74,6 +74,7 @@ UNARY: dict[str, Callable[[ast.expr], ast.expr]] = {
         cg.const(1.0), "+", cg.call("erf", cg.binop(x, "*", cg.const(0.7071067811865476))))),
     "silu": lambda x: cg.call("jax.nn.silu", x),
     "sign": lambda x: cg.call("jnp.sign", x),
+    "floor": lambda x: cg.call("jnp.floor", x),
     "id": lambda x: x,
 }
 

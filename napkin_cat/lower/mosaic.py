@@ -25,7 +25,8 @@ differs in how a program moves data and multiplies:
 
 What Mosaic GPU cannot express is refused before anything is emitted (``lower.mosaic``): f32
 kernels (wgmma has no IEEE f32), a split (its per-block states), a table read only at the rows a
-gather names (a paged pool: TMA copies whole blocks), a tile padded to a block, an
+gather names (a paged pool: TMA copies whole blocks), a selection, ``floor`` (no Mosaic GPU
+lowering rule in jax), a tile padded to a block, an
 output written chunk by chunk, a scalar input or one whose last axis is one position per
 program (TMA's 16-byte minimum), a kernel with no matrix product (nothing anchors Mosaic's
 register layouts), tiles off the machine model (``check_tiles``:
@@ -111,6 +112,10 @@ def wgmma(a, b, a_k, b_k, a_ref, b_ref, dtype):
 '''
 
 
+#: elementwise boxes jax's Mosaic GPU backend has no lowering rule for
+_NO_MOSAIC = frozenset({"floor"})
+
+
 def mosaic_rules(hardware: Any) -> dict[str, int]:
     """The machine model's Mosaic GPU rules (``Hardware.mosaic``, the profile's [mosaic] table)."""
     return dict(getattr(hardware, "mosaic", {}) or {})
@@ -133,6 +138,8 @@ def check_tiles(lay: Layout, rules: Mapping[str, int]) -> None:
     if selections:
         raise refuse(f"a selection ({', '.join(selections)}: ranks by compares over a three-axis broadcast) is not "
                      "lowered for Mosaic GPU; use --target pallas or jax")
+    if any(isinstance(n.expr, Box) and n.expr.op in _NO_MOSAIC for n in lay.flat.nodes):
+        raise refuse(f"{', '.join(sorted(_NO_MOSAIC))} has no Mosaic GPU lowering in jax; use --target pallas or jax")
     for node in lay.flat.nodes:  # wgmma takes matrices: a product's free axes are not merged and split back
         product = node.expr
         if isinstance(product, Box) and ops.OPS[product.op].kind == "contract" and len(product.args) == 2:

@@ -46,9 +46,9 @@ from napkin_cat.terms import (
     walk,
 )
 
-__all__ = ["FLOAT32", "FLOAT64", "INDEX_ARITH", "INPUT_RANGE", "MAX_POINTS_EVALUATED", "SYMBOLIC", "Algebra", "Named",
-           "bind_sizes", "evaluate", "evaluate_named", "iteration_spaces", "largest_space", "refuse_too_large",
-           "sample_integers", "visitor"]
+__all__ = ["FLOAT32", "FLOAT64", "INDEX_ARITH", "INPUT_RANGE", "MAX_POINTS_EVALUATED", "SYMBOLIC", "Algebra",
+           "Interpreter", "Named", "bind_sizes", "einsum_spec", "evaluate", "evaluate_named", "iteration_spaces",
+           "largest_space", "refuse_too_large", "sample_integers", "visitor"]
 
 #: the most points (array positions) one box's iteration space or one input may have in an
 #: evaluation: 2^26 float64 values are 512 MiB, and a box holds a few such arrays at once
@@ -384,7 +384,18 @@ def _rank_key(row: Any, i: int) -> tuple[Any, ...]:
     return (not nan, 0 if nan else -row[i], i)
 
 
-class _Interpreter:
+def einsum_spec(operands: Sequence[Axes], target: Axes) -> tuple[str, Axes]:
+    """The ``np.einsum`` subscripts of a contraction of operands with these axes over
+    ``target``, and the result's axes (the others, in order of first appearance)."""
+    everything = union_axes(*operands)
+    out = tuple(a for a in everything if a not in target)
+    letters = {a: chr(ord("a") + i) if i < 26 else chr(ord("A") + i - 26) for i, a in enumerate(everything)}
+    return ",".join("".join(letters[a] for a in k) for k in operands) + "->" + "".join(letters[a] for a in out), out
+
+
+class Interpreter:
+    """The fold of ``evaluate``: one method per kind of box (``BY_KIND``), in ``algebra``."""
+
     def __init__(self, algebra: Algebra, sizes: dict[str, int], offsets: Mapping[str, int] | None = None,
                  full_sizes: Mapping[str, int] | None = None):
         self.alg = algebra
@@ -526,10 +537,7 @@ class _Interpreter:
             pos = tuple(s.axes.index(a) for a in node.target)
             n = math.prod(s.data.shape[i] for i in pos)
             operands[0] = Named(s.axes, self.alg.nweights(node.params, s.data, pos, n))
-        everything = union_axes(*(k.axes for k in operands))
-        out = tuple(a for a in everything if a not in node.target)
-        letters = {a: chr(ord("a") + i) if i < 26 else chr(ord("A") + i - 26) for i, a in enumerate(everything)}
-        spec = ",".join("".join(letters[a] for a in k.axes) for k in operands) + "->" + "".join(letters[a] for a in out)
+        spec, out = einsum_spec([k.axes for k in operands], node.target)
         if self.alg.symbolic:
             data = np.einsum(spec, *(k.data for k in operands), dtype=object)
         else:
@@ -594,15 +602,15 @@ class _Interpreter:
 
 #: how the interpreter evaluates each kind of box (``ops.OpInfo.kind``); a test checks that every
 #: op's kind has an entry here and in every other interpreter's table
-BY_KIND: dict[str, Callable[[_Interpreter, Box, tuple[Named, ...]], Named]] = {
-    "unary": _Interpreter.unary, "binary": _Interpreter.binary, "reduce": _Interpreter.reduce,
-    "compare": _Interpreter.compare, "select": _Interpreter.select, "gather": _Interpreter.gather,
-    "topk": _Interpreter.topk,
-    "normalise": _Interpreter.normalise, "scan": _Interpreter.scan, "contract": _Interpreter.contract,
-    "ncontract": _Interpreter.contract,
-    "where": _Interpreter.indexed, "index": _Interpreter.indexed, "onehot": _Interpreter.onehot,
-    "split": _Interpreter.reshape, "join": _Interpreter.reshape, "rename": _Interpreter.reshape,
-    "transpose": _Interpreter.reshape,
+BY_KIND: dict[str, Callable[[Interpreter, Box, tuple[Named, ...]], Named]] = {
+    "unary": Interpreter.unary, "binary": Interpreter.binary, "reduce": Interpreter.reduce,
+    "compare": Interpreter.compare, "select": Interpreter.select, "gather": Interpreter.gather,
+    "topk": Interpreter.topk,
+    "normalise": Interpreter.normalise, "scan": Interpreter.scan, "contract": Interpreter.contract,
+    "ncontract": Interpreter.contract,
+    "where": Interpreter.indexed, "index": Interpreter.indexed, "onehot": Interpreter.onehot,
+    "split": Interpreter.reshape, "join": Interpreter.reshape, "rename": Interpreter.reshape,
+    "transpose": Interpreter.reshape,
 }
 
 
@@ -623,7 +631,7 @@ def visitor(sizes: Mapping[str, int], algebra: Algebra = FLOAT64, offsets: Mappi
             full_sizes: Mapping[str, int] | None = None) -> Callable[..., Named | tuple[Named, ...]]:
     """The fold's ``visit`` for ``terms.run_diagram`` (arguments as for ``evaluate_named``), for
     callers that wrap it, e.g. to round the arrays a ``dtype`` step names when they are read."""
-    return _Interpreter(algebra, dict(sizes), offsets, full_sizes).visit
+    return Interpreter(algebra, dict(sizes), offsets, full_sizes).visit
 
 
 def evaluate(diagram: Diagram, arrays: Sequence[Any], sizes: Mapping[str, int] | None = None,

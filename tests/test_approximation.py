@@ -131,6 +131,17 @@ def test_labels_read_by_onehot_are_drawn_as_positions() -> None:
     assert fp8.failure is not None and "below the error the rounding causes" in fp8.failure.message
 
 
+def test_a_topk_makes_positions_of_what_it_reads_not_labels() -> None:
+    """A router's onehot reads the top-k positions of logits X·W: X and W are numbers, drawn
+    normal (not as positions, which made the logits integers up to 7.6e4); a label read
+    through arithmetic stays a label."""
+    module = loads("axis e = 8\naxis k = 2\naxis t, d\n"
+                   "diagram route(X: [t d], W: [d e], L: [t]) -> [t e], [t e] {\n"
+                   "  M = sum[k](onehot[e](topk[e -> k](contract[d](X, W))))\n"
+                   "  return M, onehot[e](L + 1)\n}\n")
+    assert approximation.label_inputs(module.diagram("route")) == {"L": "e"}
+
+
 def test_sizes_too_large_to_evaluate_refuse_the_step_with_a_reason() -> None:
     """2^15 x 2^15 declared is 2^30 points (8 GiB in float64): not measured, so not vouched for."""
     source = "axis n = 32768\naxis m = 32768\ndiagram attention(A: [n], B: [m]) -> [] {\n  return sum[n m](A * B)\n}\n"

@@ -512,6 +512,30 @@ def test_a_wrong_join_is_refused_unproved_and_with_the_opt_in_by_the_test(case: 
     assert wrong in str(err.value), str(err.value)
 
 
+#: dQ through a sum that adds and takes away 10^12: right, and off by float64's rounding of 10^12
+CANCELLING = "dQ = dt * ((sum[x](K) + 1000000000000.5) - 1000000000000.5)"
+
+
+def test_the_float64_test_allows_rounding_but_not_a_small_error() -> None:
+    """The join test compares within the two sides' running error bounds (``lower.roundoff``),
+    not a fixed rtol: a cancelling sum that rounds dQ by up to 1e-4, far past rtol 1e-7, is
+    joined; a dQ off by one part in 10^8, which rtol 1e-7 let through, is refused."""
+    module = loads(FORWARD + RIGHT.replace("dQ = dt * sum[x](K)", CANCELLING))
+    forward, backward = module.diagram("f"), module.diagram("b")
+    rng = np.random.default_rng(3)
+    q, k, dt = 16 * rng.standard_normal((9, 4)), 16 * rng.standard_normal((11, 4)), rng.standard_normal(9)
+    got = evaluate(backward, [k, dt, q])[0]
+    want = evaluate(grad.vjp(replace(forward, outputs=forward.outputs[:1], out_types=forward.out_types[:1])),
+                    [q, k, dt])[0]
+    assert not np.allclose(got, want, rtol=1e-7, atol=0)  # the old tolerance refused this right join
+    link(forward, [backward], allow_tested=True)
+    wrong = loads(FORWARD + RIGHT.replace("dQ = dt * sum[x](K)", "dQ = dt * sum[x](K) * 1.00000001"))
+    with pytest.raises(NapkinError) as err:
+        link(wrong.diagram("f"), [wrong.diagram("b")], allow_tested=True)
+    assert err.value.codes == ("lower.backward_wrong",)
+    assert "dQ at" in str(err.value) and "float64's rounding accounts for at most" in str(err.value), str(err.value)
+
+
 def test_the_tested_path_draws_sizes_past_every_constant_and_labels_across_the_vocabulary() -> None:
     """The right window and the right cross-entropy are lowered with the opt-in; the test's
     draws pass the window's width 8 and hit the first and last labels."""

@@ -1,7 +1,8 @@
 """Every op has an entry in every interpreter's table.
 
 The interpreters of a diagram (the float64 and sympy evaluator, which certification's
-reach analysis also reads scalars with, the JAX lowering, drawing, the finiteness analysis)
+reach analysis also reads scalars with, the JAX lowering, drawing, the finiteness analysis, the
+join test's running error bounds)
 are tables over ``ops.OPS``, keyed by the op's name or by its ``kind``.  One parametrised
 test names each op against each table, so a new op that some interpreter lacks fails here
 with both names, before any diagram that uses it reaches that interpreter.
@@ -15,7 +16,7 @@ import pytest
 
 from napkin_cat import evaluate, finiteness, ops
 from napkin_cat.draw import graph
-from napkin_cat.lower import jaxops
+from napkin_cat.lower import jaxops, roundoff
 
 #: table name -> (the table, how an op is looked up in it, which ops it must serve)
 Table = tuple[Mapping[str, object], Callable[[ops.OpInfo], str], Callable[[ops.OpInfo], bool]]
@@ -44,6 +45,9 @@ TABLES: dict[str, Table] = {
     "evaluate.FLOAT64.binary": (evaluate.FLOAT64.binary, _by_name, _of_kind("binary")),
     "evaluate.SYMBOLIC.binary": (evaluate.SYMBOLIC.binary, _by_name, _of_kind("binary")),
     "lower.jaxops.TABLE": (jaxops.TABLE, _by_kind, _every),
+    "lower.roundoff.RULES": (roundoff.RULES, _by_kind, _every),
+    "lower.roundoff.SLOPES": (roundoff.SLOPES, _by_name, _of_kind("unary")),
+    "lower.roundoff.ULPS": (roundoff.ULPS, _by_name, _of_kind("unary")),
     "lower.jaxops.UNARY": (jaxops.UNARY, _by_name, _of_kind("unary")),
     "lower.jaxops.BINARY": (jaxops.BINARY, _by_name, _of_kind("binary")),
     "draw.graph.GLYPHS": (graph.GLYPHS, _by_name, _every),

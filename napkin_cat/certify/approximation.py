@@ -8,8 +8,8 @@ everything else exact) differs from the source diagram in float64 by at most
 ``tol · max|source output|`` in every output (entries where the source is not finite are
 left out; a non-finite result where the source is finite is an infinite error).
 
-An input that a ``onehot[v]`` operand is computed from (directly or through bindings)
-holds labels, drawn as integers in ``[0, |v|)`` (a standard normal hits no position, so
+An input that a ``onehot[v]`` operand is computed from (directly or through bindings, not
+through a ``topk``/``argmax``) holds labels, drawn as integers in ``[0, |v|)`` (a standard normal hits no position, so
 rounding the labels would measure 0 whatever it does to them).  Declared sizes too large
 to evaluate (``MAX_MEASURED``) raise ``Unmeasurable``: no measurement vouches for the claim.
 
@@ -30,9 +30,10 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
+from napkin_cat import ops
 from napkin_cat.evaluate import MAX_POINTS_EVALUATED, Named, iteration_spaces, largest_space, visitor
 from napkin_cat.kernel import Theorem
-from napkin_cat.terms import Apply, Axes, Box, Diagram, Expr, Var, boxes, run_diagram, walk
+from napkin_cat.terms import Apply, Axes, Box, Diagram, Expr, Var, boxes, children, run_diagram, walk
 
 __all__ = ["MAX_MEASURED", "MAX_POINTS", "Measurement", "Unmeasurable", "label_inputs", "measure", "rounding"]
 
@@ -156,10 +157,21 @@ def _inputs(diagram: Diagram, sizes: Mapping[str, int], rng: np.random.Generator
                   if p.name in labels else rng.standard_normal([sizes[a] for a in p.axes])) for p in diagram.inputs]
 
 
+def _read(expr: Expr) -> list[Var]:
+    """The names ``expr`` reads for its value, not through a ``topk``/``argmax``, whose result
+    is a position whatever its operand holds (a router's logits are no labels)."""
+    if isinstance(expr, Var):
+        return [expr]
+    if isinstance(expr, Box) and ops.OPS[expr.op].kind == "topk":
+        return []
+    return [v for kid in children(expr) for v in _read(kid)]
+
+
 def label_inputs(diagram: Diagram) -> dict[str, str]:
-    """The inputs a ``onehot[v]`` operand is computed from (directly or through bindings),
-    each with its ``v``: they hold positions along ``v``, and a standard-normal draw would hit
-    none (the first onehot found decides the axis).  ``diagram`` is unfolded: no calls."""
+    """The inputs a ``onehot[v]`` operand is computed from (directly or through bindings; not
+    through a ``topk`` or ``argmax``, which make positions of anything), each with its ``v``:
+    they hold positions along ``v``, and a standard-normal draw would hit none (the first
+    onehot found decides the axis).  ``diagram`` is unfolded: no calls."""
     defs = {let.names[0]: let.expr for let in diagram.body if len(let.names) == 1}
     labels: dict[str, str] = {}
     todo = [(arg, node.target[0]) for _, node in boxes(diagram) if isinstance(node, Box) and node.op == "onehot"
@@ -167,7 +179,7 @@ def label_inputs(diagram: Diagram) -> dict[str, str]:
     seen: set[str] = set()
     while todo:
         expr, axis = todo.pop()
-        for var in (n for n in walk(expr) if isinstance(n, Var) and n.name not in seen):
+        for var in (n for n in _read(expr) if n.name not in seen):
             seen.add(var.name)
             if var.name in defs:
                 todo.append((defs[var.name], axis))

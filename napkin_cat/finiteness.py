@@ -39,6 +39,11 @@ positions), ``0`` where it may fall below 2^-1074 (underflow: ``exp`` past -745)
   is 0) composes those rules; exp's weights read scores shifted by their finite maximum, so
   are in [0, 1] (the relational fact s - max s ≤ 0); ``contract`` is the sum of the product
   of its operands;
+- input relations (``given L = logsumexp[x](s)``, ``terms.relations``: the diagram claims only
+  inputs where L is that expression of its other inputs, a backward pass's saved statistic):
+  ``exp(s - L)`` of the same term s (bindings read through) is in [0, 1], since the evaluator's
+  logsumexp is at least its maximum and L is finite (``_Analysis.shifted``); no other use of a
+  relation (an input it gives is otherwise any finite value, as every input);
 - ``where`` is either operand, ``index`` a finite integer, ``onehot`` 0 or 1, reshapes
   and renames keep their operand's classes.
 
@@ -50,12 +55,12 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import reduce as fold
 from typing import Union
 
 from napkin_cat import ops
-from napkin_cat.terms import Box, Const, Diagram, Expr, Param, Size, Var, walk
+from napkin_cat.terms import Apply, Box, Const, Diagram, Expr, Param, Size, Var, relations, walk
 
 __all__ = ["DOMAIN", "EXTENDED", "FINITE", "INFINITE", "MASKS", "MASKS_TESTED", "RULES", "TOP", "UNARY", "Abstract",
            "Inputs", "Value", "abstract", "analyse", "class_of", "finite", "finite_fold_overflows", "finite_in",
@@ -174,11 +179,13 @@ ROUNDING = 2.0 ** (POSITIONS - 53.0) * LOG2E
 
 @dataclass(frozen=True)
 class Abstract:
-    """A term's classes, and ``lo ≤ log2 |x| ≤ hi`` for its finite non-zero entries."""
+    """A term's classes, and ``lo ≤ log2 |x| ≤ hi`` for its finite non-zero entries; ``given``, for
+    an input a relation gives (``terms.relations``), the expression of the other inputs it equals."""
 
     classes: Value
     lo: float = UNDERFLOW
     hi: float = OVERFLOW
+    given: Expr | None = field(default=None, compare=False)
 
 
 def _float64(classes: Value, lo: float, hi: float, rounds: bool) -> Abstract:
@@ -338,6 +345,8 @@ def _lse(a: Abstract, rounds: bool, entries: float) -> Abstract:
 
 def _rule(op: str) -> Rule:
     kind = ops.OPS[op].kind
+    if op == "exp":
+        return lambda box, vs, an: an.shifted(box) or _un(op, vs[0], an.rounds)
     if kind == "unary":
         return lambda box, vs, an: _un(op, vs[0], an.rounds)
     if op == "add":
@@ -419,6 +428,31 @@ class _Analysis:
             expr = self.defs[expr.name]
         return expr
 
+    def expanded(self, expr: Expr) -> Expr:
+        """``expr`` with every binding read through (the term it names, recursively)."""
+        if isinstance(expr, Var) and expr.name in self.defs and expr.name not in self.inputs:
+            return self.expanded(self.defs[expr.name])
+        if isinstance(expr, (Box, Apply)):
+            return replace(expr, args=tuple(self.expanded(a) for a in expr.args))
+        return expr
+
+    def shifted(self, box: Box) -> Abstract | None:
+        """``exp(s - L)`` with ``L`` an input given as ``logsumexp[x](s)`` (``given``; the same term
+        s, bindings read through, reduced over any axes): in [0, 1].  The evaluator's logsumexp is
+        m + log1p(k - 1 + Σ exp(s - m)) ≥ m, the maximum, and L is finite (the domain), so every
+        entry of s is ``-inf`` or finite and at most L (a row of s with a +inf, a NaN or only -inf
+        entries has no such L); s - L is ``-inf`` or ≤ 0, its exp 0 or in (0, 1] (0 where it
+        underflows).  None for any other exp."""
+        arg = self.through(box.args[0])
+        if not (isinstance(arg, Box) and arg.op == "sub" and isinstance(arg.args[1], Var)):
+            return None
+        shift = self.inputs.get(arg.args[1].name)
+        relation = shift.given if shift is not None else None
+        if not (isinstance(relation, Box) and relation.op == "logsumexp"
+                and self.expanded(arg.args[0]) == self.expanded(relation.args[0])):
+            return None
+        return Abstract(_v("0 +"), UNDERFLOW, 0.0)
+
     def guarded(self, box: Box, values: list[Abstract]) -> Abstract | None:
         """``d + (1 - g)`` with ``g`` = ``square(sign d)`` or ``abs(sign d)``: 1 where d = 0
         (the evaluator's and the VJP's guard of a divisor that may be 0), d elsewhere
@@ -484,13 +518,16 @@ def _defs(diagram: Diagram) -> dict[str, Expr]:
 
 
 def input_values(params: Iterable[Param]) -> dict[str, Abstract]:
-    """Each input's value: finite within ``DOMAIN`` (the domain), except an array an earlier
-    kernel of a chain wrote (``Param.written``, ``terms.cut``), which holds what the diagram
-    computing it gives (``exp`` of an input may be ``+inf`` there)."""
+    """Each input's value: finite within ``DOMAIN`` (the domain; one a relation gives also knows
+    the expression it equals: ``_Analysis.shifted``), except an array an earlier kernel of a
+    chain wrote (``Param.written``, ``terms.cut``), which holds what the diagram computing it
+    gives (``exp`` of an input may be ``+inf`` there)."""
     out: dict[str, Abstract] = {}
+    params = tuple(params)
+    given = relations(params)
     for p in params:
         w = p.written
-        out[p.name] = Abstract(FINITE, *DOMAIN) if w is None else \
+        out[p.name] = Abstract(FINITE, *DOMAIN, given.get(p.name)) if w is None else \
             _Analysis(_defs(w), input_values(w.inputs)).value(w.outputs[0]) if len(w.outputs) == 1 else Abstract(TOP)
     return out
 

@@ -426,3 +426,40 @@ def test_a_reduction_over_several_axes_folds_more_entries() -> None:
     alone = loads("axis x\ndiagram f(S: [x]) -> [] {\n  L = logsumexp[x](tanh(S))\n  E = exp(8 * L)\n"
                   "  return E\n}\n").diagram("f")
     assert finite(alone.body[1].expr, {let.names[0]: let.expr for let in alone.body}, {"S"})
+
+
+RELATED = ("axis q, x, d\ndiagram f(Q: [q d], K: [x d], T: [q x], L: [q]) -> [q x]\n"
+           "    given L = logsumexp[x](contract[d](Q, K) * rsqrt(d)) {{\n"
+           "  S = contract[d](Q, K) * rsqrt(d)\n  return {}\n}}\n")
+
+
+@pytest.mark.parametrize(("term", "bounded"), [
+    ("exp(S - L)", True),                          # the scores the relation reduces, shifted by it
+    ("exp(contract[d](Q, K) * rsqrt(d) - L)", True),  # the same term written out
+    ("exp(T - L)", False),                         # other scores: T - L may pass 709.8
+    ("exp(L - S)", False),                         # the other way round: at least 0, unbounded
+    ("exp(S + L)", False),
+    ("exp(contract[d](Q, K) - L)", False),         # not the same term (unscaled)
+])
+def test_a_relation_bounds_exp_of_the_scores_shifted_by_their_logsumexp(term: str, bounded: bool) -> None:
+    """finiteness._Analysis.shifted: with L given as logsumexp[x](s), exp(s - L) is in [0, 1] (s ≤ max s ≤ L);
+    for any other term L is any finite input; and the evaluator agrees on inputs satisfying the relation
+    (evaluate.related), extreme scores included."""
+    from napkin_cat.evaluate import related
+    from napkin_cat.finiteness import finite_in
+
+    diagram = loads(RELATED.format(term)).diagram("f")
+    defs = {"S": diagram.body[0].expr}
+    assert not finite(diagram.outputs[0], defs, {"Q", "K", "T", "L"})  # without the relation: L is any input
+    assert finite_in(diagram, diagram.outputs[0]) is bounded
+    if bounded:
+        rng = np.random.default_rng(0)
+        sizes = {"q": 3, "x": 4, "d": 2}
+        for scale in (1.0, 1e3, 1e150):
+            drawn = [scale * rng.standard_normal([sizes[a] for a in p.axes]) for p in diagram.inputs]
+            args = related(diagram, drawn, sizes)
+            s = np.einsum("qd,xd->qx", args[0], args[1]) / np.sqrt(2.0)
+            m = s.max(axis=1)
+            assert np.allclose(args[3], m + np.log(np.exp(s - m[:, None]).sum(axis=1)), rtol=1e-12)
+            p = evaluate(diagram, args)
+            assert np.all((p >= 0) & (p <= 1)), (scale, p)

@@ -55,12 +55,12 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import reduce as fold
 from typing import Union
 
 from napkin_cat import ops
-from napkin_cat.terms import Apply, Box, Const, Diagram, Expr, Param, Size, Var, relations, walk
+from napkin_cat.terms import Box, Const, Diagram, Expr, Param, Size, Var, expanded, relations, walk
 
 __all__ = ["DOMAIN", "EXTENDED", "FINITE", "INFINITE", "MASKS", "MASKS_TESTED", "RULES", "TOP", "UNARY", "Abstract",
            "Inputs", "Value", "abstract", "analyse", "class_of", "finite", "finite_fold_overflows", "finite_in",
@@ -428,14 +428,6 @@ class _Analysis:
             expr = self.defs[expr.name]
         return expr
 
-    def expanded(self, expr: Expr) -> Expr:
-        """``expr`` with every binding read through (the term it names, recursively)."""
-        if isinstance(expr, Var) and expr.name in self.defs and expr.name not in self.inputs:
-            return self.expanded(self.defs[expr.name])
-        if isinstance(expr, (Box, Apply)):
-            return replace(expr, args=tuple(self.expanded(a) for a in expr.args))
-        return expr
-
     def shifted(self, box: Box) -> Abstract | None:
         """``exp(s - L)`` with ``L`` an input given as ``logsumexp[x](s)`` (``given``; the same term
         s, bindings read through, reduced over any axes): in [0, 1].  The evaluator's logsumexp is
@@ -449,7 +441,7 @@ class _Analysis:
         shift = self.inputs.get(arg.args[1].name)
         relation = shift.given if shift is not None else None
         if not (isinstance(relation, Box) and relation.op == "logsumexp"
-                and self.expanded(arg.args[0]) == self.expanded(relation.args[0])):
+                and expanded(arg.args[0], self.defs) == expanded(relation.args[0], self.defs)):
             return None
         return Abstract(_v("0 +"), UNDERFLOW, 0.0)
 

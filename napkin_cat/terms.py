@@ -14,7 +14,7 @@ lowering and drawing reuse.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Union
 
 from napkin_cat.diagnostics import Span
@@ -653,6 +653,16 @@ def _piece(diagram: Diagram, name: str, roots: tuple[Expr, ...], written: Mappin
     used = set(axes_in_order(inputs, [*(let.expr for let in body), *roots]))
     return Diagram(name, inputs, body, tuple(roots), diagram.out_types if last else tuple(r.axes for r in roots),
                    tuple(a for a in diagram.axes if a.name in used), diagram.span)
+
+
+def expanded(expr: Expr, defs: Mapping[str, Expr]) -> Expr:
+    """``expr`` with every name ``defs`` binds replaced by its expression, recursively: the term
+    written out over the inputs (a relation's, ``relations``)."""
+    if isinstance(expr, Var) and expr.name in defs:
+        return expanded(defs[expr.name], defs)
+    if isinstance(expr, (Box, Apply)):
+        return replace(expr, args=tuple(expanded(a, defs) for a in expr.args))
+    return expr
 
 
 def relations(inputs: Sequence[Param]) -> dict[str, Expr]:

@@ -27,9 +27,11 @@ positions), ``0`` where it may fall below 2^-1074 (underflow: ``exp`` past -745)
   ``gelu``/``silu`` of ``-inf`` → nan (``-inf · 0``), of a negative possibly 0 (float64's
   ``1 + erf`` cancels, ``expit`` underflows); nan stays nan;
 - binary ops combine every pair of classes (``_PAIR``): ``+inf + -inf = nan``,
-  ``0 · ±inf = nan``, signs multiply; ``a - b = a + (-b)``, ``a / b = a · (1/b)``; and one
-  relational fact: the guarded divisor ``d + (1 - g)``, ``g`` = ``square(sign d)`` or
-  ``abs(sign d)``, is 1 where d = 0 and d elsewhere;
+  ``0 · ±inf = nan``, signs multiply; ``a - b = a + (-b)``, ``a / b = a · (1/b)``; and two
+  relational facts: the guarded divisor ``d + (1 - g)``, ``g`` = ``square(sign d)`` or
+  ``abs(sign d)``, is 1 where d = 0 and d elsewhere; gelu's slope term
+  ``(gelu(x) + c·e) / (x + e)``, ``e = 1 - square(sign x)``, is Φ(x) = gelu(x)/x in [0, 2]
+  (rounding included) where x ≠ 0 and c where x = 0, for a finite x (``_Analysis.gelu_ratio``);
 - a reduction over n ≥ 1 positions (up to 2^62 per axis it reduces: ``_entries``) folds its
   pair rule to a fixed point (every sum,
   product, maximum or minimum of one or more entries); ``mean`` as ``sum``; ``cumsum`` as
@@ -63,7 +65,7 @@ from napkin_cat import ops
 from napkin_cat.terms import Box, Const, Diagram, Expr, Param, Size, Var, expanded, relations, walk
 
 __all__ = ["DOMAIN", "EXTENDED", "FINITE", "INFINITE", "MASKS", "MASKS_TESTED", "RULES", "TOP", "UNARY", "Abstract",
-           "Inputs", "Value", "abstract", "analyse", "class_of", "finite", "finite_fold_overflows", "finite_in",
+           "Inputs", "Value", "abstract", "analyse", "class_of", "finite", "finite_in",
            "fold_overflows", "input_values", "masked", "narrowed", "rounds_to_infinity", "unsupported"]
 
 Value = frozenset[str]
@@ -351,6 +353,8 @@ def _rule(op: str) -> Rule:
         return lambda box, vs, an: _un(op, vs[0], an.rounds)
     if op == "add":
         return lambda box, vs, an: an.guarded(box, vs) or _bin("add", vs[0], vs[1], an.rounds)
+    if op == "div":
+        return lambda box, vs, an: an.gelu_ratio(box) or _bin("div", vs[0], vs[1], an.rounds)
     if kind == "binary":
         return lambda box, vs, an: _bin(op, vs[0], vs[1], an.rounds)
     if op == "logsumexp":
@@ -444,6 +448,27 @@ class _Analysis:
                 and expanded(arg.args[0], self.defs) == expanded(relation.args[0], self.defs)):
             return None
         return Abstract(_v("0 +"), UNDERFLOW, 0.0)
+
+    def gelu_ratio(self, box: Box) -> Abstract | None:
+        """``(gelu(x) + c·e) / (x + e)`` with ``e = 1 - square(sign x)`` (x or ``x - 0`` under the
+        sign; ``grad``'s slope of gelu, Φ(x)): for a finite x, e is exactly 0 where x ≠ 0, so the
+        value is gelu(x) / x = (1 + erf(x/√2)) / 2 as float64 rounds it, in [0, 2] (0.5·x of a
+        subnormal may round up); and c where x = 0 (e = 1).  None for any other division."""
+        n, d = (self.through(a) for a in box.args)
+        if not (isinstance(n, Box) and n.op == "add" and isinstance(d, Box) and d.op == "add"):
+            return None
+        x, e = (expanded(a, self.defs) for a in d.args)
+        g, scaled = (expanded(a, self.defs) for a in n.args)
+        zero = Box("sub", (Const(1.0), Box("square", (Box("sign", (x,), x.axes),), x.axes)), x.axes)
+        zero_of_diff = Box("sub", (Const(1.0), Box("square", (Box("sign", (Box("sub", (x, Const(0.0)), x.axes),),
+                                                                      x.axes),), x.axes)), x.axes)
+        if not (e in (zero, zero_of_diff) and g == Box("gelu", (x,), x.axes) and isinstance(scaled, Box)
+                and scaled.op == "mul" and isinstance(c := scaled.args[0], Const) and scaled.args[1] == e
+                and math.isfinite(c.value) and self.value(d.args[0]).classes <= FINITE):
+            return None
+        exact = math.log2(abs(c.value)) if c.value else 0.0
+        at_zero = Abstract(frozenset({class_of(c.value)}), exact, exact)
+        return _join(Abstract(_v("0 +"), UNDERFLOW, 1.0), at_zero)
 
     def guarded(self, box: Box, values: list[Abstract]) -> Abstract | None:
         """``d + (1 - g)`` with ``g`` = ``square(sign d)`` or ``abs(sign d)``: 1 where d = 0
@@ -602,15 +627,6 @@ def fold_overflows(box: Box, diagram: Diagram) -> bool:
     return box.op not in RULES or bool(RULES[box.op](box, finite_parts, an).classes - FINITE)
 
 
-def finite_fold_overflows(box: Box, diagram: Diagram) -> bool:
-    """``fold_overflows`` where every operand of ``box`` is finite (``finite_in``): a proof of
-    the accumulator's laws for finite operands then covers the use only if the fold cannot
-    overflow (a product of inputs: prod of seven 2^127 and 2^111, 2^127, 2^-126 is inf in
-    order, 2^1002 in chunks of 2).  Where an operand may be infinite, ``[extended: ...]``
-    backs it; see README "Proofs" for what that argument leaves open."""
-    return all(finite_in(diagram, a) for a in box.args) and fold_overflows(box, diagram)
-
-
 def narrowed(how: str, diagram: Diagram, terms: Mapping[str, Expr], rhs: Expr | None = None,
              fold: Box | None = None) -> str:
     """Certification's ``how`` for one use, its parameters matched to ``terms``: a proof
@@ -622,12 +638,15 @@ def narrowed(how: str, diagram: Diagram, terms: Mapping[str, Expr], rhs: Expr | 
     there, as ``exp(c)`` of ``exp(c - 5) = exp(c) · exp(-5)`` does at c = 712, where the left
     side is 1.1e307), so the right side is finite wherever the left side is.  With ``fold``, the
     box an accumulator streams, it covers the use only where that box's fold cannot overflow on
-    finite operands (``fold_overflows``: chunked, it could stay finite where the box is inf)."""
+    the finite entries of its operands (``fold_overflows``: chunked, it could stay finite where
+    the box is inf), whether or not they may also be infinite: ``[extended: ...]`` covers an
+    operand's ±inf and NaN entries, not large finite ones overflowing in another order
+    (``sum[x](exp(A) - exp(B))``: a, a, a, -a with a = 8.2e307 is inf in order, 1.6e308 in pairs)."""
     if not how.startswith("proved"):
         return how
     if _uncovered(diagram, terms, _listed(how, MASKS), _listed(how, EXTENDED)) is not None:
         return f"tested here (proved for finite terms, applied to one that may be infinite): {how[len('proved: '):]}"
-    if fold is not None and finite_fold_overflows(fold, diagram):
+    if fold is not None and fold_overflows(fold, diagram):
         return (f"tested here (proved over the reals, but float64 may overflow inside `{fold.op}` at these operands, "
                 f"where the order of the chunks decides whether it does): {how[len('proved: '):]}")
     if rhs is not None and (box := rounds_to_infinity(rhs, terms.values(), diagram)) is not None:

@@ -379,7 +379,7 @@ def test_an_extended_proof_covers_a_use_on_any_operand_under_strict() -> None:
 
 
 def test_a_fold_of_finite_operands_that_may_overflow_is_only_tested() -> None:
-    """finiteness.finite_fold_overflows: a proved accumulator's laws hold over the reals, and
+    """finiteness.fold_overflows (in narrowed): a proved accumulator's laws hold over the reals, and
     chunking reorders float64's overflow (prod of inputs: inf in order, 2^1001 in chunks of 2;
     tests/unsound/redteam_*_overflows_*), so a fold of finite operands that may reach 2^1024 is
     tested here, which --strict refuses; a sum of inputs (at most 2^191) stays proved."""
@@ -393,13 +393,12 @@ def test_a_fold_of_finite_operands_that_may_overflow_is_only_tested() -> None:
     assert loose.theorem is not None and any("may overflow inside `prod`" in t for t in loose.theorem.trust)
 
 
-@pytest.mark.xfail(strict=True, reason="open: [extended] backs a sum whose operand may be infinite, but not its "
-                                       "large finite entries overflowing in another order (README 'Proofs')")
 def test_a_sum_of_operands_that_may_overflow_is_not_proved_where_its_chunks_reorder_overflow() -> None:
     """sum[x](exp(A) - exp(B)) streamed in chunks of 2: at A = [709, 709, 709, -100], B reversed,
-    the entries are a, a, a, -a (a = 8.2e307), inf in order and 1.6e308 in chunks, yet --strict
-    accepts it: the operand may be inf (exp overflows), so [extended: X0] backs it.  Refusing it
-    would refuse the backward passes of proofs/ (README 'Proofs'): this records the hole."""
+    the entries are a, a, a, -a (a = 8.2e307), inf in order and 1.6e308 in chunks.  [extended: X0]
+    backs the operand's inf entries, not its large finite ones overflowing in another order, so the
+    fold's overflow narrows the proof to tested (finiteness.narrowed) and --strict refuses it; the
+    backward passes of proofs/ stay proved through their relations (L = logsumexp: exp(S - L) ≤ 1)."""
     from napkin_cat.schedule.run import run_schedule
 
     module = loads("axis x\ndiagram f(A: [x], B: [x]) -> [] {\n  return sum[x](exp(A) - exp(B))\n}\n"
@@ -463,3 +462,26 @@ def test_a_relation_bounds_exp_of_the_scores_shifted_by_their_logsumexp(term: st
             assert np.allclose(args[3], m + np.log(np.exp(s - m[:, None]).sum(axis=1)), rtol=1e-12)
             p = evaluate(diagram, args)
             assert np.all((p >= 0) & (p <= 1)), (scale, p)
+
+
+@pytest.mark.parametrize(("slope", "bounded"), [
+    ("(gelu(Z) + 0.5 * (1 - square(sign(Z)))) / (Z + (1 - square(sign(Z))))", True),  # examples/mlp_backward.ncd
+    ("(gelu(Z) + 0.5 * (1 - square(sign(Z - 0)))) / (Z + (1 - square(sign(Z - 0))))", True),  # grad's form
+    ("(gelu(Z) + 0.5 * (1 - square(sign(Z)))) / (T + (1 - square(sign(Z))))", False),  # another divisor
+    ("(gelu(T) + 0.5 * (1 - square(sign(Z)))) / (Z + (1 - square(sign(Z))))", False),  # gelu of another term
+    ("(exp(Z) + 0.5 * (1 - square(sign(Z)))) / (Z + (1 - square(sign(Z))))", False),
+    ("(gelu(Z) + 0.5 * (1 - square(sign(T)))) / (Z + (1 - square(sign(T))))", False),  # not Z's zero test
+])
+def test_the_gelu_slope_ratio_is_bounded(slope: str, bounded: bool) -> None:
+    """finiteness._Analysis.gelu_ratio: (gelu(x) + c·[x = 0]) / (x + [x = 0]) is Φ(x) in [0, 2] for a
+    finite x (the MLP backward's gelu slope), checked against the evaluator at extreme and subnormal x;
+    any other quotient keeps the generic rule (a ratio of unrelated terms may overflow)."""
+    text = f"axis t\ndiagram f(X: [t], T: [t]) -> [t] {{\n  Z = X * X * X * X * X * X * X\n  return {slope}\n}}\n"
+    diagram = loads(text).diagram("f")
+    value = abstract(diagram.outputs[0], {"Z": diagram.body[0].expr}, {"X": FINITE_CLASSES, "T": FINITE_CLASSES})
+    assert (value.classes <= {"0", "+"} and value.hi <= 1.0) is bounded, value
+    if bounded:
+        tiny = 2.0 ** -149
+        x = np.array([0.0, tiny, -tiny, 3 * tiny, 1e-30, -1e-30, 1.0, -1.0, 40.0, -40.0, 2.0**128, -2.0**128])
+        got = evaluate(diagram, [x, x])
+        assert np.all((got >= 0) & (got <= 2)), got

@@ -1,5 +1,5 @@
 """``napkin eval``: a diagram on seeded random inputs (standard normal; small sorted integers for an
-``int`` input), in float64."""
+``int`` input; an input a relation gives, its expression of the others: ``evaluate.related``), in float64."""
 
 from __future__ import annotations
 

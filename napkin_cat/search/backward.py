@@ -177,7 +177,9 @@ def passes(forward: Saving, name: str) -> tuple[Diagram, ...]:
             outs.append(named)
         kept = live(lets, outs)
         read = {n.name for let in kept for n in walk(let.expr) if isinstance(n, Var)}
-        inputs = tuple(replace(p, given=given[p.name]) if p.name in given else p for p in full.inputs if p.name in read)
+        stated = {n: g for n, g in given.items() if all(v.name in read for v in walk(g) if isinstance(v, Var))}
+        inputs = tuple(replace(p, given=stated[p.name]) if p.name in stated else p
+                       for p in full.inputs if p.name in read)
         built.append(replace(full, name=f"{name}_{k}", inputs=inputs,
                              body=kept, outputs=tuple(outs),
                              out_types=tuple(o.axes for o in outs)))

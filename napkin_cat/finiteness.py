@@ -57,12 +57,12 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import reduce as fold
 from typing import Union
 
 from napkin_cat import ops
-from napkin_cat.terms import Box, Const, Diagram, Expr, Param, Size, Var, expanded, relations, walk
+from napkin_cat.terms import Apply, Box, Const, Diagram, Expr, Param, Size, Var, relations, walk
 
 __all__ = ["DOMAIN", "EXTENDED", "FINITE", "INFINITE", "MASKS", "MASKS_TESTED", "RULES", "TOP", "UNARY", "Abstract",
            "Inputs", "Value", "abstract", "analyse", "class_of", "finite", "finite_in",
@@ -444,8 +444,7 @@ class _Analysis:
             return None
         shift = self.inputs.get(arg.args[1].name)
         relation = shift.given if shift is not None else None
-        if not (isinstance(relation, Box) and relation.op == "logsumexp"
-                and expanded(arg.args[0], self.defs) == expanded(relation.args[0], self.defs)):
+        if not (isinstance(relation, Box) and relation.op == "logsumexp" and self.same(arg.args[0], relation.args[0])):
             return None
         return Abstract(_v("0 +"), UNDERFLOW, 0.0)
 
@@ -457,18 +456,47 @@ class _Analysis:
         n, d = (self.through(a) for a in box.args)
         if not (isinstance(n, Box) and n.op == "add" and isinstance(d, Box) and d.op == "add"):
             return None
-        x, e = (expanded(a, self.defs) for a in d.args)
-        g, scaled = (expanded(a, self.defs) for a in n.args)
-        zero = Box("sub", (Const(1.0), Box("square", (Box("sign", (x,), x.axes),), x.axes)), x.axes)
-        zero_of_diff = Box("sub", (Const(1.0), Box("square", (Box("sign", (Box("sub", (x, Const(0.0)), x.axes),),
-                                                                      x.axes),), x.axes)), x.axes)
-        if not (e in (zero, zero_of_diff) and g == Box("gelu", (x,), x.axes) and isinstance(scaled, Box)
-                and scaled.op == "mul" and isinstance(c := scaled.args[0], Const) and scaled.args[1] == e
-                and math.isfinite(c.value) and self.value(d.args[0]).classes <= FINITE):
+        (x, e), (g, scaled) = d.args, (self.through(a) for a in n.args)
+        if not (isinstance(scaled, Box) and scaled.op == "mul" and isinstance(c := self.through(scaled.args[0]), Const)
+                and math.isfinite(c.value) and self.same(scaled.args[1], e) and isinstance(g, Box)
+                and g.op == "gelu" and self.same(g.args[0], x) and self.is_zero_test(e, x)
+                and self.value(x).classes <= FINITE):
             return None
         exact = math.log2(abs(c.value)) if c.value else 0.0
-        at_zero = Abstract(frozenset({class_of(c.value)}), exact, exact)
-        return _join(Abstract(_v("0 +"), UNDERFLOW, 1.0), at_zero)
+        return _join(Abstract(_v("0 +"), UNDERFLOW, 1.0), Abstract(frozenset({class_of(c.value)}), exact, exact))
+
+    def is_zero_test(self, e: Expr, x: Expr) -> bool:
+        """Is ``e`` the term ``1 - square(sign x)`` (or of ``x - 0``), bindings read through?"""
+        terms = [self.through(e)]
+        for op in ("sub", "square", "sign"):
+            last = terms[-1]
+            if not (isinstance(last, Box) and last.op == op):
+                return False
+            if op == "sub" and self.through(last.args[0]) != Const(1.0):
+                return False
+            terms.append(self.through(last.args[-1] if op == "sub" else last.args[0]))
+        inner = terms[-1]
+        return self.same(inner, x) or (isinstance(inner, Box) and inner.op == "sub" and self.same(inner.args[0], x)
+                                       and self.through(inner.args[1]) == Const(0.0))
+
+    def same(self, a: Expr, b: Expr) -> bool:
+        """Are ``a`` and ``b`` the same term, bindings read through?  Memoised per call, so that a
+        binding used twice is compared once (a DAG is not unfolded); a zero's sign counts."""
+        memo: dict[tuple[int, int], bool] = {}
+
+        def equal(a: Expr, b: Expr) -> bool:
+            a, b = self.through(a), self.through(b)
+            if a is b:
+                return True
+            if not (isinstance(a, (Box, Apply)) and type(a) is type(b)):
+                return a == b and not (isinstance(a, Const) and isinstance(b, Const)
+                                       and math.copysign(1.0, a.value) != math.copysign(1.0, b.value))
+            if (id(a), id(b)) not in memo:
+                memo[id(a), id(b)] = len(a.args) == len(b.args) and replace(a, args=()) == replace(b, args=()) \
+                    and all(equal(x, y) for x, y in zip(a.args, b.args, strict=True))
+            return memo[id(a), id(b)]
+
+        return equal(a, b)
 
     def guarded(self, box: Box, values: list[Abstract]) -> Abstract | None:
         """``d + (1 - g)`` with ``g`` = ``square(sign d)`` or ``abs(sign d)``: 1 where d = 0

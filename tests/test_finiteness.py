@@ -485,3 +485,20 @@ def test_the_gelu_slope_ratio_is_bounded(slope: str, bounded: bool) -> None:
         x = np.array([0.0, tiny, -tiny, 3 * tiny, 1e-30, -1e-30, 1.0, -1.0, 40.0, -40.0, 2.0**128, -2.0**128])
         got = evaluate(diagram, [x, x])
         assert np.all((got >= 0) & (got <= 2)), got
+
+
+def test_the_relational_rules_compare_terms_without_unfolding_bindings() -> None:
+    """_Analysis.same reads bindings through memoised, so a DAG of 60 doublings (2^60 nodes
+    written out) is compared at once; and a zero's sign counts (recip(X·0) is +inf where
+    recip(X·-0) is -inf), so the relation's scores are not matched by such a term."""
+    body = "".join(f"  A{k + 1} = A{k} + A{k}\n" for k in range(60))
+    text = (f"axis x\ndiagram f(X: [x], T: [x]) -> [x] {{\n  A0 = X\n{body}"
+            "  Z = A60 * A60\n  return (gelu(Z) + 0.5 * (1 - square(sign(Z)))) / (Z + (1 - square(sign(Z))))\n}\n")
+    diagram = loads(text).diagram("f")
+    from napkin_cat.finiteness import finite_in
+
+    assert finite_in(diagram, diagram.outputs[0])  # Z = (2^60 X)^2 ≤ 2^376 is finite: Φ(Z) in [0, 2]
+    signed = ("axis q, x\ndiagram f(X: [q x], L: [q]) -> [q x] given L = logsumexp[x](recip(X * 0.0)) {\n"
+              "  return exp(recip(X * -0.0) - L)\n}\n")
+    d = loads(signed).diagram("f")
+    assert not finite_in(d, d.outputs[0])

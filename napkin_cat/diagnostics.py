@@ -79,6 +79,9 @@ MESSAGES: dict[str, str] = {
     "axis.bad_size": "axis `{axis}` has size {size}; sizes must be positive integers up to {limit}",
     "axis.bad_tile": "{kind} `{axis}` by {size}: a tile must be a name or a positive integer up to {limit}",
     "type.return_mismatch": "return type mismatch: declared {declared}, got {actual}",
+    "relation.reads": "the relation giving `{input}` reads `{name}`, {what}: a relation is an expression of the "
+                      "diagram's other inputs",
+    "relation.type": "the relation giving `{input}` has type {actual}; the input is declared {declared}",
     "type.return_count": "`{diagram}` declares {declared} outputs but returns {actual}",
     "type.arg_missing_axis": "argument {index} of `{callee}` must have axes {expected}; it has {actual}",
     "type.predicate_outside_where": "a comparison or logical operator is only allowed as the condition of `where`",

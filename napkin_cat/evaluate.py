@@ -41,6 +41,7 @@ from napkin_cat.terms import (
     Var,
     fold_index,
     fold_pred,
+    relations,
     run_diagram,
     union_axes,
     walk,
@@ -48,7 +49,7 @@ from napkin_cat.terms import (
 
 __all__ = ["FLOAT32", "FLOAT64", "INDEX_ARITH", "INPUT_RANGE", "MAX_POINTS_EVALUATED", "SYMBOLIC", "Algebra",
            "Interpreter", "Named", "bind_sizes", "einsum_spec", "evaluate", "evaluate_named", "iteration_spaces",
-           "largest_space", "refuse_too_large", "sample_integers", "visitor"]
+           "largest_space", "refuse_too_large", "related", "sample_integers", "visitor"]
 
 #: the most points (array positions) one box's iteration space or one input may have in an
 #: evaluation: 2^26 float64 values are 512 MiB, and a box holds a few such arrays at once
@@ -656,6 +657,25 @@ def evaluate(diagram: Diagram, arrays: Sequence[Any], sizes: Mapping[str, int] |
     inputs = [Named(p.axes, d) for p, d in zip(diagram.inputs, data, strict=True)]
     outs = tuple(o.data for o in evaluate_named(diagram, inputs, bound, algebra))
     return outs[0] if len(outs) == 1 else outs
+
+
+def related(diagram: Diagram, arrays: Sequence[Any], sizes: Mapping[str, int]) -> list[Any]:
+    """``arrays`` (values of ``diagram``'s inputs in declared order, as a seeded test draws them) with
+    each input a relation gives (``terms.relations``: ``given L = logsumexp[x](S)``) replaced by its
+    expression evaluated in float64 on the others: the diagram claims nothing of other inputs, so every
+    test that draws inputs for a diagram draws them through this (README "Proofs")."""
+    given = relations(diagram.inputs)
+    if not given:
+        return list(arrays)
+    free = tuple(p for p in diagram.inputs if p.name not in given)
+    named = [Named(p.axes, FLOAT64.asarray(a)) for p, a in zip(diagram.inputs, arrays, strict=True)
+             if p.name not in given]
+    out = list(arrays)
+    for k, p in enumerate(diagram.inputs):
+        if p.name in given:
+            relation = Diagram(f"{diagram.name}_{p.name}", free, (), (given[p.name],), (p.axes,), diagram.axes)
+            out[k] = evaluate_named(relation, named, dict(sizes))[0].data
+    return out
 
 
 def sample_integers(rng: np.random.Generator, shape: Sequence[int], runs: int = 4) -> np.ndarray:

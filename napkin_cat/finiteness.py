@@ -29,9 +29,11 @@ positions), ``0`` where it may fall below 2^-1074 (underflow: ``exp`` past -745)
   bounds put it above 1 (below 1) is positive (negative): ``log(16)``; ``floor`` keeps ±inf and a negative's sign, and
   makes a positive value below 1 zero, its non-zero values at least 1 in magnitude; nan stays nan;
 - binary ops combine every pair of classes (``_PAIR``): ``+inf + -inf = nan``,
-  ``0 · ±inf = nan``, signs multiply; ``a - b = a + (-b)``, ``a / b = a · (1/b)``; and one
-  relational fact: the guarded divisor ``d + (1 - g)``, ``g`` = ``square(sign d)`` or
-  ``abs(sign d)``, is 1 where d = 0 and d elsewhere;
+  ``0 · ±inf = nan``, signs multiply; ``a - b = a + (-b)``, ``a / b = a · (1/b)``; and two
+  relational facts: the guarded divisor ``d + (1 - g)``, ``g`` = ``square(sign d)`` or
+  ``abs(sign d)``, is 1 where d = 0 and d elsewhere; gelu's slope term
+  ``(gelu(x) + c·e) / (x + e)``, ``e = 1 - square(sign x)``, is Φ(x) = gelu(x)/x in [0, 2]
+  (rounding included) where x ≠ 0 and c where x = 0, for a finite x (``_Analysis.gelu_ratio``);
 - a reduction over n ≥ 1 positions (up to 2^62 per axis it reduces: ``_entries``) folds its
   pair rule to a fixed point (every sum,
   product, maximum or minimum of one or more entries); ``mean`` as ``sum``; ``cumsum`` as
@@ -41,6 +43,11 @@ positions), ``0`` where it may fall below 2^-1074 (underflow: ``exp`` past -745)
   is 0) composes those rules; exp's weights read scores shifted by their finite maximum, so
   are in [0, 1] (the relational fact s - max s ≤ 0); ``contract`` is the sum of the product
   of its operands;
+- input relations (``given L = logsumexp[x](s)``, ``terms.relations``: the diagram claims only
+  inputs where L is that expression of its other inputs, a backward pass's saved statistic):
+  ``exp(s - L)`` of the same term s (bindings read through) is in [0, 1], since the evaluator's
+  logsumexp is at least its maximum and L is finite (``_Analysis.shifted``); no other use of a
+  relation (an input it gives is otherwise any finite value, as every input);
 - ``where`` is either operand, ``index`` a finite integer, ``onehot`` 0 or 1, reshapes
   and renames keep their operand's classes.
 
@@ -52,15 +59,15 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import reduce as fold
 from typing import Union
 
 from napkin_cat import ops
-from napkin_cat.terms import Box, Const, Diagram, Expr, Param, Size, Var, walk
+from napkin_cat.terms import Apply, Box, Const, Diagram, Expr, Param, Size, Var, relations, walk
 
 __all__ = ["DOMAIN", "EXTENDED", "FINITE", "INFINITE", "MASKS", "MASKS_TESTED", "RULES", "TOP", "UNARY", "Abstract",
-           "Inputs", "Value", "abstract", "analyse", "class_of", "finite", "finite_fold_overflows", "finite_in",
+           "Inputs", "Value", "abstract", "analyse", "class_of", "finite", "finite_in",
            "fold_overflows", "input_values", "masked", "narrowed", "rounds_to_infinity", "unsupported"]
 
 Value = frozenset[str]
@@ -182,11 +189,13 @@ ROUNDING = 2.0 ** (POSITIONS - 53.0) * LOG2E
 
 @dataclass(frozen=True)
 class Abstract:
-    """A term's classes, and ``lo ≤ log2 |x| ≤ hi`` for its finite non-zero entries."""
+    """A term's classes, and ``lo ≤ log2 |x| ≤ hi`` for its finite non-zero entries; ``given``, for
+    an input a relation gives (``terms.relations``), the expression of the other inputs it equals."""
 
     classes: Value
     lo: float = UNDERFLOW
     hi: float = OVERFLOW
+    given: Expr | None = field(default=None, compare=False)
 
 
 def _float64(classes: Value, lo: float, hi: float, rounds: bool) -> Abstract:
@@ -351,10 +360,14 @@ def _lse(a: Abstract, rounds: bool, entries: float) -> Abstract:
 
 def _rule(op: str) -> Rule:
     kind = ops.OPS[op].kind
+    if op == "exp":
+        return lambda box, vs, an: an.shifted(box) or _un(op, vs[0], an.rounds)
     if kind == "unary":
         return lambda box, vs, an: _un(op, vs[0], an.rounds)
     if op == "add":
         return lambda box, vs, an: an.guarded(box, vs) or _bin("add", vs[0], vs[1], an.rounds)
+    if op == "div":
+        return lambda box, vs, an: an.gelu_ratio(box) or _bin("div", vs[0], vs[1], an.rounds)
     if kind == "binary":
         return lambda box, vs, an: _bin(op, vs[0], vs[1], an.rounds)
     if op == "logsumexp":
@@ -432,6 +445,72 @@ class _Analysis:
             expr = self.defs[expr.name]
         return expr
 
+    def shifted(self, box: Box) -> Abstract | None:
+        """``exp(s - L)`` with ``L`` an input given as ``logsumexp[x](s)`` (``given``; the same term
+        s, bindings read through, reduced over any axes): in [0, 1].  The evaluator's logsumexp is
+        m + log1p(k - 1 + Σ exp(s - m)) ≥ m, the maximum, and L is finite (the domain), so every
+        entry of s is ``-inf`` or finite and at most L (a row of s with a +inf, a NaN or only -inf
+        entries has no such L); s - L is ``-inf`` or ≤ 0, its exp 0 or in (0, 1] (0 where it
+        underflows).  None for any other exp."""
+        arg = self.through(box.args[0])
+        if not (isinstance(arg, Box) and arg.op == "sub" and isinstance(arg.args[1], Var)):
+            return None
+        shift = self.inputs.get(arg.args[1].name)
+        relation = shift.given if shift is not None else None
+        if not (isinstance(relation, Box) and relation.op == "logsumexp" and self.same(arg.args[0], relation.args[0])):
+            return None
+        return Abstract(_v("0 +"), UNDERFLOW, 0.0)
+
+    def gelu_ratio(self, box: Box) -> Abstract | None:
+        """``(gelu(x) + c·e) / (x + e)`` with ``e = 1 - square(sign x)`` (x or ``x - 0`` under the
+        sign; ``grad``'s slope of gelu, Φ(x)): for a finite x, e is exactly 0 where x ≠ 0, so the
+        value is gelu(x) / x = (1 + erf(x/√2)) / 2 as float64 rounds it, in [0, 2] (0.5·x of a
+        subnormal may round up); and c where x = 0 (e = 1).  None for any other division."""
+        n, d = (self.through(a) for a in box.args)
+        if not (isinstance(n, Box) and n.op == "add" and isinstance(d, Box) and d.op == "add"):
+            return None
+        (x, e), (g, scaled) = d.args, (self.through(a) for a in n.args)
+        if not (isinstance(scaled, Box) and scaled.op == "mul" and isinstance(c := self.through(scaled.args[0]), Const)
+                and math.isfinite(c.value) and self.same(scaled.args[1], e) and isinstance(g, Box)
+                and g.op == "gelu" and self.same(g.args[0], x) and self.is_zero_test(e, x)
+                and self.value(x).classes <= FINITE):
+            return None
+        exact = math.log2(abs(c.value)) if c.value else 0.0
+        return _join(Abstract(_v("0 +"), UNDERFLOW, 1.0), Abstract(frozenset({class_of(c.value)}), exact, exact))
+
+    def is_zero_test(self, e: Expr, x: Expr) -> bool:
+        """Is ``e`` the term ``1 - square(sign x)`` (or of ``x - 0``), bindings read through?"""
+        terms = [self.through(e)]
+        for op in ("sub", "square", "sign"):
+            last = terms[-1]
+            if not (isinstance(last, Box) and last.op == op):
+                return False
+            if op == "sub" and self.through(last.args[0]) != Const(1.0):
+                return False
+            terms.append(self.through(last.args[-1] if op == "sub" else last.args[0]))
+        inner = terms[-1]
+        return self.same(inner, x) or (isinstance(inner, Box) and inner.op == "sub" and self.same(inner.args[0], x)
+                                       and self.through(inner.args[1]) == Const(0.0))
+
+    def same(self, a: Expr, b: Expr) -> bool:
+        """Are ``a`` and ``b`` the same term, bindings read through?  Memoised per call, so that a
+        binding used twice is compared once (a DAG is not unfolded); a zero's sign counts."""
+        memo: dict[tuple[int, int], bool] = {}
+
+        def equal(a: Expr, b: Expr) -> bool:
+            a, b = self.through(a), self.through(b)
+            if a is b:
+                return True
+            if not (isinstance(a, (Box, Apply)) and type(a) is type(b)):
+                return a == b and not (isinstance(a, Const) and isinstance(b, Const)
+                                       and math.copysign(1.0, a.value) != math.copysign(1.0, b.value))
+            if (id(a), id(b)) not in memo:
+                memo[id(a), id(b)] = len(a.args) == len(b.args) and replace(a, args=()) == replace(b, args=()) \
+                    and all(equal(x, y) for x, y in zip(a.args, b.args, strict=True))
+            return memo[id(a), id(b)]
+
+        return equal(a, b)
+
     def guarded(self, box: Box, values: list[Abstract]) -> Abstract | None:
         """``d + (1 - g)`` with ``g`` = ``square(sign d)`` or ``abs(sign d)``: 1 where d = 0
         (the evaluator's and the VJP's guard of a divisor that may be 0), d elsewhere
@@ -497,13 +576,16 @@ def _defs(diagram: Diagram) -> dict[str, Expr]:
 
 
 def input_values(params: Iterable[Param]) -> dict[str, Abstract]:
-    """Each input's value: finite within ``DOMAIN`` (the domain), except an array an earlier
-    kernel of a chain wrote (``Param.written``, ``terms.cut``), which holds what the diagram
-    computing it gives (``exp`` of an input may be ``+inf`` there)."""
+    """Each input's value: finite within ``DOMAIN`` (the domain; one a relation gives also knows
+    the expression it equals: ``_Analysis.shifted``), except an array an earlier kernel of a
+    chain wrote (``Param.written``, ``terms.cut``), which holds what the diagram computing it
+    gives (``exp`` of an input may be ``+inf`` there)."""
     out: dict[str, Abstract] = {}
+    params = tuple(params)
+    given = relations(params)
     for p in params:
         w = p.written
-        out[p.name] = Abstract(FINITE, *DOMAIN) if w is None else \
+        out[p.name] = Abstract(FINITE, *DOMAIN, given.get(p.name)) if w is None else \
             _Analysis(_defs(w), input_values(w.inputs)).value(w.outputs[0]) if len(w.outputs) == 1 else Abstract(TOP)
     return out
 
@@ -586,15 +668,6 @@ def fold_overflows(box: Box, diagram: Diagram) -> bool:
     return box.op not in RULES or bool(RULES[box.op](box, finite_parts, an).classes - FINITE)
 
 
-def finite_fold_overflows(box: Box, diagram: Diagram) -> bool:
-    """``fold_overflows`` where every operand of ``box`` is finite (``finite_in``): a proof of
-    the accumulator's laws for finite operands then covers the use only if the fold cannot
-    overflow (a product of inputs: prod of seven 2^127 and 2^111, 2^127, 2^-126 is inf in
-    order, 2^1002 in chunks of 2).  Where an operand may be infinite, ``[extended: ...]``
-    backs it; see README "Proofs" for what that argument leaves open."""
-    return all(finite_in(diagram, a) for a in box.args) and fold_overflows(box, diagram)
-
-
 def narrowed(how: str, diagram: Diagram, terms: Mapping[str, Expr], rhs: Expr | None = None,
              fold: Box | None = None) -> str:
     """Certification's ``how`` for one use, its parameters matched to ``terms``: a proof
@@ -606,12 +679,15 @@ def narrowed(how: str, diagram: Diagram, terms: Mapping[str, Expr], rhs: Expr | 
     there, as ``exp(c)`` of ``exp(c - 5) = exp(c) · exp(-5)`` does at c = 712, where the left
     side is 1.1e307), so the right side is finite wherever the left side is.  With ``fold``, the
     box an accumulator streams, it covers the use only where that box's fold cannot overflow on
-    finite operands (``fold_overflows``: chunked, it could stay finite where the box is inf)."""
+    the finite entries of its operands (``fold_overflows``: chunked, it could stay finite where
+    the box is inf), whether or not they may also be infinite: ``[extended: ...]`` covers an
+    operand's ±inf and NaN entries, not large finite ones overflowing in another order
+    (``sum[x](exp(A) - exp(B))``: a, a, a, -a with a = 8.2e307 is inf in order, 1.6e308 in pairs)."""
     if not how.startswith("proved"):
         return how
     if _uncovered(diagram, terms, _listed(how, MASKS), _listed(how, EXTENDED)) is not None:
         return f"tested here (proved for finite terms, applied to one that may be infinite): {how[len('proved: '):]}"
-    if fold is not None and finite_fold_overflows(fold, diagram):
+    if fold is not None and fold_overflows(fold, diagram):
         return (f"tested here (proved over the reals, but float64 may overflow inside `{fold.op}` at these operands, "
                 f"where the order of the chunks decides whether it does): {how[len('proved: '):]}")
     if rhs is not None and (box := rounds_to_infinity(rhs, terms.values(), diagram)) is not None:

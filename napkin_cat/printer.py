@@ -119,8 +119,9 @@ def _params(params: tuple[Param, ...]) -> str:
 
 
 def print_diagram(diagram: Diagram) -> str:
+    given = ", ".join(f"{p.name} = {print_expr(p.given)}" for p in diagram.inputs if p.given is not None)
     lines = [f"diagram {diagram.name}({_params(diagram.inputs)}) -> "
-             f"{', '.join(_type(t) for t in diagram.out_types)} {{"]
+             f"{', '.join(_type(t) for t in diagram.out_types)}{' given ' + given if given else ''} {{"]
     for let in diagram.body:
         lines.append(f"  {', '.join(let.names)} = {print_expr(let.expr)}")
     lines.append(f"  return {', '.join(print_expr(o) for o in diagram.outputs)}")

@@ -23,7 +23,7 @@ from napkin_cat.certify import approximation, rules
 from napkin_cat.certify.accumulators import chunk
 from napkin_cat.diagnostics import Diagnostic, NapkinError, did_you_mean, error
 from napkin_cat.elaborate import load
-from napkin_cat.evaluate import FLOAT64, Named, evaluate_named, sample_integers
+from napkin_cat.evaluate import FLOAT64, Named, evaluate_named, related, sample_integers
 from napkin_cat.printer import print_expr
 from napkin_cat.terms import (
     Box,
@@ -316,8 +316,9 @@ def _counterexample(diagram: Diagram, step: Partition) -> str | None:
     if any(n > 4096 for n in sizes.values()):
         return None
     rng = np.random.default_rng(0)
-    inputs = [Named(p.axes, (sample_integers if p.integer else _normal)(rng, [sizes[a] for a in p.axes]))
-              for p in diagram.inputs]
+    drawn = related(diagram, [(sample_integers if p.integer else _normal)(rng, [sizes[a] for a in p.axes])
+                              for p in diagram.inputs], sizes)
+    inputs = [Named(p.axes, x) for p, x in zip(diagram.inputs, drawn, strict=True)]
     try:
         whole = evaluate_named(diagram, inputs, dict(sizes), FLOAT64)
         n = sizes[step.axis]

@@ -14,7 +14,7 @@ lowering and drawing reuse.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Union
 
 from napkin_cat.diagnostics import Span
@@ -199,13 +199,16 @@ class Param:
     lengths, page tables: what comparisons, masks and gathers read); ``written`` for an array an
     earlier kernel of a chain wrote (``cut``): the diagram computing it from the chain's inputs,
     which the finiteness analysis reads its values through (it need not be finite, nor within
-    the inputs' range)."""
+    the inputs' range); ``given`` for an input the diagram states equal to an expression of its
+    other inputs (``given L = logsumexp[x](S)``: a backward pass reads the forward's saved
+    statistic), the diagram claimed only for inputs where it is (``relations``)."""
 
     name: str
     axes: Axes
     span: Span | None = field(default=None, compare=False, repr=False)
     integer: bool = False
     written: Diagram | None = field(default=None, repr=False)
+    given: Expr | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -650,6 +653,25 @@ def _piece(diagram: Diagram, name: str, roots: tuple[Expr, ...], written: Mappin
     used = set(axes_in_order(inputs, [*(let.expr for let in body), *roots]))
     return Diagram(name, inputs, body, tuple(roots), diagram.out_types if last else tuple(r.axes for r in roots),
                    tuple(a for a in diagram.axes if a.name in used), diagram.span)
+
+
+def expanded(expr: Expr, defs: Mapping[str, Expr]) -> Expr:
+    """``expr`` with every name ``defs`` binds replaced by its expression, recursively: the term
+    written out over the inputs (a relation's, ``relations``)."""
+    if isinstance(expr, Var) and expr.name in defs:
+        return expanded(defs[expr.name], defs)
+    if isinstance(expr, (Box, Apply)):
+        return replace(expr, args=tuple(expanded(a, defs) for a in expr.args))
+    return expr
+
+
+def relations(inputs: Sequence[Param]) -> dict[str, Expr]:
+    """The inputs (a diagram's) given as expressions of the other inputs (``Param.given``), each
+    one's expression: those whose expression reads only inputs that are neither given nor written
+    (a kernel of a chain that lacks an input a relation reads keeps none of it)."""
+    free = {p.name for p in inputs if p.given is None and p.written is None}
+    return {p.name: p.given for p in inputs if p.given is not None
+            and all(n.name in free for n in walk(p.given) if isinstance(n, Var))}
 
 
 def match_axes(pattern: Axes, actual: Axes, axes: dict[str, str]) -> bool:

@@ -50,7 +50,7 @@ from napkin_cat import certify, kernel
 from napkin_cat.certify import rules
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.elaborate import loads
-from napkin_cat.evaluate import FLOAT32, evaluate
+from napkin_cat.evaluate import FLOAT32, evaluate, related
 from napkin_cat.lower import lower
 from napkin_cat.lower.skip import unmaskable
 from napkin_cat.printer import print_diagram, print_step
@@ -135,7 +135,7 @@ def run_case(module: Module, data: st.DataObject,
         return None  # a declared size that a tile without pad does not divide
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     drawn = [_input(data.draw, rng, [sizes[a] for a in p.axes]) for p in thm.source.inputs]
-    arrays = [base + grid for base, grid in drawn]
+    arrays = related(thm.source, [base + grid for base, grid in drawn], sizes)  # relations: README "Proofs"
     try:
         want = cases.as_tuple(evaluate(thm.source, arrays, sizes=sizes))
     except NapkinError as exc:
@@ -146,7 +146,8 @@ def run_case(module: Module, data: st.DataObject,
         return None
     # An ill-conditioned case (a normaliser near 0, a sum that cancels) is no lowering question:
     # the float64 evaluator itself leaves the tolerance when the inputs move by a few f32 ulps.
-    nudged = [base + grid * (1 + 2.0**-20 * rng.choice((-1.0, 1.0), np.shape(grid))) for base, grid in drawn]
+    nudged = related(thm.source, [base + grid * (1 + 2.0**-20 * rng.choice((-1.0, 1.0), np.shape(grid)))
+                                  for base, grid in drawn], sizes)
     moved = cases.as_tuple(evaluate(thm.source, nudged, sizes=sizes))
     if not all(cases.agrees(np.asarray(m, np.float64), w) for m, w in zip(moved, wants, strict=True)):
         return None

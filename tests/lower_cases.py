@@ -25,7 +25,7 @@ import numpy as np
 
 from napkin_cat import loads
 from napkin_cat.certify.approximation import label_inputs
-from napkin_cat.evaluate import Named, evaluate, sample_integers, visitor
+from napkin_cat.evaluate import Named, evaluate, related, sample_integers, visitor
 from napkin_cat.kernel import Theorem
 from napkin_cat.ops import inlined
 from napkin_cat.proof import check_file, check_module, prove
@@ -137,7 +137,7 @@ def inputs(theorem: Any, seed: int, low: int = 17, high: int = 100) -> tuple[dic
             arrays.append(sample_integers(rng, shape))
         else:
             arrays.append(rng.standard_normal(shape))
-    return sizes, arrays
+    return sizes, related(diagram, arrays, sizes)  # an input a relation gives: its value (README "Proofs")
 
 
 def extreme_inputs(theorem: Any, seed: int) -> tuple[dict[str, int], list[np.ndarray], float]:
@@ -154,6 +154,8 @@ def extreme_inputs(theorem: Any, seed: int) -> tuple[dict[str, int], list[np.nda
     for step in range(60):
         scaled = [a if name in labels else (a * 2.0**step).astype(np.float32).astype(np.float64)
                   for name, a in zip(names, arrays, strict=True)]
+        scaled = [a if name in labels else a.astype(np.float32).astype(np.float64)  # relations recomputed, in f32
+                  for name, a in zip(names, related(theorem.result, scaled, sizes), strict=True)]
         with np.errstate(all="ignore"):
             outs = [np.asarray(o, np.float64) for o in reference(theorem, scaled, sizes)]
         count = sum(int(np.sum(~np.isfinite(o))) for o in outs)

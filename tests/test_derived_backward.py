@@ -320,3 +320,28 @@ def test_fused_attention_with_a_derived_backward():
     want = jax.grad(lambda q, k, v: jnp.sum(reference(q, k, v) ** 2), argnums=(0, 1, 2))(q, k, v)
     for g, w in zip(grads, want, strict=True):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-3, rtol=1e-3)
+
+
+def test_the_derived_passes_give_each_statistic_as_the_forwards_logsumexp():
+    """search.backward.passes: each pass reading a statistic L states it as the forward's
+    logsumexp over the inputs (Param.given), which the forward's saved L satisfies
+    (evaluate.related computes the same value), and the printed pass parses back with it."""
+    from napkin_cat.evaluate import related
+    from napkin_cat.printer import print_diagram
+    from napkin_cat.terms import relations
+
+    module = load(EXAMPLES / "attention.ncd")
+    forward = saving(module.diagram("attention"), "fwd")
+    (stat,) = forward.statistics
+    rng = np.random.default_rng(0)
+    sizes = {"q": 3, "x": 5, "d": 64}
+    values = {p.name: 30 * rng.standard_normal([sizes[a] for a in p.axes]) for p in forward.diagram.inputs}
+    outs = evaluate(forward.diagram, [values[p.name] for p in forward.diagram.inputs], sizes=sizes)
+    values |= {o.name: v for o, v in zip(forward.diagram.outputs, outs, strict=True) if isinstance(o, Var)}
+    for b in passes(forward, "bwd"):
+        assert stat in relations(b.inputs), b.name
+        values |= {p.name: rng.standard_normal([sizes[a] for a in p.axes]) for p in b.inputs if p.name not in values}
+        drawn = related(b, [values[p.name] + (p.name == stat) for p in b.inputs], sizes)
+        assert np.allclose(drawn[[p.name for p in b.inputs].index(stat)], values[stat], rtol=1e-12)
+        axes = "axis " + ", ".join(a.name for a in b.axes) + "\n"
+        assert loads(axes + print_diagram(b)).diagram(b.name).inputs == b.inputs

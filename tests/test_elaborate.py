@@ -188,6 +188,22 @@ CASES = [
      "`split` takes two or more axis name(s) after `->`, got 1", None),
     (HEAD + "diagram f(X: [i j]) -> [n] { return join[i j -> n j](X) }\n", "box.axis_count", 3, 37,
      "`join` takes 1 axis name(s) after `->`, got 2", None),
+    # input relations (`given`): an expression of the other inputs, of the input's type
+    (HEAD + "diagram f(X: [i j], L: [i]) -> [i] given L = sum[j](L) {\n  return L\n}\n", "relation.reads", 3, 53,
+     "the relation giving `L` reads `L`, the input itself: a relation is an expression of the diagram's other "
+     "inputs", None),
+    (HEAD + "diagram f(X: [i j], L: [i]) -> [i] given L = sum[j](Y) {\n  Y = exp(X)\n  return L\n}\n",
+     "relation.reads", 3, 53, "the relation giving `L` reads `Y`, a binding of the body: a relation is an "
+     "expression of the diagram's other inputs", None),
+    (HEAD + "diagram f(X: [i j], L: [i], M: [i]) -> [i] given L = sum[j](X), M = L {\n  return L\n}\n",
+     "relation.reads", 3, 69, "the relation giving `M` reads `L`, an input a relation gives: a relation is an "
+     "expression of the diagram's other inputs", None),
+    (HEAD + "diagram f(X: [i j], L: [i]) -> [i] given L = X {\n  return L\n}\n", "relation.type", 3, 46,
+     "the relation giving `L` has type [i j]; the input is declared [i]", None),
+    (HEAD + "diagram f(X: [i j], L: [i]) -> [i] given M = X {\n  return L\n}\n", "name.unknown", 3, 42,
+     "unknown input `M`", None),
+    (HEAD + "diagram f(X: [i j], L: [i]) -> [i] given L = sum[j](Z) {\n  return L\n}\n", "name.unknown", 3, 53,
+     "unknown name `Z`", None),
 ]
 
 

@@ -379,7 +379,7 @@ def test_an_extended_proof_covers_a_use_on_any_operand_under_strict() -> None:
 
 
 def test_a_fold_of_finite_operands_that_may_overflow_is_only_tested() -> None:
-    """finiteness.finite_fold_overflows: a proved accumulator's laws hold over the reals, and
+    """finiteness.fold_overflows (in narrowed): a proved accumulator's laws hold over the reals, and
     chunking reorders float64's overflow (prod of inputs: inf in order, 2^1001 in chunks of 2;
     tests/unsound/redteam_*_overflows_*), so a fold of finite operands that may reach 2^1024 is
     tested here, which --strict refuses; a sum of inputs (at most 2^191) stays proved."""
@@ -393,13 +393,12 @@ def test_a_fold_of_finite_operands_that_may_overflow_is_only_tested() -> None:
     assert loose.theorem is not None and any("may overflow inside `prod`" in t for t in loose.theorem.trust)
 
 
-@pytest.mark.xfail(strict=True, reason="open: [extended] backs a sum whose operand may be infinite, but not its "
-                                       "large finite entries overflowing in another order (README 'Proofs')")
 def test_a_sum_of_operands_that_may_overflow_is_not_proved_where_its_chunks_reorder_overflow() -> None:
     """sum[x](exp(A) - exp(B)) streamed in chunks of 2: at A = [709, 709, 709, -100], B reversed,
-    the entries are a, a, a, -a (a = 8.2e307), inf in order and 1.6e308 in chunks, yet --strict
-    accepts it: the operand may be inf (exp overflows), so [extended: X0] backs it.  Refusing it
-    would refuse the backward passes of proofs/ (README 'Proofs'): this records the hole."""
+    the entries are a, a, a, -a (a = 8.2e307), inf in order and 1.6e308 in chunks.  [extended: X0]
+    backs the operand's inf entries, not its large finite ones overflowing in another order, so the
+    fold's overflow narrows the proof to tested (finiteness.narrowed) and --strict refuses it; the
+    backward passes of proofs/ stay proved through their relations (L = logsumexp: exp(S - L) ≤ 1)."""
     from napkin_cat.schedule.run import run_schedule
 
     module = loads("axis x\ndiagram f(A: [x], B: [x]) -> [] {\n  return sum[x](exp(A) - exp(B))\n}\n"
@@ -426,3 +425,80 @@ def test_a_reduction_over_several_axes_folds_more_entries() -> None:
     alone = loads("axis x\ndiagram f(S: [x]) -> [] {\n  L = logsumexp[x](tanh(S))\n  E = exp(8 * L)\n"
                   "  return E\n}\n").diagram("f")
     assert finite(alone.body[1].expr, {let.names[0]: let.expr for let in alone.body}, {"S"})
+
+
+RELATED = ("axis q, x, d\ndiagram f(Q: [q d], K: [x d], T: [q x], L: [q]) -> [q x]\n"
+           "    given L = logsumexp[x](contract[d](Q, K) * rsqrt(d)) {{\n"
+           "  S = contract[d](Q, K) * rsqrt(d)\n  return {}\n}}\n")
+
+
+@pytest.mark.parametrize(("term", "bounded"), [
+    ("exp(S - L)", True),                          # the scores the relation reduces, shifted by it
+    ("exp(contract[d](Q, K) * rsqrt(d) - L)", True),  # the same term written out
+    ("exp(T - L)", False),                         # other scores: T - L may pass 709.8
+    ("exp(L - S)", False),                         # the other way round: at least 0, unbounded
+    ("exp(S + L)", False),
+    ("exp(contract[d](Q, K) - L)", False),         # not the same term (unscaled)
+])
+def test_a_relation_bounds_exp_of_the_scores_shifted_by_their_logsumexp(term: str, bounded: bool) -> None:
+    """finiteness._Analysis.shifted: with L given as logsumexp[x](s), exp(s - L) is in [0, 1] (s ≤ max s ≤ L);
+    for any other term L is any finite input; and the evaluator agrees on inputs satisfying the relation
+    (evaluate.related), extreme scores included."""
+    from napkin_cat.evaluate import related
+    from napkin_cat.finiteness import finite_in
+
+    diagram = loads(RELATED.format(term)).diagram("f")
+    defs = {"S": diagram.body[0].expr}
+    assert not finite(diagram.outputs[0], defs, {"Q", "K", "T", "L"})  # without the relation: L is any input
+    assert finite_in(diagram, diagram.outputs[0]) is bounded
+    if bounded:
+        rng = np.random.default_rng(0)
+        sizes = {"q": 3, "x": 4, "d": 2}
+        for scale in (1.0, 1e3, 1e150):
+            drawn = [scale * rng.standard_normal([sizes[a] for a in p.axes]) for p in diagram.inputs]
+            args = related(diagram, drawn, sizes)
+            s = np.einsum("qd,xd->qx", args[0], args[1]) / np.sqrt(2.0)
+            m = s.max(axis=1)
+            assert np.allclose(args[3], m + np.log(np.exp(s - m[:, None]).sum(axis=1)), rtol=1e-12)
+            p = evaluate(diagram, args)
+            assert np.all((p >= 0) & (p <= 1)), (scale, p)
+
+
+@pytest.mark.parametrize(("slope", "bounded"), [
+    ("(gelu(Z) + 0.5 * (1 - square(sign(Z)))) / (Z + (1 - square(sign(Z))))", True),  # examples/mlp_backward.ncd
+    ("(gelu(Z) + 0.5 * (1 - square(sign(Z - 0)))) / (Z + (1 - square(sign(Z - 0))))", True),  # grad's form
+    ("(gelu(Z) + 0.5 * (1 - square(sign(Z)))) / (T + (1 - square(sign(Z))))", False),  # another divisor
+    ("(gelu(T) + 0.5 * (1 - square(sign(Z)))) / (Z + (1 - square(sign(Z))))", False),  # gelu of another term
+    ("(exp(Z) + 0.5 * (1 - square(sign(Z)))) / (Z + (1 - square(sign(Z))))", False),
+    ("(gelu(Z) + 0.5 * (1 - square(sign(T)))) / (Z + (1 - square(sign(T))))", False),  # not Z's zero test
+])
+def test_the_gelu_slope_ratio_is_bounded(slope: str, bounded: bool) -> None:
+    """finiteness._Analysis.gelu_ratio: (gelu(x) + c·[x = 0]) / (x + [x = 0]) is Φ(x) in [0, 2] for a
+    finite x (the MLP backward's gelu slope), checked against the evaluator at extreme and subnormal x;
+    any other quotient keeps the generic rule (a ratio of unrelated terms may overflow)."""
+    text = f"axis t\ndiagram f(X: [t], T: [t]) -> [t] {{\n  Z = X * X * X * X * X * X * X\n  return {slope}\n}}\n"
+    diagram = loads(text).diagram("f")
+    value = abstract(diagram.outputs[0], {"Z": diagram.body[0].expr}, {"X": FINITE_CLASSES, "T": FINITE_CLASSES})
+    assert (value.classes <= {"0", "+"} and value.hi <= 1.0) is bounded, value
+    if bounded:
+        tiny = 2.0 ** -149
+        x = np.array([0.0, tiny, -tiny, 3 * tiny, 1e-30, -1e-30, 1.0, -1.0, 40.0, -40.0, 2.0**128, -2.0**128])
+        got = evaluate(diagram, [x, x])
+        assert np.all((got >= 0) & (got <= 2)), got
+
+
+def test_the_relational_rules_compare_terms_without_unfolding_bindings() -> None:
+    """_Analysis.same reads bindings through memoised, so a DAG of 60 doublings (2^60 nodes
+    written out) is compared at once; and a zero's sign counts (recip(X·0) is +inf where
+    recip(X·-0) is -inf), so the relation's scores are not matched by such a term."""
+    body = "".join(f"  A{k + 1} = A{k} + A{k}\n" for k in range(60))
+    text = (f"axis x\ndiagram f(X: [x], T: [x]) -> [x] {{\n  A0 = X\n{body}"
+            "  Z = A60 * A60\n  return (gelu(Z) + 0.5 * (1 - square(sign(Z)))) / (Z + (1 - square(sign(Z))))\n}\n")
+    diagram = loads(text).diagram("f")
+    from napkin_cat.finiteness import finite_in
+
+    assert finite_in(diagram, diagram.outputs[0])  # Z = (2^60 X)^2 ≤ 2^376 is finite: Φ(Z) in [0, 2]
+    signed = ("axis q, x\ndiagram f(X: [q x], L: [q]) -> [q x] given L = logsumexp[x](recip(X * 0.0)) {\n"
+              "  return exp(recip(X * -0.0) - L)\n}\n")
+    d = loads(signed).diagram("f")
+    assert not finite_in(d, d.outputs[0])

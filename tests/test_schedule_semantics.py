@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from napkin_cat import certify, kernel, ops, terms
 from napkin_cat.certify.approximation import label_inputs
 from napkin_cat.elaborate import loads
-from napkin_cat.evaluate import evaluate, sample_integers
+from napkin_cat.evaluate import evaluate, related, sample_integers
 from napkin_cat.kernel import KernelError, Theorem
 from napkin_cat.proof import check_file, check_module, partitions, theorem
 from napkin_cat.schedule.run import run_schedule
@@ -90,6 +90,7 @@ def test_schedule_interpreter_matches_evaluator(path: Path, name: str, data: st.
     arrays = [rng.integers(0, sizes[labels[p.name]], size=a.shape).astype(float) if p.name in labels else
               sample_integers(rng, a.shape) if p.integer else a for p, a in zip(thm.source.inputs, arrays, strict=True)]
     source_axes = {a.name for a in thm.source.axes}
+    arrays = related(thm.source, arrays, {a: n for a, n in sizes.items() if a in source_axes})  # README "Proofs"
     want = evaluate(thm.source, arrays, sizes={a: n for a, n in sizes.items() if a in source_axes})
     got = run_schedule(thm, arrays, sizes=sizes, tiles=tiles)
     wants = want if isinstance(want, tuple) else (want,)

@@ -31,7 +31,7 @@ import ml_dtypes
 import numpy as np
 
 from napkin_cat import ops
-from napkin_cat.evaluate import MAX_POINTS_EVALUATED, Named, iteration_spaces, largest_space, visitor
+from napkin_cat.evaluate import MAX_POINTS_EVALUATED, Named, iteration_spaces, largest_space, related, visitor
 from napkin_cat.kernel import Theorem
 from napkin_cat.terms import Apply, Axes, Box, Diagram, Expr, Var, boxes, children, run_diagram, walk
 
@@ -151,10 +151,11 @@ def _nodes(diagram: Diagram) -> list[Box]:
 
 def _inputs(diagram: Diagram, sizes: Mapping[str, int], rng: np.random.Generator) -> list[Named]:
     """Seeded standard-normal inputs; an input that a ``onehot[v]`` operand is computed from
-    (through bindings too) holds labels in [0, |v|)."""
+    (through bindings too) holds labels in [0, |v|); an input a relation gives, its value (``related``)."""
     labels = label_inputs(diagram)
-    return [Named(p.axes, rng.integers(0, sizes[labels[p.name]], [sizes[a] for a in p.axes]).astype(float)
-                  if p.name in labels else rng.standard_normal([sizes[a] for a in p.axes])) for p in diagram.inputs]
+    drawn = [rng.integers(0, sizes[labels[p.name]], [sizes[a] for a in p.axes]).astype(float)
+             if p.name in labels else rng.standard_normal([sizes[a] for a in p.axes]) for p in diagram.inputs]
+    return [Named(p.axes, x) for p, x in zip(diagram.inputs, related(diagram, drawn, sizes), strict=True)]
 
 
 def _read(expr: Expr) -> list[Var]:

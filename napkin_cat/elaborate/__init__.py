@@ -362,6 +362,9 @@ class _Elaborator(ExprElaborator):
         first_def: dict[str, Span] = {p.name: p.span for p in inputs if p.span}
         let_names = {tok.value: _span(tok, self.path) for s in stmts if s.data == "let"
                      for tok in s.children if isinstance(tok, Token)}
+        given_tree = next((c for c in rest if isinstance(c, Tree) and c.data == "given"), None)
+        if given_tree is not None:
+            inputs = self.given(given_tree, inputs, env, let_names)
         body: list[Let] = []
         outputs: list[Expr | None] = []
         returned = False
@@ -399,6 +402,42 @@ class _Elaborator(ExprElaborator):
         diagram_axes = self.axes_used(inputs, body, results)
         return Diagram(name.value, tuple(inputs), tuple(body), tuple(results),
                        tuple(out_types), diagram_axes, _span(tree, self.path))  # type: ignore[arg-type]
+
+    def given(self, tree: Node, inputs: list[Param], env: dict[str, Axes | None],
+              let_names: dict[str, Span]) -> list[Param]:
+        """The inputs with their relations (``given L = expr``, ``Param.given``): each names an
+        input once, and its expression reads only the inputs no relation gives (not the input
+        itself, nor a binding of the body) and has that input's type."""
+        named = [_tok(rel, 0) for rel in tree.children]
+        given = {tok.value for tok in named}
+        free = {n: axes for n, axes in env.items() if n not in given}
+        relations: dict[str, Expr] = {}
+        seen: dict[str, Span] = {}
+        for rel, tok in zip(tree.children, named, strict=True):
+            if tok.value in seen:
+                self.err("name.duplicate", tok, kind="relation", name=tok.value, first=seen[tok.value])
+                continue
+            seen[tok.value] = _span(tok, self.path)
+            param = next((p for p in inputs if p.name == tok.value), None)
+            if param is None:
+                if tok.value not in env:  # an ill-typed input (env None) was reported already
+                    self.err("name.unknown", tok, did_you_mean(tok.value, list(env)), kind="input", name=tok.value)
+                continue
+            reads = [_tok(v, 0) for v in rel.children[1].iter_subtrees_topdown() if v.data == "var"]
+            bad = [r for r in reads if r.value in given or r.value in let_names]
+            for r in bad:
+                self.err("relation.reads", r, input=tok.value, name=r.value,
+                         what="the input itself" if r.value == tok.value else
+                         "an input a relation gives" if r.value in given else "a binding of the body")
+            expr = None if bad else self.operand(rel.children[1], free, {})
+            if expr is None:
+                continue
+            if set(expr.axes) != set(param.axes) or len(expr.axes) != len(param.axes):
+                self.err("relation.type", rel.children[1], input=tok.value, declared=_fmt(param.axes),
+                         actual=_fmt(expr.axes))
+                continue
+            relations[tok.value] = expr
+        return [replace(p, given=relations[p.name]) if p.name in relations else p for p in inputs]
 
     def bind_types(self, expr: Expr, names: list[Token], stmt: Node) -> list[Axes | None]:
         if isinstance(expr, Apply):

@@ -52,6 +52,7 @@ import numpy as np
 from napkin_cat.certify.approximation import label_inputs
 from napkin_cat.certify.prove import Unproved, prove_join
 from napkin_cat.diagnostics import NapkinError, error
+from napkin_cat.evaluate import related
 from napkin_cat.grad import cotangent_names, vjp
 from napkin_cat.lower import codegen as cg
 from napkin_cat.lower import jax as jax_target
@@ -203,6 +204,7 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
         args = [drawn_integers(rng, [sizes[a] for a in p.axes]) if p.integer else
                 _drawn(rng, [sizes[a] for a in p.axes], scale, sizes.get(labels.get(i, ""), 0))
                 for i, p in enumerate(forward.inputs)]
+        args = related(forward, args, sizes)  # a forward with relations: inputs it claims something of
         cts = [rng.standard_normal([sizes[a] for a in p.axes]) for p in reference.inputs[len(forward.inputs):]]
         try:
             outs, out_errs = evaluate_bounded(forward, args, sizes=sizes)

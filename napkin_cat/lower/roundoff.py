@@ -20,7 +20,7 @@ Algorithms*, §3): with u = 2^-53 and γ_n = n·u / (1 - n·u),
 - ``max``/``min`` by the largest error of what they compare, ``logsumexp`` by the largest
   error of its terms plus γ_{n+4} and 2u of the result; a normalisation as the normalised
   contraction it is (``a1(s) / b(Σ a2(s))``, composed of the rules above);
-- a decision (``compare``, ``sign``, ``topk``, ``onehot``, ``index``) is taken as exact, as
+- a decision (``compare``, ``sign``, ``floor``, ``topk``, ``onehot``, ``index``) is taken as exact, as
   are the masks ``select`` and ``where`` read and the positions ``gather`` reads: the two
   sides of a join compute them alike;
 - where a value is not finite its bound is 0 (such entries compare by equality); a bound that
@@ -60,7 +60,7 @@ U = 2.0**-53
 #: functions are within a few ulps; the exact ones, 0); gelu's ``1 + erf`` also errs by u·|x|
 ULPS: dict[str, float] = {
     "exp": 4, "log": 4, "neg": 0, "sqrt": 1, "rsqrt": 2, "recip": 1, "square": 1, "abs": 0, "tanh": 4,
-    "sigmoid": 4, "relu": 0, "gelu": 8, "silu": 6, "sign": 0, "id": 0,
+    "sigmoid": 4, "relu": 0, "gelu": 8, "silu": 6, "sign": 0, "id": 0, "floor": 0,
 }
 
 
@@ -77,7 +77,7 @@ SLOPES: dict[str, Callable[[Any, Any], Any]] = {
     "relu": lambda a, v: 1.0,
     "gelu": lambda a, v: np.abs(_phi(a) + a * np.exp(-0.5 * np.square(a)) / math.sqrt(2 * math.pi)),
     "silu": lambda a, v: np.abs(special.expit(a) * (1.0 + a * (1.0 - special.expit(a)))),
-    "sign": lambda a, v: 0.0, "id": lambda a, v: 1.0,
+    "sign": lambda a, v: 0.0, "id": lambda a, v: 1.0, "floor": lambda a, v: 0.0,
 }
 
 

@@ -44,7 +44,7 @@ from napkin_cat.printer import print_diagram, print_step
 from napkin_cat.search.chains import exposed, hoisted
 from napkin_cat.search.derive import lowering_screen, model_cost
 from napkin_cat.search.rewrite import Costed, search
-from napkin_cat.terms import Box, Diagram, Expr, Let, Module, Step, TheoremDecl, Var, fresh_name, walk
+from napkin_cat.terms import Box, Diagram, Expr, Let, Module, Step, TheoremDecl, Var, expanded, fresh_name, walk
 
 __all__ = ["DERIVED", "LONG", "SHORT", "DerivedBackward", "derived", "passes", "saving"]
 
@@ -138,7 +138,9 @@ def passes(forward: Saving, name: str) -> tuple[Diagram, ...]:
     """The backward diagrams of ``forward``: its VJP reading the saved values (``grad.vjp``),
     one diagram ``NAME_k`` per set of input gradients with the same axes, each returning
     ``dX`` for its inputs X and reading only what it needs.  Inputs whose gradient is zero
-    (labels, indices) have none (``lower``'s join gives them zeros)."""
+    (labels, indices) have none (``lower``'s join gives them zeros).  Each statistic ``L`` is
+    given as the forward's ``logsumexp[T](S)`` over the inputs (``Param.given``): the passes are
+    claimed for the forward's saved values, where ``exp(S - L)`` is in [0, 1]."""
     primal = replace(forward.diagram, outputs=forward.diagram.outputs[:forward.primal],
                      out_types=forward.diagram.out_types[:forward.primal])
     full = vjp(primal, saved=forward.saved, statistics=forward.statistics)
@@ -160,6 +162,10 @@ def passes(forward: Saving, name: str) -> tuple[Diagram, ...]:
             body = [Let(tuple(new if n == grad else n for n in let.names), _rebound(let.expr, grad, new))
                     for let in body]
             results = [_rebound(r, grad, new) for r in results]
+    # each statistic is the forward's logsumexp of its scores, over the inputs (README "Proofs": relations)
+    defs = {let.names[0]: let.expr for let in forward.diagram.body if len(let.names) == 1}
+    given = {stat: typed_box("logsumexp", (expanded(s, defs),), target)
+             for stat, (s, target) in forward.statistics.items()}
     built = []
     for k, members in enumerate(groups.values(), start=1):
         lets = list(body)
@@ -171,7 +177,10 @@ def passes(forward: Saving, name: str) -> tuple[Diagram, ...]:
             outs.append(named)
         kept = live(lets, outs)
         read = {n.name for let in kept for n in walk(let.expr) if isinstance(n, Var)}
-        built.append(replace(full, name=f"{name}_{k}", inputs=tuple(p for p in full.inputs if p.name in read),
+        stated = {n: g for n, g in given.items() if all(v.name in read for v in walk(g) if isinstance(v, Var))}
+        inputs = tuple(replace(p, given=stated[p.name]) if p.name in stated else p
+                       for p in full.inputs if p.name in read)
+        built.append(replace(full, name=f"{name}_{k}", inputs=inputs,
                              body=kept, outputs=tuple(outs),
                              out_types=tuple(o.axes for o in outs)))
     if not built:

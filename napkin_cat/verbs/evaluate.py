@@ -1,5 +1,5 @@
 """``napkin eval``: a diagram on seeded random inputs (standard normal; small sorted integers for an
-``int`` input), in float64."""
+``int`` input; an input a relation gives, its expression of the others: ``evaluate.related``), in float64."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 
 import numpy as np
 
-from napkin_cat.evaluate import bind_sizes, refuse_too_large, run, sample_integers
+from napkin_cat.evaluate import bind_sizes, refuse_too_large, related, run, sample_integers
 from napkin_cat.verbs import EXIT_OK, UsageError, parse_sizes
 from napkin_cat.verbs.common import diagram_or_usage, module_or_usage
 
@@ -39,6 +39,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     # an `int` input (segment ids, lengths, page numbers) gets small sorted integers, as `check` draws them
     arrays = [sample_integers(rng, s) if p.integer else rng.standard_normal(s)
               for p, s in zip(diagram.inputs, shapes, strict=True)]  # type: ignore[attr-defined]
+    arrays = related(diagram, arrays, {**sizes, **{a: n for a, n in known.items() if n is not None}})  # type: ignore[arg-type]
     result = run(diagram, *arrays, sizes=sizes)  # type: ignore[arg-type]
     outs = result if isinstance(result, tuple) else (result,)
     for i, (out, axes) in enumerate(zip(outs, diagram.out_types, strict=True)):  # type: ignore[attr-defined]

@@ -4,8 +4,6 @@ kernels equal to the float64 VJP at ragged sizes."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -16,6 +14,7 @@ import numpy as np
 import pytest
 
 from napkin_cat import proof
+from napkin_cat.cli import main
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.elaborate import load, loads
 from napkin_cat.evaluate import evaluate
@@ -296,12 +295,11 @@ def test_pallas_interpret_gradients(file, theorem):
 # ---- the front doors ----------------------------------------------------------------------------------
 
 
-def test_cli_lowers_a_derived_backward(tmp_path):
+def test_cli_lowers_a_derived_backward(tmp_path, capsys):
     out = tmp_path / "fa.py"
-    done = subprocess.run([sys.executable, "-m", "napkin_cat", "lower", str(PROOFS / "flash_attention.ncd"),
-                           "flash_attention", "--target", "jax", "--backward", "derived", "-o", str(out)],
-                          capture_output=True, text=True, cwd=ROOT, timeout=600)
-    assert done.returncode == 0, done.stderr
+    code = main(["lower", str(PROOFS / "flash_attention.ncd"), "flash_attention", "--target", "jax", "--backward",
+                 "derived", "-o", str(out)])
+    assert code == 0, capsys.readouterr().err
     text = out.read_text()
     assert "jax.custom_vjp" in text and "saves L for the backward" in text and "proved equal to the VJP" in text
 

@@ -69,8 +69,10 @@ def bench(fn: Callable[[], Any], warmup: int, iters: int) -> tuple[float, float]
 
 
 def timed(fn: Callable[[], Any], flops: float, dry: bool, iters: int = 20) -> dict[str, float]:
-    """A case's row fields: median and min milliseconds (``bench``), TFLOP/s and % of peak."""
-    median, best = bench(fn, warmup=1 if dry else 3, iters=2 if dry else iters)
+    """A case's row fields: median and min milliseconds (``bench``), TFLOP/s and % of peak; a dry
+    run (interpret mode on CPU, where the times mean nothing) calls each case twice: compile, then
+    one timed call."""
+    median, best = bench(fn, warmup=0 if dry else 3, iters=1 if dry else iters)
     return {"median_ms": median * 1e3, "min_ms": best * 1e3, "tflops": flops / median / 1e12,
             "pct_peak": 100 * flops / median / PEAK_BF16}
 

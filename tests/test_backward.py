@@ -15,8 +15,6 @@ and cross-lowered for CUDA by test_lower_*.)
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 import warnings
 from dataclasses import replace
 from pathlib import Path
@@ -29,6 +27,7 @@ import sympy
 
 from napkin_cat import grad, kernel, proof
 from napkin_cat.certify.prove import Unproved, prove_join
+from napkin_cat.cli import main
 from napkin_cat.cost import cost
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.elaborate import load, loads
@@ -281,13 +280,14 @@ def test_a_backward_cannot_join_a_mesh() -> None:
     assert err.value.codes == ("lower.backward_mesh",)
 
 
-def test_napkin_lower_backward_writes_one_differentiable_module(tmp_path: Path) -> None:
+def test_napkin_lower_backward_writes_one_differentiable_module(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "fa.py"
-    run = subprocess.run([sys.executable, "-m", "napkin_cat", "lower", str(PROOFS), "flash_attention_forward",
-                          "--backward", "flash_attention_backward_kv,flash_attention_backward_q", "--target", "jax",
-                          "--dtype", "f32", "--tile", "gq=16", "--tile", "sx=16", "--tile", "gx=16", "--tile", "sq=16",
-                          "-o", str(out)], capture_output=True, text=True, check=False)
-    assert run.returncode == 0, run.stderr
+    code = main(["lower", str(PROOFS), "flash_attention_forward",
+                 "--backward", "flash_attention_backward_kv,flash_attention_backward_q", "--target", "jax",
+                 "--dtype", "f32", "--tile", "gq=16", "--tile", "sx=16", "--tile", "gx=16", "--tile", "sq=16",
+                 "-o", str(out)])
+    assert code == 0, capsys.readouterr().err
     namespace: dict[str, object] = {}
     exec(compile(out.read_text(), str(out), "exec"), namespace)
     fn = namespace["flash_attention_forward"]
@@ -296,10 +296,10 @@ def test_napkin_lower_backward_writes_one_differentiable_module(tmp_path: Path) 
                                      * jnp.asarray(arrays[3], jnp.float32)))(jnp.asarray(arrays[0], jnp.float32))
     want = _reference("attention", arrays, {"q": 20, "x": 24, "d": 64})[0]
     assert float(np.max(np.abs(np.asarray(got) - want))) < 1e-4 * float(np.max(np.abs(want)))
-    bad = subprocess.run([sys.executable, "-m", "napkin_cat", "lower", str(PROOFS), "flash_attention_forward",
-                          "--backward", "flash_attention_backward_kv,nope", "-o", str(tmp_path / "x.py")],
-                         capture_output=True, text=True, check=False)
-    assert bad.returncode == 2 and "no theorem `nope`" in bad.stderr
+    capsys.readouterr()
+    bad = main(["lower", str(PROOFS), "flash_attention_forward", "--backward", "flash_attention_backward_kv,nope",
+                "-o", str(tmp_path / "x.py")])
+    assert bad == 2 and "no theorem `nope`" in capsys.readouterr().err
 
 
 # ---- the other joined pairs of proofs/: the MLP (three backward passes) and cross-entropy -------
@@ -577,18 +577,21 @@ def test_lower_joins_a_tested_window_only_with_the_opt_in() -> None:
         np.testing.assert_allclose(np.asarray(g, np.float64), w, atol=1e-4 * float(np.max(np.abs(w))))
 
 
-def test_napkin_lower_refuses_a_tested_join_without_allow_tested_join(tmp_path: Path) -> None:
+def test_napkin_lower_refuses_a_tested_join_without_allow_tested_join(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
     path, out = str(ROOT / "proofs" / "mlp_backward.ncd"), str(tmp_path / "mlp.py")
-    command = [sys.executable, "-m", "napkin_cat", "lower", path, "mlp_forward", "--target", "jax",
+    command = ["lower", path, "mlp_forward", "--target", "jax",
                "--backward", "mlp_backward_x,mlp_backward_w,mlp_backward_b", "-o", out]
-    refused = subprocess.run(command, capture_output=True, text=True, check=False)
-    assert refused.returncode == 1 and not Path(out).exists()
-    assert "error: the backward passes of `mlp_forward` are not proved to give its VJP" in refused.stderr
-    assert "mlp_backward.ncd:" in refused.stderr and "hint:" in refused.stderr
-    assert "--allow-tested-join" in refused.stderr
-    allowed = subprocess.run([*command, "--allow-tested-join"], capture_output=True, text=True, check=False)
-    assert allowed.returncode == 0, allowed.stderr
-    assert "warning: mlp_forward: the join of its backward kernels is not proved" in allowed.stderr
+    refused = main(command)
+    stderr = capsys.readouterr().err
+    assert refused == 1 and not Path(out).exists()
+    assert "error: the backward passes of `mlp_forward` are not proved to give its VJP" in stderr
+    assert "mlp_backward.ncd:" in stderr and "hint:" in stderr
+    assert "--allow-tested-join" in stderr
+    allowed = main([*command, "--allow-tested-join"])
+    stderr = capsys.readouterr().err
+    assert allowed == 0, stderr
+    assert "warning: mlp_forward: the join of its backward kernels is not proved" in stderr
     assert "WARNING: the join is not proved" in Path(out).read_text()
 
 

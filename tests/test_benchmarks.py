@@ -156,23 +156,18 @@ def test_mesh_benchmark_runs_on_host_devices(tmp_path: Path) -> None:
     assert rows[1]["argument_bytes"] * 8 == rows[0]["argument_bytes"]  # each of 8 devices holds 1/8
 
 
-def test_differential_run_counts_and_records(tmp_path: Path) -> None:
-    """benchmarks/differential.py: a few cases of tests/differential.py, counted and written."""
-    out = _run([str(BENCH / "differential.py"), "--minutes", "4", "--cases", "2", "--batch", "5"], tmp_path)
-    result = json.loads((tmp_path / "differential.json").read_text())
-    assert result["mismatches"] == [] and result["drawn"] >= result["accepted_schedules"] >= 1
-    assert sum(result["outcomes"].values()) == 2 * result["accepted_schedules"]  # one outcome per target
-    assert f"accepted schedules {result['accepted_schedules']}" in out
-    assert result["finished"] and result["batches"] >= 1
-    assert result["counts"]["accepted"] == result["accepted_schedules"]
-
-
-def test_differential_run_resumes_where_its_results_stop(tmp_path: Path) -> None:
-    """The results file is written after every batch and ``--resume`` continues it: the same
-    seed, the next batch, the counts and time added to."""
+def test_differential_run_counts_records_and_resumes(tmp_path: Path) -> None:
+    """benchmarks/differential.py: a few cases of tests/differential.py, counted and written
+    (the first run); the results file is written after every batch and ``--resume`` continues
+    it: the same seed, the next batch, the counts and time added to (the second)."""
     args = [str(BENCH / "differential.py"), "--minutes", "4", "--batch", "2", "--seed", "5", "--out", "d"]
-    _run([*args, "--cases", "1"], tmp_path)
+    out = _run([*args, "--cases", "1"], tmp_path)
     first = json.loads((tmp_path / "d.json").read_text())
+    assert first["mismatches"] == [] and first["drawn"] >= first["accepted_schedules"] >= 1
+    assert sum(first["outcomes"].values()) == 2 * first["accepted_schedules"]  # one outcome per target
+    assert f"accepted schedules {first['accepted_schedules']}" in out
+    assert first["finished"] and first["batches"] >= 1
+    assert first["counts"]["accepted"] == first["accepted_schedules"]
     _run([*args, "--cases", str(first["accepted_schedules"] + 1), "--resume", "--seed", "9"], tmp_path)
     second = json.loads((tmp_path / "d.json").read_text())
     assert second["seed"] == 5 and second["batches"] > first["batches"]

@@ -4,8 +4,6 @@ kernels equal to the float64 VJP at ragged sizes."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -16,6 +14,7 @@ import numpy as np
 import pytest
 
 from napkin_cat import proof
+from napkin_cat.cli import main
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.elaborate import load, loads
 from napkin_cat.evaluate import evaluate
@@ -23,7 +22,7 @@ from napkin_cat.grad import vjp
 from napkin_cat.lower import UnprovedJoinWarning, compile_module, lower
 from napkin_cat.lower.backward import drawn_integers
 from napkin_cat.proof import check_module
-from napkin_cat.search.backward import derived, passes, saving
+from napkin_cat.search.backward import DerivedBackward, derived, passes, saving
 from napkin_cat.terms import Box, Var, walk
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,12 +33,16 @@ def _tuple(value: object) -> tuple:
     return value if isinstance(value, tuple) else (value,)
 
 
-def _check_gradients(path: Path, theorem: str, target: str, seed: int = 0, seconds: float = 30.0) -> str | None:
-    """Derive, lower and differentiate ``theorem`` (or a diagram without one); compare with the
-    float64 VJP at ragged sizes.  Returns None where the join was proved, else the warning that
-    it was lowered on the test alone (opted in).  ``seconds`` bounds each pass's search."""
+def _check_gradients(path: Path, theorem: str, target: str, seed: int = 0, seconds: float = 30.0,
+                     found: DerivedBackward | None = None) -> str | None:
+    """Derive (unless ``found`` is that derivation), lower and differentiate ``theorem`` (or a
+    diagram without one); compare with the float64 VJP at ragged sizes.  Returns None where the
+    join was proved, else the warning that it was lowered on the test alone (opted in).
+    ``seconds`` bounds each pass's search."""
     module = load(path)
-    found = derived(module, theorem, target=target, hardware="cpu" if target == "jax" else "h100", seconds=seconds)
+    if found is None:
+        found = derived(module, theorem, target=target, hardware="cpu" if target == "jax" else "h100",
+                        seconds=seconds)
     # tiles of 16 and ragged sizes: several chunks, the last one partial
     tiles = {str(p.tile): 16 for thm in (found.forward, *found.backward) for p in proof.partitions(thm)
              if isinstance(p.tile, str) and p.level != "mesh"}
@@ -169,8 +172,9 @@ def test_attention_backward_stores_no_q_by_x_array(attention, target):
     assert _largest_array(vjp_step.jaxpr) >= n * n  # the check sees a q×x array where there is one
 
 
-def test_attention_gradients_match_the_vjp():
-    assert _check_gradients(PROOFS / "flash_attention.ncd", "flash_attention", "jax") is None
+def test_attention_gradients_match_the_vjp(attention):
+    """The fixture's derivation (the one ``_check_gradients`` makes for the jax target), not a second one."""
+    assert _check_gradients(PROOFS / "flash_attention.ncd", "flash_attention", "jax", found=attention) is None
 
 
 # ---- every kernel without a hand-written backward ---------------------------------------------------
@@ -293,12 +297,11 @@ def test_pallas_interpret_gradients(file, theorem):
 # ---- the front doors ----------------------------------------------------------------------------------
 
 
-def test_cli_lowers_a_derived_backward(tmp_path):
+def test_cli_lowers_a_derived_backward(tmp_path, capsys):
     out = tmp_path / "fa.py"
-    done = subprocess.run([sys.executable, "-m", "napkin_cat", "lower", str(PROOFS / "flash_attention.ncd"),
-                           "flash_attention", "--target", "jax", "--backward", "derived", "-o", str(out)],
-                          capture_output=True, text=True, cwd=ROOT, timeout=600)
-    assert done.returncode == 0, done.stderr
+    code = main(["lower", str(PROOFS / "flash_attention.ncd"), "flash_attention", "--target", "jax", "--backward",
+                 "derived", "-o", str(out)])
+    assert code == 0, capsys.readouterr().err
     text = out.read_text()
     assert "jax.custom_vjp" in text and "saves L for the backward" in text and "proved equal to the VJP" in text
 

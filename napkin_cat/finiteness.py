@@ -656,20 +656,30 @@ def unsupported(how: str, diagram: Diagram, terms: Mapping[str, Expr]) -> str | 
             f"operands{' and -inf masks' if masks else ''}, not tested with infinite ones")
 
 
-def fold_overflows(box: Box, diagram: Diagram) -> bool:
+def fold_overflows(box: Box, diagram: Diagram, accumulator: str = "") -> bool:
     """May ``box`` (a reduction of ``diagram`` that a stream or split folds chunk by chunk)
     overflow in float64 on the finite entries of its operands, as they are in ``diagram``?
     Then the order of the fold decides its class: the box's sequential sum of a, a, a, -a
     (a = 8e307) passes 2^1024 and stays inf, the chunks' (a + a) + (a + -a) = 1.6e308; a
     product likewise.  A proof of the accumulator's laws (over the reals, or at ±inf and NaN
-    operands: ``[extended: ...]``) says nothing of where float64 overflows."""
+    operands: ``[extended: ...]``) says nothing of where float64 overflows.  The ``normalised``
+    accumulator of a normalised contraction folds its state (Σ a1(s)·v, Σ a2(s)) before it
+    divides, so those sums must not overflow either: with s = 1e45·sign(X), v = Y^7 the box's
+    weights are ±1/√n and its value finite, but Σ s·v passes 2^1024."""
     an = _Analysis(_defs(diagram), input_values(diagram.inputs))
     finite_parts = [Abstract(v.classes & FINITE, v.lo, v.hi) for v in (an.value(a) for a in box.args)]
-    return box.op not in RULES or bool(RULES[box.op](box, finite_parts, an).classes - FINITE)
+    if box.op not in RULES:
+        return True
+    values = [RULES[box.op](box, finite_parts, an)]
+    if accumulator == "normalised" and box.op == "ncontract":
+        (a1, a2, _), (s, v), entries = box.params, finite_parts, _entries(box)
+        values += [_fold("add", _bin("mul", _un(a1, s, True), v, True), True, entries),
+                   _fold("add", _un(a2, s, True), True, entries)]
+    return any(value.classes - FINITE for value in values)
 
 
 def narrowed(how: str, diagram: Diagram, terms: Mapping[str, Expr], rhs: Expr | None = None,
-             fold: Box | None = None) -> str:
+             fold: Box | None = None, accumulator: str = "") -> str:
     """Certification's ``how`` for one use, its parameters matched to ``terms``: a proof
     (``proved: ...``) covers finite inputs, -inf masks in the parameters it names in
     ``[-inf masks: S]`` and every value in those it names in ``[extended: X0]``; applied to
@@ -680,14 +690,15 @@ def narrowed(how: str, diagram: Diagram, terms: Mapping[str, Expr], rhs: Expr | 
     side is 1.1e307), so the right side is finite wherever the left side is.  With ``fold``, the
     box an accumulator streams, it covers the use only where that box's fold cannot overflow on
     the finite entries of its operands (``fold_overflows``: chunked, it could stay finite where
-    the box is inf), whether or not they may also be infinite: ``[extended: ...]`` covers an
+    the box is inf; ``accumulator``, its name, adds what its state folds), whether or not they
+    may also be infinite: ``[extended: ...]`` covers an
     operand's ±inf and NaN entries, not large finite ones overflowing in another order
     (``sum[x](exp(A) - exp(B))``: a, a, a, -a with a = 8.2e307 is inf in order, 1.6e308 in pairs)."""
     if not how.startswith("proved"):
         return how
     if _uncovered(diagram, terms, _listed(how, MASKS), _listed(how, EXTENDED)) is not None:
         return f"tested here (proved for finite terms, applied to one that may be infinite): {how[len('proved: '):]}"
-    if fold is not None and fold_overflows(fold, diagram):
+    if fold is not None and fold_overflows(fold, diagram, accumulator):
         return (f"tested here (proved over the reals, but float64 may overflow inside `{fold.op}` at these operands, "
                 f"where the order of the chunks decides whether it does): {how[len('proved: '):]}")
     if rhs is not None and (box := rounds_to_infinity(rhs, terms.values(), diagram)) is not None:

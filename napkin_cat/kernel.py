@@ -416,7 +416,7 @@ def _stream(thm: Theorem, step: Partition, accumulator: AccumulatorOracle, rule:
         operands = {f"X{k}": a for k, a in enumerate(box.args)}
         if why := unsupported(found[1], thm.result, operands):
             raise KernelError(rule, f"accumulator {found[0]} for {label}: {why}", span)
-        how = narrowed(found[1], thm.result, operands, fold=box)
+        how = narrowed(found[1], thm.result, operands, fold=box, accumulator=found[0])
         chosen.append((axis, box, found[0]))
         trust.append(f"accumulator {found[0]} for {label} ({how})")
         tested += [] if how.startswith("proved") else [f"accumulator {found[0]} for {label}"]

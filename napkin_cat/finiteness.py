@@ -514,13 +514,14 @@ class _Analysis:
     def guarded(self, box: Box, values: list[Abstract]) -> Abstract | None:
         """``d + (1 - g)`` with ``g`` = ``square(sign d)`` or ``abs(sign d)``: 1 where d = 0
         (the evaluator's and the VJP's guard of a divisor that may be 0), d elsewhere
-        (g = 1 there, also where d is infinite); None for any other sum."""
+        (g = 1 there, also where d is infinite); None for any other sum.  The same d, a zero's sign
+        in a constant counted (``same``): ``exp(recip(-0.0))`` is 0, ``exp(recip(0.0))`` inf."""
         for (d, rest), v in zip((box.args, box.args[::-1]), values, strict=True):
             rest = self.through(rest)
             if isinstance(rest, Box) and rest.op == "sub" and rest.args[0] == Const(1.0):
                 g = self.through(rest.args[1])
                 inner = self.through(g.args[0]) if isinstance(g, Box) and g.op in ("square", "abs") else None
-                if isinstance(inner, Box) and inner.op == "sign" and self.through(inner.args[0]) == self.through(d):
+                if isinstance(inner, Box) and inner.op == "sign" and self.same(inner.args[0], d):
                     classes = (v.classes - _v("0")) | (_v("+") if "0" in v.classes else frozenset())
                     return Abstract(classes, min(v.lo, 0.0), max(v.hi, 0.0))
         return None

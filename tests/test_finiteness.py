@@ -15,7 +15,7 @@ from napkin_cat.certify import accumulators, rules
 from napkin_cat.elaborate import loads
 from napkin_cat.evaluate import evaluate
 from napkin_cat.finiteness import FINITE as FINITE_CLASSES
-from napkin_cat.finiteness import RULES, TOP, abstract, analyse, class_of, finite, unsupported
+from napkin_cat.finiteness import RULES, TOP, abstract, analyse, class_of, finite, fold_overflows, unsupported
 from napkin_cat.kernel import KernelError
 from napkin_cat.proof import check_module
 from napkin_cat.terms import Box, Diagram, Expr, Rewrite, Var
@@ -79,6 +79,8 @@ def _term(text: str) -> tuple[bool, str]:
     ("T / (S + (1 - abs(sign(S))))", True),
     ("recip((1 - square(sign(S))) + S)", True),
     ("T / (S + (1 - square(sign(T))))", False),      # guarded by another term: 0 at S = 0, T = 1
+    # guarded by a term a zero's sign apart: exp(recip(-0.0)) = 0, exp(recip(0.0)) = inf, so 0 + (1 - 1)
+    ("recip(exp(recip(-0.0)) + (1 - square(sign(exp(recip(0.0))))))", False),
     ("T / (S + (1 - sign(S)))", False),              # 0 at S = -1/2
     ("T / (S + (2 - square(sign(S))))", False),      # S + 1 for S != 0: 0 at S = -1
 ])
@@ -391,6 +393,20 @@ def test_a_fold_of_finite_operands_that_may_overflow_is_only_tested() -> None:
     assert accepted.ok
     loose, _ = check_module(module)
     assert loose.theorem is not None and any("may overflow inside `prod`" in t for t in loose.theorem.trust)
+
+
+def test_the_normalised_state_may_overflow_where_its_box_does_not() -> None:
+    """The normalised accumulator folds Σ a1(s)·v and Σ a2(s) before it divides: the l2 box's
+    weights s/√Σ s² are at most 1, but with s = 1e45·sign(X) and v = Y^7 (up to 2^896) the state's
+    s·v reaches 2^1045 (tests/unsound/redteam_normalised_state_overflows.ncd), so its fold may
+    overflow; with v = Y it cannot."""
+    for v, overflows in (("Y * Y * Y * Y * Y * Y * Y", True), ("Y", False)):
+        diagram = loads(f"axis x\ndiagram f(X: [x], Y: [x]) -> [] {{\n  S = 1e45 * sign(X)\n  V = {v}\n"
+                        "  return ncontract[x; id, square, sqrt](S, V)\n}\n").diagram("f")
+        (box,) = diagram.outputs
+        assert isinstance(box, Box)
+        assert not fold_overflows(box, diagram)  # the box's own fold: weights at most 1
+        assert fold_overflows(box, diagram, "normalised") is overflows
 
 
 def test_a_sum_of_operands_that_may_overflow_is_not_proved_where_its_chunks_reorder_overflow() -> None:

@@ -372,7 +372,11 @@ def test_stream_keeps_the_named_accumulator_or_refuses() -> None:
         kernel.stream(_flash(), Partition("stream", "x", 4, via="online_softmax"), normalised_only)
     thm = kernel.stream(_flash(), Partition("stream", "x", 4), normalised_only)
     assert [name for _, _, name in thm.accumulators] == ["normalised"]
-    assert not [t for t in thm.tested if t.startswith("accumulator")]  # a proved accumulator is not tested
+    # proved, yet tested here only because its state Σ exp(s)·v may overflow where the box does not
+    # (finiteness.fold_overflows with the accumulator): the oracle's proof is kept, narrowed
+    assert any("test oracle" in t and "may overflow inside `ncontract`" in t for t in thm.trust)
+    assert [t for t in thm.tested if t.startswith("accumulator")] == [
+        "accumulator normalised for `ncontract[x; exp, exp, id]` (binding `O`)"]
 
 
 def test_stream_refuses_a_second_pass() -> None:

@@ -187,7 +187,8 @@ def masked_fill(expr: Expr, defs: Mapping[str, Expr], inputs: Inputs) -> tuple[P
             return None
         fills = [fill(a) for a in e.args]
         first = fills[0]
-        if first is not None and all(f is not None and f[0] == first[0] for f in fills):
+        # the same predicate or mask, a zero's sign counted (== equates Const(0.0) and Const(-0.0))
+        if first is not None and all(f is not None and repr(f[0]) == repr(first[0]) for f in fills):
             value = _at(e.op, tuple(f[1] for f in fills if f is not None))
             if value is not None:
                 return first[0], value

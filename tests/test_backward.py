@@ -609,3 +609,32 @@ def test_a_kernel_of_a_training_step_can_take_its_own_tiles() -> None:
     assert "pl.ds(x_first, 64)" in forward_code and "pl.ds(x_first, 16)" in rest and "pl.ds(x_first, 64)" not in rest
     with pytest.raises(NapkinError, match=r"tile `flash_attention_causal_forward.sx` names no kernel being lowered"):
         lower(fwd, target="pallas", tiles={"flash_attention_causal_forward.sx": 64}, backward=backs)
+
+
+def test_a_normaliser_nested_in_a_sum_over_its_row_is_not_kept_by_the_outer_position_0() -> None:
+    """The red team's nested row: Z[x] = Σ_y m(x, y)·exp(T) with m = (y + 6 >= x) keeps key 0 for rows
+    x ≤ 6 only, so at |x| = 8, |y| = 1 row 7 is empty, Z = 0 there and D = Π_x sign(Z) = 0: the forward
+    w / D · D and its VJP dw are NaN.  The prover once read the row x of Z, bound by the outer product
+    as j_x, as a summed axis set to 0 (``_Semantics.kept``), took D as positive and proved dw = dt; the
+    float64 test's sizes (|x| - |y| ≤ 6) never empty a row, so `lower` joined it without the opt-in."""
+    text = """
+axis x, y
+diagram f(T: [x y], w: []) -> [] {
+  Z = sum[y](where[x y](y + 6 >= x, exp(T), 0))
+  D = prod[x](sign(Z))
+  t = w / D * D
+  return t
+}
+diagram b(dt: []) -> [] {
+  dw = dt * 1
+  return dw
+}
+"""
+    module = loads(text)
+    forward, backward = module.diagram("f"), module.diagram("b")
+    want = evaluate(grad.vjp(forward), [np.zeros((8, 1)), np.array(1.5), np.array(1.0)])
+    assert np.isnan(want[1]) and float(evaluate(backward, [np.array(1.0)])) == 1.0  # the join is wrong there
+    with pytest.raises(NapkinError) as err:
+        link(forward, [backward])
+    assert err.value.codes == ("lower.backward_unproved",)
+    assert "not known positive" in err.value.diagnostics[0].message

@@ -283,7 +283,9 @@ class _Semantics:
             if f.func not in self.predicates or not all(s.is_Symbol for s in f.args):
                 return False
             pred, axes = self.predicates[f.func]
-            at = {a: sympy.Integer(0) if str(s)[:2] == "j_" else sympy.Dummy(integer=True, nonnegative=True)
+            # position 0 only along the axes this sum binds: a j_ symbol bound by an enclosing sum (the
+            # row of a nested normaliser, Σ_x sign(Σ_y m(x, y)·e)) is any position of its row, not 0
+            at = {a: sympy.Integer(0) if s in bound else sympy.Dummy(integer=True, nonnegative=True)
                   for a, s in zip(axes, f.args, strict=True)}
             if _holds(pred, at) is not sympy.true:
                 return False

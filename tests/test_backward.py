@@ -638,3 +638,44 @@ diagram b(dt: []) -> [] {
         link(forward, [backward])
     assert err.value.codes == ("lower.backward_unproved",)
     assert "not known positive" in err.value.diagnostics[0].message
+
+
+_SHIFTED_STATISTIC = """
+axis q, x
+diagram f(S: [q x], V: [x]) -> [q], [q] {
+  O = contract[x](softmax[x](S), V)
+  L = logsumexp[x](S) - 700
+  return O, L
+}
+diagram b(S: [q x], L: [q], dO: [q]) -> [x] given L = logsumexp[x](S) {
+  dV = contract[q](exp(S - L), dO) * exp(-700)
+  return dV
+}
+diagram bs(S: [q x], V: [x], O: [q], dO: [q]) -> [q x] {
+  P = softmax[x](S)
+  dS = P * (dO * V - dO * O)
+  return dS
+}
+"""
+
+
+def test_a_backward_relation_the_forwards_statistic_does_not_satisfy_is_not_joined() -> None:
+    """The red team's shifted statistic: the forward saves L = logsumexp[x](S) - 700 and the key pass,
+    stating L = logsumexp[x](S) (so that --strict bounds exp(S - L) by 1 and proves its stream over
+    q), compensates with exp(-700).  Over the reals the passes are the VJP, and the float64 test's
+    sizes (up to 706 queries) stay finite; but fed the forward's L, exp(S - L) is e^700 = 1e304 per
+    query, so at 20000 queries of one key the pass's sum is inf where the VJP is 20000: the pass
+    runs outside the domain its theorem is proved on.  prove_join checks each relation of a pass
+    against what the join feeds it; with the statistic saved as stated, the join is proved."""
+    module = loads(_SHIFTED_STATISTIC)
+    forward, dv, ds = (module.diagram(n) for n in ("f", "b", "bs"))
+    q = 20000
+    S, V, dO = np.zeros((q, 1)), np.ones(1), np.ones(q)
+    L = evaluate(forward, [S, V])[1]
+    assert np.isinf(evaluate(dv, [S, L, dO])).all() and evaluate(grad.vjp(forward), [S, V, dO, np.zeros(q)])[1][0] == q
+    with pytest.raises(NapkinError) as err:
+        link(forward, [dv, ds])
+    assert err.value.codes == ("lower.backward_unproved",)
+    assert "the relation of `b` giving `L` does not hold" in err.value.diagnostics[0].message
+    right = loads(_SHIFTED_STATISTIC.replace(" - 700", "").replace(" * exp(-700)", ""))
+    assert link(right.diagram("f"), [right.diagram("b"), right.diagram("bs")]).proved

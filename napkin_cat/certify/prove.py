@@ -89,6 +89,7 @@ from napkin_cat.terms import (
     box_diagram,
     fold_index,
     fold_pred,
+    relations,
     run_diagram,
 )
 
@@ -614,6 +615,7 @@ def prove_join(forward: Diagram, reference: Diagram,
     got = [sympy.Integer(0) for _ in args]
     for diagram, sources, gives in backwards:
         values = [{"input": args, "output": outs, "cotangent": cts}[kind][k] for kind, k in sources]
+        _relations_hold(sem, diagram, values)
         for i, g in zip(gives, sem.run(diagram, values), strict=True):
             got[i] = got[i] + g
     if sem.cases:
@@ -622,6 +624,24 @@ def prove_join(forward: Diagram, reference: Diagram,
         if not _equal(sem.unmasked(g), sem.unmasked(w)):
             raise Unproved(f"the gradients of {p.name} do not normalise to the same term")
     return "proved: symbolically at every size, on finite real inputs"
+
+
+def _relations_hold(sem: _Semantics, diagram: Diagram, values: Sequence[Any]) -> None:
+    """Raise ``Unproved`` unless each input relation of ``diagram`` (``given L = logsumexp[x](S)``,
+    ``terms.relations``) holds of the values the join feeds it: the backward is claimed (and its
+    theorem proved, its finiteness facts drawn) only where its relations hold, so a forward that
+    saves another statistic (``logsumexp[x](S) - 700``, compensated by the pass's ``exp(-700)``)
+    would run it outside what its proof covers."""
+    given = relations(diagram.inputs)
+    names = [p.name for p in diagram.inputs]
+    free = tuple(p for p in diagram.inputs if p.name not in given)
+    for name, expr in given.items():
+        param = diagram.inputs[names.index(name)]
+        stated = Diagram(f"{diagram.name}_{name}", free, (), (expr,), (param.axes,), diagram.axes)
+        value = sem.run(stated, [values[names.index(p.name)] for p in free])[0]
+        if not _equal(sem.unmasked(value), sem.unmasked(values[names.index(name)])):
+            raise Unproved(f"the relation of `{diagram.name}` giving `{name}` does not hold of the value the join "
+                           f"feeds it (they do not normalise to the same term)")
 
 
 def _side(lemma: LemmaDecl, side: Expr) -> Diagram:

@@ -679,3 +679,13 @@ def test_a_backward_relation_the_forwards_statistic_does_not_satisfy_is_not_join
     assert "the relation of `b` giving `L` does not hold" in err.value.diagnostics[0].message
     right = loads(_SHIFTED_STATISTIC.replace(" - 700", "").replace(" * exp(-700)", ""))
     assert link(right.diagram("f"), [right.diagram("b"), right.diagram("bs")]).proved
+
+
+def test_the_tested_join_also_refuses_a_relation_the_forward_does_not_satisfy() -> None:
+    """With --allow-tested-join the shifted statistic is refused by the float64 test: L is 700 below
+    the relation's logsumexp."""
+    module = loads(_SHIFTED_STATISTIC)
+    with pytest.raises(NapkinError) as err:
+        link(module.diagram("f"), [module.diagram("b"), module.diagram("bs")], allow_tested=True)
+    assert err.value.codes == ("lower.backward_wrong",)
+    assert "`b` states `L` by a relation that the value fed to it does not satisfy" in err.value.diagnostics[0].message

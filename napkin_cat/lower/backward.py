@@ -71,6 +71,7 @@ from napkin_cat.terms import (
     Var,
     fold_index,
     fold_pred,
+    relations,
     walk,
 )
 
@@ -216,6 +217,7 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
                 values = [{"input": args, "output": outs, "cotangent": cts}[kind][i] for kind, i in row]
                 errors = [{"input": exact, "output": out_errs, "cotangent": [0.0] * len(cts)}[kind][i]
                           for kind, i in row]
+                _relations_within(b, values, errors, sizes, drawn[-1])
                 for i, g, e in zip(gives, *evaluate_bounded(b, values, errors, sizes=sizes), strict=True):
                     got[i] = got[i] + g
                     got_errs[i] = got_errs[i] + e + U * np.abs(got[i])  # several backwards' gradients are summed
@@ -235,6 +237,33 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
                     f"{' and labels across the vocabulary' if labels else ''}")))
     return (f"in float64 (within its rounding, lower.roundoff) at {DRAWS} size draws ({'; '.join(drawn)}; the "
             f"largest integer constant of the diagrams: {past}){', labels across the vocabulary' if labels else ''}")
+
+
+def _relations_within(b: Diagram, values: Sequence[object], errors: Sequence[object], sizes: dict[str, int],
+                      drawn: str) -> None:
+    """Raise ``lower.backward_wrong`` where a relation ``b`` states (``given L = ...``,
+    ``terms.relations``) differs from the value the join feeds it by more than ``SAFETY`` times the
+    two running error bounds: the pass is claimed only where its relations hold (``prove_join``
+    proves it where it can; this is the tested join's check)."""
+    given = relations(b.inputs)
+    names = [p.name for p in b.inputs]
+    free = tuple(p for p in b.inputs if p.name not in given)
+    for name, expr in given.items():
+        k = names.index(name)
+        stated = Diagram(f"{b.name}_{name}", free, (), (expr,), (b.inputs[k].axes,), b.axes)
+        picked = [names.index(p.name) for p in free]
+        (value,), (err,) = evaluate_bounded(stated, [values[i] for i in picked], [errors[i] for i in picked],
+                                            sizes=sizes)
+        fed = np.asarray(values[k], np.float64)
+        with np.errstate(invalid="ignore"):
+            close = (value == fed) | (np.isnan(value) & np.isnan(fed)) | \
+                (np.abs(value - fed) <= SAFETY * (err + np.asarray(errors[k], np.float64)))
+        if not np.all(close):
+            where = tuple(int(i) for i in np.argwhere(~np.broadcast_to(close, np.shape(fed)))[0])
+            raise NapkinError(error("lower.backward_wrong", why=(
+                f"`{b.name}` states `{name}` by a relation that the value fed to it does not satisfy: at {list(where)} "
+                f"it is {fed[where]:.6g} and the relation gives {np.broadcast_to(value, fed.shape)[where]:.6g}, "
+                f"with sizes {drawn}")))
 
 
 def _drawn(rng: np.random.Generator, shape: list[int], scale: float, vocabulary: int) -> np.ndarray:

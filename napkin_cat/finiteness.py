@@ -345,6 +345,21 @@ def _linrec(a: Abstract, x: Abstract, rounds: bool) -> Abstract:
                     rounds)
 
 
+def _product(vs: list[Abstract], rounds: bool) -> Abstract:
+    """A contraction's product of its operands at one position, in whatever order the evaluator
+    multiplies them (einsum picks a pairwise path by cost: of X^5 [x], 1e-300·sign(Z) [q x] and
+    Y^5 [x] it multiplies the two vectors first, 2^1100 = inf, where the left-to-right order stays
+    near 2^200): every partial product of a subset lies within 2^(Σ min(lo, 0))..2^(Σ max(hi, 0));
+    where one may overflow or underflow, a later factor 0 or ±inf may also make it NaN."""
+    ordered = fold(lambda a, b: _bin("mul", a, b, rounds), vs)
+    if len(vs) < 3:
+        return ordered
+    lo, hi = sum(min(v.lo, 0.0) for v in vs), sum(max(v.hi, 0.0) for v in vs)
+    partial = _float64(ordered.classes, lo, hi, rounds)
+    nan = _v("nan") if partial.classes != ordered.classes else frozenset()
+    return _join(ordered, replace(partial, classes=partial.classes | nan))
+
+
 _REDUCE = {"sum": "add", "mean": "add", "prod": "mul", "max": "maximum", "min": "minimum"}
 
 #: one transfer rule per op: (the box, its operands' values, the analysis) -> the box's value
@@ -387,8 +402,7 @@ def _rule(op: str) -> Rule:
         return lambda box, vs, an: _fold("add", _bin("mul", _weights(box.params, vs[0], an.rounds, _entries(box)),
                                                      vs[1], an.rounds), an.rounds, _entries(box))
     if kind == "contract":
-        return lambda box, vs, an: _fold("add", fold(lambda a, b: _bin("mul", a, b, an.rounds), vs), an.rounds,
-                                         _entries(box))
+        return lambda box, vs, an: _fold("add", _product(vs, an.rounds), an.rounds, _entries(box))
     if kind == "where":
         return lambda box, vs, an: _join(vs[0], vs[1])
     if kind == "compare":
@@ -550,21 +564,48 @@ class _ExactAt(_Analysis):
         return RULES[expr.op](expr, [self.value(a) for a in expr.args], self.exact)
 
 
+class _FiniteAt(_Analysis):
+    """The analysis with the terms ``finite`` (by id) taken at their finite entries only."""
+
+    def __init__(self, defs: Mapping[str, Expr], inputs: Mapping[str, Abstract], finite: Collection[int]):
+        super().__init__(defs, inputs)
+        self.finite = finite
+
+    def value(self, expr: Expr) -> Abstract:
+        v = super().value(expr)
+        return replace(v, classes=v.classes & FINITE) if id(expr) in self.finite else v
+
+
 def rounds_to_infinity(expr: Expr, operands: Iterable[Expr], diagram: Diagram) -> Box | None:
     """The first box of ``expr`` (a term of ``diagram``), outside its ``operands`` (sub-terms it
-    takes as they are), that float64 may make ±inf or NaN where the extended reals would not,
-    its operands as float64 computes them: an overflow (``exp`` past 709.8), or a division,
-    ``log``, ``recip`` or ``rsqrt`` of a value that underflowed to 0 in another such box; None
+    takes as they are), that float64 may make ±inf, NaN or 0 where the extended reals would not,
+    its operands as float64 computes them: an overflow (``exp`` past 709.8), an underflow to 0
+    (which a ``sign``, or a ``log`` or division outside the lemma, turns into a different value),
+    or a division, ``log``, ``recip`` or ``rsqrt`` of a value that underflowed or cancelled to 0
+    in another such box (at finite operands a proved right side is finite, so any infinity the
+    analysis admits there is counted, as the class rules may admit it over the reals too); None
     where there is none.  A lemma's right side instantiated at a use (``kernel.rewrite``: the
     operands are the terms its variables matched) is float-safe there when none of its boxes
     does so (README "The domain"): it computes what the extended reals do, which the lemma's
     proof covers, so it is finite wherever the left side is."""
+    operands = tuple(operands)
     matched = {id(m) for t in operands for m in walk(t)}
     own = [b for b in walk(expr) if isinstance(b, Box) and id(b) not in matched and b.op in RULES]
     defs, inputs = _defs(diagram), input_values(diagram.inputs)
     floats, exact = _Analysis(defs, inputs), _ExactAt(defs, inputs, {id(b) for b in own})
     bad = _v("-inf +inf nan")
-    return next((b for b in own if (floats.value(b).classes & bad) - exact.value(b).classes), None)
+    finite = _FiniteAt(defs, inputs, {id(t) for t in operands})
+    for b in own:
+        # an underflow to 0 the extended reals do not make: exp(U)·exp(V) at U = -760, V = 700 is 0 where
+        # exp(U + V) = 8.7e-27, and a log, division or sign outside the lemma turns that into -inf or 0 vs 1
+        if (floats.value(b).classes & (bad | _v("0"))) - exact.value(b).classes:
+            return b
+        # on finite operands a proved right side is finite over the reals, so an infinity here is float64's,
+        # which the extended-real analysis, less precise, may also admit: recip((exp(X) + 1) - 1) is inf at
+        # X = -40 (the sum rounds to 1), and the class rules give the difference every sign
+        if finite.value(b).classes & bad:
+            return b
+    return None
 
 
 def analyse(expr: Expr, defs: Mapping[str, Expr], inputs: Mapping[str, Value]) -> Value:
@@ -703,8 +744,8 @@ def narrowed(how: str, diagram: Diagram, terms: Mapping[str, Expr], rhs: Expr | 
         return (f"tested here (proved over the reals, but float64 may overflow inside `{fold.op}` at these operands, "
                 f"where the order of the chunks decides whether it does): {how[len('proved: '):]}")
     if rhs is not None and (box := rounds_to_infinity(rhs, terms.values(), diagram)) is not None:
-        return (f"tested here (proved over the reals, but float64 may make the right side's `{box.op}` infinite "
-                f"at these operands, where the left side need not be): {how[len('proved: '):]}")
+        return (f"tested here (proved over the reals, but float64 may make the right side's `{box.op}` infinite, "
+                f"NaN or an underflowed 0 at these operands, where the left side need not be): {how[len('proved: '):]}")
     return how
 
 

@@ -605,6 +605,10 @@ def rounds_to_infinity(expr: Expr, operands: Iterable[Expr], diagram: Diagram) -
         # X = -40 (the sum rounds to 1), and the class rules give the difference every sign
         if finite.value(b).classes & bad:
             return b
+        # sign jumps at 0: where the analysis cannot tell its operand's sign, float64 may have rounded or
+        # cancelled it to 0 or the other sign (sign(exp(tanh X) + C - C) is 0 at C = 1e20, 1 over the reals)
+        if b.op == "sign" and len(finite.value(b.args[0]).classes & FINITE) > 1:
+            return b
     return None
 
 
@@ -721,7 +725,7 @@ def fold_overflows(box: Box, diagram: Diagram, accumulator: str = "") -> bool:
 
 
 def narrowed(how: str, diagram: Diagram, terms: Mapping[str, Expr], rhs: Expr | None = None,
-             fold: Box | None = None, accumulator: str = "") -> str:
+             fold: Box | None = None, accumulator: str = "", lhs: Expr | None = None) -> str:
     """Certification's ``how`` for one use, its parameters matched to ``terms``: a proof
     (``proved: ...``) covers finite inputs, -inf masks in the parameters it names in
     ``[-inf masks: S]`` and every value in those it names in ``[extended: X0]``; applied to
@@ -743,10 +747,26 @@ def narrowed(how: str, diagram: Diagram, terms: Mapping[str, Expr], rhs: Expr | 
     if fold is not None and fold_overflows(fold, diagram, accumulator):
         return (f"tested here (proved over the reals, but float64 may overflow inside `{fold.op}` at these operands, "
                 f"where the order of the chunks decides whether it does): {how[len('proved: '):]}")
-    if rhs is not None and (box := rounds_to_infinity(rhs, terms.values(), diagram)) is not None:
-        return (f"tested here (proved over the reals, but float64 may make the right side's `{box.op}` infinite, "
-                f"NaN or an underflowed 0 at these operands, where the left side need not be): {how[len('proved: '):]}")
+    if rhs is not None and lhs is not None and (wider := _wider(rhs, lhs, diagram)):
+        return (f"tested here (proved over the reals, but in float64 the right side may be {', '.join(sorted(wider))} "
+                f"at these operands, where the left side is not): {how[len('proved: '):]}")
+    sides = (("left", lhs), ("right", rhs)) if lhs is not None else (("right", rhs),)
+    for side, term in sides:
+        if term is None or (box := rounds_to_infinity(term, terms.values(), diagram)) is None:
+            continue
+        return (f"tested here (proved over the reals, but float64 may give the {side} side's `{box.op}` a class the "
+                f"extended reals do not, by an overflow, underflow or cancellation at these operands, which the "
+                f"proof does not cover): {how[len('proved: '):]}")
     return how
+
+
+def _wider(rhs: Expr, lhs: Expr, diagram: Diagram) -> Value:
+    """The classes the analysis gives the instantiated right side ``rhs`` and not the matched left
+    side ``lhs`` (both terms of ``diagram``): a rewrite may not make a term's float64 value leave the
+    classes the source's has, which the diagram around it may rely on (``log`` of a sum of
+    exponentials, finite where ``(exp(tanh X) + C) - C`` with C = 1e20 cancels to 0, and -inf there)."""
+    an = _Analysis(_defs(diagram), input_values(diagram.inputs))
+    return an.value(rhs).classes - an.value(lhs).classes
 
 
 def finite_in(diagram: Diagram, expr: Expr) -> bool:

@@ -256,8 +256,12 @@ def _un(op: str, x: Abstract, rounds: bool) -> Abstract:
 
 def _bin(op: str, a: Abstract, b: Abstract, rounds: bool) -> Abstract:
     classes = _pairs(op, a.classes, b.classes)
-    if op in ("add", "sub"):  # a sum of floats that does not cancel to 0 is at least the smaller ulp
-        return _float64(classes, max(min(a.lo, b.lo) - 53.0, UNDERFLOW), max(a.hi, b.hi) + 1.0, rounds)
+    if op in ("add", "sub"):  # a sum of floats that does not cancel to 0 is at least the smaller ulp; one of
+        # operands of opposite signs (a difference of one sign: c - 5 for c ≥ 0) is at most the larger, rounded too
+        signs = [v.classes & _v("- +") for v in (a, b)]
+        apart = signs[0] == signs[1] if op == "sub" else signs[0].isdisjoint(signs[1])
+        grow = 0.0 if apart and all(len(x) == 1 for x in signs) and not (a.classes | b.classes) - FINITE else 1.0
+        return _float64(classes, max(min(a.lo, b.lo) - 53.0, UNDERFLOW), max(a.hi, b.hi) + grow, rounds)
     if op == "mul":
         return _float64(classes, a.lo + b.lo, a.hi + b.hi, rounds)
     if op == "div":

@@ -42,7 +42,7 @@ positions), ``0`` where it may fall below 2^-1074 (underflow: ``exp`` past -745)
 - a normalisation or normalised contraction ``a1(s) / b(Σ a2(s))`` (0 where the normaliser
   is 0) composes those rules; exp's weights read scores shifted by their finite maximum, so
   are in [0, 1] (the relational fact s - max s ≤ 0); ``contract`` is the sum of the product
-  of its operands;
+  of its operands (of three or more, every partial product bounded: ``_product``);
 - input relations (``given L = logsumexp[x](s)``, ``terms.relations``: the diagram claims only
   inputs where L is that expression of its other inputs, a backward pass's saved statistic):
   ``exp(s - L)`` of the same term s (bindings read through) is in [0, 1], since the evaluator's

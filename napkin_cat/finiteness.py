@@ -568,6 +568,15 @@ class _ExactAt(_Analysis):
         return RULES[expr.op](expr, [self.value(a) for a in expr.args], self.exact)
 
 
+def _absorbs(an: _Analysis, box: Box) -> bool:
+    """May float64's sum or difference ``box`` drop one of its non-zero operands whole (rounding
+    it away: the smaller's magnitude may lie more than 2^53 below the larger's)?"""
+    a, b = (an.value(x) for x in box.args)
+    if not (a.classes & _v("- +") and b.classes & _v("- +")):
+        return False
+    return min(a.lo, b.lo) < max(a.hi, b.hi) - 53.0
+
+
 class _FiniteAt(_Analysis):
     """The analysis with the terms ``finite`` (by id) taken at their finite entries only."""
 
@@ -599,6 +608,7 @@ def rounds_to_infinity(expr: Expr, operands: Iterable[Expr], diagram: Diagram) -
     floats, exact = _Analysis(defs, inputs), _ExactAt(defs, inputs, {id(b) for b in own})
     bad = _v("-inf +inf nan")
     finite = _FiniteAt(defs, inputs, {id(t) for t in operands})
+    ids = {id(b) for b in own}
     for b in own:
         # an underflow to 0 the extended reals do not make: exp(U)·exp(V) at U = -760, V = 700 is 0 where
         # exp(U + V) = 8.7e-27, and a log, division or sign outside the lemma turns that into -inf or 0 vs 1
@@ -612,6 +622,12 @@ def rounds_to_infinity(expr: Expr, operands: Iterable[Expr], diagram: Diagram) -
         # sign jumps at 0: where the analysis cannot tell its operand's sign, float64 may have rounded or
         # cancelled it to 0 or the other sign (sign(exp(tanh X) + C - C) is 0 at C = 1e20, 1 over the reals)
         if b.op == "sign" and len(finite.value(b.args[0]).classes & FINITE) > 1:
+            return b
+        # a sum or difference of a sum that may drop an operand whole (their magnitudes 2^53 apart): the
+        # dropped part is an error as large as what a cancellation leaves ((exp(tanh X) + C) - C - 1 is -1
+        # at C = 1e20, exp(tanh X) - 1 over the reals, of either sign)
+        if b.op in ("add", "sub") and any(
+                isinstance(o, Box) and o.op in ("add", "sub") and id(o) in ids and _absorbs(floats, o) for o in b.args):
             return b
     return None
 

@@ -541,8 +541,11 @@ class Interpreter:
         spec, out = einsum_spec([k.axes for k in operands], node.target)
         if self.alg.symbolic:
             data = np.einsum(spec, *(k.data for k in operands), dtype=object)
-        else:
-            data = np.einsum(spec, *(k.data for k in operands), optimize=len(operands) > 2)
+        else:  # operands multiplied in their order, pairwise: einsum's own path depends on the shapes (of
+            # X^5 [x], c [q x], Y^5 [x] it multiplies the vectors first at q = 4, c first at q = 1, so a
+            # group of q by 1 would turn an overflow finite), and a value must not depend on a tile
+            path = ["einsum_path", *[(0, 1)] * (len(operands) - 1)] if len(operands) > 2 else False
+            data = np.einsum(spec, *(k.data for k in operands), optimize=path)
         return Named(out, np.asarray(data))
 
     def indexed(self, node: Box, kids: tuple[Named, ...]) -> Named:

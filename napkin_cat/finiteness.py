@@ -42,7 +42,7 @@ positions), ``0`` where it may fall below 2^-1074 (underflow: ``exp`` past -745)
 - a normalisation or normalised contraction ``a1(s) / b(Σ a2(s))`` (0 where the normaliser
   is 0) composes those rules; exp's weights read scores shifted by their finite maximum, so
   are in [0, 1] (the relational fact s - max s ≤ 0); ``contract`` is the sum of the product
-  of its operands;
+  of its operands (of three or more, every partial product bounded: ``_product``);
 - input relations (``given L = logsumexp[x](s)``, ``terms.relations``: the diagram claims only
   inputs where L is that expression of its other inputs, a backward pass's saved statistic):
   ``exp(s - L)`` of the same term s (bindings read through) is in [0, 1], since the evaluator's
@@ -256,8 +256,12 @@ def _un(op: str, x: Abstract, rounds: bool) -> Abstract:
 
 def _bin(op: str, a: Abstract, b: Abstract, rounds: bool) -> Abstract:
     classes = _pairs(op, a.classes, b.classes)
-    if op in ("add", "sub"):  # a sum of floats that does not cancel to 0 is at least the smaller ulp
-        return _float64(classes, max(min(a.lo, b.lo) - 53.0, UNDERFLOW), max(a.hi, b.hi) + 1.0, rounds)
+    if op in ("add", "sub"):  # a sum of floats that does not cancel to 0 is at least the smaller ulp; one of
+        # operands of opposite signs (a difference of one sign: c - 5 for c ≥ 0) is at most the larger, rounded too
+        signs = [v.classes & _v("- +") for v in (a, b)]
+        apart = signs[0] == signs[1] if op == "sub" else signs[0].isdisjoint(signs[1])
+        grow = 0.0 if apart and all(len(x) == 1 for x in signs) and not (a.classes | b.classes) - FINITE else 1.0
+        return _float64(classes, max(min(a.lo, b.lo) - 53.0, UNDERFLOW), max(a.hi, b.hi) + grow, rounds)
     if op == "mul":
         return _float64(classes, a.lo + b.lo, a.hi + b.hi, rounds)
     if op == "div":
@@ -345,6 +349,21 @@ def _linrec(a: Abstract, x: Abstract, rounds: bool) -> Abstract:
                     rounds)
 
 
+def _product(vs: list[Abstract], rounds: bool) -> Abstract:
+    """A contraction's product of its operands at one position, in whatever order the evaluator
+    multiplies them (einsum picks a pairwise path by cost: of X^5 [x], 1e-300·sign(Z) [q x] and
+    Y^5 [x] it multiplies the two vectors first, 2^1100 = inf, where the left-to-right order stays
+    near 2^200): every partial product of a subset lies within 2^(Σ min(lo, 0))..2^(Σ max(hi, 0));
+    where one may overflow or underflow, a later factor 0 or ±inf may also make it NaN."""
+    ordered = fold(lambda a, b: _bin("mul", a, b, rounds), vs)
+    if len(vs) < 3:
+        return ordered
+    lo, hi = sum(min(v.lo, 0.0) for v in vs), sum(max(v.hi, 0.0) for v in vs)
+    partial = _float64(ordered.classes, lo, hi, rounds)
+    nan = _v("nan") if partial.classes != ordered.classes else frozenset()
+    return _join(ordered, replace(partial, classes=partial.classes | nan))
+
+
 _REDUCE = {"sum": "add", "mean": "add", "prod": "mul", "max": "maximum", "min": "minimum"}
 
 #: one transfer rule per op: (the box, its operands' values, the analysis) -> the box's value
@@ -387,8 +406,7 @@ def _rule(op: str) -> Rule:
         return lambda box, vs, an: _fold("add", _bin("mul", _weights(box.params, vs[0], an.rounds, _entries(box)),
                                                      vs[1], an.rounds), an.rounds, _entries(box))
     if kind == "contract":
-        return lambda box, vs, an: _fold("add", fold(lambda a, b: _bin("mul", a, b, an.rounds), vs), an.rounds,
-                                         _entries(box))
+        return lambda box, vs, an: _fold("add", _product(vs, an.rounds), an.rounds, _entries(box))
     if kind == "where":
         return lambda box, vs, an: _join(vs[0], vs[1])
     if kind == "compare":
@@ -550,21 +568,68 @@ class _ExactAt(_Analysis):
         return RULES[expr.op](expr, [self.value(a) for a in expr.args], self.exact)
 
 
+def _absorbs(an: _Analysis, box: Box) -> bool:
+    """May float64's sum or difference ``box`` drop one of its non-zero operands whole (rounding
+    it away: the smaller's magnitude may lie more than 2^53 below the larger's)?"""
+    a, b = (an.value(x) for x in box.args)
+    if not (a.classes & _v("- +") and b.classes & _v("- +")):
+        return False
+    return min(a.lo, b.lo) < max(a.hi, b.hi) - 53.0
+
+
+class _FiniteAt(_Analysis):
+    """The analysis with the terms ``finite`` (by id) taken at their finite entries only."""
+
+    def __init__(self, defs: Mapping[str, Expr], inputs: Mapping[str, Abstract], finite: Collection[int]):
+        super().__init__(defs, inputs)
+        self.finite = finite
+
+    def value(self, expr: Expr) -> Abstract:
+        v = super().value(expr)
+        return replace(v, classes=v.classes & FINITE) if id(expr) in self.finite else v
+
+
 def rounds_to_infinity(expr: Expr, operands: Iterable[Expr], diagram: Diagram) -> Box | None:
     """The first box of ``expr`` (a term of ``diagram``), outside its ``operands`` (sub-terms it
-    takes as they are), that float64 may make ±inf or NaN where the extended reals would not,
-    its operands as float64 computes them: an overflow (``exp`` past 709.8), or a division,
-    ``log``, ``recip`` or ``rsqrt`` of a value that underflowed to 0 in another such box; None
+    takes as they are), that float64 may make ±inf, NaN or 0 where the extended reals would not,
+    its operands as float64 computes them: an overflow (``exp`` past 709.8), an underflow to 0
+    (which a ``sign``, or a ``log`` or division outside the lemma, turns into a different value),
+    or a division, ``log``, ``recip`` or ``rsqrt`` of a value that underflowed or cancelled to 0
+    in another such box (at finite operands a proved right side is finite, so any infinity the
+    analysis admits there is counted, as the class rules may admit it over the reals too); None
     where there is none.  A lemma's right side instantiated at a use (``kernel.rewrite``: the
     operands are the terms its variables matched) is float-safe there when none of its boxes
     does so (README "The domain"): it computes what the extended reals do, which the lemma's
     proof covers, so it is finite wherever the left side is."""
+    operands = tuple(operands)
     matched = {id(m) for t in operands for m in walk(t)}
     own = [b for b in walk(expr) if isinstance(b, Box) and id(b) not in matched and b.op in RULES]
     defs, inputs = _defs(diagram), input_values(diagram.inputs)
     floats, exact = _Analysis(defs, inputs), _ExactAt(defs, inputs, {id(b) for b in own})
     bad = _v("-inf +inf nan")
-    return next((b for b in own if (floats.value(b).classes & bad) - exact.value(b).classes), None)
+    finite = _FiniteAt(defs, inputs, {id(t) for t in operands})
+    ids = {id(b) for b in own}
+    for b in own:
+        # an underflow to 0 the extended reals do not make: exp(U)·exp(V) at U = -760, V = 700 is 0 where
+        # exp(U + V) = 8.7e-27, and a log, division or sign outside the lemma turns that into -inf or 0 vs 1
+        if (floats.value(b).classes & (bad | _v("0"))) - exact.value(b).classes:
+            return b
+        # on finite operands a proved right side is finite over the reals, so an infinity here is float64's,
+        # which the extended-real analysis, less precise, may also admit: recip((exp(X) + 1) - 1) is inf at
+        # X = -40 (the sum rounds to 1), and the class rules give the difference every sign
+        if finite.value(b).classes & bad:
+            return b
+        # sign jumps at 0: where the analysis cannot tell its operand's sign, float64 may have rounded or
+        # cancelled it to 0 or the other sign (sign(exp(tanh X) + C - C) is 0 at C = 1e20, 1 over the reals)
+        if b.op == "sign" and len(finite.value(b.args[0]).classes & FINITE) > 1:
+            return b
+        # a sum or difference of a sum that may drop an operand whole (their magnitudes 2^53 apart): the
+        # dropped part is an error as large as what a cancellation leaves ((exp(tanh X) + C) - C - 1 is -1
+        # at C = 1e20, exp(tanh X) - 1 over the reals, of either sign)
+        if b.op in ("add", "sub") and any(
+                isinstance(o, Box) and o.op in ("add", "sub") and id(o) in ids and _absorbs(floats, o) for o in b.args):
+            return b
+    return None
 
 
 def analyse(expr: Expr, defs: Mapping[str, Expr], inputs: Mapping[str, Value]) -> Value:
@@ -680,7 +745,7 @@ def fold_overflows(box: Box, diagram: Diagram, accumulator: str = "") -> bool:
 
 
 def narrowed(how: str, diagram: Diagram, terms: Mapping[str, Expr], rhs: Expr | None = None,
-             fold: Box | None = None, accumulator: str = "") -> str:
+             fold: Box | None = None, accumulator: str = "", lhs: Expr | None = None) -> str:
     """Certification's ``how`` for one use, its parameters matched to ``terms``: a proof
     (``proved: ...``) covers finite inputs, -inf masks in the parameters it names in
     ``[-inf masks: S]`` and every value in those it names in ``[extended: X0]``; applied to
@@ -702,10 +767,26 @@ def narrowed(how: str, diagram: Diagram, terms: Mapping[str, Expr], rhs: Expr | 
     if fold is not None and fold_overflows(fold, diagram, accumulator):
         return (f"tested here (proved over the reals, but float64 may overflow inside `{fold.op}` at these operands, "
                 f"where the order of the chunks decides whether it does): {how[len('proved: '):]}")
-    if rhs is not None and (box := rounds_to_infinity(rhs, terms.values(), diagram)) is not None:
-        return (f"tested here (proved over the reals, but float64 may make the right side's `{box.op}` infinite "
-                f"at these operands, where the left side need not be): {how[len('proved: '):]}")
+    if rhs is not None and lhs is not None and (wider := _wider(rhs, lhs, diagram)):
+        return (f"tested here (proved over the reals, but in float64 the right side may be {', '.join(sorted(wider))} "
+                f"at these operands, where the left side is not): {how[len('proved: '):]}")
+    sides = (("left", lhs), ("right", rhs)) if lhs is not None else (("right", rhs),)
+    for side, term in sides:
+        if term is None or (box := rounds_to_infinity(term, terms.values(), diagram)) is None:
+            continue
+        return (f"tested here (proved over the reals, but float64 may give the {side} side's `{box.op}` a class the "
+                f"extended reals do not, by an overflow, underflow or cancellation at these operands, which the "
+                f"proof does not cover): {how[len('proved: '):]}")
     return how
+
+
+def _wider(rhs: Expr, lhs: Expr, diagram: Diagram) -> Value:
+    """The classes the analysis gives the instantiated right side ``rhs`` and not the matched left
+    side ``lhs`` (both terms of ``diagram``): a rewrite may not make a term's float64 value leave the
+    classes the source's has, which the diagram around it may rely on (``log`` of a sum of
+    exponentials, finite where ``(exp(tanh X) + C) - C`` with C = 1e20 cancels to 0, and -inf there)."""
+    an = _Analysis(_defs(diagram), input_values(diagram.inputs))
+    return an.value(rhs).classes - an.value(lhs).classes
 
 
 def finite_in(diagram: Diagram, expr: Expr) -> bool:

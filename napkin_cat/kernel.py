@@ -210,7 +210,7 @@ def rewrite(thm: Theorem, lemma: LemmaDecl, step: terms.Rewrite, certified: Mapp
                 while dead := [let for let in lets[:n] if len(let.names) == 1 and let.names[0] in step.at
                                and not any(_mentions(b.expr, let.names[0], {}) for b in lets)]:
                     lets, n = [let for let in lets if let not in dead], n - len(dead)
-                how = narrowed(certified[lemma.name], thm.result, vars_, instance)
+                how = narrowed(certified[lemma.name], thm.result, vars_, instance, lhs=node)
                 result = replace(thm.result, body=tuple(lets[:n]), outputs=tuple(e.expr for e in lets[n:]))
                 return _extend(thm, step, ("congruence", f"lemma {lemma.name} ({how})"),
                                () if how.startswith("proved") else (f"lemma {lemma.name}",), result=result)

@@ -518,3 +518,26 @@ def test_the_relational_rules_compare_terms_without_unfolding_bindings() -> None
               "  return exp(recip(X * -0.0) - L)\n}\n")
     d = loads(signed).diagram("f")
     assert not finite_in(d, d.outputs[0])
+
+
+def test_a_contraction_of_three_is_multiplied_in_one_order_whatever_the_shapes() -> None:
+    """einsum picked a pairwise order by cost, so by the shapes: of X^5 [x], c [q x], Y^5 [x] it
+    multiplied the two vectors first at q = 4 (2^1100 = inf) and c first at q = 1 (2.7e31), so
+    `group q by 1` turned the diagram's inf finite.  The evaluator multiplies in the operands'
+    order now, and the finiteness rule bounds every partial product (``_product``): A·B·C may be
+    inf, so c is not vouched finite in either order."""
+    from napkin_cat.finiteness import finite_in
+    from napkin_cat.schedule.run import run_schedule
+
+    text = ("axis q, x\ndiagram f(X: [x], Y: [x], Z: [q x]) -> [q] {\n  A = X * X * X * X * X\n"
+            "  B = Y * Y * Y * Y * Y\n  C = 1e-300 * sign(Z)\n  return contract[x](A, C, B)\n}\n"
+            "theorem t: f {\n  group q by 1\n}\n")
+    (result,) = check_module(loads(text), strict=True)
+    assert result.theorem is not None
+    x = np.array([2.0**110, 2.0**110])
+    source = evaluate(result.theorem.source, [x, x, np.ones((4, 2))])
+    grouped = run_schedule(result.theorem, [x, x, np.ones((4, 2))])[0]
+    assert np.all(np.isfinite(source)) and np.array_equal(source, grouped)
+    for order in ("A, C, B", "A, B, C", "C, A, B"):
+        diagram = loads(text.split("theorem")[0].replace("A, C, B", order)).diagram("f")
+        assert not finite_in(diagram, diagram.outputs[0]), order

@@ -31,7 +31,7 @@ from napkin_cat.schedule.loopnest import Flat
 from napkin_cat.schedule.masks import absorbed_masks
 from napkin_cat.terms import Axes, Box, Cmp, Const, Expr, Logic, Pred, Var
 
-__all__ = ["DataMask", "block_liveness", "data_masks", "gathered_tables", "tested"]
+__all__ = ["DataMask", "block_kinds", "block_liveness", "data_masks", "gathered_tables", "tested"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,11 @@ class DataMask:
 
     masks: tuple[Expr, ...]
     preds: tuple[tuple[Pred, Axes], ...] = ()
+    #: the nodes of the chain of selects and wheres that apply them (``_nested``), each its value
+    #: operand wherever they all hold: where they hold at every real position of a (block,
+    #: chunk) pair, the kernel computes the chain unmasked there; empty when the operand is
+    #: no such chain (its chunks then run masked whatever the mask)
+    nodes: frozenset[str] = frozenset()
 
 
 def data_masks(flat: Flat, stream: str, plans: Mapping[str, AccumulatorPlan]) -> tuple[DataMask, ...] | None:
@@ -94,21 +99,25 @@ def _nested(operand: Expr, mask: Expr, fill: float, defs: Mapping[str, Expr]) ->
     such a select keeps the one mask ``masks.masked_fill`` found."""
     masks: list[Expr] = []
     preds: list[tuple[Pred, Axes]] = []
-    expr = operand
+    nodes: list[str] = []
+    expr, name = operand, None
     while True:
         while isinstance(expr, Var) and expr.name in defs:
-            expr = defs[expr.name]
+            expr, name = defs[expr.name], expr.name
         if not isinstance(expr, Box) or not isinstance(expr.args[-1], Const) or expr.args[-1].value != fill:
             break
         if expr.op == "select":
             masks.append(expr.args[0])
-            expr = expr.args[1]
+            nodes.append(name or "")  # "": a box inside an operand, not a node the kernel can leave out
+            expr, name = expr.args[1], None
         elif expr.op == "where" and isinstance(expr.index, (Cmp, Logic)):
             preds.append((expr.index, expr.target))
-            expr = expr.args[0]
+            nodes.append(name or "")
+            expr, name = expr.args[0], None
         else:
             break
-    return DataMask(tuple(masks), tuple(preds)) if masks else DataMask((mask,))
+    chain = frozenset(nodes) if "" not in nodes else frozenset()
+    return DataMask(tuple(masks), tuple(preds), chain) if masks else DataMask((mask,))
 
 
 def block_liveness(mask: np.ndarray, block: int, chunk: int) -> np.ndarray:
@@ -121,3 +130,16 @@ def block_liveness(mask: np.ndarray, block: int, chunk: int) -> np.ndarray:
     padded = np.zeros((p * block, c * chunk), dtype=bool)
     padded[:rows, :keys] = mask != 0
     return padded.reshape(p, block, c, chunk).any(axis=(1, 3))
+
+
+def block_kinds(mask: np.ndarray, block: int, chunk: int) -> np.ndarray:
+    """``kind[p, c]``: 0 where the ``[rows, keys]`` mask is 0 at every real position of program
+    ``p``'s block and chunk ``c`` (``block_liveness`` false), 2 where it is nonzero at every one,
+    1 otherwise: the numpy statement of the kernels' block mask (``lower.dataskip``)."""
+    rows, keys = mask.shape
+    p, c = -(-rows // block), -(-keys // chunk)
+    padded = np.ones((p * block, c * chunk), dtype=bool)  # padding counts as live for "every"
+    padded[:rows, :keys] = mask != 0
+    every = padded.reshape(p, block, c, chunk).all(axis=(1, 3))
+    live = block_liveness(mask, block, chunk)
+    return np.where(live, np.where(every, 2, 1), 0)

@@ -11,7 +11,9 @@ plus one last ragged chunk when the tile does not divide the size, so no padding
 masking is needed and memory stays O(chunk) instead of O(whole axis).  ``fori_loop``
 with static bounds lowers to ``scan``, so ``jax.grad`` works through it; the step is
 ``jax.checkpoint``-ed, so the backward pass stores one carry per chunk and recomputes
-the chunk's intermediates (as FlashAttention's backward recomputes the scores).
+the chunk's intermediates (as FlashAttention's backward recomputes the scores).  A mask read
+from data computes its block's kinds of chunks before the loop (``dataskip``) and each step
+switches on its chunk's: skipped, masked, or unmasked.
 
 A split (``split a by k``, ``Layout.split``) replaces the stream of ``a``: the inputs carrying
 ``a`` are zero-padded to ⌈|a|/k⌉ blocks of k, ``jax.vmap`` folds every block from the

@@ -16,7 +16,9 @@
   block, the accumulator states in the carry (the Triton backend has no scratch memory);
   chunks that a mask fills with the accumulator's padding value are skipped (``skip.stream_runs``:
   a loop per disjoint range of live chunks, one for a conjunction, several for a disjunction),
-  and chunks on which the where masks hold everywhere run without them (``Runs.full``);
+  and chunks on which the where masks hold everywhere run without them (``Runs.full``); a mask
+  read from data is a block mask computed in the wrapper (``dataskip``): each program loops
+  over its live chunks, read from two extra inputs (their count and indices, their FULL flags);
 - other values are f32 inside the kernel, dots accumulate in f32, masks are finite;
 - a split (``Layout.split``: blocks of k of the streamed axis) is one more grid axis, the last:
   each program streams its block of k and writes its unfinalised accumulator states to f32
@@ -401,7 +403,7 @@ def _emit_loop(lay: Layout, env: dict[str, Value], scope: Scope, in_refs: Sequen
     if skip is not None:
         body = _emit_body(lay, env, scope, in_refs, out_refs, frozenset(), (skip, plan_refs[0], plan_refs[1]))
         count = block.bind("live_count", cg.subscript(cg.name(plan_refs[0]), cg.const(0)))
-        loop = cg.call("lax.fori_loop", cg.const(0), count, cg.name(body), emit_identity(lay, scope))
+        loop: ast.expr = cg.call("lax.fori_loop", cg.const(0), count, cg.name(body), emit_identity(lay, scope))
         block.emit(cg.assign(finals, loop) if finals else ast.Expr(loop))
         return [Value(cg.name(n), s.axes) for n, s in zip(finals, state, strict=True)]
     # chunks a mask fills with padding are skipped: the loop runs over each disjoint live range

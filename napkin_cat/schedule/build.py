@@ -36,8 +36,9 @@ It makes these explicit choices (the Napkin paper leaves them open):
   every loop; memory and steps outside the stream are unchanged.  Without a closed form for
   the pairs, every chunk is counted.  Where the mask is read from data
   (``datamask.data_masks``: a document mask), which chunks run is known only at run time: the
-  steps are counted by the ``live`` fraction given (``napkin cost --live``), except the loads
-  and boxes of its liveness test (``datamask.tested``: the segment ids), which every chunk runs.
+  steps are counted by the ``live`` fraction given (``napkin cost --live``), the ids' chunks
+  among them; the block mask computed before the kernel (``program.BlockMask``: the ids once,
+  a few integers per pair) is the cost package's to add.
 - **Gathered tables.** An input read only at the rows gathers name (``datamask.gathered_tables``:
   a paged KV cache's pool) is never loaded whole: each gather loads its rows (the size of its
   result, where and as often as it runs), counted as a load of the gather's value; the value

@@ -101,8 +101,9 @@ def emit_steps(skip: DataSkip, lay: Layout, env: Mapping[str, Value], scope: Sco
                loads: Mapping[str, ChunkLoad]) -> tuple[str, str]:
     """Two functions of no argument, emitted into ``scope``'s block, returning the chunk's new
     carry from ``carried``: the step of a PARTIAL chunk (every mask) and of a FULL one
-    (``skip.unmasked`` computed as their value operands).  Each loads the chunks it reads
-    (``loads``), so a chunk that runs neither loads nothing."""
+    (``skip.unmasked`` computed as their value operands).  Each loads the chunks ``loads`` names
+    (plain JAX: a chunk that runs neither loads nothing); ``env`` holds those loaded before
+    (Pallas: every chunk of its loop runs one of the two)."""
     names = []
     for unmasked, hint in ((frozenset[str](), "partial_chunk"), (skip.unmasked, "full_chunk")):
         run, name = scope.block.child(), scope.block.namer.fresh(hint)

@@ -269,7 +269,8 @@ def _block_mask(lay: Layout, skip: DataSkip, block: cg.Block, whole: Mapping[str
     axes = all_axes(lay)
     extents = {a: cg.const(lay.tiles[a]) if a in offsets else extent_of(a) for a in axes if a not in lay.squeezed}
     sizes = {a: cg.name(given[a]) if a in given else size_of(a) for a in axes}
-    scope = Scope(fn, sizes, extents, offsets, lay.squeezed, frozenset(a for a in axes if lay.may_pad(a)), dtype)
+    scope = Scope(fn, sizes, extents, offsets, lay.squeezed, frozenset(a for a in axes if lay.may_pad(a)), dtype,
+                  rounded=rounded_nodes(lay))  # the mask's nodes as the kernel computes them
     env: dict[str, Value] = {}
     for name_, in_axes in lay.flat.inputs:
         if name_ not in skip.reads:
@@ -503,7 +504,9 @@ def _emit_body(lay: Layout, env: dict[str, Value], scope: Scope, in_refs: Sequen
     carried = [Value(cg.name(n), s.axes) for n, s in zip(names, state, strict=True)]
     guarded: ast.expr
     if plan is not None:  # a live chunk: masked, or FULL and unmasked (dataskip.py; no output is chunked then)
-        partial, full = emit_steps(plan[0], lay, chunk_env, inner, carried, loads)
+        # loaded before the branch, at the loop body's top level, where Triton pipelines the loads
+        chunk_env |= {name: load(body) for name, load in loads.items()}
+        partial, full = emit_steps(plan[0], lay, chunk_env, inner, carried, {})
         flag = cg.subscript(cg.name(plan[2]), cg.binop(cg.const(1), "+", cg.name(j)))
         guarded = cg.call("lax.cond", cg.binop(flag, "!=", cg.const(0)), cg.name(full), cg.name(partial))
     else:

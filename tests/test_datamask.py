@@ -21,7 +21,7 @@ from napkin_cat.elaborate import load, loads
 from napkin_cat.lower import lower
 from napkin_cat.printer import print_module
 from napkin_cat.proof import check_file, check_module, prove
-from napkin_cat.schedule.datamask import block_liveness
+from napkin_cat.schedule.datamask import block_kinds, block_liveness
 from tests.test_elaborate import one_error
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -437,7 +437,6 @@ def test_the_block_mask_lists_each_programs_live_chunks_in_order() -> None:
     indices in ascending order (the loop's order: no accumulator need commute), and a 1 for each
     full one, padded to a power of two; ``datamask.block_kinds`` states the kinds in numpy."""
     from napkin_cat.lower.runtime import live_chunks
-    from napkin_cat.schedule.datamask import block_kinds
     kinds = jnp.asarray([[0, 2, 1, 0, 2], [1, 0, 0, 0, 0], [0, 0, 0, 0, 0]], jnp.int32)
     plan, flags = (np.asarray(a) for a in live_chunks(kinds))
     assert plan.shape == flags.shape == (3, 16)
@@ -447,3 +446,33 @@ def test_the_block_mask_lists_each_programs_live_chunks_in_order() -> None:
     assert block_kinds(ids[:, None] == ids[None, :], 8, 8).tolist() == [
         [2, 2, 1, 0], [2, 2, 1, 0], [1, 1, 1, 1], [0, 0, 1, 2]]
     assert block_kinds(np.ones((5, 5)), 4, 4).tolist() == [[2, 2], [2, 2]]  # padding is no hole
+
+
+@pytest.mark.parametrize("ids", [np.repeat([3, 4, 6], [7, 46, 8]), np.zeros(61, int)])
+def test_the_pallas_block_mask_is_exact_on_real_positions(ids: np.ndarray) -> None:
+    """The kinds the Pallas wrapper computes (recorded as they reach ``live_chunks``) are
+    ``datamask.block_kinds`` of the causal document mask over the 61 real queries and keys, in
+    blocks and chunks of 16 (64 padded): empty above the diagonal and across documents, full
+    where the whole real tile is one document below the diagonal (the padded last row and
+    column are no hole), partial elsewhere; the kernel runs the count of live chunks each."""
+    thm = _document_theorem("flash_causal_document_attention")
+    lowered = lower(thm, target="pallas", tiles={"gq": 16, "sx": 16})
+    namespace = lowered.forward.__globals__
+    recorded: list[np.ndarray] = []
+    original = namespace["live_chunks"]
+
+    def recording(kinds: Any) -> Any:
+        recorded.append(np.asarray(kinds))
+        return original(kinds)
+
+    rng = np.random.default_rng(9)
+    Q, K, V = _qkv(rng, q=61, x=61)
+    namespace["live_chunks"] = recording
+    try:
+        got = np.asarray(lowered.forward(*(_device(a) for a in (Q, K, V, ids, ids)), interpret=True))
+    finally:
+        namespace["live_chunks"] = original
+    causal = np.arange(61)[:, None] >= np.arange(61)[None, :]
+    want = block_kinds((ids[:, None] == ids[None, :]) & causal, 16, 16)
+    assert recorded[0].tolist() == want.tolist() and (want == 2).any() and (want == 0).any()
+    assert np.abs(got - napkin_cat.run(thm.source, Q, K, V, ids, ids)).max() < 1e-5

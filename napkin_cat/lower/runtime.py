@@ -66,9 +66,14 @@ def pad_to(array: Any, extents: Sequence[int], dtype: Any) -> Any:
 def pair_kinds(kind: Callable[..., Any], shape: Sequence[int]) -> Any:
     """The block mask: ``kind(*program, chunk)`` (0 empty, 1 partial, 2 full; ``lower.dataskip``)
     of every pair of a grid of ``shape[:-1]`` programs and ``shape[-1]`` chunks, as an int32 array
-    of ``shape``: one vectorised computation from the mask's integer inputs, before the kernel."""
-    ids = jnp.meshgrid(*(jnp.arange(n) for n in shape), indexing="ij")
-    return jax.vmap(kind)(*(i.ravel() for i in ids)).reshape(tuple(shape)).astype(jnp.int32)
+    of ``shape``: one computation from the mask's integer inputs, before the kernel."""
+    chunks = jnp.arange(shape[-1])
+    if len(shape) == 1:  # one program
+        return jax.vmap(kind)(chunks).astype(jnp.int32)
+    ids = tuple(i.ravel() for i in jnp.meshgrid(*(jnp.arange(n) for n in shape[:-1]), indexing="ij"))
+    # program by program (each its chunks at once): a block by a chunk per pair, one row in memory
+    rows = jax.lax.map(lambda program: jax.vmap(lambda j: kind(*program, j))(chunks), ids)
+    return rows.reshape(tuple(shape)).astype(jnp.int32)
 
 
 def live_chunks(kinds: Any) -> tuple[Any, Any]:

@@ -272,10 +272,10 @@ def _block_mask(lay: Layout, skip: DataSkip, block: cg.Block, whole: Mapping[str
     scope = Scope(fn, sizes, extents, offsets, lay.squeezed, frozenset(a for a in axes if lay.may_pad(a)), dtype,
                   rounded=rounded_nodes(lay))  # the mask's nodes as the kernel computes them
     env: dict[str, Value] = {}
-    for name_, in_axes in lay.flat.inputs:
-        if name_ not in skip.reads:
+    for input_name, in_axes in lay.flat.inputs:
+        if input_name not in skip.reads:
             continue
-        value = whole[name_]
+        value = whole[input_name]
         for k in reversed(range(len(in_axes))):  # right to left: earlier positions stay put
             a = in_axes[k]
             if a in lay.squeezed:
@@ -283,7 +283,7 @@ def _block_mask(lay: Layout, skip: DataSkip, block: cg.Block, whole: Mapping[str
                                 keywords=[cg.kw("keepdims", cg.const(False))])
             elif a in offsets:
                 value = cg.call("lax.dynamic_slice_in_dim", value, offsets[a], cg.const(lay.tiles[a]), cg.const(k))
-        env[name_] = Value(fn.bind(f"{name_}_pair", value), scope.keep(in_axes), zero_padded=True)
+        env[input_name] = Value(fn.bind(f"{input_name}_pair", value), scope.keep(in_axes), zero_padded=True)
     fn.emit(ast.Return(emit_kind(skip, lay, env, scope)))
     block.emit(cg.function(name, [*ids, j], fn.stmts))
     grid = [_grid_extent(lay, a) for a in lay.grid] + [cg.binop(extent_of(axis), "//", cg.const(lay.tiles[axis]))]

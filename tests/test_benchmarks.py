@@ -188,3 +188,11 @@ def test_round_robin_varies_the_order_and_never_repeats_a_call(names: str) -> No
     assert all(a != b for a, b in itertools.pairwise(seen))
     if len(names) > 2:
         assert all(len({a for a, b in itertools.pairwise(seen) if b == k}) > 1 for k in names)
+
+
+def test_document_benchmark_times_both_kernels_and_prints_the_modelled_ratios(tmp_path: Path) -> None:
+    out = _run([str(BENCH / "document_cpu.py"), "--n", "256", "--repeats", "1"], tmp_path)
+    lines = out.strip().splitlines()
+    assert [line.split()[0] for line in lines] == ["flash_document_attention", "flash_causal_document_attention"] * 2
+    assert all(re.search(r"median \d+\.\d{4} s", line) for line in lines[:2])
+    assert all(re.search(r": 0\.\d{4} of the dense causal kernel's bytes$", line) for line in lines[2:])

@@ -269,6 +269,11 @@ BETA = {
 #: report lists the best integer tiles instead)
 PIECEWISE_IN_TILES = {"flash_attention_prefix_lm", "flash_attention_sink_window"}
 
+#: a data mask's block mask (``schedule.program.BlockMask``) moves a few integers per (program,
+#: chunk) pair, q·x/(gq·sx): H falls with the chunk tile as well, and its Lagrange conditions
+#: have no closed form (the report lists the best integer tiles instead)
+BLOCK_MASKED = {"flash_document_attention", "flash_causal_document_attention", "flash_padded_attention"}
+
 
 def all_theorems() -> list[proof.CheckResult]:
     return [r for p in sorted((ROOT / "proofs").glob("*.ncd")) for r in proof.check_file(p)]
@@ -294,6 +299,9 @@ def test_every_theorem_in_proofs_has_a_cost_and_its_beta(path: Path) -> None:
             if r.name in PIECEWISE_IN_TILES:
                 assert piecewise(co.first.transfers) and continuous(co) is None, r.name
                 continue
+        if r.name in BLOCK_MASKED:
+            assert co.program.block_mask is not None and continuous(co) is None, r.name
+            continue
         opt = continuous(co)
         assert opt is not None, r.name
         assert opt.beta == BETA.get(r.name, opt.beta), (r.name, opt.transfers)

@@ -21,7 +21,7 @@ from napkin_cat.elaborate import load, loads
 from napkin_cat.lower import lower
 from napkin_cat.printer import print_module
 from napkin_cat.proof import check_file, check_module, prove
-from napkin_cat.schedule.datamask import block_liveness
+from napkin_cat.schedule.datamask import block_kinds, block_liveness
 from tests.test_elaborate import one_error
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -164,7 +164,8 @@ def test_chunks_a_document_mask_empties_are_skipped(target: str) -> None:
     hold a query and a key of one document (``block_liveness``).  NaN values in the keys of the
     last chunk poison every row of a program that runs it (0 · NaN): the rows of the three
     programs whose documents end before it stay finite, and equal the evaluator, only because
-    their kernels skip it; the rows of the two that run it are NaN."""
+    their kernels skip it; the rows of the two that run it are NaN.  The Pallas kernel loops over
+    each program's live chunks from the block mask; plain JAX switches on each chunk's kind."""
     thm = _document_theorem()
     rng = np.random.default_rng(0)
     Q, K, V = _qkv(rng, q=150, x=150)
@@ -175,7 +176,7 @@ def test_chunks_a_document_mask_empties_are_skipped(target: str) -> None:
     poisoned = V.copy()
     poisoned[128:] = np.nan
     lowered = lower(thm, target=target, tiles={"gq": 32, "sx": 32})
-    assert "lax.cond(live" in lowered.source
+    assert ("lax.fori_loop(0, live_count, body" if target == "pallas" else "lax.switch(kind") in lowered.source
     extra = {"interpret": True} if target == "pallas" else {}
     got = np.asarray(lowered.fn(*(_device(a) for a in (Q, K, poisoned, ids, ids)), **extra))
     assert np.all(np.isnan(got[96:]).any(axis=1))
@@ -208,20 +209,22 @@ def test_only_masks_read_from_data_are_data_masks() -> None:
     mask (an index predicate) to masks.stream_masks."""
     thm = _document_theorem()
     lay = lower(thm, target="pallas", tiles={"gq": 32, "sx": 32})
-    assert "live = jnp.max" in lay.source
+    assert "pair_kinds(chunk_kind" in lay.source
     causal = {r.name: r.theorem for r in check_file(ROOT / "proofs" / "flash_attention.ncd")}["flash_attention_causal"]
     assert "live" not in lower(causal, target="pallas", tiles={"gq": 32, "sx": 32}).source
 
 
 def test_the_cost_of_a_document_mask_is_the_live_fraction_of_its_chunks() -> None:
     """Eight documents of 2048 tokens at q = x = 16384 (blocks of 128 queries, chunks of 64
-    keys, bf16 values, int32 ids): a document kernel moves Q and O once, Dq once, the chunk of
-    Dx of every (program, chunk) pair (its liveness test reads it, skipped or not) and the
-    chunks of K and V of the live pairs only (``block_liveness``: 1/8 for the document mask,
-    about 1/15 with the diagonal too).  The causal document kernel moves under a quarter of the
-    bytes of the causal kernel (which runs half its pairs); the document mask alone cannot
-    (1/8 of the pairs against a little over 1/2, plus the same Q and O).  ``--live`` 1 (the
-    default) is the bound for any data: every chunk."""
+    keys, bf16 values, int32 ids): a document kernel moves Q, O and Dq once, and the chunks of
+    K, V and Dx of the live pairs only (``block_liveness``: 1/8 for the document mask, about
+    1/15 with the diagonal too); its block mask, computed before it, reads Dq and Dx once,
+    writes the kind of every (program, chunk) pair and reads it back, writes each program's
+    live-chunk list and flags (a count, then one entry per chunk), and the kernel reads a count
+    per program and a chunk index and a FULL flag per live pair.  The causal document kernel
+    moves under a sixth of the bytes of the causal kernel (which runs half its pairs); the
+    document mask alone just over a quarter (1/8 of the pairs against a little over 1/2, plus
+    the same Q and O).  ``--live`` 1 (the default) is the bound for any data: every chunk."""
     ids = np.repeat(np.arange(8), 2048)
     pos = np.arange(16384)
     same = ids[:, None] == ids[None, :]
@@ -236,16 +239,18 @@ def test_the_cost_of_a_document_mask_is_the_live_fraction_of_its_chunks() -> Non
         return float(c.at(c.level("smem").transfers_bytes, at))
 
     def by_hand(live: float) -> float:
-        programs, bf16, int32 = 16384 // 128, 2, 4
+        programs, chunks, bf16, int32 = 16384 // 128, 16384 // 64, 2, 4
         q_and_o, dq = 2 * 16384 * 64 * bf16, 16384 * int32
-        every_dx = programs * 16384 * int32
-        return q_and_o + dq + every_dx + live * programs * 16384 * 2 * 64 * bf16
+        streamed = live * programs * 16384 * (2 * 64 * bf16 + int32)  # K, V and Dx of the live pairs
+        pairs = programs * chunks
+        block_mask = 2 * 16384 * int32 + int32 * (2 * pairs + 2 * (pairs + programs) + programs + 2 * live * pairs)
+        return q_and_o + dq + streamed + block_mask
 
     dense = moved(causal)
     causal_document = moved(_document_theorem("flash_causal_document_attention"), live_causal)
-    assert causal_document == by_hand(live_causal) and causal_document <= dense / 4
+    assert causal_document == by_hand(live_causal) and causal_document <= dense / 6
     document = moved(_document_theorem(), live_doc)
-    assert document == by_hand(1 / 8) and dense / 4 < document < dense * 0.3
+    assert document == by_hand(1 / 8) and dense / 4 < document < dense * 0.27
     assert moved(_document_theorem()) == by_hand(1.0)  # every chunk, the bound for any data
 
 
@@ -376,3 +381,98 @@ def test_t5_bias_matches_t5_and_its_table_gets_the_scatter_added_gradient(target
     step = 1e-6
     numeric = [(reference(table + step * e).sum() - reference(table - step * e).sum()) / (2 * step) for e in np.eye(32)]
     assert np.abs(np.asarray(grad) - np.array(numeric)).max() < 1e-4
+
+
+def _chunk_functions(source: str, prefix: str) -> list[str]:
+    """The source of every function of the generated module whose name starts with ``prefix``."""
+    import ast
+    return [ast.unparse(node) for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.FunctionDef) and node.name.startswith(prefix)]
+
+
+@pytest.mark.parametrize("target", ["pallas", "jax"])
+def test_full_chunks_run_without_their_mask_chain(target: str) -> None:
+    """The block mask's FULL chunks (the mask nonzero at every real position) compute the chain
+    of selects and wheres as its value operand: the step of a full chunk has neither the
+    document select (``!= 0``) nor the causal where (``>=``); a partial chunk's has both."""
+    thm = _document_theorem("flash_causal_document_attention")
+    source = lower(thm, target=target, tiles={"gq": 16, "sx": 16}).source
+    (full,), (partial,) = _chunk_functions(source, "full_chunk"), _chunk_functions(source, "partial_chunk")
+    assert "!= 0" not in full and ">=" not in full
+    assert "!= 0" in partial and ">=" in partial
+
+
+def _ragged_cases() -> list[tuple[str, list[np.ndarray]]]:
+    rng = np.random.default_rng(8)
+    Q, K, V = _qkv(rng, q=45, x=37)
+    dq, dx = np.repeat([0, 1, 2], [20, 15, 10]), np.repeat([0, 1, 2], [16, 5, 16])
+    Qc, Kc, Vc = _qkv(rng, q=45, x=45)
+    d = np.repeat([3, 4, 6], [7, 30, 8])
+    Qs, Ks, Vs = _qkv(rng, q=40, x=40)
+    Qb, Kb, Vb = _qkv(rng, 3, q=20, x=37)
+    return [("flash_document_attention", [Q, K, V, dq, dx]),
+            ("flash_causal_document_attention", [Qc, Kc, Vc, d, d]),
+            # one document: every real pair is FULL, the last chunk half padding (masked by the padding law)
+            ("flash_document_attention", [Qs, Ks, Vs, np.zeros(40, int), np.zeros(40, int)]),
+            ("flash_padded_attention", [Qb, Kb, Vb, np.array([37, 16, 5])])]
+
+
+@pytest.mark.parametrize("target", ["pallas", "jax"])
+@pytest.mark.parametrize("case", range(4))
+def test_block_masked_kernels_equal_the_evaluator_at_ragged_sizes(target: str, case: int) -> None:
+    """Document (ids of uneven documents, queries and keys apart), causal document, one document
+    (FULL chunks with padding) and key padding, at sizes no tile divides, with tiles of 16: each
+    kernel equals the float64 evaluator, its chunks empty, partial and full alike."""
+    name, args = _ragged_cases()[case]
+    thm = _document_theorem(name)
+    want = napkin_cat.run(thm.source, *args)
+    lowered = lower(thm, target=target, tiles={"gq": 16, "sx": 16})
+    extra = {"interpret": True} if target == "pallas" else {}
+    got = np.asarray(lowered.fn(*(_device(a) for a in args), **extra))
+    assert np.abs(got - want).max() < 1e-5
+
+
+def test_the_block_mask_lists_each_programs_live_chunks_in_order() -> None:
+    """``runtime.live_chunks``: per program, the count of chunks that are not empty, their
+    indices in ascending order (the loop's order: no accumulator need commute), and a 1 for each
+    full one, padded to a power of two; ``datamask.block_kinds`` states the kinds in numpy."""
+    from napkin_cat.lower.runtime import live_chunks
+    kinds = jnp.asarray([[0, 2, 1, 0, 2], [1, 0, 0, 0, 0], [0, 0, 0, 0, 0]], jnp.int32)
+    plan, flags = (np.asarray(a) for a in live_chunks(kinds))
+    assert plan.shape == flags.shape == (3, 16)
+    assert plan[0, :4].tolist() == [3, 1, 2, 4] and flags[0, 1:4].tolist() == [1, 0, 1]
+    assert plan[1, :2].tolist() == [1, 0] and flags[1, 1] == 0 and plan[2, 0] == 0
+    ids = np.repeat([0, 1], [20, 12])  # blocks and chunks of 8: one straddles the boundary
+    assert block_kinds(ids[:, None] == ids[None, :], 8, 8).tolist() == [
+        [2, 2, 1, 0], [2, 2, 1, 0], [1, 1, 1, 1], [0, 0, 1, 2]]
+    assert block_kinds(np.ones((5, 5)), 4, 4).tolist() == [[2, 2], [2, 2]]  # padding is no hole
+
+
+@pytest.mark.parametrize("ids", [np.repeat([3, 4, 6], [7, 46, 8]), np.zeros(61, int)])
+def test_the_pallas_block_mask_is_exact_on_real_positions(ids: np.ndarray) -> None:
+    """The kinds the Pallas wrapper computes (recorded as they reach ``live_chunks``) are
+    ``datamask.block_kinds`` of the causal document mask over the 61 real queries and keys, in
+    blocks and chunks of 16 (64 padded): empty above the diagonal and across documents, full
+    where the whole real tile is one document below the diagonal (the padded last row and
+    column are no hole), partial elsewhere; the kernel runs the count of live chunks each."""
+    thm = _document_theorem("flash_causal_document_attention")
+    lowered = lower(thm, target="pallas", tiles={"gq": 16, "sx": 16})
+    namespace = lowered.forward.__globals__
+    recorded: list[np.ndarray] = []
+    original = namespace["live_chunks"]
+
+    def recording(kinds: Any) -> Any:
+        recorded.append(np.asarray(kinds))
+        return original(kinds)
+
+    rng = np.random.default_rng(9)
+    Q, K, V = _qkv(rng, q=61, x=61)
+    namespace["live_chunks"] = recording
+    try:
+        got = np.asarray(lowered.forward(*(_device(a) for a in (Q, K, V, ids, ids)), interpret=True))
+    finally:
+        namespace["live_chunks"] = original
+    causal = np.arange(61)[:, None] >= np.arange(61)[None, :]
+    want = block_kinds((ids[:, None] == ids[None, :]) & causal, 16, 16)
+    assert recorded[0].tolist() == want.tolist() and (want == 2).any() and (want == 0).any()
+    assert np.abs(got - napkin_cat.run(thm.source, Q, K, V, ids, ids)).max() < 1e-5

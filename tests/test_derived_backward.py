@@ -348,3 +348,28 @@ def test_the_derived_passes_give_each_statistic_as_the_forwards_logsumexp():
         assert np.allclose(drawn[[p.name for p in b.inputs].index(stat)], values[stat], rtol=1e-12)
         axes = "axis " + ", ".join(a.name for a in b.axes) + "\n"
         assert loads(axes + print_diagram(b)).diagram(b.name).inputs == b.inputs
+
+
+BIAS = """axis q, x, r
+diagram biased(S: [q x], T: [r], bucket: int [q x]) -> [q x] {
+  return S + gather[r](T, bucket)
+}
+theorem tiled_bias: biased {
+  group q by gq
+}
+"""
+
+
+@pytest.mark.parametrize("target", ["jax", "pallas"])
+def test_a_gathered_table_of_symbolic_size_gets_its_gradient(tmp_path, target):
+    """The gradient of a table read by a gather is a scatter-add of the cotangent at the positions:
+    its pass reads neither the table nor anything else along the table's axis `r`, so it takes the
+    table as an input for its size (``search.backward._sizing``; without it, lowering failed with
+    "axis `r` ... gets its size from no input").  The gradients match the float64 VJP."""
+    path = tmp_path / "bias.ncd"
+    path.write_text(BIAS)
+    found = derived(load(path), "tiled_bias", target=target, hardware="cpu" if target == "jax" else "h100")
+    table_pass = next(thm for thm in found.backward if thm.result.out_types == (("r",),))
+    assert [p.name for p in table_pass.result.inputs if "r" in p.axes] == ["T"]
+    why = _check_gradients(path, "tiled_bias", target, found=found)
+    assert why is not None and "`gather` is outside the proved fragment" in why

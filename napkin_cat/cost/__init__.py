@@ -60,7 +60,9 @@ CONVENTION = (
     "the plain-JAX target skips the same chunks in the block it maps (lax.cond), and runs every chunk "
     "when it vectorises the masked group instead. A mask read from data (a select of an integer mask, "
     "napkin_cat/schedule/datamask.py) is costed at the given live fraction of the pairs (--live; default 1, "
-    "every chunk), which both kernels test chunk by chunk at run time."
+    "every chunk), plus its block mask, computed before the kernel: the mask's integer inputs read once, "
+    "the kinds of every (program, chunk) pair and each program's list of live chunks written, and per "
+    "program a count and per live pair a chunk index and a full flag read by the kernel."
 )
 
 
@@ -347,6 +349,11 @@ def cost_of(diagram: Diagram, schedule: Schedule, hardware: str | hw.Hardware = 
                             transfers_bytes=simplified(levels[1].transfers_bytes + split.transfers_bytes))
         levels[0] = replace(levels[0], memory=levels[0].memory + split.states,
                             memory_bytes=levels[0].memory_bytes + split.states_bytes)
+    if prog.block_mask is not None:  # a data mask's block mask: computed before the kernel, from hbm
+        mask = prog.block_mask
+        elements = {name: sympy.Mul(*(size_syms[a] for a in nest.flat.type_of(name))) for name in mask.reads}
+        levels[1] = replace(levels[1], transfers=simplified(levels[1].transfers + mask.transfers(elements)),
+                            transfers_bytes=simplified(levels[1].transfers_bytes + mask.transfers(elements, bytes_of)))
     base = prog if source is None else program(loop_nest(source, Schedule()), size_syms, tile_syms)
     base_bytes = bytes_of if source is None else \
         _bytes_of(base.nest.flat, Schedule(), dtypes or {}, dtype, integers, strict=False)

@@ -128,6 +128,14 @@ def report(c: Cost, name: str, devices: int | None = None) -> dict[str, Any]:
             "pairs can hold a true position (for a mask read from data, the --live fraction given), and the "
             "counts inside the stream are the Pallas kernel's, which runs only those (the plain-JAX kernel "
             "runs all of them where it vectorises the masked group)")}
+    mask = c.program.block_mask
+    if mask is not None:
+        out["block_mask"] = {"reads": list(mask.reads), "programs": _s(mask.programs), "chunks": _s(mask.chunks),
+                             "live": _s(mask.live), "note": (
+            "a mask read from data: its block mask, computed before the kernel, is in the hbm traffic above "
+            f"(reads {', '.join(mask.reads) or 'no input'} once; per (program, chunk) pair its kind written "
+            "and read back, per program its live chunks and their full flags written, and read by the kernel "
+            "on the live pairs; napkin_cat/schedule/program.py BlockMask)")}
     ml = multilevel(c) if len(c.levels) > 2 else None
     if ml is not None:
         out["multilevel"] = {"levels": {k: _s(v.transfers) for k, v in ml[0].items()}, "time": _s(ml[1])}
@@ -286,6 +294,8 @@ def format_report(r: Mapping[str, Any]) -> str:
     lines.append(f"compulsory traffic (M -> oo): {r['compulsory']}")
     if "masked" in r:
         lines.append(f"note: {r['masked']['note']}")
+    if "block_mask" in r:
+        lines.append(f"note: {r['block_mask']['note']}")
     if "pallas_grid" in r:
         lines.append(f"note: {r['pallas_grid']['note']}")
     if "multilevel" in r:

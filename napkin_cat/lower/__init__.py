@@ -360,7 +360,7 @@ def _module(name: str, target: str, functions: list[ast.stmt], doc: str, fname: 
     helpers = ["bind_sizes"] + (["round_up", "pow2_extent", "pad_to"] if target in KERNEL_TARGETS else [])
     used = {n.id for f in functions for n in ast.walk(f) if isinstance(n, ast.Name)}
     helpers += [h for h in ("round_up", "device_mesh", "shard", "split_tiles", "merge_tiles", "erf", "linrec",
-                            "linrec_rows", "launch", "argmax", "topk")
+                            "linrec_rows", "launch", "argmax", "topk", "pair_kinds", "live_chunks")
                 if h in used and h not in helpers]
     body += helper_source(helpers)
     if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "wgmma"

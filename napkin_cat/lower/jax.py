@@ -11,7 +11,9 @@ plus one last ragged chunk when the tile does not divide the size, so no padding
 masking is needed and memory stays O(chunk) instead of O(whole axis).  ``fori_loop``
 with static bounds lowers to ``scan``, so ``jax.grad`` works through it; the step is
 ``jax.checkpoint``-ed, so the backward pass stores one carry per chunk and recomputes
-the chunk's intermediates (as FlashAttention's backward recomputes the scores).
+the chunk's intermediates (as FlashAttention's backward recomputes the scores).  A mask read
+from data computes its block's kinds of chunks before the loop (``dataskip``) and each step
+switches on its chunk's: skipped, masked, or unmasked.
 
 A split (``split a by k``, ``Layout.split``) replaces the stream of ``a``: the inputs carrying
 ``a`` are zero-padded to ⌈|a|/k⌉ blocks of k, ``jax.vmap`` folds every block from the
@@ -28,7 +30,7 @@ from collections.abc import Callable, Sequence
 
 from napkin_cat.cost import hardware as hw
 from napkin_cat.lower import codegen as cg
-from napkin_cat.lower.dataskip import ChunkLoad, guarded_step
+from napkin_cat.lower.dataskip import ChunkLoad, DataSkip, data_skip, emit_kind, emit_steps
 from napkin_cat.lower.fold import emit_after, emit_before, emit_combine, emit_identity, emit_step, slots
 from napkin_cat.lower.skip import stream_runs
 from napkin_cat.lower.values import Scope, Value, transpose_to
@@ -257,11 +259,14 @@ def emit_chunks(lay: Layout, env: dict[str, Value], scope: Scope, initial: ast.e
     namer = block.namer
     base = scope.offsets.get(axis)
     state = slots(lay, scope)
-    step = _emit_step(lay, env, scope, frozenset())
+    skip = data_skip(lay)
+    step = _emit_step(lay, env, scope, frozenset(), skip)
     extent = scope.extents[axis]
     full = block.bind("full_chunks", cg.binop(extent, "//", tile))
     j, c = namer.fresh("j"), namer.fresh("c")
     tail = cg.binop(extent, "%", tile)
+    # a data mask's block mask: the kind of each chunk of this block, before the loop (dataskip.py)
+    kinds = _emit_kinds(lay, skip, env, scope, full, tail) if skip is not None else None
     # chunks a mask fills with an absorbing operand's padding lift to the identity (skip.py): with
     # the block axis' offset known (``_emit_blocks``), they are skipped by a ``lax.cond``, not the
     # loop bounds, which must stay static for reverse mode; chunks on which the where masks hold
@@ -269,7 +274,7 @@ def emit_chunks(lay: Layout, env: dict[str, Value], scope: Scope, initial: ast.e
     # disjunction's chunk runs when it lies in any of its ranges
     grid = [a for a in lay.grid if a in scope.offsets and a != axis]
     trips = cg.binop(cg.binop(cg.binop(extent, "+", tile), "-", cg.const(1)), "//", tile)
-    runs = stream_runs(lay, scope.offsets, trips, grid) if grid and base is None else None
+    runs = stream_runs(lay, scope.offsets, trips, grid) if grid and base is None and kinds is None else None
     kept = _emit_step(lay, env, scope, runs.unmasked) if runs is not None and runs.full is not None else None
 
     def within(index: ast.expr, ranges: tuple[tuple[ast.expr, ast.expr], ...]) -> ast.expr:
@@ -281,6 +286,8 @@ def emit_chunks(lay: Layout, env: dict[str, Value], scope: Scope, initial: ast.e
 
     def run(index: ast.expr, state: ast.expr, start: ast.expr, length: ast.expr) -> ast.expr:
         def masked(carry: ast.expr) -> ast.expr:
+            if kinds is not None:  # the step switches on the chunk's kind
+                return cg.call(step, carry, start, length, cg.subscript(kinds, index))
             if runs is None or not runs.skips:
                 return cg.call(step, carry, start, length)
             return cg.call("lax.cond", within(index, runs.live),
@@ -308,19 +315,59 @@ def emit_chunks(lay: Layout, env: dict[str, Value], scope: Scope, initial: ast.e
         [Value(cg.name(name), lay.diagram.out_types[k]) for k, name in zip(lay.chunk_outputs, written, strict=True)]
 
 
+def _emit_kinds(lay: Layout, skip: DataSkip, env: dict[str, Value], scope: Scope, full: ast.expr,
+                tail: ast.expr) -> ast.expr:
+    """The block mask of this block (``lower.dataskip``): the kind of each of its chunks (the
+    ``full`` chunks of the tile, vectorised, then the ragged ``tail``), as an int32 array bound
+    before the loop; ``def chunk_kind(start, size)`` slices the inputs the masks read."""
+    axis = lay.stream
+    assert axis is not None
+    block, namer = scope.block, scope.block.namer
+    tile = cg.const(lay.tiles[axis])
+    fn, name = block.child(), namer.fresh("chunk_kind")
+    start, size = namer.fresh("start"), namer.fresh("size")
+    base = scope.offsets.get(axis)
+    inner = scope.with_block(fn, extents={**scope.extents, axis: cg.name(size)},
+                             offsets={**scope.offsets,
+                                      axis: cg.name(start) if base is None else cg.binop(base, "+", cg.name(start))})
+    pair = dict(env)
+    for input_name, axes in lay.flat.inputs:
+        if input_name in skip.reads and axis in axes:
+            sliced = cg.call("lax.dynamic_slice_in_dim", env[input_name].expr, cg.name(start), cg.name(size),
+                             keywords=[cg.kw("axis", cg.const(axes.index(axis)))])
+            pair[input_name] = Value(fn.bind(f"{input_name}_pair", sliced), axes)
+    fn.emit(ast.Return(emit_kind(skip, lay, pair, inner)))
+    block.emit(cg.function(name, [start, size], fn.stmts))
+    kinds = namer.fresh("kinds")
+    block.emit(cg.assign(kinds, cg.call("jnp.zeros", cg.tuple_([cg.const(0)]), cg.attr("jnp.int32"))))
+    s = namer.fresh("s")
+    each = cg.call(cg.call("jax.vmap", ast.Lambda(_args(s), cg.call(name, cg.name(s), tile))),
+                   cg.binop(cg.call("jnp.arange", full), "*", tile))
+    block.emit(ast.If(full, [cg.assign(kinds, cg.call("jnp.asarray", each, cg.attr("jnp.int32")))], []))
+    last = cg.subscript(cg.call("jnp.asarray", cg.call(name, cg.binop(full, "*", tile), tail), cg.attr("jnp.int32")),
+                        cg.const(None))
+    block.emit(ast.If(tail, [cg.assign(kinds, cg.call("jnp.concatenate", ast.List([cg.name(kinds), last],
+                                                                                   ast.Load())))], []))
+    return cg.name(kinds)
+
+
 def _chunk_load(name: str, axes: Axes, sliced: ast.expr) -> ChunkLoad:
     """Code binding ``sliced``, the chunk of input ``name``, in a block."""
     return lambda block: Value(block.bind(f"{name}_chunk", sliced), axes)
 
 
-def _emit_step(lay: Layout, env: dict[str, Value], scope: Scope, unmasked: frozenset[str]) -> str:
+def _emit_step(lay: Layout, env: dict[str, Value], scope: Scope, unmasked: frozenset[str],
+               skip: DataSkip | None = None) -> str:
     """``def step(carry, start, size)``: one chunk of the stream (the where nodes ``unmasked``
-    left out), checkpointed; returns its name."""
+    left out), checkpointed; returns its name.  With a data skip, ``step(carry, start, size,
+    kind)`` switches on the chunk's kind (``lower.dataskip``): the carry unchanged (nothing
+    loaded), the step with every mask, or without the mask chain."""
     axis = lay.stream
     assert axis is not None
     block = scope.block
     namer = block.namer
     step, carry, start, size = namer.fresh("step"), namer.fresh("carry"), namer.fresh("start"), namer.fresh("size")
+    kind = namer.fresh("kind")
     body = block.child()
     base = scope.offsets.get(axis)
     inner = scope.with_block(body, extents={**scope.extents, axis: cg.name(size)},
@@ -336,9 +383,13 @@ def _emit_step(lay: Layout, env: dict[str, Value], scope: Scope, unmasked: froze
                                                    cg.name(size), keywords=[cg.kw("axis", cg.const(axes.index(axis)))]))
              for name, axes in lay.flat.inputs if axis in axes}
     carried = [Value(cg.name(n), s.axes) for n, s in zip(names, state, strict=True)]
-    # a chunk whose data mask is 0 everywhere keeps the carry (dataskip.py; no output is chunked then)
-    guarded = guarded_step(lay, chunk_env, inner, carried, carry, loads) if not buffers else None
-    if guarded is None:
+    guarded: ast.expr
+    if skip is not None:  # an empty chunk keeps the carry (dataskip.py; no output is chunked then)
+        partial, full = emit_steps(skip, lay, chunk_env, inner, carried, loads)
+        unchanged = ast.Lambda(_args(), cg.name(carry))
+        guarded = cg.call("lax.switch", cg.name(kind), ast.List([unchanged, cg.name(partial), cg.name(full)],
+                                                               ast.Load()))
+    else:
         chunk_env |= {name: load(body) for name, load in loads.items()}
         updated = emit_step(lay, chunk_env, inner, carried)
         for k, buffer in zip(lay.chunk_outputs, buffers, strict=True):
@@ -348,7 +399,7 @@ def _emit_step(lay: Layout, env: dict[str, Value], scope: Scope, unmasked: froze
                                    keywords=[cg.kw("axis", cg.const(out_type.index(axis)))]))
         guarded = cg.tuple_(updated)
     body.emit(ast.Return(guarded))
-    block.emit(cg.function(step, [carry, start, size], body.stmts))
+    block.emit(cg.function(step, [carry, start, size] + ([kind] if skip is not None else []), body.stmts))
     # rematerialise each chunk in the backward pass: jax.grad keeps one carry per chunk,
     # not the chunk's intermediates (O(q·x) for attention scores)
     static = cg.kw("static_argnums", cg.tuple_([cg.const(2)]))

@@ -355,10 +355,14 @@ def _where(box: Box, args: Sequence[Value], scope: Scope) -> Value:
 
 
 def _kept(box: Box, args: Sequence[Value], scope: Scope) -> Value:
-    """``where`` on a chunk where its predicate holds everywhere (``Scope.unmasked``): its value
-    operand, with the axes the masked node has."""
-    a, b = args
-    axes = tuple(dict.fromkeys(a.axes + b.axes + scope.keep(box.target)))
+    """``where`` (or ``select``) on a chunk where its predicate (its mask) holds everywhere
+    (``Scope.unmasked``): its value operand, with the axes the masked node has."""
+    if box.op == "select":
+        mask, a, b = args
+        axes = tuple(dict.fromkeys(mask.axes + a.axes + b.axes))
+    else:
+        a, b = args
+        axes = tuple(dict.fromkeys(a.axes + b.axes + scope.keep(box.target)))
     return Value(_broadcast(align(a, axes), axes, a.axes, scope), axes)
 
 

@@ -13,7 +13,9 @@ differs in how a program moves data and multiplies:
   (``skip.stream_runs``, each disjoint range in order; runs where every where mask holds, ``Runs.full``, are a pipeline
   of their own without the masks): TMA copies into ``MOSAIC_STEPS`` shared-memory buffers in
   flight, the accumulator states in the pipeline's carry (registers); a pipeline of no steps
-  is not run (``lax.cond``);
+  is not run (``lax.cond``); a mask read from data skips nothing here (the pipeline's chunk
+  indices come from its step, not from a block mask, ``lower.dataskip``): every chunk runs
+  with its masks, exact but unskipped;
 - every two-operand contraction that is a matrix product is ``plgpu.wgmma`` into a register
   accumulator (``plgpu.ACC``, f32): an operand that is a chunk or block in shared memory as
   loaded is read from there, any other value is staged into shared memory first;

@@ -16,7 +16,9 @@
   block, the accumulator states in the carry (the Triton backend has no scratch memory);
   chunks that a mask fills with the accumulator's padding value are skipped (``skip.stream_runs``:
   a loop per disjoint range of live chunks, one for a conjunction, several for a disjunction),
-  and chunks on which the where masks hold everywhere run without them (``Runs.full``);
+  and chunks on which the where masks hold everywhere run without them (``Runs.full``); a mask
+  read from data is a block mask computed in the wrapper (``dataskip``): each program loops
+  over its live chunks, read from two extra inputs (their count and indices, their FULL flags);
 - other values are f32 inside the kernel, dots accumulate in f32, masks are finite;
 - a split (``Layout.split``: blocks of k of the streamed axis) is one more grid axis, the last:
   each program streams its block of k and writes its unfinalised accumulator states to f32
@@ -41,7 +43,7 @@ from typing import Any
 import sympy
 
 from napkin_cat.lower import codegen as cg
-from napkin_cat.lower.dataskip import ChunkLoad, guarded_step
+from napkin_cat.lower.dataskip import ChunkLoad, DataSkip, data_skip, emit_kind, emit_steps
 from napkin_cat.lower.fold import Slot, emit_after, emit_before, emit_combine, emit_identity, emit_step, slots
 from napkin_cat.lower.jax import all_axes, bind_inputs, rounded_nodes, size_of
 from napkin_cat.lower.skip import cut_at_full, ordered_runs, stream_runs
@@ -194,20 +196,26 @@ def emit_function(lay: Layout, fname: str, params: Sequence[str], doc: str, dtyp
     block.emit(cg.assign("p", cg.dict_([(a, padded_extent(lay, a)) for a in axes])))
     storage = cg.attr(f"jnp.{dtype}")
     padded = []
+    skip = data_skip(lay)
+    whole: dict[str, ast.expr] = {}  # the padded inputs the block mask reads, tiles not split
     for (name, in_axes), param in zip(lay.flat.inputs, params, strict=True):
         dims = cg.tuple_([extent_of(a) for a in in_axes])
         stored = cg.attr(f"jnp.{lay.stored_as(name)}") if lay.stored_as(name) else storage
         value: ast.expr = cg.call("pad_to", cg.name(param), dims, stored)
+        if skip is not None and name in skip.reads and any(a in lay.padded_tiles for a in in_axes):
+            value = whole[name] = block.bind(f"{param}_whole", value)
         for k in reversed(range(len(in_axes))):  # right to left: earlier positions stay put
             if in_axes[k] in lay.padded_tiles:
                 value = cg.call("split_tiles", value, cg.const(k), cg.const(lay.tiles[in_axes[k]]),
                                 cg.const(lay.block(in_axes[k])))
         padded.append(block.bind(f"{param}_padded", value))
+        whole.setdefault(name, padded[-1])
     out_types = list(lay.diagram.out_types)
     states = [Slot(n.name, plan, i, t) for n in lay.flat.nodes if (plan := lay.plans.get(n.name))
               for i, (_, t) in enumerate(plan.state)]
     written = [s.axes for s in states] if lay.split is not None else out_types  # a split writes its states
-    kernel = _emit_kernel(lay, params, written, dtype, namer, dot_operand, given or {})
+    plans = _block_mask(lay, skip, block, whole, dtype, given or {}) if skip is not None else []
+    kernel = _emit_kernel(lay, params, written, dtype, namer, dot_operand, given or {}, skip)
     block.emit(kernel)
     blocks = [] if lay.split is None else [split_blocks(lay)]
     shapes: list[ast.expr] = [cg.call("jax.ShapeDtypeStruct", cg.tuple_(stored_dims(lay, t)), storage)
@@ -218,12 +226,13 @@ def emit_function(lay: Layout, fname: str, params: Sequence[str], doc: str, dtyp
     call = cg.call("pl.pallas_call", cg.name(kernel.name), keywords=[
         cg.kw("out_shape", ast.List(shapes, ast.Load())),
         cg.kw("grid", grid),
-        cg.kw("in_specs", ast.List([block_spec(lay, t) for _, t in lay.flat.inputs], ast.Load())),
+        cg.kw("in_specs", ast.List([block_spec(lay, t) for _, t in lay.flat.inputs]
+                                   + [_plan_spec(lay, plan) for plan in plans], ast.Load())),
         cg.kw("out_specs", ast.List([block_spec(lay, t, lay.split is not None) for t in written], ast.Load())),
         cg.kw("interpret", cg.name("interpret")),
         *([_compiler_params(launch, block)] if launch is not None else []),
     ])
-    outs = block.bind("outs", ast.Call(call, list(padded), []))
+    outs = block.bind("outs", ast.Call(call, list(padded) + plans, []))
     if lay.split is not None:
         outs = _combine(lay, block, outs, states, padded, dtype, dot_operand)
     results = []
@@ -241,6 +250,59 @@ def emit_function(lay: Layout, fname: str, params: Sequence[str], doc: str, dtyp
         ("interpret", cg.const(None)), *((name, cg.const(None)) for name in (given or {}).values())])
 
 
+def _block_mask(lay: Layout, skip: DataSkip, block: cg.Block, whole: Mapping[str, ast.expr], dtype: str,
+                given: Mapping[str, str]) -> list[ast.expr]:
+    """The block mask (``lower.dataskip``), in plain jnp before the ``pallas_call``: the kind of
+    every (program, chunk) pair from the padded inputs the masks read (``runtime.pair_kinds``;
+    each pair sliced as the kernel loads it), then each program's live chunks and their FULL
+    flags (``runtime.live_chunks``); returns the two arrays, the kernel's last inputs."""
+    axis = lay.stream
+    assert axis is not None
+    namer = block.namer
+    fn, name = block.child(), namer.fresh("chunk_kind")
+    ids, j = [namer.fresh(f"i_{a}") for a in lay.grid], namer.fresh("j")
+    offsets: dict[str, ast.expr] = {}
+    for a, i in zip(lay.grid, ids, strict=True):
+        offsets[a] = cg.name(i) if a in lay.squeezed else \
+            fn.bind(f"{a}_first", cg.binop(cg.name(i), "*", cg.const(lay.tiles[a])))
+    offsets[axis] = fn.bind(f"{axis}_first", cg.binop(cg.name(j), "*", cg.const(lay.tiles[axis])))
+    axes = all_axes(lay)
+    extents = {a: cg.const(lay.tiles[a]) if a in offsets else extent_of(a) for a in axes if a not in lay.squeezed}
+    sizes = {a: cg.name(given[a]) if a in given else size_of(a) for a in axes}
+    scope = Scope(fn, sizes, extents, offsets, lay.squeezed, frozenset(a for a in axes if lay.may_pad(a)), dtype,
+                  rounded=rounded_nodes(lay))  # the mask's nodes as the kernel computes them
+    env: dict[str, Value] = {}
+    for input_name, in_axes in lay.flat.inputs:
+        if input_name not in skip.reads:
+            continue
+        value = whole[input_name]
+        for k in reversed(range(len(in_axes))):  # right to left: earlier positions stay put
+            a = in_axes[k]
+            if a in lay.squeezed:
+                value = cg.call("lax.dynamic_index_in_dim", value, offsets[a], cg.const(k),
+                                keywords=[cg.kw("keepdims", cg.const(False))])
+            elif a in offsets:
+                value = cg.call("lax.dynamic_slice_in_dim", value, offsets[a], cg.const(lay.tiles[a]), cg.const(k))
+        env[input_name] = Value(fn.bind(f"{input_name}_pair", value), scope.keep(in_axes), zero_padded=True)
+    fn.emit(ast.Return(emit_kind(skip, lay, env, scope)))
+    block.emit(cg.function(name, [*ids, j], fn.stmts))
+    grid = [_grid_extent(lay, a) for a in lay.grid] + [cg.binop(extent_of(axis), "//", cg.const(lay.tiles[axis]))]
+    kinds = block.bind("kinds", cg.call("pair_kinds", cg.name(name), cg.tuple_(grid)))
+    plans = [namer.fresh("live_plan"), namer.fresh("full_plan")]
+    block.emit(cg.assign(plans, cg.call("live_chunks", kinds)))
+    return [cg.name(p) for p in plans]
+
+
+def _plan_spec(lay: Layout, plan: ast.expr) -> ast.expr:
+    """``pl.BlockSpec`` of a block mask's array: the program's row, whole."""
+    width = cg.subscript(ast.Attribute(plan, "shape", ast.Load()), cg.const(-1))
+    args = [f"i_{a}" for a in lay.grid]
+    lam = ast.Lambda(ast.arguments(posonlyargs=[], args=[ast.arg(a) for a in args], vararg=None, kwonlyargs=[],
+                                   kw_defaults=[], kwarg=None, defaults=[]),
+                     cg.tuple_([cg.name(a) for a in args] + [cg.const(0)]))
+    return cg.call("pl.BlockSpec", cg.tuple_([cg.const(None)] * len(lay.grid) + [width]), lam)
+
+
 def _grid_extent(lay: Layout, axis: str) -> ast.expr:
     """Programs along a grid axis: one per position if squeezed, else one per block."""
     if axis in lay.squeezed:
@@ -250,11 +312,13 @@ def _grid_extent(lay: Layout, axis: str) -> ast.expr:
 
 def _emit_kernel(lay: Layout, params: Sequence[str], out_types: list[Axes], dtype: str,
                  namer: cg.Namer, dot_operand: str | None = None,
-                 given: Mapping[str, str] | None = None) -> ast.FunctionDef:
-    """The kernel body: grid offsets, block loads, the phases, the stream loop, stores."""
+                 given: Mapping[str, str] | None = None, skip: DataSkip | None = None) -> ast.FunctionDef:
+    """The kernel body: grid offsets, block loads, the phases, the stream loop, stores (with a
+    data skip, the block mask's two arrays are its last inputs: ``_block_mask``)."""
     block = cg.Block(namer)
     kname = namer.fresh("kernel")
     in_refs = [namer.fresh(f"{p}_ref") for p in params]
+    plan_refs = [namer.fresh("live_ref"), namer.fresh("full_ref")] if skip is not None else []
     out_refs = [namer.fresh(f"out{k}_ref") for k in range(len(out_types))]
     offsets: dict[str, ast.expr] = {}
     for k, axis in enumerate(lay.grid):
@@ -287,12 +351,12 @@ def _emit_kernel(lay: Layout, params: Sequence[str], out_types: list[Axes], dtyp
                               zero_padded=True)
     emit_before(lay, env, scope)
     if lay.stream is not None:
-        finals = _emit_loop(lay, env, scope, in_refs, out_refs)
+        finals = _emit_loop(lay, env, scope, in_refs, out_refs, skip, plan_refs)
         if lay.split is not None:  # the block's states, finalised after the combine
             for state, ref in zip(finals, out_refs, strict=True):
                 block.emit(ast.Assign([ast.Subscript(cg.name(ref), ast.Constant(Ellipsis), ast.Store())],
                                       state.expr, lineno=0))
-            return cg.function(kname, [*in_refs, *out_refs], block.stmts)
+            return cg.function(kname, [*in_refs, *plan_refs, *out_refs], block.stmts)
         emit_after(lay, env, scope, finals)
     for k, (out, t, ref) in enumerate(zip(lay.flat.outputs, out_types, out_refs, strict=True)):
         if k in lay.chunk_outputs:
@@ -300,7 +364,7 @@ def _emit_kernel(lay: Layout, params: Sequence[str], out_types: list[Axes], dtyp
         value = transpose_to(env[out], scope.keep(t))
         cast = cg.call(ast.Attribute(value, "astype", ast.Load()), ast.Attribute(cg.name(ref), "dtype", ast.Load()))
         block.emit(ast.Assign([ast.Subscript(cg.name(ref), ast.Constant(Ellipsis), ast.Store())], cast, lineno=0))
-    return cg.function(kname, [*in_refs, *out_refs], block.stmts)
+    return cg.function(kname, [*in_refs, *plan_refs, *out_refs], block.stmts)
 
 
 def _load(ref: str, index: Sequence[ast.expr], dtype: str) -> ast.expr:
@@ -318,13 +382,15 @@ def _chunk_load(name: str, ref: str, index: list[ast.expr], axes: Axes, dtype: s
 
 
 def _emit_loop(lay: Layout, env: dict[str, Value], scope: Scope, in_refs: Sequence[str],
-               out_refs: Sequence[str]) -> list[Value]:
+               out_refs: Sequence[str], skip: DataSkip | None = None, plan_refs: Sequence[str] = ()) -> list[Value]:
     """``lax.fori_loop`` over the chunks of the padded stream axis; the carry is the states.
     Chunks a mask fills with padding are skipped (``skip.stream_runs``: a disjunction's union of
     ranges runs as disjoint ranges in order); where the where
     masks hold on a whole run of chunks (``Runs.full``: a causal mask below the
     diagonal), that run is a loop of its own whose body leaves them out.  Returns the states;
-    a split's block is ``Layout.split``'s, at its offset, and skips nothing."""
+    a split's block is ``Layout.split``'s, at its offset, and skips nothing.  With a data skip
+    (``lower.dataskip``), the loop runs over the program's live chunks, their count and indices
+    read from the block mask (``plan_refs``), each FULL one without its mask chain."""
     axis = lay.stream
     assert axis is not None
     tile = cg.const(lay.tiles[axis])
@@ -335,6 +401,12 @@ def _emit_loop(lay: Layout, env: dict[str, Value], scope: Scope, in_refs: Sequen
         cg.const(-(-lay.split[1] // lay.tiles[axis]))
     state = slots(lay, scope)
     finals = [namer.fresh(s.hint) for s in state]
+    if skip is not None:
+        body = _emit_body(lay, env, scope, in_refs, out_refs, frozenset(), (skip, plan_refs[0], plan_refs[1]))
+        count = block.bind("live_count", cg.subscript(cg.name(plan_refs[0]), cg.const(0)))
+        loop: ast.expr = cg.call("lax.fori_loop", cg.const(0), count, cg.name(body), emit_identity(lay, scope))
+        block.emit(cg.assign(finals, loop) if finals else ast.Expr(loop))
+        return [Value(cg.name(n), s.axes) for n, s in zip(finals, state, strict=True)]
     # chunks a mask fills with padding are skipped: the loop runs over each disjoint live range
     runs = stream_runs(lay, scope.offsets, trips) if lay.split is None else None
     pieces = ordered_runs(block, runs) if runs is not None else [((cg.const(0), trips), None)]
@@ -401,9 +473,10 @@ def _combine(lay: Layout, block: cg.Block, outs: ast.Name, states: Sequence[Slot
 
 
 def _emit_body(lay: Layout, env: dict[str, Value], scope: Scope, in_refs: Sequence[str], out_refs: Sequence[str],
-               unmasked: frozenset[str]) -> str:
+               unmasked: frozenset[str], plan: tuple[DataSkip, str, str] | None = None) -> str:
     """``def body(j, carry)``: chunk ``j`` of the stream, the where nodes ``unmasked`` left out;
-    returns its name."""
+    with a block mask (``plan``: the data skip and the refs of its two arrays), the ``j``-th live
+    chunk, run with its masks or, where it is FULL, without its mask chain; returns its name."""
     axis = lay.stream
     assert axis is not None
     tile = cg.const(lay.tiles[axis])
@@ -411,7 +484,10 @@ def _emit_body(lay: Layout, env: dict[str, Value], scope: Scope, in_refs: Sequen
     namer = block.namer
     body_name, j, carry = namer.fresh("body"), namer.fresh("j"), namer.fresh("carry")
     body = block.child()
-    start = body.bind(f"{axis}_first", cg.binop(cg.name(j), "*", tile))  # in the block; past a split's offset:
+    index: ast.expr = cg.name(j)
+    if plan is not None:  # the j-th live chunk (after the count)
+        index = body.bind("chunk", cg.subscript(cg.name(plan[1]), cg.binop(cg.const(1), "+", cg.name(j))))
+    start = body.bind(f"{axis}_first", cg.binop(index, "*", tile))  # in the block; past a split's offset:
     base = scope.offsets.get(axis)
     at = start if base is None else body.bind(f"{axis}_at", cg.binop(base, "+", start))
     inner = scope.with_block(body, offsets={**scope.offsets, axis: at}, unmasked=unmasked)
@@ -426,9 +502,14 @@ def _emit_body(lay: Layout, env: dict[str, Value], scope: Scope, in_refs: Sequen
                                lay.computed_as(name), zero_padded=not whole)
              for (name, axes), ref in zip(lay.flat.inputs, in_refs, strict=True) if axis in axes}
     carried = [Value(cg.name(n), s.axes) for n, s in zip(names, state, strict=True)]
-    # a chunk whose data mask is 0 everywhere keeps the carry (dataskip.py; no output is chunked then)
-    guarded = guarded_step(lay, chunk_env, inner, carried, carry, loads) if not lay.chunk_outputs else None
-    if guarded is None:
+    guarded: ast.expr
+    if plan is not None:  # a live chunk: masked, or FULL and unmasked (dataskip.py; no output is chunked then)
+        # loaded before the branch, at the loop body's top level, where Triton pipelines the loads
+        chunk_env |= {name: load(body) for name, load in loads.items()}
+        partial, full = emit_steps(plan[0], lay, chunk_env, inner, carried, {})
+        flag = cg.subscript(cg.name(plan[2]), cg.binop(cg.const(1), "+", cg.name(j)))
+        guarded = cg.call("lax.cond", cg.binop(flag, "!=", cg.const(0)), cg.name(full), cg.name(partial))
+    else:
         chunk_env |= {name: load(body) for name, load in loads.items()}
         updated = emit_step(lay, chunk_env, inner, carried)
         for k in lay.chunk_outputs:  # a sequential group: store this chunk of the output

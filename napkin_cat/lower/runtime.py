@@ -19,7 +19,7 @@ from napkin_cat.cost.launch import launch
 from napkin_cat.schedule.layout import pow2_extent
 
 __all__ = ["HELPERS", "argmax", "bind_sizes", "device_mesh", "erf", "helper_source", "linrec", "linrec_rows",
-           "merge_tiles", "pad_to", "round_up", "shard", "split_tiles", "topk"]
+           "live_chunks", "merge_tiles", "pad_to", "pair_kinds", "round_up", "shard", "split_tiles", "topk"]
 
 
 def bind_sizes(arrays: Sequence[Any], signature: Sequence[tuple[str, tuple[str, ...]]],
@@ -61,6 +61,35 @@ def pad_to(array: Any, extents: Sequence[int], dtype: Any) -> Any:
     array = jnp.asarray(array).astype(dtype)
     widths = [(0, extent - size) for extent, size in zip(extents, array.shape, strict=True)]
     return jnp.pad(array, widths) if any(w for _, w in widths) else array
+
+
+def pair_kinds(kind: Callable[..., Any], shape: Sequence[int]) -> Any:
+    """The block mask: ``kind(*program, chunk)`` (0 empty, 1 partial, 2 full; ``lower.dataskip``)
+    of every pair of a grid of ``shape[:-1]`` programs and ``shape[-1]`` chunks, as an int32 array
+    of ``shape``: one computation from the mask's integer inputs, before the kernel."""
+    chunks = jnp.arange(shape[-1])
+    if len(shape) == 1:  # one program
+        return jax.vmap(kind)(chunks).astype(jnp.int32)
+    ids = tuple(i.ravel() for i in jnp.meshgrid(*(jnp.arange(n) for n in shape[:-1]), indexing="ij"))
+    # program by program (each its chunks at once): a block by a chunk per pair, one row in memory
+    rows = jax.lax.map(lambda program: jax.vmap(lambda j: kind(*program, j))(chunks), ids)
+    return rows.reshape(tuple(shape)).astype(jnp.int32)
+
+
+def live_chunks(kinds: Any) -> tuple[Any, Any]:
+    """Each program's live chunks from its kinds (the last axis): ``[count, c_1, .., c_count, ..]``,
+    the chunks that are not empty in ascending order after their count, and ``[0, f_1, ..,
+    f_count, ..]``, 1 where chunk ``c_k`` is full; int32, the last axis padded to a power of two
+    of at least 16 (a Triton block)."""
+    chunks = kinds.shape[-1]
+    width = max(16, 1 << chunks.bit_length())  # > chunks: room for the count
+    live = kinds > 0
+    order = jnp.argsort(jnp.logical_not(live), axis=-1, stable=True).astype(jnp.int32)
+    count = jnp.sum(live, axis=-1, keepdims=True, dtype=jnp.int32)
+    full = (jnp.take_along_axis(kinds, order, axis=-1) == 2).astype(jnp.int32)
+    widths = [(0, 0)] * (kinds.ndim - 1) + [(0, width - chunks - 1)]
+    return (jnp.pad(jnp.concatenate([count, order], axis=-1), widths),
+            jnp.pad(jnp.concatenate([jnp.zeros_like(count), full], axis=-1), widths))
 
 
 def split_tiles(array: Any, axis: int, tile: int, block: int) -> Any:
@@ -173,6 +202,7 @@ HELPERS: dict[str, Callable[..., Any]] = {
     "bind_sizes": bind_sizes, "round_up": round_up, "pow2_extent": pow2_extent, "pad_to": pad_to, "erf": erf,
     "linrec": linrec, "linrec_rows": linrec_rows, "split_tiles": split_tiles, "merge_tiles": merge_tiles,
     "device_mesh": device_mesh, "shard": shard, "launch": launch, "argmax": argmax, "topk": topk,
+    "pair_kinds": pair_kinds, "live_chunks": live_chunks,
 }
 
 

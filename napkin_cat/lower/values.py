@@ -90,7 +90,8 @@ class Scope:
     #: the backend has a gather (XLA: ``jnp.take_along_axis``); False in Pallas kernels (the
     #: Triton backend has none), where ``gather`` selects and sums along its axis instead
     take: bool = True
-    #: where nodes that hold on every position of this chunk (``skip.Runs.full``): each is
+    #: where nodes that hold on every position of this chunk (``skip.Runs.full``), and selects
+    #: whose mask is nonzero there (a FULL chunk of a block mask, ``dataskip``): each is
     #: computed as its value operand
     unmasked: frozenset[str] = frozenset()
     #: a padded axis's whole padded extent (code), where the kernel is traced at its size: the

@@ -36,8 +36,9 @@ It makes these explicit choices (the Napkin paper leaves them open):
   every loop; memory and steps outside the stream are unchanged.  Without a closed form for
   the pairs, every chunk is counted.  Where the mask is read from data
   (``datamask.data_masks``: a document mask), which chunks run is known only at run time: the
-  steps are counted by the ``live`` fraction given (``napkin cost --live``), except the loads
-  and boxes of its liveness test (``datamask.tested``: the segment ids), which every chunk runs.
+  steps are counted by the ``live`` fraction given (``napkin cost --live``), the ids' chunks
+  among them; the block mask computed before the kernel (``program.BlockMask``: the ids once,
+  a few integers per pair) is the cost package's to add.
 - **Gathered tables.** An input read only at the rows gathers name (``datamask.gathered_tables``:
   a paged KV cache's pool) is never loaded whole: each gather loads its rows (the size of its
   result, where and as often as it runs), counted as a load of the gather's value; the value
@@ -57,7 +58,7 @@ from napkin_cat.certify.accumulators import AccumulatorPlan, plan
 from napkin_cat.schedule.datamask import data_masks, gathered_tables, tested
 from napkin_cat.schedule.loopnest import LoopNest, Node, woven_axes
 from napkin_cat.schedule.masks import GroupAxis, chunk_count, stream_masks
-from napkin_cat.schedule.program import Buffer, Inst, Program, Step, View, rank
+from napkin_cat.schedule.program import BlockMask, Buffer, Inst, Program, Step, View, rank
 from napkin_cat.terms import Axes, Box
 
 __all__ = ["chosen_accumulator", "program"]
@@ -132,12 +133,12 @@ class _Builder:
         self.levels = sorted(used | {"hbm", self.compute}, key=rank)
         #: inputs read only at the rows gathers name (``datamask.gathered_tables``)
         self.gathered = gathered_tables(self.flat)
-        #: what a data mask's liveness test reads, on every chunk (``datamask.tested``)
-        self.tested: frozenset[str] = frozenset()
+        #: a data mask's block mask, computed before the kernel (``_masked``)
+        self.block_mask: BlockMask | None = None
         self.masked = self._masked()
         self.runs = {index: runs / full for index, runs, full in self.masked}
         self.stub = Program(nest, (), self.compute, tuple(self.homes.items()), tuple(self.sizes.items()),
-                            self.tiles, self.trips, self.constants, self.masked)
+                            self.tiles, self.trips, self.constants, self.masked, self.block_mask)
 
     def _trips(self, index: int) -> Expr:
         loop = self.nest.loops[index]
@@ -176,10 +177,13 @@ class _Builder:
         masks = stream_masks(self.flat, axis, plans, groups)
         if masks is None:  # a mask read from data: the live fraction of the chunks, as given
             found = data_masks(self.flat, axis, plans)
-            if found is None or self.live >= 1:
+            if found is None or any(lp.kind == "split" for lp in loops):  # a split skips nothing
                 return ()
-            self.tested = tested(self.flat, found)
-            return ((index, sympy.nsimplify(self.live) * self.trips[index], self.trips[index]),)
+            inputs = {name for name, _ in self.flat.inputs}
+            live = sympy.nsimplify(self.live)
+            self.block_mask = BlockMask(tuple(sorted(tested(self.flat, found) & inputs)),
+                                        sympy.Mul(*(g.trips for g in groups.values())), self.trips[index], live)
+            return ((index, live * self.trips[index], self.trips[index]),) if self.live < 1 else ()
         caps = {self.tiles[i]: self.sizes[loops[i].axis] for i in outermost.values()
                 if isinstance(self.tiles[i], sympy.Symbol)}
         runs = chunk_count(masks, groups, self.tiles[index], self.trips[index], caps)
@@ -351,7 +355,7 @@ class _ViewBuilder:
         return steps, ends
 
     def _step(self, steps: list[Step], move: _Move, path: tuple[Inst, ...]) -> None:
-        runs = self.b.runs if move.array not in self.b.tested else {}  # the liveness test runs on every chunk
+        runs = self.b.runs
         count = sympy.Mul(*(self.b.trips[i] * runs.get(i, 1) for i, _ in path))
         shape = self._shape(self.b.flat.type_of(move.array), path)
         size = sympy.Mul(*(e for _, e in shape)) if move.op in ("load", "save") else sympy.Integer(0)

@@ -9,14 +9,15 @@ Here the mask is an integer array ``M`` (``select(M, A, fill)``: a document mask
 ``eq(Dq, Dx)``, key padding ``lt(index[x](x), len)``), so whether it is 0 on a whole chunk is
 known only at run time.  ``data_masks`` decides statically that the rest of the rule holds
 (each accumulating node has an absorbing operand that ``masks.masked_fill`` shows is its
-padding value wherever ``M`` is 0, every other operand finite); a kernel then computes ``M``
-on the (program block, chunk) pair at the start of each chunk and runs the chunk only where
-some entry is nonzero (``lower/dataskip.py``).  The test reads the arrays ``tested`` names
-on every chunk; everything else the chunk reads is loaded only where it runs.  The liveness
-test is exact, not a bound: a chunk is skipped only when the mask is 0 at every position of
-the pair, whatever the data (sorted or not, padded positions included, where the zero-padded
-ids may make a chunk look live but never dead).  The cost model counts the live chunks as a
-fraction of all (``live_fraction``, ``--live``), and the test's reads on every chunk.
+padding value wherever ``M`` is 0, every other operand finite); before the kernel, a block
+mask computed from the arrays ``tested`` names classifies every (program block, chunk) pair
+over its real positions as empty (``M`` 0 at all: skipped, by the rule), full (the whole
+conjunction holds at all: the chain of selects and wheres, ``DataMask.nodes``, is its value
+operand there) or partial (``lower/dataskip.py``; ``block_kinds`` states it in numpy).  The
+classification is exact, not a bound, whatever the data (sorted or not; padded positions,
+whose zero-padded ids may read either way, count for neither).  The cost model counts the
+live chunks as a fraction of all (``--live``) and the block mask's reads and writes
+(``program.BlockMask``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from napkin_cat.schedule.loopnest import Flat
 from napkin_cat.schedule.masks import absorbed_masks
 from napkin_cat.terms import Axes, Box, Cmp, Const, Expr, Logic, Pred, Var
 
-__all__ = ["DataMask", "block_liveness", "data_masks", "gathered_tables", "tested"]
+__all__ = ["DataMask", "block_kinds", "block_liveness", "data_masks", "gathered_tables", "tested"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,11 @@ class DataMask:
 
     masks: tuple[Expr, ...]
     preds: tuple[tuple[Pred, Axes], ...] = ()
+    #: the nodes of the chain of selects and wheres that apply them (``_nested``), each its value
+    #: operand wherever they all hold: where they hold at every real position of a (block,
+    #: chunk) pair, the kernel computes the chain unmasked there; empty when the operand is
+    #: no such chain (its chunks then run masked whatever the mask)
+    nodes: frozenset[str] = frozenset()
 
 
 def data_masks(flat: Flat, stream: str, plans: Mapping[str, AccumulatorPlan]) -> tuple[DataMask, ...] | None:
@@ -54,9 +60,8 @@ def data_masks(flat: Flat, stream: str, plans: Mapping[str, AccumulatorPlan]) ->
 
 
 def tested(flat: Flat, masks: tuple[DataMask, ...]) -> frozenset[str]:
-    """The arrays the liveness test of ``masks`` reads on every chunk, skipped or not: the
-    masks' nodes and, transitively, the nodes and inputs they read (the segment ids of a
-    document mask, not its keys and values)."""
+    """The arrays the block mask of ``masks`` reads: the masks' nodes and, transitively, the
+    nodes and inputs they read (the segment ids of a document mask, not its keys and values)."""
     nodes = {n.name: n for n in flat.nodes}
     seen: set[str] = set()
     todo = [m.name for found in masks for m in found.masks if isinstance(m, Var)]
@@ -94,30 +99,48 @@ def _nested(operand: Expr, mask: Expr, fill: float, defs: Mapping[str, Expr]) ->
     such a select keeps the one mask ``masks.masked_fill`` found."""
     masks: list[Expr] = []
     preds: list[tuple[Pred, Axes]] = []
-    expr = operand
+    nodes: list[str] = []
+    expr, name = operand, None
     while True:
         while isinstance(expr, Var) and expr.name in defs:
-            expr = defs[expr.name]
+            name = expr.name
+            expr = defs[name]
         if not isinstance(expr, Box) or not isinstance(expr.args[-1], Const) or expr.args[-1].value != fill:
             break
         if expr.op == "select":
             masks.append(expr.args[0])
-            expr = expr.args[1]
+            nodes.append(name or "")  # "": a box inside an operand, not a node the kernel can leave out
+            expr, name = expr.args[1], None
         elif expr.op == "where" and isinstance(expr.index, (Cmp, Logic)):
             preds.append((expr.index, expr.target))
-            expr = expr.args[0]
+            nodes.append(name or "")
+            expr, name = expr.args[0], None
         else:
             break
-    return DataMask(tuple(masks), tuple(preds)) if masks else DataMask((mask,))
+    chain = frozenset(nodes) if "" not in nodes else frozenset()
+    return DataMask(tuple(masks), tuple(preds), chain) if masks else DataMask((mask,))
 
 
 def block_liveness(mask: np.ndarray, block: int, chunk: int) -> np.ndarray:
     """``live[p, c]``: is the ``[rows, keys]`` mask nonzero somewhere on program ``p``'s block
     of ``block`` rows and chunk ``c`` of ``chunk`` keys (a ragged last block or chunk counts
-    its real positions)?  The numpy statement of the kernels' per-chunk test, for measuring
-    the fraction of live chunks (``live_fraction`` of the cost model) on real segment ids."""
+    its real positions)?  The numpy statement of the block mask's live pairs, for measuring
+    the fraction of live chunks (``--live`` of the cost model) on real segment ids."""
     rows, keys = mask.shape
     p, c = -(-rows // block), -(-keys // chunk)
     padded = np.zeros((p * block, c * chunk), dtype=bool)
     padded[:rows, :keys] = mask != 0
     return padded.reshape(p, block, c, chunk).any(axis=(1, 3))
+
+
+def block_kinds(mask: np.ndarray, block: int, chunk: int) -> np.ndarray:
+    """``kind[p, c]``: 0 where the ``[rows, keys]`` mask is 0 at every real position of program
+    ``p``'s block and chunk ``c`` (``block_liveness`` false), 2 where it is nonzero at every one,
+    1 otherwise: the numpy statement of the kernels' block mask (``lower.dataskip``)."""
+    rows, keys = mask.shape
+    p, c = -(-rows // block), -(-keys // chunk)
+    padded = np.ones((p * block, c * chunk), dtype=bool)  # padding counts as live for "every"
+    padded[:rows, :keys] = mask != 0
+    every = padded.reshape(p, block, c, chunk).all(axis=(1, 3))
+    live = block_liveness(mask, block, chunk)
+    return np.where(live, np.where(every, 2, 1), 0)

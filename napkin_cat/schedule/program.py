@@ -21,7 +21,7 @@ from sympy import Expr
 
 from napkin_cat.cache import cache_folder, key, read, write
 from napkin_cat.schedule.loopnest import LoopNest
-from napkin_cat.terms import LEVELS, Axes
+from napkin_cat.terms import INT_BYTES, LEVELS, Axes
 
 __all__ = ["Buffer", "Inst", "Program", "Step", "View", "max_of", "rank", "simplified"]
 
@@ -137,6 +137,28 @@ def _weight(bytes_of: Mapping[str, int] | None, array: str) -> int:
 
 
 @dataclass(frozen=True)
+class BlockMask:
+    """What a data mask's block mask moves: the inputs it reads (once), the grid's ``programs``,
+    the ``chunks`` of each, and the fraction ``live`` of (program, chunk) pairs that run."""
+
+    reads: tuple[str, ...]
+    programs: Expr
+    chunks: Expr
+    live: Expr
+
+    def transfers(self, elements: Mapping[str, Expr], bytes_of: Mapping[str, int] | None = None) -> Expr:
+        """Values (or, with ``bytes_of``, bytes) between hbm and the chip: its inputs read once;
+        the kinds of every pair written and read back (4-byte integers), the two arrays of each
+        program's live chunks written (a count, or its zero, and one entry per chunk); and the
+        kernel's reads of them: the count per program, a chunk index and its FULL flag per
+        live pair."""
+        width = INT_BYTES if bytes_of is not None else 1
+        inputs = sympy.Add(*(elements[name] * (bytes_of[name] if bytes_of is not None else 1) for name in self.reads))
+        pairs = self.programs * self.chunks
+        return inputs + width * (2 * pairs + 2 * (pairs + self.programs) + self.programs + 2 * self.live * pairs)
+
+
+@dataclass(frozen=True)
 class Program:
     """A scheduled diagram as per-level views (slowest first), with the symbols it uses."""
 
@@ -152,6 +174,8 @@ class Program:
     #: pairs that run, pairs in the full loop); every step inside such a stream is counted
     #: ``runs / full`` times as often as its loops' trips say
     masked: tuple[tuple[int, Expr, Expr], ...] = ()
+    #: a data mask's block mask (``build``, ``lower.dataskip``), computed before the kernel
+    block_mask: BlockMask | None = None
 
     def shape(self, axes: Axes, path: tuple[Inst, ...]) -> tuple[tuple[str, Expr], ...]:
         """Each axis with its extent inside ``path``: the tile of the innermost loop over it

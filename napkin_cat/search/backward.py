@@ -179,13 +179,32 @@ def passes(forward: Saving, name: str) -> tuple[Diagram, ...]:
         read = {n.name for let in kept for n in walk(let.expr) if isinstance(n, Var)}
         stated = {n: g for n, g in given.items() if all(v.name in read for v in walk(g) if isinstance(v, Var))}
         inputs = tuple(replace(p, given=stated[p.name]) if p.name in stated else p
-                       for p in full.inputs if p.name in read)
+                       for p in full.inputs if p.name in read or p.name in _sizing(full, kept, outs, read, members,
+                                                                                   primal))
         built.append(replace(full, name=f"{name}_{k}", inputs=inputs,
                              body=kept, outputs=tuple(outs),
                              out_types=tuple(o.axes for o in outs)))
     if not built:
         raise NapkinError(error("lower.backward_derived", diagram=primal.name, why="no input has a gradient"))
     return tuple(built)
+
+
+def _sizing(full: Diagram, kept: Sequence[Let], outs: Sequence[Expr], read: set[str], members: Sequence[int],
+            primal: Diagram) -> set[str]:
+    """Inputs a pass reads for their sizes alone: an axis of the pass that no input it reads
+    carries and no declaration sizes (the table axis of a gather's gradient, a scatter-add that
+    reads the positions and the cotangent, not the table) takes its size from an input that
+    carries it, the one whose gradient the pass computes first."""
+    carried = {a for p in full.inputs if p.name in read for a in p.axes}
+    sized = {a.name for a in full.axes if a.size is not None}
+    used = {a for let in kept for n in walk(let.expr) for a in n.axes} | {a for o in outs for a in o.axes}
+    unbound = used - carried - sized
+    own = [primal.inputs[i].name for i in members]
+    order = sorted(full.inputs, key=lambda p: p.name not in own)  # stable: the pass's own inputs first
+    found: set[str] = set()
+    for axis in sorted(unbound):
+        found |= {next(p.name for p in order if axis in p.axes)} if any(axis in p.axes for p in order) else set()
+    return found
 
 
 def _summed_across(thm: kernel.Theorem) -> str | None:

@@ -9,7 +9,6 @@ no schedule, check the op table on every box.
 from __future__ import annotations
 
 import math
-
 from pathlib import Path
 
 import jax

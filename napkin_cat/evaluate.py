@@ -182,7 +182,9 @@ class _Float64(Algebra):
 
     def nweights(self, params: tuple[str, ...], data: Any, axis: tuple[int, ...], n: int) -> Any:
         a1, a2, b = params
-        if a1 == a2 == "exp":  # shift invariance (rules: softmax_shift) keeps exp finite
+        if a1 == a2 == "exp" and b == "id":  # shift invariance (rules: softmax_shift) keeps exp finite; under
+            # a sqrt or rms normaliser the weights are not invariant (exp(s - m) / sqrt(Σ exp(s - m)) is
+            # exp(-m/2) times exp(s) / sqrt(Σ exp(s))), so those read s itself
             m = np.max(data, axis=axis, keepdims=True, initial=-np.inf)
             data = data - np.where(np.isfinite(m), m, 0.0)
         top = self.unary[a1](data)

@@ -40,7 +40,7 @@ positions), ``0`` where it may fall below 2^-1074 (underflow: ``exp`` past -745)
   ``sum`` (each prefix is a sum of one or more entries); ``linrec`` the least set holding X
   and closed under h ↦ A·h + X; ``logsumexp`` is finite (at least its maximum) unless its maximum is infinite or nan;
 - a normalisation or normalised contraction ``a1(s) / b(Σ a2(s))`` (0 where the normaliser
-  is 0) composes those rules; exp's weights read scores shifted by their finite maximum, so
+  is 0) composes those rules; exp's weights under ``id`` read scores shifted by their finite maximum, so
   are in [0, 1] (the relational fact s - max s ≤ 0); ``contract`` is the sum of the product
   of its operands (of three or more, every partial product bounded: ``_product``);
 - input relations (``given L = logsumexp[x](s)``, ``terms.relations``: the diagram claims only
@@ -295,15 +295,15 @@ def _weights(params: tuple[str, ...], s: Abstract, rounds: bool, entries: float)
     """a1(s) / b(Σ a2(s)), 0 where the normaliser is 0.  exp's weights read s - max s, the
     maximum taken as 0 where it is not finite (evaluate.nweights): where it is finite,
     s - max s ≤ 0 (``-inf`` where masked), its exponential in [0, 1] (0 where it underflows),
-    and the normaliser at least the maximum's exp(0) = 1, so the weights are in [0, 1]
-    (``rms``: in [0, sqrt n])."""
-    if params[0] == params[1] == "exp":
+    and the normaliser at least the maximum's exp(0) = 1, so the weights are in [0, 1].  Only
+    under ``id``: the weights are shift invariant under no other normaliser, and the evaluator
+    reads exp(s) unshifted there (composed: exp(s) may overflow)."""
+    if params[0] == params[1] == "exp" and params[2] == "id":
         top = _fold("maximum", s, rounds, entries)
         weights = frozenset().union(*({"-inf": _v("0"), "nan": _v("nan")}.get(c, _v("0 +") if c in FINITE else
                                                                                frozenset()) for c in s.classes))
-        # at most 1 (sqrt(n) under an rms normaliser: exp(0) / sqrt(1/n))
-        bounded = Abstract(weights if top.classes & FINITE else frozenset(), UNDERFLOW,
-                           entries / 2 if params[2] == "rms" else 0.0)
+        # at most 1
+        bounded = Abstract(weights if top.classes & FINITE else frozenset(), UNDERFLOW, 0.0)
         if not (rest := top.classes - FINITE):
             return bounded
         # the maximum not finite: s itself, every entry -inf where the maximum is -inf (a fully masked row)

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import sympy
 
-from napkin_cat import grad, kernel, proof
+from napkin_cat import grad, kernel, proof, run
 from napkin_cat.certify.prove import Unproved, prove_join
 from napkin_cat.cli import main
 from napkin_cat.cost import cost
@@ -421,6 +421,30 @@ def test_the_join_prover_refuses_a_wrong_running_sum(wrong: str) -> None:
     forward, reference, backwards = _running_sum(wrong)
     with pytest.raises(Unproved, match="do not normalise to the same term"):
         prove_join(forward, reference, backwards)  # type: ignore[arg-type]
+
+
+def _weighted(backward: str) -> tuple[object, object, list[object]]:
+    module = loads("axis t, d\ndiagram f(X: [t d], B: [d]) -> [t d] {\n  return X * B\n}\n"
+                   f"diagram b(X: [t d], g: [t d]) -> [d] {{\n  S = sum[t](X * g)\n  dB = {backward}\n  return dB\n}}\n"
+                   "diagram bx(B: [d], g: [t d]) -> [t d] {\n  dX = g * B\n  return dX\n}\n")
+    forward = module.diagram("f")
+    return forward, grad.vjp(forward), [(module.diagram("b"), [("input", 0), ("cotangent", 0)], (1,)),
+                                        (module.diagram("bx"), [("input", 1), ("cotangent", 0)], (0,))]
+
+
+@pytest.mark.parametrize("wrong", ["S + exp(S) - exp(S)", "log(exp(S))", "S + 0.0 * exp(S)", "S * (exp(S) / exp(S))"])
+def test_the_join_prover_refuses_a_backward_that_overflows_where_the_vjp_does_not(wrong: str) -> None:
+    """Each is S over the reals, so the gradients normalised to the VJP's and the join was proved
+    and lowered; but at X = 30 (t = 32, d = 1), g = 1, S = 960 and exp(S) is inf: the first and
+    last give NaN, the second and third inf or NaN, where the VJP's dB is 960 (f32 kernels: at S > 88.7)."""
+    forward, reference, backwards = _weighted(wrong)
+    b = backwards[0][0]
+    x, g = np.full((32, 1), 30.0), np.ones((32, 1))
+    assert not np.isfinite(run(b, x, g)).all() and run(reference, x, np.ones(1), g)[1].tolist() == [960.0]  # type: ignore[arg-type]
+    with pytest.raises(Unproved, match="gradient of B may overflow in float64 where the VJP's is finite"):
+        prove_join(forward, reference, backwards)  # type: ignore[arg-type]
+    right = _weighted("S")
+    assert prove_join(right[0], right[1], right[2]).startswith("proved")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("forward_mask", "backward_mask", "why"), [

@@ -199,6 +199,10 @@ NCONTRACT_WEIGHTS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "id, square, sqrt": lambda s: s / np.sqrt((s * s).sum(1, keepdims=True)),
     "id, square, rms": lambda s: s / np.sqrt((s * s).mean(1, keepdims=True)),
     "sigmoid, abs, id": lambda s: special.expit(s) / np.abs(s).sum(1, keepdims=True),
+    # not shift invariant: the evaluator shifted these by the row's maximum as for softmax, giving
+    # exp(-max/2) times the weights (1.414 for 2.747e130 at a row [600, 600] under sqrt)
+    "exp, exp, sqrt": lambda s: np.exp(s) / np.sqrt(np.exp(s).sum(1, keepdims=True)),
+    "exp, exp, rms": lambda s: np.exp(s) / np.sqrt(np.exp(s).mean(1, keepdims=True)),
 }
 
 

@@ -8,6 +8,7 @@ no schedule, check the op table on every box.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import jax
@@ -275,6 +276,10 @@ def test_cli_lower_tiles_by_axis_name_and_unknown_names(tmp_path: Path, capsys: 
     ("diagram g(X: [a b]) -> [b] {\n  return ncontract[a; abs, log, id](X, X)\n}\n", [[0.01]], None),
     # a zero denominator with a non-zero numerator: weight 0, not inf/NaN
     ("diagram g(X: [b]) -> [] {\n  return abs(ncontract[b; log, abs, rms](X, X))\n}\n", [0.0], 0.0),
+    # exp weights under a sqrt normaliser are not shift invariant: shifted by the row's maximum as
+    # softmax is, they were exp(-4/2) = 0.135 times (4e^4 + e) / sqrt(e^4 + e) = 29.2 (3.95)
+    ("diagram g(X: [a b]) -> [b] {\n  return ncontract[a; exp, exp, sqrt](X, X)\n}\n", [[4.0], [1.0]],
+     (4 * math.exp(4) + math.exp(1)) / math.sqrt(math.exp(4) + math.exp(1))),
 ])
 def test_a_normalised_contraction_divides_as_the_evaluator(text: str, x: list[float], want: float | None) -> None:
     """The lowering divided by max(z, tiny): 8.5e33 for z < 0 and NaN for 0/0-like rows."""
@@ -284,7 +289,7 @@ def test_a_normalised_contraction_divides_as_the_evaluator(text: str, x: list[fl
     got = lower(kernel.refl("g", diagram), target="jax").fn(data.astype(np.float32))
     np.testing.assert_allclose(np.asarray(got, dtype=np.float64), reference, rtol=1e-5)
     if want is not None:
-        assert float(np.asarray(got)) == want
+        assert np.asarray(got).item() == pytest.approx(want, rel=1e-5)
 
 
 @pytest.mark.parametrize("target", ["jax", "pallas"])

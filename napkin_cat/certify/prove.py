@@ -77,6 +77,7 @@ from napkin_cat import ops
 from napkin_cat.certify import accumulators as acc
 from napkin_cat.certify.atoms import Quo, Rem, _expand, _i, _j, _MaxOf, _n, _Reduction, index, maximum, minimum, reduce
 from napkin_cat.evaluate import FLOAT64
+from napkin_cat.finiteness import finite, input_values
 from napkin_cat.terms import (
     Box,
     Const,
@@ -87,10 +88,12 @@ from napkin_cat.terms import (
     Size,
     Var,
     box_diagram,
+    expanded,
     fold_index,
     fold_pred,
     relations,
     run_diagram,
+    walk,
 )
 
 __all__ = ["Unproved", "extended", "masks_unproved", "prove_accumulator", "prove_join", "prove_lemma", "why_unproved"]
@@ -623,7 +626,34 @@ def prove_join(forward: Diagram, reference: Diagram,
     for p, g, w in zip(forward.inputs, got, want, strict=True):
         if not _equal(sem.unmasked(g), sem.unmasked(w)):
             raise Unproved(f"the gradients of {p.name} do not normalise to the same term")
+    _finite_where_the_vjp_is(forward, reference, backwards)
     return "proved: symbolically at every size, on finite real inputs"
+
+
+def _finite_where_the_vjp_is(forward: Diagram, reference: Diagram,
+                             backwards: Sequence[tuple[Diagram, Sequence[tuple[str, int]], Sequence[int]]]) -> None:
+    """Raise ``Unproved`` where a backward's gradient may overflow in float64 (the finiteness
+    analysis cannot vouch for it) while the VJP's gradient of that input is finite: equal terms
+    over the reals, the backward's may pass through inf (``S + exp(S) - exp(S)``, ``log(exp(S))``,
+    ``0 · exp(S)`` normalise to S, and are NaN or inf at S = 960 where the VJP is 960)."""
+    vouched = [finite(o, _bindings(reference), input_values(reference.inputs)) for o in reference.outputs]
+    saved = [expanded(o, _bindings(forward)) for o in forward.outputs]
+    for diagram, sources, gives in backwards:
+        # a forward output the backward reads is the forward's term of the inputs (a relation, as
+        # `given` states one), where the backward reads each input that term does
+        read = {p.name for p, (kind, _) in zip(diagram.inputs, sources, strict=True) if kind == "input"}
+        params = [replace(p, given=saved[k]) if kind == "output" and p.given is None and p.written is None and all(
+            n.name in read for n in walk(saved[k]) if isinstance(n, Var)) else p
+            for p, (kind, k) in zip(diagram.inputs, sources, strict=True)]
+        defs, inputs = _bindings(diagram), input_values(params)
+        for out, i in zip(diagram.outputs, gives, strict=True):
+            if vouched[i] and not finite(out, defs, inputs):
+                raise Unproved(f"`{diagram.name}`'s gradient of {forward.inputs[i].name} may overflow in float64 where "
+                               f"the VJP's is finite (finiteness.finite cannot vouch for it)")
+
+
+def _bindings(diagram: Diagram) -> dict[str, Expr]:
+    return {let.names[0]: let.expr for let in diagram.body if len(let.names) == 1}
 
 
 def _relations_hold(sem: _Semantics, diagram: Diagram, values: Sequence[Any]) -> None:

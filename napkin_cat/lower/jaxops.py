@@ -202,11 +202,12 @@ def _kept_dims(reduced: ast.expr, x: Value, where: ast.expr, scope: Scope) -> as
 
 
 def _weights(params: Sequence[str], x: Value, target: Axes, scope: Scope) -> ast.expr:
-    """a1(s) / b(Σ a2(s)) along ``target``, shifted by the running max when a1 = a2 = exp."""
+    """a1(s) / b(Σ a2(s)) along ``target``, shifted by the running max when a1 = a2 = exp and b = id
+    (the one normaliser the weights are shift invariant under; evaluate.nweights)."""
     a1, a2, b = params
     where = positions(x.axes, target)
     s = x.expr
-    if a1 == a2 == "exp":
+    if a1 == a2 == "exp" and b == "id":
         s = scope.block.bind("shifted", cg.binop(s, "-", _shift(x, where, scope)))
     top = scope.block.bind("top", unary(a1, s, scope))
     bottom = top if a2 == a1 else unary(a2, s, scope)

@@ -214,7 +214,7 @@ def _weights(params: tuple[str, ...], s: Bounded, pos: tuple[int, ...], n: int) 
     a1, a2, b = params
     data, err = s.value.data, s.err
     with np.errstate(all="ignore"):
-        if a1 == a2 == "exp":  # the evaluator shifts by the maximum, whose error is the largest
+        if a1 == a2 == "exp" and b == "id":  # the evaluator shifts by the maximum, whose error is the largest
             m = np.max(data, axis=pos, keepdims=True, initial=-np.inf)
             data = data - np.where(np.isfinite(m), m, 0.0)
             err = _finite(err + np.max(err, axis=pos, keepdims=True, initial=0.0) + U * np.abs(data), data)

@@ -604,7 +604,7 @@ def rounds_to_infinity(expr: Expr, operands: Iterable[Expr], diagram: Diagram) -
     operands = tuple(operands)
     matched = {id(m) for t in operands for m in walk(t)}
     own = [b for b in walk(expr) if isinstance(b, Box) and id(b) not in matched and b.op in RULES]
-    defs, inputs = _defs(diagram), input_values(diagram.inputs)
+    defs, inputs = diagram.bindings(), input_values(diagram.inputs)
     floats, exact = _Analysis(defs, inputs), _ExactAt(defs, inputs, {id(b) for b in own})
     bad = _v("-inf +inf nan")
     finite = _FiniteAt(defs, inputs, {id(t) for t in operands})
@@ -637,10 +637,6 @@ def analyse(expr: Expr, defs: Mapping[str, Expr], inputs: Mapping[str, Value]) -
     return abstract(expr, defs, inputs).classes
 
 
-def _defs(diagram: Diagram) -> dict[str, Expr]:
-    return {let.names[0]: let.expr for let in diagram.body if len(let.names) == 1}
-
-
 def input_values(params: Iterable[Param]) -> dict[str, Abstract]:
     """Each input's value: finite within ``DOMAIN`` (the domain; one a relation gives also knows
     the expression it equals: ``_Analysis.shifted``), except an array an earlier kernel of a
@@ -651,8 +647,8 @@ def input_values(params: Iterable[Param]) -> dict[str, Abstract]:
     given = relations(params)
     for p in params:
         w = p.written
-        out[p.name] = Abstract(FINITE, *DOMAIN, given.get(p.name)) if w is None else \
-            _Analysis(_defs(w), input_values(w.inputs)).value(w.outputs[0]) if len(w.outputs) == 1 else Abstract(TOP)
+        out[p.name] = Abstract(FINITE, *DOMAIN, given.get(p.name)) if w is None else Abstract(TOP) \
+            if len(w.outputs) != 1 else _Analysis(w.bindings(), input_values(w.inputs)).value(w.outputs[0])
     return out
 
 
@@ -699,7 +695,7 @@ def _listed(how: str, marker: re.Pattern[str]) -> set[str]:
 def _uncovered(diagram: Diagram, terms: Mapping[str, Expr], masks: set[str], infinite: set[str]) -> str | None:
     """The first parameter whose matched term is neither finite, nor a -inf mask where the
     parameter is in ``masks``, nor anything where it is in ``infinite``; None when all are."""
-    defs, inputs = _defs(diagram), input_values(diagram.inputs)
+    defs, inputs = diagram.bindings(), input_values(diagram.inputs)
     return next((n for n, t in terms.items() if not (finite(t, defs, inputs) or n in infinite
                                                       or (n in masks and masked(t, defs, inputs)))), None)
 
@@ -732,7 +728,7 @@ def fold_overflows(box: Box, diagram: Diagram, accumulator: str = "") -> bool:
     accumulator of a normalised contraction folds its state (Σ a1(s)·v, Σ a2(s)) before it
     divides, so those sums must not overflow either: with s = 1e45·sign(X), v = Y^7 the box's
     weights are ±1/√n and its value finite, but Σ s·v passes 2^1024."""
-    an = _Analysis(_defs(diagram), input_values(diagram.inputs))
+    an = _Analysis(diagram.bindings(), input_values(diagram.inputs))
     finite_parts = [Abstract(v.classes & FINITE, v.lo, v.hi) for v in (an.value(a) for a in box.args)]
     if box.op not in RULES:
         return True
@@ -785,10 +781,10 @@ def _wider(rhs: Expr, lhs: Expr, diagram: Diagram) -> Value:
     side ``lhs`` (both terms of ``diagram``): a rewrite may not make a term's float64 value leave the
     classes the source's has, which the diagram around it may rely on (``log`` of a sum of
     exponentials, finite where ``(exp(tanh X) + C) - C`` with C = 1e20 cancels to 0, and -inf there)."""
-    an = _Analysis(_defs(diagram), input_values(diagram.inputs))
+    an = _Analysis(diagram.bindings(), input_values(diagram.inputs))
     return an.value(rhs).classes - an.value(lhs).classes
 
 
 def finite_in(diagram: Diagram, expr: Expr) -> bool:
     """``finite`` for a term of ``diagram`` (its bindings and inputs in scope)."""
-    return finite(expr, _defs(diagram), input_values(diagram.inputs))
+    return finite(expr, diagram.bindings(), input_values(diagram.inputs))

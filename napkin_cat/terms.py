@@ -239,6 +239,10 @@ class Diagram:
         """Does some binding or output use a diagram as a box (an ``Apply``)?"""
         return any(isinstance(n, Apply) for e in [*(let.expr for let in self.body), *self.outputs] for n in walk(e))
 
+    def bindings(self) -> dict[str, Expr]:
+        """Each single-name binding's expression, by name (a tuple binding's are left out)."""
+        return {let.names[0]: let.expr for let in self.body if len(let.names) == 1}
+
     def binding(self, name: str) -> Let:
         for let in self.body:
             if name in let.names:
@@ -672,6 +676,17 @@ def relations(inputs: Sequence[Param]) -> dict[str, Expr]:
     free = {p.name for p in inputs if p.given is None and p.written is None}
     return {p.name: p.given for p in inputs if p.given is not None
             and all(n.name in free for n in walk(p.given) if isinstance(n, Var))}
+
+
+def relation_diagram(diagram: Diagram, name: str) -> tuple[Diagram, tuple[int, ...]]:
+    """The relation giving ``diagram``'s input ``name`` (``relations``) as a diagram of the inputs
+    no relation gives, with their positions among ``diagram``'s inputs: what a join evaluates to
+    check the relation against the value it feeds ``name``."""
+    given = relations(diagram.inputs)
+    picked = tuple(k for k, p in enumerate(diagram.inputs) if p.name not in given)
+    param = next(p for p in diagram.inputs if p.name == name)
+    return Diagram(f"{diagram.name}_{name}", tuple(diagram.inputs[k] for k in picked), (), (given[name],),
+                   (param.axes,), diagram.axes), picked
 
 
 def match_axes(pattern: Axes, actual: Axes, axes: dict[str, str]) -> bool:

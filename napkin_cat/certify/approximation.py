@@ -173,7 +173,7 @@ def label_inputs(diagram: Diagram) -> dict[str, str]:
     through a ``topk`` or ``argmax``, which make positions of anything), each with its ``v``:
     they hold positions along ``v``, and a standard-normal draw would hit none (the first
     onehot found decides the axis).  ``diagram`` is unfolded: no calls."""
-    defs = {let.names[0]: let.expr for let in diagram.body if len(let.names) == 1}
+    defs = diagram.bindings()
     labels: dict[str, str] = {}
     todo = [(arg, node.target[0]) for _, node in boxes(diagram) if isinstance(node, Box) and node.op == "onehot"
             for arg in node.args]  # the theorem's result is unfolded: no calls

@@ -91,6 +91,7 @@ from napkin_cat.terms import (
     expanded,
     fold_index,
     fold_pred,
+    relation_diagram,
     relations,
     run_diagram,
     walk,
@@ -636,8 +637,8 @@ def _finite_where_the_vjp_is(forward: Diagram, reference: Diagram,
     analysis cannot vouch for it) while the VJP's gradient of that input is finite: equal terms
     over the reals, the backward's may pass through inf (``S + exp(S) - exp(S)``, ``log(exp(S))``,
     ``0 · exp(S)`` normalise to S, and are NaN or inf at S = 960 where the VJP is 960)."""
-    vouched = [finite(o, _bindings(reference), input_values(reference.inputs)) for o in reference.outputs]
-    saved = [expanded(o, _bindings(forward)) for o in forward.outputs]
+    vouched = [finite(o, reference.bindings(), input_values(reference.inputs)) for o in reference.outputs]
+    saved = [expanded(o, forward.bindings()) for o in forward.outputs]
     for diagram, sources, gives in backwards:
         # a forward output the backward reads is the forward's term of the inputs (a relation, as
         # `given` states one), where the backward reads each input that term does
@@ -645,15 +646,11 @@ def _finite_where_the_vjp_is(forward: Diagram, reference: Diagram,
         params = [replace(p, given=saved[k]) if kind == "output" and p.given is None and p.written is None and all(
             n.name in read for n in walk(saved[k]) if isinstance(n, Var)) else p
             for p, (kind, k) in zip(diagram.inputs, sources, strict=True)]
-        defs, inputs = _bindings(diagram), input_values(params)
+        defs, inputs = diagram.bindings(), input_values(params)
         for out, i in zip(diagram.outputs, gives, strict=True):
             if vouched[i] and not finite(out, defs, inputs):
                 raise Unproved(f"`{diagram.name}`'s gradient of {forward.inputs[i].name} may overflow in float64 where "
                                f"the VJP's is finite (finiteness.finite cannot vouch for it)")
-
-
-def _bindings(diagram: Diagram) -> dict[str, Expr]:
-    return {let.names[0]: let.expr for let in diagram.body if len(let.names) == 1}
 
 
 def _relations_hold(sem: _Semantics, diagram: Diagram, values: Sequence[Any]) -> None:
@@ -662,13 +659,10 @@ def _relations_hold(sem: _Semantics, diagram: Diagram, values: Sequence[Any]) ->
     theorem proved, its finiteness facts drawn) only where its relations hold, so a forward that
     saves another statistic (``logsumexp[x](S) - 700``, compensated by the pass's ``exp(-700)``)
     would run it outside what its proof covers."""
-    given = relations(diagram.inputs)
     names = [p.name for p in diagram.inputs]
-    free = tuple(p for p in diagram.inputs if p.name not in given)
-    for name, expr in given.items():
-        param = diagram.inputs[names.index(name)]
-        stated = Diagram(f"{diagram.name}_{name}", free, (), (expr,), (param.axes,), diagram.axes)
-        value = sem.run(stated, [values[names.index(p.name)] for p in free])[0]
+    for name in relations(diagram.inputs):
+        stated, picked = relation_diagram(diagram, name)
+        value = sem.run(stated, [values[k] for k in picked])[0]
         if not _equal(sem.unmasked(value), sem.unmasked(values[names.index(name)])):
             raise Unproved(f"the relation of `{diagram.name}` giving `{name}` does not hold of the value the join "
                            f"feeds it (they do not normalise to the same term)")

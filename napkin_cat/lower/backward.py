@@ -71,6 +71,7 @@ from napkin_cat.terms import (
     Var,
     fold_index,
     fold_pred,
+    relation_diagram,
     relations,
     walk,
 )
@@ -245,13 +246,10 @@ def _relations_within(b: Diagram, values: Sequence[object], errors: Sequence[obj
     ``terms.relations``) differs from the value the join feeds it by more than ``SAFETY`` times the
     two running error bounds: the pass is claimed only where its relations hold (``prove_join``
     proves it where it can; this is the tested join's check)."""
-    given = relations(b.inputs)
     names = [p.name for p in b.inputs]
-    free = tuple(p for p in b.inputs if p.name not in given)
-    for name, expr in given.items():
+    for name in relations(b.inputs):
         k = names.index(name)
-        stated = Diagram(f"{b.name}_{name}", free, (), (expr,), (b.inputs[k].axes,), b.axes)
-        picked = [names.index(p.name) for p in free]
+        stated, picked = relation_diagram(b, name)
         (value,), (err,) = evaluate_bounded(stated, [values[i] for i in picked], [errors[i] for i in picked],
                                             sizes=sizes)
         fed = np.asarray(values[k], np.float64)

@@ -163,7 +163,7 @@ def passes(forward: Saving, name: str) -> tuple[Diagram, ...]:
                     for let in body]
             results = [_rebound(r, grad, new) for r in results]
     # each statistic is the forward's logsumexp of its scores, over the inputs (README "Proofs": relations)
-    defs = {let.names[0]: let.expr for let in forward.diagram.body if len(let.names) == 1}
+    defs = forward.diagram.bindings()
     given = {stat: typed_box("logsumexp", (expanded(s, defs),), target)
              for stat, (s, target) in forward.statistics.items()}
     built = []

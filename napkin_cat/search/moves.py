@@ -58,7 +58,7 @@ def proposals(diagram: Diagram, lemmas: Mapping[str, LemmaDecl]) -> list[Rewrite
     are dropped.  Whether a proposal is admissible (weaving of the matched variables,
     types) is the kernel's call.
     """
-    defs = {let.names[0]: let.expr for let in diagram.body if len(let.names) == 1}
+    defs = diagram.bindings()
     order = {name: i for i, name in enumerate(n for let in diagram.body for n in let.names)}
     roots = [(let.names[0], let.expr) for let in diagram.body if len(let.names) == 1]
     found: dict[tuple[str, tuple[str, ...]], Rewrite] = {}

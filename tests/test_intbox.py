@@ -71,7 +71,7 @@ def test_the_finiteness_rule_keeps_infinities_and_makes_small_positives_zero() -
     and NaN stay; so floor of a finite input is finite, and floor(log(X)) may be -inf or NaN."""
     d = _one("axis i\ndiagram f(X: [i]) -> [i], [i], [i] {\n"
              "  return floor(X), floor(log(abs(X))), floor(exp(X))\n}\n")
-    defs, inputs = finiteness._defs(d), finiteness.input_values(d.inputs)
+    defs, inputs = d.bindings(), finiteness.input_values(d.inputs)
     values = [finiteness._Analysis(defs, inputs).value(o) for o in d.outputs]
     assert values[0].classes == finiteness.FINITE and values[0].lo == 0.0
     assert values[1].classes == finiteness.FINITE | {"-inf"}
@@ -84,7 +84,7 @@ def test_log_of_a_value_bounded_away_from_1_has_its_sign() -> None:
     analysis reads a size as any positive value from 1 up: a log of either sign)."""
     d = _one("axis i\ndiagram f(X: [i]) -> [], [], [], [i] {\n"
              "  return log(16), log(recip(16)), log(i), log(abs(X))\n}\n")
-    defs, inputs = finiteness._defs(d), finiteness.input_values(d.inputs)
+    defs, inputs = d.bindings(), finiteness.input_values(d.inputs)
     values = [finiteness._Analysis(defs, inputs).value(o).classes for o in d.outputs]
     assert values == [{"+"}, {"-"}, {"-", "0", "+"}, {"-", "0", "+", "-inf"}]
 

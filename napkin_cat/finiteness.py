@@ -577,6 +577,17 @@ def _absorbs(an: _Analysis, box: Box) -> bool:
     return min(a.lo, b.lo) < max(a.hi, b.hi) - 53.0
 
 
+def _underflows(box: Box, floats: _Analysis, extended: _Analysis) -> bool:
+    """May float64 round ``box``'s value at non-zero operands to 0 where the extended reals give no 0
+    (an underflow the class comparison misses when a zero operand gives the box 0 anyway)?  Its
+    operands as float64 computes them, each without its zeros; its rule with and without rounding."""
+    values = [replace(v, classes=v.classes - _v("0")) for v in (floats.value(a) for a in box.args)]
+    if any(not v.classes for v in values):
+        return False
+    rule = RULES[box.op]
+    return "0" in rule(box, values, floats).classes - rule(box, values, extended).classes
+
+
 class _FiniteAt(_Analysis):
     """The analysis with the terms ``finite`` (by id) taken at their finite entries only."""
 
@@ -618,6 +629,10 @@ def rounds_to_infinity(expr: Expr, operands: Iterable[Expr], diagram: Diagram) -
         # which the extended-real analysis, less precise, may also admit: recip((exp(X) + 1) - 1) is inf at
         # X = -40 (the sum rounds to 1), and the class rules give the difference every sign
         if finite.value(b).classes & bad:
+            return b
+        # an underflow of a non-zero value to 0 where the box's classes hold 0 anyway (an operand may be 0):
+        # tanh(S) · 1e-300 / 1e-300 is 0 at S = 1e-30, and a log after it -inf where the source's is -138
+        if _underflows(b, floats, exact.exact):
             return b
         # sign jumps at 0: where the analysis cannot tell its operand's sign, float64 may have rounded or
         # cancelled it to 0 or the other sign (sign(exp(tanh X) + C - C) is 0 at C = 1e20, 1 over the reals)

@@ -169,6 +169,8 @@ def _logsumexp(a: Value) -> Value:
 #: float64's range in log2: the largest finite value is just below 2^1024 (a result from
 #: 2^1023.99 up may round to inf), the smallest non-zero one 2^-1074
 OVERFLOW, UNDERFLOW = 1023.99, -1074.0
+#: the least log2 magnitude of a normal float64 (below it, subnormals: an underflow has lost digits)
+NORMAL = -1022.0
 #: the inputs' magnitudes (log2 |x| of a non-zero entry): float32's range, subnormals included
 DOMAIN = (-149.0, 128.0)
 #: an axis's positions at most, in log2 (2^62 entries of 4 bytes fill 2^64 bytes)
@@ -251,7 +253,12 @@ def _un(op: str, x: Abstract, rounds: bool) -> Abstract:
     classes = _unary(op, x.classes)
     if op == "log" and (x.lo > SIDE or x.hi < -SIDE):  # |x| > 1 (< 1): a finite log has the sign of log |x|
         classes = (classes - FINITE) | (_v("+" if x.lo > SIDE else "-") if "+" in x.classes else frozenset())
-    return _float64(classes, *_unary_magnitude(op, x), rounds)
+    lo, hi = _unary_magnitude(op, x)  # of the finite non-zero entries' images
+    if any(UNARY[op][c] in FINITE - _v("0") for c in x.classes & _v("-inf +inf")):
+        # an infinite entry's finite image (tanh, sigmoid, sign of ±inf) is ±1 (test_finiteness checks it): tanh of a
+        # term whose finite entries are below 1e-40 but which may be +inf is 1 there, not below 1e-40
+        lo, hi = min(lo, 0.0), max(hi, 0.0)
+    return _float64(classes, lo, hi, rounds)
 
 
 def _bin(op: str, a: Abstract, b: Abstract, rounds: bool) -> Abstract:
@@ -580,10 +587,16 @@ def _absorbs(an: _Analysis, box: Box) -> bool:
 def _underflows(box: Box, floats: _Analysis, extended: _Analysis) -> bool:
     """May float64 round ``box``'s value at non-zero operands to 0 where the extended reals give no 0
     (an underflow the class comparison misses when a zero operand gives the box 0 anyway)?  Its
-    operands as float64 computes them, each without its zeros; its rule with and without rounding."""
+    operands as float64 computes them, each without its zeros, and each a normal float (an operand
+    that may already be subnormal underflowed before, where that is counted); its rule with and
+    without rounding, for a contraction the product at one position (a sum of products may cancel to
+    0 over the reals, so its classes hold 0 whether or not a product underflows: A·B·c with A, B of
+    1e-200 and c = 1e200, contracted as c·Σ A·B, is 0 where Σ (c·A)·B is 1e-200)."""
     values = [replace(v, classes=v.classes - _v("0")) for v in (floats.value(a) for a in box.args)]
-    if any(not v.classes for v in values):
+    if any(not v.classes or v.lo <= NORMAL for v in values):
         return False
+    if ops.OPS[box.op].kind == "contract":
+        return "0" in _product(values, True).classes - _product(values, False).classes
     rule = RULES[box.op]
     return "0" in rule(box, values, floats).classes - rule(box, values, extended).classes
 

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from napkin_cat import certify, kernel, ops
 from napkin_cat.certify import accumulators, rules
 from napkin_cat.elaborate import loads
-from napkin_cat.evaluate import evaluate
+from napkin_cat.evaluate import FLOAT64, evaluate
 from napkin_cat.finiteness import FINITE as FINITE_CLASSES
-from napkin_cat.finiteness import RULES, TOP, abstract, analyse, class_of, finite, fold_overflows, unsupported
+from napkin_cat.finiteness import RULES, TOP, UNARY, abstract, analyse, class_of, finite, fold_overflows, unsupported
 from napkin_cat.kernel import KernelError
 from napkin_cat.proof import check_module
 from napkin_cat.terms import Box, Diagram, Expr, Rewrite, Var
@@ -208,7 +208,8 @@ CLASSES = ("-inf", "-", "0", "+", "+inf", "nan")
 _AB = "A: [q x], B: [q x]"
 #: per op, terms that exercise its rule: (parameters, term); A and B range over every class
 TEMPLATES: dict[str, list[tuple[str, str]]] = {
-    **{op: [(_AB, f"{op}(A)")] for op in ops.UNARY},
+    # A * 1e-60: finite entries far below 1 beside infinite ones (tanh(+inf) is 1, not below 1e-60)
+    **{op: [(_AB, f"{op}(A)"), (_AB, f"{op}(A * 1e-60)")] for op in ops.UNARY},
     "add": [(_AB, "A + B"), (_AB, "A / (B + (1 - square(sign(B))))"), (_AB, "recip((1 - abs(sign(A))) + A)")],
     "sub": [(_AB, "A - B")], "mul": [(_AB, "A * B")], "div": [(_AB, "A / B")],
     "maximum": [(_AB, "max(A, B)")], "minimum": [(_AB, "min(A, B)")],
@@ -235,6 +236,15 @@ TEMPLATES: dict[str, list[tuple[str, str]]] = {
     "rename": [(_AB, "rename[x -> w](A)")],
     "transpose": [(_AB, "transpose[x q](A)")],
 }
+
+
+@pytest.mark.parametrize("op", sorted(ops.UNARY))
+def test_an_infinite_entry_with_a_finite_image_maps_to_one(op: str) -> None:
+    """``_un`` joins magnitude 2^0 where an op maps ±inf to a finite non-zero value (tanh, sigmoid,
+    sign): that value is ±1 in the evaluator."""
+    for c, v in (("-inf", -math.inf), ("+inf", math.inf)):
+        if UNARY[op][c] in ("-", "+"):
+            assert abs(float(FLOAT64.unary[op](np.float64(v)))) == 1.0, (op, c)
 
 
 def test_every_op_has_a_rule_and_a_test() -> None:

@@ -169,8 +169,6 @@ def _logsumexp(a: Value) -> Value:
 #: float64's range in log2: the largest finite value is just below 2^1024 (a result from
 #: 2^1023.99 up may round to inf), the smallest non-zero one 2^-1074
 OVERFLOW, UNDERFLOW = 1023.99, -1074.0
-#: the least log2 magnitude of a normal float64 (below it, subnormals: an underflow has lost digits)
-NORMAL = -1022.0
 #: the inputs' magnitudes (log2 |x| of a non-zero entry): float32's range, subnormals included
 DOMAIN = (-149.0, 128.0)
 #: an axis's positions at most, in log2 (2^62 entries of 4 bytes fill 2^64 bytes)
@@ -587,13 +585,11 @@ def _absorbs(an: _Analysis, box: Box) -> bool:
 def _underflows(box: Box, floats: _Analysis, extended: _Analysis) -> bool:
     """May float64 round ``box``'s value at non-zero operands to 0 where the extended reals give no 0
     (an underflow the class comparison misses when a zero operand gives the box 0 anyway)?  Its
-    operands as float64 computes them, each without its zeros, and each a normal float (an operand
-    that may already be subnormal underflowed before, where that is counted); its rule with and
-    without rounding, for a contraction the product at one position (a sum of products may cancel to
+    operands as float64 computes them, each without its zeros; its rule with and without rounding, for a contraction the product at one position (a sum of products may cancel to
     0 over the reals, so its classes hold 0 whether or not a product underflows: A·B·c with A, B of
     1e-200 and c = 1e200, contracted as c·Σ A·B, is 0 where Σ (c·A)·B is 1e-200)."""
     values = [replace(v, classes=v.classes - _v("0")) for v in (floats.value(a) for a in box.args)]
-    if any(not v.classes or v.lo <= NORMAL for v in values):
+    if any(not v.classes for v in values):
         return False
     if ops.OPS[box.op].kind == "contract":
         return "0" in _product(values, True).classes - _product(values, False).classes
@@ -613,7 +609,7 @@ class _FiniteAt(_Analysis):
         return replace(v, classes=v.classes & FINITE) if id(expr) in self.finite else v
 
 
-def rounds_to_infinity(expr: Expr, operands: Iterable[Expr], diagram: Diagram) -> Box | None:
+def rounds_to_infinity(expr: Expr, operands: Iterable[Expr], diagram: Diagram, rewritten: bool = True) -> Box | None:
     """The first box of ``expr`` (a term of ``diagram``), outside its ``operands`` (sub-terms it
     takes as they are), that float64 may make ±inf, NaN or 0 where the extended reals would not,
     its operands as float64 computes them: an overflow (``exp`` past 709.8), an underflow to 0
@@ -645,7 +641,7 @@ def rounds_to_infinity(expr: Expr, operands: Iterable[Expr], diagram: Diagram) -
             return b
         # an underflow of a non-zero value to 0 where the box's classes hold 0 anyway (an operand may be 0):
         # tanh(S) · 1e-300 / 1e-300 is 0 at S = 1e-30, and a log after it -inf where the source's is -138
-        if _underflows(b, floats, exact.exact):
+        if rewritten and _underflows(b, floats, exact.exact):
             return b
         # sign jumps at 0: where the analysis cannot tell its operand's sign, float64 may have rounded or
         # cancelled it to 0 or the other sign (sign(exp(tanh X) + C - C) is 0 at C = 1e20, 1 over the reals)
@@ -796,7 +792,7 @@ def narrowed(how: str, diagram: Diagram, terms: Mapping[str, Expr], rhs: Expr | 
                 f"at these operands, where the left side is not): {how[len('proved: '):]}")
     sides = (("left", lhs), ("right", rhs)) if lhs is not None else (("right", rhs),)
     for side, term in sides:
-        if term is None or (box := rounds_to_infinity(term, terms.values(), diagram)) is None:
+        if term is None or (box := rounds_to_infinity(term, terms.values(), diagram, side == "right")) is None:
             continue
         return (f"tested here (proved over the reals, but float64 may give the {side} side's `{box.op}` a class the "
                 f"extended reals do not, by an overflow, underflow or cancellation at these operands, which the "

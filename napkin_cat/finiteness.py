@@ -585,9 +585,10 @@ def _absorbs(an: _Analysis, box: Box) -> bool:
 def _underflows(box: Box, floats: _Analysis, extended: _Analysis) -> bool:
     """May float64 round ``box``'s value at non-zero operands to 0 where the extended reals give no 0
     (an underflow the class comparison misses when a zero operand gives the box 0 anyway)?  Its
-    operands as float64 computes them, each without its zeros; its rule with and without rounding, for a contraction the product at one position (a sum of products may cancel to
-    0 over the reals, so its classes hold 0 whether or not a product underflows: A·B·c with A, B of
-    1e-200 and c = 1e200, contracted as c·Σ A·B, is 0 where Σ (c·A)·B is 1e-200)."""
+    operands as float64 computes them, each without its zeros; its rule with and without rounding,
+    for a contraction the product at one position (a sum of products may cancel to 0 over the
+    reals, so its classes hold 0 whether or not a product underflows: A·B·c with A, B of 1e-200
+    and c = 1e200, contracted as c·Σ A·B, is 0 where Σ (c·A)·B is 1e-200)."""
     values = [replace(v, classes=v.classes - _v("0")) for v in (floats.value(a) for a in box.args)]
     if any(not v.classes for v in values):
         return False
@@ -616,11 +617,12 @@ def rounds_to_infinity(expr: Expr, operands: Iterable[Expr], diagram: Diagram, r
     (which a ``sign``, or a ``log`` or division outside the lemma, turns into a different value),
     or a division, ``log``, ``recip`` or ``rsqrt`` of a value that underflowed or cancelled to 0
     in another such box (at finite operands a proved right side is finite, so any infinity the
-    analysis admits there is counted, as the class rules may admit it over the reals too); None
-    where there is none.  A lemma's right side instantiated at a use (``kernel.rewrite``: the
-    operands are the terms its variables matched) is float-safe there when none of its boxes
-    does so (README "The domain"): it computes what the extended reals do, which the lemma's
-    proof covers, so it is finite wherever the left side is."""
+    analysis admits there is counted, as the class rules may admit it over the reals too), and, on
+    the rewritten side (``rewritten``), an underflow to 0 at non-zero operands where the box's
+    classes hold 0 anyway (``_underflows``); None where there is none.  A lemma's right side
+    instantiated at a use (``kernel.rewrite``: the operands are the terms its variables matched)
+    is float-safe there when none of its boxes does so (README "The domain"): it computes what the
+    extended reals do, which the lemma's proof covers, so it is finite wherever the left side is."""
     operands = tuple(operands)
     matched = {id(m) for t in operands for m in walk(t)}
     own = [b for b in walk(expr) if isinstance(b, Box) and id(b) not in matched and b.op in RULES]

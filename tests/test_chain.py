@@ -228,6 +228,21 @@ def test_derive_never_returns_a_plan_slower_than_the_unfused_diagram_and_it_lowe
         np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=2e-5)
 
 
+def test_derive_plans_a_diagram_with_a_binding_nothing_reads(tmp_path: Path) -> None:
+    """A binding read only by a binding the outputs do not need: the unfused plan (a kernel per
+    binding) wrote `A`, which no later kernel read, and derive crashed (ValueError from terms.cut,
+    found by benchmarks/fuzz_verbs.py).  The plan now writes only the bindings the outputs need."""
+    source = tmp_path / "dead.ncd"
+    source.write_text("axis a\naxis b\ndiagram dead(X: [a b]) -> [a] {\n  A = exp(X)\n"
+                      "  D = sum[b](A)\n  return sum[b](X)\n}\n")
+    sizes = {"a": 16, "b": 64}
+    found = derive(source, "dead", model_cost("h100", "bf16", sizes), seconds=5,
+                   unfused=unfused_cost("h100", "bf16", sizes), launch_overhead=4e-6)
+    unfused_plans = [c for c in found.search.candidates if c.kernels and not any(k.steps for k in c.kernels)]
+    assert len(unfused_plans) == 1 and unfused_plans[0].ok
+    assert [k.writes for k in unfused_plans[0].kernels] == [("return",)]
+
+
 def test_a_kernel_never_skips_a_chunk_against_infinite_values_an_earlier_kernel_wrote() -> None:
     """Causal attention over values W = exp(V) written by a first kernel: at V = 1000, W is inf, and
     a masked weight 0 times it is NaN in the evaluator, on every query before that key.  The second

@@ -267,6 +267,23 @@ def _place(name: str, diagram: Diagram, schedule: Schedule, target: str, tiles: 
     return _Placed(layout(name, diagram, device, picked, target, chosen), picked, origin)
 
 
+def _target_profile(name: str, target: str, hardware: str | hw.Hardware | None, dtype: Any) -> tuple[hw.Hardware, str]:
+    """The hardware profile ``name`` is lowered for on ``target``, and its dtype's name; NapkinError for an
+    unknown target, an unknown or malformed profile (never priced silently on another profile or default
+    tiles), or the Mosaic GPU target on a profile without its [mosaic] table."""
+    if target not in TARGETS:
+        raise NapkinError(error("lower.target", target=target, targets=", ".join(TARGETS)))
+    dtype_name = _dtype_name(dtype, target)
+    try:
+        profile = _profile(hardware, target)
+    except hw.HardwareError as exc:
+        raise NapkinError(error("lower.hardware", reason=str(exc))) from None
+    if target == "mosaic" and not profile.mosaic:
+        raise NapkinError(error("lower.mosaic", name=name, reason=f"the hardware profile `{profile.key}` has no "
+                                "[mosaic] table (wgmma shapes, TMA box, pipeline depth); use h100 or h200"))
+    return profile, dtype_name
+
+
 def _lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str = "pallas",
                     tiles: Mapping[str, int] | None = None, dtype: Any = None,
                     hardware: str | hw.Hardware | None = None, proved: str = "not proved (a bare schedule)",
@@ -277,16 +294,7 @@ def _lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str
     ``lower.mesh``; with ``backward`` kernels joined by ``link``: ``lower``); refuses
     (NapkinError) what the target cannot serve, and re-checks the schedule's shape (defence
     in depth)."""
-    if target not in TARGETS:
-        raise NapkinError(error("lower.target", target=target, targets=", ".join(TARGETS)))
-    dtype_name = _dtype_name(dtype, target)
-    try:
-        profile = _profile(hardware, target)
-    except hw.HardwareError as exc:  # never priced silently on another profile or default tiles
-        raise NapkinError(error("lower.hardware", reason=str(exc))) from None
-    if target == "mosaic" and not profile.mosaic:
-        raise NapkinError(error("lower.mosaic", name=name, reason=f"the hardware profile `{profile.key}` has no "
-                                "[mosaic] table (wgmma shapes, TMA box, pipeline depth); use h100 or h200"))
+    profile, dtype_name = _target_profile(name, target, hardware, dtype)
     if schedule.split is not None and mesh is not None:  # before pricing its tiles
         raise NapkinError(error("lower.split_mesh", axis=schedule.split.axis))
     if mesh is not None and target == "mosaic":
@@ -376,13 +384,7 @@ def _lower_chain(theorem: Theorem, target: str, tiles: Mapping[str, int] | None,
                  hardware: str | hw.Hardware | None) -> Lowered:
     """A chain (``kernel.chain``) as one function: each kernel lowered as ``lower`` lowers a theorem, then called
     in order, the arrays each writes passed to the kernels after it (in HBM); differentiable as one kernel is."""
-    if target not in TARGETS:
-        raise NapkinError(error("lower.target", target=target, targets=", ".join(TARGETS)))
-    dtype_name = _dtype_name(dtype, target)
-    try:
-        profile = _profile(hardware, target)
-    except hw.HardwareError as exc:
-        raise NapkinError(error("lower.hardware", reason=str(exc))) from None
+    profile, dtype_name = _target_profile(theorem.name, target, hardware, dtype)
     namer = cg.Namer(_RESERVED)
     fname = namer.fresh(theorem.name)
     params = [namer.fresh(p.name) for p in theorem.result.inputs]

@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from napkin_cat import kernel, ops, terms
+from napkin_cat.grad import live
 from napkin_cat.proof import check_theorem, partitions
 from napkin_cat.search.rewrite import Candidate, Costed, CostFn, ScreenFn, Search, rank, search
 from napkin_cat.terms import (
@@ -197,8 +198,9 @@ def _chain(module: Module, diagram: str, name: str, lemmas: Mapping[str, LemmaDe
 def _unfused(module: Module, whole: Diagram, diagram: str, name: str, lemmas: Mapping[str, LemmaDecl],
              unfused: UnfusedFn) -> Candidate:
     """Every binding its own kernel, unscheduled, priced at the unfused baseline."""
-    read = {n.name for e in [*(let.expr for let in whole.body), *whole.outputs] for n in walk(e) if isinstance(n, Var)}
-    writes = [let.names[0] for let in whole.body if let.names[0] in read]
+    needed = live(list(whole.body), list(whole.outputs))  # a binding nothing reads is not computed
+    read = {n.name for e in [*(let.expr for let in needed), *whole.outputs] for n in walk(e) if isinstance(n, Var)}
+    writes = [let.names[0] for let in needed if let.names[0] in read]
     while unbound := [w for w, piece in zip(writes, terms.cut(whole, (*((w,) for w in writes), ("return",)),
                                                               ops.integer_valued), strict=False) if _unbound(piece)]:
         writes = [w for w in writes if w not in unbound]  # computed where it is read instead

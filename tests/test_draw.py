@@ -231,6 +231,24 @@ def test_png_output(tmp_path: Path) -> None:
     assert height == pytest.approx(2 * float(root.get("height", "0")), abs=2)
 
 
+def test_png_is_not_written_through_a_python_callback_inside_cairo(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C while cairo wrote the PNG to a Python stream was swallowed in cairo's write callback and came
+    out as OSError (a traceback where `napkin draw` promises exit 130; found by benchmarks/fuzz_verbs.py).
+    Cairo now writes to a file by name: a stream writer that is interrupted is never called."""
+    import cairocffi.surfaces
+
+    def interrupted(target: object) -> object:
+        @cairocffi.ffi.callback("cairo_write_func_t", error=cairocffi.constants.STATUS_WRITE_ERROR)
+        def write(_closure: object, data: object, length: int) -> int:
+            raise KeyboardInterrupt
+        return write
+
+    monkeypatch.setattr(cairocffi.surfaces, "_make_write_func", interrupted)
+    diagram = load(ROOT / "examples" / "attention.ncd").diagram("attention")
+    _png_size(save(diagram, tmp_path / "attention.png").read_bytes())
+
+
 def test_draw_steps_writes_the_strip(tmp_path: Path) -> None:
     states = [_prove("flash", *FLASH_STEPS[:k]) for k in range(3)]
     written = draw_steps(states, tmp_path / "strip")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import html
 import re
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -356,10 +357,15 @@ def _legend(d: dw.Drawing, x: float, y: float, levels: Sequence[str], marks: boo
 
 
 def svg_to_png(svg: str, scale: float = 2.0) -> bytes:
-    """PNG bytes of an SVG (cairosvg), at ``scale`` pixels per SVG unit."""
+    """PNG bytes of an SVG (cairosvg), at ``scale`` pixels per SVG unit.  Cairo writes them to a
+    file by its name, not to a Python stream: a stream is written from a callback inside cairo,
+    where an interrupt (Ctrl-C) is swallowed and comes out as cairo's OSError (a write error)."""
     import cairosvg
 
-    return bytes(cairosvg.svg2png(bytestring=svg.encode(), scale=scale))
+    with tempfile.TemporaryDirectory(prefix="napkin-png-") as folder:
+        target = Path(folder) / "picture.png"
+        cairosvg.svg2png(bytestring=svg.encode(), write_to=str(target), scale=scale)
+        return target.read_bytes()
 
 
 def save(obj: Diagram | TheoremLike, path: str | Path, expand: bool = False, outputs: Outputs | None = None) -> Path:

@@ -254,3 +254,32 @@ def test_the_cost_model_of_a_search_is_stored_and_read_back_exactly(folder: Path
     for entry in folder.glob("model_cost-*.json"):
         entry.write_text(entry.read_text().replace('"fits": true', '"fits": 1'))
     assert derive.model_cost("h100", sizes={"q": 2048, "x": 2048})(thm) == first and priced == ["cost", "cost"]
+
+
+def test_an_edited_side_condition_or_used_lemma_is_certified_again_not_read_back(folder: Path,
+                                                                                  tmp_path: Path) -> None:
+    """Check, edit, check again with the same cache folder and the process memo cleared, so that
+    only the disk could answer: a lemma proved under `when c finite` and stored, then stated
+    without it (false at c = -inf: softmax of -inf rows), and a used file's lemma edited from
+    true to false under the same name, are each certified anew and refused under --strict."""
+    from napkin_cat.proof import check_file
+
+    lemmas = tmp_path / "lemmas.ncd"
+    proof = tmp_path / "proof.ncd"
+    shift = "lemma sh(S: [x], c: []) : softmax[x](S + c) = softmax[x](S) when c finite\n"
+    twice = "lemma twice(S: [x]) : sum[x](S + S) = sum[x](S) + sum[x](S)\n"
+    lemmas.write_text("axis x\n" + shift + twice)
+    proof.write_text('use "lemmas.ncd"\naxis q, x\n'
+                     "diagram g(S: [q x], c: []) -> [q x] {\n  return softmax[x](S + c)\n}\n"
+                     "diagram h(S: [q x]) -> [q] {\n  return sum[x](S + S)\n}\n"
+                     "theorem t: g {\n  rewrite sh at return\n}\ntheorem u: h {\n  rewrite twice at return\n}\n")
+
+    def verdicts() -> list[bool]:
+        certify.certify_lemma.cache_clear()  # past the process memo: only the disk remembers
+        return [r.ok for r in check_file(proof, strict=True)]
+
+    assert verdicts() == [True, True] and len(list(folder.glob("lemma-*.json"))) >= 2
+    lemmas.write_text("axis x\n" + shift.replace(" when c finite", "") + twice)
+    assert verdicts() == [False, True]
+    lemmas.write_text("axis x\n" + shift + twice.replace("= sum[x](S) + sum[x](S)", "= sum[x](S)"))
+    assert verdicts() == [True, False]

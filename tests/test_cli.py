@@ -4,6 +4,7 @@ installed console script."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -155,3 +156,27 @@ def test_the_console_script() -> None:
     bad = subprocess.run([str(script), "eval", str(EXAMPLES / "matmul.ncd"), "matmul"], capture_output=True,
                          text=True, check=False)
     assert bad.returncode == 2 and "give its size with --size" in bad.stderr
+
+
+def test_check_strict_gives_one_verdict_per_file_folder_and_json(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """A theorem resting on a lemma the prover cannot prove (max(-S) = -min(S): true, only tested)
+    is refused by --strict however it is asked: the file, its folder with a proved file beside
+    it, and --json (ok false, the refusal in its record); exit 1 in each, 0 without --strict."""
+    body = "diagram g(S: [q x]) -> [q] {\n  return {lhs}\n}\ntheorem t: g {\n  rewrite {name} at return\n}\n"
+    tested = "axis q, x\nlemma flip(S: [x]) : max[x](neg(S)) = neg(min[x](S))\n" + \
+        body.replace("{lhs}", "max[x](neg(S))").replace("{name}", "flip")
+    proved = "axis q, x\nlemma twice(S: [x]) : sum[x](S + S) = sum[x](S) + sum[x](S)\n" + \
+        body.replace("{lhs}", "sum[x](S + S)").replace("{name}", "twice")
+    (tmp_path / "tested.ncd").write_text(tested)
+    (tmp_path / "proved.ncd").write_text(proved)
+    assert main(["check", "-q", "--strict", str(tmp_path / "proved.ncd")]) == 0
+    assert main(["check", "-q", "--strict", str(tmp_path / "tested.ncd")]) == 1
+    assert main(["check", "-q", "--strict", str(tmp_path)]) == 1
+    assert main(["check", "-q", str(tmp_path)]) == 0  # tested is accepted without --strict
+    capsys.readouterr()
+    assert main(["check", "--strict", "--json", str(tmp_path)]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert (report["ok"], report["theorems"], report["refused"]) == (False, 2, 1)
+    (refused,) = [r for r in report["results"] if not r["ok"]]
+    assert refused["file"].endswith("tested.ncd") and "only tested" in refused["error"]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from napkin_cat.certify import rules
 from napkin_cat.diagnostics import NapkinError
-from napkin_cat.elaborate import loads
+from napkin_cat.elaborate import load, loads
 
 
 def test_library_has_the_issue_lemmas() -> None:
@@ -42,3 +44,16 @@ def test_scope_merges_and_refuses_clashes() -> None:
     with pytest.raises(NapkinError) as info:
         rules.lemmas_in_scope(clash)
     assert info.value.codes == ("name.duplicate",)
+    assert "(first defined at lemmas.ncd)" in info.value.diagnostics[0].message
+
+
+def test_a_lemma_named_twice_in_a_scope_names_where_it_first_was(tmp_path: Path) -> None:
+    """Two used files stating `twice` differently: the refusal points at the other statement,
+    not at the library (which has no `twice`)."""
+    (tmp_path / "a.ncd").write_text("axis x\nlemma twice(S: [x]) : sum[x](S + S) = sum[x](S) + sum[x](S)\n")
+    (tmp_path / "b.ncd").write_text("axis x\nlemma twice(S: [x]) : sum[x](S + S) = sum[x](S)\n")
+    (tmp_path / "c.ncd").write_text('use "a.ncd"\nuse "b.ncd"\n')
+    with pytest.raises(NapkinError) as info:
+        rules.lemmas_in_scope(load(tmp_path / "c.ncd"))
+    assert info.value.codes == ("name.duplicate",)
+    assert f"(first defined at {tmp_path / 'a.ncd'}:2:1)" in info.value.diagnostics[0].message

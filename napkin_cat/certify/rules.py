@@ -76,9 +76,9 @@ def lemmas_in_scope(module: Module) -> dict[str, LemmaDecl]:
     lemmas = dict(library())
     problems: list[Diagnostic] = []
     for lemma in module.scope_lemmas or module.lemmas:
-        if lemma.name in lemmas and lemmas[lemma.name] != lemma:
-            problems.append(error("name.duplicate", lemma.span, kind="lemma", name=lemma.name,
-                                  first=str(LIBRARY_PATH.name)))
+        if lemma.name in lemmas and (prior := lemmas[lemma.name]) != lemma:
+            first = prior.span if prior.span is not None and lemma.name not in library() else LIBRARY_PATH.name
+            problems.append(error("name.duplicate", lemma.span, kind="lemma", name=lemma.name, first=str(first)))
             continue
         problems.extend(validate(lemma))
         lemmas[lemma.name] = lemma

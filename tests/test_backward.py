@@ -447,6 +447,33 @@ def test_the_join_prover_refuses_a_backward_that_overflows_where_the_vjp_does_no
     assert prove_join(right[0], right[1], right[2]).startswith("proved")  # type: ignore[arg-type]
 
 
+_POWER = """axis t
+diagram f(X: [t]) -> [t] {
+  return X * X * X * X * X * X * X * X
+}
+diagram b(X: [t], d_out: [t]) -> [t] {
+  dX = d_out * 8 * X * X * X * X * X * X * X + exp(X) - exp(X)
+  return dX
+}
+"""
+
+
+def test_a_backward_that_overflows_where_an_unvouched_vjp_is_finite_is_not_joined() -> None:
+    """The red team's X⁸: its VJP 8·X⁷·g may overflow on the domain (X up to f32's 3.4e38), so the
+    analysis cannot vouch it finite, and the finiteness check once skipped the backward then: a pass
+    adding exp(X) - exp(X) normalises to the VJP and is NaN at X = 800, where the VJP is 1.7e21; the
+    float64 test (inputs up to ~60) never reaches it, so `lower` joined it as proved.  Where the VJP is
+    not vouched, the backward must compute what the extended reals do (finiteness.rounds_to_infinity)."""
+    module = loads(_POWER)
+    forward, backward = module.diagram("f"), module.diagram("b")
+    x, g = np.array([800.0, 1.0]), np.ones(2)
+    assert np.isnan(evaluate(backward, [x, g])[0]) and np.isfinite(evaluate(grad.vjp(forward), [x, g])).all()
+    with pytest.raises(NapkinError) as err:
+        link(forward, [backward])
+    assert err.value.codes == ("lower.backward_unproved",)
+    assert "gradient of X may overflow in float64 at `sub` where the extended reals do not" in str(err.value)
+
+
 @pytest.mark.parametrize(("forward_mask", "backward_mask", "why"), [
     # a different mask in the backward: different indicators, different terms
     ("q >= x", "q > x", "gradients of Q do not normalise"),

@@ -474,6 +474,18 @@ def test_a_backward_that_overflows_where_an_unvouched_vjp_is_finite_is_not_joine
     assert "gradient of X may overflow in float64 at `sub` where the extended reals do not" in str(err.value)
 
 
+def test_a_backward_reading_the_sign_of_a_term_that_underflows_is_not_joined() -> None:
+    """The red team's sign of an underflow: sign(exp(Σ_t X·1e-4 - 744)) is 1 over the reals, so
+    dB = S·sign(...) normalised to the VJP's S, and the float64 test's inputs never underflow it;
+    at X = -5000 it is exp(-745.5) = 0 in float64, and dB is 0 where the VJP's is -15000."""
+    forward, reference, backwards = _weighted("S * sign(exp(sum[t](X) * 0.0001 - 744))")
+    x, g = np.full((3, 2), -5000.0), np.ones((3, 2))
+    assert run(backwards[0][0], x, g).tolist() == [0.0, 0.0]  # type: ignore[arg-type]
+    assert run(reference, x, np.ones(2), g)[1].tolist() == [-15000.0, -15000.0]  # type: ignore[arg-type]
+    with pytest.raises(Unproved, match="takes the sign of a term float64 may round to 0"):
+        prove_join(forward, reference, backwards)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(("forward_mask", "backward_mask", "why"), [
     # a different mask in the backward: different indicators, different terms
     ("q >= x", "q > x", "gradients of Q do not normalise"),

@@ -659,10 +659,19 @@ def _finite_where_the_vjp_is(forward: Diagram, reference: Diagram,
             # backward's is not (8·X⁷·g + exp(X) - exp(X) is NaN at X = 800, the VJP 1.7e21): the backward must
             # then compute what the extended reals do (no box float64 makes ±inf, NaN or 0 where they would
             # not), as a lemma's right side must at a use, so it is finite wherever their common value is
-            if not vouched[i] and (box := rounds_to_infinity(expanded(out, defs), (), related)) is not None:
+            term = expanded(out, defs)
+            if not vouched[i] and (box := rounds_to_infinity(term, (), related)) is not None:
                 raise Unproved(f"`{diagram.name}`'s gradient of {forward.inputs[i].name} may overflow in float64 at "
                                f"`{box.op}` where the extended reals do not, and the VJP's is not vouched finite "
                                f"either (finiteness.rounds_to_infinity)")
+            # sign jumps at 0: the prover reads sign(e) of an e it knows positive as 1, but float64 may underflow
+            # e to 0 (sign(exp(X·1e-4 - 744)) is 0 at X = -5000, so S·sign(...) gave 0 where the VJP is S):
+            # each sign's operand must compute what the extended reals do
+            for node in walk(term):
+                if isinstance(node, Box) and node.op == "sign" and rounds_to_infinity(node.args[0], (), related):
+                    raise Unproved(f"`{diagram.name}`'s gradient of {forward.inputs[i].name} takes the sign of a term "
+                                   f"float64 may round to 0 or past the extended reals' value "
+                                   f"(finiteness.rounds_to_infinity)")
 
 
 def _relations_hold(sem: _Semantics, diagram: Diagram, values: Sequence[Any]) -> None:

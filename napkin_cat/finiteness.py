@@ -266,7 +266,15 @@ def _bin(op: str, a: Abstract, b: Abstract, rounds: bool) -> Abstract:
         signs = [v.classes & _v("- +") for v in (a, b)]
         apart = signs[0] == signs[1] if op == "sub" else signs[0].isdisjoint(signs[1])
         grow = 0.0 if apart and all(len(x) == 1 for x in signs) and not (a.classes | b.classes) - FINITE else 1.0
-        return _float64(classes, max(min(a.lo, b.lo) - 53.0, UNDERFLOW), max(a.hi, b.hi) + grow, rounds)
+        # operands of one direction (a sum of non-negatives: mean(X²) + eps) cannot cancel: the sum is at
+        # least the larger operand (rounding is monotone and each operand is a float), or the one that is
+        # non-zero where the other is 0
+        lo = min(a.lo, b.lo) - 53.0
+        direction = signs[0] | (frozenset({"-": "+", "+": "-"}[c] for c in signs[1]) if op == "sub" else signs[1])
+        if len(direction) == 1:
+            lo = min([max(a.lo, b.lo)] * bool(signs[0] and signs[1]) + [b.lo] * ("0" in a.classes and bool(signs[1]))
+                     + [a.lo] * ("0" in b.classes and bool(signs[0])) or [lo])
+        return _float64(classes, max(lo, UNDERFLOW), max(a.hi, b.hi) + grow, rounds)
     if op == "mul":
         return _float64(classes, a.lo + b.lo, a.hi + b.hi, rounds)
     if op == "div":

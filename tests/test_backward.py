@@ -447,6 +447,45 @@ def test_the_join_prover_refuses_a_backward_that_overflows_where_the_vjp_does_no
     assert prove_join(right[0], right[1], right[2]).startswith("proved")  # type: ignore[arg-type]
 
 
+_POWER = """axis t
+diagram f(X: [t]) -> [t] {
+  return X * X * X * X * X * X * X * X
+}
+diagram b(X: [t], d_out: [t]) -> [t] {
+  dX = d_out * 8 * X * X * X * X * X * X * X + exp(X) - exp(X)
+  return dX
+}
+"""
+
+
+def test_a_backward_that_overflows_where_an_unvouched_vjp_is_finite_is_not_joined() -> None:
+    """The red team's X⁸: its VJP 8·X⁷·g may overflow on the domain (X up to f32's 3.4e38), so the
+    analysis cannot vouch it finite, and the finiteness check once skipped the backward then: a pass
+    adding exp(X) - exp(X) normalises to the VJP and is NaN at X = 800, where the VJP is 1.7e21; the
+    float64 test (inputs up to ~60) never reaches it, so `lower` joined it as proved.  Where the VJP is
+    not vouched, the backward must compute what the extended reals do (finiteness.rounds_to_infinity)."""
+    module = loads(_POWER)
+    forward, backward = module.diagram("f"), module.diagram("b")
+    x, g = np.array([800.0, 1.0]), np.ones(2)
+    assert np.isnan(evaluate(backward, [x, g])[0]) and np.isfinite(evaluate(grad.vjp(forward), [x, g])).all()
+    with pytest.raises(NapkinError) as err:
+        link(forward, [backward])
+    assert err.value.codes == ("lower.backward_unproved",)
+    assert "gradient of X may overflow in float64 at `sub` where the extended reals do not" in str(err.value)
+
+
+def test_a_backward_reading_the_sign_of_a_term_that_underflows_is_not_joined() -> None:
+    """The red team's sign of an underflow: sign(exp(Σ_t X·1e-4 - 744)) is 1 over the reals, so
+    dB = S·sign(...) normalised to the VJP's S, and the float64 test's inputs never underflow it;
+    at X = -5000 it is exp(-745.5) = 0 in float64, and dB is 0 where the VJP's is -15000."""
+    forward, reference, backwards = _weighted("S * sign(exp(sum[t](X) * 0.0001 - 744))")
+    x, g = np.full((3, 2), -5000.0), np.ones((3, 2))
+    assert run(backwards[0][0], x, g).tolist() == [0.0, 0.0]  # type: ignore[arg-type]
+    assert run(reference, x, np.ones(2), g)[1].tolist() == [-15000.0, -15000.0]  # type: ignore[arg-type]
+    with pytest.raises(Unproved, match="takes the sign of a term float64 may round to 0"):
+        prove_join(forward, reference, backwards)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(("forward_mask", "backward_mask", "why"), [
     # a different mask in the backward: different indicators, different terms
     ("q >= x", "q > x", "gradients of Q do not normalise"),

@@ -77,7 +77,7 @@ from napkin_cat import ops
 from napkin_cat.certify import accumulators as acc
 from napkin_cat.certify.atoms import Quo, Rem, _expand, _i, _j, _MaxOf, _n, _Reduction, index, maximum, minimum, reduce
 from napkin_cat.evaluate import FLOAT64
-from napkin_cat.finiteness import finite, input_values
+from napkin_cat.finiteness import finite, input_values, rounds_to_infinity
 from napkin_cat.terms import (
     Box,
     Const,
@@ -636,7 +636,10 @@ def _finite_where_the_vjp_is(forward: Diagram, reference: Diagram,
     """Raise ``Unproved`` where a backward's gradient may overflow in float64 (the finiteness
     analysis cannot vouch for it) while the VJP's gradient of that input is finite: equal terms
     over the reals, the backward's may pass through inf (``S + exp(S) - exp(S)``, ``log(exp(S))``,
-    ``0 · exp(S)`` normalise to S, and are NaN or inf at S = 960 where the VJP is 960)."""
+    ``0 · exp(S)`` normalise to S, and are NaN or inf at S = 960 where the VJP is 960).  Where the
+    analysis cannot vouch for the VJP's gradient either, the backward's must compute what the extended
+    reals do (``finiteness.rounds_to_infinity``, a lemma right side's check), so that it is finite
+    wherever their common value is."""
     vouched = [finite(o, reference.bindings(), input_values(reference.inputs)) for o in reference.outputs]
     saved = [expanded(o, forward.bindings()) for o in forward.outputs]
     for diagram, sources, gives in backwards:
@@ -647,10 +650,28 @@ def _finite_where_the_vjp_is(forward: Diagram, reference: Diagram,
             n.name in read for n in walk(saved[k]) if isinstance(n, Var)) else p
             for p, (kind, k) in zip(diagram.inputs, sources, strict=True)]
         defs, inputs = diagram.bindings(), input_values(params)
+        related = replace(diagram, inputs=tuple(params))
         for out, i in zip(diagram.outputs, gives, strict=True):
             if vouched[i] and not finite(out, defs, inputs):
                 raise Unproved(f"`{diagram.name}`'s gradient of {forward.inputs[i].name} may overflow in float64 where "
                                f"the VJP's is finite (finiteness.finite cannot vouch for it)")
+            # where the analysis cannot vouch for the VJP's gradient either, it may still be finite where the
+            # backward's is not (8·X⁷·g + exp(X) - exp(X) is NaN at X = 800, the VJP 1.7e21): the backward must
+            # then compute what the extended reals do (no box float64 makes ±inf, NaN or 0 where they would
+            # not), as a lemma's right side must at a use, so it is finite wherever their common value is
+            term = expanded(out, defs)
+            if not vouched[i] and (box := rounds_to_infinity(term, (), related)) is not None:
+                raise Unproved(f"`{diagram.name}`'s gradient of {forward.inputs[i].name} may overflow in float64 at "
+                               f"`{box.op}` where the extended reals do not, and the VJP's is not vouched finite "
+                               f"either (finiteness.rounds_to_infinity)")
+            # sign jumps at 0: the prover reads sign(e) of an e it knows positive as 1, but float64 may underflow
+            # e to 0 (sign(exp(X·1e-4 - 744)) is 0 at X = -5000, so S·sign(...) gave 0 where the VJP is S):
+            # each sign's operand must compute what the extended reals do
+            for node in walk(term):
+                if isinstance(node, Box) and node.op == "sign" and rounds_to_infinity(node.args[0], (), related):
+                    raise Unproved(f"`{diagram.name}`'s gradient of {forward.inputs[i].name} takes the sign of a term "
+                                   f"float64 may round to 0 or past the extended reals' value "
+                                   f"(finiteness.rounds_to_infinity)")
 
 
 def _relations_hold(sem: _Semantics, diagram: Diagram, values: Sequence[Any]) -> None:

@@ -274,7 +274,8 @@ def emit_chunks(lay: Layout, env: dict[str, Value], scope: Scope, initial: ast.e
     # disjunction's chunk runs when it lies in any of its ranges
     grid = [a for a in lay.grid if a in scope.offsets and a != axis]
     trips = cg.binop(cg.binop(cg.binop(extent, "+", tile), "-", cg.const(1)), "//", tile)
-    runs = stream_runs(lay, scope.offsets, trips, grid) if grid and base is None and kinds is None else None
+    spans = {a: scope.extents[a] for a in grid}  # a program's rows: a block, or a mesh device's whole shard
+    runs = stream_runs(lay, scope.offsets, trips, grid, spans) if grid and base is None and kinds is None else None
     kept = _emit_step(lay, env, scope, runs.unmasked) if runs is not None and runs.full is not None else None
 
     def within(index: ast.expr, ranges: tuple[tuple[ast.expr, ast.expr], ...]) -> ast.expr:

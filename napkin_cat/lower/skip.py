@@ -41,12 +41,14 @@ class Runs:
 
 
 def stream_runs(lay: Layout, offsets: Mapping[str, ast.expr], trips: ast.expr,
-                grid: Sequence[str] | None = None) -> Runs | None:
+                grid: Sequence[str] | None = None, extents: Mapping[str, ast.expr] | None = None) -> Runs | None:
     """The chunk ranges of one program (``Runs``), or None for the full loop with every mask.
 
     ``offsets`` holds the first index in this program (code) of each axis of ``grid`` (by
     default the layout's: Pallas programs; the plain-JAX target passes its mapped block axis),
-    each spanning ``lay.block`` positions from there; ``trips`` is the number of chunks.  A
+    each spanning ``lay.block`` positions from there, or ``extents`` where given (the plain-JAX
+    target's block of rows, or a mesh device's whole shard, which it runs vectorised: a shard of
+    10 queries grouped by 8 spans 10 rows, not 8); ``trips`` is the number of chunks.  A
     where node is left out (``unmaskable``) with each live range when it has a disjunct whose
     full range to pair with it: the range's own conjunction, or the node's only disjunct (any
     disjunct's full range is sound; the pairing keeps one range per live range).
@@ -69,10 +71,10 @@ def stream_runs(lay: Layout, offsets: Mapping[str, ast.expr], trips: ast.expr,
     kept = [name for name in options if all(pick(name, c) is not None for c in conjunctions)]
     if masks is None and not kept:
         return None
-    live = tuple(_bounds(c, lay, axis, offsets, trips) if c is not None else (cg.const(0), trips)
+    live = tuple(_bounds(c, lay, axis, offsets, trips, extents=extents) if c is not None else (cg.const(0), trips)
                  for c in conjunctions)
     full = tuple(_bounds(tuple(side for name in kept for side in pick(name, c) or ()), lay, axis, offsets, trips,
-                         full=True) for c in conjunctions) if kept else None
+                         full=True, extents=extents) for c in conjunctions) if kept else None
     return Runs(live, full, frozenset(kept), masks is not None)
 
 
@@ -131,18 +133,23 @@ def unmaskable(lay: Layout, grid: Sequence[str] | None = None) -> tuple[tuple[st
 
 
 def _bounds(sides: tuple[Side, ...], lay: Layout, axis: str, offsets: Mapping[str, ast.expr],
-            trips: ast.expr, full: bool = False) -> tuple[ast.expr, ast.expr]:
+            trips: ast.expr, full: bool = False,
+            extents: Mapping[str, ast.expr] | None = None) -> tuple[ast.expr, ast.expr]:
     """Chunk bounds of one node's conjunction: the chunks holding a true position, each side at
     its block's permissive corner (as ``masks.chunk_range``); with ``full``, the chunks true at
-    every position, each side at its restrictive corner (as ``masks.full_range``)."""
+    every position, each side at its restrictive corner (as ``masks.full_range``); a block spans
+    ``lay.block`` positions, or ``extents`` where given (``stream_runs``)."""
     tile = lay.tiles[axis]
     lows: list[ast.expr] = []
     highs: list[ast.expr] = []
     for side in sides:
         terms: list[tuple[int, ast.expr]] = []
         for other, c in side.coeffs:
-            span = 0 if other in lay.squeezed else lay.block(other) - 1
-            corner = cg.binop(offsets[other], "+", cg.const(span)) if side.top(c) != full and span else offsets[other]
+            span: int | ast.expr = 0 if other in lay.squeezed else lay.block(other) - 1
+            if extents is not None and other in extents and other not in lay.squeezed:
+                span = cg.binop(extents[other], "-", cg.const(1))
+            corner = cg.binop(offsets[other], "+", span if isinstance(span, ast.expr) else cg.const(span)) \
+                if side.top(c) != full and span else offsets[other]
             terms.append((c, corner))
         bound = _linear(terms, side.const)
         a = side.divisor

@@ -109,9 +109,9 @@ def flash_attention_causal(Q, K, V):
         step_2 = jax.checkpoint(step_2, static_argnums=(2,))
         state = (jnp.full((rows,), -INF, jnp.float32), jnp.full((rows,), 0.0, jnp.float32), jnp.full((rows, n['d']), 0.0, jnp.float32))
         if full_chunks:
-            state = lax.fori_loop(0, full_chunks, lambda j, c: lax.cond(jnp.logical_and(j >= 0, j < jnp.minimum((n['x'] + 32 - 1) // 32, (q_first + 1) // 32)), lambda k: step_2(k, j * 32, 32), lambda k: lax.cond(jnp.logical_and(j >= 0, j < jnp.minimum((n['x'] + 32 - 1) // 32, (q_first + 31) // 32 + 1)), lambda c: step(c, j * 32, 32), lambda c: c, k), c), state)
+            state = lax.fori_loop(0, full_chunks, lambda j, c: lax.cond(jnp.logical_and(j >= 0, j < jnp.minimum((n['x'] + 32 - 1) // 32, (q_first + 1) // 32)), lambda k: step_2(k, j * 32, 32), lambda k: lax.cond(jnp.logical_and(j >= 0, j < jnp.minimum((n['x'] + 32 - 1) // 32, (q_first + (rows - 1)) // 32 + 1)), lambda c: step(c, j * 32, 32), lambda c: c, k), c), state)
         if n['x'] % 32:
-            state = lax.cond(jnp.logical_and(full_chunks >= 0, full_chunks < jnp.minimum((n['x'] + 32 - 1) // 32, (q_first + 1) // 32)), lambda k_2: step_2(k_2, full_chunks * 32, n['x'] % 32), lambda k_2: lax.cond(jnp.logical_and(full_chunks >= 0, full_chunks < jnp.minimum((n['x'] + 32 - 1) // 32, (q_first + 31) // 32 + 1)), lambda c: step(c, full_chunks * 32, n['x'] % 32), lambda c: c, k_2), state)
+            state = lax.cond(jnp.logical_and(full_chunks >= 0, full_chunks < jnp.minimum((n['x'] + 32 - 1) // 32, (q_first + 1) // 32)), lambda k_2: step_2(k_2, full_chunks * 32, n['x'] % 32), lambda k_2: lax.cond(jnp.logical_and(full_chunks >= 0, full_chunks < jnp.minimum((n['x'] + 32 - 1) // 32, (q_first + (rows - 1)) // 32 + 1)), lambda c: step(c, full_chunks * 32, n['x'] % 32), lambda c: c, k_2), state)
         O_m_3, O_l_3, O_o_3 = state
         final_t_1 = jnp.maximum(O_l_3, TINY)
         final_t_2 = O_o_3 / final_t_1[:, None]

@@ -115,7 +115,7 @@ def source_paths(items: Iterable[str | Path]) -> list[Path]:
     """The files a command is given: each file as it is, each folder's ``*.ncd`` entries
     (files and links, recursively, in sorted order; links to folders are not entered).  The
     read rule (``read_source``) then decides for each; ``FileRefused`` for a path that is
-    neither a file nor a folder."""
+    neither a file nor a folder, and for a folder holding no ``.ncd`` file."""
     found: list[Path] = []
     for item in items:
         path = Path(item)
@@ -135,6 +135,8 @@ def source_paths(items: Iterable[str | Path]) -> list[Path]:
             subfolders.sort()
             entries = [*names, *(s for s in subfolders if os.path.islink(os.path.join(folder, s)))]
             members.extend(Path(folder, n) for n in entries if n.endswith(SOURCE_SUFFIX))
+        if not members:  # `check` of a misspelt or emptied folder would say "0 of 0" and pass
+            raise FileRefused(item, f"a folder with no {SOURCE_SUFFIX} files")
         found.extend(sorted(members))
     return found
 

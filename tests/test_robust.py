@@ -518,6 +518,10 @@ def test_check_reads_a_folders_ncd_entries_once_without_entering_links(tmp_path:
         files.read_source(tmp_path / "link.ncd")
     with pytest.raises(files.FileRefused, match="no such file or folder"):
         files.source_paths([tmp_path / "absent"])
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.txt").write_text("not read\n")
+    with pytest.raises(files.FileRefused, match=r"a folder with no \.ncd files"):  # `check` said 0 of 0, exit 0
+        files.source_paths([tmp_path / "empty"])
 
 
 def _special_outputs(folder: Path) -> dict[str, Path]:

@@ -296,16 +296,18 @@ def _fold(op: str, a: Abstract, rounds: bool, entries: float = POSITIONS) -> Abs
 SIZE = Abstract(_v("+"), 0.0, POSITIONS)
 
 
-def _weights(params: tuple[str, ...], s: Abstract, rounds: bool, entries: float) -> Abstract:
+def _weights(params: tuple[str, ...], s: Abstract, rounds: bool, entries: float, vanish: bool = True) -> Abstract:
     """a1(s) / b(Σ a2(s)), 0 where the normaliser is 0.  exp's weights read s - max s, the
     maximum taken as 0 where it is not finite (evaluate.nweights): where it is finite,
     s - max s ≤ 0 (``-inf`` where masked), its exponential in [0, 1] (0 where it underflows),
     and the normaliser at least the maximum's exp(0) = 1, so the weights are in [0, 1].  Only
     under ``id``: the weights are shift invariant under no other normaliser, and the evaluator
-    reads exp(s) unshifted there (composed: exp(s) may overflow)."""
+    reads exp(s) unshifted there (composed: exp(s) may overflow).  Without ``vanish`` a finite
+    score's weight is positive, as over the extended reals (``_underflows``: exp(s - max s) > 0)."""
     if params[0] == params[1] == "exp" and params[2] == "id":
         top = _fold("maximum", s, rounds, entries)
-        weights = frozenset().union(*({"-inf": _v("0"), "nan": _v("nan")}.get(c, _v("0 +") if c in FINITE else
+        finite = _v("0 +" if vanish else "+")
+        weights = frozenset().union(*({"-inf": _v("0"), "nan": _v("nan")}.get(c, finite if c in FINITE else
                                                                                frozenset()) for c in s.classes))
         # at most 1
         bounded = Abstract(weights if top.classes & FINITE else frozenset(), UNDERFLOW, 0.0)
@@ -408,8 +410,9 @@ def _rule(op: str) -> Rule:
     if kind == "normalise":
         return lambda box, vs, an: _weights(ops.OPS[op].weights or ("", "", ""), vs[0], an.rounds, _entries(box))
     if kind == "ncontract":
-        return lambda box, vs, an: _fold("add", _bin("mul", _weights(box.params, vs[0], an.rounds, _entries(box)),
-                                                     vs[1], an.rounds), an.rounds, _entries(box))
+        return lambda box, vs, an: _fold("add", _bin("mul", _weights(box.params, vs[0], an.rounds, _entries(box),
+                                                                     an.vanish), vs[1], an.rounds), an.rounds,
+                                         _entries(box))
     if kind == "contract":
         return lambda box, vs, an: _fold("add", _product(vs, an.rounds), an.rounds, _entries(box))
     if kind == "where":
@@ -438,7 +441,11 @@ class _Analysis:
     """The abstract values of a diagram's terms: ``defs`` maps binding names to their
     expressions, ``inputs`` the inputs to their values (finite values within ``DOMAIN``).
     ``rounds``: the rules it passes itself to add what float64's rounding makes of their
-    bounds (overflow to ±inf, underflow to 0); false, the extended reals (``_ExactAt``)."""
+    bounds (overflow to ±inf, underflow to 0); false, the extended reals (``_ExactAt``).  ``vanish``: a
+    normalised contraction's weight of a finite score may be 0 (float64's underflow; false only in
+    ``_underflows``, which asks whether its products underflow)."""
+
+    vanish = True
 
     def __init__(self, defs: Mapping[str, Expr], inputs: Mapping[str, Abstract], rounds: bool = True):
         self.defs, self.inputs, self.seen, self.rounds = defs, inputs, dict[str, Abstract](), rounds
@@ -630,6 +637,8 @@ def rounds_to_infinity(expr: Expr, operands: Iterable[Expr], diagram: Diagram, r
     floats, exact = _Analysis(defs, inputs), _ExactAt(defs, inputs, {id(b) for b in own})
     bad = _v("-inf +inf nan")
     finite = _FiniteAt(defs, inputs, {id(t) for t in operands})
+    plain = _Analysis(defs, inputs, rounds=False)
+    plain.vanish = False  # the extended reals' softmax weights of finite scores are positive
     ids = {id(b) for b in own}
     for b in own:
         # an underflow to 0 the extended reals do not make: exp(U)·exp(V) at U = -760, V = 700 is 0 where
@@ -643,7 +652,7 @@ def rounds_to_infinity(expr: Expr, operands: Iterable[Expr], diagram: Diagram, r
             return b
         # an underflow of a non-zero value to 0 where the box's classes hold 0 anyway (an operand may be 0):
         # tanh(S) · 1e-300 / 1e-300 is 0 at S = 1e-30, and a log after it -inf where the source's is -138
-        if rewritten and _underflows(b, floats, exact.exact):
+        if rewritten and _underflows(b, floats, plain):
             return b
         # sign jumps at 0: where the analysis cannot tell its operand's sign, float64 may have rounded or
         # cancelled it to 0 or the other sign (sign(exp(tanh X) + C - C) is 0 at C = 1e20, 1 over the reals)

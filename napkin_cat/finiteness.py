@@ -601,8 +601,24 @@ def _underflows(box: Box, floats: _Analysis, extended: _Analysis) -> bool:
         return False
     if ops.OPS[box.op].kind == "contract":
         return "0" in _product(values, True).classes - _product(values, False).classes
+    if ops.OPS[box.op].kind == "ncontract" and _weight_underflows(box.params, values, _entries(box)):
+        return True
     rule = RULES[box.op]
     return "0" in rule(box, values, floats).classes - rule(box, values, extended).classes
+
+
+def _weight_underflows(params: tuple[str, ...], values: list[Abstract], entries: float) -> bool:
+    """May a normalised contraction's weight a1(s) / b(Σ a2(s)), or its product with v, be 0 in float64 at
+    non-zero s and v where the extended reals give no 0, one position at a time (its sum may cancel to 0
+    over the reals, so the sum's classes hold 0 either way: l2 weights of s = [2^-537, 0] are [0, 0] where
+    Σ s² = 2^-1074 halves below 2^-1074 under rms)?  exp's weights (of ``id``) may underflow on both sides
+    of a lemma (s - max s past -745), so there only a weight 0 the extended reals with that underflow lack."""
+    (s, v), exp = values, params[0] == params[1] == "exp" and params[2] == "id"
+    weights, exact = _weights(params, s, True, entries), _weights(params, s, False, entries)
+    if "0" in weights.classes - exact.classes:
+        return True
+    nonzero = [replace(weights, classes=weights.classes - _v("0")), v]
+    return not exp and "0" in _product(nonzero, True).classes - _product(nonzero, False).classes
 
 
 class _FiniteAt(_Analysis):

@@ -595,8 +595,12 @@ def _underflows(box: Box, floats: _Analysis, extended: _Analysis) -> bool:
     operands as float64 computes them, each without its zeros; its rule with and without rounding,
     for a contraction the product at one position (a sum of products may cancel to 0 over the
     reals, so its classes hold 0 whether or not a product underflows: A·B·c with A, B of 1e-200
-    and c = 1e200, contracted as c·Σ A·B, is 0 where Σ (c·A)·B is 1e-200)."""
-    values = [replace(v, classes=v.classes - _v("0")) for v in (floats.value(a) for a in box.args)]
+    and c = 1e200, contracted as c·Σ A·B, is 0 where Σ (c·A)·B is 1e-200).  A normalised contraction's
+    scores also without -inf, whose weight is 0 over the extended reals too (a mask): a score that may
+    be -inf must not hide the underflow of the other positions' products."""
+    zero = _v("0 -inf") if ops.OPS[box.op].kind == "ncontract" else _v("0")
+    values = [replace(v, classes=v.classes - (zero if i == 0 else _v("0")))
+              for i, v in enumerate(floats.value(a) for a in box.args)]
     if any(not v.classes for v in values):
         return False
     if ops.OPS[box.op].kind == "contract":

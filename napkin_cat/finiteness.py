@@ -304,16 +304,18 @@ def _fold(op: str, a: Abstract, rounds: bool, entries: float = POSITIONS) -> Abs
 SIZE = Abstract(_v("+"), 0.0, POSITIONS)
 
 
-def _weights(params: tuple[str, ...], s: Abstract, rounds: bool, entries: float) -> Abstract:
+def _weights(params: tuple[str, ...], s: Abstract, rounds: bool, entries: float, vanish: bool = True) -> Abstract:
     """a1(s) / b(Σ a2(s)), 0 where the normaliser is 0.  exp's weights read s - max s, the
     maximum taken as 0 where it is not finite (evaluate.nweights): where it is finite,
     s - max s ≤ 0 (``-inf`` where masked), its exponential in [0, 1] (0 where it underflows),
     and the normaliser at least the maximum's exp(0) = 1, so the weights are in [0, 1].  Only
     under ``id``: the weights are shift invariant under no other normaliser, and the evaluator
-    reads exp(s) unshifted there (composed: exp(s) may overflow)."""
+    reads exp(s) unshifted there (composed: exp(s) may overflow).  Without ``vanish`` a finite
+    score's weight is positive, as over the extended reals (``_underflows``: exp(s - max s) > 0)."""
     if params[0] == params[1] == "exp" and params[2] == "id":
         top = _fold("maximum", s, rounds, entries)
-        weights = frozenset().union(*({"-inf": _v("0"), "nan": _v("nan")}.get(c, _v("0 +") if c in FINITE else
+        finite = _v("0 +" if vanish else "+")
+        weights = frozenset().union(*({"-inf": _v("0"), "nan": _v("nan")}.get(c, finite if c in FINITE else
                                                                                frozenset()) for c in s.classes))
         # at most 1
         bounded = Abstract(weights if top.classes & FINITE else frozenset(), UNDERFLOW, 0.0)
@@ -416,8 +418,9 @@ def _rule(op: str) -> Rule:
     if kind == "normalise":
         return lambda box, vs, an: _weights(ops.OPS[op].weights or ("", "", ""), vs[0], an.rounds, _entries(box))
     if kind == "ncontract":
-        return lambda box, vs, an: _fold("add", _bin("mul", _weights(box.params, vs[0], an.rounds, _entries(box)),
-                                                     vs[1], an.rounds), an.rounds, _entries(box))
+        return lambda box, vs, an: _fold("add", _bin("mul", _weights(box.params, vs[0], an.rounds, _entries(box),
+                                                                     an.vanish), vs[1], an.rounds), an.rounds,
+                                         _entries(box))
     if kind == "contract":
         return lambda box, vs, an: _fold("add", _product(vs, an.rounds), an.rounds, _entries(box))
     if kind == "where":
@@ -446,7 +449,11 @@ class _Analysis:
     """The abstract values of a diagram's terms: ``defs`` maps binding names to their
     expressions, ``inputs`` the inputs to their values (finite values within ``DOMAIN``).
     ``rounds``: the rules it passes itself to add what float64's rounding makes of their
-    bounds (overflow to ±inf, underflow to 0); false, the extended reals (``_ExactAt``)."""
+    bounds (overflow to ±inf, underflow to 0); false, the extended reals (``_ExactAt``).  ``vanish``: a
+    normalised contraction's weight of a finite score may be 0 (float64's underflow; false only in
+    ``_underflows``, which asks whether its products underflow)."""
+
+    vanish = True
 
     def __init__(self, defs: Mapping[str, Expr], inputs: Mapping[str, Abstract], rounds: bool = True):
         self.defs, self.inputs, self.seen, self.rounds = defs, inputs, dict[str, Abstract](), rounds
@@ -596,14 +603,34 @@ def _underflows(box: Box, floats: _Analysis, extended: _Analysis) -> bool:
     operands as float64 computes them, each without its zeros; its rule with and without rounding,
     for a contraction the product at one position (a sum of products may cancel to 0 over the
     reals, so its classes hold 0 whether or not a product underflows: A·B·c with A, B of 1e-200
-    and c = 1e200, contracted as c·Σ A·B, is 0 where Σ (c·A)·B is 1e-200)."""
-    values = [replace(v, classes=v.classes - _v("0")) for v in (floats.value(a) for a in box.args)]
+    and c = 1e200, contracted as c·Σ A·B, is 0 where Σ (c·A)·B is 1e-200).  A normalised contraction's
+    scores also without -inf, whose weight is 0 over the extended reals too (a mask): a score that may
+    be -inf must not hide the underflow of the other positions' products."""
+    zero = _v("0 -inf") if ops.OPS[box.op].kind == "ncontract" else _v("0")
+    values = [replace(v, classes=v.classes - (zero if i == 0 else _v("0")))
+              for i, v in enumerate(floats.value(a) for a in box.args)]
     if any(not v.classes for v in values):
         return False
     if ops.OPS[box.op].kind == "contract":
         return "0" in _product(values, True).classes - _product(values, False).classes
+    if ops.OPS[box.op].kind == "ncontract" and _weight_underflows(box.params, values, _entries(box)):
+        return True
     rule = RULES[box.op]
     return "0" in rule(box, values, floats).classes - rule(box, values, extended).classes
+
+
+def _weight_underflows(params: tuple[str, ...], values: list[Abstract], entries: float) -> bool:
+    """May a normalised contraction's weight a1(s) / b(Σ a2(s)), or its product with v, be 0 in float64 at
+    non-zero s and v where the extended reals give no 0, one position at a time (its sum may cancel to 0
+    over the reals, so the sum's classes hold 0 either way: l2 weights of s = [2^-537, 0] are [0, 0] where
+    Σ s² = 2^-1074 halves below 2^-1074 under rms)?  exp's weights (of ``id``) may underflow on both sides
+    of a lemma (s - max s past -745), so there only a weight 0 the extended reals with that underflow lack."""
+    (s, v), exp = values, params[0] == params[1] == "exp" and params[2] == "id"
+    weights, exact = _weights(params, s, True, entries), _weights(params, s, False, entries)
+    if "0" in weights.classes - exact.classes:
+        return True
+    nonzero = [replace(weights, classes=weights.classes - _v("0")), v]
+    return not exp and "0" in _product(nonzero, True).classes - _product(nonzero, False).classes
 
 
 class _FiniteAt(_Analysis):
@@ -638,6 +665,8 @@ def rounds_to_infinity(expr: Expr, operands: Iterable[Expr], diagram: Diagram, r
     floats, exact = _Analysis(defs, inputs), _ExactAt(defs, inputs, {id(b) for b in own})
     bad = _v("-inf +inf nan")
     finite = _FiniteAt(defs, inputs, {id(t) for t in operands})
+    plain = _Analysis(defs, inputs, rounds=False)
+    plain.vanish = False  # the extended reals' softmax weights of finite scores are positive
     ids = {id(b) for b in own}
     for b in own:
         # an underflow to 0 the extended reals do not make: exp(U)·exp(V) at U = -760, V = 700 is 0 where
@@ -651,7 +680,7 @@ def rounds_to_infinity(expr: Expr, operands: Iterable[Expr], diagram: Diagram, r
             return b
         # an underflow of a non-zero value to 0 where the box's classes hold 0 anyway (an operand may be 0):
         # tanh(S) · 1e-300 / 1e-300 is 0 at S = 1e-30, and a log after it -inf where the source's is -138
-        if rewritten and _underflows(b, floats, exact.exact):
+        if rewritten and _underflows(b, floats, plain):
             return b
         # sign jumps at 0: where the analysis cannot tell its operand's sign, float64 may have rounded or
         # cancelled it to 0 or the other sign (sign(exp(tanh X) + C - C) is 0 at C = 1e20, 1 over the reals)

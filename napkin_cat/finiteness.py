@@ -67,8 +67,8 @@ from napkin_cat import ops
 from napkin_cat.terms import Apply, Box, Const, Diagram, Expr, Param, Size, Var, relations, walk
 
 __all__ = ["DOMAIN", "EXTENDED", "FINITE", "INFINITE", "MASKS", "MASKS_TESTED", "RULES", "TOP", "UNARY", "Abstract",
-           "Inputs", "Value", "abstract", "analyse", "class_of", "finite", "finite_in",
-           "fold_overflows", "input_values", "masked", "narrowed", "rounds_to_infinity", "unsupported"]
+           "Inputs", "Value", "abstract", "analyse", "class_of", "finite", "finite_in", "float_unsafe_box",
+           "fold_overflows", "input_values", "masked", "narrowed", "unsupported"]
 
 Value = frozenset[str]
 #: the classes in order (``maximum`` keeps the larger), nan apart
@@ -645,7 +645,7 @@ class _FiniteAt(_Analysis):
         return replace(v, classes=v.classes & FINITE) if id(expr) in self.finite else v
 
 
-def rounds_to_infinity(expr: Expr, operands: Iterable[Expr], diagram: Diagram, rewritten: bool = True) -> Box | None:
+def float_unsafe_box(expr: Expr, operands: Iterable[Expr], diagram: Diagram, rewritten: bool = True) -> Box | None:
     """The first box of ``expr`` (a term of ``diagram``), outside its ``operands`` (sub-terms it
     takes as they are), that float64 may make ±inf, NaN or 0 where the extended reals would not,
     its operands as float64 computes them: an overflow (``exp`` past 709.8), an underflow to 0
@@ -810,7 +810,7 @@ def narrowed(how: str, diagram: Diagram, terms: Mapping[str, Expr], rhs: Expr | 
     ``[-inf masks: S]`` and every value in those it names in ``[extended: X0]``; applied to
     anything else the use is only tested.  A lemma's proof is over the reals: with ``rhs``,
     its right side instantiated on ``terms``, it covers the use only where float64 computes
-    that as the extended reals do (``rounds_to_infinity``: no box of the lemma's overflows
+    that as the extended reals do (``float_unsafe_box``: no box of the lemma's overflows
     there, as ``exp(c)`` of ``exp(c - 5) = exp(c) · exp(-5)`` does at c = 712, where the left
     side is 1.1e307), so the right side is finite wherever the left side is.  With ``fold``, the
     box an accumulator streams, it covers the use only where that box's fold cannot overflow on
@@ -831,7 +831,7 @@ def narrowed(how: str, diagram: Diagram, terms: Mapping[str, Expr], rhs: Expr | 
                 f"at these operands, where the left side is not): {how[len('proved: '):]}")
     sides = (("left", lhs), ("right", rhs)) if lhs is not None else (("right", rhs),)
     for side, term in sides:
-        if term is None or (box := rounds_to_infinity(term, terms.values(), diagram, side == "right")) is None:
+        if term is None or (box := float_unsafe_box(term, terms.values(), diagram, side == "right")) is None:
             continue
         return (f"tested here (proved over the reals, but float64 may give the {side} side's `{box.op}` a class the "
                 f"extended reals do not, by an overflow, underflow or cancellation at these operands, which the "

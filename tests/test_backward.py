@@ -463,7 +463,7 @@ def test_a_backward_that_overflows_where_an_unvouched_vjp_is_finite_is_not_joine
     analysis cannot vouch it finite, and the finiteness check once skipped the backward then: a pass
     adding exp(X) - exp(X) normalises to the VJP and is NaN at X = 800, where the VJP is 1.7e21; the
     float64 test (inputs up to ~60) never reaches it, so `lower` joined it as proved.  Where the VJP is
-    not vouched, the backward must compute what the extended reals do (finiteness.rounds_to_infinity)."""
+    not vouched, the backward must compute what the extended reals do (finiteness.float_unsafe_box)."""
     module = loads(_POWER)
     forward, backward = module.diagram("f"), module.diagram("b")
     x, g = np.array([800.0, 1.0]), np.ones(2)

@@ -77,7 +77,7 @@ from napkin_cat import ops
 from napkin_cat.certify import accumulators as acc
 from napkin_cat.certify.atoms import Quo, Rem, _expand, _i, _j, _MaxOf, _n, _Reduction, index, maximum, minimum, reduce
 from napkin_cat.evaluate import FLOAT64
-from napkin_cat.finiteness import finite, input_values, rounds_to_infinity
+from napkin_cat.finiteness import finite, float_unsafe_box, input_values
 from napkin_cat.terms import (
     Box,
     Const,
@@ -638,7 +638,7 @@ def _finite_where_the_vjp_is(forward: Diagram, reference: Diagram,
     over the reals, the backward's may pass through inf (``S + exp(S) - exp(S)``, ``log(exp(S))``,
     ``0 · exp(S)`` normalise to S, and are NaN or inf at S = 960 where the VJP is 960).  Where the
     analysis cannot vouch for the VJP's gradient either, the backward's must compute what the extended
-    reals do (``finiteness.rounds_to_infinity``, a lemma right side's check), so that it is finite
+    reals do (``finiteness.float_unsafe_box``, a lemma right side's check), so that it is finite
     wherever their common value is."""
     vouched = [finite(o, reference.bindings(), input_values(reference.inputs)) for o in reference.outputs]
     saved = [expanded(o, forward.bindings()) for o in forward.outputs]
@@ -660,18 +660,18 @@ def _finite_where_the_vjp_is(forward: Diagram, reference: Diagram,
             # then compute what the extended reals do (no box float64 makes ±inf, NaN or 0 where they would
             # not), as a lemma's right side must at a use, so it is finite wherever their common value is
             term = expanded(out, defs)
-            if not vouched[i] and (box := rounds_to_infinity(term, (), related)) is not None:
+            if not vouched[i] and (box := float_unsafe_box(term, (), related)) is not None:
                 raise Unproved(f"`{diagram.name}`'s gradient of {forward.inputs[i].name} may overflow in float64 at "
                                f"`{box.op}` where the extended reals do not, and the VJP's is not vouched finite "
-                               f"either (finiteness.rounds_to_infinity)")
+                               f"either (finiteness.float_unsafe_box)")
             # sign jumps at 0: the prover reads sign(e) of an e it knows positive as 1, but float64 may underflow
             # e to 0 (sign(exp(X·1e-4 - 744)) is 0 at X = -5000, so S·sign(...) gave 0 where the VJP is S):
             # each sign's operand must compute what the extended reals do
             for node in walk(term):
-                if isinstance(node, Box) and node.op == "sign" and rounds_to_infinity(node.args[0], (), related):
+                if isinstance(node, Box) and node.op == "sign" and float_unsafe_box(node.args[0], (), related):
                     raise Unproved(f"`{diagram.name}`'s gradient of {forward.inputs[i].name} takes the sign of a term "
                                    f"float64 may round to 0 or past the extended reals' value "
-                                   f"(finiteness.rounds_to_infinity)")
+                                   f"(finiteness.float_unsafe_box)")
 
 
 def _relations_hold(sem: _Semantics, diagram: Diagram, values: Sequence[Any]) -> None:

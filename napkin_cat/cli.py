@@ -169,6 +169,8 @@ def _parser() -> argparse.ArgumentParser:
                    "and proves them from the theorem's VJP")
     p.add_argument("--allow-tested-join", action="store_true", help="lower --backward kernels whose join the "
                    "prover cannot prove, on the float64 test alone (a warning; the docstring says so)")
+    p.add_argument("--strict", action="store_true", help="refuse a theorem that rests on anything only tested "
+                   "(as `check --strict`; derived backward passes are always proved)")
     p.add_argument("-o", "--output", required=True, help="OUT.py")
     p.set_defaults(verb="lower")
 

@@ -102,19 +102,21 @@ def check_module(module: Module, level: str = "quick", strict: bool = False) -> 
     return [check_theorem(module, decl, lemmas, level, strict) for decl in module.theorems]
 
 
-def theorem(path: str | Path, name: str) -> kernel.Theorem:
-    """The checked theorem ``name`` of a proof file; raises NapkinError if it fails."""
-    return prove(load(path), name)
+def theorem(path: str | Path, name: str, strict: bool = False) -> kernel.Theorem:
+    """The checked theorem ``name`` of a proof file; raises NapkinError if it fails (with
+    ``strict``, also where it would rest on something only tested: ``check_theorem``)."""
+    return prove(load(path), name, strict)
 
 
-def prove(module: Module, name: str) -> kernel.Theorem:
-    """The checked theorem ``name`` of an elaborated module; raises NapkinError if it fails."""
+def prove(module: Module, name: str, strict: bool = False) -> kernel.Theorem:
+    """The checked theorem ``name`` of an elaborated module; raises NapkinError if it fails (with
+    ``strict``, also where it would rest on something only tested)."""
     try:
         decl = module.theorem(name)
     except KeyError:
         known = ", ".join(t.name for t in module.theorems) or "none"
         raise NapkinError(error("name.unknown", None, f"theorems here: {known}", kind="theorem", name=name)) from None
-    result = check_theorem(module, decl, rules.lemmas_in_scope(module))
+    result = check_theorem(module, decl, rules.lemmas_in_scope(module), strict=strict)
     if result.theorem is None:
         assert result.failure is not None
         raise NapkinError(result.failure)
@@ -189,7 +191,7 @@ def _steps(thm: kernel.Theorem, steps: tuple[Step, ...], done: int, lemmas: dict
             witness = _counterexample(thm.result, step) if isinstance(step, Partition) else None
             return thm, (exc.diagnostics[0], index, witness)
         if strict and (new := [t for t in thm.tested if t not in before]):  # tested, so no counterexample
-            refusal = error("proof.refused", step.span, "prove it, or check without --strict", rule="strict",
+            refusal = error("proof.refused", step.span, "prove it, or go without --strict", rule="strict",
                             reason=f"the theorem would rest on {', '.join(new)}, which is only tested, "
                                    "not proved for every size")
             return thm, (refusal, index, None)

@@ -57,7 +57,7 @@ OPTIONS: dict[str, frozenset[str]] = {
     "cost": frozenset({"--hardware", "--dtype", "--size", "--stages", "--live", "--json", "--mesh"}),
     "pseudo": frozenset({"--hardware", "--dtype", "--size", "--stages", "--live"}),
     "lower": frozenset({"--target", "--tile", "--dtype", "--hardware", "--mesh", "--backward", "--allow-tested-join",
-                        "--output"}),
+                        "--strict", "--output"}),
     "derive": frozenset({"--hardware", "--dtype", "--size", "--output", "--lower", "--budget", "--seconds",
                          "--max-rewrites"}),
     "grad": frozenset({"--output"}),
@@ -461,7 +461,7 @@ def invocations(draw: st.DrawFn, folder: Path) -> Invocation:
         argv = [str(path), rng.choice(theorems), *maybe("--target", ("jax", "pallas", "mosaic"), ("cuda",)), *tile,
                 *common(), *maybe("--mesh", ("1", "2", "8", "65536"), ("0", "65537"), p=0.15),
                 *maybe("--backward", (",".join(theorems[:2]), ","), ("nope",), p=0.1), *flag("--allow-tested-join"),
-                *output(".py")]
+                *flag("--strict"), *output(".py")]
     else:  # derive: small budgets, so a run stays within the bound
         argv = [str(path), rng.choice(diagrams), *sizes(0.95, (16, 64, 128)), *common(),
                 *maybe("--lower", ("jax", "pallas")), *maybe("--budget", ("1", "3", "5"), ("0",), p=1.0),

@@ -180,3 +180,27 @@ def test_check_strict_gives_one_verdict_per_file_folder_and_json(tmp_path: Path,
     assert (report["ok"], report["theorems"], report["refused"]) == (False, 2, 1)
     (refused,) = [r for r in report["results"] if not r["ok"]]
     assert refused["file"].endswith("tested.ncd") and "only tested" in refused["error"]
+
+
+def test_lower_strict_refuses_a_theorem_resting_on_a_tested_lemma(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """`lower` lowered a theorem resting on a lemma only tested, with no word but its docstring's trust
+    line; `lower --strict` refuses it as `check --strict` does (exit 1, the step located), lowers a proved
+    one, and refuses --allow-tested-join beside it (exit 2)."""
+    body = "diagram g(S: [q x]) -> [q] {\n  return {lhs}\n}\ntheorem t: g {\n  rewrite {name} at return\n}\n"
+    tested = "axis q, x\nlemma flip(S: [x]) : max[x](neg(S)) = neg(min[x](S))\n" + \
+        body.replace("{lhs}", "max[x](neg(S))").replace("{name}", "flip")
+    proved = "axis q, x\nlemma twice(S: [x]) : sum[x](S + S) = sum[x](S) + sum[x](S)\n" + \
+        body.replace("{lhs}", "sum[x](S + S)").replace("{name}", "twice")
+    (tmp_path / "tested.ncd").write_text(tested)
+    (tmp_path / "proved.ncd").write_text(proved)
+    out = tmp_path / "k.py"
+    assert main(["lower", str(tmp_path / "tested.ncd"), "t", "--target", "jax", "-o", str(out)]) == 0
+    out.unlink()
+    capsys.readouterr()
+    assert main(["lower", str(tmp_path / "tested.ncd"), "t", "--target", "jax", "--strict", "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "only tested" in err and "tested.ncd:7:3: error: strict" in err and not out.exists()
+    assert main(["lower", str(tmp_path / "proved.ncd"), "t", "--target", "jax", "--strict", "-o", str(out)]) == 0
+    assert main(["lower", str(tmp_path / "proved.ncd"), "t", "--target", "jax", "--strict",
+                 "--allow-tested-join", "-o", str(tmp_path / "j.py")]) == 2

@@ -28,6 +28,8 @@ def cmd_lower(args: argparse.Namespace) -> int:
     module = module_or_usage(args.file)
     backward = [n.strip() for n in (args.backward or "").split(",") if n.strip()]
     derive_backward = backward == [DERIVED]
+    if args.strict and args.allow_tested_join:
+        raise UsageError("--strict lowers only what is proved; --allow-tested-join lowers a join that is only tested")
     for name in (args.theorem, *([] if derive_backward else backward)):
         if not any(t.name == name for t in module.theorems):
             known = ", ".join(t.name for t in module.theorems) or "none"
@@ -41,8 +43,8 @@ def cmd_lower(args: argparse.Namespace) -> int:
         found = derived(module, args.theorem, target=args.target, hardware=hardware or DEFAULT_HARDWARE[args.target])
         thm, backs, backward = found.forward, list(found.backward), [b.name for b in found.backward]
     else:
-        thm = proof.theorem(args.file, args.theorem)
-        backs = [proof.theorem(args.file, name) for name in backward]
+        thm = proof.theorem(args.file, args.theorem, args.strict)
+        backs = [proof.theorem(args.file, name, args.strict) for name in backward]
     parts = [p for t in (thm, *backs) for p in proof.partitions(t)]
     names = {str(p.tile) for p in parts} | {p.axis for p in parts}
     names |= {f"{t.name}.{n}" for t in (thm, *backs) for p in proof.partitions(t) for n in (str(p.tile), p.axis)}

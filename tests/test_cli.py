@@ -158,18 +158,22 @@ def test_the_console_script() -> None:
     assert bad.returncode == 2 and "give its size with --size" in bad.stderr
 
 
+def _tested_and_proved(folder: Path) -> None:
+    """tested.ncd: theorem `t` rests on a lemma the prover cannot prove (max(-S) = -min(S): true, only
+    tested); proved.ncd: theorem `t` rests on a proved one."""
+    body = "diagram g(S: [q x]) -> [q] {\n  return {lhs}\n}\ntheorem t: g {\n  rewrite {name} at return\n}\n"
+    (folder / "tested.ncd").write_text("axis q, x\nlemma flip(S: [x]) : max[x](neg(S)) = neg(min[x](S))\n"
+                                       + body.replace("{lhs}", "max[x](neg(S))").replace("{name}", "flip"))
+    (folder / "proved.ncd").write_text("axis q, x\nlemma twice(S: [x]) : sum[x](S + S) = sum[x](S) + sum[x](S)\n"
+                                       + body.replace("{lhs}", "sum[x](S + S)").replace("{name}", "twice"))
+
+
 def test_check_strict_gives_one_verdict_per_file_folder_and_json(tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     """A theorem resting on a lemma the prover cannot prove (max(-S) = -min(S): true, only tested)
     is refused by --strict however it is asked: the file, its folder with a proved file beside
     it, and --json (ok false, the refusal in its record); exit 1 in each, 0 without --strict."""
-    body = "diagram g(S: [q x]) -> [q] {\n  return {lhs}\n}\ntheorem t: g {\n  rewrite {name} at return\n}\n"
-    tested = "axis q, x\nlemma flip(S: [x]) : max[x](neg(S)) = neg(min[x](S))\n" + \
-        body.replace("{lhs}", "max[x](neg(S))").replace("{name}", "flip")
-    proved = "axis q, x\nlemma twice(S: [x]) : sum[x](S + S) = sum[x](S) + sum[x](S)\n" + \
-        body.replace("{lhs}", "sum[x](S + S)").replace("{name}", "twice")
-    (tmp_path / "tested.ncd").write_text(tested)
-    (tmp_path / "proved.ncd").write_text(proved)
+    _tested_and_proved(tmp_path)
     assert main(["check", "-q", "--strict", str(tmp_path / "proved.ncd")]) == 0
     assert main(["check", "-q", "--strict", str(tmp_path / "tested.ncd")]) == 1
     assert main(["check", "-q", "--strict", str(tmp_path)]) == 1
@@ -187,13 +191,7 @@ def test_lower_strict_refuses_a_theorem_resting_on_a_tested_lemma(tmp_path: Path
     """`lower` lowered a theorem resting on a lemma only tested, with no word but its docstring's trust
     line; `lower --strict` refuses it as `check --strict` does (exit 1, the step located), lowers a proved
     one, and refuses --allow-tested-join beside it (exit 2)."""
-    body = "diagram g(S: [q x]) -> [q] {\n  return {lhs}\n}\ntheorem t: g {\n  rewrite {name} at return\n}\n"
-    tested = "axis q, x\nlemma flip(S: [x]) : max[x](neg(S)) = neg(min[x](S))\n" + \
-        body.replace("{lhs}", "max[x](neg(S))").replace("{name}", "flip")
-    proved = "axis q, x\nlemma twice(S: [x]) : sum[x](S + S) = sum[x](S) + sum[x](S)\n" + \
-        body.replace("{lhs}", "sum[x](S + S)").replace("{name}", "twice")
-    (tmp_path / "tested.ncd").write_text(tested)
-    (tmp_path / "proved.ncd").write_text(proved)
+    _tested_and_proved(tmp_path)
     out = tmp_path / "k.py"
     assert main(["lower", str(tmp_path / "tested.ncd"), "t", "--target", "jax", "-o", str(out)]) == 0
     out.unlink()

@@ -173,11 +173,21 @@ def _interrupts_held() -> Iterator[Callable[[], bool]]:
         yield lambda: False
         return
     came: list[int] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum))
+    other: BaseException | None = None
     try:
+        signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum))
         yield lambda: bool(came)
     finally:
-        signal.signal(signal.SIGINT, previous)
+        # restored whatever another signal's handler raises meanwhile (a KeyboardInterrupt from an
+        # alarm, as the verb fuzzer's are): left installed, the hold swallowed every later Ctrl-C
+        while True:
+            try:
+                signal.signal(signal.SIGINT, previous)
+                break
+            except KeyboardInterrupt as exc:
+                other = exc
+        if other is not None:
+            raise other
         if came:
             raise KeyboardInterrupt
 

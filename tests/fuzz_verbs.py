@@ -35,7 +35,7 @@ import time
 import traceback
 import types
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
@@ -216,10 +216,15 @@ def _in_process(invocation: Invocation, seconds: float | None = None) -> Outcome
                 if not returned:
                     raise
     except _TooSlow:
-        return Outcome(invocation, None, f"took longer than {seconds or _bound_of(invocation)} s")
+        found = Outcome(invocation, None, f"took longer than {seconds or _bound_of(invocation)} s")
     except BaseException:  # anything else escaping is what the fuzzer looks for
-        return Outcome(invocation, None, traceback.format_exc())
-    return Outcome(invocation, code, _judge(invocation, code, err.getvalue()))
+        found = Outcome(invocation, None, traceback.format_exc())
+    else:
+        found = Outcome(invocation, code, _judge(invocation, code, err.getvalue()))
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:  # every later Ctrl-C would be lost
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        return replace(found, error=f"Ctrl-C's handler left replaced\n{found.error}")
+    return found
 
 
 def _judge(invocation: Invocation, code: int, stderr: str) -> str:

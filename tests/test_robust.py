@@ -13,6 +13,7 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -625,6 +626,26 @@ def test_an_interrupted_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.py"]
     monkeypatch.undo()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is restored
+
+
+def test_the_ctrl_c_hold_is_undone_when_another_signal_interrupts_its_undoing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A KeyboardInterrupt from another signal's handler (an alarm, as the verb fuzzer raises them)
+    landing as the hold restored Python's Ctrl-C handler left the hold's handler installed, and every
+    later Ctrl-C in the process was swallowed (a write test then saw no KeyboardInterrupt)."""
+    real = signal.signal
+    landed: list[object] = []
+
+    def interrupted_once(signum: int, handler: Any) -> Any:
+        if handler is signal.default_int_handler and not landed:
+            landed.append(handler)
+            raise KeyboardInterrupt  # as if an alarm's handler ran just here
+        return real(signum, handler)
+
+    monkeypatch.setattr(files.signal, "signal", interrupted_once)
+    with pytest.raises(KeyboardInterrupt), files._interrupts_held():
+        pass
+    assert landed and signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_derive_lower_that_fails_writes_neither_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

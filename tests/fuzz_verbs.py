@@ -202,6 +202,7 @@ def run_verb(verb: str, argv: list[str], seconds: float = TIME_BOUND) -> Outcome
 
 def _in_process(invocation: Invocation, seconds: float | None = None) -> Outcome:
     out, err = io.StringIO(), io.StringIO()
+    before = signal.getsignal(signal.SIGINT)  # Python's Ctrl-C handler, or what the process was started with
     returned = False
     try:
         with _bound(seconds or _bound_of(invocation)), contextlib.redirect_stdout(out), \
@@ -221,8 +222,8 @@ def _in_process(invocation: Invocation, seconds: float | None = None) -> Outcome
         found = Outcome(invocation, None, traceback.format_exc())
     else:
         found = Outcome(invocation, code, _judge(invocation, code, err.getvalue()))
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:  # every later Ctrl-C would be lost
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if before is not None and signal.getsignal(signal.SIGINT) is not before:  # every later Ctrl-C would be lost
+        signal.signal(signal.SIGINT, before)
         return replace(found, error=f"Ctrl-C's handler left replaced\n{found.error}")
     return found
 

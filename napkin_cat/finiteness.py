@@ -453,10 +453,10 @@ class _Analysis:
     normalised contraction's weight of a finite score may be 0 (float64's underflow; false only in
     ``_underflows``, which asks whether its products underflow)."""
 
-    vanish = True
-
-    def __init__(self, defs: Mapping[str, Expr], inputs: Mapping[str, Abstract], rounds: bool = True):
+    def __init__(self, defs: Mapping[str, Expr], inputs: Mapping[str, Abstract], rounds: bool = True,
+                 vanish: bool = True):
         self.defs, self.inputs, self.seen, self.rounds = defs, inputs, dict[str, Abstract](), rounds
+        self.vanish = vanish
 
     def value(self, expr: Expr) -> Abstract:
         if isinstance(expr, Var):
@@ -665,8 +665,7 @@ def float_unsafe_box(expr: Expr, operands: Iterable[Expr], diagram: Diagram, rew
     floats, exact = _Analysis(defs, inputs), _ExactAt(defs, inputs, {id(b) for b in own})
     bad = _v("-inf +inf nan")
     finite = _FiniteAt(defs, inputs, {id(t) for t in operands})
-    plain = _Analysis(defs, inputs, rounds=False)
-    plain.vanish = False  # the extended reals' softmax weights of finite scores are positive
+    plain = _Analysis(defs, inputs, rounds=False, vanish=False)  # the extended reals' weights of finite scores are > 0
     ids = {id(b) for b in own}
     for b in own:
         # an underflow to 0 the extended reals do not make: exp(U)·exp(V) at U = -760, V = 700 is 0 where

@@ -828,6 +828,9 @@ def narrowed(how: str, diagram: Diagram, terms: Mapping[str, Expr], rhs: Expr | 
     if rhs is not None and lhs is not None and (wider := _wider(rhs, lhs, diagram)):
         return (f"tested here (proved over the reals, but in float64 the right side may be {', '.join(sorted(wider))} "
                 f"at these operands, where the left side is not): {how[len('proved: '):]}")
+    if rhs is not None and lhs is not None and (box := _zero_sign_read(diagram, lhs, rhs)) is not None:
+        return (f"tested here (proved over the reals, which have one zero: float64's `{box.op}` may read a zero whose "
+                f"sign the rewrite may change, 1/0 and 1/-0 being +inf and -inf): {how[len('proved: '):]}")
     sides = (("left", lhs), ("right", rhs)) if lhs is not None else (("right", rhs),)
     for side, term in sides:
         if term is None or (box := float_unsafe_box(term, terms.values(), diagram, side == "right")) is None:
@@ -836,6 +839,23 @@ def narrowed(how: str, diagram: Diagram, terms: Mapping[str, Expr], rhs: Expr | 
                 f"extended reals do not, by an overflow, underflow or cancellation at these operands, which the "
                 f"proof does not cover): {how[len('proved: '):]}")
     return how
+
+
+def _zero_sign_read(diagram: Diagram, lhs: Expr, rhs: Expr) -> Box | None:
+    """A box that tells a zero's two signs apart (``recip``, ``rsqrt``, a ``div``'s divisor: 1/±0 =
+    ±inf) where its operand may be 0, in the rewritten sides or, where either side may be 0,
+    anywhere in ``diagram``.  The analysis has one class for ±0, as the reals have one zero, and
+    lemmas such as ``X - Y = -(Y - X)`` turn +0 into -0 (at X = Y), so a step's proof covers its
+    use only where no such box may read a zero: ``exp(1/(X - Y))`` is inf at X = Y, its rewrite 0."""
+    an = _Analysis(diagram.bindings(), input_values(diagram.inputs))
+    scope = [lhs, rhs]
+    if "0" in an.value(lhs).classes | an.value(rhs).classes:
+        scope += [let.expr for let in diagram.body] + list(diagram.outputs)
+    for node in (n for e in scope for n in walk(e)):
+        if isinstance(node, Box) and (node.op in ("recip", "rsqrt") or node.op == "div") \
+                and "0" in an.value(node.args[-1]).classes:
+            return node
+    return None
 
 
 def _wider(rhs: Expr, lhs: Expr, diagram: Diagram) -> Value:

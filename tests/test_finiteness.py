@@ -157,6 +157,28 @@ def test_a_lemma_proof_covers_a_use_only_where_its_right_side_cannot_overflow(sh
         assert result.failure is not None and "only tested" in result.failure.message
 
 
+@pytest.mark.parametrize(("term", "proved"), [
+    ("exp(recip(X - Y))", False),          # X = Y: recip(+0) = inf, after the rewrite recip(-0) = -inf: inf, then 0
+    ("exp(recip(square(X) - -1.0))", True),  # the rewritten term is never 0 (it is at least 1)
+    ("exp(X - Y) + recip(exp(tanh(Y)))", True),  # a zero may change sign, but nothing divides by a zero
+    ("exp(X - Y) + rsqrt(square(Y))", False),  # ... and here something does (rsqrt(0) = inf), elsewhere
+])
+def test_a_lemma_proof_covers_a_use_only_where_no_box_reads_a_zero_s_sign(term: str, proved: bool) -> None:
+    """``X - Y = -(Y - X)`` holds over the reals, which have one zero; float64 has two, and
+    1/0 = inf, 1/-0 = -inf.  Its use is proved only where no ``recip``, ``rsqrt`` or divisor
+    may read a zero (finiteness._zero_sign_read), in the rewritten sides or, where they may be
+    0, anywhere in the diagram."""
+    text = ("axis q\nlemma flip(X: [], Y: []) : X - Y = neg(Y - X)\n"
+            f"diagram f(X: [q], Y: [q]) -> [q] {{\n  return {term}\n}}\n"
+            "theorem t: f {\n  rewrite flip at return\n}\n")
+    (result,) = check_module(loads(text), strict=True)
+    assert result.ok is proved, result.failure
+    if not proved:
+        assert result.failure is not None and "only tested" in result.failure.message
+        (plain,) = check_module(loads(text))
+        assert plain.theorem is not None and "may read a zero whose sign" in str(plain.theorem.trust)
+
+
 def test_an_array_an_earlier_kernel_wrote_holds_what_that_kernel_computes() -> None:
     """A chain's kernel reads the arrays written before it as inputs, which are no inputs of the
     domain: exp(T) written by one kernel may be inf in the next (terms.cut's Param.written)."""

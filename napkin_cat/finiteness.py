@@ -841,20 +841,25 @@ def narrowed(how: str, diagram: Diagram, terms: Mapping[str, Expr], rhs: Expr | 
     return how
 
 
+#: the operands a box divides by: where one is 0, its sign decides the sign of the infinity
+_DIVISORS: dict[str, Callable[[Box], tuple[Expr, ...]]] = {
+    "recip": lambda b: b.args, "rsqrt": lambda b: b.args, "div": lambda b: b.args[1:],
+    "ncontract": lambda b: b.args[:1] if {"recip", "rsqrt"} & set(b.params[:2]) else ()}
+
+
 def _zero_sign_read(diagram: Diagram, lhs: Expr, rhs: Expr) -> Box | None:
-    """A box that tells a zero's two signs apart (``recip``, ``rsqrt``, a ``div``'s divisor: 1/±0 =
-    ±inf) where its operand may be 0, in the rewritten sides or, where either side may be 0,
-    anywhere in ``diagram``.  The analysis has one class for ±0, as the reals have one zero, and
-    lemmas such as ``X - Y = -(Y - X)`` turn +0 into -0 (at X = Y), so a step's proof covers its
-    use only where no such box may read a zero: ``exp(1/(X - Y))`` is inf at X = Y, its rewrite 0."""
+    """A box that divides by a value that may be 0 (``_DIVISORS``; 1/±0 = ±inf), in the rewritten
+    sides or, where either side may be 0, anywhere in ``diagram``.  The analysis has one class for
+    ±0, as the reals have one zero, and lemmas such as ``X - Y = -(Y - X)`` turn +0 into -0 (at
+    X = Y), so a step's proof covers its use only where no such box may read a zero:
+    ``exp(1/(X - Y))`` is inf at X = Y, its rewrite 0; ``tanh(1/(X - Y))`` is never 0, yet 1 and -1."""
     an = _Analysis(diagram.bindings(), input_values(diagram.inputs))
     scope = [lhs, rhs]
     if "0" in an.value(lhs).classes | an.value(rhs).classes:
         scope += [let.expr for let in diagram.body] + list(diagram.outputs)
-    for node in (n for e in scope for n in walk(e)):
-        if isinstance(node, Box) and (node.op in ("recip", "rsqrt") or node.op == "div") \
-                and "0" in an.value(node.args[-1]).classes:
-            return node
+    for box in (n for e in scope for n in walk(e) if isinstance(n, Box) and n.op in _DIVISORS):
+        if any("0" in an.value(d).classes for d in _DIVISORS[box.op](box)):
+            return box
     return None
 
 

@@ -162,6 +162,8 @@ def test_a_lemma_proof_covers_a_use_only_where_its_right_side_cannot_overflow(sh
     ("exp(recip(square(X) - -1.0))", True),  # the rewritten term is never 0 (it is at least 1)
     ("exp(X - Y) + recip(exp(tanh(Y)))", True),  # a zero may change sign, but nothing divides by a zero
     ("exp(X - Y) + rsqrt(square(Y))", False),  # ... and here something does (rsqrt(0) = inf), elsewhere
+    ("tanh(recip(X - Y))", False),         # never 0, but 1 at X = Y and -1 after the rewrite
+    ("exp(X - Y) + ncontract[q; recip, exp, id](Y, X)", False),  # recip of a score that may be 0
 ])
 def test_a_lemma_proof_covers_a_use_only_where_no_box_reads_a_zero_s_sign(term: str, proved: bool) -> None:
     """``X - Y = -(Y - X)`` holds over the reals, which have one zero; float64 has two, and

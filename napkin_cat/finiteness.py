@@ -828,6 +828,10 @@ def narrowed(how: str, diagram: Diagram, terms: Mapping[str, Expr], rhs: Expr | 
     if rhs is not None and lhs is not None and (wider := _wider(rhs, lhs, diagram)):
         return (f"tested here (proved over the reals, but in float64 the right side may be {', '.join(sorted(wider))} "
                 f"at these operands, where the left side is not): {how[len('proved: '):]}")
+    if rhs is not None and lhs is not None and (divisor := _signed_zero_read(rhs, lhs, diagram)) is not None:
+        return (f"tested here (proved over the reals, where a zero has no sign, but the rewritten term may be 0 and "
+                f"`{divisor.op}` divides by a value that may be 0: 1/0 and 1/-0 are +inf and -inf): "
+                f"{how[len('proved: '):]}")
     sides = (("left", lhs), ("right", rhs)) if lhs is not None else (("right", rhs),)
     for side, term in sides:
         if term is None or (box := float_unsafe_box(term, terms.values(), diagram, side == "right")) is None:
@@ -845,6 +849,28 @@ def _wider(rhs: Expr, lhs: Expr, diagram: Diagram) -> Value:
     exponentials, finite where ``(exp(tanh X) + C) - C`` with C = 1e20 cancels to 0, and -inf there)."""
     an = _Analysis(diagram.bindings(), input_values(diagram.inputs))
     return an.value(rhs).classes - an.value(lhs).classes
+
+
+#: the operands a box divides by: where one is 0, its sign decides the sign of the infinity
+_DIVISORS: dict[str, Callable[[Box], tuple[Expr, ...]]] = {
+    "recip": lambda b: b.args, "rsqrt": lambda b: b.args, "div": lambda b: b.args[1:],
+    "ncontract": lambda b: b.args[:1] if {"recip", "rsqrt"} & set(b.params[:2]) else ()}
+
+
+def _signed_zero_read(rhs: Expr, lhs: Expr, diagram: Diagram) -> Box | None:
+    """A box of ``diagram`` (or of ``rhs``) dividing by a value that may be 0, where the rewritten
+    term may be 0: the lemma's sides are equal over the reals, where 0 has no sign, but float64's
+    zeros have one (``sum[x](X * 0)`` is +0 where ``-0`` is not) and 1/±0 is ±inf, so a zero the
+    rewrite gives the other sign could reach the divisor (the analysis has one class for both zeros,
+    so it cannot tell).  None where neither may happen."""
+    an = _Analysis(diagram.bindings(), input_values(diagram.inputs))
+    if "0" not in an.value(lhs).classes | an.value(rhs).classes:
+        return None
+    for expr in [*(let.expr for let in diagram.body), *diagram.outputs, rhs]:
+        for box in (n for n in walk(expr) if isinstance(n, Box) and n.op in _DIVISORS):
+            if any("0" in an.value(d).classes for d in _DIVISORS[box.op](box)):
+                return box
+    return None
 
 
 def finite_in(diagram: Diagram, expr: Expr) -> bool:

@@ -95,6 +95,7 @@ MESSAGES: dict[str, str] = {
     "type.topk_size": "topk[{axis} -> {k}]: {why}",
     "type.index_axis": "`{name}` in an index expression must be one of the box's axes {axes}",
     "type.index_expr": "index expressions allow integers, axis indices, +, - and * only",
+    "type.index_int": "index integer {value} is past {limit}: positions and index arithmetic are 64-bit integers",
     "type.tuple_arity": "`{callee}` returns {n} outputs; bind them with {n} names",
     "type.tuple_in_expr": "`{callee}` returns {n} outputs and cannot be used inside an expression",
     "type.split_sizes": "split[{axis} -> {parts}]: sizes {sizes} do not multiply to {total}",

@@ -360,7 +360,12 @@ _COMPARE: dict[str, Callable[[Any, Any], Any]] = {">=": np.greater_equal, "<=": 
 
 
 def _index(expr: IndexExpr, grids: Mapping[str, Any]) -> Any:
-    return fold_index(expr, grids.__getitem__, lambda n: n, lambda op, a, b: INDEX_ARITH[op](a, b))
+    """An index expression on position grids, in int64 arithmetic throughout (wrapping past 2^63, as
+    ``finiteness.INDEX`` assumes): each integer is an int64 array too, so that an expression of
+    integers alone is no unbounded Python integer (2^62 · 2^62 · ... wraps, not grows past float64)."""
+    shape = (1,) * max((g.ndim for g in grids.values()), default=0)
+    return fold_index(expr, grids.__getitem__, lambda n: np.full(shape, n, dtype=np.int64),
+                      lambda op, a, b: INDEX_ARITH[op](a, b))
 
 
 def _pred(pred: Pred, grids: Mapping[str, Any]) -> Any:

@@ -58,17 +58,17 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import reduce as fold
 from typing import Union
 
 from napkin_cat import ops
-from napkin_cat.terms import Apply, Box, Const, Diagram, Expr, Param, Size, Var, relations, walk
+from napkin_cat.terms import Apply, Box, Const, Diagram, Expr, Param, Rewrite, Size, Step, Var, relations, walk
 
 __all__ = ["DOMAIN", "EXTENDED", "FINITE", "INFINITE", "MASKS", "MASKS_TESTED", "RULES", "TOP", "UNARY", "Abstract",
            "Inputs", "Value", "abstract", "analyse", "class_of", "finite", "finite_in", "float_unsafe_box",
-           "fold_overflows", "input_values", "masked", "narrowed", "unsupported"]
+           "fold_overflows", "input_values", "masked", "narrowed", "signed_zero_writes", "unsupported"]
 
 Value = frozenset[str]
 #: the classes in order (``maximum`` keeps the larger), nan apart
@@ -870,6 +870,44 @@ def _wider(rhs: Expr, lhs: Expr, diagram: Diagram) -> Value:
     exponentials, finite where ``(exp(tanh X) + C) - C`` with C = 1e20 cancels to 0, and -inf there)."""
     an = _Analysis(diagram.bindings(), input_values(diagram.inputs))
     return an.value(rhs).classes - an.value(lhs).classes
+
+
+def signed_zero_writes(pieces: Sequence[Diagram], writes: Sequence[tuple[str, ...]],
+                       steps: Sequence[Sequence[Step]]) -> tuple[str, ...]:
+    """What a chain (``kernel.chain``) rests on beyond its kernels' proofs: a kernel's rewrite is
+    proved on its piece (``terms.cut``), where the arrays it writes are outputs and no division reads
+    a zero's sign (``_zero_sign_read``); a later kernel dividing by a value that may be 0 and that
+    reads one of them (or an array computed from one in a kernel between) may read the other sign
+    (1/±0 is ±inf).  Each such earlier kernel with a rewrite step is only tested there: one entry
+    naming it and the divisor."""
+    writer = {n: k for k, names in enumerate(writes) for n in names}
+    flagged: dict[int, Box] = {}
+    for piece in pieces:
+        an = _Analysis(piece.bindings(), input_values(piece.inputs))
+        for expr in [*(let.expr for let in piece.body), *piece.outputs]:
+            for box in (n for n in walk(expr) if isinstance(n, Box) and n.op in _DIVISORS):
+                for d in (d for d in _DIVISORS[box.op](box) if "0" in an.value(d).classes):
+                    stack = [(piece, d)]
+                    while stack:
+                        where, term = stack.pop()
+                        for k in (writer[n] for n in _written_reads(where, term) if writer[n] not in flagged):
+                            flagged[k] = box
+                            stack += [(pieces[k], Var(n, ())) for n in writes[k]]
+    return tuple(f"{writes[k][0]}'s kernel: its rewrites, whose zeros a later kernel's `{box.op}` may read with the "
+                 "other sign" for k, box in sorted(flagged.items()) if any(isinstance(s, Rewrite) for s in steps[k]))
+
+
+def _written_reads(piece: Diagram, expr: Expr) -> set[str]:
+    """The arrays written by earlier kernels (``Param.written``) that ``expr`` reads in ``piece``, through
+    its bindings."""
+    defs, written = piece.bindings(), {p.name for p in piece.inputs if p.written is not None}
+    seen: set[str] = set()
+    stack = [expr]
+    while stack:
+        for n in (n for n in walk(stack.pop()) if isinstance(n, Var) and n.name not in seen):
+            seen.add(n.name)
+            stack += [defs[n.name]] if n.name in defs else []
+    return seen & written
 
 
 def finite_in(diagram: Diagram, expr: Expr) -> bool:

@@ -38,7 +38,7 @@ from dataclasses import InitVar, dataclass, fields, replace
 
 from napkin_cat import ops, terms
 from napkin_cat.diagnostics import NapkinError, Span, error
-from napkin_cat.finiteness import finite_in, narrowed, unsupported
+from napkin_cat.finiteness import finite_in, narrowed, signed_zero_writes, unsupported
 from napkin_cat.terms import Box, Diagram, Expr, LemmaDecl, Partition, Schedule, Size, Var, match, walk
 
 __all__ = ["DTYPE_ROUNDOFF", "KernelError", "Theorem", "chain", "group", "match", "place", "quantise", "refl",
@@ -182,10 +182,9 @@ def rewrite(thm: Theorem, lemma: LemmaDecl, step: terms.Rewrite, certified: Mapp
     n = len(thm.result.body)  # the returned expressions follow the body as bindings named `return`
     lets = list(thm.result.body) + [terms.Let(("return",), o, None) for o in thm.result.outputs]
     names = [m for let in lets[:n] for m in let.names]
-    for m in step.at:
-        if m not in [*names, "return"]:
-            raise KernelError("congruence", f"no binding `{m}` in `{thm.result.name}` (bindings: {', '.join(names)})",
-                              step.span)
+    for m in (m for m in step.at if m not in [*names, "return"]):
+        raise KernelError("congruence", f"no binding `{m}` in `{thm.result.name}` (bindings: {', '.join(names)})",
+                          step.span)
     roots = [i for i, let in enumerate(lets) if set(let.names) & set(step.at)]
     roots = roots[n - len(lets):] if "return" in step.at else roots[-1:]
     top = lets[roots[0]].names[0]
@@ -196,8 +195,7 @@ def rewrite(thm: Theorem, lemma: LemmaDecl, step: terms.Rewrite, certified: Mapp
     inlined = [(i, _inline_named(lets[i].expr, defs, set(lets[i].names))) for i in roots]
     for index, expr in inlined:
         for node in walk(expr):
-            vars_: dict[str, Expr] = {}
-            axes: dict[str, str] = {}
+            vars_, axes = dict[str, Expr](), dict[str, str]()
             if match(lemma.lhs, node, vars_, axes):
                 instance = _instantiate(lemma, vars_, axes, step.span)
                 for c in (c for c in lemma.finite if not finite_in(thm.result, vars_[c])):
@@ -484,7 +482,8 @@ def chain(thm: Theorem, writes: tuple[tuple[str, ...], ...], kernels: tuple[Theo
         ⊢ A ≡ D  run as K_1' ... K_n' in order, each written array kept in hbm for the later ones
 
     Sound by ``terms.cut``: each K_k computes the arrays it writes as D binds them from the inputs and the arrays
-    written before, and K_n the outputs."""
+    written before, and K_n the outputs; over the reals only, where a zero has no sign: a kernel whose rewrites may
+    give an array it writes a zero a later kernel divides by is only tested (``finiteness.signed_zero_writes``)."""
     _no_schedule(thm, "chain", span)
     try:
         expected = terms.cut(thm.result, writes, ops.integer_valued)
@@ -492,8 +491,9 @@ def chain(thm: Theorem, writes: tuple[tuple[str, ...], ...], kernels: tuple[Theo
         raise KernelError("chain", str(exc), span) from None
     if tuple(k.source for k in kernels) != expected or any(k.kernels for k in kernels):
         raise KernelError("chain", "a kernel's theorem is not about its piece of the diagram", span)
+    zeros = signed_zero_writes(expected, writes, [k.steps for k in kernels])  # tested: a zero's sign read later
     return _extend(thm, None, ("chain", *(f"{k.name}: {t}" for k in kernels for t in k.trust if t != "refl")),
-                   tuple(f"{k.name}: {t}" for k in kernels for t in k.tested), kernels=kernels, writes=writes,
+                   tuple(f"{k.name}: {t}" for k in kernels for t in k.tested) + zeros, kernels=kernels, writes=writes,
                    constraints=thm.constraints + tuple(c for k in kernels for c in k.constraints),
                    accumulators=thm.accumulators + tuple(a for k in kernels for a in k.accumulators),
                    approximations=thm.approximations + tuple(a for k in kernels for a in k.approximations))

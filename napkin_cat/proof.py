@@ -153,7 +153,14 @@ def check_theorem(module: Module, decl: TheoremDecl, lemmas: dict[str, LemmaDecl
                 return CheckResult(decl.name, module.path, steps, None, *failed)
             kernels.append(thm)
             done += len(block.steps)
-        return CheckResult(decl.name, module.path, steps, kernel.chain(whole, writes, tuple(kernels), span))
+        joined = kernel.chain(whole, writes, tuple(kernels), span)
+        known = {f"{k.name}: {t}" for k in kernels for t in k.tested}
+        if strict and (new := [t for t in joined.tested if t not in known]):  # what the join itself rests on
+            refusal = error("proof.refused", span, "prove it, or go without --strict", rule="strict",
+                            reason=f"the theorem would rest on {', '.join(new)}, which is only tested, "
+                                   "not proved for every size")
+            return CheckResult(decl.name, module.path, steps, None, refusal, len(decl.steps) + 1)
+        return CheckResult(decl.name, module.path, steps, joined)
     except NapkinError as exc:
         return CheckResult(decl.name, module.path, steps, None, exc.diagnostics[0], len(decl.steps) + 1)
 

@@ -138,6 +138,15 @@ class Const:
     def axes(self) -> Axes:
         return ()
 
+    def __eq__(self, other: object) -> bool:
+        """By the value's ``repr``, as ``match`` compares: 0.0 and -0.0 differ (1/x tells them apart:
+        compared as floats, ``kernel.trans`` joined recip(0.0 + A * 0) ≡ recip(-0.0 + A * 0)), and a NaN
+        equals itself, so that every term equals itself (theorems, caches and lemma scopes compare terms)."""
+        return isinstance(other, Const) and repr(float(self.value)) == repr(float(other.value))
+
+    def __hash__(self) -> int:
+        return hash(repr(float(self.value)))
+
 
 @dataclass(frozen=True)
 class Size:

@@ -104,6 +104,27 @@ def test_the_join_refuses_what_is_not_a_chain(writes: tuple[tuple[str, ...], ...
     assert info.value.rule == "chain" and condition in info.value.condition
 
 
+@pytest.mark.parametrize(("reader", "tested"), [
+    ("recip(V)", True),          # V = T * 2 carries the rewritten zero's sign to the division
+    ("recip(V + 1.0)", False),   # the divisor may not be 0 (T is 0): nothing reads a zero's sign
+    ("exp(V)", False),           # nothing divides
+])
+def test_the_join_counts_a_rewritten_zero_a_later_kernel_divides_by_as_tested(reader: str, tested: bool) -> None:
+    """sum[x](X * 0) = -0 is proved over the reals; kernel 1 rewrites T with it (proved: its piece divides by
+    nothing), kernel 2 writes V = T * 2, kernel 3 reads V: where it divides by V, recip(+0) = +inf became
+    -inf, so kernel 1's rewrites are only tested (finiteness.signed_zero_writes, through kernel 2)."""
+    text = ("axis x\nlemma zero(X: [x]) : sum[x](X * 0) = -0\n"
+            f"diagram f(A: [x]) -> [] {{\n  T = sum[x](A * 0)\n  V = T * 2\n  U = {reader}\n  return U\n}}\n"
+            "theorem t: f {\n  kernel T {\n    rewrite zero at T\n  }\n  kernel V {\n  }\n  kernel return {\n  }\n}\n")
+    (loose,) = check_module(loads(text))
+    assert loose.theorem is not None
+    assert any("T's kernel: its rewrites" in t for t in loose.theorem.tested) is tested
+    (strict,) = check_module(loads(text), strict=True)
+    assert strict.ok is not tested
+    if tested:
+        assert strict.failure is not None and strict.step == 1 and "T's kernel: its rewrites" in strict.failure.message
+
+
 def test_the_join_refuses_a_kernel_about_another_piece() -> None:
     whole = _whole()
     pieces = terms.cut(whole.result, (("A",), ("return",)), ops.integer_valued)

@@ -171,6 +171,9 @@ CASES = [
      "`j` in an index expression must be one of the box's axes [i]", None),
     (HEAD + "diagram f(X: [i]) -> [i] { return index[i](i * 1.5) }\n", "type.index_expr", 3, 48,
      "index expressions allow integers, axis indices, +, - and * only", None),
+    (HEAD + "diagram f(X: [i]) -> [i] { return index[i](i * 9223372036854775808) }\n", "type.index_int", 3, 48,
+     "index integer 9223372036854775808 is past 9223372036854775807: positions and index arithmetic are 64-bit "
+     "integers", None),
     # reshaping
     ("axis i = 6, a = 4, b = 2\ndiagram f(X: [i]) -> [a b] { return split[i -> a b](X) }\n", "type.split_sizes",
      2, 37, "split[i -> a b]: sizes 4 x 2 do not multiply to 6", None),

@@ -241,6 +241,16 @@ def test_index(data: st.DataObject) -> None:
     check(data, d, lambda x: x + np.indices(x.shape)[0] - 2 * np.indices(x.shape)[1] + 3)
 
 
+def test_index_arithmetic_of_integers_alone_is_int64() -> None:
+    # positions and index arithmetic are int64, which wraps past 2^63 (finiteness.INDEX bounds an index
+    # value by 2^63): integers multiplied with no position in between wrap too, rather than growing as
+    # Python integers past float64 (2^62 to the ninth power was 2^558, its square inf)
+    d = diagram("(X: [i]) -> [i]", "X + index[i](4611686018427387904 * 4 + 5 * 3)")
+    np.testing.assert_array_equal(run(d, np.zeros(3)), [15.0, 15.0, 15.0])
+    d = diagram("(X: [i]) -> [i]", "where[i](4611686018427387904 * 4 == 0, X, 0 * X)")
+    np.testing.assert_array_equal(run(d, np.ones(2)), [1.0, 1.0])
+
+
 @given(data=st.data())
 def test_onehot(data: st.DataObject) -> None:
     d = diagram("(L: [i], X: [i k]) -> [i k]", "onehot[k](L) + 0 * X")

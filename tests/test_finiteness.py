@@ -181,6 +181,27 @@ def test_a_lemma_proof_covers_a_use_only_where_no_box_reads_a_zero_s_sign(term: 
         assert plain.theorem is not None and "may read a zero whose sign" in str(plain.theorem.trust)
 
 
+@pytest.mark.parametrize(("context", "proved"), [
+    ("recip(sum[x](A * 0))", False),     # 1/+0 = +inf where 1/-0 = -inf: the zero's sign is read
+    ("exp(sum[x](A * 0))", True),        # nothing divides: a zero's sign is never read
+    ("recip(sum[x](A * 0) + 1.0)", True),  # the divisor is 1: it may not be 0
+    ("sum[x](A * 0) / x", True),          # divides by a size, at least 1
+    ("recip(sign(B)) + sum[x](A * 0)", False),  # a divisor that may be 0: its zero could be the rewritten one's
+])
+def test_a_lemma_proof_covers_a_use_that_may_be_zero_only_where_nothing_divides_by_zero(context: str,
+                                                                                        proved: bool) -> None:
+    """``sum[x](X * 0) = -0`` is proved over the reals, where 0 has no sign; float64's zeros have one,
+    which 1/0 reads (+inf or -inf).  The analysis has one class for both zeros, so a use whose term may
+    be 0 is proved only where no box divides by a value that may be 0 (finiteness._zero_sign_read)."""
+    text = ("axis x\nlemma zero(X: [x]) : sum[x](X * 0) = -0\n"
+            f"diagram f(A: [x], B: []) -> [] {{\n  T = {context}\n  return T\n}}\n"
+            "theorem t: f {\n  rewrite zero at T\n}\n")
+    (result,) = check_module(loads(text), strict=True)
+    assert result.ok is proved, result.failure
+    if not proved:
+        assert result.failure is not None and "only tested" in result.failure.message
+
+
 def test_an_array_an_earlier_kernel_wrote_holds_what_that_kernel_computes() -> None:
     """A chain's kernel reads the arrays written before it as inputs, which are no inputs of the
     domain: exp(T) written by one kernel may be inf in the next (terms.cut's Param.written)."""

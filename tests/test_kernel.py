@@ -298,6 +298,18 @@ def test_trans_composes_and_checks_the_middle() -> None:
         kernel.trans(streamed, kernel.refl("v", second.result))
 
 
+def test_trans_tells_the_zeros_apart() -> None:
+    # 1/0.0 = +inf, 1/-0.0 = -inf: the middle diagrams differ although 0.0 == -0.0 as floats
+    module = loads("axis x\ndiagram g(A: [x]) -> [x] {\n  return recip(0.0 + A * 0)\n}\n"
+                   "diagram h(A: [x]) -> [x] {\n  return recip(-0.0 + A * 0)\n}\n")
+    g, h = module.diagram("g"), dataclasses.replace(module.diagram("h"), name="g")
+    assert np.isposinf(evaluate_named(g, [Named(("x",), np.array([-1.0]))], {"x": 1})[0].data).all()
+    assert np.isneginf(evaluate_named(h, [Named(("x",), np.array([-1.0]))], {"x": 1})[0].data).all()
+    with pytest.raises(KernelError, match=r"^trans: the first theorem's result"):
+        kernel.trans(kernel.refl("a", g), kernel.refl("b", h))
+    assert Const(0.0) != Const(-0.0) and Const(math.nan) == Const(math.nan) and hash(Const(1)) == hash(Const(1.0))
+
+
 # ---- group partition (R3) -----------------------------------------------------------------------
 
 

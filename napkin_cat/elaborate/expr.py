@@ -14,6 +14,7 @@ from lark import Token, Tree
 
 from napkin_cat import ops
 from napkin_cat.diagnostics import Span, did_you_mean
+from napkin_cat.limits import MAX_INDEX_INT
 from napkin_cat.terms import (
     Apply,
     Axes,
@@ -410,6 +411,10 @@ class ExprElaborator:
             text = str(tree.children[0])
             if not text.isdigit():
                 self.err("type.index_expr", tree)
+                return None
+            if len(text.lstrip("0")) > 19 or int(text) > MAX_INDEX_INT:  # past int64 (and past int()'s digit limit)
+                self.err("type.index_int", tree, value=text if len(text) <= 20 else f"{text[:20]}... "
+                         f"({len(text)} digits)", limit=MAX_INDEX_INT)
                 return None
             return IInt(int(text))
         if kind in ("add", "sub", "mul"):

@@ -182,9 +182,9 @@ def rewrite(thm: Theorem, lemma: LemmaDecl, step: terms.Rewrite, certified: Mapp
     n = len(thm.result.body)  # the returned expressions follow the body as bindings named `return`
     lets = list(thm.result.body) + [terms.Let(("return",), o, None) for o in thm.result.outputs]
     names = [m for let in lets[:n] for m in let.names]
-    for m in (m for m in step.at if m not in [*names, "return"]):
-        raise KernelError("congruence", f"no binding `{m}` in `{thm.result.name}` (bindings: {', '.join(names)})",
-                          step.span)
+    if missing := [m for m in step.at if m not in [*names, "return"]]:
+        raise KernelError("congruence", f"no binding `{missing[0]}` in `{thm.result.name}` (bindings: "
+                          f"{', '.join(names)})", step.span)
     roots = [i for i, let in enumerate(lets) if set(let.names) & set(step.at)]
     roots = roots[n - len(lets):] if "return" in step.at else roots[-1:]
     top = lets[roots[0]].names[0]

@@ -67,8 +67,8 @@ from napkin_cat import ops
 from napkin_cat.terms import Apply, Box, Const, Diagram, Expr, Param, Size, Var, relations, walk
 
 __all__ = ["DOMAIN", "EXTENDED", "FINITE", "INFINITE", "MASKS", "MASKS_TESTED", "RULES", "TOP", "UNARY", "Abstract",
-           "Inputs", "Value", "abstract", "analyse", "class_of", "finite", "finite_in", "float_unsafe_box",
-           "fold_overflows", "input_values", "masked", "narrowed", "unsupported"]
+           "Inputs", "Value", "abstract", "analyse", "cancelled_absorptions", "class_of", "finite", "finite_in",
+           "float_unsafe_box", "fold_overflows", "input_values", "masked", "narrowed", "unsupported"]
 
 Value = frozenset[str]
 #: the classes in order (``maximum`` keeps the larger), nan apart
@@ -688,10 +688,27 @@ def float_unsafe_box(expr: Expr, operands: Iterable[Expr], diagram: Diagram, rew
         # a sum or difference of a sum that may drop an operand whole (their magnitudes 2^53 apart): the
         # dropped part is an error as large as what a cancellation leaves ((exp(tanh X) + C) - C - 1 is -1
         # at C = 1e20, exp(tanh X) - 1 over the reals, of either sign)
-        if b.op in ("add", "sub") and any(
-                isinstance(o, Box) and o.op in ("add", "sub") and id(o) in ids and _absorbs(floats, o) for o in b.args):
+        if _cancels_an_absorption(floats, b, ids):
             return b
     return None
+
+
+def _cancels_an_absorption(an: _Analysis, box: Box, own: Collection[int]) -> bool:
+    """Is ``box`` a sum or difference of a sum or difference (one of ``own``, by id) that may drop
+    an operand whole (``_absorbs``)?  What the dropped operand was, the outer one may cancel to:
+    ``(S + C) - C`` is 0 at C = exp(46.5), S over the reals."""
+    return box.op in ("add", "sub") and any(
+        isinstance(o, Box) and o.op in ("add", "sub") and id(o) in own and _absorbs(an, o) for o in box.args)
+
+
+def cancelled_absorptions(expr: Expr, diagram: Diagram) -> list[Box]:
+    """The boxes of ``expr`` (a term of ``diagram``) that ``float_unsafe_box`` refuses as an
+    absorption then cancelled (``_cancels_an_absorption``): a sum or difference of a sum or
+    difference that float64 may round to its larger operand alone.  A backward join
+    (``certify.prove.prove_join``) refuses a gradient with one its VJP's gradient lacks."""
+    own = [b for b in walk(expr) if isinstance(b, Box)]
+    an, ids = _Analysis(diagram.bindings(), input_values(diagram.inputs)), {id(b) for b in own}
+    return [b for b in own if _cancels_an_absorption(an, b, ids)]
 
 
 def analyse(expr: Expr, defs: Mapping[str, Expr], inputs: Mapping[str, Value]) -> Value:

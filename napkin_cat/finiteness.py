@@ -266,14 +266,15 @@ def _bin(op: str, a: Abstract, b: Abstract, rounds: bool) -> Abstract:
         signs = [v.classes & _v("- +") for v in (a, b)]
         apart = signs[0] == signs[1] if op == "sub" else signs[0].isdisjoint(signs[1])
         grow = 0.0 if apart and all(len(x) == 1 for x in signs) and not (a.classes | b.classes) - FINITE else 1.0
-        # operands of one direction (a sum of non-negatives: mean(X²) + eps) cannot cancel: the sum is at
-        # least the larger operand (rounding is monotone and each operand is a float), or the one that is
-        # non-zero where the other is 0
+        # operands of one direction (a sum of non-negatives: mean(X²) + eps) cannot cancel (rounding is
+        # monotone and each operand is a float): a non-zero sum is one of three cases, its bound the least
         lo = min(a.lo, b.lo) - 53.0
         direction = signs[0] | (frozenset({"-": "+", "+": "-"}[c] for c in signs[1]) if op == "sub" else signs[1])
         if len(direction) == 1:
-            lo = min([max(a.lo, b.lo)] * bool(signs[0] and signs[1]) + [b.lo] * ("0" in a.classes and bool(signs[1]))
-                     + [a.lo] * ("0" in b.classes and bool(signs[0])) or [lo])
+            both = max(a.lo, b.lo) if signs[0] and signs[1] else None  # both non-zero: at least the larger
+            b_alone = b.lo if "0" in a.classes and signs[1] else None  # a is 0: the sum is ±b
+            a_alone = a.lo if "0" in b.classes and signs[0] else None  # b is 0: the sum is a
+            lo = min((c for c in (both, b_alone, a_alone) if c is not None), default=lo)
         return _float64(classes, max(lo, UNDERFLOW), max(a.hi, b.hi) + grow, rounds)
     if op == "mul":
         return _float64(classes, a.lo + b.lo, a.hi + b.hi, rounds)

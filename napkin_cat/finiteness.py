@@ -67,8 +67,8 @@ from napkin_cat import ops
 from napkin_cat.terms import Apply, Box, Const, Diagram, Expr, Param, Size, Var, relations, walk
 
 __all__ = ["DOMAIN", "EXTENDED", "FINITE", "INFINITE", "MASKS", "MASKS_TESTED", "RULES", "TOP", "UNARY", "Abstract",
-           "Inputs", "Value", "abstract", "analyse", "cancelled_absorptions", "class_of", "finite", "finite_in",
-           "float_unsafe_box", "fold_overflows", "input_values", "masked", "narrowed", "unsupported"]
+           "Inputs", "Value", "absorbing_sums", "abstract", "analyse", "cancelled_absorptions", "class_of", "finite",
+           "finite_in", "float_unsafe_box", "fold_overflows", "input_values", "masked", "narrowed", "unsupported"]
 
 Value = frozenset[str]
 #: the classes in order (``maximum`` keeps the larger), nan apart
@@ -689,27 +689,54 @@ def float_unsafe_box(expr: Expr, operands: Iterable[Expr], diagram: Diagram, rew
         # a sum or difference of a sum that may drop an operand whole (their magnitudes 2^53 apart): the
         # dropped part is an error as large as what a cancellation leaves ((exp(tanh X) + C) - C - 1 is -1
         # at C = 1e20, exp(tanh X) - 1 over the reals, of either sign)
-        if _cancels_an_absorption(floats, b, ids):
+        if _cancelled_absorption(floats, b, ids) is not None:
             return b
     return None
 
 
-def _cancels_an_absorption(an: _Analysis, box: Box, own: Collection[int]) -> bool:
-    """Is ``box`` a sum or difference of a sum or difference (one of ``own``, by id) that may drop
-    an operand whole (``_absorbs``)?  What the dropped operand was, the outer one may cancel to:
-    ``(S + C) - C`` is 0 at C = exp(46.5), S over the reals."""
-    return box.op in ("add", "sub") and any(
-        isinstance(o, Box) and o.op in ("add", "sub") and id(o) in own and _absorbs(an, o) for o in box.args)
+#: the boxes whose value carries an operand's error along, scaled, summed or moved (which operands):
+#: what float64 drops in a sum below one of them, a sum above it may cancel to
+_CARRY: dict[str, slice] = {"neg": slice(None), "mul": slice(None), "div": slice(0, 1), "sum": slice(None),
+                            "mean": slice(None), "max": slice(None), "min": slice(None), "cumsum": slice(None),
+                            "contract": slice(None), "where": slice(None), "select": slice(1, None),
+                            "maximum": slice(None), "minimum": slice(None), "split": slice(None),
+                            "join": slice(None), "rename": slice(None), "transpose": slice(None)}
 
 
-def cancelled_absorptions(expr: Expr, diagram: Diagram) -> list[Box]:
-    """The boxes of ``expr`` (a term of ``diagram``) that ``float_unsafe_box`` refuses as an
-    absorption then cancelled (``_cancels_an_absorption``): a sum or difference of a sum or
-    difference that float64 may round to its larger operand alone.  A backward join
-    (``certify.prove.prove_join``) refuses a gradient with one its VJP's gradient lacks."""
+def _cancelled_absorption(an: _Analysis, box: Box, own: Collection[int]) -> Box | None:
+    """The sum or difference (one of ``own``, by id) that may drop an operand whole (``_absorbs``)
+    and that ``box``, a sum or difference, reads directly or through boxes of ``own`` that carry
+    its value along (``_CARRY``); None where there is none.  What the dropped operand was, ``box``
+    may cancel to: ``(S + C) - C`` is 0 at C = exp(46.5), S over the reals, and so are
+    ``(S + C) * 1.0 - C`` and ``sum[t](X + C) - sum[t](C + 0.0 * X)``."""
+    def reached(e: Expr) -> Box | None:
+        if not (isinstance(e, Box) and id(e) in own):
+            return None
+        if e.op in ("add", "sub"):
+            return e if _absorbs(an, e) else None
+        return next((r for a in e.args[_CARRY[e.op]] if (r := reached(a)) is not None), None) \
+            if e.op in _CARRY else None
+
+    if box.op not in ("add", "sub"):
+        return None
+    return next((r for o in box.args if (r := reached(o)) is not None), None)
+
+
+def absorbing_sums(expr: Expr, diagram: Diagram) -> list[Box]:
+    """The sums and differences of ``expr`` (a term of ``diagram``) that float64 may round to their
+    larger operand alone (``_absorbs``), cancelled later or not."""
+    an = _Analysis(diagram.bindings(), input_values(diagram.inputs))
+    return [b for b in walk(expr) if isinstance(b, Box) and b.op in ("add", "sub") and _absorbs(an, b)]
+
+
+def cancelled_absorptions(expr: Expr, diagram: Diagram) -> list[tuple[Box, Box]]:
+    """The absorptions then cancelled of ``expr`` (a term of ``diagram``) that ``float_unsafe_box``
+    refuses (``_cancelled_absorption``): each sum or difference that reads one float64 may round to
+    its larger operand alone, with that one.  A backward join (``certify.prove.prove_join``) refuses
+    a gradient with one whose absorbing sum its VJP's gradient does not also compute (``absorbing_sums``)."""
     own = [b for b in walk(expr) if isinstance(b, Box)]
     an, ids = _Analysis(diagram.bindings(), input_values(diagram.inputs)), {id(b) for b in own}
-    return [b for b in own if _cancels_an_absorption(an, b, ids)]
+    return [(b, inner) for b in own if (inner := _cancelled_absorption(an, b, ids)) is not None]
 
 
 def analyse(expr: Expr, defs: Mapping[str, Expr], inputs: Mapping[str, Value]) -> Value:

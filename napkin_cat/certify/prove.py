@@ -77,7 +77,7 @@ from napkin_cat import ops
 from napkin_cat.certify import accumulators as acc
 from napkin_cat.certify.atoms import Quo, Rem, _expand, _i, _j, _MaxOf, _n, _Reduction, index, maximum, minimum, reduce
 from napkin_cat.evaluate import FLOAT64
-from napkin_cat.finiteness import cancelled_absorptions, finite, float_unsafe_box, input_values
+from napkin_cat.finiteness import absorbing_sums, cancelled_absorptions, finite, float_unsafe_box, input_values
 from napkin_cat.printer import print_expr
 from napkin_cat.terms import (
     Apply,
@@ -668,17 +668,19 @@ def _finite_where_the_vjp_is(forward: Diagram, reference: Diagram,
                                f"`{box.op}` where the extended reals do not, and the VJP's is not vouched finite "
                                f"either (finiteness.float_unsafe_box)")
             # an absorption then cancelled: (S + C) - C is S over the reals, 0 in float64 where C = exp(46.5) drops
-            # S whole; a finite error the finiteness checks cannot see, so refused unless the VJP makes the same
-            # one (its term, the backward's inputs read as the VJP's: a running sum's Σ g - cumsum g + g)
+            # S whole; a finite error the finiteness checks cannot see, so refused unless the VJP computes the same
+            # absorbing sum, whose error its value then holds too (its term, the backward's inputs read as the VJP's:
+            # a running sum's Σ g - cumsum g; ALiBi's scores S - m·(q - x), which the backward shifts by the saved
+            # L, the VJP's softmax by their maximum)
             if vouched[i]:
-                made = cancelled_absorptions(expanded(reference.outputs[i], reference.bindings()), reference)
-                for box in cancelled_absorptions(term, related):
-                    if _as_the_vjps(box, diagram, sources, forward, reference, saved) not in made:
+                made = absorbing_sums(expanded(reference.outputs[i], reference.bindings()), reference)
+                for box, inner in cancelled_absorptions(term, related):
+                    if _as_the_vjps(inner, diagram, sources, forward, reference, saved) not in made:
                         where = f" at {box.span}" if box.span is not None else ""
                         raise Unproved(f"`{diagram.name}`'s gradient of {forward.inputs[i].name} computes "
-                                       f"`{_short(box)}`{where}, where float64 may round an inner sum to its larger "
-                                       f"operand and the outer one cancel the rest (an absorption the VJP's gradient "
-                                       f"does not make: finiteness.cancelled_absorptions)")
+                                       f"`{_short(box)}`{where}, where float64 may round `{_short(inner, 40)}` to "
+                                       f"its larger operand and the outer sum cancel the rest (an absorption the "
+                                       f"VJP's gradient does not make: finiteness.cancelled_absorptions)")
             # sign jumps at 0: the prover reads sign(e) of an e it knows positive as 1, but float64 may underflow
             # e to 0 (sign(exp(X·1e-4 - 744)) is 0 at X = -5000, so S·sign(...) gave 0 where the VJP is S):
             # each sign's operand must compute what the extended reals do

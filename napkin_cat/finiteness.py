@@ -620,6 +620,23 @@ def _underflows(box: Box, floats: _Analysis, extended: _Analysis) -> bool:
     return "0" in rule(box, values, floats).classes - rule(box, values, extended).classes
 
 
+def _scales_a_vanished_weight(box: Box, an: _Analysis, own: Collection[int]) -> bool:
+    """Is ``box`` a product (``mul``, ``contract``) of a softmax box of ``own`` (by id) with factors
+    whose magnitude may pass 1, or a quotient of one by a divisor whose magnitude may be below 1?
+    A weight rounded to 0 (its real value below 2^-1075) then stands for a value float64 could hold."""
+    if box.op not in ("mul", "div", "contract"):
+        return False
+    for k, w in enumerate(box.args):
+        if not (isinstance(w, Box) and w.op == "softmax" and id(w) in own) or (box.op == "div" and k != 0):
+            continue
+        others = [an.value(a) for j, a in enumerate(box.args) if j != k]
+        nonzero = [o for o in others if o.classes & _v("- +")]
+        if (box.op == "div" and any(o.lo < 0.0 for o in nonzero)) or \
+                (box.op != "div" and len(nonzero) == len(others) and sum(max(o.hi, 0.0) for o in nonzero) > 0.0):
+            return True
+    return False
+
+
 def _weight_underflows(params: tuple[str, ...], values: list[Abstract], entries: float) -> bool:
     """May a normalised contraction's weight a1(s) / b(Σ a2(s)), or its product with v, be 0 in float64 at
     non-zero s and v where the extended reals give no 0, one position at a time (its sum may cancel to 0
@@ -655,7 +672,8 @@ def float_unsafe_box(expr: Expr, operands: Iterable[Expr], diagram: Diagram, rew
     in another such box (at finite operands a proved right side is finite, so any infinity the
     analysis admits there is counted, as the class rules may admit it over the reals too), and, on
     the rewritten side (``rewritten``), an underflow to 0 at non-zero operands where the box's
-    classes hold 0 anyway (``_underflows``); None where there is none.  A lemma's right side
+    classes hold 0 anyway (``_underflows``), and a softmax weight, which may be 0 on both sides,
+    scaled up (``_scales_a_vanished_weight``); None where there is none.  A lemma's right side
     instantiated at a use (``kernel.rewrite``: the operands are the terms its variables matched)
     is float-safe there when none of its boxes does so (README "The domain"): it computes what the
     extended reals do, which the lemma's proof covers, so it is finite wherever the left side is."""
@@ -681,6 +699,11 @@ def float_unsafe_box(expr: Expr, operands: Iterable[Expr], diagram: Diagram, rew
         # an underflow of a non-zero value to 0 where the box's classes hold 0 anyway (an operand may be 0):
         # tanh(S) · 1e-300 / 1e-300 is 0 at S = 1e-30, and a log after it -inf where the source's is -138
         if rewritten and _underflows(b, floats, plain):
+            return b
+        # a softmax weight of a finite score rounds to 0 below 2^-1075, as the source's may (``_weights``' vanish);
+        # scaled up on the rewritten side, the value it stood for may be one the source keeps: softmax(S)·K at
+        # S = [0, -750], K = 2^23 is 0 where p·(p·K), p = softmax(S/2), is 2^-1059
+        if rewritten and _scales_a_vanished_weight(b, floats, ids):
             return b
         # sign jumps at 0: where the analysis cannot tell its operand's sign, float64 may have rounded or
         # cancelled it to 0 or the other sign (sign(exp(tanh X) + C - C) is 0 at C = 1e20, 1 over the reals)

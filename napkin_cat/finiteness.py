@@ -67,8 +67,9 @@ from napkin_cat import ops
 from napkin_cat.terms import Apply, Box, Const, Diagram, Expr, Param, Rewrite, Size, Step, Var, relations, walk
 
 __all__ = ["DOMAIN", "EXTENDED", "FINITE", "INFINITE", "MASKS", "MASKS_TESTED", "RULES", "TOP", "UNARY", "Abstract",
-           "Inputs", "Value", "abstract", "analyse", "class_of", "finite", "finite_in", "float_unsafe_box",
-           "fold_overflows", "input_values", "masked", "narrowed", "signed_zero_writes", "unsupported"]
+           "Inputs", "Value", "absorbing_sums", "abstract", "analyse", "cancelled_absorptions", "class_of", "finite",
+           "finite_in", "float_unsafe_box", "fold_overflows", "input_values", "masked", "narrowed",
+           "signed_zero_writes", "unsupported"]
 
 Value = frozenset[str]
 #: the classes in order (``maximum`` keeps the larger), nan apart
@@ -266,14 +267,15 @@ def _bin(op: str, a: Abstract, b: Abstract, rounds: bool) -> Abstract:
         signs = [v.classes & _v("- +") for v in (a, b)]
         apart = signs[0] == signs[1] if op == "sub" else signs[0].isdisjoint(signs[1])
         grow = 0.0 if apart and all(len(x) == 1 for x in signs) and not (a.classes | b.classes) - FINITE else 1.0
-        # operands of one direction (a sum of non-negatives: mean(X²) + eps) cannot cancel: the sum is at
-        # least the larger operand (rounding is monotone and each operand is a float), or the one that is
-        # non-zero where the other is 0
+        # operands of one direction (a sum of non-negatives: mean(X²) + eps) cannot cancel (rounding is
+        # monotone and each operand is a float): a non-zero sum is one of three cases, its bound the least
         lo = min(a.lo, b.lo) - 53.0
         direction = signs[0] | (frozenset({"-": "+", "+": "-"}[c] for c in signs[1]) if op == "sub" else signs[1])
         if len(direction) == 1:
-            lo = min([max(a.lo, b.lo)] * bool(signs[0] and signs[1]) + [b.lo] * ("0" in a.classes and bool(signs[1]))
-                     + [a.lo] * ("0" in b.classes and bool(signs[0])) or [lo])
+            both = max(a.lo, b.lo) if signs[0] and signs[1] else None  # both non-zero: at least the larger
+            b_alone = b.lo if "0" in a.classes and signs[1] else None  # a is 0: the sum is ±b
+            a_alone = a.lo if "0" in b.classes and signs[0] else None  # b is 0: the sum is a
+            lo = min((c for c in (both, b_alone, a_alone) if c is not None), default=lo)
         return _float64(classes, max(lo, UNDERFLOW), max(a.hi, b.hi) + grow, rounds)
     if op == "mul":
         return _float64(classes, a.lo + b.lo, a.hi + b.hi, rounds)
@@ -619,6 +621,23 @@ def _underflows(box: Box, floats: _Analysis, extended: _Analysis) -> bool:
     return "0" in rule(box, values, floats).classes - rule(box, values, extended).classes
 
 
+def _scales_a_vanished_weight(box: Box, an: _Analysis, own: Collection[int]) -> bool:
+    """Is ``box`` a product (``mul``, ``contract``) of a softmax box of ``own`` (by id) with factors
+    whose magnitude may pass 1, or a quotient of one by a divisor whose magnitude may be below 1?
+    A weight rounded to 0 (its real value below 2^-1075) then stands for a value float64 could hold."""
+    if box.op not in ("mul", "div", "contract"):
+        return False
+    for k, w in enumerate(box.args):
+        if not (isinstance(w, Box) and w.op == "softmax" and id(w) in own) or (box.op == "div" and k != 0):
+            continue
+        others = [an.value(a) for j, a in enumerate(box.args) if j != k]
+        nonzero = [o for o in others if o.classes & _v("- +")]
+        if (box.op == "div" and any(o.lo < 0.0 for o in nonzero)) or \
+                (box.op != "div" and len(nonzero) == len(others) and sum(max(o.hi, 0.0) for o in nonzero) > 0.0):
+            return True
+    return False
+
+
 def _weight_underflows(params: tuple[str, ...], values: list[Abstract], entries: float) -> bool:
     """May a normalised contraction's weight a1(s) / b(Σ a2(s)), or its product with v, be 0 in float64 at
     non-zero s and v where the extended reals give no 0, one position at a time (its sum may cancel to 0
@@ -654,7 +673,8 @@ def float_unsafe_box(expr: Expr, operands: Iterable[Expr], diagram: Diagram, rew
     in another such box (at finite operands a proved right side is finite, so any infinity the
     analysis admits there is counted, as the class rules may admit it over the reals too), and, on
     the rewritten side (``rewritten``), an underflow to 0 at non-zero operands where the box's
-    classes hold 0 anyway (``_underflows``); None where there is none.  A lemma's right side
+    classes hold 0 anyway (``_underflows``), and a softmax weight, which may be 0 on both sides,
+    scaled up (``_scales_a_vanished_weight``); None where there is none.  A lemma's right side
     instantiated at a use (``kernel.rewrite``: the operands are the terms its variables matched)
     is float-safe there when none of its boxes does so (README "The domain"): it computes what the
     extended reals do, which the lemma's proof covers, so it is finite wherever the left side is."""
@@ -681,6 +701,11 @@ def float_unsafe_box(expr: Expr, operands: Iterable[Expr], diagram: Diagram, rew
         # tanh(S) · 1e-300 / 1e-300 is 0 at S = 1e-30, and a log after it -inf where the source's is -138
         if rewritten and _underflows(b, floats, plain):
             return b
+        # a softmax weight of a finite score rounds to 0 below 2^-1075, as the source's may (``_weights``' vanish);
+        # scaled up on the rewritten side, the value it stood for may be one the source keeps: softmax(S)·K at
+        # S = [0, -750], K = 2^23 is 0 where p·(p·K), p = softmax(S/2), is 2^-1059
+        if rewritten and _scales_a_vanished_weight(b, floats, ids):
+            return b
         # sign jumps at 0: where the analysis cannot tell its operand's sign, float64 may have rounded or
         # cancelled it to 0 or the other sign (sign(exp(tanh X) + C - C) is 0 at C = 1e20, 1 over the reals)
         if b.op == "sign" and len(finite.value(b.args[0]).classes & FINITE) > 1:
@@ -688,10 +713,54 @@ def float_unsafe_box(expr: Expr, operands: Iterable[Expr], diagram: Diagram, rew
         # a sum or difference of a sum that may drop an operand whole (their magnitudes 2^53 apart): the
         # dropped part is an error as large as what a cancellation leaves ((exp(tanh X) + C) - C - 1 is -1
         # at C = 1e20, exp(tanh X) - 1 over the reals, of either sign)
-        if b.op in ("add", "sub") and any(
-                isinstance(o, Box) and o.op in ("add", "sub") and id(o) in ids and _absorbs(floats, o) for o in b.args):
+        if _cancelled_absorption(floats, b, ids) is not None:
             return b
     return None
+
+
+#: the boxes whose value carries an operand's error along, scaled, summed or moved (which operands):
+#: what float64 drops in a sum below one of them, a sum above it may cancel to
+_CARRY: dict[str, slice] = {"neg": slice(None), "mul": slice(None), "div": slice(0, 1), "sum": slice(None),
+                            "mean": slice(None), "max": slice(None), "min": slice(None), "cumsum": slice(None),
+                            "contract": slice(None), "where": slice(None), "select": slice(1, None),
+                            "maximum": slice(None), "minimum": slice(None), "split": slice(None),
+                            "join": slice(None), "rename": slice(None), "transpose": slice(None)}
+
+
+def _cancelled_absorption(an: _Analysis, box: Box, own: Collection[int]) -> Box | None:
+    """The sum or difference (one of ``own``, by id) that may drop an operand whole (``_absorbs``)
+    and that ``box``, a sum or difference, reads directly or through boxes of ``own`` that carry
+    its value along (``_CARRY``); None where there is none.  What the dropped operand was, ``box``
+    may cancel to: ``(S + C) - C`` is 0 at C = exp(46.5), S over the reals, and so are
+    ``(S + C) * 1.0 - C`` and ``sum[t](X + C) - sum[t](C + 0.0 * X)``."""
+    def reached(e: Expr) -> Box | None:
+        if not (isinstance(e, Box) and id(e) in own):
+            return None
+        if e.op in ("add", "sub"):
+            return e if _absorbs(an, e) else None
+        return next((r for a in e.args[_CARRY[e.op]] if (r := reached(a)) is not None), None) \
+            if e.op in _CARRY else None
+
+    if box.op not in ("add", "sub"):
+        return None
+    return next((r for o in box.args if (r := reached(o)) is not None), None)
+
+
+def absorbing_sums(expr: Expr, diagram: Diagram) -> list[Box]:
+    """The sums and differences of ``expr`` (a term of ``diagram``) that float64 may round to their
+    larger operand alone (``_absorbs``), cancelled later or not."""
+    an = _Analysis(diagram.bindings(), input_values(diagram.inputs))
+    return [b for b in walk(expr) if isinstance(b, Box) and b.op in ("add", "sub") and _absorbs(an, b)]
+
+
+def cancelled_absorptions(expr: Expr, diagram: Diagram) -> list[tuple[Box, Box]]:
+    """The absorptions then cancelled of ``expr`` (a term of ``diagram``) that ``float_unsafe_box``
+    refuses (``_cancelled_absorption``): each sum or difference that reads one float64 may round to
+    its larger operand alone, with that one.  A backward join (``certify.prove.prove_join``) refuses
+    a gradient with one whose absorbing sum its VJP's gradient does not also compute (``absorbing_sums``)."""
+    own = [b for b in walk(expr) if isinstance(b, Box)]
+    an, ids = _Analysis(diagram.bindings(), input_values(diagram.inputs)), {id(b) for b in own}
+    return [(b, inner) for b in own if (inner := _cancelled_absorption(an, b, ids)) is not None]
 
 
 def analyse(expr: Expr, defs: Mapping[str, Expr], inputs: Mapping[str, Value]) -> Value:

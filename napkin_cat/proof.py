@@ -63,7 +63,8 @@ class CheckResult:
         return self.theorem is not None
 
     def summary(self) -> str:
-        """``NAME: step; step; ... [trust: ...]`` or ``NAME: FAILED at step N``."""
+        """``NAME: step; step; ... [trust: ...]`` or ``NAME: FAILED at step N``; the trust line ends with
+        the source's input relations (``given L = ...``), which the theorem is claimed under."""
         steps = "; ".join(describe_step(s) for s in self.steps) or "no steps"
         if self.theorem is not None and self.theorem.kernels:
             steps = "; ".join([*(describe_step(s) for s in self.theorem.steps), *(
@@ -73,7 +74,10 @@ class CheckResult:
             exact = "≡" if self.theorem.exact else "≈"
             constraints = ", ".join(str(c) for c in self.theorem.constraints)
             when = f" [assuming {constraints}]" if constraints else ""
-            return f"{self.name} {exact}: {steps}{when}  (trust: {'; '.join(self.theorem.trust)})"
+            # an input relation is what the theorem assumes of its inputs: claimed only where it holds
+            given = [f"given {p.name} = {print_expr(p.given)}" for p in self.theorem.source.inputs
+                     if p.given is not None]
+            return f"{self.name} {exact}: {steps}{when}  (trust: {'; '.join([*self.theorem.trust, *given])})"
         return f"{self.name}: FAILED at step {self.step}: {describe_step(self.steps[self.step - 1])}" \
             if self.step and self.step <= len(self.steps) else f"{self.name}: FAILED"
 

@@ -486,6 +486,25 @@ def test_a_backward_reading_the_sign_of_a_term_that_underflows_is_not_joined() -
         prove_join(forward, reference, backwards)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("wrong", ["(S + exp(46.5)) - exp(46.5)", "S - 1e20 + 1e20",
+                                   "(S + exp(46.5)) * 1.0 - exp(46.5)",
+                                   "sum[t](X * g + exp(46.5)) - sum[t](exp(46.5) + X * 0.0)"])
+def test_the_join_prover_refuses_an_absorption_the_vjp_does_not_make(wrong: str) -> None:
+    """Each is S over the reals and finite in float64, so the finiteness checks (the VJP's dB is
+    vouched finite) let the join be proved and lowered; but at X = 1 (t = 2, d = 1), g = 1, S = 2,
+    which exp(46.5) ≈ 1.6e20 (1e20) absorbs whole: dB is 0 where the VJP's is 2, also where the
+    absorbing sum reaches the cancelling one through a product or a reduction.  Refused, naming
+    the box and its line; the running sum and ALiBi's scores, whose absorbing sums the VJP computes
+    too, stay proved (``test_the_join_prover_proves_a_running_sum``, the derived backward's sweep)."""
+    forward, reference, backwards = _weighted(wrong)
+    x, g = np.ones((2, 1)), np.ones((2, 1))
+    assert run(backwards[0][0], x, g).tolist() == [0.0]  # type: ignore[arg-type]
+    assert run(reference, x, np.ones(1), g)[1].tolist() == [2.0]  # type: ignore[arg-type]
+    with pytest.raises(Unproved, match=r"gradient of B computes `.*` at <string>:7:\d+, where float64 may round "
+                                       r"`.*` to its larger operand"):
+        prove_join(forward, reference, backwards)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(("forward_mask", "backward_mask", "why"), [
     # a different mask in the backward: different indicators, different terms
     ("q >= x", "q > x", "gradients of Q do not normalise"),

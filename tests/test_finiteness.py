@@ -596,3 +596,32 @@ def test_a_contraction_of_three_is_multiplied_in_one_order_whatever_the_shapes()
     for order in ("A, C, B", "A, B, C", "C, A, B"):
         diagram = loads(text.split("theorem")[0].replace("A, C, B", order)).diagram("f")
         assert not finite_in(diagram, diagram.outputs[0]), order
+
+
+_SCALED_WEIGHTS = """axis q, x
+diagram f(S: [q x]) -> [q x], [q x], [q x] {
+  H = softmax[x](S * 0.5)
+  L = l2norm[x](H) * (l2norm[x](H) * (1 + square(3000)))
+  R = softmax[x](S) * (1 + square(3000))
+  W = softmax[x](S)
+  return L, R, W
+}
+"""
+
+
+def test_a_rewritten_softmax_weight_scaled_up_is_not_float_safe() -> None:
+    """softmax(S)·K equals p·(p·K) with p = l2norm(softmax(S/2)) over the reals; at S = [0, -750]
+    and K ≈ 2^23 the weight e^-750 = 2^-1082 rounds to 0 before K scales it, where p·(p·K) keeps
+    2^-1059.  A weight of a finite score may be 0 on both sides of a lemma (``_weights``' vanish),
+    so the right side's check let it through; scaled by a factor that may pass 1 it is refused
+    (``_scales_a_vanished_weight``).  The weights alone stay float-safe: their value is below
+    2^-1075 on either side."""
+    from napkin_cat.finiteness import float_unsafe_box
+
+    d = loads(_SCALED_WEIGHTS).diagram("f")
+    left, right, alone = evaluate(d, [np.array([[0.0, -750.0]])])
+    assert left[0, 1] > 0 and right[0, 1] == 0 and alone[0, 1] == 0
+    operands = (Var("S", ("q", "x")),)
+    box = float_unsafe_box(d.binding("R").expr, operands, d)
+    assert box is not None and box.op == "mul"
+    assert float_unsafe_box(d.binding("W").expr, operands, d) is None

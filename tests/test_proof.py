@@ -50,6 +50,18 @@ def test_summary_lines() -> None:
     assert bad.counterexample and "tile by tile" in bad.counterexample
 
 
+def test_the_trust_line_lists_the_input_relations() -> None:
+    """A backward pass is claimed only for inputs where its relations hold (the saved L is the
+    forward's logsumexp): the trust line says so, with each relation; a theorem without one
+    lists none."""
+    results = {r.name: r for r in check_file(PROOFS / "flash_attention_backward.ncd")}
+    line = results["flash_attention_backward_q"].summary()
+    assert line.endswith("; given L = logsumexp[x](contract[d](Q, K) * rsqrt(d)))"), line
+    hoisted = results["flash_attention_causal_backward_kv_hoisted"].summary()  # a chain: its source's relation
+    assert "given L = logsumexp[x](where[q x](q >= x, contract[d](Q, K) * rsqrt(d), -inf))" in hoisted, hoisted
+    assert "given" not in results["flash_attention_forward"].summary()
+
+
 def test_no_counterexample_for_an_axis_no_input_carries() -> None:
     """Tiles are simulated by slicing inputs: grouping an absent axis, or one an index box
     makes (each 'tile' then starts at position 0), claimed the untouched diagram summed over

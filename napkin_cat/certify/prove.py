@@ -77,8 +77,10 @@ from napkin_cat import ops
 from napkin_cat.certify import accumulators as acc
 from napkin_cat.certify.atoms import Quo, Rem, _expand, _i, _j, _MaxOf, _n, _Reduction, index, maximum, minimum, reduce
 from napkin_cat.evaluate import FLOAT64
-from napkin_cat.finiteness import finite, float_unsafe_box, input_values
+from napkin_cat.finiteness import absorbing_sums, cancelled_absorptions, finite, float_unsafe_box, input_values
+from napkin_cat.printer import print_expr
 from napkin_cat.terms import (
+    Apply,
     Box,
     Const,
     Diagram,
@@ -639,7 +641,8 @@ def _finite_where_the_vjp_is(forward: Diagram, reference: Diagram,
     ``0 · exp(S)`` normalise to S, and are NaN or inf at S = 960 where the VJP is 960).  Where the
     analysis cannot vouch for the VJP's gradient either, the backward's must compute what the extended
     reals do (``finiteness.float_unsafe_box``, a lemma right side's check), so that it is finite
-    wherever their common value is."""
+    wherever their common value is; where it can, the backward's may still cancel an absorption
+    the VJP's does not make (``finiteness.cancelled_absorptions``), a finite but wrong value."""
     vouched = [finite(o, reference.bindings(), input_values(reference.inputs)) for o in reference.outputs]
     saved = [expanded(o, forward.bindings()) for o in forward.outputs]
     for diagram, sources, gives in backwards:
@@ -664,6 +667,20 @@ def _finite_where_the_vjp_is(forward: Diagram, reference: Diagram,
                 raise Unproved(f"`{diagram.name}`'s gradient of {forward.inputs[i].name} may overflow in float64 at "
                                f"`{box.op}` where the extended reals do not, and the VJP's is not vouched finite "
                                f"either (finiteness.float_unsafe_box)")
+            # an absorption then cancelled: (S + C) - C is S over the reals, 0 in float64 where C = exp(46.5) drops
+            # S whole; a finite error the finiteness checks cannot see, so refused unless the VJP computes the same
+            # absorbing sum, whose error its value then holds too (its term, the backward's inputs read as the VJP's:
+            # a running sum's Σ g - cumsum g; ALiBi's scores S - m·(q - x), which the backward shifts by the saved
+            # L, the VJP's softmax by their maximum)
+            if vouched[i]:
+                made = absorbing_sums(expanded(reference.outputs[i], reference.bindings()), reference)
+                for box, inner in cancelled_absorptions(term, related):
+                    if _as_the_vjps(inner, diagram, sources, forward, reference, saved) not in made:
+                        where = f" at {box.span}" if box.span is not None else ""
+                        raise Unproved(f"`{diagram.name}`'s gradient of {forward.inputs[i].name} computes "
+                                       f"`{_short(box)}`{where}, where float64 may round `{_short(inner, 40)}` to "
+                                       f"its larger operand and the outer sum cancel the rest (an absorption the "
+                                       f"VJP's gradient does not make: finiteness.cancelled_absorptions)")
             # sign jumps at 0: the prover reads sign(e) of an e it knows positive as 1, but float64 may underflow
             # e to 0 (sign(exp(X·1e-4 - 744)) is 0 at X = -5000, so S·sign(...) gave 0 where the VJP is S):
             # each sign's operand must compute what the extended reals do
@@ -672,6 +689,29 @@ def _finite_where_the_vjp_is(forward: Diagram, reference: Diagram,
                     raise Unproved(f"`{diagram.name}`'s gradient of {forward.inputs[i].name} takes the sign of a term "
                                    f"float64 may round to 0 or past the extended reals' value "
                                    f"(finiteness.float_unsafe_box)")
+
+
+def _as_the_vjps(expr: Expr, diagram: Diagram, sources: Sequence[tuple[str, int]], forward: Diagram,
+                 reference: Diagram, saved: Sequence[Expr]) -> Expr:
+    """``expr``, a term of the backward ``diagram``, over the VJP diagram ``reference``'s inputs: a
+    forward input or cotangent the backward reads (``sources``) by the VJP's name for it, a saved
+    forward output by its term (``saved``)."""
+    names: dict[str, Expr] = {}
+    for p, (kind, k) in zip(diagram.inputs, sources, strict=True):
+        names[p.name] = saved[k] if kind == "output" else \
+            Var((forward.inputs[k] if kind == "input" else reference.inputs[len(forward.inputs) + k]).name, p.axes)
+
+    def rename(e: Expr) -> Expr:
+        if isinstance(e, Var) and e.name in names:
+            return names[e.name]
+        return replace(e, args=tuple(rename(a) for a in e.args)) if isinstance(e, (Box, Apply)) else e
+
+    return rename(expr)
+
+
+def _short(expr: Expr, limit: int = 80) -> str:
+    text = print_expr(expr)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _relations_hold(sem: _Semantics, diagram: Diagram, values: Sequence[Any]) -> None:

@@ -333,3 +333,24 @@ def test_a_written_integer_array_stays_integer_in_the_next_kernel() -> None:
         fn = lower(ok.theorem, target=target, tiles={"sx": 16}).fn
         got = fn(*(jnp.asarray(a, jnp.float32) for a in arrays[:3]), *(jnp.asarray(a, jnp.int32) for a in arrays[3:]))
         np.testing.assert_allclose(np.asarray(got), evaluate(ok.theorem.source, arrays), rtol=2e-5, atol=2e-5)
+
+
+def test_a_written_integer_array_past_int32_or_infinite_is_read_as_the_writer_computed_it() -> None:
+    """`F = floor(...)` of a real is integer-valued (typed so: it may index or be compared), but it may
+    be ±inf (floor of a -inf mask) or past int32 (floor of 1e6 times a score).  Written by a first
+    kernel, the second read it as an `int` input, cast to int32: a fully masked row's max was
+    -2147483648 where the evaluator gives -inf, and a sum of 1e12-sized floors wrapped.  Both
+    targets now read a written array as the writing kernel computed it (Layout.integer)."""
+    text = ("axis q, x\ndiagram f(S: [q x]) -> [q] {\n  F = floor(where[q x](q > x, S * 1000000, -inf))\n"
+            "  return max[x](F) + sum[x](select(ge(F, 0), F, 0)) * 0.000001\n}\n"
+            "theorem t: f {\n  kernel F {\n    group q by 16\n  }\n  kernel return {\n    group q by 16\n  }\n}\n")
+    (ok,) = check_module(loads(text), strict=True)
+    assert ok.ok and ok.theorem is not None
+    s = np.random.default_rng(0).standard_normal((20, 21)) * 1000.0
+    want = evaluate(ok.theorem.source, [s])
+    assert want[0] == -np.inf and np.max(np.abs(want[1:])) > 2.0 ** 31
+    for target in ("jax", "pallas"):
+        fn = lower(ok.theorem, target=target).fn
+        got = np.asarray(fn(jnp.asarray(s, jnp.float32), **({"interpret": True} if target == "pallas" else {})))
+        assert got[0] == -np.inf, target
+        np.testing.assert_allclose(got[1:], want[1:], rtol=1e-5)

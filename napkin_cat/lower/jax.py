@@ -50,7 +50,7 @@ def bind_inputs(lay: Layout, params: Sequence[str], block: cg.Block) -> None:
     signature = cg.tuple_([cg.tuple_([cg.const(name), cg.tuple_([cg.const(a) for a in axes])])
                            for name, axes in lay.flat.inputs])
     arrays = cg.tuple_([cg.name(p) for p in params])
-    integers = [cg.const(name) for name, _ in lay.flat.inputs if lay.integer(name)]
+    integers = [cg.const(name) for name, _ in lay.flat.inputs if lay.declared_integer(name)]
     block.emit(cg.assign("n", cg.call("bind_sizes", arrays, signature, sizes_dict(lay),
                                       *([cg.tuple_(integers)] if integers else []))))
     for axis, how, operands in lay.derived:  # sizes that reshapes determine

@@ -151,7 +151,15 @@ class Layout:
         return None
 
     def integer(self, name: str) -> bool:
-        """Is ``name`` an input declared ``int`` (segment ids, lengths, page tables)?"""
+        """Is ``name`` an input declared ``int`` (segment ids, lengths, page tables), stored and
+        computed on as ``INT_DTYPE``?  Not an integer-valued array an earlier kernel of a chain
+        wrote (``Param.written``): it holds what that kernel computed, in its arithmetic (f32 in
+        a Pallas output), which may be ±inf or past int32 (``floor`` of a real); read as int32 it
+        wrapped, so the reader takes it as a real (``declared_integer`` still admits the array)."""
+        return any(p.name == name and p.integer and p.written is None for p in self.diagram.inputs)
+
+    def declared_integer(self, name: str) -> bool:
+        """Is ``name`` typed ``int`` (``integer``, or an integer-valued array an earlier kernel wrote)?"""
         return any(p.name == name and p.integer for p in self.diagram.inputs)
 
     def computed_as(self, name: str) -> str:

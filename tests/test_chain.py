@@ -354,3 +354,25 @@ def test_a_written_integer_array_past_int32_or_infinite_is_read_as_the_writer_co
         got = np.asarray(fn(jnp.asarray(s, jnp.float32), **({"interpret": True} if target == "pallas" else {})))
         assert got[0] == -np.inf, target
         np.testing.assert_allclose(got[1:], want[1:], rtol=1e-5)
+
+
+@pytest.mark.parametrize("target", ["jax", "pallas"])
+def test_a_written_id_stays_exact_in_a_bf16_chain(target: str) -> None:
+    """`E = Dx + 1` written by a first kernel of a chain lowered at bfloat16 was stored in bf16 by its
+    writer (and read in bf16 by the second kernel): ids near 1000 rounded to multiples of 4, so the
+    document mask eq(Dq, E) kept the wrong keys (relative error 1 where the one-kernel theorem is
+    within bf16's rounding).  An integer-valued output is stored in f32 and a written one read so."""
+    text = ("axis q, x\naxis d = 4\ndiagram f(Q: [q d], K: [x d], V: [x d], Dq: int [q], Dx: int [x]) -> [q d] {\n"
+            "  E = Dx + 1\n  S = contract[d](Q, K)\n  M = select(eq(Dq, E), S, -inf)\n"
+            "  O = contract[x](softmax[x](M), V)\n  return O\n}\ntheorem t: f {\n  kernel E {\n  }\n"
+            "  kernel return {\n    rewrite softmax_contract at O\n    stream x by sx via online_softmax\n  }\n}\n")
+    (ok,) = check_module(loads(text), strict=True)
+    assert ok.theorem is not None
+    rng = np.random.default_rng(18)
+    arrays = [rng.standard_normal((37, 4)), rng.standard_normal((29, 4)), rng.standard_normal((29, 4)),
+              1000.0 + np.sort(rng.integers(0, 4, 37)), 999.0 + np.sort(rng.integers(0, 4, 29))]
+    want = evaluate(ok.theorem.source, arrays)
+    fn = lower(ok.theorem, target=target, tiles={"sx": 16}, dtype="bfloat16").fn
+    got = fn(*(jnp.asarray(a, jnp.float32) for a in arrays[:3]), *(jnp.asarray(a, jnp.int32) for a in arrays[3:]),
+             **({"interpret": True} if target == "pallas" else {}))
+    assert np.max(np.abs(np.asarray(got, np.float64) - want)) / np.max(np.abs(want)) < 2e-2

@@ -183,8 +183,9 @@ def emit_body(lay: Layout, params: Sequence[str], scope: Scope,
     if lay.stream is not None:
         (stream or _emit_stream)(lay, env, scope)
     results = [transpose_to(env[o], t) for o, t in zip(lay.flat.outputs, lay.diagram.out_types, strict=True)]
-    if dtype != "float32":  # outputs in the kernel dtype, like the Pallas target's
-        results = [cg.call(ast.Attribute(r, "astype", ast.Load()), cg.attr(f"jnp.{dtype}")) for r in results]
+    if dtype != "float32":  # outputs in the kernel dtype (integer-valued ones in f32), like the Pallas target's
+        results = [cg.call(ast.Attribute(r, "astype", ast.Load()), cg.attr(f"jnp.{lay.output_dtype(k, dtype)}"))
+                   for k, r in enumerate(results)]
     block.emit(ast.Return(results[0] if len(results) == 1 else cg.tuple_(results)))
 
 

@@ -70,9 +70,11 @@ def _certify_lemma(lemma: LemmaDecl, level: str) -> Certificate:
                                            f"{swept ** len(lemma.axes)} size combinations, past the {_MAX_GRID} that "
                                            "bounded certification checks; state it on fewer axes")
     lhs, rhs = lemma_side(lemma, lemma.lhs), lemma_side(lemma, lemma.rhs)
-    # values read as positions (onehot) or ranked (argmax, topk): no case split of symbolic inputs
-    read = {n.op if n.op == "onehot" else "a selection" for side in unfolded(lemma) for n in walk(side)
-            if isinstance(n, Box) and (n.op == "onehot" or ops.OPS[n.op].kind == "topk")}
+    # values read as positions (onehot, a gather's positions) or ranked (argmax, topk): no case split of
+    # symbolic inputs (a gather at floor of a symbol has no position to read: the sympy tier crashed)
+    read = {n.op if n.op == "onehot" else "a gather" if n.op == "gather" else "a selection"
+            for side in unfolded(lemma) for n in walk(side)
+            if isinstance(n, Box) and (n.op in ("onehot", "gather") or ops.OPS[n.op].kind == "topk")}
     labels = bool(read)
     checked, skipped, problem = (0, 0, None) if labels else _sympy_tier(lemma, lhs, rhs, bound)
     if problem is not None:

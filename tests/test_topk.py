@@ -310,7 +310,7 @@ def test_a_lemma_about_a_selection_is_tested_on_integers_and_rationals_not_case_
             "theorem ok: pick {\n  rewrite first_max at B\n}\n")
     (result,) = check_module(loads(text))
     assert result.ok and result.theorem is not None
-    assert any("tested: no sympy (a selection)" in t for t in result.theorem.trust)
+    assert any("tested: no sympy (a gather and a selection)" in t for t in result.theorem.trust)
     (strict,) = check_module(loads(text), strict=True)
     assert not strict.ok
 

@@ -73,7 +73,7 @@ def _certify_lemma(lemma: LemmaDecl, level: str) -> Certificate:
     # values read as positions (onehot), ranked (argmax, topk), or read as integers from the parameters
     # (a gather's positions, a comparison's operands, select's mask): no case split of symbolic inputs
     # (`floor` of a symbol is no position to read nor a number to compare: the sympy tier crashed on them)
-    read = {_integer_read(n) for side in unfolded(lemma) for n in walk(side) if isinstance(n, Box)} - {None}
+    read = {r for side in unfolded(lemma) for n in walk(side) if isinstance(n, Box) and (r := _integer_read(n))}
     labels = bool(read)
     checked, skipped, problem = (0, 0, None) if labels else _sympy_tier(lemma, lhs, rhs, bound)
     if problem is not None:

@@ -348,8 +348,11 @@ def _emit_kinds(lay: Layout, skip: DataSkip, env: dict[str, Value], scope: Scope
     block.emit(ast.If(full, [cg.assign(kinds, cg.call("jnp.asarray", each, cg.attr("jnp.int32")))], []))
     last = cg.subscript(cg.call("jnp.asarray", cg.call(name, cg.binop(full, "*", tile), tail), cg.attr("jnp.int32")),
                         cg.const(None))
-    block.emit(ast.If(tail, [cg.assign(kinds, cg.call("jnp.concatenate", ast.List([cg.name(kinds), last],
-                                                                                   ast.Load())))], []))
+    # no concatenation with the empty array when the tile has no full chunk: eager jax.shard_map on CPU
+    # (jax 0.11) segfaults on jnp.concatenate([jnp.zeros((0,)), x[None]]) of a device-varying x (a
+    # data-masked ring whose device block is shorter than a chunk crashed the process)
+    joined = cg.call("jnp.concatenate", ast.List([cg.name(kinds), last], ast.Load()))
+    block.emit(ast.If(tail, [cg.assign(kinds, ast.IfExp(full, joined, last))], []))
     return cg.name(kinds)
 
 

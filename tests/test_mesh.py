@@ -63,8 +63,8 @@ def test_the_mesh_theorems_check() -> None:
 
 @pytest.mark.parametrize("case", ["ring_attention/1024", "ring_attention/1000", "ring_attention_causal/1024",
                                   "ring_attention_causal/1000", "ring_attention/q5x3", "sharded_mha/jax",
-                                  "sharded_mha/pallas", "sized/jax", "sized/pallas", "sharded_causal/jax", "ring_document/jax",
-                                  "cli/1024", "cli/1000"])
+                                  "sharded_mha/pallas", "sized/jax", "sized/pallas", "sharded_causal/jax",
+                                  "ring_document/jax", "cli/1024", "cli/1000"])
 def test_mesh_lowering_matches_the_evaluator_sharded_over_8_devices(probe: dict[str, Any], case: str) -> None:
     """``sized``: the sharded axis's size as a scalar (``rsqrt(q)``, ``q``) is the global |q| on
     each device, on both targets (the Pallas kernel once read its block's extent).  ``sharded_causal``:

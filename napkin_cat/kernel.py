@@ -451,7 +451,7 @@ def quantise(thm: Theorem, step: terms.Quantise, measure: Measure) -> Theorem:
     and why it cannot; the claim rests on that measurement (tested); an integer input is never approximated."""
     _arrays(thm, step.names, "dtype", step.span)
     for name in (p.name for p in thm.result.inputs if p.integer and p.name in step.names):
-        raise KernelError("dtype", f"`{name}` is an integer input: every kernel keeps it as int32 (ids, lengths and "
+        raise KernelError("dtype", f"`{name}` is an integer input: every kernel keeps it exact (ids, lengths and "
                                    "page numbers are exact or wrong, never approximate)", step.span)
     if step.dtype not in DTYPE_ROUNDOFF:
         raise KernelError("dtype", f"unknown number format `{step.dtype}` (known: {', '.join(DTYPE_ROUNDOFF)})",

@@ -66,6 +66,26 @@ def test_false_lemmas_are_caught(lemma) -> None:  # type: ignore[no-untyped-def]
         assert size is not None and int(size[1]) == first, cert.counterexample
 
 
+def test_values_read_as_integers_from_symbols_are_not_case_split() -> None:
+    """A comparison or a mask of floor of a parameter, or a gather at it, has no integer to read
+    from a sympy symbol: the symbolic tier raised TypeError (cannot determine truth value of
+    Relational; cannot convert symbols to int) out of certification.  Such a lemma is certified
+    as a onehot lemma is, on rationals and in float64: a true one is tested, a false one refused
+    (tests/unsound/rt5plan_user_lemma_*)."""
+    true = loads("axis x\nlemma keep(X: [x], A: [x]) : cumsum[x](select(gt(floor(X), 0), A, 0)) = "
+                 "cumsum[x](select(ge(floor(X), 1), A, 0))").lemmas[0]
+    cert = certify.certify_lemma(true)
+    assert cert.ok and "tested: no sympy (a comparison and a mask)" in cert.how, cert
+    read = loads("axis n, m\nlemma same(T: [n], I: [m]) : sum[m](gather[n](T, floor(I))) * 2 = "
+                 "sum[m](gather[n](T * 2, floor(I)))").lemmas[0]
+    cert = certify.certify_lemma(read)
+    assert cert.ok and "no sympy (a gather)" in cert.how, cert
+    positions = loads("axis q, x\nlemma diag(A: [q x], B: [q x]) : select(eq(index[q](q), index[x](x)), A, B) = "
+                      "where[q x](q == x, A, B)").lemmas[0]
+    cert = certify.certify_lemma(positions)  # positions are concrete at every size: still case split
+    assert cert.ok and "sympy" in cert.how and "no sympy" not in cert.how, cert
+
+
 def test_bounded_checks_reach_past_the_lemma_constants() -> None:
     """Sizes are swept to 2 + size sources + index constants; a lemma reaching too far is refused."""
     far = loads("axis x\nlemma far(A: [x]) : sum[x](A) = sum[x](where[x](x < 100, A, 0))").lemmas[0]

@@ -354,3 +354,46 @@ def test_a_written_integer_array_stays_integer_in_the_next_kernel() -> None:
         fn = lower(ok.theorem, target=target, tiles={"sx": 16}).fn
         got = fn(*(jnp.asarray(a, jnp.float32) for a in arrays[:3]), *(jnp.asarray(a, jnp.int32) for a in arrays[3:]))
         np.testing.assert_allclose(np.asarray(got), evaluate(ok.theorem.source, arrays), rtol=2e-5, atol=2e-5)
+
+
+def test_a_written_integer_array_past_int32_or_infinite_is_read_as_the_writer_computed_it() -> None:
+    """`F = floor(...)` of a real is integer-valued (typed so: it may index or be compared), but it may
+    be ±inf (floor of a -inf mask) or past int32 (floor of 1e6 times a score).  Written by a first
+    kernel, the second read it as an `int` input, cast to int32: a fully masked row's max was
+    -2147483648 where the evaluator gives -inf, and a sum of 1e12-sized floors wrapped.  Both
+    targets now read a written array as the writing kernel computed it (Layout.integer)."""
+    text = ("axis q, x\ndiagram f(S: [q x]) -> [q] {\n  F = floor(where[q x](q > x, S * 1000000, -inf))\n"
+            "  return max[x](F) + sum[x](select(ge(F, 0), F, 0)) * 0.000001\n}\n"
+            "theorem t: f {\n  kernel F {\n    group q by 16\n  }\n  kernel return {\n    group q by 16\n  }\n}\n")
+    (ok,) = check_module(loads(text), strict=True)
+    assert ok.ok and ok.theorem is not None
+    s = np.random.default_rng(0).standard_normal((20, 21)) * 1000.0
+    want = evaluate(ok.theorem.source, [s])
+    assert want[0] == -np.inf and np.max(np.abs(want[1:])) > 2.0 ** 31
+    for target in ("jax", "pallas"):
+        fn = lower(ok.theorem, target=target).fn
+        got = np.asarray(fn(jnp.asarray(s, jnp.float32), **({"interpret": True} if target == "pallas" else {})))
+        assert got[0] == -np.inf, target
+        np.testing.assert_allclose(got[1:], want[1:], rtol=1e-5)
+
+
+@pytest.mark.parametrize("target", ["jax", "pallas"])
+def test_a_written_id_stays_exact_in_a_bf16_chain(target: str) -> None:
+    """`E = Dx + 1` written by a first kernel of a chain lowered at bfloat16 was stored in bf16 by its
+    writer (and read in bf16 by the second kernel): ids near 1000 rounded to multiples of 4, so the
+    document mask eq(Dq, E) kept the wrong keys (relative error 1 where the one-kernel theorem is
+    within bf16's rounding).  An integer-valued output is stored in f32 and a written one read so."""
+    text = ("axis q, x\naxis d = 4\ndiagram f(Q: [q d], K: [x d], V: [x d], Dq: int [q], Dx: int [x]) -> [q d] {\n"
+            "  E = Dx + 1\n  S = contract[d](Q, K)\n  M = select(eq(Dq, E), S, -inf)\n"
+            "  O = contract[x](softmax[x](M), V)\n  return O\n}\ntheorem t: f {\n  kernel E {\n  }\n"
+            "  kernel return {\n    rewrite softmax_contract at O\n    stream x by sx via online_softmax\n  }\n}\n")
+    (ok,) = check_module(loads(text), strict=True)
+    assert ok.theorem is not None
+    rng = np.random.default_rng(18)
+    arrays = [rng.standard_normal((37, 4)), rng.standard_normal((29, 4)), rng.standard_normal((29, 4)),
+              1000.0 + np.sort(rng.integers(0, 4, 37)), 999.0 + np.sort(rng.integers(0, 4, 29))]
+    want = evaluate(ok.theorem.source, arrays)
+    fn = lower(ok.theorem, target=target, tiles={"sx": 16}, dtype="bfloat16").fn
+    got = fn(*(jnp.asarray(a, jnp.float32) for a in arrays[:3]), *(jnp.asarray(a, jnp.int32) for a in arrays[3:]),
+             **({"interpret": True} if target == "pallas" else {}))
+    assert np.max(np.abs(np.asarray(got, np.float64) - want)) / np.max(np.abs(want)) < 2e-2

@@ -32,7 +32,7 @@ from napkin_cat.certify.reach import reach as lemma_reach  # not `reach`: the su
 from napkin_cat.certify.rules import validate
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.evaluate import FLOAT64, SYMBOLIC, Algebra, Named, evaluate_named
-from napkin_cat.terms import Box, Diagram, LemmaDecl, box_diagram, walk
+from napkin_cat.terms import Box, Diagram, LemmaDecl, Var, box_diagram, walk
 
 __all__ = ["LEMMA_SAFETY_SCALES", "SAFETY_SCALE", "accumulator_answer", "certify_accumulator", "float_safety",
            "infinite_tested", "lemma_certificate", "lemma_float_safety"]
@@ -70,9 +70,10 @@ def _certify_lemma(lemma: LemmaDecl, level: str) -> Certificate:
                                            f"{swept ** len(lemma.axes)} size combinations, past the {_MAX_GRID} that "
                                            "bounded certification checks; state it on fewer axes")
     lhs, rhs = lemma_side(lemma, lemma.lhs), lemma_side(lemma, lemma.rhs)
-    # values read as positions (onehot) or ranked (argmax, topk): no case split of symbolic inputs
-    read = {n.op if n.op == "onehot" else "a selection" for side in unfolded(lemma) for n in walk(side)
-            if isinstance(n, Box) and (n.op == "onehot" or ops.OPS[n.op].kind == "topk")}
+    # values read as positions (onehot), ranked (argmax, topk), or read as integers from the parameters
+    # (a gather's positions, a comparison's operands, select's mask): no case split of symbolic inputs
+    # (`floor` of a symbol is no position to read nor a number to compare: the sympy tier crashed on them)
+    read = {r for side in unfolded(lemma) for n in walk(side) if isinstance(n, Box) and (r := _integer_read(n))}
     labels = bool(read)
     checked, skipped, problem = (0, 0, None) if labels else _sympy_tier(lemma, lhs, rhs, bound)
     if problem is not None:
@@ -94,6 +95,20 @@ def _certify_lemma(lemma: LemmaDecl, level: str) -> Certificate:
     tested = f"{symbolic}; exact {exact} sizes; float64 {numeric} cases, sizes ≤{swept}"
     proof = prove.prove_lemma(lemma)  # the tiers above also cover the infinite edge inputs a proof does not
     return Certificate(True, f"{proof}; tested: {tested}" if proof else f"tested: {tested}")
+
+
+def _integer_read(box: Box) -> str | None:
+    """What ``box`` reads as an integer that a symbolic input cannot give (the name the certificate
+    shows), or None: onehot's labels and a selection's ranks always; a gather's positions, a
+    comparison's operands and select's mask where they read a parameter (positions, `index`, are
+    concrete at every size)."""
+    kind = ops.OPS[box.op].kind
+    if box.op == "onehot" or kind == "topk":
+        return box.op if box.op == "onehot" else "a selection"
+    read = {"gather": box.args[1:], "compare": box.args, "select": box.args[:1]}.get(kind, ())
+    if any(isinstance(node, Var) for arg in read for node in walk(arg)):
+        return {"gather": "a gather", "compare": "a comparison", "select": "a mask"}[kind]
+    return None
 
 
 def _sympy_tier(lemma: LemmaDecl, lhs: Diagram, rhs: Diagram, bound: int) -> tuple[int, int, str | None]:

@@ -50,7 +50,7 @@ def bind_inputs(lay: Layout, params: Sequence[str], block: cg.Block) -> None:
     signature = cg.tuple_([cg.tuple_([cg.const(name), cg.tuple_([cg.const(a) for a in axes])])
                            for name, axes in lay.flat.inputs])
     arrays = cg.tuple_([cg.name(p) for p in params])
-    integers = [cg.const(name) for name, _ in lay.flat.inputs if lay.integer(name)]
+    integers = [cg.const(name) for name, _ in lay.flat.inputs if lay.declared_integer(name)]
     block.emit(cg.assign("n", cg.call("bind_sizes", arrays, signature, sizes_dict(lay),
                                       *([cg.tuple_(integers)] if integers else []))))
     for axis, how, operands in lay.derived:  # sizes that reshapes determine
@@ -183,8 +183,9 @@ def emit_body(lay: Layout, params: Sequence[str], scope: Scope,
     if lay.stream is not None:
         (stream or _emit_stream)(lay, env, scope)
     results = [transpose_to(env[o], t) for o, t in zip(lay.flat.outputs, lay.diagram.out_types, strict=True)]
-    if dtype != "float32":  # outputs in the kernel dtype, like the Pallas target's
-        results = [cg.call(ast.Attribute(r, "astype", ast.Load()), cg.attr(f"jnp.{dtype}")) for r in results]
+    if dtype != "float32":  # outputs in the kernel dtype (integer-valued ones in f32), like the Pallas target's
+        results = [cg.call(ast.Attribute(r, "astype", ast.Load()), cg.attr(f"jnp.{lay.output_dtype(k, dtype)}"))
+                   for k, r in enumerate(results)]
     block.emit(ast.Return(results[0] if len(results) == 1 else cg.tuple_(results)))
 
 
@@ -347,8 +348,11 @@ def _emit_kinds(lay: Layout, skip: DataSkip, env: dict[str, Value], scope: Scope
     block.emit(ast.If(full, [cg.assign(kinds, cg.call("jnp.asarray", each, cg.attr("jnp.int32")))], []))
     last = cg.subscript(cg.call("jnp.asarray", cg.call(name, cg.binop(full, "*", tile), tail), cg.attr("jnp.int32")),
                         cg.const(None))
-    block.emit(ast.If(tail, [cg.assign(kinds, cg.call("jnp.concatenate", ast.List([cg.name(kinds), last],
-                                                                                   ast.Load())))], []))
+    # no concatenation with the empty array when the tile has no full chunk: eager jax.shard_map on CPU
+    # (jax 0.11) segfaults on jnp.concatenate([jnp.zeros((0,)), x[None]]) of a device-varying x (a
+    # data-masked ring whose device block is shorter than a chunk crashed the process)
+    joined = cg.call("jnp.concatenate", ast.List([cg.name(kinds), last], ast.Load()))
+    block.emit(ast.If(tail, [cg.assign(kinds, ast.IfExp(full, joined, last))], []))
     return cg.name(kinds)
 
 

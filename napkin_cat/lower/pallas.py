@@ -218,8 +218,9 @@ def emit_function(lay: Layout, fname: str, params: Sequence[str], doc: str, dtyp
     kernel = _emit_kernel(lay, params, written, dtype, namer, dot_operand, given or {}, skip)
     block.emit(kernel)
     blocks = [] if lay.split is None else [split_blocks(lay)]
-    shapes: list[ast.expr] = [cg.call("jax.ShapeDtypeStruct", cg.tuple_(stored_dims(lay, t)), storage)
-                              for t in out_types] if lay.split is None else \
+    shapes: list[ast.expr] = [cg.call("jax.ShapeDtypeStruct", cg.tuple_(stored_dims(lay, t)),
+                                      cg.attr(f"jnp.{lay.output_dtype(k, dtype)}"))
+                              for k, t in enumerate(out_types)] if lay.split is None else \
         [cg.call("jax.ShapeDtypeStruct", cg.tuple_(blocks + stored_dims(lay, t)), cg.attr("jnp.float32"))
          for t in written]
     grid = cg.tuple_([_grid_extent(lay, a) for a in lay.grid] + blocks)
@@ -467,8 +468,9 @@ def _combine(lay: Layout, block: cg.Block, outs: ast.Name, states: Sequence[Slot
             env[name] = Value(block.bind(f"{name}_whole", whole), t, zero_padded=True)
     emit_before(lay, env, scope)
     emit_after(lay, env, scope, [Value(cg.name(n), s.axes) for n, s in zip(finals, states, strict=True)])
-    results = [cg.call(ast.Attribute(transpose_to(env[o], t), "astype", ast.Load()), cg.attr(f"jnp.{dtype}"))
-               for o, t in zip(lay.flat.outputs, lay.diagram.out_types, strict=True)]
+    results = [cg.call(ast.Attribute(transpose_to(env[o], t), "astype", ast.Load()),
+                       cg.attr(f"jnp.{lay.output_dtype(k, dtype)}"))
+               for k, (o, t) in enumerate(zip(lay.flat.outputs, lay.diagram.out_types, strict=True))]
     return block.bind("outs", cg.tuple_(results))
 
 

@@ -142,16 +142,38 @@ class Layout:
     def stored_as(self, name: str) -> str | None:
         """The jnp dtype name a ``dtype`` step stores this array in (None: the kernel's); an
         integer input (declared ``int``) is ``INT_DTYPE`` whatever the kernel's dtype, and is
-        computed on as such (``integer``)."""
+        computed on as such (``integer``); an integer-valued array an earlier kernel wrote is
+        float32, as that kernel stored it (``output_dtype``)."""
         if self.integer(name):
             return INT_DTYPE
+        if self.declared_integer(name):  # an integer-valued array a chain's kernel wrote: f32 (output_dtype)
+            return "float32"
         for step in reversed(self.schedule.quantisations):
             if name in step.names:
                 return FORMATS[step.dtype]
         return None
 
     def integer(self, name: str) -> bool:
-        """Is ``name`` an input declared ``int`` (segment ids, lengths, page tables)?"""
+        """Is ``name`` an input declared ``int`` (segment ids, lengths, page tables), stored and
+        computed on as ``INT_DTYPE``?  Not an integer-valued array an earlier kernel of a chain
+        wrote (``Param.written``): it holds what that kernel computed, in its arithmetic (f32 in
+        a Pallas output), which may be ±inf or past int32 (``floor`` of a real); read as int32 it
+        wrapped, so the reader takes it as a real (``declared_integer`` still admits the array)."""
+        return any(p.name == name and p.integer and p.written is None for p in self.diagram.inputs)
+
+    def output_dtype(self, k: int, dtype: str) -> str:
+        """The jnp dtype name output ``k`` is stored in: float32 for an integer-valued output (a
+        position, an id, a ``floor``: ``ops.integer_valued``), exact to 2^24 with ±inf kept, whatever
+        the kernel's dtype (in bfloat16 an argmax past 256 rounded, and an id a chain's kernel wrote
+        for the next no longer matched its document); ``dtype`` for the rest."""
+        integers = {p.name for p in self.diagram.inputs if p.integer}
+        for let in self.diagram.body:
+            if len(let.names) == 1 and ops.integer_valued(let.expr, integers):
+                integers.add(let.names[0])
+        return "float32" if ops.integer_valued(self.diagram.outputs[k], integers) else dtype
+
+    def declared_integer(self, name: str) -> bool:
+        """Is ``name`` typed ``int`` (``integer``, or an integer-valued array an earlier kernel wrote)?"""
         return any(p.name == name and p.integer for p in self.diagram.inputs)
 
     def computed_as(self, name: str) -> str:

@@ -599,7 +599,7 @@ def _absorbs(an: _Analysis, box: Box) -> bool:
     return min(a.lo, b.lo) < max(a.hi, b.hi) - 53.0
 
 
-def _underflows(box: Box, floats: _Analysis, extended: _Analysis) -> bool:
+def _underflows(box: Box, floats: _Analysis, extended: _Analysis, source: Expr | None = None) -> bool:
     """May float64 round ``box``'s value at non-zero operands to 0 where the extended reals give no 0
     (an underflow the class comparison misses when a zero operand gives the box 0 anyway)?  Its
     operands as float64 computes them, each without its zeros; its rule with and without rounding,
@@ -607,7 +607,9 @@ def _underflows(box: Box, floats: _Analysis, extended: _Analysis) -> bool:
     reals, so its classes hold 0 whether or not a product underflows: A·B·c with A, B of 1e-200
     and c = 1e200, contracted as c·Σ A·B, is 0 where Σ (c·A)·B is 1e-200).  A normalised contraction's
     scores also without -inf, whose weight is 0 over the extended reals too (a mask): a score that may
-    be -inf must not hide the underflow of the other positions' products."""
+    be -inf must not hide the underflow of the other positions' products.  With ``source`` (the left side
+    of a lemma whose right side ``box`` is in), an exp-weighted contraction's products are exempt only where
+    the source's value is a multiple of one weighting the same values (``_weighs_alike``)."""
     zero = _v("0 -inf") if ops.OPS[box.op].kind == "ncontract" else _v("0")
     values = [replace(v, classes=v.classes - (zero if i == 0 else _v("0")))
               for i, v in enumerate(floats.value(a) for a in box.args)]
@@ -615,7 +617,8 @@ def _underflows(box: Box, floats: _Analysis, extended: _Analysis) -> bool:
         return False
     if ops.OPS[box.op].kind == "contract":
         return "0" in _product(values, True).classes - _product(values, False).classes
-    if ops.OPS[box.op].kind == "ncontract" and _weight_underflows(box.params, values, _entries(box)):
+    if ops.OPS[box.op].kind == "ncontract" and _weight_underflows(
+            box.params, values, _entries(box), source is None or _weighs_alike(source, box.args[1], floats)):
         return True
     rule = RULES[box.op]
     return "0" in rule(box, values, floats).classes - rule(box, values, extended).classes
@@ -638,18 +641,41 @@ def _scales_a_vanished_weight(box: Box, an: _Analysis, own: Collection[int]) -> 
     return False
 
 
-def _weight_underflows(params: tuple[str, ...], values: list[Abstract], entries: float) -> bool:
+def _weighs_alike(source: Expr, v: Expr, an: _Analysis) -> bool:
+    """Is ``source``'s value a multiple (through ``neg``, ``mul``, a quotient's numerator, renaming and
+    reshaping) of an exp-weighted contraction of ``v`` (``ncontract[exp, exp, id]`` or a ``contract`` of a
+    softmax with it)?  Then its weight-value products are those of a right side's ``ncontract(S, v)``, and
+    underflow where they do: ``softmax_contract``.  A sum is no multiple: ``ncontract(S, V) + (ncontract(S,
+    V·C) - ncontract(S, V))`` keeps the products of V·C where those of V may round to 0."""
+    e = an.through(source)
+    if not isinstance(e, Box):
+        return False
+    if e.op == "ncontract" and e.params[:3] == ("exp", "exp", "id"):
+        return an.same(e.args[1], v)
+    if e.op == "contract" and len(e.args) == 2:
+        for k in (0, 1):
+            w = an.through(e.args[k])
+            if isinstance(w, Box) and w.op == "softmax" and an.same(e.args[1 - k], v):
+                return True
+    carried = e.args if e.op in ("neg", "mul", "rename", "transpose", "split", "join") else \
+        e.args[:1] if e.op == "div" else ()
+    return any(_weighs_alike(a, v, an) for a in carried)
+
+
+def _weight_underflows(params: tuple[str, ...], values: list[Abstract], entries: float, alike: bool = True) -> bool:
     """May a normalised contraction's weight a1(s) / b(Σ a2(s)), or its product with v, be 0 in float64 at
     non-zero s and v where the extended reals give no 0, one position at a time (its sum may cancel to 0
     over the reals, so the sum's classes hold 0 either way: l2 weights of s = [2^-537, 0] are [0, 0] where
     Σ s² = 2^-1074 halves below 2^-1074 under rms)?  exp's weights (of ``id``) may underflow on both sides
-    of a lemma (s - max s past -745), so there only a weight 0 the extended reals with that underflow lack."""
+    of a lemma (s - max s past -745), so there only a weight 0 the extended reals with that underflow lack, and
+    their products with v only where the source weighs other values (not ``alike``): Σ w·(V·C) = (Σ w·V)·C at
+    S = [0, -690], V = [0, 1], C = 1e200 is 1e-300·1 on the left, 1e-300·1e-200 = 0 on the right."""
     (s, v), exp = values, params[0] == params[1] == "exp" and params[2] == "id"
     weights, exact = _weights(params, s, True, entries), _weights(params, s, False, entries)
     if "0" in weights.classes - exact.classes:
         return True
     nonzero = [replace(weights, classes=weights.classes - _v("0")), v]
-    return not exp and "0" in _product(nonzero, True).classes - _product(nonzero, False).classes
+    return not (exp and alike) and "0" in _product(nonzero, True).classes - _product(nonzero, False).classes
 
 
 class _FiniteAt(_Analysis):
@@ -664,7 +690,8 @@ class _FiniteAt(_Analysis):
         return replace(v, classes=v.classes & FINITE) if id(expr) in self.finite else v
 
 
-def float_unsafe_box(expr: Expr, operands: Iterable[Expr], diagram: Diagram, rewritten: bool = True) -> Box | None:
+def float_unsafe_box(expr: Expr, operands: Iterable[Expr], diagram: Diagram, rewritten: bool = True,
+                     source: Expr | None = None) -> Box | None:
     """The first box of ``expr`` (a term of ``diagram``), outside its ``operands`` (sub-terms it
     takes as they are), that float64 may make ±inf, NaN or 0 where the extended reals would not,
     its operands as float64 computes them: an overflow (``exp`` past 709.8), an underflow to 0
@@ -699,7 +726,7 @@ def float_unsafe_box(expr: Expr, operands: Iterable[Expr], diagram: Diagram, rew
             return b
         # an underflow of a non-zero value to 0 where the box's classes hold 0 anyway (an operand may be 0):
         # tanh(S) · 1e-300 / 1e-300 is 0 at S = 1e-30, and a log after it -inf where the source's is -138
-        if rewritten and _underflows(b, floats, plain):
+        if rewritten and _underflows(b, floats, plain, source):
             return b
         # a softmax weight of a finite score rounds to 0 below 2^-1075, as the source's may (``_weights``' vanish);
         # scaled up on the rewritten side, the value it stood for may be one the source keeps: softmax(S)·K at
@@ -902,7 +929,7 @@ def narrowed(how: str, diagram: Diagram, terms: Mapping[str, Expr], rhs: Expr | 
                 f"sign the rewrite may change, 1/0 and 1/-0 being +inf and -inf): {how[len('proved: '):]}")
     sides = (("left", lhs), ("right", rhs)) if lhs is not None else (("right", rhs),)
     for side, term in sides:
-        if term is None or (box := float_unsafe_box(term, terms.values(), diagram, side == "right")) is None:
+        if term is None or (box := float_unsafe_box(term, terms.values(), diagram, side == "right", lhs)) is None:
             continue
         return (f"tested here (proved over the reals, but float64 may give the {side} side's `{box.op}` a class the "
                 f"extended reals do not, by an overflow, underflow or cancellation at these operands, which the "

@@ -64,7 +64,26 @@ from functools import reduce as fold
 from typing import Union
 
 from napkin_cat import ops
-from napkin_cat.terms import Apply, Box, Const, Diagram, Expr, Param, Rewrite, Size, Step, Var, relations, walk
+from napkin_cat.terms import (
+    Apply,
+    Box,
+    Cmp,
+    Const,
+    Diagram,
+    Expr,
+    IBin,
+    IInt,
+    IndexExpr,
+    Logic,
+    Param,
+    Pred,
+    Rewrite,
+    Size,
+    Step,
+    Var,
+    relations,
+    walk,
+)
 
 __all__ = ["DOMAIN", "EXTENDED", "FINITE", "INFINITE", "MASKS", "MASKS_TESTED", "RULES", "TOP", "UNARY", "Abstract",
            "Inputs", "Value", "absorbing_sums", "abstract", "analyse", "cancelled_absorptions", "class_of", "finite",
@@ -924,6 +943,9 @@ def narrowed(how: str, diagram: Diagram, terms: Mapping[str, Expr], rhs: Expr | 
     if rhs is not None and lhs is not None and (wider := _wider(rhs, lhs, diagram)):
         return (f"tested here (proved over the reals, but in float64 the right side may be {', '.join(sorted(wider))} "
                 f"at these operands, where the left side is not): {how[len('proved: '):]}")
+    if rhs is not None and lhs is not None and (box := _index_may_wrap(lhs, rhs)) is not None:
+        return (f"tested here (proved over the integers, but float64's evaluator computes `{box.op}`'s index "
+                f"arithmetic in int64, which may wrap past 2^63 at some size): {how[len('proved: '):]}")
     if rhs is not None and lhs is not None and (box := _zero_sign_read(diagram, lhs, rhs)) is not None:
         return (f"tested here (proved over the reals, which have one zero: float64's `{box.op}` may read a zero whose "
                 f"sign the rewrite may change, 1/0 and 1/-0 being +inf and -inf): {how[len('proved: '):]}")
@@ -956,6 +978,39 @@ def _zero_sign_read(diagram: Diagram, lhs: Expr, rhs: Expr) -> Box | None:
     for box in (n for e in scope for n in walk(e) if isinstance(n, Box) and n.op in _DIVISORS):
         if any("0" in an.value(d).classes for d in _DIVISORS[box.op](box)):
             return box
+    return None
+
+
+def _index_range(e: IndexExpr) -> tuple[int, int] | None:
+    """The integers an index expression may take, positions in [0, 2^POSITIONS); None where it or a part
+    of it may leave int64, where the evaluator's arithmetic wraps (``evaluate._index``)."""
+    if isinstance(e, IInt):
+        return e.value, e.value
+    if not isinstance(e, IBin):
+        return 0, 2 ** int(POSITIONS) - 1
+    a, b = _index_range(e.left), _index_range(e.right)
+    if a is None or b is None:
+        return None
+    ends = [x * y for x in a for y in b] if e.op == "*" else \
+        [a[0] + b[0], a[1] + b[1]] if e.op == "+" else [a[0] - b[1], a[1] - b[0]]
+    lo, hi = min(ends), max(ends)
+    return (lo, hi) if lo >= -2 ** 63 and hi < 2 ** 63 else None
+
+
+def _index_may_wrap(*sides: Expr) -> Box | None:
+    """A box of ``sides`` whose index expression (``index``'s, or one compared in ``where``'s predicate)
+    may wrap in int64 at some size: the proof reads it over the integers, where x⁴·x⁴ - x⁸ is 0 at every
+    position; the evaluator's x⁸ wraps at x = 236, and ``tanh`` of the difference is 1 there."""
+    def exprs(i: Pred | IndexExpr | None) -> list[IndexExpr]:
+        if isinstance(i, Cmp):
+            return [i.left, i.right]
+        if isinstance(i, Logic):
+            return [*exprs(i.left), *exprs(i.right)]
+        return [] if i is None else [i]
+
+    for b in (n for side in sides for n in walk(side) if isinstance(n, Box) and n.index is not None):
+        if any(_index_range(e) is None for e in exprs(b.index)):
+            return b
     return None
 
 

@@ -758,8 +758,9 @@ def float_unsafe_box(expr: Expr, operands: Iterable[Expr], diagram: Diagram, rew
             return b
         # a sum or difference of a sum that may drop an operand whole (their magnitudes 2^53 apart): the
         # dropped part is an error as large as what a cancellation leaves ((exp(tanh X) + C) - C - 1 is -1
-        # at C = 1e20, exp(tanh X) - 1 over the reals, of either sign)
-        if _cancelled_absorption(floats, b, ids) is not None:
+        # at C = 1e20, exp(tanh X) - 1 over the reals, of either sign), through any box of the lemma's: a
+        # log or exp carries it too (exp(log(exp(tanh X) + exp(46)) - 46) - 1 is 0, and a log after it -inf)
+        if _cancelled_absorption(floats, b, ids, every=True) is not None:
             return b
     return None
 
@@ -773,10 +774,12 @@ _CARRY: dict[str, slice] = {"neg": slice(None), "mul": slice(None), "div": slice
                             "join": slice(None), "rename": slice(None), "transpose": slice(None)}
 
 
-def _cancelled_absorption(an: _Analysis, box: Box, own: Collection[int]) -> Box | None:
+def _cancelled_absorption(an: _Analysis, box: Box, own: Collection[int], every: bool = False) -> Box | None:
     """The sum or difference (one of ``own``, by id) that may drop an operand whole (``_absorbs``)
     and that ``box``, a sum or difference, reads directly or through boxes of ``own`` that carry
-    its value along (``_CARRY``); None where there is none.  What the dropped operand was, ``box``
+    its value along (``_CARRY``; with ``every``, through any box: f(S + C) - f(C) is 0 where the
+    reals give f'(C)·S, and ``exp(log(exp(tanh X) + exp(46)) - 46) - 1`` is 0 where they give
+    exp(tanh X - 46)); None where there is none.  What the dropped operand was, ``box``
     may cancel to: ``(S + C) - C`` is 0 at C = exp(46.5), S over the reals, and so are
     ``(S + C) * 1.0 - C`` and ``sum[t](X + C) - sum[t](C + 0.0 * X)``."""
     def reached(e: Expr) -> Box | None:
@@ -784,8 +787,8 @@ def _cancelled_absorption(an: _Analysis, box: Box, own: Collection[int]) -> Box 
             return None
         if e.op in ("add", "sub"):
             return e if _absorbs(an, e) else None
-        return next((r for a in e.args[_CARRY[e.op]] if (r := reached(a)) is not None), None) \
-            if e.op in _CARRY else None
+        carried = e.args if every else e.args[_CARRY[e.op]] if e.op in _CARRY else ()
+        return next((r for a in carried if (r := reached(a)) is not None), None)
 
     if box.op not in ("add", "sub"):
         return None

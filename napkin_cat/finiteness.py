@@ -644,13 +644,20 @@ def _underflows(box: Box, floats: _Analysis, extended: _Analysis, source: Expr |
 
 
 def _scales_a_vanished_weight(box: Box, an: _Analysis, own: Collection[int]) -> bool:
-    """Is ``box`` a product (``mul``, ``contract``) of a softmax box of ``own`` (by id) with factors
-    whose magnitude may pass 1, or a quotient of one by a divisor whose magnitude may be below 1?
+    """Is ``box`` a product (``mul``, ``contract``) of a softmax box of ``own`` (by id), or of a product,
+    quotient or reshape of ``own`` that carries one (``(softmax(S) * 1) * K``), with factors whose
+    magnitude may pass 1, or a quotient of one by a divisor whose magnitude may be below 1?
     A weight rounded to 0 (its real value below 2^-1075) then stands for a value float64 could hold."""
     if box.op not in ("mul", "div", "contract"):
         return False
+    def weight(e: Expr) -> bool:  # a softmax of ``own``, or a product, quotient or reshape of ``own`` carrying one
+        if not (isinstance(e, Box) and id(e) in own):
+            return False
+        return e.op == "softmax" or any(weight(a) for a in (e.args[:1] if e.op == "div" else e.args if e.op in (
+            "mul", "neg", "contract", "rename", "transpose", "split", "join") else ()))
+
     for k, w in enumerate(box.args):
-        if not (isinstance(w, Box) and w.op == "softmax" and id(w) in own) or (box.op == "div" and k != 0):
+        if not weight(w) or (box.op == "div" and k != 0):
             continue
         others = [an.value(a) for j, a in enumerate(box.args) if j != k]
         nonzero = [o for o in others if o.classes & _v("- +")]

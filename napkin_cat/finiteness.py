@@ -64,7 +64,26 @@ from functools import reduce as fold
 from typing import Union
 
 from napkin_cat import ops
-from napkin_cat.terms import Apply, Box, Const, Diagram, Expr, Param, Rewrite, Size, Step, Var, relations, walk
+from napkin_cat.terms import (
+    Apply,
+    Box,
+    Cmp,
+    Const,
+    Diagram,
+    Expr,
+    IBin,
+    IInt,
+    IndexExpr,
+    Logic,
+    Param,
+    Pred,
+    Rewrite,
+    Size,
+    Step,
+    Var,
+    relations,
+    walk,
+)
 
 __all__ = ["DOMAIN", "EXTENDED", "FINITE", "INFINITE", "MASKS", "MASKS_TESTED", "RULES", "TOP", "UNARY", "Abstract",
            "Inputs", "Value", "absorbing_sums", "abstract", "analyse", "cancelled_absorptions", "class_of", "finite",
@@ -599,7 +618,7 @@ def _absorbs(an: _Analysis, box: Box) -> bool:
     return min(a.lo, b.lo) < max(a.hi, b.hi) - 53.0
 
 
-def _underflows(box: Box, floats: _Analysis, extended: _Analysis) -> bool:
+def _underflows(box: Box, floats: _Analysis, extended: _Analysis, source: Expr | None = None) -> bool:
     """May float64 round ``box``'s value at non-zero operands to 0 where the extended reals give no 0
     (an underflow the class comparison misses when a zero operand gives the box 0 anyway)?  Its
     operands as float64 computes them, each without its zeros; its rule with and without rounding,
@@ -607,7 +626,9 @@ def _underflows(box: Box, floats: _Analysis, extended: _Analysis) -> bool:
     reals, so its classes hold 0 whether or not a product underflows: A·B·c with A, B of 1e-200
     and c = 1e200, contracted as c·Σ A·B, is 0 where Σ (c·A)·B is 1e-200).  A normalised contraction's
     scores also without -inf, whose weight is 0 over the extended reals too (a mask): a score that may
-    be -inf must not hide the underflow of the other positions' products."""
+    be -inf must not hide the underflow of the other positions' products.  With ``source`` (the left side
+    of a lemma whose right side ``box`` is in), an exp-weighted contraction's products are exempt only where
+    the source's value is a multiple of one weighting the same values (``_weighs_alike``)."""
     zero = _v("0 -inf") if ops.OPS[box.op].kind == "ncontract" else _v("0")
     values = [replace(v, classes=v.classes - (zero if i == 0 else _v("0")))
               for i, v in enumerate(floats.value(a) for a in box.args)]
@@ -615,20 +636,28 @@ def _underflows(box: Box, floats: _Analysis, extended: _Analysis) -> bool:
         return False
     if ops.OPS[box.op].kind == "contract":
         return "0" in _product(values, True).classes - _product(values, False).classes
-    if ops.OPS[box.op].kind == "ncontract" and _weight_underflows(box.params, values, _entries(box)):
+    if ops.OPS[box.op].kind == "ncontract" and _weight_underflows(
+            box.params, values, _entries(box), source is None or _weighs_alike(source, box.args[1], floats)):
         return True
     rule = RULES[box.op]
     return "0" in rule(box, values, floats).classes - rule(box, values, extended).classes
 
 
 def _scales_a_vanished_weight(box: Box, an: _Analysis, own: Collection[int]) -> bool:
-    """Is ``box`` a product (``mul``, ``contract``) of a softmax box of ``own`` (by id) with factors
-    whose magnitude may pass 1, or a quotient of one by a divisor whose magnitude may be below 1?
+    """Is ``box`` a product (``mul``, ``contract``) of a softmax box of ``own`` (by id), or of a product,
+    quotient or reshape of ``own`` that carries one (``(softmax(S) * 1) * K``), with factors whose
+    magnitude may pass 1, or a quotient of one by a divisor whose magnitude may be below 1?
     A weight rounded to 0 (its real value below 2^-1075) then stands for a value float64 could hold."""
     if box.op not in ("mul", "div", "contract"):
         return False
+    def weight(e: Expr) -> bool:  # a softmax of ``own``, or a product, quotient or reshape of ``own`` carrying one
+        if not (isinstance(e, Box) and id(e) in own):
+            return False
+        return e.op == "softmax" or any(weight(a) for a in (e.args[:1] if e.op == "div" else e.args if e.op in (
+            "mul", "neg", "contract", "rename", "transpose", "split", "join") else ()))
+
     for k, w in enumerate(box.args):
-        if not (isinstance(w, Box) and w.op == "softmax" and id(w) in own) or (box.op == "div" and k != 0):
+        if not weight(w) or (box.op == "div" and k != 0):
             continue
         others = [an.value(a) for j, a in enumerate(box.args) if j != k]
         nonzero = [o for o in others if o.classes & _v("- +")]
@@ -638,18 +667,41 @@ def _scales_a_vanished_weight(box: Box, an: _Analysis, own: Collection[int]) -> 
     return False
 
 
-def _weight_underflows(params: tuple[str, ...], values: list[Abstract], entries: float) -> bool:
+def _weighs_alike(source: Expr, v: Expr, an: _Analysis) -> bool:
+    """Is ``source``'s value a multiple (through ``neg``, ``mul``, a quotient's numerator, renaming and
+    reshaping) of an exp-weighted contraction of ``v`` (``ncontract[exp, exp, id]`` or a ``contract`` of a
+    softmax with it)?  Then its weight-value products are those of a right side's ``ncontract(S, v)``, and
+    underflow where they do: ``softmax_contract``.  A sum is no multiple: ``ncontract(S, V) + (ncontract(S,
+    V·C) - ncontract(S, V))`` keeps the products of V·C where those of V may round to 0."""
+    e = an.through(source)
+    if not isinstance(e, Box):
+        return False
+    if e.op == "ncontract" and e.params[:3] == ("exp", "exp", "id"):
+        return an.same(e.args[1], v)
+    if e.op == "contract" and len(e.args) == 2:
+        for k in (0, 1):
+            w = an.through(e.args[k])
+            if isinstance(w, Box) and w.op == "softmax" and an.same(e.args[1 - k], v):
+                return True
+    carried = e.args if e.op in ("neg", "mul", "rename", "transpose", "split", "join") else \
+        e.args[:1] if e.op == "div" else ()
+    return any(_weighs_alike(a, v, an) for a in carried)
+
+
+def _weight_underflows(params: tuple[str, ...], values: list[Abstract], entries: float, alike: bool = True) -> bool:
     """May a normalised contraction's weight a1(s) / b(Σ a2(s)), or its product with v, be 0 in float64 at
     non-zero s and v where the extended reals give no 0, one position at a time (its sum may cancel to 0
     over the reals, so the sum's classes hold 0 either way: l2 weights of s = [2^-537, 0] are [0, 0] where
     Σ s² = 2^-1074 halves below 2^-1074 under rms)?  exp's weights (of ``id``) may underflow on both sides
-    of a lemma (s - max s past -745), so there only a weight 0 the extended reals with that underflow lack."""
+    of a lemma (s - max s past -745), so there only a weight 0 the extended reals with that underflow lack, and
+    their products with v only where the source weighs other values (not ``alike``): Σ w·(V·C) = (Σ w·V)·C at
+    S = [0, -690], V = [0, 1], C = 1e200 is 1e-300·1 on the left, 1e-300·1e-200 = 0 on the right."""
     (s, v), exp = values, params[0] == params[1] == "exp" and params[2] == "id"
     weights, exact = _weights(params, s, True, entries), _weights(params, s, False, entries)
     if "0" in weights.classes - exact.classes:
         return True
     nonzero = [replace(weights, classes=weights.classes - _v("0")), v]
-    return not exp and "0" in _product(nonzero, True).classes - _product(nonzero, False).classes
+    return not (exp and alike) and "0" in _product(nonzero, True).classes - _product(nonzero, False).classes
 
 
 class _FiniteAt(_Analysis):
@@ -664,7 +716,8 @@ class _FiniteAt(_Analysis):
         return replace(v, classes=v.classes & FINITE) if id(expr) in self.finite else v
 
 
-def float_unsafe_box(expr: Expr, operands: Iterable[Expr], diagram: Diagram, rewritten: bool = True) -> Box | None:
+def float_unsafe_box(expr: Expr, operands: Iterable[Expr], diagram: Diagram, rewritten: bool = True,
+                     source: Expr | None = None) -> Box | None:
     """The first box of ``expr`` (a term of ``diagram``), outside its ``operands`` (sub-terms it
     takes as they are), that float64 may make ±inf, NaN or 0 where the extended reals would not,
     its operands as float64 computes them: an overflow (``exp`` past 709.8), an underflow to 0
@@ -699,7 +752,7 @@ def float_unsafe_box(expr: Expr, operands: Iterable[Expr], diagram: Diagram, rew
             return b
         # an underflow of a non-zero value to 0 where the box's classes hold 0 anyway (an operand may be 0):
         # tanh(S) · 1e-300 / 1e-300 is 0 at S = 1e-30, and a log after it -inf where the source's is -138
-        if rewritten and _underflows(b, floats, plain):
+        if rewritten and _underflows(b, floats, plain, source):
             return b
         # a softmax weight of a finite score rounds to 0 below 2^-1075, as the source's may (``_weights``' vanish);
         # scaled up on the rewritten side, the value it stood for may be one the source keeps: softmax(S)·K at
@@ -712,8 +765,9 @@ def float_unsafe_box(expr: Expr, operands: Iterable[Expr], diagram: Diagram, rew
             return b
         # a sum or difference of a sum that may drop an operand whole (their magnitudes 2^53 apart): the
         # dropped part is an error as large as what a cancellation leaves ((exp(tanh X) + C) - C - 1 is -1
-        # at C = 1e20, exp(tanh X) - 1 over the reals, of either sign)
-        if _cancelled_absorption(floats, b, ids) is not None:
+        # at C = 1e20, exp(tanh X) - 1 over the reals, of either sign), through any box of the lemma's: a
+        # log or exp carries it too (exp(log(exp(tanh X) + exp(46)) - 46) - 1 is 0, and a log after it -inf)
+        if _cancelled_absorption(floats, b, ids, every=True) is not None:
             return b
     return None
 
@@ -727,10 +781,12 @@ _CARRY: dict[str, slice] = {"neg": slice(None), "mul": slice(None), "div": slice
                             "join": slice(None), "rename": slice(None), "transpose": slice(None)}
 
 
-def _cancelled_absorption(an: _Analysis, box: Box, own: Collection[int]) -> Box | None:
+def _cancelled_absorption(an: _Analysis, box: Box, own: Collection[int], every: bool = False) -> Box | None:
     """The sum or difference (one of ``own``, by id) that may drop an operand whole (``_absorbs``)
     and that ``box``, a sum or difference, reads directly or through boxes of ``own`` that carry
-    its value along (``_CARRY``); None where there is none.  What the dropped operand was, ``box``
+    its value along (``_CARRY``; with ``every``, through any box: f(S + C) - f(C) is 0 where the
+    reals give f'(C)·S, and ``exp(log(exp(tanh X) + exp(46)) - 46) - 1`` is 0 where they give
+    exp(tanh X - 46)); None where there is none.  What the dropped operand was, ``box``
     may cancel to: ``(S + C) - C`` is 0 at C = exp(46.5), S over the reals, and so are
     ``(S + C) * 1.0 - C`` and ``sum[t](X + C) - sum[t](C + 0.0 * X)``."""
     def reached(e: Expr) -> Box | None:
@@ -738,8 +794,8 @@ def _cancelled_absorption(an: _Analysis, box: Box, own: Collection[int]) -> Box 
             return None
         if e.op in ("add", "sub"):
             return e if _absorbs(an, e) else None
-        return next((r for a in e.args[_CARRY[e.op]] if (r := reached(a)) is not None), None) \
-            if e.op in _CARRY else None
+        carried = e.args if every else e.args[_CARRY[e.op]] if e.op in _CARRY else ()
+        return next((r for a in carried if (r := reached(a)) is not None), None)
 
     if box.op not in ("add", "sub"):
         return None
@@ -897,12 +953,15 @@ def narrowed(how: str, diagram: Diagram, terms: Mapping[str, Expr], rhs: Expr | 
     if rhs is not None and lhs is not None and (wider := _wider(rhs, lhs, diagram)):
         return (f"tested here (proved over the reals, but in float64 the right side may be {', '.join(sorted(wider))} "
                 f"at these operands, where the left side is not): {how[len('proved: '):]}")
+    if rhs is not None and lhs is not None and (box := _index_may_wrap(lhs, rhs)) is not None:
+        return (f"tested here (proved over the integers, but float64's evaluator computes `{box.op}`'s index "
+                f"arithmetic in int64, which may wrap past 2^63 at some size): {how[len('proved: '):]}")
     if rhs is not None and lhs is not None and (box := _zero_sign_read(diagram, lhs, rhs)) is not None:
         return (f"tested here (proved over the reals, which have one zero: float64's `{box.op}` may read a zero whose "
                 f"sign the rewrite may change, 1/0 and 1/-0 being +inf and -inf): {how[len('proved: '):]}")
     sides = (("left", lhs), ("right", rhs)) if lhs is not None else (("right", rhs),)
     for side, term in sides:
-        if term is None or (box := float_unsafe_box(term, terms.values(), diagram, side == "right")) is None:
+        if term is None or (box := float_unsafe_box(term, terms.values(), diagram, side == "right", lhs)) is None:
             continue
         return (f"tested here (proved over the reals, but float64 may give the {side} side's `{box.op}` a class the "
                 f"extended reals do not, by an overflow, underflow or cancellation at these operands, which the "
@@ -929,6 +988,39 @@ def _zero_sign_read(diagram: Diagram, lhs: Expr, rhs: Expr) -> Box | None:
     for box in (n for e in scope for n in walk(e) if isinstance(n, Box) and n.op in _DIVISORS):
         if any("0" in an.value(d).classes for d in _DIVISORS[box.op](box)):
             return box
+    return None
+
+
+def _index_range(e: IndexExpr) -> tuple[int, int] | None:
+    """The integers an index expression may take, positions in [0, 2^POSITIONS); None where it or a part
+    of it may leave int64, where the evaluator's arithmetic wraps (``evaluate._index``)."""
+    if isinstance(e, IInt):
+        return e.value, e.value
+    if not isinstance(e, IBin):
+        return 0, 2 ** int(POSITIONS) - 1
+    a, b = _index_range(e.left), _index_range(e.right)
+    if a is None or b is None:
+        return None
+    ends = [x * y for x in a for y in b] if e.op == "*" else \
+        [a[0] + b[0], a[1] + b[1]] if e.op == "+" else [a[0] - b[1], a[1] - b[0]]
+    lo, hi = min(ends), max(ends)
+    return (lo, hi) if lo >= -2 ** 63 and hi < 2 ** 63 else None
+
+
+def _index_may_wrap(*sides: Expr) -> Box | None:
+    """A box of ``sides`` whose index expression (``index``'s, or one compared in ``where``'s predicate)
+    may wrap in int64 at some size: the proof reads it over the integers, where x⁴·x⁴ - x⁸ is 0 at every
+    position; the evaluator's x⁸ wraps at x = 236, and ``tanh`` of the difference is 1 there."""
+    def exprs(i: Pred | IndexExpr | None) -> list[IndexExpr]:
+        if isinstance(i, Cmp):
+            return [i.left, i.right]
+        if isinstance(i, Logic):
+            return [*exprs(i.left), *exprs(i.right)]
+        return [] if i is None else [i]
+
+    for b in (n for side in sides for n in walk(side) if isinstance(n, Box) and n.index is not None):
+        if any(_index_range(e) is None for e in exprs(b.index)):
+            return b
     return None
 
 

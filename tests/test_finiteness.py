@@ -599,12 +599,13 @@ def test_a_contraction_of_three_is_multiplied_in_one_order_whatever_the_shapes()
 
 
 _SCALED_WEIGHTS = """axis q, x
-diagram f(S: [q x]) -> [q x], [q x], [q x] {
+diagram f(S: [q x]) -> [q x], [q x], [q x], [q x] {
   H = softmax[x](S * 0.5)
   L = l2norm[x](H) * (l2norm[x](H) * (1 + square(3000)))
   R = softmax[x](S) * (1 + square(3000))
   W = softmax[x](S)
-  return L, R, W
+  C = (softmax[x](S) * 1) * (1 + square(3000))
+  return L, R, W, C
 }
 """
 
@@ -619,9 +620,12 @@ def test_a_rewritten_softmax_weight_scaled_up_is_not_float_safe() -> None:
     from napkin_cat.finiteness import float_unsafe_box
 
     d = loads(_SCALED_WEIGHTS).diagram("f")
-    left, right, alone = evaluate(d, [np.array([[0.0, -750.0]])])
-    assert left[0, 1] > 0 and right[0, 1] == 0 and alone[0, 1] == 0
+    left, right, alone, carried = evaluate(d, [np.array([[0.0, -750.0]])])
+    assert left[0, 1] > 0 and right[0, 1] == 0 and alone[0, 1] == 0 and carried[0, 1] == 0
     operands = (Var("S", ("q", "x")),)
     box = float_unsafe_box(d.binding("R").expr, operands, d)
     assert box is not None and box.op == "mul"
     assert float_unsafe_box(d.binding("W").expr, operands, d) is None
+    # scaled through a product that carries the weight (by 1, which alone does not scale it up)
+    box = float_unsafe_box(d.binding("C").expr, operands, d)
+    assert box is not None and box.op == "mul" and box is d.binding("C").expr

@@ -505,6 +505,23 @@ def test_the_join_prover_refuses_an_absorption_the_vjp_does_not_make(wrong: str)
         prove_join(forward, reference, backwards)  # type: ignore[arg-type]
 
 
+def test_the_join_prover_refuses_an_absorption_the_vjp_computes_but_does_not_cancel() -> None:
+    """The red team's 0.0 · tanh(X + C): the VJP's dB computes the absorbing sum X + exp(46.5) too,
+    where its error cannot reach the value (times 0, Σ_t g·X = 2 at X = 1, t = 2, d = 1, g = 1), and
+    the join once passed on that alone; the backward cancels it, (X + C) - C, to 0.  The VJP must
+    cancel the same sum (``finiteness.cancelling_sums``), as ALiBi's softmax shifts its scores."""
+    module = loads("axis t, d\ndiagram f(X: [t d], B: [d]) -> [t d] {\n  return B * (X + 0.0 * tanh(X + exp(46.5)))\n}\n"
+                   "diagram b(X: [t d], d_out: [t d]) -> [d] {\n  dB = sum[t](d_out * ((X + exp(46.5)) - exp(46.5)))\n"
+                   "  return dB\n}\ndiagram bx(B: [d], d_out: [t d]) -> [t d] {\n  dX = d_out * B\n  return dX\n}\n")
+    forward, b, bx = module.diagram("f"), module.diagram("b"), module.diagram("bx")
+    x, g = np.ones((2, 1)), np.ones((2, 1))
+    assert np.asarray(evaluate(b, [x, g])).tolist() == [0.0]
+    assert np.asarray(evaluate(grad.vjp(forward), [x, np.ones(1), g])[1]).tolist() == [2.0]
+    with pytest.raises(NapkinError, match=r"gradient of B computes `X \+ exp\(46.5\) - exp\(46.5\)`") as err:
+        link(forward, [b, bx])
+    assert err.value.codes == ("lower.backward_unproved",)
+
+
 @pytest.mark.parametrize(("forward_mask", "backward_mask", "why"), [
     # a different mask in the backward: different indicators, different terms
     ("q >= x", "q > x", "gradients of Q do not normalise"),

@@ -77,7 +77,7 @@ from napkin_cat import ops
 from napkin_cat.certify import accumulators as acc
 from napkin_cat.certify.atoms import Quo, Rem, _expand, _i, _j, _MaxOf, _n, _Reduction, index, maximum, minimum, reduce
 from napkin_cat.evaluate import FLOAT64
-from napkin_cat.finiteness import absorbing_sums, cancelled_absorptions, finite, float_unsafe_box, input_values
+from napkin_cat.finiteness import cancelled_absorptions, cancelling_sums, finite, float_unsafe_box, input_values
 from napkin_cat.printer import print_expr
 from napkin_cat.terms import (
     Apply,
@@ -672,8 +672,10 @@ def _finite_where_the_vjp_is(forward: Diagram, reference: Diagram,
             # absorbing sum, whose error its value then holds too (its term, the backward's inputs read as the VJP's:
             # a running sum's Σ g - cumsum g; ALiBi's scores S - m·(q - x), which the backward shifts by the saved
             # L, the VJP's softmax by their maximum)
+            # (the same cancellation, not only the same absorbing sum: a VJP may compute X + C where its error
+            # does not reach its value, as 0.0 · tanh(X + C), while the backward cancels it to 0)
             if vouched[i]:
-                made = absorbing_sums(expanded(reference.outputs[i], reference.bindings()), reference)
+                made = cancelling_sums(expanded(reference.outputs[i], reference.bindings()), reference)
                 for box, inner in cancelled_absorptions(term, related):
                     if _as_the_vjps(inner, diagram, sources, forward, reference, saved) not in made:
                         where = f" at {box.span}" if box.span is not None else ""

@@ -510,7 +510,8 @@ def test_the_join_prover_refuses_an_absorption_the_vjp_computes_but_does_not_can
     where its error cannot reach the value (times 0, Σ_t g·X = 2 at X = 1, t = 2, d = 1, g = 1), and
     the join once passed on that alone; the backward cancels it, (X + C) - C, to 0.  The VJP must
     cancel the same sum (``finiteness.cancelling_sums``), as ALiBi's softmax shifts its scores."""
-    module = loads("axis t, d\ndiagram f(X: [t d], B: [d]) -> [t d] {\n  return B * (X + 0.0 * tanh(X + exp(46.5)))\n}\n"
+    module = loads("axis t, d\ndiagram f(X: [t d], B: [d]) -> [t d] {\n"
+                   "  return B * (X + 0.0 * tanh(X + exp(46.5)))\n}\n"
                    "diagram b(X: [t d], d_out: [t d]) -> [d] {\n  dB = sum[t](d_out * ((X + exp(46.5)) - exp(46.5)))\n"
                    "  return dB\n}\ndiagram bx(B: [d], d_out: [t d]) -> [t d] {\n  dX = d_out * B\n  return dX\n}\n")
     forward, b, bx = module.diagram("f"), module.diagram("b"), module.diagram("bx")

@@ -505,21 +505,28 @@ def test_the_join_prover_refuses_an_absorption_the_vjp_does_not_make(wrong: str)
         prove_join(forward, reference, backwards)  # type: ignore[arg-type]
 
 
-def test_the_join_prover_refuses_an_absorption_the_vjp_computes_but_does_not_cancel() -> None:
-    """The red team's 0.0 · tanh(X + C): the VJP's dB computes the absorbing sum X + exp(46.5) too,
-    where its error cannot reach the value (times 0, Σ_t g·X = 2 at X = 1, t = 2, d = 1, g = 1), and
-    the join once passed on that alone; the backward cancels it, (X + C) - C, to 0.  The VJP must
-    cancel the same sum (``finiteness.cancelling_sums``), as ALiBi's softmax shifts its scores."""
-    module = loads("axis t, d\ndiagram f(X: [t d], B: [d]) -> [t d] {\n"
-                   "  return B * (X + 0.0 * tanh(X + exp(46.5)))\n}\n"
-                   "diagram b(X: [t d], d_out: [t d]) -> [d] {\n  dB = sum[t](d_out * ((X + exp(46.5)) - exp(46.5)))\n"
-                   "  return dB\n}\ndiagram bx(B: [d], d_out: [t d]) -> [t d] {\n  dX = d_out * B\n  return dX\n}\n")
-    forward, b, bx = module.diagram("f"), module.diagram("b"), module.diagram("bx")
+@pytest.mark.parametrize(("forward", "backward", "scale"), [
+    ("X + 0.0 * tanh(X + exp(46.5))", "sum[t](d_out * ((X + exp(46.5)) - exp(46.5)))", "1"),
+    ("X + 0.0 * ((X + exp(46.5)) - exp(46.5))", "sum[t](d_out * ((X + exp(46.5)) - exp(46.5)))", "1"),
+    ("X + 0.5 * ((X + exp(46.5)) - exp(46.5))", "1.5 * sum[t](d_out * ((X + exp(46.5)) - exp(46.5)))", "1.5"),
+])
+def test_the_join_prover_refuses_an_absorption_the_vjp_does_not_carry_alike(forward: str, backward: str,
+                                                                           scale: str) -> None:
+    """The red team's VJPs that compute the backward's absorbing sum X + exp(46.5), or even cancel it,
+    where its error does not reach their value as it reaches the backward's: 0.0 · tanh(X + C),
+    0.0 · ((X + C) - C), or 0.5 · ((X + C) - C) beside an exact X (dB is 2 at X = 1, t = 2, d = 1,
+    g = 1); the join once passed on the shared sum alone, and the backward's (X + C) - C is 0.  The
+    VJP must cancel the same sum (``finiteness.cancelling_sums``, as ALiBi's softmax shifts its
+    scores) and both gradients must normalise alike with it opaque (``prove._alike_around``)."""
+    module = loads(f"axis t, d\ndiagram f(X: [t d], B: [d]) -> [t d] {{\n  return B * ({forward})\n}}\n"
+                   f"diagram b(X: [t d], d_out: [t d]) -> [d] {{\n  dB = {backward}\n  return dB\n}}\n"
+                   f"diagram bx(B: [d], d_out: [t d]) -> [t d] {{\n  dX = d_out * B * {scale}\n  return dX\n}}\n")
+    f, b, bx = module.diagram("f"), module.diagram("b"), module.diagram("bx")
     x, g = np.ones((2, 1)), np.ones((2, 1))
     assert np.asarray(evaluate(b, [x, g])).tolist() == [0.0]
-    assert np.asarray(evaluate(grad.vjp(forward), [x, np.ones(1), g])[1]).tolist() == [2.0]
+    assert np.asarray(evaluate(grad.vjp(f), [x, np.ones(1), g])[1]).tolist() == [2.0]
     with pytest.raises(NapkinError, match=r"gradient of B computes `X \+ exp\(46.5\) - exp\(46.5\)`") as err:
-        link(forward, [b, bx])
+        link(f, [b, bx])
     assert err.value.codes == ("lower.backward_unproved",)
 
 

@@ -530,6 +530,22 @@ def test_the_join_prover_refuses_an_absorption_the_vjp_does_not_carry_alike(forw
     assert err.value.codes == ("lower.backward_unproved",)
 
 
+def test_the_join_prover_refuses_an_absorption_cancelled_by_the_joins_sum() -> None:
+    """The red team's split gradient: one backward gives g·(X + C), another 0 - g·C (C = exp(46.5)),
+    g·X over the reals, the VJP of X²/2; neither cancels an absorption itself, but the join adds them in
+    float64, C - C = 0 at X = 1 where the VJP is 1.  The join's sum is checked as a backward's is."""
+    module = loads("axis t\ndiagram f(X: [t]) -> [t] {\n  return 0.5 * X * X\n}\n"
+                   "diagram b1(X: [t], d_out: [t]) -> [t] {\n  dX = d_out * (X + exp(46.5))\n  return dX\n}\n"
+                   "diagram b2(d_out: [t]) -> [t] {\n  dX = 0.0 - d_out * exp(46.5)\n  return dX\n}\n")
+    f, b1, b2 = module.diagram("f"), module.diagram("b1"), module.diagram("b2")
+    x, g = np.array([1.0, 2.0]), np.ones(2)
+    assert (np.asarray(evaluate(b1, [x, g])) + np.asarray(evaluate(b2, [g]))).tolist() == [0.0, 0.0]
+    assert np.asarray(evaluate(grad.vjp(f), [x, g])).tolist() == [1.0, 2.0]
+    with pytest.raises(NapkinError, match=r"the join's sum of the backwards' gradients of X may cancel") as err:
+        link(f, [b1, b2])
+    assert err.value.codes == ("lower.backward_unproved",)
+
+
 @pytest.mark.parametrize(("forward_mask", "backward_mask", "why"), [
     # a different mask in the backward: different indicators, different terms
     ("q >= x", "q > x", "gradients of Q do not normalise"),

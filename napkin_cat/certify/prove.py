@@ -679,7 +679,7 @@ def _finite_where_the_vjp_is(forward: Diagram, reference: Diagram,
                 for box, inner in cancelled_absorptions(term, related):
                     same = _as_the_vjps(inner, diagram, sources, forward, reference, saved)
                     if same not in made or not _alike_around(
-                            same, _as_the_vjps(term, diagram, sources, forward, reference, saved), want, reference):
+                            same, _as_the_vjps(term, diagram, sources, forward, reference, saved), want, reference, i):
                         where = f" at {box.span}" if box.span is not None else ""
                         raise Unproved(f"`{diagram.name}`'s gradient of {forward.inputs[i].name} computes "
                                        f"`{_short(box)}`{where}, where float64 may round `{_short(inner, 40)}` to "
@@ -693,11 +693,42 @@ def _finite_where_the_vjp_is(forward: Diagram, reference: Diagram,
                     raise Unproved(f"`{diagram.name}`'s gradient of {forward.inputs[i].name} takes the sign of a term "
                                    f"float64 may round to 0 or past the extended reals' value "
                                    f"(finiteness.float_unsafe_box)")
+    _joined_sums_alike(forward, reference, backwards, vouched, saved)
 
 
-def _alike_around(inner: Expr, got: Expr, want: Expr, reference: Diagram) -> bool:
-    """Do ``got`` and ``want`` (a backward's gradient and the VJP's, terms over the VJP diagram
-    ``reference``'s inputs) still normalise to the same term with the absorbing sum ``inner`` made an
+def _joined_sums_alike(forward: Diagram, reference: Diagram,
+                       backwards: Sequence[tuple[Diagram, Sequence[tuple[str, int]], Sequence[int]]],
+                       vouched: Sequence[bool], saved: Sequence[Expr]) -> None:
+    """Raise ``Unproved`` where the sum the join makes of one input's gradients from several backwards
+    (the lowered function adds them in float64) cancels an absorption no one backward makes, as
+    ``_finite_where_the_vjp_is`` refuses one inside a backward: ``g·(X + C)`` and ``0 - g·C`` are g·X over
+    the reals, 0 in float64 at X = 1, C = exp(46.5), where the VJP is 1.  Their terms are read over the
+    VJP's inputs (``_as_the_vjps``), the forward's saved outputs as its terms."""
+    parts: dict[int, list[Expr]] = {}
+    for diagram, sources, gives in backwards:
+        for out, i in zip(diagram.outputs, gives, strict=True):
+            parts.setdefault(i, []).append(
+                _as_the_vjps(expanded(out, diagram.bindings()), diagram, sources, forward, reference, saved))
+    for i, terms in parts.items():
+        if len(terms) < 2 or not vouched[i]:
+            continue
+        total, joins = terms[0], []
+        for t in terms[1:]:
+            total = Box("add", (total, t), reference.out_types[i])
+            joins.append(total)
+        want = expanded(reference.outputs[i], reference.bindings())
+        made = cancelling_sums(want, reference)
+        for box, inner in cancelled_absorptions(total, reference):
+            if any(box is j for j in joins) and (
+                    inner not in made or not _alike_around(inner, total, want, reference, i)):
+                raise Unproved(f"the join's sum of the backwards' gradients of {forward.inputs[i].name} may cancel "
+                               f"an absorption: float64 may round `{_short(inner, 40)}` to its larger operand (an "
+                               f"absorption the VJP's gradient does not make: finiteness.cancelled_absorptions)")
+
+
+def _alike_around(inner: Expr, got: Expr, want: Expr, reference: Diagram, i: int) -> bool:
+    """Do ``got`` and ``want`` (a backward's gradient and the VJP's ``i``-th output, terms over the VJP
+    diagram ``reference``'s inputs) still normalise to the same term with the absorbing sum ``inner`` made an
     opaque array of its type: then whatever float64 rounds it to reaches both alike.  Computing the
     same absorbing sum, or cancelling it too, is not enough: a VJP of ``X + 0.5·((X + C) - C)`` has it
     weighted 0.5 beside an exact X (2 at X = 1, g = 1, t = 2), a backward's ``1.5·((X + C) - C)`` is 0."""
@@ -715,7 +746,7 @@ def _alike_around(inner: Expr, got: Expr, want: Expr, reference: Diagram) -> boo
     sem = _Semantics(masks=True)
     values = [_input(p.name, p.axes) for p in params]
     left, right = (sem.run(replace(reference, inputs=params, body=(), outputs=(opaque(t),),
-                                   out_types=(reference.out_types[0],)), values)[0] for t in (got, want))
+                                   out_types=(reference.out_types[i],)), values)[0] for t in (got, want))
     return not sem.cases and _equal(sem.unmasked(left), sem.unmasked(right))
 
 

@@ -546,6 +546,25 @@ def test_the_join_prover_refuses_an_absorption_cancelled_by_the_joins_sum() -> N
     assert err.value.codes == ("lower.backward_unproved",)
 
 
+def test_the_join_prover_refuses_an_absorption_in_a_saved_output() -> None:
+    """The red team's saved sum: the forward saves O = X + C (C = exp(46.5)) beside Y = B·X, and the
+    backward's dB = Σ dY·(O - C) is the VJP's Σ dY·X over the reals; O is an input there, so the
+    backward's O - C was no cancelled absorption, but float64 absorbed X into O: dB is 0 at X = 1
+    (t = 2, d = 1) where the VJP is 2.  The check reads the backward over the VJP's inputs too."""
+    module = loads("axis t, d\ndiagram f(X: [t d], B: [d]) -> [t d], [t d] {\n  Y = B * X\n"
+                   "  O = X + exp(46.5)\n  return Y, O\n}\n"
+                   "diagram b(O: [t d], dY: [t d]) -> [d] {\n  dB = sum[t](dY * (O - exp(46.5)))\n  return dB\n}\n"
+                   "diagram bx(B: [d], dY: [t d]) -> [t d] {\n  dX = dY * B\n  return dX\n}\n")
+    f, b, bx = module.diagram("f"), module.diagram("b"), module.diagram("bx")
+    x, g = np.ones((2, 1)), np.ones((2, 1))
+    saved = evaluate(f, [x, np.ones(1)])[1]
+    assert np.asarray(evaluate(b, [saved, g])).tolist() == [0.0]
+    assert np.asarray(evaluate(grad.vjp(f), [x, np.ones(1), g, np.zeros((2, 1))])[1]).tolist() == [2.0]
+    with pytest.raises(NapkinError, match=r"gradient of B computes `X \+ exp\(46.5\) - exp\(46.5\)`") as err:
+        link(f, [b, bx])
+    assert err.value.codes == ("lower.backward_unproved",)
+
+
 @pytest.mark.parametrize(("forward_mask", "backward_mask", "why"), [
     # a different mask in the backward: different indicators, different terms
     ("q >= x", "q > x", "gradients of Q do not normalise"),

@@ -676,10 +676,14 @@ def _finite_where_the_vjp_is(forward: Diagram, reference: Diagram,
             if vouched[i]:
                 want = expanded(reference.outputs[i], reference.bindings())
                 made = cancelling_sums(want, reference)
-                for box, inner in cancelled_absorptions(term, related):
-                    same = _as_the_vjps(inner, diagram, sources, forward, reference, saved)
-                    if same not in made or not _alike_around(
-                            same, _as_the_vjps(term, diagram, sources, forward, reference, saved), want, reference, i):
+                # also over the VJP's inputs, a saved forward output read as its term: a backward reading the saved
+                # O = X + C sees O - C as a difference of inputs, the forward having absorbed X into O
+                over = _as_the_vjps(term, diagram, sources, forward, reference, saved)
+                for box, inner, same in [
+                        *((b, n, _as_the_vjps(n, diagram, sources, forward, reference, saved))
+                          for b, n in cancelled_absorptions(term, related)),
+                        *((b, n, n) for b, n in cancelled_absorptions(over, reference))]:
+                    if same not in made or not _alike_around(same, over, want, reference, i):
                         where = f" at {box.span}" if box.span is not None else ""
                         raise Unproved(f"`{diagram.name}`'s gradient of {forward.inputs[i].name} computes "
                                        f"`{_short(box)}`{where}, where float64 may round `{_short(inner, 40)}` to "

@@ -86,7 +86,7 @@ from napkin_cat.terms import (
 )
 
 __all__ = ["DOMAIN", "EXTENDED", "FINITE", "INFINITE", "MASKS", "MASKS_TESTED", "RULES", "TOP", "UNARY", "Abstract",
-           "Inputs", "Value", "absorbing_sums", "abstract", "analyse", "cancelled_absorptions", "class_of", "finite",
+           "Inputs", "Value", "abstract", "analyse", "cancelled_absorptions", "cancelling_sums", "class_of", "finite",
            "finite_in", "float_unsafe_box", "fold_overflows", "input_values", "masked", "narrowed",
            "signed_zero_writes", "unsupported"]
 
@@ -781,39 +781,53 @@ _CARRY: dict[str, slice] = {"neg": slice(None), "mul": slice(None), "div": slice
                             "join": slice(None), "rename": slice(None), "transpose": slice(None)}
 
 
-def _cancelled_absorption(an: _Analysis, box: Box, own: Collection[int], every: bool = False) -> Box | None:
+def _reached(an: _Analysis, e: Expr, own: Collection[int], every: bool = False) -> Box | None:
     """The sum or difference (one of ``own``, by id) that may drop an operand whole (``_absorbs``)
-    and that ``box``, a sum or difference, reads directly or through boxes of ``own`` that carry
-    its value along (``_CARRY``; with ``every``, through any box: f(S + C) - f(C) is 0 where the
-    reals give f'(C)·S, and ``exp(log(exp(tanh X) + exp(46)) - 46) - 1`` is 0 where they give
-    exp(tanh X - 46)); None where there is none.  What the dropped operand was, ``box``
-    may cancel to: ``(S + C) - C`` is 0 at C = exp(46.5), S over the reals, and so are
-    ``(S + C) * 1.0 - C`` and ``sum[t](X + C) - sum[t](C + 0.0 * X)``."""
-    def reached(e: Expr) -> Box | None:
-        if not (isinstance(e, Box) and id(e) in own):
-            return None
-        if e.op in ("add", "sub"):
-            return e if _absorbs(an, e) else None
-        carried = e.args if every else e.args[_CARRY[e.op]] if e.op in _CARRY else ()
-        return next((r for a in carried if (r := reached(a)) is not None), None)
+    and that ``e`` is or carries along through boxes of ``own`` (``_CARRY``; with ``every``, through
+    any box: f(S + C) - f(C) is 0 where the reals give f'(C)·S, and ``exp(log(exp(tanh X) + exp(46))
+    - 46) - 1`` is 0 where they give exp(tanh X - 46)); None where there is none."""
+    if not (isinstance(e, Box) and id(e) in own):
+        return None
+    if e.op in ("add", "sub"):
+        return e if _absorbs(an, e) else None
+    carried = e.args if every else e.args[_CARRY[e.op]] if e.op in _CARRY else ()
+    return next((r for a in carried if (r := _reached(an, a, own, every)) is not None), None)
 
+
+def _cancelled_absorption(an: _Analysis, box: Box, own: Collection[int], every: bool = False) -> Box | None:
+    """The sum or difference that may drop an operand whole and that ``box``, a sum or difference,
+    reads directly or through boxes of ``own`` that carry its value along (``_reached``, ``every``);
+    None where there is none.  What the dropped operand was, ``box`` may cancel to: ``(S + C) - C``
+    is 0 at C = exp(46.5), S over the reals, and so are ``(S + C) * 1.0 - C`` and
+    ``sum[t](X + C) - sum[t](C + 0.0 * X)``."""
     if box.op not in ("add", "sub"):
         return None
-    return next((r for o in box.args if (r := reached(o)) is not None), None)
+    return next((r for o in box.args if (r := _reached(an, o, own, every)) is not None), None)
 
 
-def absorbing_sums(expr: Expr, diagram: Diagram) -> list[Box]:
+def _shifts(box: Box) -> bool:
+    """Does ``box`` subtract its first operand's maximum from it before an exp (softmax, logsumexp, a
+    normalised contraction weighting by exp): a difference, as a backward's ``S - L`` is?"""
+    return box.op in ("softmax", "logsumexp") or (ops.OPS[box.op].kind == "ncontract"
+                                                  and tuple(box.params[:2]) == ("exp", "exp"))
+
+
+def cancelling_sums(expr: Expr, diagram: Diagram) -> list[Box]:
     """The sums and differences of ``expr`` (a term of ``diagram``) that float64 may round to their
-    larger operand alone (``_absorbs``), cancelled later or not."""
-    an = _Analysis(diagram.bindings(), input_values(diagram.inputs))
-    return [b for b in walk(expr) if isinstance(b, Box) and b.op in ("add", "sub") and _absorbs(an, b)]
+    larger operand alone (``_absorbs``) and that a sum or difference above them then cancels
+    (``_cancelled_absorption``), or a softmax, logsumexp or exp-normalised contraction shifts by its
+    maximum (``_shifts``): where their error reaches the value as a cancellation's does."""
+    own = [b for b in walk(expr) if isinstance(b, Box)]
+    an, ids = _Analysis(diagram.bindings(), input_values(diagram.inputs)), {id(b) for b in own}
+    return [r for b in own if (r := _cancelled_absorption(an, b, ids) if b.op in ("add", "sub") else
+                               _reached(an, b.args[0], ids) if _shifts(b) else None) is not None]
 
 
 def cancelled_absorptions(expr: Expr, diagram: Diagram) -> list[tuple[Box, Box]]:
     """The absorptions then cancelled of ``expr`` (a term of ``diagram``) that ``float_unsafe_box``
     refuses (``_cancelled_absorption``): each sum or difference that reads one float64 may round to
     its larger operand alone, with that one.  A backward join (``certify.prove.prove_join``) refuses
-    a gradient with one whose absorbing sum its VJP's gradient does not also compute (``absorbing_sums``)."""
+    a gradient with one whose absorbing sum its VJP's gradient does not also cancel (``cancelling_sums``)."""
     own = [b for b in walk(expr) if isinstance(b, Box)]
     an, ids = _Analysis(diagram.bindings(), input_values(diagram.inputs)), {id(b) for b in own}
     return [(b, inner) for b in own if (inner := _cancelled_absorption(an, b, ids)) is not None]

@@ -505,6 +505,66 @@ def test_the_join_prover_refuses_an_absorption_the_vjp_does_not_make(wrong: str)
         prove_join(forward, reference, backwards)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(("forward", "backward", "scale"), [
+    ("X + 0.0 * tanh(X + exp(46.5))", "sum[t](d_out * ((X + exp(46.5)) - exp(46.5)))", "1"),
+    ("X + 0.0 * ((X + exp(46.5)) - exp(46.5))", "sum[t](d_out * ((X + exp(46.5)) - exp(46.5)))", "1"),
+    ("X + 0.5 * ((X + exp(46.5)) - exp(46.5))", "1.5 * sum[t](d_out * ((X + exp(46.5)) - exp(46.5)))", "1.5"),
+])
+def test_the_join_prover_refuses_an_absorption_the_vjp_does_not_carry_alike(forward: str, backward: str,
+                                                                           scale: str) -> None:
+    """The red team's VJPs that compute the backward's absorbing sum X + exp(46.5), or even cancel it,
+    where its error does not reach their value as it reaches the backward's: 0.0 · tanh(X + C),
+    0.0 · ((X + C) - C), or 0.5 · ((X + C) - C) beside an exact X (dB is 2 at X = 1, t = 2, d = 1,
+    g = 1); the join once passed on the shared sum alone, and the backward's (X + C) - C is 0.  The
+    VJP must cancel the same sum (``finiteness.cancelling_sums``, as ALiBi's softmax shifts its
+    scores) and both gradients must normalise alike with it opaque (``prove._alike_around``)."""
+    module = loads(f"axis t, d\ndiagram f(X: [t d], B: [d]) -> [t d] {{\n  return B * ({forward})\n}}\n"
+                   f"diagram b(X: [t d], d_out: [t d]) -> [d] {{\n  dB = {backward}\n  return dB\n}}\n"
+                   f"diagram bx(B: [d], d_out: [t d]) -> [t d] {{\n  dX = d_out * B * {scale}\n  return dX\n}}\n")
+    f, b, bx = module.diagram("f"), module.diagram("b"), module.diagram("bx")
+    x, g = np.ones((2, 1)), np.ones((2, 1))
+    assert np.asarray(evaluate(b, [x, g])).tolist() == [0.0]
+    assert np.asarray(evaluate(grad.vjp(f), [x, np.ones(1), g])[1]).tolist() == [2.0]
+    with pytest.raises(NapkinError, match=r"gradient of B computes `X \+ exp\(46.5\) - exp\(46.5\)`") as err:
+        link(f, [b, bx])
+    assert err.value.codes == ("lower.backward_unproved",)
+
+
+def test_the_join_prover_refuses_an_absorption_cancelled_by_the_joins_sum() -> None:
+    """The red team's split gradient: one backward gives g·(X + C), another 0 - g·C (C = exp(46.5)),
+    g·X over the reals, the VJP of X²/2; neither cancels an absorption itself, but the join adds them in
+    float64, C - C = 0 at X = 1 where the VJP is 1.  The join's sum is checked as a backward's is."""
+    module = loads("axis t\ndiagram f(X: [t]) -> [t] {\n  return 0.5 * X * X\n}\n"
+                   "diagram b1(X: [t], d_out: [t]) -> [t] {\n  dX = d_out * (X + exp(46.5))\n  return dX\n}\n"
+                   "diagram b2(d_out: [t]) -> [t] {\n  dX = 0.0 - d_out * exp(46.5)\n  return dX\n}\n")
+    f, b1, b2 = module.diagram("f"), module.diagram("b1"), module.diagram("b2")
+    x, g = np.array([1.0, 2.0]), np.ones(2)
+    assert (np.asarray(evaluate(b1, [x, g])) + np.asarray(evaluate(b2, [g]))).tolist() == [0.0, 0.0]
+    assert np.asarray(evaluate(grad.vjp(f), [x, g])).tolist() == [1.0, 2.0]
+    with pytest.raises(NapkinError, match=r"the join's sum of the backwards' gradients of X may cancel") as err:
+        link(f, [b1, b2])
+    assert err.value.codes == ("lower.backward_unproved",)
+
+
+def test_the_join_prover_refuses_an_absorption_in_a_saved_output() -> None:
+    """The red team's saved sum: the forward saves O = X + C (C = exp(46.5)) beside Y = B·X, and the
+    backward's dB = Σ dY·(O - C) is the VJP's Σ dY·X over the reals; O is an input there, so the
+    backward's O - C was no cancelled absorption, but float64 absorbed X into O: dB is 0 at X = 1
+    (t = 2, d = 1) where the VJP is 2.  The check reads the backward over the VJP's inputs too."""
+    module = loads("axis t, d\ndiagram f(X: [t d], B: [d]) -> [t d], [t d] {\n  Y = B * X\n"
+                   "  O = X + exp(46.5)\n  return Y, O\n}\n"
+                   "diagram b(O: [t d], dY: [t d]) -> [d] {\n  dB = sum[t](dY * (O - exp(46.5)))\n  return dB\n}\n"
+                   "diagram bx(B: [d], dY: [t d]) -> [t d] {\n  dX = dY * B\n  return dX\n}\n")
+    f, b, bx = module.diagram("f"), module.diagram("b"), module.diagram("bx")
+    x, g = np.ones((2, 1)), np.ones((2, 1))
+    saved = evaluate(f, [x, np.ones(1)])[1]
+    assert np.asarray(evaluate(b, [saved, g])).tolist() == [0.0]
+    assert np.asarray(evaluate(grad.vjp(f), [x, np.ones(1), g, np.zeros((2, 1))])[1]).tolist() == [2.0]
+    with pytest.raises(NapkinError, match=r"gradient of B computes `X \+ exp\(46.5\) - exp\(46.5\)`") as err:
+        link(f, [b, bx])
+    assert err.value.codes == ("lower.backward_unproved",)
+
+
 @pytest.mark.parametrize(("forward_mask", "backward_mask", "why"), [
     # a different mask in the backward: different indicators, different terms
     ("q >= x", "q > x", "gradients of Q do not normalise"),

@@ -77,7 +77,7 @@ from napkin_cat import ops
 from napkin_cat.certify import accumulators as acc
 from napkin_cat.certify.atoms import Quo, Rem, _expand, _i, _j, _MaxOf, _n, _Reduction, index, maximum, minimum, reduce
 from napkin_cat.evaluate import FLOAT64
-from napkin_cat.finiteness import absorbing_sums, cancelled_absorptions, finite, float_unsafe_box, input_values
+from napkin_cat.finiteness import cancelled_absorptions, cancelling_sums, finite, float_unsafe_box, input_values
 from napkin_cat.printer import print_expr
 from napkin_cat.terms import (
     Apply,
@@ -668,14 +668,22 @@ def _finite_where_the_vjp_is(forward: Diagram, reference: Diagram,
                                f"`{box.op}` where the extended reals do not, and the VJP's is not vouched finite "
                                f"either (finiteness.float_unsafe_box)")
             # an absorption then cancelled: (S + C) - C is S over the reals, 0 in float64 where C = exp(46.5) drops
-            # S whole; a finite error the finiteness checks cannot see, so refused unless the VJP computes the same
-            # absorbing sum, whose error its value then holds too (its term, the backward's inputs read as the VJP's:
-            # a running sum's Σ g - cumsum g; ALiBi's scores S - m·(q - x), which the backward shifts by the saved
-            # L, the VJP's softmax by their maximum)
+            # S whole; a finite error the finiteness checks cannot see, so refused unless the VJP cancels the same
+            # absorbing sum (its term, the backward's inputs read as the VJP's: a running sum's Σ g - cumsum g; ALiBi's
+            # scores S - m·(q - x), which the backward shifts by the saved L, the VJP's softmax by their maximum) and
+            # its error reaches both values alike (``_alike_around``): computing it is not enough, a VJP may hold it
+            # where its error does not reach its value (0.0 · tanh(X + C)), or weighted otherwise (0.5 · ((X + C) - C))
             if vouched[i]:
-                made = absorbing_sums(expanded(reference.outputs[i], reference.bindings()), reference)
-                for box, inner in cancelled_absorptions(term, related):
-                    if _as_the_vjps(inner, diagram, sources, forward, reference, saved) not in made:
+                want = expanded(reference.outputs[i], reference.bindings())
+                made = cancelling_sums(want, reference)
+                # also over the VJP's inputs, a saved forward output read as its term: a backward reading the saved
+                # O = X + C sees O - C as a difference of inputs, the forward having absorbed X into O
+                over = _as_the_vjps(term, diagram, sources, forward, reference, saved)
+                for box, inner, same in [
+                        *((b, n, _as_the_vjps(n, diagram, sources, forward, reference, saved))
+                          for b, n in cancelled_absorptions(term, related)),
+                        *((b, n, n) for b, n in cancelled_absorptions(over, reference))]:
+                    if same not in made or not _alike_around(same, over, want, reference, i):
                         where = f" at {box.span}" if box.span is not None else ""
                         raise Unproved(f"`{diagram.name}`'s gradient of {forward.inputs[i].name} computes "
                                        f"`{_short(box)}`{where}, where float64 may round `{_short(inner, 40)}` to "
@@ -689,6 +697,61 @@ def _finite_where_the_vjp_is(forward: Diagram, reference: Diagram,
                     raise Unproved(f"`{diagram.name}`'s gradient of {forward.inputs[i].name} takes the sign of a term "
                                    f"float64 may round to 0 or past the extended reals' value "
                                    f"(finiteness.float_unsafe_box)")
+    _joined_sums_alike(forward, reference, backwards, vouched, saved)
+
+
+def _joined_sums_alike(forward: Diagram, reference: Diagram,
+                       backwards: Sequence[tuple[Diagram, Sequence[tuple[str, int]], Sequence[int]]],
+                       vouched: Sequence[bool], saved: Sequence[Expr]) -> None:
+    """Raise ``Unproved`` where the sum the join makes of one input's gradients from several backwards
+    (the lowered function adds them in float64) cancels an absorption no one backward makes, as
+    ``_finite_where_the_vjp_is`` refuses one inside a backward: ``g·(X + C)`` and ``0 - g·C`` are g·X over
+    the reals, 0 in float64 at X = 1, C = exp(46.5), where the VJP is 1.  Their terms are read over the
+    VJP's inputs (``_as_the_vjps``), the forward's saved outputs as its terms."""
+    parts: dict[int, list[Expr]] = {}
+    for diagram, sources, gives in backwards:
+        for out, i in zip(diagram.outputs, gives, strict=True):
+            parts.setdefault(i, []).append(
+                _as_the_vjps(expanded(out, diagram.bindings()), diagram, sources, forward, reference, saved))
+    for i, terms in parts.items():
+        if len(terms) < 2 or not vouched[i]:
+            continue
+        total, joins = terms[0], []
+        for t in terms[1:]:
+            total = Box("add", (total, t), reference.out_types[i])
+            joins.append(total)
+        want = expanded(reference.outputs[i], reference.bindings())
+        made = cancelling_sums(want, reference)
+        for box, inner in cancelled_absorptions(total, reference):
+            if any(box is j for j in joins) and (
+                    inner not in made or not _alike_around(inner, total, want, reference, i)):
+                raise Unproved(f"the join's sum of the backwards' gradients of {forward.inputs[i].name} may cancel "
+                               f"an absorption: float64 may round `{_short(inner, 40)}` to its larger operand (an "
+                               f"absorption the VJP's gradient does not make: finiteness.cancelled_absorptions)")
+
+
+def _alike_around(inner: Expr, got: Expr, want: Expr, reference: Diagram, i: int) -> bool:
+    """Do ``got`` and ``want`` (a backward's gradient and the VJP's ``i``-th output, terms over the VJP
+    diagram ``reference``'s inputs) still normalise to the same term with the absorbing sum ``inner`` made an
+    opaque array of its type: then whatever float64 rounds it to reaches both alike.  Computing the
+    same absorbing sum, or cancelling it too, is not enough: a VJP of ``X + 0.5·((X + C) - C)`` has it
+    weighted 0.5 beside an exact X (2 at X = 1, g = 1, t = 2), a backward's ``1.5·((X + C) - C)`` is 0."""
+    name = "absorbed"
+    while any(p.name == name for p in reference.inputs):
+        name += "_"
+    atom = Var(name, inner.axes)
+
+    def opaque(e: Expr) -> Expr:
+        if e == inner:
+            return atom
+        return replace(e, args=tuple(opaque(a) for a in e.args)) if isinstance(e, (Box, Apply)) else e
+
+    params = (*reference.inputs, Param(name, inner.axes))
+    sem = _Semantics(masks=True)
+    values = [_input(p.name, p.axes) for p in params]
+    left, right = (sem.run(replace(reference, inputs=params, body=(), outputs=(opaque(t),),
+                                   out_types=(reference.out_types[i],)), values)[0] for t in (got, want))
+    return not sem.cases and _equal(sem.unmasked(left), sem.unmasked(right))
 
 
 def _as_the_vjps(expr: Expr, diagram: Diagram, sources: Sequence[tuple[str, int]], forward: Diagram,

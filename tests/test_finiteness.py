@@ -138,6 +138,17 @@ def test_a_proof_covers_a_use_only_on_its_domain() -> None:
     assert narrowed(how, diagram, {"S": plus}).startswith("tested here")
 
 
+def _strict_verdict(text: str, proved: bool, why: str = "") -> None:
+    """The one theorem of ``text`` is accepted by ``check --strict`` exactly when ``proved``; refused,
+    it rests on a use only tested, and without ``--strict`` its trust line says ``why``."""
+    (result,) = check_module(loads(text), strict=True)
+    assert result.ok is proved, result.failure
+    if not proved:
+        assert result.failure is not None and "only tested" in result.failure.message
+        (plain,) = check_module(loads(text))
+        assert plain.theorem is not None and why in str(plain.theorem.trust)
+
+
 @pytest.mark.parametrize(("shift", "proved"), [
     ("T", False),              # exp(T) overflows for T in float32's range where exp(T - 5) may not
     ("tanh(T)", True),         # exp of a value in [-1, 1]: no box of the right side overflows
@@ -151,10 +162,7 @@ def test_a_lemma_proof_covers_a_use_only_where_its_right_side_cannot_overflow(sh
     text = ("axis q\nlemma shift_out(c: []) : exp(c - 5.0) = exp(c) * exp(-5.0)\n"
             f"diagram f(T: [q]) -> [q] {{\n  E = exp({shift} - 5.0)\n  return E\n}}\n"
             "theorem t: f {\n  rewrite shift_out at E\n}\n")
-    (result,) = check_module(loads(text), strict=True)
-    assert result.ok is proved, result.failure
-    if not proved:
-        assert result.failure is not None and "only tested" in result.failure.message
+    _strict_verdict(text, proved)
 
 
 @pytest.mark.parametrize(("term", "proved"), [
@@ -173,12 +181,7 @@ def test_a_lemma_proof_covers_a_use_only_where_no_box_reads_a_zero_s_sign(term: 
     text = ("axis q\nlemma flip(X: [], Y: []) : X - Y = neg(Y - X)\n"
             f"diagram f(X: [q], Y: [q]) -> [q] {{\n  return {term}\n}}\n"
             "theorem t: f {\n  rewrite flip at return\n}\n")
-    (result,) = check_module(loads(text), strict=True)
-    assert result.ok is proved, result.failure
-    if not proved:
-        assert result.failure is not None and "only tested" in result.failure.message
-        (plain,) = check_module(loads(text))
-        assert plain.theorem is not None and "may read a zero whose sign" in str(plain.theorem.trust)
+    _strict_verdict(text, proved, "may read a zero whose sign")
 
 
 @pytest.mark.parametrize(("context", "proved"), [
@@ -196,10 +199,7 @@ def test_a_lemma_proof_covers_a_use_that_may_be_zero_only_where_nothing_divides_
     text = ("axis x\nlemma zero(X: [x]) : sum[x](X * 0) = -0\n"
             f"diagram f(A: [x], B: []) -> [] {{\n  T = {context}\n  return T\n}}\n"
             "theorem t: f {\n  rewrite zero at T\n}\n")
-    (result,) = check_module(loads(text), strict=True)
-    assert result.ok is proved, result.failure
-    if not proved:
-        assert result.failure is not None and "only tested" in result.failure.message
+    _strict_verdict(text, proved)
 
 
 def test_an_array_an_earlier_kernel_wrote_holds_what_that_kernel_computes() -> None:

@@ -740,17 +740,12 @@ def _alike_around(inner: Expr, got: Expr, want: Expr, reference: Diagram, i: int
     while any(p.name == name for p in reference.inputs):
         name += "_"
     atom = Var(name, inner.axes)
-
-    def opaque(e: Expr) -> Expr:
-        if e == inner:
-            return atom
-        return replace(e, args=tuple(opaque(a) for a in e.args)) if isinstance(e, (Box, Apply)) else e
-
     params = (*reference.inputs, Param(name, inner.axes))
     sem = _Semantics(masks=True)
     values = [_input(p.name, p.axes) for p in params]
-    left, right = (sem.run(replace(reference, inputs=params, body=(), outputs=(opaque(t),),
-                                   out_types=(reference.out_types[i],)), values)[0] for t in (got, want))
+    opaque = [_replaced(t, lambda e: atom if e == inner else None) for t in (got, want)]
+    left, right = (sem.run(replace(reference, inputs=params, body=(), outputs=(t,),
+                                   out_types=(reference.out_types[i],)), values)[0] for t in opaque)
     return not sem.cases and _equal(sem.unmasked(left), sem.unmasked(right))
 
 
@@ -763,13 +758,14 @@ def _as_the_vjps(expr: Expr, diagram: Diagram, sources: Sequence[tuple[str, int]
     for p, (kind, k) in zip(diagram.inputs, sources, strict=True):
         names[p.name] = saved[k] if kind == "output" else \
             Var((forward.inputs[k] if kind == "input" else reference.inputs[len(forward.inputs) + k]).name, p.axes)
+    return _replaced(expr, lambda e: names.get(e.name) if isinstance(e, Var) else None)
 
-    def rename(e: Expr) -> Expr:
-        if isinstance(e, Var) and e.name in names:
-            return names[e.name]
-        return replace(e, args=tuple(rename(a) for a in e.args)) if isinstance(e, (Box, Apply)) else e
 
-    return rename(expr)
+def _replaced(expr: Expr, swap: Callable[[Expr], Expr | None]) -> Expr:
+    """``expr`` with each outermost sub-term that ``swap`` maps to a term replaced by it."""
+    if (new := swap(expr)) is not None:
+        return new
+    return replace(expr, args=tuple(_replaced(a, swap) for a in expr.args)) if isinstance(expr, (Box, Apply)) else expr
 
 
 def _short(expr: Expr, limit: int = 80) -> str:

@@ -572,7 +572,8 @@ def contradiction(constraints: Sequence[Divides]) -> str | None:
     for c in constraints:
         above.setdefault(c.divisor, set()).add(c.dividend)
     for start in (n for n in above if isinstance(n, int)):
-        seen, todo = {start}, [start]
+        seen: set[str | int] = {start}
+        todo: list[str | int] = [start]
         while todo:
             for n in above.get(todo.pop(), ()):
                 if n not in seen:

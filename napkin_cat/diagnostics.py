@@ -82,6 +82,8 @@ MESSAGES: dict[str, str] = {
     "relation.reads": "the relation giving `{input}` reads `{name}`, {what}: a relation is an expression of the "
                       "diagram's other inputs",
     "relation.type": "the relation giving `{input}` has type {actual}; the input is declared {declared}",
+    "relation.integer": "the relation giving `{input}` is not integer-valued, and `{input}` is declared `int` (exact "
+                        "integers): give an integer expression (`floor`, a comparison) or declare it real",
     "type.return_count": "`{diagram}` declares {declared} outputs but returns {actual}",
     "type.arg_missing_axis": "argument {index} of `{callee}` must have axes {expected}; it has {actual}",
     "type.predicate_outside_where": "a comparison or logical operator is only allowed as the condition of `where`",

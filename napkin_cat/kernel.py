@@ -21,14 +21,13 @@ starts with the rule's name and names the failed condition and the box):
 It reads the op catalogue's typing rule (``ops.typed_box``) and how a box treats an axis (``ops.treatment``: weaves
 | consumes | mixes | absent, as the ``ops`` docstring defines them).
 
-The kernel imports only the IR, the op catalogue, diagnostics and the finiteness analysis. Certification is an
-input: lemma names map to how they were certified, ``accumulator(box, axis, name, pad)`` answers how an
-accumulator's laws were certified for that box, ``measure`` a dtype step's error. Each answer is ``proved`` (for
-every size) or ``tested``; ``Theorem.tested`` lists what a theorem rests on that is only tested. The trusted code:
-this module, ``terms`` (the IR, ``inline_calls``, ``run_diagram``, ``match``, ``cut``), ``ops`` (``result_axes``,
-``typed_box``, ``treatment``), ``finiteness``, and for ``proved`` answers the symbolic prover ``certify.prove`` with
-its reduction and index atoms ``certify.atoms`` (README "Proofs").
-"""
+The kernel imports only the IR, the op catalogue, diagnostics and the finiteness analysis. Certification is an input:
+lemma names map to how they were certified, ``accumulator(box, axis, name, pad)`` answers how an accumulator's laws
+were certified for that box, ``measure`` a dtype step's error. Each answer is ``proved`` (for every size) or
+``tested``; ``Theorem.tested`` lists what a theorem rests on that is only tested. The trusted code: this module,
+``terms`` (the IR, ``inline_calls``, ``run_diagram``, ``match``, ``cut``, ``contradiction``), ``ops``
+(``result_axes``, ``typed_box``, ``treatment``), ``finiteness``, and for ``proved`` answers the symbolic prover
+``certify.prove`` with its reduction and index atoms ``certify.atoms`` (README "Proofs")."""
 
 from __future__ import annotations
 
@@ -44,8 +43,7 @@ from napkin_cat.terms import Box, Diagram, Expr, LemmaDecl, Partition, Schedule,
 __all__ = ["DTYPE_ROUNDOFF", "KernelError", "Theorem", "chain", "group", "match", "place", "quantise", "refl",
            "rewrite", "split", "stream", "trans", "unfold"]
 
-_TOKEN = object()
-_EMPTY = Schedule()
+_TOKEN, _EMPTY = object(), Schedule()
 
 #: unit roundoff of each number format a ``dtype`` step may name
 DTYPE_ROUNDOFF: dict[str, float] = {"f64": 2.0**-53, "f32": 2.0**-24, "tf32": 2.0**-11, "f16": 2.0**-11,
@@ -100,8 +98,7 @@ class Theorem:
 
     @property
     def chosen(self) -> dict[tuple[str, str, tuple[str, ...], tuple[str, ...]], str]:
-        """The accumulator chosen per stream, keyed by (axis, op, target, params) of the consuming
-        box: how a backend finds it on its own (flattened, retyped) copy of the box."""
+        """The accumulator per stream by (axis, op, target, params) of its box: how a backend finds it on its copy."""
         return {(a, b.op, b.target, b.params): name for a, b, name in self.accumulators}
 
 
@@ -284,7 +281,8 @@ def _reindex(index: terms.Pred | terms.IndexExpr | None,
 
 
 def _nest(thm: Theorem, step: Partition) -> tuple[terms.Divides, ...]:
-    """R8 nesting and R9 divisibility; returns the divisibility constraints to record.
+    """R8 nesting and R9 divisibility; returns the divisibility constraints to record, refused where no tile sizes
+    satisfy them with those recorded before (``terms.contradiction``: `sx | 10, 4 | sx` would claim nothing).
 
     Partitions are listed outermost first: a level may not be larger than an earlier one; an axis is partitioned at
     most once per level; an inner tile divides the outer tile; the outermost tile divides the axis unless ``pad``
@@ -310,7 +308,9 @@ def _nest(thm: Theorem, step: Partition) -> tuple[terms.Divides, ...]:
     if step.tile == 1 or (step.pad and (not outer or (step.kind == "stream" and outer[-1].kind == "split"))):
         return ()
     if isinstance(step.tile, str) or isinstance(dividend, str):
-        return (terms.Divides(step.tile, dividend),)
+        if why := terms.contradiction(thm.constraints + (new := (terms.Divides(step.tile, dividend),))):
+            raise KernelError("nest" if outer else rule, why, span)  # R9: else it claims nothing at any tile
+        return new
     if dividend % step.tile:
         what = f"the `{outer[-1].level}` tile {dividend}" if outer else f"axis `{axis}` of size {dividend}"
         raise KernelError("nest" if outer else rule, f"tile {step.tile} does not divide {what}"
@@ -433,9 +433,7 @@ def _arrays(thm: Theorem, names: tuple[str, ...], rule: str, span: Span | None) 
 def place(thm: Theorem, step: terms.Place) -> Theorem:
     """Placement / recolouring (R2):   ⊢ A ≡ D    X an array of D   ─────  ⊢ A ≡ D[X @ ℓ]
 
-    A level is a decoration: the value is the same wherever it is kept.  The memory bound
-    is the cost model's concern, not an equality's.
-    """
+    A level is a decoration: the value is the same wherever it is kept (the memory bound is the cost model's)."""
     _arrays(thm, step.names, "place", step.span)
     return _extend(thm, step, ("place",), schedule=replace(thm.schedule, placements=(*thm.schedule.placements, step)))
 
@@ -492,6 +490,8 @@ def chain(thm: Theorem, writes: tuple[tuple[str, ...], ...], kernels: tuple[Theo
     if tuple(k.source for k in kernels) != expected or any(k.kernels for k in kernels):
         raise KernelError("chain", "a kernel's theorem is not about its piece of the diagram", span)
     zeros = signed_zero_writes(expected, writes, [k.steps for k in kernels])  # tested: a zero's sign read later
+    if why := terms.contradiction(thm.constraints + tuple(c for k in kernels for c in k.constraints)):
+        raise KernelError("chain", why, span)  # the kernels' tiles are one set of sizes
     return _extend(thm, None, ("chain", *(f"{k.name}: {t}" for k in kernels for t in k.trust if t != "refl")),
                    tuple(f"{k.name}: {t}" for k in kernels for t in k.tested) + zeros, kernels=kernels, writes=writes,
                    constraints=thm.constraints + tuple(c for k in kernels for c in k.constraints),

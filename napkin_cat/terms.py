@@ -564,6 +564,28 @@ class Divides:
         return f"{self.divisor} | {self.dividend}"
 
 
+def contradiction(constraints: Sequence[Divides]) -> str | None:
+    """Why no positive sizes satisfy the divisibility assumptions, else None: they chain an integer c to an
+    integer d (c | ... | d) that c does not divide (`sx | 10, 4 | sx`).  Otherwise they are satisfiable: give
+    each symbol the lcm of the integers chained into it (1 if none), and every constraint holds."""
+    above: dict[str | int, set[str | int]] = {}
+    for c in constraints:
+        above.setdefault(c.divisor, set()).add(c.dividend)
+    for start in (n for n in above if isinstance(n, int)):
+        seen: set[str | int] = {start}
+        todo: list[str | int] = [start]
+        while todo:
+            for n in above.get(todo.pop(), ()):
+                if n not in seen:
+                    seen.add(n)
+                    todo.append(n)
+        for n in seen:
+            if isinstance(n, int) and n % start:
+                return (f"the tile assumptions {', '.join(map(str, constraints))} chain {start} to {n}, which it does "
+                        "not divide: no tile sizes satisfy them (R9)")
+    return None
+
+
 def box_diagram(box: Box) -> Diagram:
     """A box on variable operands as a one-box diagram (its operands the parameters)."""
     params = tuple(Param(a.name, a.axes) for a in box.args if isinstance(a, Var))

@@ -203,6 +203,9 @@ CASES = [
      "expression of the diagram's other inputs", None),
     (HEAD + "diagram f(X: [i j], L: [i]) -> [i] given L = X {\n  return L\n}\n", "relation.type", 3, 46,
      "the relation giving `L` has type [i j]; the input is declared [i]", None),
+    (HEAD + "diagram f(X: [i j], L: int [i]) -> [i] given L = logsumexp[j](X) {\n  return L\n}\n",
+     "relation.integer", 3, 50, "the relation giving `L` is not integer-valued, and `L` is declared `int` (exact "
+     "integers): give an integer expression (`floor`, a comparison) or declare it real", None),
     (HEAD + "diagram f(X: [i j], L: [i]) -> [i] given M = X {\n  return L\n}\n", "name.unknown", 3, 42,
      "unknown input `M`", None),
     (HEAD + "diagram f(X: [i j], L: [i]) -> [i] given L = sum[j](Z) {\n  return L\n}\n", "name.unknown", 3, 53,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import itertools
 import math
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from napkin_cat import kernel, ops
+from napkin_cat import kernel, ops, terms
 from napkin_cat.certify import rules
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.elaborate import loads
@@ -489,6 +490,23 @@ def test_no_assert_guards_a_kernel_rule() -> None:
         kernel.group(_flash(), stream_step)
     with pytest.raises(KernelError, match=r"^stream: a group partition of `x` is not a stream step"):
         kernel.stream(_flash(), dataclasses.replace(stream_step, kind="group"), _ok)
+
+
+_TERMS = st.sampled_from([1, 2, 3, 4, 6, 8, 12, "a", "b", "c"])  # any lcm of the integers divides 24
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.builds(terms.Divides, _TERMS, _TERMS), max_size=5))
+def test_tile_assumptions_contradiction_iff_no_solution(constraints: list[terms.Divides]) -> None:
+    """``terms.contradiction`` (R9, ``kernel._nest``) names a contradiction exactly when no values of the
+    symbols satisfy the assumptions (searched over 1..24, which holds the lcm witness when there is one)."""
+    def holds(value: dict[str, int]) -> bool:
+        def of(t: str | int) -> int:
+            return t if isinstance(t, int) else value[t]
+        return all(of(c.dividend) % of(c.divisor) == 0 for c in constraints)
+
+    solvable = any(holds(dict(zip("abc", v, strict=True))) for v in itertools.product(range(1, 25), repeat=3))
+    assert (terms.contradiction(constraints) is None) == solvable
 
 
 def test_kernel_fits_in_one_sitting() -> None:

@@ -436,6 +436,9 @@ class _Elaborator(ExprElaborator):
                 self.err("relation.type", rel.children[1], input=tok.value, declared=_fmt(param.axes),
                          actual=_fmt(expr.axes))
                 continue
+            if param.integer and not ops.integer_valued(expr, self.integers):  # claimed only where it is an integer
+                self.err("relation.integer", rel.children[1], input=tok.value)
+                continue
             relations[tok.value] = expr
         return [replace(p, given=relations[p.name]) if p.name in relations else p for p in inputs]
 

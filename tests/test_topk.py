@@ -104,6 +104,27 @@ def test_a_bf16_kernel_returns_positions_past_256_exactly(target: str) -> None:
     assert np.array_equal(np.asarray(got, np.float64), 981 - np.arange(20))
 
 
+def test_the_integer_names_are_found_once_per_layout_for_every_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One helper (``terms.integer_names``) finds a diagram's integer-valued names, for a chain's cut and for the
+    stored dtype of every output; a layout asks it once, not once per output."""
+    from napkin_cat import ops, terms
+    from napkin_cat.schedule import layout as layout_module
+    text = ("axis t, e\ndiagram f(X: [t e]) -> [t], [t], [t] {\n  P = argmax[e](X)\n  Q = P + 1.0\n"
+            "  return Q, max[e](X), floor(P * 0.5)\n}\ntheorem g: f {\n  group t by 16\n}\n")
+    thm = prove(loads(text), "g")
+    assert terms.integer_names(thm.result, ops.integer_valued) == {"P", "Q"}
+    calls: list[str] = []
+    counted = terms.integer_names
+
+    def counting(diagram: terms.Diagram, judge: Any) -> frozenset[str]:
+        calls.append(diagram.name)
+        return counted(diagram, judge)
+    monkeypatch.setattr(layout_module, "integer_names", counting)
+    lay = layout_module.layout("g", thm.result, thm.schedule, {}, "jax")
+    assert [lay.output_dtype(k, "bfloat16") for k in range(3)] == ["float32", "bfloat16", "float32"]
+    assert len(calls) == 1
+
+
 def test_topk_agrees_with_lax_top_k_where_values_are_distinct() -> None:
     rng = np.random.default_rng(2)
     x = rng.standard_normal((64, 5))

@@ -377,6 +377,20 @@ def test_a_written_integer_array_past_int32_or_infinite_is_read_as_the_writer_co
         np.testing.assert_allclose(got[1:], want[1:], rtol=1e-5)
 
 
+def test_a_written_integer_buffer_is_priced_at_its_stored_width() -> None:
+    """A bf16 chain's written floor `F` is stored in float32 by its writer (``INTEGER_OUTPUT_DTYPE``): the chain's
+    buffer line counted it at bf16's 2 bytes; the first kernel's hbm traffic counts it at 4 too."""
+    text = ("axis q, x\ndiagram f(S: [q x]) -> [q] {\n  F = floor(S * 1000)\n  return max[x](F)\n}\n"
+            "theorem t: f {\n  kernel F {\n    group q by 16\n  }\n  kernel return {\n    group q by 16\n  }\n}\n")
+    (ok,) = check_module(loads(text), strict=True)
+    assert ok.theorem is not None
+    r = chain_report(ok.theorem, "t", hardware="h200", sizes={"q": 64, "x": 32}, dtype="bf16")
+    (buffer,) = r["buffers"]
+    assert (buffer["array"], buffer["values"], buffer["bytes"]) == ("F", "2048", "8192")
+    first = cost(ok.theorem.kernels[0], hardware="h200", sizes={"q": 64, "x": 32}, dtype="bf16")
+    assert first.first.transfers_bytes == 2048 * 2 + 2048 * 4
+
+
 @pytest.mark.parametrize("target", ["jax", "pallas"])
 def test_a_written_id_stays_exact_in_a_bf16_chain(target: str) -> None:
     """`E = Dx + 1` written by a first kernel of a chain lowered at bfloat16 was stored in bf16 by its

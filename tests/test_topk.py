@@ -125,6 +125,22 @@ def test_the_integer_names_are_found_once_per_layout_for_every_output(monkeypatc
     assert len(calls) == 1
 
 
+def test_a_bf16_kernels_integer_valued_output_is_priced_at_its_stored_width() -> None:
+    """The cost model priced an argmax output at the kernel's dtype (2 bytes in bf16) where the targets store it
+    in float32 (4 bytes, ``INTEGER_OUTPUT_DTYPE``): bytes moved and memory count it at 4, its input at 2, the
+    unfused baseline alike; a real output beside it stays at the kernel's width.  (A chain's written ids:
+    test_chain's ``test_a_written_integer_buffer_is_priced_at_its_stored_width``.)"""
+    text = ("axis t, e\ndiagram f(X: [t e]) -> [t], [t] {\n  return argmax[e](X), max[e](X)\n}\n"
+            "theorem g: f {\n  group t by 16\n}\n")
+    thm = prove(loads(text), "g")
+    co = cost(thm, hardware="h100", dtype="bf16", sizes={"t": 64, "e": 1000})
+    position, largest = co.program.nest.flat.outputs
+    assert (co.bytes_of["X"], co.bytes_of[position], co.bytes_of[largest]) == (2, 4, 2)
+    moved = 64 * 1000 * 2 + 64 * 4 + 64 * 2
+    assert co.level("hbm").memory_bytes == moved and co.first.transfers_bytes == moved
+    assert co.baseline.transfers_bytes == moved + 64 * 1000 * 2  # each box its own kernel: X read twice
+
+
 def test_topk_agrees_with_lax_top_k_where_values_are_distinct() -> None:
     rng = np.random.default_rng(2)
     x = rng.standard_normal((64, 5))

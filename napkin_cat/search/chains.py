@@ -98,11 +98,11 @@ def with_boundaries(found: Search, module: Module, diagram: str, cost: CostFn, u
             extra.append(_chain(module, diagram, theorem_name, lemmas, name, bests, launch_overhead, screen))
     fitting = [c for c in (found.best, *extra) if c.ok]
     best = min(fitting, key=rank) if fitting else found.best
-    cut_short = {} if not untried else {
-        "stopped": "time", "detail": f"{found.detail}; the time limit ended the fusion-boundary phase with "
-                                     f"{untried} of {len(names)} boundaries untried"}
-    return replace(found, best=best, candidates=found.candidates + tuple(extra),
-                   elapsed=found.elapsed + time.monotonic() - started, **cut_short)
+    stopped, detail = (found.stopped, found.detail) if not untried else (
+        "time", f"{found.detail}; the time limit ended the fusion-boundary phase with {untried} of {len(names)} "
+                "boundaries untried")
+    return replace(found, best=best, candidates=found.candidates + tuple(extra), stopped=stopped, detail=detail,
+                   elapsed=found.elapsed + time.monotonic() - started)
 
 
 def _recomputed_by(thm: kernel.Theorem) -> Callable[[Expr], bool]:

@@ -40,6 +40,7 @@ from napkin_cat.lower.backward import UnprovedJoinWarning
 from napkin_cat.lower.runtime import helper_source
 from napkin_cat.lower.values import BIG, TINY
 from napkin_cat.printer import print_diagram, print_step
+from napkin_cat.proof import trust_line
 from napkin_cat.schedule.layout import (
     DEFAULT_HARDWARE,
     KERNEL_DTYPES,
@@ -210,7 +211,8 @@ def _tile_names(theorem: Theorem) -> set[str]:
 
 
 def _proof(theorem: Theorem) -> str:
-    return "; ".join(theorem.trust) if theorem.trust else "kernel rules"
+    """The docstring's ``Proved by:`` line: ``napkin check``'s trust line, its input relations included."""
+    return trust_line(theorem) or "kernel rules"
 
 
 @dataclass(frozen=True)

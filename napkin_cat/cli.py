@@ -191,7 +191,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, help="OUT.ncd, the proof file to write")
     p.add_argument("--lower", choices=("pallas", "jax"), help="also write the kernel next to it (OUT.py)")
     p.add_argument("--budget", type=_count(1), default=2000, help="most candidates to check")
-    p.add_argument("--seconds", type=_seconds, default=120.0, help="time limit of the search")
+    p.add_argument("--seconds", type=_seconds, default=120.0,
+                   help="the search's window (the fusion boundaries included): no candidate is started after it; "
+                        "the one being priced then finishes, and the diagram as written and the unfused plan are "
+                        "always priced; checking the written proof and --lower come after it")
     p.add_argument("--max-rewrites", type=_count(0), default=2, help="most lemma applications in a row")
     p.set_defaults(verb="derive")
 

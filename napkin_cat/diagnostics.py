@@ -153,6 +153,10 @@ MESSAGES: dict[str, str] = {
     "lower.no_pad": "`{node}` ({op}) consumes or mixes the padded axis `{axis}` and no padding value leaves it "
         "unchanged",
     "lower.unbound_axis": "axis `{axis}` of `{node}` gets its size from no input and has no declared size",
+    "lower.chain_unbound_axis": "kernel `{kernel}` of chain `{theorem}` needs the size of axis `{axis}` (at "
+        "`{node}`), but reads no array along it ({carriers}); a kernel takes its sizes from its "
+        "own inputs: declare the size (`axis {axis} = N`) or cut the chain where the kernel reads an array along "
+        "`{axis}`",
     "lower.mesh_tile": "tile `{tile}` is a mesh tile: each device's block of `{axis}` is ⌈|{axis}|/N⌉ for N "
         "devices (--mesh N), not a given size",
     "fuse.not_proved": "theorem `{name}` rests on what is only tested ({tested}); napkin_cat.fuse takes proved "

@@ -43,7 +43,7 @@ from napkin_cat.terms import (
 )
 
 __all__ = ["CheckResult", "check_file", "check_module", "check_theorem", "derivation", "describe_step", "partitions",
-           "prove", "theorem"]
+           "prove", "theorem", "trust_line"]
 
 
 @dataclass(frozen=True)
@@ -74,12 +74,18 @@ class CheckResult:
             exact = "≡" if self.theorem.exact else "≈"
             constraints = ", ".join(str(c) for c in self.theorem.constraints)
             when = f" [assuming {constraints}]" if constraints else ""
-            # an input relation is what the theorem assumes of its inputs: claimed only where it holds
-            given = [f"given {p.name} = {print_expr(p.given)}" for p in self.theorem.source.inputs
-                     if p.given is not None]
-            return f"{self.name} {exact}: {steps}{when}  (trust: {'; '.join([*self.theorem.trust, *given])})"
+            return f"{self.name} {exact}: {steps}{when}  (trust: {trust_line(self.theorem)})"
         return f"{self.name}: FAILED at step {self.step}: {describe_step(self.steps[self.step - 1])}" \
             if self.step and self.step <= len(self.steps) else f"{self.name}: FAILED"
+
+
+def trust_line(theorem: kernel.Theorem) -> str:
+    """What ``theorem`` rests on, as ``napkin check`` prints it after ``trust:`` and a lowered module's
+    docstring after ``Proved by:``: its trust entries, then its source's input relations (``given L = ...``),
+    which the theorem is claimed under (an input relation is what it assumes of its inputs: claimed only
+    where it holds)."""
+    given = [f"given {p.name} = {print_expr(p.given)}" for p in theorem.source.inputs if p.given is not None]
+    return "; ".join([*theorem.trust, *given])
 
 
 def describe_step(step: Step) -> str:

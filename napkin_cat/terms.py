@@ -34,6 +34,12 @@ LEVELS: tuple[str, ...] = ("mesh", "hbm", "l2", "smem", "reg")
 INT_DTYPE = "int32"
 INT_BYTES = 4
 
+#: the dtype an integer-valued output (a position, an id, a ``floor``: ``schedule.layout.integer_outputs``)
+#: is stored in, whatever the kernel's dtype: exact to 2^24 with ±inf kept (in bfloat16 an argmax past 256
+#: rounded, and an id a chain's kernel wrote for the next no longer matched its document); the targets
+#: write such outputs in it and the cost model prices them at its width
+INTEGER_OUTPUT_DTYPE = "float32"
+
 #: the level above one device
 MESH = "mesh"
 
@@ -622,6 +628,18 @@ def fresh_name(base: str, taken: set[str]) -> str:
     return name
 
 
+def integer_names(diagram: Diagram, integer_valued: Callable[[Expr, set[str]], bool]) -> frozenset[str]:
+    """The names of ``diagram`` that hold integers: its inputs declared ``int`` (or written integer by an earlier
+    kernel of a chain) and each single-named binding ``integer_valued`` judges integer (``ops.integer_valued``,
+    given the integer inputs and bindings before it).  The one computation of the set: a chain's cut types the
+    arrays it writes by it (``cut``), the targets and the cost model store outputs by it (``schedule.layout``)."""
+    integers = {p.name for p in diagram.inputs if p.integer}
+    for let in diagram.body:
+        if len(let.names) == 1 and integer_valued(let.expr, integers):
+            integers.add(let.names[0])
+    return frozenset(integers)
+
+
 def cut(diagram: Diagram, writes: Sequence[tuple[str, ...]],
         integer_valued: Callable[[Expr, set[str]], bool]) -> tuple[Diagram, ...]:
     """The kernels of a chain (``kernel.chain``): kernel k computes the arrays ``writes[k]`` (the last one the
@@ -633,8 +651,8 @@ def cut(diagram: Diagram, writes: Sequence[tuple[str, ...]],
     each a ``Param`` whose ``written`` is the diagram computing it from the chain's inputs (so an analysis of the
     kernel knows what values it holds: an array a kernel writes may be infinite).  Run in order, each on those
     values, the kernels compute every written array as the diagram binds it and, last, the diagram's outputs.
-    A written array whose binding ``integer_valued`` judges integer (``ops.integer_valued``, given the integer
-    inputs and bindings before it) is ``integer`` in the kernels reading it, as the elaborator types the binding.
+    A written array whose binding ``integer_valued`` judges integer (``integer_names``) is ``integer`` in the
+    kernels reading it, as the elaborator types the binding.
     ValueError where ``writes`` is not such a chain (each array written once, read by a later kernel, the last
     kernel alone writing ``return``)."""
     lets = {let.names[0]: let for let in diagram.body}
@@ -648,10 +666,7 @@ def cut(diagram: Diagram, writes: Sequence[tuple[str, ...]],
             raise ValueError(f"`{n}` is not a binding of `{diagram.name}` (bindings: {', '.join(lets)})")
         if flat.count(n) > 1:
             raise ValueError(f"`{n}` is written twice; each array is written by one kernel, once")
-    integers = {p.name for p in diagram.inputs if p.integer}
-    for let in diagram.body:
-        if integer_valued(let.expr, integers):
-            integers.add(let.names[0])
+    integers = integer_names(diagram, integer_valued)
     written: dict[str, Param] = {}
     kernels: list[Diagram] = []
     for k, names in enumerate(writes):

@@ -22,6 +22,7 @@ from napkin_cat.certify import rules
 from napkin_cat.cli import main
 from napkin_cat.cost import cost
 from napkin_cat.cost.chain import chain_report
+from napkin_cat.diagnostics import NapkinError
 from napkin_cat.draw import draw_svg
 from napkin_cat.elaborate import load, loads
 from napkin_cat.evaluate import evaluate
@@ -375,6 +376,61 @@ def test_a_written_integer_array_past_int32_or_infinite_is_read_as_the_writer_co
         got = np.asarray(fn(jnp.asarray(s, jnp.float32), **({"interpret": True} if target == "pallas" else {})))
         assert got[0] == -np.inf, target
         np.testing.assert_allclose(got[1:], want[1:], rtol=1e-5)
+
+
+def test_a_written_integer_buffer_is_priced_at_its_stored_width() -> None:
+    """A bf16 chain's written floor `F` is stored in float32 by its writer (``INTEGER_OUTPUT_DTYPE``): the chain's
+    buffer line counted it at bf16's 2 bytes; the first kernel's hbm traffic counts it at 4 too."""
+    text = ("axis q, x\ndiagram f(S: [q x]) -> [q] {\n  F = floor(S * 1000)\n  return max[x](F)\n}\n"
+            "theorem t: f {\n  kernel F {\n    group q by 16\n  }\n  kernel return {\n    group q by 16\n  }\n}\n")
+    (ok,) = check_module(loads(text), strict=True)
+    assert ok.theorem is not None
+    r = chain_report(ok.theorem, "t", hardware="h200", sizes={"q": 64, "x": 32}, dtype="bf16")
+    (buffer,) = r["buffers"]
+    assert (buffer["array"], buffer["values"], buffer["bytes"]) == ("F", "2048", "8192")
+    first = cost(ok.theorem.kernels[0], hardware="h200", sizes={"q": 64, "x": 32}, dtype="bf16")
+    assert first.first.transfers_bytes == 2048 * 2 + 2048 * 4
+
+
+UNBOUND = """axis t, v
+diagram f(L: int [t], W: [v]) -> [t] {
+  O = onehot[v](L)
+  return sum[v](O * W)
+}
+theorem g: f {
+  kernel O {
+    group t by 16
+  }
+  kernel return {
+    group t by 16
+  }
+}
+"""
+
+
+def test_a_kernel_reading_no_array_along_an_axis_it_uses(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The first kernel computes onehot[v](L) and reads nothing along v (W, read by the second, does): the
+    chain passes --strict, but the interpreter failed with "axis `v` has no size" and the lowering blamed the
+    diagram ("gets its size from no input and has no declared size", which W contradicts).  The interpreter
+    takes the size from the chain's inputs; the lowering, whose kernels size themselves from their own
+    inputs, refuses naming the axis, the kernel and the array that carries it."""
+    path = tmp_path / "unbound.ncd"
+    path.write_text(UNBOUND)
+    (ok,) = check_file(path, strict=True)
+    assert ok.theorem is not None
+    rng = np.random.default_rng(0)
+    labels, table = rng.integers(0, 5, 20).astype(float), rng.standard_normal(5)
+    (got,) = run_schedule(ok.theorem, [labels, table], tiles={})
+    np.testing.assert_array_equal(got, table[labels.astype(int)])
+    for target in ("jax", "pallas"):
+        with pytest.raises(NapkinError) as raised:
+            lower(ok.theorem, target=target)
+        assert raised.value.codes == ("lower.chain_unbound_axis",)
+        assert main(["lower", str(path), "g", "--target", target, "-o", str(tmp_path / "g.py")]) == 1
+        err = capsys.readouterr().err
+        assert "kernel `g_k1` of chain `g` needs the size of axis `v` (at `O`), but reads no array along it " \
+               "(the chain's `W` does)" in err and "Traceback" not in err
+        assert not (tmp_path / "g.py").exists()
 
 
 @pytest.mark.parametrize("target", ["jax", "pallas"])

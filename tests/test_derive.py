@@ -23,7 +23,7 @@ from napkin_cat.certify import rules
 from napkin_cat.cli import main
 from napkin_cat.cost import optimise, roofline
 from napkin_cat.elaborate import load, loads
-from napkin_cat.search import derive, moves, rewrite
+from napkin_cat.search import chains, derive, moves, rewrite
 from napkin_cat.terms import Partition, Rewrite
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -257,6 +257,44 @@ def test_the_search_says_why_it_stopped_and_reports_progress(monkeypatch: pytest
     refused = [c.refused for c in rewrite.search(mlp, "mlp", _steps_cost, lemmas=rules.lemmas_in_scope(mlp)).candidates
                if c.refused]
     assert refused and all(r.startswith("refused by the kernel at step") for r in refused)
+
+
+def test_seconds_is_one_window_and_no_pricing_starts_past_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`derive --seconds 2 --budget 1` ran past 60 s on a loaded machine: the fusion-boundary phase had a window of
+    its own after the search's, and a boundary's second piece was priced even when its first had spent the window
+    (a search prices the diagram it is given whatever its window).  A clock that moves 10 s per pricing and
+    nowhere else: the search prices while its 15 s last, the boundaries get what is left (nothing), the unfused
+    plan is priced as the one plan always offered, and the search says the boundaries went untried."""
+    clock = [0.0]
+    fake = type("Clock", (), {"monotonic": staticmethod(lambda: clock[0])})
+    for module in (rewrite, chains, derive):
+        monkeypatch.setattr(module, "time", fake, raising=False)
+    priced: list[str] = []
+
+    def cost_fn(thm: kernel.Theorem) -> rewrite.Costed:
+        priced.append(thm.name)
+        clock[0] += 10.0
+        return _steps_cost(thm)
+
+    def unfused_fn(thm: kernel.Theorem) -> rewrite.Costed:
+        priced.append("unfused")
+        clock[0] += 10.0
+        return rewrite.Costed(100.0, False, {}, "stand-in unfused")
+
+    found = derive.derive(EXAMPLES / "attention.ncd", "attention", cost_fn, seconds=15.0, unfused=unfused_fn)
+    assert priced == ["attention_derived", "attention_derived", "unfused"]
+    assert found.search.stopped == "time" and re.search(r"fusion-boundary phase with (\d+) of \1 boundaries "
+                                                        r"untried", found.search.detail)
+    # a boundary's window spent by its first piece: the second is not priced (15 s: the unfused plan, one piece)
+    module = load(EXAMPLES / "attention.ncd")
+    lemmas = rules.lemmas_in_scope(module)
+    one = rewrite.search(module, "attention", cost_fn, lemmas=lemmas, budget=1)
+    priced.clear()
+    both = chains.with_boundaries(one, module, "attention", cost_fn, unfused_fn, lemmas=lemmas,
+                                  theorem_name="attention_derived", launch_overhead=0.0, max_rewrites=1, budget=8,
+                                  seconds=15.0, screen=None)
+    assert len(priced) == 2 and priced[0] == "unfused" and priced[1].endswith("_k1_derived")
+    assert both.stopped == "time" and "untried" in both.detail
 
 
 def test_cli_derive_writes_a_checked_proof_and_a_kernel(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -22,7 +22,7 @@ from napkin_cat import kernel, loads, run
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.evaluate import evaluate
 from napkin_cat.lower import _lower_schedule, lower
-from napkin_cat.proof import check_module
+from napkin_cat.proof import check_file, check_module
 from napkin_cat.terms import Partition, Schedule
 from tests import lower_cases as cases
 from tests.strategies import input_arrays, modules, sizes_for
@@ -91,6 +91,18 @@ def test_source_is_deterministic_and_documented() -> None:
     narrow = lower(thm, target="jax", tiles={"gq": 64, "sx": 32}, dtype="bfloat16").fn.__doc__
     assert "every dot's operands rounded to bfloat16 (products accumulated in float32)" in narrow  # said, not hidden
     compile(first.source, "<golden>", "exec")
+
+
+def test_the_docstring_says_what_the_theorem_is_claimed_under_as_check_does() -> None:
+    """The backward's query pass is proved given L = logsumexp(...) of its inputs (``napkin check``'s trust line
+    ends with it); the lowered module's ``Proved by:`` line listed the trust entries alone."""
+    thm = cases.theorems()["flash_attention_backward_q"]
+    proofs = Path(__file__).resolve().parent.parent / "proofs"
+    (checked,) = [r for r in check_file(proofs / "flash_attention_backward.ncd") if r.name == thm.name]
+    trust = checked.summary().split("(trust: ", 1)[1].removesuffix(")")
+    assert "given L = logsumexp[x]" in trust
+    doc = lower(thm, target="jax", tiles={"gq": 64, "sx": 32}).fn.__doc__
+    assert f"Proved by: {trust}\n" in doc
 
 
 @pytest.mark.parametrize("name", cases.GOLDEN_NAMES)

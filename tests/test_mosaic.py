@@ -68,6 +68,29 @@ def test_interpret_matches_evaluator(name: str) -> None:
         assert cases.relative_error(out, want) < cases.BF16_TOL
 
 
+def test_an_integer_valued_output_is_stored_in_float32() -> None:
+    """Mosaic refuses selections and floor, but a count of compares (`sum[x](eq(Dq, Dx))`, beside a matmul that
+    anchors wgmma) is integer-valued too: a bf16 kernel stored it in bf16, 598 read back as 600.  It is stored,
+    staged and counted in shared memory as the other targets store it (``Layout.output_dtype``: float32)."""
+    from napkin_cat.elaborate import loads
+    from napkin_cat.evaluate import evaluate
+    from napkin_cat.proof import prove
+    text = ("axis q, x\naxis d = 64\naxis f = 64\n"
+            "diagram f(Q: [q d], W: [d f], Dq: int [q], Dx: int [x]) -> [q f], [q] {\n"
+            "  return contract[d](Q, W), sum[x](eq(Dq, Dx))\n}\ntheorem g: f {\n  group q by 64\n}\n")
+    thm = prove(loads(text), "g")
+    low = lower(thm, target="mosaic", dtype="bfloat16")
+    assert ("output 1 staging", 4, ("q",)) in mosaic.smem_count(low.layout, "bfloat16").parts
+    rng = np.random.default_rng(0)
+    q, w = (np.asarray(jnp.asarray(rng.standard_normal((64, 64)), jnp.bfloat16), np.float64) for _ in range(2))
+    dq, dx = np.zeros(64), np.concatenate([np.ones(3), np.zeros(598)])
+    _, count = low.fn(jnp.asarray(q, jnp.bfloat16), jnp.asarray(w, jnp.bfloat16), jnp.asarray(dq, jnp.int32),
+                      jnp.asarray(dx, jnp.int32))  # interpret: auto on CPU
+    assert count.dtype == jnp.float32
+    assert np.array_equal(np.asarray(count, np.float64), evaluate(thm.source, [q, w, dq, dx])[1])
+    assert np.all(np.asarray(count) == 598)
+
+
 def test_causal_kernel_skips_and_unmasks() -> None:
     """Chunks above the diagonal are never fetched; below it a pipeline without the mask runs."""
     src = lower(cases.theorems()["flash_attention_causal"], target="mosaic", dtype="bfloat16").source

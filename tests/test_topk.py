@@ -104,6 +104,43 @@ def test_a_bf16_kernel_returns_positions_past_256_exactly(target: str) -> None:
     assert np.array_equal(np.asarray(got, np.float64), 981 - np.arange(20))
 
 
+def test_the_integer_names_are_found_once_per_layout_for_every_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One helper (``terms.integer_names``) finds a diagram's integer-valued names, for a chain's cut and for the
+    stored dtype of every output; a layout asks it once, not once per output."""
+    from napkin_cat import ops, terms
+    from napkin_cat.schedule import layout as layout_module
+    text = ("axis t, e\ndiagram f(X: [t e]) -> [t], [t], [t] {\n  P = argmax[e](X)\n  Q = P + 1.0\n"
+            "  return Q, max[e](X), floor(P * 0.5)\n}\ntheorem g: f {\n  group t by 16\n}\n")
+    thm = prove(loads(text), "g")
+    assert terms.integer_names(thm.result, ops.integer_valued) == {"P", "Q"}
+    calls: list[str] = []
+    counted = terms.integer_names
+
+    def counting(diagram: terms.Diagram, judge: Any) -> frozenset[str]:
+        calls.append(diagram.name)
+        return counted(diagram, judge)
+    monkeypatch.setattr(layout_module, "integer_names", counting)
+    lay = layout_module.layout("g", thm.result, thm.schedule, {}, "jax")
+    assert [lay.output_dtype(k, "bfloat16") for k in range(3)] == ["float32", "bfloat16", "float32"]
+    assert len(calls) == 1
+
+
+def test_a_bf16_kernels_integer_valued_output_is_priced_at_its_stored_width() -> None:
+    """The cost model priced an argmax output at the kernel's dtype (2 bytes in bf16) where the targets store it
+    in float32 (4 bytes, ``INTEGER_OUTPUT_DTYPE``): bytes moved and memory count it at 4, its input at 2, the
+    unfused baseline alike; a real output beside it stays at the kernel's width.  (A chain's written ids:
+    test_chain's ``test_a_written_integer_buffer_is_priced_at_its_stored_width``.)"""
+    text = ("axis t, e\ndiagram f(X: [t e]) -> [t], [t] {\n  return argmax[e](X), max[e](X)\n}\n"
+            "theorem g: f {\n  group t by 16\n}\n")
+    thm = prove(loads(text), "g")
+    co = cost(thm, hardware="h100", dtype="bf16", sizes={"t": 64, "e": 1000})
+    position, largest = co.program.nest.flat.outputs
+    assert (co.bytes_of["X"], co.bytes_of[position], co.bytes_of[largest]) == (2, 4, 2)
+    moved = 64 * 1000 * 2 + 64 * 4 + 64 * 2
+    assert co.level("hbm").memory_bytes == moved and co.first.transfers_bytes == moved
+    assert co.baseline.transfers_bytes == moved + 64 * 1000 * 2  # each box its own kernel: X read twice
+
+
 def test_topk_agrees_with_lax_top_k_where_values_are_distinct() -> None:
     rng = np.random.default_rng(2)
     x = rng.standard_normal((64, 5))

@@ -27,9 +27,10 @@ from napkin_cat.cost.launch import launch, occupancy
 from napkin_cat.cost.split import SplitCost, per_point, split_cost
 from napkin_cat.kernel import Theorem
 from napkin_cat.schedule.build import chosen_accumulator, program
+from napkin_cat.schedule.layout import integer_outputs
 from napkin_cat.schedule.loopnest import flatten, loop_nest
 from napkin_cat.schedule.program import Buffer, Inst, Program, max_of, simplified
-from napkin_cat.terms import Box, Diagram, Partition, Schedule, union_axes
+from napkin_cat.terms import INTEGER_OUTPUT_DTYPE, Box, Diagram, Partition, Schedule, union_axes
 
 __all__ = ["CONVENTION", "Baseline", "Cost", "CostError", "Launch", "LevelCost", "cost", "cost_of",
            "parallel_factor"]
@@ -333,7 +334,7 @@ def cost_of(diagram: Diagram, schedule: Schedule, hardware: str | hw.Hardware = 
                if isinstance(n.expr, Box) and accumulators and _node_key(n.expr) in accumulators}
     prog = program(nest, size_syms, tile_syms, by_node, stages, live)
     integers = frozenset(p.name for p in (*diagram.inputs, *(source.inputs if source else ())) if p.integer)
-    bytes_of = _bytes_of(nest.flat, schedule, dtypes or {}, dtype, integers)
+    bytes_of = _bytes_of(nest.flat, schedule, dtypes or {}, dtype, integers, diagram)
     for view in prog.views:
         prof.level(view.level)  # every level the schedule uses must exist on the hardware
     levels = [_top(prog, bytes_of)]
@@ -356,7 +357,7 @@ def cost_of(diagram: Diagram, schedule: Schedule, hardware: str | hw.Hardware = 
                             transfers_bytes=simplified(levels[1].transfers_bytes + mask.transfers(elements, bytes_of)))
     base = prog if source is None else program(loop_nest(source, Schedule()), size_syms, tile_syms)
     base_bytes = bytes_of if source is None else \
-        _bytes_of(base.nest.flat, Schedule(), dtypes or {}, dtype, integers, strict=False)
+        _bytes_of(base.nest.flat, Schedule(), dtypes or {}, dtype, integers, source, strict=False)
     flops = _flops(prog) if split is None else simplified(_flops(prog) + split.flops)  # the combine's too
     return Cost(diagram.name, tuple(levels), flops, _baseline(base, base_bytes), prog, prof,
                 hw.canonical_dtype(dtype), bytes_of, size_syms, tile_syms, mesh=schedule.mesh, accumulators=by_node,
@@ -364,11 +365,14 @@ def cost_of(diagram: Diagram, schedule: Schedule, hardware: str | hw.Hardware = 
 
 
 def _bytes_of(flat: Any, schedule: Schedule, dtypes: Mapping[str, str], default: str,
-              integers: frozenset[str] = frozenset(), strict: bool = True) -> dict[str, int]:
+              integers: frozenset[str] = frozenset(), diagram: Diagram | None = None,
+              strict: bool = True) -> dict[str, int]:
     """Bytes per value of every array: an integer input (``integers``) at ``hw.INT_BYTES``
-    whatever the float dtype (``dtypes`` naming one is refused), every other array at its
-    number format; ``strict`` refuses dtypes for arrays that do not exist (the source diagram
-    of a rewrite may lack arrays the rewrite introduced)."""
+    whatever the float dtype (``dtypes`` naming one is refused), an integer-valued output of
+    ``diagram`` (``flat``'s; ``integer_outputs``) at the width of ``INTEGER_OUTPUT_DTYPE``, which
+    the targets store it in whatever the kernel's dtype or a ``dtype`` step says, every other
+    array at its number format; ``strict`` refuses dtypes for arrays that do not exist (the source
+    diagram of a rewrite may lack arrays the rewrite introduced)."""
     names = [name for name, _ in flat.inputs] + [n.name for n in flat.nodes]
     chosen: dict[str, str] = {}
     for q in schedule.quantisations:
@@ -382,7 +386,8 @@ def _bytes_of(flat: Any, schedule: Schedule, dtypes: Mapping[str, str], default:
     if fixed:
         raise CostError(f"dtypes name integer inputs, which are {hw.INT_DTYPE} whatever the float dtype: "
                         f"{', '.join(fixed)}")
-    return {n: hw.INT_BYTES if n in integers else
+    stored = {flat.outputs[k] for k in integer_outputs(diagram)} if diagram is not None else set()
+    return {n: hw.INT_BYTES if n in integers else hw.bytes_per_value(INTEGER_OUTPUT_DTYPE) if n in stored else
             hw.bytes_per_value(chosen.get(n, chosen.get(n.rsplit(".", 1)[-1], default))) for n in names}
 
 

@@ -14,7 +14,6 @@ from typing import Any
 import sympy
 
 from napkin_cat.cost import Cost, cost
-from napkin_cat.cost import hardware as hw
 from napkin_cat.cost.report import format_report, report
 from napkin_cat.cost.roofline import unfused
 from napkin_cat.kernel import Theorem
@@ -41,12 +40,13 @@ def chain_report(theorem: Theorem, name: str, devices: int | None = None, **opti
              for c in [cost(k, sizes={a: n for a, n in sizes.items() if a in k.result.axis_sizes()}, **options)]]
     first = costs[0][0]
     whole = cost(theorem, sizes=sizes, **options)  # the unscheduled diagram: its baseline, every box its own kernel
-    bpv = hw.bytes_per_value(first.dtype)
     buffers = []
-    for k, writes in zip(theorem.kernels[:-1], theorem.writes[:-1], strict=True):
+    for k, (c, _), writes in zip(theorem.kernels[:-1], costs[:-1], theorem.writes[:-1], strict=True):
         for array in writes:
-            axes = next(o.axes for o in k.result.outputs if getattr(o, "name", None) == array)
+            j = next(j for j, o in enumerate(k.result.outputs) if getattr(o, "name", None) == array)
+            axes = k.result.outputs[j].axes
             values = sympy.Mul(*(whole.sizes[a] for a in axes))
+            bpv = c.bytes_of[c.program.nest.flat.outputs[j]]  # as the writing kernel stores it (an id in f32)
             readers = sum(array in {p.name for p in later.result.inputs} for later in theorem.kernels)
             buffers.append({"array": array, "axes": list(axes), "values": str(values), "bytes": str(values * bpv),
                             "written_by": k.name, "readers": readers})

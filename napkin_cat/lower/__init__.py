@@ -40,6 +40,7 @@ from napkin_cat.lower.backward import UnprovedJoinWarning
 from napkin_cat.lower.runtime import helper_source
 from napkin_cat.lower.values import BIG, TINY
 from napkin_cat.printer import print_diagram, print_step
+from napkin_cat.proof import trust_line
 from napkin_cat.schedule.layout import (
     DEFAULT_HARDWARE,
     KERNEL_DTYPES,
@@ -210,7 +211,8 @@ def _tile_names(theorem: Theorem) -> set[str]:
 
 
 def _proof(theorem: Theorem) -> str:
-    return "; ".join(theorem.trust) if theorem.trust else "kernel rules"
+    """The docstring's ``Proved by:`` line: ``napkin check``'s trust line, its input relations included."""
+    return trust_line(theorem) or "kernel rules"
 
 
 @dataclass(frozen=True)
@@ -426,8 +428,11 @@ def _chain_functions(theorem: Theorem, fname: str, params: Sequence[str], target
     calls, lays, picked, docs = [], [], {}, []
     keyword = ", interpret=interpret" if target in ("pallas", "mosaic") else ""
     for k, writes in zip(theorem.kernels, theorem.writes, strict=True):
-        placed = _place(k.name, k.result, k.schedule, target, _kernel_tiles(k.name, tiles), profile, k.chosen,
-                        dtype_name)
+        try:
+            placed = _place(k.name, k.result, k.schedule, target, _kernel_tiles(k.name, tiles), profile, k.chosen,
+                            dtype_name)
+        except NapkinError as exc:
+            raise _chain_unbound(exc, theorem, k) from None
         kname = namer.fresh(k.name)
         kparams = [cg.Namer(_RESERVED).fresh(p) for p, _ in placed.layout.flat.inputs]
         priced = _priced(placed.layout, profile)
@@ -449,6 +454,29 @@ def _chain_functions(theorem: Theorem, fname: str, params: Sequence[str], target
     run = ast.parse(text).body[0]
     assert isinstance(run, ast.FunctionDef)
     return _Chained([*kernels, run], tuple(lays), picked, docs)
+
+
+def _chain_unbound(exc: NapkinError, theorem: Theorem, k: Theorem) -> NapkinError:
+    """``exc`` from placing kernel ``k`` of the chain ``theorem``, with an axis no input of ``k`` sizes
+    (``lower.unbound_axis``) said as the chain's: the kernel is named, and so are the chain's arrays along the
+    axis that it does not read (the interpreter, ``run_schedule``, takes the size from them; a lowered kernel
+    takes its sizes from its own inputs)."""
+    said = []
+    for d in exc.diagnostics:
+        args = dict(d.args)
+        if d.code != "lower.unbound_axis":
+            said.append(d)
+            continue
+        axis = args["axis"]
+        inputs = [p.name for p in theorem.result.inputs if axis in p.axes]
+        written = [n for kernel, writes in zip(theorem.kernels[:-1], theorem.writes[:-1], strict=True)
+                   if kernel is not k for n, axes in zip(writes, kernel.result.out_types, strict=True) if axis in axes]
+        arrays = ", ".join(f"`{a}`" for a in inputs + written)
+        carriers = f"the chain's {arrays} {'does' if len(inputs + written) == 1 else 'do'}" if arrays else \
+            "no array of the chain does"
+        said.append(error("lower.chain_unbound_axis", d.span, kernel=k.name, theorem=theorem.name, axis=axis,
+                          node=args["node"], carriers=carriers))
+    return NapkinError(said)
 
 
 def _dtype_name(dtype: Any, target: str) -> str:

@@ -19,7 +19,9 @@ differs in how a program moves data and multiplies:
 - every two-operand contraction that is a matrix product is ``plgpu.wgmma`` into a register
   accumulator (``plgpu.ACC``, f32): an operand that is a chunk or block in shared memory as
   loaded is read from there, any other value is staged into shared memory first;
-- outputs are written to shared memory and copied out by TMA (``plgpu.copy_smem_to_gmem``);
+- outputs are written to shared memory and copied out by TMA (``plgpu.copy_smem_to_gmem``), each in
+  the dtype the Pallas target stores it in (``Layout.output_dtype``: an integer-valued output, such as
+  a count of compares, in float32, where bf16 rounded 598 to 600);
 - exp is exp2 with log2(e) folded in, as on the Triton path;
 - shared memory is counted as Mosaic GPU counts it (``SmemCount``, ``smem_count``): before it
   launches, the kernel takes the deepest pipeline (at most ``max_concurrent_steps``) whose count
@@ -297,7 +299,9 @@ def emit_function(lay: Layout, fname: str, params: Sequence[str], doc: str, dtyp
         if name in whole:
             stored = cg.attr(f"jnp.{lay.stored_as(name)}") if lay.stored_as(name) else storage
             scratch.append(cg.call("plgpu.SMEM", _block_shape(lay, t), stored))
-    scratch += [cg.call("plgpu.SMEM", _block_shape(lay, t), storage) for t in out_types]
+    stored_outputs = [cg.attr(f"jnp.{lay.output_dtype(k, dtype)}") for k in range(len(out_types))]
+    scratch += [cg.call("plgpu.SMEM", _block_shape(lay, t), stored) for t, stored in zip(out_types, stored_outputs,
+                                                                                        strict=True)]
     if whole:
         scratch.append(cg.call("plgpu.Barrier", keywords=[cg.kw("num_barriers", cg.const(len(whole)))]))
     deepest = int(rules.get("max_concurrent_steps", MOSAIC_STEPS))
@@ -313,8 +317,8 @@ def emit_function(lay: Layout, fname: str, params: Sequence[str], doc: str, dtyp
         _check_smem(lay, count, smem_capacity)
         _emit_depth(lay, block, count, steps, deepest, smem_capacity)
     block.emit(kernel)
-    shapes: list[ast.expr] = [cg.call("jax.ShapeDtypeStruct", cg.tuple_([extent_of(a) for a in t]), storage)
-                              for t in out_types]
+    shapes: list[ast.expr] = [cg.call("jax.ShapeDtypeStruct", cg.tuple_([extent_of(a) for a in t]), stored)
+                              for t, stored in zip(out_types, stored_outputs, strict=True)]
     mode = ast.IfExp(cg.name("interpret"), cg.call("plgpu.InterpretGPUParams"), cg.const(None))
     grid = [size_of(a) if a in lay.squeezed else cg.binop(extent_of(a), "//", cg.const(lay.tiles[a]))
             for a in lay.grid]
@@ -481,7 +485,8 @@ def _smem(lay: Layout, dtype: str, whole: Sequence[str], extents: Mapping[str, a
 
     types = dict(lay.flat.inputs)
     scratch = [alloc(f"block of {name}", _BYTES[lay.stored_as(name) or dtype], types[name]) for name in whole]
-    scratch += [alloc(f"output {k} staging", _BYTES[dtype], t) for k, t in enumerate(lay.diagram.out_types)]
+    scratch += [alloc(f"output {k} staging", _BYTES[lay.output_dtype(k, dtype)], t)
+                for k, t in enumerate(lay.diagram.out_types)]
     steps = cg.name("steps")
     streamed = [(name, t) for name, t in lay.flat.inputs if lay.stream is not None and lay.stream in t]
     buffers = [alloc(f"pipeline buffer of {name} (x steps)", _BYTES[lay.stored_as(name) or dtype], t, steps)

@@ -32,17 +32,18 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any
 
 from napkin_cat import ops
 from napkin_cat.certify.accumulators import AccumulatorPlan, plan
 from napkin_cat.diagnostics import NapkinError, error
 from napkin_cat.schedule.loopnest import Flat, LoopNest, Node, flatten, loop_nest, touches, woven_axes
-from napkin_cat.terms import INT_DTYPE, Box, Diagram, Partition, Schedule, Size
+from napkin_cat.terms import INT_DTYPE, INTEGER_OUTPUT_DTYPE, Box, Diagram, Partition, Schedule, Size, integer_names
 
 __all__ = ["DEFAULT_HARDWARE", "FORMATS", "KERNEL_DTYPES", "KERNEL_TARGETS", "MIN_BLOCK", "MIX_FILL", "PRICED_DTYPE",
-           "TARGETS", "TRITON_MISSING", "Layout", "fill_values", "grid_order", "layout", "pow2_extent",
-           "realised_schedule"]
+           "TARGETS", "TRITON_MISSING", "Layout", "fill_values", "grid_order", "integer_outputs", "layout",
+           "pow2_extent", "realised_schedule"]
 
 TARGETS = ("pallas", "mosaic", "jax")
 
@@ -97,6 +98,14 @@ def fill_values(box: Box, axis: str) -> tuple[float, ...] | None:
         return None
 
 
+def integer_outputs(diagram: Diagram) -> frozenset[int]:
+    """The outputs of ``diagram`` that hold integers (a position, an id, a ``floor``: ``ops.integer_valued``
+    over ``terms.integer_names``).  Each is stored as ``INTEGER_OUTPUT_DTYPE`` whatever the kernel's dtype:
+    the targets write it so (``Layout.output_dtype``) and the cost model prices it so (``cost``)."""
+    integers = integer_names(diagram, ops.integer_valued)
+    return frozenset(k for k, out in enumerate(diagram.outputs) if ops.integer_valued(out, integers))
+
+
 @dataclass(frozen=True)
 class Layout:
     """A scheduled diagram placed onto a kernel (see the module docstring).
@@ -146,8 +155,8 @@ class Layout:
         float32, as that kernel stored it (``output_dtype``)."""
         if self.integer(name):
             return INT_DTYPE
-        if self.declared_integer(name):  # an integer-valued array a chain's kernel wrote: f32 (output_dtype)
-            return "float32"
+        if self.declared_integer(name):  # an integer-valued array a chain's kernel wrote (output_dtype)
+            return INTEGER_OUTPUT_DTYPE
         for step in reversed(self.schedule.quantisations):
             if name in step.names:
                 return FORMATS[step.dtype]
@@ -161,16 +170,15 @@ class Layout:
         wrapped, so the reader takes it as a real (``declared_integer`` still admits the array)."""
         return any(p.name == name and p.integer and p.written is None for p in self.diagram.inputs)
 
+    @cached_property
+    def integer_outputs(self) -> frozenset[int]:
+        """The integer-valued outputs (``integer_outputs``), found once per layout."""
+        return integer_outputs(self.diagram)
+
     def output_dtype(self, k: int, dtype: str) -> str:
-        """The jnp dtype name output ``k`` is stored in: float32 for an integer-valued output (a
-        position, an id, a ``floor``: ``ops.integer_valued``), exact to 2^24 with ±inf kept, whatever
-        the kernel's dtype (in bfloat16 an argmax past 256 rounded, and an id a chain's kernel wrote
-        for the next no longer matched its document); ``dtype`` for the rest."""
-        integers = {p.name for p in self.diagram.inputs if p.integer}
-        for let in self.diagram.body:
-            if len(let.names) == 1 and ops.integer_valued(let.expr, integers):
-                integers.add(let.names[0])
-        return "float32" if ops.integer_valued(self.diagram.outputs[k], integers) else dtype
+        """The jnp dtype name output ``k`` is stored in: ``INTEGER_OUTPUT_DTYPE`` for an integer-valued
+        output (``integer_outputs``), ``dtype`` for the rest."""
+        return INTEGER_OUTPUT_DTYPE if k in self.integer_outputs else dtype
 
     def declared_integer(self, name: str) -> bool:
         """Is ``name`` typed ``int`` (``integer``, or an integer-valued array an earlier kernel wrote)?"""

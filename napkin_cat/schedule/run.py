@@ -92,11 +92,16 @@ def run_schedule(theorem: Theorem, arrays: Sequence[Any], sizes: Mapping[str, in
 
 def _run_chain(theorem: Theorem, arrays: Sequence[Any], sizes: Mapping[str, int] | None,
                tiles: Mapping[str, int] | None) -> tuple[Any, ...]:
-    """A chain's kernels in order, each on the inputs and the arrays written before it."""
+    """A chain's kernels in order, each on the inputs and the arrays written before it.  The chain's sizes
+    come from all its inputs (and ``sizes``), so a kernel that reads no array along an axis it uses
+    (``onehot[v](L)`` in a first kernel, the table along v read by a later one) gets that size from them."""
+    whole = bind_sizes(theorem.result, [np.shape(a) for a in arrays], sizes)
     written = dict(zip((p.name for p in theorem.result.inputs), arrays, strict=True))
     outs: tuple[Any, ...] = ()
     for kernel, writes in zip(theorem.kernels, theorem.writes, strict=True):
-        outs = run_schedule(kernel, [written[p.name] for p in kernel.result.inputs], sizes, tiles)
+        carried = {a for p in kernel.result.inputs for a in p.axes}
+        given = {a.name: whole[a.name] for a in kernel.result.axes if a.name not in carried and a.name in whole}
+        outs = run_schedule(kernel, [written[p.name] for p in kernel.result.inputs], given, tiles)
         if writes != ("return",):  # the last kernel's outputs are the chain's, however many
             written.update(zip(writes, outs, strict=True))
     return outs

@@ -60,13 +60,20 @@ def with_boundaries(found: Search, module: Module, diagram: str, cost: CostFn, u
                     boundaries: Sequence[str] | None = None) -> Search:
     """``found`` (the one-kernel search) with the chains cut at one binding (each of ``boundaries``;
     by default every binding) and the unfused diagram (with ``unfused``) as candidates too; the
-    best of them all (``rewrite.rank``) is the answer."""
+    best of them all (``rewrite.rank``) is the answer.
+
+    ``seconds`` is this phase's window: no piece's search (its pricing) starts after it, the unfused
+    diagram is priced whatever it is (the plan derive never does worse than), and where the window
+    ends before every boundary was tried the search says so (``stopped`` "time", ``detail``)."""
     started, deadline = time.monotonic(), time.monotonic() + seconds
     whole = kernel.unfold(kernel.refl(theorem_name, module.diagram(diagram))).result
     extra: list[Candidate] = [] if unfused is None else [_unfused(module, whole, diagram, theorem_name, lemmas,
                                                                   unfused)]
-    for name in (let.names[0] for let in whole.body if boundaries is None or let.names[0] in boundaries):
-        if time.monotonic() > deadline:
+    names = [let.names[0] for let in whole.body if boundaries is None or let.names[0] in boundaries]
+    untried = 0
+    for k, name in enumerate(names):
+        if time.monotonic() >= deadline:
+            untried = len(names) - k
             break
         try:
             pieces = terms.cut(whole, ((name,), ("return",)), ops.integer_valued)
@@ -78,15 +85,23 @@ def with_boundaries(found: Search, module: Module, diagram: str, cost: CostFn, u
                         scope_diagrams=(module.scope_diagrams or module.diagrams) + pieces)
         bests = []
         for piece in pieces:
-            left = max(deadline - time.monotonic(), 0.0)
+            left = deadline - time.monotonic()
+            if left <= 0:  # a piece's search prices its piece whatever its window: none starts past the limit
+                break
             part = search(scope, piece.name, cost, lemmas=lemmas, theorem_name=f"{piece.name}_derived",
                           max_rewrites=max_rewrites, budget=max(budget // 8, 1), seconds=left / 2, screen=screen)
             bests.append(part.best)
+        if len(bests) < len(pieces):
+            untried = len(names) - k
+            break
         if all(b.ok for b in bests):
             extra.append(_chain(module, diagram, theorem_name, lemmas, name, bests, launch_overhead, screen))
     fitting = [c for c in (found.best, *extra) if c.ok]
     best = min(fitting, key=rank) if fitting else found.best
-    return replace(found, best=best, candidates=found.candidates + tuple(extra),
+    stopped, detail = (found.stopped, found.detail) if not untried else (
+        "time", f"{found.detail}; the time limit ended the fusion-boundary phase with {untried} of {len(names)} "
+                "boundaries untried")
+    return replace(found, best=best, candidates=found.candidates + tuple(extra), stopped=stopped, detail=detail,
                    elapsed=found.elapsed + time.monotonic() - started)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -88,18 +89,24 @@ def derive(path: str | Path, diagram: str, cost_fn: CostFn, *, settings: Mapping
     (``search.chains``: chains of two kernels, each launch after the first at ``launch_overhead``,
     and the unfused diagram, so the answer is never modelled slower than it).
 
+    ``seconds`` is one window for both phases, from the start of the search: no candidate is checked
+    and priced after it, but the one being priced when it passes runs to its end (pricing is not
+    interrupted), and the diagram as written and (with ``unfused``) the unfused diagram are always
+    priced, whatever the window.
     ``settings`` (hardware, dtype, sizes, ...) are only recorded for the written file.
     Raises NapkinError if the file does not elaborate and KeyError for an unknown diagram.
     """
     source = Path(path)
     module = load(source)
+    started = time.monotonic()
     result = search(module, diagram, cost_fn, lemmas=rules.lemmas_in_scope(module),
                     theorem_name=f"{diagram}_derived", max_rewrites=max_rewrites, budget=budget, seconds=seconds,
                     screen=_lowering(lower) if lower else None, progress=progress)
-    if unfused is not None:
+    if unfused is not None:  # the fusion boundaries get what is left of the window, not a window of their own
+        left = max(seconds - (time.monotonic() - started), 0.0)
         result = with_boundaries(result, module, diagram, cost_fn, unfused, lemmas=rules.lemmas_in_scope(module),
                                  theorem_name=f"{diagram}_derived", launch_overhead=launch_overhead,
-                                 max_rewrites=max_rewrites, budget=budget, seconds=seconds,
+                                 max_rewrites=max_rewrites, budget=budget, seconds=left,
                                  screen=_lowering(lower) if lower else None)
     return Derivation(source, diagram, result, dict(settings or {}))
 

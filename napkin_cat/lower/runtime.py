@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from napkin_cat.cost.launch import launch
 from napkin_cat.schedule.layout import pow2_extent
 
-__all__ = ["HELPERS", "argmax", "bind_sizes", "device_mesh", "erf", "helper_source", "linrec", "linrec_rows",
+__all__ = ["HELPERS", "argmax", "bind_sizes", "device_mesh", "erf", "helper_source", "index_range", "linrec", "linrec_rows",
            "live_chunks", "merge_tiles", "pad_to", "pair_kinds", "round_up", "shard", "split_tiles", "topk"]
 
 
@@ -47,6 +47,36 @@ def bind_sizes(arrays: Sequence[Any], signature: Sequence[tuple[str, tuple[str, 
             if sizes.setdefault(axis, size) != size:
                 raise ValueError(f"axis {axis} has size {sizes[axis]} but input {name} has {size} along it")
     return sizes
+
+
+def index_range(sizes: Mapping[str, int], exprs: Sequence[tuple[str, Any]],
+                padding: Mapping[str, int] | None = None) -> None:
+    """ValueError where an index expression of the kernel may leave int32 at these sizes: each is
+    ``(text, tree)``, a tree ``("pos", axis)``, ``("int", n)`` or ``(op, left, right)`` for ``+ - *``,
+    every sub-expression bounded over the positions ``[0, |axis| - 1]``, or with ``padding`` (a
+    kernel that pads its blocks, each axis's largest block) over ``[0, max(2·|axis|, |axis| +
+    padding, 16) - 1]``, past every padded position, whose chunk bounds the kernel computes too.
+    The kernel computes index arithmetic in int32 and the evaluator in int64, so past 2^31 they
+    would part (``x * 65536 * 65536`` is 0 in int32 and 2^32 at x = 1 in int64)."""
+    def span(tree: Any) -> tuple[int, int]:
+        if tree[0] == "pos":
+            size = sizes[tree[1]]
+            lo, hi = 0, max(size if padding is None else max(2 * size, size + padding.get(tree[1], 0), 16), 1) - 1
+        elif tree[0] == "int":
+            lo = hi = tree[1]
+        else:
+            a, b = span(tree[1]), span(tree[2])
+            ends = ([x * y for x in a for y in b] if tree[0] == "*" else
+                    [a[0] + b[0], a[1] + b[1]] if tree[0] == "+" else [a[0] - b[1], a[1] - b[0]])
+            lo, hi = min(ends), max(ends)
+        if lo < -2**31 or hi >= 2**31:
+            raise ValueError(f"index expression {text} may reach {lo if lo < -2**31 else hi} at sizes {dict(sizes)}: "
+                             "this kernel computes index arithmetic in int32, which wraps past 2^31 where the "
+                             "evaluator's int64 does not")
+        return lo, hi
+
+    for text, tree in exprs:
+        span(tree)
 
 
 def round_up(size: int, tile: int) -> int:
@@ -202,7 +232,7 @@ HELPERS: dict[str, Callable[..., Any]] = {
     "bind_sizes": bind_sizes, "round_up": round_up, "pow2_extent": pow2_extent, "pad_to": pad_to, "erf": erf,
     "linrec": linrec, "linrec_rows": linrec_rows, "split_tiles": split_tiles, "merge_tiles": merge_tiles,
     "device_mesh": device_mesh, "shard": shard, "launch": launch, "argmax": argmax, "topk": topk,
-    "pair_kinds": pair_kinds, "live_chunks": live_chunks,
+    "pair_kinds": pair_kinds, "live_chunks": live_chunks, "index_range": index_range,
 }
 
 
@@ -213,8 +243,9 @@ def helper_source(names: Sequence[str]) -> list[ast.stmt]:
         tree = ast.parse(inspect.getsource(HELPERS[helper]))
         fn = tree.body[0]
         assert isinstance(fn, ast.FunctionDef)
-        fn.returns = None
-        for arg in fn.args.args:
-            arg.annotation = None
+        for each in (n for n in ast.walk(fn) if isinstance(n, ast.FunctionDef)):  # nested ones too
+            each.returns = None
+            for arg in each.args.args:
+                arg.annotation = None
         out.append(fn)
     return out

@@ -237,3 +237,20 @@ def test_a_kernel_refuses_sizes_where_its_index_arithmetic_may_leave_int32(tmp_p
     small = np.random.default_rng(1).standard_normal((20, 5))  # q·x·65536 < 2^31 at every position (and padded one)
     np.testing.assert_allclose(masked.fn(jnp.asarray(small, jnp.float32), **kw),
                                evaluate(_one(_WIDE, "g"), [small]), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("target", ["jax", "pallas"])
+def test_a_kernel_refuses_ids_past_int32_that_it_would_wrap(target: str) -> None:
+    """A kernel reads its `int` inputs as int32: a document id 2^32 was read as 0, so the query
+    holding it saw document 0's keys where the evaluator's row is fully masked (0).  Called on a
+    numpy array, the kernel refuses it; ±(2^31 - 1) and -2^31 are exact."""
+    thm = proof.theorem(ROOT / "proofs" / "document_attention.ncd", "flash_document_attention")
+    fn = lower(thm, target=target, tiles={"gq": 16, "sx": 16}).fn
+    kw = {"interpret": True} if target == "pallas" else {}
+    rng = np.random.default_rng(0)
+    q, k, v = rng.standard_normal((3, 64)), rng.standard_normal((4, 64)), rng.standard_normal((4, 64))
+    f32 = [jnp.asarray(a, jnp.float32) for a in (q, k, v)]
+    with pytest.raises(ValueError, match="past int32"):
+        fn(*f32, np.array([0, 2**32, 1]), np.array([0, 0, 1, 1]), **kw)
+    dq, dx = np.array([0, 2**31 - 1, -2**31]), np.array([-2**31, 0, 2**31 - 1, 0])
+    np.testing.assert_allclose(fn(*f32, dq, dx, **kw), evaluate(thm.source, [q, k, v, dq, dx]), rtol=1e-4, atol=1e-4)

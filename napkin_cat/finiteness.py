@@ -769,6 +769,11 @@ def float_unsafe_box(expr: Expr, operands: Iterable[Expr], diagram: Diagram, rew
         # log or exp carries it too (exp(log(exp(tanh X) + exp(46)) - 46) - 1 is 0, and a log after it -inf)
         if _cancelled_absorption(floats, b, ids, every=True) is not None:
             return b
+        # a softmax, logsumexp or exp-normalised contraction subtracts its scores' maximum, a difference too:
+        # softmax(R - C) at C = 2^62 (an index, or 1e20) is uniform in float64, R dropped whole, where the
+        # reals give softmax(R), the right side of softmax_shift
+        if _shifts(b) and _reached(floats, b.args[0], ids, every=True) is not None:
+            return b
     return None
 
 

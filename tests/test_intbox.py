@@ -214,6 +214,13 @@ theorem masked: g {
   group q by gq
   stream x by sx via sum
 }
+diagram h(S: [q x]) -> [q] {
+  return sum[x](where[q x](q * 150000000 - x >= 0 - q * 150000000, S, 0))
+}
+theorem spread: h {
+  group q by gq
+  stream x by sx via sum
+}
 """
 
 
@@ -237,6 +244,15 @@ def test_a_kernel_refuses_sizes_where_its_index_arithmetic_may_leave_int32(tmp_p
     small = np.random.default_rng(1).standard_normal((20, 5))  # q·x·65536 < 2^31 at every position (and padded one)
     np.testing.assert_allclose(masked.fn(jnp.asarray(small, jnp.float32), **kw),
                                evaluate(_one(_WIDE, "g"), [small]), rtol=1e-5, atol=1e-5)
+    # each side of h's comparison is within int32 at q <= 9, but the chunk bounds sum its grid terms,
+    # 3·10^8·q, which wrapped at q = 8 and 9: the plain-JAX kernel skipped every chunk of those rows
+    spread = lower(proof.theorem(path, "spread"), target=target, tiles={"gq": 2 if target == "jax" else 16, "sx": 16})
+    with pytest.raises(ValueError, match="int32"):
+        spread.fn(jnp.ones((10, 40), jnp.float32), **kw)
+    if target == "jax":  # at q <= 7 every bound fits (Pallas pads q to 16 blocks and refuses)
+        rows = np.random.default_rng(2).standard_normal((7, 40))
+        np.testing.assert_allclose(spread.fn(jnp.asarray(rows, jnp.float32)), evaluate(_one(_WIDE, "h"), [rows]),
+                                   rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("target", ["jax", "pallas"])

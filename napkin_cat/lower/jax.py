@@ -36,7 +36,7 @@ from napkin_cat.lower.skip import stream_runs
 from napkin_cat.lower.values import Scope, Value, transpose_to
 from napkin_cat.schedule.layout import KERNEL_TARGETS, Layout
 from napkin_cat.printer import print_index
-from napkin_cat.terms import Axes, Box, Cmp, IndexExpr, Logic, Pred, fold_index, fold_pred, walk
+from napkin_cat.terms import Axes, Box, Cmp, IBin, IInt, IndexExpr, Logic, Pred, fold_index, fold_pred, walk
 
 __all__ = ["all_axes", "bind_inputs", "emit_body", "emit_chunks", "emit_dot_operand", "emit_function", "load",
            "rounded_nodes", "size_of"]
@@ -70,12 +70,18 @@ def bind_inputs(lay: Layout, params: Sequence[str], block: cg.Block) -> None:
 
 def index_exprs(lay: Layout) -> list[IndexExpr]:
     """The index expressions of the layout's boxes (``index``'s, and both sides of each comparison
-    of a ``where``'s predicate), each once."""
+    of a ``where``'s predicate), each once; with each comparison's difference of sides, minus 1 both
+    ways: a mask's chunk bounds (``masks.Side``) compute its grid terms summed, each partial sum a
+    value of that difference at some positions (q·150000000 - x >= 0 - q·150000000 has sides within
+    int32 at q ≤ 9, and a bound 3·10^8·q that wraps)."""
     found: list[IndexExpr] = []
+
+    def compare(a: IndexExpr, b: IndexExpr) -> None:
+        found.extend((a, b, IBin("-", IBin("-", a, b), IInt(1)), IBin("-", IBin("-", b, a), IInt(1))))
 
     def visit(i: Pred | IndexExpr | None) -> None:
         if isinstance(i, (Cmp, Logic)):
-            fold_pred(i, lambda op, a, b: found.extend((a, b)), lambda op, a, b: None)
+            fold_pred(i, lambda op, a, b: compare(a, b), lambda op, a, b: None)
         elif i is not None:
             found.append(i)
 

@@ -82,7 +82,7 @@ def alibi_grouped(Q, K, V, m):
     Gradients: jax.grad differentiates this code; the streamed step is checkpointed (the backward keeps per-chunk carries, not the whole of any streamed axis).
     """
     n = bind_sizes((Q, K, V, m), (('Q', ('b', 'h', 'q', 'd')), ('K', ('b', 'h', 'x', 'd')), ('V', ('b', 'h', 'x', 'd')), ('m', ('h',))), {'d': 80})
-    index_range(n, (('q - x', ('-', ('pos', 'q'), ('pos', 'x'))), ('q', ('pos', 'q')), ('x', ('pos', 'x'))))
+    index_range(n, (('q - x', ('-', ('pos', 'q'), ('pos', 'x'))), ('q', ('pos', 'q')), ('x', ('pos', 'x')), ('q - x - 1', ('-', ('-', ('pos', 'q'), ('pos', 'x')), ('int', 1))), ('x - q - 1', ('-', ('-', ('pos', 'x'), ('pos', 'q')), ('int', 1)))))
     Q_2 = jnp.asarray(Q, jnp.float32)
     K_2 = jnp.asarray(K, jnp.float32)
     V_2 = jnp.asarray(V, jnp.float32)

@@ -97,7 +97,7 @@ def alibi_grouped_forward(Q, K, V, m, *, interpret=None):
     if interpret is None:
         interpret = jax.default_backend() != 'gpu'
     n = bind_sizes((Q, K, V, m), (('Q', ('b', 'h', 'q', 'd')), ('K', ('b', 'h', 'x', 'd')), ('V', ('b', 'h', 'x', 'd')), ('m', ('h',))), {'d': 80})
-    index_range(n, (('q - x', ('-', ('pos', 'q'), ('pos', 'x'))), ('q', ('pos', 'q')), ('x', ('pos', 'x'))), {'q': 64})
+    index_range(n, (('q - x', ('-', ('pos', 'q'), ('pos', 'x'))), ('q', ('pos', 'q')), ('x', ('pos', 'x')), ('q - x - 1', ('-', ('-', ('pos', 'q'), ('pos', 'x')), ('int', 1))), ('x - q - 1', ('-', ('-', ('pos', 'x'), ('pos', 'q')), ('int', 1)))), {'q': 64})
     p = {'b': n['b'], 'h': n['h'], 'q': round_up(n['q'], 32), 'd': pow2_extent(n['d'], 16), 'x': pow2_extent(n['x'], 16)}
     Q_padded = pad_to(Q, (p['b'], p['h'], p['q'], p['d']), jnp.float32)
     K_padded = pad_to(K, (p['b'], p['h'], p['x'], p['d']), jnp.float32)
@@ -136,7 +136,7 @@ def alibi_grouped_forward(Q, K, V, m, *, interpret=None):
 def alibi_grouped_backward(Q, K, V, m, d_out):
     """The VJP diagram, unscheduled."""
     n = bind_sizes((Q, K, V, m, d_out), (('Q', ('b', 'h', 'q', 'd')), ('K', ('b', 'h', 'x', 'd')), ('V', ('b', 'h', 'x', 'd')), ('m', ('h',)), ('d_out', ('b', 'h', 'q', 'd'))), {'d': 80})
-    index_range(n, (('q - x', ('-', ('pos', 'q'), ('pos', 'x'))), ('q', ('pos', 'q')), ('x', ('pos', 'x'))))
+    index_range(n, (('q - x', ('-', ('pos', 'q'), ('pos', 'x'))), ('q', ('pos', 'q')), ('x', ('pos', 'x')), ('q - x - 1', ('-', ('-', ('pos', 'q'), ('pos', 'x')), ('int', 1))), ('x - q - 1', ('-', ('-', ('pos', 'x'), ('pos', 'q')), ('int', 1)))))
     Q_2 = jnp.asarray(Q, jnp.float32)
     K_2 = jnp.asarray(K, jnp.float32)
     V_2 = jnp.asarray(V, jnp.float32)

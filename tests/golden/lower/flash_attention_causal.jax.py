@@ -83,7 +83,7 @@ def flash_attention_causal(Q, K, V):
     Gradients: jax.grad differentiates this code; the streamed step is checkpointed (the backward keeps per-chunk carries, not the whole of any streamed axis).
     """
     n = bind_sizes((Q, K, V), (('Q', ('q', 'd')), ('K', ('x', 'd')), ('V', ('x', 'd'))), {'d': 64})
-    index_range(n, (('q', ('pos', 'q')), ('x', ('pos', 'x'))))
+    index_range(n, (('q', ('pos', 'q')), ('x', ('pos', 'x')), ('q - x - 1', ('-', ('-', ('pos', 'q'), ('pos', 'x')), ('int', 1))), ('x - q - 1', ('-', ('-', ('pos', 'x'), ('pos', 'q')), ('int', 1)))))
 
     def program(q_first, rows):
         Q_rows = lax.dynamic_slice_in_dim(jnp.asarray(Q), q_first, rows, axis=0)

@@ -97,7 +97,7 @@ def flash_attention_causal_forward(Q, K, V, *, interpret=None):
     if interpret is None:
         interpret = jax.default_backend() != 'gpu'
     n = bind_sizes((Q, K, V), (('Q', ('q', 'd')), ('K', ('x', 'd')), ('V', ('x', 'd'))), {'d': 64})
-    index_range(n, (('q', ('pos', 'q')), ('x', ('pos', 'x'))), {'q': 64, 'x': 64})
+    index_range(n, (('q', ('pos', 'q')), ('x', ('pos', 'x')), ('q - x - 1', ('-', ('-', ('pos', 'q'), ('pos', 'x')), ('int', 1))), ('x - q - 1', ('-', ('-', ('pos', 'x'), ('pos', 'q')), ('int', 1)))), {'q': 64, 'x': 64})
     p = {'q': round_up(n['q'], 32), 'd': pow2_extent(n['d'], 16), 'x': round_up(n['x'], 32)}
     Q_padded = pad_to(Q, (p['q'], p['d']), jnp.float32)
     K_padded = pad_to(K, (p['x'], p['d']), jnp.float32)
@@ -168,7 +168,7 @@ def flash_attention_causal_forward(Q, K, V, *, interpret=None):
 def flash_attention_causal_backward(Q, K, V, dO):
     """The VJP diagram, unscheduled."""
     n = bind_sizes((Q, K, V, dO), (('Q', ('q', 'd')), ('K', ('x', 'd')), ('V', ('x', 'd')), ('dO', ('q', 'd'))), {'d': 64})
-    index_range(n, (('q', ('pos', 'q')), ('x', ('pos', 'x'))))
+    index_range(n, (('q', ('pos', 'q')), ('x', ('pos', 'x')), ('q - x - 1', ('-', ('-', ('pos', 'q'), ('pos', 'x')), ('int', 1))), ('x - q - 1', ('-', ('-', ('pos', 'x'), ('pos', 'q')), ('int', 1)))))
     Q_2 = jnp.asarray(Q, jnp.float32)
     K_2 = jnp.asarray(K, jnp.float32)
     V_2 = jnp.asarray(V, jnp.float32)

@@ -137,7 +137,7 @@ def streamed_cross_entropy_index_forward(Z, L, *, interpret=None):
 def streamed_cross_entropy_index_backward(Z, L, d_out):
     """The VJP diagram, unscheduled."""
     n = bind_sizes((Z, L, d_out), (('Z', ('t', 'v')), ('L', ('t',)), ('d_out', ('t',))), {})
-    index_range(n, (('t', ('pos', 't')),))
+    index_range(n, (('t', ('pos', 't')), ('t - t - 1', ('-', ('-', ('pos', 't'), ('pos', 't')), ('int', 1)))))
     Z_2 = jnp.asarray(Z, jnp.float32)
     L_2 = jnp.asarray(L, jnp.float32)
     d_out_2 = jnp.asarray(d_out, jnp.float32)

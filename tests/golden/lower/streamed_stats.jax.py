@@ -80,7 +80,7 @@ def streamed_stats(X):
     Gradients: jax.grad differentiates this code; the streamed step is checkpointed (the backward keeps per-chunk carries, not the whole of any streamed axis).
     """
     n = bind_sizes((X,), (('X', ('t', 'v')),), {})
-    index_range(n, (('v', ('pos', 'v')), ('t + 3', ('+', ('pos', 't'), ('int', 3)))))
+    index_range(n, (('v', ('pos', 'v')), ('t + 3', ('+', ('pos', 't'), ('int', 3))), ('v - (t + 3) - 1', ('-', ('-', ('pos', 'v'), ('+', ('pos', 't'), ('int', 3))), ('int', 1))), ('t + 3 - v - 1', ('-', ('-', ('+', ('pos', 't'), ('int', 3)), ('pos', 'v')), ('int', 1)))))
 
     def program(t_first, rows):
         X_rows = lax.dynamic_slice_in_dim(jnp.asarray(X), t_first, rows, axis=0)

@@ -97,7 +97,7 @@ def streamed_stats_forward(X, *, interpret=None):
     if interpret is None:
         interpret = jax.default_backend() != 'gpu'
     n = bind_sizes((X,), (('X', ('t', 'v')),), {})
-    index_range(n, (('v', ('pos', 'v')), ('t + 3', ('+', ('pos', 't'), ('int', 3)))), {'t': 64, 'v': 64})
+    index_range(n, (('v', ('pos', 'v')), ('t + 3', ('+', ('pos', 't'), ('int', 3))), ('v - (t + 3) - 1', ('-', ('-', ('pos', 'v'), ('+', ('pos', 't'), ('int', 3))), ('int', 1))), ('t + 3 - v - 1', ('-', ('-', ('+', ('pos', 't'), ('int', 3)), ('pos', 'v')), ('int', 1)))), {'t': 64, 'v': 64})
     p = {'t': round_up(n['t'], 32), 'v': round_up(n['v'], 32)}
     X_padded = pad_to(X, (p['t'], p['v']), jnp.float32)
 
@@ -176,7 +176,7 @@ def streamed_stats_forward(X, *, interpret=None):
 def streamed_stats_backward(X, d_out0, d_out1, d_out2, d_out3, d_out4):
     """The VJP diagram, unscheduled."""
     n = bind_sizes((X, d_out0, d_out1, d_out2, d_out3, d_out4), (('X', ('t', 'v')), ('d_out0', ('t',)), ('d_out1', ('t',)), ('d_out2', ('t',)), ('d_out3', ('t',)), ('d_out4', ('t',))), {})
-    index_range(n, (('v', ('pos', 'v')), ('t + 3', ('+', ('pos', 't'), ('int', 3)))))
+    index_range(n, (('v', ('pos', 'v')), ('t + 3', ('+', ('pos', 't'), ('int', 3))), ('v - (t + 3) - 1', ('-', ('-', ('pos', 'v'), ('+', ('pos', 't'), ('int', 3))), ('int', 1))), ('t + 3 - v - 1', ('-', ('-', ('+', ('pos', 't'), ('int', 3)), ('pos', 'v')), ('int', 1)))))
     X_2 = jnp.asarray(X, jnp.float32)
     d_out0_2 = jnp.asarray(d_out0, jnp.float32)
     d_out1_2 = jnp.asarray(d_out1, jnp.float32)

@@ -85,9 +85,9 @@ DEFAULT_DTYPE: dict[str, str] = {"mosaic": "bfloat16"}
 
 #: names the emitted module defines or its code reads: no theorem, input or binding may take
 #: one (a theorem named `len` would shadow the builtin its helpers call), nor any builtin
-_RESERVED = ("jax", "jnp", "lax", "pl", "plgpu", "n", "p", "INF", "BIG", "TINY", "interpret", "bind_sizes", "index_range",
-             "round_up", "pow2_extent", "pad_to", "erf", "linrec", "linrec_rows", "split_tiles", "merge_tiles",
-             "device_mesh", "shard", "launch",
+_RESERVED = ("jax", "jnp", "lax", "pl", "plgpu", "n", "p", "INF", "BIG", "TINY", "interpret", "bind_sizes",
+             "index_range", "round_up", "pow2_extent", "pad_to", "erf", "linrec", "linrec_rows", "split_tiles",
+             "merge_tiles", "device_mesh", "shard", "launch",
              *dir(builtins))
 
 

@@ -393,8 +393,9 @@ def _checked_inputs(forward: ast.FunctionDef) -> list[ast.stmt]:
     """The forward's ``bind_sizes`` call, to run in the public function before ``jax.custom_vjp``
     traces the inputs: it reads concrete arrays (an ``int`` input past int32 is refused there,
     not wrapped; ``runtime.bind_sizes``)."""
-    return [ast.Expr(s.value) for s in forward.body[:3] if isinstance(s, ast.Assign) and isinstance(s.value, ast.Call)
-            and isinstance(s.value.func, ast.Name) and s.value.func.id == "bind_sizes"][:1]
+    found: list[ast.stmt] = [ast.Expr(s.value) for s in forward.body[:3] if isinstance(s, ast.Assign) and isinstance(
+        s.value, ast.Call) and isinstance(s.value.func, ast.Name) and s.value.func.id == "bind_sizes"]
+    return found[:1]
 
 
 def joined(forward: ast.FunctionDef, kernels: Sequence[ast.FunctionDef], names: Sequence[str], ln: Link, target: str,

@@ -34,8 +34,8 @@ from napkin_cat.lower.dataskip import ChunkLoad, DataSkip, data_skip, emit_kind,
 from napkin_cat.lower.fold import emit_after, emit_before, emit_combine, emit_identity, emit_step, slots
 from napkin_cat.lower.skip import stream_runs
 from napkin_cat.lower.values import Scope, Value, transpose_to
-from napkin_cat.schedule.layout import KERNEL_TARGETS, Layout
 from napkin_cat.printer import print_index
+from napkin_cat.schedule.layout import KERNEL_TARGETS, Layout
 from napkin_cat.terms import Axes, Box, Cmp, IBin, IInt, IndexExpr, Logic, Pred, fold_index, fold_pred, walk
 
 __all__ = ["all_axes", "bind_inputs", "emit_body", "emit_chunks", "emit_dot_operand", "emit_function", "load",

@@ -18,8 +18,9 @@ import jax.numpy as jnp
 from napkin_cat.cost.launch import launch
 from napkin_cat.schedule.layout import pow2_extent
 
-__all__ = ["HELPERS", "argmax", "bind_sizes", "device_mesh", "erf", "helper_source", "index_range", "linrec", "linrec_rows",
-           "live_chunks", "merge_tiles", "pad_to", "pair_kinds", "round_up", "shard", "split_tiles", "topk"]
+__all__ = ["HELPERS", "argmax", "bind_sizes", "device_mesh", "erf", "helper_source", "index_range", "linrec",
+           "linrec_rows", "live_chunks", "merge_tiles", "pad_to", "pair_kinds", "round_up", "shard", "split_tiles",
+           "topk"]
 
 
 def bind_sizes(arrays: Sequence[Any], signature: Sequence[tuple[str, tuple[str, ...]]],
@@ -39,7 +40,7 @@ def bind_sizes(arrays: Sequence[Any], signature: Sequence[tuple[str, tuple[str, 
                 raise TypeError(f"input {name} is declared int but holds {kind} values; pass an integer array")
             # a concrete (numpy) array, read in its own dtype: int32 would wrap it (under jit, JAX converts
             # it at the boundary, before this sees it)
-            if not isinstance(array, jax.Array) and hasattr(array, "min") and getattr(array, "size", 0):
+            if not isinstance(array, jax.Array) and hasattr(array, "min") and getattr(array, "size", 0) > 0:
                 low, high = float(array.min()), float(array.max())
                 if low < -2**31 or high >= 2**31:
                     raise ValueError(f"input {name} holds {low if low < -2**31 else high}, past int32, as which "
@@ -65,14 +66,14 @@ def index_range(sizes: Mapping[str, int], exprs: Sequence[tuple[str, Any]],
     padding, 16) - 1]``, past every padded position, whose chunk bounds the kernel computes too.
     The kernel computes index arithmetic in int32 and the evaluator in int64, so past 2^31 they
     would part (``x * 65536 * 65536`` is 0 in int32 and 2^32 at x = 1 in int64)."""
-    def span(tree: Any) -> tuple[int, int]:
+    def span(tree: Any, text: str) -> tuple[int, int]:
         if tree[0] == "pos":
             size = sizes[tree[1]]
             lo, hi = 0, max(size if padding is None else max(2 * size, size + padding.get(tree[1], 0), 16), 1) - 1
         elif tree[0] == "int":
             lo = hi = tree[1]
         else:
-            a, b = span(tree[1]), span(tree[2])
+            a, b = span(tree[1], text), span(tree[2], text)
             ends = ([x * y for x in a for y in b] if tree[0] == "*" else
                     [a[0] + b[0], a[1] + b[1]] if tree[0] == "+" else [a[0] - b[1], a[1] - b[0]])
             lo, hi = min(ends), max(ends)
@@ -83,7 +84,7 @@ def index_range(sizes: Mapping[str, int], exprs: Sequence[tuple[str, Any]],
         return lo, hi
 
     for text, tree in exprs:
-        span(tree)
+        span(tree, text)
 
 
 def round_up(size: int, tile: int) -> int:

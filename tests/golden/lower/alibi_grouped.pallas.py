@@ -25,7 +25,7 @@ def bind_sizes(arrays, signature, declared, integers=()):
         if name in integers:
             if not jnp.issubdtype(kind, jnp.integer) and (not jnp.issubdtype(kind, jnp.floating)):
                 raise TypeError(f'input {name} is declared int but holds {kind} values; pass an integer array')
-            if not isinstance(array, jax.Array) and hasattr(array, 'min') and getattr(array, 'size', 0):
+            if not isinstance(array, jax.Array) and hasattr(array, 'min') and (getattr(array, 'size', 0) > 0):
                 low, high = (float(array.min()), float(array.max()))
                 if low < -2 ** 31 or high >= 2 ** 31:
                     raise ValueError(f'input {name} holds {(low if low < -2 ** 31 else high)}, past int32, as which the kernel reads it (it would wrap)')
@@ -76,21 +76,21 @@ def index_range(sizes, exprs, padding=None):
     The kernel computes index arithmetic in int32 and the evaluator in int64, so past 2^31 they
     would part (``x * 65536 * 65536`` is 0 in int32 and 2^32 at x = 1 in int64)."""
 
-    def span(tree):
+    def span(tree, text):
         if tree[0] == 'pos':
             size = sizes[tree[1]]
             lo, hi = (0, max(size if padding is None else max(2 * size, size + padding.get(tree[1], 0), 16), 1) - 1)
         elif tree[0] == 'int':
             lo = hi = tree[1]
         else:
-            a, b = (span(tree[1]), span(tree[2]))
+            a, b = (span(tree[1], text), span(tree[2], text))
             ends = [x * y for x in a for y in b] if tree[0] == '*' else [a[0] + b[0], a[1] + b[1]] if tree[0] == '+' else [a[0] - b[1], a[1] - b[0]]
             lo, hi = (min(ends), max(ends))
         if lo < -2 ** 31 or hi >= 2 ** 31:
             raise ValueError(f"index expression {text} may reach {(lo if lo < -2 ** 31 else hi)} at sizes {dict(sizes)}: this kernel computes index arithmetic in int32, which wraps past 2^31 where the evaluator's int64 does not")
         return (lo, hi)
     for text, tree in exprs:
-        span(tree)
+        span(tree, text)
 
 def alibi_grouped_forward(Q, K, V, m, *, interpret=None):
     """The forward kernel (the public function's primal)."""

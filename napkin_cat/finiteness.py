@@ -87,7 +87,7 @@ from napkin_cat.terms import (
 
 __all__ = ["DOMAIN", "EXTENDED", "FINITE", "INFINITE", "MASKS", "MASKS_TESTED", "RULES", "TOP", "UNARY", "Abstract",
            "Inputs", "Value", "abstract", "analyse", "cancelled_absorptions", "cancelling_sums", "class_of", "finite",
-           "finite_in", "float_unsafe_box", "fold_overflows", "input_values", "masked", "narrowed",
+           "finite_in", "float_unsafe_box", "fold_overflows", "index_may_wrap", "input_values", "masked", "narrowed",
            "signed_zero_writes", "unsupported"]
 
 Value = frozenset[str]
@@ -769,6 +769,11 @@ def float_unsafe_box(expr: Expr, operands: Iterable[Expr], diagram: Diagram, rew
         # log or exp carries it too (exp(log(exp(tanh X) + exp(46)) - 46) - 1 is 0, and a log after it -inf)
         if _cancelled_absorption(floats, b, ids, every=True) is not None:
             return b
+        # a softmax, logsumexp or exp-normalised contraction subtracts its scores' maximum, a difference too:
+        # softmax(R - C) at C = 2^62 (an index, or 1e20) is uniform in float64, R dropped whole, where the
+        # reals give softmax(R), the right side of softmax_shift
+        if _shifts(b) and _reached(floats, b.args[0], ids, every=True) is not None:
+            return b
     return None
 
 
@@ -967,7 +972,7 @@ def narrowed(how: str, diagram: Diagram, terms: Mapping[str, Expr], rhs: Expr | 
     if rhs is not None and lhs is not None and (wider := _wider(rhs, lhs, diagram)):
         return (f"tested here (proved over the reals, but in float64 the right side may be {', '.join(sorted(wider))} "
                 f"at these operands, where the left side is not): {how[len('proved: '):]}")
-    if rhs is not None and lhs is not None and (box := _index_may_wrap(lhs, rhs)) is not None:
+    if rhs is not None and lhs is not None and (box := index_may_wrap(lhs, rhs)) is not None:
         return (f"tested here (proved over the integers, but float64's evaluator computes `{box.op}`'s index "
                 f"arithmetic in int64, which may wrap past 2^63 at some size): {how[len('proved: '):]}")
     if rhs is not None and lhs is not None and (box := _zero_sign_read(diagram, lhs, rhs)) is not None:
@@ -1021,10 +1026,12 @@ def _index_range(e: IndexExpr) -> tuple[int, int] | None:
     return (lo, hi) if lo >= -2 ** 63 and hi < 2 ** 63 else None
 
 
-def _index_may_wrap(*sides: Expr) -> Box | None:
+def index_may_wrap(*sides: Expr) -> Box | None:
     """A box of ``sides`` whose index expression (``index``'s, or one compared in ``where``'s predicate)
     may wrap in int64 at some size: the proof reads it over the integers, where x⁴·x⁴ - x⁸ is 0 at every
-    position; the evaluator's x⁸ wraps at x = 236, and ``tanh`` of the difference is 1 there."""
+    position; the evaluator's x⁸ wraps at x = 236, and ``tanh`` of the difference is 1 there.  A join's
+    proof reads its masks so too (``certify.prove.prove_join``: q·3037000500² ≥ x holds at x = 0 for
+    every q over the integers, and at no x for q = 1 in int64)."""
     def exprs(i: Pred | IndexExpr | None) -> list[IndexExpr]:
         if isinstance(i, Cmp):
             return [i.left, i.right]

@@ -381,6 +381,21 @@ def test_the_join_prover_proves_a_mask_that_keeps_a_key_per_row() -> None:
     assert prove_join(forward, reference, backwards).startswith("proved")  # type: ignore[arg-type]
 
 
+def test_the_join_prover_refuses_a_mask_whose_index_arithmetic_wraps_int64() -> None:
+    """q·3037000500² >= x holds at key 0 of every query over the integers, which the prover read to
+    keep every row; 3037000500² is past 2^63, so the evaluator's int64 product is negative at q = 1 and
+    the row is fully masked: L = -inf, and the FA-2 backward's exp(S - L) is NaN where the VJP is 0."""
+    mask = "q * 3037000500 * 3037000500 >= x"
+    forward, backwards, reference = _masked_attention(mask, mask)
+    rng = np.random.default_rng(0)
+    q, k, v, d_o = (rng.standard_normal((3, 4)) for _ in range(4))
+    o, lse = run(forward, q, k, v)  # type: ignore[arg-type]
+    assert lse[1] == -np.inf and np.isnan(run(backwards[0][0], q, k, v, o, lse, d_o)[0][1]).all()  # type: ignore[index]
+    assert (run(reference, q, k, v, d_o)[0][1] == 0).all()  # type: ignore[arg-type]
+    with pytest.raises(Unproved, match="may wrap in int64 at some size"):
+        prove_join(forward, reference, backwards)  # type: ignore[arg-type]
+
+
 #: ALiBi's penalty on the distance to each earlier key (examples/attention.ncd's alibi_attention)
 ALIBI = " - 0.5 * index[q x](q - x)"
 

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import napkin_cat
-from napkin_cat import finiteness, grad, kernel
+from napkin_cat import finiteness, grad, kernel, proof
 from napkin_cat.certify import certify_lemma
 from napkin_cat.cost import cost
 from napkin_cat.diagnostics import NapkinError
@@ -196,3 +196,77 @@ def test_the_t5_kernel_with_the_bucket_in_the_diagram_matches_t5(target: str) ->
     numeric = [(reference(table + step * e).sum() - reference(table - step * e).sum()) / (2 * step)
                for e in np.eye(32)]
     assert np.abs(np.asarray(g) - np.array(numeric)).max() < 1e-4
+
+
+# ---- index arithmetic in the kernels: int32, refused where it may wrap ---------------------------
+
+_WIDE = """axis q, x
+diagram f(S: [q x]) -> [q x] {
+  return S + index[q x](x * 65536 * 65536)
+}
+diagram g(S: [q x]) -> [q] {
+  return sum[x](where[q x](q * x * 65536 >= x * 65536, S, 0))
+}
+theorem wide: f {
+  group q by gq
+}
+theorem masked: g {
+  group q by gq
+  stream x by sx via sum
+}
+diagram h(S: [q x]) -> [q] {
+  return sum[x](where[q x](q * 150000000 - x >= 0 - q * 150000000, S, 0))
+}
+theorem spread: h {
+  group q by gq
+  stream x by sx via sum
+}
+"""
+
+
+@pytest.mark.parametrize("target", ["jax", "pallas"])
+def test_a_kernel_refuses_sizes_where_its_index_arithmetic_may_leave_int32(tmp_path: Path, target: str) -> None:
+    """The kernels compute index arithmetic in int32, the evaluator in int64: x·65536·65536 is 2^32 at
+    x = 1 in the evaluator and 0 in int32, and q·x·65536 is 2^16·q·x, past 2^31 from q·x = 2^15 on (a
+    mask read wrongly, and chunk bounds too).  Both kernels computed the wrapped values silently; each now
+    refuses such sizes when traced, and runs where every sub-expression fits (index_range)."""
+    path = tmp_path / "wide.ncd"
+    path.write_text(_WIDE)
+    s = np.random.default_rng(0).standard_normal((40, 3))
+    assert evaluate(_one(_WIDE), [s])[0, 1] == s[0, 1] + 2.0**32
+    kw = {"interpret": True} if target == "pallas" else {}
+    wide = lower(proof.theorem(path, "wide"), target=target, tiles={"gq": 16})
+    with pytest.raises(ValueError, match="int32"):
+        wide.fn(jnp.asarray(s, jnp.float32), **kw)
+    masked = lower(proof.theorem(path, "masked"), target=target, tiles={"gq": 16, "sx": 16})
+    with pytest.raises(ValueError, match="int32"):
+        masked.fn(jnp.ones((200, 200), jnp.float32), **kw)
+    small = np.random.default_rng(1).standard_normal((20, 5))  # q·x·65536 < 2^31 at every position (and padded one)
+    np.testing.assert_allclose(masked.fn(jnp.asarray(small, jnp.float32), **kw),
+                               evaluate(_one(_WIDE, "g"), [small]), rtol=1e-5, atol=1e-5)
+    # each side of h's comparison is within int32 at q <= 9, but the chunk bounds sum its grid terms,
+    # 3·10^8·q, which wrapped at q = 8 and 9: the plain-JAX kernel skipped every chunk of those rows
+    spread = lower(proof.theorem(path, "spread"), target=target, tiles={"gq": 2 if target == "jax" else 16, "sx": 16})
+    with pytest.raises(ValueError, match="int32"):
+        spread.fn(jnp.ones((10, 40), jnp.float32), **kw)
+    if target == "jax":  # at q <= 7 every bound fits (Pallas pads q to 16 blocks and refuses)
+        rows = np.random.default_rng(2).standard_normal((7, 40))
+        np.testing.assert_allclose(spread.fn(jnp.asarray(rows, jnp.float32)), evaluate(_one(_WIDE, "h"), [rows]),
+                                   rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("target", ["jax", "pallas"])
+def test_a_kernel_refuses_ids_past_int32_that_it_would_wrap(target: str) -> None:
+    """A kernel reads its `int` inputs as int32: a document id 2^32 was read as 0, so the query
+    holding it saw document 0's keys where the evaluator's row is fully masked (0).  Called on a
+    numpy array, the kernel refuses it; ±(2^31 - 1) and -2^31 are exact."""
+    thm = proof.theorem(ROOT / "proofs" / "document_attention.ncd", "flash_document_attention")
+    fn = lower(thm, target=target, tiles={"gq": 16, "sx": 16}).fn
+    kw = {"interpret": True} if target == "pallas" else {}
+    rng = np.random.default_rng(0)
+    q, k, v = rng.standard_normal((3, 64)), rng.standard_normal((4, 64)), rng.standard_normal((4, 64))
+    f32 = [jnp.asarray(a, jnp.float32) for a in (q, k, v)]
+    with pytest.raises(ValueError, match="past int32"):
+        fn(*f32, np.array([0, 2**32, 1]), np.array([0, 0, 1, 1]), **kw)
+    dq, dx = np.array([0, 2**31 - 1, -2**31]), np.array([-2**31, 0, 2**31 - 1, 0])
+    np.testing.assert_allclose(fn(*f32, dq, dx, **kw), evaluate(thm.source, [q, k, v, dq, dx]), rtol=1e-4, atol=1e-4)

@@ -50,7 +50,8 @@ opaque 0/1 function of the positions (m² = m), and a -inf fill is a + log m, re
 (m·exp a), by a finite shift and as the scores of the exp-normalised reductions, each exact
 for m ∈ {0, 1}; their normaliser Σ m·exp(·) is positive only where p holds at position 0 of
 the summed axes for every position of the others (every row keeps a term); no log m may reach
-an output.
+an output.  Predicates and index values are read over the integers, so no index expression of the
+join may wrap in int64 at some size (``finiteness.index_may_wrap``).
 
 Accumulator laws (accumulators.py, the unguarded forms, which equal the guarded ones on
 finite inputs): combine(lift(x), lift(y)) = lift(x ⊕ y) with x, y of symbolic lengths
@@ -77,7 +78,14 @@ from napkin_cat import ops
 from napkin_cat.certify import accumulators as acc
 from napkin_cat.certify.atoms import Quo, Rem, _expand, _i, _j, _MaxOf, _n, _Reduction, index, maximum, minimum, reduce
 from napkin_cat.evaluate import FLOAT64
-from napkin_cat.finiteness import cancelled_absorptions, cancelling_sums, finite, float_unsafe_box, input_values
+from napkin_cat.finiteness import (
+    cancelled_absorptions,
+    cancelling_sums,
+    finite,
+    float_unsafe_box,
+    index_may_wrap,
+    input_values,
+)
 from napkin_cat.printer import print_expr
 from napkin_cat.terms import (
     Apply,
@@ -613,6 +621,11 @@ def prove_join(forward: Diagram, reference: Diagram,
         if any(isinstance(n, Box) and n.op in _RESHAPES for e in (*(let.expr for let in d.body), *d.outputs)
                for n in _walk(e)):
             raise Unproved(f"`{d.name}` reshapes an axis (the sizes it ties are not tracked here)")
+    for d in (forward, reference, *(b for b, _, _ in backwards)):
+        # the masks and index values below are read over the integers; the evaluator's int64 wraps
+        if (box := index_may_wrap(*(let.expr for let in d.body), *d.outputs)) is not None:
+            raise Unproved(f"`{d.name}`'s `{box.op}` computes index arithmetic that may wrap in int64 at some size, "
+                           f"where the proof reads it over the integers (finiteness.index_may_wrap)")
     sem = _Semantics(masks=True)
     args = [_input(p.name, p.axes) for p in forward.inputs]
     cts = [_input(p.name, p.axes) for p in reference.inputs[len(forward.inputs):]]

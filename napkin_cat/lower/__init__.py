@@ -87,8 +87,8 @@ DEFAULT_DTYPE: dict[str, str] = {"mosaic": "bfloat16"}
 #: names the emitted module defines or its code reads: no theorem, input or binding may take
 #: one (a theorem named `len` would shadow the builtin its helpers call), nor any builtin
 _RESERVED = ("jax", "jnp", "lax", "pl", "plgpu", "n", "p", "INF", "BIG", "TINY", "interpret", "bind_sizes",
-             "round_up", "pow2_extent", "pad_to", "erf", "linrec", "linrec_rows", "split_tiles", "merge_tiles",
-             "device_mesh", "shard", "launch",
+             "index_range", "round_up", "pow2_extent", "pad_to", "erf", "linrec", "linrec_rows", "split_tiles",
+             "merge_tiles", "device_mesh", "shard", "launch",
              *dir(builtins))
 
 
@@ -370,7 +370,7 @@ def _module(name: str, target: str, functions: list[ast.stmt], doc: str, fname: 
     helpers = ["bind_sizes"] + (["round_up", "pow2_extent", "pad_to"] if target in KERNEL_TARGETS else [])
     used = {n.id for f in functions for n in ast.walk(f) if isinstance(n, ast.Name)}
     helpers += [h for h in ("round_up", "device_mesh", "shard", "split_tiles", "merge_tiles", "erf", "linrec",
-                            "linrec_rows", "launch", "argmax", "topk", "pair_kinds", "live_chunks")
+                            "linrec_rows", "launch", "argmax", "topk", "pair_kinds", "live_chunks", "index_range")
                 if h in used and h not in helpers]
     body += helper_source(helpers)
     if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "wgmma"

@@ -385,8 +385,17 @@ def {public}({listed}, *, interpret=None):
 '''
     wrapper = ast.parse(text).body[0]
     assert isinstance(wrapper, ast.FunctionDef)
-    wrapper.body.insert(0, ast.Expr(ast.Constant("")))
+    wrapper.body[:0] = [ast.Expr(ast.Constant("")), *_checked_inputs(forward)]
     return [forward, backward, wrapper], GRADIENTS[target]
+
+
+def _checked_inputs(forward: ast.FunctionDef) -> list[ast.stmt]:
+    """The forward's ``bind_sizes`` call, to run in the public function before ``jax.custom_vjp``
+    traces the inputs: it reads concrete arrays (an ``int`` input past int32 is refused there,
+    not wrapped; ``runtime.bind_sizes``)."""
+    found: list[ast.stmt] = [ast.Expr(s.value) for s in forward.body[:3] if isinstance(s, ast.Assign) and isinstance(
+        s.value, ast.Call) and isinstance(s.value.func, ast.Name) and s.value.func.id == "bind_sizes"]
+    return found[:1]
 
 
 def joined(forward: ast.FunctionDef, kernels: Sequence[ast.FunctionDef], names: Sequence[str], ln: Link, target: str,
@@ -440,7 +449,7 @@ def {public}({listed}{", *, interpret=None" if target != "jax" else ""}):
 '''
     wrapper = ast.parse(text).body[0]
     assert isinstance(wrapper, ast.FunctionDef)
-    wrapper.body.insert(0, ast.Expr(ast.Constant("")))
+    wrapper.body[:0] = [ast.Expr(ast.Constant("")), *_checked_inputs(forward)]
     saved = f"returns {', '.join(ln.names[j] for j in ln.primal)}" + (
         f" and saves {', '.join(n for j, n in enumerate(ln.names) if j not in ln.primal)} for the backward"
         if len(ln.names) > len(ln.primal) else "")

@@ -34,8 +34,9 @@ from napkin_cat.lower.dataskip import ChunkLoad, DataSkip, data_skip, emit_kind,
 from napkin_cat.lower.fold import emit_after, emit_before, emit_combine, emit_identity, emit_step, slots
 from napkin_cat.lower.skip import stream_runs
 from napkin_cat.lower.values import Scope, Value, transpose_to
-from napkin_cat.schedule.layout import Layout
-from napkin_cat.terms import Axes
+from napkin_cat.printer import print_index
+from napkin_cat.schedule.layout import KERNEL_TARGETS, Layout
+from napkin_cat.terms import Axes, Box, Cmp, IBin, IInt, IndexExpr, Logic, Pred, fold_index, fold_pred, walk
 
 __all__ = ["all_axes", "bind_inputs", "emit_body", "emit_chunks", "emit_dot_operand", "emit_function", "load",
            "rounded_nodes", "size_of"]
@@ -59,6 +60,41 @@ def bind_inputs(lay: Layout, params: Sequence[str], block: cg.Block) -> None:
             value = cg.binop(value, "*" if how == "product" else "//", size_of(other))
         target = ast.Subscript(cg.name("n"), cg.const(axis), ast.Store())
         block.emit(ast.Assign([target], value, lineno=0))
+    if exprs := index_exprs(lay):  # computed in int32 by the kernel: refused at sizes where one may wrap
+        padding = {a: 2 * (lay.block(a) + (lay.split[1] if lay.split is not None and lay.split[0] == a else 0))
+                   for a in lay.tiles}
+        block.emit(ast.Expr(cg.call("index_range", cg.name("n"), cg.tuple_(
+            [cg.tuple_([cg.const(print_index(e)), _index_tree(e)]) for e in exprs]),
+            *([cg.dict_([(a, cg.const(k)) for a, k in padding.items()])] if lay.target in KERNEL_TARGETS else []))))
+
+
+def index_exprs(lay: Layout) -> list[IndexExpr]:
+    """The index expressions of the layout's boxes (``index``'s, and both sides of each comparison
+    of a ``where``'s predicate), each once; with each comparison's difference of sides, minus 1 both
+    ways: a mask's chunk bounds (``masks.Side``) compute its grid terms summed, each partial sum a
+    value of that difference at some positions (q·150000000 - x >= 0 - q·150000000 has sides within
+    int32 at q ≤ 9, and a bound 3·10^8·q that wraps)."""
+    found: list[IndexExpr] = []
+
+    def compare(a: IndexExpr, b: IndexExpr) -> None:
+        found.extend((a, b, IBin("-", IBin("-", a, b), IInt(1)), IBin("-", IBin("-", b, a), IInt(1))))
+
+    def visit(i: Pred | IndexExpr | None) -> None:
+        if isinstance(i, (Cmp, Logic)):
+            fold_pred(i, lambda op, a, b: compare(a, b), lambda op, a, b: None)
+        elif i is not None:
+            found.append(i)
+
+    for node in lay.flat.nodes:
+        for box in (b for b in walk(node.expr) if isinstance(b, Box)):
+            visit(box.index)
+    return list(dict.fromkeys(found))
+
+
+def _index_tree(e: IndexExpr) -> ast.expr:
+    return fold_index(e, lambda axis: cg.tuple_([cg.const("pos"), cg.const(axis)]),
+                      lambda n: cg.tuple_([cg.const("int"), cg.const(n)]),
+                      lambda op, a, b: cg.tuple_([cg.const(op), a, b]))
 
 
 def all_axes(lay: Layout) -> tuple[str, ...]:

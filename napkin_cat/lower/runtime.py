@@ -18,8 +18,9 @@ import jax.numpy as jnp
 from napkin_cat.cost.launch import launch
 from napkin_cat.schedule.layout import pow2_extent
 
-__all__ = ["HELPERS", "argmax", "bind_sizes", "device_mesh", "erf", "helper_source", "linrec", "linrec_rows",
-           "live_chunks", "merge_tiles", "pad_to", "pair_kinds", "round_up", "shard", "split_tiles", "topk"]
+__all__ = ["HELPERS", "argmax", "bind_sizes", "device_mesh", "erf", "helper_source", "index_range", "linrec",
+           "linrec_rows", "live_chunks", "merge_tiles", "pad_to", "pair_kinds", "round_up", "shard", "split_tiles",
+           "topk"]
 
 
 def bind_sizes(arrays: Sequence[Any], signature: Sequence[tuple[str, tuple[str, ...]]],
@@ -37,6 +38,13 @@ def bind_sizes(arrays: Sequence[Any], signature: Sequence[tuple[str, tuple[str, 
         if name in integers:
             if not jnp.issubdtype(kind, jnp.integer) and not jnp.issubdtype(kind, jnp.floating):
                 raise TypeError(f"input {name} is declared int but holds {kind} values; pass an integer array")
+            # a concrete (numpy) array, read in its own dtype: int32 would wrap it (under jit, JAX converts
+            # it at the boundary, before this sees it)
+            if not isinstance(array, jax.Array) and hasattr(array, "min") and getattr(array, "size", 0) > 0:
+                low, high = float(array.min()), float(array.max())
+                if low < -2**31 or high >= 2**31:
+                    raise ValueError(f"input {name} holds {low if low < -2**31 else high}, past int32, as which "
+                                     "the kernel reads it (it would wrap)")
         elif not jnp.issubdtype(kind, jnp.floating):
             raise TypeError(f"input {name} holds {kind} values; this kernel takes real floating-point arrays")
         shape = tuple(jnp.shape(array))
@@ -47,6 +55,36 @@ def bind_sizes(arrays: Sequence[Any], signature: Sequence[tuple[str, tuple[str, 
             if sizes.setdefault(axis, size) != size:
                 raise ValueError(f"axis {axis} has size {sizes[axis]} but input {name} has {size} along it")
     return sizes
+
+
+def index_range(sizes: Mapping[str, int], exprs: Sequence[tuple[str, Any]],
+                padding: Mapping[str, int] | None = None) -> None:
+    """ValueError where an index expression of the kernel may leave int32 at these sizes: each is
+    ``(text, tree)``, a tree ``("pos", axis)``, ``("int", n)`` or ``(op, left, right)`` for ``+ - *``,
+    every sub-expression bounded over the positions ``[0, |axis| - 1]``, or with ``padding`` (a
+    kernel that pads its blocks, each axis's largest block) over ``[0, max(2·|axis|, |axis| +
+    padding, 16) - 1]``, past every padded position, whose chunk bounds the kernel computes too.
+    The kernel computes index arithmetic in int32 and the evaluator in int64, so past 2^31 they
+    would part (``x * 65536 * 65536`` is 0 in int32 and 2^32 at x = 1 in int64)."""
+    def span(tree: Any, text: str) -> tuple[int, int]:
+        if tree[0] == "pos":
+            size = sizes[tree[1]]
+            lo, hi = 0, max(size if padding is None else max(2 * size, size + padding.get(tree[1], 0), 16), 1) - 1
+        elif tree[0] == "int":
+            lo = hi = tree[1]
+        else:
+            a, b = span(tree[1], text), span(tree[2], text)
+            ends = ([x * y for x in a for y in b] if tree[0] == "*" else
+                    [a[0] + b[0], a[1] + b[1]] if tree[0] == "+" else [a[0] - b[1], a[1] - b[0]])
+            lo, hi = min(ends), max(ends)
+        if lo < -2**31 or hi >= 2**31:
+            raise ValueError(f"index expression {text} may reach {lo if lo < -2**31 else hi} at sizes {dict(sizes)}: "
+                             "this kernel computes index arithmetic in int32, which wraps past 2^31 where the "
+                             "evaluator's int64 does not")
+        return lo, hi
+
+    for text, tree in exprs:
+        span(tree, text)
 
 
 def round_up(size: int, tile: int) -> int:
@@ -202,7 +240,7 @@ HELPERS: dict[str, Callable[..., Any]] = {
     "bind_sizes": bind_sizes, "round_up": round_up, "pow2_extent": pow2_extent, "pad_to": pad_to, "erf": erf,
     "linrec": linrec, "linrec_rows": linrec_rows, "split_tiles": split_tiles, "merge_tiles": merge_tiles,
     "device_mesh": device_mesh, "shard": shard, "launch": launch, "argmax": argmax, "topk": topk,
-    "pair_kinds": pair_kinds, "live_chunks": live_chunks,
+    "pair_kinds": pair_kinds, "live_chunks": live_chunks, "index_range": index_range,
 }
 
 
@@ -213,8 +251,9 @@ def helper_source(names: Sequence[str]) -> list[ast.stmt]:
         tree = ast.parse(inspect.getsource(HELPERS[helper]))
         fn = tree.body[0]
         assert isinstance(fn, ast.FunctionDef)
-        fn.returns = None
-        for arg in fn.args.args:
-            arg.annotation = None
+        for each in (n for n in ast.walk(fn) if isinstance(n, ast.FunctionDef)):  # nested ones too
+            each.returns = None
+            for arg in each.args.args:
+                arg.annotation = None
         out.append(fn)
     return out

@@ -23,6 +23,10 @@ def bind_sizes(arrays, signature, declared, integers=()):
         if name in integers:
             if not jnp.issubdtype(kind, jnp.integer) and (not jnp.issubdtype(kind, jnp.floating)):
                 raise TypeError(f'input {name} is declared int but holds {kind} values; pass an integer array')
+            if not isinstance(array, jax.Array) and hasattr(array, 'min') and (getattr(array, 'size', 0) > 0):
+                low, high = (float(array.min()), float(array.max()))
+                if low < -2 ** 31 or high >= 2 ** 31:
+                    raise ValueError(f'input {name} holds {(low if low < -2 ** 31 else high)}, past int32, as which the kernel reads it (it would wrap)')
         elif not jnp.issubdtype(kind, jnp.floating):
             raise TypeError(f'input {name} holds {kind} values; this kernel takes real floating-point arrays')
         shape = tuple(jnp.shape(array))
@@ -33,6 +37,31 @@ def bind_sizes(arrays, signature, declared, integers=()):
             if sizes.setdefault(axis, size) != size:
                 raise ValueError(f'axis {axis} has size {sizes[axis]} but input {name} has {size} along it')
     return sizes
+
+def index_range(sizes, exprs, padding=None):
+    """ValueError where an index expression of the kernel may leave int32 at these sizes: each is
+    ``(text, tree)``, a tree ``("pos", axis)``, ``("int", n)`` or ``(op, left, right)`` for ``+ - *``,
+    every sub-expression bounded over the positions ``[0, |axis| - 1]``, or with ``padding`` (a
+    kernel that pads its blocks, each axis's largest block) over ``[0, max(2·|axis|, |axis| +
+    padding, 16) - 1]``, past every padded position, whose chunk bounds the kernel computes too.
+    The kernel computes index arithmetic in int32 and the evaluator in int64, so past 2^31 they
+    would part (``x * 65536 * 65536`` is 0 in int32 and 2^32 at x = 1 in int64)."""
+
+    def span(tree, text):
+        if tree[0] == 'pos':
+            size = sizes[tree[1]]
+            lo, hi = (0, max(size if padding is None else max(2 * size, size + padding.get(tree[1], 0), 16), 1) - 1)
+        elif tree[0] == 'int':
+            lo = hi = tree[1]
+        else:
+            a, b = (span(tree[1], text), span(tree[2], text))
+            ends = [x * y for x in a for y in b] if tree[0] == '*' else [a[0] + b[0], a[1] + b[1]] if tree[0] == '+' else [a[0] - b[1], a[1] - b[0]]
+            lo, hi = (min(ends), max(ends))
+        if lo < -2 ** 31 or hi >= 2 ** 31:
+            raise ValueError(f"index expression {text} may reach {(lo if lo < -2 ** 31 else hi)} at sizes {dict(sizes)}: this kernel computes index arithmetic in int32, which wraps past 2^31 where the evaluator's int64 does not")
+        return (lo, hi)
+    for text, tree in exprs:
+        span(tree, text)
 
 def alibi_grouped(Q, K, V, m):
     """`alibi_grouped` lowered by napkin to plain streamed JAX.
@@ -53,6 +82,7 @@ def alibi_grouped(Q, K, V, m):
     Gradients: jax.grad differentiates this code; the streamed step is checkpointed (the backward keeps per-chunk carries, not the whole of any streamed axis).
     """
     n = bind_sizes((Q, K, V, m), (('Q', ('b', 'h', 'q', 'd')), ('K', ('b', 'h', 'x', 'd')), ('V', ('b', 'h', 'x', 'd')), ('m', ('h',))), {'d': 80})
+    index_range(n, (('q - x', ('-', ('pos', 'q'), ('pos', 'x'))), ('q', ('pos', 'q')), ('x', ('pos', 'x')), ('q - x - 1', ('-', ('-', ('pos', 'q'), ('pos', 'x')), ('int', 1))), ('x - q - 1', ('-', ('-', ('pos', 'x'), ('pos', 'q')), ('int', 1)))))
     Q_2 = jnp.asarray(Q, jnp.float32)
     K_2 = jnp.asarray(K, jnp.float32)
     V_2 = jnp.asarray(V, jnp.float32)

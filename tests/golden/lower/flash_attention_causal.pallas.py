@@ -25,6 +25,10 @@ def bind_sizes(arrays, signature, declared, integers=()):
         if name in integers:
             if not jnp.issubdtype(kind, jnp.integer) and (not jnp.issubdtype(kind, jnp.floating)):
                 raise TypeError(f'input {name} is declared int but holds {kind} values; pass an integer array')
+            if not isinstance(array, jax.Array) and hasattr(array, 'min') and (getattr(array, 'size', 0) > 0):
+                low, high = (float(array.min()), float(array.max()))
+                if low < -2 ** 31 or high >= 2 ** 31:
+                    raise ValueError(f'input {name} holds {(low if low < -2 ** 31 else high)}, past int32, as which the kernel reads it (it would wrap)')
         elif not jnp.issubdtype(kind, jnp.floating):
             raise TypeError(f'input {name} holds {kind} values; this kernel takes real floating-point arrays')
         shape = tuple(jnp.shape(array))
@@ -63,11 +67,37 @@ def launch(values, staged, rows, registers_per_thread, warps, register_budget, r
     s = next((s for s in stages if staged * s <= smem), None)
     return (max(usable) if w is None else w, min(stages) if s is None else s, w is not None and s is not None)
 
+def index_range(sizes, exprs, padding=None):
+    """ValueError where an index expression of the kernel may leave int32 at these sizes: each is
+    ``(text, tree)``, a tree ``("pos", axis)``, ``("int", n)`` or ``(op, left, right)`` for ``+ - *``,
+    every sub-expression bounded over the positions ``[0, |axis| - 1]``, or with ``padding`` (a
+    kernel that pads its blocks, each axis's largest block) over ``[0, max(2·|axis|, |axis| +
+    padding, 16) - 1]``, past every padded position, whose chunk bounds the kernel computes too.
+    The kernel computes index arithmetic in int32 and the evaluator in int64, so past 2^31 they
+    would part (``x * 65536 * 65536`` is 0 in int32 and 2^32 at x = 1 in int64)."""
+
+    def span(tree, text):
+        if tree[0] == 'pos':
+            size = sizes[tree[1]]
+            lo, hi = (0, max(size if padding is None else max(2 * size, size + padding.get(tree[1], 0), 16), 1) - 1)
+        elif tree[0] == 'int':
+            lo = hi = tree[1]
+        else:
+            a, b = (span(tree[1], text), span(tree[2], text))
+            ends = [x * y for x in a for y in b] if tree[0] == '*' else [a[0] + b[0], a[1] + b[1]] if tree[0] == '+' else [a[0] - b[1], a[1] - b[0]]
+            lo, hi = (min(ends), max(ends))
+        if lo < -2 ** 31 or hi >= 2 ** 31:
+            raise ValueError(f"index expression {text} may reach {(lo if lo < -2 ** 31 else hi)} at sizes {dict(sizes)}: this kernel computes index arithmetic in int32, which wraps past 2^31 where the evaluator's int64 does not")
+        return (lo, hi)
+    for text, tree in exprs:
+        span(tree, text)
+
 def flash_attention_causal_forward(Q, K, V, *, interpret=None):
     """The forward kernel (the public function's primal)."""
     if interpret is None:
         interpret = jax.default_backend() != 'gpu'
     n = bind_sizes((Q, K, V), (('Q', ('q', 'd')), ('K', ('x', 'd')), ('V', ('x', 'd'))), {'d': 64})
+    index_range(n, (('q', ('pos', 'q')), ('x', ('pos', 'x')), ('q - x - 1', ('-', ('-', ('pos', 'q'), ('pos', 'x')), ('int', 1))), ('x - q - 1', ('-', ('-', ('pos', 'x'), ('pos', 'q')), ('int', 1)))), {'q': 64, 'x': 64})
     p = {'q': round_up(n['q'], 32), 'd': pow2_extent(n['d'], 16), 'x': round_up(n['x'], 32)}
     Q_padded = pad_to(Q, (p['q'], p['d']), jnp.float32)
     K_padded = pad_to(K, (p['x'], p['d']), jnp.float32)
@@ -138,6 +168,7 @@ def flash_attention_causal_forward(Q, K, V, *, interpret=None):
 def flash_attention_causal_backward(Q, K, V, dO):
     """The VJP diagram, unscheduled."""
     n = bind_sizes((Q, K, V, dO), (('Q', ('q', 'd')), ('K', ('x', 'd')), ('V', ('x', 'd')), ('dO', ('q', 'd'))), {'d': 64})
+    index_range(n, (('q', ('pos', 'q')), ('x', ('pos', 'x')), ('q - x - 1', ('-', ('-', ('pos', 'q'), ('pos', 'x')), ('int', 1))), ('x - q - 1', ('-', ('-', ('pos', 'x'), ('pos', 'q')), ('int', 1)))))
     Q_2 = jnp.asarray(Q, jnp.float32)
     K_2 = jnp.asarray(K, jnp.float32)
     V_2 = jnp.asarray(V, jnp.float32)
@@ -183,6 +214,7 @@ def flash_attention_causal(Q, K, V, *, interpret=None):
     Dtype: inputs and outputs float32; arithmetic and accumulation in float32.
     Gradients: a jax.custom_vjp; residuals are the inputs only; the backward is the diagram's VJP (napkin_cat.grad) lowered unscheduled to plain JAX, its intermediates materialised whole.
     """
+    bind_sizes((Q, K, V), (('Q', ('q', 'd')), ('K', ('x', 'd')), ('V', ('x', 'd'))), {'d': 64})
 
     @jax.custom_vjp
     def run(*args):

@@ -25,6 +25,10 @@ def bind_sizes(arrays, signature, declared, integers=()):
         if name in integers:
             if not jnp.issubdtype(kind, jnp.integer) and (not jnp.issubdtype(kind, jnp.floating)):
                 raise TypeError(f'input {name} is declared int but holds {kind} values; pass an integer array')
+            if not isinstance(array, jax.Array) and hasattr(array, 'min') and (getattr(array, 'size', 0) > 0):
+                low, high = (float(array.min()), float(array.max()))
+                if low < -2 ** 31 or high >= 2 ** 31:
+                    raise ValueError(f'input {name} holds {(low if low < -2 ** 31 else high)}, past int32, as which the kernel reads it (it would wrap)')
         elif not jnp.issubdtype(kind, jnp.floating):
             raise TypeError(f'input {name} holds {kind} values; this kernel takes real floating-point arrays')
         shape = tuple(jnp.shape(array))
@@ -155,6 +159,7 @@ def flash_mha(Q, K, V, *, interpret=None):
     Dtype: inputs and outputs float32; arithmetic and accumulation in float32.
     Gradients: a jax.custom_vjp; residuals are the inputs only; the backward is the diagram's VJP (napkin_cat.grad) lowered unscheduled to plain JAX, its intermediates materialised whole.
     """
+    bind_sizes((Q, K, V), (('Q', ('b', 'h', 'q', 'd')), ('K', ('b', 'h', 'x', 'd')), ('V', ('b', 'h', 'x', 'd'))), {'d': 64})
 
     @jax.custom_vjp
     def run(*args):

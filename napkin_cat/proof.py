@@ -307,7 +307,8 @@ def _swap(expr: Expr, node: Box) -> Expr:
 #: how the tiles' outputs lacking the axis are merged: a monoid accumulator's operation on its
 #: states, which are the box's values on the tiles (logsumexp's log-add: adding logsumexps was no
 #: merge at all, and printed a counterexample where the accumulator is right)
-_MERGE = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply, "logsumexp": np.logaddexp}
+_MERGE = {"sum": np.add, "max": FLOAT64.maximum, "min": FLOAT64.minimum, "prod": np.multiply,
+          "logsumexp": np.logaddexp}  # max, min: IEEE 754-2019 on zeros, as the evaluator
 
 
 def _counterexample(diagram: Diagram, step: Partition) -> str | None:

@@ -196,6 +196,8 @@ MESSAGES: dict[str, str] = {
     "lower.split_mesh": "a split of `{axis}` runs on one device; lowering it with --mesh is not supported",
     "lower.split_stream": "the split of `{axis}` needs each program to stream its block (`stream {axis} by TILE "
         "via ACC` after the split); this schedule {what}",
+    "lower.tile_assumption": "tiles {tiles} break `{name}`'s assumption {assumption}: {inner} does not divide {outer} "
+        "(an inner tile divides the tile outside it, R9); the theorem claims nothing at these tiles",
     "lower.split_tile": "the split's block of {block} is not a multiple of the stream's chunk of {tile} along `{axis}`",
     "lower.split_output": "output {index} carries the split axis `{axis}`; a split writes no output along its axis",
     "lower.mesh_pallas_ring": "--target pallas cannot run the ring of `{axis}`: a Pallas kernel keeps its "

@@ -13,8 +13,10 @@ plain evaluator.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -313,7 +315,8 @@ def _swap(expr: Expr, node: Box) -> Expr:
 #: how the tiles' outputs lacking the axis are merged: a monoid accumulator's operation on its
 #: states, which are the box's values on the tiles (logsumexp's log-add: adding logsumexps was no
 #: merge at all, and printed a counterexample where the accumulator is right)
-_MERGE = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply, "logsumexp": np.logaddexp}
+_MERGE: dict[str, Callable[[Any, Any], Any]] = {  # max, min: IEEE 754-2019 on zeros, as the evaluator
+    "sum": np.add, "max": FLOAT64.maximum, "min": FLOAT64.minimum, "prod": np.multiply, "logsumexp": np.logaddexp}
 
 
 def _counterexample(diagram: Diagram, step: Partition) -> str | None:

@@ -458,3 +458,31 @@ def test_zero_weights_against_infinite_values_under_jit_differ_only_by_xlas_fold
     assert cases.agrees(jitted[~zero_weights], want[~zero_weights])
     folded = jitted[zero_weights]
     assert (np.isnan(folded) | (folded == 0.0)).all(), folded  # NaN (kept) or exp(-inf) (folded)
+
+
+def test_tiles_breaking_a_nested_assumption_are_refused() -> None:
+    """`stream x by sx; stream x by rx at reg` is proved assuming rx | sx (R9; the kernel realises only
+    sx): tiles rx=3, sx=4 are refused by lowering (both targets) and by the schedule interpreter, naming
+    the assumption and the tiles; sx=4 on x=10 breaks only the outermost `sx | x`, which lowering pads
+    over (plain JAX: a ragged last chunk), and matches the evaluator."""
+    from napkin_cat.proof import prove
+    from napkin_cat.schedule.run import run_schedule
+
+    module = loads("axis q, x, d\ndiagram f(S: [q x], V: [x d]) -> [q d] {\n"
+                   "  return ncontract[x; exp, square, id](S, V)\n}\n"
+                   "theorem t: f {\n  stream x by sx\n  stream x by rx at reg\n}\n")
+    thm = prove(module, "t")
+    assert "rx | sx" in [str(c) for c in thm.constraints]
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal((3, 10)), rng.standard_normal((10, 2))]
+    for target in ("jax", "pallas"):
+        with pytest.raises(NapkinError) as err:
+            lower(thm, target=target, tiles={"sx": 4, "rx": 3})
+        assert err.value.codes == ("lower.tile_assumption",)
+        assert "`rx | sx`" in str(err.value) and "rx=3, sx=4" in str(err.value)
+    with pytest.raises(ValueError, match=r"`rx \| sx`: 3 does not divide 4"):
+        run_schedule(thm, arrays, tiles={"sx": 4, "rx": 3})
+    want = evaluate(thm.source, arrays)
+    got = lower(thm, target="jax", tiles={"sx": 4, "rx": 2}).fn(*[jnp.asarray(a, jnp.float32) for a in arrays])
+    assert cases.relative_error(got, want) < 1e-5
+    assert np.allclose(run_schedule(thm, arrays, tiles={"sx": 4, "rx": 2})[0], want)

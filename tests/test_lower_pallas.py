@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import napkin_cat
-from napkin_cat import loads, run
+from napkin_cat import kernel, loads, run
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.lower import lower, realised_schedule
 from napkin_cat.proof import check_file, check_module, theorem
@@ -511,3 +511,48 @@ def test_padding_masks_are_left_out_where_the_size_fills_the_tiles() -> None:
         assert _kernel_primitives(fn, q, k, v).count("lt") == compares, x
         want = cases.reference(thm, [q, k, v], {})[0]
         assert cases.relative_error(np.asarray(fn(q, k, v, interpret=True)), want) < cases.F32_TOL
+
+
+SIGNED_ZEROS = """axis q, x
+diagram mx(S: [q x]) -> [q] { return tanh(recip(max[x](S))) }
+diagram mn(S: [q x]) -> [q] { return tanh(recip(min[x](S))) }
+diagram ew(S: [q x], T: [q x]) -> [q x] { return tanh(recip(max(S, T))) + 2 * tanh(recip(min(S, T))) }
+theorem smx: mx { stream x by sx }
+theorem smn: mn { stream x by sx }
+"""
+
+
+@pytest.mark.parametrize("n", range(1, 7))
+def test_max_min_zero_signs_agree_everywhere(n: int) -> None:
+    """max/min order zeros as IEEE 754-2019 maximum/minimum do (-0 < +0; README's op table): on every
+    sign pattern of n zeros, mixed with -1 (max) or +1 (min), the evaluator, the schedule interpreter
+    (ragged chunks of 2), plain JAX and Pallas interpret give the same signed 1/±0 through tanh (±1), and
+    the evaluator's is the rule's (numpy's maximum kept an order-dependent one of equal zeros)."""
+    import itertools
+
+    from napkin_cat.evaluate import evaluate
+    from napkin_cat.proof import prove
+    from napkin_cat.schedule.run import run_schedule
+
+    module = loads(SIGNED_ZEROS)
+    for name, other, rule in (("smx", -1.0, np.max), ("smn", 1.0, np.min)):
+        rows = np.array(list(itertools.product((0.0, -0.0, other), repeat=n)))
+        thm = prove(module, name)
+        want = evaluate(thm.source, [rows])
+        top = rule(rows, axis=1)  # the rule: a zero max is +0 iff an entry is +0, a zero min -0 iff one is -0
+        pos, neg = (((rows == 0) & (np.signbit(rows) == s)).any(axis=1) for s in (False, True))
+        zero = np.where(pos, 1.0, -1.0) if name == "smx" else np.where(neg, -1.0, 1.0)
+        ieee = np.where(top == 0, zero, np.tanh(1 / np.where(top == 0, 1.0, top)))
+        np.testing.assert_array_equal(want, ieee)
+        np.testing.assert_array_equal(run_schedule(thm, [rows], tiles={"sx": 2})[0], want)
+        x = jnp.asarray(rows, jnp.float32)
+        pallas = lower(thm, target="pallas", tiles={"sx": 16}).fn
+        got = {"jax": lower(thm, target="jax", tiles={"sx": 2}).fn(x), "pallas": pallas(x, interpret=True)}
+        for target, out in got.items():
+            assert np.allclose(np.asarray(out, np.float64), want, atol=1e-6), (name, target)
+    pairs = np.array(list(itertools.product((0.0, -0.0, -1.0, 1.0), repeat=2))).T.reshape(2, 1, 16)
+    ew = kernel.refl("ew", module.diagram("ew"))
+    want = evaluate(ew.source, list(pairs))
+    for target in ("jax", "pallas"):
+        out = lower(ew, target=target).fn(*[jnp.asarray(a, jnp.float32) for a in pairs])
+        assert np.allclose(np.asarray(out, np.float64), want, atol=1e-6), target

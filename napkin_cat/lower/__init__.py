@@ -48,6 +48,7 @@ from napkin_cat.schedule.layout import (
     PRICED_DTYPE,
     TARGETS,
     Layout,
+    broken_nesting,
     layout,
     realised_schedule,
 )
@@ -266,7 +267,27 @@ def _place(name: str, diagram: Diagram, schedule: Schedule, target: str, tiles: 
     else:
         defaults, origin = {}, "given" if given else "fixed by the proof"
     picked = {**defaults, **given}
+    _check_nesting(name, device, picked)
     return _Placed(layout(name, diagram, device, picked, target, chosen), picked, origin)
+
+
+def _check_nesting(name: str, device: Schedule, picked: Mapping[str, int]) -> None:
+    """Refuse tiles that break a nested divisibility assumption the theorem records (`rx | sx`: R9,
+    ``layout.broken_nesting``): the kernel realises only the outermost tile of an axis, so it would run
+    under a claim the theorem does not make.  The outermost tile's own assumption (`sx | x`) is padded
+    over: Pallas and Mosaic GPU pad the axis to whole tiles with the fill values of the boxes that
+    meet it (refusing a box with none, ``lower.no_pad``), plain JAX runs the ragged last tile."""
+    values, seen = [], set()
+    for p in device.partitions:  # as ``layout`` reads them: the outermost by name or axis, a nested one by name
+        if p.axis in seen:
+            values.append(picked.get(p.tile, 0) if isinstance(p.tile, str) else p.tile)
+        else:
+            values.append(picked.get(p.tile if isinstance(p.tile, str) else p.axis, picked.get(p.axis, 0)))
+            seen.add(p.axis)
+    if broken := broken_nesting(device.partitions, values):
+        assumption, inner, outer = broken
+        raise NapkinError(error("lower.tile_assumption", name=name, assumption=f"`{assumption}`", inner=inner,
+                                outer=outer, tiles=", ".join(f"{k}={v}" for k, v in sorted(picked.items()))))
 
 
 def _target_profile(name: str, target: str, hardware: str | hw.Hardware | None, dtype: Any) -> tuple[hw.Hardware, str]:

@@ -42,7 +42,8 @@ from napkin_cat.schedule.loopnest import Flat, LoopNest, Node, flatten, loop_nes
 from napkin_cat.terms import INT_DTYPE, INTEGER_OUTPUT_DTYPE, Box, Diagram, Partition, Schedule, Size, integer_names
 
 __all__ = ["DEFAULT_HARDWARE", "FORMATS", "KERNEL_DTYPES", "KERNEL_TARGETS", "MIN_BLOCK", "MIX_FILL", "PRICED_DTYPE",
-           "TARGETS", "TRITON_MISSING", "Layout", "fill_values", "grid_order", "integer_outputs", "layout",
+           "TARGETS", "TRITON_MISSING", "Layout", "broken_nesting", "fill_values", "grid_order", "integer_outputs",
+           "layout",
            "pow2_extent", "realised_schedule"]
 
 TARGETS = ("pallas", "mosaic", "jax")
@@ -445,6 +446,24 @@ def _group_block_ok(flat: Flat, axis: str, tiles: Mapping[str, int], squeezed: f
             if axis in dim and math.prod(tiles.get(a, MIN_BLOCK) for a in dim) < MIN_BLOCK:
                 return False
     return True
+
+
+def broken_nesting(partitions: Sequence[Partition], values: Sequence[int]) -> tuple[str, int, int] | None:
+    """The first nested divisibility assumption that the tile ``values`` (one per partition, in order) break, as
+    (`inner | outer`, inner value, outer value), else None: the kernel's R9 records that an inner tile divides the
+    tile outside it (``kernel._nest``), except a tile of 1 and a padded stream inside a split (its last chunk
+    masked).  The outermost tile's assumption on the axis (`sx | x`) is not read here: lowering pads a ragged last
+    tile (README "Kernels")."""
+    seen: dict[str, tuple[Partition, int]] = {}
+    for p, value in zip(partitions, values, strict=True):
+        outer = seen.get(p.axis)
+        seen[p.axis] = (p, value)
+        if outer is None or p.tile == 1 or (p.pad and p.kind == "stream" and outer[0].kind == "split") \
+                or min(value, outer[1]) <= 0:  # an unbound tile: refused as such (lower.tile_unbound)
+            continue
+        if outer[1] % value:
+            return f"{p.tile} | {outer[0].tile}", value, outer[1]
+    return None
 
 
 def _tile_value(tile: str | int, axis: str, tiles: Mapping[str, int]) -> int:

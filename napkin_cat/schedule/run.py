@@ -34,6 +34,7 @@ from napkin_cat import ops
 from napkin_cat.certify import accumulators as acc
 from napkin_cat.evaluate import Named, bind_sizes, evaluate_named, union_axes
 from napkin_cat.kernel import Theorem
+from napkin_cat.schedule.layout import broken_nesting
 from napkin_cat.schedule.loopnest import Loop, LoopNest, Node, loop_nest
 from napkin_cat.terms import Box, Const, Diagram, Expr, Param, Size, Var
 
@@ -78,6 +79,9 @@ def run_schedule(theorem: Theorem, arrays: Sequence[Any], sizes: Mapping[str, in
                 raise ValueError(f"tile `{p.tile}` of axis `{p.axis}` is symbolic: give it in tiles=")
             p = replace(p, tile=int((tiles or {})[p.tile]))
         partitions.append(p)
+    if broken := broken_nesting(theorem.schedule.partitions, [int(p.tile) for p in partitions]):
+        raise ValueError(f"tiles break `{theorem.name}`'s assumption `{broken[0]}`: {broken[1]} does not divide "
+                         f"{broken[2]} (R9); the theorem claims nothing at these tiles")
     nest = loop_nest(diagram, replace(theorem.schedule, partitions=tuple(partitions)))
     env: dict[str, Value] = {p.name: Named(p.axes, d) for p, d in zip(diagram.inputs, data, strict=True)}
     tile = _Tile(dict(full), {}, dict(full), dict(full))

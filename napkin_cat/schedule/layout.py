@@ -43,8 +43,7 @@ from napkin_cat.terms import INT_DTYPE, INTEGER_OUTPUT_DTYPE, Box, Diagram, Part
 
 __all__ = ["DEFAULT_HARDWARE", "FORMATS", "KERNEL_DTYPES", "KERNEL_TARGETS", "MIN_BLOCK", "MIX_FILL", "PRICED_DTYPE",
            "TARGETS", "TRITON_MISSING", "Layout", "broken_nesting", "fill_values", "grid_order", "integer_outputs",
-           "layout",
-           "pow2_extent", "realised_schedule"]
+           "layout", "pow2_extent", "realised_schedule"]
 
 TARGETS = ("pallas", "mosaic", "jax")
 

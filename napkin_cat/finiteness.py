@@ -833,6 +833,15 @@ def cancelled_absorptions(expr: Expr, diagram: Diagram) -> list[tuple[Box, Box]]
     return [(b, inner) for b in own if (inner := _cancelled_absorption(an, b, ids)) is not None]
 
 
+def absorbing_sums(expr: Expr, diagram: Diagram) -> list[Box]:
+    """The sums and differences of ``expr`` (a term of ``diagram``) that float64 may round to their
+    larger operand alone (``_absorbs``), whatever reads them: a reduction whose weights sum to 0
+    cancels what one of them keeps as a difference does (``certify.prove``'s backward join looks
+    for those whose operand's share of the value cancels over the reals)."""
+    an = _Analysis(diagram.bindings(), input_values(diagram.inputs))
+    return [b for b in walk(expr) if isinstance(b, Box) and b.op in ("add", "sub") and _absorbs(an, b)]
+
+
 def analyse(expr: Expr, defs: Mapping[str, Expr], inputs: Mapping[str, Value]) -> Value:
     """The classes of ``expr``'s entries (``abstract``)."""
     return abstract(expr, defs, inputs).classes

@@ -546,6 +546,42 @@ def test_the_join_prover_refuses_an_absorption_cancelled_by_the_joins_sum() -> N
     assert err.value.codes == ("lower.backward_unproved",)
 
 
+_CENTRED = """axis t
+diagram f(X: [t], Y: [t], B: []) -> [] {{
+  return B * sum[t]((X - mean[t](X)) * Y)
+}}
+diagram b(X: [t], Y: [t], d_out: []) -> [] {{
+  dB = {backward}
+  return dB
+}}
+diagram bxy(X: [t], Y: [t], B: [], d_out: []) -> [t], [t] {{
+  dX = d_out * B * (Y - mean[t](Y))
+  dY = d_out * B * (X - mean[t](X))
+  return dX, dY
+}}
+"""
+
+
+@pytest.mark.parametrize("offset", ["exp(46.5)", "(exp(46.5) + 0.0 * X)"])
+def test_the_join_prover_refuses_an_absorption_cancelled_by_a_reduction(offset: str) -> None:
+    """The red team's centred weights: dB = g·Σ_t (X - mean X)·(Y + C) is the VJP's g·Σ_t (X - mean X)·Y
+    over the reals, the weights summing to 0, and no sum or difference cancels the absorbing Y + C (a
+    reduction does), so the join was proved; at X = [1, 2], Y = [0, 1], C = exp(46.5) absorbs Y whole
+    and dB is 0 where the VJP's is 0.5.  Scaling C by a fresh δ leaves the gradient's term unchanged:
+    C's share cancels (``prove._offsets_cancelled``)."""
+    module = loads(_CENTRED.format(backward=f"d_out * sum[t]((X - mean[t](X)) * (Y + {offset}))"))
+    f, b, bxy = module.diagram("f"), module.diagram("b"), module.diagram("bxy")
+    x, y, one = np.array([1.0, 2.0]), np.array([0.0, 1.0]), np.array(1.0)
+    assert float(evaluate(b, [x, y, one])) == 0.0  # type: ignore[arg-type]
+    assert float(evaluate(grad.vjp(f), [x, y, one, one])[2]) == 0.5  # type: ignore[arg-type]
+    with pytest.raises(NapkinError, match=r"gradient of B computes `Y \+ .*` at <string>:6:\d+, which float64 may "
+                                          r"round to its larger operand, and one operand's share") as err:
+        link(f, [b, bxy])
+    assert err.value.codes == ("lower.backward_unproved",)
+    right = loads(_CENTRED.format(backward="d_out * sum[t]((X - mean[t](X)) * Y)"))
+    assert link(right.diagram("f"), [right.diagram("b"), right.diagram("bxy")]).proved
+
+
 def test_the_join_prover_refuses_an_absorption_in_a_saved_output() -> None:
     """The red team's saved sum: the forward saves O = X + C (C = exp(46.5)) beside Y = B·X, and the
     backward's dB = Σ dY·(O - C) is the VJP's Σ dY·X over the reals; O is an input there, so the

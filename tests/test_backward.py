@@ -601,6 +601,25 @@ def test_the_join_prover_refuses_an_absorption_in_a_saved_output() -> None:
     assert err.value.codes == ("lower.backward_unproved",)
 
 
+def test_a_saved_output_read_without_its_inputs_is_analysed_as_the_forward_computes_it() -> None:
+    """The red team's saved exp: the forward saves O = exp(X) beside Y = X·Z, and the backward's
+    dX = dY·Z·(O·0 + 1) reads O but not X, so O was analysed as a finite input and the gradient
+    vouched finite (and O·0 + 1 normalises to 1); but O is +inf at X = 800, and dX NaN where the
+    VJP's is 1.  O is now analysed as the forward computes it (``Param.written``)."""
+    module = loads("axis t\ndiagram f(X: [t], Z: [t]) -> [t], [t] {\n  Y = X * Z\n  O = exp(X)\n  return Y, O\n}\n"
+                   "diagram b(Z: [t], O: [t], dY: [t]) -> [t] {\n  dX = dY * Z * (O * 0 + 1)\n  return dX\n}\n"
+                   "diagram bz(X: [t], dY: [t]) -> [t] {\n  dZ = dY * X\n  return dZ\n}\n")
+    f, b, bz = module.diagram("f"), module.diagram("b"), module.diagram("bz")
+    x, one = np.array([800.0, 1.0]), np.ones(2)
+    saved = evaluate(f, [x, one])[1]
+    assert np.isnan(np.asarray(evaluate(b, [one, saved, one]))[0])
+    assert np.asarray(evaluate(grad.vjp(replace(f, outputs=f.outputs[:1], out_types=f.out_types[:1])),
+                               [x, one, one])[0]).tolist() == [1.0, 1.0]
+    with pytest.raises(NapkinError, match="gradient of X may overflow in float64 where the VJP's is finite") as err:
+        link(f, [b, bz])
+    assert err.value.codes == ("lower.backward_unproved",)
+
+
 @pytest.mark.parametrize(("forward_mask", "backward_mask", "why"), [
     # a different mask in the backward: different indicators, different terms
     ("q >= x", "q > x", "gradients of Q do not normalise"),

@@ -654,11 +654,14 @@ def _finite_where_the_vjp_is(forward: Diagram, reference: Diagram,
     saved = [expanded(o, forward.bindings()) for o in forward.outputs]
     for diagram, sources, gives in backwards:
         # a forward output the backward reads is the forward's term of the inputs (a relation, as
-        # `given` states one), where the backward reads each input that term does
+        # `given` states one), where the backward reads each input that term does; else what the forward
+        # computes it as (an array an earlier kernel wrote): a saved O = exp(X) read without X is +inf at
+        # X = 800, not a finite input, and g·Z·(O·0 + 1) NaN there where the VJP is g·Z
         read = {p.name for p, (kind, _) in zip(diagram.inputs, sources, strict=True) if kind == "input"}
-        params = [replace(p, given=saved[k]) if kind == "output" and p.given is None and p.written is None and all(
-            n.name in read for n in walk(saved[k]) if isinstance(n, Var)) else p
-            for p, (kind, k) in zip(diagram.inputs, sources, strict=True)]
+        params = [p if kind != "output" or p.given is not None or p.written is not None else replace(p, given=saved[k])
+                  if all(n.name in read for n in walk(saved[k]) if isinstance(n, Var)) else
+                  replace(p, written=replace(forward, outputs=(forward.outputs[k],), out_types=(forward.out_types[k],)))
+                  for p, (kind, k) in zip(diagram.inputs, sources, strict=True)]
         defs, inputs = diagram.bindings(), input_values(params)
         related = replace(diagram, inputs=tuple(params))
         for out, i in zip(diagram.outputs, gives, strict=True):

@@ -601,6 +601,25 @@ def test_the_join_prover_refuses_an_absorption_in_a_saved_output() -> None:
     assert err.value.codes == ("lower.backward_unproved",)
 
 
+def test_the_join_prover_refuses_a_softmax_shifted_past_its_scores() -> None:
+    """The red team's shifted softmax: dV = g·softmax[x](S + exp(33)) is the VJP's g·softmax[x](S) over
+    the reals (the shift is constant along x), so the join was proved, and the float64 test (sizes 1-7
+    and past 7, scale 1 to 16) let it through; but S + 2.1e14 keeps S to 1/32 only: at S = [0, 0.01]
+    dV is [0.5, 0.5] where the VJP's is [0.4975, 0.5025] (and [0.5, 0.5] at S = [0, 3] with
+    exp(46.5)).  The shift's share cancels in the softmax: ``prove._offsets_cancelled``."""
+    module = loads("axis x\ndiagram f(S: [x], V: [x]) -> [] {\n  return contract[x](softmax[x](S), V)\n}\n"
+                   "diagram b(S: [x], d_out: []) -> [x] {\n  dV = d_out * softmax[x](S + exp(33.0))\n  return dV\n}\n"
+                   "diagram bs(S: [x], V: [x], d_out: []) -> [x] {\n  P = softmax[x](S)\n"
+                   "  dS = d_out * P * (V - contract[x](P, V))\n  return dS\n}\n")
+    f, b, bs = module.diagram("f"), module.diagram("b"), module.diagram("bs")
+    s, v, one = np.array([0.0, 0.01]), np.array([1.0, 2.0]), np.array(1.0)
+    assert np.asarray(evaluate(b, [s, one])).tolist() == [0.5, 0.5]
+    assert np.allclose(evaluate(grad.vjp(f), [s, v, one])[1], [0.4975, 0.5025], atol=1e-5)
+    with pytest.raises(NapkinError, match=r"gradient of V computes `S \+ exp\(33\)` .* one operand's share") as err:
+        link(f, [b, bs])
+    assert err.value.codes == ("lower.backward_unproved",)
+
+
 def test_a_saved_output_read_without_its_inputs_is_analysed_as_the_forward_computes_it() -> None:
     """The red team's saved exp: the forward saves O = exp(X) beside Y = X·Z, and the backward's
     dX = dY·Z·(O·0 + 1) reads O but not X, so O was analysed as a finite input and the gradient

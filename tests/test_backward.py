@@ -706,14 +706,24 @@ def _factor() -> tuple[object, list[object]]:
     return module.diagram("f"), [module.diagram("b")]
 
 
+def _gathered(backward: str) -> tuple[object, list[object]]:
+    module = loads("axis n, i, d\ndiagram f(T: [n d], I: int [i]) -> [i d] {\n  return gather[n](T, I)\n}\n"
+                   f"diagram b(I: int [i], d_out: [i d]) -> [n d] {{\n  dT = {backward}\n  return dT\n}}\n")
+    return module.diagram("f"), [module.diagram("b")]
+
+
 @pytest.mark.parametrize(("case", "why", "wrong"), [
+    # the red team's scatter-adds: a table row the int positions never named (the test drew them as
+    # segment ids, 1s then 2s) left out, and positions outside [0, |n| - 1], which gather clamps, dropped
+    (lambda: _gathered("where[n d](n >= 1, contract[i](onehot[n](I), d_out), 0)"), "`gather` is outside", "dT at"),
+    (lambda: _gathered("contract[i](onehot[n](I), d_out)"), "`gather` is outside", "dT at"),
     # the backward's window one key wider: a key 8 behind its query needs q, x > 8 to exist
     (lambda: _window(9), "not known positive|may be 0", "dQ at"),
     # the label term doubled: read only where a label names a position of the vocabulary
     (lambda: _cross_entropy("- onehot[v](L)", "- onehot[v](L) * 2"), "gradients of Z do not normalise", "dZ at"),
     # a factor that is 1 up to x = 8 and 8/x past it
     (lambda: _factor(), "gradients of Q do not normalise", "dQ at"),
-], ids=["window_off_by_one", "label_term_doubled", "size_dependent_factor"])
+], ids=["gather_row_0_dropped", "gather_unclamped", "window_off_by_one", "label_term_doubled", "size_dependent_factor"])
 def test_a_wrong_join_is_refused_unproved_and_with_the_opt_in_by_the_test(case: object, why: str,
                                                                            wrong: str) -> None:
     """Issue 28's wrong joins, each of which the old test (sizes 1-7, normal labels) accepted."""

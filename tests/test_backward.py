@@ -712,7 +712,19 @@ def _gathered(backward: str) -> tuple[object, list[object]]:
     return module.diagram("f"), [module.diagram("b")]
 
 
+def _selected(scores: str) -> tuple[object, list[object]]:
+    module = loads("axis q, x\ndiagram f(S: [q x], M: int [q x], V: [x]) -> [q] {\n"
+                   "  return contract[x](softmax[x](select(M, S, -inf)), V)\n}\n"
+                   "diagram b(S: [q x], M: int [q x], V: [x], d_out: [q]) -> [q x], [x] {\n"
+                   f"  P = softmax[x]({scores})\n  dS = d_out * P * (V - contract[x](P, V))\n"
+                   "  dV = contract[q](P, d_out)\n  return dS, dV\n}\n")
+    return module.diagram("f"), [module.diagram("b")]
+
+
 @pytest.mark.parametrize(("case", "why", "wrong"), [
+    # the red team's unmasked backward: an int mask a select reads was drawn as segment ids, 1s and 2s,
+    # which mask nothing, so a backward ignoring the mask passed
+    (lambda: _selected("S"), "`select` is outside", "dS at"),
     # the red team's scatter-adds: a table row the int positions never named (the test drew them as
     # segment ids, 1s then 2s) left out, and positions outside [0, |n| - 1], which gather clamps, dropped
     (lambda: _gathered("where[n d](n >= 1, contract[i](onehot[n](I), d_out), 0)"), "`gather` is outside", "dT at"),
@@ -723,7 +735,7 @@ def _gathered(backward: str) -> tuple[object, list[object]]:
     (lambda: _cross_entropy("- onehot[v](L)", "- onehot[v](L) * 2"), "gradients of Z do not normalise", "dZ at"),
     # a factor that is 1 up to x = 8 and 8/x past it
     (lambda: _factor(), "gradients of Q do not normalise", "dQ at"),
-], ids=["gather_row_0_dropped", "gather_unclamped", "window_off_by_one", "label_term_doubled", "size_dependent_factor"])
+], ids=["select_mask_ignored", "gather_row_0_dropped", "gather_unclamped", "window_off_by_one", "label_term_doubled", "size_dependent_factor"])
 def test_a_wrong_join_is_refused_unproved_and_with_the_opt_in_by_the_test(case: object, why: str,
                                                                            wrong: str) -> None:
     """Issue 28's wrong joins, each of which the old test (sizes 1-7, normal labels) accepted."""
@@ -915,3 +927,11 @@ def test_the_tested_join_also_refuses_a_relation_the_forward_does_not_satisfy() 
         link(module.diagram("f"), [module.diagram("b"), module.diagram("bs")], allow_tested=True)
     assert err.value.codes == ("lower.backward_wrong",)
     assert "`b` states `L` by a relation that the value fed to it does not satisfy" in err.value.diagnostics[0].message
+
+
+def test_a_right_backward_of_a_data_mask_is_lowered_with_the_opt_in() -> None:
+    """The masked backward the unmasked one is refused beside: the mask's draws (0s and 1s, a kept
+    entry on every row) are ones it passes."""
+    forward, backwards = _selected("select(M, S, -inf)")
+    joined = link(forward, backwards, allow_tested=True)  # type: ignore[arg-type]
+    assert not joined.proved and "`select` is outside the proved fragment" in joined.trust

@@ -195,7 +195,7 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
         raise NapkinError(error("lower.backward_untestable", forward=forward.name, why=(
             f"its diagrams hold the integer constant {past}, and the test draws sizes past every constant "
             f"(at most {LARGEST}): prove the join instead")))
-    gathered = _labels(forward, backwards, ln, ("gather",))
+    gathered, masks = _labels(forward, backwards, ln, ("gather",)), _labels(forward, backwards, ln, ("select",))
     labels = {**gathered, **_labels(forward, backwards, ln)}
     drawn = []
     for seed in range(DRAWS):
@@ -204,7 +204,7 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
         sizes = {a: n if n is not None else int(rng.integers(low, low + 7)) for a, n in axes.items()}
         scale = SCALES[seed % len(SCALES)]
         drawn.append(", ".join(f"{a}={n}" for a, n in sizes.items() if axes[a] is None) + f" at scale {scale:g}")
-        args = [drawn_integers(rng, [sizes[a] for a in p.axes]) if p.integer and i not in labels else
+        args = [drawn_integers(rng, [sizes[a] for a in p.axes], i in masks) if p.integer and i not in labels else
                 _drawn(rng, [sizes[a] for a in p.axes], scale, sizes.get(labels.get(i, ""), 0), i in gathered)
                 for i, p in enumerate(forward.inputs)]
         args = related(forward, args, sizes)  # a forward with relations: inputs it claims something of
@@ -281,10 +281,17 @@ def _drawn(rng: np.random.Generator, shape: list[int], scale: float, vocabulary:
     return drawn.astype(np.float64)
 
 
-def drawn_integers(rng: np.random.Generator, shape: list[int]) -> np.ndarray:
+def drawn_integers(rng: np.random.Generator, shape: list[int], mask: bool = False) -> np.ndarray:
     """An ``int`` input (segment ids, lengths): 1s then 2s along its last axis, both present
     where there is room, so that segment ids of queries and keys share their documents and a
-    length keeps a key (a row a mask empties has no FA-2 backward: README "Training")."""
+    length keeps a key (a row a mask empties has no FA-2 backward: README "Training").  A
+    ``mask`` (a ``select``'s) is 0s and 1s instead, 1 at position 0 along each axis, so that
+    every row along any axis keeps an entry and the others are masked: 1s and 2s masked none."""
+    if mask:
+        drawn = rng.integers(0, 2, shape)
+        for k in range(len(shape)):
+            drawn[(slice(None),) * k + (0,)] = 1
+        return np.asarray(drawn).astype(np.float64)
     drawn = np.sort(rng.integers(1, 3, shape), axis=-1) if shape else np.asarray(rng.integers(1, 3))
     if shape and shape[-1] >= 2:
         drawn[..., 0], drawn[..., -1] = 1, 2

@@ -777,7 +777,8 @@ def float_unsafe_box(expr: Expr, operands: Iterable[Expr], diagram: Diagram, rew
 _CARRY: dict[str, slice] = {"neg": slice(None), "mul": slice(None), "div": slice(0, 1), "sum": slice(None),
                             "mean": slice(None), "max": slice(None), "min": slice(None), "cumsum": slice(None),
                             "contract": slice(None), "where": slice(None), "select": slice(1, None),
-                            "maximum": slice(None), "minimum": slice(None), "split": slice(None),
+                            "maximum": slice(None), "minimum": slice(None), "logsumexp": slice(None),
+                            "linrec": slice(None), "ncontract": slice(1, None), "split": slice(None),
                             "join": slice(None), "rename": slice(None), "transpose": slice(None)}
 
 

@@ -620,6 +620,45 @@ def test_the_join_prover_refuses_a_softmax_shifted_past_its_scores() -> None:
     assert err.value.codes == ("lower.backward_unproved",)
 
 
+_CARRIED = """axis x
+diagram f(S: [x], V: [x], B: []) -> [] {{
+  return B * {forward}
+}}
+diagram b(S: [x], V: [x], d_out: []) -> [] {{
+  dB = d_out * ({backward})
+  return dB
+}}
+diagram bs(S: [x], V: [x], B: [], d_out: []) -> [x], [x] {{
+  P = softmax[x](S)
+  {others}
+  return dS, dV
+}}
+"""
+
+
+@pytest.mark.parametrize(("forward", "backward", "others", "want"), [
+    ("logsumexp[x](S) + 0.0 * sum[x](V)", "logsumexp[x](S + exp(46.5)) - exp(46.5)",
+     "dS = d_out * B * P\n  dV = 0.0 * V", 3.048587351573742),
+    ("contract[x](softmax[x](S), V)", "ncontract[x; exp, exp, id](S, V + exp(46.5)) - exp(46.5)",
+     "dS = d_out * B * P * (V - contract[x](P, V))\n  dV = d_out * B * P", 1.9525741268224335),
+])
+def test_the_join_prover_refuses_an_absorption_carried_by_a_logsumexp_or_a_normalised_contraction(
+        forward: str, backward: str, others: str, want: float) -> None:
+    """The red team's carried absorptions: logsumexp(S + C) is C + logsumexp(S), a weighted mean of
+    V + C is C + the mean of V, so the difference with C is the VJP's term over the reals; but the
+    cancelling difference reached the absorbing sum only through boxes said to carry their operand's
+    value along (``finiteness._CARRY``), which lacked logsumexp and ncontract: at S = [0, 3], V = [1, 2]
+    (C = exp(46.5)) dB is 0 and 32768 where the VJP's is 3.05 and 1.95."""
+    module = loads(_CARRIED.format(forward=forward, backward=backward, others=others))
+    f, b, bs = module.diagram("f"), module.diagram("b"), module.diagram("bs")
+    s, v, one = np.array([0.0, 3.0]), np.array([1.0, 2.0]), np.array(1.0)
+    assert abs(float(evaluate(b, [s, v, one])) - want) > 1.0  # type: ignore[arg-type]
+    assert float(evaluate(grad.vjp(f), [s, v, one, one])[2]) == pytest.approx(want)  # type: ignore[arg-type]
+    with pytest.raises(NapkinError, match=r"gradient of B computes .* where float64 may round `(S|V) \+ exp") as err:
+        link(f, [b, bs])
+    assert err.value.codes == ("lower.backward_unproved",)
+
+
 def test_a_saved_output_read_without_its_inputs_is_analysed_as_the_forward_computes_it() -> None:
     """The red team's saved exp: the forward saves O = exp(X) beside Y = X·Z, and the backward's
     dX = dY·Z·(O·0 + 1) reads O but not X, so O was analysed as a finite input and the gradient

@@ -774,7 +774,8 @@ def _selected(scores: str) -> tuple[object, list[object]]:
     (lambda: _cross_entropy("- onehot[v](L)", "- onehot[v](L) * 2"), "gradients of Z do not normalise", "dZ at"),
     # a factor that is 1 up to x = 8 and 8/x past it
     (lambda: _factor(), "gradients of Q do not normalise", "dQ at"),
-], ids=["select_mask_ignored", "gather_row_0_dropped", "gather_unclamped", "window_off_by_one", "label_term_doubled", "size_dependent_factor"])
+], ids=["select_mask_ignored", "gather_row_0_dropped", "gather_unclamped", "window_off_by_one", "label_term_doubled",
+        "size_dependent_factor"])
 def test_a_wrong_join_is_refused_unproved_and_with_the_opt_in_by_the_test(case: object, why: str,
                                                                            wrong: str) -> None:
     """Issue 28's wrong joins, each of which the old test (sizes 1-7, normal labels) accepted."""

@@ -774,8 +774,10 @@ def _offsets_cancelled(term: Expr, reference: Diagram, i: int) -> list[Box]:
             scaled = replace(box, args=tuple(Box("mul", (a, Var(name, ())), a.axes) if j == k else a
                                              for j, a in enumerate(box.args)))
             base = normal(term) if base is None else base
+            def swap(e: Expr, box: Box = box, scaled: Box = scaled) -> Expr | None:
+                return scaled if e is box else None
             try:  # a -inf mask scaled by δ is no term (only exp and its reductions read one): its share is not δ's
-                moved = normal(_replaced(term, lambda e, box=box, scaled=scaled: scaled if e is box else None))
+                moved = normal(_replaced(term, swap))
             except Unproved:
                 continue
             if _equal(moved, base):

@@ -168,8 +168,8 @@ def _read(expr: Expr) -> list[Var]:
     return [v for kid in children(expr) for v in _read(kid)]
 
 
-#: the operands of each box that hold positions or masks: a onehot's, a gather's positions, a select's mask
-_READS = {"onehot": slice(None), "gather": slice(1, 2), "select": slice(0, 1)}
+#: the operands of each box that hold positions: a onehot's, a gather's
+_READS = {"onehot": slice(None), "gather": slice(1, 2)}
 
 
 def label_inputs(diagram: Diagram, reads: tuple[str, ...] = ("onehot",)) -> dict[str, str]:
@@ -177,10 +177,10 @@ def label_inputs(diagram: Diagram, reads: tuple[str, ...] = ("onehot",)) -> dict
     through a ``topk`` or ``argmax``, which make positions of anything), each with its ``v``:
     they hold positions along ``v``, and a standard-normal draw would hit none (the first
     onehot found decides the axis); with ``reads`` ("gather",), those a ``gather[v]``'s positions are
-    computed from, with ("select",) a ``select``'s mask (axis "").  ``diagram`` is unfolded: no calls."""
+    computed from.  ``diagram`` is unfolded: no calls."""
     defs = diagram.bindings()
     labels: dict[str, str] = {}
-    todo = [(arg, node.target[0] if node.target else "") for _, node in boxes(diagram)
+    todo = [(arg, node.target[0]) for _, node in boxes(diagram)
             if isinstance(node, Box) and node.op in reads for arg in node.args[_READS[node.op]]]  # unfolded: no calls
     seen: set[str] = set()
     while todo:

@@ -195,7 +195,7 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
         raise NapkinError(error("lower.backward_untestable", forward=forward.name, why=(
             f"its diagrams hold the integer constant {past}, and the test draws sizes past every constant "
             f"(at most {LARGEST}): prove the join instead")))
-    gathered, masks = _labels(forward, backwards, ln, ("gather",)), _labels(forward, backwards, ln, ("select",))
+    gathered, masks = _labels(forward, backwards, ln, ("gather",)), _masks(forward, backwards, ln)
     labels = {**gathered, **_labels(forward, backwards, ln)}
     drawn = []
     for seed in range(DRAWS):
@@ -338,6 +338,28 @@ def _labels(forward: Diagram, backwards: Sequence[Diagram], ln: Link,
             kind, i = names.get(name, ("", -1))
             if kind == "input":
                 found.setdefault(i, axis)
+    return found
+
+
+def _masks(forward: Diagram, backwards: Sequence[Diagram], ln: Link) -> set[int]:
+    """The forward inputs a ``select`` reads as its mask as they are (through bindings, not through a
+    comparison such as ``lt(index[x](x), len)``, whose operands are no masks), in the forward or in a
+    backward that takes them as inputs."""
+    found: set[int] = set()
+    for d, names in ((forward, {p.name: ("input", i) for i, p in enumerate(forward.inputs)}),
+                     *((b, {p.name: s for p, s in zip(b.inputs, row, strict=True)})
+                       for b, row in zip(backwards, ln.sources, strict=True))):
+        flat = inlined(d)
+        defs = flat.bindings()
+        for expr in (*(let.expr for let in flat.body), *flat.outputs):
+            for node in walk(expr):
+                if isinstance(node, Box) and node.op == "select":
+                    mask = node.args[0]
+                    while isinstance(mask, Var) and mask.name in defs:
+                        mask = defs[mask.name]
+                    kind, i = names.get(mask.name, ("", -1)) if isinstance(mask, Var) else ("", -1)
+                    if kind == "input":
+                        found.add(i)
     return found
 
 

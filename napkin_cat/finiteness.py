@@ -767,43 +767,31 @@ def float_unsafe_box(expr: Expr, operands: Iterable[Expr], diagram: Diagram, rew
         # dropped part is an error as large as what a cancellation leaves ((exp(tanh X) + C) - C - 1 is -1
         # at C = 1e20, exp(tanh X) - 1 over the reals, of either sign), through any box of the lemma's: a
         # log or exp carries it too (exp(log(exp(tanh X) + exp(46)) - 46) - 1 is 0, and a log after it -inf)
-        if _cancelled_absorption(floats, b, ids, every=True) is not None:
+        if _cancelled_absorption(floats, b, ids):
             return b
     return None
 
 
-#: the boxes whose value carries an operand's error along, scaled, summed or moved (which operands):
-#: what float64 drops in a sum below one of them, a sum above it may cancel to
-_CARRY: dict[str, slice] = {"neg": slice(None), "mul": slice(None), "div": slice(0, 1), "sum": slice(None),
-                            "mean": slice(None), "max": slice(None), "min": slice(None), "cumsum": slice(None),
-                            "contract": slice(None), "where": slice(None), "select": slice(1, None),
-                            "maximum": slice(None), "minimum": slice(None), "logsumexp": slice(None),
-                            "linrec": slice(None), "ncontract": slice(1, None), "split": slice(None),
-                            "join": slice(None), "rename": slice(None), "transpose": slice(None)}
-
-
-def _reached(an: _Analysis, e: Expr, own: Collection[int], every: bool = False) -> Box | None:
-    """The sum or difference (one of ``own``, by id) that may drop an operand whole (``_absorbs``)
-    and that ``e`` is or carries along through boxes of ``own`` (``_CARRY``; with ``every``, through
-    any box: f(S + C) - f(C) is 0 where the reals give f'(C)·S, and ``exp(log(exp(tanh X) + exp(46))
-    - 46) - 1`` is 0 where they give exp(tanh X - 46)); None where there is none."""
+def _reached(an: _Analysis, e: Expr, own: Collection[int]) -> list[Box]:
+    """The sums and differences (of ``own``, by id) that may drop an operand whole (``_absorbs``)
+    and that ``e`` is or reads through boxes of ``own``, any box: f(S + C) - f(C) is 0 where the reals
+    give f'(C)·S, ``exp(log(exp(tanh X) + exp(46)) - 46) - 1`` is 0 where they give exp(tanh X - 46),
+    and ``recip(recip(E + C)) - C``, ``logsumexp(S + C) - C`` are 0 where they give E and logsumexp S."""
     if not (isinstance(e, Box) and id(e) in own):
-        return None
+        return []
     if e.op in ("add", "sub"):
-        return e if _absorbs(an, e) else None
-    carried = e.args if every else e.args[_CARRY[e.op]] if e.op in _CARRY else ()
-    return next((r for a in carried if (r := _reached(an, a, own, every)) is not None), None)
+        return [e] if _absorbs(an, e) else []
+    return [r for a in e.args for r in _reached(an, a, own)]
 
 
-def _cancelled_absorption(an: _Analysis, box: Box, own: Collection[int], every: bool = False) -> Box | None:
-    """The sum or difference that may drop an operand whole and that ``box``, a sum or difference,
-    reads directly or through boxes of ``own`` that carry its value along (``_reached``, ``every``);
-    None where there is none.  What the dropped operand was, ``box`` may cancel to: ``(S + C) - C``
-    is 0 at C = exp(46.5), S over the reals, and so are ``(S + C) * 1.0 - C`` and
-    ``sum[t](X + C) - sum[t](C + 0.0 * X)``."""
+def _cancelled_absorption(an: _Analysis, box: Box, own: Collection[int]) -> list[Box]:
+    """The sums and differences that may drop an operand whole and that ``box``, a sum or difference,
+    reads directly or through boxes of ``own`` (``_reached``), every one of them: what the dropped
+    operand was, ``box`` may cancel to: ``(S + C) - C`` is 0 at C = exp(46.5), S over the reals, and so
+    are ``(S + C) * 1.0 - C`` and ``sum[t](X + C) - sum[t](C + 0.0 * X)``."""
     if box.op not in ("add", "sub"):
-        return None
-    return next((r for o in box.args if (r := _reached(an, o, own, every)) is not None), None)
+        return []
+    return [r for o in box.args for r in _reached(an, o, own)]
 
 
 def _shifts(box: Box) -> bool:
@@ -820,8 +808,8 @@ def cancelling_sums(expr: Expr, diagram: Diagram) -> list[Box]:
     maximum (``_shifts``): where their error reaches the value as a cancellation's does."""
     own = [b for b in walk(expr) if isinstance(b, Box)]
     an, ids = _Analysis(diagram.bindings(), input_values(diagram.inputs)), {id(b) for b in own}
-    return [r for b in own if (r := _cancelled_absorption(an, b, ids) if b.op in ("add", "sub") else
-                               _reached(an, b.args[0], ids) if _shifts(b) else None) is not None]
+    return [r for b in own for r in (_cancelled_absorption(an, b, ids) if b.op in ("add", "sub") else
+                                     _reached(an, b.args[0], ids) if _shifts(b) else [])]
 
 
 def cancelled_absorptions(expr: Expr, diagram: Diagram) -> list[tuple[Box, Box]]:
@@ -831,7 +819,7 @@ def cancelled_absorptions(expr: Expr, diagram: Diagram) -> list[tuple[Box, Box]]
     a gradient with one whose absorbing sum its VJP's gradient does not also cancel (``cancelling_sums``)."""
     own = [b for b in walk(expr) if isinstance(b, Box)]
     an, ids = _Analysis(diagram.bindings(), input_values(diagram.inputs)), {id(b) for b in own}
-    return [(b, inner) for b in own if (inner := _cancelled_absorption(an, b, ids)) is not None]
+    return [(b, inner) for b in own for inner in _cancelled_absorption(an, b, ids)]
 
 
 def absorbing_sums(expr: Expr, diagram: Diagram) -> list[Box]:

@@ -767,31 +767,43 @@ def float_unsafe_box(expr: Expr, operands: Iterable[Expr], diagram: Diagram, rew
         # dropped part is an error as large as what a cancellation leaves ((exp(tanh X) + C) - C - 1 is -1
         # at C = 1e20, exp(tanh X) - 1 over the reals, of either sign), through any box of the lemma's: a
         # log or exp carries it too (exp(log(exp(tanh X) + exp(46)) - 46) - 1 is 0, and a log after it -inf)
-        if _cancelled_absorption(floats, b, ids):
+        if _cancelled_absorption(floats, b, ids, every=True):
             return b
     return None
 
 
-def _reached(an: _Analysis, e: Expr, own: Collection[int]) -> list[Box]:
+#: the boxes whose value carries an operand's value along, scaled, summed, shifted or moved (which
+#: operands): what float64 drops in a sum below one of them, a sum above it may cancel to
+_CARRY: dict[str, slice] = {"neg": slice(None), "mul": slice(None), "div": slice(0, 1), "sum": slice(None),
+                            "mean": slice(None), "max": slice(None), "min": slice(None), "cumsum": slice(None),
+                            "contract": slice(None), "where": slice(None), "select": slice(1, None),
+                            "maximum": slice(None), "minimum": slice(None), "logsumexp": slice(None),
+                            "linrec": slice(None), "ncontract": slice(1, None), "split": slice(None),
+                            "join": slice(None), "rename": slice(None), "transpose": slice(None)}
+
+
+def _reached(an: _Analysis, e: Expr, own: Collection[int], every: bool = False) -> list[Box]:
     """The sums and differences (of ``own``, by id) that may drop an operand whole (``_absorbs``)
-    and that ``e`` is or reads through boxes of ``own``, any box: f(S + C) - f(C) is 0 where the reals
-    give f'(C)·S, ``exp(log(exp(tanh X) + exp(46)) - 46) - 1`` is 0 where they give exp(tanh X - 46),
-    and ``recip(recip(E + C)) - C``, ``logsumexp(S + C) - C`` are 0 where they give E and logsumexp S."""
+    and that ``e`` is or carries along through boxes of ``own`` (``_CARRY``: ``logsumexp(S + C) - C`` is
+    0 where the reals give logsumexp S; with ``every``, through any box: f(S + C) - f(C) is 0 where the
+    reals give f'(C)·S, and ``exp(log(exp(tanh X) + exp(46)) - 46) - 1`` is 0 where they give
+    exp(tanh X - 46)), every one of them."""
     if not (isinstance(e, Box) and id(e) in own):
         return []
     if e.op in ("add", "sub"):
         return [e] if _absorbs(an, e) else []
-    return [r for a in e.args for r in _reached(an, a, own)]
+    carried = e.args if every else e.args[_CARRY[e.op]] if e.op in _CARRY else ()
+    return [r for a in carried for r in _reached(an, a, own, every)]
 
 
-def _cancelled_absorption(an: _Analysis, box: Box, own: Collection[int]) -> list[Box]:
+def _cancelled_absorption(an: _Analysis, box: Box, own: Collection[int], every: bool = False) -> list[Box]:
     """The sums and differences that may drop an operand whole and that ``box``, a sum or difference,
-    reads directly or through boxes of ``own`` (``_reached``), every one of them: what the dropped
-    operand was, ``box`` may cancel to: ``(S + C) - C`` is 0 at C = exp(46.5), S over the reals, and so
-    are ``(S + C) * 1.0 - C`` and ``sum[t](X + C) - sum[t](C + 0.0 * X)``."""
+    reads directly or through boxes of ``own`` that carry their value along (``_reached``, ``every``),
+    every one of them: what the dropped operand was, ``box`` may cancel to: ``(S + C) - C`` is 0 at
+    C = exp(46.5), S over the reals, and so are ``(S + C) * 1.0 - C`` and ``sum[t](X + C) - sum[t](C + 0.0 * X)``."""
     if box.op not in ("add", "sub"):
         return []
-    return [r for o in box.args for r in _reached(an, o, own)]
+    return [r for o in box.args for r in _reached(an, o, own, every)]
 
 
 def _shifts(box: Box) -> bool:

@@ -661,12 +661,13 @@ def test_the_join_prover_refuses_an_absorption_carried_by_a_logsumexp_or_a_norma
 
 @pytest.mark.parametrize("carried", ["recip(recip(E + exp(46.5)))", "exp(log(E + exp(46.5)))",
                                      "square(sqrt(E + exp(46.5)))", "exp(46.5) / (exp(46.5) / (E + exp(46.5)))"])
-def test_the_join_prover_refuses_an_absorption_carried_by_any_box(carried: str) -> None:
+def test_the_join_prover_refuses_an_absorption_given_back_by_nonlinear_boxes(carried: str) -> None:
     """The red team's nonlinear carries: E + C with E = exp(tanh X) (C = exp(46.5)) read back through a
     reciprocal of a reciprocal, exp of log, square of sqrt, a quotient's divisor, then less C: E over
     the reals, so dB normalised to the VJP's Σ g·E, and only products, quotients' numerators,
     reductions and reshapes were said to carry an absorbed value; at X = 0 (t = 2), g = 1, dB is 0
-    (or -65536) where the VJP's is 2.  Any box carries it now, as in a lemma's right side."""
+    (or -65536) where the VJP's is 2.  C scaled by a fresh exp(δ) wherever the gradient reads it, the
+    gradient still normalises to the same term: its share cancels (``prove._offsets_cancelled``)."""
     module = loads("axis t, d\ndiagram f(X: [t d], B: [d]) -> [t d] {\n  return exp(tanh(X)) * B\n}\n"
                    f"diagram b(X: [t d], d_out: [t d]) -> [d] {{\n  E = exp(tanh(X))\n"
                    f"  dB = sum[t](d_out * ({carried} - exp(46.5)))\n  return dB\n}}\n"
@@ -676,7 +677,7 @@ def test_the_join_prover_refuses_an_absorption_carried_by_any_box(carried: str) 
     x, g = np.zeros((2, 1)), np.ones((2, 1))
     assert abs(np.asarray(evaluate(b, [x, g]))[0] - 2.0) >= 2.0
     assert np.asarray(evaluate(grad.vjp(f), [x, np.ones(1), g])[1]).tolist() == [2.0]
-    with pytest.raises(NapkinError, match=r"where float64 may round `exp\(tanh\(X\)\) \+ exp\(46.5\)`") as err:
+    with pytest.raises(NapkinError, match=r"computes `.*exp\(tanh\(X\)\) \+ exp\(46.5\).*` .* operand's share") as err:
         link(f, [b, bx])
     assert err.value.codes == ("lower.backward_unproved",)
 

@@ -702,17 +702,18 @@ def _finite_where_the_vjp_is(forward: Diagram, reference: Diagram,
             if vouched[i] or offsets:
                 made = [*cancelling_sums(want, reference), *(_offsets_cancelled(want, reference, i) if offsets else ())]
                 for box, inner, same in [
-                        *offsets,
                         *((b, n, _as_the_vjps(n, diagram, sources, forward, reference, saved))
                           for b, n in (cancelled_absorptions(term, related) if vouched[i] else ())),
-                        *((b, n, n) for b, n in (cancelled_absorptions(over, reference) if vouched[i] else ()))]:
+                        *((b, n, n) for b, n in (cancelled_absorptions(over, reference) if vouched[i] else ())),
+                        *offsets]:
                     if same not in made or not _alike_around(same, over, want, reference, i):
                         where = f" at {box.span}" if box.span is not None else ""
                         if inner is None:
                             raise Unproved(f"`{diagram.name}`'s gradient of {forward.inputs[i].name} computes "
                                            f"`{_short(box)}`{where}, which float64 may round to its larger operand, "
-                                           f"and one operand's share of the gradient cancels over the reals (a sum "
-                                           f"whose weights sum to 0: an absorption the VJP's gradient does not make)")
+                                           f"and one operand's share of the gradient cancels over the reals (by a "
+                                           f"reduction whose weights sum to 0, a softmax's shift, or boxes that give "
+                                           f"the sum back: an absorption the VJP's gradient does not make)")
                         raise Unproved(f"`{diagram.name}`'s gradient of {forward.inputs[i].name} computes "
                                        f"`{_short(box)}`{where}, where float64 may round `{_short(inner, 40)}` to "
                                        f"its larger operand and the outer sum cancel the rest (an absorption the "
@@ -753,9 +754,9 @@ def _joined_sums_alike(forward: Diagram, reference: Diagram,
 def _offsets_cancelled(term: Expr, reference: Diagram, i: int) -> list[Box]:
     """The sums and differences of ``term`` (a gradient over the VJP diagram ``reference``'s inputs, of its
     ``i``-th input) that float64 may round to their larger operand alone (``finiteness.absorbing_sums``) and
-    one of whose operands adds nothing to ``term``'s value over the reals: scaled by a fresh scalar δ in that
-    sum alone, ``term`` still normalises to the same term (``Σ_t w·(Y + C)`` with weights summing to 0, a
-    shift a softmax drops).  Whatever box cancels that operand's share, float64 may have dropped the other
+    one of whose operands adds nothing to ``term``'s value over the reals: scaled by a fresh positive scalar
+    exp(δ) in that sum alone, or wherever ``term`` reads it, ``term`` still normalises to the same term
+    (``Σ_t w·(Y + C)`` with weights summing to 0, a shift a softmax drops, ``recip(recip(E + C)) - C``).  Whatever box cancels that operand's share, float64 may have dropped the other
     one's whole in the sum, as a difference cancelling an absorption does."""
     name = "delta"
     while any(p.name == name for p in reference.inputs):
@@ -767,21 +768,32 @@ def _offsets_cancelled(term: Expr, reference: Diagram, i: int) -> list[Box]:
         sem = _Semantics(masks=True)
         return sem.unmasked(sem.run(replace(reference, inputs=params, body=(), outputs=(t,),
                                             out_types=(reference.out_types[i],)), values)[0])
+    factor = Box("exp", (Var(name, ()),), ())  # positive, so a square root or a log of the sum stays one
     found: list[Box] = []
     base = None
     for box in absorbing_sums(term, replace(reference, body=())):
         for k in (0, 1):
-            scaled = replace(box, args=tuple(Box("mul", (a, Var(name, ())), a.axes) if j == k else a
+            operand = box.args[k]
+            scaled = replace(box, args=tuple(Box("mul", (a, factor), a.axes) if j == k else a
                                              for j, a in enumerate(box.args)))
             base = normal(term) if base is None else base
-            def swap(e: Expr, box: Box = box, scaled: Box = scaled) -> Expr | None:
+
+            def here(e: Expr, box: Box = box, scaled: Box = scaled) -> Expr | None:
                 return scaled if e is box else None
-            try:  # a -inf mask scaled by δ is no term (only exp and its reductions read one): its share is not δ's
-                moved = normal(_replaced(term, swap))
-            except Unproved:
-                continue
-            if _equal(moved, base):
-                found.append(box)
+
+            # and wherever the operand is read: exp(log(E + C)) - C and recip(recip(E + C)) - C are E over
+            # the reals, C's share cancelling through boxes that carry no sum's value in general
+            def everywhere(e: Expr, operand: Expr = operand) -> Expr | None:
+                return Box("mul", (operand, factor), operand.axes) if e == operand else None
+            for swap in (here, everywhere):
+                try:  # a -inf mask scaled by δ is no term (only exp and its reductions read one)
+                    moved = normal(_replaced(term, swap))
+                except Unproved:
+                    continue
+                if _equal(moved, base):
+                    found.append(box)
+                    break
+            if found and found[-1] is box:
                 break
     return found
 

@@ -756,8 +756,9 @@ def _offsets_cancelled(term: Expr, reference: Diagram, i: int) -> list[Box]:
     ``i``-th input) that float64 may round to their larger operand alone (``finiteness.absorbing_sums``) and
     one of whose operands adds nothing to ``term``'s value over the reals: scaled by a fresh positive scalar
     exp(δ) in that sum alone, or wherever ``term`` reads it, ``term`` still normalises to the same term
-    (``Σ_t w·(Y + C)`` with weights summing to 0, a shift a softmax drops, ``recip(recip(E + C)) - C``).  Whatever box cancels that operand's share, float64 may have dropped the other
-    one's whole in the sum, as a difference cancelling an absorption does."""
+    (``Σ_t w·(Y + C)`` with weights summing to 0, a shift a softmax drops, ``recip(recip(E + C)) - C``).
+    Whatever boxes cancel that operand's share, float64 may have dropped the other one's whole in the
+    sum, as a difference cancelling an absorption does."""
     name = "delta"
     while any(p.name == name for p in reference.inputs):
         name += "_"

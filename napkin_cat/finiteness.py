@@ -767,7 +767,7 @@ def float_unsafe_box(expr: Expr, operands: Iterable[Expr], diagram: Diagram, rew
         # dropped part is an error as large as what a cancellation leaves ((exp(tanh X) + C) - C - 1 is -1
         # at C = 1e20, exp(tanh X) - 1 over the reals, of either sign), through any box of the lemma's: a
         # log or exp carries it too (exp(log(exp(tanh X) + exp(46)) - 46) - 1 is 0, and a log after it -inf)
-        if _cancelled_absorption(floats, b, ids, every=True) is not None:
+        if _cancelled_absorption(floats, b, ids, every=True):
             return b
         # a softmax, logsumexp or exp-normalised contraction subtracts its scores' maximum, a difference too:
         # softmax(R - C) at C = 2^62 (an index, or 1e20) is uniform in float64, R dropped whole, where the
@@ -777,37 +777,38 @@ def float_unsafe_box(expr: Expr, operands: Iterable[Expr], diagram: Diagram, rew
     return None
 
 
-#: the boxes whose value carries an operand's error along, scaled, summed or moved (which operands):
-#: what float64 drops in a sum below one of them, a sum above it may cancel to
+#: the boxes whose value carries an operand's value along, scaled, summed, shifted or moved (which
+#: operands): what float64 drops in a sum below one of them, a sum above it may cancel to
 _CARRY: dict[str, slice] = {"neg": slice(None), "mul": slice(None), "div": slice(0, 1), "sum": slice(None),
                             "mean": slice(None), "max": slice(None), "min": slice(None), "cumsum": slice(None),
                             "contract": slice(None), "where": slice(None), "select": slice(1, None),
-                            "maximum": slice(None), "minimum": slice(None), "split": slice(None),
+                            "maximum": slice(None), "minimum": slice(None), "logsumexp": slice(None),
+                            "linrec": slice(None), "ncontract": slice(1, None), "split": slice(None),
                             "join": slice(None), "rename": slice(None), "transpose": slice(None)}
 
 
-def _reached(an: _Analysis, e: Expr, own: Collection[int], every: bool = False) -> Box | None:
-    """The sum or difference (one of ``own``, by id) that may drop an operand whole (``_absorbs``)
-    and that ``e`` is or carries along through boxes of ``own`` (``_CARRY``; with ``every``, through
-    any box: f(S + C) - f(C) is 0 where the reals give f'(C)·S, and ``exp(log(exp(tanh X) + exp(46))
-    - 46) - 1`` is 0 where they give exp(tanh X - 46)); None where there is none."""
+def _reached(an: _Analysis, e: Expr, own: Collection[int], every: bool = False) -> list[Box]:
+    """The sums and differences (of ``own``, by id) that may drop an operand whole (``_absorbs``)
+    and that ``e`` is or carries along through boxes of ``own`` (``_CARRY``: ``logsumexp(S + C) - C`` is
+    0 where the reals give logsumexp S; with ``every``, through any box: f(S + C) - f(C) is 0 where the
+    reals give f'(C)·S, and ``exp(log(exp(tanh X) + exp(46)) - 46) - 1`` is 0 where they give
+    exp(tanh X - 46)), every one of them."""
     if not (isinstance(e, Box) and id(e) in own):
-        return None
+        return []
     if e.op in ("add", "sub"):
-        return e if _absorbs(an, e) else None
+        return [e] if _absorbs(an, e) else []
     carried = e.args if every else e.args[_CARRY[e.op]] if e.op in _CARRY else ()
-    return next((r for a in carried if (r := _reached(an, a, own, every)) is not None), None)
+    return [r for a in carried for r in _reached(an, a, own, every)]
 
 
-def _cancelled_absorption(an: _Analysis, box: Box, own: Collection[int], every: bool = False) -> Box | None:
-    """The sum or difference that may drop an operand whole and that ``box``, a sum or difference,
-    reads directly or through boxes of ``own`` that carry its value along (``_reached``, ``every``);
-    None where there is none.  What the dropped operand was, ``box`` may cancel to: ``(S + C) - C``
-    is 0 at C = exp(46.5), S over the reals, and so are ``(S + C) * 1.0 - C`` and
-    ``sum[t](X + C) - sum[t](C + 0.0 * X)``."""
+def _cancelled_absorption(an: _Analysis, box: Box, own: Collection[int], every: bool = False) -> list[Box]:
+    """The sums and differences that may drop an operand whole and that ``box``, a sum or difference,
+    reads directly or through boxes of ``own`` that carry their value along (``_reached``, ``every``),
+    every one of them: what the dropped operand was, ``box`` may cancel to: ``(S + C) - C`` is 0 at
+    C = exp(46.5), S over the reals, and so are ``(S + C) * 1.0 - C`` and ``sum[t](X + C) - sum[t](C + 0.0 * X)``."""
     if box.op not in ("add", "sub"):
-        return None
-    return next((r for o in box.args if (r := _reached(an, o, own, every)) is not None), None)
+        return []
+    return [r for o in box.args for r in _reached(an, o, own, every)]
 
 
 def _shifts(box: Box) -> bool:
@@ -824,8 +825,8 @@ def cancelling_sums(expr: Expr, diagram: Diagram) -> list[Box]:
     maximum (``_shifts``): where their error reaches the value as a cancellation's does."""
     own = [b for b in walk(expr) if isinstance(b, Box)]
     an, ids = _Analysis(diagram.bindings(), input_values(diagram.inputs)), {id(b) for b in own}
-    return [r for b in own if (r := _cancelled_absorption(an, b, ids) if b.op in ("add", "sub") else
-                               _reached(an, b.args[0], ids) if _shifts(b) else None) is not None]
+    return [r for b in own for r in (_cancelled_absorption(an, b, ids) if b.op in ("add", "sub") else
+                                     _reached(an, b.args[0], ids) if _shifts(b) else [])]
 
 
 def cancelled_absorptions(expr: Expr, diagram: Diagram) -> list[tuple[Box, Box]]:
@@ -835,7 +836,16 @@ def cancelled_absorptions(expr: Expr, diagram: Diagram) -> list[tuple[Box, Box]]
     a gradient with one whose absorbing sum its VJP's gradient does not also cancel (``cancelling_sums``)."""
     own = [b for b in walk(expr) if isinstance(b, Box)]
     an, ids = _Analysis(diagram.bindings(), input_values(diagram.inputs)), {id(b) for b in own}
-    return [(b, inner) for b in own if (inner := _cancelled_absorption(an, b, ids)) is not None]
+    return [(b, inner) for b in own for inner in _cancelled_absorption(an, b, ids)]
+
+
+def absorbing_sums(expr: Expr, diagram: Diagram) -> list[Box]:
+    """The sums and differences of ``expr`` (a term of ``diagram``) that float64 may round to their
+    larger operand alone (``_absorbs``), whatever reads them: a reduction whose weights sum to 0
+    cancels what one of them keeps as a difference does (``certify.prove``'s backward join looks
+    for those whose operand's share of the value cancels over the reals)."""
+    an = _Analysis(diagram.bindings(), input_values(diagram.inputs))
+    return [b for b in walk(expr) if isinstance(b, Box) and b.op in ("add", "sub") and _absorbs(an, b)]
 
 
 def analyse(expr: Expr, defs: Mapping[str, Expr], inputs: Mapping[str, Value]) -> Value:

@@ -561,6 +561,42 @@ def test_the_join_prover_refuses_an_absorption_cancelled_by_the_joins_sum() -> N
     assert err.value.codes == ("lower.backward_unproved",)
 
 
+_CENTRED = """axis t
+diagram f(X: [t], Y: [t], B: []) -> [] {{
+  return B * sum[t]((X - mean[t](X)) * Y)
+}}
+diagram b(X: [t], Y: [t], d_out: []) -> [] {{
+  dB = {backward}
+  return dB
+}}
+diagram bxy(X: [t], Y: [t], B: [], d_out: []) -> [t], [t] {{
+  dX = d_out * B * (Y - mean[t](Y))
+  dY = d_out * B * (X - mean[t](X))
+  return dX, dY
+}}
+"""
+
+
+@pytest.mark.parametrize("offset", ["exp(46.5)", "(exp(46.5) + 0.0 * X)"])
+def test_the_join_prover_refuses_an_absorption_cancelled_by_a_reduction(offset: str) -> None:
+    """The red team's centred weights: dB = g·Σ_t (X - mean X)·(Y + C) is the VJP's g·Σ_t (X - mean X)·Y
+    over the reals, the weights summing to 0, and no sum or difference cancels the absorbing Y + C (a
+    reduction does), so the join was proved; at X = [1, 2], Y = [0, 1], C = exp(46.5) absorbs Y whole
+    and dB is 0 where the VJP's is 0.5.  Scaling C by a fresh δ leaves the gradient's term unchanged:
+    C's share cancels (``prove._offsets_cancelled``)."""
+    module = loads(_CENTRED.format(backward=f"d_out * sum[t]((X - mean[t](X)) * (Y + {offset}))"))
+    f, b, bxy = module.diagram("f"), module.diagram("b"), module.diagram("bxy")
+    x, y, one = np.array([1.0, 2.0]), np.array([0.0, 1.0]), np.array(1.0)
+    assert float(evaluate(b, [x, y, one])) == 0.0  # type: ignore[arg-type]
+    assert float(evaluate(grad.vjp(f), [x, y, one, one])[2]) == 0.5  # type: ignore[arg-type]
+    with pytest.raises(NapkinError, match=r"gradient of B computes `Y \+ .*` at <string>:6:\d+, which float64 may "
+                                          r"round to its larger operand, and one operand's share") as err:
+        link(f, [b, bxy])
+    assert err.value.codes == ("lower.backward_unproved",)
+    right = loads(_CENTRED.format(backward="d_out * sum[t]((X - mean[t](X)) * Y)"))
+    assert link(right.diagram("f"), [right.diagram("b"), right.diagram("bxy")]).proved
+
+
 def test_the_join_prover_refuses_an_absorption_in_a_saved_output() -> None:
     """The red team's saved sum: the forward saves O = X + C (C = exp(46.5)) beside Y = B·X, and the
     backward's dB = Σ dY·(O - C) is the VJP's Σ dY·X over the reals; O is an input there, so the
@@ -577,6 +613,106 @@ def test_the_join_prover_refuses_an_absorption_in_a_saved_output() -> None:
     assert np.asarray(evaluate(grad.vjp(f), [x, np.ones(1), g, np.zeros((2, 1))])[1]).tolist() == [2.0]
     with pytest.raises(NapkinError, match=r"gradient of B computes `X \+ exp\(46.5\) - exp\(46.5\)`") as err:
         link(f, [b, bx])
+    assert err.value.codes == ("lower.backward_unproved",)
+
+
+def test_the_join_prover_refuses_a_softmax_shifted_past_its_scores() -> None:
+    """The red team's shifted softmax: dV = g·softmax[x](S + exp(33)) is the VJP's g·softmax[x](S) over
+    the reals (the shift is constant along x), so the join was proved, and the float64 test (sizes 1-7
+    and past 7, scale 1 to 16) let it through; but S + 2.1e14 keeps S to 1/32 only: at S = [0, 0.01]
+    dV is [0.5, 0.5] where the VJP's is [0.4975, 0.5025] (and [0.5, 0.5] at S = [0, 3] with
+    exp(46.5)).  The shift's share cancels in the softmax: ``prove._offsets_cancelled``."""
+    module = loads("axis x\ndiagram f(S: [x], V: [x]) -> [] {\n  return contract[x](softmax[x](S), V)\n}\n"
+                   "diagram b(S: [x], d_out: []) -> [x] {\n  dV = d_out * softmax[x](S + exp(33.0))\n  return dV\n}\n"
+                   "diagram bs(S: [x], V: [x], d_out: []) -> [x] {\n  P = softmax[x](S)\n"
+                   "  dS = d_out * P * (V - contract[x](P, V))\n  return dS\n}\n")
+    f, b, bs = module.diagram("f"), module.diagram("b"), module.diagram("bs")
+    s, v, one = np.array([0.0, 0.01]), np.array([1.0, 2.0]), np.array(1.0)
+    assert np.asarray(evaluate(b, [s, one])).tolist() == [0.5, 0.5]
+    assert np.allclose(evaluate(grad.vjp(f), [s, v, one])[1], [0.4975, 0.5025], atol=1e-5)
+    with pytest.raises(NapkinError, match=r"gradient of V computes `S \+ exp\(33\)` .* one operand's share") as err:
+        link(f, [b, bs])
+    assert err.value.codes == ("lower.backward_unproved",)
+
+
+_CARRIED = """axis x
+diagram f(S: [x], V: [x], B: []) -> [] {{
+  return B * {forward}
+}}
+diagram b(S: [x], V: [x], d_out: []) -> [] {{
+  dB = d_out * ({backward})
+  return dB
+}}
+diagram bs(S: [x], V: [x], B: [], d_out: []) -> [x], [x] {{
+  P = softmax[x](S)
+  {others}
+  return dS, dV
+}}
+"""
+
+
+@pytest.mark.parametrize(("forward", "backward", "others", "want"), [
+    ("logsumexp[x](S) + 0.0 * sum[x](V)", "logsumexp[x](S + exp(46.5)) - exp(46.5)",
+     "dS = d_out * B * P\n  dV = 0.0 * V", 3.048587351573742),
+    ("contract[x](softmax[x](S), V)", "ncontract[x; exp, exp, id](S, V + exp(46.5)) - exp(46.5)",
+     "dS = d_out * B * P * (V - contract[x](P, V))\n  dV = d_out * B * P", 1.9525741268224335),
+])
+def test_the_join_prover_refuses_an_absorption_carried_by_a_logsumexp_or_a_normalised_contraction(
+        forward: str, backward: str, others: str, want: float) -> None:
+    """The red team's carried absorptions: logsumexp(S + C) is C + logsumexp(S), a weighted mean of
+    V + C is C + the mean of V, so the difference with C is the VJP's term over the reals; but the
+    cancelling difference reached the absorbing sum only through boxes said to carry their operand's
+    value along (``finiteness._CARRY``), which lacked logsumexp and ncontract: at S = [0, 3], V = [1, 2]
+    (C = exp(46.5)) dB is 0 and 32768 where the VJP's is 3.05 and 1.95."""
+    module = loads(_CARRIED.format(forward=forward, backward=backward, others=others))
+    f, b, bs = module.diagram("f"), module.diagram("b"), module.diagram("bs")
+    s, v, one = np.array([0.0, 3.0]), np.array([1.0, 2.0]), np.array(1.0)
+    assert abs(float(evaluate(b, [s, v, one])) - want) > 1.0  # type: ignore[arg-type]
+    assert float(evaluate(grad.vjp(f), [s, v, one, one])[2]) == pytest.approx(want)  # type: ignore[arg-type]
+    with pytest.raises(NapkinError, match=r"gradient of B computes .* where float64 may round `(S|V) \+ exp") as err:
+        link(f, [b, bs])
+    assert err.value.codes == ("lower.backward_unproved",)
+
+
+@pytest.mark.parametrize("carried", ["recip(recip(E + exp(46.5)))", "exp(log(E + exp(46.5)))",
+                                     "square(sqrt(E + exp(46.5)))", "exp(46.5) / (exp(46.5) / (E + exp(46.5)))"])
+def test_the_join_prover_refuses_an_absorption_given_back_by_nonlinear_boxes(carried: str) -> None:
+    """The red team's nonlinear carries: E + C with E = exp(tanh X) (C = exp(46.5)) read back through a
+    reciprocal of a reciprocal, exp of log, square of sqrt, a quotient's divisor, then less C: E over
+    the reals, so dB normalised to the VJP's Σ g·E, and only products, quotients' numerators,
+    reductions and reshapes were said to carry an absorbed value; at X = 0 (t = 2), g = 1, dB is 0
+    (or -65536) where the VJP's is 2.  C scaled by a fresh exp(δ) wherever the gradient reads it, the
+    gradient still normalises to the same term: its share cancels (``prove._offsets_cancelled``)."""
+    module = loads("axis t, d\ndiagram f(X: [t d], B: [d]) -> [t d] {\n  return exp(tanh(X)) * B\n}\n"
+                   f"diagram b(X: [t d], d_out: [t d]) -> [d] {{\n  E = exp(tanh(X))\n"
+                   f"  dB = sum[t](d_out * ({carried} - exp(46.5)))\n  return dB\n}}\n"
+                   "diagram bx(X: [t d], B: [d], d_out: [t d]) -> [t d] {\n"
+                   "  dX = d_out * B * (1 - square(tanh(X))) * exp(tanh(X))\n  return dX\n}\n")
+    f, b, bx = module.diagram("f"), module.diagram("b"), module.diagram("bx")
+    x, g = np.zeros((2, 1)), np.ones((2, 1))
+    assert abs(np.asarray(evaluate(b, [x, g]))[0] - 2.0) >= 2.0
+    assert np.asarray(evaluate(grad.vjp(f), [x, np.ones(1), g])[1]).tolist() == [2.0]
+    with pytest.raises(NapkinError, match=r"computes `.*exp\(tanh\(X\)\) \+ exp\(46.5\).*` .* operand's share") as err:
+        link(f, [b, bx])
+    assert err.value.codes == ("lower.backward_unproved",)
+
+
+def test_a_saved_output_read_without_its_inputs_is_analysed_as_the_forward_computes_it() -> None:
+    """The red team's saved exp: the forward saves O = exp(X) beside Y = X·Z, and the backward's
+    dX = dY·Z·(O·0 + 1) reads O but not X, so O was analysed as a finite input and the gradient
+    vouched finite (and O·0 + 1 normalises to 1); but O is +inf at X = 800, and dX NaN where the
+    VJP's is 1.  O is now analysed as the forward computes it (``Param.written``)."""
+    module = loads("axis t\ndiagram f(X: [t], Z: [t]) -> [t], [t] {\n  Y = X * Z\n  O = exp(X)\n  return Y, O\n}\n"
+                   "diagram b(Z: [t], O: [t], dY: [t]) -> [t] {\n  dX = dY * Z * (O * 0 + 1)\n  return dX\n}\n"
+                   "diagram bz(X: [t], dY: [t]) -> [t] {\n  dZ = dY * X\n  return dZ\n}\n")
+    f, b, bz = module.diagram("f"), module.diagram("b"), module.diagram("bz")
+    x, one = np.array([800.0, 1.0]), np.ones(2)
+    saved = evaluate(f, [x, one])[1]
+    assert np.isnan(np.asarray(evaluate(b, [one, saved, one]))[0])
+    assert np.asarray(evaluate(grad.vjp(replace(f, outputs=f.outputs[:1], out_types=f.out_types[:1])),
+                               [x, one, one])[0]).tolist() == [1.0, 1.0]
+    with pytest.raises(NapkinError, match="gradient of X may overflow in float64 where the VJP's is finite") as err:
+        link(f, [b, bz])
     assert err.value.codes == ("lower.backward_unproved",)
 
 
@@ -647,14 +783,37 @@ def _factor() -> tuple[object, list[object]]:
     return module.diagram("f"), [module.diagram("b")]
 
 
+def _gathered(backward: str) -> tuple[object, list[object]]:
+    module = loads("axis n, i, d\ndiagram f(T: [n d], I: int [i]) -> [i d] {\n  return gather[n](T, I)\n}\n"
+                   f"diagram b(I: int [i], d_out: [i d]) -> [n d] {{\n  dT = {backward}\n  return dT\n}}\n")
+    return module.diagram("f"), [module.diagram("b")]
+
+
+def _selected(scores: str) -> tuple[object, list[object]]:
+    module = loads("axis q, x\ndiagram f(S: [q x], M: int [q x], V: [x]) -> [q] {\n"
+                   "  return contract[x](softmax[x](select(M, S, -inf)), V)\n}\n"
+                   "diagram b(S: [q x], M: int [q x], V: [x], d_out: [q]) -> [q x], [x] {\n"
+                   f"  P = softmax[x]({scores})\n  dS = d_out * P * (V - contract[x](P, V))\n"
+                   "  dV = contract[q](P, d_out)\n  return dS, dV\n}\n")
+    return module.diagram("f"), [module.diagram("b")]
+
+
 @pytest.mark.parametrize(("case", "why", "wrong"), [
+    # the red team's unmasked backward: an int mask a select reads was drawn as segment ids, 1s and 2s,
+    # which mask nothing, so a backward ignoring the mask passed
+    (lambda: _selected("S"), "`select` is outside", "dS at"),
+    # the red team's scatter-adds: a table row the int positions never named (the test drew them as
+    # segment ids, 1s then 2s) left out, and positions outside [0, |n| - 1], which gather clamps, dropped
+    (lambda: _gathered("where[n d](n >= 1, contract[i](onehot[n](I), d_out), 0)"), "`gather` is outside", "dT at"),
+    (lambda: _gathered("contract[i](onehot[n](I), d_out)"), "`gather` is outside", "dT at"),
     # the backward's window one key wider: a key 8 behind its query needs q, x > 8 to exist
     (lambda: _window(9), "not known positive|may be 0", "dQ at"),
     # the label term doubled: read only where a label names a position of the vocabulary
     (lambda: _cross_entropy("- onehot[v](L)", "- onehot[v](L) * 2"), "gradients of Z do not normalise", "dZ at"),
     # a factor that is 1 up to x = 8 and 8/x past it
     (lambda: _factor(), "gradients of Q do not normalise", "dQ at"),
-], ids=["window_off_by_one", "label_term_doubled", "size_dependent_factor"])
+], ids=["select_mask_ignored", "gather_row_0_dropped", "gather_unclamped", "window_off_by_one", "label_term_doubled",
+        "size_dependent_factor"])
 def test_a_wrong_join_is_refused_unproved_and_with_the_opt_in_by_the_test(case: object, why: str,
                                                                            wrong: str) -> None:
     """Issue 28's wrong joins, each of which the old test (sizes 1-7, normal labels) accepted."""
@@ -846,3 +1005,11 @@ def test_the_tested_join_also_refuses_a_relation_the_forward_does_not_satisfy() 
         link(module.diagram("f"), [module.diagram("b"), module.diagram("bs")], allow_tested=True)
     assert err.value.codes == ("lower.backward_wrong",)
     assert "`b` states `L` by a relation that the value fed to it does not satisfy" in err.value.diagnostics[0].message
+
+
+def test_a_right_backward_of_a_data_mask_is_lowered_with_the_opt_in() -> None:
+    """The masked backward the unmasked one is refused beside: the mask's draws (0s and 1s, a kept
+    entry on every row) are ones it passes."""
+    forward, backwards = _selected("select(M, S, -inf)")
+    joined = link(forward, backwards, allow_tested=True)  # type: ignore[arg-type]
+    assert not joined.proved and "`select` is outside the proved fragment" in joined.trust

@@ -168,15 +168,20 @@ def _read(expr: Expr) -> list[Var]:
     return [v for kid in children(expr) for v in _read(kid)]
 
 
-def label_inputs(diagram: Diagram) -> dict[str, str]:
+#: the operands of each box that hold positions: a onehot's, a gather's
+_READS = {"onehot": slice(None), "gather": slice(1, 2)}
+
+
+def label_inputs(diagram: Diagram, reads: tuple[str, ...] = ("onehot",)) -> dict[str, str]:
     """The inputs a ``onehot[v]`` operand is computed from (directly or through bindings; not
     through a ``topk`` or ``argmax``, which make positions of anything), each with its ``v``:
     they hold positions along ``v``, and a standard-normal draw would hit none (the first
-    onehot found decides the axis).  ``diagram`` is unfolded: no calls."""
+    onehot found decides the axis); with ``reads`` ("gather",), those a ``gather[v]``'s positions are
+    computed from.  ``diagram`` is unfolded: no calls."""
     defs = diagram.bindings()
     labels: dict[str, str] = {}
-    todo = [(arg, node.target[0]) for _, node in boxes(diagram) if isinstance(node, Box) and node.op == "onehot"
-            for arg in node.args]  # the theorem's result is unfolded: no calls
+    todo = [(arg, node.target[0]) for _, node in boxes(diagram)
+            if isinstance(node, Box) and node.op in reads for arg in node.args[_READS[node.op]]]  # unfolded: no calls
     seen: set[str] = set()
     while todo:
         expr, axis = todo.pop()

@@ -79,6 +79,7 @@ from napkin_cat.certify import accumulators as acc
 from napkin_cat.certify.atoms import Quo, Rem, _expand, _i, _j, _MaxOf, _n, _Reduction, index, maximum, minimum, reduce
 from napkin_cat.evaluate import FLOAT64
 from napkin_cat.finiteness import (
+    absorbing_sums,
     cancelled_absorptions,
     cancelling_sums,
     finite,
@@ -660,11 +661,14 @@ def _finite_where_the_vjp_is(forward: Diagram, reference: Diagram,
     saved = [expanded(o, forward.bindings()) for o in forward.outputs]
     for diagram, sources, gives in backwards:
         # a forward output the backward reads is the forward's term of the inputs (a relation, as
-        # `given` states one), where the backward reads each input that term does
+        # `given` states one), where the backward reads each input that term does; else what the forward
+        # computes it as (an array an earlier kernel wrote): a saved O = exp(X) read without X is +inf at
+        # X = 800, not a finite input, and g·Z·(O·0 + 1) NaN there where the VJP is g·Z
         read = {p.name for p, (kind, _) in zip(diagram.inputs, sources, strict=True) if kind == "input"}
-        params = [replace(p, given=saved[k]) if kind == "output" and p.given is None and p.written is None and all(
-            n.name in read for n in walk(saved[k]) if isinstance(n, Var)) else p
-            for p, (kind, k) in zip(diagram.inputs, sources, strict=True)]
+        params = [p if kind != "output" or p.given is not None or p.written is not None else replace(p, given=saved[k])
+                  if all(n.name in read for n in walk(saved[k]) if isinstance(n, Var)) else
+                  replace(p, written=replace(forward, outputs=(forward.outputs[k],), out_types=(forward.out_types[k],)))
+                  for p, (kind, k) in zip(diagram.inputs, sources, strict=True)]
         defs, inputs = diagram.bindings(), input_values(params)
         related = replace(diagram, inputs=tuple(params))
         for out, i in zip(diagram.outputs, gives, strict=True):
@@ -680,28 +684,6 @@ def _finite_where_the_vjp_is(forward: Diagram, reference: Diagram,
                 raise Unproved(f"`{diagram.name}`'s gradient of {forward.inputs[i].name} may overflow in float64 at "
                                f"`{box.op}` where the extended reals do not, and the VJP's is not vouched finite "
                                f"either (finiteness.float_unsafe_box)")
-            # an absorption then cancelled: (S + C) - C is S over the reals, 0 in float64 where C = exp(46.5) drops
-            # S whole; a finite error the finiteness checks cannot see, so refused unless the VJP cancels the same
-            # absorbing sum (its term, the backward's inputs read as the VJP's: a running sum's Σ g - cumsum g; ALiBi's
-            # scores S - m·(q - x), which the backward shifts by the saved L, the VJP's softmax by their maximum) and
-            # its error reaches both values alike (``_alike_around``): computing it is not enough, a VJP may hold it
-            # where its error does not reach its value (0.0 · tanh(X + C)), or weighted otherwise (0.5 · ((X + C) - C))
-            if vouched[i]:
-                want = expanded(reference.outputs[i], reference.bindings())
-                made = cancelling_sums(want, reference)
-                # also over the VJP's inputs, a saved forward output read as its term: a backward reading the saved
-                # O = X + C sees O - C as a difference of inputs, the forward having absorbed X into O
-                over = _as_the_vjps(term, diagram, sources, forward, reference, saved)
-                for box, inner, same in [
-                        *((b, n, _as_the_vjps(n, diagram, sources, forward, reference, saved))
-                          for b, n in cancelled_absorptions(term, related)),
-                        *((b, n, n) for b, n in cancelled_absorptions(over, reference))]:
-                    if same not in made or not _alike_around(same, over, want, reference, i):
-                        where = f" at {box.span}" if box.span is not None else ""
-                        raise Unproved(f"`{diagram.name}`'s gradient of {forward.inputs[i].name} computes "
-                                       f"`{_short(box)}`{where}, where float64 may round `{_short(inner, 40)}` to "
-                                       f"its larger operand and the outer sum cancel the rest (an absorption the "
-                                       f"VJP's gradient does not make: finiteness.cancelled_absorptions)")
             # sign jumps at 0: the prover reads sign(e) of an e it knows positive as 1, but float64 may underflow
             # e to 0 (sign(exp(X·1e-4 - 744)) is 0 at X = -5000, so S·sign(...) gave 0 where the VJP is S):
             # each sign's operand must compute what the extended reals do
@@ -710,6 +692,39 @@ def _finite_where_the_vjp_is(forward: Diagram, reference: Diagram,
                     raise Unproved(f"`{diagram.name}`'s gradient of {forward.inputs[i].name} takes the sign of a term "
                                    f"float64 may round to 0 or past the extended reals' value "
                                    f"(finiteness.float_unsafe_box)")
+            # an absorption then cancelled: (S + C) - C is S over the reals, 0 in float64 where C = exp(46.5) drops
+            # S whole; a finite error the finiteness checks cannot see, so refused unless the VJP cancels the same
+            # absorbing sum (its term, the backward's inputs read as the VJP's: a running sum's Σ g - cumsum g; ALiBi's
+            # scores S - m·(q - x), which the backward shifts by the saved L, the VJP's softmax by their maximum) and
+            # its error reaches both values alike (``_alike_around``): computing it is not enough, a VJP may hold it
+            # where its error does not reach its value (0.0 · tanh(X + C)), or weighted otherwise (0.5 · ((X + C) - C))
+            # also over the VJP's inputs, a saved forward output read as its term: a backward reading the saved
+            # O = X + C sees O - C as a difference of inputs, the forward having absorbed X into O
+            over = _as_the_vjps(term, diagram, sources, forward, reference, saved)
+            want = expanded(reference.outputs[i], reference.bindings())
+            # an absorbing sum one of whose operands' share of the value cancels over the reals, by whatever box:
+            # Σ_t (X - mean X)·(Y + C) is Σ_t (X - mean X)·Y, the weights summing to 0, but 0 in float64 where
+            # C = exp(46.5) absorbs Y (no sum or difference cancels it: a reduction does)
+            offsets = [(b, None, b) for b in _offsets_cancelled(over, reference, i)]
+            if vouched[i] or offsets:
+                made = [*cancelling_sums(want, reference), *(_offsets_cancelled(want, reference, i) if offsets else ())]
+                for box, inner, same in [
+                        *((b, n, _as_the_vjps(n, diagram, sources, forward, reference, saved))
+                          for b, n in (cancelled_absorptions(term, related) if vouched[i] else ())),
+                        *((b, n, n) for b, n in (cancelled_absorptions(over, reference) if vouched[i] else ())),
+                        *offsets]:
+                    if same not in made or not _alike_around(same, over, want, reference, i):
+                        where = f" at {box.span}" if box.span is not None else ""
+                        if inner is None:
+                            raise Unproved(f"`{diagram.name}`'s gradient of {forward.inputs[i].name} computes "
+                                           f"`{_short(box)}`{where}, which float64 may round to its larger operand, "
+                                           f"and one operand's share of the gradient cancels over the reals (by a "
+                                           f"reduction whose weights sum to 0, a softmax's shift, or boxes that give "
+                                           f"the sum back: an absorption the VJP's gradient does not make)")
+                        raise Unproved(f"`{diagram.name}`'s gradient of {forward.inputs[i].name} computes "
+                                       f"`{_short(box)}`{where}, where float64 may round `{_short(inner, 40)}` to "
+                                       f"its larger operand and the outer sum cancel the rest (an absorption the "
+                                       f"VJP's gradient does not make: finiteness.cancelled_absorptions)")
     _joined_sums_alike(forward, reference, backwards, vouched, saved)
 
 
@@ -741,6 +756,54 @@ def _joined_sums_alike(forward: Diagram, reference: Diagram,
                 raise Unproved(f"the join's sum of the backwards' gradients of {forward.inputs[i].name} may cancel "
                                f"an absorption: float64 may round `{_short(inner, 40)}` to its larger operand (an "
                                f"absorption the VJP's gradient does not make: finiteness.cancelled_absorptions)")
+
+
+def _offsets_cancelled(term: Expr, reference: Diagram, i: int) -> list[Box]:
+    """The sums and differences of ``term`` (a gradient over the VJP diagram ``reference``'s inputs, of its
+    ``i``-th input) that float64 may round to their larger operand alone (``finiteness.absorbing_sums``) and
+    one of whose operands adds nothing to ``term``'s value over the reals: scaled by a fresh positive scalar
+    exp(δ) in that sum alone, or wherever ``term`` reads it, ``term`` still normalises to the same term
+    (``Σ_t w·(Y + C)`` with weights summing to 0, a shift a softmax drops, ``recip(recip(E + C)) - C``).
+    Whatever boxes cancel that operand's share, float64 may have dropped the other one's whole in the
+    sum, as a difference cancelling an absorption does."""
+    name = "delta"
+    while any(p.name == name for p in reference.inputs):
+        name += "_"
+    params = (*reference.inputs, Param(name, ()))
+    values = [_input(p.name, p.axes) for p in params]
+
+    def normal(t: Expr) -> Any:
+        sem = _Semantics(masks=True)
+        return sem.unmasked(sem.run(replace(reference, inputs=params, body=(), outputs=(t,),
+                                            out_types=(reference.out_types[i],)), values)[0])
+    factor = Box("exp", (Var(name, ()),), ())  # positive, so a square root or a log of the sum stays one
+    found: list[Box] = []
+    base = None
+    for box in absorbing_sums(term, replace(reference, body=())):
+        for k in (0, 1):
+            operand = box.args[k]
+            scaled = replace(box, args=tuple(Box("mul", (a, factor), a.axes) if j == k else a
+                                             for j, a in enumerate(box.args)))
+            base = normal(term) if base is None else base
+
+            def here(e: Expr, box: Box = box, scaled: Box = scaled) -> Expr | None:
+                return scaled if e is box else None
+
+            # and wherever the operand is read: exp(log(E + C)) - C and recip(recip(E + C)) - C are E over
+            # the reals, C's share cancelling through boxes that carry no sum's value in general
+            def everywhere(e: Expr, operand: Expr = operand) -> Expr | None:
+                return Box("mul", (operand, factor), operand.axes) if e == operand else None
+            for swap in (here, everywhere):
+                try:  # a -inf mask scaled by δ is no term (only exp and its reductions read one)
+                    moved = normal(_replaced(term, swap))
+                except Unproved:
+                    continue
+                if _equal(moved, base):
+                    found.append(box)
+                    break
+            if found and found[-1] is box:
+                break
+    return found
 
 
 def _alike_around(inner: Expr, got: Expr, want: Expr, reference: Diagram, i: int) -> bool:

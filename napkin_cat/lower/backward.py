@@ -195,7 +195,8 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
         raise NapkinError(error("lower.backward_untestable", forward=forward.name, why=(
             f"its diagrams hold the integer constant {past}, and the test draws sizes past every constant "
             f"(at most {LARGEST}): prove the join instead")))
-    labels = _labels(forward, backwards, ln)
+    gathered, masks = _labels(forward, backwards, ln, ("gather",)), _masks(forward, backwards, ln)
+    labels = {**gathered, **_labels(forward, backwards, ln)}
     drawn = []
     for seed in range(DRAWS):
         rng = np.random.default_rng(seed)
@@ -203,8 +204,8 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
         sizes = {a: n if n is not None else int(rng.integers(low, low + 7)) for a, n in axes.items()}
         scale = SCALES[seed % len(SCALES)]
         drawn.append(", ".join(f"{a}={n}" for a, n in sizes.items() if axes[a] is None) + f" at scale {scale:g}")
-        args = [drawn_integers(rng, [sizes[a] for a in p.axes]) if p.integer else
-                _drawn(rng, [sizes[a] for a in p.axes], scale, sizes.get(labels.get(i, ""), 0))
+        args = [drawn_integers(rng, [sizes[a] for a in p.axes], i in masks) if p.integer and i not in labels else
+                _drawn(rng, [sizes[a] for a in p.axes], scale, sizes.get(labels.get(i, ""), 0), i in gathered)
                 for i, p in enumerate(forward.inputs)]
         args = related(forward, args, sizes)  # a forward with relations: inputs it claims something of
         cts = [rng.standard_normal([sizes[a] for a in p.axes]) for p in reference.inputs[len(forward.inputs):]]
@@ -264,21 +265,33 @@ def _relations_within(b: Diagram, values: Sequence[object], errors: Sequence[obj
                 f"with sizes {drawn}")))
 
 
-def _drawn(rng: np.random.Generator, shape: list[int], scale: float, vocabulary: int) -> np.ndarray:
+def _drawn(rng: np.random.Generator, shape: list[int], scale: float, vocabulary: int,
+           clamped: bool = False) -> np.ndarray:
     """Seeded normals at ``scale``, or with a ``vocabulary`` (a label input) positions in
-    ``[0, vocabulary)``, the first and the last among them where there is room."""
+    ``[0, vocabulary)``, the first and the last among them where there is room; ``clamped``
+    (a gather's positions, which it clamps into the vocabulary) also -1 and ``vocabulary``, and
+    a repeated position: a backward dropping row 0, rows past the last or a repeat's second
+    read is wrong there."""
     if not vocabulary:
         return scale * rng.standard_normal(shape)
-    drawn = rng.integers(0, vocabulary, shape)
+    drawn = rng.integers(-1 if clamped else 0, vocabulary + 1 if clamped else vocabulary, shape)
     flat = drawn.reshape(-1)
-    flat[:2] = [0, vocabulary - 1][:flat.size]
+    edges = [0, vocabulary - 1, -1, vocabulary, 0] if clamped else [0, vocabulary - 1]
+    flat[:len(edges)] = edges[:flat.size]
     return drawn.astype(np.float64)
 
 
-def drawn_integers(rng: np.random.Generator, shape: list[int]) -> np.ndarray:
+def drawn_integers(rng: np.random.Generator, shape: list[int], mask: bool = False) -> np.ndarray:
     """An ``int`` input (segment ids, lengths): 1s then 2s along its last axis, both present
     where there is room, so that segment ids of queries and keys share their documents and a
-    length keeps a key (a row a mask empties has no FA-2 backward: README "Training")."""
+    length keeps a key (a row a mask empties has no FA-2 backward: README "Training").  A
+    ``mask`` (a ``select``'s) is 0s and 1s instead, 1 at position 0 along each axis, so that
+    every row along any axis keeps an entry and the others are masked: 1s and 2s masked none."""
+    if mask:
+        drawn = rng.integers(0, 2, shape)
+        for k in range(len(shape)):
+            drawn[(slice(None),) * k + (0,)] = 1
+        return np.asarray(drawn).astype(np.float64)
     drawn = np.sort(rng.integers(1, 3, shape), axis=-1) if shape else np.asarray(rng.integers(1, 3))
     if shape and shape[-1] >= 2:
         drawn[..., 0], drawn[..., -1] = 1, 2
@@ -311,17 +324,42 @@ def _index_integers(index: Pred | IndexExpr) -> list[int]:
     return expr(index)
 
 
-def _labels(forward: Diagram, backwards: Sequence[Diagram], ln: Link) -> dict[int, str]:
+def _labels(forward: Diagram, backwards: Sequence[Diagram], ln: Link,
+            reads: tuple[str, ...] = ("onehot",)) -> dict[int, str]:
     """The forward inputs that hold labels, by position, each with the axis it indexes: read
-    by a ``onehot`` in the forward, or in a backward that takes them as inputs."""
+    by a ``onehot`` in the forward, or in a backward that takes them as inputs (with ``reads``
+    ("gather",), those read as a ``gather``'s positions instead)."""
     position = {p.name: i for i, p in enumerate(forward.inputs)}
-    found = {position[name]: axis for name, axis in label_inputs(inlined(forward)).items() if name in position}
+    found = {position[name]: axis for name, axis in label_inputs(inlined(forward), reads).items()
+             if name in position}
     for b, row in zip(backwards, ln.sources, strict=True):
         names = {p.name: source for p, source in zip(b.inputs, row, strict=True)}
-        for name, axis in label_inputs(inlined(b)).items():
+        for name, axis in label_inputs(inlined(b), reads).items():
             kind, i = names.get(name, ("", -1))
             if kind == "input":
                 found.setdefault(i, axis)
+    return found
+
+
+def _masks(forward: Diagram, backwards: Sequence[Diagram], ln: Link) -> set[int]:
+    """The forward inputs a ``select`` reads as its mask as they are (through bindings, not through a
+    comparison such as ``lt(index[x](x), len)``, whose operands are no masks), in the forward or in a
+    backward that takes them as inputs."""
+    found: set[int] = set()
+    for d, names in ((forward, {p.name: ("input", i) for i, p in enumerate(forward.inputs)}),
+                     *((b, {p.name: s for p, s in zip(b.inputs, row, strict=True)})
+                       for b, row in zip(backwards, ln.sources, strict=True))):
+        flat = inlined(d)
+        defs = flat.bindings()
+        for expr in (*(let.expr for let in flat.body), *flat.outputs):
+            for node in walk(expr):
+                if isinstance(node, Box) and node.op == "select":
+                    mask = node.args[0]
+                    while isinstance(mask, Var) and mask.name in defs:
+                        mask = defs[mask.name]
+                    kind, i = names.get(mask.name, ("", -1)) if isinstance(mask, Var) else ("", -1)
+                    if kind == "input":
+                        found.add(i)
     return found
 
 

@@ -772,7 +772,7 @@ def float_unsafe_box(expr: Expr, operands: Iterable[Expr], diagram: Diagram, rew
         # a softmax, logsumexp or exp-normalised contraction subtracts its scores' maximum, a difference too:
         # softmax(R - C) at C = 2^62 (an index, or 1e20) is uniform in float64, R dropped whole, where the
         # reals give softmax(R), the right side of softmax_shift
-        if _shifts(b) and _reached(floats, b.args[0], ids, every=True) is not None:
+        if _shifts(b) and _reached(floats, b.args[0], ids, every=True):
             return b
     return None
 

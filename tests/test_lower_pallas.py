@@ -19,11 +19,13 @@ import numpy as np
 import pytest
 
 import napkin_cat
-from napkin_cat import kernel, loads, run
+from napkin_cat import certify, kernel, loads, ops, run
+from napkin_cat.certify import accumulators
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.lower import lower, realised_schedule
 from napkin_cat.proof import check_file, check_module, theorem
-from napkin_cat.terms import Partition
+from napkin_cat.schedule.layout import padding_law
+from napkin_cat.terms import Box, Partition, Var
 from tests import lower_cases as cases
 from tests.test_crosslower import TRITON_CALL, cuda_hlo
 
@@ -51,6 +53,48 @@ def test_theorem_matches_evaluator_f32_ragged(name: str, extreme: bool) -> None:
             assert cases.agrees(np.asarray(out, np.float64), want, tol), name
         else:
             assert cases.relative_error(out, want) < tol
+
+
+def test_the_docstring_states_the_padding_law_of_each_axis_the_theorem_does_not_pad() -> None:
+    """Issue 28: a Pallas kernel pads an axis its tiles do not divide (the theorem assumes `sx | x`) with the
+    fills of the boxes that consume it; its docstring says how each such padding law is certified, from the
+    kernel's oracle (``layout.padding_law``): proved, tested, or not checked (a mixing box's kernel rule)."""
+    def padding(name: str, target: str = "pallas") -> list[str]:
+        source = lower(cases.theorems()[name], target=target, tiles=cases.TILES).source
+        return [line for line in source.splitlines() if line.strip().startswith("Padding (")]
+
+    (flash,) = padding("flash_attention")
+    assert "O = ncontract[x] (fills -inf, 0): proved (accumulator online_softmax: proved: laws" in flash
+    (grouped,) = padding("grouped_wide")
+    assert "softmax[x] (fills -inf): not checked (a kernel rule, MIX_FILL" in grouped
+    assert padding("tiled_matmul_padded") == []  # `pad` on every consumed axis: the trust line states its law
+    assert padding("flash_attention", "jax") == []  # plain JAX runs the ragged last chunk: nothing is padded
+    weights = Box("ncontract", (Var("X0", ("q", "x")), Var("X1", ("x", "d"))), ("q", "d"), ("x",), (),
+                  ("exp", "relu", "id"))
+    assert padding_law(weights, "x").startswith("tested (accumulator normalised: tested: ")
+
+
+@pytest.mark.slow
+def test_a_padding_law_is_proved_wherever_its_accumulators_laws_are() -> None:
+    """Issue 28: a kernel pads an axis the theorem does not (``layout.padding_law``); for every family of
+    consuming boxes (each ncontract weight with a zero, each denominator) whose accumulator's laws are proved
+    without padding, the padding law is proved too: so a kernel never rests on a padding law weaker than the
+    accumulator its theorem streams with (found so, this pins it)."""
+    s, v = Var("X0", ("q", "x")), Var("X1", ("x", "d"))
+    boxes = [Box(op, (s,), ("q",), ("x",)) for op in ("sum", "mean", "max", "min", "prod", "logsumexp")]
+    boxes += [Box("contract", (s, v), ("q", "d"), ("x",))]
+    weights = ("id", "square", "abs", "tanh", "relu", "silu", "gelu", "sigmoid", "exp")
+    boxes += [Box("ncontract", (s, v), ("q", "d"), ("x",), (), (a1, a2, b))
+              for a1 in weights for a2 in weights for b in ("id", "sqrt", "rms")]
+    proved = 0
+    for box in boxes:
+        for name in ops.accumulators_for(box.op, box.params):
+            unpadded = certify.accumulator(box, "x", name, False)
+            if accumulators.plan(box, "x", name).pad is None or not unpadded.startswith("proved"):
+                continue
+            proved += 1
+            assert padding_law(box, "x", name).startswith(f"proved (accumulator {name}: "), (box, name)
+    assert proved >= 16, proved  # as many as were proved when this was written: the check is not vacuous
 
 
 def test_dtype_steps_store_arrays_in_their_format() -> None:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from napkin_cat import cost
+from napkin_cat import cost, ops
 from napkin_cat.cost import hardware as hw
 from napkin_cat.cost import optimise
 from napkin_cat.diagnostics import NapkinError, error
@@ -49,10 +49,12 @@ from napkin_cat.schedule.layout import (
     TARGETS,
     Layout,
     broken_nesting,
+    fill_values,
     layout,
+    padding_law,
     realised_schedule,
 )
-from napkin_cat.terms import Diagram, Partition, Schedule
+from napkin_cat.terms import Box, Diagram, Partition, Schedule
 
 __all__ = ["DEFAULT_HARDWARE", "DEFAULT_TILE", "DTYPES", "KERNEL_DTYPES", "PRICED_DTYPE", "REPRESENTATIVE_SIZE",
            "TARGETS", "Lowered", "UnprovedJoinWarning", "compile_module", "default_tiles", "lower", "realised_schedule"]
@@ -550,12 +552,37 @@ def _docstring(lay: Layout, target: str, origin: str, dtype: str, priced: _Price
         "Placement: " + _placement(lay, target),
         *(["Mesh: " + (mesh or "not realised: one device runs the whole (give mesh=N, --mesh N, to shard)")]
           if schedule.mesh else []),
+        *_padding(lay, schedule),
         "Cost bound: " + _cost_bound(priced),
         f"Dtype: inputs and outputs {dtype}; arithmetic and accumulation in float32." if dtype == "float32" else
         f"Dtype: inputs and outputs {dtype}; every dot's operands rounded to {dtype} (products accumulated in "
         "float32), other arithmetic in float32: roundings of the lowering, beyond the theorem's dtype steps.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _padding(lay: Layout, schedule: Schedule) -> list[str]:
+    """The docstring's ``Padding:`` line: each box that consumes or mixes an axis the kernel pads past its
+    size (``Layout.may_pad``) though the theorem declares no ``pad`` for it, with its fills and how its
+    padding law is certified (``layout.padding_law``): the theorem assumes its tiles divide such an axis."""
+    declared = {p.axis for p in schedule.partitions if p.pad}
+    laws = []
+    for node in lay.flat.nodes:
+        box = node.expr
+        if not isinstance(box, Box) or ops.OPS[box.op].kind not in ("reduce", "normalise", "contract", "ncontract",
+                                                                      "topk"):
+            continue  # the boxes ``jaxops.mask_padded`` masks
+        for axis in box.target:
+            if axis in declared or not lay.may_pad(axis):
+                continue
+            fills = ", ".join(f"{f:g}" for f in fill_values(box, axis) or ())
+            plan = lay.plans.get(node.name)
+            laws.append(f"{node.name} = {box.op}[{axis}] (fills {fills}): "
+                        f"{padding_law(box, axis, plan.name if plan is not None else None)}")
+    if not laws:
+        return []
+    return ["Padding (axes the theorem assumes its tiles divide, padded where they do not; the padding law: "
+            "padded positions change nothing): " + "; ".join(laws)]
 
 
 def _placement(lay: Layout, target: str) -> str:

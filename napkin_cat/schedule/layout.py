@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
-from napkin_cat import ops
+from napkin_cat import certify, ops
 from napkin_cat.certify.accumulators import AccumulatorPlan, plan
 from napkin_cat.diagnostics import NapkinError, error
 from napkin_cat.schedule.loopnest import Flat, LoopNest, Node, flatten, loop_nest, touches, woven_axes
@@ -43,7 +43,7 @@ from napkin_cat.terms import INT_DTYPE, INTEGER_OUTPUT_DTYPE, Box, Diagram, Part
 
 __all__ = ["DEFAULT_HARDWARE", "FORMATS", "KERNEL_DTYPES", "KERNEL_TARGETS", "MIN_BLOCK", "MIX_FILL", "PRICED_DTYPE",
            "TARGETS", "TRITON_MISSING", "Layout", "broken_nesting", "fill_values", "grid_order", "integer_outputs",
-           "layout", "pow2_extent", "realised_schedule"]
+           "layout", "padding_law", "pow2_extent", "realised_schedule"]
 
 TARGETS = ("pallas", "mosaic", "jax")
 
@@ -96,6 +96,26 @@ def fill_values(box: Box, axis: str) -> tuple[float, ...] | None:
         return plan(box, axis).pad
     except ValueError:
         return None
+
+
+def padding_law(box: Box, axis: str, via: str | None = None) -> str:
+    """How the padding law of ``box`` along ``axis`` (``fill_values``: positions holding them change
+    nothing) is certified: the kernel's oracle (``certify.accumulator`` with ``pad``) for the accumulators
+    whose fills these are, ``via`` (the theorem's) first: ``proved: ...`` or ``tested: ...`` from the
+    first that is; else ``not certified (...)`` with each one's answer, or ``not checked (...)`` for a
+    mixing box (``MIX_FILL``: no accumulator states it).  A target that pads an axis the theorem
+    does not (a tile that does not divide it, a whole axis raised to a power of two) rests on it."""
+    fills = fill_values(box, axis)
+    if fills is None:
+        return "none: no fill leaves it unchanged"
+    if box.op in MIX_FILL:
+        return f"not checked (a kernel rule, MIX_FILL: {box.op} ignores entries of {fills[0]:g})"
+    names = [n for n in dict.fromkeys([*([via] if via else []), *ops.accumulators_for(box.op, box.params)])
+             if n in ops.accumulators_for(box.op, box.params) and plan(box, axis, n).pad == fills]
+    answers = {n: certify.accumulator(box, axis, n, True) for n in names}
+    found = next((f"{how.split(':')[0]} (accumulator {n}: {how})" for n, how in answers.items()
+                  if how.startswith(("proved", "tested"))), None)
+    return found or "not certified (" + ("; ".join(f"{n}: {how}" for n, how in answers.items()) or "none") + ")"
 
 
 def integer_outputs(diagram: Diagram) -> frozenset[int]:

@@ -185,6 +185,7 @@ def alibi_grouped(Q, K, V, m, *, interpret=None):
     Schedule: group q by gq at smem
     Tiles: q: gq = 32 (given)
     Placement: grid over b (one program per position), h (one program per position), q (blocks of 32)
+    Padding ( ...
     Cost bound: ...
     Dtype: inputs and outputs float32; arithmetic and accumulation in float32.
     Gradients: a jax.custom_vjp; residuals are the inputs only; the backward is the diagram's VJP (napkin_cat.grad) lowered unscheduled to plain JAX, its intermediates materialised whole.

@@ -156,6 +156,7 @@ def flash_gqa(Q, K, V, *, interpret=None):
     Schedule: group b by 1 at smem; group h by 1 at smem; group g by gg at smem; group q by gq at smem; stream x by sx at smem via online_softmax
     Tiles: b: 1, h: 1, g: gg = 1, q: gq = 32, x: sx = 32 (given)
     Placement: grid over g (one program per position), q (blocks of 32), b (one program per position), h (one program per position); x streamed in chunks of 32 carrying online_softmax
+    Padding ( ...
     Cost bound: ...
     Dtype: inputs and outputs float32; arithmetic and accumulation in float32.
     Gradients: a jax.custom_vjp; residuals are the inputs only; the backward is the diagram's VJP (napkin_cat.grad) lowered unscheduled to plain JAX, its intermediates materialised whole.

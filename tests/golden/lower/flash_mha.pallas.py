@@ -155,6 +155,7 @@ def flash_mha(Q, K, V, *, interpret=None):
     Schedule: group b by 1 at smem; group h by 1 at smem; group q by 128 at smem; stream x by 64 at smem via online_softmax
     Tiles: b: 1, h: 1, q: 128, x: 64 (given)
     Placement: grid over q (blocks of 128), b (one program per position), h (one program per position); x streamed in chunks of 64 carrying online_softmax
+    Padding ( ...
     Cost bound: ...
     Dtype: inputs and outputs float32; arithmetic and accumulation in float32.
     Gradients: a jax.custom_vjp; residuals are the inputs only; the backward is the diagram's VJP (napkin_cat.grad) lowered unscheduled to plain JAX, its intermediates materialised whole.

@@ -153,6 +153,7 @@ def flash_wide_bf16_kv(Q, K, V, *, interpret=None):
     Schedule: group q by gq at smem; stream x by sx at smem via online_softmax; dtype K, V, S as bf16 tol 0.01
     Tiles: q: gq = 32, x: sx = 32 (given)
     Placement: grid over q (blocks of 32); x streamed in chunks of 32 carrying online_softmax
+    Padding ( ...
     Cost bound: ...
     Dtype: inputs and outputs float32; arithmetic and accumulation in float32.
     Gradients: a jax.custom_vjp; residuals are the inputs only; the backward is the diagram's VJP (napkin_cat.grad) lowered unscheduled to plain JAX, its intermediates materialised whole.

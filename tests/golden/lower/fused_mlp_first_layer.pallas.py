@@ -163,6 +163,7 @@ def fused_mlp_first_layer(X, W1, B1, W2, B2, *, interpret=None):
     Schedule: group t by gt at smem; stream f by sf at smem via sum
     Tiles: t: gt = 32, f: sf = 32 (given)
     Placement: grid over t (blocks of 32); f streamed in chunks of 32 carrying sum
+    Padding ( ...
     Cost bound: ...
     Dtype: inputs and outputs float32; arithmetic and accumulation in float32.
     Gradients: a jax.custom_vjp; residuals are the inputs only; the backward is the diagram's VJP (napkin_cat.grad) lowered unscheduled to plain JAX, its intermediates materialised whole.

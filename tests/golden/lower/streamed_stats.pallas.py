@@ -228,6 +228,7 @@ def streamed_stats(X, *, interpret=None):
     Schedule: group t by gt at smem; stream v by sv at smem
     Tiles: t: gt = 32, v: sv = 32 (given)
     Placement: grid over t (blocks of 32); v streamed in chunks of 32 carrying logsumexp, max, min, sum
+    Padding ( ...
     Cost bound: ...
     Dtype: inputs and outputs float32; arithmetic and accumulation in float32.
     Gradients: a jax.custom_vjp; residuals are the inputs only; the backward is the diagram's VJP (napkin_cat.grad) lowered unscheduled to plain JAX, its intermediates materialised whole.

@@ -116,6 +116,7 @@ def tiled_matmul(A, B, *, interpret=None):
     Schedule: group a by ga at smem; group c by gc at smem; stream b by sb at smem via sum
     Tiles: a: ga = 32, c: gc = 32, b: sb = 32 (given)
     Placement: grid over a (blocks of 32), c (blocks of 32); b streamed in chunks of 32 carrying sum
+    Padding ( ...
     Cost bound: ...
     Dtype: inputs and outputs float32; arithmetic and accumulation in float32.
     Gradients: a jax.custom_vjp; residuals are the inputs only; the backward is the diagram's VJP (napkin_cat.grad) lowered unscheduled to plain JAX, its intermediates materialised whole.

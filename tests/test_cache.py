@@ -259,9 +259,10 @@ def test_the_cost_model_of_a_search_is_stored_and_read_back_exactly(folder: Path
 def test_an_edited_side_condition_or_used_lemma_is_certified_again_not_read_back(folder: Path,
                                                                                   tmp_path: Path) -> None:
     """Check, edit, check again with the same cache folder and the process memo cleared, so that
-    only the disk could answer: a lemma proved under `when c finite` and stored, then stated
+    only the disk could answer: a lemma certified under `when c finite` and stored, then stated
     without it (false at c = -inf: softmax of -inf rows), and a used file's lemma edited from
-    true to false under the same name, are each certified anew and refused under --strict."""
+    true to false under the same name, are each certified anew and refused.  (Without --strict:
+    the shift's use is only tested there, since `S + c` may drop S whole at c = 1e20.)"""
     from napkin_cat.proof import check_file
 
     lemmas = tmp_path / "lemmas.ncd"
@@ -276,7 +277,7 @@ def test_an_edited_side_condition_or_used_lemma_is_certified_again_not_read_back
 
     def verdicts() -> list[bool]:
         certify.certify_lemma.cache_clear()  # past the process memo: only the disk remembers
-        return [r.ok for r in check_file(proof, strict=True)]
+        return [r.ok for r in check_file(proof)]
 
     assert verdicts() == [True, True] and len(list(folder.glob("lemma-*.json"))) >= 2
     lemmas.write_text("axis x\n" + shift.replace(" when c finite", "") + twice)

@@ -36,8 +36,10 @@ FORMAT = 2
 _PACKAGE = Path(__file__).resolve().parent
 _lock = threading.Lock()
 _own_hash: list[str] = []
-#: the grammar's `use_decl: "use" STRING` with what may stand between (blanks and comments)
-_USE = re.compile(r'\buse(?:\s|#[^\n\r]*)*"([^"\n]*)"')
+#: a string literal, as the grammar's STRING: only a `use_decl` holds one, so every path a file may use is
+#: one of these (matching `use` too missed `axis d = 64use "b.ncd"`, which the lexer reads as a use, and a
+#: replayed `lower` kept a stale used file's diagram)
+_USE = re.compile(r'"([^"\n]*)"')
 
 
 def cache_folder() -> Path | None:
@@ -76,8 +78,8 @@ def key(kind: str, settings: Mapping[str, Any], sources: tuple[bytes, ...] | lis
 
 
 def closure(path: str | Path) -> dict[Path, bytes]:
-    """The contents of ``path`` and of every file it could ``use``, transitively (a
-    ``use "..."`` in a comment counts too: a file too many only costs a cache miss), by resolved
+    """The contents of ``path`` and of every file it could ``use``, transitively (every string
+    literal counts, a quoted path in a comment too: a file too many only costs a cache miss), by resolved
     path; a file that cannot be read counts by its reason (elaboration reports it), read by
     the one rule of ``files.read_source``."""
     seen: dict[Path, bytes] = {}

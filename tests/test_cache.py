@@ -179,6 +179,22 @@ def test_cost_pseudo_and_lower_replay_their_outcome(folder: Path, tmp_path: Path
     assert [_napkin(capsys, *argv)[0] for argv in runs] == [3, 3, 3] and ran == ["cost", "cost", "pseudo", "lower"]
 
 
+def test_a_use_glued_to_a_number_is_in_the_key(folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """The lexer reads `axis x = 64use "b.ncd"` as a use (an INT, then the keyword): the replay's key
+    must cover b.ncd, or a changed b.ncd replays the kernel of the diagram it no longer holds."""
+    used = tmp_path / "b.ncd"
+    used.write_text("axis x = 64\ndiagram g(S: [x]) -> [x] {\n  return S * 2\n}\n")
+    proof = tmp_path / "a.ncd"
+    proof.write_text('axis x = 64use "b.ncd"\ndiagram f(S: [x]) -> [x] {\n  return g(S)\n}\n'
+                     "theorem t: f {\n  group x by 16\n}\n")
+    assert used.resolve() in cache.closure(proof)
+    argv = ("lower", str(proof), "t", "--target", "jax", "-o", str(tmp_path / "k.py"))
+    assert _napkin(capsys, *argv)[0] == 0 and "S * 2" in (tmp_path / "k.py").read_text()
+    used.write_text(used.read_text().replace("S * 2", "S * 3"))
+    assert _napkin(capsys, *argv)[0] == 0 and "S * 3" in (tmp_path / "k.py").read_text()
+
+
 def test_a_replay_checks_its_outputs_and_a_damaged_outcome_runs_the_verb(
         folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     proof, _ = _matmul(tmp_path)

@@ -47,7 +47,10 @@ positions), ``0`` where it may fall below 2^-1074 (underflow: ``exp`` past -745)
   inputs where L is that expression of its other inputs, a backward pass's saved statistic):
   ``exp(s - L)`` of the same term s (bindings read through) is in [0, 1], since the evaluator's
   logsumexp is at least its maximum and L is finite (``_Analysis.shifted``); no other use of a
-  relation (an input it gives is otherwise any finite value, as every input);
+  relation (an input it gives is otherwise any finite value, as every input); where a relation
+  itself may be infinite or NaN (``relation_unbounded``, with one fact of index masks: a row of
+  ``where(pred, A, -inf)`` keeps an entry when pred holds at position 0), the diagram has no input
+  there, which ``--strict`` refuses (``proof._vacuous``);
 - ``where`` is either operand, ``index`` a finite integer, ``onehot`` 0 or 1, reshapes
   and renames keep their operand's classes.
 
@@ -88,7 +91,7 @@ from napkin_cat.terms import (
 __all__ = ["DOMAIN", "EXTENDED", "FINITE", "INFINITE", "MASKS", "MASKS_TESTED", "RULES", "TOP", "UNARY", "Abstract",
            "Inputs", "Value", "abstract", "analyse", "cancelled_absorptions", "cancelling_sums", "class_of", "finite",
            "finite_in", "float_unsafe_box", "fold_overflows", "index_may_wrap", "input_values", "masked", "narrowed",
-           "signed_zero_writes", "unsupported"]
+           "relation_unbounded", "signed_zero_writes", "unsupported"]
 
 Value = frozenset[str]
 #: the classes in order (``maximum`` keeps the larger), nan apart
@@ -1020,20 +1023,74 @@ def _zero_sign_read(diagram: Diagram, lhs: Expr, rhs: Expr) -> Box | None:
     return None
 
 
-def _index_range(e: IndexExpr) -> tuple[int, int] | None:
-    """The integers an index expression may take, positions in [0, 2^POSITIONS); None where it or a part
-    of it may leave int64, where the evaluator's arithmetic wraps (``evaluate._index``)."""
+def _index_range(e: IndexExpr, first: Collection[str] = ()) -> tuple[int, int] | None:
+    """The integers an index expression may take, positions in [0, 2^POSITIONS) (those along the axes
+    ``first``: 0); None where it or a part of it may leave int64, where the evaluator's arithmetic wraps
+    (``evaluate._index``)."""
     if isinstance(e, IInt):
         return e.value, e.value
     if not isinstance(e, IBin):
-        return 0, 2 ** int(POSITIONS) - 1
-    a, b = _index_range(e.left), _index_range(e.right)
+        return (0, 0) if e.axis in first else (0, 2 ** int(POSITIONS) - 1)
+    a, b = _index_range(e.left, first), _index_range(e.right, first)
     if a is None or b is None:
         return None
     ends = [x * y for x in a for y in b] if e.op == "*" else \
         [a[0] + b[0], a[1] + b[1]] if e.op == "+" else [a[0] - b[1], a[1] - b[0]]
     lo, hi = min(ends), max(ends)
     return (lo, hi) if lo >= -2 ** 63 and hi < 2 ** 63 else None
+
+
+def _decided(pred: Pred, first: Collection[str]) -> tuple[bool, bool]:
+    """Whether ``pred`` holds at every position (its first component) or at none (its second), the
+    positions along the axes ``first`` being 0 and the others anywhere in [0, 2^62); both False where
+    neither is shown (``_index_range``: also where int64 may wrap)."""
+    if isinstance(pred, Logic):
+        a = _decided(pred.left, first)
+        if pred.right is None:
+            return a[1], a[0]
+        b = _decided(pred.right, first)
+        return (a[0] and b[0], a[1] or b[1]) if pred.op == "and" else (a[0] or b[0], a[1] and b[1])
+    left, right = _index_range(pred.left, first), _index_range(pred.right, first)
+    if left is None or right is None:
+        return False, False
+    lo, hi = left[0] - right[1], left[1] - right[0]  # left - right
+    holds = {">=": (lo >= 0, hi < 0), ">": (lo > 0, hi <= 0), "<=": (hi <= 0, lo > 0), "<": (hi < 0, lo >= 0),
+             "==": (lo == hi == 0, hi < 0 or lo > 0), "!=": (hi < 0 or lo > 0, lo == hi == 0)}
+    return holds[pred.op]
+
+
+#: the reductions whose identity a mask fills in: a row keeping one entry folds only kept entries
+_IDENTITY = {"max": -math.inf, "logsumexp": -math.inf, "min": math.inf}
+
+
+class _Kept(_Analysis):
+    """The analysis, and one fact of index masks for ``relation_unbounded``: ``max``, ``logsumexp`` or
+    ``min`` over axes T of ``where[...](pred, A, e)``, e the reduction's identity (``-inf`` for the
+    first two), where ``pred`` holds at position 0 of every axis of T, whatever the other positions
+    (``q >= x`` at x = 0), folds 1 to n entries of A and none of e: every axis has a position 0, so
+    every row keeps one (``q > x`` keeps none at q = 0, and its logsumexp is ``-inf`` there)."""
+
+    def value(self, expr: Expr) -> Abstract:
+        if isinstance(expr, Box) and expr.op in _IDENTITY and isinstance(w := self.through(expr.args[0]), Box) \
+                and w.op == "where" and isinstance(fill := self.through(w.args[1]), Const) \
+                and fill.value == _IDENTITY[expr.op] and isinstance(w.index, (Cmp, Logic)) \
+                and _decided(w.index, expr.target)[0]:
+            return RULES[expr.op](expr, [self.value(w.args[0])], self)
+        return super().value(expr)
+
+
+def relation_unbounded(params: Sequence[Param]) -> dict[str, Value]:
+    """Each input a relation gives (``terms.relations``: ``given L = logsumexp[x](s)``) whose relation
+    the analysis does not show finite at every value of the other inputs, with the classes it may
+    take beyond the finite ones.  A given input is finite, as every input, so where its relation is
+    ``-inf`` (a row of s that a mask empties), ``+inf`` or NaN the diagram has no input at all, and a
+    theorem about it claims nothing there: ``logsumexp[x](where[q x](q > x, S, -inf))`` is ``-inf``
+    at q = 0 for every S, and ``tanh(T) + exp(M - L) * 0 = tanh(T)`` was proved, NaN and finite at
+    what ``napkin eval`` feeds it (``tests/unsound/rtgiven_*``)."""
+    given = relations(params)
+    values = {n: v for n, v in input_values(params).items() if n not in given}
+    out = {n: _Kept({}, values).value(e).classes - FINITE for n, e in given.items()}
+    return {n: v for n, v in out.items() if v}
 
 
 def index_may_wrap(*sides: Expr) -> Box | None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from napkin_cat import certify, kernel, ops, terms
+from napkin_cat import certify, finiteness, kernel, ops, terms
 from napkin_cat.certify import approximation, rules
 from napkin_cat.certify.accumulators import chunk
 from napkin_cat.diagnostics import Diagnostic, NapkinError, did_you_mean, error
@@ -86,7 +86,10 @@ def trust_line(theorem: kernel.Theorem) -> str:
     docstring after ``Proved by:``: its trust entries, then its source's input relations (``given L = ...``),
     which the theorem is claimed under (an input relation is what it assumes of its inputs: claimed only
     where it holds)."""
-    given = [f"given {p.name} = {print_expr(p.given)}" for p in theorem.source.inputs if p.given is not None]
+    unbounded = finiteness.relation_unbounded(theorem.source.inputs)
+    given = [f"given {p.name} = {print_expr(p.given)}" + (
+        f" (may be {', '.join(sorted(unbounded[p.name]))}: claimed for no input there)" if p.name in unbounded else "")
+        for p in theorem.source.inputs if p.given is not None]
     return "; ".join([*theorem.trust, *given])
 
 
@@ -136,13 +139,18 @@ def prove(module: Module, name: str, strict: bool = False) -> kernel.Theorem:
 
 
 def check_theorem(module: Module, decl: TheoremDecl, lemmas: dict[str, LemmaDecl],
-                  level: str = "quick", strict: bool = False) -> CheckResult:
+                  level: str = "quick", strict: bool = False, relations: bool = True) -> CheckResult:
     """Run one theorem's steps through the kernel; with ``strict``, a step that makes the
-    theorem rest on something only tested (``Theorem.tested``) is refused too.  A chain's
+    theorem rest on something only tested (``Theorem.tested``) is refused too, and so is a theorem
+    whose diagram has an input relation that may be infinite or NaN (``_vacuous``) unless
+    ``relations`` is False: a derived backward pass's relation is what its join feeds it, which
+    ``lower``'s join proof decides (refused unproved, unless the caller opts into a tested join).  A chain's
     kernels (``kernel ... { steps }``) are each proved on their piece of the diagram
     (``terms.cut``), then joined by ``kernel.chain``; the steps are numbered through them, and a
     refused join counts as the first kernel's first step."""
     steps = decl.steps + tuple(s for k in decl.kernels for s in k.steps)
+    if strict and relations and (vacuous := _vacuous(module.diagram(decl.diagram))) is not None:
+        return CheckResult(decl.name, module.path, steps, None, vacuous, 1)
     whole, failed = _steps(kernel.unfold(kernel.refl(decl.name, module.diagram(decl.diagram))), decl.steps, 0,
                            lemmas, level, strict)
     if failed is not None:
@@ -175,6 +183,25 @@ def check_theorem(module: Module, decl: TheoremDecl, lemmas: dict[str, LemmaDecl
         return CheckResult(decl.name, module.path, steps, joined)
     except NapkinError as exc:
         return CheckResult(decl.name, module.path, steps, None, exc.diagnostics[0], len(decl.steps) + 1)
+
+
+def _vacuous(diagram: Diagram) -> Diagnostic | None:
+    """``--strict``'s refusal of a theorem about ``diagram`` where an input relation may be infinite or
+    NaN (``finiteness.relation_unbounded``): the given input is finite, so there the diagram has no
+    input and the theorem claims nothing (a relation over a row every input masks claims nothing at
+    all); None where every relation is shown finite."""
+    unbounded = finiteness.relation_unbounded(diagram.inputs)
+    if not unbounded:
+        return None
+    name, classes = next(iter(unbounded.items()))
+    relation = next(p.given for p in diagram.inputs if p.name == name)
+    assert relation is not None
+    return error("proof.refused", getattr(relation, "span", None) or diagram.span,
+                 "state a relation that is finite at every input (a mask keeping a key in every row), "
+                 "or go without --strict", rule="strict",
+                 reason=f"the relation giving `{name}` may be {', '.join(sorted(classes))} (finiteness."
+                        f"relation_unbounded), and `{name}` is a finite input: where the relation is not, the "
+                        "diagram has no input, and the theorem would claim nothing there")
 
 
 def derivation(module: Module, decl: TheoremDecl, lemmas: dict[str, LemmaDecl]) -> list[kernel.Theorem]:

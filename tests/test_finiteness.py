@@ -629,3 +629,47 @@ def test_a_rewritten_softmax_weight_scaled_up_is_not_float_safe() -> None:
     # scaled through a product that carries the weight (by 1, which alone does not scale it up)
     box = float_unsafe_box(d.binding("C").expr, operands, d)
     assert box is not None and box.op == "mul" and box is d.binding("C").expr
+
+
+@pytest.mark.parametrize(("relation", "unbounded"), [
+    ("logsumexp[x](S)", set()),
+    ("logsumexp[x](where[q x](q >= x, S, -inf))", set()),          # FlashAttention's causal mask keeps x = 0
+    ("max[x](where[q x](not (q < x), S, -inf))", set()),
+    ("logsumexp[x](where[q x](q + 1 > x and q >= 0, S, -inf))", set()),
+    ("logsumexp[x](where[q x](q > x, S, -inf))", {"-inf"}),          # row 0 keeps no key
+    ("max[x](where[q x](x >= q, S, -inf))", {"-inf"}),               # rows past |x| keep none
+    ("logsumexp[x](where[q x](q >= x, S, 0))", set()),                # a 0 fill is finite anyway
+    ("min[x](where[q x](q >= x, S, -inf))", {"-inf"}),               # -inf is no identity of min
+    ("max[x](where[q x](q * 4611686018427387904 >= x, S, -inf))", {"-inf"}),  # may wrap in int64
+    ("logsumexp[x](S) + recip(sum[x](S) - sum[x](S))", {"+inf", "-inf"}),
+])
+def test_a_relation_that_may_not_be_finite_is_found(relation: str, unbounded: set[str]) -> None:
+    """finiteness.relation_unbounded: a relation the analysis does not show finite leaves the diagram no
+    input where it is not (README "Input relations"); a mask keeps a row only where its predicate
+    holds at x = 0 for every q."""
+    from napkin_cat.finiteness import relation_unbounded
+
+    module = loads(f"axis q, x\ndiagram f(S: [q x], L: [q]) -> [q] given L = {relation} {{\n  return L\n}}\n")
+    assert set(relation_unbounded(module.diagram("f").inputs).get("L", set())) == unbounded
+
+
+@settings(max_examples=300, deadline=None)
+@given(a=st.integers(-3, 3), b=st.integers(-3, 3), c=st.integers(-3, 3), op=st.sampled_from([">=", ">", "<=", "<", "==", "!="]),
+       neg=st.booleans())
+def test_a_decided_mask_holds_at_the_first_key_of_every_row(a: int, b: int, c: int, op: str, neg: bool) -> None:
+    """finiteness._decided against the predicate evaluated: where it says `a·q + c op b·x` (or its
+    negation) holds at x = 0 for every q, it does at every q up to 40; where it says it never does, it
+    never does."""
+    from napkin_cat.finiteness import _decided
+    from napkin_cat.terms import Cmp, IBin, IInt, Idx, Logic
+
+    left = IBin("+", IBin("*", IInt(a), Idx("q")), IInt(c))
+    pred = Cmp(op, left, IBin("*", IInt(b), Idx("x")))
+    full = Logic("not", pred) if neg else pred
+    always, never = _decided(full, ("x",))
+    compare = {">=": np.greater_equal, ">": np.greater, "<=": np.less_equal, "<": np.less, "==": np.equal,
+               "!=": np.not_equal}[op]
+    q = np.arange(41)
+    holds = compare(a * q + c, 0) != neg
+    assert not always or holds.all()
+    assert not never or not holds.any()

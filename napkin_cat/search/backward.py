@@ -265,7 +265,7 @@ def derived(module: Module, theorem: str, *, target: str = "jax", sizes: Mapping
         here = _with(module, forward.diagram, backs)
         if own is not None:
             attempt = TheoremDecl(name, diagram.name, own, decl.span)
-            if proof.check_theorem(here, attempt, lemmas, strict=strict).theorem is not None:
+            if proof.check_theorem(here, attempt, lemmas, strict=strict, relations=False).theorem is not None:
                 return attempt, diagram
         found = search(here, diagram.name, cost_fn, lemmas=lemmas, theorem_name=name, max_rewrites=1, seconds=seconds,
                        screen=screen)
@@ -293,7 +293,7 @@ def derived(module: Module, theorem: str, *, target: str = "jax", sizes: Mapping
     here = _with(module, forward.diagram, backs)
     proved = []
     for d in decls:
-        result = proof.check_theorem(here, d, lemmas, strict=strict)
+        result = proof.check_theorem(here, d, lemmas, strict=strict, relations=False)  # the join decides relations
         if result.theorem is None:
             assert result.failure is not None
             raise NapkinError(error("lower.backward_derived", diagram=d.diagram,

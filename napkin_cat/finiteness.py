@@ -857,17 +857,24 @@ def analyse(expr: Expr, defs: Mapping[str, Expr], inputs: Mapping[str, Value]) -
 
 
 def input_values(params: Iterable[Param]) -> dict[str, Abstract]:
-    """Each input's value: finite within ``DOMAIN`` (the domain; one a relation gives also knows
-    the expression it equals: ``_Analysis.shifted``), except an array an earlier kernel of a
-    chain wrote (``Param.written``, ``terms.cut``), which holds what the diagram computing it
-    gives (``exp`` of an input may be ``+inf`` there)."""
+    """Each input's value: finite within ``DOMAIN`` (the domain), except an array an earlier kernel
+    of a chain wrote (``Param.written``, ``terms.cut``), which holds what the diagram computing it
+    gives (``exp`` of an input may be ``+inf`` there), and an input a relation gives, which holds
+    its relation's finite values as the analysis bounds them (``_Kept``; the input knows the
+    expression it equals: ``_Analysis.shifted``): what every tester and ``napkin eval`` feed it
+    (``evaluate.related``), which DOMAIN need not bound (``tanh(S) * 1e300`` is past float32's range
+    wherever S is not 0, and ``L * L`` of it overflows: ``tests/unsound/rtgiven_*``)."""
     out: dict[str, Abstract] = {}
     params = tuple(params)
     given = relations(params)
     for p in params:
         w = p.written
-        out[p.name] = Abstract(FINITE, *DOMAIN, given.get(p.name)) if w is None else Abstract(TOP) \
+        out[p.name] = Abstract(FINITE, *DOMAIN) if w is None else Abstract(TOP) \
             if len(w.outputs) != 1 else _Analysis(w.bindings(), input_values(w.inputs)).value(w.outputs[0])
+    free = dict(out)
+    for name, relation in given.items():
+        value = _Kept({}, {n: v for n, v in free.items() if n not in given}).value(relation)
+        out[name] = Abstract(value.classes & FINITE, value.lo, value.hi, relation)
     return out
 
 

@@ -654,14 +654,14 @@ def test_a_relation_that_may_not_be_finite_is_found(relation: str, unbounded: se
 
 
 @settings(max_examples=300, deadline=None)
-@given(a=st.integers(-3, 3), b=st.integers(-3, 3), c=st.integers(-3, 3), op=st.sampled_from([">=", ">", "<=", "<", "==", "!="]),
-       neg=st.booleans())
+@given(a=st.integers(-3, 3), b=st.integers(-3, 3), c=st.integers(-3, 3),
+       op=st.sampled_from([">=", ">", "<=", "<", "==", "!="]), neg=st.booleans())
 def test_a_decided_mask_holds_at_the_first_key_of_every_row(a: int, b: int, c: int, op: str, neg: bool) -> None:
     """finiteness._decided against the predicate evaluated: where it says `a·q + c op b·x` (or its
     negation) holds at x = 0 for every q, it does at every q up to 40; where it says it never does, it
     never does."""
     from napkin_cat.finiteness import _decided
-    from napkin_cat.terms import Cmp, IBin, IInt, Idx, Logic
+    from napkin_cat.terms import Cmp, IBin, Idx, IInt, Logic
 
     left = IBin("+", IBin("*", IInt(a), Idx("q")), IInt(c))
     pred = Cmp(op, left, IBin("*", IInt(b), Idx("x")))

@@ -88,6 +88,8 @@ MESSAGES: dict[str, str] = {
     "type.arg_missing_axis": "argument {index} of `{callee}` must have axes {expected}; it has {actual}",
     "type.predicate_outside_where": "a comparison or logical operator is only allowed as the condition of `where`",
     "type.predicate_expected": "the first argument of `where` must be a comparison of indices, e.g. `q >= x`",
+    "type.number": "the number `{text}` is {what} of float64, napkin's constants: the checker would prove a "
+                   "statement about {value}, not the one written",
     "type.dtype": "unknown element type `{name}`: an input is real (no type name) or `int`",
     "type.integer_lemma": "lemma parameter `{name}`: lemmas range over real arrays; `int` is for diagram inputs",
     "type.integer_needed": "{box}: operand {index} must be an integer (an `int` input, a position, a comparison, "

@@ -306,3 +306,14 @@ def test_every_message_code_is_raised_somewhere() -> None:
     package = Path(__file__).resolve().parent.parent / "napkin_cat"
     source = "".join(p.read_text(encoding="utf-8") for p in package.rglob("*.py") if p.name != "diagnostics.py")
     assert [code for code in MESSAGES if f'"{code}"' not in source] == []
+
+
+@pytest.mark.parametrize(("number", "ok"), [("1e400", False), ("1e-400", False), ("0.5e-323", True),
+                                            ("0e999", True), ("0.000", True), ("1.7976931348623157e308", True)])
+def test_a_number_float64_cannot_hold_is_refused(number: str, ok: bool) -> None:
+    """1e400 would be read as inf and 1e-400 as 0, and a lemma proved of those (README "The language")."""
+    text = HEAD + f"diagram f(X: [i]) -> [i] {{\n  return X * {number}\n}}\n"
+    if ok:
+        assert isinstance(loads(text).diagram("f").outputs[0].args[1], Const)
+    else:
+        assert one_error(text)[0] == "type.number"

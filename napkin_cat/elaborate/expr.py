@@ -87,7 +87,14 @@ class ExprElaborator:
         kind = tree.data
         sp = _span(tree, self.path)
         if kind == "number":
-            return Const(float(_tok(tree, 0)), sp)
+            text = _tok(tree, 0).value
+            value = float(text)
+            if math.isinf(value) or (value == 0 and any(c in "123456789" for c in text.lower().split("e")[0])):
+                # 1e400 would be inf, 1e-400 zero: printed back as `inf`, `0`, and proved of those
+                what = "past the largest finite value" if value else "below the smallest positive value"
+                self.err("type.number", tree, text=text, what=what, value="inf" if value else "0")
+                return None
+            return Const(value, sp)
         if kind == "inf":
             return Const(math.inf, sp)
         if kind == "var":

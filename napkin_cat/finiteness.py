@@ -510,7 +510,8 @@ class _Analysis:
     def shifted(self, box: Box) -> Abstract | None:
         """``exp(s - L)`` with ``L`` an input given as ``logsumexp[x](s)`` (``given``; the same term
         s, bindings read through, reduced over any axes): in [0, 1].  The evaluator's logsumexp is
-        m + log1p(k - 1 + Σ exp(s - m)) ≥ m, the maximum, and L is finite (the domain), so every
+        m + log1p(k - 1 + Σ exp(s - m)) ≥ m, the maximum, and L is finite (its value, from its relation:
+        a row the relation's mask may empty is -inf there, and -inf - -inf is NaN), so every
         entry of s is ``-inf`` or finite and at most L (a row of s with a +inf, a NaN or only -inf
         entries has no such L); s - L is ``-inf`` or ≤ 0, its exp 0 or in (0, 1] (0 where it
         underflows).  None for any other exp."""
@@ -518,7 +519,7 @@ class _Analysis:
         if not (isinstance(arg, Box) and arg.op == "sub" and isinstance(arg.args[1], Var)):
             return None
         shift = self.inputs.get(arg.args[1].name)
-        relation = shift.given if shift is not None else None
+        relation = shift.given if shift is not None and shift.classes <= FINITE else None
         if not (isinstance(relation, Box) and relation.op == "logsumexp" and self.same(arg.args[0], relation.args[0])):
             return None
         return Abstract(_v("0 +"), UNDERFLOW, 0.0)
@@ -860,7 +861,8 @@ def input_values(params: Iterable[Param]) -> dict[str, Abstract]:
     """Each input's value: finite within ``DOMAIN`` (the domain), except an array an earlier kernel
     of a chain wrote (``Param.written``, ``terms.cut``), which holds what the diagram computing it
     gives (``exp`` of an input may be ``+inf`` there), and an input a relation gives, which holds
-    its relation's finite values as the analysis bounds them (``_Kept``; the input knows the
+    its relation's values as the analysis bounds them, ``-inf`` or NaN included where the relation
+    may be (``--strict`` refuses such a relation: ``relation_unbounded``; ``_Kept``; the input knows the
     expression it equals: ``_Analysis.shifted``): what every tester and ``napkin eval`` feed it
     (``evaluate.related``), which DOMAIN need not bound (``tanh(S) * 1e300`` is past float32's range
     wherever S is not 0, and ``L * L`` of it overflows: ``tests/unsound/rtgiven_*``)."""
@@ -874,7 +876,7 @@ def input_values(params: Iterable[Param]) -> dict[str, Abstract]:
     free = dict(out)
     for name, relation in given.items():
         value = _Kept({}, {n: v for n, v in free.items() if n not in given}).value(relation)
-        out[name] = Abstract(value.classes & FINITE, value.lo, value.hi, relation)
+        out[name] = Abstract(value.classes, value.lo, value.hi, relation)
     return out
 
 

@@ -58,6 +58,8 @@ MESSAGES: dict[str, str] = {
     "syntax.unexpected_token": "unexpected {token}; expected {expected}",
     "syntax.unexpected_char": "unexpected character {char!r}; expected {expected}",
     "syntax.unexpected_eof": "unexpected end of file; expected {expected}",
+    "syntax.hidden_char": "character U+{point} may show as a line break or reorder the text around it, so the line "
+                          "would not read as napkin reads it (the rest of a comment looking like code); remove it",
     "syntax.too_deep": "expression nested more than {limit} levels deep; name intermediate results with `=`",
     # files and modules
     "file.not_found": "cannot read {path}: {reason}",

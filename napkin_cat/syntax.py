@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import functools
 import io
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from lark.lexer import PatternStr
 from napkin_cat.cache import cache_folder, key, read, write
 from napkin_cat.diagnostics import LINE_BREAK, Diagnostic, NapkinError, Span, error, source_lines
 
-__all__ = ["grammar_text", "parse_tree"]
+__all__ = ["HIDDEN", "grammar_text", "parse_tree"]
 
 #: readable names for the grammar's named terminals
 _FRIENDLY = {
@@ -123,10 +124,30 @@ def _check_depth(tree: Tree[Any], path: str) -> None:
         stack.extend((child, depth + 1) for child in node.children if isinstance(child, Tree))
 
 
+#: characters that an editor or a code review may show as a line break (vertical tab, the separators
+#: U+001C-U+001E, NEL, U+2028, U+2029) or that reorder the text around them (Unicode's bidirectional
+#: controls, "Trojan Source"): none ends a line for napkin, so in a comment (or a quoted path) the text
+#: after one reads as a line of code or a reordered one that napkin never sees
+HIDDEN = re.compile("[\x0b\x1c-\x1e\x85\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def _hidden(text: str, path: str) -> Diagnostic | None:
+    """A character of ``HIDDEN`` in ``text``, located as the parser counts lines, or None."""
+    found = HIDDEN.search(text)
+    if found is None:
+        return None
+    before = source_lines(text[:found.start()])
+    line, col = len(before), len(before[-1]) + 1
+    return error("syntax.hidden_char", Span(path, line, col, line, col + 1), point=f"{ord(found.group()):04X}")
+
+
 def parse_tree(text: str, path: str = "<string>") -> Tree[Any]:
-    r"""Parse ``text``; raise ``NapkinError`` with a located diagnostic on a syntax error.
+    r"""Parse ``text``; raise ``NapkinError`` with a located diagnostic on a syntax error, or where it
+    holds a character an editor may show as a line break or reorder text by (``HIDDEN``).
     ``\r\n``, ``\r`` and ``\n`` each end a line (``diagnostics.LINE_BREAK``, as the renderer
     counts them): the grammar sees ``\n`` for each."""
+    if (hidden := _hidden(text, path)) is not None:
+        raise NapkinError(hidden)
     try:
         tree = _parsed(LINE_BREAK.sub("\n", text))
     except UnexpectedInput as exc:

@@ -509,20 +509,22 @@ class _Analysis:
 
     def shifted(self, box: Box) -> Abstract | None:
         """``exp(s - L)`` with ``L`` an input given as ``logsumexp[x](s)`` (``given``; the same term
-        s, bindings read through, reduced over any axes): in [0, 1].  The evaluator's logsumexp is
-        m + log1p(k - 1 + Σ exp(s - m)) ≥ m, the maximum, and L is finite (its value, from its relation:
-        a row the relation's mask may empty is -inf there, and -inf - -inf is NaN), so every
-        entry of s is ``-inf`` or finite and at most L (a row of s with a +inf, a NaN or only -inf
-        entries has no such L); s - L is ``-inf`` or ≤ 0, its exp 0 or in (0, 1] (0 where it
-        underflows).  None for any other exp."""
+        s, bindings read through, reduced over any axes): in [0, 1], or NaN on a row that L's value
+        (its relation's, ``input_values``) may give ``-inf``.  The evaluator's logsumexp is
+        m + log1p(k - 1 + Σ exp(s - m)) ≥ m, the maximum, so where L is finite every entry of s is
+        ``-inf`` or finite and at most L: s - L is ``-inf`` or ≤ 0, its exp 0 or in (0, 1] (0 where it
+        underflows); where L is ``-inf`` every entry of its row is (a row with a +inf or a NaN has L
+        +inf or NaN), and -inf - -inf is NaN (a relation over a row a mask may empty).  None for any
+        other exp, and where L may be +inf or NaN."""
         arg = self.through(box.args[0])
         if not (isinstance(arg, Box) and arg.op == "sub" and isinstance(arg.args[1], Var)):
             return None
         shift = self.inputs.get(arg.args[1].name)
-        relation = shift.given if shift is not None and shift.classes <= FINITE else None
+        relation = shift.given if shift is not None and shift.classes <= FINITE | {"-inf"} else None
         if not (isinstance(relation, Box) and relation.op == "logsumexp" and self.same(arg.args[0], relation.args[0])):
             return None
-        return Abstract(_v("0 +"), UNDERFLOW, 0.0)
+        assert shift is not None
+        return Abstract(_v("0 +") | ({"nan"} if "-inf" in shift.classes else set()), UNDERFLOW, 0.0)
 
     def gelu_ratio(self, box: Box) -> Abstract | None:
         """``(gelu(x) + c·e) / (x + e)`` with ``e = 1 - square(sign x)`` (x or ``x - 0`` under the

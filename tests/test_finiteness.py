@@ -673,3 +673,22 @@ def test_a_decided_mask_holds_at_the_first_key_of_every_row(a: int, b: int, c: i
     holds = compare(a * q + c, 0) != neg
     assert not always or holds.all()
     assert not never or not holds.any()
+
+
+@pytest.mark.parametrize(("mask", "nan"), [("q >= x", False), ("q > x", True)])
+def test_a_relation_over_rows_a_mask_may_empty_gives_nan_there(mask: str, nan: bool) -> None:
+    """finiteness._Analysis.shifted with L's value from its relation (input_values): where the mask may
+    empty a row, L is -inf there and exp(s - L) NaN (-inf - -inf), as the evaluator computes it on
+    related inputs; elsewhere in [0, 1]."""
+    from napkin_cat.evaluate import related
+    from napkin_cat.finiteness import _Analysis, input_values
+
+    text = ("axis q, x\ndiagram f(S: [q x], L: [q]) -> [q x]\n"
+            f"    given L = logsumexp[x](where[q x]({mask}, S, -inf)) {{\n"
+            f"  M = where[q x]({mask}, S, -inf)\n  return exp(M - L)\n}}\n")
+    diagram = loads(text).diagram("f")
+    value = _Analysis(diagram.bindings(), input_values(diagram.inputs)).value(diagram.outputs[0])
+    assert value.classes == ({"0", "+", "nan"} if nan else {"0", "+"}) and value.hi <= 0.0
+    rng = np.random.default_rng(0)
+    got = evaluate(diagram, related(diagram, [rng.standard_normal((4, 3)), np.zeros(4)], {"q": 4, "x": 3}))
+    assert bool(np.isnan(got).any()) is nan and np.all(got[~np.isnan(got)] <= 1)

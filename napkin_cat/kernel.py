@@ -456,15 +456,15 @@ def quantise(thm: Theorem, step: terms.Quantise, measure: Measure) -> Theorem:
                           step.span)
     if not (roundoff := DTYPE_ROUNDOFF[step.dtype]) <= step.tol < math.inf:
         why = "below the unit roundoff" if step.tol < roundoff else "not a finite bound at least the unit roundoff"
-        raise KernelError("dtype", f"tolerance {step.tol:g} is {why} {roundoff:g} of "
+        raise KernelError("dtype", f"tolerance {step.tol!r} is {why} {roundoff:g} of "
                                    f"{step.dtype}; an approximation cannot claim more than its format", step.span)
     schedule = replace(thm.schedule, quantisations=(*thm.schedule.quantisations, step))
-    claim = f"{', '.join(step.names)} as {step.dtype} tol {step.tol:g}"
+    claim = f"{', '.join(step.names)} as {step.dtype} tol {step.tol!r}"
     out = _extend(thm, step, (), schedule=schedule, approximations=(*thm.approximations, step))
     error, how = measure(out)
     if error is None or not error <= step.tol:  # a NaN error is no bound either
         raise KernelError("dtype", f"the tolerance cannot be measured: {how}" if error is None else
-                          f"tolerance {step.tol:g} is below the error the rounding causes: {how}", step.span,
+                          f"tolerance {step.tol!r} is below the error the rounding causes: {how}", step.span,
                           hint="declare smaller sizes (the claim is measured on one set of sizes)" if error is None
                           else "declare a tolerance at least the measured error, or keep fewer arrays in the "
                                "narrow format")

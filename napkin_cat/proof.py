@@ -103,7 +103,7 @@ def describe_step(step: Step) -> str:
         return f"{step.kind} {step.axis} by {step.tile}{at}{via}{' pad' if step.pad else ''}"
     if isinstance(step, Place):
         return f"place {', '.join(step.names)} at {step.level}"
-    return f"dtype {', '.join(step.names)} as {step.dtype} tol {step.tol:g}"
+    return f"dtype {', '.join(step.names)} as {step.dtype} tol {step.tol!r}"
 
 
 def check_file(path: str | Path, level: str = "quick", strict: bool = False) -> list[CheckResult]:

@@ -22,7 +22,7 @@ import builtins
 import linecache
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from napkin_cat import cost, ops
@@ -335,6 +335,8 @@ def _lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str
     placed = _place(name, diagram, schedule, constraints, target, _kernel_tiles(name, tiles), profile, chosen,
                     dtype_name)
     lay = placed.layout
+    if plan is not None:  # each device's block a whole number of the tiles the theorem assumes divide it
+        plan = replace(plan, whole=mesh_target.whole_tiles(schedule, constraints, lay.tiles))
     namer = cg.Namer(_RESERVED)
     fname = namer.fresh(name)
     params = [namer.fresh(p) for p, _ in lay.flat.inputs]

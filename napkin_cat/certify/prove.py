@@ -659,6 +659,7 @@ def _finite_where_the_vjp_is(forward: Diagram, reference: Diagram,
     the VJP's does not make (``finiteness.cancelled_absorptions``), a finite but wrong value."""
     vouched = [finite(o, reference.bindings(), input_values(reference.inputs)) for o in reference.outputs]
     saved = [expanded(o, forward.bindings()) for o in forward.outputs]
+    vjp_offsets: dict[int, list[Box]] = {}
     for diagram, sources, gives in backwards:
         # a forward output the backward reads is the forward's term of the inputs (a relation, as
         # `given` states one), where the backward reads each input that term does; else what the forward
@@ -707,7 +708,9 @@ def _finite_where_the_vjp_is(forward: Diagram, reference: Diagram,
             # C = exp(46.5) absorbs Y (no sum or difference cancels it: a reduction does)
             offsets = [(b, None, b) for b in _offsets_cancelled(over, reference, i)]
             if vouched[i] or offsets:
-                made = [*cancelling_sums(want, reference), *(_offsets_cancelled(want, reference, i) if offsets else ())]
+                if offsets and i not in vjp_offsets:  # the VJP's, the same for each backward giving input i
+                    vjp_offsets[i] = _offsets_cancelled(want, reference, i)
+                made = [*cancelling_sums(want, reference), *(vjp_offsets[i] if offsets else ())]
                 for box, inner, same in [
                         *((b, n, _as_the_vjps(n, diagram, sources, forward, reference, saved))
                           for b, n in (cancelled_absorptions(term, related) if vouched[i] else ())),
@@ -779,6 +782,10 @@ def _offsets_cancelled(term: Expr, reference: Diagram, i: int) -> list[Box]:
     factor = Box("exp", (Var(name, ()),), ())  # positive, so a square root or a log of the sum stays one
     found: list[Box] = []
     base = None
+    # each rewritten term's verdict (normalises to ``term``'s normal form: True, not: False, no term: None), by the
+    # term: ``normal`` reads a term's structure only, so an equal term has the same verdict.  The two rewrites of an
+    # operand read once give one term, and an operand of several sums rewritten everywhere the same one
+    verdicts: dict[Expr, bool | None] = {}
     for box in absorbing_sums(term, replace(reference, body=())):
         for k in (0, 1):
             operand = box.args[k]
@@ -794,11 +801,15 @@ def _offsets_cancelled(term: Expr, reference: Diagram, i: int) -> list[Box]:
             def everywhere(e: Expr, operand: Expr = operand) -> Expr | None:
                 return Box("mul", (operand, factor), operand.axes) if e == operand else None
             for swap in (here, everywhere):
-                try:  # a -inf mask scaled by δ is no term (only exp and its reductions read one)
-                    moved = normal(_replaced(term, swap))
-                except Unproved:
-                    continue
-                if _equal(moved, base):
+                moved_term = _replaced(term, swap)
+                if moved_term not in verdicts:
+                    try:  # a -inf mask scaled by δ is no term (only exp and its reductions read one)
+                        moved = normal(moved_term)
+                    except Unproved:
+                        verdicts[moved_term] = None
+                    else:
+                        verdicts[moved_term] = _equal(moved, base)
+                if verdicts[moved_term]:
                     found.append(box)
                     break
             if found and found[-1] is box:

@@ -659,7 +659,6 @@ def _finite_where_the_vjp_is(forward: Diagram, reference: Diagram,
     the VJP's does not make (``finiteness.cancelled_absorptions``), a finite but wrong value."""
     vouched = [finite(o, reference.bindings(), input_values(reference.inputs)) for o in reference.outputs]
     saved = [expanded(o, forward.bindings()) for o in forward.outputs]
-    vjp_offsets: dict[int, list[Box]] = {}
     for diagram, sources, gives in backwards:
         # a forward output the backward reads is the forward's term of the inputs (a relation, as
         # `given` states one), where the backward reads each input that term does; else what the forward
@@ -708,9 +707,7 @@ def _finite_where_the_vjp_is(forward: Diagram, reference: Diagram,
             # C = exp(46.5) absorbs Y (no sum or difference cancels it: a reduction does)
             offsets = [(b, None, b) for b in _offsets_cancelled(over, reference, i)]
             if vouched[i] or offsets:
-                if offsets and i not in vjp_offsets:  # the VJP's, the same for each backward giving input i
-                    vjp_offsets[i] = _offsets_cancelled(want, reference, i)
-                made = [*cancelling_sums(want, reference), *(vjp_offsets[i] if offsets else ())]
+                made = [*cancelling_sums(want, reference), *(_offsets_cancelled(want, reference, i) if offsets else ())]
                 for box, inner, same in [
                         *((b, n, _as_the_vjps(n, diagram, sources, forward, reference, saved))
                           for b, n in (cancelled_absorptions(term, related) if vouched[i] else ())),

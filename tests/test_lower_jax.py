@@ -22,7 +22,7 @@ from napkin_cat import kernel, loads, run
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.evaluate import evaluate
 from napkin_cat.lower import _lower_schedule, lower
-from napkin_cat.proof import check_file, check_module
+from napkin_cat.proof import check_file, check_module, prove
 from napkin_cat.terms import Partition, Schedule
 from tests import lower_cases as cases
 from tests.strategies import input_arrays, modules, sizes_for
@@ -465,7 +465,6 @@ def test_tiles_breaking_a_nested_assumption_are_refused() -> None:
     sx): tiles rx=3, sx=4 are refused by lowering (both targets) and by the schedule interpreter, naming
     the assumption and the tiles; sx=4 on x=10 breaks only the outermost `sx | x`, which lowering pads
     over (plain JAX: a ragged last chunk), and matches the evaluator."""
-    from napkin_cat.proof import prove
     from napkin_cat.schedule.run import run_schedule
 
     module = loads("axis q, x, d\ndiagram f(S: [q x], V: [x d]) -> [q d] {\n"
@@ -486,3 +485,32 @@ def test_tiles_breaking_a_nested_assumption_are_refused() -> None:
     got = lower(thm, target="jax", tiles={"sx": 4, "rx": 2}).fn(*[jnp.asarray(a, jnp.float32) for a in arrays])
     assert cases.relative_error(got, want) < 1e-5
     assert np.allclose(run_schedule(thm, arrays, tiles={"sx": 4, "rx": 2})[0], want)
+
+
+def test_the_nested_tile_check_reads_the_theorems_assumptions() -> None:
+    """Which nested tile assumptions lowering checks is the theorem's record (``Theorem.constraints``, R9):
+    ``layout.broken_nesting`` evaluates each recorded `inner | outer` at the tiles and keeps no copy of R9's
+    exceptions.  A padded stream inside a split records no `sx | kx`, so tiles 16 in a block of 249 pass;
+    the same partitions with the assumption recorded are refused.  Integer tiles the kernel checked at the
+    proof's values (recording nothing) are checked again when the outer one is given another value by axis
+    name: `stream x by 64; stream x by 16 at reg` lowers at x=32 and is refused at x=24 (16 does not divide 24)."""
+    from napkin_cat.schedule.layout import broken_nesting
+    from napkin_cat.terms import Divides
+
+    split = (Partition("split", "x", "kx", "hbm", "online_softmax", pad=True),
+             Partition("stream", "x", "sx", "smem", "online_softmax", pad=True))
+    assert broken_nesting((), split, [249, 16]) is None
+    assert broken_nesting((Divides("sx", "kx"),), split, [249, 16]) == ("sx | kx", 16, 249)
+    assert broken_nesting((Divides("sx", "kx"),), split, [256, 16]) is None
+    module = loads("axis q, x, d\ndiagram f(S: [q x], V: [x d]) -> [q d] {\n"
+                   "  return ncontract[x; exp, square, id](S, V)\n}\n"
+                   "theorem t: f {\n  stream x by 64\n  stream x by 16 at reg\n}\n")
+    thm = prove(module, "t")
+    assert [str(c) for c in thm.constraints] == ["64 | x"]  # the outermost's only
+    with pytest.raises(NapkinError) as err:
+        lower(thm, target="jax", tiles={"x": 24})
+    assert err.value.codes == ("lower.tile_assumption",) and "`16 | 64`" in str(err.value)
+    rng = np.random.default_rng(1)
+    arrays = [rng.standard_normal((3, 70)), rng.standard_normal((70, 2))]
+    got = lower(thm, target="jax", tiles={"x": 32}).fn(*[jnp.asarray(a, jnp.float32) for a in arrays])
+    assert cases.relative_error(got, evaluate(thm.source, arrays)) < 1e-5

@@ -104,6 +104,25 @@ def test_without_mesh_one_device_runs_the_device_schedule() -> None:
     assert np.max(np.abs(np.asarray(low.fn(*arrays)) - evaluate(thm.source, arrays))) < 2e-5
 
 
+def test_each_device_block_is_whole_tiles_where_the_theorem_assumes_it() -> None:
+    """A mesh tile is realised as ⌈|a|/N⌉, but the ring theorem assumes the device's tiles divide it
+    (`gq | mq`, `sx | mx`: R9, ``Theorem.constraints``): each block is rounded up to whole tiles, so the
+    assumption holds on the realised blocks (at q = 37, x = 45 on one device: blocks of 48, not 37 and 45),
+    and the kernel still matches the evaluator.  Heads grouped by 1 on each device (`sharded_mha`) record
+    no `1 | gh`, and their blocks stay ⌈|h|/N⌉."""
+    thm = theorem(PROOF, "ring_attention")
+    assert {"gq | mq", "sx | mx"} <= {str(c) for c in thm.constraints}
+    low = lower(thm, target="jax", mesh=1, tiles={"gq": 16, "sx": 16})
+    assert "shard_q = round_up(round_up(n['q'], 1) // 1, 16)" in low.source
+    assert "x in blocks of ⌈x/1⌉ rounded up to whole tiles of 16" in low.source
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal(shape) for shape in ((37, 64), (45, 64), (45, 64))]
+    got = np.asarray(low.fn(*[a.astype(np.float32) for a in arrays]))
+    assert got.shape == (37, 64) and np.max(np.abs(got - evaluate(thm.source, arrays))) < 2e-5
+    heads = lower(theorem(PROOF, "sharded_mha"), target="jax", mesh=1, tiles={"gq": 16, "sx": 16})
+    assert "shard_h = round_up(n['h'], 1) // 1\n" in heads.source and "rounded up" not in heads.source
+
+
 def _theorem(tmp_path: Path, diagram: str, steps: str) -> Any:
     path = tmp_path / "t.ncd"
     path.write_text(f'use "{ATTENTION}"\ntheorem t: {diagram} {{\n  rewrite softmax_contract at P, O\n{steps}\n}}\n',

@@ -779,6 +779,10 @@ def _offsets_cancelled(term: Expr, reference: Diagram, i: int) -> list[Box]:
     factor = Box("exp", (Var(name, ()),), ())  # positive, so a square root or a log of the sum stays one
     found: list[Box] = []
     base = None
+    # each rewritten term's verdict (normalises to ``term``'s normal form: True, not: False, no term: None), by the
+    # term: ``normal`` reads a term's structure only, so an equal term has the same verdict.  The two rewrites of an
+    # operand read once give one term, and an operand of several sums rewritten everywhere the same one
+    verdicts: dict[Expr, bool | None] = {}
     for box in absorbing_sums(term, replace(reference, body=())):
         for k in (0, 1):
             operand = box.args[k]
@@ -794,11 +798,15 @@ def _offsets_cancelled(term: Expr, reference: Diagram, i: int) -> list[Box]:
             def everywhere(e: Expr, operand: Expr = operand) -> Expr | None:
                 return Box("mul", (operand, factor), operand.axes) if e == operand else None
             for swap in (here, everywhere):
-                try:  # a -inf mask scaled by δ is no term (only exp and its reductions read one)
-                    moved = normal(_replaced(term, swap))
-                except Unproved:
-                    continue
-                if _equal(moved, base):
+                moved_term = _replaced(term, swap)
+                if moved_term not in verdicts:
+                    try:  # a -inf mask scaled by δ is no term (only exp and its reductions read one)
+                        moved = normal(moved_term)
+                    except Unproved:
+                        verdicts[moved_term] = None
+                    else:
+                        verdicts[moved_term] = _equal(moved, base)
+                if verdicts[moved_term]:
                     found.append(box)
                     break
             if found and found[-1] is box:

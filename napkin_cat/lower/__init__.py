@@ -22,7 +22,7 @@ import builtins
 import linecache
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from napkin_cat import cost, ops
@@ -54,7 +54,7 @@ from napkin_cat.schedule.layout import (
     padding_law,
     realised_schedule,
 )
-from napkin_cat.terms import Box, Diagram, Partition, Schedule
+from napkin_cat.terms import Box, Diagram, Divides, Partition, Schedule
 
 __all__ = ["DEFAULT_HARDWARE", "DEFAULT_TILE", "DTYPES", "KERNEL_DTYPES", "PRICED_DTYPE", "REPRESENTATIVE_SIZE",
            "TARGETS", "Lowered", "UnprovedJoinWarning", "compile_module", "default_tiles", "lower", "realised_schedule"]
@@ -196,7 +196,8 @@ def lower(theorem: Theorem, target: str = "pallas", tiles: Mapping[str, int] | N
         warnings.warn(f"{theorem.name}: the join of its backward kernels is not proved; lowered on the test alone: "
                       f"{link.trust}", UnprovedJoinWarning, stacklevel=2)
     return _lower_schedule(theorem.name, theorem.result, theorem.schedule, target, tiles, dtype, hardware,
-                           proved=_proof(theorem), mesh=mesh, chosen=theorem.chosen, backward=backward, link=link)
+                           proved=_proof(theorem), mesh=mesh, chosen=theorem.chosen, backward=backward, link=link,
+                           constraints=theorem.constraints)
 
 
 def _kernel_tiles(name: str, tiles: Mapping[str, int] | None) -> dict[str, int]:
@@ -227,12 +228,14 @@ class _Placed:
     origin: str
 
 
-def _place(name: str, diagram: Diagram, schedule: Schedule, target: str, tiles: Mapping[str, int] | None,
-           hardware: hw.Hardware, chosen: Mapping[tuple[str, str, tuple[str, ...], tuple[str, ...]], str] | None,
+def _place(name: str, diagram: Diagram, schedule: Schedule, constraints: Sequence[Divides], target: str,
+           tiles: Mapping[str, int] | None, hardware: hw.Hardware,
+           chosen: Mapping[tuple[str, str, tuple[str, ...], tuple[str, ...]], str] | None,
            dtype: str = "bfloat16") -> _Placed:
     """The device schedule's layout, with default tiles for the symbolic ones not given (on
     Mosaic GPU, tiles whose kernel in ``dtype`` fits the profile's shared memory with its full
-    pipeline at the least sizes: ``mosaic.fits_smem``)."""
+    pipeline at the least sizes: ``mosaic.fits_smem``), refused at tiles that break one of the
+    theorem's nested tile assumptions (``constraints``: ``_check_nesting``)."""
     device = schedule.device()  # mesh tiles are the devices' blocks, not chosen here
     given = dict(tiles or {})
     for p in schedule.mesh:
@@ -269,16 +272,17 @@ def _place(name: str, diagram: Diagram, schedule: Schedule, target: str, tiles: 
     else:
         defaults, origin = {}, "given" if given else "fixed by the proof"
     picked = {**defaults, **given}
-    _check_nesting(name, device, picked)
+    _check_nesting(name, device, constraints, picked)
     return _Placed(layout(name, diagram, device, picked, target, chosen), picked, origin)
 
 
-def _check_nesting(name: str, device: Schedule, picked: Mapping[str, int]) -> None:
-    """Refuse tiles that break a nested divisibility assumption the theorem records (`rx | sx`: R9,
-    ``layout.broken_nesting``): the kernel realises only the outermost tile of an axis, so it would run
-    under a claim the theorem does not make.  The outermost tile's own assumption (`sx | x`) is padded
-    over: Pallas and Mosaic GPU pad the axis to whole tiles with the fill values of the boxes that
-    meet it (refusing a box with none, ``lower.no_pad``), plain JAX runs the ragged last tile."""
+def _check_nesting(name: str, device: Schedule, constraints: Sequence[Divides], picked: Mapping[str, int]) -> None:
+    """Refuse tiles that break a nested divisibility assumption the theorem records (`rx | sx`: R9, in
+    ``constraints``, evaluated by ``layout.broken_nesting``): the kernel realises only the outermost
+    tile of an axis, so it would run under a claim the theorem does not make.  The outermost tile's
+    own assumption (`sx | x`) is padded over: Pallas and Mosaic GPU pad the axis to whole tiles with
+    the fill values of the boxes that meet it (refusing a box with none, ``lower.no_pad``), plain JAX
+    runs the ragged last tile."""
     values, seen = [], set()
     for p in device.partitions:  # as ``layout`` reads them: the outermost by name or axis, a nested one by name
         if p.axis in seen:
@@ -286,7 +290,7 @@ def _check_nesting(name: str, device: Schedule, picked: Mapping[str, int]) -> No
         else:
             values.append(picked.get(p.tile if isinstance(p.tile, str) else p.axis, picked.get(p.axis, 0)))
             seen.add(p.axis)
-    if broken := broken_nesting(device.partitions, values):
+    if broken := broken_nesting(constraints, device.partitions, values):
         assumption, inner, outer = broken
         raise NapkinError(error("lower.tile_assumption", name=name, assumption=f"`{assumption}`", inner=inner,
                                 outer=outer, tiles=", ".join(f"{k}={v}" for k, v in sorted(picked.items()))))
@@ -314,9 +318,11 @@ def _lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str
                     hardware: str | hw.Hardware | None = None, proved: str = "not proved (a bare schedule)",
                     mesh: int | None = None,
                     chosen: Mapping[tuple[str, str, tuple[str, ...], tuple[str, ...]], str] | None = None,
-                    backward: Sequence[Theorem] = (), link: backward_target.Link | None = None) -> Lowered:
+                    backward: Sequence[Theorem] = (), link: backward_target.Link | None = None,
+                    constraints: Sequence[Divides] = ()) -> Lowered:
     """Lower ``diagram`` under ``schedule``, which the caller has proved (on ``mesh`` devices:
-    ``lower.mesh``; with ``backward`` kernels joined by ``link``: ``lower``); refuses
+    ``lower.mesh``; with ``backward`` kernels joined by ``link``: ``lower``; assuming its tile
+    ``constraints``, ``Theorem.constraints``: a bare schedule claims none); refuses
     (NapkinError) what the target cannot serve, and re-checks the schedule's shape (defence
     in depth)."""
     profile, dtype_name = _target_profile(name, target, hardware, dtype)
@@ -326,8 +332,11 @@ def _lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str
         raise NapkinError(error("lower.mosaic", name=name, reason="a mesh (its kernels are Pallas Triton or plain "
                                 "JAX programs per device); use --target pallas or jax"))
     plan = None if mesh is None else mesh_target.mesh_plan(name, schedule, mesh)
-    placed = _place(name, diagram, schedule, target, _kernel_tiles(name, tiles), profile, chosen, dtype_name)
+    placed = _place(name, diagram, schedule, constraints, target, _kernel_tiles(name, tiles), profile, chosen,
+                    dtype_name)
     lay = placed.layout
+    if plan is not None:  # each device's block a whole number of the tiles the theorem assumes divide it
+        plan = replace(plan, whole=mesh_target.whole_tiles(schedule, constraints, lay.tiles))
     namer = cg.Namer(_RESERVED)
     fname = namer.fresh(name)
     params = [namer.fresh(p) for p, _ in lay.flat.inputs]
@@ -357,8 +366,8 @@ def _lower_schedule(name: str, diagram: Diagram, schedule: Schedule, target: str
                     placed.tiles.update({f"{k.name}.{t}": v for k in thm.kernels
                                          for t, v in chained.tiles.items() if t in _tile_names(k)})
                     continue
-                back = _place(thm.name, thm.result, thm.schedule, target, _kernel_tiles(thm.name, tiles), profile,
-                              thm.chosen, dtype_name)
+                back = _place(thm.name, thm.result, thm.schedule, thm.constraints, target,
+                              _kernel_tiles(thm.name, tiles), profile, thm.chosen, dtype_name)
                 back_name = namer.fresh(thm.name)
                 back_priced = _priced(back.layout, profile)
                 back_doc = _docstring(back.layout, target, back.origin, dtype_name, back_priced, _proof(thm),
@@ -452,8 +461,8 @@ def _chain_functions(theorem: Theorem, fname: str, params: Sequence[str], target
     keyword = ", interpret=interpret" if target in ("pallas", "mosaic") else ""
     for k, writes in zip(theorem.kernels, theorem.writes, strict=True):
         try:
-            placed = _place(k.name, k.result, k.schedule, target, _kernel_tiles(k.name, tiles), profile, k.chosen,
-                            dtype_name)
+            placed = _place(k.name, k.result, k.schedule, k.constraints, target, _kernel_tiles(k.name, tiles),
+                            profile, k.chosen, dtype_name)
         except NapkinError as exc:
             raise _chain_unbound(exc, theorem, k) from None
         kname = namer.fresh(k.name)

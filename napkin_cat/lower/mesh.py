@@ -9,8 +9,11 @@ continues the state, through ``fold.emit_step``'s lift and combine), sends the b
 ``lax.ppermute`` and takes the one arriving; the send does not depend on the fold, so XLA may
 overlap the transfer with the compute.  After N blocks the finals and the nodes after the
 stream run on each device.  A ring needs a sharded axis as well (the queries each device keeps).
-A mesh tile is always realised as ⌈|a|/N⌉, whatever the proof names it: neither R3 nor R4
-depends on the tile's size, only on how the boxes treat the axis (padding is masked).
+A mesh tile is realised as ⌈|a|/N⌉, whatever the proof names it: neither R3 nor R4
+depends on the tile's size, only on how the boxes treat the axis (padding is masked); but where the
+theorem assumes the device's tile of ``a`` divides it (R9 records `gq | mq`, `sx | mx`:
+``Theorem.constraints``), each block is rounded up to whole tiles (``MeshPlan.whole``), so the
+assumption holds on the realised blocks as the outermost `sx | x` holds on a padded extent.
 
 Each device runs the device schedule (``Schedule.device``): the plain-JAX body of
 ``lower.jax`` with the mesh axes at their block extents and global offsets (masks see global
@@ -21,7 +24,7 @@ a sharding without a ring, the Pallas kernel of ``lower.pallas`` on each device'
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from napkin_cat.diagnostics import NapkinError, error
@@ -29,12 +32,13 @@ from napkin_cat.lower import codegen as cg
 from napkin_cat.lower import pallas as pallas_target
 from napkin_cat.lower.fold import emit_after, emit_identity, slots
 from napkin_cat.lower.jax import all_axes, bind_inputs, emit_body, emit_chunks, emit_dot_operand, rounded_nodes, size_of
+from napkin_cat.lower.runtime import round_up
 from napkin_cat.lower.values import Scope, Value
 from napkin_cat.schedule.layout import Layout, fill_values
 from napkin_cat.schedule.loopnest import touches
-from napkin_cat.terms import MAX_MESH_DEVICES, Axes, Box, Schedule
+from napkin_cat.terms import MAX_MESH_DEVICES, Axes, Box, Divides, Schedule
 
-__all__ = ["MESH_AXIS", "MeshPlan", "describe", "emit_functions", "mesh_plan"]
+__all__ = ["MESH_AXIS", "MeshPlan", "describe", "emit_functions", "mesh_plan", "whole_tiles"]
 
 #: the name of the device axis of the emitted ``jax.sharding.Mesh`` (``runtime.device_mesh``)
 MESH_AXIS = "mesh"
@@ -47,6 +51,11 @@ class MeshPlan:
     devices: int
     group: str | None
     ring: str | None
+    #: per mesh axis, the tile its device blocks are whole numbers of (``whole_tiles``; absent: 1)
+    whole: tuple[tuple[str, int], ...] = ()
+
+    def tile(self, axis: str) -> int:
+        return dict(self.whole).get(axis, 1)
 
     @property
     def axes(self) -> tuple[str, ...]:
@@ -70,14 +79,35 @@ def mesh_plan(name: str, schedule: Schedule, devices: int) -> MeshPlan:
     return MeshPlan(devices, groups[0] if groups else None, rings[0] if rings else None)
 
 
+def whole_tiles(schedule: Schedule, constraints: Sequence[Divides],
+                tiles: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
+    """Per mesh axis whose device tile the theorem assumes divides the mesh tile (``constraints``,
+    ``Theorem.constraints``: R9 records `gq | mq` unless its rule needs none, as for a tile of 1), that
+    tile's value (``tiles``, by axis: ``Layout.tiles``): each device's block is rounded up to whole tiles."""
+    device = schedule.device().partitions
+    recorded = frozenset(constraints)
+    whole = []
+    for m in schedule.mesh:
+        inner = next((p for p in device if p.axis == m.axis), None)
+        if inner is not None and Divides(inner.tile, m.tile) in recorded and tiles.get(m.axis, 1) > 1:
+            whole.append((m.axis, tiles[m.axis]))
+    return tuple(whole)
+
+
+def _block(axis: str, plan: MeshPlan) -> str:
+    """A device's block of ``axis``, in words."""
+    tile = plan.tile(axis)
+    return f"⌈{axis}/{plan.devices}⌉" + (f" rounded up to whole tiles of {tile}" if tile > 1 else "")
+
+
 def describe(plan: MeshPlan, lay: Layout) -> str:
     """The docstring's line on the mesh."""
     parts = [f"{plan.devices} devices (jax.shard_map over one mesh axis)"]
     if plan.group is not None:
-        parts.append(f"{plan.group} sharded in blocks of ⌈{plan.group}/{plan.devices}⌉, one per device")
+        parts.append(f"{plan.group} sharded in blocks of {_block(plan.group, plan)}, one per device")
     if plan.ring is not None:
         accs = ", ".join(sorted({p.name for p in lay.plans.values()}))
-        parts.append(f"{plan.ring} in blocks of ⌈{plan.ring}/{plan.devices}⌉ passed around the ring (lax.ppermute), "
+        parts.append(f"{plan.ring} in blocks of {_block(plan.ring, plan)} passed around the ring (lax.ppermute), "
                      f"each folded into {accs} on arrival")
     return "; ".join(parts)
 
@@ -103,7 +133,8 @@ def _check(plan: MeshPlan, lay: Layout) -> frozenset[str]:
         if plan.ring in axes and plan.group in axes:
             raise NapkinError(error("lower.mesh_both", name=name, group=plan.group, ring=plan.ring))
     declared = dict(lay.flat.sizes)
-    padded = frozenset(a for a in plan.axes if (size := declared.get(a)) is None or size % plan.devices)
+    padded = frozenset(a for a in plan.axes if (size := declared.get(a)) is None
+                       or round_up(round_up(size, plan.devices) // plan.devices, plan.tile(a)) * plan.devices != size)
     for node in lay.flat.nodes:
         box = node.expr
         if not isinstance(box, Box):
@@ -131,8 +162,11 @@ def emit_functions(lay: Layout, plan: MeshPlan, fname: str, params: Sequence[str
     bind_inputs(lay, params, block)
     mesh = block.bind("mesh", cg.call("device_mesh", cg.const(plan.devices)))
     count = cg.const(plan.devices)
-    extents = {a: block.bind(f"shard_{a}", cg.binop(cg.call("round_up", size_of(a), count), "//", count))
-               for a in plan.axes}
+    extents = {}
+    for a in plan.axes:  # ⌈|a|/N⌉, rounded up to whole tiles where the theorem assumes its tile divides it
+        share = cg.binop(cg.call("round_up", size_of(a), count), "//", count)
+        extents[a] = block.bind(f"shard_{a}", share if plan.tile(a) == 1 else
+                                cg.call("round_up", share, cg.const(plan.tile(a))))
     placed = []
     for (_, axes), param in zip(lay.flat.inputs, params, strict=True):
         axis = next((k for k, a in enumerate(axes) if a in extents), None)

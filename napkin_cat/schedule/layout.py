@@ -39,7 +39,17 @@ from napkin_cat import certify, ops
 from napkin_cat.certify.accumulators import AccumulatorPlan, plan
 from napkin_cat.diagnostics import NapkinError, error
 from napkin_cat.schedule.loopnest import Flat, LoopNest, Node, flatten, loop_nest, touches, woven_axes
-from napkin_cat.terms import INT_DTYPE, INTEGER_OUTPUT_DTYPE, Box, Diagram, Partition, Schedule, Size, integer_names
+from napkin_cat.terms import (
+    INT_DTYPE,
+    INTEGER_OUTPUT_DTYPE,
+    Box,
+    Diagram,
+    Divides,
+    Partition,
+    Schedule,
+    Size,
+    integer_names,
+)
 
 __all__ = ["DEFAULT_HARDWARE", "FORMATS", "KERNEL_DTYPES", "KERNEL_TARGETS", "MIN_BLOCK", "MIX_FILL", "PRICED_DTYPE",
            "TARGETS", "TRITON_MISSING", "Layout", "broken_nesting", "fill_values", "grid_order", "integer_outputs",
@@ -467,21 +477,27 @@ def _group_block_ok(flat: Flat, axis: str, tiles: Mapping[str, int], squeezed: f
     return True
 
 
-def broken_nesting(partitions: Sequence[Partition], values: Sequence[int]) -> tuple[str, int, int] | None:
-    """The first nested divisibility assumption that the tile ``values`` (one per partition, in order) break, as
-    (`inner | outer`, inner value, outer value), else None: the kernel's R9 records that an inner tile divides the
-    tile outside it (``kernel._nest``), except a tile of 1 and a padded stream inside a split (its last chunk
-    masked).  The outermost tile's assumption on the axis (`sx | x`) is not read here: lowering pads a ragged last
-    tile (README "Kernels")."""
+def broken_nesting(constraints: Sequence[Divides], partitions: Sequence[Partition],
+                   values: Sequence[int]) -> tuple[str, int, int] | None:
+    """The first nested tile assumption `inner | outer` of a theorem that the tile ``values`` (one per partition, in
+    order) break, as (`inner | outer`, inner value, outer value), else None.  Which nested tiles the theorem assumes
+    divide the tile outside them is the kernel's to say (R9, ``kernel._nest``, which records none for a tile of 1 or
+    a padded stream inside a split): each is looked up in ``constraints`` (``Theorem.constraints``) and evaluated at
+    ``values``.  A pair of integer tiles the kernel checked at the proof's integers (recording nothing) is evaluated
+    again only where the outer tile takes another value (given by axis name).  The outermost tile's assumption on
+    the axis (`sx | x`) is not read here: lowering pads a ragged last tile (README "Kernels")."""
+    recorded = frozenset(constraints)
     seen: dict[str, tuple[Partition, int]] = {}
     for p, value in zip(partitions, values, strict=True):
         outer = seen.get(p.axis)
         seen[p.axis] = (p, value)
-        if outer is None or p.tile == 1 or (p.pad and p.kind == "stream" and outer[0].kind == "split") \
-                or min(value, outer[1]) <= 0:  # an unbound tile: refused as such (lower.tile_unbound)
+        if outer is None or min(value, outer[1]) <= 0:  # an unbound tile: refused as such (lower.tile_unbound)
             continue
-        if outer[1] % value:
-            return f"{p.tile} | {outer[0].tile}", value, outer[1]
+        (o, above) = outer
+        assumed = Divides(p.tile, o.tile) in recorded or (
+            isinstance(p.tile, int) and isinstance(o.tile, int) and above != o.tile)
+        if assumed and above % value:
+            return f"{p.tile} | {o.tile}", value, above
     return None
 
 

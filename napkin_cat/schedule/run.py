@@ -79,7 +79,7 @@ def run_schedule(theorem: Theorem, arrays: Sequence[Any], sizes: Mapping[str, in
                 raise ValueError(f"tile `{p.tile}` of axis `{p.axis}` is symbolic: give it in tiles=")
             p = replace(p, tile=int((tiles or {})[p.tile]))
         partitions.append(p)
-    if broken := broken_nesting(theorem.schedule.partitions, [int(p.tile) for p in partitions]):
+    if broken := broken_nesting(theorem.constraints, theorem.schedule.partitions, [int(p.tile) for p in partitions]):
         raise ValueError(f"tiles break `{theorem.name}`'s assumption `{broken[0]}`: {broken[1]} does not divide "
                          f"{broken[2]} (R9); the theorem claims nothing at these tiles")
     nest = loop_nest(diagram, replace(theorem.schedule, partitions=tuple(partitions)))

@@ -140,8 +140,9 @@ def integer_outputs(diagram: Diagram) -> frozenset[int]:
 class Layout:
     """A scheduled diagram placed onto a kernel (see the module docstring).
 
-    ``tiles`` maps every partitioned axis to its innermost tile; ``grid`` lists the grid
-    axes outermost first, ``squeezed`` those among them with blocks of one; ``phase``
+    ``tiles`` maps every partitioned axis to its outermost tile (the block; inner levels are
+    the compiler's tiling of it); ``grid`` lists the grid axes outermost first, ``squeezed``
+    those among them with blocks of one; ``phase``
     gives each node's phase relative to the streamed axis (all ``before`` without one);
     ``plans`` the accumulator of every node that consumes the streamed axis;
     ``padded_tiles`` the grouped axes (Pallas) whose tile cannot be a Triton block (not a

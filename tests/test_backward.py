@@ -852,6 +852,25 @@ def test_the_float64_test_allows_rounding_but_not_a_small_error() -> None:
     assert "dQ at" in str(err.value) and "float64's rounding accounts for at most" in str(err.value), str(err.value)
 
 
+@pytest.mark.parametrize("wrong", [
+    "(sum[t](g + exp(46.5)) - cumsum[t](g + exp(46.5)) + (g + exp(46.5))) - (sum[t](g * 0 + exp(46.5)) - "
+    "cumsum[t](g * 0 + exp(46.5)) + exp(46.5))",
+    "sum[t](g) - (cumsum[t](g + exp(46.5)) - cumsum[t](g * 0 + exp(46.5))) + g",
+    "sum[t](g) - (cumsum[t](g + exp(46.5)) - (index[t](t) + 1) * exp(46.5)) + g"])
+def test_the_float64_test_refuses_a_gradient_absorbed_whole(wrong: str) -> None:
+    """The running sum's gradient through a sum with exp(46.5) ≈ 1.6·10²⁰, taken away again: right over
+    the reals, 0 (or 10⁶ off) in float64, and the running error bound (10⁵) covered the whole gradient,
+    so the tested join lowered it; the rounding allowed is capped at 10⁻³ of the gradient's size."""
+    module = loads("axis t, d\ndiagram f(X: [t d], W: [d]) -> [t] {\n"
+                   "  H = cumsum[t](contract[d](X, W))\n  return H\n}\n"
+                   f"diagram b(X: [t d], W: [d], dH: [t]) -> [t d], [d] {{\n  r = {wrong.replace('g', 'dH')}\n"
+                   "  dX = r * W\n  dW = contract[t](r, X)\n  return dX, dW\n}\n")
+    with pytest.raises(NapkinError) as err:
+        link(module.diagram("f"), [module.diagram("b")], allow_tested=True)
+    assert err.value.codes == ("lower.backward_wrong",), str(err.value)
+    assert "dX at" in str(err.value), str(err.value)
+
+
 def test_the_tested_path_draws_sizes_past_every_constant_and_labels_across_the_vocabulary() -> None:
     """The right window and the right cross-entropy are lowered with the opt-in; the test's
     draws pass the window's width 8 and hit the first and last labels."""

@@ -164,3 +164,35 @@ def test_a_join_the_prover_cannot_finish_still_rests_on_the_test() -> None:
     assert err.value.codes == ("lower.backward_unproved",)
     assert "--allow-tested-join" in (err.value.diagnostics[0].hint or "")
     assert not link(forward, backwards, allow_tested=True).proved
+
+
+# ---- Mamba-2's quadratic (segsum) form: s a renamed copy of t, drawn at t's size ---------------------
+
+SEGSUM = """axis t, s
+diagram f(A: [t], X: [t]) -> [t] {
+  C = cumsum[t](A)
+  M = where[t s](s <= t, exp(C - rename[t -> s](C)), 0)
+  Y = contract[s](M, rename[t -> s](X))
+  return Y
+}
+diagram b(A: [t], X: [t], Y: [t], dY: [t]) -> [t], [t] {
+  C = cumsum[t](A)
+  DX
+  dC = dY * Y - X * dX
+  dA = sum[t](dC) - cumsum[t](dC) + dC
+  return dA, dX
+}
+"""
+
+
+def test_a_segsum_forward_is_tested_with_its_copy_of_time_at_times_size() -> None:
+    """The test drew s apart from t, and `rename[t -> s]` failed to evaluate: every such join was
+    refused, right or wrong; a rename ties the two axes' sizes."""
+    right = SEGSUM.replace("DX", "M = where[t s](s <= t, exp(C - rename[t -> s](C)), 0)\n"
+                                 "  dX = rename[s -> t](contract[t](M, dY))")
+    ln = link(*_pair(right), allow_tested=True)
+    assert not ln.proved and f"t={LONG}, s={LONG} at scale 1 about -1" in ln.trust, ln.trust
+    # dX[s] = exp(-C[s])·Σ_{t >= s} exp(C[t])·dY[t]: right over the reals, inf from t = 710 at A about -1
+    cumprod = SEGSUM.replace("DX", "E = dY * exp(C)\n  dX = exp(0 - C) * (sum[t](E) - cumsum[t](E) + E)")
+    refused = _refused_both_ways(*_pair(cumprod), ("lower.backward_wrong",))
+    assert f"t={LONG}" in refused and "dX at" in refused, refused

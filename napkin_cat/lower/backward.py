@@ -202,7 +202,8 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
     The first draw takes every symbolic axis from 1 to ``SMALL`` (the small edge cases); the
     others take them past ``SMALL`` and every constant of the diagrams and their index predicates
     (``_constants``: a window of width 8 needs sizes above 8 to show an off-by-one, a factor
-    ``min(1, 8 / x)`` sizes above 8 to differ from 1, ``min(1, 14.5 / x)`` above 15).  Where a
+    ``min(1, 8 / x)`` sizes above 8 to differ from 1, ``min(1, 14.5 / x)`` above 15); an axis a
+    ``rename`` ties to another (``_ties``) takes that one's size.  Where a
     scan (``cumsum``, ``linrec``) runs along a symbolic axis, ``DRIFTS`` more draws take that axis
     at ``LONG`` and the others at 1 to 3, inputs normal about each drift, compared where the VJP
     is finite (a gradient through exp of a running sum overflows as the axis grows, where the
@@ -221,16 +222,19 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
             f"constant (at most {LARGEST}): prove the join instead")))
     gathered, masks = _labels(forward, backwards, ln, ("gather",)), _masks(forward, backwards, ln)
     labels = {**gathered, **_labels(forward, backwards, ln)}
+    # an axis a rename ties to another (rename[t -> s]: a segsum's copy of t) is drawn at its size
+    ties = _ties((forward, *backwards), axes)
     plans: list[tuple[np.random.Generator, dict[str, int], float, float]] = []  # rng, sizes, scale, drift
     for seed in range(DRAWS):
         rng = np.random.default_rng(seed)
         low = 1 if seed == 0 else max(past, SMALL) + 1
-        plans.append((rng, {a: n if n is not None else int(rng.integers(low, low + 7)) for a, n in axes.items()},
-                      SCALES[seed % len(SCALES)], 0.0))
-    for j, (long, drift) in enumerate((a, d) for a in _scanned((forward, *backwards), axes) for d in DRIFTS):
+        sizes = {a: n if n is not None else int(rng.integers(low, low + 7)) for a, n in axes.items()}
+        plans.append((rng, {a: sizes[ties.get(a, a)] for a in sizes}, SCALES[seed % len(SCALES)], 0.0))
+    scanned = list(dict.fromkeys(ties.get(a, a) for a in _scanned((forward, *backwards), axes)))
+    for j, (long, drift) in enumerate((a, d) for a in scanned for d in DRIFTS):
         rng = np.random.default_rng(DRAWS + j)
-        plans.append((rng, {a: n if n is not None else LONG if a == long else int(rng.integers(1, 4))
-                            for a, n in axes.items()}, 1.0, drift))
+        sizes = {a: n if n is not None else LONG if a == long else int(rng.integers(1, 4)) for a, n in axes.items()}
+        plans.append((rng, {a: sizes[ties.get(a, a)] for a in sizes}, 1.0, drift))
     drawn = []
     for rng, sizes, scale, drift in plans:
         drawn.append(", ".join(f"{a}={n}" for a, n in sizes.items() if axes[a] is None) + f" at scale {scale:g}" +
@@ -363,6 +367,29 @@ def _scanned(diagrams: Sequence[Diagram], axes: dict[str, int | None]) -> list[s
                 if isinstance(node, Box) and any(scans_along(node, a) for a in node.target):
                     found += [a for a in node.target if axes.get(a, 0) is None and a not in found]
     return found
+
+
+def _ties(diagrams: Sequence[Diagram], axes: dict[str, int | None]) -> dict[str, str]:
+    """Each symbolic axis of ``axes`` that a ``rename`` of ``diagrams`` (calls inlined) ties to
+    another, to the first of its tied axes in ``axes``' order: the evaluator reads ``rename[t -> s]``
+    only where s has t's size."""
+    order = {a: k for k, a in enumerate(axes)}
+    root = {a: a for a, n in axes.items() if n is None}
+
+    def find(a: str) -> str:
+        while root[a] != a:
+            a = root[a]
+        return a
+    for d in diagrams:
+        flat = inlined(d)
+        for expr in (*(let.expr for let in flat.body), *flat.outputs):
+            for node in walk(expr):
+                if isinstance(node, Box) and node.op == "rename":
+                    for src, dst in zip(node.target, node.out, strict=True):
+                        if src in root and dst in root:
+                            first, second = sorted((find(src), find(dst)), key=order.__getitem__)
+                            root[second] = first
+    return {a: find(a) for a in root if find(a) != a}
 
 
 def _index_integers(index: Pred | IndexExpr) -> list[int]:

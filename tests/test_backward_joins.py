@@ -196,3 +196,34 @@ def test_a_segsum_forward_is_tested_with_its_copy_of_time_at_times_size() -> Non
     cumprod = SEGSUM.replace("DX", "E = dY * exp(C)\n  dX = exp(0 - C) * (sum[t](E) - cumsum[t](E) + E)")
     refused = _refused_both_ways(*_pair(cumprod), ("lower.backward_wrong",))
     assert f"t={LONG}" in refused and "dX at" in refused, refused
+
+
+# ---- causal linear attention: the backward makes the running sum's absorption as the VJP does ----------
+
+LINEAR = """axis t
+axis d, e
+diagram f(Q: [t d], K: [t d], V: [t e]) -> [t e] {
+  H = cumsum[t](K * V)
+  Y = contract[d](Q, H)
+  return Y
+}
+diagram b(Q: [t d], K: [t d], V: [t e], dY: [t e]) -> [t d], [t d], [t e] {
+  H = cumsum[t](K * V)
+  dQ = contract[e](dY, H)
+  G = Q * dY
+  R = REVERSE
+  dK = contract[e](R, V)
+  dV = contract[d](R, K)
+  return dQ, dK, dV
+}
+"""
+
+
+def test_a_right_linear_attention_backward_is_proved() -> None:
+    """Its reverse running sum Σ_t G - cumsum[t](G) + G of G = Q * dY may absorb as float64 rounds it; the
+    VJP makes the same sum on contract[](dY, Q), the same product written otherwise, and the prover refused
+    it as an absorption the VJP does not make (a float64 hazard, refused with the opt-in too)."""
+    ln = link(*_pair(LINEAR.replace("REVERSE", "sum[t](G) - cumsum[t](G) + G")))
+    assert ln.proved, ln.trust
+    wrong = _pair(LINEAR.replace("REVERSE", "sum[t](G) - cumsum[t](G)"))  # missing its own position
+    assert "dK at" in _refused_both_ways(*wrong, ("lower.backward_wrong",))

@@ -721,7 +721,7 @@ def _finite_where_the_vjp_is(forward: Diagram, reference: Diagram,
                           for b, n in (cancelled_absorptions(term, related) if vouched[i] else ())),
                         *((b, n, n) for b, n in (cancelled_absorptions(over, reference) if vouched[i] else ())),
                         *offsets]:
-                    if same not in made or not _alike_around(same, over, want, reference, i):
+                    if not _made(same, made) or not _alike_around(same, over, want, reference, i):
                         where = f" at {box.span}" if box.span is not None else ""
                         if inner is None:
                             raise FloatHazard(f"`{diagram.name}`'s gradient of {forward.inputs[i].name} computes "
@@ -761,7 +761,7 @@ def _joined_sums_alike(forward: Diagram, reference: Diagram,
         made = cancelling_sums(want, reference)
         for box, inner in cancelled_absorptions(total, reference):
             if any(box is j for j in joins) and (
-                    inner not in made or not _alike_around(inner, total, want, reference, i)):
+                    not _made(inner, made) or not _alike_around(inner, total, want, reference, i)):
                 raise FloatHazard(f"the join's sum of the backwards' gradients of {forward.inputs[i].name} may cancel "
                                   f"an absorption: float64 may round `{_short(inner, 40)}` to its larger operand (an "
                                   f"absorption the VJP's gradient does not make: finiteness.cancelled_absorptions)")
@@ -815,6 +815,29 @@ def _offsets_cancelled(term: Expr, reference: Diagram, i: int) -> list[Box]:
     return found
 
 
+def _made(inner: Expr, made: Sequence[Expr]) -> bool:
+    """Is ``inner`` one of ``made`` as float64 computes it (``_canonical``)?"""
+    key = _canonical(inner)
+    return any(_canonical(m) == key for m in made)
+
+
+def _canonical(expr: Expr) -> Expr:
+    """``expr`` up to how it is written where float64 computes it alike: a ``contract`` over no axis
+    of two operands as their product, the two operands of a product or a sum in a fixed order
+    (float64's are commutative), and every array's axes in a fixed order (a layout, not a value).
+    Equal canonical terms round alike: causal linear attention's VJP makes its running sum's
+    ``Σ_t dH - cumsum[t](dH)`` on ``dH = contract[](dY, Q)``, a backward's on ``Q * dY``."""
+    if isinstance(expr, Var):
+        return replace(expr, axes=tuple(sorted(expr.axes)))
+    if not isinstance(expr, Box):
+        return expr
+    args = tuple(_canonical(a) for a in expr.args)
+    product = expr.op == "contract" and not expr.target and len(args) == 2
+    if product or (expr.op in ("mul", "add") and len(args) == 2):
+        args = tuple(sorted(args, key=repr))
+    return replace(expr, op="mul" if product else expr.op, args=args, axes=tuple(sorted(expr.axes)))
+
+
 def _alike_around(inner: Expr, got: Expr, want: Expr, reference: Diagram, i: int) -> bool:
     """Do ``got`` and ``want`` (a backward's gradient and the VJP's ``i``-th output, terms over the VJP
     diagram ``reference``'s inputs) still normalise to the same term with the absorbing sum ``inner`` made an
@@ -828,7 +851,8 @@ def _alike_around(inner: Expr, got: Expr, want: Expr, reference: Diagram, i: int
     params = (*reference.inputs, Param(name, inner.axes))
     sem = _Semantics(masks=True)
     values = [_input(p.name, p.axes) for p in params]
-    opaque = [_replaced(t, lambda e: atom if e == inner else None) for t in (got, want)]
+    key = _canonical(inner)  # the VJP's may be written otherwise: Q * dY as contract[](dY, Q)
+    opaque = [_replaced(t, lambda e: atom if _canonical(e) == key else None) for t in (got, want)]
     left, right = (sem.run(replace(reference, inputs=params, body=(), outputs=(t,),
                                    out_types=(reference.out_types[i],)), values)[0] for t in opaque)
     return not sem.cases and _equal(sem.unmasked(left), sem.unmasked(right))

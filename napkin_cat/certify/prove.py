@@ -108,11 +108,19 @@ from napkin_cat.terms import (
     walk,
 )
 
-__all__ = ["Unproved", "extended", "masks_unproved", "prove_accumulator", "prove_join", "prove_lemma", "why_unproved"]
+__all__ = ["FloatHazard", "Unproved", "extended", "masks_unproved", "prove_accumulator", "prove_join", "prove_lemma",
+           "why_unproved"]
 
 
 class Unproved(Exception):
     """The term leaves the proved fragment; the message says where."""
+
+
+class FloatHazard(Unproved):
+    """The terms are equal over the reals, and float64 may compute one otherwise where the other is
+    finite (an overflow, an underflowed sign, an absorption then cancelled): a finite-float reason,
+    not the prover's incompleteness, which a test at drawn inputs cannot overrule (they need not
+    reach the hazard; ``lower.backward.link`` refuses it with or without ``allow_tested``)."""
 
 
 def _input_max(x: Any, rows: frozenset[Any] = frozenset()) -> bool:
@@ -673,25 +681,25 @@ def _finite_where_the_vjp_is(forward: Diagram, reference: Diagram,
         related = replace(diagram, inputs=tuple(params))
         for out, i in zip(diagram.outputs, gives, strict=True):
             if vouched[i] and not finite(out, defs, inputs):
-                raise Unproved(f"`{diagram.name}`'s gradient of {forward.inputs[i].name} may overflow in float64 where "
-                               f"the VJP's is finite (finiteness.finite cannot vouch for it)")
+                raise FloatHazard(f"`{diagram.name}`'s gradient of {forward.inputs[i].name} may overflow in float64 "
+                                  f"where the VJP's is finite (finiteness.finite cannot vouch for it)")
             # where the analysis cannot vouch for the VJP's gradient either, it may still be finite where the
             # backward's is not (8·X⁷·g + exp(X) - exp(X) is NaN at X = 800, the VJP 1.7e21): the backward must
             # then compute what the extended reals do (no box float64 makes ±inf, NaN or 0 where they would
             # not), as a lemma's right side must at a use, so it is finite wherever their common value is
             term = expanded(out, defs)
             if not vouched[i] and (box := float_unsafe_box(term, (), related)) is not None:
-                raise Unproved(f"`{diagram.name}`'s gradient of {forward.inputs[i].name} may overflow in float64 at "
-                               f"`{box.op}` where the extended reals do not, and the VJP's is not vouched finite "
-                               f"either (finiteness.float_unsafe_box)")
+                raise FloatHazard(f"`{diagram.name}`'s gradient of {forward.inputs[i].name} may overflow in float64 at "
+                                  f"`{box.op}` where the extended reals do not, and the VJP's is not vouched finite "
+                                  f"either (finiteness.float_unsafe_box)")
             # sign jumps at 0: the prover reads sign(e) of an e it knows positive as 1, but float64 may underflow
             # e to 0 (sign(exp(X·1e-4 - 744)) is 0 at X = -5000, so S·sign(...) gave 0 where the VJP is S):
             # each sign's operand must compute what the extended reals do
             for node in walk(term):
                 if isinstance(node, Box) and node.op == "sign" and float_unsafe_box(node.args[0], (), related):
-                    raise Unproved(f"`{diagram.name}`'s gradient of {forward.inputs[i].name} takes the sign of a term "
-                                   f"float64 may round to 0 or past the extended reals' value "
-                                   f"(finiteness.float_unsafe_box)")
+                    raise FloatHazard(f"`{diagram.name}`'s gradient of {forward.inputs[i].name} takes the sign of a "
+                                      f"term float64 may round to 0 or past the extended reals' value "
+                                      f"(finiteness.float_unsafe_box)")
             # an absorption then cancelled: (S + C) - C is S over the reals, 0 in float64 where C = exp(46.5) drops
             # S whole; a finite error the finiteness checks cannot see, so refused unless the VJP cancels the same
             # absorbing sum (its term, the backward's inputs read as the VJP's: a running sum's Σ g - cumsum g; ALiBi's
@@ -713,18 +721,19 @@ def _finite_where_the_vjp_is(forward: Diagram, reference: Diagram,
                           for b, n in (cancelled_absorptions(term, related) if vouched[i] else ())),
                         *((b, n, n) for b, n in (cancelled_absorptions(over, reference) if vouched[i] else ())),
                         *offsets]:
-                    if same not in made or not _alike_around(same, over, want, reference, i):
+                    if not _made(same, made) or not _alike_around(same, over, want, reference, i):
                         where = f" at {box.span}" if box.span is not None else ""
                         if inner is None:
-                            raise Unproved(f"`{diagram.name}`'s gradient of {forward.inputs[i].name} computes "
-                                           f"`{_short(box)}`{where}, which float64 may round to its larger operand, "
-                                           f"and one operand's share of the gradient cancels over the reals (by a "
-                                           f"reduction whose weights sum to 0, a softmax's shift, or boxes that give "
-                                           f"the sum back: an absorption the VJP's gradient does not make)")
-                        raise Unproved(f"`{diagram.name}`'s gradient of {forward.inputs[i].name} computes "
-                                       f"`{_short(box)}`{where}, where float64 may round `{_short(inner, 40)}` to "
-                                       f"its larger operand and the outer sum cancel the rest (an absorption the "
-                                       f"VJP's gradient does not make: finiteness.cancelled_absorptions)")
+                            raise FloatHazard(f"`{diagram.name}`'s gradient of {forward.inputs[i].name} computes "
+                                              f"`{_short(box)}`{where}, which float64 may round to its larger "
+                                              f"operand, and one operand's share of the gradient cancels over the "
+                                              f"reals (by a reduction whose weights sum to 0, a softmax's shift, or "
+                                              f"boxes that give the sum back: an absorption the VJP's gradient does "
+                                              f"not make)")
+                        raise FloatHazard(f"`{diagram.name}`'s gradient of {forward.inputs[i].name} computes "
+                                          f"`{_short(box)}`{where}, where float64 may round `{_short(inner, 40)}` to "
+                                          f"its larger operand and the outer sum cancel the rest (an absorption the "
+                                          f"VJP's gradient does not make: finiteness.cancelled_absorptions)")
     _joined_sums_alike(forward, reference, backwards, vouched, saved)
 
 
@@ -752,10 +761,10 @@ def _joined_sums_alike(forward: Diagram, reference: Diagram,
         made = cancelling_sums(want, reference)
         for box, inner in cancelled_absorptions(total, reference):
             if any(box is j for j in joins) and (
-                    inner not in made or not _alike_around(inner, total, want, reference, i)):
-                raise Unproved(f"the join's sum of the backwards' gradients of {forward.inputs[i].name} may cancel "
-                               f"an absorption: float64 may round `{_short(inner, 40)}` to its larger operand (an "
-                               f"absorption the VJP's gradient does not make: finiteness.cancelled_absorptions)")
+                    not _made(inner, made) or not _alike_around(inner, total, want, reference, i)):
+                raise FloatHazard(f"the join's sum of the backwards' gradients of {forward.inputs[i].name} may cancel "
+                                  f"an absorption: float64 may round `{_short(inner, 40)}` to its larger operand (an "
+                                  f"absorption the VJP's gradient does not make: finiteness.cancelled_absorptions)")
 
 
 def _offsets_cancelled(term: Expr, reference: Diagram, i: int) -> list[Box]:
@@ -814,6 +823,29 @@ def _offsets_cancelled(term: Expr, reference: Diagram, i: int) -> list[Box]:
     return found
 
 
+def _made(inner: Expr, made: Sequence[Expr]) -> bool:
+    """Is ``inner`` one of ``made`` as float64 computes it (``_canonical``)?"""
+    key = _canonical(inner)
+    return any(_canonical(m) == key for m in made)
+
+
+def _canonical(expr: Expr) -> Expr:
+    """``expr`` up to how it is written where float64 computes it alike: a ``contract`` over no axis
+    of two operands as their product, the two operands of a product or a sum in a fixed order
+    (float64's are commutative), and every array's axes in a fixed order (a layout, not a value).
+    Equal canonical terms round alike: causal linear attention's VJP makes its running sum's
+    ``Σ_t dH - cumsum[t](dH)`` on ``dH = contract[](dY, Q)``, a backward's on ``Q * dY``."""
+    if isinstance(expr, Var):
+        return replace(expr, axes=tuple(sorted(expr.axes)))
+    if not isinstance(expr, Box):
+        return expr
+    args = tuple(_canonical(a) for a in expr.args)
+    product = expr.op == "contract" and not expr.target and len(args) == 2
+    if product or (expr.op in ("mul", "add") and len(args) == 2):
+        args = tuple(sorted(args, key=repr))
+    return replace(expr, op="mul" if product else expr.op, args=args, axes=tuple(sorted(expr.axes)))
+
+
 def _alike_around(inner: Expr, got: Expr, want: Expr, reference: Diagram, i: int) -> bool:
     """Do ``got`` and ``want`` (a backward's gradient and the VJP's ``i``-th output, terms over the VJP
     diagram ``reference``'s inputs) still normalise to the same term with the absorbing sum ``inner`` made an
@@ -827,7 +859,8 @@ def _alike_around(inner: Expr, got: Expr, want: Expr, reference: Diagram, i: int
     params = (*reference.inputs, Param(name, inner.axes))
     sem = _Semantics(masks=True)
     values = [_input(p.name, p.axes) for p in params]
-    opaque = [_replaced(t, lambda e: atom if e == inner else None) for t in (got, want)]
+    key = _canonical(inner)  # the VJP's may be written otherwise: Q * dY as contract[](dY, Q)
+    opaque = [_replaced(t, lambda e: atom if _canonical(e) == key else None) for t in (got, want)]
     left, right = (sem.run(replace(reference, inputs=params, body=(), outputs=(t,),
                                    out_types=(reference.out_types[i],)), values)[0] for t in opaque)
     return not sem.cases and _equal(sem.unmasked(left), sem.unmasked(right))

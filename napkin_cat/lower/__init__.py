@@ -171,7 +171,8 @@ def lower(theorem: Theorem, target: str = "pallas", tiles: Mapping[str, int] | N
     ``Lowered.tiles`` gives the backward kernels' so).  A join the
     prover cannot prove is refused (``lower.backward_unproved``) unless ``allow_tested_join``:
     then it is lowered on the float64 test alone, with a ``UnprovedJoinWarning`` and the trust
-    level in the module's docstring (``lower.backward``).  Refuses
+    level in the module's docstring (``lower.backward``); one it refuses for a float64 hazard
+    (``certify.prove.FloatHazard``) is refused either way.  Refuses
     (NapkinError) what the target cannot serve; a ``TypeError`` for anything but a
     ``Theorem`` (build one with ``napkin_cat.proof.theorem``/``prove`` or the kernel's rules).
     """

@@ -14,7 +14,7 @@ for, such as class labels, gets zeros, which the test below checks).  Each sched
 by its own theorem.  That the diagrams together are the forward's VJP is proved at every size
 (``certify.prove.prove_join``: attention's backward from the saved log-sum-exp and
 D = Σ dO·O is proved this way) and tested (``_tested``: both sides in float64 at ``DRAWS``
-size draws, the small sizes 1 to 7 and sizes past every integer constant of the diagrams,
+size draws, the small sizes 1 to 7 and sizes past every constant of the diagrams,
 inputs at several scales and labels across the vocabulary), refusing with
 ``lower.backward_wrong`` where they differ by more than float64's rounding can account for
 (``SAFETY`` times the sum of both sides' running error bounds, ``lower.roundoff``: a
@@ -24,7 +24,9 @@ masks it cannot show keep a key per row, data masks, scans, the guarded division
 is refused with its reason (``lower.backward_unproved``) unless the caller opts in
 (``allow_tested``: ``lower(..., allow_tested_join=True)``, ``--allow-tested-join``): then it
 rests on the test alone, ``lower`` warns (``UnprovedJoinWarning``) and the module docstring
-says so and why.
+says so and why.  A join the prover refuses for a float64 hazard (``certify.prove.FloatHazard``:
+equal over the reals, but an overflow, underflow or absorption float64 may make where the VJP's
+gradient is finite) is refused either way: the test's inputs need not reach the hazard.
 
 Without backward theorems:
 
@@ -50,14 +52,14 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from napkin_cat.certify.approximation import label_inputs
-from napkin_cat.certify.prove import Unproved, prove_join
+from napkin_cat.certify.prove import FloatHazard, Unproved, prove_join
 from napkin_cat.diagnostics import NapkinError, error
 from napkin_cat.evaluate import related
 from napkin_cat.grad import cotangent_names, vjp
 from napkin_cat.lower import codegen as cg
 from napkin_cat.lower import jax as jax_target
 from napkin_cat.lower.roundoff import U, evaluate_bounded
-from napkin_cat.ops import inlined
+from napkin_cat.ops import inlined, scans_along
 from napkin_cat.schedule.layout import layout
 from napkin_cat.terms import (
     Box,
@@ -82,15 +84,28 @@ __all__ = ["DRAWS", "GRADIENTS", "Link", "UnprovedJoinWarning", "differentiable"
 DRAWS = 4
 #: the first draw's symbolic sizes are 1 to SMALL; the others' past SMALL and every constant
 SMALL = 7
-#: the largest integer constant whose sizes past it the join test draws: each array it evaluates
+#: the largest constant (rounded up) whose sizes past it the join test draws: each array it evaluates
 #: then holds up to (LARGEST + 8)^2 values per pair of drawn axes (a window of 4096 keys, not a
 #: size past 3037000500^2 that wraps int64)
 LARGEST = 4096
 #: the scales of the normal inputs, by draw
 SCALES = (1.0, 1.0, 4.0, 16.0)
+#: the size of a scanned axis (``cumsum``, ``linrec``) in the join test's long draws, the other axes 1 to 3:
+#: past the length at which a gradient computed through exp of a running sum of inputs about ±1
+#: overflows (exp(-cumsum A) is inf from t = 710 at A = -1), where the right recurrence is finite
+LONG = 1024
+#: the inputs' offsets in the long draws (normals at scale 1 about each), one draw each: decays
+#: (A of ``linrec[t](exp(A), X)``) and growths alike
+DRIFTS = (-1.0, 1.0)
 #: the join test's tolerance, in units of the two sides' running error bounds
 #: (``lower.roundoff``: first order, so a factor past 1 for the dropped terms)
 SAFETY = 2.0
+#: how much rounding the backwards' side may claim past the VJP's own bound, as a fraction of the
+#: larger of the two gradients' largest magnitudes: past it, rounding that large (a sum absorbing
+#: a gradient whole, as ``cumsum[t](g + exp(46.5)) - cumsum[t](g * 0 + exp(46.5))`` is 0 for the
+#: running sum) would let a wrong gradient through, so the test refuses it as wrong (a gradient
+#: that is rounding noise on both sides, near-cancelling sums alike, keeps its bound)
+ROUNDING_AT_MOST = 1e-3
 
 
 class UnprovedJoinWarning(UserWarning):
@@ -160,6 +175,11 @@ def link(forward: Diagram, backwards: Sequence[Diagram], allow_tested: bool = Fa
     try:
         proof = prove_join(forward, reference, list(zip(backwards, result.sources, result.targets, strict=True)))
     except Unproved as why:
+        if isinstance(why, FloatHazard):  # equal over the reals: a test's inputs need not reach the hazard
+            raise NapkinError(error("lower.backward_unproved", forward.span, hint=(
+                "the backwards equal the VJP over the reals, but float64 may compute them otherwise where the "
+                "VJP's gradient is finite; the float64 test's inputs need not reach that, so --allow-tested-join "
+                "does not lower it: compute what the extended reals do"), forward=forward.name, why=str(why))) from None
         if not allow_tested:
             raise NapkinError(error("lower.backward_unproved", forward.span, hint=(
                 "a join only tested in float64 is lowered with --allow-tested-join (Python: "
@@ -180,12 +200,17 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
     read the forward's outputs with the bounds the forward computed them within).
 
     The first draw takes every symbolic axis from 1 to ``SMALL`` (the small edge cases); the
-    others take them past ``SMALL`` and every integer constant of the diagrams and their index predicates
+    others take them past ``SMALL`` and every constant of the diagrams and their index predicates
     (``_constants``: a window of width 8 needs sizes above 8 to show an off-by-one, a factor
-    ``min(1, 8 / x)`` sizes above 8 to differ from 1).  Inputs are seeded normals at the
-    draw's scale (1, 4, 16); labels (the inputs an ``onehot[v]`` operand is computed from,
-    ``approximation.label_inputs``) are positions across the whole of ``v``, first and last
-    included, so that a wrong label term is read."""
+    ``min(1, 8 / x)`` sizes above 8 to differ from 1, ``min(1, 14.5 / x)`` above 15); an axis a
+    ``rename`` ties to another (``_ties``) takes that one's size.  Where a
+    scan (``cumsum``, ``linrec``) runs along a symbolic axis, ``DRIFTS`` more draws take that axis
+    at ``LONG`` and the others at 1 to 3, inputs normal about each drift, compared where the VJP
+    is finite (a gradient through exp of a running sum overflows as the axis grows, where the
+    recurrence need not).  Inputs are seeded normals at the draw's scale (1, 4, 16); labels (the
+    inputs an ``onehot[v]`` operand is computed from, ``approximation.label_inputs``) are
+    positions across the whole of ``v``, first and last included, so that a wrong label term is
+    read."""
     # the forward's axes, and the backwards' declared sizes; an axis only a backward has (a copy
     # ``grad`` makes of a scanned axis, t_2 of t) is bound by the evaluator from what it reads
     axes = {a.name: a.size for d in (forward, *backwards) for a in d.axes
@@ -193,20 +218,30 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
     past = _constants((forward, *backwards), axes)
     if past > LARGEST:
         raise NapkinError(error("lower.backward_untestable", forward=forward.name, why=(
-            f"its diagrams hold the integer constant {past}, and the test draws sizes past every constant "
-            f"(at most {LARGEST}): prove the join instead")))
+            f"its diagrams hold a constant of magnitude {past} (rounded up), and the test draws sizes past every "
+            f"constant (at most {LARGEST}): prove the join instead")))
     gathered, masks = _labels(forward, backwards, ln, ("gather",)), _masks(forward, backwards, ln)
     labels = {**gathered, **_labels(forward, backwards, ln)}
-    drawn = []
+    # an axis a rename ties to another (rename[t -> s]: a segsum's copy of t) is drawn at its size
+    ties = _ties((forward, *backwards), axes)
+    plans: list[tuple[np.random.Generator, dict[str, int], float, float]] = []  # rng, sizes, scale, drift
     for seed in range(DRAWS):
         rng = np.random.default_rng(seed)
         low = 1 if seed == 0 else max(past, SMALL) + 1
         sizes = {a: n if n is not None else int(rng.integers(low, low + 7)) for a, n in axes.items()}
-        scale = SCALES[seed % len(SCALES)]
-        drawn.append(", ".join(f"{a}={n}" for a, n in sizes.items() if axes[a] is None) + f" at scale {scale:g}")
+        plans.append((rng, {a: sizes[ties.get(a, a)] for a in sizes}, SCALES[seed % len(SCALES)], 0.0))
+    scanned = list(dict.fromkeys(ties.get(a, a) for a in _scanned((forward, *backwards), axes)))
+    for j, (long, drift) in enumerate((a, d) for a in scanned for d in DRIFTS):
+        rng = np.random.default_rng(DRAWS + j)
+        sizes = {a: n if n is not None else LONG if a == long else int(rng.integers(1, 4)) for a, n in axes.items()}
+        plans.append((rng, {a: sizes[ties.get(a, a)] for a in sizes}, 1.0, drift))
+    drawn = []
+    for rng, sizes, scale, drift in plans:
+        drawn.append(", ".join(f"{a}={n}" for a, n in sizes.items() if axes[a] is None) + f" at scale {scale:g}" +
+                     (f" about {drift:+g}" if drift else ""))
         args = [drawn_integers(rng, [sizes[a] for a in p.axes], i in masks) if p.integer and i not in labels else
-                _drawn(rng, [sizes[a] for a in p.axes], scale, sizes.get(labels.get(i, ""), 0), i in gathered)
-                for i, p in enumerate(forward.inputs)]
+                _drawn(rng, [sizes[a] for a in p.axes], scale, sizes.get(labels.get(i, ""), 0), i in gathered) +
+                (drift if i not in labels else 0.0) for i, p in enumerate(forward.inputs)]
         args = related(forward, args, sizes)  # a forward with relations: inputs it claims something of
         cts = [rng.standard_normal([sizes[a] for a in p.axes]) for p in reference.inputs[len(forward.inputs):]]
         try:
@@ -226,9 +261,12 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
         except NapkinError as exc:
             raise NapkinError(error("lower.backward_wrong", why=f"evaluating them failed: {exc}")) from None
         for k, (p, g, w, eg, ew) in enumerate(zip(forward.inputs, got, want, got_errs, want_errs, strict=True)):
-            bound = SAFETY * (eg + ew)
+            scale = max(float(np.nanmax(np.abs(np.where(np.isfinite(a), a, 0)), initial=0.0)) for a in (g, w))
+            bound = SAFETY * (np.minimum(eg, np.maximum(ew, ROUNDING_AT_MOST * scale)) + ew)
             with np.errstate(invalid="ignore"):
                 close = (g == w) | (np.isnan(g) & np.isnan(w)) | (np.abs(g - w) <= bound)
+            if drift:  # a long draw: where the forward itself overflows, the VJP has no value to compare with
+                close |= ~np.isfinite(w)
             if not close.all():
                 where = tuple(int(i) for i in np.argwhere(~close)[0])
                 given = "" if any(i == k for t in ln.targets for i in t) else " (no backward gives it)"
@@ -237,8 +275,9 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
                     f"the VJP ({abs(g[where] - w[where]):.3g} apart, where float64's rounding accounts for at most "
                     f"{bound[where]:.3g}), with sizes {drawn[-1]}"
                     f"{' and labels across the vocabulary' if labels else ''}")))
-    return (f"in float64 (within its rounding, lower.roundoff) at {DRAWS} size draws ({'; '.join(drawn)}; the "
-            f"largest integer constant of the diagrams: {past}){', labels across the vocabulary' if labels else ''}")
+    return (f"in float64 (within its rounding, lower.roundoff) at {len(plans)} size draws ({'; '.join(drawn)}; the "
+            f"largest constant of the diagrams, rounded up: {past})"
+            f"{', labels across the vocabulary' if labels else ''}")
 
 
 def _relations_within(b: Diagram, values: Sequence[object], errors: Sequence[object], sizes: dict[str, int],
@@ -299,20 +338,58 @@ def drawn_integers(rng: np.random.Generator, shape: list[int], mask: bool = Fals
 
 
 def _constants(diagrams: Sequence[Diagram], axes: dict[str, int | None]) -> int:
-    """The largest integer constant of ``diagrams`` (calls inlined): the integral literals of
-    their terms, the integers of their index predicates, and the sizes of declared axes an
-    index predicate compares against (a position along ``d = 64`` reaches 63)."""
+    """The largest constant of ``diagrams`` (calls inlined), rounded up to an integer: each finite
+    literal of their terms by its magnitude rounded up (a factor ``min(1, 14.5 / t)`` is 1 up to
+    t = 14 and differs from 1 only past 14.5, so the draws take t >= 16), the integers of their
+    index predicates, and the sizes of declared axes an index predicate compares against (a
+    position along ``d = 64`` reaches 63)."""
     found = [0]
     for d in diagrams:
         flat = inlined(d)
         for expr in (*(let.expr for let in flat.body), *flat.outputs):
             for node in walk(expr):
-                if isinstance(node, Const) and math.isfinite(node.value) and float(node.value).is_integer():
-                    found.append(abs(int(node.value)))
+                if isinstance(node, Const) and math.isfinite(node.value):
+                    found.append(math.ceil(abs(node.value)))
                 elif isinstance(node, Box) and node.index is not None:
                     found += [abs(n) for n in _index_integers(node.index)]
                     found += [axes[a] or 0 for a in node.target if a in axes]
     return max(found)
+
+
+def _scanned(diagrams: Sequence[Diagram], axes: dict[str, int | None]) -> list[str]:
+    """The symbolic axes of ``axes`` that a scan (``cumsum``, ``linrec``: ``ops.scans_along``) of
+    ``diagrams`` (calls inlined) runs along, in order."""
+    found: list[str] = []
+    for d in diagrams:
+        flat = inlined(d)
+        for expr in (*(let.expr for let in flat.body), *flat.outputs):
+            for node in walk(expr):
+                if isinstance(node, Box) and any(scans_along(node, a) for a in node.target):
+                    found += [a for a in node.target if axes.get(a, 0) is None and a not in found]
+    return found
+
+
+def _ties(diagrams: Sequence[Diagram], axes: dict[str, int | None]) -> dict[str, str]:
+    """Each symbolic axis of ``axes`` that a ``rename`` of ``diagrams`` (calls inlined) ties to
+    another, to the first of its tied axes in ``axes``' order: the evaluator reads ``rename[t -> s]``
+    only where s has t's size."""
+    order = {a: k for k, a in enumerate(axes)}
+    root = {a: a for a, n in axes.items() if n is None}
+
+    def find(a: str) -> str:
+        while root[a] != a:
+            a = root[a]
+        return a
+    for d in diagrams:
+        flat = inlined(d)
+        for expr in (*(let.expr for let in flat.body), *flat.outputs):
+            for node in walk(expr):
+                if isinstance(node, Box) and node.op == "rename":
+                    for src, dst in zip(node.target, node.out, strict=True):
+                        if src in root and dst in root:
+                            first, second = sorted((find(src), find(dst)), key=order.__getitem__)
+                            root[second] = first
+    return {a: find(a) for a in root if find(a) != a}
 
 
 def _index_integers(index: Pred | IndexExpr) -> list[int]:

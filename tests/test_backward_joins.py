@@ -1,0 +1,229 @@
+"""User-written backwards of running sums, linear recurrences and FlashAttention-2's chained key
+pass (issue 28's red team of ``lower --backward``): each wrong one is refused without
+``--allow-tested-join`` (``lower.backward_unproved``) and with it (the float64 test,
+``lower.backward_wrong``, or the prover's float64 hazard, ``certify.prove.FloatHazard``); the right
+ones are proved, or lowered with the opt-in alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from napkin_cat.diagnostics import NapkinError
+from napkin_cat.elaborate import loads
+from napkin_cat.lower.backward import LONG, link
+from napkin_cat.terms import Diagram
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# ---- the running sum: H = cumsum[t](X·W), its gradient r = Σ_{s >= t} dH[s] -----------------------
+
+CUMSUM = "axis t, d\ndiagram f(X: [t d], W: [d]) -> [t] {\n  H = cumsum[t](contract[d](X, W))\n  return H\n}\n"
+NESTED = ("axis t, d\ndiagram f(X: [t d], W: [d]) -> [t] {\n  H = cumsum[t](cumsum[t](contract[d](X, W)))\n"
+          "  return H\n}\n")
+CUMSUM_B = ("diagram b(X: [t d], W: [d], dH: [t]) -> [t d], [d] {{\n  r = {r}\n  dX = r * W\n"
+            "  dW = contract[t](r, X)\n  return dX, dW\n}}\n")
+REVERSE = "(sum[t]({g}) - cumsum[t]({g}) + {g})"
+
+
+def _pair(text: str, forward: str = "f", backwards: tuple[str, ...] = ("b",)) -> tuple[Diagram, list[Diagram]]:
+    module = loads(text)
+    return module.diagram(forward), [module.diagram(b) for b in backwards]
+
+
+def _refused_both_ways(forward: Diagram, backwards: list[Diagram], tested: tuple[str, ...]) -> str:
+    """Refused unproved without the opt-in, and with it by one of ``tested``'s codes; the latter's text."""
+    with pytest.raises(NapkinError) as err:
+        link(forward, backwards)
+    assert err.value.codes == ("lower.backward_unproved",), str(err.value)
+    with pytest.raises(NapkinError) as err:
+        link(forward, backwards, allow_tested=True)
+    assert err.value.codes[0] in tested, str(err.value)
+    return str(err.value)
+
+
+@pytest.mark.parametrize("text", [CUMSUM + CUMSUM_B.format(r=REVERSE.format(g="dH")),
+                                  NESTED + CUMSUM_B.format(r=REVERSE.format(g=REVERSE.format(g="dH")))],
+                         ids=["once", "nested"])
+def test_a_right_reverse_running_sum_is_proved(text: str) -> None:
+    """Nested too: the prover's cumsum atoms rebind their index symbol; the long draws pass."""
+    ln = link(*_pair(text))
+    assert ln.proved and f"t={LONG}" in ln.trust, ln.trust
+
+
+@pytest.mark.parametrize("text", [
+    CUMSUM + CUMSUM_B.format(r="cumsum[t](dH)"),  # run forwards
+    CUMSUM + CUMSUM_B.format(r="sum[t](dH) - cumsum[t](dH)"),  # missing its own position
+    NESTED + CUMSUM_B.format(r="cumsum[t](cumsum[t](dH))"),
+    NESTED + CUMSUM_B.format(r=REVERSE.format(g="cumsum[t](dH)")),  # one reversed, one forwards
+    NESTED + CUMSUM_B.format(r=REVERSE.format(g="dH"))],  # one reversal for two sums
+    ids=["forwards", "exclusive", "nested_forwards", "nested_mixed", "nested_once"])
+def test_a_wrong_running_sum_is_refused_both_ways(text: str) -> None:
+    assert "dX at" in _refused_both_ways(*_pair(text), ("lower.backward_wrong",))
+
+
+def test_an_absorbed_running_sum_is_a_float_hazard_either_way() -> None:
+    """1e20 absorbs the running sums whole (the gradient is dH alone in float64): the prover's absorption
+    is a float64 hazard, which the opt-in does not overrule (it was refused as untestable before, the
+    constant past what the test draws)."""
+    forward, backwards = _pair(CUMSUM + CUMSUM_B.format(
+        r="(sum[t](dH) + 100000000000000000000.0) - (cumsum[t](dH) + 100000000000000000000.0) + dH"))
+    text = _refused_both_ways(forward, backwards, ("lower.backward_unproved",))
+    assert "may round" in text and "absorption" in text, text
+
+
+# ---- the linear recurrence: H = linrec[t](exp(A), X), outside the join prover (its VJP reshapes) --------
+
+LINREC = "axis t\ndiagram f(A: [t], X: [t]) -> [t] {\n  H = linrec[t](exp(A), X)\n  return H\n}\n"
+ZERO = "0 * rename[t -> s](index[t](t))"
+#: Dm[t, s] = Π_{s < r <= t} exp(A[r]) for s <= t; λ = Σ_t Dm·dH, dA = λ·H[t-1]·exp(A), dX = λ
+LINREC_B = ("axis s\ndiagram b(A: [t], H: [t], dH: [t]) -> [t], [t] {{\n"
+            f"  Dm = linrec[t](exp(A), where[t s](t == s, 1, {ZERO}))\n"
+            "  lam = {lam}\n"
+            f"  prev = contract[s](where[t s](s + 1 == t, 1, {ZERO}), rename[t -> s](H))\n"
+            "  dA = lam * prev * exp(A)\n  dX = lam\n  return dA, dX\n}}\n")
+RIGHT_LAM = "rename[s -> t](contract[t](Dm, dH))"
+#: λ = exp(-C)·Σ_{t >= s} dH·exp(C), C = cumsum A: right over the reals (the naive cumulative-product
+#: form), exact to 4e-11 at t <= 20, and inf or NaN from t = 710 at A = -1 where the VJP is finite
+CUMPROD = ("exp(0 - cumsum[t](A)) * (sum[t](dH * exp(cumsum[t](A))) - cumsum[t](dH * exp(cumsum[t](A))) "
+           "+ dH * exp(cumsum[t](A)))")
+
+
+def test_a_right_recurrence_is_lowered_on_the_test_alone() -> None:
+    forward, backwards = _pair(LINREC + LINREC_B.format(lam=RIGHT_LAM))
+    with pytest.raises(NapkinError) as err:
+        link(forward, backwards)
+    assert err.value.codes == ("lower.backward_unproved",) and "reshapes an axis" in str(err.value)
+    ln = link(forward, backwards, allow_tested=True)
+    assert not ln.proved and f"t={LONG} at scale 1 about -1" in ln.trust and "about +1" in ln.trust, ln.trust
+
+
+@pytest.mark.parametrize(("text", "at"), [
+    # with its own decay: Dm's diagonal exp(A) for 1
+    (LINREC + LINREC_B.format(lam=RIGHT_LAM).replace("where[t s](t == s, 1,", "where[t s](t == s, exp(A),"), ""),
+    (LINREC + LINREC_B.format(lam=RIGHT_LAM.replace("(Dm,", "(where[t s](t < s + 15, Dm, 0),")), ""),  # a window
+    # 1 up to t = 14: the draws must pass 14.5, not only its integer part (they took t = 8 to 14)
+    (LINREC + LINREC_B.format(lam=RIGHT_LAM + " * min(1, 14.5 / t)"), ""),
+    (LINREC + LINREC_B.format(lam=CUMPROD), f"t={LONG}")],  # exact at small t: the long draw reaches exp(1024)
+    ids=["own_decay", "window_15", "factor_14_5", "cumprod"])
+def test_a_wrong_recurrence_is_refused_with_the_opt_in(text: str, at: str) -> None:
+    refused = _refused_both_ways(*_pair(text), ("lower.backward_wrong",))
+    assert at in refused, refused
+
+
+# ---- FlashAttention-2's causal key pass, joined with the query pass: wrong D = Σ_d dO·O, wrong P --------
+
+ATTENTION = (ROOT / "examples" / "attention_backward.ncd").read_text().replace(
+    'use "attention.ncd"', f'use "{ROOT / "examples" / "attention.ncd"}"')
+NAMES = ("causal_attention_forward", ("causal_attention_backward_kv", "causal_attention_backward_q"))
+
+
+def _key_pass(old: str, new: str) -> tuple[Diagram, list[Diagram]]:
+    head, sep, tail = ATTENTION.partition("diagram causal_attention_backward_kv(")
+    body, sep2, rest = tail.partition("diagram causal_attention_backward_q(")
+    assert old in body
+    return _pair(head + sep + body.replace(old, new) + sep2 + rest, NAMES[0], NAMES[1])
+
+
+D = "D = contract[d](dO, O)"
+
+
+@pytest.mark.parametrize("new", [D, "D = sum[x](exp(S - L) * contract[d](dO, V))"])
+def test_a_right_key_pass_is_proved(new: str) -> None:
+    assert link(*_key_pass(D, new)).proved
+
+
+@pytest.mark.parametrize(("new", "tested"), [
+    ("D = 0 - contract[d](dO, O)", "lower.backward_wrong"),
+    ("D = sum[x](exp(contract[d](Q, K) * rsqrt(d) - L) * contract[d](dO, V))", "lower.backward_wrong"),  # unmasked
+    ("D = where[q](q >= 1, contract[d](dO, O), 0)", "lower.backward_wrong"),
+    # equal over the reals, and float64 hazards: the prover's reason stands with the opt-in
+    ("D = contract[d](dO, O * exp(-800)) * exp(800)", "lower.backward_unproved"),  # underflows to 0 · inf
+    ("D = contract[d](dO, O + exp(46.5)) - contract[d](dO, O * 0 + exp(46.5))", "lower.backward_unproved"),
+    ("D = (contract[d](dO, O) + exp(46.5)) - exp(46.5)", "lower.backward_unproved")],
+    ids=["sign", "unmasked", "half_rows", "underflow", "absorbed_in_O", "absorbed_in_sum"])
+def test_a_wrong_key_pass_is_refused_both_ways(new: str, tested: str) -> None:
+    _refused_both_ways(*_key_pass(D, new), (tested,))
+
+
+def test_a_float64_hazard_the_prover_finds_is_refused_with_the_opt_in() -> None:
+    """P = exp(S)·exp(0 - L) is the softmax over the reals, and exp(S) overflows from S = 710 where the
+    VJP is finite (128 of 576 dK and dV entries non-finite at max S = 808, |dV| <= 4.66): the prover
+    refuses it as a float64 hazard, and the float64 test's inputs (scale <= 16) keep S small, so the
+    opt-in lowered it; the hazard is refused either way, with the prover's reason."""
+    text = _refused_both_ways(*_key_pass("P = exp(S - L)", "P = exp(S) * exp(0 - L)"), ("lower.backward_unproved",))
+    assert "may overflow in float64 where the VJP's is finite" in text, text
+
+
+def test_a_join_the_prover_cannot_finish_still_rests_on_the_test() -> None:
+    """min(P, 1) is P (a weight is at most 1): the prover does not see it, so only the opt-in lowers it."""
+    forward, backwards = _key_pass("P = exp(S - L)", "P = min(exp(S - L), 1)")
+    with pytest.raises(NapkinError) as err:
+        link(forward, backwards)
+    assert err.value.codes == ("lower.backward_unproved",)
+    assert "--allow-tested-join" in (err.value.diagnostics[0].hint or "")
+    assert not link(forward, backwards, allow_tested=True).proved
+
+
+# ---- Mamba-2's quadratic (segsum) form: s a renamed copy of t, drawn at t's size ---------------------
+
+SEGSUM = """axis t, s
+diagram f(A: [t], X: [t]) -> [t] {
+  C = cumsum[t](A)
+  M = where[t s](s <= t, exp(C - rename[t -> s](C)), 0)
+  Y = contract[s](M, rename[t -> s](X))
+  return Y
+}
+diagram b(A: [t], X: [t], Y: [t], dY: [t]) -> [t], [t] {
+  C = cumsum[t](A)
+  DX
+  dC = dY * Y - X * dX
+  dA = sum[t](dC) - cumsum[t](dC) + dC
+  return dA, dX
+}
+"""
+
+
+def test_a_segsum_forward_is_tested_with_its_copy_of_time_at_times_size() -> None:
+    """The test drew s apart from t, and `rename[t -> s]` failed to evaluate: every such join was
+    refused, right or wrong; a rename ties the two axes' sizes."""
+    right = SEGSUM.replace("DX", "M = where[t s](s <= t, exp(C - rename[t -> s](C)), 0)\n"
+                                 "  dX = rename[s -> t](contract[t](M, dY))")
+    ln = link(*_pair(right), allow_tested=True)
+    assert not ln.proved and f"t={LONG}, s={LONG} at scale 1 about -1" in ln.trust, ln.trust
+    # dX[s] = exp(-C[s])·Σ_{t >= s} exp(C[t])·dY[t]: right over the reals, inf from t = 710 at A about -1
+    cumprod = SEGSUM.replace("DX", "E = dY * exp(C)\n  dX = exp(0 - C) * (sum[t](E) - cumsum[t](E) + E)")
+    refused = _refused_both_ways(*_pair(cumprod), ("lower.backward_wrong",))
+    assert f"t={LONG}" in refused and "dX at" in refused, refused
+
+
+# ---- causal linear attention: the backward makes the running sum's absorption as the VJP does ----------
+
+LINEAR = """axis t
+axis d, e
+diagram f(Q: [t d], K: [t d], V: [t e]) -> [t e] {
+  H = cumsum[t](K * V)
+  Y = contract[d](Q, H)
+  return Y
+}
+diagram b(Q: [t d], K: [t d], V: [t e], dY: [t e]) -> [t d], [t d], [t e] {
+  H = cumsum[t](K * V)
+  dQ = contract[e](dY, H)
+  G = Q * dY
+  R = REVERSE
+  dK = contract[e](R, V)
+  dV = contract[d](R, K)
+  return dQ, dK, dV
+}
+"""
+
+
+def test_a_right_linear_attention_backward_is_proved() -> None:
+    """Its reverse running sum Σ_t G - cumsum[t](G) + G of G = Q * dY may absorb as float64 rounds it; the
+    VJP makes the same sum on contract[](dY, Q), the same product written otherwise, and the prover refused
+    it as an absorption the VJP does not make (a float64 hazard, refused with the opt-in too)."""
+    ln = link(*_pair(LINEAR.replace("REVERSE", "sum[t](G) - cumsum[t](G) + G")))
+    assert ln.proved, ln.trust
+    wrong = _pair(LINEAR.replace("REVERSE", "sum[t](G) - cumsum[t](G)"))  # missing its own position
+    assert "dK at" in _refused_both_ways(*wrong, ("lower.backward_wrong",))

@@ -133,15 +133,16 @@ def _sizes(draw: Any, thm: kernel.Theorem) -> dict[str, int]:
     return sizes
 
 
-def run_case(module: Module, data: st.DataObject,
-             compiler_options: dict[str, Any] | None = None) -> dict[str, str] | None:
+def run_case(module: Module, data: st.DataObject, compiler_options: dict[str, Any] | None = None,
+             notes: list[str] | None = None) -> dict[str, str] | None:
     """Outcome per target (``"ran"``, for Pallas with ``", skipping masked chunks"`` where
     ``masks.stream_masks`` let it skip and ``", unmasking full chunks"`` where
     ``skip.unmaskable`` let it leave masks out, or the refusal's code), None when no case arises (no
     partition accepted, sizes a reshape cannot honour, f32 overflow); raises AssertionError
     on a kernel that disagrees with the evaluator.  ``compiler_options`` go to XLA's compile
     of each kernel (``jax.stages.Lowered.compile``; the benchmark lowers most cases'
-    ``xla_backend_optimization_level``, which leaves the HLO passes as they are)."""
+    ``xla_backend_optimization_level``, which leaves the HLO passes as they are).  Each run
+    judged ``F32_ROUNDING`` is described in ``notes`` (as a mismatch would be)."""
     diagram = data.draw(st.sampled_from(module.diagrams))
     thm = kernel.unfold(kernel.refl("t", diagram))
     thm = _schedule(thm, data.draw(schedule_steps(thm.result)))
@@ -156,14 +157,16 @@ def run_case(module: Module, data: st.DataObject,
     drawn = [_input(data.draw, rng, [sizes[a] for a in p.axes]) for p in thm.source.inputs]
     kinds = ", ".join(f"{p.name} {kind}" for p, (_, _, kind) in zip(thm.source.inputs, drawn, strict=True))
     return judge(thm, sizes, [base + grid for base, grid, _ in drawn], rng, compiler_options,
-                 f"inputs seed {inputs_seed} ({kinds})")
+                 f"inputs seed {inputs_seed} ({kinds})", notes)
 
 
 def judge(thm: kernel.Theorem, sizes: dict[str, int], values: list[np.ndarray], rng: np.random.Generator,
-          compiler_options: dict[str, Any] | None = None, drawn: str = "") -> dict[str, str] | None:
+          compiler_options: dict[str, Any] | None = None, drawn: str = "",
+          notes: list[str] | None = None) -> dict[str, str] | None:
     """``run_case`` from the inputs' ``values`` (f32-exact, in the source's input order) on: the
     evaluator's answer, each target run and judged against it (module docstring); ``rng`` draws
-    the nudges of ``conditioning``, ``drawn`` says in a mismatch how the inputs were drawn."""
+    the nudges of ``conditioning``, ``drawn`` says in a mismatch how the inputs were drawn, and
+    ``notes`` receives the description of each run judged ``F32_ROUNDING``."""
     arrays = related(thm.source, values, sizes)  # relations: README "Proofs"
     try:
         want = cases.as_tuple(evaluate(thm.source, arrays, sizes=sizes))
@@ -193,18 +196,22 @@ def judge(thm: kernel.Theorem, sizes: dict[str, int], values: list[np.ndarray], 
             if _xla_fold(lowered.fn, options, inputs, got, wants):
                 outcome[target] = XLA_FOLD
                 continue
-            if f32_off or all(within(np.asarray(g, np.float64), w, s) for g, w, s in zip(got, wants, spreads,
-                                                                                        strict=True)):
-                outcome[target] = F32_ROUNDING
-                continue
-            raise AssertionError(
+            explained = f32_off or all(within(np.asarray(g, np.float64), w, s)
+                                       for g, w, s in zip(got, wants, spreads, strict=True))
+            described = (
                 f"the {target} kernel differs from the evaluator at {sizes} for\n{print_diagram(thm.result)}"
                 + "".join(f"\n  {print_step(p)}" for p in thm.schedule.partitions)
                 + "\n  inputs: " + ", ".join(f"{p.name} max |{float(np.max(np.abs(a), initial=0)):.3g}|"
                                              for p, a in zip(thm.source.inputs, arrays, strict=True))
                 + (f"; {drawn}" if drawn else "")
-                + "\n  largest difference: " + ", ".join(f"{_largest(np.asarray(g, np.float64), w)}"
-                                                         for g, w in zip(got, wants, strict=True)))
+                + "\n  largest difference: " + ", ".join(f"{_largest(np.asarray(g, np.float64), w, s)}"
+                                                         for g, w, s in zip(got, wants, spreads, strict=True)))
+            if not explained:
+                raise AssertionError(described)
+            if notes is not None:
+                notes.append(described + ("; the f32 evaluator leaves the tolerance too" if f32_off else ""))
+            outcome[target] = F32_ROUNDING
+            continue
         lay = lowered.layout
         skips = lay.stream is not None and stream_masks(lay.flat, lay.stream, lay.plans, lay.grid) is not None
         unmasks = bool(unmaskable(lay))
@@ -249,13 +256,15 @@ def within(got: np.ndarray, want: np.ndarray, spread: np.ndarray, tol: float = 1
     return bool(np.all(close | same | np.isinf(spread)))
 
 
-def _largest(got: np.ndarray, want: np.ndarray) -> str:
-    """The position where ``got`` leaves ``want`` furthest (a NaN or infinity first), both values."""
+def _largest(got: np.ndarray, want: np.ndarray, spread: np.ndarray) -> str:
+    """The position where ``got`` leaves ``want`` furthest (a NaN or infinity first): both
+    values, and ``conditioning``'s spread there."""
     with np.errstate(invalid="ignore"):
         apart = np.where((got == want) | (np.isnan(got) & np.isnan(want)), 0.0, np.abs(got - want))
     apart = np.where(np.isnan(apart), np.inf, apart)
     at = np.unravel_index(int(np.argmax(apart)), np.shape(apart)) if np.ndim(apart) else ()
-    return f"at {tuple(int(i) for i in at)} kernel {float(got[at]):.9g}, evaluator {float(want[at]):.9g}"
+    return (f"at {tuple(int(i) for i in at)} kernel {float(got[at]):.9g}, evaluator {float(want[at]):.9g}, "
+            f"spread {float(spread[at]):.3g}")
 
 
 def _input(draw: Any, rng: np.random.Generator, shape: list[int]) -> tuple[np.ndarray, np.ndarray, str]:

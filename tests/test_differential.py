@@ -62,8 +62,11 @@ def test_float32_cancellation_of_offset_values_is_reported_apart(target: str) ->
     numpy float32 agrees), past the tolerance of the float64 answer.  The old filter nudged only
     the grid parts and missed it; every operand nudged, it is ``F32_ROUNDING``, not a mismatch."""
     thm = cases.proved(CANCELLING, "att", "stream x by 16 at smem via normalised pad")
-    outcome = judge(thm, SIZES, _cancelling_inputs(-1e4), np.random.default_rng(1))
+    notes: list[str] = []
+    outcome = judge(thm, SIZES, _cancelling_inputs(-1e4), np.random.default_rng(1), notes=notes)
     assert outcome is not None and outcome[target] == F32_ROUNDING
+    assert len(notes) == sum(what == F32_ROUNDING for what in outcome.values())  # each described
+    assert f"the {target} kernel differs" in notes[0] and "spread" in notes[0]
 
 
 def test_a_lowering_bug_on_the_ill_conditioned_case_is_still_a_mismatch(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,7 +11,8 @@ shrinking: a mismatch is recorded with its diagram, schedule and sizes, and the 
 After every batch the results so far are written to results/OUT.json (replaced whole, so a
 killed run keeps every finished batch): accepted schedules, per target how many ran, how
 many of those Pallas kernels skipped masked chunks, the refusals by code, the runs that
-differed only by XLA's jit-only 0·inf fold (``tests/differential.py``: reported apart, not
+differed only by XLA's jit-only 0·inf fold and those that differed only as far as float32
+rounding of the reference explains (``tests/differential.py``: each reported apart, not
 mismatches), and every mismatch (the run exits 1 if there is one).  ``--resume`` continues
 the run recorded there: its counts, time and seed, at its next batch.  Inputs are drawn on the
 grid, scaled to scores near 10⁴, offset by up to 10⁴, or zero, on every operand; masks and
@@ -43,7 +44,7 @@ from harness import RESULTS, machine, write  # noqa: E402
 from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from tests.differential import MODULES, TARGETS, XLA_FOLD, run_case  # noqa: E402
+from tests.differential import F32_ROUNDING, MODULES, TARGETS, XLA_FOLD, run_case  # noqa: E402
 
 
 def main() -> int:
@@ -60,6 +61,7 @@ def main() -> int:
     state = _resumed(args.out) if args.resume else {}
     counts: collections.Counter[str] = collections.Counter(state.get("counts", {}))
     mismatches: list[str] = list(state.get("mismatches", []))
+    explained: list[str] = list(state.get("f32_rounding_cases", []))
     base = state.get("seed", args.seed if args.seed is not None else random.randrange(2**31))
     batch = state.get("batches", 0)
     before = state.get("seconds", 0.0)
@@ -73,27 +75,29 @@ def main() -> int:
 
     while not done():
         full = batch % args.full_every == 0
-        _batch(counts, mismatches, base + batch, args.batch, None if full else {"xla_backend_optimization_level": 0},
-               "default" if full else "0")
+        _batch(counts, mismatches, explained, base + batch, args.batch,
+               None if full else {"xla_backend_optimization_level": 0}, "default" if full else "0")
         batch += 1
-        write(args.out, _result(counts, mismatches, elapsed(), base, batch, args.full_every, finished=False))
+        write(args.out, _result(counts, mismatches, explained, elapsed(), base, batch, args.full_every, finished=False))
         print(f"{elapsed():7.0f} s  " + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())), flush=True)
-    result = _result(counts, mismatches, elapsed(), base, batch, args.full_every, finished=True)
+    result = _result(counts, mismatches, explained, elapsed(), base, batch, args.full_every, finished=True)
     write(args.out, result)
-    ran, folded = result["ran"], result["xla_jit_fold"]
+    ran, folded, rounded = result["ran"], result["xla_jit_fold"], result["f32_rounding"]
     print(f"accepted schedules {counts['accepted']} in {elapsed():.0f} s; ran: "
           + ", ".join(f"{t} {n}" for t, n in ran.items()) + f"; mismatches: {len(mismatches)}; "
           + "of the runs, XLA's jit-only 0·inf fold (reported apart): "
-          + ", ".join(f"{t} {n}" for t, n in folded.items()))
+          + ", ".join(f"{t} {n}" for t, n in folded.items()) + "; float32 rounding of the reference (reported apart): "
+          + ", ".join(f"{t} {n}" for t, n in rounded.items()))
     for m in mismatches:
         print(m, file=sys.stderr)
     return 1 if mismatches else 0
 
 
-def _batch(counts: collections.Counter[str], mismatches: list[str], number: int, size: int,
+def _batch(counts: collections.Counter[str], mismatches: list[str], explained: list[str], number: int, size: int,
            options: dict[str, Any] | None, level: str) -> None:
     """One hypothesis run of ``size`` cases with seed ``number``, kernels compiled with
-    ``options`` (XLA backend optimisation ``level``), counted into ``counts``."""
+    ``options`` (XLA backend optimisation ``level``), counted into ``counts``; each run judged
+    float32 rounding described in ``explained``."""
 
     @seed(number)
     @settings(max_examples=size, deadline=None, database=None, phases=[Phase.generate],
@@ -102,7 +106,7 @@ def _batch(counts: collections.Counter[str], mismatches: list[str], number: int,
     def case(module: Any, data: st.DataObject) -> None:  # a batch runs whole: hypothesis wants every case drawn
         counts["drawn"] += 1
         try:
-            outcome = run_case(module, data, options)
+            outcome = run_case(module, data, options, explained)
         except AssertionError as exc:
             mismatches.append(str(exc))
             outcome = {}
@@ -116,8 +120,8 @@ def _batch(counts: collections.Counter[str], mismatches: list[str], number: int,
     case()
 
 
-def _result(counts: collections.Counter[str], mismatches: list[str], seconds: float, base: int, batches: int,
-            full_every: int, finished: bool) -> dict[str, Any]:
+def _result(counts: collections.Counter[str], mismatches: list[str], explained: list[str], seconds: float, base: int,
+            batches: int, full_every: int, finished: bool) -> dict[str, Any]:
     """The results file: the totals, and what ``--resume`` reads back."""
     return {
         "machine": machine(),
@@ -133,7 +137,9 @@ def _result(counts: collections.Counter[str], mismatches: list[str], seconds: fl
         "ran": {t: sum(v for k, v in counts.items() if k.startswith(f"{t} ran")) for t in TARGETS},
         "outcomes": dict(sorted((k, v) for k, v in counts.items() if k.startswith(TARGETS))),
         "xla_jit_fold": {t: counts[f"{t} {XLA_FOLD}"] for t in TARGETS},
+        "f32_rounding": {t: counts[f"{t} {F32_ROUNDING}"] for t in TARGETS},
         "mismatches": mismatches,
+        "f32_rounding_cases": explained,
         "counts": dict(counts),
     }
 
@@ -145,7 +151,8 @@ def _resumed(name: str) -> dict[str, Any]:
         print(f"no run to resume at {path}: starting afresh", file=sys.stderr)
         return {}
     recorded = json.loads(path.read_text())
-    return {k: recorded[k] for k in ("counts", "mismatches", "seed", "batches", "seconds")}
+    return {k: recorded[k] for k in ("counts", "mismatches", "f32_rounding_cases", "seed", "batches", "seconds")
+            if k in recorded}
 
 
 if __name__ == "__main__":

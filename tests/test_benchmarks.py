@@ -168,11 +168,14 @@ def test_differential_run_counts_records_and_resumes(tmp_path: Path) -> None:
     assert f"accepted schedules {first['accepted_schedules']}" in out
     assert first["finished"] and first["batches"] >= 1
     assert first["counts"]["accepted"] == first["accepted_schedules"]
+    assert set(first["f32_rounding"]) == {"jax", "pallas"}  # float32 rounding: counted, each run described
+    assert len(first["f32_rounding_cases"]) == sum(first["f32_rounding"].values())
     _run([*args, "--cases", str(first["accepted_schedules"] + 1), "--resume", "--seed", "9"], tmp_path)
     second = json.loads((tmp_path / "d.json").read_text())
     assert second["seed"] == 5 and second["batches"] > first["batches"]
     assert second["drawn"] > first["drawn"] and second["seconds"] > first["seconds"]
     assert second["accepted_schedules"] > first["accepted_schedules"]
+    assert second["f32_rounding_cases"][:len(first["f32_rounding_cases"])] == first["f32_rounding_cases"]
 
 
 @pytest.mark.parametrize("names", ["ab", "abcde"])

@@ -99,8 +99,24 @@ def test_within_allows_the_spread_and_no_more() -> None:
     assert not within(np.array([1.0, np.inf, 0.0, 2.0]), want, spread)
 
 
-@pytest.mark.xfail(strict=True, reason="differential_41's mismatch, not fixed: the Pallas scan gives NaN for a "
-                                       "linrec whose decay is -inf (h[0] = X[0] by definition); JAX is right")
+@pytest.mark.parametrize("target", ["jax", "pallas"])
+@pytest.mark.parametrize("decay", [np.inf, np.nan])
+def test_a_scanned_linrec_starts_at_its_first_value(target: str, decay: float) -> None:
+    """A scan's first chunk takes no carry: h[0] = X[0] whatever A[0] is (A[0]·0 was NaN for an
+    A[0] of inf or NaN, on both targets); a later chunk's first position still reads A·carry."""
+    src = "axis e, f\ndiagram g(A: [f e], X: [f e]) -> [e f] {\n  return linrec[f](A, X)\n}"
+    thm = cases.proved(src, "g", "scan f by 16 pad")
+    rng = np.random.default_rng(3)
+    a, x = rng.uniform(-1, 1, (40, 3)), rng.uniform(-1, 1, (40, 3))
+    a[0] = decay
+    want = np.asarray(differential.evaluate(thm.source, [a, x], sizes={"f": 40, "e": 3}), np.float64)
+    assert np.isfinite(want).all()
+    fn = differential.lower(thm, target=target).fn
+    args = [differential.jnp.asarray(v, "float32") for v in (a, x)]
+    got = np.asarray(fn(*args, interpret=True) if target == "pallas" else fn(*args), np.float64)
+    assert cases.agrees(got, want)
+
+
 def test_pallas_linrec_with_an_infinite_decay_starts_at_its_first_value() -> None:
     thm = cases.proved("axis e, f\ndiagram g(X: [f e]) -> [e f] {\n  return linrec[f](-inf, X)\n}", "g",
                        "group e by 2 pad")

@@ -169,13 +169,15 @@ def linrec(a: Any, x: Any, axis: int) -> Any:
 def linrec_rows(a: Any, x: Any, axis: int) -> Any:
     """``linrec`` for the Triton backend, which lowers no slice (so no ``associative_scan``): the
     recurrence one position at a time in a loop, each position's A and X picked and its h written
-    by a select and a sum of zeros along ``axis`` (exact), in the evaluator's order."""
+    by a select and a sum of zeros along ``axis`` (exact), in the evaluator's order.  h[0] is x[0]
+    by definition, not a[0]·0 + x[0] (NaN where a[0] is ±inf): position 0's decay reads as 0."""
     rows = jax.lax.broadcasted_iota(jnp.int32, x.shape, axis)
 
     def step(i: Any, carry: Any) -> Any:
         h, out = carry
         pick = rows == i
-        h = jnp.sum(jnp.where(pick, a, 0.0), axis=axis) * h + jnp.sum(jnp.where(pick, x, 0.0), axis=axis)
+        decay = jnp.sum(jnp.where(pick & (rows > 0), a, 0.0), axis=axis)
+        h = decay * h + jnp.sum(jnp.where(pick, x, 0.0), axis=axis)
         return h, jnp.where(pick, jnp.expand_dims(h, axis), out)
 
     start = jnp.zeros(x.shape[:axis] + x.shape[axis + 1:], x.dtype)

@@ -45,9 +45,9 @@ def _check(name: str, target: str, dtype: str = "float32", tol: float = 1e-4) ->
     assert GRADIENTS[target] in lowered.source
     plain = lower(kernel.refl(name, thm.source), target="jax").forward
     xs = [jnp.asarray(a, jnp.float32) for a in arrays]
-    want = jax.grad(_loss(plain, weights), argnums=wrt)(*xs)
+    want = jax.jit(jax.grad(_loss(plain, weights), argnums=wrt))(*xs)
     inputs = xs if dtype == "float32" else [x.astype(dtype) for x in xs]
-    got = jax.grad(_loss(lowered.fn, weights), argnums=wrt)(*inputs)
+    got = jax.jit(jax.grad(_loss(lowered.fn, weights), argnums=wrt))(*inputs)
     for g, w, i in zip(got, want, wrt, strict=True):
         assert g.dtype == inputs[i].dtype
         assert cases.relative_error(np.asarray(g, np.float32), np.asarray(w, np.float64)) < tol, (name, i)

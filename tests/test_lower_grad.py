@@ -79,8 +79,8 @@ def test_flash_attention_gradient_is_plain_attentions(target: str, name: str, q:
         return jax.nn.softmax(s, axis=-1) @ V
 
     fn = lower(thm, target=target, tiles={"gq": 32, "sx": 16}).fn
-    want = jax.grad(lambda *a: jnp.sum(attention(*a) * w_), argnums=(0, 1, 2))(q_, k_, v_)
-    got = jax.grad(lambda *a: jnp.sum(fn(*a) * w_), argnums=(0, 1, 2))(q_, k_, v_)
+    want = jax.jit(jax.grad(lambda *a: jnp.sum(attention(*a) * w_), argnums=(0, 1, 2)))(q_, k_, v_)
+    got = jax.jit(jax.grad(lambda *a: jnp.sum(fn(*a) * w_), argnums=(0, 1, 2)))(q_, k_, v_)
     for g, w in zip(got, want, strict=True):
         assert cases.relative_error(g, np.asarray(w, np.float64)) < 1e-4
 

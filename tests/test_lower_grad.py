@@ -45,9 +45,9 @@ def _check(name: str, target: str, dtype: str = "float32", tol: float = 1e-4) ->
     assert GRADIENTS[target] in lowered.source
     plain = lower(kernel.refl(name, thm.source), target="jax").forward
     xs = [jnp.asarray(a, jnp.float32) for a in arrays]
-    want = jax.jit(jax.grad(_loss(plain, weights), argnums=wrt))(*xs)
+    want = jax.grad(_loss(plain, weights), argnums=wrt)(*xs)
     inputs = xs if dtype == "float32" else [x.astype(dtype) for x in xs]
-    got = jax.jit(jax.grad(_loss(lowered.fn, weights), argnums=wrt))(*inputs)
+    got = jax.grad(_loss(lowered.fn, weights), argnums=wrt)(*inputs)
     for g, w, i in zip(got, want, wrt, strict=True):
         assert g.dtype == inputs[i].dtype
         assert cases.relative_error(np.asarray(g, np.float32), np.asarray(w, np.float64)) < tol, (name, i)
@@ -79,8 +79,8 @@ def test_flash_attention_gradient_is_plain_attentions(target: str, name: str, q:
         return jax.nn.softmax(s, axis=-1) @ V
 
     fn = lower(thm, target=target, tiles={"gq": 32, "sx": 16}).fn
-    want = jax.jit(jax.grad(lambda *a: jnp.sum(attention(*a) * w_), argnums=(0, 1, 2)))(q_, k_, v_)
-    got = jax.jit(jax.grad(lambda *a: jnp.sum(fn(*a) * w_), argnums=(0, 1, 2)))(q_, k_, v_)
+    want = jax.grad(lambda *a: jnp.sum(attention(*a) * w_), argnums=(0, 1, 2))(q_, k_, v_)
+    got = jax.grad(lambda *a: jnp.sum(fn(*a) * w_), argnums=(0, 1, 2))(q_, k_, v_)
     for g, w in zip(got, want, strict=True):
         assert cases.relative_error(g, np.asarray(w, np.float64)) < 1e-4
 

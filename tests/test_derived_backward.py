@@ -79,7 +79,7 @@ def _check_gradients(path: Path, theorem: str, target: str, seed: int = 0, secon
             full[i] = x
         return loss(*full)
 
-    got = jax.grad(loss_of_floats, argnums=tuple(range(len(floats))))(*(jnp.asarray(args[i], jnp.float32)
+    got = jax.jit(jax.grad(loss_of_floats, argnums=tuple(range(len(floats)))))(*(jnp.asarray(args[i], jnp.float32)
                                                                           for i in floats))
     for p, g, w in zip([source.inputs[i] for i in floats], got, [want[i] for i in floats], strict=True):
         w = np.asarray(w, np.float64)

@@ -54,6 +54,7 @@ a disjunction, a chunk on which any one disjunct holds everywhere is such a chun
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable, Collection, Mapping
@@ -453,12 +454,20 @@ def _sum(f: Expr, p: sympy.Symbol, n: Expr, start: Expr | int = 0) -> Expr:
     return slope * (n * (n - 1) - start * (start - 1)) / 2 + offset * (n - start)
 
 
+@functools.cache
+def _slack(tile: sympy.Symbol) -> sympy.Dummy:
+    """The z >= 0 of a capped tile (``_Signs``): one per tile symbol in the process, so that the
+    same sign question asked again (another lowering or pricing of the same schedule) is the same
+    expression, and ``simplified`` answers it from memory instead of simplifying it again."""
+    return sympy.Dummy(f"z_{tile}", nonnegative=True)
+
+
 class _Signs:
     """Sign decisions for positive sizes and tiles, each capped tile at most its cap."""
 
     def __init__(self, caps: Mapping[sympy.Symbol, Expr]) -> None:
         # a capped tile t written cap / (1 + z) with z >= 0 ranges over (0, cap]
-        self.table = {t: cap / (1 + sympy.Dummy(f"z_{t}", nonnegative=True)) for t, cap in caps.items()}
+        self.table = {t: cap / (1 + _slack(t)) for t, cap in caps.items()}
 
     def __call__(self, expr: Expr, sign: int) -> bool:
         """Is ``expr`` provably >= 0 (sign 1) or <= 0 (sign -1)?"""

@@ -2,7 +2,9 @@
 
 ``cost.cost_of`` costs the device schedule (``Schedule.device``): its H_l and FLOPs are summed
 over every device, as over every group.  Over N devices (by default the hardware profile's
-devices per node, ``Hardware.devices``) a mesh partition of axis a has blocks of ⌈|a|/N⌉:
+devices per node, ``Hardware.devices``) a mesh partition of axis a has blocks of ⌈|a|/N⌉, rounded
+up to whole tiles t, ⌈⌈|a|/N⌉/t⌉·t, where the theorem assumes the device's tile t of a divides the
+mesh tile (R9's `gq | mq`: ``schedule.mesh.device_block``, the blocks ``lower.mesh`` realises):
 
 - a sharded axis (``group a by t at mesh``) splits the work: each device does 1/N of the FLOPs
   and of the transfers between its hbm and the level below;
@@ -31,6 +33,7 @@ from sympy import Expr
 
 from napkin_cat.cost import Cost, CostError
 from napkin_cat.cost.roofline import compute_seconds
+from napkin_cat.schedule.mesh import device_block
 from napkin_cat.terms import MAX_MESH_DEVICES
 
 __all__ = ["MeshCost", "mesh_cost", "mesh_times"]
@@ -72,7 +75,8 @@ def mesh_cost(c: Cost, devices: int | None = None) -> MeshCost | None:
     if len(groups) > 1 or len(rings) > 1:
         raise CostError(f"a mesh of one axis shards at most one axis and rings at most one; the schedule "
                          f"partitions {', '.join(groups + rings)} at mesh")
-    block = {p.axis: sympy.ceiling(c.sizes[p.axis] / count) for p in c.mesh}
+    block = {p.axis: sympy.sympify(device_block(c.sizes[p.axis], count, c.mesh_tiles.get(p.axis, 1)))
+             for p in c.mesh}
     flat = c.program.nest.flat
 
     def on_device(axes: tuple[str, ...]) -> Expr:

@@ -199,7 +199,8 @@ def test_cost_mesh_devices_option_and_symbolic_sizes(capsys: pytest.CaptureFixtu
 def test_cost_prices_the_device_blocks_the_lowering_realises() -> None:
     """One definition of a device's block (``schedule.mesh``) for cost and lowering: at q = 37, x = 45
     on 4 devices with gq = sx = 16, the lowering's blocks are ⌈37/4⌉ = 10 and ⌈45/4⌉ = 12 rounded up to
-    16 (the theorem assumes `gq | mq`, `sx | mx`), and the cost prices those, not 10 and 12; at sizes
+    16 (the theorem assumes `gq | mq`, `sx | mx`), and the cost prices those, not 10 and 12, its FLOPs
+    and hbm traffic those of a block of 16 queries, not 37/4; at sizes
     the devices divide into whole tiles (q = x = 256: 64) and where no tile is assumed to divide the
     mesh tile (`sharded_mha`'s heads, grouped by 1 on each device) the blocks are ⌈|a|/N⌉."""
     thm = theorem(PROOF, "ring_attention")
@@ -214,6 +215,10 @@ def test_cost_prices_the_device_blocks_the_lowering_realises() -> None:
         assert m is not None
         assert {k: c.at(v, tiles) for k, v in m.blocks.items()} == {"mq": want, "mx": want}
         assert c.at(m.sends, tiles) == 3 * 2 * want * 64  # 3 blocks of K and of V, d = 64
+        # a device's FLOPs and hbm traffic: the diagram's at q = its block (all of x passes through it)
+        one = cost(thm, sizes={"q": want, "x": x})
+        assert c.at(m.flops, tiles) == one.at(one.flops, tiles)
+        assert c.at(m.hbm_bytes, tiles) == one.at(one.first.transfers_bytes, tiles)
     heads = mesh_cost(cost(theorem(PROOF, "sharded_mha")), 4)
     assert heads is not None and {k: str(v) for k, v in heads.blocks.items()} == {"gh": "ceiling(h/4)"}
 

@@ -164,7 +164,7 @@ def _mesh(c: Cost, out: dict[str, Any], devices: int | None) -> None:
     best = out["time"]["tiles"] if out.get("time") else {}
     m = dataclasses.replace(m, blocks={k: c.at(v, best) for k, v in m.blocks.items()},
                             **{f: c.at(getattr(m, f), best) for f in ("sends", "sends_bytes", "memory",
-                                                                       "memory_bytes")})
+                                                                       "memory_bytes", "flops", "hbm_bytes")})
     top = out["levels"][0]
     mesh_level = {"name": "mesh", "parent": None, "transfers": "0", "transfers_bytes": "0",
                   "memory": top["memory"], "memory_bytes": top["memory_bytes"],

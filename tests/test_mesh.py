@@ -16,13 +16,18 @@ from typing import Any
 
 import numpy as np
 import pytest
+import sympy
 
 from napkin_cat import cli
+from napkin_cat.cost import cost
 from napkin_cat.cost.hardware import load as load_hardware
+from napkin_cat.cost.mesh import mesh_cost
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.evaluate import evaluate
 from napkin_cat.lower import lower
+from napkin_cat.lower.runtime import round_up
 from napkin_cat.proof import check_file, theorem
+from napkin_cat.schedule.mesh import device_block
 
 ROOT = Path(__file__).resolve().parent.parent
 PROOF = ROOT / "proofs" / "ring_attention.ncd"
@@ -186,8 +191,49 @@ def test_cost_has_a_mesh_level(capsys: pytest.CaptureFixture[str]) -> None:
 def test_cost_mesh_devices_option_and_symbolic_sizes(capsys: pytest.CaptureFixture[str]) -> None:
     data = _cost("--mesh", "4", capsys=capsys)
     assert data["mesh"]["devices"] == 4
-    assert data["mesh"]["blocks"] == {"mq": "ceiling(q/4)", "mx": "ceiling(x/4)"}
-    assert data["mesh"]["sends_per_device"] == "384*ceiling(x/4)"  # 3 blocks of K and of V, d = 64
+    # whole tiles of gq and sx (the theorem assumes `gq | mq`, `sx | mx`), as the lowering realises them
+    assert data["mesh"]["blocks"] == {"mq": "gq*ceiling(ceiling(q/4)/gq)", "mx": "sx*ceiling(ceiling(x/4)/sx)"}
+    assert data["mesh"]["sends_per_device"] == "384*sx*ceiling(ceiling(x/4)/sx)"  # 3 blocks of K and of V, d = 64
+
+
+def test_cost_prices_the_device_blocks_the_lowering_realises() -> None:
+    """One definition of a device's block (``schedule.mesh``) for cost and lowering: at q = 37, x = 45
+    on 4 devices with gq = sx = 16, the lowering's blocks are ⌈37/4⌉ = 10 and ⌈45/4⌉ = 12 rounded up to
+    16 (the theorem assumes `gq | mq`, `sx | mx`), and the cost prices those, not 10 and 12, its FLOPs
+    and hbm traffic those of a block of 16 queries, not 37/4; at sizes
+    the devices divide into whole tiles (q = x = 256: 64) and where no tile is assumed to divide the
+    mesh tile (`sharded_mha`'s heads, grouped by 1 on each device) the blocks are ⌈|a|/N⌉."""
+    thm = theorem(PROOF, "ring_attention")
+    tiles = {"gq": 16, "sx": 16}
+    low = lower(thm, target="jax", mesh=4, tiles=tiles)
+    extents = dict(re.findall(r"shard_(\w+) = (.+)", low.source))
+    for q, x, want in ((37, 45, 16), (256, 256, 64)):
+        realised = {a: eval(extents[a], {"round_up": round_up, "n": {"q": q, "x": x}}) for a in ("q", "x")}
+        assert realised == {"q": want, "x": want}
+        c = cost(thm, sizes={"q": q, "x": x})
+        m = mesh_cost(c, 4)
+        assert m is not None
+        assert {k: c.at(v, tiles) for k, v in m.blocks.items()} == {"mq": want, "mx": want}
+        assert c.at(m.sends, tiles) == 3 * 2 * want * 64  # 3 blocks of K and of V, d = 64
+        # a device's FLOPs and hbm traffic: the diagram's at q = its block (all of x passes through it)
+        one = cost(thm, sizes={"q": want, "x": x})
+        assert c.at(m.flops, tiles) == one.at(one.flops, tiles)
+        assert c.at(m.hbm_bytes, tiles) == one.at(one.first.transfers_bytes, tiles)
+    heads = mesh_cost(cost(theorem(PROOF, "sharded_mha")), 4)
+    assert heads is not None and {k: str(v) for k, v in heads.blocks.items()} == {"gh": "ceiling(h/4)"}
+
+
+def test_device_block_is_the_lowerings_run_time_rounding() -> None:
+    """The lowering computes each block at run time as ``round_up(round_up(|a|, N) // N, t)``: the
+    same number as ``device_block``, empty axes included, and the symbolic form agrees at numbers."""
+    q, t = sympy.Symbol("q", positive=True), sympy.Symbol("t", positive=True)
+    for size in range(0, 70):
+        for devices in (1, 3, 4, 8):
+            for tile in (1, 5, 16):
+                want = round_up(round_up(size, devices) // devices, tile)
+                assert device_block(size, devices, tile) == want
+                if size:
+                    assert device_block(q, devices, t).subs({q: size, t: tile}) == want
 
 
 def test_profiles_cite_their_interconnect() -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -29,8 +29,9 @@ from napkin_cat.kernel import Theorem
 from napkin_cat.schedule.build import chosen_accumulator, program
 from napkin_cat.schedule.layout import integer_outputs
 from napkin_cat.schedule.loopnest import flatten, loop_nest
+from napkin_cat.schedule.mesh import whole_tiles
 from napkin_cat.schedule.program import Buffer, Inst, Program, max_of, simplified
-from napkin_cat.terms import INTEGER_OUTPUT_DTYPE, Box, Diagram, Partition, Schedule, union_axes
+from napkin_cat.terms import INTEGER_OUTPUT_DTYPE, Box, Diagram, Divides, Partition, Schedule, union_axes
 
 __all__ = ["CONVENTION", "Baseline", "Cost", "CostError", "Launch", "LevelCost", "cost", "cost_of",
            "parallel_factor"]
@@ -118,6 +119,9 @@ class Cost:
     #: the schedule's partitions across devices (``cost_mesh`` costs them; the levels above are
     #: the device schedule's, summed over every device as H_l sums over every group)
     mesh: tuple[Partition, ...] = ()
+    #: per mesh axis whose device blocks are whole tiles (``schedule.mesh.whole_tiles``: the theorem
+    #: assumes the device's tile divides the mesh tile), that tile (a tile symbol or a number)
+    mesh_tiles: dict[str, Expr] = field(default_factory=dict, compare=False)
     #: the accumulator chosen for each streamed node (by node name; the rest take their default)
     accumulators: dict[str, str] = field(default_factory=dict, compare=False)
     #: what a split adds (``cost.split``: its states and re-reads are in the hbm traffic above)
@@ -290,7 +294,7 @@ def cost(theorem: Theorem, schedule: Schedule | None = None, **options: Any) -> 
         raise TypeError(f"cost takes a kernel Theorem, not {type(theorem).__name__} (cost_of costs a bare schedule)")
     chosen = {_node_key(box): name for _axis, box, name in theorem.accumulators}
     return cost_of(theorem.result, theorem.schedule if schedule is None else schedule, accumulators=chosen,
-                   source=theorem.source, **options)
+                   source=theorem.source, constraints=theorem.constraints, **options)
 
 
 def _node_key(box: Box) -> str:
@@ -300,7 +304,8 @@ def _node_key(box: Box) -> str:
 def cost_of(diagram: Diagram, schedule: Schedule, hardware: str | hw.Hardware = "h100",
             sizes: Mapping[str, int] | None = None, dtypes: Mapping[str, str] | None = None,
             dtype: str = "bf16", accumulators: Mapping[str, str] | None = None,
-            source: Diagram | None = None, stages: int = 1, live: float = 1.0) -> Cost:
+            source: Diagram | None = None, stages: int = 1, live: float = 1.0,
+            constraints: Sequence[Divides] = ()) -> Cost:
     """Derive H_ℓ, M_ℓ and FLOPs of ``diagram`` run under ``schedule``.
 
     ``sizes`` gives symbolic axes a size (unknown names raise CostError); ``dtypes`` maps array
@@ -310,6 +315,9 @@ def cost_of(diagram: Diagram, schedule: Schedule, hardware: str | hw.Hardware = 
     before any rewrite; default ``diagram``).  ``stages`` multi-buffers every chunk loaded in a
     stream (``pseudo_build.program``): 1 is the paper's model, 2 double buffering.  ``live``
     is the fraction of chunks a data mask leaves live (``schedule.datamask``; 1: every chunk).
+    ``constraints`` are the theorem's divisibility assumptions (``Theorem.constraints``): where one
+    says a device tile divides a mesh tile, each device's block is priced in whole tiles
+    (``schedule.mesh``, as ``lower.mesh`` realises it).
     """
     prof = hardware if isinstance(hardware, hw.Hardware) else hw.load(hardware)
     nest = loop_nest(diagram, schedule.device())  # one device's program (the mesh: cost_mesh)
@@ -359,9 +367,11 @@ def cost_of(diagram: Diagram, schedule: Schedule, hardware: str | hw.Hardware = 
     base_bytes = bytes_of if source is None else \
         _bytes_of(base.nest.flat, Schedule(), dtypes or {}, dtype, integers, source, strict=False)
     flops = _flops(prog) if split is None else simplified(_flops(prog) + split.flops)  # the combine's too
+    whole = {axis: sympy.Symbol(t, positive=True) if isinstance(t, str) else sympy.Integer(t)
+             for axis, t in whole_tiles(schedule, constraints).items()}  # a tile symbol is ``tile_syms``'s
     return Cost(diagram.name, tuple(levels), flops, _baseline(base, base_bytes), prog, prof,
                 hw.canonical_dtype(dtype), bytes_of, size_syms, tile_syms, mesh=schedule.mesh, accumulators=by_node,
-                split=split)
+                split=split, mesh_tiles=whole)
 
 
 def _bytes_of(flat: Any, schedule: Schedule, dtypes: Mapping[str, str], default: str,

@@ -2,10 +2,14 @@
 
 ``cost.cost_of`` costs the device schedule (``Schedule.device``): its H_l and FLOPs are summed
 over every device, as over every group.  Over N devices (by default the hardware profile's
-devices per node, ``Hardware.devices``) a mesh partition of axis a has blocks of ⌈|a|/N⌉:
+devices per node, ``Hardware.devices``) a mesh partition of axis a has blocks of ⌈|a|/N⌉, rounded
+up to whole tiles t, ⌈⌈|a|/N⌉/t⌉·t, where the theorem assumes the device's tile t of a divides the
+mesh tile (R9's `gq | mq`: ``schedule.mesh.device_block``, the blocks ``lower.mesh`` realises):
 
-- a sharded axis (``group a by t at mesh``) splits the work: each device does 1/N of the FLOPs
-  and of the transfers between its hbm and the level below;
+- a sharded axis (``group a by t at mesh``) splits the work: each device does its block's share
+  (block/|a|: 1/N where N divides a into whole tiles, more where its block is padded) of the FLOPs
+  and of the transfers between its hbm and the level below, as the work of a sharded (woven) axis
+  is per position;
 - a ring (``stream a by t at mesh``) splits every input carrying a into N blocks; each device
   passes the block it holds on N - 1 times and receives N - 1 blocks, so it sends and receives
   (N - 1) blocks of every such input; nothing else crosses the interconnect (inputs start where
@@ -31,6 +35,7 @@ from sympy import Expr
 
 from napkin_cat.cost import Cost, CostError
 from napkin_cat.cost.roofline import compute_seconds
+from napkin_cat.schedule.mesh import device_block
 from napkin_cat.terms import MAX_MESH_DEVICES
 
 __all__ = ["MeshCost", "mesh_cost", "mesh_times"]
@@ -51,8 +56,8 @@ class MeshCost:
     memory_bytes: Expr
     flops: Expr
     hbm_bytes: Expr
-    #: the devices that share the work: all of them with a sharded axis, else 1 (a ring alone)
-    split: int = 1
+    #: the fraction of the work one device does: its block of the sharded axis over the axis, else 1 (a ring alone)
+    share: Expr
 
 
 def mesh_cost(c: Cost, devices: int | None = None) -> MeshCost | None:
@@ -72,7 +77,8 @@ def mesh_cost(c: Cost, devices: int | None = None) -> MeshCost | None:
     if len(groups) > 1 or len(rings) > 1:
         raise CostError(f"a mesh of one axis shards at most one axis and rings at most one; the schedule "
                          f"partitions {', '.join(groups + rings)} at mesh")
-    block = {p.axis: sympy.ceiling(c.sizes[p.axis] / count) for p in c.mesh}
+    block = {p.axis: sympy.sympify(device_block(c.sizes[p.axis], count, c.mesh_tiles.get(p.axis, 1)))
+             for p in c.mesh}
     flat = c.program.nest.flat
 
     def on_device(axes: tuple[str, ...]) -> Expr:
@@ -87,9 +93,9 @@ def mesh_cost(c: Cost, devices: int | None = None) -> MeshCost | None:
     copies = {name: 2 if ring in axes and name in dict(flat.inputs) else 1 for name, axes in resident}
     memory = sympy.Add(*(copies[n] * on_device(axes) for n, axes in resident))
     memory_bytes = sympy.Add(*(copies[n] * on_device(axes) * c.bytes_of[n] for n, axes in resident))
-    split = count if groups else 1
+    share = block[groups[0]] / c.sizes[groups[0]] if groups else sympy.Integer(1)
     return MeshCost(count, groups[0] if groups else None, ring, {str(p.tile): block[p.axis] for p in c.mesh},
-                    sends, sends_bytes, memory, memory_bytes, c.flops / split, c.first.transfers_bytes / split, split)
+                    sends, sends_bytes, memory, memory_bytes, c.flops * share, c.first.transfers_bytes * share, share)
 
 
 def mesh_times(c: Cost, m: MeshCost, values: Mapping[str, float | int] | None = None) -> dict[str, Expr]:
@@ -99,7 +105,8 @@ def mesh_times(c: Cost, m: MeshCost, values: Mapping[str, float | int] | None = 
     vals = values or {}
     hbm = c.hardware.level("hbm").bandwidth
     link = c.hardware.level("mesh").bandwidth
-    times = {"compute": compute_seconds(c, c.at(c.contract_flops, vals), c.at(c.other_flops, vals)) / m.split,
+    whole = compute_seconds(c, c.at(c.contract_flops, vals), c.at(c.other_flops, vals))
+    times = {"compute": whole * c.at(m.share, vals),
              "hbm": c.at(m.hbm_bytes, vals) / (hbm or sympy.oo),
              "interconnect": c.at(m.sends_bytes, vals) / (link or sympy.oo)}
     parts = list(times.values())

@@ -156,10 +156,15 @@ def report(c: Cost, name: str, devices: int | None = None) -> dict[str, Any]:
 
 def _mesh(c: Cost, out: dict[str, Any], devices: int | None) -> None:
     """The mesh level (``cost_mesh``): a level above hbm in ``levels`` (whose transfers into hbm
-    are every device's receives, and whose hbm memory is one device's), and its details."""
+    are every device's receives, and whose hbm memory is one device's), and its details: at the
+    tiles the time takes where sizes are numbers (a block in whole tiles depends on the tile)."""
     m = mesh_cost(c, devices)
     if m is None:
         return
+    best = out["time"]["tiles"] if out.get("time") else {}
+    m = dataclasses.replace(m, blocks={k: c.at(v, best) for k, v in m.blocks.items()},
+                            **{f: c.at(getattr(m, f), best) for f in ("sends", "sends_bytes", "memory",
+                                                                       "memory_bytes", "flops", "hbm_bytes")})
     top = out["levels"][0]
     mesh_level = {"name": "mesh", "parent": None, "transfers": "0", "transfers_bytes": "0",
                   "memory": top["memory"], "memory_bytes": top["memory_bytes"],
@@ -168,7 +173,6 @@ def _mesh(c: Cost, out: dict[str, Any], devices: int | None) -> None:
                 "transfers_bytes": _s(m.devices * m.sends_bytes), "memory": _s(m.memory),
                 "memory_bytes": _s(m.memory_bytes)})
     out["levels"].insert(0, mesh_level)
-    best = out["time"]["tiles"] if out.get("time") else {}
     times = mesh_times(c, m, best)
     out["mesh"] = {
         "devices": m.devices, "sharded": m.sharded, "ring": m.ring,

@@ -13,7 +13,9 @@ A mesh tile is realised as ⌈|a|/N⌉, whatever the proof names it: neither R3 
 depends on the tile's size, only on how the boxes treat the axis (padding is masked); but where the
 theorem assumes the device's tile of ``a`` divides it (R9 records `gq | mq`, `sx | mx`:
 ``Theorem.constraints``), each block is rounded up to whole tiles (``MeshPlan.whole``), so the
-assumption holds on the realised blocks as the outermost `sx | x` holds on a padded extent.
+assumption holds on the realised blocks as the outermost `sx | x` holds on a padded extent.  The
+block is ``schedule.mesh.device_block`` of the axes ``schedule.mesh.whole_tiles`` names: the cost
+of the mesh (``cost.mesh``) prices the same blocks.
 
 Each device runs the device schedule (``Schedule.device``): the plain-JAX body of
 ``lower.jax`` with the mesh axes at their block extents and global offsets (masks see global
@@ -32,10 +34,11 @@ from napkin_cat.lower import codegen as cg
 from napkin_cat.lower import pallas as pallas_target
 from napkin_cat.lower.fold import emit_after, emit_identity, slots
 from napkin_cat.lower.jax import all_axes, bind_inputs, emit_body, emit_chunks, emit_dot_operand, rounded_nodes, size_of
-from napkin_cat.lower.runtime import round_up
 from napkin_cat.lower.values import Scope, Value
 from napkin_cat.schedule.layout import Layout, fill_values
 from napkin_cat.schedule.loopnest import touches
+from napkin_cat.schedule.mesh import device_block
+from napkin_cat.schedule.mesh import whole_tiles as shared_whole_tiles
 from napkin_cat.terms import MAX_MESH_DEVICES, Axes, Box, Divides, Schedule
 
 __all__ = ["MESH_AXIS", "MeshPlan", "describe", "emit_functions", "mesh_plan", "whole_tiles"]
@@ -81,17 +84,10 @@ def mesh_plan(name: str, schedule: Schedule, devices: int) -> MeshPlan:
 
 def whole_tiles(schedule: Schedule, constraints: Sequence[Divides],
                 tiles: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
-    """Per mesh axis whose device tile the theorem assumes divides the mesh tile (``constraints``,
-    ``Theorem.constraints``: R9 records `gq | mq` unless its rule needs none, as for a tile of 1), that
-    tile's value (``tiles``, by axis: ``Layout.tiles``): each device's block is rounded up to whole tiles."""
-    device = schedule.device().partitions
-    recorded = frozenset(constraints)
-    whole = []
-    for m in schedule.mesh:
-        inner = next((p for p in device if p.axis == m.axis), None)
-        if inner is not None and Divides(inner.tile, m.tile) in recorded and tiles.get(m.axis, 1) > 1:
-            whole.append((m.axis, tiles[m.axis]))
-    return tuple(whole)
+    """Per mesh axis whose device tile the theorem assumes divides the mesh tile (``schedule.mesh``'s
+    ``whole_tiles``, the rule cost prices by too), that tile's value (``tiles``, by axis:
+    ``Layout.tiles``): each device's block is rounded up to whole tiles (``device_block``)."""
+    return tuple((axis, tiles[axis]) for axis in shared_whole_tiles(schedule, constraints) if tiles.get(axis, 1) > 1)
 
 
 def _block(axis: str, plan: MeshPlan) -> str:
@@ -134,7 +130,7 @@ def _check(plan: MeshPlan, lay: Layout) -> frozenset[str]:
             raise NapkinError(error("lower.mesh_both", name=name, group=plan.group, ring=plan.ring))
     declared = dict(lay.flat.sizes)
     padded = frozenset(a for a in plan.axes if (size := declared.get(a)) is None
-                       or round_up(round_up(size, plan.devices) // plan.devices, plan.tile(a)) * plan.devices != size)
+                       or device_block(size, plan.devices, plan.tile(a)) * plan.devices != size)
     for node in lay.flat.nodes:
         box = node.expr
         if not isinstance(box, Box):
@@ -163,7 +159,7 @@ def emit_functions(lay: Layout, plan: MeshPlan, fname: str, params: Sequence[str
     mesh = block.bind("mesh", cg.call("device_mesh", cg.const(plan.devices)))
     count = cg.const(plan.devices)
     extents = {}
-    for a in plan.axes:  # ⌈|a|/N⌉, rounded up to whole tiles where the theorem assumes its tile divides it
+    for a in plan.axes:  # device_block at run time: ⌈|a|/N⌉, in whole tiles where the theorem assumes them
         share = cg.binop(cg.call("round_up", size_of(a), count), "//", count)
         extents[a] = block.bind(f"shard_{a}", share if plan.tile(a) == 1 else
                                 cg.call("round_up", share, cg.const(plan.tile(a))))

@@ -136,7 +136,9 @@ def test_a_right_key_pass_is_proved(new: str) -> None:
 
 @pytest.mark.parametrize(("new", "tested"), [
     ("D = 0 - contract[d](dO, O)", "lower.backward_wrong"),
-    ("D = sum[x](exp(contract[d](Q, K) * rsqrt(d) - L) * contract[d](dO, V))", "lower.backward_wrong"),  # unmasked
+    # unmasked: wrong, and its exp(S - L) at a masked key (S far above the row's L) overflows where the VJP is
+    # finite, which the overflow check, run on a join the prover cannot prove too, refuses before the test
+    ("D = sum[x](exp(contract[d](Q, K) * rsqrt(d) - L) * contract[d](dO, V))", "lower.backward_unproved"),
     ("D = where[q](q >= 1, contract[d](dO, O), 0)", "lower.backward_wrong"),
     # equal over the reals, and float64 hazards: the prover's reason stands with the opt-in
     ("D = contract[d](dO, O * exp(-800)) * exp(800)", "lower.backward_unproved"),  # underflows to 0 · inf

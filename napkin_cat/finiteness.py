@@ -91,6 +91,7 @@ from napkin_cat.terms import (
 __all__ = ["DOMAIN", "EXTENDED", "FINITE", "INFINITE", "MASKS", "MASKS_TESTED", "RULES", "TOP", "UNARY", "Abstract",
            "Inputs", "Value", "abstract", "analyse", "cancelled_absorptions", "cancelling_sums", "class_of", "finite",
            "finite_in", "float_unsafe_box", "fold_overflows", "index_may_wrap", "input_values", "masked", "narrowed",
+           "overflow_box",
            "relation_unbounded", "signed_zero_writes", "unsupported"]
 
 Value = frozenset[str]
@@ -781,6 +782,20 @@ def float_unsafe_box(expr: Expr, operands: Iterable[Expr], diagram: Diagram, rew
         if _shifts(b) and _reached(floats, b.args[0], ids, every=True):
             return b
     return None
+
+
+def overflow_box(expr: Expr, diagram: Diagram) -> Box | None:
+    """The first box of ``expr`` (a term of ``diagram``) that float64 may make ±inf or NaN where the
+    extended reals would not, its operands as float64 computes them (``exp`` past 709.8, a product or
+    sum past float64's largest value), ``float_unsafe_box``'s first check without its underflows to 0;
+    None where there is none.  A box the extended reals make ±inf or NaN too (a division by a
+    denominator the analysis cannot tell non-zero) is no overflow: where a term is not vouched finite
+    (``finite``) and this finds no box, the analysis's imprecision may be the reason, not float64."""
+    own = [b for b in walk(expr) if isinstance(b, Box) and b.op in RULES]
+    defs, inputs = diagram.bindings(), input_values(diagram.inputs)
+    floats, exact = _Analysis(defs, inputs), _ExactAt(defs, inputs, {id(b) for b in own})
+    bad = _v("-inf +inf nan")
+    return next((b for b in own if (floats.value(b).classes & bad) - exact.value(b).classes), None)
 
 
 #: the boxes whose value carries an operand's value along, scaled, summed, shifted or moved (which

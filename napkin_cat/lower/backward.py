@@ -26,7 +26,9 @@ is refused with its reason (``lower.backward_unproved``) unless the caller opts 
 rests on the test alone, ``lower`` warns (``UnprovedJoinWarning``) and the module docstring
 says so and why.  A join the prover refuses for a float64 hazard (``certify.prove.FloatHazard``:
 equal over the reals, but an overflow, underflow or absorption float64 may make where the VJP's
-gradient is finite) is refused either way: the test's inputs need not reach the hazard.
+gradient is finite) is refused either way: the test's inputs need not reach the hazard.  The
+overflow check also runs on a join the prover cannot finish (``prove_join``, at inputs where each data
+mask keeps every entry), so the opt-in does not lower an exp(S)·exp(0 - L) behind an `eq` mask.
 
 Without backward theorems:
 

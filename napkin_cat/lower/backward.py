@@ -68,6 +68,7 @@ from napkin_cat.terms import (
     Cmp,
     Const,
     Diagram,
+    Expr,
     IndexExpr,
     Logic,
     Pred,
@@ -217,7 +218,8 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
     # ``grad`` makes of a scanned axis, t_2 of t) is bound by the evaluator from what it reads
     axes = {a.name: a.size for d in (forward, *backwards) for a in d.axes
             if a.size is not None or a.name in {b.name for b in forward.axes}}
-    past = _constants((forward, *backwards), axes)
+    nodes = _nodes((forward, *backwards))  # every node of the diagrams, calls inlined, walked once
+    past = _constants(nodes, axes)
     if past > LARGEST:
         raise NapkinError(error("lower.backward_untestable", forward=forward.name, why=(
             f"its diagrams hold a constant of magnitude {past} (rounded up), and the test draws sizes past every "
@@ -225,14 +227,14 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
     gathered, masks = _labels(forward, backwards, ln, ("gather",)), _masks(forward, backwards, ln)
     labels = {**gathered, **_labels(forward, backwards, ln)}
     # an axis a rename ties to another (rename[t -> s]: a segsum's copy of t) is drawn at its size
-    ties = _ties((forward, *backwards), axes)
+    ties = _ties(nodes, axes)
     plans: list[tuple[np.random.Generator, dict[str, int], float, float]] = []  # rng, sizes, scale, drift
     for seed in range(DRAWS):
         rng = np.random.default_rng(seed)
         low = 1 if seed == 0 else max(past, SMALL) + 1
         sizes = {a: n if n is not None else int(rng.integers(low, low + 7)) for a, n in axes.items()}
         plans.append((rng, {a: sizes[ties.get(a, a)] for a in sizes}, SCALES[seed % len(SCALES)], 0.0))
-    scanned = list(dict.fromkeys(ties.get(a, a) for a in _scanned((forward, *backwards), axes)))
+    scanned = list(dict.fromkeys(ties.get(a, a) for a in _scanned(nodes, axes)))
     for j, (long, drift) in enumerate((a, d) for a in scanned for d in DRIFTS):
         rng = np.random.default_rng(DRAWS + j)
         sizes = {a: n if n is not None else LONG if a == long else int(rng.integers(1, 4)) for a, n in axes.items()}
@@ -339,40 +341,40 @@ def drawn_integers(rng: np.random.Generator, shape: list[int], mask: bool = Fals
     return drawn.astype(np.float64)
 
 
-def _constants(diagrams: Sequence[Diagram], axes: dict[str, int | None]) -> int:
-    """The largest constant of ``diagrams`` (calls inlined), rounded up to an integer: each finite
+def _nodes(diagrams: Sequence[Diagram]) -> list[Expr]:
+    """Every node of ``diagrams``' terms (calls inlined), as ``walk`` reaches them."""
+    return [node for d in diagrams for flat in (inlined(d),)
+            for expr in (*(let.expr for let in flat.body), *flat.outputs) for node in walk(expr)]
+
+
+def _constants(nodes: Sequence[Expr], axes: dict[str, int | None]) -> int:
+    """The largest constant of ``nodes`` (``_nodes``), rounded up to an integer: each finite
     literal of their terms by its magnitude rounded up (a factor ``min(1, 14.5 / t)`` is 1 up to
     t = 14 and differs from 1 only past 14.5, so the draws take t >= 16), the integers of their
     index predicates, and the sizes of declared axes an index predicate compares against (a
     position along ``d = 64`` reaches 63)."""
     found = [0]
-    for d in diagrams:
-        flat = inlined(d)
-        for expr in (*(let.expr for let in flat.body), *flat.outputs):
-            for node in walk(expr):
-                if isinstance(node, Const) and math.isfinite(node.value):
-                    found.append(math.ceil(abs(node.value)))
-                elif isinstance(node, Box) and node.index is not None:
-                    found += [abs(n) for n in _index_integers(node.index)]
-                    found += [axes[a] or 0 for a in node.target if a in axes]
+    for node in nodes:
+        if isinstance(node, Const) and math.isfinite(node.value):
+            found.append(math.ceil(abs(node.value)))
+        elif isinstance(node, Box) and node.index is not None:
+            found += [abs(n) for n in _index_integers(node.index)]
+            found += [axes[a] or 0 for a in node.target if a in axes]
     return max(found)
 
 
-def _scanned(diagrams: Sequence[Diagram], axes: dict[str, int | None]) -> list[str]:
+def _scanned(nodes: Sequence[Expr], axes: dict[str, int | None]) -> list[str]:
     """The symbolic axes of ``axes`` that a scan (``cumsum``, ``linrec``: ``ops.scans_along``) of
-    ``diagrams`` (calls inlined) runs along, in order."""
+    ``nodes`` (``_nodes``) runs along, in order."""
     found: list[str] = []
-    for d in diagrams:
-        flat = inlined(d)
-        for expr in (*(let.expr for let in flat.body), *flat.outputs):
-            for node in walk(expr):
-                if isinstance(node, Box) and any(scans_along(node, a) for a in node.target):
-                    found += [a for a in node.target if axes.get(a, 0) is None and a not in found]
+    for node in nodes:
+        if isinstance(node, Box) and any(scans_along(node, a) for a in node.target):
+            found += [a for a in node.target if axes.get(a, 0) is None and a not in found]
     return found
 
 
-def _ties(diagrams: Sequence[Diagram], axes: dict[str, int | None]) -> dict[str, str]:
-    """Each symbolic axis of ``axes`` that a ``rename`` of ``diagrams`` (calls inlined) ties to
+def _ties(nodes: Sequence[Expr], axes: dict[str, int | None]) -> dict[str, str]:
+    """Each symbolic axis of ``axes`` that a ``rename`` of ``nodes`` (``_nodes``) ties to
     another, to the first of its tied axes in ``axes``' order: the evaluator reads ``rename[t -> s]``
     only where s has t's size."""
     order = {a: k for k, a in enumerate(axes)}
@@ -382,15 +384,12 @@ def _ties(diagrams: Sequence[Diagram], axes: dict[str, int | None]) -> dict[str,
         while root[a] != a:
             a = root[a]
         return a
-    for d in diagrams:
-        flat = inlined(d)
-        for expr in (*(let.expr for let in flat.body), *flat.outputs):
-            for node in walk(expr):
-                if isinstance(node, Box) and node.op == "rename":
-                    for src, dst in zip(node.target, node.out, strict=True):
-                        if src in root and dst in root:
-                            first, second = sorted((find(src), find(dst)), key=order.__getitem__)
-                            root[second] = first
+    for node in nodes:
+        if isinstance(node, Box) and node.op == "rename":
+            for src, dst in zip(node.target, node.out, strict=True):
+                if src in root and dst in root:
+                    first, second = sorted((find(src), find(dst)), key=order.__getitem__)
+                    root[second] = first
     return {a: find(a) for a in root if find(a) != a}
 
 

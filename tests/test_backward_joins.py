@@ -260,3 +260,60 @@ def test_a_right_linear_attention_backward_is_proved() -> None:
     assert ln.proved, ln.trust
     wrong = _pair(LINEAR.replace("REVERSE", "sum[t](G) - cumsum[t](G)"))  # missing its own position
     assert "dK at" in _refused_both_ways(*wrong, ("lower.backward_wrong",))
+
+
+# ---- joins the prover cannot finish (gelu), wrong in float64 only at a reduction's length or by a sum ----------
+
+#: the forward's gelu keeps the join outside the prover's fragment (only the overflow check runs there); dA is
+#: the VJP's own gelu slope, dX the term each case writes
+GELU = """axis t
+diagram f(A: [t], X: [t]) -> [] {
+  y = sum[t](exp(X)) + sum[t](gelu(A))
+  return y
+}
+diagram b(A: [t], X: [t], dy: []) -> [t], [t] {
+  dX = DX
+  e = 1 - square(sign(A))
+  dA = dy * ((gelu(A) + 0.5 * e) / (A + e) + 0.3989422804014327 * A * exp(-0.5 * square(A)))
+  return dA, dX
+}
+"""
+
+
+def test_a_right_gelu_join_is_drawn_long_along_its_reduced_axis() -> None:
+    ln = link(*_pair(GELU.replace("DX", "dy * exp(X)")), allow_tested=True)
+    assert not ln.proved and f"t={LONG} at scale 1 about -1" in ln.trust and "about +1" in ln.trust, ln.trust
+
+
+@pytest.mark.parametrize("dx", ["dy * exp(X + sum[t](A)) * exp(0 - sum[t](A))",
+                                "dy * exp(X) * prod[t](exp(A)) / prod[t](exp(A))"], ids=["exp_of_sum", "product"])
+def test_an_overflow_with_a_reductions_length_is_refused_with_the_opt_in(dx: str) -> None:
+    """dy·exp(X) over the reals, exact at t <= 20, and NaN at every position at t = 1024 about ±1 (exp(±1024)
+    overflows, its inverse underflows) where the VJP is finite (|dX| <= 33.7): the VJP (exp(X)) is not vouched
+    finite, so the overflow check passes it, and the long draws ran only along a scan's axis, so the opt-in
+    lowered it; they run along every symbolic axis the forward reduces too."""
+    refused = _refused_both_ways(*_pair(GELU.replace("DX", dx)), ("lower.backward_wrong",))
+    assert f"t={LONG}" in refused and "dX at" in refused, refused
+
+
+def test_a_sum_absorbing_a_gradients_small_entries_is_refused_with_the_opt_in() -> None:
+    """(g·exp(X) + Σ_t exp(X)) - Σ_t exp(X): at scale 16, 0 where the VJP is 1.8e-12 (3 of 13 entries wrong
+    whole), beside an entry of 4.1e9; the backwards' rounding was capped at 1e-3 of the gradient's largest
+    entry (4e6), so the test let it through; capped per position, it is refused."""
+    dx = "(dy * exp(X) + sum[t](exp(X))) - sum[t](exp(X))"
+    refused = _refused_both_ways(*_pair(GELU.replace("DX", dx)), ("lower.backward_wrong",))
+    assert "at scale 16" in refused and "dX at" in refused, refused
+
+
+@pytest.mark.parametrize("new", ["D = (contract[d](dO, O) + exp(10)) - exp(10)",
+                                 "D = contract[d](dO, O + exp(10)) - contract[d](dO, O * 0 + exp(10))"],
+                         ids=["absorbed_in_sum", "absorbed_in_O"])
+def test_an_absorption_is_refused_with_the_opt_in_where_the_prover_cannot_finish(new: str) -> None:
+    """Document-masked FA-2 with D absorbed by exp(10) ≈ 22026 then cancelled: the causal pair's prover refuses it
+    as a float64 hazard, but the prover stops at `eq` before the hazard checks, and the float64 test's rounding
+    bound covers it (off by 3.6e-13 at scale 1; at dO of 1e-9 dK is off by 1.5e-4 of itself in float64, and a
+    float32 kernel drops D whole), so the opt-in lowered it.  Where each data mask keeps every entry, the join
+    is the unmasked one, which the prover proves: the hazard checks run there."""
+    forward, backwards = _pair(DOCUMENT.replace(D, new), NAMES[0], NAMES[1])
+    text = _refused_both_ways(forward, backwards, ("lower.backward_unproved",))
+    assert "where each data mask keeps every entry" in text and "absorption" in text and "`eq` is outside" in text, text

@@ -629,47 +629,63 @@ def prove_join(forward: Diagram, reference: Diagram,
     diagram, inputs: the forward's, then one cotangent per primal output) at every size on
     finite real inputs; raises ``Unproved`` saying where they leave the fragment or differ."""
     try:
-        for d in (forward, reference, *(b for b, _, _ in backwards)):
-            if any(isinstance(n, Box) and n.op in _RESHAPES for e in (*(let.expr for let in d.body), *d.outputs)
-                   for n in _walk(e)):
-                raise Unproved(f"`{d.name}` reshapes an axis (the sizes it ties are not tracked here)")
-        for d in (forward, reference, *(b for b, _, _ in backwards)):
-            # the masks and index values below are read over the integers; the evaluator's int64 wraps
-            if (box := index_may_wrap(*(let.expr for let in d.body), *d.outputs)) is not None:
-                raise Unproved(f"`{d.name}`'s `{box.op}` computes index arithmetic that may wrap in int64 at some "
-                               f"size, where the proof reads it over the integers (finiteness.index_may_wrap)")
-        sem = _Semantics(masks=True)
-        args = [_input(p.name, p.axes) for p in forward.inputs]
-        cts = [_input(p.name, p.axes) for p in reference.inputs[len(forward.inputs):]]
-        outs = sem.run(forward, args)
-        want = sem.run(reference, [*args, *cts])
-        got = [sympy.Integer(0) for _ in args]
-        for diagram, sources, gives in backwards:
-            values = [{"input": args, "output": outs, "cotangent": cts}[kind][k] for kind, k in sources]
-            _relations_hold(sem, diagram, values)
-            for i, g in zip(gives, sem.run(diagram, values), strict=True):
-                got[i] = got[i] + g
-        if sem.cases:
-            raise Unproved(f"a normaliser of {', '.join(sorted(sem.cases))} may be 0")
-        for p, g, w in zip(forward.inputs, got, want, strict=True):
-            if not _equal(sem.unmasked(g), sem.unmasked(w)):
-                raise Unproved(f"the gradients of {p.name} do not normalise to the same term")
-    except FloatHazard:
-        raise
+        _equal_join(forward, reference, backwards)
     except Unproved as why:
         # the prover's incompleteness (a data mask's `eq`, gelu, a gather): the join may still rest on the
-        # float64 test (--allow-tested-join), whose inputs need not reach a float64 overflow; the overflow
-        # check needs no equality proof, so it runs here too, on the instance where each data mask keeps
-        # every entry (``_masks_kept``): an overflow there (exp(S)·exp(0 - L) at S = 800) is float64's, while
-        # a row a mask empties (L = -inf, exp(S - L) NaN) is a hole over the extended reals too, which the
-        # test and README's opt-in paragraph answer for
+        # float64 test (--allow-tested-join), whose inputs need not reach a float64 hazard.  So the hazard
+        # checks run here too, on the instance where each data mask keeps every entry (``_masks_kept``): an
+        # overflow there (exp(S)·exp(0 - L) at S = 800) is float64's, while a row a mask empties (L = -inf,
+        # exp(S - L) NaN) is a hole over the extended reals too, which the test and README's opt-in
+        # paragraph answer for.  The overflow check needs no equality proof; the others (an absorption
+        # cancelled, an underflowed sign, a sum of gradients cancelling) read the sides as equal, so they
+        # run where that instance is proved equal (a document mask's `eq` read as keeping every key is the
+        # unmasked join), and a hazard found there refuses the join (only ever a refusal added)
+        kept = _masks_kept(forward, reference, backwards)
         try:
-            _finite_where_the_vjp_is(*_masks_kept(forward, reference, backwards), overflow_only=True)
+            _equal_join(*kept)
+        except Unproved:
+            equal = False
+        else:
+            equal = True
+        try:
+            _finite_where_the_vjp_is(*kept, overflow_only=not equal)
         except FloatHazard as hazard:
-            raise FloatHazard(f"{hazard}; the join is not proved either ({why})") from None
+            where = "where each data mask keeps every entry, " if equal else ""
+            raise FloatHazard(f"{where}{hazard}; the join is not proved either ({why})") from None
         raise
     _finite_where_the_vjp_is(forward, reference, backwards)
     return "proved: symbolically at every size, on finite real inputs"
+
+
+def _equal_join(forward: Diagram, reference: Diagram,
+                backwards: Sequence[tuple[Diagram, Sequence[tuple[str, int]], Sequence[int]]]) -> None:
+    """Raise ``Unproved`` unless the join's gradients normalise to the VJP's (``prove_join``, over the
+    reals: its float64 hazards are ``_finite_where_the_vjp_is``'s)."""
+    for d in (forward, reference, *(b for b, _, _ in backwards)):
+        if any(isinstance(n, Box) and n.op in _RESHAPES for e in (*(let.expr for let in d.body), *d.outputs)
+               for n in _walk(e)):
+            raise Unproved(f"`{d.name}` reshapes an axis (the sizes it ties are not tracked here)")
+    for d in (forward, reference, *(b for b, _, _ in backwards)):
+        # the masks and index values below are read over the integers; the evaluator's int64 wraps
+        if (box := index_may_wrap(*(let.expr for let in d.body), *d.outputs)) is not None:
+            raise Unproved(f"`{d.name}`'s `{box.op}` computes index arithmetic that may wrap in int64 at some "
+                           f"size, where the proof reads it over the integers (finiteness.index_may_wrap)")
+    sem = _Semantics(masks=True)
+    args = [_input(p.name, p.axes) for p in forward.inputs]
+    cts = [_input(p.name, p.axes) for p in reference.inputs[len(forward.inputs):]]
+    outs = sem.run(forward, args)
+    want = sem.run(reference, [*args, *cts])
+    got = [sympy.Integer(0) for _ in args]
+    for diagram, sources, gives in backwards:
+        values = [{"input": args, "output": outs, "cotangent": cts}[kind][k] for kind, k in sources]
+        _relations_hold(sem, diagram, values)
+        for i, g in zip(gives, sem.run(diagram, values), strict=True):
+            got[i] = got[i] + g
+    if sem.cases:
+        raise Unproved(f"a normaliser of {', '.join(sorted(sem.cases))} may be 0")
+    for p, g, w in zip(forward.inputs, got, want, strict=True):
+        if not _equal(sem.unmasked(g), sem.unmasked(w)):
+            raise Unproved(f"the gradients of {p.name} do not normalise to the same term")
 
 
 def _masks_kept(forward: Diagram, reference: Diagram,
@@ -677,11 +693,25 @@ def _masks_kept(forward: Diagram, reference: Diagram,
                 ) -> tuple[Diagram, Diagram, list[tuple[Diagram, Sequence[tuple[str, int]], Sequence[int]]]]:
     """The join at inputs where each data mask keeps every entry: each ``select(c, a, -inf)`` (or
     ``select(c, -inf, a)``) of the diagrams, their relations (``given``) included, read as ``a``
-    (segment ids all equal, lengths past the axis), where a softmax row keeps its keys.  Such inputs
-    exist for the masks the bundled kernels take (`eq` of ids, `lt` of a length); for a condition
-    that cannot hold everywhere, an overflow found here may not be reachable (a refusal, never an
-    acceptance, rests on it)."""
-    def kept(expr: Expr) -> Expr:
+    (segment ids all equal, lengths past the axis), where a softmax row keeps its keys; and every other
+    ``select`` of such a condition c (its term over the inputs, bindings read through), as the VJP's
+    ``select(c, dS, 0)``, read as the operand c picks there, where c keeps entries by one polarity only.
+    Such inputs exist for the masks the bundled kernels take (`eq` of ids, `lt` of a length); for a
+    condition that cannot hold everywhere, a hazard found here may not be reachable (a refusal, never
+    an acceptance, rests on it)."""
+    diagrams = (forward, reference, *(b for b, _, _ in backwards))
+    polarity: dict[Expr, set[int]] = {}  # a mask's condition over the inputs: the operand it keeps (1 or 2)
+    for d in diagrams:
+        defs = d.bindings()
+        for expr in (*(p.given for p in d.inputs if p.given is not None), *(let.expr for let in d.body), *d.outputs):
+            for node in walk(expr):
+                if isinstance(node, Box) and node.op == "select":
+                    for k in (1, 2):
+                        fill = node.args[3 - k]
+                        if isinstance(fill, Const) and fill.value == -math.inf and node.args[k].axes == node.axes:
+                            polarity.setdefault(_canonical(expanded(node.args[0], defs)), set()).add(k)
+
+    def kept(expr: Expr, defs: Mapping[str, Expr]) -> Expr:
         def visit(node: Expr, args: tuple[Expr, ...]) -> Expr:
             if not isinstance(node, Box):
                 return node
@@ -689,13 +719,25 @@ def _masks_kept(forward: Diagram, reference: Diagram,
                 for fill, other in ((args[2], args[1]), (args[1], args[2])):
                     if isinstance(fill, Const) and fill.value == -math.inf and other.axes == node.axes:
                         return other
+                picks = polarity.get(_canonical(expanded(node.args[0], defs)), set())
+                if len(picks) == 1 and args[(k := next(iter(picks)))].axes == node.axes:
+                    return args[k]
             return replace(node, args=args) if args != node.args else node
         return fold(expr, visit)
 
     def diagram(d: Diagram) -> Diagram:
-        return replace(d, inputs=tuple(p if p.given is None else replace(p, given=kept(p.given)) for p in d.inputs),
-                       body=tuple(replace(let, expr=kept(let.expr)) for let in d.body),
-                       outputs=tuple(kept(o) for o in d.outputs))
+        defs = d.bindings()
+        inputs = tuple(p if p.given is None else replace(p, given=kept(p.given, defs)) for p in d.inputs)
+        body, outputs = [replace(let, expr=kept(let.expr, defs)) for let in d.body], [kept(o, defs) for o in d.outputs]
+        # a binding no longer read (the condition ``t = eq(Dq, Dx)`` of the selects read through) is dropped
+        read = {n.name for e in (*(p.given for p in inputs if p.given is not None), *outputs) for n in walk(e)
+                if isinstance(n, Var)}
+        live = []
+        for let in reversed(body):
+            if any(name in read for name in let.names):
+                live.append(let)
+                read |= {n.name for n in walk(let.expr) if isinstance(n, Var)}
+        return replace(d, inputs=inputs, body=tuple(reversed(live)), outputs=tuple(outputs))
     return diagram(forward), diagram(reference), [(diagram(b), s, g) for b, s, g in backwards]
 
 

@@ -28,7 +28,8 @@ says so and why.  A join the prover refuses for a float64 hazard (``certify.prov
 equal over the reals, but an overflow, underflow or absorption float64 may make where the VJP's
 gradient is finite) is refused either way: the test's inputs need not reach the hazard.  The
 overflow check also runs on a join the prover cannot finish (``prove_join``, at inputs where each data
-mask keeps every entry), so the opt-in does not lower an exp(S)·exp(0 - L) behind an `eq` mask.
+mask keeps every entry), so the opt-in does not lower an exp(S)·exp(0 - L) behind an `eq` mask; the
+other hazard checks too where the prover proves that instance equal (an absorption behind an `eq` mask).
 
 Without backward theorems:
 
@@ -61,7 +62,7 @@ from napkin_cat.grad import cotangent_names, vjp
 from napkin_cat.lower import codegen as cg
 from napkin_cat.lower import jax as jax_target
 from napkin_cat.lower.roundoff import U, evaluate_bounded
-from napkin_cat.ops import inlined, scans_along
+from napkin_cat.ops import OPS, inlined
 from napkin_cat.schedule.layout import layout
 from napkin_cat.terms import (
     Box,
@@ -93,9 +94,9 @@ SMALL = 7
 LARGEST = 4096
 #: the scales of the normal inputs, by draw
 SCALES = (1.0, 1.0, 4.0, 16.0)
-#: the size of a scanned axis (``cumsum``, ``linrec``) in the join test's long draws, the other axes 1 to 3:
-#: past the length at which a gradient computed through exp of a running sum of inputs about ±1
-#: overflows (exp(-cumsum A) is inf from t = 710 at A = -1), where the right recurrence is finite
+#: the size of a scanned or reduced axis (``_long``) in the join test's long draws, the other axes 1 to 3:
+#: past the length at which a gradient computed through exp of a running sum (or a sum, a product) of
+#: inputs about ±1 overflows (exp(-cumsum A) is inf from t = 710 at A = -1), where the right one is finite
 LONG = 1024
 #: the inputs' offsets in the long draws (normals at scale 1 about each), one draw each: decays
 #: (A of ``linrec[t](exp(A), X)``) and growths alike
@@ -104,7 +105,7 @@ DRIFTS = (-1.0, 1.0)
 #: (``lower.roundoff``: first order, so a factor past 1 for the dropped terms)
 SAFETY = 2.0
 #: how much rounding the backwards' side may claim past the VJP's own bound, as a fraction of the
-#: larger of the two gradients' largest magnitudes: past it, rounding that large (a sum absorbing
+#: larger of the two gradients at that position: past it, rounding that large (a sum absorbing
 #: a gradient whole, as ``cumsum[t](g + exp(46.5)) - cumsum[t](g * 0 + exp(46.5))`` is 0 for the
 #: running sum) would let a wrong gradient through, so the test refuses it as wrong (a gradient
 #: that is rounding noise on both sides, near-cancelling sums alike, keeps its bound)
@@ -207,7 +208,8 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
     (``_constants``: a window of width 8 needs sizes above 8 to show an off-by-one, a factor
     ``min(1, 8 / x)`` sizes above 8 to differ from 1, ``min(1, 14.5 / x)`` above 15); an axis a
     ``rename`` ties to another (``_ties``) takes that one's size.  Where a
-    scan (``cumsum``, ``linrec``) runs along a symbolic axis, ``DRIFTS`` more draws take that axis
+    scan (``cumsum``, ``linrec``) runs along a symbolic axis, or the forward reduces one (``_long``),
+    ``DRIFTS`` more draws take that axis
     at ``LONG`` and the others at 1 to 3, inputs normal about each drift, compared where the VJP
     is finite (a gradient through exp of a running sum overflows as the axis grows, where the
     recurrence need not).  Inputs are seeded normals at the draw's scale (1, 4, 16); labels (the
@@ -234,8 +236,8 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
         low = 1 if seed == 0 else max(past, SMALL) + 1
         sizes = {a: n if n is not None else int(rng.integers(low, low + 7)) for a, n in axes.items()}
         plans.append((rng, {a: sizes[ties.get(a, a)] for a in sizes}, SCALES[seed % len(SCALES)], 0.0))
-    scanned = list(dict.fromkeys(ties.get(a, a) for a in _scanned(nodes, axes)))
-    for j, (long, drift) in enumerate((a, d) for a in scanned for d in DRIFTS):
+    longs = list(dict.fromkeys(ties.get(a, a) for a in _long(nodes, _nodes((forward,)), axes)))
+    for j, (long, drift) in enumerate((a, d) for a in longs for d in DRIFTS):
         rng = np.random.default_rng(DRAWS + j)
         sizes = {a: n if n is not None else LONG if a == long else int(rng.integers(1, 4)) for a, n in axes.items()}
         plans.append((rng, {a: sizes[ties.get(a, a)] for a in sizes}, 1.0, drift))
@@ -265,7 +267,11 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
         except NapkinError as exc:
             raise NapkinError(error("lower.backward_wrong", why=f"evaluating them failed: {exc}")) from None
         for k, (p, g, w, eg, ew) in enumerate(zip(forward.inputs, got, want, got_errs, want_errs, strict=True)):
-            scale = max(float(np.nanmax(np.abs(np.where(np.isfinite(a), a, 0)), initial=0.0)) for a in (g, w))
+            # the backwards' rounding past the VJP's own, at most ROUNDING_AT_MOST of the gradient at that position
+            # (of the larger side's): scaled by the gradient's largest entry, a sum absorbing the small entries
+            # whole ((g·exp(X) + Σ_t exp(X)) - Σ_t exp(X) is 0 where the VJP is 1.8e-12 beside 4.1e9) passed
+            with np.errstate(invalid="ignore"):
+                scale = np.maximum(np.abs(np.where(np.isfinite(g), g, 0)), np.abs(np.where(np.isfinite(w), w, 0)))
             bound = SAFETY * (np.minimum(eg, np.maximum(ew, ROUNDING_AT_MOST * scale)) + ew)
             with np.errstate(invalid="ignore"):
                 close = (g == w) | (np.isnan(g) & np.isnan(w)) | (np.abs(g - w) <= bound)
@@ -363,14 +369,24 @@ def _constants(nodes: Sequence[Expr], axes: dict[str, int | None]) -> int:
     return max(found)
 
 
-def _scanned(nodes: Sequence[Expr], axes: dict[str, int | None]) -> list[str]:
-    """The symbolic axes of ``axes`` that a scan (``cumsum``, ``linrec``: ``ops.scans_along``) of
-    ``nodes`` (``_nodes``) runs along, in order."""
+def _long(nodes: Sequence[Expr], forward: Sequence[Expr], axes: dict[str, int | None]) -> list[str]:
+    """The symbolic axes of ``axes`` that a scan (``cumsum``, ``linrec``) of ``nodes`` (``_nodes``) runs
+    along, or a reduction (``sum``, ``prod``, ``logsumexp``, ...), a contraction or a normalisation of
+    the forward's (``forward``, its ``_nodes``) runs over, in order: the axes whose length a value may
+    grow with (exp of a running sum or of a sum, a product of many entries), which a backward
+    recomputing it reads at that length.  Not an axis only a backward reduces (attention's queries, in
+    dK): drawn long beside 1 to 3 keys, a mask relative to position (a window) empties the later
+    queries' rows, which the short draws do not."""
     found: list[str] = []
-    for node in nodes:
-        if isinstance(node, Box) and any(scans_along(node, a) for a in node.target):
-            found += [a for a in node.target if axes.get(a, 0) is None and a not in found]
+    for kinds, walked in (({"scan"}, nodes), (_REDUCING, forward)):
+        for node in walked:
+            if isinstance(node, Box) and node.op in OPS and OPS[node.op].kind in kinds:
+                found += [a for a in node.target if axes.get(a, 0) is None and a not in found]
     return found
+
+
+#: the kinds of box whose value may grow with the length of the axes they reduce (``_long``)
+_REDUCING = frozenset({"scan", "reduce", "contract", "ncontract", "normalise"})
 
 
 def _ties(nodes: Sequence[Expr], axes: dict[str, int | None]) -> dict[str, str]:

@@ -317,3 +317,19 @@ def test_an_absorption_is_refused_with_the_opt_in_where_the_prover_cannot_finish
     forward, backwards = _pair(DOCUMENT.replace(D, new), NAMES[0], NAMES[1])
     text = _refused_both_ways(forward, backwards, ("lower.backward_unproved",))
     assert "where each data mask keeps every entry" in text and "absorption" in text and "`eq` is outside" in text, text
+
+
+#: the causal pair under a document mask too: a query keeps a key only where its document has one at or before it
+CAUSAL_DOCUMENT = ATTENTION.replace("where[q x](q >= x, contract[d](Q, K) * rsqrt(d), -inf)",
+                                    "select(eq(Dq, Dx), where[q x](q >= x, contract[d](Q, K) * rsqrt(d), -inf), -inf)"
+                                    ).replace("V: [x d]", "V: [x d], Dq: int [q], Dx: int [x]")
+
+
+def test_a_causal_document_key_pass_is_drawn_long_where_each_row_keeps_its_keys() -> None:
+    """The long draws (x = 1024 beside q of 1 to 3) drew segment ids as the short draws do, 1s then 2s: a
+    query of document 2 at position 2 had no key at or before it, a row the mask empties (NaN from
+    exp(S - L) at L = -inf, README's opt-in paragraph), so the right pair was refused; they draw ids all 1,
+    where each data mask keeps every entry, as they look for an overflow with length, not an emptied row."""
+    assert CAUSAL_DOCUMENT.count("select(eq(Dq, Dx), where") == 5
+    ln = link(*_pair(CAUSAL_DOCUMENT, NAMES[0], NAMES[1]), allow_tested=True)
+    assert not ln.proved and f"x={LONG} at scale 1 about -1" in ln.trust, ln.trust

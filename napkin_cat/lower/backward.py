@@ -210,7 +210,7 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
     ``rename`` ties to another (``_ties``) takes that one's size.  Where a
     scan (``cumsum``, ``linrec``) runs along a symbolic axis, or the forward reduces one (``_long``),
     ``DRIFTS`` more draws take that axis
-    at ``LONG`` and the others at 1 to 3, inputs normal about each drift, compared where the VJP
+    at ``LONG`` and the others at 1 to 3, inputs normal about each drift (int inputs all 1), compared where the VJP
     is finite (a gradient through exp of a running sum overflows as the axis grows, where the
     recurrence need not).  Inputs are seeded normals at the draw's scale (1, 4, 16); labels (the
     inputs an ``onehot[v]`` operand is computed from, ``approximation.label_inputs``) are

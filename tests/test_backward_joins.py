@@ -275,3 +275,12 @@ def test_a_factor_past_a_constant_term_is_refused_with_the_opt_in(factor: str) -
     terms' values) and lowered a gradient 0.64 of the VJP's at t = 100; they now pass each constant term's value."""
     refused = _refused_both_ways(*_pair(SQUARE.format(factor=factor)), ("lower.backward_wrong",))
     assert "dX at" in refused, refused
+
+
+def test_a_window_written_as_index_arithmetic_counts_its_width() -> None:
+    """``t < s + 4 * 4`` is a window of width 16, not 4: the draws pass the arithmetic's value."""
+    from napkin_cat.lower.backward import _index_integers
+    from napkin_cat.terms import Cmp, IBin, Idx, IInt
+
+    window = Cmp("<", Idx("t"), IBin("+", Idx("s"), IBin("*", IInt(4), IInt(4))))
+    assert max(_index_integers(window)) == 16

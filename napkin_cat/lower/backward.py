@@ -441,8 +441,10 @@ def _ties(nodes: Sequence[Expr], axes: dict[str, int | None]) -> dict[str, str]:
 def _index_integers(index: Pred | IndexExpr) -> list[int]:
     """The integers of an index expression or predicate, and the value of each of its sub-expressions
     that holds no position (``s + 4 * 4`` reaches 16: a window of width 16)."""
-    def expr(e: IndexExpr) -> tuple[list[int], int | None]:
-        def arith(op: str, a: tuple[list[int], int | None], b: tuple[list[int], int | None]) -> tuple[list[int], int | None]:
+    Found = tuple[list[int], int | None]  # the integers met, and the expression's value where it is one
+
+    def expr(e: IndexExpr) -> Found:
+        def arith(op: str, a: Found, b: Found) -> Found:
             value = None if a[1] is None or b[1] is None else INDEX_ARITH[op](a[1], b[1])
             return a[0] + b[0] + ([value] if value is not None else []), value
         return fold_index(e, lambda _: ([], None), lambda n: ([n], n), arith)

@@ -546,7 +546,7 @@ class Interpreter:
         at = axes.index(node.target[0])
         x = np.moveaxis(kids[-1].aligned(axes), at, 0)
         decay = np.moveaxis(kids[0].aligned(axes), at, 0) if node.op == "linrec" else None
-        # X[0], a -0.0 as +0.0: a running sum starts from +0, as `sum` does and XLA's scans (every lowered kernel)
+        # X[0], a -0.0 as +0.0: a running sum starts from +0, as `sum` does and XLA's scans past one position
         h = [x[0] if self.alg.symbolic else x[0] + 0.0]
         for t in range(1, x.shape[0]):
             h.append((h[-1] if decay is None else decay[t if decay.shape[0] > 1 else 0] * h[-1]) + x[t])

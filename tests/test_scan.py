@@ -255,9 +255,9 @@ ZEROS = ("axis t\ndiagram running(X: [t]) -> [t] {\n  return recip(cumsum[t](X))
 @pytest.mark.parametrize("name", ["running", "decayed"])
 @pytest.mark.parametrize("chunk", [None, 16])
 def test_a_running_sum_of_negative_zeros_is_the_evaluators_zero(target: str, name: str, chunk: int | None) -> None:
-    """X = -0.0, -0.0, ... (positive decays, 22 positions): every lowered scan (XLA's cumsum and associative scan, Triton's
-    position loop, a chunk's select) starts from +0, as the evaluator's `sum` does; its scan kept
-    h[0] = X[0] = -0.0, so 1/h was -inf by the evaluator and +inf by every kernel, chunked or not."""
+    """X = -0.0, -0.0, ... (positive decays, 22 positions): every lowered scan (XLA's cumsum and
+    associative scan, Triton's position loop, a chunk's select) starts from +0, as the evaluator's `sum`
+    does; its scan kept h[0] = X[0] = -0.0, so 1/h was -inf by the evaluator and +inf by every kernel."""
     d = loads(ZEROS).diagram(name)
     x = np.array([-0.0] * 3 + [1.0, -1.0, -0.0, 2.0] * 5 + [-0.0])
     arrays = [np.linspace(0.5, 2.0, x.size), x][-len(d.inputs):]

@@ -38,8 +38,10 @@ _lock = threading.Lock()
 _own_hash: list[str] = []
 #: a string literal, as the grammar's STRING: only a `use_decl` holds one, so every path a file may use is
 #: one of these (matching `use` too missed `axis d = 64use "b.ncd"`, which the lexer reads as a use, and a
-#: replayed `lower` kept a stale used file's diagram)
-_USE = re.compile(r'"([^"\n]*)"')
+#: replayed `lower` kept a stale used file's diagram); a string ends at a line's end, which for the parser is
+#: each \r too (``diagnostics.LINE_BREAK``): stopping at \n alone, a `"` in a comment on a line ended by a
+#: lone \r paired with the opening quote of the next line's `use "b.ncd"`, and b.ncd was left out
+_USE = re.compile(r'"([^"\r\n]*)"')
 
 
 def cache_folder() -> Path | None:

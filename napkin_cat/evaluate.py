@@ -541,12 +541,13 @@ class Interpreter:
 
     def scan(self, node: Box, kids: tuple[Named, ...]) -> Named:
         """The recurrence run position by position along the named axis, as its definition reads
-        (ops.OPS): h[0] = X[0], h[t] = A[t]·h[t-1] + X[t] (``cumsum``: A = 1, no product)."""
+        (ops.OPS): h[0] = X[0] (+0.0 for a -0.0), h[t] = A[t]·h[t-1] + X[t] (``cumsum``: A = 1, no product)."""
         axes = union_axes(*(k.axes for k in kids))
         at = axes.index(node.target[0])
         x = np.moveaxis(kids[-1].aligned(axes), at, 0)
         decay = np.moveaxis(kids[0].aligned(axes), at, 0) if node.op == "linrec" else None
-        h = [x[0]]
+        # X[0], a -0.0 as +0.0: a running sum starts from +0, as `sum` does and XLA's scans past one position
+        h = [x[0] if self.alg.symbolic else x[0] + 0.0]
         for t in range(1, x.shape[0]):
             h.append((h[-1] if decay is None else decay[t if decay.shape[0] > 1 else 0] * h[-1]) + x[t])
         data = np.stack(np.broadcast_arrays(*h))

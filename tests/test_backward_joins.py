@@ -333,3 +333,27 @@ def test_a_causal_document_key_pass_is_drawn_long_where_each_row_keeps_its_keys(
     assert CAUSAL_DOCUMENT.count("select(eq(Dq, Dx), where") == 5
     ln = link(*_pair(CAUSAL_DOCUMENT, NAMES[0], NAMES[1]), allow_tested=True)
     assert not ln.proved and f"x={LONG} at scale 1 about -1" in ln.trust, ln.trust
+
+
+# ---- a factor that is 1 up to a constant written as a term: the draws pass its value ----------------------
+
+SQUARE = ("axis t\naxis d = 64\ndiagram f(X: [t]) -> [t] {{\n  Y = X * X\n  return Y\n}}\n"
+          "diagram b(X: [t], dY: [t]) -> [t] {{\n  c = exp(3)\n  dX = 2 * X * dY * {factor}\n  return dX\n}}\n")
+
+
+@pytest.mark.parametrize("factor", ["min(1, d / t)", "min(1, exp(3) / t)", "min(1, (4 * 4) / t)", "min(1, c * 2 / t)"],
+                         ids=["declared_size", "exp_of_a_literal", "product_of_literals", "binding_read_through"])
+def test_a_factor_past_a_constant_term_is_refused_with_the_opt_in(factor: str) -> None:
+    """1 up to t = 64, 20.1, 16, 40.2: the draws took t = 8 to 14 (past the literals 4, 3 and SMALL, not past the
+    terms' values) and lowered a gradient 0.64 of the VJP's at t = 100; they now pass each constant term's value."""
+    refused = _refused_both_ways(*_pair(SQUARE.format(factor=factor)), ("lower.backward_wrong",))
+    assert "dX at" in refused, refused
+
+
+def test_a_window_written_as_index_arithmetic_counts_its_width() -> None:
+    """``t < s + 4 * 4`` is a window of width 16, not 4: the draws pass the arithmetic's value."""
+    from napkin_cat.lower.backward import _index_integers
+    from napkin_cat.terms import Cmp, IBin, Idx, IInt
+
+    window = Cmp("<", Idx("t"), IBin("+", Idx("s"), IBin("*", IInt(4), IInt(4))))
+    assert max(_index_integers(window)) == 16

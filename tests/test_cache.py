@@ -300,3 +300,20 @@ def test_an_edited_side_condition_or_used_lemma_is_certified_again_not_read_back
     assert verdicts() == [False, True]
     lemmas.write_text("axis x\n" + shift + twice.replace("= sum[x](S) + sum[x](S)", "= sum[x](S)"))
     assert verdicts() == [True, False]
+
+
+def test_a_use_after_a_quote_in_a_comment_under_cr_line_ends_is_in_the_key(
+        folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Lines ended by a lone CR (the parser reads each \\r as a line end): a `"` in a comment pairs, for a
+    search that stops only at \\n, with the opening quote of the next line's `use "b.ncd"`, so b.ncd was
+    left out of the key and a changed b.ncd replayed the kernel of the diagram it no longer holds."""
+    used = tmp_path / "b.ncd"
+    used.write_text("axis x = 64\ndiagram g(S: [x]) -> [x] {\n  return S * 2\n}\n")
+    proof = tmp_path / "a.ncd"
+    proof.write_bytes(b'# a 5" screen\ruse "b.ncd"\rdiagram f(S: [x]) -> [x] {\r  return g(S)\r}\r'
+                      b"theorem t: f {\r  group x by 16\r}\r")
+    argv = ("lower", str(proof), "t", "--target", "jax", "-o", str(tmp_path / "k.py"))
+    assert _napkin(capsys, *argv)[0] == 0 and "S * 2" in (tmp_path / "k.py").read_text()
+    used.write_text(used.read_text().replace("S * 2", "S * 3"))
+    assert _napkin(capsys, *argv)[0] == 0 and "S * 3" in (tmp_path / "k.py").read_text()
+    assert used.resolve() in cache.closure(proof)

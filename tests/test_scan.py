@@ -245,3 +245,25 @@ def test_a_scan_at_mesh_is_refused_by_the_lowering_and_the_cost_model() -> None:
         lower(result.theorem, target="jax", tiles={"c": 4}, mesh=2)
     with pytest.raises(CostError, match="scans t at mesh"):
         mesh_cost(cost_of(result.theorem.result, result.theorem.schedule), 2)
+
+
+ZEROS = ("axis t\ndiagram running(X: [t]) -> [t] {\n  return recip(cumsum[t](X))\n}\n"
+         "diagram decayed(A: [t], X: [t]) -> [t] {\n  return recip(linrec[t](A, X))\n}\n")
+
+
+@pytest.mark.parametrize("target", ["jax", "pallas"])
+@pytest.mark.parametrize("name", ["running", "decayed"])
+@pytest.mark.parametrize("chunk", [None, 16])
+def test_a_running_sum_of_negative_zeros_is_the_evaluators_zero(target: str, name: str, chunk: int | None) -> None:
+    """X = -0.0, -0.0, ... (positive decays, 22 positions): every lowered scan (XLA's cumsum and
+    associative scan, Triton's position loop, a chunk's select) starts from +0, as the evaluator's `sum`
+    does; its scan kept h[0] = X[0] = -0.0, so 1/h was -inf by the evaluator and +inf by every kernel."""
+    d = loads(ZEROS).diagram(name)
+    x = np.array([-0.0] * 3 + [1.0, -1.0, -0.0, 2.0] * 5 + [-0.0])
+    arrays = [np.linspace(0.5, 2.0, x.size), x][-len(d.inputs):]
+    thm = kernel.refl(name, d)
+    if chunk is not None:
+        thm = kernel.group(thm, Partition("scan", "t", "c", pad=True))
+    fn = lower(thm, target=target, tiles={"c": chunk} if chunk else None).fn
+    got = np.asarray(fn(*[jnp.asarray(a, jnp.float32) for a in arrays]), np.float64)
+    np.testing.assert_allclose(got, run(d, *arrays), rtol=1e-5)  # an inf's sign exactly

@@ -57,7 +57,7 @@ import numpy as np
 from napkin_cat.certify.approximation import label_inputs
 from napkin_cat.certify.prove import FloatHazard, Unproved, prove_join
 from napkin_cat.diagnostics import NapkinError, error
-from napkin_cat.evaluate import related
+from napkin_cat.evaluate import INDEX_ARITH, evaluate, related
 from napkin_cat.grad import cotangent_names, vjp
 from napkin_cat.lower import codegen as cg
 from napkin_cat.lower import jax as jax_target
@@ -65,6 +65,8 @@ from napkin_cat.lower.roundoff import U, evaluate_bounded
 from napkin_cat.ops import OPS, inlined
 from napkin_cat.schedule.layout import layout
 from napkin_cat.terms import (
+    Apply,
+    Axis,
     Box,
     Cmp,
     Const,
@@ -74,6 +76,7 @@ from napkin_cat.terms import (
     Logic,
     Pred,
     Schedule,
+    Size,
     Var,
     fold_index,
     fold_pred,
@@ -221,7 +224,7 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
     axes = {a.name: a.size for d in (forward, *backwards) for a in d.axes
             if a.size is not None or a.name in {b.name for b in forward.axes}}
     nodes = _nodes((forward, *backwards))  # every node of the diagrams, calls inlined, walked once
-    past = _constants(nodes, axes)
+    past = _constants((forward, *backwards), nodes, axes)
     if past > LARGEST:
         raise NapkinError(error("lower.backward_untestable", forward=forward.name, why=(
             f"its diagrams hold a constant of magnitude {past} (rounded up), and the test draws sizes past every "
@@ -358,12 +361,15 @@ def _nodes(diagrams: Sequence[Diagram]) -> list[Expr]:
             for expr in (*(let.expr for let in flat.body), *flat.outputs) for node in walk(expr)]
 
 
-def _constants(nodes: Sequence[Expr], axes: dict[str, int | None]) -> int:
-    """The largest constant of ``nodes`` (``_nodes``), rounded up to an integer: each finite
-    literal of their terms by its magnitude rounded up (a factor ``min(1, 14.5 / t)`` is 1 up to
-    t = 14 and differs from 1 only past 14.5, so the draws take t >= 16), the integers of their
-    index predicates, and the sizes of declared axes an index predicate compares against (a
-    position along ``d = 64`` reaches 63)."""
+def _constants(diagrams: Sequence[Diagram], nodes: Sequence[Expr], axes: dict[str, int | None]) -> int:
+    """The largest constant of ``diagrams`` (``nodes``: ``_nodes``), rounded up to an integer: each
+    finite literal of their terms by its magnitude rounded up (a factor ``min(1, 14.5 / t)`` is 1 up to
+    t = 14 and differs from 1 only past 14.5, so the draws take t >= 16), the value of each constant
+    term that a term reads (``_folded``, bindings read through: a declared axis's size read as a
+    scalar, ``min(1, d / t)`` with d = 64 is 1 up to t = 64; arithmetic of constants, ``exp(3)``,
+    ``4 * 4``; not the parts of a constant term, ``rsqrt(d)`` counts 0.125), the integers of their index
+    predicates and the values of their integer arithmetic (a window ``s + 4 * 4``), and the sizes of
+    declared axes an index predicate compares against (a position along ``d = 64`` reaches 63)."""
     found = [0]
     for node in nodes:
         if isinstance(node, Const) and math.isfinite(node.value):
@@ -371,7 +377,46 @@ def _constants(nodes: Sequence[Expr], axes: dict[str, int | None]) -> int:
         elif isinstance(node, Box) and node.index is not None:
             found += [abs(n) for n in _index_integers(node.index)]
             found += [axes[a] or 0 for a in node.target if a in axes]
+    for d in diagrams:
+        flat = inlined(d)
+        defs, values = flat.bindings(), dict[int, float | None]()
+        for root in (*(let.expr for let in flat.body), *flat.outputs):
+            for node in walk(root):
+                terms = [node] if node is root else []
+                if isinstance(node, (Box, Apply)) and _folded(node, axes, defs, values) is None:
+                    terms += node.args
+                found += [math.ceil(abs(v)) for t in terms if not isinstance(t, Const)
+                          and (v := _folded(t, axes, defs, values)) is not None and math.isfinite(v)]
     return max(found)
+
+
+def _folded(node: Expr, axes: dict[str, int | None], defs: dict[str, Expr],
+            values: dict[int, float | None]) -> float | None:
+    """``node``'s value where it is a constant term (no input, no symbolic size: its leaves literals,
+    declared axes' sizes and bindings of such terms, scalars throughout), evaluated in float64 as the
+    diagrams are; None otherwise (memoised in ``values`` by the node's id)."""
+    if id(node) in values:
+        return values[id(node)]
+    values[id(node)] = None  # a binding read through is no cycle, but stay safe
+    value: float | None = None
+    if isinstance(node, Const):
+        value = node.value
+    elif isinstance(node, Size):
+        size = axes.get(node.axis)
+        value = None if size is None else float(size)
+    elif isinstance(node, Var) and node.name in defs and not node.axes:
+        value = _folded(defs[node.name], axes, defs, values)
+    elif isinstance(node, Box) and not node.axes and node.index is None and not node.target and node.args \
+            and all(_folded(a, axes, defs, values) is not None for a in node.args):
+        declared = tuple(Axis(a, n) for a, n in axes.items() if n is not None)
+        term = replace(node, args=tuple(Const(float(values[id(a)] or 0.0)) for a in node.args))
+        try:
+            with np.errstate(all="ignore"):
+                value = float(np.asarray(evaluate(Diagram("constant", (), (), (term,), ((),), declared), [])))
+        except (NapkinError, ValueError, TypeError, ArithmeticError, KeyError):
+            value = None
+    values[id(node)] = value
+    return value
 
 
 def _long(nodes: Sequence[Expr], forward: Sequence[Expr], axes: dict[str, int | None]) -> list[str]:
@@ -415,12 +460,19 @@ def _ties(nodes: Sequence[Expr], axes: dict[str, int | None]) -> dict[str, str]:
 
 
 def _index_integers(index: Pred | IndexExpr) -> list[int]:
-    def expr(e: IndexExpr) -> list[int]:
-        return fold_index(e, lambda _: [], lambda n: [n], lambda _, a, b: a + b)
+    """The integers of an index expression or predicate, and the value of each of its sub-expressions
+    that holds no position (``s + 4 * 4`` reaches 16: a window of width 16)."""
+    Found = tuple[list[int], int | None]  # the integers met, and the expression's value where it is one
+
+    def expr(e: IndexExpr) -> Found:
+        def arith(op: str, a: Found, b: Found) -> Found:
+            value = None if a[1] is None or b[1] is None else INDEX_ARITH[op](a[1], b[1])
+            return a[0] + b[0] + ([value] if value is not None else []), value
+        return fold_index(e, lambda _: ([], None), lambda n: ([n], n), arith)
 
     if isinstance(index, (Cmp, Logic)):
-        return fold_pred(index, lambda _, a, b: expr(a) + expr(b), lambda _, a, b: a + (b or []))
-    return expr(index)
+        return fold_pred(index, lambda _, a, b: expr(a)[0] + expr(b)[0], lambda _, a, b: a + (b or []))
+    return expr(index)[0]
 
 
 def _labels(forward: Diagram, backwards: Sequence[Diagram], ln: Link,

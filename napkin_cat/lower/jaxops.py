@@ -153,7 +153,7 @@ def _first_rows(axes: Axes, axis: str, scope: Scope) -> ast.expr:
 def started(box: Box, args: Sequence[Value], carry: Value, scope: Scope) -> Value:
     """A scan's X on a chunk, started from ``carry`` (its value just before the chunk): X plus
     A·carry (cumsum: carry) at the chunk's first position, by the recurrence's definition
-    (``kernel.group``'s scan); a select, so the other positions are X exactly.  The first chunk
+    (``kernel.group``'s scan); a select, so the other positions are X exactly (a zero's sign kept).  The first chunk
     takes nothing: h[0] is X[0] by definition, where A[0]·0 would be NaN for an A[0] of ±inf or NaN."""
     (axis,) = box.target
     x = args[-1]
@@ -164,8 +164,9 @@ def started(box: Box, args: Sequence[Value], carry: Value, scope: Scope) -> Valu
     axes = tuple(dict.fromkeys(x.axes + push.axes))
     first = cg.binop(_first_rows(axes, axis, scope), "==", cg.const(0))
     first = cg.binop(first, "&", cg.binop(scope.offsets[axis], ">", cg.const(0)))
-    added = cg.call("jnp.where", first, align(push, axes), cg.const(0.0))
-    return Value(cg.binop(align(x, axes), "+", added), axes)
+    # the other positions are X itself, not X + 0.0 (which turns X's -0.0 into +0.0, where the evaluator's
+    # h[0] = X[0] keeps it: recip of a running sum was +inf where the evaluator says -inf)
+    return Value(cg.call("jnp.where", first, cg.binop(align(x, axes), "+", align(push, axes)), align(x, axes)), axes)
 
 
 def last(value: Value, axis: str, scope: Scope) -> Value:

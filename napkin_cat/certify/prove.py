@@ -51,7 +51,10 @@ opaque 0/1 function of the positions (m² = m), and a -inf fill is a + log m, re
 for m ∈ {0, 1}; their normaliser Σ m·exp(·) is positive only where p holds at position 0 of
 the summed axes for every position of the others (every row keeps a term); no log m may reach
 an output.  Predicates and index values are read over the integers, so no index expression of the
-join may wrap in int64 at some size (``finiteness.index_may_wrap``).
+join may wrap in int64 at some size (``finiteness.index_may_wrap``).  The guarded shift
+max(L, -FLOAT_MAX) of an input L (a float64 array: each entry -inf or at least -FLOAT_MAX; the
+derived backward's saved statistic, ``grad._weights``) is L, and -FLOAT_MAX where L is -inf, as
+the accumulators' guard of a maximum of inputs is (``_Semantics.float_input``).
 
 Accumulator laws (accumulators.py, the unguarded forms, which equal the guarded ones on
 finite inputs): combine(lift(x), lift(y)) = lift(x ⊕ y) with x, y of symbolic lengths

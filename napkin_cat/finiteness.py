@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import reduce as fold
@@ -193,6 +194,9 @@ def _logsumexp(a: Value) -> Value:
 #: float64's range in log2: the largest finite value is just below 2^1024 (a result from
 #: 2^1023.99 up may round to inf), the smallest non-zero one 2^-1074
 OVERFLOW, UNDERFLOW = 1023.99, -1074.0
+#: the largest finite float64: a backward's guarded shift max(L, -GUARD) (``grad._weights``,
+#: ``certify.accumulators.FLOAT_MAX``) is L wherever L is not -inf
+GUARD = sys.float_info.max
 #: the inputs' magnitudes (log2 |x| of a non-zero entry): float32's range, subnormals included
 DOMAIN = (-149.0, 128.0)
 #: an axis's positions at most, in log2 (2^62 entries of 4 bytes fill 2^64 bytes)
@@ -515,17 +519,22 @@ class _Analysis:
         m + log1p(k - 1 + Σ exp(s - m)) ≥ m, the maximum, so where L is finite every entry of s is
         ``-inf`` or finite and at most L: s - L is ``-inf`` or ≤ 0, its exp 0 or in (0, 1] (0 where it
         underflows); where L is ``-inf`` every entry of its row is (a row with a +inf or a NaN has L
-        +inf or NaN), and -inf - -inf is NaN (a relation over a row a mask may empty).  None for any
-        other exp, and where L may be +inf or NaN."""
+        +inf or NaN), and -inf - -inf is NaN (a relation over a row a mask may empty), unless L is
+        guarded, ``exp(s - max(L, -GUARD))`` (``grad._weights``): a finite L is at least -GUARD (so the
+        guard is L), and at L = -inf the row's s - (-GUARD) is -inf, its exp 0.  None for any other exp,
+        and where L may be +inf or NaN."""
         arg = self.through(box.args[0])
-        if not (isinstance(arg, Box) and arg.op == "sub" and isinstance(arg.args[1], Var)):
+        if not (isinstance(arg, Box) and arg.op == "sub"):
             return None
-        shift = self.inputs.get(arg.args[1].name)
+        stat, guarded = self.through(arg.args[1]), False
+        if isinstance(stat, Box) and stat.op == "maximum" and self.through(stat.args[1]) == Const(-GUARD):
+            stat, guarded = stat.args[0], True
+        shift = self.inputs.get(stat.name) if isinstance(stat, Var) else None
         relation = shift.given if shift is not None and shift.classes <= FINITE | {"-inf"} else None
         if not (isinstance(relation, Box) and relation.op == "logsumexp" and self.same(arg.args[0], relation.args[0])):
             return None
         assert shift is not None
-        return Abstract(_v("0 +") | ({"nan"} if "-inf" in shift.classes else set()), UNDERFLOW, 0.0)
+        return Abstract(_v("0 +") | ({"nan"} if "-inf" in shift.classes and not guarded else set()), UNDERFLOW, 0.0)
 
     def gelu_ratio(self, box: Box) -> Abstract | None:
         """``(gelu(x) + c·e) / (x + e)`` with ``e = 1 - square(sign x)`` (x or ``x - 0`` under the

@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from napkin_cat import ops
+from napkin_cat.certify.accumulators import FLOAT_MAX
 from napkin_cat.diagnostics import NapkinError, error
 from napkin_cat.ops import inlined, typed_box
 from napkin_cat.terms import (
@@ -126,6 +127,15 @@ def _unbroadcast(cotangent: Expr, axes: Axes) -> Expr:
 def _step(x: Expr, sign: float) -> Expr:
     """(1 ± sign(x)) / 2: the slope of max (+) or min (-) in its first argument, 1/2 at a tie."""
     return _mul(_c(0.5), _box("add" if sign > 0 else "sub", _c(1.0), _box("sign", x)))
+
+
+def _weights(x: Expr, stat: Expr) -> Box:
+    """exp(x - max(L, -FLOAT_MAX)) for a saved statistic L = logsumexp(x) over x's row: exp(x - L), and
+    0 on a row every entry of which is masked (x and L both -inf, where exp(x - L) is exp(-inf + inf) =
+    NaN), as the forward's softmax gives there (its shift reads a -inf maximum as 0) and the VJP's
+    gradient does.  The guard is the online softmax's (``certify.accumulators``): every float64 but -inf
+    is at least -FLOAT_MAX, so it is L itself wherever L is not -inf."""
+    return _box("exp", _sub(x, _box("maximum", stat, _c(-FLOAT_MAX))))
 
 
 def _equal(a: Expr, b: Expr) -> Expr:
@@ -381,8 +391,10 @@ def vjp(diagram: Diagram, *, saved: tuple[str, ...] = (),
     whose row statistic ``logsumexp[T](S)`` the input holds.  Each such ``softmax[T](S)`` is
     then ``exp(S - L)`` (no second softmax), and its VJP ``P·(g - D)`` takes ``D = Σ_T g·P``
     as ``Σ dO·O`` where P's one reader is a saved ``O = contract(P, V)`` summing P over T
-    (``_row_term``); a saved ``logsumexp`` y's VJP reads ``exp(x - y)``.  The values are the
-    same in exact arithmetic (``certify.prove.prove_join`` proves a join of them)."""
+    (``_row_term``); a saved ``logsumexp`` y's VJP reads ``exp(x - y)``.  Each such exp(x - L) is
+    guarded, exp(x - max(L, -FLOAT_MAX)) (``_weights``), so that a row every entry of which is masked
+    (L = -inf) gives 0, not NaN.  The values are the same in exact arithmetic
+    (``certify.prove.prove_join`` proves a join of them)."""
     flat = inlined(diagram)
     axes = {a.name: a for a in flat.axes}
     seeds = cotangent_names(diagram)
@@ -405,7 +417,7 @@ def vjp(diagram: Diagram, *, saved: tuple[str, ...] = (),
             arg = atom(expr.args[0])
             bound = name or names.fresh("t")
             normalised[bound] = (arg, expr.target)
-            lets.append(Let((bound,), _box("exp", _sub(arg, by_row[(expr.args[0], expr.target)]))))
+            lets.append(Let((bound,), _weights(arg, by_row[(expr.args[0], expr.target)])))
             return Var(bound, lets[-1].expr.axes)
         box = typed_box(expr.op, tuple(atom(a) for a in expr.args), expr.target, expr.out, expr.params, expr.index)
         bound = name or names.fresh("t")
@@ -459,7 +471,7 @@ def vjp(diagram: Diagram, *, saved: tuple[str, ...] = (),
             grads, args = (_mul(y, _sub(g, row)),), (arg,)
         elif expr.op == "logsumexp" and name in saved:
             (x,) = expr.args
-            grads, args = (_mul(g, _box("exp", _sub(x, Var(name, expr.axes)))),), expr.args
+            grads, args = (_mul(g, _weights(x, Var(name, expr.axes))),), expr.args
         elif expr.op == "prod":
             grads, args = (_mul(g, others[name]),), expr.args
         elif expr.op == "linrec":

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from napkin_cat.certify.accumulators import FLOAT_MAX
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.elaborate import loads
 from napkin_cat.lower.backward import LONG, link
@@ -178,15 +179,32 @@ def test_an_overflow_is_refused_with_the_opt_in_where_the_prover_cannot_finish(p
     assert "may overflow in float64 where the VJP's is finite" in text and "`eq` is outside" in text, text
 
 
-def test_a_document_masked_key_pass_still_rests_on_the_test() -> None:
-    """exp(S - L) under the document mask: no overflow where each mask keeps its keys, so the opt-in
-    lowers it as before (a row the mask empties is NaN: ``test_derived_backward``'s
-    ``test_a_document_mask_can_empty_a_row``, README "Derived backward")."""
+def test_a_document_masked_pass_that_is_nan_on_an_emptied_row_is_refused_with_the_opt_in() -> None:
+    """exp(S - L) under the document mask is exp(-inf + inf) = NaN on a query whose document holds no
+    key, where the VJP's gradient is 0: the float64 test drew ids keeping a key in every row, so the
+    opt-in lowered it (every dV entry NaN in f32).  The test now also draws rows the data masks empty
+    (``drawn_integers``' ``emptied``), and refuses it there."""
     forward, backwards = _pair(DOCUMENT, NAMES[0], NAMES[1])
+    text = _refused_both_ways(forward, backwards, ("lower.backward_wrong",))
+    assert "is nan from the backwards but 0 from the VJP" in text and "rows the data masks empty" in text, text
+
+
+def test_a_guarded_document_masked_pass_rests_on_the_test() -> None:
+    """exp(S - max(L, -FLOAT_MAX)) (``grad._weights``): L where L is finite, and 0 on an emptied row
+    (exp(-inf)): the prover stops at `eq`, and the opt-in lowers it on the test, emptied rows included."""
+    forward, backwards = _pair(DOCUMENT.replace("P = exp(S - L)", f"P = exp(S - max(L, {-FLOAT_MAX!r}))"),
+                               NAMES[0], NAMES[1])
     with pytest.raises(NapkinError) as err:
         link(forward, backwards)
     assert err.value.codes == ("lower.backward_unproved",) and "`eq` is outside" in str(err.value), str(err.value)
-    assert not link(forward, backwards, allow_tested=True).proved
+    joined = link(forward, backwards, allow_tested=True)
+    assert not joined.proved and "rows the data masks empty" in joined.trust, joined.trust
+
+
+def test_a_guarded_causal_pass_is_proved() -> None:
+    """The guard does not cost the causal pair its proof: L is a float64 input, -inf or at least
+    -FLOAT_MAX, so max(L, -FLOAT_MAX) is L on every row the causal mask keeps a key in (all)."""
+    assert link(*_key_pass("P = exp(S - L)", f"P = exp(S - max(L, {-FLOAT_MAX!r}))")).proved
 
 
 def test_a_join_the_prover_cannot_finish_still_rests_on_the_test() -> None:
@@ -320,17 +338,18 @@ def test_an_absorption_is_refused_with_the_opt_in_where_the_prover_cannot_finish
 
 
 #: the causal pair under a document mask too: a query keeps a key only where its document has one at or before it
+#: (weights guarded, exp(S - max(L, -FLOAT_MAX)): unguarded, an emptied row is NaN, which the emptied draws refuse)
 CAUSAL_DOCUMENT = ATTENTION.replace("where[q x](q >= x, contract[d](Q, K) * rsqrt(d), -inf)",
                                     "select(eq(Dq, Dx), where[q x](q >= x, contract[d](Q, K) * rsqrt(d), -inf), -inf)"
-                                    ).replace("V: [x d]", "V: [x d], Dq: int [q], Dx: int [x]")
+                                    ).replace("V: [x d]", "V: [x d], Dq: int [q], Dx: int [x]"
+                                              ).replace("P = exp(S - L)", f"P = exp(S - max(L, {-FLOAT_MAX!r}))")
 
 
 def test_a_causal_document_key_pass_is_drawn_long_where_each_row_keeps_its_keys() -> None:
-    """The long draws (x = 1024 beside q of 1 to 3) drew segment ids as the short draws do, 1s then 2s: a
-    query of document 2 at position 2 had no key at or before it, a row the mask empties (NaN from
-    exp(S - L) at L = -inf, README's opt-in paragraph), so the right pair was refused; they draw ids all 1,
-    where each data mask keeps every entry, as they look for an overflow with length, not an emptied row."""
-    assert CAUSAL_DOCUMENT.count("select(eq(Dq, Dx), where") == 5
+    """The guarded causal-document pair is drawn long (x = 1024 beside q of 1 to 3, its ids all 1, where each
+    data mask keeps every entry: the long draws look for an overflow with length, the emptied draws for
+    emptied rows) and lowered with the opt-in."""
+    assert CAUSAL_DOCUMENT.count("select(eq(Dq, Dx), where") == 5 and CAUSAL_DOCUMENT.count("max(L, ") >= 1
     ln = link(*_pair(CAUSAL_DOCUMENT, NAMES[0], NAMES[1]), allow_tested=True)
     assert not ln.proved and f"x={LONG} at scale 1 about -1" in ln.trust, ln.trust
 

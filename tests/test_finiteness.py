@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from functools import cache
 
 import numpy as np
@@ -675,17 +676,22 @@ def test_a_decided_mask_holds_at_the_first_key_of_every_row(a: int, b: int, c: i
     assert not never or not holds.any()
 
 
-@pytest.mark.parametrize(("mask", "nan"), [("q >= x", False), ("q > x", True)])
-def test_a_relation_over_rows_a_mask_may_empty_gives_nan_there(mask: str, nan: bool) -> None:
+GUARDED = f"max(L, {-sys.float_info.max!r})"
+
+
+@pytest.mark.parametrize(("mask", "shift", "nan"), [("q >= x", "L", False), ("q > x", "L", True),
+                                                    ("q >= x", GUARDED, False), ("q > x", GUARDED, False)])
+def test_a_relation_over_rows_a_mask_may_empty_gives_nan_there(mask: str, shift: str, nan: bool) -> None:
     """finiteness._Analysis.shifted with L's value from its relation (input_values): where the mask may
     empty a row, L is -inf there and exp(s - L) NaN (-inf - -inf), as the evaluator computes it on
-    related inputs; elsewhere in [0, 1]."""
+    related inputs; elsewhere in [0, 1].  Guarded, exp(s - max(L, -FLOAT_MAX)) (``grad._weights``), it
+    is 0 on the emptied row: in [0, 1] everywhere."""
     from napkin_cat.evaluate import related
     from napkin_cat.finiteness import _Analysis, input_values
 
     text = ("axis q, x\ndiagram f(S: [q x], L: [q]) -> [q x]\n"
             f"    given L = logsumexp[x](where[q x]({mask}, S, -inf)) {{\n"
-            f"  M = where[q x]({mask}, S, -inf)\n  return exp(M - L)\n}}\n")
+            f"  M = where[q x]({mask}, S, -inf)\n  return exp(M - {shift})\n}}\n")
     diagram = loads(text).diagram("f")
     value = _Analysis(diagram.bindings(), input_values(diagram.inputs)).value(diagram.outputs[0])
     assert value.classes == ({"0", "+", "nan"} if nan else {"0", "+"}) and value.hi <= 0.0

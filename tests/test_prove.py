@@ -11,6 +11,7 @@ import sympy
 
 from napkin_cat import certify
 from napkin_cat.certify import accumulators, atoms, prove, rules
+from napkin_cat.certify.accumulators import FLOAT_MAX
 from napkin_cat.elaborate import loads
 from napkin_cat.ops import typed_box
 from napkin_cat.terms import Box, Var
@@ -58,6 +59,16 @@ def test_masks_are_claimed_only_where_the_masked_rows_agree() -> None:
     proof = prove.prove_lemma(loads(text).lemmas[0])
     assert proof is not None and "masks" not in proof
     assert "[-inf masks: S]" in (prove.prove_lemma(rules.library()["softmax_contract"]) or "")
+
+
+def test_the_guarded_shift_of_an_input_is_the_input() -> None:
+    """max(X, -FLOAT_MAX) of an input is X (every finite float64 is at least -FLOAT_MAX; the derived
+    backward's guarded statistic, ``grad._weights``); of a computed term, or against another constant,
+    the prover claims nothing (over the reals 2·X may be below -FLOAT_MAX, and X below -1e300)."""
+    text = (f"axis x\nlemma guarded(X: [x]) : max(X, {-FLOAT_MAX!r}) = X\n"
+            f"lemma scaled(X: [x]) : max(X * 2.0, {-FLOAT_MAX!r}) = X * 2.0\n"
+            "lemma other(X: [x]) : max(X, -1e300) = X\n")
+    assert [prove.why_unproved(lemma) is None for lemma in loads(text).lemmas] == [True, False, False]
 
 
 RESHAPES = """axis x, y, z, u, v

@@ -51,7 +51,10 @@ opaque 0/1 function of the positions (m² = m), and a -inf fill is a + log m, re
 for m ∈ {0, 1}; their normaliser Σ m·exp(·) is positive only where p holds at position 0 of
 the summed axes for every position of the others (every row keeps a term); no log m may reach
 an output.  Predicates and index values are read over the integers, so no index expression of the
-join may wrap in int64 at some size (``finiteness.index_may_wrap``).
+join may wrap in int64 at some size (``finiteness.index_may_wrap``).  The guarded shift
+max(L, -FLOAT_MAX) of an input L (a float64 array: each entry -inf or at least -FLOAT_MAX; the
+derived backward's saved statistic, ``grad._weights``) is L, and -FLOAT_MAX where L is -inf, as
+the accumulators' guard of a maximum of inputs is (``_Semantics.float_input``).
 
 Accumulator laws (accumulators.py, the unguarded forms, which equal the guarded ones on
 finite inputs): combine(lift(x), lift(y)) = lift(x ⊕ y) with x, y of symbolic lengths
@@ -196,6 +199,8 @@ class _Semantics:
         self.predicates: dict[Any, tuple[Any, tuple[str, ...]]] = {}
         #: the indicators of partly masked parameters (``_row_masked``) whose one row keeps an entry
         self.rows = rows
+        #: the input names of the diagram being run (``run``): float64 arrays, each entry -inf or ≥ -FLOAT_MAX
+        self.inputs: set[str] = set()
 
     def size(self, a: str) -> Any:
         return sum((_n(p) for p in self.split[a]), sympy.Integer(0)) if a in self.split else _n(a).xreplace(self.ties)
@@ -331,6 +336,7 @@ class _Semantics:
         return -sympy.oo if x == 0 else sympy.log(self.positive(x, "log"))
 
     def run(self, diagram: Diagram, inputs: list[Any]) -> tuple[Any, ...]:
+        self.inputs = {p.name for p in diagram.inputs} - {n for let in diagram.body for n in let.names}
         def visit(node: Expr, kids: tuple[Any, ...], env: Mapping[str, Any]) -> Any:
             if isinstance(node, Var):
                 return env[node.name]
@@ -369,8 +375,11 @@ class _Semantics:
             return sympy.sqrt(x)
         if op in ("recip", "rsqrt"):
             return 1 / self.positive(sympy.sqrt(x) if op == "rsqrt" else x, op)
-        if op == "maximum" and args[1] == _constant(-acc.FLOAT_MAX) and _input_max(x, self.rows):  # the guarded shift:
-            return args[1] if x == -sympy.oo else x  # a maximum of finite float64 inputs is at least -FLOAT_MAX
+        # the guarded shift: a maximum of finite float64 inputs, or a float64 input itself (a backward's
+        # saved statistic L, ``grad._weights``), is -inf or at least -FLOAT_MAX
+        if op == "maximum" and args[1] == _constant(-acc.FLOAT_MAX) and (
+                _input_max(x, self.rows) or self.float_input(node.args[0], x)):
+            return args[1] if x == -sympy.oo else x
         if op in ("add", "sub", "mul", "maximum", "minimum"):
             y = args[1]
             return {"add": x + y, "sub": x - y, "mul": x * y, "maximum": maximum(x, y), "minimum": minimum(x, y)}[op]
@@ -403,6 +412,14 @@ class _Semantics:
         if op in _RESHAPES and not self.split:
             return self.reshape(node, x)
         raise Unproved(f"`{op}` is outside the proved fragment")
+
+    def float_input(self, arg: Expr, x: Any) -> bool:
+        """Is ``arg`` an input of the diagram being run, its value ``x`` -oo (a fully masked row's
+        statistic) or free of infinities and masks (a finite float64 entry, so at least -FLOAT_MAX)?"""
+        if not (isinstance(arg, Var) and arg.name in self.inputs):
+            return False
+        return x == -sympy.oo or not (x.has(sympy.oo, -sympy.oo) or any(
+            f.args[0].func in self.predicates or f.args[0].func in self.rows for f in x.atoms(sympy.log)))
 
     def reshape(self, node: Box, x: Any) -> Any:
         """split[w -> p1 … pk] (and rename, k = 1) reads position i_w = (i_p1·n_p2 + i_p2)·n_p3 + …;

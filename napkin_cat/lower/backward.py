@@ -15,7 +15,8 @@ by its own theorem.  That the diagrams together are the forward's VJP is proved 
 (``certify.prove.prove_join``: attention's backward from the saved log-sum-exp and
 D = Σ dO·O is proved this way) and tested (``_tested``: both sides in float64 at ``DRAWS``
 size draws, the small sizes 1 to 7 and sizes past every constant of the diagrams,
-inputs at several scales and labels across the vocabulary), refusing with
+inputs at several scales, labels across the vocabulary, and rows the data masks empty:
+``drawn_integers``), refusing with
 ``lower.backward_wrong`` where they differ by more than float64's rounding can account for
 (``SAFETY`` times the sum of both sides' running error bounds, ``lower.roundoff``: a
 cancelling sum, or a saved statistic's rounding read back through exp, is allowed what it
@@ -54,6 +55,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from napkin_cat.certify.accumulators import FLOAT_MAX
 from napkin_cat.certify.approximation import label_inputs
 from napkin_cat.certify.prove import FloatHazard, Unproved, prove_join
 from napkin_cat.diagnostics import NapkinError, error
@@ -95,6 +97,9 @@ SMALL = 7
 #: then holds up to (LARGEST + 8)^2 values per pair of drawn axes (a window of 4096 keys, not a
 #: size past 3037000500^2 that wraps int64)
 LARGEST = 4096
+#: the draws more (the first at the first draw's sizes, the others past every constant) where a forward
+#: has ``int`` inputs (segment ids, lengths, masks: ``drawn_integers``) that empty rows of the masks
+EMPTIED = 2
 #: the scales of the normal inputs, by draw
 SCALES = (1.0, 1.0, 4.0, 16.0)
 #: the size of a scanned or reduced axis (``_long``) in the join test's long draws, the other axes 1 to 3:
@@ -210,7 +215,10 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
     others take them past ``SMALL`` and every constant of the diagrams and their index predicates
     (``_constants``: a window of width 8 needs sizes above 8 to show an off-by-one, a factor
     ``min(1, 8 / x)`` sizes above 8 to differ from 1, ``min(1, 14.5 / x)`` above 15); an axis a
-    ``rename`` ties to another (``_ties``) takes that one's size.  Where a
+    ``rename`` ties to another (``_ties``) takes that one's size.  Where the forward has ``int``
+    inputs that are no labels (segment ids, lengths, masks), ``EMPTIED`` more draws, one at each kind
+    of sizes, empty rows of the data masks (``drawn_integers``' ``emptied``: a length 0, an id no other
+    input holds), where an unguarded exp(S - L) is NaN and the VJP's gradient 0.  Where a
     scan (``cumsum``, ``linrec``) runs along a symbolic axis, or the forward reduces one (``_long``),
     ``DRIFTS`` more draws take that axis
     at ``LONG`` and the others at 1 to 3, inputs normal about each drift (int inputs all 1), compared where the VJP
@@ -233,26 +241,28 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
     labels = {**gathered, **_labels(forward, backwards, ln)}
     # an axis a rename ties to another (rename[t -> s]: a segsum's copy of t) is drawn at its size
     ties = _ties(nodes, axes)
-    plans: list[tuple[np.random.Generator, dict[str, int], float, float]] = []  # rng, sizes, scale, drift
-    for seed in range(DRAWS):
+    # rng, sizes, scale, drift, and whether the data masks empty rows
+    plans: list[tuple[np.random.Generator, dict[str, int], float, float, bool]] = []
+    data = [i for i, p in enumerate(forward.inputs) if p.integer and i not in labels]  # ids, lengths, masks
+    for seed in range(DRAWS + (EMPTIED if data else 0)):
         rng = np.random.default_rng(seed)
-        low = 1 if seed == 0 else max(past, SMALL) + 1
+        low = 1 if seed % DRAWS == 0 else max(past, SMALL) + 1
         sizes = {a: n if n is not None else int(rng.integers(low, low + 7)) for a, n in axes.items()}
-        plans.append((rng, {a: sizes[ties.get(a, a)] for a in sizes}, SCALES[seed % len(SCALES)], 0.0))
+        plans.append((rng, {a: sizes[ties.get(a, a)] for a in sizes}, SCALES[seed % len(SCALES)], 0.0, seed >= DRAWS))
     longs = list(dict.fromkeys(ties.get(a, a) for a in _long(nodes, _nodes((forward,)), axes)))
     for j, (long, drift) in enumerate((a, d) for a in longs for d in DRIFTS):
-        rng = np.random.default_rng(DRAWS + j)
+        rng = np.random.default_rng(DRAWS + j)  # as before the emptied draws: a join without int inputs is unchanged
         sizes = {a: n if n is not None else LONG if a == long else int(rng.integers(1, 4)) for a, n in axes.items()}
-        plans.append((rng, {a: sizes[ties.get(a, a)] for a in sizes}, 1.0, drift))
+        plans.append((rng, {a: sizes[ties.get(a, a)] for a in sizes}, 1.0, drift, False))
     drawn = []
-    for rng, sizes, scale, drift in plans:
+    for rng, sizes, scale, drift, empty in plans:
         drawn.append(", ".join(f"{a}={n}" for a, n in sizes.items() if axes[a] is None) + f" at scale {scale:g}" +
-                     (f" about {drift:+g}" if drift else ""))
+                     (f" about {drift:+g}" if drift else "") + (" with rows the data masks empty" if empty else ""))
         # a long draw's int inputs (ids, masks) all 1, where each data mask keeps every entry: beside 1 to 3
         # queries, 1024 keys of documents 1 then 2 leave a later query of document 2 no key (a row a mask empties,
-        # NaN from exp(S - L) at L = -inf: no overflow of length, which these draws are for)
-        args = [(np.ones([sizes[a] for a in p.axes]) if drift else drawn_integers(rng, [sizes[a] for a in p.axes],
-                                                                                  i in masks))
+        # which the emptied draws look for; these look for an overflow with length)
+        args = [(np.ones([sizes[a] for a in p.axes]) if drift else
+                 drawn_integers(rng, [sizes[a] for a in p.axes], i in masks, data.index(i) if empty else None))
                 if p.integer and i not in labels else
                 _drawn(rng, [sizes[a] for a in p.axes], scale, sizes.get(labels.get(i, ""), 0), i in gathered) +
                 (drift if i not in labels else 0.0) for i, p in enumerate(forward.inputs)]
@@ -338,20 +348,35 @@ def _drawn(rng: np.random.Generator, shape: list[int], scale: float, vocabulary:
     return drawn.astype(np.float64)
 
 
-def drawn_integers(rng: np.random.Generator, shape: list[int], mask: bool = False) -> np.ndarray:
+def drawn_integers(rng: np.random.Generator, shape: list[int], mask: bool = False,
+                   emptied: int | None = None) -> np.ndarray:
     """An ``int`` input (segment ids, lengths): 1s then 2s along its last axis, both present
     where there is room, so that segment ids of queries and keys share their documents and a
-    length keeps a key (a row a mask empties has no FA-2 backward: README "Training").  A
-    ``mask`` (a ``select``'s) is 0s and 1s instead, 1 at position 0 along each axis, so that
-    every row along any axis keeps an entry and the others are masked: 1s and 2s masked none."""
+    length keeps a key.  A ``mask`` (a ``select``'s) is 0s and 1s instead, 1 at position 0 along
+    each axis, so that every row along any axis keeps an entry and the others are masked: 1s and
+    2s masked none.
+
+    ``emptied`` (the input's number k among the drawn ``int`` inputs): rows a data mask empties
+    too, where a backward's exp(S - L) is exp(-inf + inf) = NaN and the VJP's gradient 0 (README
+    "Derived backward").  Position 0 along the last axis is -k (so a length 0, or a document id
+    no other input holds: a query with no key), other positions as above; a mask of two or more
+    axes is 0 on every slice through position 0 of an axis and 1 at the last position of each axis
+    elsewhere (every line along any axis through position 0 of another is empty, the others keep
+    an entry), one of one axis or none 0 everywhere."""
     if mask:
-        drawn = rng.integers(0, 2, shape)
+        drawn = np.asarray(rng.integers(0, 2, shape))
         for k in range(len(shape)):
-            drawn[(slice(None),) * k + (0,)] = 1
-        return np.asarray(drawn).astype(np.float64)
+            drawn[(slice(None),) * k + (0 if emptied is None else -1,)] = 1
+        if emptied is not None:
+            drawn[...] = 0 if len(shape) <= 1 else drawn
+            for k in range(len(shape)):
+                drawn[(slice(None),) * k + (0,)] = 0
+        return drawn.astype(np.float64)
     drawn = np.sort(rng.integers(1, 3, shape), axis=-1) if shape else np.asarray(rng.integers(1, 3))
     if shape and shape[-1] >= 2:
         drawn[..., 0], drawn[..., -1] = 1, 2
+    if emptied is not None:
+        drawn[(..., 0) if shape else ...] = -emptied
     return drawn.astype(np.float64)
 
 
@@ -369,10 +394,14 @@ def _constants(diagrams: Sequence[Diagram], nodes: Sequence[Expr], axes: dict[st
     scalar, ``min(1, d / t)`` with d = 64 is 1 up to t = 64; arithmetic of constants, ``exp(3)``,
     ``4 * 4``; not the parts of a constant term, ``rsqrt(d)`` counts 0.125), the integers of their index
     predicates and the values of their integer arithmetic (a window ``s + 4 * 4``), and the sizes of
-    declared axes an index predicate compares against (a position along ``d = 64`` reaches 63)."""
+    declared axes an index predicate compares against (a position along ``d = 64`` reaches 63).  A
+    guarded shift's -FLOAT_MAX (``max(L, -FLOAT_MAX)``, ``grad._weights``) is not counted: no size
+    reaches it, and it is the statistic itself wherever that is not -inf."""
     found = [0]
+    guards = {id(node.args[1]) for node in nodes if isinstance(node, Box) and node.op == "maximum"
+              and node.args[1] == Const(-FLOAT_MAX)}
     for node in nodes:
-        if isinstance(node, Const) and math.isfinite(node.value):
+        if isinstance(node, Const) and math.isfinite(node.value) and id(node) not in guards:
             found.append(math.ceil(abs(node.value)))
         elif isinstance(node, Box) and node.index is not None:
             found += [abs(n) for n in _index_integers(node.index)]

@@ -10,7 +10,8 @@ proofs/flash_attention_backward.ncd write by hand:
    (``grad.exp_normalised``: ``softmax[T](S)``, ``ncontract[T; exp, exp, id](S, V)``) and the
    output ``O = contract(P, V)`` each softmax feeds; it is proved by the theorem's own steps
    (or, where they do not apply to it, by ``derive``'s search);
-2. the VJP reading them (``grad.vjp(..., saved=, statistics=)``): ``P = exp(S - L)``, no
+2. the VJP reading them (``grad.vjp(..., saved=, statistics=)``): ``P = exp(S - L)`` (guarded,
+   ``exp(S - max(L, -FLOAT_MAX))``, so that a row a mask empties gives 0: ``grad._weights``), no
    second softmax, and softmax's VJP term ``D = Σ dO·O`` from the saved output;
 3. split into passes (``passes``), one per set of input gradients of the same axes (dK and
    dV together, dQ alone), so that each pass's ``derive`` search can group its gradients' own
@@ -140,7 +141,7 @@ def passes(forward: Saving, name: str) -> tuple[Diagram, ...]:
     ``dX`` for its inputs X and reading only what it needs.  Inputs whose gradient is zero
     (labels, indices) have none (``lower``'s join gives them zeros).  Each statistic ``L`` is
     given as the forward's ``logsumexp[T](S)`` over the inputs (``Param.given``): the passes are
-    claimed for the forward's saved values, where ``exp(S - L)`` is in [0, 1]."""
+    claimed for the forward's saved values, where their guarded ``exp(S - L)`` is in [0, 1]."""
     primal = replace(forward.diagram, outputs=forward.diagram.outputs[:forward.primal],
                      out_types=forward.diagram.out_types[:forward.primal])
     full = vjp(primal, saved=forward.saved, statistics=forward.statistics)

@@ -74,14 +74,37 @@ class LevelCost:
 
     The top level (hbm) has no parent: its ``transfers`` are 0 and its ``memory`` is the
     footprint of the arrays that live there.
+
+    The transfers are kept as counted (``counted``, ``counted_bytes``: the view's count, then
+    what a split or a block mask adds) and simplified when first read (``simplified``, each sum
+    in turn, as ``cost_of`` builds them): a search ranks by the bytes alone and a docstring prints
+    the values alone, and simplifying a masked stream's count is most of a pricing's time.
     """
 
     name: str
     parent: str | None
-    transfers: Expr
-    transfers_bytes: Expr
+    counted: tuple[Expr, ...]
+    counted_bytes: tuple[Expr, ...]
     memory: Expr
     memory_bytes: Expr
+
+    @functools.cached_property
+    def transfers(self) -> Expr:
+        """Values moved between this level and its parent."""
+        return _summed(self.counted)
+
+    @functools.cached_property
+    def transfers_bytes(self) -> Expr:
+        """Bytes moved between this level and its parent."""
+        return _summed(self.counted_bytes)
+
+
+def _summed(terms: tuple[Expr, ...]) -> Expr:
+    """The first term simplified, then each further term added and the sum simplified again."""
+    total = simplified(terms[0])
+    for term in terms[1:]:
+        total = simplified(total + term)
+    return total
 
 
 @dataclass(frozen=True)
@@ -347,22 +370,22 @@ def cost_of(diagram: Diagram, schedule: Schedule, hardware: str | hw.Hardware = 
         prof.level(view.level)  # every level the schedule uses must exist on the hardware
     levels = [_top(prog, bytes_of)]
     for view in prog.views:
-        levels.append(LevelCost(view.level, view.parent, simplified(view.transfers()),
-                                simplified(view.transfers(bytes_of)), view.memory(), view.memory(bytes_of)))
+        levels.append(LevelCost(view.level, view.parent, (view.transfers(),), (view.transfers(bytes_of),),
+                                view.memory(), view.memory(bytes_of)))
     try:
         split = split_cost(prog, bytes_of, by_node)
     except ValueError as exc:  # several splits: the caller's schedule, not a defect of the model
         raise CostError(str(exc)) from None
     if split is not None:  # its partial states and re-reads cross hbm too
-        levels[1] = replace(levels[1], transfers=simplified(levels[1].transfers + split.transfers),
-                            transfers_bytes=simplified(levels[1].transfers_bytes + split.transfers_bytes))
+        levels[1] = replace(levels[1], counted=(*levels[1].counted, split.transfers),
+                            counted_bytes=(*levels[1].counted_bytes, split.transfers_bytes))
         levels[0] = replace(levels[0], memory=levels[0].memory + split.states,
                             memory_bytes=levels[0].memory_bytes + split.states_bytes)
     if prog.block_mask is not None:  # a data mask's block mask: computed before the kernel, from hbm
         mask = prog.block_mask
         elements = {name: sympy.Mul(*(size_syms[a] for a in nest.flat.type_of(name))) for name in mask.reads}
-        levels[1] = replace(levels[1], transfers=simplified(levels[1].transfers + mask.transfers(elements)),
-                            transfers_bytes=simplified(levels[1].transfers_bytes + mask.transfers(elements, bytes_of)))
+        levels[1] = replace(levels[1], counted=(*levels[1].counted, mask.transfers(elements)),
+                            counted_bytes=(*levels[1].counted_bytes, mask.transfers(elements, bytes_of)))
     base = prog if source is None else program(loop_nest(source, Schedule()), size_syms, tile_syms)
     base_bytes = bytes_of if source is None else \
         _bytes_of(base.nest.flat, Schedule(), dtypes or {}, dtype, integers, source, strict=False)
@@ -411,7 +434,7 @@ def _top(prog: Program, bytes_of: Mapping[str, int]) -> LevelCost:
     resident = [n for n, h in homes.items() if h == "hbm"]
     values = sympy.Add(*(_size(prog, flat.type_of(n)) for n in resident))
     weighted = sympy.Add(*(_size(prog, flat.type_of(n)) * bytes_of[n] for n in resident))
-    return LevelCost("hbm", None, sympy.Integer(0), sympy.Integer(0), values, weighted)
+    return LevelCost("hbm", None, (sympy.Integer(0),), (sympy.Integer(0),), values, weighted)
 
 
 def _flops(prog: Program, contractions: bool = False) -> Expr:

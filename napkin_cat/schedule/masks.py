@@ -471,7 +471,8 @@ class _Signs:
 
     def __call__(self, expr: Expr, sign: int) -> bool:
         """Is ``expr`` provably >= 0 (sign 1) or <= 0 (sign -1)?"""
-        for value in (simplified(expr), simplified(sympy.sympify(expr).subs(self.table))):
+        for form in (lambda: expr, lambda: sympy.sympify(expr).subs(self.table)):  # the capped form only if needed
+            value = simplified(form())
             if (value.is_nonnegative if sign > 0 else value.is_nonpositive):
                 return True
         return False

@@ -298,10 +298,11 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
             if not close.all():
                 where = tuple(int(i) for i in np.argwhere(~close)[0])
                 given = "" if any(i == k for t in ln.targets for i in t) else " (no backward gives it)"
+                apart = (f" ({abs(g[where] - w[where]):.3g} apart, where float64's rounding accounts for at most "
+                         f"{bound[where]:.3g})" if np.isfinite(g[where]) and np.isfinite(w[where]) else "")
                 raise NapkinError(error("lower.backward_wrong", why=(
                     f"d{p.name} at {list(where)} is {g[where]:.6g} from the backwards{given} but {w[where]:.6g} from "
-                    f"the VJP ({abs(g[where] - w[where]):.3g} apart, where float64's rounding accounts for at most "
-                    f"{bound[where]:.3g}), with sizes {drawn[-1]}"
+                    f"the VJP{apart}, with sizes {drawn[-1]}"
                     f"{' and labels across the vocabulary' if labels else ''}")))
     return (f"in float64 (within its rounding, lower.roundoff) at {len(plans)} size draws ({'; '.join(drawn)}; the "
             f"largest constant of the diagrams, rounded up: {past})"

@@ -526,6 +526,33 @@ def test_exp_of_a_shifted_score_keeps_f32_accuracy_however_large_the_scores(targ
     assert cases.relative_error(got, cases.reference(thm, [scores, values], {})[0]) < cases.F32_TOL
 
 
+
+@pytest.mark.parametrize("target", ["pallas", "jax"])
+def test_a_row_of_scores_below_the_guard_is_not_read_as_masked(target: str) -> None:
+    """issue 28 (red team rtdeep): the guarded shift max(m, -FLOAT_MAX) was lowered as
+    max(m, -BIG) with BIG 0.35 of f32's maximum, so a row whose finite f32 scores all lie
+    below -1.19e38 was shifted by -BIG, every weight exp(S + BIG) underflowed to 0 and the
+    row read as fully masked: logsumexp -inf for -2e38, softmax's output 0 where the evaluator
+    gives V at the row's maximum (relative error 1.0).  BIG is now f32's maximum."""
+    scores = np.full((5, 37), -2e38)
+    scores[:, 1] = -2.00001e38
+    scores[2] = np.linspace(-3.4e38, -1.3e38, 37)
+    scores = scores.astype(np.float32).astype(np.float64)
+    values = np.arange(37 * 4, dtype=np.float64).reshape(37, 4) / 10
+    options = {"interpret": True} if target == "pallas" else {}
+    flash = cases.proved("axis q, x, d\ndiagram scored(S: [q x], V: [x d]) -> [q d] {\n  P = softmax[x](S)\n"
+                         "  O = contract[x](P, V)\n  return O\n}", "scored",
+                         "rewrite softmax_contract at P, O", "group q by gq", "stream x by sx via online_softmax")
+    lse = cases.proved("axis q, x\ndiagram lse(S: [q x]) -> [q] {\n  return logsumexp[x](S)\n}", "lse",
+                       "group q by gq", "stream x by sx")
+    for thm, arrays in ((flash, [scores, values]), (lse, [scores])):
+        got = lower(thm, target=target, tiles={"gq": 16, "sx": 16}).fn(*[jnp.asarray(a, jnp.float32) for a in arrays],
+                                                                    **options)
+        want = cases.reference(thm, arrays, {})[0]
+        assert np.all(np.isfinite(want))
+        assert cases.relative_error(got, want) < cases.F32_TOL
+
+
 def _kernel_primitives(fn: Any, *arrays: np.ndarray) -> list[str]:
     """The primitives of the Pallas kernel bodies ``fn`` traces to at these arrays' shapes."""
     found: list[str] = []

@@ -553,6 +553,42 @@ def test_a_row_of_scores_below_the_guard_is_not_read_as_masked(target: str) -> N
         assert cases.relative_error(got, want) < cases.F32_TOL
 
 
+
+@pytest.mark.parametrize("target", ["pallas", "jax"])
+@pytest.mark.parametrize("scale", [1e-20, 1e-35, 1e25])
+def test_scale_invariant_weights_of_a_whole_axis_do_not_underflow(target: str, scale: float) -> None:
+    """issue 28 (red team rtdeep): l2norm, rmsnorm and an l2 normalised contraction over a whole
+    axis computed Σ s² in f32, which underflows to 0 for scores near 1e-20 (and overflows near
+    1e25): the kernel gave 0 where the evaluator's weights are of order 1 (relative error 0.58
+    to 1.0, on inputs f32 holds as normal numbers).  Weights invariant under scaling are now
+    computed on s divided by the row's largest |s| (``jaxops._scale``)."""
+    rng = np.random.default_rng(3)
+    scores = (rng.standard_normal((5, 37)) * scale).astype(np.float32).astype(np.float64)
+    scores[1] = 0.0  # an all-zero row still gives 0
+    values = rng.standard_normal((37, 4))
+    options = {"interpret": True} if target == "pallas" else {}
+    text = ("axis q, x, d\ndiagram norms(S: [q x], V: [x d]) -> [q x], [q x], [q d] {\n"
+            "  return l2norm[x](S), rmsnorm[x](S), ncontract[x; id, square, sqrt](S, V)\n}")
+    thm = cases.proved(text, "norms", "group q by gq")
+    got = lower(thm, target=target, tiles={"gq": 16}).fn(jnp.asarray(scores, jnp.float32),
+                                                         jnp.asarray(values, jnp.float32), **options)
+    for out, want in zip(got, cases.reference(thm, [scores, values], {}), strict=True):
+        assert np.max(np.abs(want)) > 0.1
+        assert cases.relative_error(out, want) < cases.F32_TOL
+
+
+@pytest.mark.xfail(strict=True, reason="the streamed normalised state (Σ s·v, Σ s²) is certified as written and "
+                   "lowered so: f32's Σ s² underflows at scores near 1e-21 (README 'Kernels')")
+def test_the_streamed_l2_state_underflows_at_tiny_scores() -> None:
+    """The limit README states for streamed l2/rms kernels: ``flash_sign`` at Q and K of 1e-11
+    (scores near 1e-21) gives 0 where the evaluator's output reaches 3.9 (issue 28, red team rtdeep)."""
+    thm = cases.theorems()["flash_sign"]
+    sizes, arrays = cases.inputs(thm, 0, low=17, high=60)
+    arrays = [(a * (1e-11 if i < 2 else 1.0)).astype(np.float32).astype(np.float64) for i, a in enumerate(arrays)]
+    got = lower(thm, target="jax", tiles=cases.TILES).fn(*[jnp.asarray(a, jnp.float32) for a in arrays])
+    assert cases.relative_error(got, cases.reference(thm, arrays, sizes)[0]) < cases.F32_TOL
+
+
 def _kernel_primitives(fn: Any, *arrays: np.ndarray) -> list[str]:
     """The primitives of the Pallas kernel bodies ``fn`` traces to at these arrays' shapes."""
     found: list[str] = []

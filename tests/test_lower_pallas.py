@@ -577,6 +577,29 @@ def test_scale_invariant_weights_of_a_whole_axis_do_not_underflow(target: str, s
         assert cases.relative_error(out, want) < cases.F32_TOL
 
 
+
+@pytest.mark.parametrize("target", ["pallas", "jax"])
+def test_exp_weights_under_a_square_root_normaliser_do_not_overflow(target: str) -> None:
+    """issue 28 (red team rtdeep): a whole-axis ``ncontract[x; exp, exp, sqrt]`` (and rms) read
+    exp(s) itself, which overflows f32 at s = 89: scores near 95 (|S| far below 10⁴) gave NaN in
+    every entry where the evaluator's output is 2.5e21.  It is now exp(s - m/2)/sqrt(Σ exp(s - m)),
+    m the row's maximum where finite (the normaliser's degree, 1/2, times m)."""
+    rng = np.random.default_rng(5)
+    values = rng.standard_normal((37, 4))
+    options = {"interpret": True} if target == "pallas" else {}
+    text = ("axis q, x, d\ndiagram es(S: [q x], V: [x d]) -> [q d], [q d] {\n"
+            "  return ncontract[x; exp, exp, sqrt](S, V), ncontract[x; exp, exp, rms](S, V)\n}")
+    thm = cases.proved(text, "es", "group q by gq")
+    fn = lower(thm, target=target, tiles={"gq": 16}).fn
+    for offset in (0.0, 95.0, 150.0):
+        scores = (offset + rng.standard_normal((5, 37))).astype(np.float32).astype(np.float64)
+        scores[2, 5:] = -np.inf  # a partly masked row
+        got = fn(jnp.asarray(scores, jnp.float32), jnp.asarray(values, jnp.float32), **options)
+        for out, want in zip(got, cases.reference(thm, [scores, values], {}), strict=True):
+            assert np.max(np.abs(want)) < 1e35
+            assert cases.relative_error(out, want) < cases.F32_TOL
+
+
 @pytest.mark.xfail(strict=True, reason="the streamed normalised state (Σ s·v, Σ s²) is certified as written and "
                    "lowered so: f32's Σ s² underflows at scores near 1e-21 (README 'Kernels')")
 def test_the_streamed_l2_state_underflows_at_tiny_scores() -> None:

@@ -228,12 +228,18 @@ def _weights(params: Sequence[str], x: Value, target: Axes, scope: Scope) -> ast
     a1, a2, b = params
     where = positions(x.axes, target)
     s = x.expr
-    if a1 == a2 == "exp" and b == "id":
-        s = scope.block.bind("shifted", cg.binop(s, "-", _shift(x, where, scope)))
+    numerator = None
+    if a1 == a2 == "exp":  # exp(s)/b(Σ exp(s)) = exp(s - r·m)/b(Σ exp(s - m)), b of degree r
+        shift = _shift(x, where, scope)
+        s = scope.block.bind("shifted", cg.binop(s, "-", shift))
+        if b != "id":  # exp(s) alone overflows f32 at s = 89 where the weights do not (sqrt: 178)
+            half = cg.binop(shift, "*", cg.const(_NORMALISER_DEGREE[b]))
+            numerator = scope.block.bind("top", unary("exp", cg.binop(x.expr, "-", half), scope))
     elif a1 in _DEGREE and a2 in _DEGREE and _DEGREE[a1] == _DEGREE[a2] * _NORMALISER_DEGREE[b]:
         s = scope.block.bind("scaled", cg.binop(s, "/", _scale(x, where, scope)))
     top = scope.block.bind("top", unary(a1, s, scope))
     bottom = top if a2 == a1 else unary(a2, s, scope)
+    top = numerator if numerator is not None else top
     z: ast.expr = _kept_dims(cg.call("jnp.sum", bottom, keywords=[cg.kw("axis", where)]), x, where, scope)
     if b == "sqrt":
         z = cg.call("jnp.sqrt", z)

@@ -127,6 +127,17 @@ def _reduce(box: Box, args: Sequence[Value], scope: Scope) -> Value:
         return Value(cg.binop(rows, "+", cg.call("jnp.log", total)), out)
     if box.op == "mean":
         return Value(cg.binop(cg.call("jnp.sum", x.expr, keywords=axis_kw), "/", count(box.target, scope)), out)
+    if box.op == "prod":  # a row of finite entries holding a zero is a signed zero: its other entries
+        # multiply as their signs, so no f32 partial product overflows to inf and meets the 0 (NaN at
+        # entries of 1e4 where the evaluator's product is 0)
+        def rows(test: ast.expr) -> ast.expr:
+            return _kept_dims(cg.call("jnp.all", test, keywords=axis_kw), x, where, scope)
+        zero = cg.binop(x.expr, "==", cg.const(0.0))
+        zeroed = cg.binop(cg.call("jnp.logical_not", rows(cg.call("jnp.logical_not", zero))), "&",
+                          rows(cg.call("jnp.isfinite", x.expr)))
+        signs = cg.call("jnp.where", zero, x.expr, cg.call("jnp.sign", x.expr))
+        product = cg.call("jnp.where", zeroed, signs, x.expr)
+        return Value(cg.call("jnp.prod", product, keywords=axis_kw), out)
     return Value(cg.call(f"jnp.{box.op}", x.expr, keywords=axis_kw), out)
 
 

@@ -130,11 +130,11 @@ def _reduce(box: Box, args: Sequence[Value], scope: Scope) -> Value:
     if box.op == "prod":  # a row of finite entries holding a zero is a signed zero: its other entries
         # multiply as their signs, so no f32 partial product overflows to inf and meets the 0 (NaN at
         # entries of 1e4 where the evaluator's product is 0)
-        def rows(test: ast.expr) -> ast.expr:
+        def every(test: ast.expr) -> ast.expr:
             return _kept_dims(cg.call("jnp.all", test, keywords=axis_kw), x, where, scope)
         zero = cg.binop(x.expr, "==", cg.const(0.0))
-        zeroed = cg.binop(cg.call("jnp.logical_not", rows(cg.call("jnp.logical_not", zero))), "&",
-                          rows(cg.call("jnp.isfinite", x.expr)))
+        zeroed = cg.binop(cg.call("jnp.logical_not", every(cg.call("jnp.logical_not", zero))), "&",
+                          every(cg.call("jnp.isfinite", x.expr)))
         signs = cg.call("jnp.where", zero, x.expr, cg.call("jnp.sign", x.expr))
         product = cg.call("jnp.where", zeroed, signs, x.expr)
         return Value(cg.call("jnp.prod", product, keywords=axis_kw), out)

@@ -514,3 +514,19 @@ def test_the_nested_tile_check_reads_the_theorems_assumptions() -> None:
     arrays = [rng.standard_normal((3, 70)), rng.standard_normal((70, 2))]
     got = lower(thm, target="jax", tiles={"x": 32}).fn(*[jnp.asarray(a, jnp.float32) for a in arrays])
     assert cases.relative_error(got, evaluate(thm.source, arrays)) < 1e-5
+
+
+def test_a_product_holding_a_zero_is_a_signed_zero_whatever_its_other_entries() -> None:
+    """issue 28 (red team rtdeep): a whole-axis ``prod`` of a row of entries 1e4 holding one 0
+    multiplied in f32 to inf and then by the 0: NaN where the evaluator's product is 0 (3 of 4
+    rows).  A row of finite entries holding a zero now multiplies its other entries' signs, so the
+    zero keeps the evaluator's sign (-0 with an odd count of negative entries)."""
+    thm = cases.proved("axis q, x\ndiagram pr(S: [q x]) -> [q] {\n  return prod[x](S)\n}", "pr", "group q by gq")
+    rows = np.full((5, 40), 1e4)
+    rows[0, 0] = rows[1, 39] = rows[2, 20] = 0.0
+    rows[3, 7], rows[3, 9] = -0.0, -1e4
+    rows[4] = 0.5
+    want = cases.reference(thm, [rows], {})[0]
+    got = np.asarray(lower(thm, target="jax", tiles={"gq": 16}).fn(jnp.asarray(rows, jnp.float32)), np.float64)
+    assert np.array_equal(got[:4], want[:4]) and np.array_equal(np.signbit(got), np.signbit(want))
+    assert cases.relative_error(got, want) < cases.F32_TOL

@@ -526,6 +526,92 @@ def test_exp_of_a_shifted_score_keeps_f32_accuracy_however_large_the_scores(targ
     assert cases.relative_error(got, cases.reference(thm, [scores, values], {})[0]) < cases.F32_TOL
 
 
+
+@pytest.mark.parametrize("target", ["pallas", "jax"])
+def test_a_row_of_scores_below_the_guard_is_not_read_as_masked(target: str) -> None:
+    """issue 28 (red team rtdeep): the guarded shift max(m, -FLOAT_MAX) was lowered as
+    max(m, -BIG) with BIG 0.35 of f32's maximum, so a row whose finite f32 scores all lie
+    below -1.19e38 was shifted by -BIG, every weight exp(S + BIG) underflowed to 0 and the
+    row read as fully masked: logsumexp -inf for -2e38, softmax's output 0 where the evaluator
+    gives V at the row's maximum (relative error 1.0).  BIG is now f32's maximum."""
+    scores = np.full((5, 37), -2e38)
+    scores[:, 1] = -2.00001e38
+    scores[2] = np.linspace(-3.4e38, -1.3e38, 37)
+    scores = scores.astype(np.float32).astype(np.float64)
+    values = np.arange(37 * 4, dtype=np.float64).reshape(37, 4) / 10
+    options = {"interpret": True} if target == "pallas" else {}
+    flash = cases.proved("axis q, x, d\ndiagram scored(S: [q x], V: [x d]) -> [q d] {\n  P = softmax[x](S)\n"
+                         "  O = contract[x](P, V)\n  return O\n}", "scored",
+                         "rewrite softmax_contract at P, O", "group q by gq", "stream x by sx via online_softmax")
+    lse = cases.proved("axis q, x\ndiagram lse(S: [q x]) -> [q] {\n  return logsumexp[x](S)\n}", "lse",
+                       "group q by gq", "stream x by sx")
+    for thm, arrays in ((flash, [scores, values]), (lse, [scores])):
+        got = lower(thm, target=target, tiles={"gq": 16, "sx": 16}).fn(*[jnp.asarray(a, jnp.float32) for a in arrays],
+                                                                    **options)
+        want = cases.reference(thm, arrays, {})[0]
+        assert np.all(np.isfinite(want))
+        assert cases.relative_error(got, want) < cases.F32_TOL
+
+
+
+@pytest.mark.parametrize("target", ["pallas", "jax"])
+@pytest.mark.parametrize("scale", [1e-20, 1e-35, 1e25])
+def test_scale_invariant_weights_of_a_whole_axis_do_not_underflow(target: str, scale: float) -> None:
+    """issue 28 (red team rtdeep): l2norm, rmsnorm and an l2 normalised contraction over a whole
+    axis computed Σ s² in f32, which underflows to 0 for scores near 1e-20 (and overflows near
+    1e25): the kernel gave 0 where the evaluator's weights are of order 1 (relative error 0.58
+    to 1.0, on inputs f32 holds as normal numbers).  Weights invariant under scaling are now
+    computed on s divided by the row's largest |s| (``jaxops._scale``)."""
+    rng = np.random.default_rng(3)
+    scores = (rng.standard_normal((5, 37)) * scale).astype(np.float32).astype(np.float64)
+    scores[1] = 0.0  # an all-zero row still gives 0
+    values = rng.standard_normal((37, 4))
+    options = {"interpret": True} if target == "pallas" else {}
+    text = ("axis q, x, d\ndiagram norms(S: [q x], V: [x d]) -> [q x], [q x], [q d] {\n"
+            "  return l2norm[x](S), rmsnorm[x](S), ncontract[x; id, square, sqrt](S, V)\n}")
+    thm = cases.proved(text, "norms", "group q by gq")
+    got = lower(thm, target=target, tiles={"gq": 16}).fn(jnp.asarray(scores, jnp.float32),
+                                                         jnp.asarray(values, jnp.float32), **options)
+    for out, want in zip(got, cases.reference(thm, [scores, values], {}), strict=True):
+        assert np.max(np.abs(want)) > 0.1
+        assert cases.relative_error(out, want) < cases.F32_TOL
+
+
+
+@pytest.mark.parametrize("target", ["pallas", "jax"])
+def test_exp_weights_under_a_square_root_normaliser_do_not_overflow(target: str) -> None:
+    """issue 28 (red team rtdeep): a whole-axis ``ncontract[x; exp, exp, sqrt]`` (and rms) read
+    exp(s) itself, which overflows f32 at s = 89: scores near 95 (|S| far below 10⁴) gave NaN in
+    every entry where the evaluator's output is 2.5e21.  It is now exp(s - m/2)/sqrt(Σ exp(s - m)),
+    m the row's maximum where finite (the normaliser's degree, 1/2, times m)."""
+    rng = np.random.default_rng(5)
+    values = rng.standard_normal((37, 4))
+    options = {"interpret": True} if target == "pallas" else {}
+    text = ("axis q, x, d\ndiagram es(S: [q x], V: [x d]) -> [q d], [q d] {\n"
+            "  return ncontract[x; exp, exp, sqrt](S, V), ncontract[x; exp, exp, rms](S, V)\n}")
+    thm = cases.proved(text, "es", "group q by gq")
+    fn = lower(thm, target=target, tiles={"gq": 16}).fn
+    for offset in (0.0, 95.0, 150.0):
+        scores = (offset + rng.standard_normal((5, 37))).astype(np.float32).astype(np.float64)
+        scores[2, 5:] = -np.inf  # a partly masked row
+        got = fn(jnp.asarray(scores, jnp.float32), jnp.asarray(values, jnp.float32), **options)
+        for out, want in zip(got, cases.reference(thm, [scores, values], {}), strict=True):
+            assert np.max(np.abs(want)) < 1e35
+            assert cases.relative_error(out, want) < cases.F32_TOL
+
+
+@pytest.mark.xfail(strict=True, reason="the streamed normalised state (Σ s·v, Σ s²) is certified as written and "
+                   "lowered so: f32's Σ s² underflows at scores near 1e-21 (README 'Kernels')")
+def test_the_streamed_l2_state_underflows_at_tiny_scores() -> None:
+    """The limit README states for streamed l2/rms kernels: ``flash_sign`` at Q and K of 1e-11
+    (scores near 1e-21) gives 0 where the evaluator's output reaches 3.9 (issue 28, red team rtdeep)."""
+    thm = cases.theorems()["flash_sign"]
+    sizes, arrays = cases.inputs(thm, 0, low=17, high=60)
+    arrays = [(a * (1e-11 if i < 2 else 1.0)).astype(np.float32).astype(np.float64) for i, a in enumerate(arrays)]
+    got = lower(thm, target="jax", tiles=cases.TILES).fn(*[jnp.asarray(a, jnp.float32) for a in arrays])
+    assert cases.relative_error(got, cases.reference(thm, arrays, sizes)[0]) < cases.F32_TOL
+
+
 def _kernel_primitives(fn: Any, *arrays: np.ndarray) -> list[str]:
     """The primitives of the Pallas kernel bodies ``fn`` traces to at these arrays' shapes."""
     found: list[str] = []

@@ -235,6 +235,30 @@ def test_both_linrec_helpers_run_the_recurrence(axis: int) -> None:
         np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-5, atol=1e-5)
 
 
+
+@pytest.mark.parametrize("target", ["jax", "pallas"])
+def test_a_masked_decay_of_minus_inf_gives_the_recurrences_infinities(target: str) -> None:
+    """issue 28 (red team rtdeep): the plain-JAX linrec's associative scan reassociates
+    A₂·(A₁·h + X₁) as (A₁·A₂)·h + A₂·X₁, so a decay masked to -inf (a `--strict` theorem) gave
+    inf - inf = NaN in 22 of 48 entries where the evaluator's recurrence gives ±inf; the scan now
+    runs in order when the chunk holds a non-finite A or X."""
+    (result,) = check_module(loads(
+        "axis t, d\ndiagram lr(A: [t], X: [t d]) -> [t d] {\n"
+        "  return linrec[t](where[t](t == 5 or t == 16, 0 - inf, A), where[t](t == 17, inf, X))\n}\n"
+        "theorem sc_lr: lr {\n  scan t by c pad\n}\n", "<test>"))
+    thm = result.theorem
+    rng = np.random.default_rng(0)
+    for t in (16, 40):
+        a, x = rng.uniform(-1, 1, t), rng.standard_normal((t, 3))
+        with np.errstate(all="ignore"):
+            want = run(thm.source, a, x)
+        options = {"interpret": True} if target == "pallas" else {}
+        got = np.asarray(lower(thm, target=target, tiles={"c": 16}).fn(jnp.asarray(a, jnp.float32),
+                                                                       jnp.asarray(x, jnp.float32), **options))
+        assert np.array_equal(np.isnan(got), np.isnan(want)) and np.sum(np.isinf(want)) > 10
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_a_scan_at_mesh_is_refused_by_the_lowering_and_the_cost_model() -> None:
     """The kernel admits a scan at any level (chunks in order are chunks in order); no backend passes a
     carry from device to device, so lowering with --mesh and costing the mesh refuse it by name."""

@@ -127,6 +127,17 @@ def _reduce(box: Box, args: Sequence[Value], scope: Scope) -> Value:
         return Value(cg.binop(rows, "+", cg.call("jnp.log", total)), out)
     if box.op == "mean":
         return Value(cg.binop(cg.call("jnp.sum", x.expr, keywords=axis_kw), "/", count(box.target, scope)), out)
+    if box.op == "prod":  # a row of finite entries holding a zero is a signed zero: its other entries
+        # multiply as their signs, so no f32 partial product overflows to inf and meets the 0 (NaN at
+        # entries of 1e4 where the evaluator's product is 0)
+        def every(test: ast.expr) -> ast.expr:
+            return _kept_dims(cg.call("jnp.all", test, keywords=axis_kw), x, where, scope)
+        zero = cg.binop(x.expr, "==", cg.const(0.0))
+        zeroed = cg.binop(cg.call("jnp.logical_not", every(cg.call("jnp.logical_not", zero))), "&",
+                          every(cg.call("jnp.isfinite", x.expr)))
+        signs = cg.call("jnp.where", zero, x.expr, cg.call("jnp.sign", x.expr))
+        product = cg.call("jnp.where", zeroed, signs, x.expr)
+        return Value(cg.call("jnp.prod", product, keywords=axis_kw), out)
     return Value(cg.call(f"jnp.{box.op}", x.expr, keywords=axis_kw), out)
 
 
@@ -191,6 +202,25 @@ def _shift(x: Value, where: ast.expr, scope: Scope) -> ast.expr:
     return scope.block.bind("shift", cg.call("jnp.where", finite, m, cg.const(0.0)))
 
 
+#: the degree p of the positively homogeneous weights, f(c·s) = c^p·f(s) for c > 0, and of the
+#: normalisers b: where a1's degree is a2's times b's, a1(s)/b(Σ a2(s)) is the same at s/c
+_DEGREE = {"id": 1.0, "neg": 1.0, "abs": 1.0, "relu": 1.0, "square": 2.0, "sign": 0.0, "sqrt": 0.5,
+           "rsqrt": -0.5, "recip": -1.0}
+_NORMALISER_DEGREE = {"id": 1.0, "sqrt": 0.5, "rms": 0.5}
+
+
+def _scale(x: Value, where: ast.expr, scope: Scope) -> ast.expr:
+    """The largest |s| along the normalised axes where it is finite and non-zero, else 1, bound
+    to a name: weights invariant under scaling (l2, rms) are computed on s divided by it, so
+    Σ s² neither underflows (l2-normalised scores near 1e-20 gave 0 where the evaluator's
+    weights are of order 1) nor overflows in f32; a row holding ±inf or NaN, or all zeros, is
+    computed as written (the evaluator's NaN and 0)."""
+    a = scope.block.bind("top", _kept_dims(cg.call("jnp.max", cg.call("jnp.abs", x.expr),
+                                                   keywords=[cg.kw("axis", where)]), x, where, scope))
+    usable = cg.binop(cg.binop(a, ">", cg.const(0.0)), "&", cg.binop(a, "<", cg.name("INF")))
+    return scope.block.bind("scale", cg.call("jnp.where", usable, a, cg.const(1.0)))
+
+
 def _kept_dims(reduced: ast.expr, x: Value, where: ast.expr, scope: Scope) -> ast.expr:
     """A reduction of ``x`` over ``where`` shaped to broadcast against it: the reduced axes kept
     as 1s, or on Mosaic GPU (``scope.wgmma``) broadcast back to ``x``'s shape, as its layouts
@@ -210,10 +240,18 @@ def _weights(params: Sequence[str], x: Value, target: Axes, scope: Scope) -> ast
     a1, a2, b = params
     where = positions(x.axes, target)
     s = x.expr
-    if a1 == a2 == "exp" and b == "id":
-        s = scope.block.bind("shifted", cg.binop(s, "-", _shift(x, where, scope)))
+    numerator = None
+    if a1 == a2 == "exp":  # exp(s)/b(Σ exp(s)) = exp(s - r·m)/b(Σ exp(s - m)), b of degree r
+        shift = _shift(x, where, scope)
+        s = scope.block.bind("shifted", cg.binop(s, "-", shift))
+        if b != "id":  # exp(s) alone overflows f32 at s = 89 where the weights do not (sqrt: 178)
+            half = cg.binop(shift, "*", cg.const(_NORMALISER_DEGREE[b]))
+            numerator = scope.block.bind("top", unary("exp", cg.binop(x.expr, "-", half), scope))
+    elif a1 in _DEGREE and a2 in _DEGREE and _DEGREE[a1] == _DEGREE[a2] * _NORMALISER_DEGREE[b]:
+        s = scope.block.bind("scaled", cg.binop(s, "/", _scale(x, where, scope)))
     top = scope.block.bind("top", unary(a1, s, scope))
     bottom = top if a2 == a1 else unary(a2, s, scope)
+    top = numerator if numerator is not None else top
     z: ast.expr = _kept_dims(cg.call("jnp.sum", bottom, keywords=[cg.kw("axis", where)]), x, where, scope)
     if b == "sqrt":
         z = cg.call("jnp.sqrt", z)

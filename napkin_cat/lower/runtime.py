@@ -159,11 +159,30 @@ def erf(x: Any) -> Any:
 
 def linrec(a: Any, x: Any, axis: int) -> Any:
     """h[0] = x[0], h[t] = a[t]·h[t-1] + x[t] along ``axis`` (a and x of one shape): an
-    associative scan of the pairs (a, x) under (a1, x1) ∘ (a2, x2) = (a1·a2, a2·x1 + x2)."""
+    associative scan of the pairs (a, x) under (a1, x1) ∘ (a2, x2) = (a1·a2, a2·x1 + x2) where
+    every a[t] (t > 0) and x[t] is finite, else the recurrence in the evaluator's order (a
+    ``lax.scan``).  The scan reassociates a2·(a1·h + x1) as (a1·a2)·h + a2·x1, which is not the
+    same with infinities: at a masked a[t] = -inf it gave inf - inf = NaN where the recurrence
+    gives ±inf (issue 28, red team rtdeep)."""
     def combine(first: Any, second: Any) -> Any:
         return first[0] * second[0], second[0] * first[1] + second[1]
 
-    return jax.lax.associative_scan(combine, (a, x), axis=axis)[1]
+    rows = jax.lax.broadcasted_iota(jnp.int32, x.shape, axis)
+    decay = jnp.where(rows > 0, a, 0.0)  # position 0's decay is never read: h[0] is x[0]
+
+    def ordered(decay: Any, x: Any) -> Any:
+        def step(h: Any, pair: Any) -> tuple[Any, Any]:
+            h = pair[0] * h + pair[1]
+            return h, h
+        start = jnp.zeros(x.shape[:axis] + x.shape[axis + 1:], x.dtype)
+        pairs = (jnp.moveaxis(decay, axis, 0), jnp.moveaxis(x, axis, 0))
+        return jnp.moveaxis(jax.lax.scan(step, start, pairs)[1], 0, axis)
+
+    def scanned(decay: Any, x: Any) -> Any:
+        return jax.lax.associative_scan(combine, (decay, x), axis=axis)[1]
+
+    finite = jnp.all(jnp.isfinite(decay)) & jnp.all(jnp.isfinite(x))
+    return jax.lax.cond(finite, scanned, ordered, decay, x)
 
 
 def linrec_rows(a: Any, x: Any, axis: int) -> Any:

@@ -15,7 +15,10 @@ other: ``log(inf)`` is inf; the online softmax of a row whose first chunk is ful
 not compute exp(-inf - -inf) = NaN because its running maximum is guarded, below, and padded
 stream positions hold the padding law's finite fills, ``jaxops.mask_padded``), and the
 accumulators' guards as their f32 stand-ins: ±``FLOAT_MAX`` (the guarded shift) as ±``BIG`` =
-0.35 of the f32 maximum (so ``s - (-BIG)`` stays finite for scores up to 0.65 of it) and
+the f32 maximum, so that ``max(m, -BIG)`` is m for every finite f32 m as ``max(m, -FLOAT_MAX)``
+is in float64 (a smaller stand-in turned a row whose scores all lie below it, finite inputs
+given exactly, into a masked one: logsumexp -inf and softmax weights 0 where the evaluator's
+are finite; the shifted score s - max(m, -BIG) is at most 0 since m is the running maximum), and
 ``TINY`` (the guarded divisor) as the smallest normal f32, so the guarded
 stable forms keep their meaning (a fully masked row gives 0 from softmax, as in evaluate.py).
 Any other value f32 cannot hold (beyond its maximum, or non-zero below its smallest normal,
@@ -43,7 +46,7 @@ __all__ = ["BIG", "INF", "TINY", "Scope", "Value", "align", "count", "index_expr
 
 F32 = np.finfo(np.float32)
 INF = math.inf
-BIG = float(np.float32(0.35 * float(F32.max)))
+BIG = float(F32.max)
 TINY = float(F32.tiny)
 
 

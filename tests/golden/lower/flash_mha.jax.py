@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 INF = jnp.inf
-BIG = 1.190988162528827e+38
+BIG = 3.4028234663852886e+38
 TINY = 1.1754943508222875e-38
 
 def bind_sizes(arrays, signature, declared, integers=()):

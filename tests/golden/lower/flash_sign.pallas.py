@@ -8,7 +8,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 INF = jnp.inf
-BIG = 1.190988162528827e+38
+BIG = 3.4028234663852886e+38
 TINY = 1.1754943508222875e-38
 
 def bind_sizes(arrays, signature, declared, integers=()):
@@ -115,8 +115,11 @@ def flash_sign_backward(Q, K, V, dO):
     V_2 = jnp.asarray(V, jnp.float32)
     dO_2 = jnp.asarray(dO, jnp.float32)
     S = jnp.einsum('ab,cb->ac', Q_2, K_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
-    z = jnp.sqrt(jnp.sum(S * S, axis=(1,), keepdims=True))
-    t = jnp.where(z == 0.0, 0.0, S / jnp.where(z == 0.0, 1.0, z))
+    top = jnp.max(jnp.abs(S), axis=(1,), keepdims=True)
+    scale = jnp.where((top > 0.0) & (top < INF), top, 1.0)
+    scaled = S / scale
+    z = jnp.sqrt(jnp.sum(scaled * scaled, axis=(1,), keepdims=True))
+    t = jnp.where(z == 0.0, 0.0, scaled / jnp.where(z == 0.0, 1.0, z))
     dt = jnp.einsum('ab,cb->ac', dO_2, V_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
     t_1 = dt * t
     t_2 = jnp.sum(t_1, axis=(1,))

@@ -8,7 +8,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 INF = jnp.inf
-BIG = 1.190988162528827e+38
+BIG = 3.4028234663852886e+38
 TINY = 1.1754943508222875e-38
 
 def bind_sizes(arrays, signature, declared, integers=()):

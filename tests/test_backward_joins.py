@@ -6,6 +6,7 @@ ones are proved, or lowered with the opt-in alone."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,8 @@ from napkin_cat.certify.accumulators import FLOAT_MAX
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.elaborate import loads
 from napkin_cat.lower.backward import LONG, link
-from napkin_cat.terms import Diagram
+from napkin_cat.search.backward import passes, saving
+from napkin_cat.terms import Box, Const, Diagram, Expr
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -206,6 +208,43 @@ def test_a_guarded_causal_pass_is_proved() -> None:
     """The guard does not cost the causal pair its proof: L is a float64 input, -inf or at least
     -FLOAT_MAX, so max(L, -FLOAT_MAX) is L on every row the causal mask keeps a key in (all)."""
     assert link(*_key_pass("P = exp(S - L)", f"P = exp(S - max(L, {-FLOAT_MAX!r}))")).proved
+
+
+@pytest.mark.parametrize("guarded", [True, False], ids=["guarded", "unguarded"])
+def test_alibis_derived_backward_is_proved_with_or_without_the_guard(guarded: bool) -> None:
+    """ALiBi's scores S - m·(q - x) absorb S where m·(q - x) is large, which the VJP's softmax cancels by its
+    maximum and the backward by the saved L: excused where the two gradients normalise alike with the sum an
+    opaque array. The derived backward guards L (max(L, -FLOAT_MAX)), which the VJP's softmax has no term
+    for, so the guarded backward was refused as an absorption the VJP does not make; the guard, exact in
+    float64, is read as L for that comparison (``prove._unguarded``)."""
+    forward = saving(loads(ALIBI).diagram("alibi_attention"), "alibi_forward")
+    backwards = passes(forward, "alibi_backward")
+    if not guarded:
+        backwards = tuple(replace(b, body=tuple(replace(let, expr=_strip(let.expr)) for let in b.body))
+                          for b in backwards)
+    assert any("maximum" in repr(let.expr) for b in backwards for let in b.body) == guarded
+    assert link(forward.diagram, backwards).proved
+
+
+def _strip(expr: Expr) -> Expr:
+    """``expr`` with each guarded shift max(L, -FLOAT_MAX) written L."""
+    if not isinstance(expr, Box):
+        return expr
+    if expr.op == "maximum" and expr.args[1] == Const(-FLOAT_MAX):
+        return _strip(expr.args[0])
+    return replace(expr, args=tuple(_strip(a) for a in expr.args))
+
+
+#: ALiBi-style causal attention (examples/attention.ncd's)
+ALIBI = """axis q
+axis x
+axis d = 64
+diagram alibi_attention(Q: [q d], K: [x d], V: [x d], m: []) -> [q d] {
+  S = contract[d](Q, K) * rsqrt(d) - m * index[q x](q - x)
+  M = where[q x](q >= x, S, -inf)
+  return contract[x](softmax[x](M), V)
+}
+"""
 
 
 def test_a_join_the_prover_cannot_finish_still_rests_on_the_test() -> None:

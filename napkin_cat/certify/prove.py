@@ -964,7 +964,11 @@ def _alike_around(inner: Expr, got: Expr, want: Expr, reference: Diagram, i: int
     diagram ``reference``'s inputs) still normalise to the same term with the absorbing sum ``inner`` made an
     opaque array of its type: then whatever float64 rounds it to reaches both alike.  Computing the
     same absorbing sum, or cancelling it too, is not enough: a VJP of ``X + 0.5·((X + C) - C)`` has it
-    weighted 0.5 beside an exact X (2 at X = 1, g = 1, t = 2), a backward's ``1.5·((X + C) - C)`` is 0."""
+    weighted 0.5 beside an exact X (2 at X = 1, g = 1, t = 2), a backward's ``1.5·((X + C) - C)`` is 0.
+    A guarded shift ``max(L, -FLOAT_MAX)`` (``grad._weights``) is read as L here (``_unguarded``): exact in float64, it
+    passes L's rounding on, or drops it whole where it clamps, so the sum's error reaches the guarded
+    gradient as the unguarded one, or not at all (ALiBi's ``exp(S - m·(q - x) - max(L, -FLOAT_MAX))``
+    beside the VJP's softmax of the same scores)."""
     name = "absorbed"
     while any(p.name == name for p in reference.inputs):
         name += "_"
@@ -973,10 +977,16 @@ def _alike_around(inner: Expr, got: Expr, want: Expr, reference: Diagram, i: int
     sem = _Semantics(masks=True)
     values = [_input(p.name, p.axes) for p in params]
     key = _canonical(inner)  # the VJP's may be written otherwise: Q * dY as contract[](dY, Q)
-    opaque = [_replaced(t, lambda e: atom if _canonical(e) == key else None) for t in (got, want)]
+    opaque = [_replaced(_unguarded(t), lambda e: atom if _canonical(e) == key else None) for t in (got, want)]
     left, right = (sem.run(replace(reference, inputs=params, body=(), outputs=(t,),
                                    out_types=(reference.out_types[i],)), values)[0] for t in opaque)
     return not sem.cases and _equal(sem.unmasked(left), sem.unmasked(right))
+
+
+def _unguarded(expr: Expr) -> Expr:
+    """``expr`` with each guarded shift ``max(L, -FLOAT_MAX)`` (``grad._weights``) read as L."""
+    return _replaced(expr, lambda e: _unguarded(e.args[0]) if isinstance(e, Box) and e.op == "maximum"
+                     and e.args[1] == Const(-acc.FLOAT_MAX) else None)
 
 
 def _as_the_vjps(expr: Expr, diagram: Diagram, sources: Sequence[tuple[str, int]], forward: Diagram,

@@ -376,3 +376,18 @@ def test_a_window_written_as_index_arithmetic_counts_its_width() -> None:
 
     window = Cmp("<", Idx("t"), IBin("+", Idx("s"), IBin("*", IInt(4), IInt(4))))
     assert max(_index_integers(window)) == 16
+
+
+# ---- ids past the constants: a backward merging documents 3 and 4 ------------------------------------------------
+
+
+@pytest.mark.parametrize("bound", [2, 30])
+def test_a_backward_merging_documents_past_a_constant_is_refused_with_the_opt_in(bound: int) -> None:
+    """``eq(min(Dq, c), min(Dx, c))`` is ``eq(Dq, Dx)`` on ids up to c: the draws took ids 1 and 2 (and -k) only, and
+    the opt-in lowered it for c = 2 (documents 3 and 4 merged: a dV of -0.91 where the VJP's is 0.563); the draws past
+    the constants now take ids past them too (``drawn_integers``' ``beyond``)."""
+    head, sep, tail = DOCUMENT.replace("P = exp(S - L)", f"P = exp(S - max(L, {-FLOAT_MAX!r}))").partition(
+        "diagram causal_attention_backward_kv(")
+    text = head + sep + tail.replace("eq(Dq, Dx)", f"eq(min(Dq, {bound}), min(Dx, {bound}))")
+    assert tail.count("eq(Dq, Dx)") == 4
+    _refused_both_ways(*_pair(text, NAMES[0], NAMES[1]), ("lower.backward_wrong",))

@@ -242,27 +242,28 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
     # an axis a rename ties to another (rename[t -> s]: a segsum's copy of t) is drawn at its size
     ties = _ties(nodes, axes)
     # rng, sizes, scale, drift, and whether the data masks empty rows
-    plans: list[tuple[np.random.Generator, dict[str, int], float, float, bool]] = []
+    plans: list[tuple[np.random.Generator, dict[str, int], float, float, bool, int | None]] = []
     data = [i for i, p in enumerate(forward.inputs) if p.integer and i not in labels]  # ids, lengths, masks
     for seed in range(DRAWS + (EMPTIED if data else 0)):
         rng = np.random.default_rng(seed)
         low = 1 if seed % DRAWS == 0 else max(past, SMALL) + 1
         sizes = {a: n if n is not None else int(rng.integers(low, low + 7)) for a, n in axes.items()}
-        plans.append((rng, {a: sizes[ties.get(a, a)] for a in sizes}, SCALES[seed % len(SCALES)], 0.0, seed >= DRAWS))
+        plans.append((rng, {a: sizes[ties.get(a, a)] for a in sizes}, SCALES[seed % len(SCALES)], 0.0, seed >= DRAWS,
+                      None if low == 1 else past))
     longs = list(dict.fromkeys(ties.get(a, a) for a in _long(nodes, _nodes((forward,)), axes)))
     for j, (long, drift) in enumerate((a, d) for a in longs for d in DRIFTS):
         rng = np.random.default_rng(DRAWS + j)  # as before the emptied draws: a join without int inputs is unchanged
         sizes = {a: n if n is not None else LONG if a == long else int(rng.integers(1, 4)) for a, n in axes.items()}
-        plans.append((rng, {a: sizes[ties.get(a, a)] for a in sizes}, 1.0, drift, False))
+        plans.append((rng, {a: sizes[ties.get(a, a)] for a in sizes}, 1.0, drift, False, None))
     drawn = []
-    for rng, sizes, scale, drift, empty in plans:
+    for rng, sizes, scale, drift, empty, beyond in plans:
         drawn.append(", ".join(f"{a}={n}" for a, n in sizes.items() if axes[a] is None) + f" at scale {scale:g}" +
                      (f" about {drift:+g}" if drift else "") + (" with rows the data masks empty" if empty else ""))
         # a long draw's int inputs (ids, masks) all 1, where each data mask keeps every entry: beside 1 to 3
         # queries, 1024 keys of documents 1 then 2 leave a later query of document 2 no key (a row a mask empties,
         # which the emptied draws look for; these look for an overflow with length)
         args = [(np.ones([sizes[a] for a in p.axes]) if drift else
-                 drawn_integers(rng, [sizes[a] for a in p.axes], i in masks, data.index(i) if empty else None))
+                 drawn_integers(rng, [sizes[a] for a in p.axes], i in masks, data.index(i) if empty else None, beyond))
                 if p.integer and i not in labels else
                 _drawn(rng, [sizes[a] for a in p.axes], scale, sizes.get(labels.get(i, ""), 0), i in gathered) +
                 (drift if i not in labels else 0.0) for i, p in enumerate(forward.inputs)]
@@ -349,7 +350,7 @@ def _drawn(rng: np.random.Generator, shape: list[int], scale: float, vocabulary:
 
 
 def drawn_integers(rng: np.random.Generator, shape: list[int], mask: bool = False,
-                   emptied: int | None = None) -> np.ndarray:
+                   emptied: int | None = None, beyond: int | None = None) -> np.ndarray:
     """An ``int`` input (segment ids, lengths): 1s then 2s along its last axis, both present
     where there is room, so that segment ids of queries and keys share their documents and a
     length keeps a key.  A ``mask`` (a ``select``'s) is 0s and 1s instead, 1 at position 0 along
@@ -362,7 +363,14 @@ def drawn_integers(rng: np.random.Generator, shape: list[int], mask: bool = Fals
     no other input holds: a query with no key), other positions as above; a mask of two or more
     axes is 0 on every slice through position 0 of an axis and 1 at the last position of each axis
     elsewhere (every line along any axis through position 0 of another is empty, the others keep
-    an entry), one of one axis or none 0 everywhere."""
+    an entry), one of one axis or none 0 everywhere.
+
+    ``beyond`` (a draw past the diagrams' largest constant, ``_constants``): the ids reach past it
+    too, as the sizes do: the last two positions along the last axis (where it has four or more)
+    are beyond + 1 and beyond + 2 (at least 3 and 4), so that two documents whose ids a constant
+    term would merge are both drawn (``eq(min(Dq, 2), min(Dx, 2))`` is ``eq(Dq, Dx)`` on ids 1 and
+    2 alone, and merges documents 3 and 4: a dV of 0.563 where the VJP's is -0.91); a scalar (a
+    length) is drawn from 1 to beyond + 2."""
     if mask:
         drawn = np.asarray(rng.integers(0, 2, shape))
         for k in range(len(shape)):
@@ -372,9 +380,12 @@ def drawn_integers(rng: np.random.Generator, shape: list[int], mask: bool = Fals
             for k in range(len(shape)):
                 drawn[(slice(None),) * k + (0,)] = 0
         return drawn.astype(np.float64)
-    drawn = np.sort(rng.integers(1, 3, shape), axis=-1) if shape else np.asarray(rng.integers(1, 3))
+    top = 2 if beyond is None else max(beyond, 2) + 2
+    drawn = np.sort(rng.integers(1, 3, shape), axis=-1) if shape else np.asarray(rng.integers(1, top + 1))
     if shape and shape[-1] >= 2:
         drawn[..., 0], drawn[..., -1] = 1, 2
+    if shape and shape[-1] >= 4 and beyond is not None:
+        drawn[..., -2], drawn[..., -1] = top - 1, top
     if emptied is not None:
         drawn[(..., 0) if shape else ...] = -emptied
     return drawn.astype(np.float64)

@@ -391,3 +391,18 @@ def test_a_backward_merging_documents_past_a_constant_is_refused_with_the_opt_in
     text = head + sep + tail.replace("eq(Dq, Dx)", f"eq(min(Dq, {bound}), min(Dx, {bound}))")
     assert tail.count("eq(Dq, Dx)") == 4
     _refused_both_ways(*_pair(text, NAMES[0], NAMES[1]), ("lower.backward_wrong",))
+
+
+# ---- a relation the forward computes otherwise in float64 ------------------------------------------------------
+
+
+@pytest.mark.parametrize("weights", ["P = exp(S - L)", f"P = exp(S - max(L, {-FLOAT_MAX!r}))"], ids=["plain", "guarded"])
+def test_a_saved_statistic_float64_computes_otherwise_is_refused_either_way(weights: str) -> None:
+    """A forward saving L = log(Σ_x exp(S)) meets the backwards' `given L = logsumexp[x](S)` over the reals, and the
+    join was proved; in float64 L is +inf at scores of 800 (every dQ, dK, dV 0, the VJP's dV -0.749) and -inf at -800.
+    A relation's forward term must compute what the extended reals do (``finiteness.overflow_box``, zeros too)."""
+    text = ATTENTION.replace("  L = logsumexp[x](S)\n  return O, L", "  L = log(sum[x](exp(S)))\n  return O, L")
+    assert "log(sum[x](exp(S)))" in text
+    refused = _refused_both_ways(*_pair(text.replace("P = exp(S - L)", weights), NAMES[0], NAMES[1]),
+                                 ("lower.backward_unproved",))
+    assert "states `L` by a relation" in refused, refused

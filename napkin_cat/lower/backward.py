@@ -263,7 +263,9 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
         # queries, 1024 keys of documents 1 then 2 leave a later query of document 2 no key (a row a mask empties,
         # which the emptied draws look for; these look for an overflow with length)
         args = [(np.ones([sizes[a] for a in p.axes]) if drift else
-                 drawn_integers(rng, [sizes[a] for a in p.axes], i in masks, data.index(i) if empty else None, beyond))
+                 drawn_integers(rng, [sizes[a] for a in p.axes], i in masks,
+                                (data.index(i) if beyond is None else len(data) - 1 - data.index(i)) if empty else None,
+                                beyond))
                 if p.integer and i not in labels else
                 _drawn(rng, [sizes[a] for a in p.axes], scale, sizes.get(labels.get(i, ""), 0), i in gathered) +
                 (drift if i not in labels else 0.0) for i, p in enumerate(forward.inputs)]
@@ -363,7 +365,13 @@ def drawn_integers(rng: np.random.Generator, shape: list[int], mask: bool = Fals
     no other input holds: a query with no key), other positions as above; a mask of two or more
     axes is 0 on every slice through position 0 of an axis and 1 at the last position of each axis
     elsewhere (every line along any axis through position 0 of another is empty, the others keep
-    an entry), one of one axis or none 0 everywhere.
+    an entry), one of one axis or none 0 everywhere.  The last position is then above every other
+    value, its own (k + 1 past the largest id drawn), and ``_tested`` numbers the inputs one way in
+    the first emptied draw and the other way in the second, so that for each pair of inputs each
+    holds the smallest and the largest id in some draw: an order mask ``le(Dx, Dq)`` (a key's
+    document at or before the query's) empties the row of a query below every key only where
+    the queries' ids hold the smallest (an unguarded exp(S - L) there was NaN, the VJP 0, and
+    lowered with the opt-in).
 
     ``beyond`` (a draw past the diagrams' largest constant, ``_constants``): the ids reach past it
     too, as the sizes do: the last two positions along the last axis (where it has four or more)
@@ -388,6 +396,8 @@ def drawn_integers(rng: np.random.Generator, shape: list[int], mask: bool = Fals
         drawn[..., -2], drawn[..., -1] = top - 1, top
     if emptied is not None:
         drawn[(..., 0) if shape else ...] = -emptied
+        if shape and shape[-1] >= 2:
+            drawn[..., -1] = top + 1 + emptied
     return drawn.astype(np.float64)
 
 
@@ -405,7 +415,10 @@ def _constants(diagrams: Sequence[Diagram], nodes: Sequence[Expr], axes: dict[st
     scalar, ``min(1, d / t)`` with d = 64 is 1 up to t = 64; arithmetic of constants, ``exp(3)``,
     ``4 * 4``; not the parts of a constant term, ``rsqrt(d)`` counts 0.125), the integers of their index
     predicates and the values of their integer arithmetic (a window ``s + 4 * 4``), and the sizes of
-    declared axes an index predicate compares against (a position along ``d = 64`` reaches 63).  A
+    declared axes an index predicate compares against (a position along ``d = 64`` reaches 63) or a
+    reduction, contraction, normalisation or scan runs over (its count: ``min(1, sum[d](W·0 + 1) / t)``
+    is 1 up to t = 64, as ``min(1, d / t)`` is; drawn at t of 6 to 13, a gradient 0.64 of the VJP's at
+    t = 100 was lowered with the opt-in).  A
     guarded shift's -FLOAT_MAX (``max(L, -FLOAT_MAX)``, ``grad._weights``) is not counted: no size
     reaches it, and it is the statistic itself wherever that is not -inf."""
     found = [0]
@@ -416,6 +429,9 @@ def _constants(diagrams: Sequence[Diagram], nodes: Sequence[Expr], axes: dict[st
             found.append(math.ceil(abs(node.value)))
         elif isinstance(node, Box) and node.index is not None:
             found += [abs(n) for n in _index_integers(node.index)]
+            found += [axes[a] or 0 for a in node.target if a in axes]
+        elif isinstance(node, Box) and node.op in OPS and OPS[node.op].kind in _REDUCING:
+            # a reduction over a declared axis counts its size: min(1, sum[d](W·0 + 1) / t) is 1 up to t = 64
             found += [axes[a] or 0 for a in node.target if a in axes]
     for d in diagrams:
         flat = inlined(d)

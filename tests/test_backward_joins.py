@@ -396,7 +396,8 @@ def test_a_backward_merging_documents_past_a_constant_is_refused_with_the_opt_in
 # ---- a relation the forward computes otherwise in float64 ------------------------------------------------------
 
 
-@pytest.mark.parametrize("weights", ["P = exp(S - L)", f"P = exp(S - max(L, {-FLOAT_MAX!r}))"], ids=["plain", "guarded"])
+@pytest.mark.parametrize("weights", ["P = exp(S - L)", f"P = exp(S - max(L, {-FLOAT_MAX!r}))"],
+                         ids=["plain", "guarded"])
 def test_a_saved_statistic_float64_computes_otherwise_is_refused_either_way(weights: str) -> None:
     """A forward saving L = log(Σ_x exp(S)) meets the backwards' `given L = logsumexp[x](S)` over the reals, and the
     join was proved; in float64 L is +inf at scores of 800 (every dQ, dK, dV 0, the VJP's dV -0.749) and -inf at -800.

@@ -793,17 +793,19 @@ def float_unsafe_box(expr: Expr, operands: Iterable[Expr], diagram: Diagram, rew
     return None
 
 
-def overflow_box(expr: Expr, diagram: Diagram) -> Box | None:
+def overflow_box(expr: Expr, diagram: Diagram, zeros: bool = False) -> Box | None:
     """The first box of ``expr`` (a term of ``diagram``) that float64 may make ±inf or NaN where the
     extended reals would not, its operands as float64 computes them (``exp`` past 709.8, a product or
     sum past float64's largest value), ``float_unsafe_box``'s first check without its underflows to 0;
     None where there is none.  A box the extended reals make ±inf or NaN too (a division by a
     denominator the analysis cannot tell non-zero) is no overflow: where a term is not vouched finite
-    (``finite``) and this finds no box, the analysis's imprecision may be the reason, not float64."""
+    (``finite``) and this finds no box, the analysis's imprecision may be the reason, not float64.
+    ``zeros``: an underflow to 0 the extended reals do not make counts too (``float_unsafe_box``'s
+    first check whole: log(Σ exp(S)) is -inf at S = -800 where the reals' value is -800)."""
     own = [b for b in walk(expr) if isinstance(b, Box) and b.op in RULES]
     defs, inputs = diagram.bindings(), input_values(diagram.inputs)
     floats, exact = _Analysis(defs, inputs), _ExactAt(defs, inputs, {id(b) for b in own})
-    bad = _v("-inf +inf nan")
+    bad = _v("-inf +inf nan") | (_v("0") if zeros else _v(""))
     return next((b for b in own if (floats.value(b).classes & bad) - exact.value(b).classes), None)
 
 

@@ -416,3 +416,61 @@ def test_a_window_written_as_index_arithmetic_counts_its_width() -> None:
 
     window = Cmp("<", Idx("t"), IBin("+", Idx("s"), IBin("*", IInt(4), IInt(4))))
     assert max(_index_integers(window)) == 16
+
+
+# ---- ids past the constants: a backward merging documents 3 and 4 ------------------------------------------------
+
+
+@pytest.mark.parametrize("bound", [2, 30])
+def test_a_backward_merging_documents_past_a_constant_is_refused_with_the_opt_in(bound: int) -> None:
+    """``eq(min(Dq, c), min(Dx, c))`` is ``eq(Dq, Dx)`` on ids up to c: the draws took ids 1 and 2 (and -k) only, and
+    the opt-in lowered it for c = 2 (documents 3 and 4 merged: a dV of -0.91 where the VJP's is 0.563); the draws past
+    the constants now take ids past them too (``drawn_integers``' ``beyond``)."""
+    head, sep, tail = DOCUMENT.replace("P = exp(S - L)", f"P = exp(S - max(L, {-FLOAT_MAX!r}))").partition(
+        "diagram causal_attention_backward_kv(")
+    text = head + sep + tail.replace("eq(Dq, Dx)", f"eq(min(Dq, {bound}), min(Dx, {bound}))")
+    assert tail.count("eq(Dq, Dx)") == 4
+    _refused_both_ways(*_pair(text, NAMES[0], NAMES[1]), ("lower.backward_wrong",))
+
+
+# ---- a relation the forward computes otherwise in float64 ------------------------------------------------------
+
+
+@pytest.mark.parametrize("weights", ["P = exp(S - L)", f"P = exp(S - max(L, {-FLOAT_MAX!r}))"],
+                         ids=["plain", "guarded"])
+def test_a_saved_statistic_float64_computes_otherwise_is_refused_either_way(weights: str) -> None:
+    """A forward saving L = log(Σ_x exp(S)) meets the backwards' `given L = logsumexp[x](S)` over the reals, and the
+    join was proved; in float64 L is +inf at scores of 800 (every dQ, dK, dV 0, the VJP's dV -0.749) and -inf at -800.
+    A relation's forward term must compute what the extended reals do (``finiteness.overflow_box``, zeros too)."""
+    text = ATTENTION.replace("  L = logsumexp[x](S)\n  return O, L", "  L = log(sum[x](exp(S)))\n  return O, L")
+    assert "log(sum[x](exp(S)))" in text
+    refused = _refused_both_ways(*_pair(text.replace("P = exp(S - L)", weights), NAMES[0], NAMES[1]),
+                                 ("lower.backward_unproved",))
+    assert "states `L` by a relation" in refused, refused
+
+
+def test_a_factor_past_a_reduced_declared_size_is_refused_with_the_opt_in() -> None:
+    """``sum[d](W * 0 + 1)`` is d = 64 read through a reduction of an input: drawn at t of 6 to 13 the factor was 1,
+    and a gradient 0.64 of the VJP's at t = 100 (dX 1.28 where the VJP's is 2) was lowered with the opt-in."""
+    text = ("axis t\naxis d = 64\ndiagram f(X: [t], W: [d]) -> [t] {\n  Y = X * X + sum[d](W)\n  return Y\n}\n"
+            "diagram b(X: [t], W: [d], dY: [t]) -> [t], [d] {\n  dX = 2 * X * dY * min(1, sum[d](W * 0 + 1) / t)\n"
+            "  dW = sum[t](dY) + W * 0\n  return dX, dW\n}\n")
+    refused = _refused_both_ways(*_pair(text), ("lower.backward_wrong",))
+    assert "dX at" in refused, refused
+
+
+# ---- an order mask of ids: the emptied draws put each input's ids below and above the others' ----------------------
+
+
+@pytest.mark.parametrize("mask", ["le(Dx, Dq)", "le(Dq, Dx)"])
+def test_an_unguarded_pass_under_an_order_mask_of_ids_is_refused_with_the_opt_in(mask: str) -> None:
+    """Under ``le(Dx, Dq)`` (a key's document at or before the query's) a query below every key has no key, where
+    exp(S - L) is NaN and the VJP 0: the emptied draws gave the keys' ids the smallest value (-1 beside the queries'
+    0) and the largest was 2 for both, so no row was empty and the opt-in lowered it; the second emptied draw
+    numbers the inputs the other way, and the last position of each is above the others' (``drawn_integers``)."""
+    text = DOCUMENT.replace("eq(Dq, Dx)", mask)
+    assert text.count(mask) == 5
+    refused = _refused_both_ways(*_pair(text, NAMES[0], NAMES[1]), ("lower.backward_wrong",))
+    assert "is nan from the backwards but 0 from the VJP" in refused, refused
+    guarded = text.replace("P = exp(S - L)", f"P = exp(S - max(L, {-FLOAT_MAX!r}))")
+    assert not link(*_pair(guarded, NAMES[0], NAMES[1]), allow_tested=True).proved

@@ -783,6 +783,17 @@ def _finite_where_the_vjp_is(forward: Diagram, reference: Diagram,
                   if all(n.name in read for n in walk(saved[k]) if isinstance(n, Var)) else
                   replace(p, written=replace(forward, outputs=(forward.outputs[k],), out_types=(forward.out_types[k],)))
                   for p, (kind, k) in zip(diagram.inputs, sources, strict=True)]
+        # a relation the backward states of a forward output (``given L = logsumexp[x](S)``) is proved of the
+        # forward's term over the reals (``_relations_hold``), and the analysis below reads L by it; float64 must
+        # compute that term as the extended reals do, else L is another value there: a forward saving
+        # L = log(Σ_x exp(S)) gives +inf at S = 800, where exp(S - L) is 0 and the VJP's gradient finite.  A forward
+        # computing the relation's own term (``_canonical``: as float64 computes it) feeds exactly its float64 value
+        for p, (kind, k) in zip(diagram.inputs, sources, strict=True):
+            if kind == "output" and p.given is not None and _canonical(saved[k]) != _canonical(p.given) and (
+                    box := overflow_box(saved[k], forward, zeros=True)) is not None:
+                raise FloatHazard(f"`{diagram.name}` states `{p.name}` by a relation, and the forward computes it with "
+                                  f"`{box.op}`, which float64 may make ±inf, NaN or 0 where the extended reals do not "
+                                  f"(finiteness.overflow_box): the relation need not hold of the value fed")
         defs, inputs = diagram.bindings(), input_values(params)
         related = replace(diagram, inputs=tuple(params))
         for out, i in zip(diagram.outputs, gives, strict=True):

@@ -242,27 +242,30 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
     # an axis a rename ties to another (rename[t -> s]: a segsum's copy of t) is drawn at its size
     ties = _ties(nodes, axes)
     # rng, sizes, scale, drift, and whether the data masks empty rows
-    plans: list[tuple[np.random.Generator, dict[str, int], float, float, bool]] = []
+    plans: list[tuple[np.random.Generator, dict[str, int], float, float, bool, int | None]] = []
     data = [i for i, p in enumerate(forward.inputs) if p.integer and i not in labels]  # ids, lengths, masks
     for seed in range(DRAWS + (EMPTIED if data else 0)):
         rng = np.random.default_rng(seed)
         low = 1 if seed % DRAWS == 0 else max(past, SMALL) + 1
         sizes = {a: n if n is not None else int(rng.integers(low, low + 7)) for a, n in axes.items()}
-        plans.append((rng, {a: sizes[ties.get(a, a)] for a in sizes}, SCALES[seed % len(SCALES)], 0.0, seed >= DRAWS))
+        plans.append((rng, {a: sizes[ties.get(a, a)] for a in sizes}, SCALES[seed % len(SCALES)], 0.0, seed >= DRAWS,
+                      None if low == 1 else past))
     longs = list(dict.fromkeys(ties.get(a, a) for a in _long(nodes, _nodes((forward,)), axes)))
     for j, (long, drift) in enumerate((a, d) for a in longs for d in DRIFTS):
         rng = np.random.default_rng(DRAWS + j)  # as before the emptied draws: a join without int inputs is unchanged
         sizes = {a: n if n is not None else LONG if a == long else int(rng.integers(1, 4)) for a, n in axes.items()}
-        plans.append((rng, {a: sizes[ties.get(a, a)] for a in sizes}, 1.0, drift, False))
+        plans.append((rng, {a: sizes[ties.get(a, a)] for a in sizes}, 1.0, drift, False, None))
     drawn = []
-    for rng, sizes, scale, drift, empty in plans:
+    for rng, sizes, scale, drift, empty, beyond in plans:
         drawn.append(", ".join(f"{a}={n}" for a, n in sizes.items() if axes[a] is None) + f" at scale {scale:g}" +
                      (f" about {drift:+g}" if drift else "") + (" with rows the data masks empty" if empty else ""))
         # a long draw's int inputs (ids, masks) all 1, where each data mask keeps every entry: beside 1 to 3
         # queries, 1024 keys of documents 1 then 2 leave a later query of document 2 no key (a row a mask empties,
         # which the emptied draws look for; these look for an overflow with length)
         args = [(np.ones([sizes[a] for a in p.axes]) if drift else
-                 drawn_integers(rng, [sizes[a] for a in p.axes], i in masks, data.index(i) if empty else None))
+                 drawn_integers(rng, [sizes[a] for a in p.axes], i in masks,
+                                (data.index(i) if beyond is None else len(data) - 1 - data.index(i)) if empty else None,
+                                beyond))
                 if p.integer and i not in labels else
                 _drawn(rng, [sizes[a] for a in p.axes], scale, sizes.get(labels.get(i, ""), 0), i in gathered) +
                 (drift if i not in labels else 0.0) for i, p in enumerate(forward.inputs)]
@@ -350,7 +353,7 @@ def _drawn(rng: np.random.Generator, shape: list[int], scale: float, vocabulary:
 
 
 def drawn_integers(rng: np.random.Generator, shape: list[int], mask: bool = False,
-                   emptied: int | None = None) -> np.ndarray:
+                   emptied: int | None = None, beyond: int | None = None) -> np.ndarray:
     """An ``int`` input (segment ids, lengths): 1s then 2s along its last axis, both present
     where there is room, so that segment ids of queries and keys share their documents and a
     length keeps a key.  A ``mask`` (a ``select``'s) is 0s and 1s instead, 1 at position 0 along
@@ -363,7 +366,20 @@ def drawn_integers(rng: np.random.Generator, shape: list[int], mask: bool = Fals
     no other input holds: a query with no key), other positions as above; a mask of two or more
     axes is 0 on every slice through position 0 of an axis and 1 at the last position of each axis
     elsewhere (every line along any axis through position 0 of another is empty, the others keep
-    an entry), one of one axis or none 0 everywhere."""
+    an entry), one of one axis or none 0 everywhere.  The last position is then above every other
+    value, its own (k + 1 past the largest id drawn), and ``_tested`` numbers the inputs one way in
+    the first emptied draw and the other way in the second, so that for each pair of inputs each
+    holds the smallest and the largest id in some draw: an order mask ``le(Dx, Dq)`` (a key's
+    document at or before the query's) empties the row of a query below every key only where
+    the queries' ids hold the smallest (an unguarded exp(S - L) there was NaN, the VJP 0, and
+    lowered with the opt-in).
+
+    ``beyond`` (a draw past the diagrams' largest constant, ``_constants``): the ids reach past it
+    too, as the sizes do: the last two positions along the last axis (where it has four or more)
+    are beyond + 1 and beyond + 2 (at least 3 and 4), so that two documents whose ids a constant
+    term would merge are both drawn (``eq(min(Dq, 2), min(Dx, 2))`` is ``eq(Dq, Dx)`` on ids 1 and
+    2 alone, and merges documents 3 and 4: a dV of 0.563 where the VJP's is -0.91); a scalar (a
+    length) is drawn from 1 to beyond + 2."""
     if mask:
         drawn = np.asarray(rng.integers(0, 2, shape))
         for k in range(len(shape)):
@@ -373,11 +389,16 @@ def drawn_integers(rng: np.random.Generator, shape: list[int], mask: bool = Fals
             for k in range(len(shape)):
                 drawn[(slice(None),) * k + (0,)] = 0
         return drawn.astype(np.float64)
-    drawn = np.sort(rng.integers(1, 3, shape), axis=-1) if shape else np.asarray(rng.integers(1, 3))
+    top = 2 if beyond is None else max(beyond, 2) + 2
+    drawn = np.sort(rng.integers(1, 3, shape), axis=-1) if shape else np.asarray(rng.integers(1, top + 1))
     if shape and shape[-1] >= 2:
         drawn[..., 0], drawn[..., -1] = 1, 2
+    if shape and shape[-1] >= 4 and beyond is not None:
+        drawn[..., -2], drawn[..., -1] = top - 1, top
     if emptied is not None:
         drawn[(..., 0) if shape else ...] = -emptied
+        if shape and shape[-1] >= 2:
+            drawn[..., -1] = top + 1 + emptied
     return drawn.astype(np.float64)
 
 
@@ -395,7 +416,10 @@ def _constants(diagrams: Sequence[Diagram], nodes: Sequence[Expr], axes: dict[st
     scalar, ``min(1, d / t)`` with d = 64 is 1 up to t = 64; arithmetic of constants, ``exp(3)``,
     ``4 * 4``; not the parts of a constant term, ``rsqrt(d)`` counts 0.125), the integers of their index
     predicates and the values of their integer arithmetic (a window ``s + 4 * 4``), and the sizes of
-    declared axes an index predicate compares against (a position along ``d = 64`` reaches 63).  A
+    declared axes an index predicate compares against (a position along ``d = 64`` reaches 63) or a
+    reduction, contraction, normalisation or scan runs over (its count: ``min(1, sum[d](W·0 + 1) / t)``
+    is 1 up to t = 64, as ``min(1, d / t)`` is; drawn at t of 6 to 13, a gradient 0.64 of the VJP's at
+    t = 100 was lowered with the opt-in).  A
     guarded shift's -FLOAT_MAX (``max(L, -FLOAT_MAX)``, ``grad._weights``) is not counted: no size
     reaches it, and it is the statistic itself wherever that is not -inf."""
     found = [0]
@@ -406,6 +430,9 @@ def _constants(diagrams: Sequence[Diagram], nodes: Sequence[Expr], axes: dict[st
             found.append(math.ceil(abs(node.value)))
         elif isinstance(node, Box) and node.index is not None:
             found += [abs(n) for n in _index_integers(node.index)]
+            found += [axes[a] or 0 for a in node.target if a in axes]
+        elif isinstance(node, Box) and node.op in OPS and OPS[node.op].kind in _REDUCING:
+            # a reduction over a declared axis counts its size: min(1, sum[d](W·0 + 1) / t) is 1 up to t = 64
             found += [axes[a] or 0 for a in node.target if a in axes]
     for d in diagrams:
         flat = inlined(d)

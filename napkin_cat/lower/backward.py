@@ -416,10 +416,10 @@ def _constants(diagrams: Sequence[Diagram], nodes: Sequence[Expr], axes: dict[st
     scalar, ``min(1, d / t)`` with d = 64 is 1 up to t = 64; arithmetic of constants, ``exp(3)``,
     ``4 * 4``; not the parts of a constant term, ``rsqrt(d)`` counts 0.125), the integers of their index
     predicates and the values of their integer arithmetic (a window ``s + 4 * 4``), and the sizes of
-    declared axes an index predicate compares against (a position along ``d = 64`` reaches 63) or a
-    reduction, contraction, normalisation or scan runs over (its count: ``min(1, sum[d](W·0 + 1) / t)``
-    is 1 up to t = 64, as ``min(1, d / t)`` is; drawn at t of 6 to 13, a gradient 0.64 of the VJP's at
-    t = 100 was lowered with the opt-in).  A
+    declared axes an index predicate compares against (a position along ``d = 64`` reaches 63); not
+    the size of a declared axis a reduction runs over (every symbolic axis drawn past a head size of
+    64 put attention's draws at 65⁵ entries and past the machine's memory), so
+    ``min(1, sum[d](W·0 + 1) / t)`` is drawn at t below 64 and a wrong factor there passes (README).  A
     guarded shift's -FLOAT_MAX (``max(L, -FLOAT_MAX)``, ``grad._weights``) is not counted: no size
     reaches it, and it is the statistic itself wherever that is not -inf."""
     found = [0]
@@ -430,9 +430,6 @@ def _constants(diagrams: Sequence[Diagram], nodes: Sequence[Expr], axes: dict[st
             found.append(math.ceil(abs(node.value)))
         elif isinstance(node, Box) and node.index is not None:
             found += [abs(n) for n in _index_integers(node.index)]
-            found += [axes[a] or 0 for a in node.target if a in axes]
-        elif isinstance(node, Box) and node.op in OPS and OPS[node.op].kind in _REDUCING:
-            # a reduction over a declared axis counts its size: min(1, sum[d](W·0 + 1) / t) is 1 up to t = 64
             found += [axes[a] or 0 for a in node.target if a in axes]
     for d in diagrams:
         flat = inlined(d)

@@ -385,7 +385,8 @@ def drawn_integers(rng: np.random.Generator, shape: list[int], mask: bool = Fals
         for k in range(len(shape)):
             drawn[(slice(None),) * k + (0 if emptied is None else -1,)] = 1
         if emptied is not None:
-            drawn[...] = 0 if len(shape) <= 1 else drawn
+            if len(shape) <= 1:
+                drawn[...] = 0
             for k in range(len(shape)):
                 drawn[(slice(None),) * k + (0,)] = 0
         return drawn.astype(np.float64)

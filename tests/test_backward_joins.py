@@ -6,6 +6,7 @@ ones are proved, or lowered with the opt-in alone."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 from napkin_cat.certify.accumulators import FLOAT_MAX
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.elaborate import loads
-from napkin_cat.lower.backward import LONG, link
+from napkin_cat.lower.backward import LONG, _draws, _resolved, link
 from napkin_cat.search.backward import passes, saving
 from napkin_cat.terms import Box, Const, Diagram, Expr
 
@@ -449,7 +450,6 @@ def test_a_saved_statistic_float64_computes_otherwise_is_refused_either_way(weig
     assert "states `L` by a relation" in refused, refused
 
 
-@pytest.mark.xfail(strict=True, reason="known gap (README): a declared size read through a reduction is no constant")
 def test_a_factor_past_a_reduced_declared_size_is_refused_with_the_opt_in() -> None:
     """``sum[d](W * 0 + 1)`` is d = 64 read through a reduction of an input: drawn at t of 6 to 13 the factor is 1,
     and a gradient 0.64 of the VJP's at t = 100 (dX 1.28 where the VJP's is 2) is lowered with the opt-in.  Counting
@@ -459,6 +459,21 @@ def test_a_factor_past_a_reduced_declared_size_is_refused_with_the_opt_in() -> N
             "  dW = sum[t](dY) + W * 0\n  return dX, dW\n}\n")
     refused = _refused_both_ways(*_pair(text), ("lower.backward_wrong",))
     assert "dX at" in refused, refused
+
+
+@pytest.mark.parametrize("diagram", ["mha", "gqa"])
+def test_attentions_draws_past_its_reduced_head_size_stay_small(diagram: str) -> None:
+    """Attention contracts over d = 64: each symbolic axis is drawn past 64 in some draw (as the factor above needs),
+    one at a time beside the others at 1 to 3, so that no draw's sizes multiply past 2^24 entries (an array over
+    every axis, d included).  Drawing every axis past 64 at once (each of b, h, (g,) q, x at 65 to 71, beside d) put the
+    draws past 65⁵ entries, and the slow derived sweep's worker past the machine's 23 GB."""
+    forward = saving(loads((ROOT / "examples" / "attention.ncd").read_text()).diagram(diagram), "forward")
+    backwards = list(passes(forward, "backward"))
+    axes, past, plans = _draws(forward.diagram, backwards, _resolved(forward.diagram, backwards))
+    symbolic = [a for a, n in axes.items() if n is None]
+    assert axes["d"] == 64 and past < 64 and len(symbolic) >= 4, (axes, past)
+    assert all(any(sizes[a] > 64 for _, sizes, *_ in plans) for a in symbolic), [p[1] for p in plans]
+    assert max(math.prod(sizes.values()) for _, sizes, *_ in plans) <= 2 ** 24, [p[1] for p in plans]
 
 
 # ---- an order mask of ids: the emptied draws put each input's ids below and above the others' ----------------------

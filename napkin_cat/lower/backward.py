@@ -148,6 +148,32 @@ def link(forward: Diagram, backwards: Sequence[Diagram], allow_tested: bool = Fa
     (``lower.backward_*``) otherwise.  A join the prover cannot prove is refused
     (``lower.backward_unproved``, with the prover's reason) unless ``allow_tested``: then it
     rests on the test alone, and the ``Link`` says so (``proved`` False)."""
+    result = _resolved(forward, backwards)
+    reference = vjp(replace(forward, outputs=tuple(forward.outputs[j] for j in result.primal),
+                            out_types=tuple(forward.out_types[j] for j in result.primal)))
+    try:
+        proof = prove_join(forward, reference, list(zip(backwards, result.sources, result.targets, strict=True)))
+    except Unproved as why:
+        if isinstance(why, FloatHazard):  # equal over the reals: a test's inputs need not reach the hazard
+            raise NapkinError(error("lower.backward_unproved", forward.span, hint=(
+                "the backwards equal the VJP over the reals, but float64 may compute them otherwise where the "
+                "VJP's gradient is finite; the float64 test's inputs need not reach that, so --allow-tested-join "
+                "does not lower it: compute what the extended reals do"), forward=forward.name, why=str(why))) from None
+        if not allow_tested:
+            raise NapkinError(error("lower.backward_unproved", forward.span, hint=(
+                "a join only tested in float64 is lowered with --allow-tested-join (Python: "
+                "lower(..., allow_tested_join=True)), with a warning"), forward=forward.name, why=str(why))) from None
+        tested = _tested(forward, reference, backwards, result)
+        return replace(result, trust=f"tested, not proved ({why}): equal to the VJP of the forward (napkin_cat.grad) "
+                                     f"{tested}", proved=False)
+    tested = _tested(forward, reference, backwards, result)
+    return replace(result, trust=f"proved equal to the VJP of the forward (napkin_cat.grad){proof[len('proved:'):]}, "
+                                 f"and tested {tested}")
+
+
+def _resolved(forward: Diagram, backwards: Sequence[Diagram]) -> Link:
+    """The backwards' inputs and outputs resolved against ``forward`` (``link``), the trust not yet
+    said; raises ``NapkinError`` (``lower.backward_primal``, ``_input``, ``_type``, ``_output``)."""
     inputs = {p.name: (i, p.axes) for i, p in enumerate(forward.inputs)}
     outputs = {o.name: (j, t) for j, (o, t) in enumerate(zip(forward.outputs, forward.out_types, strict=True))
                if isinstance(o, Var) and o.name not in inputs}
@@ -181,27 +207,7 @@ def link(forward: Diagram, backwards: Sequence[Diagram], allow_tested: bool = Fa
             gives.append(inputs[name][0])
         targets.append(tuple(gives))
     names = tuple(o.name if isinstance(o, Var) else f"output {j}" for j, o in enumerate(forward.outputs))
-    result = Link(primal, tuple(sources), tuple(targets), "", names)
-    reference = vjp(replace(forward, outputs=tuple(forward.outputs[j] for j in primal),
-                            out_types=tuple(forward.out_types[j] for j in primal)))
-    try:
-        proof = prove_join(forward, reference, list(zip(backwards, result.sources, result.targets, strict=True)))
-    except Unproved as why:
-        if isinstance(why, FloatHazard):  # equal over the reals: a test's inputs need not reach the hazard
-            raise NapkinError(error("lower.backward_unproved", forward.span, hint=(
-                "the backwards equal the VJP over the reals, but float64 may compute them otherwise where the "
-                "VJP's gradient is finite; the float64 test's inputs need not reach that, so --allow-tested-join "
-                "does not lower it: compute what the extended reals do"), forward=forward.name, why=str(why))) from None
-        if not allow_tested:
-            raise NapkinError(error("lower.backward_unproved", forward.span, hint=(
-                "a join only tested in float64 is lowered with --allow-tested-join (Python: "
-                "lower(..., allow_tested_join=True)), with a warning"), forward=forward.name, why=str(why))) from None
-        tested = _tested(forward, reference, backwards, result)
-        return replace(result, trust=f"tested, not proved ({why}): equal to the VJP of the forward (napkin_cat.grad) "
-                                     f"{tested}", proved=False)
-    tested = _tested(forward, reference, backwards, result)
-    return replace(result, trust=f"proved equal to the VJP of the forward (napkin_cat.grad){proof[len('proved:'):]}, "
-                                 f"and tested {tested}")
+    return Link(primal, tuple(sources), tuple(targets), "", names)
 
 
 def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], ln: Link) -> str:
@@ -223,38 +229,17 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
     ``DRIFTS`` more draws take that axis
     at ``LONG`` and the others at 1 to 3, inputs normal about each drift (int inputs all 1), compared where the VJP
     is finite (a gradient through exp of a running sum overflows as the axis grows, where the
-    recurrence need not).  Inputs are seeded normals at the draw's scale (1, 4, 16); labels (the
+    recurrence need not).  Where a reduction runs over a declared axis larger than every constant
+    (``_reduced``: ``min(1, sum[d](W·0 + 1) / t)`` is 1 up to t = 64), one draw more per symbolic
+    axis takes it past that size and the others at 1 to 3 (``_draws``).  Inputs are seeded normals
+    at the draw's scale (1, 4, 16); labels (the
     inputs an ``onehot[v]`` operand is computed from, ``approximation.label_inputs``) are
     positions across the whole of ``v``, first and last included, so that a wrong label term is
     read."""
-    # the forward's axes, and the backwards' declared sizes; an axis only a backward has (a copy
-    # ``grad`` makes of a scanned axis, t_2 of t) is bound by the evaluator from what it reads
-    axes = {a.name: a.size for d in (forward, *backwards) for a in d.axes
-            if a.size is not None or a.name in {b.name for b in forward.axes}}
-    nodes = _nodes((forward, *backwards))  # every node of the diagrams, calls inlined, walked once
-    past = _constants((forward, *backwards), nodes, axes)
-    if past > LARGEST:
-        raise NapkinError(error("lower.backward_untestable", forward=forward.name, why=(
-            f"its diagrams hold a constant of magnitude {past} (rounded up), and the test draws sizes past every "
-            f"constant (at most {LARGEST}): prove the join instead")))
+    axes, past, plans = _draws(forward, backwards, ln)
     gathered, masks = _labels(forward, backwards, ln, ("gather",)), _masks(forward, backwards, ln)
     labels = {**gathered, **_labels(forward, backwards, ln)}
-    # an axis a rename ties to another (rename[t -> s]: a segsum's copy of t) is drawn at its size
-    ties = _ties(nodes, axes)
-    # rng, sizes, scale, drift, and whether the data masks empty rows
-    plans: list[tuple[np.random.Generator, dict[str, int], float, float, bool, int | None]] = []
     data = [i for i, p in enumerate(forward.inputs) if p.integer and i not in labels]  # ids, lengths, masks
-    for seed in range(DRAWS + (EMPTIED if data else 0)):
-        rng = np.random.default_rng(seed)
-        low = 1 if seed % DRAWS == 0 else max(past, SMALL) + 1
-        sizes = {a: n if n is not None else int(rng.integers(low, low + 7)) for a, n in axes.items()}
-        plans.append((rng, {a: sizes[ties.get(a, a)] for a in sizes}, SCALES[seed % len(SCALES)], 0.0, seed >= DRAWS,
-                      None if low == 1 else past))
-    longs = list(dict.fromkeys(ties.get(a, a) for a in _long(nodes, _nodes((forward,)), axes)))
-    for j, (long, drift) in enumerate((a, d) for a in longs for d in DRIFTS):
-        rng = np.random.default_rng(DRAWS + j)  # as before the emptied draws: a join without int inputs is unchanged
-        sizes = {a: n if n is not None else LONG if a == long else int(rng.integers(1, 4)) for a, n in axes.items()}
-        plans.append((rng, {a: sizes[ties.get(a, a)] for a in sizes}, 1.0, drift, False, None))
     drawn = []
     for rng, sizes, scale, drift, empty, beyond in plans:
         drawn.append(", ".join(f"{a}={n}" for a, n in sizes.items() if axes[a] is None) + f" at scale {scale:g}" +
@@ -310,6 +295,63 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
     return (f"in float64 (within its rounding, lower.roundoff) at {len(plans)} size draws ({'; '.join(drawn)}; the "
             f"largest constant of the diagrams, rounded up: {past})"
             f"{', labels across the vocabulary' if labels else ''}")
+
+
+#: a draw's plan: its rng, the sizes, the inputs' scale and drift, whether the data masks empty rows, and
+#: the constant its ids reach past (``drawn_integers``' ``beyond``; None in the small and the long draws)
+Plan = tuple[np.random.Generator, dict[str, int], float, float, bool, int | None]
+
+
+def _draws(forward: Diagram, backwards: Sequence[Diagram], ln: Link) -> tuple[dict[str, int | None], int, list[Plan]]:
+    """The join test's axes (the forward's, and the backwards' declared sizes), the diagrams' largest
+    constant (``_constants``) and its draws (``_tested``).  Where a reduction, contraction, normalisation
+    or scan runs over a declared axis larger than every constant and ``SMALL`` (``_reduced``: d = 64 in
+    ``min(1, sum[d](W·0 + 1) / t)``, 1 up to t = 64), one draw more per symbolic axis takes that axis past
+    it and the others at 1 to 3: drawing every axis past it put attention's draws at 65⁵ entries, past
+    the machine's memory, and one at a time a draw holds at most (that size + 7)·3^(k-1) entries per
+    array of k symbolic axes (with its declared ones)."""
+    # the forward's axes, and the backwards' declared sizes; an axis only a backward has (a copy
+    # ``grad`` makes of a scanned axis, t_2 of t) is bound by the evaluator from what it reads
+    axes = {a.name: a.size for d in (forward, *backwards) for a in d.axes
+            if a.size is not None or a.name in {b.name for b in forward.axes}}
+    nodes = _nodes((forward, *backwards))  # every node of the diagrams, calls inlined, walked once
+    past, reduced = _constants((forward, *backwards), nodes, axes), _reduced(nodes, axes)
+    if max(past, reduced) > LARGEST:
+        raise NapkinError(error("lower.backward_untestable", forward=forward.name, why=(
+            f"its diagrams hold a constant of magnitude {max(past, reduced)} (rounded up), and the test draws sizes "
+            f"past every constant (at most {LARGEST}): prove the join instead")))
+    labels = {**_labels(forward, backwards, ln, ("gather",)), **_labels(forward, backwards, ln)}
+    # an axis a rename ties to another (rename[t -> s]: a segsum's copy of t) is drawn at its size
+    ties = _ties(nodes, axes)
+    plans: list[Plan] = []
+    data = [i for i, p in enumerate(forward.inputs) if p.integer and i not in labels]  # ids, lengths, masks
+    for seed in range(DRAWS + (EMPTIED if data else 0)):
+        rng = np.random.default_rng(seed)
+        low = 1 if seed % DRAWS == 0 else max(past, SMALL) + 1
+        sizes = {a: n if n is not None else int(rng.integers(low, low + 7)) for a, n in axes.items()}
+        plans.append((rng, {a: sizes[ties.get(a, a)] for a in sizes}, SCALES[seed % len(SCALES)], 0.0, seed >= DRAWS,
+                      None if low == 1 else past))
+    longs = list(dict.fromkeys(ties.get(a, a) for a in _long(nodes, _nodes((forward,)), axes)))
+    for j, (long, drift) in enumerate((a, d) for a in longs for d in DRIFTS):
+        rng = np.random.default_rng(DRAWS + j)  # as before the emptied draws: a join without int inputs is unchanged
+        sizes = {a: n if n is not None else LONG if a == long else int(rng.integers(1, 4)) for a, n in axes.items()}
+        plans.append((rng, {a: sizes[ties.get(a, a)] for a in sizes}, 1.0, drift, False, None))
+    if reduced > max(past, SMALL):  # one axis at a time past a reduced declared size, the others small
+        symbolic = [a for a, n in axes.items() if n is None and a not in ties]
+        for one in symbolic:
+            rng = np.random.default_rng(len(plans))  # past the seeds of the draws before
+            sizes = {a: n if n is not None else int(rng.integers(reduced + 1, reduced + 8)) if a == one else
+                     int(rng.integers(1, 4)) for a, n in axes.items()}
+            plans.append((rng, {a: sizes[ties.get(a, a)] for a in sizes}, 1.0, 0.0, False, reduced))
+    return axes, past, plans
+
+
+def _reduced(nodes: Sequence[Expr], axes: dict[str, int | None]) -> int:
+    """The largest declared size of ``axes`` that a reduction, contraction, normalisation or scan of
+    ``nodes`` (``_nodes``) runs over (0 if none): a term may read it as a count, ``sum[d](W·0 + 1)`` is d,
+    and a factor ``min(1, sum[d](W·0 + 1) / t)`` differs from 1 only at t past it (``_draws``)."""
+    return max([0, *(axes[a] or 0 for node in nodes if isinstance(node, Box) and node.op in OPS
+                     and OPS[node.op].kind in _REDUCING for a in node.target if a in axes)])
 
 
 def _relations_within(b: Diagram, values: Sequence[object], errors: Sequence[object], sizes: dict[str, int],
@@ -418,9 +460,9 @@ def _constants(diagrams: Sequence[Diagram], nodes: Sequence[Expr], axes: dict[st
     ``4 * 4``; not the parts of a constant term, ``rsqrt(d)`` counts 0.125), the integers of their index
     predicates and the values of their integer arithmetic (a window ``s + 4 * 4``), and the sizes of
     declared axes an index predicate compares against (a position along ``d = 64`` reaches 63); not
-    the size of a declared axis a reduction runs over (every symbolic axis drawn past a head size of
-    64 put attention's draws at 65⁵ entries and past the machine's memory), so
-    ``min(1, sum[d](W·0 + 1) / t)`` is drawn at t below 64 and a wrong factor there passes (README).  A
+    the size of a declared axis a reduction runs over (``_reduced``: every symbolic axis drawn past a
+    head size of 64 put attention's draws at 65⁵ entries and past the machine's memory; ``_draws``
+    draws past it one axis at a time).  A
     guarded shift's -FLOAT_MAX (``max(L, -FLOAT_MAX)``, ``grad._weights``) is not counted: no size
     reaches it, and it is the statistic itself wherever that is not -inf."""
     found = [0]

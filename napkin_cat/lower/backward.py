@@ -14,7 +14,8 @@ for, such as class labels, gets zeros, which the test below checks).  Each sched
 by its own theorem.  That the diagrams together are the forward's VJP is proved at every size
 (``certify.prove.prove_join``: attention's backward from the saved log-sum-exp and
 D = Σ dO·O is proved this way) and tested (``_tested``: both sides in float64 at ``DRAWS``
-size draws, the small sizes 1 to 7 and sizes past every constant of the diagrams,
+size draws, the small sizes 1 to 7 and sizes past every constant of the diagrams (one axis at a time
+past a declared size a reduction runs over: ``_draws``),
 inputs at several scales, labels across the vocabulary, and rows the data masks empty:
 ``drawn_integers``), refusing with
 ``lower.backward_wrong`` where they differ by more than float64's rounding can account for

@@ -238,8 +238,8 @@ ACCUMULATORS: dict[str, Accumulator] = {
         Accumulator(
             "online_softmax", ("m", "l", "o"), ("-inf", "0", "0"),
             "m' = max(m, max s); c = e^(m-m'); l' = c l + Σ e^(s-m'); o' = c o + Σ e^(s-m') v",
-            "o / l",
-            "the stable (m, l, o) state of online softmax, for ncontract[x; exp, exp, id]",
+            "o / l (id); (o / sqrt(l))·e^(m/2) (sqrt; l / n for rms)",
+            "the stable (m, l, o) state of online softmax, for ncontract[x; exp, exp, b]",
         ),
     )
 }
@@ -248,7 +248,7 @@ ACCUMULATORS: dict[str, Accumulator] = {
 def accumulators_for(op: str, params: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The accumulators that can stream an axis this box consumes."""
     info = OPS[op]
-    if op == "ncontract" and params == ("exp", "exp", "id"):
+    if op == "ncontract" and params[:2] == ("exp", "exp"):
         return ("normalised", "online_softmax")
     return info.accumulators
 

@@ -191,8 +191,7 @@ class _Builder:
             p = _unary("exp", _bin("sub", s, self.shift(mv)))
             return self.stable(name, [("m", m), ("l", typed_box("sum", (p,), target)),
                                       ("o", typed_box("contract", (p, v), target))],
-                               pad=(-math.inf, 0.0),
-                               final=lambda st: _bin("div", st[2], self.safe(st[1])))
+                               pad=(-math.inf, 0.0), final=lambda st: self.stable_final(b, st))
         assert name == "normalised", name
         o = typed_box("contract", (_unary(a1, s), v), target)
         z = typed_box("sum", (_unary(a2, s),), target)
@@ -267,6 +266,17 @@ class _Builder:
         pad = tuple(fill for _ in self.x)
         return AccumulatorPlan(name, box, self.axis, state, lift, combine, (identity,), final, pad,
                                tuple(range(len(self.x))))
+
+    def stable_final(self, b: str, st: list[Var]) -> Expr:
+        """The online state's value, (m, l, o) with l and o relative to exp(m): o / l under an ``id``
+        normaliser; under a square root exp(s)/sqrt(Σ exp(s)) = exp(s - m)·exp(m/2)/sqrt(l), so
+        (o / sqrt(l))·exp(m/2), l divided by the count first for ``rms`` (no state reads exp(s)
+        itself, which overflows float32 at s = 89 where the weights, of order exp(s/2), do not)."""
+        m, l_, o = st
+        if b == "id":
+            return _bin("div", o, self.safe(l_))
+        denom = _unary("sqrt", l_ if b == "sqrt" else _bin("div", l_, self.count()))
+        return _bin("mul", _bin("div", o, self.safe(denom)), _unary("exp", _bin("mul", self.shift(m), Const(0.5))))
 
     def stable(self, name: str, parts: list[tuple[str, Expr]], pad: tuple[float, ...],
                final: Callable[[list[Var]], Expr]) -> AccumulatorPlan:

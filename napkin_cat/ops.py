@@ -222,7 +222,9 @@ ACCUMULATORS: dict[str, Accumulator] = {
         Accumulator("sum", ("s",), ("0",), "s + Σ chunk", "s", "the (+, 0) monoid: sum, mean, contraction"),
         Accumulator("max", ("m",), ("-inf",), "max(m, max chunk)", "m", "the (max, -inf) monoid"),
         Accumulator("min", ("m",), ("inf",), "min(m, min chunk)", "m", "the (min, +inf) monoid"),
-        Accumulator("prod", ("p",), ("1",), "p · Π chunk", "p", "the (·, 1) monoid"),
+        Accumulator("prod", ("p", "w"), ("1", "1"), "p' = p · Π chunk; w' = w · Π (|sign x| + (x - x))", "p",
+                    "the (·, 1) monoid, with a flag w that is 0 where the finite entries hold a zero (then p "
+                    "is that signed zero whatever the other chunks' products overflow to)"),
         Accumulator(
             "logsumexp", ("m", "l"), ("-inf", "0"),
             "m' = max(m, max chunk); l' = e^(m-m') l + Σ e^(chunk-m')", "m + log l",
@@ -236,8 +238,8 @@ ACCUMULATORS: dict[str, Accumulator] = {
         Accumulator(
             "online_softmax", ("m", "l", "o"), ("-inf", "0", "0"),
             "m' = max(m, max s); c = e^(m-m'); l' = c l + Σ e^(s-m'); o' = c o + Σ e^(s-m') v",
-            "o / l",
-            "the stable (m, l, o) state of online softmax, for ncontract[x; exp, exp, id]",
+            "o / l (id); (o / sqrt(l))·e^(m/2) (sqrt; l / n for rms)",
+            "the stable (m, l, o) state of online softmax, for ncontract[x; exp, exp, b]",
         ),
     )
 }
@@ -246,7 +248,7 @@ ACCUMULATORS: dict[str, Accumulator] = {
 def accumulators_for(op: str, params: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The accumulators that can stream an axis this box consumes."""
     info = OPS[op]
-    if op == "ncontract" and params == ("exp", "exp", "id"):
+    if op == "ncontract" and params[:2] == ("exp", "exp"):
         return ("normalised", "online_softmax")
     return info.accumulators
 

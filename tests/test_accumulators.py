@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from napkin_cat import ops
 from napkin_cat.certify import accumulators as acc
-from napkin_cat.evaluate import Named, evaluate_named
+from napkin_cat.evaluate import FLOAT32, Named, evaluate_named
 from napkin_cat.ops import typed_box
 from napkin_cat.terms import Axis, Box, Diagram, Param, Var
 
@@ -20,7 +20,8 @@ BOXES = [typed_box(op, (S,), ("x",)) for op in ("sum", "mean", "max", "min", "pr
     typed_box("contract", (S, W), ("x",)),
     typed_box("contract", (S, V), ("x",)),
     *(typed_box("ncontract", (S, V), ("x",), params=p)
-      for p in [("exp", "exp", "id"), ("id", "square", "sqrt"), ("id", "square", "rms"), ("sigmoid", "abs", "id")]),
+      for p in [("exp", "exp", "id"), ("exp", "exp", "sqrt"), ("exp", "exp", "rms"), ("id", "square", "sqrt"),
+                ("id", "square", "rms"), ("sigmoid", "abs", "id")]),
 ]
 PLANS = [(b, name) for b in BOXES for name in acc.accumulators_for(b, "x")]
 
@@ -71,6 +72,30 @@ def test_exactly_the_absorbing_inputs_lift_a_padded_chunk_to_the_identity(box: B
         assert identity == (i in plan.absorbing), (i, fill, lifted)
 
 
+def test_a_streamed_product_holding_a_zero_stays_zero_where_another_chunk_overflows() -> None:
+    """issue 28 (differential rerun 42): in float32 (as a kernel) a chunk of 16 entries 1.2e4
+    multiplies to inf, and the plain combine p1·p2 met the other chunk's 0 as NaN where the box's product is 0.  The
+    state's zero flag w makes the guarded combine multiply signs there (the zero's sign kept: -0
+    beside one negative entry), while an infinite entry or a NaN meeting the zero stays NaN."""
+    box = typed_box("prod", (S,), ("x",))
+    plan = acc.plan(box, "x", "prod")
+    rows = np.full((6, 32), 1.2e4, dtype=np.float32)
+    rows[0, :16] = 0.0  # the differential's row: zeros, then a chunk that overflows
+    rows[1, 16] = 0.0  # the zero after the overflow (first in its chunk: f32 multiplies a chunk in order)
+    rows[2, 3], rows[2, 20] = 0.0, -1.2e4  # -0
+    rows[3, 0], rows[3, 20] = 0.0, math.inf  # inf · 0: NaN, as the box's
+    rows[4, 0], rows[4, 20] = 0.0, math.nan
+    rows[5, :] = 0.5  # no zero: the product
+    operands = [Named(S.axes, rows)]
+    sizes = {"q": 6, "x": 32}
+    with np.errstate(all="ignore"):
+        want = _value(box, [Named(S.axes, rows.astype(np.float64))], sizes).data  # float64's box
+        got = acc.stream_fold(plan, operands, 16, sizes, algebra=FLOAT32).to(("q",))
+    assert np.array_equal(want[:3], [0.0, 0.0, -0.0]) and np.all(np.isnan(want[3:5]))
+    assert np.array_equal(got[:3], want[:3]) and np.array_equal(np.signbit(got[:3]), np.signbit(want[:3]))
+    assert np.all(np.isnan(got[3:5])) and np.isclose(got[5], want[5], rtol=1e-5)
+
+
 def test_the_plans_cover_every_accumulator_and_consuming_box() -> None:
     """The fold test above is parametrized over PLANS: an empty or partial list would pass it."""
     assert {name for _, name in PLANS} == set(ops.ACCUMULATORS)
@@ -109,7 +134,8 @@ def test_the_stable_states_update_in_one_step() -> None:
     ``update``); the others combine a lifted chunk."""
     have = {(b.op, b.params, name): acc.plan(b, "x", name).update is not None for b, name in PLANS}
     assert {k for k, v in have.items() if v} == {("logsumexp", (), "logsumexp"),
-                                                ("ncontract", ("exp", "exp", "id"), "online_softmax")}
+                                                *(("ncontract", ("exp", "exp", b), "online_softmax")
+                                                  for b in ("id", "sqrt", "rms"))}
 
 
 def test_a_wrong_update_is_refused_by_the_prover_and_the_numeric_laws(monkeypatch: pytest.MonkeyPatch) -> None:

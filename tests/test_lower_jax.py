@@ -530,3 +530,31 @@ def test_a_product_holding_a_zero_is_a_signed_zero_whatever_its_other_entries() 
     got = np.asarray(lower(thm, target="jax", tiles={"gq": 16}).fn(jnp.asarray(rows, jnp.float32)), np.float64)
     assert np.array_equal(got[:4], want[:4]) and np.array_equal(np.signbit(got), np.signbit(want))
     assert cases.relative_error(got, want) < cases.F32_TOL
+
+
+def test_a_streamed_product_holding_a_zero_is_a_signed_zero_whatever_its_other_chunks() -> None:
+    """issue 28 (differential rerun 42): ``stream x by 16 via prod`` of rows holding zeros beside
+    entries near 1.2e4: a chunk of 16 nonzero entries overflows f32 to inf and the combine multiplied
+    it by the other chunk's 0, NaN where the evaluator's product is 0.  The state carries a zero flag
+    and a finiteness flag beside the product: a state holding a zero of finite entries gives the signed
+    zero whatever the other chunks overflow to, while a genuine ±inf entry meeting a zero stays NaN
+    (numpy's inf·0), as does a NaN entry.  (The Pallas targets refuse ``prod``: Triton has no
+    reduce_prod, ``test_refused_before_running``.)"""
+    thm = cases.proved("axis q, x\ndiagram pr(S: [q x]) -> [q] {\n  return prod[x](S)\n}", "pr",
+                       "group q by gq", "stream x by 16 via prod")
+    rows = np.full((9, 40), 1.2e4)
+    rows[0, :16] = 0.0  # the differential's shape: zeros in the first chunk, the second overflows
+    rows[1, 39] = 0.0  # a zero in the ragged last chunk, after two overflowing chunks
+    rows[2, 20] = -0.0  # a negative zero in a middle chunk
+    rows[3, 7], rows[3, 9] = -0.0, -1.2e4  # two negative entries: +0
+    rows[4, 3], rows[4, 30] = 0.0, -1.2e4  # -0: the sign of an entry in another chunk
+    rows[5] = 0.5  # no zero: the product itself
+    rows[6, 0], rows[6, 30] = 0.0, np.inf  # a genuine inf meets the zero: NaN, as numpy's
+    rows[7, 0], rows[7, 5] = 0.0, np.nan  # a NaN entry stays NaN
+    rows[8, 2], rows[8, 35] = 0.0, -np.inf
+    want = cases.reference(thm, [rows], {})[0]
+    assert np.isnan(want[6]) and np.isnan(want[7]) and np.isnan(want[8]) and np.all(want[:5] == 0.0)
+    got = np.asarray(lower(thm, target="jax", tiles={"gq": 16}).fn(jnp.asarray(rows, jnp.float32)), np.float64)
+    assert np.array_equal(got[:5], want[:5]) and np.array_equal(np.signbit(got[:6]), np.signbit(want[:6]))
+    assert np.all(np.isnan(got[6:])), got
+    assert cases.relative_error(got[5:6], want[5:6]) < cases.F32_TOL

@@ -600,6 +600,30 @@ def test_exp_weights_under_a_square_root_normaliser_do_not_overflow(target: str)
             assert cases.relative_error(out, want) < cases.F32_TOL
 
 
+@pytest.mark.parametrize("target", ["pallas", "jax"])
+def test_streamed_exp_weights_under_a_square_root_normaliser_do_not_overflow(target: str) -> None:
+    """issue 28 (red team: the streamed exp/sqrt states "overflow alike"): streamed via the
+    ``normalised`` state, ``ncontract[x; exp, exp, sqrt]`` (and rms) folds Σ exp(s)·v and Σ exp(s),
+    inf in f32 at s = 89 where the output is 2.5e21.  ``online_softmax`` now streams them too: its
+    state (m, l, o) is relative to exp(m), and its final (o / sqrt(l))·exp(m/2) (l / n for rms)."""
+    rng = np.random.default_rng(6)
+    values = rng.standard_normal((37, 4))
+    options = {"interpret": True} if target == "pallas" else {}
+    for b in ("sqrt", "rms"):
+        text = (f"axis q, x, d\ndiagram es(S: [q x], V: [x d]) -> [q d] {{\n"
+                f"  return ncontract[x; exp, exp, {b}](S, V)\n}}")
+        thm = cases.proved(text, "es", "group q by gq", "stream x by sx via online_softmax")
+        fn = lower(thm, target=target, tiles={"gq": 16, "sx": 16}).fn
+        for offset in (0.0, 95.0, 150.0):
+            scores = (offset + rng.standard_normal((5, 37))).astype(np.float32).astype(np.float64)
+            scores[2, 5:] = -np.inf  # a partly masked row
+            scores[3, :] = -np.inf  # a fully masked row: 0
+            got = fn(jnp.asarray(scores, jnp.float32), jnp.asarray(values, jnp.float32), **options)
+            (want,) = cases.reference(thm, [scores, values], {})
+            assert np.max(np.abs(want)) < 1e35 and np.all(want[3] == 0.0)
+            assert cases.relative_error(got, want) < cases.F32_TOL
+
+
 @pytest.mark.xfail(strict=True, reason="the streamed normalised state (Σ s·v, Σ s²) is certified as written and "
                    "lowered so: f32's Σ s² underflows at scores near 1e-21 (README 'Kernels')")
 def test_the_streamed_l2_state_underflows_at_tiny_scores() -> None:

@@ -154,15 +154,18 @@ def test_a_broken_law_is_not_proved() -> None:
 @pytest.mark.parametrize(("op", "identity", "fill"), [("min", -math.inf, -math.inf), ("prod", 0.0, 0.0)])
 def test_a_broken_min_or_prod_is_not_proved(op: str, identity: float, fill: float) -> None:
     """min with identity -inf (it absorbs every state), prod with identity 0, each padded with
-    its wrong identity, and each combined by the other's operation (max for min, + for prod)."""
+    its wrong identity, and each combined by the other's operation (max for min, + for prod; prod's
+    zero flag w kept as it is)."""
     box, axis = _box(op)
     plan = accumulators.plan(box, axis, op, guard=False)
     assert prove._laws(plan, plan, box, True) is None
-    assert prove._laws(dataclasses.replace(plan, identity=(identity,)), plan, box, False) == "identity"
+    broken = (identity, *plan.identity[1:])
+    assert prove._laws(dataclasses.replace(plan, identity=broken), plan, box, False) == "identity"
     assert prove._laws(dataclasses.replace(plan, pad=(fill,)), plan, box, True) == "padding"
-    other, _ = _box({"min": "max", "prod": "sum"}[op])
-    wrong = accumulators.plan(other, axis, {"min": "max", "prod": "sum"}[op], guard=False)
-    assert prove._laws(dataclasses.replace(plan, combine=wrong.combine), plan, box, False) == "recomposition"
+    first, second = (Var(p.name, p.axes) for p in (plan.combine.inputs[0], plan.combine.inputs[len(plan.state)]))
+    merged = typed_box({"min": "maximum", "prod": "add"}[op], (first, second))
+    wrong = dataclasses.replace(plan.combine, outputs=(merged, *plan.combine.outputs[1:]))
+    assert prove._laws(dataclasses.replace(plan, combine=wrong), plan, box, False) == "recomposition"
 
 
 _A, _B = "sum[x](sign(softmax[x](S)))", "sum[x](sign(softmax[x](T)))"  # the kept keys of each row

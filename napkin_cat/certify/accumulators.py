@@ -172,7 +172,9 @@ class _Builder:
     def build(self, name: str) -> AccumulatorPlan:
         box = self.box
         target = box.target
-        if name in ("sum", "max", "min", "prod"):
+        if name == "prod":
+            return self.product()
+        if name in ("sum", "max", "min"):
             return self.monoid(name)
         if name == "logsumexp":
             (x,) = self.x
@@ -189,8 +191,7 @@ class _Builder:
             p = _unary("exp", _bin("sub", s, self.shift(mv)))
             return self.stable(name, [("m", m), ("l", typed_box("sum", (p,), target)),
                                       ("o", typed_box("contract", (p, v), target))],
-                               pad=(-math.inf, 0.0),
-                               final=lambda st: _bin("div", st[2], self.safe(st[1])))
+                               pad=(-math.inf, 0.0), final=lambda st: self.stable_final(b, st))
         assert name == "normalised", name
         o = typed_box("contract", (_unary(a1, s), v), target)
         z = typed_box("sum", (_unary(a2, s),), target)
@@ -209,8 +210,41 @@ class _Builder:
         # scores at the fill make a1 and a2 zero; zero values leave a2(s) in z
         return AccumulatorPlan(name, box, self.axis, state, lift, combine, (0.0, 0.0), final, (fill, 0.0), (0,))
 
+    def product(self) -> AccumulatorPlan:
+        """prod: the state is the partial product p and a flag w = Π (|sign x| + (x - x)), 0 where
+        the entries so far are finite and hold a zero, 1 where they are finite and hold none, NaN
+        where one is ±inf or NaN (x - x is NaN there); over the reals w = Π |sign x|.
+
+        Guarded, the combine gives p1·p2 except where w1·w2 = 0, where it multiplies the signs
+        sign(p1)·sign(p2): the state holding the zero is that signed zero (a lowered chunk's product
+        of finite entries holding a zero is: ``lower.jaxops``), so it stays the signed zero whatever
+        the other state overflowed to in float32 (1.2e4 ^ 16 is inf, and inf · 0 NaN where the
+        evaluator's product is 0), while a ±inf entry meeting a zero is still NaN (w is NaN, so
+        the plain product inf · 0), as numpy's product.  Over the reals (unguarded) it is p1·p2:
+        the select's branches agree wherever w1·w2 = 0 (then p1 or p2 is 0)."""
+        box = self.box
+        (x,) = self.x
+        part = typed_box("prod", (x,), box.target)
+        flag = _bin("add", _unary("abs", _unary("sign", x)), _bin("sub", x, x))
+        w = typed_box("prod", (flag,), box.target)
+        state = (("p", part.axes), ("w", w.axes))
+        lift = self.diagram("lift", self.operands, [("p", part), ("w", w)],
+                            (Var("p", part.axes), Var("w", w.axes)))
+        one, two = self.states(state, "1"), self.states(state, "2")
+        (p1, w1), (p2, w2) = ([Var(q.name, q.axes) for q in qs] for qs in (one, two))
+        merged_w = _bin("mul", w1, w2)
+        wv = Var("w", merged_w.axes)
+        merged_p: Expr = _bin("mul", p1, p2)
+        if self.guard:
+            signs = _bin("mul", _unary("sign", p1), _unary("sign", p2))
+            merged_p = typed_box("select", (_bin("eq", wv, Const(0.0)), signs, merged_p))
+        combine = self.diagram("combine", one + two, [("w", merged_w)], (merged_p, wv))
+        final = self.diagram("final", self.states(state, ""), [], (Var("p", part.axes),))
+        # a padded position at 1 leaves p and w (|sign 1| + 0 = 1): a chunk of ones lifts to the identity
+        return AccumulatorPlan("prod", box, self.axis, state, lift, combine, (1.0, 1.0), final, (1.0,), (0,))
+
     def monoid(self, name: str) -> AccumulatorPlan:
-        """sum (sum, mean, contract), max, min, prod: the state is the box's own partial value."""
+        """sum (sum, mean, contract), max, min: the state is the box's own partial value."""
         box = self.box
         if box.op == "mean":
             part: Expr = typed_box("sum", self.x, box.target)
@@ -218,20 +252,31 @@ class _Builder:
             part = typed_box(box.op, self.x, box.target, params=box.params)
         state = (("s", part.axes),)
         lift = self.diagram("lift", self.operands, [("s", part)], (Var("s", part.axes),))
-        merge = {"sum": "add", "max": "maximum", "min": "minimum", "prod": "mul"}[name]
+        merge = {"sum": "add", "max": "maximum", "min": "minimum"}[name]
         one, two = self.states(state, "1"), self.states(state, "2")
         combine = self.diagram("combine", one + two, [],
                                (_bin(merge, Var(one[0].name, part.axes), Var(two[0].name, part.axes)),))
         sv = Var("s", part.axes)
         value = _bin("div", sv, self.count()) if box.op == "mean" else sv
         final = self.diagram("final", self.states(state, ""), [], (value,))
-        identity = {"sum": 0.0, "max": -math.inf, "min": math.inf, "prod": 1.0}[name]
-        fill = {"sum": 0.0, "max": -math.inf, "min": math.inf, "prod": 1.0}[name]
+        identity = {"sum": 0.0, "max": -math.inf, "min": math.inf}[name]
+        fill = identity
         # a contraction is padded by zeroing every operand that carries the axis, and any one
         # zero factor already zeroes the product
         pad = tuple(fill for _ in self.x)
         return AccumulatorPlan(name, box, self.axis, state, lift, combine, (identity,), final, pad,
                                tuple(range(len(self.x))))
+
+    def stable_final(self, b: str, st: list[Var]) -> Expr:
+        """The online state's value, (m, l, o) with l and o relative to exp(m): o / l under an ``id``
+        normaliser; under a square root exp(s)/sqrt(Σ exp(s)) = exp(s - m)·exp(m/2)/sqrt(l), so
+        (o / sqrt(l))·exp(m/2), l divided by the count first for ``rms`` (no state reads exp(s)
+        itself, which overflows float32 at s = 89 where the weights, of order exp(s/2), do not)."""
+        m, l_, o = st
+        if b == "id":
+            return _bin("div", o, self.safe(l_))
+        denom = _unary("sqrt", l_ if b == "sqrt" else _bin("div", l_, self.count()))
+        return _bin("mul", _bin("div", o, self.safe(denom)), _unary("exp", _bin("mul", self.shift(m), Const(0.5))))
 
     def stable(self, name: str, parts: list[tuple[str, Expr]], pad: tuple[float, ...],
                final: Callable[[list[Var]], Expr]) -> AccumulatorPlan:

@@ -47,6 +47,6 @@ def representative_boxes() -> list[tuple[Box, str]]:
     for op in ("sum", "mean", "max", "min", "prod", "logsumexp"):
         boxes.append((Box(op, (s,), ("q",), ("x",)), "x"))
     boxes.append((Box("contract", (s, v), ("q", "d"), ("x",)), "x"))
-    for params in (("exp", "exp", "id"), ("id", "square", "sqrt"), ("id", "square", "rms")):
+    for params in (("exp", "exp", "id"), ("exp", "exp", "sqrt"), ("id", "square", "sqrt"), ("id", "square", "rms")):
         boxes.append((Box("ncontract", (s, v), ("q", "d"), ("x",), (), params), "x"))
     return boxes

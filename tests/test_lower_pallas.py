@@ -611,10 +611,11 @@ _STREAMED_SCALES = {"tiny": (1e-11, 1e-11, 1e-11), "huge": (1.0, 1e21, 1e21), "m
 @pytest.mark.parametrize("case", sorted(_STREAMED_SCALES))
 @pytest.mark.parametrize("name", ["flash_sign", "flash_rms_attention"])
 def test_the_streamed_l2_state_holds_tiny_and_huge_scores(name: str, target: str, case: str) -> None:
-    """Streamed l2 and rms kernels (``flash_sign``, ``flash_rms_attention``) carry their state (Σ s·v, Σ s²) as (m, Σ (s/m)·v,
-    Σ (s/m)²) with m the running max|s| (``accumulators.float_safe``): at Q and K of 1e-11 (scores
-    near 1e-21) the state as written gave 0 where the evaluator's output reaches 3.9 (issue 28,
-    red team rtdeep); near 1e22 Σ s² overflowed; chunks of different scales rescale the state."""
+    """Streamed l2 and rms kernels (``flash_sign``, ``flash_rms_attention``) carry their state
+    (Σ s·v, Σ s²) as (m, Σ (s/m)·v, Σ (s/m)²) with m the running max|s| (``accumulators.float_safe``):
+    at Q and K of 1e-11 (scores near 1e-21) the state as written gave 0 where the evaluator's
+    output reaches 3.9 (issue 28, red team rtdeep); near 1e22 Σ s² overflowed; chunks of different
+    scales rescale the state."""
     thm = cases.theorems()[name]
     sizes, arrays = cases.inputs(thm, 0, low=70, high=90)  # three chunks of 32, the last ragged
     q_scale, first, rest = _STREAMED_SCALES[case]

@@ -67,6 +67,8 @@ DEGREE = {"id": 1.0, "neg": 1.0, "abs": 1.0, "relu": 1.0, "square": 2.0, "sign":
 NORMALISER_DEGREE = {"id": 1.0, "sqrt": 0.5, "rms": 0.5}
 #: c^p as a unary op (None: c^0 = 1, nothing to multiply), for the degrees a rescaled state takes
 _POWER: dict[float, str | None] = {0.0: None, 0.5: "sqrt", 1.0: "id", 2.0: "square"}
+#: the range of a float-safe state's scale k (``_Builder.safe_or``): 1/k a normal f32
+_SCALE_LOW, _SCALE_HIGH = 2.0**-126, 2.0**126
 
 
 @dataclass(frozen=True)
@@ -102,18 +104,19 @@ def float_safe(proved: AccumulatorPlan) -> AccumulatorPlan:
     """The plan a kernel runs for ``proved``: the proved plan itself, except for the normalised
     state (o, z) = (Σ a1(s)·v, Σ a2(s)) of weights invariant under scaling the scores (``DEGREE``:
     l2 and rms normalisation), which f32 cannot hold as written (Σ s² underflows at scores near
-    1e-21 and overflows near 1e19).  That state is carried as (m, o', z'), m the running max|s|
-    and o = k^p1·o', z = k^p2·z' with k = m where 0 < m < inf, else 1 (``_Builder.safe_or``):
-    the proved state in another representation.  A chunk is summed on s/k, so the chunk holding
-    the maximum adds a2(±1) to z'; states of scales k1, k2 merge as online softmax's running
-    max does, o' = (k1/k)^p1·o1' + (k2/k)^p1·o2' at k = k(max(m1, m2)) (z' likewise, p2); the finaliser is the
-    proved one on (o', z'), as o/b(z) = o'/b(z') at every k > 0 (b has degree p1/p2).  A state
-    of m = 0 (every score ±0, so o' = o and z' = z = 0, up to a NaN value) merges at factor 1,
-    and one of ±inf or NaN scores is summed as written (k = 1), so the evaluator's inf and NaN
-    come out as the proved plan's.  Per score the kernel adds |s|, its running max and one
-    multiply (s·(1/k)); per state element and chunk, the rescaling (as online softmax's).
-    Its laws are the proved ones under the map (o, z) = (k^p1·o', k^p2·z'), which
-    tests/test_accumulators.py checks numerically; the certificate stays the proved plan's."""
+    1e-21 and overflows near 1e19).  That state is carried as (m, o', z'), m the running max|s|,
+    with o = k^p1·o' and z = k^p2·z' for the scale k = m where 0 < m < inf (clamped into
+    [2^-126, 2^126]), else 1 (``_Builder.safe_or``): the proved state in another representation.
+    A chunk is summed on s·(1/k), so the chunk holding the maximum adds a2(±1) to z'; states of
+    scales k1, k2 merge as online softmax's running max does, o' = (k1/k)^p1·o1' + (k2/k)^p1·o2'
+    at the merged max's k (z' likewise, p2); the finaliser is the proved one on (o', z'), as
+    o/b(z) = o'/b(z') at every k > 0 (b has degree p1/p2).  A state of m = 0 (every score ±0,
+    so o' = o and z' = z = 0, up to a NaN value) merges at factor 1, and one of ±inf or NaN
+    scores is summed as written (k = 1), so the evaluator's inf and NaN come out as the proved
+    plan's.  Per score the kernel adds |s|, its running max and one multiply; per state entry
+    and chunk, one rescaling multiply (as online softmax's).  Its laws are the proved ones
+    under the map (o, z) = (k^p1·o', k^p2·z'), which tests/test_accumulators.py checks
+    numerically (float64 and float32); the certificate stays the proved plan's."""
     if proved.name != "normalised":
         return proved
     a1, a2, b = proved.box.params
@@ -244,9 +247,11 @@ class _Builder:
         return AccumulatorPlan(name, box, self.axis, state, lift, combine, (0.0, 0.0), final, (fill, 0.0), (0,))
 
     def safe_or(self, m: Expr, fallback: Expr) -> Expr:
-        """m where 0 < m < inf, else ``fallback``: a usable scale."""
+        """m clamped into [2^-126, 2^126] where 0 < m < inf, else ``fallback``: a scale whose
+        reciprocal is a normal f32 (no inf past 1/2.9e-39, no subnormal a GPU flushes to 0)."""
         usable = _bin("mul", _bin("gt", m, Const(0.0)), _bin("lt", m, Const(math.inf)))
-        return typed_box("select", (usable, m, fallback))
+        clamped = _bin("minimum", _bin("maximum", m, Const(_SCALE_LOW)), Const(_SCALE_HIGH))
+        return typed_box("select", (usable, clamped, fallback))
 
     def scaled(self, proved: AccumulatorPlan) -> AccumulatorPlan:
         """The normalised state as (m, o', z') (``float_safe``)."""
@@ -283,7 +288,7 @@ class _Builder:
         body: list[tuple[str, Expr]] = [("m", merged), ("k", self.safe_or(mv, Const(1.0)))]
         k = Var("k", mv.axes)
         outs: list[Expr] = [mv]
-        for i, (mi, oi, zi) in enumerate(((m1, o1, z1), (m2, o2, z2)), 1):
+        for i, mi in enumerate((m1, m2), 1):
             body.append((f"c{i}", _bin("div", self.safe_or(mi, k), k)))
         c1, c2 = Var("c1", mv.axes), Var("c2", mv.axes)
         for name, power, x1, x2 in (("o", powers[0], o1, o2), ("z", powers[1], z1, z2)):

@@ -75,22 +75,26 @@ def flash_sign(Q, K, V):
             update_t_2 = jnp.where(update_m > 0.0, 1.0, 0.0)
             update_t_3 = jnp.where(update_m < INF, 1.0, 0.0)
             update_t_4 = update_t_2 * update_t_3
-            update_k_chunk = jnp.where(update_t_4 != 0, update_m, 1.0)
+            update_t_5 = jnp.maximum(update_m, 1.1754943508222875e-38)
+            update_t_6 = jnp.minimum(update_t_5, 8.507059173023462e+37)
+            update_k_chunk = jnp.where(update_t_4 != 0, update_t_6, 1.0)
             update_r_chunk = 1.0 / update_k_chunk
             update_t_chunk = S * update_r_chunk[:, None]
             update_o_chunk = jnp.einsum('ab,bc->ac', update_t_chunk, V_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
-            update_t_5 = update_t_chunk * update_t_chunk
-            update_z_chunk = jnp.sum(update_t_5, axis=(1,))
-            update_t_6 = jnp.where(O_m > 0.0, 1.0, 0.0)
-            update_t_7 = jnp.where(O_m < INF, 1.0, 0.0)
-            update_t_8 = update_t_6 * update_t_7
-            update_t_9 = jnp.where(update_t_8 != 0, O_m, update_k_chunk)
-            update_c = update_t_9 / update_k_chunk
-            update_t_10 = update_c[:, None] * O_o
-            update_o = update_t_10 + update_o_chunk
-            update_t_11 = update_c * update_c
-            update_t_12 = update_t_11 * O_z
-            update_z = update_t_12 + update_z_chunk
+            update_t_7 = update_t_chunk * update_t_chunk
+            update_z_chunk = jnp.sum(update_t_7, axis=(1,))
+            update_t_8 = jnp.where(O_m > 0.0, 1.0, 0.0)
+            update_t_9 = jnp.where(O_m < INF, 1.0, 0.0)
+            update_t_10 = update_t_8 * update_t_9
+            update_t_11 = jnp.maximum(O_m, 1.1754943508222875e-38)
+            update_t_12 = jnp.minimum(update_t_11, 8.507059173023462e+37)
+            update_t_13 = jnp.where(update_t_10 != 0, update_t_12, update_k_chunk)
+            update_c = update_t_13 / update_k_chunk
+            update_t_14 = update_c[:, None] * O_o
+            update_o = update_t_14 + update_o_chunk
+            update_t_15 = update_c * update_c
+            update_t_16 = update_t_15 * O_z
+            update_z = update_t_16 + update_z_chunk
             return (update_m, update_o, update_z)
         step = jax.checkpoint(step, static_argnums=(2,))
         full_chunks = n['x'] // 32

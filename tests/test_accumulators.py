@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 
 from napkin_cat import ops
 from napkin_cat.certify import accumulators as acc
-from napkin_cat.evaluate import FLOAT32, Named, evaluate_named
+from napkin_cat.evaluate import FLOAT32, FLOAT64, Named, evaluate_named
 from napkin_cat.ops import typed_box
 from napkin_cat.terms import Axis, Box, Diagram, Param, Var
 
@@ -159,3 +160,79 @@ def test_a_wrong_update_is_refused_by_the_prover_and_the_numeric_laws(monkeypatc
     assert prove.prove_accumulator.__wrapped__(box, "x", "online_softmax", True) is None
     cert = certify_accumulator.__wrapped__(box, "x", "online_softmax", True, "quick")
     assert not cert.ok and "update(lift(x), y) != combine(lift(x), lift(y))" in cert.counterexample
+
+
+#: normalised contractions whose weights are invariant under scaling the scores (``acc.DEGREE``)
+SCALED = [typed_box("ncontract", (S, V), ("x",), params=p)
+          for p in [("id", "square", "sqrt"), ("id", "square", "rms"), ("relu", "square", "sqrt"),
+                    ("abs", "abs", "id"), ("relu", "relu", "id"), ("square", "square", "id")]]
+
+
+def _fold_by_update(plan: acc.AccumulatorPlan, operands: list[Named], tile: int, sizes: dict[str, int],
+                    algebra: Any) -> Named:
+    """``acc.stream_fold`` as the kernels fold: the identity, then ``update`` per chunk, then final."""
+    assert plan.update is not None
+    state = tuple(Named((), algebra.asarray(v)) for v in plan.identity)
+    for start in range(0, sizes["x"], tile):
+        parts = [acc.chunk(x, "x", start, min(start + tile, sizes["x"])) for x in operands]
+        state = evaluate_named(plan.update, [*state, *parts], {**sizes, "x": parts[0].data.shape[1]}, algebra)
+    (value,) = evaluate_named(plan.final, state, sizes, algebra)
+    return value
+
+
+def test_the_float_safe_plan_is_the_proved_one_but_for_scaled_normalised_states() -> None:
+    """``float_safe`` rescales exactly the normalised states of scale-invariant weights; every
+    other plan (online softmax, sigmoid or exp weights, the monoids) is the proved plan itself."""
+    for box, name in PLANS:
+        plan = acc.plan(box, "x", name)
+        scaled = name == "normalised" and box.params in {b.params for b in SCALED}
+        assert (acc.float_safe(plan) is plan) != scaled, (box.params, name)
+    for box in SCALED:
+        plan, safe = acc.plan(box, "x", "normalised"), acc.float_safe(acc.plan(box, "x", "normalised"))
+        assert [n for n, _ in safe.state] == ["m", "o", "z"] and safe.identity == (0.0, 0.0, 0.0)
+        assert safe.pad == plan.pad and safe.absorbing == plan.absorbing and safe.update is not None
+
+
+@pytest.mark.parametrize("box", SCALED, ids=[str(b.params) for b in SCALED])
+@settings(max_examples=15, deadline=None)
+@given(n=st.integers(1, 9), tile=st.integers(1, 4), pad=st.booleans(), seed=st.integers(0, 99),
+       scales=st.lists(st.sampled_from([0.0, 1e-30, 1e-3, 1.0, 1e30]), min_size=9, max_size=9))
+def test_the_float_safe_state_folds_to_the_box(box: Box, n: int, tile: int, pad: bool, seed: int,
+                                               scales: list[float]) -> None:
+    """The float-safe state (m, o', z') streamed by lift and combine (padded or ragged) and by the
+    kernels' one-step update gives the box's value in float64, each position's scores scaled by
+    its own factor (whole chunks of zeros, scales 60 orders apart), and the proved plan's on
+    rows holding NaN or ±inf scores."""
+    plan = acc.float_safe(acc.plan(box, "x", "normalised"))
+    rng = np.random.default_rng(seed)
+    sizes = {"q": 3, "x": n, "d": 2}
+    scores = rng.standard_normal((3, n)) * np.asarray(scales[:n])
+    scores[1, 0] = [math.inf, -math.inf, math.nan][seed % 3]  # a row the evaluator makes inf or NaN
+    operands = [Named(("q", "x"), scores), Named(("x", "d"), rng.standard_normal((n, 2)))]
+    want = _value(box, operands, sizes)
+    for got in (acc.stream_fold(plan, operands, tile, sizes, pad=pad and plan.pad is not None),
+                _fold_by_update(plan, operands, tile, sizes, FLOAT64)):
+        np.testing.assert_allclose(got.to(want.axes), want.data, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("box", SCALED[:2], ids=[str(b.params) for b in SCALED[:2]])
+@pytest.mark.parametrize(("first", "rest"), [(1e-21, 1e-21), (1e21, 1e21), (1e-22, 1e20), (1e-23, 1e-21),
+                                             (1e-21, 1e-23), (0.0, 1e-25), (1e-39, 1e-39),
+                                             (1e37, 1e37), (1e-40, 1e38)])
+def test_the_float_safe_state_holds_in_float32(box: Box, first: float, rest: float) -> None:
+    """In float32 (the kernels' precision) the proved state (Σ s·v, Σ s²) underflows at scores near
+    1e-21 and overflows near 1e19; the float-safe one gives the float64 box's value (issue 28)."""
+    rng = np.random.default_rng(0)
+    sizes = {"q": 3, "x": 9, "d": 2}
+    scores = rng.standard_normal((3, 9)) * np.where(np.arange(9) < 4, first, rest)
+    operands = [Named(("q", "x"), scores.astype(np.float32).astype(np.float64)),
+                Named(("x", "d"), rng.standard_normal((9, 2)).astype(np.float32).astype(np.float64))]
+    want = _value(box, operands, sizes).data
+    assert np.max(np.abs(want)) > 0.1
+    single = [Named(o.axes, o.data.astype(np.float32)) for o in operands]
+    got = _fold_by_update(acc.float_safe(acc.plan(box, "x", "normalised")), single, 4, sizes, FLOAT32)
+    assert got.data.dtype == np.float32
+    assert np.max(np.abs(got.to(("q", "d")) - want)) < 1e-5 * np.max(np.abs(want))
+    with np.errstate(all="ignore"):
+        proved = acc.stream_fold(acc.plan(box, "x", "normalised"), single, 4, sizes, FLOAT32)
+    assert not np.max(np.abs(proved.to(("q", "d")) - want)) < 1e-5 * np.max(np.abs(want))

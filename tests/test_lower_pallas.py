@@ -624,16 +624,34 @@ def test_streamed_exp_weights_under_a_square_root_normaliser_do_not_overflow(tar
             assert cases.relative_error(got, want) < cases.F32_TOL
 
 
-@pytest.mark.xfail(strict=True, reason="the streamed normalised state (Σ s·v, Σ s²) is certified as written and "
-                   "lowered so: f32's Σ s² underflows at scores near 1e-21 (README 'Kernels')")
-def test_the_streamed_l2_state_underflows_at_tiny_scores() -> None:
-    """The limit README states for streamed l2/rms kernels: ``flash_sign`` at Q and K of 1e-11
-    (scores near 1e-21) gives 0 where the evaluator's output reaches 3.9 (issue 28, red team rtdeep)."""
-    thm = cases.theorems()["flash_sign"]
-    sizes, arrays = cases.inputs(thm, 0, low=17, high=60)
-    arrays = [(a * (1e-11 if i < 2 else 1.0)).astype(np.float32).astype(np.float64) for i, a in enumerate(arrays)]
-    got = lower(thm, target="jax", tiles=cases.TILES).fn(*[jnp.asarray(a, jnp.float32) for a in arrays])
-    assert cases.relative_error(got, cases.reference(thm, arrays, sizes)[0]) < cases.F32_TOL
+#: (scale of K's first chunk, scale of its other chunks) with Q at 1e-11 or 1: scores near 1e-21,
+#: where f32's Σ s² underflowed, near 1e22, where it overflowed, and chunks of different scales
+#: (the running scale grows, or stays put, between chunks; the tiny chunk's share 1% or nothing)
+_STREAMED_SCALES = {"tiny": (1e-11, 1e-11, 1e-11), "huge": (1.0, 1e21, 1e21), "mixed": (1.0, 1e-22, 1e18),
+                    "growing": (1.0, 1e-23, 1e-21), "falling": (1.0, 1e-21, 1e-23)}
+
+
+@pytest.mark.parametrize("target", ["jax", "pallas"])
+@pytest.mark.parametrize("case", sorted(_STREAMED_SCALES))
+@pytest.mark.parametrize("name", ["flash_sign", "flash_rms_attention"])
+def test_the_streamed_l2_state_holds_tiny_and_huge_scores(name: str, target: str, case: str) -> None:
+    """Streamed l2 and rms kernels (``flash_sign``, ``flash_rms_attention``) carry their state
+    (Σ s·v, Σ s²) as (m, Σ (s/m)·v, Σ (s/m)²) with m the running max|s| (``accumulators.float_safe``):
+    at Q and K of 1e-11 (scores near 1e-21) the state as written gave 0 where the evaluator's
+    output reaches 3.9 (issue 28, red team rtdeep); near 1e22 Σ s² overflowed; chunks of different
+    scales rescale the state."""
+    thm = cases.theorems()[name]
+    sizes, arrays = cases.inputs(thm, 0, low=70, high=90)  # three chunks of 32, the last ragged
+    q_scale, first, rest = _STREAMED_SCALES[case]
+    chunk = np.where(np.arange(sizes["x"]) < 32, first, rest)[:, None]
+    arrays = [(a * s).astype(np.float32).astype(np.float64) for a, s in zip(arrays, (q_scale, chunk, 1.0),
+                                                                              strict=True)]
+    fn = lower(thm, target=target, tiles=cases.TILES).fn
+    options = {"interpret": True} if target == "pallas" else {}
+    got = fn(*[jnp.asarray(a, jnp.float32) for a in arrays], **options)
+    want = cases.reference(thm, arrays, sizes)[0]
+    assert np.max(np.abs(want)) > 0.1
+    assert cases.relative_error(got, want) < cases.F32_TOL
 
 
 def _kernel_primitives(fn: Any, *arrays: np.ndarray) -> list[str]:

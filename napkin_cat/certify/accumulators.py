@@ -45,7 +45,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -54,10 +54,21 @@ from napkin_cat.evaluate import FLOAT64, Algebra, Named, evaluate_named
 from napkin_cat.ops import typed_box
 from napkin_cat.terms import Axes, Axis, Box, Const, Diagram, Expr, Let, Param, Size, Var
 
-__all__ = ["FLOAT_MAX", "TINY", "AccumulatorPlan", "accumulators_for", "chunk", "padded", "plan", "stream_fold"]
+__all__ = ["DEGREE", "FLOAT_MAX", "NORMALISER_DEGREE", "TINY", "AccumulatorPlan", "accumulators_for", "chunk",
+           "float_safe", "padded", "plan", "stream_fold"]
 
 FLOAT_MAX = sys.float_info.max
 TINY = sys.float_info.min
+
+#: the degree p of the positively homogeneous weights, a(c·s) = c^p·a(s) for c > 0, and of the
+#: normalisers b: where a1's degree is a2's times b's, a1(s)/b(Σ a2(s)) is the same at s/c
+DEGREE = {"id": 1.0, "neg": 1.0, "abs": 1.0, "relu": 1.0, "square": 2.0, "sign": 0.0, "sqrt": 0.5,
+          "rsqrt": -0.5, "recip": -1.0}
+NORMALISER_DEGREE = {"id": 1.0, "sqrt": 0.5, "rms": 0.5}
+#: c^p as a unary op (None: c^0 = 1, nothing to multiply), for the degrees a rescaled state takes
+_POWER: dict[float, str | None] = {0.0: None, 0.5: "sqrt", 1.0: "id", 2.0: "square"}
+#: the range of a float-safe state's scale k (``_Builder.safe_or``): 1/k a normal f32
+_SCALE_LOW, _SCALE_HIGH = 2.0**-126, 2.0**126
 
 
 @dataclass(frozen=True)
@@ -87,6 +98,32 @@ class AccumulatorPlan:
     pad: tuple[float, ...] | None
     absorbing: tuple[int, ...]
     update: Diagram | None = None
+
+
+def float_safe(proved: AccumulatorPlan) -> AccumulatorPlan:
+    """The plan a kernel runs for ``proved``: the proved plan itself, except for the normalised
+    state (o, z) = (Σ a1(s)·v, Σ a2(s)) of weights invariant under scaling the scores (``DEGREE``:
+    l2 and rms normalisation), which f32 cannot hold as written (Σ s² underflows at scores near
+    1e-21 and overflows near 1e19).  That state is carried as (m, o', z'), m the running max|s|,
+    with o = k^p1·o' and z = k^p2·z' for the scale k = m where 0 < m < inf (clamped into
+    [2^-126, 2^126]), else 1 (``_Builder.safe_or``): the proved state in another representation.
+    A chunk is summed on s·(1/k), so the chunk holding the maximum adds a2(±1) to z'; states of
+    scales k1, k2 merge as online softmax's running max does, o' = (k1/k)^p1·o1' + (k2/k)^p1·o2'
+    at the merged max's k (z' likewise, p2); the finaliser is the proved one on (o', z'), as
+    o/b(z) = o'/b(z') at every k > 0 (b has degree p1/p2).  A state of m = 0 (every score ±0,
+    so o' = o and z' = z = 0, up to a NaN value) merges at factor 1, and one of ±inf or NaN
+    scores is summed as written (k = 1), so the evaluator's inf and NaN come out as the proved
+    plan's.  Per score the kernel adds |s|, its running max and one multiply; per state entry
+    and chunk, one rescaling multiply (as online softmax's).  Its laws are the proved ones
+    under the map (o, z) = (k^p1·o', k^p2·z'), which tests/test_accumulators.py checks
+    numerically (float64 and float32); the certificate stays the proved plan's."""
+    if proved.name != "normalised":
+        return proved
+    a1, a2, b = proved.box.params
+    if a1 not in DEGREE or a2 not in DEGREE or DEGREE[a1] != DEGREE[a2] * NORMALISER_DEGREE[b] \
+            or DEGREE[a1] not in _POWER or DEGREE[a2] not in _POWER or DEGREE[a2] == 0.0:
+        return proved
+    return _Builder(proved.box, proved.axis, True).scaled(proved)
 
 
 def accumulators_for(box: Box, axis: str) -> tuple[str, ...]:
@@ -242,6 +279,68 @@ class _Builder:
         final = self.diagram("final", self.states(state, ""), [], (Var("p", part.axes),))
         # a padded position at 1 leaves p and w (|sign 1| + 0 = 1): a chunk of ones lifts to the identity
         return AccumulatorPlan("prod", box, self.axis, state, lift, combine, (1.0, 1.0), final, (1.0,), (0,))
+
+    def safe_or(self, m: Expr, fallback: Expr) -> Expr:
+        """m clamped into [2^-126, 2^126] where 0 < m < inf, else ``fallback``: a scale whose
+        reciprocal is a normal f32 (no inf past 1/2.9e-39, no subnormal a GPU flushes to 0)."""
+        usable = _bin("mul", _bin("gt", m, Const(0.0)), _bin("lt", m, Const(math.inf)))
+        clamped = _bin("minimum", _bin("maximum", m, Const(_SCALE_LOW)), Const(_SCALE_HIGH))
+        return typed_box("select", (usable, clamped, fallback))
+
+    def scaled(self, proved: AccumulatorPlan) -> AccumulatorPlan:
+        """The normalised state as (m, o', z') (``float_safe``)."""
+        a1, a2, _ = self.box.params
+        target = self.box.target
+        s, v = self.x
+        powers = (_POWER[DEGREE[a1]], _POWER[DEGREE[a2]])
+
+        def terms(m: Expr, body: list[tuple[str, Expr]], suffix: str = "") -> tuple[Var, Var]:
+            """The chunk's Σ a1(s/k)·v and Σ a2(s/k) at k = safe(m), appended to ``body``."""
+            body.append((f"k{suffix}", self.safe_or(m, Const(1.0))))
+            k = Var(f"k{suffix}", m.axes)
+            body.append((f"r{suffix}", _unary("recip", k)))
+            scaled = _bin("mul", s, Var(f"r{suffix}", m.axes))
+            body.append((f"t{suffix}", scaled))
+            t = Var(f"t{suffix}", scaled.axes)
+            o = typed_box("contract", (_unary(a1, t), v), target)
+            z = typed_box("sum", (_unary(a2, t),), target)
+            body += [(f"o{suffix}", o), (f"z{suffix}", z)]
+            return Var(f"o{suffix}", o.axes), Var(f"z{suffix}", z.axes)
+
+        def rescaled(c: Var, power: str | None, x: Expr) -> Expr:
+            return x if power is None else _bin("mul", _unary(power, c), x)
+
+        top = typed_box("max", (_unary("abs", s),), target)
+        mv = Var("m", top.axes)
+        lift_body: list[tuple[str, Expr]] = [("m", top)]
+        o, z = terms(mv, lift_body)
+        state = (("m", top.axes), ("o", o.axes), ("z", z.axes))
+        lift = self.diagram("lift", self.operands, lift_body, (mv, o, z))
+        one, two = self.states(state, "1"), self.states(state, "2")
+        (m1, o1, z1), (m2, o2, z2) = ([Var(p.name, p.axes) for p in ps] for ps in (one, two))
+        merged = _bin("maximum", m1, m2)
+        body: list[tuple[str, Expr]] = [("m", merged), ("k", self.safe_or(mv, Const(1.0)))]
+        k = Var("k", mv.axes)
+        outs: list[Expr] = [mv]
+        for i, mi in enumerate((m1, m2), 1):
+            body.append((f"c{i}", _bin("div", self.safe_or(mi, k), k)))
+        c1, c2 = Var("c1", mv.axes), Var("c2", mv.axes)
+        for name, power, x1, x2 in (("o", powers[0], o1, o2), ("z", powers[1], z1, z2)):
+            body.append((name, _bin("add", rescaled(c1, power, x1), rescaled(c2, power, x2))))
+            outs.append(Var(name, x1.axes))
+        combine = self.diagram("combine", one + two, body, tuple(outs))
+        # update(state, chunk): the new running max at once, the state rescaled once per chunk
+        body = [("top", top), ("m", _bin("maximum", m1, Var("top", top.axes)))]
+        o_chunk, z_chunk = terms(mv, body, "_chunk")
+        k = Var("k_chunk", mv.axes)
+        body.append(("c", _bin("div", self.safe_or(m1, k), k)))
+        c = Var("c", mv.axes)
+        body += [("o", _bin("add", rescaled(c, powers[0], o1), o_chunk)),
+                 ("z", _bin("add", rescaled(c, powers[1], z1), z_chunk))]
+        update = self.diagram("update", one + self.operands, body, (mv, Var("o", o.axes), Var("z", z.axes)))
+        final = replace(proved.final, inputs=(Param("m", top.axes), *proved.final.inputs))
+        return replace(proved, state=state, lift=lift, combine=combine, identity=(0.0, 0.0, 0.0), final=final,
+                       update=update)
 
     def monoid(self, name: str) -> AccumulatorPlan:
         """sum (sum, mean, contract), max, min: the state is the box's own partial value."""

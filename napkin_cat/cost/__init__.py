@@ -468,7 +468,9 @@ def _fold_flops(prog: Program, chosen: Mapping[str, str], accumulate_pass: bool 
     over chunks folds at no cost (its ``sum`` state is the MMA's accumulator) and the online
     softmax pays for its correction only.  With ``accumulate_pass`` (``Hardware``: XLA:CPU) a
     summed contraction's add is a pass of its own, one FLOP per state value per chunk; the
-    online softmax's still rides in its correction's pass."""
+    online softmax's still rides in its correction's pass.  It prices the proved plan: the
+    float-safe one the kernels run for l2 and rms (``accumulators.float_safe``) also takes |s|,
+    its running max and s·(1/k) per score and rescales the state per chunk, which it leaves out."""
     loops = prog.nest.loops
     total = sympy.Integer(0)
     for step in prog.views[-1].steps:

@@ -31,6 +31,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 
 from napkin_cat import ops
+from napkin_cat.certify.accumulators import DEGREE, NORMALISER_DEGREE
 from napkin_cat.evaluate import evaluate_named
 from napkin_cat.lower import codegen as cg
 from napkin_cat.lower.values import (
@@ -202,13 +203,6 @@ def _shift(x: Value, where: ast.expr, scope: Scope) -> ast.expr:
     return scope.block.bind("shift", cg.call("jnp.where", finite, m, cg.const(0.0)))
 
 
-#: the degree p of the positively homogeneous weights, f(c·s) = c^p·f(s) for c > 0, and of the
-#: normalisers b: where a1's degree is a2's times b's, a1(s)/b(Σ a2(s)) is the same at s/c
-_DEGREE = {"id": 1.0, "neg": 1.0, "abs": 1.0, "relu": 1.0, "square": 2.0, "sign": 0.0, "sqrt": 0.5,
-           "rsqrt": -0.5, "recip": -1.0}
-_NORMALISER_DEGREE = {"id": 1.0, "sqrt": 0.5, "rms": 0.5}
-
-
 def _scale(x: Value, where: ast.expr, scope: Scope) -> ast.expr:
     """The largest |s| along the normalised axes where it is finite and non-zero, else 1, bound
     to a name: weights invariant under scaling (l2, rms) are computed on s divided by it, so
@@ -245,9 +239,9 @@ def _weights(params: Sequence[str], x: Value, target: Axes, scope: Scope) -> ast
         shift = _shift(x, where, scope)
         s = scope.block.bind("shifted", cg.binop(s, "-", shift))
         if b != "id":  # exp(s) alone overflows f32 at s = 89 where the weights do not (sqrt: 178)
-            half = cg.binop(shift, "*", cg.const(_NORMALISER_DEGREE[b]))
+            half = cg.binop(shift, "*", cg.const(NORMALISER_DEGREE[b]))
             numerator = scope.block.bind("top", unary("exp", cg.binop(x.expr, "-", half), scope))
-    elif a1 in _DEGREE and a2 in _DEGREE and _DEGREE[a1] == _DEGREE[a2] * _NORMALISER_DEGREE[b]:
+    elif a1 in DEGREE and a2 in DEGREE and DEGREE[a1] == DEGREE[a2] * NORMALISER_DEGREE[b]:
         s = scope.block.bind("scaled", cg.binop(s, "/", _scale(x, where, scope)))
     top = scope.block.bind("top", unary(a1, s, scope))
     bottom = top if a2 == a1 else unary(a2, s, scope)

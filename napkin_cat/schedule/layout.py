@@ -36,7 +36,7 @@ from functools import cached_property
 from typing import Any
 
 from napkin_cat import certify, ops
-from napkin_cat.certify.accumulators import AccumulatorPlan, plan
+from napkin_cat.certify.accumulators import AccumulatorPlan, float_safe, plan
 from napkin_cat.diagnostics import NapkinError, error
 from napkin_cat.schedule.loopnest import Flat, LoopNest, Node, flatten, loop_nest, touches, woven_axes
 from napkin_cat.terms import (
@@ -332,7 +332,8 @@ def layout(name: str, diagram: Diagram, schedule: Schedule, tiles: Mapping[str, 
                 via = (chosen or {}).get((stream, box.op, box.target, box.params), loop.partition.via)
                 if via is not None and via not in ops.accumulators_for(box.op, box.params):
                     via = None
-                plans[node.name] = plan(box, stream, via)
+                # the proved plan, its state in a float-safe representation (l2/rms: a running scale)
+                plans[node.name] = float_safe(plan(box, stream, via))
     for step in schedule.quantisations:
         if step.dtype not in FORMATS:
             raise NapkinError(error("lower.dtype", dtype=step.dtype, known=", ".join(FORMATS)))

@@ -65,24 +65,45 @@ def flash_sign(Q, K, V):
         V_2 = jnp.asarray(V, jnp.float32)
 
         def step(carry, start, size):
-            O_o, O_z = carry
+            O_m, O_o, O_z = carry
             K_chunk = lax.dynamic_slice_in_dim(K_2, start, size, axis=0)
             V_chunk = lax.dynamic_slice_in_dim(V_2, start, size, axis=0)
             S = jnp.einsum('ab,cb->ac', Q_rows_2, K_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
-            lift_o = jnp.einsum('ab,bc->ac', S, V_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
-            lift_t_1 = S * S
-            lift_z = jnp.sum(lift_t_1, axis=(1,))
-            combine_t_1 = O_o + lift_o
-            combine_t_2 = O_z + lift_z
-            return (combine_t_1, combine_t_2)
+            update_t_1 = jnp.abs(S)
+            update_top = jnp.max(update_t_1, axis=(1,))
+            update_m = jnp.maximum(O_m, update_top)
+            update_t_2 = jnp.where(update_m > 0.0, 1.0, 0.0)
+            update_t_3 = jnp.where(update_m < INF, 1.0, 0.0)
+            update_t_4 = update_t_2 * update_t_3
+            update_t_5 = jnp.maximum(update_m, 1.1754943508222875e-38)
+            update_t_6 = jnp.minimum(update_t_5, 8.507059173023462e+37)
+            update_k_chunk = jnp.where(update_t_4 != 0, update_t_6, 1.0)
+            update_r_chunk = 1.0 / update_k_chunk
+            update_t_chunk = S * update_r_chunk[:, None]
+            update_o_chunk = jnp.einsum('ab,bc->ac', update_t_chunk, V_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+            update_t_7 = update_t_chunk * update_t_chunk
+            update_z_chunk = jnp.sum(update_t_7, axis=(1,))
+            update_t_8 = jnp.where(O_m > 0.0, 1.0, 0.0)
+            update_t_9 = jnp.where(O_m < INF, 1.0, 0.0)
+            update_t_10 = update_t_8 * update_t_9
+            update_t_11 = jnp.maximum(O_m, 1.1754943508222875e-38)
+            update_t_12 = jnp.minimum(update_t_11, 8.507059173023462e+37)
+            update_t_13 = jnp.where(update_t_10 != 0, update_t_12, update_k_chunk)
+            update_c = update_t_13 / update_k_chunk
+            update_t_14 = update_c[:, None] * O_o
+            update_o = update_t_14 + update_o_chunk
+            update_t_15 = update_c * update_c
+            update_t_16 = update_t_15 * O_z
+            update_z = update_t_16 + update_z_chunk
+            return (update_m, update_o, update_z)
         step = jax.checkpoint(step, static_argnums=(2,))
         full_chunks = n['x'] // 32
-        state = (jnp.full((rows, n['d']), 0.0, jnp.float32), jnp.full((rows,), 0.0, jnp.float32))
+        state = (jnp.full((rows,), 0.0, jnp.float32), jnp.full((rows, n['d']), 0.0, jnp.float32), jnp.full((rows,), 0.0, jnp.float32))
         if full_chunks:
             state = lax.fori_loop(0, full_chunks, lambda j, c: step(c, j * 32, 32), state)
         if n['x'] % 32:
             state = step(state, full_chunks * 32, n['x'] % 32)
-        O_o_2, O_z_2 = state
+        O_m_2, O_o_2, O_z_2 = state
         final_t_1 = jnp.sqrt(O_z_2)
         final_t_2 = jnp.sign(final_t_1)
         final_t_3 = jnp.abs(final_t_2)

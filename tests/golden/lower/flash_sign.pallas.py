@@ -83,18 +83,39 @@ def flash_sign_forward(Q, K, V, *, interpret=None):
 
         def body(j, carry):
             x_first = j * 32
-            O_o_2, O_z_2 = carry
+            O_m_2, O_o_2, O_z_2 = carry
             K_chunk = K_ref[pl.ds(x_first, 32), :].astype(jnp.float32)
             V_chunk = V_ref[pl.ds(x_first, 32), :].astype(jnp.float32)
             S = jnp.einsum('ab,cb->ac', Q_block, K_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
             masked = jnp.where(lax.broadcasted_iota(jnp.int32, (32, 32), 1) + x_first < n['x'], S, 0.0) if n['x'] < p['x'] else S
-            lift_o = jnp.einsum('ab,bc->ac', masked, V_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
-            lift_t_1 = masked * masked
-            lift_z = jnp.sum(lift_t_1, axis=(1,))
-            combine_t_1 = O_o_2 + lift_o
-            combine_t_2 = O_z_2 + lift_z
-            return (combine_t_1, combine_t_2)
-        O_o, O_z = lax.fori_loop(0, p['x'] // 32, body, (jnp.full((32, p['d']), 0.0, jnp.float32), jnp.full((32,), 0.0, jnp.float32)))
+            update_t_1 = jnp.abs(masked)
+            update_top = jnp.max(update_t_1, axis=(1,))
+            update_m = jnp.maximum(O_m_2, update_top)
+            update_t_2 = jnp.where(update_m > 0.0, 1.0, 0.0)
+            update_t_3 = jnp.where(update_m < INF, 1.0, 0.0)
+            update_t_4 = update_t_2 * update_t_3
+            update_t_5 = jnp.maximum(update_m, 1.1754943508222875e-38)
+            update_t_6 = jnp.minimum(update_t_5, 8.507059173023462e+37)
+            update_k_chunk = jnp.where(update_t_4 != 0, update_t_6, 1.0)
+            update_r_chunk = 1.0 / update_k_chunk
+            update_t_chunk = masked * update_r_chunk[:, None]
+            update_o_chunk = jnp.einsum('ab,bc->ac', update_t_chunk, V_chunk, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+            update_t_7 = update_t_chunk * update_t_chunk
+            update_z_chunk = jnp.sum(update_t_7, axis=(1,))
+            update_t_8 = jnp.where(O_m_2 > 0.0, 1.0, 0.0)
+            update_t_9 = jnp.where(O_m_2 < INF, 1.0, 0.0)
+            update_t_10 = update_t_8 * update_t_9
+            update_t_11 = jnp.maximum(O_m_2, 1.1754943508222875e-38)
+            update_t_12 = jnp.minimum(update_t_11, 8.507059173023462e+37)
+            update_t_13 = jnp.where(update_t_10 != 0, update_t_12, update_k_chunk)
+            update_c = update_t_13 / update_k_chunk
+            update_t_14 = update_c[:, None] * O_o_2
+            update_o = update_t_14 + update_o_chunk
+            update_t_15 = update_c * update_c
+            update_t_16 = update_t_15 * O_z_2
+            update_z = update_t_16 + update_z_chunk
+            return (update_m, update_o, update_z)
+        O_m, O_o, O_z = lax.fori_loop(0, p['x'] // 32, body, (jnp.full((32,), 0.0, jnp.float32), jnp.full((32, p['d']), 0.0, jnp.float32), jnp.full((32,), 0.0, jnp.float32)))
         final_t_1 = jnp.sqrt(O_z)
         final_t_2 = jnp.sign(final_t_1)
         final_t_3 = jnp.abs(final_t_2)

@@ -119,9 +119,14 @@ def _expand(value: Expr, axes: Axes) -> Expr:
     return repeated(value, missing, ops.result_axes("where", (value.axes, value.axes), missing))
 
 
-def _unbroadcast(cotangent: Expr, axes: Axes) -> Expr:
-    """Broadcasting's adjoint: the cotangent summed over the axes the operand lacks."""
-    return _sum(cotangent, tuple(a for a in cotangent.axes if a not in axes))
+def _unbroadcast(cotangent: Expr, axes: Axes, broadcast: Axes = ()) -> Expr:
+    """Broadcasting's adjoint: the cotangent summed over the axes the operand lacks.  An axis of
+    ``broadcast`` (the value of an elementwise box, its operands broadcast to it) that the operand and
+    the cotangent both lack is summed too: the cotangent is constant along it, so its sum is the
+    cotangent times the axis's size (d/dc Σ_x (B + c) is |x|, not 1)."""
+    summed = _sum(cotangent, tuple(a for a in cotangent.axes if a not in axes))
+    constant = tuple(a for a in broadcast if a not in axes and a not in cotangent.axes)
+    return _mul(summed, _count(constant)) if constant else summed
 
 
 def _step(x: Expr, sign: float) -> Expr:
@@ -294,6 +299,9 @@ def _reshape(box: Box, y: Var, g: Expr) -> tuple[Expr | None, ...]:
 def _constant(box: Box, y: Var, g: Expr) -> tuple[Expr | None, ...]:
     return tuple(None for _ in box.args)
 
+
+#: the kinds of boxes whose operands broadcast to the value's axes (elementwise): ``_unbroadcast``
+_ELEMENTWISE = frozenset({"unary", "binary", "compare", "where", "select"})
 
 _RULES: dict[str, Rule] = {
     "unary": _unary, "binary": _binary, "reduce": _reduce, "normalise": _normalise, "scan": _scan,
@@ -478,9 +486,11 @@ def vjp(diagram: Diagram, *, saved: tuple[str, ...] = (),
             grads, args = _linrec(expr, Var(name, expr.axes), g, names, axes), expr.args
         else:
             grads, args = _RULES[ops.OPS[expr.op].kind](expr, Var(name, expr.axes), g), expr.args
+        # the rules of boxes that broadcast their operands to their value give cotangents on the value's axes
+        broadcast = expr.axes if isinstance(expr, Box) and ops.OPS[expr.op].kind in _ELEMENTWISE else ()
         for arg, grad in zip(args, grads, strict=True):
             if grad is not None and isinstance(arg, Var):
-                cotangents.setdefault(arg.name, []).append(_unbroadcast(grad, arg.axes))
+                cotangents.setdefault(arg.name, []).append(_unbroadcast(grad, arg.axes, broadcast))
 
     results: list[Expr] = []
     for param in flat.inputs:

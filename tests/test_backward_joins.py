@@ -491,3 +491,19 @@ def test_an_unguarded_pass_under_an_order_mask_of_ids_is_refused_with_the_opt_in
     assert "is nan from the backwards but 0 from the VJP" in refused, refused
     guarded = text.replace("P = exp(S - L)", f"P = exp(S - max(L, {-FLOAT_MAX!r}))")
     assert not link(*_pair(guarded, NAMES[0], NAMES[1]), allow_tested=True).proved
+
+
+# ---- a scalar broadcast along a summed axis: d/dc Σ_x (B + c) = |x|·dy --------------------------------------
+
+SHIFTED = ("axis x\ndiagram f(B: [x], c: []) -> [] {{\n  y = sum[x](B + c)\n  return y\n}}\n"
+           "diagram b(B: [x], c: [], dy: []) -> [x], [] {{\n  dB = B * 0.0 + dy\n  dc = {dc}\n  return dB, dc\n}}\n")
+
+
+def test_a_scalar_broadcast_along_a_summed_axis_gets_the_axis_size() -> None:
+    """napkin's VJP gave dc = dy (the sum's cotangent lacks x, and so does c, so it was not summed over x):
+    a backward giving dc = dy was proved equal to it and lowered without the opt-in (jax.grad 1 where it
+    is |x| = 5); now that one is refused and dc = dy·|x| is proved."""
+    assert link(*_pair(SHIFTED.format(dc="dy * x"))).proved
+    with pytest.raises(NapkinError) as err:
+        link(*_pair(SHIFTED.format(dc="dy")))
+    assert err.value.codes == ("lower.backward_unproved",) and "gradients of c" in str(err.value), str(err.value)

@@ -193,6 +193,58 @@ def test_prod_gradient_is_exact_at_zeros() -> None:
     np.testing.assert_array_equal(got, [[12.0, 0.0], [0.0, 0.0], [0.0, 0.0]])
 
 
+BROADCAST = """
+axis x, y
+diagram shifted(B: [x], c: [], W: [x y], v: [y]) -> [], [y] {
+  return sum[x](B + c), mean[x](W - exp(v)) + sum[x](where[x](x < 2, v, 0.0))
+}
+"""
+
+
+def test_a_cotangent_constant_along_a_broadcast_axis_is_summed_over_it() -> None:
+    """d/dc Σ_x (B + c) is |x|: the sum's cotangent lacks x (constant along it), and so does c, yet c
+    was broadcast along x (the VJP gave 1, and a backward giving dc = dy was proved against it);
+    likewise exp(v) broadcast along x inside a mean, and a `where` whose fill lacks an axis."""
+    diagram = loads(BROADCAST).diagram("shifted")
+    rng = np.random.default_rng(0)
+    sizes = {"x": 5, "y": 3}
+    xs = [rng.standard_normal([sizes[a] for a in p.axes]) for p in diagram.inputs]
+    cts = [np.ones(()), np.ones(3)]
+    got = _gradients(diagram, xs, cts, sizes)
+
+    def reference(b: jax.Array, c: jax.Array, w: jax.Array, v: jax.Array) -> jax.Array:
+        keep = (jnp.arange(5) < 2)[:, None]
+        return jnp.sum(b + c) + jnp.sum(jnp.mean(w - jnp.exp(v), axis=0) + jnp.sum(jnp.where(keep, v, 0.0), axis=0))
+
+    want = jax.grad(reference, argnums=(0, 1, 2, 3))(*(jnp.asarray(x) for x in xs))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, np.asarray(w, np.float64), rtol=1e-6)
+    assert float(got[1]) == 5.0
+
+
+@pytest.mark.parametrize("body", [
+    "sum[y z](split[w -> y z](A) + v)", "sum[y](contract[x](A, X) + c)", "sum[x y](cumsum[x](X + c))",
+    "sum[x](logsumexp[y](v + c) + A)", "sum[x y](transpose[y x](X) + c)", "sum[x y](select(lt(index[x](x), 2), c, X))",
+    "sum[x](contract[](A, c) + c)", "sum[x y](maximum(X, c) + minimum(v, c))", "sum[x y](cumsum[y](v + c) + A)"])
+def test_broadcast_operands_under_a_reduction_match_finite_differences(body: str) -> None:
+    """Each was off before: a cotangent lacking an axis the box broadcast its operand along (3 where 1)."""
+    a = "w" if "split" in body else "x"
+    text = f"axis x, y, z, w = 6\ndiagram g(A: [{a}], c: [], X: [x y], v: [y]) -> [] {{ return {body} }}\n"
+    diagram = loads(text).diagram("g")
+    sizes = {"x": 3, "y": 2, "z": 3, "w": 6}
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal([sizes[a] for a in p.axes]) for p in diagram.inputs]
+    got = _gradients(diagram, xs, [np.ones(())], sizes)
+    for k, x in enumerate(xs):
+        for j in range(x.size):
+            step = np.zeros(x.size)
+            step[j] = 1.0
+            direction = [np.zeros_like(v) for v in xs]
+            direction[k] = step.reshape(x.shape)
+            fd = _directional(diagram, xs, [np.ones(())], sizes, direction, 1e-6)
+            assert abs(float(np.ravel(got[k])[j]) - fd) < 1e-4 * (1 + abs(fd)), (diagram.inputs[k].name, j)
+
+
 def test_convention_names_and_types() -> None:
     module = load(str(ROOT / "examples" / "attention.ncd"))
     for name in ("attention", "mha", "alibi_mha"):

@@ -357,10 +357,31 @@ def test_an_overflow_with_a_reductions_length_is_refused_with_the_opt_in(dx: str
 def test_a_sum_absorbing_a_gradients_small_entries_is_refused_with_the_opt_in() -> None:
     """(g·exp(X) + Σ_t exp(X)) - Σ_t exp(X): at scale 16, 0 where the VJP is 1.8e-12 (3 of 13 entries wrong
     whole), beside an entry of 4.1e9; the backwards' rounding was capped at 1e-3 of the gradient's largest
-    entry (4e6), so the test let it through; capped per position, it is refused."""
+    entry (4e6), so the test let it through; capped per position, it is refused (now at the draw whose cotangents
+    are at 2^-60 already, where the sum drops dy·exp(X) whole: that refusal rests on the per-position cap too)."""
     dx = "(dy * exp(X) + sum[t](exp(X))) - sum[t](exp(X))"
     refused = _refused_both_ways(*_pair(GELU.replace("DX", dx)), ("lower.backward_wrong",))
-    assert "at scale 16" in refused and "dX at" in refused, refused
+    assert "at scale 1, cotangents at 2^-60" in refused and "dX at" in refused, refused
+
+
+#: the forward's y = Σ_t X·W beside the gelu: dX = dy·W, which each case writes otherwise
+GELU_W = GELU.replace("A: [t], X: [t]) -> []", "A: [t], X: [t], W: [t]) -> []").replace(
+    "sum[t](exp(X))", "sum[t](X * W)").replace("A: [t], X: [t], dy: []) -> [t], [t]", "A: [t], X: [t], W: [t], dy: []) "
+                                              "-> [t], [t], [t]").replace("  return dA, dX", "  dW = dy * X\n  return dA, dX, dW")
+
+
+@pytest.mark.parametrize("dx", ["(dy * W + 1000) - 1000", "(dy * W + sum[t](square(A))) - sum[t](square(A))"],
+                         ids=["constant", "sum_of_inputs"])
+def test_a_term_free_of_the_cotangent_absorbing_the_gradient_is_refused_with_the_opt_in(dx: str) -> None:
+    """Beside the gelu (the prover stops, so its absorption check does not run) (dy·W + 1000) - 1000 is dy·W
+    over the reals, off by 6e-14 of itself at dy·W about 1 (within the per-position cap), and 0 where |dy·W| is
+    below 5.7e-14 (a float32 kernel: below 3e-5); the draws never made dy·W that small, and the opt-in lowered it.
+    The VJP is linear in the cotangents, so the first draw past the constants takes them at 2^-60 (``QUIET``)."""
+    assert "sum[t](X * W)" in GELU_W and "dW = dy * X" in GELU_W
+    ln = link(*_pair(GELU_W.replace("DX", "dy * W")), allow_tested=True)  # the right one, and the sign(A) slope
+    assert not ln.proved and "cotangents at 2^-60" in ln.trust, ln.trust
+    refused = _refused_both_ways(*_pair(GELU_W.replace("DX", dx)), ("lower.backward_wrong",))
+    assert "dX at" in refused and "cotangents at 2^-60" in refused, refused
 
 
 @pytest.mark.parametrize("new", ["D = (contract[d](dO, O) + exp(10)) - exp(10)",

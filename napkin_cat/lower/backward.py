@@ -31,6 +31,8 @@ gradient is finite) is refused either way: the test's inputs need not reach the 
 overflow check also runs on a join the prover cannot finish (``prove_join``, at inputs where each data
 mask keeps every entry), so the opt-in does not lower an exp(S)·exp(0 - L) behind an `eq` mask; the
 other hazard checks too where the prover proves that instance equal (an absorption behind an `eq` mask).
+Elsewhere (beside a gelu) an absorption by a term free of the cotangents is the test's: one draw takes
+them at ``QUIET`` (2^-60), where it drops the gradient whole.
 
 Without backward theorems:
 
@@ -234,7 +236,8 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
     ``DRIFTS`` more draws take that axis
     at ``LONG`` and the others at 1 to 3, inputs normal about each drift (int inputs all 1), compared where the VJP
     is finite (a gradient through exp of a running sum overflows as the axis grows, where the
-    recurrence need not).  Inputs are seeded normals at the draw's scale (1, 4, 16); labels (the
+    recurrence need not).  Inputs are seeded normals at the draw's scale (1, 4, 16), cotangents normals at 1, at
+    ``QUIET`` in the first draw past the constants (a term free of them absorbs the gradient whole there); labels (the
     inputs an ``onehot[v]`` operand is computed from, ``approximation.label_inputs``) are
     positions across the whole of ``v``, first and last included, so that a wrong label term is
     read."""

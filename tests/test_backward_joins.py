@@ -366,8 +366,9 @@ def test_a_sum_absorbing_a_gradients_small_entries_is_refused_with_the_opt_in() 
 
 #: the forward's y = Σ_t X·W beside the gelu: dX = dy·W, which each case writes otherwise
 GELU_W = GELU.replace("A: [t], X: [t]) -> []", "A: [t], X: [t], W: [t]) -> []").replace(
-    "sum[t](exp(X))", "sum[t](X * W)").replace("A: [t], X: [t], dy: []) -> [t], [t]", "A: [t], X: [t], W: [t], dy: []) "
-                                              "-> [t], [t], [t]").replace("  return dA, dX", "  dW = dy * X\n  return dA, dX, dW")
+    "sum[t](exp(X))", "sum[t](X * W)").replace(
+    "A: [t], X: [t], dy: []) -> [t], [t]", "A: [t], X: [t], W: [t], dy: []) -> [t], [t], [t]").replace(
+    "  return dA, dX", "  dW = dy * X\n  return dA, dX, dW")
 
 
 @pytest.mark.parametrize("dx", ["(dy * W + 1000) - 1000", "(dy * W + sum[t](square(A))) - sum[t](square(A))"],

@@ -30,9 +30,10 @@ equal over the reals, but an overflow, underflow or absorption float64 may make 
 gradient is finite) is refused either way: the test's inputs need not reach the hazard.  The
 overflow check also runs on a join the prover cannot finish (``prove_join``, at inputs where each data
 mask keeps every entry), so the opt-in does not lower an exp(S)·exp(0 - L) behind an `eq` mask; the
-other hazard checks too where the prover proves that instance equal (an absorption behind an `eq` mask).
-Elsewhere (beside a gelu) an absorption by a term free of the cotangents is the test's: one draw takes
-them at ``QUIET`` (2^-60), where it drops the gradient whole.
+other hazard checks too where the prover proves that instance equal (an absorption behind an `eq` mask),
+or on each input whose gradients alone it proves equal with gelu an unknown function of its operand.
+Elsewhere (gelu's own gradient) an absorption by a term free of the cotangents is the test's: one draw
+takes them at ``QUIET`` (2^-60), where it drops the gradient whole.
 
 Without backward theorems:
 
@@ -113,12 +114,12 @@ LONG = 1024
 DRIFTS = (-1.0, 1.0)
 #: the cotangents' scale in the first draw past the constants (a power of 2, so scaling is exact): the VJP is
 #: linear in its cotangents, and a right backward computes its gradients scaled alike (bit for bit where float64
-#: does not underflow), so a draw at cotangents about 1 says nothing more; but a term free of them that a backward
-#: adds then cancels, ``(dy·W + 1000) - 1000`` for dy·W, absorbs the gradient's low digits (6e-14 of it at dy·W
+#: does not underflow), so a right one passes as at cotangents about 1; but a term free of them that a backward
+#: adds then cancels, ``(1000 + dy·gelu'(A)) - 1000`` for gelu's gradient, absorbs its low digits (6e-14 of it
 #: about 1, within the per-position cap ``ROUNDING_AT_MOST``; float64 drops it whole below 2^-53 of the constant, a
 #: float32 kernel below 2^-24): at cotangents about 2^-60 it is lost whole, and refused.  Normal draws never put a
 #: gradient near 2^-53 of such a term, and the prover's absorption check (``certify.prove.prove_join``) runs only
-#: where it proves the join (not beside a gelu)
+#: where it proves the gradients equal (not gelu's own)
 QUIET = 2.0 ** -60
 #: the description of the draw at QUIET cotangents
 QUIETLY = ", cotangents at 2^-60"

@@ -417,6 +417,15 @@ def test_an_absorption_in_a_gradient_the_prover_normalises_beside_a_gelu_is_refu
     assert "`gelu` is outside the proved fragment" in refused, refused
 
 
+def test_an_underflowed_sign_in_a_gradient_the_prover_normalises_beside_a_gelu_is_refused_with_the_opt_in() -> None:
+    """dy·W·sign(exp(X·10⁻⁴ - 744)) is dy·W over the reals and 0 where X < -4000 (exp underflows): the sign check
+    needs the sides proved equal, which beside the gelu the prover did not, and the opt-in lowered it; dX alone
+    normalises to the VJP's with gelu an unknown function (``prove._equal_gradients``)."""
+    refused = _refused_both_ways(*_pair(GELU_W.replace("DX", "dy * W * sign(exp(X * 0.0001 - 744))")),
+                                 ("lower.backward_unproved",))
+    assert "the gradients of X, W are the VJP's" in refused and "takes the sign of a term" in refused, refused
+
+
 @pytest.mark.parametrize("new", ["D = (contract[d](dO, O) + exp(10)) - exp(10)",
                                  "D = contract[d](dO, O + exp(10)) - contract[d](dO, O * 0 + exp(10))"],
                          ids=["absorbed_in_sum", "absorbed_in_O"])

@@ -15,7 +15,8 @@ import pytest
 from napkin_cat.certify.accumulators import FLOAT_MAX
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.elaborate import loads
-from napkin_cat.lower.backward import LONG, _draws, _resolved, link
+from napkin_cat.grad import vjp
+from napkin_cat.lower.backward import LONG, _draws, _resolved, _tested, link
 from napkin_cat.search.backward import passes, saving
 from napkin_cat.terms import Box, Const, Diagram, Expr
 
@@ -350,18 +351,80 @@ def test_an_overflow_with_a_reductions_length_is_refused_with_the_opt_in(dx: str
     """dy·exp(X) over the reals, exact at t <= 20, and NaN at every position at t = 1024 about ±1 (exp(±1024)
     overflows, its inverse underflows) where the VJP is finite (|dX| <= 33.7): the VJP (exp(X)) is not vouched
     finite, so the overflow check passes it, and the long draws ran only along a scan's axis, so the opt-in
-    lowered it; they run along every symbolic axis the forward reduces too."""
-    refused = _refused_both_ways(*_pair(GELU.replace("DX", dx)), ("lower.backward_wrong",))
+    lowered it; they run along every symbolic axis the forward reduces too.  (exp(X + Σ_t A) also absorbs X,
+    which the prover's absorption check now finds on dX alone, gelu an unknown function: the test, alone, too.)"""
+    refused = _refused_both_ways(*_pair(GELU.replace("DX", dx)), ("lower.backward_wrong", "lower.backward_unproved"))
+    assert "dX at" in refused or "gradient of X computes" in refused, refused
+    refused = _float64_test_alone(GELU.replace("DX", dx), GELU.replace("DX", "dy * exp(X)"))
     assert f"t={LONG}" in refused and "dX at" in refused, refused
 
 
 def test_a_sum_absorbing_a_gradients_small_entries_is_refused_with_the_opt_in() -> None:
     """(g·exp(X) + Σ_t exp(X)) - Σ_t exp(X): at scale 16, 0 where the VJP is 1.8e-12 (3 of 13 entries wrong
     whole), beside an entry of 4.1e9; the backwards' rounding was capped at 1e-3 of the gradient's largest
-    entry (4e6), so the test let it through; capped per position, it is refused."""
+    entry (4e6), so the test let it through; capped per position, it is refused (now at the draw whose cotangents
+    are at 2^-60 already, where the sum drops dy·exp(X) whole: that refusal rests on the per-position cap too)."""
     dx = "(dy * exp(X) + sum[t](exp(X))) - sum[t](exp(X))"
-    refused = _refused_both_ways(*_pair(GELU.replace("DX", dx)), ("lower.backward_wrong",))
-    assert "at scale 16" in refused and "dX at" in refused, refused
+    refused = _refused_both_ways(*_pair(GELU.replace("DX", dx)), ("lower.backward_unproved",))
+    assert "unknown function, the gradients of X are the VJP's" in refused, refused  # dX alone normalises
+    refused = _float64_test_alone(GELU.replace("DX", dx), GELU.replace("DX", "dy * exp(X)"))
+    assert "at scale 1, cotangents at 2^-60" in refused and "dX at" in refused, refused
+
+
+def _float64_test_alone(text: str, right: str) -> str:
+    """The float64 test's refusal of the join ``text`` (``lower.backward._tested``), the prover skipped: a
+    refusal of the prover's would hide whether the test catches it.  ``right`` gives the link (its sources and
+    targets, ``text``'s too) and is lowered with the opt-in."""
+    forward, backwards = _pair(text)
+    ln = link(*_pair(right), allow_tested=True)
+    with pytest.raises(NapkinError) as err:
+        _tested(forward, vjp(forward), backwards, ln)
+    assert err.value.codes == ("lower.backward_wrong",), str(err.value)
+    return str(err.value)
+
+
+#: the forward's y = Σ_t X·W beside the gelu: dX = dy·W, which each case writes otherwise
+GELU_W = GELU.replace("A: [t], X: [t]) -> []", "A: [t], X: [t], W: [t]) -> []").replace(
+    "sum[t](exp(X))", "sum[t](X * W)").replace(
+    "A: [t], X: [t], dy: []) -> [t], [t]", "A: [t], X: [t], W: [t], dy: []) -> [t], [t], [t]").replace(
+    "  return dA, dX", "  dW = dy * X\n  return dA, dX, dW")
+
+
+def test_a_term_free_of_the_cotangent_absorbing_the_gradient_is_refused_with_the_opt_in() -> None:
+    """dA = (1000 + dy·slope(A)) - 1000 is the VJP's over the reals, off by 6e-14 of itself at dy·slope about 1
+    (within the per-position cap), and 0 where |dy·slope| is below 5.7e-14 (a float32 kernel: below 3e-5); the
+    prover cannot normalise dA (gelu's guarded division), so no absorption check runs, the draws never made dA
+    that small, and the opt-in lowered it.  The VJP is linear in the cotangents, so the first draw past the
+    constants takes them at 2^-60 (``QUIET``); the right one, with its sign(A) slope, is lowered still."""
+    right = GELU_W.replace("DX", "dy * W")
+    ln = link(*_pair(right), allow_tested=True)
+    assert not ln.proved and "cotangents at 2^-60" in ln.trust, ln.trust
+    wrong = right.replace("  dA = dy * (", "  dA = 1000 + dy * (").replace("* square(A)))\n", "* square(A))) - 1000\n")
+    assert wrong.count("1000") == 2
+    refused = _refused_both_ways(*_pair(wrong), ("lower.backward_wrong",))
+    assert "dA at" in refused and "cotangents at 2^-60" in refused, refused
+
+
+@pytest.mark.parametrize("dx", ["(dy * W + 1000) - 1000", "dy * (W + 1000) - dy * 1000",
+                                "(dy * W + sum[t](square(A))) - sum[t](square(A))"],
+                         ids=["constant", "scaled_with_the_cotangent", "sum_of_inputs"])
+def test_an_absorption_in_a_gradient_the_prover_normalises_beside_a_gelu_is_refused_with_the_opt_in(dx: str) -> None:
+    """Beside the gelu the prover stops, and its absorption check ran only where it proved the whole join; dX
+    normalises to the VJP's with gelu an unknown function of its operand (``prove._equal_gradients``), so the
+    checks that read the two sides as equal run on it alone.  dy·(W + 1000) - dy·1000 scales with the cotangent,
+    so the draw at cotangents of 2^-60 does not catch it; the float64 test passed it."""
+    refused = _refused_both_ways(*_pair(GELU_W.replace("DX", dx)), ("lower.backward_unproved",))
+    assert "unknown function, the gradients of X, W are the VJP's" in refused and "absorption" in refused, refused
+    assert "`gelu` is outside the proved fragment" in refused, refused
+
+
+def test_an_underflowed_sign_in_a_gradient_the_prover_normalises_beside_a_gelu_is_refused_with_the_opt_in() -> None:
+    """dy·W·sign(exp(X·10⁻⁴ - 744)) is dy·W over the reals and 0 where X < -4000 (exp underflows): the sign check
+    needs the sides proved equal, which beside the gelu the prover did not, and the opt-in lowered it; dX alone
+    normalises to the VJP's with gelu an unknown function (``prove._equal_gradients``)."""
+    refused = _refused_both_ways(*_pair(GELU_W.replace("DX", "dy * W * sign(exp(X * 0.0001 - 744))")),
+                                 ("lower.backward_unproved",))
+    assert "the gradients of X, W are the VJP's" in refused and "takes the sign of a term" in refused, refused
 
 
 @pytest.mark.parametrize("new", ["D = (contract[d](dO, O) + exp(10)) - exp(10)",

@@ -31,7 +31,10 @@ equal over the reals, but an overflow, underflow or absorption float64 may make 
 gradient is finite) is refused either way: the test's inputs need not reach the hazard.  The
 overflow check also runs on a join the prover cannot finish (``prove_join``, at inputs where each data
 mask keeps every entry), so the opt-in does not lower an exp(S)·exp(0 - L) behind an `eq` mask; the
-other hazard checks too where the prover proves that instance equal (an absorption behind an `eq` mask).
+other hazard checks too where the prover proves that instance equal (an absorption behind an `eq` mask),
+or on each input whose gradients alone it proves equal with gelu an unknown function of its operand.
+Elsewhere (gelu's own gradient) an absorption by a term free of the cotangents is the test's: one draw
+takes them at ``QUIET`` (2^-60), where it drops the gradient whole.
 
 Without backward theorems:
 
@@ -110,6 +113,17 @@ LONG = 1024
 #: the inputs' offsets in the long draws (normals at scale 1 about each), one draw each: decays
 #: (A of ``linrec[t](exp(A), X)``) and growths alike
 DRIFTS = (-1.0, 1.0)
+#: the cotangents' scale in the first draw past the constants (a power of 2, so scaling is exact): the VJP is
+#: linear in its cotangents, and a right backward computes its gradients scaled alike (bit for bit where float64
+#: does not underflow), so a right one passes as at cotangents about 1; but a term free of them that a backward
+#: adds then cancels, ``(1000 + dy·gelu'(A)) - 1000`` for gelu's gradient, absorbs its low digits (6e-14 of it
+#: about 1, within the per-position cap ``ROUNDING_AT_MOST``; float64 drops it whole below 2^-53 of the constant, a
+#: float32 kernel below 2^-24): at cotangents about 2^-60 it is lost whole, and refused.  Normal draws never put a
+#: gradient near 2^-53 of such a term, and the prover's absorption check (``certify.prove.prove_join``) runs only
+#: where it proves the gradients equal (not gelu's own)
+QUIET = 2.0 ** -60
+#: the description of the draw at QUIET cotangents
+QUIETLY = ", cotangents at 2^-60"
 #: the join test's tolerance, in units of the two sides' running error bounds
 #: (``lower.roundoff``: first order, so a factor past 1 for the dropped terms)
 SAFETY = 2.0
@@ -233,7 +247,8 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
     recurrence need not).  Where a reduction runs over a declared axis larger than every constant
     (``_reduced``: ``min(1, sum[d](W·0 + 1) / t)`` is 1 up to t = 64), one draw more per symbolic
     axis takes it past that size and the others at 1 to 3 (``_draws``).  Inputs are seeded normals
-    at the draw's scale (1, 4, 16); labels (the
+    at the draw's scale (1, 4, 16), cotangents normals at 1, at ``QUIET`` in the first draw past the constants (a
+    term free of them absorbs the gradient whole there); labels (the
     inputs an ``onehot[v]`` operand is computed from, ``approximation.label_inputs``) are
     positions across the whole of ``v``, first and last included, so that a wrong label term is
     read."""
@@ -242,9 +257,10 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
     labels = {**gathered, **_labels(forward, backwards, ln)}
     data = [i for i, p in enumerate(forward.inputs) if p.integer and i not in labels]  # ids, lengths, masks
     drawn = []
-    for rng, sizes, scale, drift, empty, beyond in plans:
+    for k, (rng, sizes, scale, drift, empty, beyond) in enumerate(plans):
         drawn.append(", ".join(f"{a}={n}" for a, n in sizes.items() if axes[a] is None) + f" at scale {scale:g}" +
-                     (f" about {drift:+g}" if drift else "") + (" with rows the data masks empty" if empty else ""))
+                     (f" about {drift:+g}" if drift else "") + (" with rows the data masks empty" if empty else "") +
+                     (QUIETLY if k == 1 else ""))
         # a long draw's int inputs (ids, masks) all 1, where each data mask keeps every entry: beside 1 to 3
         # queries, 1024 keys of documents 1 then 2 leave a later query of document 2 no key (a row a mask empties,
         # which the emptied draws look for; these look for an overflow with length)
@@ -256,7 +272,9 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
                 _drawn(rng, [sizes[a] for a in p.axes], scale, sizes.get(labels.get(i, ""), 0), i in gathered) +
                 (drift if i not in labels else 0.0) for i, p in enumerate(forward.inputs)]
         args = related(forward, args, sizes)  # a forward with relations: inputs it claims something of
-        cts = [rng.standard_normal([sizes[a] for a in p.axes]) for p in reference.inputs[len(forward.inputs):]]
+        # the first draw past the constants scales its cotangents by QUIET (``QUIETLY``)
+        cts = [rng.standard_normal([sizes[a] for a in p.axes]) * (QUIET if k == 1 else 1.0)
+               for p in reference.inputs[len(forward.inputs):]]
         try:
             outs, out_errs = evaluate_bounded(forward, args, sizes=sizes)
             want, want_errs = evaluate_bounded(reference, [*args, *cts], sizes=sizes)

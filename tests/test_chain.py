@@ -9,6 +9,7 @@ the summed cost with its launches, and ``pseudo``/``draw``.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -310,17 +311,17 @@ def test_a_value_every_program_recomputes_is_hoisted_where_the_model_says_so(e: 
     module = loads(HOIST)
     lemmas = rules.lemmas_in_scope(module)
     cost_fn = model_cost("h200", "bf16", {"q": 4096, "x": 4096, "e": e})
-    one = search(module, "pass", cost_fn, lemmas=lemmas, theorem_name="t", max_rewrites=0, seconds=20)
+    one = search(module, "pass", cost_fn, lemmas=lemmas, theorem_name="t", max_rewrites=0, seconds=math.inf)
     thm = one.best.theorem
     assert thm is not None and "x" in {p.axis for p in proof.partitions(thm) if p.kind == "group"}
     assert recomputed(thm) == ()  # an operand, not a binding: nothing to cut at yet
     bound = exposed(module.diagram("pass"), thm)
     assert [let.names[0] for let in bound.body] == ["S", "h", "out"] and exposed(bound, thm) is bound
     within = replace(module, diagrams=(bound,), scope_diagrams=(bound,))
-    again = search(within, "pass", cost_fn, lemmas=lemmas, theorem_name="t", max_rewrites=0, seconds=20)
+    again = search(within, "pass", cost_fn, lemmas=lemmas, theorem_name="t", max_rewrites=0, seconds=math.inf)
     assert again.best.theorem is not None and recomputed(again.best.theorem) == ("h",)
     found = hoisted(again, within, "pass", cost_fn, lemmas=lemmas, theorem_name="t", launch_overhead=4e-6,
-                    max_rewrites=0, budget=200, seconds=20, screen=None)
+                    max_rewrites=0, budget=200, seconds=math.inf, screen=None)
     assert any(c.kernels and c.kernels[0].writes == ("h",) and c.ok for c in found.candidates)  # always priced
     assert bool(found.best.kernels) == chained
     if chained:

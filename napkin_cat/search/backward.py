@@ -55,8 +55,6 @@ DERIVED = "derived"
 LONG = 4096
 #: the size along its other symbolic axes (a head dimension)
 SHORT = 64
-#: the most candidates the search for each piece of a hoisting chain checks (``search.chains.hoisted``)
-HOIST_BUDGET = 2000
 
 
 @dataclass(frozen=True)
@@ -226,14 +224,18 @@ def _rebound(expr: Expr, old: str, new: str) -> Expr:
 
 def derived(module: Module, theorem: str, *, target: str = "jax", sizes: Mapping[str, int] | None = None,
             hardware: str | hw.Hardware = "h100", dtype: str = "bf16", strict: bool = True, seconds: float = 30.0,
-            ) -> DerivedBackward:
+            budget: int = 2000) -> DerivedBackward:
     """The forward of ``theorem`` saving its statistics, proved, and its derived backward
     passes, each scheduled by ``derive``'s search for ``target`` and proved (module
     docstring); ``lower(result.forward, backward=result.backward)`` joins them, proving the
     join.  ``theorem`` may name a diagram without a theorem: its forward is then searched too,
     every symbolic axis priced at ``LONG`` (unless ``sizes`` says), and its theorem is called
-    ``DIAGRAM_derived``.  ``seconds`` bounds each search.  Raises ``NapkinError`` where a step
-    fails (``lower.backward_derived``) or for a name that is neither (``name.unknown``)."""
+    ``DIAGRAM_derived``.  Each search (the forward's where it is searched, each pass's, and each
+    piece of a hoisting chain, which gets an eighth, as in ``derive``'s fusion-boundary phase) stops
+    after ``budget`` candidates or ``seconds``, whichever comes first (``rewrite.search``); with
+    ``seconds=math.inf`` the plans depend on ``budget`` alone, not on the machine's speed or load.
+    Raises ``NapkinError`` where a step fails (``lower.backward_derived``) or for a name that is
+    neither (``name.unknown``)."""
     names = {d.name for d in module.scope_diagrams or module.diagrams} | {t.name for t in module.theorems}
     if any(t.name == theorem for t in module.theorems):
         decl = module.theorem(theorem)
@@ -268,18 +270,18 @@ def derived(module: Module, theorem: str, *, target: str = "jax", sizes: Mapping
             attempt = TheoremDecl(name, diagram.name, own, decl.span)
             if proof.check_theorem(here, attempt, lemmas, strict=strict, relations=False).theorem is not None:
                 return attempt, diagram
-        found = search(here, diagram.name, cost_fn, lemmas=lemmas, theorem_name=name, max_rewrites=1, seconds=seconds,
-                       screen=screen)
+        found = search(here, diagram.name, cost_fn, lemmas=lemmas, theorem_name=name, max_rewrites=1, budget=budget,
+                       seconds=seconds, screen=screen)
         best = found.best.theorem
         if diagram is not forward.diagram and found.best.ok and best is not None:
             # a value every program recomputes is hoisted into a first kernel where the model prices that cheaper
             bound = exposed(diagram, best)
             within = _with(module, forward.diagram, [bound if b.name == bound.name else b for b in backs])
             one = found if bound is diagram else search(within, bound.name, cost_fn, lemmas=lemmas,
-                                                        theorem_name=name, max_rewrites=1, seconds=seconds,
-                                                        screen=screen)
+                                                        theorem_name=name, max_rewrites=1, budget=budget,
+                                                        seconds=seconds, screen=screen)
             chained = hoisted(one, within, bound.name, cost_fn, lemmas=lemmas, theorem_name=name,
-                              launch_overhead=profile.launch_overhead, max_rewrites=1, budget=HOIST_BUDGET,
+                              launch_overhead=profile.launch_overhead, max_rewrites=1, budget=budget,
                               seconds=seconds, screen=screen)
             if chained.best.kernels:  # the pass as written stays where the chain does not win
                 diagram, found = bound, chained

@@ -111,3 +111,17 @@ def test_a_difference_sympy_cannot_simplify_is_not_equal_rather_than_a_crash() -
     check` crashed on a user lemma with it; an undecided difference is not shown 0, so not equal."""
     a = sympy.Symbol("a", real=True)
     assert symbolic_equal([sympy.Abs(sympy.sign(a))], [sympy.sign(sympy.Abs(a))]) is False
+
+
+def test_a_lemma_sympy_cannot_decide_is_refused_saying_so() -> None:
+    """The same difference through `napkin check --certify`: the lemma is true, sympy cannot show it, and no
+    random input shows the sides apart, so the refusal says that (it once said "the sides differ symbolically")."""
+    from napkin_cat.proof import check_module
+
+    text = ("axis x\nlemma signs(A: [x], B: [x]) : sum[x](abs(sign(A - B))) = sum[x](sign(abs(A - B)))\n"
+            "diagram f(A: [x], B: [x]) -> [] {\n  return sum[x](abs(sign(A - B)))\n}\n"
+            "theorem t: f {\n  rewrite signs at return\n}\n")
+    (result,) = check_module(loads(text), "full")
+    assert not result.ok
+    assert result.failure is not None
+    assert "sympy did not show the sides equal, and no random float64 input showed them apart" in result.failure.message

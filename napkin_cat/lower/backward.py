@@ -63,7 +63,7 @@ from napkin_cat.certify.accumulators import FLOAT_MAX
 from napkin_cat.certify.approximation import label_inputs
 from napkin_cat.certify.prove import FloatHazard, Unproved, prove_join
 from napkin_cat.diagnostics import NapkinError, error
-from napkin_cat.evaluate import INDEX_ARITH, evaluate, related
+from napkin_cat.evaluate import INDEX_ARITH, MAX_POINTS_EVALUATED, evaluate, iteration_spaces, largest_space, related
 from napkin_cat.grad import cotangent_names, vjp
 from napkin_cat.lower import codegen as cg
 from napkin_cat.lower import jax as jax_target
@@ -252,7 +252,7 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
     inputs an ``onehot[v]`` operand is computed from, ``approximation.label_inputs``) are
     positions across the whole of ``v``, first and last included, so that a wrong label term is
     read."""
-    axes, past, plans = _draws(forward, backwards, ln)
+    axes, past, plans, left = _draws(forward, backwards, ln)
     gathered, masks = _labels(forward, backwards, ln, ("gather",)), _masks(forward, backwards, ln)
     labels = {**gathered, **_labels(forward, backwards, ln)}
     data = [i for i, p in enumerate(forward.inputs) if p.integer and i not in labels]  # ids, lengths, masks
@@ -312,7 +312,7 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
                     f"the VJP{apart}, with sizes {drawn[-1]}"
                     f"{' and labels across the vocabulary' if labels else ''}")))
     return (f"in float64 (within its rounding, lower.roundoff) at {len(plans)} size draws ({'; '.join(drawn)}; the "
-            f"largest constant of the diagrams, rounded up: {past})"
+            f"largest constant of the diagrams, rounded up: {past}{''.join('; ' + why for why in left)})"
             f"{', labels across the vocabulary' if labels else ''}")
 
 
@@ -321,7 +321,8 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
 Plan = tuple[np.random.Generator, dict[str, int], float, float, bool, int | None]
 
 
-def _draws(forward: Diagram, backwards: Sequence[Diagram], ln: Link) -> tuple[dict[str, int | None], int, list[Plan]]:
+def _draws(forward: Diagram, backwards: Sequence[Diagram],
+           ln: Link) -> tuple[dict[str, int | None], int, list[Plan], list[str]]:
     """The join test's axes (the forward's, and the backwards' declared sizes), the diagrams' largest
     constant (``_constants``) and its draws (``_tested``).  Where a reduction, contraction, normalisation
     or scan runs over a declared axis larger than every constant and ``SMALL`` (``_reduced``: d = 64 in
@@ -343,6 +344,7 @@ def _draws(forward: Diagram, backwards: Sequence[Diagram], ln: Link) -> tuple[di
     # an axis a rename ties to another (rename[t -> s]: a segsum's copy of t) is drawn at its size
     ties = _ties(nodes, axes)
     plans: list[Plan] = []
+    left: list[str] = []  # draws past the reduced declared size too large to evaluate
     data = [i for i, p in enumerate(forward.inputs) if p.integer and i not in labels]  # ids, lengths, masks
     for seed in range(DRAWS + (EMPTIED if data else 0)):
         rng = np.random.default_rng(seed)
@@ -357,12 +359,20 @@ def _draws(forward: Diagram, backwards: Sequence[Diagram], ln: Link) -> tuple[di
         plans.append((rng, {a: sizes[ties.get(a, a)] for a in sizes}, 1.0, drift, False, None))
     if reduced > max(past, SMALL):  # one axis at a time past a reduced declared size, the others small
         symbolic = [a for a, n in axes.items() if n is None and a not in ties]
+        spaces = [space for d in (forward, *backwards) for space in iteration_spaces(d)]
         for one in symbolic:
             rng = np.random.default_rng(len(plans))  # past the seeds of the draws before
             sizes = {a: n if n is not None else int(rng.integers(reduced + 1, reduced + 8)) if a == one else
                      int(rng.integers(1, 4)) for a, n in axes.items()}
-            plans.append((rng, {a: sizes[ties.get(a, a)] for a in sizes}, 1.0, 0.0, False, reduced))
-    return axes, past, plans
+            sizes = {a: sizes[ties.get(a, a)] for a in sizes}
+            points, space = largest_space(spaces, sizes)
+            if points > MAX_POINTS_EVALUATED:  # fused_moe: t past f = 128 beside e = 64, d = 64 is 7e7 points
+                left.append(f"{one}={sizes[one]} past the reduced declared size {reduced} left out: {points:.3g} "
+                            f"points over [{' '.join(space)}], past the {MAX_POINTS_EVALUATED:.3g} an evaluation "
+                            f"may hold")
+                continue
+            plans.append((rng, sizes, 1.0, 0.0, False, reduced))
+    return axes, past, plans, left
 
 
 def _reduced(nodes: Sequence[Expr], axes: dict[str, int | None]) -> int:

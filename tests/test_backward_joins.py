@@ -547,10 +547,23 @@ def test_a_draw_past_a_reduced_size_too_large_to_evaluate_is_left_out_and_said()
     says so."""
     forward = saving(loads((ROOT / "examples" / "moe.ncd").read_text()).diagram("moe"), "forward")
     backwards = list(passes(forward, "backward"))
-    axes, past, plans, left = _draws(forward.diagram, backwards, _resolved(forward.diagram, backwards))
+    axes, _past, plans, left = _draws(forward.diagram, backwards, _resolved(forward.diagram, backwards))
     assert axes["f"] == 128 and [a for a, n in axes.items() if n is None] == ["t"], axes
     assert all(sizes["t"] <= 128 for _, sizes, *_ in plans) and len(left) == 1, left
     assert left[0].startswith("t=") and "past the reduced declared size 128 left out" in left[0], left
+
+
+
+def test_a_draw_too_large_to_evaluate_refuses_the_join_as_untestable() -> None:
+    """Past the constant 70 the draws put t at 71 to 77 beside d = e = 1024: Σ_{d,e} X·W holds 7e7 points, past
+    what an evaluation may hold.  The factor min(1, 70 / t) is 1 at the draw below it, so nothing there is wrong:
+    the join cannot be tested, and is refused saying so (it read "the backward passes do not give the VJP")."""
+    text = ("axis t\naxis d = 1024\naxis e = 1024\ndiagram f(X: [t], W: [d e]) -> [t] {\n"
+            "  Y = sum[d e](X * W)\n  return Y\n}\n"
+            "diagram b(X: [t], W: [d e], dY: [t]) -> [t], [d e] {\n  dX = dY * sum[d e](W) * min(1, 70 / t)\n"
+            "  dW = sum[t](dY * X) + W * 0\n  return dX, dW\n}\n")
+    refused = _refused_both_ways(*_pair(text), ("lower.backward_untestable",))
+    assert "is too large to evaluate" in refused and "t=7" in refused, refused
 
 
 # ---- an order mask of ids: the emptied draws put each input's ids below and above the others' ----------------------

@@ -290,6 +290,9 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
                     got[i] = got[i] + g
                     got_errs[i] = got_errs[i] + e + U * np.abs(got[i])  # several backwards' gradients are summed
         except NapkinError as exc:
+            if any(d.code == "eval.too_large" for d in exc.diagnostics):  # the draw, not the backwards, is at fault
+                raise NapkinError(error("lower.backward_untestable", forward=forward.name, why=(
+                    f"a draw at sizes {drawn[-1]} is too large to evaluate ({exc}): prove the join instead"))) from None
             raise NapkinError(error("lower.backward_wrong", why=f"evaluating them failed: {exc}")) from None
         for k, (p, g, w, eg, ew) in enumerate(zip(forward.inputs, got, want, got_errs, want_errs, strict=True)):
             # the backwards' rounding past the VJP's own, at most ROUNDING_AT_MOST of the gradient at that position

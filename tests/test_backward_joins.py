@@ -570,3 +570,17 @@ def test_a_scalar_broadcast_along_a_summed_axis_gets_the_axis_size() -> None:
     with pytest.raises(NapkinError) as err:
         link(*_pair(SHIFTED.format(dc="dy")))
     assert err.value.codes == ("lower.backward_unproved",) and "gradients of c" in str(err.value), str(err.value)
+
+
+def test_a_right_join_with_subnormal_gradients_at_quiet_cotangents_is_lowered_with_the_opt_in() -> None:
+    """Red team rtmerge2: dX = dy·exp(X - 700)·(X + 1), the VJP's own formula beside a gelu, was refused
+    with the opt-in at the draw whose cotangents are at 2^-60: its gradients there are subnormal
+    (1e-304·1e-18), one ulp (4.9e-324) apart from the VJP's, where the running bound, relative to |v| alone,
+    was 0.  The bound now carries the standard model's underflow term (``roundoff.ETA``)."""
+    text = GELU.replace("sum[t](exp(X))", "sum[t](exp(X - 700) * X)")
+    for dx in ("dy * exp(X - 700) * (X + 1)", "exp(X - 700) * (dy * X + dy)"):
+        ln = link(*_pair(text.replace("DX", dx)), allow_tested=True)
+        assert not ln.proved and "cotangents at 2^-60" in ln.trust, ln.trust
+    # a wrong one at that scale is still refused: X + 1 read as X + 2, or the gradient absorbed whole
+    for dx in ("dy * exp(X - 700) * (X + 2)", "(dy * exp(X - 700) * (X + 1) + 1) - 1"):
+        _refused_both_ways(*_pair(text.replace("DX", dx)), ("lower.backward_wrong", "lower.backward_unproved"))

@@ -584,3 +584,17 @@ def test_a_right_join_with_subnormal_gradients_at_quiet_cotangents_is_lowered_wi
     # a wrong one at that scale is still refused: X + 1 read as X + 2, or the gradient absorbed whole
     for dx in ("dy * exp(X - 700) * (X + 2)", "(dy * exp(X - 700) * (X + 1) + 1) - 1"):
         _refused_both_ways(*_pair(text.replace("DX", dx)), ("lower.backward_wrong", "lower.backward_unproved"))
+
+
+def test_a_proved_join_past_the_largest_reduced_declared_size_is_lowered() -> None:
+    """Red team rtmerge2: the draws past a reduced declared size refused every join with one past 4096 as
+    untestable, a proved one too (the reverse running sum at a declared d = 5000, lowered before them); a
+    proved join rests on its proof, and only the tested one is refused."""
+    text = (CUMSUM + CUMSUM_B.format(r=REVERSE.format(g="dH"))).replace("axis t, d", "axis t, d = 5000")
+    ln = link(*_pair(text))
+    assert ln.proved and "d=5000" not in ln.trust, ln.trust
+    with pytest.raises(NapkinError) as err:  # the same join, unproved (gelu beside it), stays untestable
+        link(*_pair(GELU.replace("axis t", "axis t, d = 5000").replace("X: [t]", "X: [d]").replace(
+            "sum[t](exp(X))", "sum[d](X)").replace("-> [t], [t]", "-> [t], [d]").replace("DX", "dy + X * 0")),
+             allow_tested=True)
+    assert err.value.codes == ("lower.backward_untestable",), str(err.value)

@@ -222,9 +222,9 @@ ACCUMULATORS: dict[str, Accumulator] = {
         Accumulator("sum", ("s",), ("0",), "s + Σ chunk", "s", "the (+, 0) monoid: sum, mean, contraction"),
         Accumulator("max", ("m",), ("-inf",), "max(m, max chunk)", "m", "the (max, -inf) monoid"),
         Accumulator("min", ("m",), ("inf",), "min(m, min chunk)", "m", "the (min, +inf) monoid"),
-        Accumulator("prod", ("p", "w"), ("1", "1"), "p' = p · Π chunk; w' = w · Π (|sign x| + (x - x))", "p",
-                    "the (·, 1) monoid, with a flag w that is 0 where the finite entries hold a zero (then p "
-                    "is that signed zero whatever the other chunks' products overflow to)"),
+        Accumulator("prod", ("p", "w"), ("1", "1"), "p' = p · Π chunk; w' = w · Π sign(x)·(1 + (x - x))", "p",
+                    "the (·, 1) monoid, with a flag w, the product of the finite entries' signs: a signed zero where "
+                    "they hold a zero (then p is w whatever the other chunks' products overflow or underflow to)"),
         Accumulator(
             "logsumexp", ("m", "l"), ("-inf", "0"),
             "m' = max(m, max chunk); l' = e^(m-m') l + Σ e^(chunk-m')", "m + log l",

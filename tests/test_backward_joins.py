@@ -566,6 +566,18 @@ def test_a_draw_too_large_to_evaluate_refuses_the_join_as_untestable() -> None:
     assert "is too large to evaluate" in refused and "t=7" in refused, refused
 
 
+
+def test_a_proved_join_leaves_out_a_draw_too_large_to_evaluate_and_says_so() -> None:
+    """The same sizes with the factor written 70 / 70: the join is proved, so it rests on its proof; the draws past
+    the constant 70 cannot be evaluated and are left out, named in its trust, not refused."""
+    text = ("axis t\naxis d = 1024\naxis e = 1024\ndiagram f(X: [t], W: [d e]) -> [t] {\n"
+            "  Y = sum[d e](X * W)\n  return Y\n}\n"
+            "diagram b(X: [t], W: [d e], dY: [t]) -> [t], [d e] {\n  dX = dY * sum[d e](W) * (70 / 70)\n"
+            "  dW = sum[t](dY * X) + W * 0\n  return dX, dW\n}\n")
+    ln = link(*_pair(text))
+    assert ln.proved and "left out: too large to evaluate" in ln.trust, ln.trust
+
+
 # ---- an order mask of ids: the emptied draws put each input's ids below and above the others' ----------------------
 
 
@@ -597,3 +609,31 @@ def test_a_scalar_broadcast_along_a_summed_axis_gets_the_axis_size() -> None:
     with pytest.raises(NapkinError) as err:
         link(*_pair(SHIFTED.format(dc="dy")))
     assert err.value.codes == ("lower.backward_unproved",) and "gradients of c" in str(err.value), str(err.value)
+
+
+def test_a_right_join_with_subnormal_gradients_at_quiet_cotangents_is_lowered_with_the_opt_in() -> None:
+    """Red team rtmerge2: dX = dy·exp(X - 700)·(X + 1), the VJP's own formula beside a gelu, was refused
+    with the opt-in at the draw whose cotangents are at 2^-60: its gradients there are subnormal
+    (1e-304·1e-18), one ulp (4.9e-324) apart from the VJP's, where the running bound, relative to |v| alone,
+    was 0.  The bound now carries the standard model's underflow term (``roundoff.ETA``)."""
+    text = GELU.replace("sum[t](exp(X))", "sum[t](exp(X - 700) * X)")
+    for dx in ("dy * exp(X - 700) * (X + 1)", "exp(X - 700) * (dy * X + dy)"):
+        ln = link(*_pair(text.replace("DX", dx)), allow_tested=True)
+        assert not ln.proved and "cotangents at 2^-60" in ln.trust, ln.trust
+    # a wrong one at that scale is still refused: X + 1 read as X + 2, or the gradient absorbed whole
+    for dx in ("dy * exp(X - 700) * (X + 2)", "(dy * exp(X - 700) * (X + 1) + 1) - 1"):
+        _refused_both_ways(*_pair(text.replace("DX", dx)), ("lower.backward_wrong", "lower.backward_unproved"))
+
+
+def test_a_proved_join_past_the_largest_reduced_declared_size_is_lowered() -> None:
+    """Red team rtmerge2: the draws past a reduced declared size refused every join with one past 4096 as
+    untestable, a proved one too (the reverse running sum at a declared d = 5000, lowered before them); a
+    proved join rests on its proof, and only the tested one is refused."""
+    text = (CUMSUM + CUMSUM_B.format(r=REVERSE.format(g="dH"))).replace("axis t, d", "axis t, d = 5000")
+    ln = link(*_pair(text))
+    assert ln.proved and "d=5000" not in ln.trust, ln.trust
+    with pytest.raises(NapkinError) as err:  # the same join, unproved (gelu beside it), stays untestable
+        link(*_pair(GELU.replace("axis t", "axis t, d = 5000").replace("X: [t]", "X: [d]").replace(
+            "sum[t](exp(X))", "sum[d](X)").replace("-> [t], [t]", "-> [t], [d]").replace("DX", "dy + X * 0")),
+             allow_tested=True)
+    assert err.value.codes == ("lower.backward_untestable",), str(err.value)

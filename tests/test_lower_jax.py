@@ -558,3 +558,27 @@ def test_a_streamed_product_holding_a_zero_is_a_signed_zero_whatever_its_other_c
     assert np.array_equal(got[:5], want[:5]) and np.array_equal(np.signbit(got[:6]), np.signbit(want[:6]))
     assert np.all(np.isnan(got[6:])), got
     assert cases.relative_error(got[5:6], want[5:6]) < cases.F32_TOL
+
+
+def test_a_streamed_zero_keeps_its_sign_past_a_chunk_that_underflowed_and_one_that_overflowed() -> None:
+    """Red team rtmerge2: the zero flag's combine multiplied the states' signs sign(p1)·sign(p2) where
+    w1·w2 = 0, but a state folding a chunk whose f32 product underflowed to 0 (16 entries of 1e-5) with
+    one that overflowed to inf (16 of 1e5) is p = 0·inf = NaN with w = 1, no zero among its entries: its
+    sign was NaN and the row's -0 (evaluator: -0.0, the unstreamed kernel too) came out NaN.  The flag
+    now carries the signs, w = Π sign(x)·(1 + (x - x)): ±1 or a signed zero, exact in f32, the product
+    holding a zero is w itself."""
+    text = "axis q, x\ndiagram pr(S: [q x]) -> [q] {\n  return prod[x](S)\n}"
+    rows = np.ones((4, 40))
+    rows[:, :16], rows[:, 16:32] = 1e-5, 1e5
+    rows[0, 35] = -0.0  # -0 in the ragged last chunk
+    rows[1, 35], rows[1, 3] = 0.0, -1e-5  # +0 times a negative entry: -0
+    rows[2, 3], rows[2, 38] = -1e-5, -0.0  # two negatives: +0
+    rows[3, 20] = 0.0  # the zero inside the overflowing chunk
+    rows = rows.astype(np.float32).astype(np.float64)
+    for steps in (("group q by gq", "stream x by 16 via prod"), ("split x by 16 via prod pad", "group q by gq",
+                                                                  "stream x by 8 via prod")):
+        thm = cases.proved(text, "pr", *steps)
+        want = cases.reference(thm, [rows], {})[0]
+        assert np.all(want == 0.0) and list(np.signbit(want)) == [True, True, False, False]
+        got = np.asarray(lower(thm, target="jax", tiles={"gq": 16}).fn(jnp.asarray(rows, jnp.float32)), np.float64)
+        assert np.array_equal(got, want) and np.array_equal(np.signbit(got), np.signbit(want)), (steps, got)

@@ -248,21 +248,22 @@ class _Builder:
         return AccumulatorPlan(name, box, self.axis, state, lift, combine, (0.0, 0.0), final, (fill, 0.0), (0,))
 
     def product(self) -> AccumulatorPlan:
-        """prod: the state is the partial product p and a flag w = Π (|sign x| + (x - x)), 0 where
-        the entries so far are finite and hold a zero, 1 where they are finite and hold none, NaN
-        where one is ±inf or NaN (x - x is NaN there); over the reals w = Π |sign x|.
+        """prod: the state is the partial product p and a flag w = Π sign(x)·(1 + (x - x)), the
+        product of the entries' signs where they are finite: ±1 where they hold no zero, the signed
+        zero of their product where they hold one (IEEE multiplies signs exactly, -0 included), NaN
+        where one is ±inf or NaN (x - x is NaN there); over the reals w = Π sign x.
 
-        Guarded, the combine gives p1·p2 except where w1·w2 = 0, where it multiplies the signs
-        sign(p1)·sign(p2): the state holding the zero is that signed zero (a lowered chunk's product
-        of finite entries holding a zero is: ``lower.jaxops``), so it stays the signed zero whatever
-        the other state overflowed to in float32 (1.2e4 ^ 16 is inf, and inf · 0 NaN where the
-        evaluator's product is 0), while a ±inf entry meeting a zero is still NaN (w is NaN, so
-        the plain product inf · 0), as numpy's product.  Over the reals (unguarded) it is p1·p2:
-        the select's branches agree wherever w1·w2 = 0 (then p1 or p2 is 0)."""
+        Guarded, the combine gives p1·p2 except where w1·w2 = 0, where it gives w1·w2, that signed
+        zero: so a state holding a zero stays the signed zero whatever the other state's f32 product
+        did (1.2e4 ^ 16 overflows to inf, inf · 0 NaN where the evaluator's product is 0; a chunk of
+        1e-5 underflowing to 0 times one of 1e5 is 0·inf = NaN with no zero among its entries, so the
+        signs of the p's are lost, red team rtmerge2), while a ±inf entry meeting a zero is still
+        NaN (w is NaN, so the plain product inf · 0), as numpy's product.  Over the reals (unguarded)
+        it is p1·p2: the select's branches agree wherever w1·w2 = 0 (then p1 or p2 is 0)."""
         box = self.box
         (x,) = self.x
         part = typed_box("prod", (x,), box.target)
-        flag = _bin("add", _unary("abs", _unary("sign", x)), _bin("sub", x, x))
+        flag = _bin("mul", _unary("sign", x), _bin("add", Const(1.0), _bin("sub", x, x)))
         w = typed_box("prod", (flag,), box.target)
         state = (("p", part.axes), ("w", w.axes))
         lift = self.diagram("lift", self.operands, [("p", part), ("w", w)],
@@ -273,11 +274,10 @@ class _Builder:
         wv = Var("w", merged_w.axes)
         merged_p: Expr = _bin("mul", p1, p2)
         if self.guard:
-            signs = _bin("mul", _unary("sign", p1), _unary("sign", p2))
-            merged_p = typed_box("select", (_bin("eq", wv, Const(0.0)), signs, merged_p))
+            merged_p = typed_box("select", (_bin("eq", wv, Const(0.0)), wv, merged_p))
         combine = self.diagram("combine", one + two, [("w", merged_w)], (merged_p, wv))
         final = self.diagram("final", self.states(state, ""), [], (Var("p", part.axes),))
-        # a padded position at 1 leaves p and w (|sign 1| + 0 = 1): a chunk of ones lifts to the identity
+        # a padded position at 1 leaves p and w (sign(1)·(1 + 0) = 1): a chunk of ones lifts to the identity
         return AccumulatorPlan("prod", box, self.axis, state, lift, combine, (1.0, 1.0), final, (1.0,), (0,))
 
     def safe_or(self, m: Expr, fallback: Expr) -> Expr:

@@ -181,7 +181,7 @@ def link(forward: Diagram, backwards: Sequence[Diagram], allow_tested: bool = Fa
         tested = _tested(forward, reference, backwards, result)
         return replace(result, trust=f"tested, not proved ({why}): equal to the VJP of the forward (napkin_cat.grad) "
                                      f"{tested}", proved=False)
-    tested = _tested(forward, reference, backwards, result)
+    tested = _tested(forward, reference, backwards, result, proved=True)
     return replace(result, trust=f"proved equal to the VJP of the forward (napkin_cat.grad){proof[len('proved:'):]}, "
                                  f"and tested {tested}")
 
@@ -225,7 +225,8 @@ def _resolved(forward: Diagram, backwards: Sequence[Diagram]) -> Link:
     return Link(primal, tuple(sources), tuple(targets), "", names)
 
 
-def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], ln: Link) -> str:
+def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], ln: Link,
+            proved: bool = False) -> str:
     """Evaluate the joined backwards and ``reference`` (``grad.vjp`` of the forward's primal
     outputs) in float64 at ``DRAWS`` size draws, and return a description, or raise
     ``lower.backward_wrong`` naming the first gradient that differs by more than ``SAFETY``
@@ -252,7 +253,7 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
     inputs an ``onehot[v]`` operand is computed from, ``approximation.label_inputs``) are
     positions across the whole of ``v``, first and last included, so that a wrong label term is
     read."""
-    axes, past, plans, left = _draws(forward, backwards, ln)
+    axes, past, plans, left = _draws(forward, backwards, ln, proved)
     gathered, masks = _labels(forward, backwards, ln, ("gather",)), _masks(forward, backwards, ln)
     labels = {**gathered, **_labels(forward, backwards, ln)}
     data = [i for i, p in enumerate(forward.inputs) if p.integer and i not in labels]  # ids, lengths, masks
@@ -291,6 +292,9 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
                     got_errs[i] = got_errs[i] + e + U * np.abs(got[i])  # several backwards' gradients are summed
         except NapkinError as exc:
             if any(d.code == "eval.too_large" for d in exc.diagnostics):  # the draw, not the backwards, is at fault
+                if proved:  # a proved join rests on its proof: the draw is left out, and said
+                    left.append(f"the draw at {drawn.pop()} left out: too large to evaluate")
+                    continue
                 raise NapkinError(error("lower.backward_untestable", forward=forward.name, why=(
                     f"a draw at sizes {drawn[-1]} is too large to evaluate ({exc}): prove the join instead"))) from None
             raise NapkinError(error("lower.backward_wrong", why=f"evaluating them failed: {exc}")) from None
@@ -314,7 +318,7 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
                     f"d{p.name} at {list(where)} is {g[where]:.6g} from the backwards{given} but {w[where]:.6g} from "
                     f"the VJP{apart}, with sizes {drawn[-1]}"
                     f"{' and labels across the vocabulary' if labels else ''}")))
-    return (f"in float64 (within its rounding, lower.roundoff) at {len(plans)} size draws ({'; '.join(drawn)}; the "
+    return (f"in float64 (within its rounding, lower.roundoff) at {len(drawn)} size draws ({'; '.join(drawn)}; the "
             f"largest constant of the diagrams, rounded up: {past}{''.join('; ' + why for why in left)})"
             f"{', labels across the vocabulary' if labels else ''}")
 
@@ -324,21 +328,24 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
 Plan = tuple[np.random.Generator, dict[str, int], float, float, bool, int | None]
 
 
-def _draws(forward: Diagram, backwards: Sequence[Diagram],
-           ln: Link) -> tuple[dict[str, int | None], int, list[Plan], list[str]]:
+def _draws(forward: Diagram, backwards: Sequence[Diagram], ln: Link,
+           proved: bool = False) -> tuple[dict[str, int | None], int, list[Plan], list[str]]:
     """The join test's axes (the forward's, and the backwards' declared sizes), the diagrams' largest
     constant (``_constants``) and its draws (``_tested``).  Where a reduction, contraction, normalisation
     or scan runs over a declared axis larger than every constant and ``SMALL`` (``_reduced``: d = 64 in
     ``min(1, sum[d](W·0 + 1) / t)``, 1 up to t = 64), one draw more per symbolic axis takes that axis past
     it and the others at 1 to 3: drawing every axis past it put attention's draws at 65⁵ entries, past
     the machine's memory, and one at a time a draw holds at most (that size + 7)·3^(k-1) entries per
-    array of k symbolic axes (with its declared ones)."""
+    array of k symbolic axes (with its declared ones).  A ``proved`` join with a reduced declared size past
+    ``LARGEST`` skips those draws rather than being refused as untestable: it rests on its proof."""
     # the forward's axes, and the backwards' declared sizes; an axis only a backward has (a copy
     # ``grad`` makes of a scanned axis, t_2 of t) is bound by the evaluator from what it reads
     axes = {a.name: a.size for d in (forward, *backwards) for a in d.axes
             if a.size is not None or a.name in {b.name for b in forward.axes}}
     nodes = _nodes((forward, *backwards))  # every node of the diagrams, calls inlined, walked once
     past, reduced = _constants((forward, *backwards), nodes, axes), _reduced(nodes, axes)
+    if proved and reduced > LARGEST:  # a proved join rests on its proof: no draw past such a size, no refusal
+        reduced = 0  # (a declared model width of 8192 refused a proved join, red team rtmerge2)
     if max(past, reduced) > LARGEST:
         raise NapkinError(error("lower.backward_untestable", forward=forward.name, why=(
             f"its diagrams hold a constant of magnitude {max(past, reduced)} (rounded up), and the test draws sizes "

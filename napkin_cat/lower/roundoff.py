@@ -56,6 +56,13 @@ __all__ = ["RULES", "SLOPES", "ULPS", "Bounded", "U", "evaluate_bounded", "gamma
 
 #: float64's unit roundoff
 U = 2.0**-53
+#: the standard model's underflow term, fl(a op b) = (a op b)(1 + δ) + η with |η| <= 2^-1075, taken as
+#: the subnormal spacing 2^-1074 (2^-1075 is no float64): a bound relative to |v| alone is 0 at a
+#: subnormal result, which gradients at 2^-60 cotangents reach (dy·exp(X - 700)·(X + 1): 4.9e-324
+#: apart from the VJP, the bound 0, so a right backward was refused)
+ETA = 2.0**-1074
+#: the kinds of boxes that round (each result, or each of a reduction's terms, errs by ETA more)
+_ROUNDING = frozenset({"unary", "binary", "reduce", "normalise", "scan", "contract", "ncontract"})
 #: each unary op's own error, in units of u times its result's magnitude (libm's and scipy's
 #: functions are within a few ulps; the exact ones, 0); gelu's ``1 + erf`` also errs by u·|x|
 ULPS: dict[str, float] = {
@@ -283,7 +290,11 @@ def _visitor(it: Interpreter) -> Callable[[Expr, tuple[Bounded, ...], Mapping[st
         assert isinstance(node, Box)
         value = it.box(node, tuple(k.value for k in kids))
         with np.errstate(all="ignore"):
-            err = np.broadcast_to(RULES[ops.OPS[node.op].kind](it, node, kids, value), np.shape(value.data))
+            kind = ops.OPS[node.op].kind
+            err = np.broadcast_to(RULES[kind](it, node, kids, value), np.shape(value.data))
+            if kind in _ROUNDING:  # η per result, per term of a reduction (its products, or a scan's steps)
+                extents = {a: n for k in kids for a, n in zip(k.value.axes, np.shape(k.value.data), strict=True)}
+                err = err + ETA * math.prod(n for a, n in extents.items() if a not in value.axes or kind == "scan")
             return Bounded(value, _finite(err, value.data))
     return visit
 

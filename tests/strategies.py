@@ -7,6 +7,9 @@
   consuming boxes (scores, values, normalised scores) maybe masked.
 - ``schedule_steps``: random rewrite, group and stream steps for a diagram (for the kernel
   to accept or refuse, one at a time).
+- ``broadcast_texts``: a diagram of one scalar output over inputs of every rank on three axes, its
+  boxes mostly over operands of lower rank than their value (broadcast scalars and vectors under
+  reductions, scans, contractions and normalisations): for reverse mode's broadcasting adjoints.
 - ``module_texts`` / ``modules``: random well-typed .ncd modules.  A module is drawn as
   axes first, then diagrams, each a few let-bindings of one box each (any op of
   ``napkin_cat.ops.OPS``, picked uniformly, or a call of an earlier diagram) over the arrays
@@ -38,8 +41,8 @@ from napkin_cat import ops
 from napkin_cat.elaborate import loads
 from napkin_cat.terms import Apply, Box, Diagram, Expr, Module, Partition, Rewrite, walk
 
-__all__ = ["SIZE_REFUSALS", "attention_texts", "input_arrays", "module_texts", "modules", "schedule_steps",
-           "sizes_for"]
+__all__ = ["BROADCAST_SIZES", "SIZE_REFUSALS", "attention_texts", "broadcast_texts", "input_arrays",
+           "module_texts", "modules", "schedule_steps", "sizes_for"]
 
 Draw = Callable[[st.SearchStrategy[Any]], Any]
 
@@ -643,3 +646,62 @@ def module_texts(draw: Draw, max_diagrams: int = 3) -> str:
 def modules(max_diagrams: int = 3) -> st.SearchStrategy[Module]:
     """Random well-typed modules, elaborated by ``loads``."""
     return module_texts(max_diagrams).map(loads)
+
+
+#: the inputs of ``broadcast_texts``'s diagram, every rank over x, y, z, and sizes for them: all at
+#: least 2 (an axis of size 1 hides a missing sum over it) and ragged (a swapped axis shows)
+_BROADCAST_INPUTS = {"A": ("x",), "c": (), "X": ("x", "y"), "v": ("y",), "Z": ("x", "y", "z"), "u": ("z",),
+                     "W": ("y", "z")}
+BROADCAST_SIZES = {"x": 3, "y": 2, "z": 4}
+
+
+def _broadcast_expr(draw: Draw, depth: int) -> tuple[str, frozenset[str]]:
+    """A smooth expression over ``_BROADCAST_INPUTS`` and its axes: binary boxes join operands of
+    different axes, and the boxes over them act along axes some operand lacks (no unary exp: nested,
+    its values outrun what central differences can follow; logsumexp and softmax still read exp)."""
+    if depth == 0 or draw(st.integers(0, 4)) == 0:
+        name = draw(st.sampled_from(sorted(_BROADCAST_INPUTS)))
+        return name, frozenset(_BROADCAST_INPUTS[name])
+    kind = draw(st.sampled_from(("binary", "binary", "unary", "reduce", "normalise", "scan", "contract", "where",
+                                 "transpose", "size")))
+    text, axes = _broadcast_expr(draw, depth - 1)
+    if kind in ("binary", "contract", "where"):
+        other, more = _broadcast_expr(draw, depth - 1)
+        union = axes | more
+        if kind == "binary":
+            op = draw(st.sampled_from(("+", "-", "*", "max", "min")))
+            return (f"{op}({text}, {other})" if op in ("max", "min") else f"({text} {op} {other})"), union
+        if kind == "contract":
+            target = [a for a in sorted(union) if draw(st.booleans())]
+            return f"contract[{' '.join(target)}]({text}, {other})", union - set(target)
+        first, second = draw(st.permutations(("x", "y", "z")))[:2]
+        return f"where[{first} {second}]({first} < {second}, {text}, {other})", union | {first, second}
+    if kind == "unary":
+        return f"{draw(st.sampled_from(('tanh', 'sigmoid', 'square', 'silu')))}({text})", axes
+    if kind == "size":
+        return f"({text} * {draw(st.sampled_from(('x', 'z', '0.5')))})", axes
+    if not axes:
+        return text, axes
+    if kind == "transpose":
+        return f"transpose[{' '.join(draw(st.permutations(sorted(axes))))}]({text})", axes
+    if kind == "scan":
+        along = draw(st.sampled_from(sorted(axes)))
+        if draw(st.booleans()):
+            return f"cumsum[{along}]({text})", axes
+        decay, da = _broadcast_expr(draw, depth - 1)
+        return f"linrec[{along}](tanh({decay}), {text})", axes | da
+    target = draw(st.lists(st.sampled_from(sorted(axes)), min_size=1, unique=True))
+    if kind == "normalise":
+        return f"{draw(st.sampled_from(('softmax', 'l2norm', 'rmsnorm')))}[{' '.join(target)}]({text})", axes
+    op = draw(st.sampled_from(("sum", "mean", "max", "min", "prod", "logsumexp")))
+    return f"{op}[{' '.join(target)}]({text})", axes - set(target)
+
+
+@st.composite
+def broadcast_texts(draw: Draw) -> str:
+    """A module holding ``g``, of the inputs ``_BROADCAST_INPUTS``, returning the sum of a
+    ``_broadcast_expr`` over its axes (``BROADCAST_SIZES`` sizes them)."""
+    text, axes = _broadcast_expr(draw, draw(st.integers(1, 4)))
+    params = ", ".join(f"{n}: [{' '.join(t)}]" for n, t in _BROADCAST_INPUTS.items())
+    body = f"sum[{' '.join(sorted(axes))}]({text})" if axes else text
+    return f"axis x, y, z\ndiagram g({params}) -> [] {{\n  return {body}\n}}\n"

@@ -370,12 +370,20 @@ class _Builder:
         """The online state's value, (m, l, o) with l and o relative to exp(m): o / l under an ``id``
         normaliser; under a square root exp(s)/sqrt(Σ exp(s)) = exp(s - m)·exp(m/2)/sqrt(l), so
         (o / sqrt(l))·exp(m/2), l divided by the count first for ``rms`` (no state reads exp(s)
-        itself, which overflows float32 at s = 89 where the weights, of order exp(s/2), do not)."""
+        itself, which overflows float32 at s = 89 where the weights, of order exp(s/2), do not).
+        exp(m/2) is applied as exp(m/4) twice, r·exp(m/4)·exp(m/4) for r = o / sqrt(l): exp(m/2)
+        alone overflows f32 past m = 177 where the output, small values times it, need not; each
+        product lies between r and the output, so it overflows only where the output does, up to
+        m = 355, past which an output that f32 holds has r = 0 or subnormal.  Guarded, r where
+        r = 0 (else 0·exp(m/4) = 0·inf = NaN there, where the output is 0)."""
         m, l_, o = st
         if b == "id":
             return _bin("div", o, self.safe(l_))
         denom = _unary("sqrt", l_ if b == "sqrt" else _bin("div", l_, self.count()))
-        return _bin("mul", _bin("div", o, self.safe(denom)), _unary("exp", _bin("mul", self.shift(m), Const(0.5))))
+        r = _bin("div", o, self.safe(denom))
+        quarter = _unary("exp", _bin("mul", self.shift(m), Const(0.25)))
+        out = _bin("mul", _bin("mul", r, quarter), quarter)
+        return typed_box("select", (_bin("eq", r, Const(0.0)), r, out)) if self.guard else out
 
     def stable(self, name: str, parts: list[tuple[str, Expr]], pad: tuple[float, ...],
                final: Callable[[list[Var]], Expr]) -> AccumulatorPlan:

@@ -192,13 +192,14 @@ def last(value: Value, axis: str, scope: Scope) -> Value:
                  tuple(a for a in value.axes if a != axis))
 
 
-def _shift(x: Value, where: ast.expr, scope: Scope) -> ast.expr:
-    """The maximum with kept dimensions where it is finite, else 0, bound to a name: the
-    evaluator's shift, so a row whose maximum is -inf gives exp(-inf) = 0 and one whose maximum
-    is +inf gives exp(inf) = inf, never exp(inf - inf) = NaN (found by the differential run).
-    Mosaic GPU lowers no ``is_finite``: there it is |m| < inf (false for ±inf and NaN alike)."""
-    m = scope.block.bind("top", _kept_dims(cg.call("jnp.max", x.expr, keywords=[cg.kw("axis", where)]), x, where,
-                                           scope))
+def _shift(x: Value, where: ast.expr, scope: Scope, keep: bool = True) -> ast.expr:
+    """The maximum with kept dimensions (``keep``; else the reduced axes dropped) where it is
+    finite, else 0, bound to a name: the evaluator's shift, so a row whose maximum is -inf gives
+    exp(-inf) = 0 and one whose maximum is +inf gives exp(inf) = inf, never exp(inf - inf) = NaN
+    (found by the differential run).  Mosaic GPU lowers no ``is_finite``: there it is |m| < inf
+    (false for ±inf and NaN alike)."""
+    reduced = cg.call("jnp.max", x.expr, keywords=[cg.kw("axis", where)])
+    m = scope.block.bind("top", _kept_dims(reduced, x, where, scope) if keep else reduced)
     finite = cg.binop(cg.call("jnp.abs", m), "<", cg.name("INF")) if scope.wgmma else cg.call("jnp.isfinite", m)
     return scope.block.bind("shift", cg.call("jnp.where", finite, m, cg.const(0.0)))
 
@@ -218,34 +219,53 @@ def _scale(x: Value, where: ast.expr, scope: Scope) -> ast.expr:
 def _kept_dims(reduced: ast.expr, x: Value, where: ast.expr, scope: Scope) -> ast.expr:
     """A reduction of ``x`` over ``where`` shaped to broadcast against it: the reduced axes kept
     as 1s, or on Mosaic GPU (``scope.wgmma``) broadcast back to ``x``'s shape, as its layouts
-    need (a [rows, 1] array has no wgmma row layout; ``lax.broadcast_in_dim`` of a row vector does)."""
+    need (a [rows, 1] array has no wgmma row layout; ``lax.broadcast_in_dim`` of a row vector does).
+    ``reduced`` is the reduction's call, or a name bound to its value (expanded by indexing)."""
     assert isinstance(where, ast.Tuple)
     gone = [e.value for e in where.elts if isinstance(e, ast.Constant)]
     if scope.wgmma:
         kept = cg.tuple_([cg.const(i) for i in range(len(x.axes)) if i not in gone])
         return cg.call("lax.broadcast_in_dim", reduced, shape(x.axes, scope), kept)
+    if isinstance(reduced, ast.Name):
+        return cg.subscript(reduced, [cg.const(None) if i in gone else ast.Slice() for i in range(len(x.axes))])
     assert isinstance(reduced, ast.Call)
     return ast.Call(reduced.func, reduced.args, [*reduced.keywords, cg.kw("keepdims", cg.const(True))])
 
 
-def _weights(params: Sequence[str], x: Value, target: Axes, scope: Scope) -> ast.expr:
-    """a1(s) / b(Σ a2(s)) along ``target``, shifted by the running max when a1 = a2 = exp and b = id
-    (the one normaliser the weights are shift invariant under; evaluate.nweights)."""
+def _against(value: Value, axes: Axes, scope: Scope) -> ast.expr:
+    """``value`` broadcast against ``axes`` (a superset of its axes): ``align``, or on Mosaic GPU
+    ``lax.broadcast_in_dim`` of it (``_kept_dims``)."""
+    if not scope.wgmma:
+        return align(value, axes)
+    present = tuple(a for a in axes if a in value.axes)
+    return cg.call("lax.broadcast_in_dim", transpose_to(value, present), shape(axes, scope),
+                   cg.tuple_([cg.const(axes.index(a)) for a in present]))
+
+
+def _weights(params: Sequence[str], x: Value, target: Axes, scope: Scope) -> tuple[ast.expr, Value | None]:
+    """a1(s) / b(Σ a2(s)) along ``target``, and None; where a1 = a2 = exp, computed on s less the
+    row's maximum m (``_shift``): exp(s - m)/b(Σ exp(s - m)) is the weights under an ``id``
+    normaliser (the one they are invariant under; evaluate.nweights) and exp(-r·m) times them
+    under one of degree r (sqrt, rms: 1/2), returned with exp(r·m/2) per row (``target``'s axes
+    dropped), by which the caller multiplies its contraction twice (``_contract``): the weights
+    themselves, of order exp(s/2), overflow f32 past s = 177 where small values times them need not."""
     a1, a2, b = params
     where = positions(x.axes, target)
     s = x.expr
-    numerator = None
-    if a1 == a2 == "exp":  # exp(s)/b(Σ exp(s)) = exp(s - r·m)/b(Σ exp(s - m)), b of degree r
-        shift = _shift(x, where, scope)
+    factor = None
+    if a1 == a2 == "exp":
+        if b == "id":
+            shift = _shift(x, where, scope)
+        else:
+            row = _shift(x, where, scope, keep=False)
+            half = unary("exp", cg.binop(row, "*", cg.const(NORMALISER_DEGREE[b] / 2)), scope)
+            factor = Value(scope.block.bind("half", half), tuple(a for a in x.axes if a not in target))
+            shift = _kept_dims(row, x, where, scope)
         s = scope.block.bind("shifted", cg.binop(s, "-", shift))
-        if b != "id":  # exp(s) alone overflows f32 at s = 89 where the weights do not (sqrt: 178)
-            half = cg.binop(shift, "*", cg.const(NORMALISER_DEGREE[b]))
-            numerator = scope.block.bind("top", unary("exp", cg.binop(x.expr, "-", half), scope))
     elif a1 in DEGREE and a2 in DEGREE and DEGREE[a1] == DEGREE[a2] * NORMALISER_DEGREE[b]:
         s = scope.block.bind("scaled", cg.binop(s, "/", _scale(x, where, scope)))
     top = scope.block.bind("top", unary(a1, s, scope))
     bottom = top if a2 == a1 else unary(a2, s, scope)
-    top = numerator if numerator is not None else top
     z: ast.expr = _kept_dims(cg.call("jnp.sum", bottom, keywords=[cg.kw("axis", where)]), x, where, scope)
     if b == "sqrt":
         z = cg.call("jnp.sqrt", z)
@@ -253,22 +273,42 @@ def _weights(params: Sequence[str], x: Value, target: Axes, scope: Scope) -> ast
         z = cg.call("jnp.sqrt", cg.binop(z, "/", count(target, scope)))
     z = scope.block.bind("z", z)  # as the evaluator: weight 0 where the denominator is 0, else a plain divide
     zero = cg.binop(z, "==", cg.const(0.0))
-    return cg.call("jnp.where", zero, cg.const(0.0), cg.binop(top, "/", cg.call("jnp.where", zero, cg.const(1.0), z)))
+    divided = cg.binop(top, "/", cg.call("jnp.where", zero, cg.const(1.0), z))
+    return cg.call("jnp.where", zero, cg.const(0.0), divided), factor
 
 
 def _normalise(box: Box, args: Sequence[Value], scope: Scope) -> Value:
     (x,) = args
-    weights = ops.OPS[box.op].weights
-    assert weights is not None, f"{box.op} is a normalisation without its weights"
-    return Value(_weights(weights, x, scope.keep(box.target), scope), x.axes)
+    params = ops.OPS[box.op].weights
+    assert params is not None, f"{box.op} is a normalisation without its weights"
+    weights, factor = _weights(params, x, scope.keep(box.target), scope)
+    assert factor is None, f"{box.op}'s weights are relative to a factor"  # no normalisation has exp under a root
+    return Value(weights, x.axes)
 
 
 def _contract(box: Box, args: Sequence[Value], scope: Scope) -> Value:
     operands = list(args)
     target = scope.keep(box.target)
-    if box.op == "ncontract":
-        s = operands[0]
-        operands[0] = Value(scope.block.bind("weights", _weights(box.params, s, target, scope)), s.axes)
+    if box.op != "ncontract":
+        return _product(operands, target, scope)
+    s = operands[0]
+    weights, factor = _weights(box.params, s, target, scope)
+    operands[0] = Value(scope.block.bind("weights", weights), s.axes)
+    if factor is None:
+        return _product(operands, target, scope)
+    # (r·e)·e for r the contraction of weights relative to e² (``_weights``): each product lies
+    # between r and the output, so it overflows only where the output does (up to e = inf, past
+    # s = 355, where an output f32 holds has r = 0 or subnormal); r where r = 0 (not 0·inf = NaN),
+    # as the streamed final (``accumulators.stable_final``)
+    r = _product(operands, target, scope)
+    r = Value(scope.block.bind("relative", r.expr), r.axes)
+    e = _against(factor, r.axes, scope)
+    scaled = cg.binop(cg.binop(r.expr, "*", e), "*", e)
+    return Value(cg.call("jnp.where", cg.binop(r.expr, "==", cg.const(0.0)), r.expr, scaled), r.axes)
+
+
+def _product(operands: list[Value], target: Axes, scope: Scope) -> Value:
+    """Σ over ``target`` of the operands' product: an einsum (or wgmma) where it is a matrix product."""
     everything = tuple(dict.fromkeys(a for v in operands for a in v.axes))
     out = tuple(a for a in everything if a not in target)
     if _is_matmul(operands, target, scope):

@@ -238,7 +238,7 @@ ACCUMULATORS: dict[str, Accumulator] = {
         Accumulator(
             "online_softmax", ("m", "l", "o"), ("-inf", "0", "0"),
             "m' = max(m, max s); c = e^(m-m'); l' = c l + Σ e^(s-m'); o' = c o + Σ e^(s-m') v",
-            "o / l (id); (o / sqrt(l))·e^(m/2) (sqrt; l / n for rms)",
+            "o / l (id); (o / sqrt(l))·e^(m/4)·e^(m/4) (sqrt; l / n for rms)",
             "the stable (m, l, o) state of online softmax, for ncontract[x; exp, exp, b]",
         ),
     )

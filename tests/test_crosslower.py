@@ -43,3 +43,14 @@ def test_default_tiles_lower_for_cuda() -> None:
     thm = cases.theorems()["flash_attention_causal"]
     spec = jax.ShapeDtypeStruct((1024, 64), jnp.bfloat16)
     assert TRITON_CALL in cuda_hlo(lower(thm, target="pallas", dtype="bfloat16", hardware="h200").fn, spec, spec, spec)
+
+
+@pytest.mark.parametrize("steps", [("group q by gq",), ("group q by gq", "stream x by sx via online_softmax")])
+@pytest.mark.parametrize("b", ["sqrt", "rms"])
+def test_exp_weights_under_a_square_root_lower_for_cuda(b: str, steps: tuple[str, ...]) -> None:
+    """No proofs/ theorem has exp weights under a square-root normaliser: their output relative to
+    exp(m/2), scaled by a row vector exp(m/4) twice (whole axis) or in the online final, lowers too."""
+    text = f"axis q, x, d\ndiagram es(S: [q x], V: [x d]) -> [q d] {{\n  return ncontract[x; exp, exp, {b}](S, V)\n}}"
+    thm = cases.proved(text, "es", *steps)
+    specs = [jax.ShapeDtypeStruct(shape, jnp.float32) for shape in ((200, 300), (300, 64))]
+    assert cuda_hlo(lower(thm, target="pallas", tiles={"gq": 64, "sx": 64}).fn, *specs).count(TRITON_CALL) == 1

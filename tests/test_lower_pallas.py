@@ -582,8 +582,9 @@ def test_scale_invariant_weights_of_a_whole_axis_do_not_underflow(target: str, s
 def test_exp_weights_under_a_square_root_normaliser_do_not_overflow(target: str) -> None:
     """issue 28 (red team rtdeep): a whole-axis ``ncontract[x; exp, exp, sqrt]`` (and rms) read
     exp(s) itself, which overflows f32 at s = 89: scores near 95 (|S| far below 10⁴) gave NaN in
-    every entry where the evaluator's output is 2.5e21.  It is now exp(s - m/2)/sqrt(Σ exp(s - m)),
-    m the row's maximum where finite (the normaliser's degree, 1/2, times m)."""
+    every entry where the evaluator's output is 2.5e21.  It is now computed on s - m, m the row's
+    maximum where finite, and the contraction multiplied by exp(m/4) twice (the normaliser's degree,
+    1/2, times m; ``jaxops._contract``; past s = 177: the test below)."""
     rng = np.random.default_rng(5)
     values = rng.standard_normal((37, 4))
     options = {"interpret": True} if target == "pallas" else {}
@@ -605,7 +606,8 @@ def test_streamed_exp_weights_under_a_square_root_normaliser_do_not_overflow(tar
     """issue 28 (red team: the streamed exp/sqrt states "overflow alike"): streamed via the
     ``normalised`` state, ``ncontract[x; exp, exp, sqrt]`` (and rms) folds Σ exp(s)·v and Σ exp(s),
     inf in f32 at s = 89 where the output is 2.5e21.  ``online_softmax`` now streams them too: its
-    state (m, l, o) is relative to exp(m), and its final (o / sqrt(l))·exp(m/2) (l / n for rms)."""
+    state (m, l, o) is relative to exp(m), and its final (o / sqrt(l))·exp(m/2) (l / n for rms),
+    exp(m/2) applied as exp(m/4) twice (``accumulators.stable_final``; past s = 177: the test below)."""
     rng = np.random.default_rng(6)
     values = rng.standard_normal((37, 4))
     options = {"interpret": True} if target == "pallas" else {}

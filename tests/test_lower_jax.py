@@ -304,6 +304,27 @@ def test_a_normalised_contraction_divides_as_the_evaluator(text: str, x: list[fl
         assert np.asarray(got).item() == pytest.approx(want, rel=1e-5)
 
 
+@pytest.mark.parametrize("steps", [("group q by gq",), ("group q by gq", "stream x by sx via online_softmax")])
+@pytest.mark.parametrize("b", ["sqrt", "rms"])
+def test_the_slope_of_exp_weights_under_a_square_root_at_zero_values(b: str, steps: tuple[str, ...]) -> None:
+    """jax.grad of ``ncontract[x; exp, exp, sqrt]`` (and rms) by V is Σ_q of the weights, at a zero
+    column of V too.  The kernel computes r·exp(m/4)·exp(m/4), r relative to exp(m/2), and gives r
+    where r = 0 and exp(m/4) = inf (0·inf = NaN, past m = 355); guarded at r = 0 alone, the select's
+    slope was 1 there instead of exp(m/2) (relative error 0.91 at scores near 3)."""
+    text = f"axis q, x, d\ndiagram es(S: [q x], V: [x d]) -> [q d] {{\n  return ncontract[x; exp, exp, {b}](S, V)\n}}"
+    thm = cases.proved(text, "es", *steps)
+    fn = lower(thm, target="jax", tiles={"gq": 16, "sx": 16}).fn
+    rng = np.random.default_rng(4)
+    values = rng.standard_normal((37, 4)).astype(np.float32)
+    values[:, 0] = 0.0
+    for offset in (3.0, 150.0):
+        scores = (offset + rng.standard_normal((5, 37))).astype(np.float32)
+        slope = jax.grad(lambda v, s=scores: jnp.sum(fn(jnp.asarray(s), v)))(jnp.asarray(values))
+        (weights,) = cases.reference(thm, [scores.astype(np.float64), np.eye(37)], {})  # V = I: the weights
+        want = np.broadcast_to(weights.sum(axis=0)[:, None], values.shape)
+        assert np.max(np.abs(np.asarray(slope, np.float64) - want) / want) < cases.F32_TOL
+
+
 @pytest.mark.parametrize("target", ["jax", "pallas"])
 def test_constants_keep_their_value(target: str) -> None:
     """issue 18: 1e-39 is no f32 normal; it was saturated to 1.18e-38, so this sum came out

@@ -646,7 +646,7 @@ def test_exp_weights_under_a_square_root_past_twice_the_exp_limit(b: str, steps:
     output relative to exp(m/2) and multiply by exp(m/4) twice (``jaxops._contract``,
     ``accumulators.stable_final``): finite wherever the output is, up to 2e38 (scores near 345), the
     error within F32_TOL of the largest |entry| however small; a fully masked row gives 0, and zero
-    values at scores near 400 give 0 (r·exp(m/4) is 0·inf there: r where r = 0)."""
+    values at scores near 400 give 0 (r·exp(m/4) is 0·inf there: r where r = 0 and exp(m/4) = inf)."""
     text = f"axis q, x, d\ndiagram es(S: [q x], V: [x d]) -> [q d] {{\n  return ncontract[x; exp, exp, {b}](S, V)\n}}"
     thm = cases.proved(text, "es", *steps)
     fn = lower(thm, target=target, tiles={"gq": 16, "sx": 16}).fn

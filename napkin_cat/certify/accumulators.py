@@ -374,8 +374,9 @@ class _Builder:
         exp(m/2) is applied as exp(m/4) twice, r·exp(m/4)·exp(m/4) for r = o / sqrt(l): exp(m/2)
         alone overflows f32 past m = 177 where the output, small values times it, need not; each
         product lies between r and the output, so it overflows only where the output does, up to
-        m = 355, past which an output that f32 holds has r = 0 or subnormal.  Guarded, r where
-        r = 0 (else 0·exp(m/4) = 0·inf = NaN there, where the output is 0)."""
+        m = 355, past which an output that f32 holds has r = 0 or subnormal.  Guarded, r where r = 0
+        and exp(m/4) = inf (0·inf = NaN there, where the output is 0); only there, so that elsewhere
+        jax.grad of the lowered final has the slope exp(m/2) at r = 0, not the select's 1."""
         m, l_, o = st
         if b == "id":
             return _bin("div", o, self.safe(l_))
@@ -383,7 +384,10 @@ class _Builder:
         r = _bin("div", o, self.safe(denom))
         quarter = _unary("exp", _bin("mul", self.shift(m), Const(0.25)))
         out = _bin("mul", _bin("mul", r, quarter), quarter)
-        return typed_box("select", (_bin("eq", r, Const(0.0)), r, out)) if self.guard else out
+        if not self.guard:
+            return out
+        lost = _bin("mul", _bin("eq", r, Const(0.0)), _bin("eq", quarter, Const(math.inf)))
+        return typed_box("select", (lost, r, out))
 
     def stable(self, name: str, parts: list[tuple[str, Expr]], pad: tuple[float, ...],
                final: Callable[[list[Var]], Expr]) -> AccumulatorPlan:

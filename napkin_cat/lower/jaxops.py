@@ -298,13 +298,15 @@ def _contract(box: Box, args: Sequence[Value], scope: Scope) -> Value:
         return _product(operands, target, scope)
     # (r·e)·e for r the contraction of weights relative to e² (``_weights``): each product lies
     # between r and the output, so it overflows only where the output does (up to e = inf, past
-    # s = 355, where an output f32 holds has r = 0 or subnormal); r where r = 0 (not 0·inf = NaN),
-    # as the streamed final (``accumulators.stable_final``)
+    # s = 355, where an output f32 holds has r = 0 or subnormal); r where r = 0 and e = inf (not
+    # 0·inf = NaN; only there, or jax.grad's slope at r = 0 is 1, not e²), as the streamed final
+    # (``accumulators.stable_final``)
     r = _product(operands, target, scope)
     r = Value(scope.block.bind("relative", r.expr), r.axes)
     e = _against(factor, r.axes, scope)
     scaled = cg.binop(cg.binop(r.expr, "*", e), "*", e)
-    return Value(cg.call("jnp.where", cg.binop(r.expr, "==", cg.const(0.0)), r.expr, scaled), r.axes)
+    lost = cg.binop(cg.binop(r.expr, "==", cg.const(0.0)), "&", cg.binop(e, "==", cg.name("INF")))
+    return Value(cg.call("jnp.where", lost, r.expr, scaled), r.axes)
 
 
 def _product(operands: list[Value], target: Axes, scope: Scope) -> Value:

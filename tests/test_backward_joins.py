@@ -532,11 +532,12 @@ def test_attentions_draws_past_its_reduced_head_size_stay_small(diagram: str) ->
     draws past 65⁵ entries, and the slow derived sweep's worker past the machine's 23 GB."""
     forward = saving(loads((ROOT / "examples" / "attention.ncd").read_text()).diagram(diagram), "forward")
     backwards = list(passes(forward, "backward"))
-    axes, past, plans, left = _draws(forward.diagram, backwards, _resolved(forward.diagram, backwards))
+    axes, past, plans, left = _draws(forward.diagram, vjp(forward.diagram), backwards,
+                                     _resolved(forward.diagram, backwards))
     symbolic = [a for a, n in axes.items() if n is None]
     assert axes["d"] == 64 and past < 64 and len(symbolic) >= 4 and not left, (axes, past, left)
-    assert all(any(sizes[a] > 64 for _, sizes, *_ in plans) for a in symbolic), [p[1] for p in plans]
-    assert max(math.prod(sizes.values()) for _, sizes, *_ in plans) <= 2 ** 24, [p[1] for p in plans]
+    assert all(any(p.sizes[a] > 64 and not p.drift for p in plans) for a in symbolic), [p.sizes for p in plans]
+    assert max(math.prod(p.sizes.values()) for p in plans) <= 2 ** 24, [p.sizes for p in plans]
 
 
 
@@ -547,10 +548,11 @@ def test_a_draw_past_a_reduced_size_too_large_to_evaluate_is_left_out_and_said()
     says so."""
     forward = saving(loads((ROOT / "examples" / "moe.ncd").read_text()).diagram("moe"), "forward")
     backwards = list(passes(forward, "backward"))
-    axes, _past, plans, left = _draws(forward.diagram, backwards, _resolved(forward.diagram, backwards))
+    axes, _past, plans, left = _draws(forward.diagram, vjp(forward.diagram), backwards,
+                                      _resolved(forward.diagram, backwards))
     assert axes["f"] == 128 and [a for a, n in axes.items() if n is None] == ["t"], axes
-    assert all(sizes["t"] <= 128 for _, sizes, *_ in plans) and len(left) == 1, left
-    assert left[0].startswith("t=") and "past the reduced declared size 128 left out" in left[0], left
+    assert all(p.sizes["t"] <= 128 for p in plans) and len(left) == 1, left
+    assert left[0].startswith("the draw at t=13") and "left out: too large to evaluate" in left[0], left
 
 
 

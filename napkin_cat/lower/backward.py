@@ -253,15 +253,14 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
     inputs an ``onehot[v]`` operand is computed from, ``approximation.label_inputs``) are
     positions across the whole of ``v``, first and last included, so that a wrong label term is
     read."""
-    axes, past, plans, left = _draws(forward, backwards, ln, proved)
+    axes, past, plans, left = _draws(forward, reference, backwards, ln, proved)
     gathered, masks = _labels(forward, backwards, ln, ("gather",)), _masks(forward, backwards, ln)
     labels = {**gathered, **_labels(forward, backwards, ln)}
     data = [i for i, p in enumerate(forward.inputs) if p.integer and i not in labels]  # ids, lengths, masks
     drawn = []
-    for k, (rng, sizes, scale, drift, empty, beyond) in enumerate(plans):
-        drawn.append(", ".join(f"{a}={n}" for a, n in sizes.items() if axes[a] is None) + f" at scale {scale:g}" +
-                     (f" about {drift:+g}" if drift else "") + (" with rows the data masks empty" if empty else "") +
-                     (QUIETLY if k == 1 else ""))
+    for plan in plans:
+        rng, sizes, drift, empty, beyond = plan.rng, plan.sizes, plan.drift, plan.empty, plan.beyond
+        drawn.append(plan.described(axes))
         # a long draw's int inputs (ids, masks) all 1, where each data mask keeps every entry: beside 1 to 3
         # queries, 1024 keys of documents 1 then 2 leave a later query of document 2 no key (a row a mask empties,
         # which the emptied draws look for; these look for an overflow with length)
@@ -270,11 +269,10 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
                                 (data.index(i) if beyond is None else len(data) - 1 - data.index(i)) if empty else None,
                                 beyond))
                 if p.integer and i not in labels else
-                _drawn(rng, [sizes[a] for a in p.axes], scale, sizes.get(labels.get(i, ""), 0), i in gathered) +
+                _drawn(rng, [sizes[a] for a in p.axes], plan.scale, sizes.get(labels.get(i, ""), 0), i in gathered) +
                 (drift if i not in labels else 0.0) for i, p in enumerate(forward.inputs)]
         args = related(forward, args, sizes)  # a forward with relations: inputs it claims something of
-        # the first draw past the constants scales its cotangents by QUIET (``QUIETLY``)
-        cts = [rng.standard_normal([sizes[a] for a in p.axes]) * (QUIET if k == 1 else 1.0)
+        cts = [rng.standard_normal([sizes[a] for a in p.axes]) * (QUIET if plan.quiet else 1.0)
                for p in reference.inputs[len(forward.inputs):]]
         try:
             outs, out_errs = evaluate_bounded(forward, args, sizes=sizes)
@@ -290,13 +288,7 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
                 for i, g, e in zip(gives, *evaluate_bounded(b, values, errors, sizes=sizes), strict=True):
                     got[i] = got[i] + g
                     got_errs[i] = got_errs[i] + e + U * np.abs(got[i])  # several backwards' gradients are summed
-        except NapkinError as exc:
-            if any(d.code == "eval.too_large" for d in exc.diagnostics):  # the draw, not the backwards, is at fault
-                if proved:  # a proved join rests on its proof: the draw is left out, and said
-                    left.append(f"the draw at {drawn.pop()} left out: too large to evaluate")
-                    continue
-                raise NapkinError(error("lower.backward_untestable", forward=forward.name, why=(
-                    f"a draw at sizes {drawn[-1]} is too large to evaluate ({exc}): prove the join instead"))) from None
+        except NapkinError as exc:  # not a draw too large to evaluate: ``_draws`` left those out or refused the join
             raise NapkinError(error("lower.backward_wrong", why=f"evaluating them failed: {exc}")) from None
         for k, (p, g, w, eg, ew) in enumerate(zip(forward.inputs, got, want, got_errs, want_errs, strict=True)):
             # the backwards' rounding past the VJP's own, at most ROUNDING_AT_MOST of the gradient at that position
@@ -323,21 +315,49 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
             f"{', labels across the vocabulary' if labels else ''}")
 
 
-#: a draw's plan: its rng, the sizes, the inputs' scale and drift, whether the data masks empty rows, and
-#: the constant its ids reach past (``drawn_integers``' ``beyond``; None in the small and the long draws)
-Plan = tuple[np.random.Generator, dict[str, int], float, float, bool, int | None]
+@dataclass(frozen=True)
+class Plan:
+    """One draw of the join test (``_draws``, ``_tested``)."""
+
+    #: the draw's seeded generator: its sizes were drawn from it, its inputs are
+    rng: np.random.Generator
+    #: every axis's size (the declared ones too)
+    sizes: dict[str, int]
+    #: the normal inputs' scale (``SCALES``)
+    scale: float = 1.0
+    #: the inputs' offset: a long draw's (``DRIFTS``), 0 in the others
+    drift: float = 0.0
+    #: whether the data masks empty rows (``EMPTIED``, ``drawn_integers``' ``emptied``)
+    empty: bool = False
+    #: the constant the ids reach past (``drawn_integers``' ``beyond``; None in the small and the long draws)
+    beyond: int | None = None
+    #: whether the cotangents are at ``QUIET`` (the first draw past the constants)
+    quiet: bool = False
+    #: whether the draw is left out where it is too large to evaluate, whatever the join: a draw past a reduced
+    #: declared size (one axis at a time; the others already reach every constant); the others are the test
+    #: itself, and where one is too large an unproved join is untestable
+    optional: bool = False
+
+    def described(self, axes: dict[str, int | None]) -> str:
+        """The draw as the test's description names it: the symbolic sizes (of ``axes``), scale and drift."""
+        return (", ".join(f"{a}={n}" for a, n in self.sizes.items() if axes[a] is None) + f" at scale {self.scale:g}"
+                + (f" about {self.drift:+g}" if self.drift else "") + (" with rows the data masks empty" if self.empty
+                                                                       else "") + (QUIETLY if self.quiet else ""))
 
 
-def _draws(forward: Diagram, backwards: Sequence[Diagram], ln: Link,
+def _draws(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], ln: Link,
            proved: bool = False) -> tuple[dict[str, int | None], int, list[Plan], list[str]]:
     """The join test's axes (the forward's, and the backwards' declared sizes), the diagrams' largest
-    constant (``_constants``) and its draws (``_tested``).  Where a reduction, contraction, normalisation
-    or scan runs over a declared axis larger than every constant and ``SMALL`` (``_reduced``: d = 64 in
-    ``min(1, sum[d](W·0 + 1) / t)``, 1 up to t = 64), one draw more per symbolic axis takes that axis past
-    it and the others at 1 to 3: drawing every axis past it put attention's draws at 65⁵ entries, past
-    the machine's memory, and one at a time a draw holds at most (that size + 7)·3^(k-1) entries per
+    constant (``_constants``), its draws (``_tested``; each one an evaluation of ``forward``, ``reference``
+    and ``backwards`` can hold, ``_too_large``), and what it left out.  Where a reduction, contraction,
+    normalisation or scan runs over a declared axis larger than every constant and ``SMALL`` (``_reduced``:
+    d = 64 in ``min(1, sum[d](W·0 + 1) / t)``, 1 up to t = 64), one draw more per symbolic axis takes that
+    axis past it and the others at 1 to 3: drawing every axis past it put attention's draws at 65⁵ entries,
+    past the machine's memory, and one at a time a draw holds at most (that size + 7)·3^(k-1) entries per
     array of k symbolic axes (with its declared ones).  A ``proved`` join with a reduced declared size past
-    ``LARGEST`` skips those draws rather than being refused as untestable: it rests on its proof."""
+    ``LARGEST`` skips those draws rather than being refused as untestable: it rests on its proof.  A draw too
+    large to evaluate is left out, and said, where it is ``optional`` or the join ``proved``; otherwise the
+    join is refused as untestable."""
     # the forward's axes, and the backwards' declared sizes; an axis only a backward has (a copy
     # ``grad`` makes of a scanned axis, t_2 of t) is bound by the evaluator from what it reads
     axes = {a.name: a.size for d in (forward, *backwards) for a in d.axes
@@ -354,35 +374,49 @@ def _draws(forward: Diagram, backwards: Sequence[Diagram], ln: Link,
     # an axis a rename ties to another (rename[t -> s]: a segsum's copy of t) is drawn at its size
     ties = _ties(nodes, axes)
     plans: list[Plan] = []
-    left: list[str] = []  # draws past the reduced declared size too large to evaluate
     data = [i for i, p in enumerate(forward.inputs) if p.integer and i not in labels]  # ids, lengths, masks
     for seed in range(DRAWS + (EMPTIED if data else 0)):
         rng = np.random.default_rng(seed)
         low = 1 if seed % DRAWS == 0 else max(past, SMALL) + 1
         sizes = {a: n if n is not None else int(rng.integers(low, low + 7)) for a, n in axes.items()}
-        plans.append((rng, {a: sizes[ties.get(a, a)] for a in sizes}, SCALES[seed % len(SCALES)], 0.0, seed >= DRAWS,
-                      None if low == 1 else past))
+        plans.append(Plan(rng, {a: sizes[ties.get(a, a)] for a in sizes}, SCALES[seed % len(SCALES)], 0.0,
+                          seed >= DRAWS, None if low == 1 else past, quiet=seed == 1))  # the first past the constants
     longs = list(dict.fromkeys(ties.get(a, a) for a in _long(nodes, _nodes((forward,)), axes)))
     for j, (long, drift) in enumerate((a, d) for a in longs for d in DRIFTS):
         rng = np.random.default_rng(DRAWS + j)  # as before the emptied draws: a join without int inputs is unchanged
         sizes = {a: n if n is not None else LONG if a == long else int(rng.integers(1, 4)) for a, n in axes.items()}
-        plans.append((rng, {a: sizes[ties.get(a, a)] for a in sizes}, 1.0, drift, False, None))
+        plans.append(Plan(rng, {a: sizes[ties.get(a, a)] for a in sizes}, 1.0, drift))
     if reduced > max(past, SMALL):  # one axis at a time past a reduced declared size, the others small
-        symbolic = [a for a, n in axes.items() if n is None and a not in ties]
-        spaces = [space for d in (forward, *backwards) for space in iteration_spaces(d)]
-        for one in symbolic:
+        for one in (a for a, n in axes.items() if n is None and a not in ties):
             rng = np.random.default_rng(len(plans))  # past the seeds of the draws before
             sizes = {a: n if n is not None else int(rng.integers(reduced + 1, reduced + 8)) if a == one else
                      int(rng.integers(1, 4)) for a, n in axes.items()}
-            sizes = {a: sizes[ties.get(a, a)] for a in sizes}
-            points, space = largest_space(spaces, sizes)
-            if points > MAX_POINTS_EVALUATED:  # fused_moe: t past f = 128 beside e = 64, d = 64 is 7e7 points
-                left.append(f"{one}={sizes[one]} past the reduced declared size {reduced} left out: {points:.3g} "
-                            f"points over [{' '.join(space)}], past the {MAX_POINTS_EVALUATED:.3g} an evaluation "
-                            f"may hold")
-                continue
-            plans.append((rng, sizes, 1.0, 0.0, False, reduced))
-    return axes, past, plans, left
+            plans.append(Plan(rng, {a: sizes[ties.get(a, a)] for a in sizes}, beyond=reduced, optional=True))
+    # every diagram ``_tested`` evaluates (its own relations' too: ``_relations_within``), as the evaluator measures it
+    evaluated = (forward, reference, *backwards, *(relation_diagram(b, name)[0] for b in backwards
+                                                   for name in relations(b.inputs)))
+    spaces = [space for d in evaluated for space in iteration_spaces(inlined(d))]
+    kept, left = [], []
+    for plan in plans:
+        why = _too_large(spaces, plan.sizes)
+        if why is None:
+            kept.append(plan)
+        elif proved or plan.optional:  # fused_moe: t past f = 128 beside e = 64, d = 64 is 7e7 points
+            left.append(f"the draw at {plan.described(axes)} left out: too large to evaluate ({why})")
+        else:
+            raise NapkinError(error("lower.backward_untestable", forward=forward.name, why=(
+                f"a draw at sizes {plan.described(axes)} is too large to evaluate ({why}): prove the join instead")))
+    return axes, past, kept, left
+
+
+def _too_large(spaces: Sequence[tuple[str, ...]], sizes: dict[str, int]) -> str | None:
+    """Why an evaluation over ``spaces`` (``evaluate.iteration_spaces``) at ``sizes`` is refused as too
+    large (``eval.too_large``: ``evaluate.refuse_too_large``'s measure), or None where it is not."""
+    points, space = largest_space(spaces, sizes)
+    if points <= MAX_POINTS_EVALUATED:
+        return None
+    return (f"{points:.3g} points over [{' '.join(space)}] in one box, past the {MAX_POINTS_EVALUATED:.3g} an "
+            f"evaluation may hold")
 
 
 def _reduced(nodes: Sequence[Expr], axes: dict[str, int | None]) -> int:

@@ -34,7 +34,7 @@ from napkin_cat.diagnostics import NapkinError
 from napkin_cat.elaborate import load, loads
 from napkin_cat.evaluate import evaluate
 from napkin_cat.lower import lower
-from napkin_cat.lower.backward import UnprovedJoinWarning, link
+from napkin_cat.lower.backward import LONG, UnprovedJoinWarning, link
 from tests.lower_cases import proved
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -891,6 +891,23 @@ def test_the_tested_path_draws_sizes_past_every_constant_and_labels_across_the_v
     drawn = re.findall(r"q=(\d+), x=(\d+) at scale \d+(?:, cotangents at 2\^-60)?;", ln.trust)
     assert len(drawn) == 4 and all(int(q) > 8 and int(x) > 8 for q, x in drawn[1:]), ln.trust
     assert "labels across the vocabulary" in link(*_cross_entropy("", ""), allow_tested=True).trust  # type: ignore[arg-type]
+
+
+def test_an_unguarded_window_is_refused_at_a_long_draw_of_the_queries() -> None:
+    """The right window's backward with its weights unguarded, exp(S - L): exp(-inf + inf) = NaN on a row the
+    window empties (a query 8 or more past every key), where the VJP's gradient is 0.  The draws past the
+    constants take q and x both from 9 to 15, so no row is empty, and the long draws ran only along the axes the
+    forward reduces (x, beside q of 1 to 3): the opt-in lowered it.  An axis only a backward reduces (q, in dK
+    and dV) is drawn long too (q = 1024 beside x of 1 to 3), and the join is refused there."""
+    forward, backwards = _window(8, guarded=False)
+    with pytest.raises(NapkinError) as err:
+        link(forward, backwards)  # type: ignore[arg-type]
+    assert err.value.codes == ("lower.backward_unproved",), str(err.value)
+    with pytest.raises(NapkinError) as err:
+        link(forward, backwards, allow_tested=True)  # type: ignore[arg-type]
+    assert err.value.codes == ("lower.backward_wrong",), str(err.value)
+    assert "is nan from the backwards but 0 from the VJP" in str(err.value), str(err.value)
+    assert re.search(rf"with sizes q={LONG}, x=[123] at scale 1 about", str(err.value)), str(err.value)
 
 
 def test_a_join_whose_constants_are_past_what_the_test_can_draw_is_refused() -> None:

@@ -108,7 +108,8 @@ EMPTIED = 2
 SCALES = (1.0, 1.0, 4.0, 16.0)
 #: the size of a scanned or reduced axis (``_long``) in the join test's long draws, the other axes 1 to 3:
 #: past the length at which a gradient computed through exp of a running sum (or a sum, a product) of
-#: inputs about ±1 overflows (exp(-cumsum A) is inf from t = 710 at A = -1), where the right one is finite
+#: inputs about ±1 overflows (exp(-cumsum A) is inf from t = 710 at A = -1), where the right one is finite,
+#: and a query past every key by the width of a window narrower than 1021 keys (a row it empties)
 LONG = 1024
 #: the inputs' offsets in the long draws (normals at scale 1 about each), one draw each: decays
 #: (A of ``linrec[t](exp(A), X)``) and growths alike
@@ -241,11 +242,12 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
     inputs that are no labels (segment ids, lengths, masks), ``EMPTIED`` more draws, one at each kind
     of sizes, empty rows of the data masks (``drawn_integers``' ``emptied``: a length 0, an id no other
     input holds), where an unguarded exp(S - L) is NaN and the VJP's gradient 0.  Where a
-    scan (``cumsum``, ``linrec``) runs along a symbolic axis, or the forward reduces one (``_long``),
-    ``DRIFTS`` more draws take that axis
+    scan (``cumsum``, ``linrec``) runs along a symbolic axis, or the forward or a backward reduces one
+    (``_long``), ``DRIFTS`` more draws take that axis
     at ``LONG`` and the others at 1 to 3, inputs normal about each drift (int inputs all 1), compared where the VJP
     is finite (a gradient through exp of a running sum overflows as the axis grows, where the
-    recurrence need not).  Where a reduction runs over a declared axis larger than every constant
+    recurrence need not; a window empties the rows of queries 1024 long beside 1 to 3 keys).  Where a
+    reduction runs over a declared axis larger than every constant
     (``_reduced``: ``min(1, sum[d](W·0 + 1) / t)`` is 1 up to t = 64), one draw more per symbolic
     axis takes it past that size and the others at 1 to 3 (``_draws``).  Inputs are seeded normals
     at the draw's scale (1, 4, 16), cotangents normals at 1, at ``QUIET`` in the first draw past the constants (a
@@ -334,8 +336,9 @@ class Plan:
     #: whether the cotangents are at ``QUIET`` (the first draw past the constants)
     quiet: bool = False
     #: whether the draw is left out where it is too large to evaluate, whatever the join: a draw past a reduced
-    #: declared size (one axis at a time; the others already reach every constant); the others are the test
-    #: itself, and where one is too large an unproved join is untestable
+    #: declared size (one axis at a time; the others already reach every constant), a long draw along an axis
+    #: only a backward reduces; the others are the test itself, and where one is too large an unproved join is
+    #: untestable
     optional: bool = False
 
     def described(self, axes: dict[str, int | None]) -> str:
@@ -381,11 +384,14 @@ def _draws(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], l
         sizes = {a: n if n is not None else int(rng.integers(low, low + 7)) for a, n in axes.items()}
         plans.append(Plan(rng, {a: sizes[ties.get(a, a)] for a in sizes}, SCALES[seed % len(SCALES)], 0.0,
                           seed >= DRAWS, None if low == 1 else past, quiet=seed == 1))  # the first past the constants
-    longs = list(dict.fromkeys(ties.get(a, a) for a in _long(nodes, _nodes((forward,)), axes)))
+    # a scan's axis or one the forward reduces, then those only a backward reduces (optional: the mixture of
+    # experts' t at 1024 beside e = d = 64 and f = 128 is past what an evaluation may hold)
+    required = {ties.get(a, a) for a in _long(nodes, _nodes((forward,)), axes)}
+    longs = list(dict.fromkeys(ties.get(a, a) for a in _long(nodes, nodes, axes)))
     for j, (long, drift) in enumerate((a, d) for a in longs for d in DRIFTS):
         rng = np.random.default_rng(DRAWS + j)  # as before the emptied draws: a join without int inputs is unchanged
         sizes = {a: n if n is not None else LONG if a == long else int(rng.integers(1, 4)) for a, n in axes.items()}
-        plans.append(Plan(rng, {a: sizes[ties.get(a, a)] for a in sizes}, 1.0, drift))
+        plans.append(Plan(rng, {a: sizes[ties.get(a, a)] for a in sizes}, 1.0, drift, optional=long not in required))
     if reduced > max(past, SMALL):  # one axis at a time past a reduced declared size, the others small
         for one in (a for a, n in axes.items() if n is None and a not in ties):
             rng = np.random.default_rng(len(plans))  # past the seeds of the draws before
@@ -589,16 +595,17 @@ def _folded(node: Expr, axes: dict[str, int | None], defs: dict[str, Expr],
     return value
 
 
-def _long(nodes: Sequence[Expr], forward: Sequence[Expr], axes: dict[str, int | None]) -> list[str]:
-    """The symbolic axes of ``axes`` that a scan (``cumsum``, ``linrec``) of ``nodes`` (``_nodes``) runs
-    along, or a reduction (``sum``, ``prod``, ``logsumexp``, ...), a contraction or a normalisation of
-    the forward's (``forward``, its ``_nodes``) runs over, in order: the axes whose length a value may
-    grow with (exp of a running sum or of a sum, a product of many entries), which a backward
-    recomputing it reads at that length.  Not an axis only a backward reduces (attention's queries, in
-    dK): drawn long beside 1 to 3 keys, a mask relative to position (a window) empties the later
-    queries' rows, which the short draws do not."""
+def _long(nodes: Sequence[Expr], reducing: Sequence[Expr], axes: dict[str, int | None]) -> list[str]:
+    """The symbolic axes of ``axes`` that a scan (``cumsum``, ``linrec``) of ``nodes`` (``_nodes``) runs along, or
+    a reduction (``sum``, ``prod``, ``logsumexp``, ...), a contraction or a normalisation of ``reducing`` (some of
+    ``nodes``) runs over, in order: the axes whose length a value may grow with (exp of a running sum or of a sum,
+    a product of many entries), which a backward recomputing it reads at that length.  ``_draws`` draws them long
+    with ``reducing`` the forward's nodes, and with every node (an axis only a backward reduces, attention's queries
+    in dK) where an evaluation can hold the draw: drawn long beside 1 to 3 keys, a mask relative to position (a
+    window) empties the later queries' rows, which the other draws do not (an unguarded exp(S - L) is NaN there,
+    the VJP's gradient 0)."""
     found: list[str] = []
-    for kinds, walked in (({"scan"}, nodes), (_REDUCING, forward)):
+    for kinds, walked in (({"scan"}, nodes), (_REDUCING, reducing)):
         for node in walked:
             if isinstance(node, Box) and node.op in OPS and OPS[node.op].kind in kinds:
                 found += [a for a in node.target if axes.get(a, 0) is None and a not in found]

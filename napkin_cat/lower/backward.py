@@ -15,7 +15,7 @@ by its own theorem.  That the diagrams together are the forward's VJP is proved 
 (``certify.prove.prove_join``: attention's backward from the saved log-sum-exp and
 D = Σ dO·O is proved this way) and tested (``_tested``: both sides in float64 at ``DRAWS``
 size draws, the small sizes 1 to 7 and sizes past every constant of the diagrams (one axis at a time
-past a declared size a reduction runs over: ``_draws``),
+past a count of declared sizes reductions run over: ``_draws``),
 inputs at several scales, labels across the vocabulary, and rows the data masks empty:
 ``drawn_integers``), refusing with
 ``lower.backward_wrong`` where they differ by more than float64's rounding can account for
@@ -111,6 +111,9 @@ SCALES = (1.0, 1.0, 4.0, 16.0)
 #: inputs about ±1 overflows (exp(-cumsum A) is inf from t = 710 at A = -1), where the right one is finite,
 #: and a query past every key by the width of a window narrower than 1021 keys (a row it empties)
 LONG = 1024
+#: the other symbolic axes' largest size (they take 1 to BESIDE) in the long draws and the draws past a reduced
+#: count, which take their axis past the count by more than it: ``min(1, d / (t - s))`` differs from 1 there
+BESIDE = 3
 #: the inputs' offsets in the long draws (normals at scale 1 about each), one draw each: decays
 #: (A of ``linrec[t](exp(A), X)``) and growths alike
 DRIFTS = (-1.0, 1.0)
@@ -246,12 +249,12 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
     (``_long``), ``DRIFTS`` more draws take that axis
     at ``LONG`` and the others at 1 to 3, inputs normal about each drift (int inputs all 1), compared where the VJP
     is finite (a gradient through exp of a running sum overflows as the axis grows, where the
-    recurrence need not; a window empties the rows of queries 1024 long beside 1 to 3 keys).  Where a
-    reduction runs over a declared axis larger than every constant
-    (``_reduced``: ``min(1, sum[d](W·0 + 1) / t)`` is 1 up to t = 64), one draw more per symbolic
-    axis takes it past that size and the others at 1 to 3 (``_draws``).  Inputs are seeded normals
-    at the draw's scale (1, 4, 16), cotangents normals at 1, at ``QUIET`` in the first draw past the constants (a
-    term free of them absorbs the gradient whole there); labels (the
+    recurrence need not; a window empties the rows of queries 1024 long beside 1 to 3 keys).  Where
+    reductions run over declared axes and a count they give is larger than every constant (``_reduced``:
+    ``min(1, sum[d](W·0 + 1) / t)`` is 1 up to t = 64, ``min(1, sum[d, e](W·0 + 1) / t)`` up to 4096), one
+    draw more per symbolic axis takes it past that count and the others at 1 to 3 (``_draws``).  Inputs are
+    seeded normals at the draw's scale (1, 4, 16), cotangents normals at 1, at ``QUIET`` in the first draw past
+    the constants (a term free of them absorbs the gradient whole there); labels (the
     inputs an ``onehot[v]`` operand is computed from, ``approximation.label_inputs``) are
     positions across the whole of ``v``, first and last included, so that a wrong label term is
     read."""
@@ -352,26 +355,29 @@ def _draws(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], l
            proved: bool = False) -> tuple[dict[str, int | None], int, list[Plan], list[str]]:
     """The join test's axes (the forward's, and the backwards' declared sizes), the diagrams' largest
     constant (``_constants``), its draws (``_tested``; each one an evaluation of ``forward``, ``reference``
-    and ``backwards`` can hold, ``_too_large``), and what it left out.  Where a reduction, contraction,
-    normalisation or scan runs over a declared axis larger than every constant and ``SMALL`` (``_reduced``:
-    d = 64 in ``min(1, sum[d](W·0 + 1) / t)``, 1 up to t = 64), one draw more per symbolic axis takes that
-    axis past it and the others at 1 to 3: drawing every axis past it put attention's draws at 65⁵ entries,
-    past the machine's memory, and one at a time a draw holds at most (that size + 7)·3^(k-1) entries per
-    array of k symbolic axes (with its declared ones).  A ``proved`` join with a reduced declared size past
-    ``LARGEST`` skips those draws rather than being refused as untestable: it rests on its proof.  A draw too
-    large to evaluate is left out, and said, where it is ``optional`` or the join ``proved``; otherwise the
-    join is refused as untestable."""
+    and ``backwards`` can hold, ``_too_large``), and what it left out.  Where reductions, contractions,
+    normalisations or scans run over declared axes, and a count they may give is larger than every constant
+    and ``SMALL`` (``_reduced``: d = 64 in ``min(1, sum[d](W·0 + 1) / t)``, 1 up to t = 64; d·e = 4096 in
+    ``min(1, sum[d, e](W·0 + 1) / t)``), one draw more per symbolic axis takes that axis past the largest
+    such count whose draw an evaluation can hold, by more than ``BESIDE``, and the others at 1 to ``BESIDE``:
+    drawing every axis past it put attention's draws at 65⁵ entries, past the machine's memory, and one at a
+    time a draw holds at most (that count + 10)·3^(k-1) entries per array of k symbolic axes (with its
+    declared ones).  A ``proved`` join skips the counts past ``LARGEST`` rather than being refused as
+    untestable for a reduced declared size past it: it rests on its proof.  A draw too large to evaluate is
+    left out, and said, where it is ``optional`` or the join ``proved``; otherwise the join is refused as
+    untestable."""
     # the forward's axes, and the backwards' declared sizes; an axis only a backward has (a copy
     # ``grad`` makes of a scanned axis, t_2 of t) is bound by the evaluator from what it reads
     axes = {a.name: a.size for d in (forward, *backwards) for a in d.axes
             if a.size is not None or a.name in {b.name for b in forward.axes}}
     nodes = _nodes((forward, *backwards))  # every node of the diagrams, calls inlined, walked once
-    past, reduced = _constants((forward, *backwards), nodes, axes), _reduced(nodes, axes)
-    if proved and reduced > LARGEST:  # a proved join rests on its proof: no draw past such a size, no refusal
-        reduced = 0  # (a declared model width of 8192 refused a proved join, red team rtmerge2)
-    if max(past, reduced) > LARGEST:
+    past, (largest, counts) = _constants((forward, *backwards), nodes, axes), _reduced(nodes, axes)
+    # a proved join rests on its proof: no draw past a count beyond LARGEST, no refusal (a declared model width of
+    # 8192 refused a proved join, red team rtmerge2); an unproved one is refused where a reduced declared size is
+    largest, counts = (0, [c for c in counts if c <= LARGEST]) if proved else (largest, counts)
+    if max(past, largest) > LARGEST:
         raise NapkinError(error("lower.backward_untestable", forward=forward.name, why=(
-            f"its diagrams hold a constant of magnitude {max(past, reduced)} (rounded up), and the test draws sizes "
+            f"its diagrams hold a constant of magnitude {max(past, largest)} (rounded up), and the test draws sizes "
             f"past every constant (at most {LARGEST}): prove the join instead")))
     labels = {**_labels(forward, backwards, ln, ("gather",)), **_labels(forward, backwards, ln)}
     # an axis a rename ties to another (rename[t -> s]: a segsum's copy of t) is drawn at its size
@@ -390,18 +396,23 @@ def _draws(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], l
     longs = list(dict.fromkeys(ties.get(a, a) for a in _long(nodes, nodes, axes)))
     for j, (long, drift) in enumerate((a, d) for a in longs for d in DRIFTS):
         rng = np.random.default_rng(DRAWS + j)  # as before the emptied draws: a join without int inputs is unchanged
-        sizes = {a: n if n is not None else LONG if a == long else int(rng.integers(1, 4)) for a, n in axes.items()}
+        sizes = {a: n if n is not None else LONG if a == long else int(rng.integers(1, BESIDE + 1))
+                 for a, n in axes.items()}
         plans.append(Plan(rng, {a: sizes[ties.get(a, a)] for a in sizes}, 1.0, drift, optional=long not in required))
-    if reduced > max(past, SMALL):  # one axis at a time past a reduced declared size, the others small
-        for one in (a for a, n in axes.items() if n is None and a not in ties):
-            rng = np.random.default_rng(len(plans))  # past the seeds of the draws before
-            sizes = {a: n if n is not None else int(rng.integers(reduced + 1, reduced + 8)) if a == one else
-                     int(rng.integers(1, 4)) for a, n in axes.items()}
-            plans.append(Plan(rng, {a: sizes[ties.get(a, a)] for a in sizes}, beyond=reduced, optional=True))
     # every diagram ``_tested`` evaluates (its own relations' too: ``_relations_within``), as the evaluator measures it
     evaluated = (forward, reference, *backwards, *(relation_diagram(b, name)[0] for b in backwards
                                                    for name in relations(b.inputs)))
     spaces = [space for d in evaluated for space in iteration_spaces(inlined(d))]
+    counts = [c for c in counts if c > max(past, SMALL)]
+    for one in (a for a, n in axes.items() if n is None and a not in ties) if counts else ():
+        for count in counts:  # one axis at a time past the largest count an evaluation can hold, the others small
+            rng = np.random.default_rng(len(plans))  # past the seeds of the draws before
+            sizes = {a: n if n is not None else int(rng.integers(count + BESIDE + 1, count + BESIDE + 8)) if a == one
+                     else int(rng.integers(1, BESIDE + 1)) for a, n in axes.items()}
+            sizes = {a: sizes[ties.get(a, a)] for a in sizes}
+            if count == counts[-1] or _too_large(spaces, sizes) is None:  # the smallest, where none fits: left out
+                plans.append(Plan(rng, sizes, beyond=count, optional=True))
+                break
     kept, left = [], []
     for plan in plans:
         why = _too_large(spaces, plan.sizes)
@@ -425,12 +436,22 @@ def _too_large(spaces: Sequence[tuple[str, ...]], sizes: dict[str, int]) -> str 
             f"evaluation may hold")
 
 
-def _reduced(nodes: Sequence[Expr], axes: dict[str, int | None]) -> int:
-    """The largest declared size of ``axes`` that a reduction, contraction, normalisation or scan of
-    ``nodes`` (``_nodes``) runs over (0 if none): a term may read it as a count, ``sum[d](W·0 + 1)`` is d,
-    and a factor ``min(1, sum[d](W·0 + 1) / t)`` differs from 1 only at t past it (``_draws``)."""
-    return max([0, *(axes[a] or 0 for node in nodes if isinstance(node, Box) and node.op in OPS
-                     and OPS[node.op].kind in _REDUCING for a in node.target if a in axes)])
+def _reduced(nodes: Sequence[Expr], axes: dict[str, int | None]) -> tuple[int, list[int]]:
+    """The largest declared size of ``axes`` that a reduction, contraction, normalisation or scan of ``nodes``
+    (``_nodes``) runs over (0 if none), and the counts a term may read through such boxes, largest first: each
+    box's product of the declared sizes it runs over (``sum[d, e](W·0 + 1)`` is d·e), and the product of every
+    declared size any of them runs over, a bound on several boxes' counts multiplied (``sum[d](V·0 + 1) ·
+    sum[e](U·0 + 1)`` is d·e too; not on a power of one, ``square(sum[d](V·0 + 1))``).  A factor
+    ``min(1, c / t)`` of such a count c is 1 up to t = c (``_draws`` draws past it)."""
+    declared: dict[str, int] = {}
+    counts: set[int] = set()
+    for node in nodes:
+        if isinstance(node, Box) and node.op in OPS and OPS[node.op].kind in _REDUCING:
+            sizes = {a: n for a in node.target if (n := axes.get(a))}
+            declared |= sizes
+            counts |= {math.prod(sizes.values())} if sizes else set()
+    counts |= {math.prod(declared.values())} if declared else set()
+    return max(declared.values(), default=0), sorted(counts, reverse=True)
 
 
 def _relations_within(b: Diagram, values: Sequence[object], errors: Sequence[object], sizes: dict[str, int],

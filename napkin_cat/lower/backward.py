@@ -339,9 +339,8 @@ class Plan:
     #: whether the cotangents are at ``QUIET`` (the first draw past the constants)
     quiet: bool = False
     #: whether the draw is left out where it is too large to evaluate, whatever the join: a draw past a reduced
-    #: declared size (one axis at a time; the others already reach every constant), a long draw along an axis
-    #: only a backward reduces; the others are the test itself, and where one is too large an unproved join is
-    #: untestable
+    #: count (one axis at a time; the others already reach every constant), a long draw along an axis only a
+    #: backward reduces; the others are the test itself, and where one is too large an unproved join is untestable
     optional: bool = False
 
     def described(self, axes: dict[str, int | None]) -> str:

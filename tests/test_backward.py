@@ -26,6 +26,7 @@ import pytest
 import sympy
 
 from napkin_cat import grad, kernel, proof, run
+from napkin_cat.certify.accumulators import FLOAT_MAX
 from napkin_cat.certify.prove import Unproved, prove_join
 from napkin_cat.cli import main
 from napkin_cat.cost import cost
@@ -33,7 +34,7 @@ from napkin_cat.diagnostics import NapkinError
 from napkin_cat.elaborate import load, loads
 from napkin_cat.evaluate import evaluate
 from napkin_cat.lower import lower
-from napkin_cat.lower.backward import UnprovedJoinWarning, link
+from napkin_cat.lower.backward import LONG, UnprovedJoinWarning, link
 from tests.lower_cases import proved
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -745,7 +746,10 @@ def test_the_join_prover_refuses_a_minus_inf_mask_read_as_a_number() -> None:
 
 # ---- joins the prover cannot prove: refused, or with the opt-in refused by the stronger test ----
 
-#: sliding-window attention (width 8): every row keeps a key, but the prover cannot name one
+#: sliding-window attention (width 8): every row keeps a key, but the prover cannot name one; the backward's
+#: weights are guarded as the derived backward's (``grad._weights``: exp(S - max(L, -FLOAT_MAX))), 0 on a row
+#: the window empties (a query 8 or more past every key: the join test's long draws, q = 1024 beside x of 1 to 3),
+#: where exp(S - L) is exp(-inf + inf) = NaN and the VJP's gradient 0
 WINDOW = """axis q, x
 axis d = 4
 diagram fwd(Q: [q d], K: [x d], V: [x d]) -> [q d], [q] {{
@@ -756,7 +760,7 @@ diagram fwd(Q: [q d], K: [x d], V: [x d]) -> [q d], [q] {{
 }}
 diagram bwd(Q: [q d], K: [x d], V: [x d], O: [q d], L: [q], dO: [q d]) -> [q d], [x d], [x d] {{
   S = where[q x](q >= x and q - x < {width}, contract[d](Q, K) * rsqrt(d), -inf)
-  P = exp(S - L)
+  P = exp(S - max(L, """ + repr(-FLOAT_MAX) + """))
   dS = P * (contract[d](dO, V) - contract[d](dO, O))
   dQ = contract[x](dS, K) * rsqrt(d)
   dK = contract[q](dS, Q) * rsqrt(d)
@@ -773,8 +777,9 @@ def _cross_entropy(old: str, new: str) -> tuple[object, list[object]]:
     return module.diagram("cross_entropy_forward"), [module.diagram("cross_entropy_backward")]
 
 
-def _window(width: int) -> tuple[object, list[object]]:
-    module = loads(WINDOW.format(width=width))
+def _window(width: int, guarded: bool = True) -> tuple[object, list[object]]:
+    text = WINDOW.format(width=width)
+    module = loads(text if guarded else text.replace(f"max(L, {-FLOAT_MAX!r})", "L"))
     return module.diagram("fwd"), [module.diagram("bwd")]
 
 
@@ -806,8 +811,9 @@ def _selected(scores: str) -> tuple[object, list[object]]:
     # segment ids, 1s then 2s) left out, and positions outside [0, |n| - 1], which gather clamps, dropped
     (lambda: _gathered("where[n d](n >= 1, contract[i](onehot[n](I), d_out), 0)"), "`gather` is outside", "dT at"),
     (lambda: _gathered("contract[i](onehot[n](I), d_out)"), "`gather` is outside", "dT at"),
-    # the backward's window one key wider: a key 8 behind its query needs q, x > 8 to exist
-    (lambda: _window(9), "not known positive|may be 0", "dQ at"),
+    # the backward's window one key wider: a key 8 behind its query needs q, x > 8 to exist (unguarded: guarded,
+    # the prover's overflow check refuses it first, exp(S - max(L, -FLOAT_MAX)) unbounded at the key L leaves out)
+    (lambda: _window(9, guarded=False), "not known positive|may be 0", "dQ at"),
     # the label term doubled: read only where a label names a position of the vocabulary
     (lambda: _cross_entropy("- onehot[v](L)", "- onehot[v](L) * 2"), "gradients of Z do not normalise", "dZ at"),
     # a factor that is 1 up to x = 8 and 8/x past it
@@ -887,12 +893,30 @@ def test_the_tested_path_draws_sizes_past_every_constant_and_labels_across_the_v
     assert "labels across the vocabulary" in link(*_cross_entropy("", ""), allow_tested=True).trust  # type: ignore[arg-type]
 
 
+def test_an_unguarded_window_is_refused_at_a_long_draw_of_the_queries() -> None:
+    """The right window's backward with its weights unguarded, exp(S - L): exp(-inf + inf) = NaN on a row the
+    window empties (a query 8 or more past every key), where the VJP's gradient is 0.  The draws past the
+    constants take q and x both from 9 to 15, so no row is empty, and the long draws ran only along the axes the
+    forward reduces (x, beside q of 1 to 3): the opt-in lowered it.  An axis only a backward reduces (q, in dK
+    and dV) is drawn long too (q = 1024 beside x of 1 to 3), and the join is refused there."""
+    forward, backwards = _window(8, guarded=False)
+    with pytest.raises(NapkinError) as err:
+        link(forward, backwards)  # type: ignore[arg-type]
+    assert err.value.codes == ("lower.backward_unproved",), str(err.value)
+    with pytest.raises(NapkinError) as err:
+        link(forward, backwards, allow_tested=True)  # type: ignore[arg-type]
+    assert err.value.codes == ("lower.backward_wrong",), str(err.value)
+    assert "is nan from the backwards but 0 from the VJP" in str(err.value), str(err.value)
+    assert re.search(rf"with sizes q={LONG}, x=[123] at scale 1 about", str(err.value)), str(err.value)
+
+
 def test_a_join_whose_constants_are_past_what_the_test_can_draw_is_refused() -> None:
     """The test draws sizes past every integer constant: a window of 5000 keys would need
     arrays of 5001² values per draw (an index constant past 2^31, such as 3037000500, tried to
     allocate 90 GiB); past LARGEST the opt-in refuses with the reason instead."""
     with pytest.raises(NapkinError) as err:
-        link(*_window(5000), allow_tested=True)  # type: ignore[arg-type]
+        # unguarded: guarded, the prover's overflow check refuses the keys past the forward's window first
+        link(*_window(5000, guarded=False), allow_tested=True)  # type: ignore[arg-type]
     assert err.value.codes == ("lower.backward_untestable",)
     assert "a constant of magnitude 5000" in str(err.value) and "prove the join instead" in str(err.value)
 

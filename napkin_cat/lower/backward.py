@@ -15,7 +15,7 @@ by its own theorem.  That the diagrams together are the forward's VJP is proved 
 (``certify.prove.prove_join``: attention's backward from the saved log-sum-exp and
 D = Σ dO·O is proved this way) and tested (``_tested``: both sides in float64 at ``DRAWS``
 size draws, the small sizes 1 to 7 and sizes past every constant of the diagrams (one axis at a time
-past a declared size a reduction runs over: ``_draws``),
+past a count of declared sizes reductions run over: ``_draws``),
 inputs at several scales, labels across the vocabulary, and rows the data masks empty:
 ``drawn_integers``), refusing with
 ``lower.backward_wrong`` where they differ by more than float64's rounding can account for
@@ -108,8 +108,12 @@ EMPTIED = 2
 SCALES = (1.0, 1.0, 4.0, 16.0)
 #: the size of a scanned or reduced axis (``_long``) in the join test's long draws, the other axes 1 to 3:
 #: past the length at which a gradient computed through exp of a running sum (or a sum, a product) of
-#: inputs about ±1 overflows (exp(-cumsum A) is inf from t = 710 at A = -1), where the right one is finite
+#: inputs about ±1 overflows (exp(-cumsum A) is inf from t = 710 at A = -1), where the right one is finite,
+#: and a query past every key by the width of a window narrower than 1021 keys (a row it empties)
 LONG = 1024
+#: the other symbolic axes' largest size (they take 1 to BESIDE) in the long draws and the draws past a reduced
+#: count, which take their axis past the count by more than it: ``min(1, d / (t - s))`` differs from 1 there
+BESIDE = 3
 #: the inputs' offsets in the long draws (normals at scale 1 about each), one draw each: decays
 #: (A of ``linrec[t](exp(A), X)``) and growths alike
 DRIFTS = (-1.0, 1.0)
@@ -241,27 +245,27 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
     inputs that are no labels (segment ids, lengths, masks), ``EMPTIED`` more draws, one at each kind
     of sizes, empty rows of the data masks (``drawn_integers``' ``emptied``: a length 0, an id no other
     input holds), where an unguarded exp(S - L) is NaN and the VJP's gradient 0.  Where a
-    scan (``cumsum``, ``linrec``) runs along a symbolic axis, or the forward reduces one (``_long``),
-    ``DRIFTS`` more draws take that axis
+    scan (``cumsum``, ``linrec``) runs along a symbolic axis, or the forward or a backward reduces one
+    (``_long``), ``DRIFTS`` more draws take that axis
     at ``LONG`` and the others at 1 to 3, inputs normal about each drift (int inputs all 1), compared where the VJP
     is finite (a gradient through exp of a running sum overflows as the axis grows, where the
-    recurrence need not).  Where a reduction runs over a declared axis larger than every constant
-    (``_reduced``: ``min(1, sum[d](W·0 + 1) / t)`` is 1 up to t = 64), one draw more per symbolic
-    axis takes it past that size and the others at 1 to 3 (``_draws``).  Inputs are seeded normals
-    at the draw's scale (1, 4, 16), cotangents normals at 1, at ``QUIET`` in the first draw past the constants (a
-    term free of them absorbs the gradient whole there); labels (the
+    recurrence need not; a window empties the rows of queries 1024 long beside 1 to 3 keys).  Where
+    reductions run over declared axes and a count they give is larger than every constant (``_reduced``:
+    ``min(1, sum[d](W·0 + 1) / t)`` is 1 up to t = 64, ``min(1, sum[d, e](W·0 + 1) / t)`` up to 4096), one
+    draw more per symbolic axis takes it past that count and the others at 1 to 3 (``_draws``).  Inputs are
+    seeded normals at the draw's scale (1, 4, 16), cotangents normals at 1, at ``QUIET`` in the first draw past
+    the constants (a term free of them absorbs the gradient whole there); labels (the
     inputs an ``onehot[v]`` operand is computed from, ``approximation.label_inputs``) are
     positions across the whole of ``v``, first and last included, so that a wrong label term is
     read."""
-    axes, past, plans, left = _draws(forward, backwards, ln, proved)
+    axes, past, plans, left = _draws(forward, reference, backwards, ln, proved)
     gathered, masks = _labels(forward, backwards, ln, ("gather",)), _masks(forward, backwards, ln)
     labels = {**gathered, **_labels(forward, backwards, ln)}
     data = [i for i, p in enumerate(forward.inputs) if p.integer and i not in labels]  # ids, lengths, masks
     drawn = []
-    for k, (rng, sizes, scale, drift, empty, beyond) in enumerate(plans):
-        drawn.append(", ".join(f"{a}={n}" for a, n in sizes.items() if axes[a] is None) + f" at scale {scale:g}" +
-                     (f" about {drift:+g}" if drift else "") + (" with rows the data masks empty" if empty else "") +
-                     (QUIETLY if k == 1 else ""))
+    for plan in plans:
+        rng, sizes, drift, empty, beyond = plan.rng, plan.sizes, plan.drift, plan.empty, plan.beyond
+        drawn.append(plan.described(axes))
         # a long draw's int inputs (ids, masks) all 1, where each data mask keeps every entry: beside 1 to 3
         # queries, 1024 keys of documents 1 then 2 leave a later query of document 2 no key (a row a mask empties,
         # which the emptied draws look for; these look for an overflow with length)
@@ -270,11 +274,10 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
                                 (data.index(i) if beyond is None else len(data) - 1 - data.index(i)) if empty else None,
                                 beyond))
                 if p.integer and i not in labels else
-                _drawn(rng, [sizes[a] for a in p.axes], scale, sizes.get(labels.get(i, ""), 0), i in gathered) +
+                _drawn(rng, [sizes[a] for a in p.axes], plan.scale, sizes.get(labels.get(i, ""), 0), i in gathered) +
                 (drift if i not in labels else 0.0) for i, p in enumerate(forward.inputs)]
         args = related(forward, args, sizes)  # a forward with relations: inputs it claims something of
-        # the first draw past the constants scales its cotangents by QUIET (``QUIETLY``)
-        cts = [rng.standard_normal([sizes[a] for a in p.axes]) * (QUIET if k == 1 else 1.0)
+        cts = [rng.standard_normal([sizes[a] for a in p.axes]) * (QUIET if plan.quiet else 1.0)
                for p in reference.inputs[len(forward.inputs):]]
         try:
             outs, out_errs = evaluate_bounded(forward, args, sizes=sizes)
@@ -290,13 +293,7 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
                 for i, g, e in zip(gives, *evaluate_bounded(b, values, errors, sizes=sizes), strict=True):
                     got[i] = got[i] + g
                     got_errs[i] = got_errs[i] + e + U * np.abs(got[i])  # several backwards' gradients are summed
-        except NapkinError as exc:
-            if any(d.code == "eval.too_large" for d in exc.diagnostics):  # the draw, not the backwards, is at fault
-                if proved:  # a proved join rests on its proof: the draw is left out, and said
-                    left.append(f"the draw at {drawn.pop()} left out: too large to evaluate")
-                    continue
-                raise NapkinError(error("lower.backward_untestable", forward=forward.name, why=(
-                    f"a draw at sizes {drawn[-1]} is too large to evaluate ({exc}): prove the join instead"))) from None
+        except NapkinError as exc:  # not a draw too large to evaluate: ``_draws`` left those out or refused the join
             raise NapkinError(error("lower.backward_wrong", why=f"evaluating them failed: {exc}")) from None
         for k, (p, g, w, eg, ew) in enumerate(zip(forward.inputs, got, want, got_errs, want_errs, strict=True)):
             # the backwards' rounding past the VJP's own, at most ROUNDING_AT_MOST of the gradient at that position
@@ -323,74 +320,137 @@ def _tested(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], 
             f"{', labels across the vocabulary' if labels else ''}")
 
 
-#: a draw's plan: its rng, the sizes, the inputs' scale and drift, whether the data masks empty rows, and
-#: the constant its ids reach past (``drawn_integers``' ``beyond``; None in the small and the long draws)
-Plan = tuple[np.random.Generator, dict[str, int], float, float, bool, int | None]
+@dataclass(frozen=True)
+class Plan:
+    """One draw of the join test (``_draws``, ``_tested``)."""
+
+    #: the draw's seeded generator: its sizes were drawn from it, its inputs are
+    rng: np.random.Generator
+    #: every axis's size (the declared ones too)
+    sizes: dict[str, int]
+    #: the normal inputs' scale (``SCALES``)
+    scale: float = 1.0
+    #: the inputs' offset: a long draw's (``DRIFTS``), 0 in the others
+    drift: float = 0.0
+    #: whether the data masks empty rows (``EMPTIED``, ``drawn_integers``' ``emptied``)
+    empty: bool = False
+    #: the constant the ids reach past (``drawn_integers``' ``beyond``; None in the small and the long draws)
+    beyond: int | None = None
+    #: whether the cotangents are at ``QUIET`` (the first draw past the constants)
+    quiet: bool = False
+    #: whether the draw is left out where it is too large to evaluate, whatever the join: a draw past a reduced
+    #: count (one axis at a time; the others already reach every constant), a long draw along an axis only a
+    #: backward reduces; the others are the test itself, and where one is too large an unproved join is untestable
+    optional: bool = False
+
+    def described(self, axes: dict[str, int | None]) -> str:
+        """The draw as the test's description names it: the symbolic sizes (of ``axes``), scale and drift."""
+        return (", ".join(f"{a}={n}" for a, n in self.sizes.items() if axes[a] is None) + f" at scale {self.scale:g}"
+                + (f" about {self.drift:+g}" if self.drift else "") + (" with rows the data masks empty" if self.empty
+                                                                       else "") + (QUIETLY if self.quiet else ""))
 
 
-def _draws(forward: Diagram, backwards: Sequence[Diagram], ln: Link,
+def _draws(forward: Diagram, reference: Diagram, backwards: Sequence[Diagram], ln: Link,
            proved: bool = False) -> tuple[dict[str, int | None], int, list[Plan], list[str]]:
     """The join test's axes (the forward's, and the backwards' declared sizes), the diagrams' largest
-    constant (``_constants``) and its draws (``_tested``).  Where a reduction, contraction, normalisation
-    or scan runs over a declared axis larger than every constant and ``SMALL`` (``_reduced``: d = 64 in
-    ``min(1, sum[d](W·0 + 1) / t)``, 1 up to t = 64), one draw more per symbolic axis takes that axis past
-    it and the others at 1 to 3: drawing every axis past it put attention's draws at 65⁵ entries, past
-    the machine's memory, and one at a time a draw holds at most (that size + 7)·3^(k-1) entries per
-    array of k symbolic axes (with its declared ones).  A ``proved`` join with a reduced declared size past
-    ``LARGEST`` skips those draws rather than being refused as untestable: it rests on its proof."""
+    constant (``_constants``), its draws (``_tested``; each one an evaluation of ``forward``, ``reference``
+    and ``backwards`` can hold, ``_too_large``), and what it left out.  Where reductions, contractions,
+    normalisations or scans run over declared axes, and a count they may give is larger than every constant
+    and ``SMALL`` (``_reduced``: d = 64 in ``min(1, sum[d](W·0 + 1) / t)``, 1 up to t = 64; d·e = 4096 in
+    ``min(1, sum[d, e](W·0 + 1) / t)``), one draw more per symbolic axis takes that axis past the largest
+    such count whose draw an evaluation can hold, by more than ``BESIDE``, and the others at 1 to ``BESIDE``:
+    drawing every axis past it put attention's draws at 65⁵ entries, past the machine's memory, and one at a
+    time a draw holds at most (that count + 10)·3^(k-1) entries per array of k symbolic axes (with its
+    declared ones).  A ``proved`` join skips the counts past ``LARGEST`` rather than being refused as
+    untestable for a reduced declared size past it: it rests on its proof.  A draw too large to evaluate is
+    left out, and said, where it is ``optional`` or the join ``proved``; otherwise the join is refused as
+    untestable."""
     # the forward's axes, and the backwards' declared sizes; an axis only a backward has (a copy
     # ``grad`` makes of a scanned axis, t_2 of t) is bound by the evaluator from what it reads
     axes = {a.name: a.size for d in (forward, *backwards) for a in d.axes
             if a.size is not None or a.name in {b.name for b in forward.axes}}
     nodes = _nodes((forward, *backwards))  # every node of the diagrams, calls inlined, walked once
-    past, reduced = _constants((forward, *backwards), nodes, axes), _reduced(nodes, axes)
-    if proved and reduced > LARGEST:  # a proved join rests on its proof: no draw past such a size, no refusal
-        reduced = 0  # (a declared model width of 8192 refused a proved join, red team rtmerge2)
-    if max(past, reduced) > LARGEST:
+    past, (largest, counts) = _constants((forward, *backwards), nodes, axes), _reduced(nodes, axes)
+    # a proved join rests on its proof: no draw past a count beyond LARGEST, no refusal (a declared model width of
+    # 8192 refused a proved join, red team rtmerge2); an unproved one is refused where a reduced declared size is
+    largest, counts = (0, [c for c in counts if c <= LARGEST]) if proved else (largest, counts)
+    if max(past, largest) > LARGEST:
         raise NapkinError(error("lower.backward_untestable", forward=forward.name, why=(
-            f"its diagrams hold a constant of magnitude {max(past, reduced)} (rounded up), and the test draws sizes "
+            f"its diagrams hold a constant of magnitude {max(past, largest)} (rounded up), and the test draws sizes "
             f"past every constant (at most {LARGEST}): prove the join instead")))
     labels = {**_labels(forward, backwards, ln, ("gather",)), **_labels(forward, backwards, ln)}
     # an axis a rename ties to another (rename[t -> s]: a segsum's copy of t) is drawn at its size
     ties = _ties(nodes, axes)
     plans: list[Plan] = []
-    left: list[str] = []  # draws past the reduced declared size too large to evaluate
     data = [i for i, p in enumerate(forward.inputs) if p.integer and i not in labels]  # ids, lengths, masks
     for seed in range(DRAWS + (EMPTIED if data else 0)):
         rng = np.random.default_rng(seed)
         low = 1 if seed % DRAWS == 0 else max(past, SMALL) + 1
         sizes = {a: n if n is not None else int(rng.integers(low, low + 7)) for a, n in axes.items()}
-        plans.append((rng, {a: sizes[ties.get(a, a)] for a in sizes}, SCALES[seed % len(SCALES)], 0.0, seed >= DRAWS,
-                      None if low == 1 else past))
-    longs = list(dict.fromkeys(ties.get(a, a) for a in _long(nodes, _nodes((forward,)), axes)))
+        plans.append(Plan(rng, {a: sizes[ties.get(a, a)] for a in sizes}, SCALES[seed % len(SCALES)], 0.0,
+                          seed >= DRAWS, None if low == 1 else past, quiet=seed == 1))  # the first past the constants
+    # a scan's axis or one the forward reduces, then those only a backward reduces (optional: the mixture of
+    # experts' t at 1024 beside e = d = 64 and f = 128 is past what an evaluation may hold)
+    required = {ties.get(a, a) for a in _long(nodes, _nodes((forward,)), axes)}
+    longs = list(dict.fromkeys(ties.get(a, a) for a in _long(nodes, nodes, axes)))
     for j, (long, drift) in enumerate((a, d) for a in longs for d in DRIFTS):
         rng = np.random.default_rng(DRAWS + j)  # as before the emptied draws: a join without int inputs is unchanged
-        sizes = {a: n if n is not None else LONG if a == long else int(rng.integers(1, 4)) for a, n in axes.items()}
-        plans.append((rng, {a: sizes[ties.get(a, a)] for a in sizes}, 1.0, drift, False, None))
-    if reduced > max(past, SMALL):  # one axis at a time past a reduced declared size, the others small
-        symbolic = [a for a, n in axes.items() if n is None and a not in ties]
-        spaces = [space for d in (forward, *backwards) for space in iteration_spaces(d)]
-        for one in symbolic:
+        sizes = {a: n if n is not None else LONG if a == long else int(rng.integers(1, BESIDE + 1))
+                 for a, n in axes.items()}
+        plans.append(Plan(rng, {a: sizes[ties.get(a, a)] for a in sizes}, 1.0, drift, optional=long not in required))
+    # every diagram ``_tested`` evaluates (its own relations' too: ``_relations_within``), as the evaluator measures it
+    evaluated = (forward, reference, *backwards, *(relation_diagram(b, name)[0] for b in backwards
+                                                   for name in relations(b.inputs)))
+    spaces = [space for d in evaluated for space in iteration_spaces(inlined(d))]
+    counts = [c for c in counts if c > max(past, SMALL)]
+    for one in (a for a, n in axes.items() if n is None and a not in ties) if counts else ():
+        for count in counts:  # one axis at a time past the largest count an evaluation can hold, the others small
             rng = np.random.default_rng(len(plans))  # past the seeds of the draws before
-            sizes = {a: n if n is not None else int(rng.integers(reduced + 1, reduced + 8)) if a == one else
-                     int(rng.integers(1, 4)) for a, n in axes.items()}
+            sizes = {a: n if n is not None else int(rng.integers(count + BESIDE + 1, count + BESIDE + 8)) if a == one
+                     else int(rng.integers(1, BESIDE + 1)) for a, n in axes.items()}
             sizes = {a: sizes[ties.get(a, a)] for a in sizes}
-            points, space = largest_space(spaces, sizes)
-            if points > MAX_POINTS_EVALUATED:  # fused_moe: t past f = 128 beside e = 64, d = 64 is 7e7 points
-                left.append(f"{one}={sizes[one]} past the reduced declared size {reduced} left out: {points:.3g} "
-                            f"points over [{' '.join(space)}], past the {MAX_POINTS_EVALUATED:.3g} an evaluation "
-                            f"may hold")
-                continue
-            plans.append((rng, sizes, 1.0, 0.0, False, reduced))
-    return axes, past, plans, left
+            if count == counts[-1] or _too_large(spaces, sizes) is None:  # the smallest, where none fits: left out
+                plans.append(Plan(rng, sizes, beyond=count, optional=True))
+                break
+    kept, left = [], []
+    for plan in plans:
+        why = _too_large(spaces, plan.sizes)
+        if why is None:
+            kept.append(plan)
+        elif proved or plan.optional:  # fused_moe: t past f = 128 beside e = 64, d = 64 is 7e7 points
+            left.append(f"the draw at {plan.described(axes)} left out: too large to evaluate ({why})")
+        else:
+            raise NapkinError(error("lower.backward_untestable", forward=forward.name, why=(
+                f"a draw at sizes {plan.described(axes)} is too large to evaluate ({why}): prove the join instead")))
+    return axes, past, kept, left
 
 
-def _reduced(nodes: Sequence[Expr], axes: dict[str, int | None]) -> int:
-    """The largest declared size of ``axes`` that a reduction, contraction, normalisation or scan of
-    ``nodes`` (``_nodes``) runs over (0 if none): a term may read it as a count, ``sum[d](W·0 + 1)`` is d,
-    and a factor ``min(1, sum[d](W·0 + 1) / t)`` differs from 1 only at t past it (``_draws``)."""
-    return max([0, *(axes[a] or 0 for node in nodes if isinstance(node, Box) and node.op in OPS
-                     and OPS[node.op].kind in _REDUCING for a in node.target if a in axes)])
+def _too_large(spaces: Sequence[tuple[str, ...]], sizes: dict[str, int]) -> str | None:
+    """Why an evaluation over ``spaces`` (``evaluate.iteration_spaces``) at ``sizes`` is refused as too
+    large (``eval.too_large``: ``evaluate.refuse_too_large``'s measure), or None where it is not."""
+    points, space = largest_space(spaces, sizes)
+    if points <= MAX_POINTS_EVALUATED:
+        return None
+    return (f"{points:.3g} points over [{' '.join(space)}] in one box, past the {MAX_POINTS_EVALUATED:.3g} an "
+            f"evaluation may hold")
+
+
+def _reduced(nodes: Sequence[Expr], axes: dict[str, int | None]) -> tuple[int, list[int]]:
+    """The largest declared size of ``axes`` that a reduction, contraction, normalisation or scan of ``nodes``
+    (``_nodes``) runs over (0 if none), and the counts a term may read through such boxes, largest first: each
+    box's product of the declared sizes it runs over (``sum[d, e](W·0 + 1)`` is d·e), and the product of every
+    declared size any of them runs over, a bound on several boxes' counts multiplied (``sum[d](V·0 + 1) ·
+    sum[e](U·0 + 1)`` is d·e too; not on a power of one, ``square(sum[d](V·0 + 1))``).  A factor
+    ``min(1, c / t)`` of such a count c is 1 up to t = c (``_draws`` draws past it)."""
+    declared: dict[str, int] = {}
+    counts: set[int] = set()
+    for node in nodes:
+        if isinstance(node, Box) and node.op in OPS and OPS[node.op].kind in _REDUCING:
+            sizes = {a: n for a in node.target if (n := axes.get(a))}
+            declared |= sizes
+            counts |= {math.prod(sizes.values())} if sizes else set()
+    counts |= {math.prod(declared.values())} if declared else set()
+    return max(declared.values(), default=0), sorted(counts, reverse=True)
 
 
 def _relations_within(b: Diagram, values: Sequence[object], errors: Sequence[object], sizes: dict[str, int],
@@ -555,16 +615,17 @@ def _folded(node: Expr, axes: dict[str, int | None], defs: dict[str, Expr],
     return value
 
 
-def _long(nodes: Sequence[Expr], forward: Sequence[Expr], axes: dict[str, int | None]) -> list[str]:
-    """The symbolic axes of ``axes`` that a scan (``cumsum``, ``linrec``) of ``nodes`` (``_nodes``) runs
-    along, or a reduction (``sum``, ``prod``, ``logsumexp``, ...), a contraction or a normalisation of
-    the forward's (``forward``, its ``_nodes``) runs over, in order: the axes whose length a value may
-    grow with (exp of a running sum or of a sum, a product of many entries), which a backward
-    recomputing it reads at that length.  Not an axis only a backward reduces (attention's queries, in
-    dK): drawn long beside 1 to 3 keys, a mask relative to position (a window) empties the later
-    queries' rows, which the short draws do not."""
+def _long(nodes: Sequence[Expr], reducing: Sequence[Expr], axes: dict[str, int | None]) -> list[str]:
+    """The symbolic axes of ``axes`` that a scan (``cumsum``, ``linrec``) of ``nodes`` (``_nodes``) runs along, or
+    a reduction (``sum``, ``prod``, ``logsumexp``, ...), a contraction or a normalisation of ``reducing`` (some of
+    ``nodes``) runs over, in order: the axes whose length a value may grow with (exp of a running sum or of a sum,
+    a product of many entries), which a backward recomputing it reads at that length.  ``_draws`` draws them long
+    with ``reducing`` the forward's nodes, and with every node (an axis only a backward reduces, attention's queries
+    in dK) where an evaluation can hold the draw: drawn long beside 1 to 3 keys, a mask relative to position (a
+    window) empties the later queries' rows, which the other draws do not (an unguarded exp(S - L) is NaN there,
+    the VJP's gradient 0)."""
     found: list[str] = []
-    for kinds, walked in (({"scan"}, nodes), (_REDUCING, forward)):
+    for kinds, walked in (({"scan"}, nodes), (_REDUCING, reducing)):
         for node in walked:
             if isinstance(node, Box) and node.op in OPS and OPS[node.op].kind in kinds:
                 found += [a for a in node.target if axes.get(a, 0) is None and a not in found]

@@ -14,7 +14,7 @@ import sympy
 
 from napkin_cat import ops
 from napkin_cat.certify import accumulators as acc
-from napkin_cat.certify import prove
+from napkin_cat.certify import prove, represent
 from napkin_cat.certify.base import LEVELS, Certificate, lemma_side
 from napkin_cat.certify.cases import (
     TooLarge,
@@ -260,8 +260,12 @@ def accumulator_answer(plain: Box, axis: str, name: str, pad: bool) -> str:
     unsafe = float_safety(plain, axis, name)
     if unsafe:
         return unsafe
+    kernel = represent.prove_representation(plain, axis, name)  # the float-safe state the kernels run
+    if kernel is not None and not kernel.ok:
+        return f"the kernels' float-safe state does not represent it ({kernel.counterexample})"
     proved = prove.prove_accumulator(plain, axis, name, pad)
-    return (proved or cert.how) + infinite_tested(plain, axis, name)
+    shown = f"; kernel state {kernel.how}" if kernel is not None else ""
+    return (proved or cert.how) + shown + infinite_tested(plain, axis, name)
 
 
 @cache
@@ -335,13 +339,14 @@ def _cancelling_row(box: Box, k: int, fill: float, n: int) -> np.ndarray | None:
 def _both_ways(box: Box, axis: str, name: str,
                values: Callable[[Diagram, dict[str, int]], list[np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
     """The canonical ``box``'s value by the evaluator and by accumulator ``name`` run chunk by
-    chunk (``accumulators.stream_fold``, tile 2), at size 3 per axis and 6 along ``axis``, on
-    the inputs ``values(diagram, sizes)`` gives: (evaluator, streamed), aligned."""
+    chunk as the kernels run it (``accumulators.float_safe``, ``stream_fold``, tile 2), at size 3
+    per axis and 6 along ``axis``, on the inputs ``values(diagram, sizes)`` gives: (evaluator,
+    streamed), aligned."""
     diagram = box_diagram(box)
     sizes = {a.name: 3 for a in diagram.axes} | {axis: 6}
     inputs = [Named(p.axes, v) for p, v in zip(diagram.inputs, values(diagram, sizes), strict=True)]
     (reference,) = evaluate_named(diagram, inputs, dict(sizes), FLOAT64)
-    streamed = acc.stream_fold(acc.plan(box, axis, name), inputs, 2, sizes)
+    streamed = acc.stream_fold(acc.float_safe(acc.plan(box, axis, name)), inputs, 2, sizes)
     return np.asarray(reference.data, float), np.asarray(streamed.to(reference.axes), float)
 
 

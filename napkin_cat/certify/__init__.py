@@ -36,7 +36,9 @@ level, napkin's own source and the numpy, scipy, sympy and Python versions; a co
 is computed again).  ``napkin check`` uses the ``quick`` level, ``napkin check
 --certify`` the ``full`` one.  Every certificate says what was checked: ``tested: ...``,
 or ``proved: ...; tested: ...`` when ``prove`` also proves the lemma at every size (the
-kernel's oracle ``accumulator`` likewise answers ``proved`` or ``tested``).  This module
+kernel's oracle ``accumulator`` likewise answers ``proved`` or ``tested``, and where the kernels
+run the state in a float-safe representation, ``accumulators.float_safe``, also its proof by
+``certify.represent``, or refuses the accumulator if that fails).  This module
 holds the entry points and the tiers; how far a lemma is swept is ``certify_reach``,
 the cases and the equality decisions ``certify_cases``.
 

@@ -257,12 +257,12 @@ def accumulator_answer(plain: Box, axis: str, name: str, pad: bool) -> str:
     cert = certify_accumulator(plain, axis, name, pad, "quick")
     if not cert.ok:
         return f"its laws fail ({cert.how}: {cert.counterexample})" if cert.counterexample else cert.how
-    unsafe = float_safety(plain, axis, name)
-    if unsafe:
-        return unsafe
     kernel = represent.prove_representation(plain, axis, name)  # the float-safe state the kernels run
     if kernel is not None and not kernel.ok:
         return f"the kernels' float-safe state does not represent it ({kernel.counterexample})"
+    unsafe = float_safety(plain, axis, name)
+    if unsafe:
+        return unsafe
     proved = prove.prove_accumulator(plain, axis, name, pad)
     shown = f"; kernel state {kernel.how}" if kernel is not None else ""
     return (proved or cert.how) + shown + infinite_tested(plain, axis, name)

@@ -63,11 +63,12 @@ from napkin_cat.certify.base import LEVELS, Certificate, canonical, lemma_side, 
 from napkin_cat.terms import Box, LemmaDecl
 
 __all__ = ["LEMMA_SAFETY_SCALES", "LEVELS", "Certificate", "accumulator", "canonical", "certify_accumulator",
-           "certify_lemma", "infinite_tested", "lemma_float_safety", "lemma_side", "representative_boxes"]
+           "certify_lemma", "infinite_tested", "lemma_float_safety", "lemma_side", "prove_representation",
+           "representative_boxes"]
 
 #: the tiers' names this module re-exports, each imported on first use (PEP 562)
 _TIERS = ("LEMMA_SAFETY_SCALES", "SAFETY_SCALE", "certify_accumulator", "float_safety", "infinite_tested",
-          "lemma_float_safety")
+          "lemma_float_safety", "prove_representation")
 
 
 def _tiers() -> ModuleType:

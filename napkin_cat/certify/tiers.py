@@ -14,7 +14,7 @@ import sympy
 
 from napkin_cat import ops
 from napkin_cat.certify import accumulators as acc
-from napkin_cat.certify import prove, represent
+from napkin_cat.certify import prove
 from napkin_cat.certify.base import LEVELS, Certificate, lemma_side
 from napkin_cat.certify.cases import (
     TooLarge,
@@ -29,13 +29,14 @@ from napkin_cat.certify.cases import (
 )
 from napkin_cat.certify.reach import UNBOUNDED, scale, unfolded
 from napkin_cat.certify.reach import reach as lemma_reach  # not `reach`: the submodule keeps that name
+from napkin_cat.certify.represent import prove_representation
 from napkin_cat.certify.rules import validate
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.evaluate import FLOAT64, SYMBOLIC, Algebra, Named, evaluate_named
 from napkin_cat.terms import Box, Diagram, LemmaDecl, Var, box_diagram, walk
 
 __all__ = ["LEMMA_SAFETY_SCALES", "SAFETY_SCALE", "accumulator_answer", "certify_accumulator", "float_safety",
-           "infinite_tested", "lemma_certificate", "lemma_float_safety"]
+           "infinite_tested", "lemma_certificate", "lemma_float_safety", "prove_representation"]
 
 _EXACT_ENTRIES = 512  # the exact tier's largest input (entries over all parameters)
 _MAX_REACH = 24  # the largest size the float64 tier sweeps a lemma to (see certify_reach.reach)
@@ -257,7 +258,7 @@ def accumulator_answer(plain: Box, axis: str, name: str, pad: bool) -> str:
     cert = certify_accumulator(plain, axis, name, pad, "quick")
     if not cert.ok:
         return f"its laws fail ({cert.how}: {cert.counterexample})" if cert.counterexample else cert.how
-    kernel = represent.prove_representation(plain, axis, name)  # the float-safe state the kernels run
+    kernel = prove_representation(plain, axis, name)  # the float-safe state the kernels run
     if kernel is not None and not kernel.ok:
         return f"the kernels' float-safe state does not represent it ({kernel.counterexample})"
     unsafe = float_safety(plain, axis, name)

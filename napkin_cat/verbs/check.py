@@ -28,7 +28,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     level = "full" if args.certify else "quick"
     uncertified = 0  # library lemmas and accumulators whose full certification failed: CI must fail too
     if args.certify:
-        from napkin_cat.certify import prove, represent  # sympy: only the full certification loads it
+        from napkin_cat.certify import prove  # sympy: only the full certification loads it
 
         for lemma in rules.library().values():
             cert = certify.certify_lemma(lemma, level)
@@ -41,7 +41,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             for name in accumulators_for(box, axis):
                 cert = certify.certify_accumulator(box, axis, name, True, level)
                 plain = certify.canonical(box, axis)
-                kernel = represent.prove_representation(plain, axis, name)  # the state the kernels run
+                kernel = certify.prove_representation(plain, axis, name)  # the state the kernels run
                 if cert.ok and kernel is not None and not kernel.ok:
                     cert = Certificate(False, f"kernel state: {kernel.counterexample}")
                 uncertified += not cert.ok

@@ -235,10 +235,13 @@ def _laws(exact: acc.AccumulatorPlan, guarded: acc.AccumulatorPlan, run_exact: a
 @cache
 def _degrees_hold() -> str | None:
     """The first op whose ``DEGREE`` the evaluator's symbolic algebra contradicts: u(c·y) =
-    c^p·u(y) at y positive, 0 and negative, c positive (None: all hold)."""
+    c^p·u(y) at y positive, 0 and negative, c positive, and u(0) = 0 where p > 0 (which
+    homogeneity gives only for a finite u(0)); None where all hold."""
     c, y = sympy.Symbol("c", positive=True), sympy.Symbol("y", positive=True)
     for op, p in acc.DEGREE.items():
         u = SYMBOLIC.unary[op]
+        if p > 0 and u(sympy.Integer(0)) != 0:
+            return f"`{op}` of degree {p:g} is {u(sympy.Integer(0))} at 0, not 0"
         for x in (y, sympy.Integer(0), -y):
             left, right = u(c * x), c ** sympy.Rational(p) * u(x)
             if not (left == right or sympy.simplify(left - right) == 0):

@@ -54,7 +54,7 @@ import sympy
 from sympy import Expr
 
 from napkin_cat import ops
-from napkin_cat.certify.accumulators import AccumulatorPlan, plan
+from napkin_cat.certify.accumulators import AccumulatorPlan, float_safe, plan
 from napkin_cat.schedule.datamask import data_masks, gathered_tables, tested
 from napkin_cat.schedule.loopnest import LoopNest, Node, woven_axes
 from napkin_cat.schedule.masks import GroupAxis, chunk_count, stream_masks
@@ -224,14 +224,17 @@ class _Builder:
         return "group" if lp.kind == "group" else self.nest.phase(lp, name)
 
     def state_shapes(self, node: Node, loop: int) -> list[tuple[str, Axes]]:
-        """The accumulator state of a node consuming loop's axis: (component, axes) pairs."""
+        """The accumulator state of a node consuming loop's axis, as the kernels hold it
+        (``accumulators.float_safe``: the l2/rms state's running max m too): (component, axes) pairs."""
         box = node.expr
         assert isinstance(box, Box)
-        name = chosen_accumulator(box, self.accumulators.get(node.name), self.nest.loops[loop].partition.via)
+        lp = self.nest.loops[loop]
+        name = chosen_accumulator(box, self.accumulators.get(node.name), lp.partition.via)
+        state = [c for c, _ in float_safe(plan(box, lp.axis, name)).state]
         if ops.OPS[box.op].kind == "ncontract":
             rows = tuple(a for a in box.args[0].axes if a not in box.target)
-            return [(c, node.axes if c == "o" else rows) for c in ops.ACCUMULATORS[name].state]
-        return [(c, node.axes) for c in ops.ACCUMULATORS[name].state]
+            return [(c, node.axes if c == "o" else rows) for c in state]
+        return [(c, node.axes) for c in state]
 
 
 class _ViewBuilder:

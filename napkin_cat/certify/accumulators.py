@@ -55,7 +55,7 @@ from napkin_cat.ops import typed_box
 from napkin_cat.terms import Axes, Axis, Box, Const, Diagram, Expr, Let, Param, Size, Var
 
 __all__ = ["DEGREE", "FLOAT_MAX", "NORMALISER_DEGREE", "SCALE_RANGE", "TINY", "AccumulatorPlan", "accumulators_for",
-           "chunk", "float_safe", "padded", "plan", "scale", "scale_operands", "stream_fold"]
+           "chunk", "float_safe", "kernel_plan", "padded", "plan", "scale", "scale_operands", "stream_fold"]
 
 FLOAT_MAX = sys.float_info.max
 TINY = sys.float_info.min
@@ -130,6 +130,11 @@ def float_safe(proved: AccumulatorPlan) -> AccumulatorPlan:
             or DEGREE[a1] not in _POWER or DEGREE[a2] not in _POWER or DEGREE[a2] == 0.0:
         return proved
     return _Builder(proved.box, proved.axis, True).scaled(proved)
+
+
+def kernel_plan(box: Box, axis: str, name: str | None = None) -> AccumulatorPlan:
+    """The plan the kernels run for accumulator ``name`` of ``box`` (``float_safe`` of ``plan``)."""
+    return float_safe(plan(box, axis, name))
 
 
 def scale(m: Expr, fallback: Expr) -> Expr:

@@ -347,7 +347,7 @@ def _both_ways(box: Box, axis: str, name: str,
     sizes = {a.name: 3 for a in diagram.axes} | {axis: 6}
     inputs = [Named(p.axes, v) for p, v in zip(diagram.inputs, values(diagram, sizes), strict=True)]
     (reference,) = evaluate_named(diagram, inputs, dict(sizes), FLOAT64)
-    streamed = acc.stream_fold(acc.float_safe(acc.plan(box, axis, name)), inputs, 2, sizes)
+    streamed = acc.stream_fold(acc.kernel_plan(box, axis, name), inputs, 2, sizes)
     return np.asarray(reference.data, float), np.asarray(streamed.to(reference.axes), float)
 
 

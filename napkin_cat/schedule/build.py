@@ -54,7 +54,7 @@ import sympy
 from sympy import Expr
 
 from napkin_cat import ops
-from napkin_cat.certify.accumulators import AccumulatorPlan, float_safe, plan
+from napkin_cat.certify.accumulators import AccumulatorPlan, kernel_plan, plan
 from napkin_cat.schedule.datamask import data_masks, gathered_tables, tested
 from napkin_cat.schedule.loopnest import LoopNest, Node, woven_axes
 from napkin_cat.schedule.masks import GroupAxis, chunk_count, stream_masks
@@ -230,7 +230,7 @@ class _Builder:
         assert isinstance(box, Box)
         lp = self.nest.loops[loop]
         name = chosen_accumulator(box, self.accumulators.get(node.name), lp.partition.via)
-        state = [c for c, _ in float_safe(plan(box, lp.axis, name)).state]
+        state = [c for c, _ in kernel_plan(box, lp.axis, name).state]
         if ops.OPS[box.op].kind == "ncontract":
             rows = tuple(a for a in box.args[0].axes if a not in box.target)
             return [(c, node.axes if c == "o" else rows) for c in state]

@@ -503,6 +503,18 @@ def test_the_float_safe_state_is_priced(name: str, monkeypatch: pytest.MonkeyPat
     assert per_chunk.is_number and 0 < per_chunk < 32, per_chunk
 
 
+def test_a_stream_via_an_accumulator_a_box_cannot_use_prices_its_own() -> None:
+    """A ``via logsumexp`` stream's contraction is summed (the layout's rule): its state is priced
+    as the sum's one value per row, not as logsumexp's (m, l), and its plan can be built."""
+    from napkin_cat.ops import typed_box
+    from napkin_cat.schedule.build import chosen_accumulator
+    from napkin_cat.terms import Var
+
+    dot = typed_box("contract", (Var("Z", ("t", "v")), Var("W", ("v",))), ("v",))
+    assert chosen_accumulator(dot, None, "logsumexp") == "sum"
+    assert chosen_accumulator(typed_box("logsumexp", (Var("Z", ("t", "v")),), ("v",)), None, "logsumexp") == "logsumexp"
+
+
 @given(st.integers(4, 9), st.integers(4, 9), st.integers(4, 9), st.integers(10, 13))
 def test_derived_transfers_never_beat_the_lower_bound(log_gi: int, log_gj: int, log_sk: int, log_n: int) -> None:
     """At any tiles, the derived H is at least the known bound at the memory those tiles use."""

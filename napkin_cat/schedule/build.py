@@ -87,8 +87,10 @@ def program(nest: LoopNest, sizes: Mapping[str, Expr], tiles: Mapping[str, Expr]
 
 def chosen_accumulator(box: Box, given: str | None, via: str | None) -> str:
     """The accumulator that streams ``box``: the theorem's choice (``given``), else the stream
-    partition's ``via``, else the box's first admissible one."""
-    return given or via or ops.accumulators_for(box.op, box.params)[0]
+    partition's ``via`` where it can stream the box (the layout's rule: a ``via logsumexp``
+    stream's contraction is summed), else the box's first admissible one."""
+    admissible = ops.accumulators_for(box.op, box.params)
+    return given or (via if via in admissible else admissible[0])
 
 
 @dataclass(frozen=True)

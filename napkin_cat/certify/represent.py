@@ -55,7 +55,7 @@ import numpy as np
 import sympy
 
 from napkin_cat.certify import accumulators as acc
-from napkin_cat.certify.atoms import _MaxOf, _Reduction
+from napkin_cat.certify.atoms import _i, _MaxOf, _Reduction
 from napkin_cat.certify.base import Certificate
 from napkin_cat.certify.prove import Unproved, _all_equal, _constant, _input, _Semantics
 from napkin_cat.evaluate import FLOAT32, FLOAT64, SYMBOLIC, Named, evaluate_named
@@ -167,9 +167,8 @@ def _states(run: acc.AccumulatorPlan, suffix: str, cls: str, classes: dict[Any, 
     (_, m_axes), *rest = run.state
     if cls == "zero":
         return [sympy.Integer(0)] * len(run.state)
-    positions = [sympy.Symbol(f"i_{a}", integer=True) for a in m_axes]
-    kind = sympy.Function(f"m{suffix}", positive=cls == "usable", real=True)
-    m = kind(*positions) if positions else sympy.Symbol(f"m{suffix}", positive=cls == "usable", real=True)
+    sign = {"positive": True} if cls == "usable" else {}  # an overflow m (+inf, NaN): only its class is read
+    m = sympy.Function(f"m{suffix}", **sign)(*map(_i, m_axes)) if m_axes else sympy.Symbol(f"m{suffix}", **sign)
     classes[m] = cls
     return [m, *(_input(f"{n}{suffix}", t) for n, t in rest)]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -14,7 +15,7 @@ from napkin_cat import ops
 from napkin_cat.certify import accumulators as acc
 from napkin_cat.evaluate import FLOAT32, FLOAT64, Named, evaluate_named
 from napkin_cat.ops import typed_box
-from napkin_cat.terms import Axis, Box, Diagram, Param, Var
+from napkin_cat.terms import Axis, Box, Const, Diagram, Param, Var
 
 S, V, W = Var("S", ("q", "x")), Var("V", ("x", "d")), Var("W", ("q", "x"))
 BOXES = [typed_box(op, (S,), ("x",)) for op in ("sum", "mean", "max", "min", "prod", "logsumexp")] + [
@@ -142,8 +143,6 @@ def test_the_stable_states_update_in_one_step() -> None:
 def test_a_wrong_update_is_refused_by_the_prover_and_the_numeric_laws(monkeypatch: pytest.MonkeyPatch) -> None:
     """An update that forgets to rescale the running output (o = o1 + Σ p·v) fails the update
     law, symbolically and on drawn inputs."""
-    from dataclasses import replace
-
     from napkin_cat.certify import certify_accumulator, prove
     from napkin_cat.terms import Let
 
@@ -236,3 +235,87 @@ def test_the_float_safe_state_holds_in_float32(box: Box, first: float, rest: flo
     with np.errstate(all="ignore"):
         proved = acc.stream_fold(acc.plan(box, "x", "normalised"), single, 4, sizes, FLOAT32)
     assert not np.max(np.abs(proved.to(("q", "d")) - want)) < 1e-5 * np.max(np.abs(want))
+
+
+def test_the_float_safe_state_is_proved_to_represent_the_proved_plan() -> None:
+    """``certify.represent`` proves every float-safe plan (the kernels' state) against its proved
+    plan; a plan the kernels run as proved has nothing to prove."""
+    from napkin_cat.certify import represent
+
+    for box in SCALED:
+        cert = represent.prove_representation(box, "x", "normalised")
+        assert cert is not None and cert.ok and cert.how.startswith("proved: (m, o', z')"), (box.params, cert)
+    assert represent.prove_representation(BOXES[-4], "x", "normalised") is None  # exp weights: the proved plan
+
+
+def _relet(d: Diagram, name: str, expr: Any) -> Diagram:
+    """``d`` with the let ``name`` computing ``expr(var)`` instead, ``var(n)`` a variable of ``d``."""
+    from napkin_cat.terms import Let
+
+    types = {p.name: p.axes for p in d.inputs} | {let.names[0]: let.expr.axes for let in d.body}
+    return replace(d, body=tuple(Let(let.names, expr(lambda n: Var(n, types[n]))) if let.names == (name,) else let
+                                 for let in d.body))
+
+
+def _mul(a: Any, b: Any) -> Any:
+    return typed_box("mul", (a, b))
+
+
+def _add(a: Any, b: Any) -> Any:
+    return typed_box("add", (a, b))
+
+
+#: wrong float-safe plans, each with the law the certificate names
+WRONG_FLOAT_SAFE = {
+    "o' rescaled by k^p2": ("combine", lambda p: replace(p, combine=_relet(p.combine, "o", lambda v: _add(
+        _mul(typed_box("square", (v("c1"),)), v("o1")), _mul(typed_box("square", (v("c2"),)), v("o2")))))),
+    "one side not rescaled": ("combine", lambda p: replace(p, combine=_relet(
+        p.combine, "o", lambda v: _add(_mul(v("c1"), v("o1")), v("o2"))))),
+    "the state not rescaled by the update": ("update", lambda p: replace(p, update=_relet(
+        p.update, "o", lambda v: _add(v("o1"), v("o_chunk"))))),
+    "the chunk not scaled": ("lift", lambda p: replace(p, lift=_relet(p.lift, "t", lambda v: v("X0")))),
+    "a finaliser mapping o' back but not z'": ("final", lambda p: replace(p, final=replace(
+        p.final, outputs=(_mul(acc.scale(Var("m", ("q",)), Const(1.0)), p.final.outputs[0]),)))),
+}
+
+
+@pytest.mark.parametrize("wrong", list(WRONG_FLOAT_SAFE))
+def test_a_wrong_float_safe_plan_is_refused(wrong: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each wrong variant of the kernels' state fails the law it breaks, and the accumulator's
+    answer (the kernel's oracle) refuses it."""
+    from napkin_cat.certify import represent, tiers
+
+    law, mutate = WRONG_FLOAT_SAFE[wrong]
+    right = acc.float_safe
+    monkeypatch.setattr(acc, "float_safe", lambda p: p if right(p) is p else mutate(right(p)))
+    box = typed_box("ncontract", (Var("X0", ("q", "x")), Var("X1", ("x", "d"))), ("x",),
+                    params=("id", "square", "sqrt"))
+    cert = represent.prove_representation.__wrapped__(box, "x", "normalised")
+    assert cert is not None and not cert.ok and cert.counterexample.startswith(f"{law}:"), cert
+    cached = (represent.prove_representation, tiers.float_safety, tiers.infinite_tested)
+    for f in cached:
+        f.cache_clear()
+    try:
+        answer = tiers.accumulator_answer.__wrapped__(box, "x", "normalised", True)
+    finally:
+        for f in cached:
+            f.cache_clear()
+    assert answer.startswith(f"the kernels' float-safe state does not represent it ({law}:"), answer
+
+
+def test_the_degrees_and_classes_the_certificate_assumes_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wrong degree in ``DEGREE``, or a scale that takes m = inf for a usable one, is refused."""
+    from napkin_cat.certify import represent
+
+    assert represent._degrees_hold.__wrapped__() is None and represent._classes_hold.__wrapped__() is None
+    monkeypatch.setitem(acc.DEGREE, "relu", 2.0)
+    assert "`relu` is not of degree 2" in (represent._degrees_hold.__wrapped__() or "")
+    monkeypatch.setitem(acc.DEGREE, "relu", 1.0)
+    right = acc.scale
+
+    def unbounded(m: Any, fallback: Any) -> Any:  # forgets m < inf: inf is clamped to 2^126, not 1
+        wrong = right(m, fallback)
+        return typed_box("select", (typed_box("gt", (m, Const(0.0))), wrong.args[1], fallback))
+
+    monkeypatch.setattr(acc, "scale", unbounded)
+    assert "scale(inf, 1)" in (represent._classes_hold.__wrapped__() or "")

@@ -480,6 +480,41 @@ def test_time_estimate_combines_flops_and_transfers() -> None:
         2 * 1024 ** 3 / prof.peak_flops("bf16") + 1024 ** 2 / prof.peak_flops("f32"))
 
 
+@pytest.mark.parametrize("name", ["flash_sign", "flash_rms_attention"])
+def test_the_float_safe_state_is_priced(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A streamed l2/rms contraction folds the kernels' float-safe state (``accumulators.float_safe``):
+    beside the proved plan's fold it pays |s|, its running max and s·(1/k), 3 FLOPs per score, and
+    per row and chunk its scales (the rescaling per state entry replaces the proved merge's add)."""
+    import napkin_cat.cost as cost_module
+
+    thm = proof.theorem(ROOT / "proofs" / "spherical_attention.ncd", name)
+    safe = cost(thm)
+    folded = safe.fold_flops
+    cost_module._plans.cache_clear()
+    monkeypatch.setattr(cost_module, "float_safe", lambda plan: plan)  # priced as the proved plan
+    try:
+        proved = cost(thm).fold_flops
+    finally:
+        cost_module._plans.cache_clear()
+    q, x, sx, d = safe.sizes["q"], safe.sizes["x"], safe.tiles["sx"], safe.sizes["d"]
+    assert sympy.simplify(proved - q * x * (d + 1) / sx) == 0  # o1 + o2, z1 + z2 per row and chunk
+    extra = sympy.expand(folded - proved)
+    per_chunk = sympy.simplify((extra - 3 * q * x) * sx / (q * x))  # per row and chunk, beyond 3 per score
+    assert per_chunk.is_number and 0 < per_chunk < 32, per_chunk
+
+
+def test_a_stream_via_an_accumulator_a_box_cannot_use_prices_its_own() -> None:
+    """A ``via logsumexp`` stream's contraction is summed (the layout's rule): its state is priced
+    as the sum's one value per row, not as logsumexp's (m, l), and its plan can be built."""
+    from napkin_cat.ops import typed_box
+    from napkin_cat.schedule.build import chosen_accumulator
+    from napkin_cat.terms import Var
+
+    dot = typed_box("contract", (Var("Z", ("t", "v")), Var("W", ("v",))), ("v",))
+    assert chosen_accumulator(dot, None, "logsumexp") == "sum"
+    assert chosen_accumulator(typed_box("logsumexp", (Var("Z", ("t", "v")),), ("v",)), None, "logsumexp") == "logsumexp"
+
+
 @given(st.integers(4, 9), st.integers(4, 9), st.integers(4, 9), st.integers(10, 13))
 def test_derived_transfers_never_beat_the_lower_bound(log_gi: int, log_gj: int, log_sk: int, log_n: int) -> None:
     """At any tiles, the derived H is at least the known bound at the memory those tiles use."""

@@ -36,7 +36,9 @@ level, napkin's own source and the numpy, scipy, sympy and Python versions; a co
 is computed again).  ``napkin check`` uses the ``quick`` level, ``napkin check
 --certify`` the ``full`` one.  Every certificate says what was checked: ``tested: ...``,
 or ``proved: ...; tested: ...`` when ``prove`` also proves the lemma at every size (the
-kernel's oracle ``accumulator`` likewise answers ``proved`` or ``tested``).  This module
+kernel's oracle ``accumulator`` likewise answers ``proved`` or ``tested``, and where the kernels
+run the state in a float-safe representation, ``accumulators.float_safe``, also its proof by
+``certify.represent``, or refuses the accumulator if that fails).  This module
 holds the entry points and the tiers; how far a lemma is swept is ``certify_reach``,
 the cases and the equality decisions ``certify_cases``.
 
@@ -61,11 +63,12 @@ from napkin_cat.certify.base import LEVELS, Certificate, canonical, lemma_side, 
 from napkin_cat.terms import Box, LemmaDecl
 
 __all__ = ["LEMMA_SAFETY_SCALES", "LEVELS", "Certificate", "accumulator", "canonical", "certify_accumulator",
-           "certify_lemma", "infinite_tested", "lemma_float_safety", "lemma_side", "representative_boxes"]
+           "certify_lemma", "infinite_tested", "lemma_float_safety", "lemma_side", "prove_representation",
+           "representative_boxes"]
 
 #: the tiers' names this module re-exports, each imported on first use (PEP 562)
 _TIERS = ("LEMMA_SAFETY_SCALES", "SAFETY_SCALE", "certify_accumulator", "float_safety", "infinite_tested",
-          "lemma_float_safety")
+          "lemma_float_safety", "prove_representation")
 
 
 def _tiers() -> ModuleType:

@@ -54,8 +54,8 @@ from napkin_cat.evaluate import FLOAT64, Algebra, Named, evaluate_named
 from napkin_cat.ops import typed_box
 from napkin_cat.terms import Axes, Axis, Box, Const, Diagram, Expr, Let, Param, Size, Var
 
-__all__ = ["DEGREE", "FLOAT_MAX", "NORMALISER_DEGREE", "TINY", "AccumulatorPlan", "accumulators_for", "chunk",
-           "float_safe", "padded", "plan", "stream_fold"]
+__all__ = ["DEGREE", "FLOAT_MAX", "NORMALISER_DEGREE", "SCALE_RANGE", "TINY", "AccumulatorPlan", "accumulators_for",
+           "chunk", "float_safe", "kernel_plan", "padded", "plan", "scale", "scale_operands", "stream_fold"]
 
 FLOAT_MAX = sys.float_info.max
 TINY = sys.float_info.min
@@ -67,8 +67,8 @@ DEGREE = {"id": 1.0, "neg": 1.0, "abs": 1.0, "relu": 1.0, "square": 2.0, "sign":
 NORMALISER_DEGREE = {"id": 1.0, "sqrt": 0.5, "rms": 0.5}
 #: c^p as a unary op (None: c^0 = 1, nothing to multiply), for the degrees a rescaled state takes
 _POWER: dict[float, str | None] = {0.0: None, 0.5: "sqrt", 1.0: "id", 2.0: "square"}
-#: the range of a float-safe state's scale k (``_Builder.safe_or``): 1/k a normal f32
-_SCALE_LOW, _SCALE_HIGH = 2.0**-126, 2.0**126
+#: the range of a float-safe state's scale k (``scale``): 1/k a normal f32
+SCALE_RANGE = (2.0**-126, 2.0**126)
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,9 @@ class AccumulatorPlan:
     step: it takes a state, then the lift's inputs, and equals combine(state, lift(chunk))
     (a certified law); the stable states' update shifts the chunk by the new running
     maximum at once, one correction per chunk instead of one per state (FlashAttention-2).
+    ``degrees``, empty but for a float-safe plan (``float_safe``), is the map from its state
+    (m, s1, s2, ...) to the proved plan's: entry j is k^degrees[j]·s_(j+1) at the scale
+    k = ``scale(m, 1)`` (``certify.represent`` proves the laws commute with it).
     """
 
     name: str
@@ -98,6 +101,7 @@ class AccumulatorPlan:
     pad: tuple[float, ...] | None
     absorbing: tuple[int, ...]
     update: Diagram | None = None
+    degrees: tuple[float, ...] = ()
 
 
 def float_safe(proved: AccumulatorPlan) -> AccumulatorPlan:
@@ -106,7 +110,7 @@ def float_safe(proved: AccumulatorPlan) -> AccumulatorPlan:
     l2 and rms normalisation), which f32 cannot hold as written (Σ s² underflows at scores near
     1e-21 and overflows near 1e19).  That state is carried as (m, o', z'), m the running max|s|,
     with o = k^p1·o' and z = k^p2·z' for the scale k = m where 0 < m < inf (clamped into
-    [2^-126, 2^126]), else 1 (``_Builder.safe_or``): the proved state in another representation.
+    [2^-126, 2^126]), else 1 (``scale``): the proved state in another representation.
     A chunk is summed on s·(1/k), so the chunk holding the maximum adds a2(±1) to z'; states of
     scales k1, k2 merge as online softmax's running max does, o' = (k1/k)^p1·o1' + (k2/k)^p1·o2'
     at the merged max's k (z' likewise, p2); the finaliser is the proved one on (o', z'), as
@@ -114,9 +118,11 @@ def float_safe(proved: AccumulatorPlan) -> AccumulatorPlan:
     so o' = o and z' = z = 0, up to a NaN value) merges at factor 1, and one of ±inf or NaN
     scores is summed as written (k = 1), so the evaluator's inf and NaN come out as the proved
     plan's.  Per score the kernel adds |s|, its running max and one multiply; per state entry
-    and chunk, one rescaling multiply (as online softmax's).  Its laws are the proved ones
-    under the map (o, z) = (k^p1·o', k^p2·z'), which tests/test_accumulators.py checks
-    numerically (float64 and float32); the certificate stays the proved plan's."""
+    and chunk, one rescaling multiply (as online softmax's; the cost model prices them).  Its
+    laws are the proved ones under the map (o, z) = (k^p1·o', k^p2·z') (``degrees`` (p1, p2)):
+    ``certify.represent`` proves that identity, lift, combine, update and final commute with it
+    for every k > 0, per class of m, and the accumulator's certificate says so;
+    tests/test_accumulators.py also folds it in float64 and float32."""
     if proved.name != "normalised":
         return proved
     a1, a2, b = proved.box.params
@@ -124,6 +130,28 @@ def float_safe(proved: AccumulatorPlan) -> AccumulatorPlan:
             or DEGREE[a1] not in _POWER or DEGREE[a2] not in _POWER or DEGREE[a2] == 0.0:
         return proved
     return _Builder(proved.box, proved.axis, True).scaled(proved)
+
+
+def kernel_plan(box: Box, axis: str, name: str | None = None) -> AccumulatorPlan:
+    """The plan the kernels run for accumulator ``name`` of ``box`` (``float_safe`` of ``plan``)."""
+    return float_safe(plan(box, axis, name))
+
+
+def scale(m: Expr, fallback: Expr) -> Expr:
+    """m clamped into ``SCALE_RANGE`` where 0 < m < inf, else ``fallback``: a scale whose
+    reciprocal is a normal f32 (no inf past 1/2.9e-39, no subnormal a GPU flushes to 0)."""
+    usable = _bin("mul", _bin("gt", m, Const(0.0)), _bin("lt", m, Const(math.inf)))
+    clamped = _bin("minimum", _bin("maximum", m, Const(SCALE_RANGE[0])), Const(SCALE_RANGE[1]))
+    return typed_box("select", (usable, clamped, fallback))
+
+
+def scale_operands(expr: Expr) -> tuple[Expr, Expr] | None:
+    """(m, fallback) where ``expr`` is ``scale(m, fallback)``, else None."""
+    if not (isinstance(expr, Box) and expr.op == "select" and isinstance(expr.args[1], Box) and expr.args[1].args
+            and isinstance(expr.args[1].args[0], Box) and expr.args[1].args[0].args):
+        return None
+    m, fallback = expr.args[1].args[0].args[0], expr.args[2]
+    return (m, fallback) if expr == scale(m, fallback) else None
 
 
 def accumulators_for(box: Box, axis: str) -> tuple[str, ...]:
@@ -280,13 +308,6 @@ class _Builder:
         # a padded position at 1 leaves p and w (sign(1)·(1 + 0) = 1): a chunk of ones lifts to the identity
         return AccumulatorPlan("prod", box, self.axis, state, lift, combine, (1.0, 1.0), final, (1.0,), (0,))
 
-    def safe_or(self, m: Expr, fallback: Expr) -> Expr:
-        """m clamped into [2^-126, 2^126] where 0 < m < inf, else ``fallback``: a scale whose
-        reciprocal is a normal f32 (no inf past 1/2.9e-39, no subnormal a GPU flushes to 0)."""
-        usable = _bin("mul", _bin("gt", m, Const(0.0)), _bin("lt", m, Const(math.inf)))
-        clamped = _bin("minimum", _bin("maximum", m, Const(_SCALE_LOW)), Const(_SCALE_HIGH))
-        return typed_box("select", (usable, clamped, fallback))
-
     def scaled(self, proved: AccumulatorPlan) -> AccumulatorPlan:
         """The normalised state as (m, o', z') (``float_safe``)."""
         a1, a2, _ = self.box.params
@@ -296,7 +317,7 @@ class _Builder:
 
         def terms(m: Expr, body: list[tuple[str, Expr]], suffix: str = "") -> tuple[Var, Var]:
             """The chunk's Σ a1(s/k)·v and Σ a2(s/k) at k = safe(m), appended to ``body``."""
-            body.append((f"k{suffix}", self.safe_or(m, Const(1.0))))
+            body.append((f"k{suffix}", scale(m, Const(1.0))))
             k = Var(f"k{suffix}", m.axes)
             body.append((f"r{suffix}", _unary("recip", k)))
             scaled = _bin("mul", s, Var(f"r{suffix}", m.axes))
@@ -319,11 +340,11 @@ class _Builder:
         one, two = self.states(state, "1"), self.states(state, "2")
         (m1, o1, z1), (m2, o2, z2) = ([Var(p.name, p.axes) for p in ps] for ps in (one, two))
         merged = _bin("maximum", m1, m2)
-        body: list[tuple[str, Expr]] = [("m", merged), ("k", self.safe_or(mv, Const(1.0)))]
+        body: list[tuple[str, Expr]] = [("m", merged), ("k", scale(mv, Const(1.0)))]
         k = Var("k", mv.axes)
         outs: list[Expr] = [mv]
         for i, mi in enumerate((m1, m2), 1):
-            body.append((f"c{i}", _bin("div", self.safe_or(mi, k), k)))
+            body.append((f"c{i}", _bin("div", scale(mi, k), k)))
         c1, c2 = Var("c1", mv.axes), Var("c2", mv.axes)
         for name, power, x1, x2 in (("o", powers[0], o1, o2), ("z", powers[1], z1, z2)):
             body.append((name, _bin("add", rescaled(c1, power, x1), rescaled(c2, power, x2))))
@@ -333,14 +354,14 @@ class _Builder:
         body = [("top", top), ("m", _bin("maximum", m1, Var("top", top.axes)))]
         o_chunk, z_chunk = terms(mv, body, "_chunk")
         k = Var("k_chunk", mv.axes)
-        body.append(("c", _bin("div", self.safe_or(m1, k), k)))
+        body.append(("c", _bin("div", scale(m1, k), k)))
         c = Var("c", mv.axes)
         body += [("o", _bin("add", rescaled(c, powers[0], o1), o_chunk)),
                  ("z", _bin("add", rescaled(c, powers[1], z1), z_chunk))]
         update = self.diagram("update", one + self.operands, body, (mv, Var("o", o.axes), Var("z", z.axes)))
         final = replace(proved.final, inputs=(Param("m", top.axes), *proved.final.inputs))
         return replace(proved, state=state, lift=lift, combine=combine, identity=(0.0, 0.0, 0.0), final=final,
-                       update=update)
+                       update=update, degrees=(DEGREE[a1], DEGREE[a2]))
 
     def monoid(self, name: str) -> AccumulatorPlan:
         """sum (sum, mean, contract), max, min: the state is the box's own partial value."""

@@ -29,13 +29,14 @@ from napkin_cat.certify.cases import (
 )
 from napkin_cat.certify.reach import UNBOUNDED, scale, unfolded
 from napkin_cat.certify.reach import reach as lemma_reach  # not `reach`: the submodule keeps that name
+from napkin_cat.certify.represent import prove_representation
 from napkin_cat.certify.rules import validate
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.evaluate import FLOAT64, SYMBOLIC, Algebra, Named, evaluate_named
 from napkin_cat.terms import Box, Diagram, LemmaDecl, Var, box_diagram, walk
 
 __all__ = ["LEMMA_SAFETY_SCALES", "SAFETY_SCALE", "accumulator_answer", "certify_accumulator", "float_safety",
-           "infinite_tested", "lemma_certificate", "lemma_float_safety"]
+           "infinite_tested", "lemma_certificate", "lemma_float_safety", "prove_representation"]
 
 _EXACT_ENTRIES = 512  # the exact tier's largest input (entries over all parameters)
 _MAX_REACH = 24  # the largest size the float64 tier sweeps a lemma to (see certify_reach.reach)
@@ -257,11 +258,15 @@ def accumulator_answer(plain: Box, axis: str, name: str, pad: bool) -> str:
     cert = certify_accumulator(plain, axis, name, pad, "quick")
     if not cert.ok:
         return f"its laws fail ({cert.how}: {cert.counterexample})" if cert.counterexample else cert.how
+    kernel = prove_representation(plain, axis, name)  # the float-safe state the kernels run
+    if kernel is not None and not kernel.ok:
+        return f"the kernels' float-safe state does not represent it ({kernel.counterexample})"
     unsafe = float_safety(plain, axis, name)
     if unsafe:
         return unsafe
     proved = prove.prove_accumulator(plain, axis, name, pad)
-    return (proved or cert.how) + infinite_tested(plain, axis, name)
+    shown = f"; kernel state {kernel.how}" if kernel is not None else ""
+    return (proved or cert.how) + shown + infinite_tested(plain, axis, name)
 
 
 @cache
@@ -335,13 +340,14 @@ def _cancelling_row(box: Box, k: int, fill: float, n: int) -> np.ndarray | None:
 def _both_ways(box: Box, axis: str, name: str,
                values: Callable[[Diagram, dict[str, int]], list[np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
     """The canonical ``box``'s value by the evaluator and by accumulator ``name`` run chunk by
-    chunk (``accumulators.stream_fold``, tile 2), at size 3 per axis and 6 along ``axis``, on
-    the inputs ``values(diagram, sizes)`` gives: (evaluator, streamed), aligned."""
+    chunk as the kernels run it (``accumulators.float_safe``, ``stream_fold``, tile 2), at size 3
+    per axis and 6 along ``axis``, on the inputs ``values(diagram, sizes)`` gives: (evaluator,
+    streamed), aligned."""
     diagram = box_diagram(box)
     sizes = {a.name: 3 for a in diagram.axes} | {axis: 6}
     inputs = [Named(p.axes, v) for p, v in zip(diagram.inputs, values(diagram, sizes), strict=True)]
     (reference,) = evaluate_named(diagram, inputs, dict(sizes), FLOAT64)
-    streamed = acc.stream_fold(acc.plan(box, axis, name), inputs, 2, sizes)
+    streamed = acc.stream_fold(acc.kernel_plan(box, axis, name), inputs, 2, sizes)
     return np.asarray(reference.data, float), np.asarray(streamed.to(reference.axes), float)
 
 

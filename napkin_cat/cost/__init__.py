@@ -21,7 +21,7 @@ import sympy
 from sympy import Expr
 
 from napkin_cat import ops
-from napkin_cat.certify.accumulators import AccumulatorPlan, accumulators_for, plan
+from napkin_cat.certify.accumulators import AccumulatorPlan, accumulators_for, float_safe, plan
 from napkin_cat.cost import hardware as hw
 from napkin_cat.cost.launch import launch, occupancy
 from napkin_cat.cost.split import SplitCost, per_point, split_cost
@@ -230,8 +230,9 @@ class Cost:
     def fold_flops(self) -> Expr:
         """FLOPs of folding each chunk of a stream into its accumulator's state, beyond the
         chunk's own (the online softmax's correction of its running output: ``update`` less
-        ``lift`` of the accumulator, or ``combine`` without an update), once per chunk; on a
-        profile with ``accumulate_pass`` also a summed contraction's add (``_fold_flops``)."""
+        ``lift`` of the accumulator, or ``combine`` without an update; the float-safe l2/rms
+        state's |s|, running max, scaling and rescaling besides), once per chunk; on a profile
+        with ``accumulate_pass`` also a summed contraction's add (``_fold_flops``)."""
         return _fold_flops(self.program, self.accumulators, self.hardware.accumulate_pass)
 
     @functools.cached_property
@@ -461,16 +462,18 @@ def _box_flops(box: Box, prog: Program, path: tuple[Inst, ...]) -> Expr:
 
 def _fold_flops(prog: Program, chosen: Mapping[str, str], accumulate_pass: bool = False) -> Expr:
     """FLOPs of folding chunks into accumulator states (``Cost.fold_flops``): for each box
-    computed inside a stream over an axis it consumes, per chunk, its accumulator's ``update``
-    less its ``lift`` (``combine`` where it has no update), counted box by box as ``_flops``
-    counts the diagram's, at the extents inside the stream; an ``add`` of a contraction's
-    result is free (the tensor cores accumulate into their operand), so a contraction summed
-    over chunks folds at no cost (its ``sum`` state is the MMA's accumulator) and the online
-    softmax pays for its correction only.  With ``accumulate_pass`` (``Hardware``: XLA:CPU) a
-    summed contraction's add is a pass of its own, one FLOP per state value per chunk; the
-    online softmax's still rides in its correction's pass.  It prices the proved plan: the
-    float-safe one the kernels run for l2 and rms (``accumulators.float_safe``) also takes |s|,
-    its running max and s·(1/k) per score and rescales the state per chunk, which it leaves out."""
+    computed inside a stream over an axis it consumes, per chunk, what the plan the kernels run
+    (``accumulators.float_safe`` of the proved one) does beyond the proved plan's ``lift``, which
+    the box's own FLOPs price: its ``update`` (its ``lift`` and ``combine`` where it has none)
+    less the proved ``lift``, counted box by box as ``_flops`` counts the diagram's, at the
+    extents inside the stream.  So the proved plans pay for their ``update`` less their ``lift``
+    (``combine`` without an update), and the float-safe l2/rms state also for |s|, its running max
+    and s·(1/k) per score, its scale per row and the rescaling per state entry and chunk.  An
+    ``add`` of a contraction's result is free (the tensor cores accumulate into their operand),
+    so a contraction summed over chunks folds at no cost (its ``sum`` state is the MMA's
+    accumulator) and the online softmax pays for its correction only.  With ``accumulate_pass``
+    (``Hardware``: XLA:CPU) a summed contraction's add is a pass of its own, one FLOP per state
+    value per chunk; the online softmax's still rides in its correction's pass."""
     loops = prog.nest.loops
     total = sympy.Integer(0)
     for step in prog.views[-1].steps:
@@ -484,11 +487,11 @@ def _fold_flops(prog: Program, chosen: Mapping[str, str], accumulate_pass: bool 
             if accumulate_pass:
                 total += step.count * sympy.Mul(*(extent for _, extent in prog.shape(box.axes, step.path)))
             continue
-        acc = _plan(box, streams[-1].axis, chosen_accumulator(box, chosen.get(step.array), streams[-1].partition.via))
-
-        per_chunk = (_term_flops(acc.update, prog, step.path) - _term_flops(acc.lift, prog, step.path)
-                     if acc.update is not None else _term_flops(acc.combine, prog, step.path))
-        total += step.count * per_chunk
+        proved, run = _plans(box, streams[-1].axis,
+                             chosen_accumulator(box, chosen.get(step.array), streams[-1].partition.via))
+        folded = _term_flops(run.update, prog, step.path) if run.update is not None else \
+            _term_flops(run.lift, prog, step.path) + _term_flops(run.combine, prog, step.path)
+        total += step.count * (folded - _term_flops(proved.lift, prog, step.path))
     return total
 
 
@@ -502,8 +505,10 @@ def _term_flops(term: Diagram, prog: Program, path: tuple[Inst, ...]) -> Expr:
 
 
 @functools.lru_cache(maxsize=256)
-def _plan(box: Box, axis: str, name: str) -> AccumulatorPlan:
-    return plan(box, axis, name)
+def _plans(box: Box, axis: str, name: str) -> tuple[AccumulatorPlan, AccumulatorPlan]:
+    """(the proved plan, the plan the kernels run: ``accumulators.float_safe``)."""
+    proved = plan(box, axis, name)
+    return proved, float_safe(proved)
 
 
 def _on_tensor_cores(box: Box) -> bool:

@@ -28,7 +28,7 @@ import sympy
 from sympy import Expr
 
 from napkin_cat import ops
-from napkin_cat.certify.accumulators import plan
+from napkin_cat.certify.accumulators import kernel_plan
 from napkin_cat.schedule.build import chosen_accumulator
 from napkin_cat.schedule.loopnest import flatten
 from napkin_cat.schedule.program import Program
@@ -87,7 +87,7 @@ def split_cost(prog: Program, bytes_of: Mapping[str, int], accumulators: Mapping
         box = node.expr
         assert isinstance(box, Box)
         name = chosen_accumulator(box, accumulators.get(node.name), loop.partition.via)
-        acc = plan(box, loop.axis, name)
+        acc = kernel_plan(box, loop.axis, name)  # the state the kernels merge
         states += sympy.Add(*(size(axes) for _, axes in acc.state))
         merge += sympy.Add(*(per_point(n.expr) * size(union_axes(*(a.axes for a in n.expr.args), n.expr.axes))
                              for n in flatten(acc.combine).nodes if isinstance(n.expr, Box)))

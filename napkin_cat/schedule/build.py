@@ -54,7 +54,7 @@ import sympy
 from sympy import Expr
 
 from napkin_cat import ops
-from napkin_cat.certify.accumulators import AccumulatorPlan, plan
+from napkin_cat.certify.accumulators import AccumulatorPlan, kernel_plan, plan
 from napkin_cat.schedule.datamask import data_masks, gathered_tables, tested
 from napkin_cat.schedule.loopnest import LoopNest, Node, woven_axes
 from napkin_cat.schedule.masks import GroupAxis, chunk_count, stream_masks
@@ -87,8 +87,10 @@ def program(nest: LoopNest, sizes: Mapping[str, Expr], tiles: Mapping[str, Expr]
 
 def chosen_accumulator(box: Box, given: str | None, via: str | None) -> str:
     """The accumulator that streams ``box``: the theorem's choice (``given``), else the stream
-    partition's ``via``, else the box's first admissible one."""
-    return given or via or ops.accumulators_for(box.op, box.params)[0]
+    partition's ``via`` where it can stream the box (the layout's rule: a ``via logsumexp``
+    stream's contraction is summed), else the box's first admissible one."""
+    admissible = ops.accumulators_for(box.op, box.params)
+    return given or (via if via in admissible else admissible[0])
 
 
 @dataclass(frozen=True)
@@ -224,14 +226,17 @@ class _Builder:
         return "group" if lp.kind == "group" else self.nest.phase(lp, name)
 
     def state_shapes(self, node: Node, loop: int) -> list[tuple[str, Axes]]:
-        """The accumulator state of a node consuming loop's axis: (component, axes) pairs."""
+        """The accumulator state of a node consuming loop's axis, as the kernels hold it
+        (``accumulators.float_safe``: the l2/rms state's running max m too): (component, axes) pairs."""
         box = node.expr
         assert isinstance(box, Box)
-        name = chosen_accumulator(box, self.accumulators.get(node.name), self.nest.loops[loop].partition.via)
+        lp = self.nest.loops[loop]
+        name = chosen_accumulator(box, self.accumulators.get(node.name), lp.partition.via)
+        state = [c for c, _ in kernel_plan(box, lp.axis, name).state]
         if ops.OPS[box.op].kind == "ncontract":
             rows = tuple(a for a in box.args[0].axes if a not in box.target)
-            return [(c, node.axes if c == "o" else rows) for c in ops.ACCUMULATORS[name].state]
-        return [(c, node.axes) for c in ops.ACCUMULATORS[name].state]
+            return [(c, node.axes if c == "o" else rows) for c in state]
+        return [(c, node.axes) for c in state]
 
 
 class _ViewBuilder:

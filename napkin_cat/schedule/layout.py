@@ -36,7 +36,7 @@ from functools import cached_property
 from typing import Any
 
 from napkin_cat import certify, ops
-from napkin_cat.certify.accumulators import AccumulatorPlan, float_safe, plan
+from napkin_cat.certify.accumulators import AccumulatorPlan, kernel_plan, plan
 from napkin_cat.diagnostics import NapkinError, error
 from napkin_cat.schedule.loopnest import Flat, LoopNest, Node, flatten, loop_nest, touches, woven_axes
 from napkin_cat.terms import (
@@ -333,7 +333,7 @@ def layout(name: str, diagram: Diagram, schedule: Schedule, tiles: Mapping[str, 
                 if via is not None and via not in ops.accumulators_for(box.op, box.params):
                     via = None
                 # the proved plan, its state in a float-safe representation (l2/rms: a running scale)
-                plans[node.name] = float_safe(plan(box, stream, via))
+                plans[node.name] = kernel_plan(box, stream, via)
     for step in schedule.quantisations:
         if step.dtype not in FORMATS:
             raise NapkinError(error("lower.dtype", dtype=step.dtype, known=", ".join(FORMATS)))

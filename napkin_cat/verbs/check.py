@@ -7,7 +7,7 @@ import json
 import sys
 
 from napkin_cat import certify
-from napkin_cat.certify import rules
+from napkin_cat.certify import Certificate, rules
 from napkin_cat.certify.accumulators import accumulators_for
 from napkin_cat.diagnostics import NapkinError, render
 from napkin_cat.files import FileRefused, source_paths
@@ -40,9 +40,13 @@ def cmd_check(args: argparse.Namespace) -> int:
         for box, axis in certify.representative_boxes():
             for name in accumulators_for(box, axis):
                 cert = certify.certify_accumulator(box, axis, name, True, level)
+                plain = certify.canonical(box, axis)
+                kernel = certify.prove_representation(plain, axis, name)  # the state the kernels run
+                if cert.ok and kernel is not None and not kernel.ok:
+                    cert = Certificate(False, f"kernel state: {kernel.counterexample}")
                 uncertified += not cert.ok
-                how = (prove.prove_accumulator(certify.canonical(box, axis), axis, name, True) or cert.how) \
-                    if cert.ok else cert.how
+                how = (prove.prove_accumulator(plain, axis, name, True) or cert.how) if cert.ok else cert.how
+                how += f"; kernel state {kernel.how}" if cert.ok and kernel is not None else ""
                 if args.json or (args.quiet and cert.ok):
                     continue
                 params = f"; {', '.join(box.params)}" if box.params else ""

@@ -124,7 +124,7 @@ def flash_sign_forward(Q, K, V, *, interpret=None):
         final_t_10 = final_t_1 + final_t_9
         final_t_11 = final_t_4 / final_t_10[:, None]
         out0_ref[...] = final_t_11.astype(out0_ref.dtype)
-    launched = launch(5152, 16384, 32, 255, (4, 8), 0.55, 16, (3, 2, 1), 232448.0 - 8192)
+    launched = launch(5184, 16384, 32, 255, (4, 8), 0.55, 16, (3, 2, 1), 232448.0 - 8192)
     outs = pl.pallas_call(kernel, out_shape=[jax.ShapeDtypeStruct((p['q'], p['d']), jnp.float32)], grid=(p['q'] // 32,), in_specs=[pl.BlockSpec((32, p['d']), lambda i_q: (i_q, 0)), pl.BlockSpec((p['x'], p['d']), lambda i_q: (0, 0)), pl.BlockSpec((p['x'], p['d']), lambda i_q: (0, 0))], out_specs=[pl.BlockSpec((32, p['d']), lambda i_q: (i_q, 0))], interpret=interpret, compiler_params=plgpu.CompilerParams(num_warps=launched[0], num_stages=launched[1]))(Q_padded, K_padded, V_padded)
     return outs[0][:n['q'], :n['d']]
 

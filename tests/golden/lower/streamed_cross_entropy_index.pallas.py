@@ -130,7 +130,7 @@ def streamed_cross_entropy_index_forward(Z, L, *, interpret=None):
         final_t_2 = t_1_m + final_t_1
         t_3 = final_t_2 - t_2_s
         out0_ref[...] = t_3.astype(out0_ref.dtype)
-    launched = launch(1152, 2048, 32, 255, (4, 8), 0.55, 16, (3, 2, 1), 232448.0 - 64)
+    launched = launch(1120, 2048, 32, 255, (4, 8), 0.55, 16, (3, 2, 1), 232448.0 - 64)
     outs = pl.pallas_call(kernel, out_shape=[jax.ShapeDtypeStruct((p['t'],), jnp.float32)], grid=(p['t'] // 32,), in_specs=[pl.BlockSpec((32, p['v']), lambda i_t: (i_t, 0)), pl.BlockSpec((32,), lambda i_t: (i_t,))], out_specs=[pl.BlockSpec((32,), lambda i_t: (i_t,))], interpret=interpret, compiler_params=plgpu.CompilerParams(num_warps=launched[0], num_stages=launched[1]))(Z_padded, L_padded)
     return outs[0][:n['t'],]
 

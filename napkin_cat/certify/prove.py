@@ -54,7 +54,10 @@ an output.  Predicates and index values are read over the integers, so no index 
 join may wrap in int64 at some size (``finiteness.index_may_wrap``).  The guarded shift
 max(L, -FLOAT_MAX) of an input L (a float64 array: each entry -inf or at least -FLOAT_MAX; the
 derived backward's saved statistic, ``grad._weights``) is L, and -FLOAT_MAX where L is -inf, as
-the accumulators' guard of a maximum of inputs is (``_Semantics.float_input``).
+the accumulators' guard of a maximum of inputs is (``_Semantics.float_input``).  A term 0 over the reals
+read where 0 is a jump (log, sign, sqrt, a normaliser's 0 convention) is a float64 hazard in a join
+(``_Semantics.zero_read``): with masks opaque indicators and inputs finite, it is a cancellation, which
+float64 computes as a rounding residue.
 
 Accumulator laws (accumulators.py, the unguarded forms, which equal the guarded ones on
 finite inputs): combine(lift(x), lift(y)) = lift(x ⊕ y) with x, y of symbolic lengths
@@ -335,7 +338,21 @@ class _Semantics:
     def log(self, x: Any) -> Any:
         """log of a positive term; log 0 = -inf, the evaluator's value (a fully masked row's
         logsumexp, whose Σ exp(-inf) is exactly 0)."""
-        return -sympy.oo if x == 0 else sympy.log(self.positive(x, "log"))
+        if x == 0:
+            self.zero_read("log")
+            return -sympy.oo
+        return sympy.log(self.positive(x, "log"))
+
+    def zero_read(self, op: str) -> None:
+        """In a join (``masks``), refuse a term that is 0 over the reals read by ``op`` where 0 is a jump
+        (log's -inf, sign's 0, sqrt's edge, a normaliser's 0 convention): there it is no fully masked row
+        (masks are opaque indicators) nor a -inf input, but a cancellation of terms equal over the reals,
+        which float64 computes as a rounding residue of either sign: sum[x](X·3) - sum[x](X)·3 is 5.6e14 at
+        X ≈ 1e30, where tanh(log(square(·))) is 1, not the -1 the reals' -inf gives (red team rt3)."""
+        if self.masks is not None:
+            raise FloatHazard(f"`{op}` reads a term that is 0 over the reals, where {op} jumps; float64 may "
+                              f"compute that term as a rounding residue of either sign (a cancellation of terms "
+                              f"equal over the reals), which {op} reads otherwise")
 
     def run(self, diagram: Diagram, inputs: list[Any]) -> tuple[Any, ...]:
         self.inputs = {p.name for p in diagram.inputs} - {n for let in diagram.body for n in let.names}
@@ -370,10 +387,14 @@ class _Semantics:
         if op == "tanh":  # total and smooth on the reals (a softcap: c·tanh(S / c))
             return sympy.tanh(x)
         if op in ("abs", "sign"):  # the guarded finaliser's |sign d|: 0 exactly where d is 0
+            if op == "sign" and x == 0:
+                self.zero_read(op)
             return sympy.Abs(x) if op == "abs" else sympy.sign(x)
         if op == "sqrt":
             if x.is_nonnegative is not True:
                 raise Unproved(f"sqrt of `{x}`, not known non-negative")
+            if x == 0:  # a negative residue's sqrt is NaN
+                self.zero_read(op)
             return sympy.sqrt(x)
         if op in ("recip", "rsqrt"):
             return 1 / self.positive(sympy.sqrt(x) if op == "rsqrt" else x, op)
@@ -457,6 +478,7 @@ class _Semantics:
         count = sympy.Mul(*[self.size(a) for a in node.target])
         denom = {"id": z, "sqrt": sympy.sqrt(z), "rms": sympy.sqrt(z / count)}[b]
         if denom == 0:
+            self.zero_read(node.op)
             return sympy.Integer(0)
         if not self.is_positive(denom):
             # Σ S² is 0 iff S is 0 along the row: a case of its own

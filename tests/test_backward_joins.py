@@ -669,3 +669,17 @@ def test_a_rounding_residue_read_as_an_exact_zero_is_a_float_hazard_either_way(f
         got = evaluate(backwards[0], [x, np.array(1.0), np.array(1.0)])[0]
         assert np.all(want == 1.0) and np.all(np.abs(got - want) > 1.0), (want, got)
     assert "over the reals" in _refused_both_ways(forward, backwards, ("lower.backward_unproved",))
+
+
+def test_a_saved_output_cancelling_to_zero_is_a_float_hazard_either_way() -> None:
+    """Red team rt3: the forward saves O = Σ 3·X - 3·Σ X, 0 over the reals, which a backward reads as
+    exp(tanh(O)) = 1: proved and lowered without the opt-in, yet float64's O is 2.8e14 at X = [3, 8, 3.3, -13]·1e29,
+    where dX is e·dY·c and the VJP's dY·c.  The forward's cancellation is refused as the backward's is."""
+    text = ("axis x\ndiagram f(X: [x], c: []) -> [], [] {\n  Y = sum[x](X) * c\n  O = sum[x](X * 3) - sum[x](X) * 3\n"
+            "  return Y, O\n}\ndiagram b(X: [x], c: [], O: [], dY: []) -> [x], [] {\n"
+            "  dX = dY * c * exp(tanh(O)) + X * 0\n  dc = dY * sum[x](X)\n  return dX, dc\n}\n")
+    forward, backwards = _pair(text)
+    x, one = np.array([3e29, 8e29, 3.3e29, -1.3e30]), np.array(1.0)
+    (_, saved) = evaluate(forward, [x, one])
+    assert np.allclose(evaluate(backwards[0], [x, one, saved, one])[0], math.e)
+    assert "over the reals" in _refused_both_ways(forward, backwards, ("lower.backward_unproved",))

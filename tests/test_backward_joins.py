@@ -11,11 +11,13 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from napkin_cat.certify.accumulators import FLOAT_MAX
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.elaborate import loads
+from napkin_cat.evaluate import evaluate
 from napkin_cat.grad import vjp
 from napkin_cat.lower.backward import LONG, _draws, _resolved, _tested, link
 from napkin_cat.search.backward import passes, saving
@@ -668,3 +670,47 @@ def test_a_proved_join_past_the_largest_reduced_declared_size_is_lowered() -> No
             "sum[t](exp(X))", "sum[d](X)").replace("-> [t], [t]", "-> [t], [d]").replace("DX", "dy + X * 0")),
              allow_tested=True)
     assert err.value.codes == ("lower.backward_untestable",), str(err.value)
+
+
+# ---- a cancellation to a real 0, which float64 computes as a rounding residue ------------------------------------
+
+RESIDUE = ("axis x\ndiagram f(X: [x], c: []) -> [] {{\n  Y = sum[x](X) * c\n  return Y\n}}\n"
+           "diagram b(X: [x], c: [], dY: []) -> [x], [] {{\n  r = sum[x](X * 3) - sum[x](X) * 3\n"
+           "  dX = dY * c * {factor} + X * 0\n  dc = dY * sum[x](X)\n  return dX, dc\n}}\n")
+
+
+@pytest.mark.parametrize("factor", ["(0 - tanh(log(square(r))))", "exp(tanh(r))", "(1 - square(sign(r)))",
+                                    "(1 + sqrt(r))", "(1 - square(sign(sum[x](log(exp(X) * exp(0 - X))))))"],
+                         ids=["log", "tanh", "sign", "sqrt", "sign_of_a_product_identity"])
+def test_a_rounding_residue_read_as_an_exact_zero_is_a_float_hazard_either_way(factor: str) -> None:
+    """Red team rt3: r = Σ 3·X - 3·Σ X is 0 over the reals, so the prover read log(r²) as -inf, tanh of it -1,
+    and dX = dY·c·(0 - tanh(log(r²))) as the VJP's dY·c; exp(tanh(r)) as 1 likewise: both joins were proved
+    and lowered without the opt-in (the float64 test draws r ~ 1e-15, where they are -1 and 1 too).  float64
+    computes r as its operands' rounding errors' difference: at X = [3, 8, 3.3, -13]·1e29 it is 2.8e14, where
+    dX is -1 and e where the VJP's is 1.  sign(r) was proved too (refused only by the test, whose draws happened
+    to round r off 0); sqrt(r), NaN at a negative residue, was refused by the finiteness analysis.  A
+    cancellation to 0 of terms float64 computes otherwise (``certify.prove._Semantics.cancelled``), and a term 0
+    over the reals read where 0 is a jump (``_Semantics.zero_read``: log(exp(X)·exp(-X)) is ±1e-16 in float64)
+    are now float64 hazards, refused with the opt-in too."""
+    text = RESIDUE.format(factor=factor)
+    forward, backwards = _pair(text)
+    if factor in ("(0 - tanh(log(square(r))))", "exp(tanh(r))"):  # what the prover accepted is wrong in the domain
+        x = np.array([3e29, 8e29, 3.3e29, -1.3e30])
+        want = evaluate(vjp(forward), [x, np.array(1.0), np.array(1.0)])[0]
+        got = evaluate(backwards[0], [x, np.array(1.0), np.array(1.0)])[0]
+        assert np.all(want == 1.0) and np.all(np.abs(got - want) > 1.0), (want, got)
+    assert "over the reals" in _refused_both_ways(forward, backwards, ("lower.backward_unproved",))
+
+
+def test_a_saved_output_cancelling_to_zero_is_a_float_hazard_either_way() -> None:
+    """Red team rt3: the forward saves O = Σ 3·X - 3·Σ X, 0 over the reals, which a backward reads as
+    exp(tanh(O)) = 1: proved and lowered without the opt-in, yet float64's O is 2.8e14 at X = [3, 8, 3.3, -13]·1e29,
+    where dX is e·dY·c and the VJP's dY·c.  The forward's cancellation is refused as the backward's is."""
+    text = ("axis x\ndiagram f(X: [x], c: []) -> [], [] {\n  Y = sum[x](X) * c\n  O = sum[x](X * 3) - sum[x](X) * 3\n"
+            "  return Y, O\n}\ndiagram b(X: [x], c: [], O: [], dY: []) -> [x], [] {\n"
+            "  dX = dY * c * exp(tanh(O)) + X * 0\n  dc = dY * sum[x](X)\n  return dX, dc\n}\n")
+    forward, backwards = _pair(text)
+    x, one = np.array([3e29, 8e29, 3.3e29, -1.3e30]), np.array(1.0)
+    (_, saved) = evaluate(forward, [x, one])
+    assert np.allclose(evaluate(backwards[0], [x, one, saved, one])[0], math.e)
+    assert "over the reals" in _refused_both_ways(forward, backwards, ("lower.backward_unproved",))

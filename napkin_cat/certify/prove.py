@@ -54,7 +54,11 @@ an output.  Predicates and index values are read over the integers, so no index 
 join may wrap in int64 at some size (``finiteness.index_may_wrap``).  The guarded shift
 max(L, -FLOAT_MAX) of an input L (a float64 array: each entry -inf or at least -FLOAT_MAX; the
 derived backward's saved statistic, ``grad._weights``) is L, and -FLOAT_MAX where L is -inf, as
-the accumulators' guard of a maximum of inputs is (``_Semantics.float_input``).
+the accumulators' guard of a maximum of inputs is (``_Semantics.float_input``).  A sum, difference or sum
+reduction cancelling terms equal over the reals to 0, unless float64 computes them alike, is a float64
+hazard in a join (``_Semantics.cancelled``: float64 gives their rounding errors' difference), and so is a
+term 0 over the reals read where 0 is a jump (``_Semantics.zero_read``: log, sign, sqrt, a normaliser's 0
+convention; with masks opaque indicators and inputs finite, such a 0 is a cancellation, additive or not).
 
 Accumulator laws (accumulators.py, the unguarded forms, which equal the guarded ones on
 finite inputs): combine(lift(x), lift(y)) = lift(x ⊕ y) with x, y of symbolic lengths
@@ -203,6 +207,8 @@ class _Semantics:
         self.inputs: set[str] = set()
         #: an elementwise box outside the fragment (gelu) read as an unknown function of its operand
         self.opaque = False
+        #: the bindings of the diagram being run (``cancelled`` reads its operands' terms)
+        self.defs: Mapping[str, Expr] = {}
 
     def size(self, a: str) -> Any:
         return sum((_n(p) for p in self.split[a]), sympy.Integer(0)) if a in self.split else _n(a).xreplace(self.ties)
@@ -335,10 +341,46 @@ class _Semantics:
     def log(self, x: Any) -> Any:
         """log of a positive term; log 0 = -inf, the evaluator's value (a fully masked row's
         logsumexp, whose Σ exp(-inf) is exactly 0)."""
-        return -sympy.oo if x == 0 else sympy.log(self.positive(x, "log"))
+        if x == 0:
+            self.zero_read("log")
+            return -sympy.oo
+        return sympy.log(self.positive(x, "log"))
+
+    def zero_read(self, op: str) -> None:
+        """In a join (``masks``), refuse a term that is 0 over the reals read by ``op`` where 0 is a jump
+        (log's -inf, sign's 0, sqrt's edge, a normaliser's 0 convention): there it is no fully masked row
+        (masks are opaque indicators) nor a -inf input, but a cancellation of terms equal over the reals,
+        which float64 computes as a rounding residue of either sign, additive (``cancelled``: sum[x](X·3) -
+        sum[x](X)·3 is 2.8e14 at X ≈ 1e29, where tanh(log(square(·))) is 1, not the -1 of the reals' -inf) or
+        not (log(exp(X)·exp(-X)) is ±1e-16, where sign is ±1, not 0; red team rt3)."""
+        if self.masks is not None:
+            raise FloatHazard(f"`{op}` reads a term that is 0 over the reals, where {op} jumps; float64 may "
+                              f"compute that term as a rounding residue of either sign (a cancellation of terms "
+                              f"equal over the reals), which {op} reads otherwise")
+
+    def cancelled(self, node: Box, operands: tuple[Any, ...], value: Any) -> None:
+        """In a join (``masks``), refuse a sum, difference or sum reduction of non-zero terms that is 0 over
+        the reals (a cancellation), unless float64 computes its two operands alike (``a - a``, ``a + -a``):
+        elsewhere float64 computes it as their rounding errors' difference, of either sign and as large as
+        2^-53 of the operands, which a later box need not scale back: exp(tanh(sum[x](X·3) - sum[x](X)·3)) is 1
+        over the reals and e^±1 at X ≈ 1e29 (red team rt3)."""
+        if self.masks is None or any(o == 0 for o in operands) or _expand(value) != 0:
+            return
+        if node.op in ("add", "sub"):
+            def bare(e: Expr) -> tuple[int, Expr]:  # the operand as float64 computes it, and its sign
+                e = _canonical(expanded(e, self.defs))
+                if isinstance(e, Box) and (e.op == "neg" or (e.op == "sub" and e.args[0] == Const(0.0))):
+                    return -1, e.args[-1]
+                return 1, e
+            (s1, a), (s2, b) = bare(node.args[0]), bare(node.args[1])
+            if a == b and s1 * s2 == (1 if node.op == "sub" else -1):
+                return
+        raise FloatHazard(f"`{node.op}` cancels terms equal over the reals to 0, which float64 computes otherwise "
+                          f"(as their rounding errors' difference, of either sign)")
 
     def run(self, diagram: Diagram, inputs: list[Any]) -> tuple[Any, ...]:
         self.inputs = {p.name for p in diagram.inputs} - {n for let in diagram.body for n in let.names}
+        self.defs = diagram.bindings()
         def visit(node: Expr, kids: tuple[Any, ...], env: Mapping[str, Any]) -> Any:
             if isinstance(node, Var):
                 return env[node.name]
@@ -370,10 +412,14 @@ class _Semantics:
         if op == "tanh":  # total and smooth on the reals (a softcap: c·tanh(S / c))
             return sympy.tanh(x)
         if op in ("abs", "sign"):  # the guarded finaliser's |sign d|: 0 exactly where d is 0
+            if op == "sign" and x == 0:
+                self.zero_read(op)
             return sympy.Abs(x) if op == "abs" else sympy.sign(x)
         if op == "sqrt":
             if x.is_nonnegative is not True:
                 raise Unproved(f"sqrt of `{x}`, not known non-negative")
+            if x == 0:  # a negative residue's sqrt is NaN
+                self.zero_read(op)
             return sympy.sqrt(x)
         if op in ("recip", "rsqrt"):
             return 1 / self.positive(sympy.sqrt(x) if op == "rsqrt" else x, op)
@@ -384,18 +430,24 @@ class _Semantics:
             return args[1] if x == -sympy.oo else x
         if op in ("add", "sub", "mul", "maximum", "minimum"):
             y = args[1]
-            return {"add": x + y, "sub": x - y, "mul": x * y, "maximum": maximum(x, y), "minimum": minimum(x, y)}[op]
+            value = {"add": x + y, "sub": x - y, "mul": x * y, "maximum": maximum(x, y), "minimum": minimum(x, y)}[op]
+            if op in ("add", "sub"):
+                self.cancelled(node, args, value)
+            return value
         if op == "div":
             return x / self.positive(args[1], "division")
         if op in ("sum", "mean"):
             total = self.reduce("Sum", x, t)
+            self.cancelled(node, args, total)
             return total if op == "sum" else total / sympy.Mul(*[self.size(a) for a in t])
         if op in ("max", "min", "prod"):
             return self.reduce(op.capitalize(), x, t)
         if op == "logsumexp":
             return self.log(self.reduce("Sum", sympy.exp(x), t))
         if op == "contract":
-            return self.reduce("Sum", sympy.Mul(*args), t)
+            total = self.reduce("Sum", sympy.Mul(*args), t)
+            self.cancelled(node, args, total)
+            return total
         if (weights := ops.OPS[op].weights) is not None:  # a normalisation: its normalised-contraction weights
             return self.weights(node, weights, x)
         if op == "ncontract":
@@ -457,6 +509,7 @@ class _Semantics:
         count = sympy.Mul(*[self.size(a) for a in node.target])
         denom = {"id": z, "sqrt": sympy.sqrt(z), "rms": sympy.sqrt(z / count)}[b]
         if denom == 0:
+            self.zero_read(node.op)
             return sympy.Integer(0)
         if not self.is_positive(denom):
             # Σ S² is 0 iff S is 0 along the row: a case of its own

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import itertools
 import math
 from pathlib import Path
 
@@ -499,13 +498,17 @@ _TERMS = st.sampled_from([1, 2, 3, 4, 6, 8, 12, "a", "b", "c"])  # any lcm of th
 @given(st.lists(st.builds(terms.Divides, _TERMS, _TERMS), max_size=5))
 def test_tile_assumptions_contradiction_iff_no_solution(constraints: list[terms.Divides]) -> None:
     """``terms.contradiction`` (R9, ``kernel._nest``) names a contradiction exactly when no values of the
-    symbols satisfy the assumptions (searched over 1..24, which holds the lcm witness when there is one)."""
-    def holds(value: dict[str, int]) -> bool:
-        def of(t: str | int) -> int:
-            return t if isinstance(t, int) else value[t]
-        return all(of(c.dividend) % of(c.divisor) == 0 for c in constraints)
+    symbols satisfy the assumptions (searched over 1..24, which holds the lcm witness when there is one:
+    every assignment at once, each symbol an axis of a numpy grid)."""
+    grid = dict(zip("abc", np.meshgrid(*[np.arange(1, 25)] * 3, indexing="ij"), strict=True))
 
-    solvable = any(holds(dict(zip("abc", v, strict=True))) for v in itertools.product(range(1, 25), repeat=3))
+    def of(t: str | int) -> int | np.ndarray:
+        return t if isinstance(t, int) else grid[t]
+
+    holds = np.ones((24, 24, 24), bool)
+    for c in constraints:
+        holds &= of(c.dividend) % of(c.divisor) == 0
+    solvable = bool(holds.any())
     assert (terms.contradiction(constraints) is None) == solvable
 
 

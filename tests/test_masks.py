@@ -108,14 +108,16 @@ diagram plain(Q: [q d], K: [x d], V: [x d]) -> [q d] {
 }
 """
 MODULE = loads(TEXT)
-PREDICATES = {  # the masks above as Python, for the brute force
+#: the masks above as Python, for the brute force: ``&`` and ``|`` rather than ``and`` and ``or``, so that
+#: each holds for integers and, elementwise, for numpy arrays of them (``brute_pairs``)
+PREDICATES = {
     "causal": lambda g, i: g >= i,
-    "window": lambda g, i: g >= i and g - i < 40,
+    "window": lambda g, i: (g >= i) & (g - i < 40),
     "scaled": lambda g, i: 2 * g + 3 >= i,
     "prefix": lambda g, i: i < 50,
-    "prefix_lm": lambda g, i: g >= i or i < 50,
-    "sink": lambda g, i: (g >= i and g - i < 40) or i < 20,
-    "bands": lambda g, i: (i < 8 or g - i < 24) and (g >= i or i >= 90),
+    "prefix_lm": lambda g, i: (g >= i) | (i < 50),
+    "sink": lambda g, i: ((g >= i) & (g - i < 40)) | (i < 20),
+    "bands": lambda g, i: ((i < 8) | (g - i < 24)) & ((g >= i) | (i >= 90)),
 }
 UNIONS = {"prefix_lm", "sink", "bands"}  # disjunctions: a union of ranges per program
 STREAM = "x"
@@ -129,11 +131,23 @@ def masks_of(name: str) -> tuple | None:
 
 
 def brute(name: str, q: int, x: int, gq: int, sx: int) -> int:
-    """(q-tile, x-chunk) pairs holding a position where the mask is true, over the padded
-    blocks (a ragged last tile's padded rows included, as the kernel's block holds them)."""
-    pred = PREDICATES[name]
-    return sum(any(pred(g, i) for g in range(p * gq, (p + 1) * gq) for i in range(c * sx, (c + 1) * sx))
-               for p in range(math.ceil(q / gq)) for c in range(math.ceil(x / sx)))
+    """``brute_pairs`` of one of the masks above."""
+    return brute_pairs(PREDICATES[name], q, x, gq, sx)
+
+
+def brute_pairs(pred: Any, q: int, x: int, gq: int, sx: int) -> int:
+    """(q-tile, x-chunk) pairs holding a position where the mask ``pred`` is true."""
+    return int(blocks(pred, q, x, gq, sx)[0].sum())
+
+
+def blocks(pred: Any, q: int, x: int, gq: int, sx: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per (q-tile, x-chunk) block, whether the mask ``pred`` holds at some position of it (live)
+    and at every position (full), over the padded blocks (a ragged last tile's padded rows
+    included, as the kernel's block holds them): ``pred`` at every position at once (numpy)."""
+    programs, chunks = math.ceil(q / gq), math.ceil(x / sx)
+    g, i = np.arange(programs * gq)[:, None], np.arange(chunks * sx)[None, :]
+    holds = np.broadcast_to(pred(g, i), (programs * gq, chunks * sx)).reshape(programs, gq, chunks, sx)
+    return holds.any(axis=(1, 3)), holds.all(axis=(1, 3))
 
 
 def closed(name: str, q: int, x: int, gq: int, sx: int) -> int:
@@ -167,10 +181,10 @@ def test_chunk_range_per_program_is_exact(name: str, q: int, x: int, gq: int, sx
     once, in increasing order, and no other."""
     masks = masks_of(name)
     assert masks is not None and (len(masks) == 1) == (name not in UNIONS)
-    pred, trips = PREDICATES[name], math.ceil(x / sx)
+    trips = math.ceil(x / sx)
+    live, _ = blocks(PREDICATES[name], q, x, gq, sx)
     for p in range(math.ceil(q / gq)):
-        runs = [c for c in range(trips)
-                if any(pred(g, i) for g in range(p * gq, (p + 1) * gq) for i in range(c * sx, (c + 1) * sx))]
+        runs = np.flatnonzero(live[p]).tolist()
         if len(masks) == 1:
             lo, hi = chunk_range(masks[0], {"q": p * gq}, {"q": gq - 1}, sx, trips)
             assert list(range(max(lo, 0), max(hi, lo, 0))) == runs, (p, lo, hi)
@@ -366,10 +380,10 @@ def test_full_range_per_program_is_exact(name: str, q: int, x: int, gq: int, sx:
     found = full_masks(flat, STREAM, [n.name for n in flat.nodes], {"q"})
     assert {getattr(flat.node(where).expr, "op", None) for where, _ in found} == {"where"}
     assert (len(found) == 1) == (name not in UNIONS)
-    pred, trips = PREDICATES[name], math.ceil(x / sx)
+    trips = math.ceil(x / sx)
+    _, whole = blocks(PREDICATES[name], q, x, gq, sx)
     for p in range(math.ceil(q / gq)):
-        full = [c for c in range(trips)
-                if all(pred(g, i) for g in range(p * gq, (p + 1) * gq) for i in range(c * sx, (c + 1) * sx))]
+        full = np.flatnonzero(whole[p]).tolist()
         ranges = [full_range(sides, {"q": p * gq}, {"q": gq - 1}, sx, trips) for _, sides in found]
         each = [set(range(max(lo, 0), max(hi, lo, 0))) for lo, hi in ranges]
         assert all(chunks <= set(full) for chunks in each), (p, ranges)
@@ -482,9 +496,9 @@ def test_a_signed_zero_is_never_taken_for_the_identity(acc: str, body: str) -> N
 
 # ---- disjunctions: the kernels of proofs/ with prefix-LM and sliding-window-with-sinks masks ----
 
-#: the theorems' masks (examples/attention.ncd) as Python, for the brute force
-KERNELS = {"flash_attention_prefix_lm": lambda g, i: g >= i or i < 48,
-           "flash_attention_sink_window": lambda g, i: (g >= i and g - i < 64) or i < 16}
+#: the theorems' masks (examples/attention.ncd) as Python, for the brute force (as ``PREDICATES``)
+KERNELS = {"flash_attention_prefix_lm": lambda g, i: (g >= i) | (i < 48),
+           "flash_attention_sink_window": lambda g, i: ((g >= i) & (g - i < 64)) | (i < 16)}
 
 
 def _proof(name: str) -> Any:
@@ -527,23 +541,17 @@ def test_disjunctive_kernels_run_exactly_the_live_chunks(name: str, q: int, x: i
     trips = math.ceil(x / sx)
     at = _emitted_runs(lowered, trips)
     ran_in_all = 0
+    live, whole = blocks(pred, q, x, gq, sx)
     for p in range(math.ceil(q / gq)):
-        rows = range(p * gq, (p + 1) * gq)
-        live = [c for c in range(trips) if any(pred(g, i) for g in rows for i in range(c * sx, (c + 1) * sx))]
         pieces = at(p * gq)
         ran = [c for (lo, hi), _ in pieces for c in range(lo, hi)]
-        assert ran == live, (p, pieces)
+        assert ran == np.flatnonzero(live[p]).tolist(), (p, pieces)
         for (lo, hi), full in pieces:
             assert full is not None
             unmasked = range(max(lo, full[0]), min(hi, full[1]))
-            assert all(pred(g, i) for c in unmasked for g in rows for i in range(c * sx, (c + 1) * sx)), (p, full)
+            assert all(whole[p, c] for c in unmasked), (p, full)
         ran_in_all += len(ran)
     assert ran_in_all == brute_pairs(pred, q, x, gq, sx) < math.ceil(q / gq) * trips
-
-
-def brute_pairs(pred: Any, q: int, x: int, gq: int, sx: int) -> int:
-    return sum(any(pred(g, i) for g in range(p * gq, (p + 1) * gq) for i in range(c * sx, (c + 1) * sx))
-               for p in range(math.ceil(q / gq)) for c in range(math.ceil(x / sx)))
 
 
 @pytest.mark.parametrize("name", sorted(KERNELS))

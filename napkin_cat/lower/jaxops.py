@@ -192,15 +192,19 @@ def last(value: Value, axis: str, scope: Scope) -> Value:
                  tuple(a for a in value.axes if a != axis))
 
 
-def _shift(x: Value, where: ast.expr, scope: Scope) -> ast.expr:
-    """The maximum with kept dimensions where it is finite, else 0, bound to a name: the
-    evaluator's shift, so a row whose maximum is -inf gives exp(-inf) = 0 and one whose maximum
-    is +inf gives exp(inf) = inf, never exp(inf - inf) = NaN (found by the differential run).
+def _shift(x: Value, where: ast.expr, scope: Scope, weights: bool = False) -> ast.expr:
+    """The maximum with kept dimensions, bound to a name, or 0 where it is -inf (a fully masked row
+    gives exp(-inf) = 0, not exp(-inf + inf) = NaN).  For logsumexp also 0 where it is +inf, so such a
+    row gives log(inf) = inf, never exp(inf - inf) = NaN (found by the differential run); the
+    ``weights`` of softmax keep it, as the evaluator (``evaluate.exp_shift``): NaN throughout.
     Mosaic GPU lowers no ``is_finite``: there it is |m| < inf (false for ±inf and NaN alike)."""
     m = scope.block.bind("top", _kept_dims(cg.call("jnp.max", x.expr, keywords=[cg.kw("axis", where)]), x, where,
                                            scope))
-    finite = cg.binop(cg.call("jnp.abs", m), "<", cg.name("INF")) if scope.wgmma else cg.call("jnp.isfinite", m)
-    return scope.block.bind("shift", cg.call("jnp.where", finite, m, cg.const(0.0)))
+    if weights:
+        kept = cg.binop(m, "!=", ast.UnaryOp(ast.USub(), cg.name("INF")))
+    else:
+        kept = cg.binop(cg.call("jnp.abs", m), "<", cg.name("INF")) if scope.wgmma else cg.call("jnp.isfinite", m)
+    return scope.block.bind("shift", cg.call("jnp.where", kept, m, cg.const(0.0)))
 
 
 def _scale(x: Value, where: ast.expr, scope: Scope) -> ast.expr:
@@ -236,7 +240,7 @@ def _weights(params: Sequence[str], x: Value, target: Axes, scope: Scope) -> ast
     s = x.expr
     numerator = None
     if a1 == a2 == "exp":  # exp(s)/b(Σ exp(s)) = exp(s - r·m)/b(Σ exp(s - m)), b of degree r
-        shift = _shift(x, where, scope)
+        shift = _shift(x, where, scope, weights=b == "id")
         s = scope.block.bind("shifted", cg.binop(s, "-", shift))
         if b != "id":  # exp(s) alone overflows f32 at s = 89 where the weights do not (sqrt: 178)
             half = cg.binop(shift, "*", cg.const(NORMALISER_DEGREE[b]))

@@ -10,6 +10,8 @@ Documented conventions for awkward inputs (float64):
 - ``softmax`` and ``logsumexp`` subtract the running maximum, so large logits stay finite;
 - a row that is entirely ``-inf`` (fully masked) gives ``softmax`` = 0 and
   ``logsumexp`` = -inf, and a normalised contraction over it gives 0;
+- a row holding ``+inf`` gives ``logsumexp`` = +inf, and ``softmax`` (and the weights of
+  ``ncontract[exp, exp, id]``) NaN throughout: exp(inf - inf) in the sum (``exp_shift``);
 - ``l2norm``/``rmsnorm`` of an all-zero row, and any normalised contraction whose
   normaliser is 0, give 0.
 """
@@ -48,8 +50,8 @@ from napkin_cat.terms import (
 )
 
 __all__ = ["FLOAT32", "FLOAT64", "INDEX_ARITH", "INPUT_RANGE", "MAX_POINTS_EVALUATED", "SYMBOLIC", "Algebra",
-           "Interpreter", "Named", "bind_sizes", "einsum_spec", "evaluate", "evaluate_named", "iteration_spaces",
-           "largest_space", "refuse_too_large", "related", "sample_integers", "visitor"]
+           "Interpreter", "Named", "bind_sizes", "einsum_spec", "evaluate", "evaluate_named", "exp_shift",
+           "iteration_spaces", "largest_space", "refuse_too_large", "related", "sample_integers", "visitor"]
 
 #: the most points (array positions) one box's iteration space or one input may have in an
 #: evaluation: 2^26 float64 values are 512 MiB, and a box holds a few such arrays at once
@@ -199,12 +201,22 @@ class _Float64(Algebra):
         if a1 == a2 == "exp" and b == "id":  # shift invariance (rules: softmax_shift) keeps exp finite; under
             # a sqrt or rms normaliser the weights are not invariant (exp(s - m) / sqrt(Σ exp(s - m)) is
             # exp(-m/2) times exp(s) / sqrt(Σ exp(s))), so those read s itself
-            m = np.max(data, axis=axis, keepdims=True, initial=-np.inf)
-            data = data - np.where(np.isfinite(m), m, 0.0)
+            data = data - exp_shift(data, axis)
         top = self.unary[a1](data)
         z = np.sum(self.unary[a2](data), axis=axis, keepdims=True)
         denom = {"id": z, "sqrt": np.sqrt(z), "rms": np.sqrt(z / n)}[b]
         return np.where(denom == 0, 0.0, top / np.where(denom == 0, 1.0, denom))
+
+
+def exp_shift(data: Any, axis: tuple[int, ...]) -> Any:
+    """The shift of exp-normalised weights, exp(s - m) / Σ exp(s - m) (``softmax``, ``ncontract[exp, exp,
+    id]``): the maximum m along ``axis`` (kept as 1s), or 0 where it is -inf (a fully masked row gives
+    exp(-inf) = 0, so weights 0).  A row whose maximum is +inf (or NaN) is NaN throughout, as the
+    formula gives (exp(inf - inf) in Σ): it has no distribution, and unshifted, as exp(s) / Σ exp(s),
+    its finite entries would be 0 or NaN by whether exp(s) overflows (s = 100 or 800 beside +inf),
+    which ``softmax_shift``'s two sides (s - c at c = -700) do not agree on."""
+    m = np.max(data, axis=axis, keepdims=True, initial=-np.inf)
+    return np.where(m == -np.inf, 0.0, m)
 
 
 class _Float32(_Float64):

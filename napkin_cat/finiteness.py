@@ -334,10 +334,11 @@ SIZE = Abstract(_v("+"), 0.0, POSITIONS)
 
 
 def _weights(params: tuple[str, ...], s: Abstract, rounds: bool, entries: float, vanish: bool = True) -> Abstract:
-    """a1(s) / b(Σ a2(s)), 0 where the normaliser is 0.  exp's weights read s - max s, the
-    maximum taken as 0 where it is not finite (evaluate.nweights): where it is finite,
-    s - max s ≤ 0 (``-inf`` where masked), its exponential in [0, 1] (0 where it underflows),
-    and the normaliser at least the maximum's exp(0) = 1, so the weights are in [0, 1].  Only
+    """a1(s) / b(Σ a2(s)), 0 where the normaliser is 0.  exp's weights read s - max s
+    (evaluate.exp_shift): where the maximum is finite, s - max s ≤ 0 (``-inf`` where masked), its
+    exponential in [0, 1] (0 where it underflows), and the normaliser at least the maximum's
+    exp(0) = 1, so the weights are in [0, 1]; where it is -inf (every entry is) they are 0, where
+    it is +inf or NaN NaN throughout (exp(inf - inf) = NaN in the sum).  Only
     under ``id``: the weights are shift invariant under no other normaliser, and the evaluator
     reads exp(s) unshifted there (composed: exp(s) may overflow).  Without ``vanish`` a finite
     score's weight is positive, as over the extended reals (``_underflows``: exp(s - max s) > 0)."""
@@ -350,9 +351,9 @@ def _weights(params: tuple[str, ...], s: Abstract, rounds: bool, entries: float,
         bounded = Abstract(weights if top.classes & FINITE else frozenset(), UNDERFLOW, 0.0)
         if not (rest := top.classes - FINITE):
             return bounded
-        # the maximum not finite: s itself, every entry -inf where the maximum is -inf (a fully masked row)
-        return _join(bounded, _composed(params, s if rest - _v("-inf") else Abstract(s.classes & _v("-inf")), rounds,
-                                         entries))
+        # the maximum not finite: 0 where it is -inf (a fully masked row), NaN where it is +inf or NaN
+        return _join(bounded, Abstract((_v("0") if "-inf" in rest else frozenset())
+                                       | (_v("nan") if rest - _v("-inf") else frozenset()), UNDERFLOW, 0.0))
     return _composed(params, s, rounds, entries)
 
 

@@ -156,7 +156,8 @@ def _ops() -> dict[str, OpInfo]:
         flops = 4.0 if name == "logsumexp" else 1.0
         table[name] = OpInfo(name, "reduce", 1, "required", flops=flops, accumulators=accs, doc=doc)
     norm_docs: dict[str, tuple[str, float, tuple[str, str, str]]] = {
-        "softmax": ("exp(x - max) / Σ exp(x - max); a fully masked (-inf) row gives 0", 5.0, ("exp", "exp", "id")),
+        "softmax": ("exp(x - max) / Σ exp(x - max); a fully masked (-inf) row gives 0, one holding +inf NaN", 5.0,
+                    ("exp", "exp", "id")),
         "l2norm": ("x / sqrt(Σ x²); an all-zero row gives 0", 3.0, ("id", "square", "sqrt")),
         "rmsnorm": ("x / sqrt(Σ x² / n); an all-zero row gives 0", 3.0, ("id", "square", "rms")),
     }

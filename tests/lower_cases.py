@@ -7,17 +7,18 @@ reference magnitude (at least 1).  f32 kernels must agree with the float64 evalu
 roundoff 2^-8, f32 arithmetic inside) to ``BF16_TOL``.  On extreme inputs
 (``extreme_inputs``: scaled until the scores, the operands of exp, softmax, logsumexp and
 normalised contractions, reach ``EXTREME`` = 10⁴ in magnitude, or just short of an output f32
-cannot hold) the f32 bound grows with that
-magnitude |S| as f32's own rounding of it does (``extreme_tolerance``: ``F32_TOL +
-EXTREME_SLOPE·|S|``), since a score computed in f32 is off by about 2⁻²⁴·|S| and exp carries
-that error into every weight; kernels with ``dtype`` steps are left out (bf16 scores near 10⁴
-are off by 2⁻⁸·|S| ≈ 40: no bound).
+cannot hold) the f32 bound grows with the magnitude |S| of the scores' terms (``largest_score``:
+Σ_d |q|·|k| for a dot product, |S| + |L| for S - L) as f32's own rounding of them does
+(``extreme_tolerance``: ``F32_TOL + EXTREME_SLOPE·|S|``), since a score computed in f32 is off by
+about 2⁻²⁴·|S| and exp carries that error into every weight; kernels with ``dtype`` steps are left
+out (bf16 scores near 10⁴ are off by 2⁻⁸·|S| ≈ 40: no bound).
 """
 
 from __future__ import annotations
 
 import functools
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,8 @@ F32_TOL = 2e-5
 BF16_TOL = 4e-2
 #: the largest magnitude ``extreme_inputs`` drives a diagram's values to
 EXTREME = 1e4
+#: how far past ``EXTREME`` the terms of scores that cancel are driven (``extreme_inputs``)
+CANCELLED = 8
 #: the f32 bound's growth per unit of that magnitude: 2^-22, four units of f32 roundoff
 EXTREME_SLOPE = 2.0**-22
 
@@ -140,14 +143,16 @@ def inputs(theorem: Any, seed: int, low: int = 17, high: int = 100) -> tuple[dic
     return sizes, related(diagram, arrays, sizes)  # an input a relation gives: its value (README "Proofs")
 
 
-def extreme_inputs(theorem: Any, seed: int) -> tuple[dict[str, int], list[np.ndarray], float]:
-    """``inputs`` (smaller sizes), every input but labels scaled by powers of two until the
-    scores (``largest_score``), or in a diagram without any every value it computes, reach
-    ``EXTREME`` in magnitude, or one step short of an output that f32 cannot hold (finite
+def extreme_inputs(theorem: Any, seed: int, low: int = 17, high: int = 60) -> tuple[dict[str, int], list[np.ndarray],
+                                                                                   float]:
+    """``inputs`` (sizes from ``low`` to ``high``), every input but labels scaled by powers of two
+    until the scores (``largest_score``), or in a diagram without any every value it computes, reach
+    ``EXTREME`` in magnitude (or the scores' terms ``CANCELLED`` times it: a backward's S - L over one
+    key is rounding noise, which never reaches it), or one step short of an output that f32 cannot hold (finite
     past 1e30, or more entries infinite or NaN than at scale 1: f32 overflow, not a lowering
-    question), rounded to f32 (the kernels' inputs exactly); and the scores' largest
-    magnitude |S| (0 without scores)."""
-    sizes, arrays = inputs(theorem, seed, low=17, high=60)
+    question), rounded to f32 (the kernels' inputs exactly); and the largest magnitude of the
+    scores' terms |S| (``largest_score``; 0 without scores)."""
+    sizes, arrays = inputs(theorem, seed, low=low, high=high)
     labels = label_inputs(theorem.result)
     names = [p.name for p in theorem.source.inputs]
     kept, largest, nonfinite = arrays, 0.0, None
@@ -162,23 +167,34 @@ def extreme_inputs(theorem: Any, seed: int) -> tuple[dict[str, int], list[np.nda
         nonfinite = count if nonfinite is None else nonfinite
         if count > nonfinite or any(np.any(np.abs(o[np.isfinite(o)]) >= 1e30) for o in outs):
             break
-        score, value = largest_score(theorem.source, scaled, sizes)
-        kept, largest = scaled, score
-        if score >= EXTREME or (score == 0.0 and value >= EXTREME):
+        score, terms, value = largest_score(theorem.source, scaled, sizes)
+        kept, largest = scaled, terms
+        if score >= EXTREME or terms >= CANCELLED * EXTREME or (score == 0.0 and value >= EXTREME):
             break
     return sizes, kept, largest
 
 
 #: the boxes whose first operand is a score: exp carries its absolute error into every weight
 SCORED = frozenset({"exp", "softmax", "logsumexp", "ncontract"})
+#: the boxes whose value on the operands' magnitudes bounds the magnitudes they round (``largest_score``)
+MONOTONE = frozenset({"add", "mul", "div", "neg", "contract", "where", "select", "rename", "transpose", "split",
+                      "join"})
 
 
-def largest_score(diagram: Any, arrays: list[np.ndarray], sizes: dict[str, int]) -> tuple[float, float]:
-    """The largest finite magnitude of a score (the first operand of a ``SCORED`` box) and of
-    any value ``diagram`` computes, in float64 (calls inlined)."""
+def largest_score(diagram: Any, arrays: list[np.ndarray], sizes: dict[str, int]) -> tuple[float, float, float]:
+    """The largest finite magnitude of a score (the first operand of a ``SCORED`` box), of the terms
+    f32 rounds computing it, and of any value ``diagram`` computes, in float64 (calls inlined).  The
+    terms: a score's value on the magnitudes of what it sums, Σ_d |q|·|k| for a dot product,
+    |S| + |L| for S - L (the value of a ``MONOTONE`` box on its operands' magnitudes, ``sub`` as
+    ``add``): f32 rounds each term, so a score whose terms cancel (a dot product of 1e6-sized terms
+    giving 1e4, a backward's S - L near 0) is off by 2⁻²⁴ of its terms, not of its value."""
     flat = inlined(diagram)
     exact = visitor(sizes)
-    scores, values = [0.0], [0.0]
+    scores, terms, values = [0.0], [0.0], [0.0]
+    absolute: dict[int, tuple[Any, Any]] = {}  # by a value's id: it (kept alive, so no other takes its id), its terms
+
+    def terms_of(v: Any) -> Any:
+        return absolute[id(v)][1] if id(v) in absolute else Named(v.axes, np.abs(np.asarray(v.data, np.float64)))
 
     def magnitude(v: Any) -> float:
         data = np.asarray(v.data, np.float64)
@@ -188,12 +204,16 @@ def largest_score(diagram: Any, arrays: list[np.ndarray], sizes: dict[str, int])
         value = exact(node, kids, env)
         if isinstance(node, Box) and node.op in SCORED:
             scores.append(magnitude(kids[0]))
+            terms.append(magnitude(terms_of(kids[0])))
+        if isinstance(node, Box) and node.op in MONOTONE | {"sub"} and isinstance(value, Named):
+            box = replace(node, op="add") if node.op == "sub" else node
+            absolute[id(value)] = (value, exact(box, tuple(terms_of(k) for k in kids), env))
         values.extend(magnitude(v) for v in (value if isinstance(value, tuple) else (value,)))
         return value
 
     with np.errstate(all="ignore"):
         run_diagram(flat, [Named(p.axes, a) for p, a in zip(flat.inputs, arrays, strict=True)], visit)
-    return max(scores), max(values)
+    return max(scores), max(terms), max(values)
 
 
 def extreme_tolerance(theorem: Any, largest: float) -> float:

@@ -30,6 +30,7 @@ from napkin_cat.elaborate import loads  # noqa: E402
 from napkin_cat.evaluate import evaluate  # noqa: E402
 from napkin_cat.lower import lower  # noqa: E402
 from napkin_cat.proof import prove, theorem  # noqa: E402
+from tests import lower_cases as cases  # noqa: E402
 
 PROOFS = ROOT / "proofs" / "ring_attention.ncd"
 #: the sharded axis's size read as a scalar: each device must see |q|, not its block's extent
@@ -78,6 +79,19 @@ def _run(fn: Any, source: Any, arrays: list[np.ndarray], **kwargs: Any) -> dict[
     expected = evaluate(source, arrays)
     return {"max_err": float(np.max(np.abs(np.asarray(out) - expected))), "shape": list(out.shape),
             "devices": len(out.sharding.device_set)}
+
+
+def _extreme(thm: Any, target: str, seed: int, tiles: dict[str, int]) -> dict[str, Any]:
+    """The mesh kernel on ``lower_cases.extreme_inputs`` (scores scaled to |S| ≈ 10⁴, ragged sizes that
+    8 devices' blocks and the tiles do not divide): does it agree with the evaluator within the
+    README's extreme bound (``extreme_tolerance``), and with what error and |S|?"""
+    sizes, arrays, largest = cases.extreme_inputs(thm, seed)
+    fn = lower(thm, target=target, mesh=DEVICES, tiles=tiles).fn
+    options = {"interpret": True} if target == "pallas" else {}
+    got = np.asarray(fn(*[jnp.asarray(a, jnp.float32) for a in arrays], **options), np.float64)
+    (want,) = cases.reference(thm, arrays, sizes)
+    return {"agrees": cases.agrees(got, want, cases.extreme_tolerance(thm, largest)), "largest": largest,
+            "max_err": float(np.max(np.abs(got - want)) / max(1.0, float(np.max(np.abs(want)))))}
 
 
 def _memory(name: str, devices: int, q: int, x: int, d: int = 64) -> dict[str, int]:
@@ -134,6 +148,9 @@ def main() -> None:
     ids[0][-1] = 9.0  # a query whose document has no key: a fully masked row
     out["ring_document/jax"] = _run(lower(document, target="jax", mesh=DEVICES, tiles={"gq": 16, "sx": 16}).fn,
                                     document.source, [*_inputs([(13, 64), (37, 64), (37, 64)], 10), *ids])
+    for name, target in (("ring_attention", "jax"), ("ring_attention_causal", "jax"), ("sharded_mha", "jax"),
+                         ("sharded_mha", "pallas")):
+        out[f"extreme/{name}/{target}"] = _extreme(theorem(PROOFS, name), target, len(name), {"gq": 16, "sx": 16})
     for devices in (1, 8):
         out[f"memory/{devices}"] = _memory("ring_attention", devices, 1024, 1024)
     for name in ("ring_attention", "ring_attention_causal"):

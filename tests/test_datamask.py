@@ -18,6 +18,7 @@ import napkin_cat
 from napkin_cat.cost import CostError, cost
 from napkin_cat.diagnostics import NapkinError
 from napkin_cat.elaborate import load, loads
+from napkin_cat.evaluate import exp_shift
 from napkin_cat.lower import lower
 from napkin_cat.printer import print_module
 from napkin_cat.proof import check_file, check_module, prove
@@ -31,8 +32,7 @@ EXAMPLES = load(ROOT / "examples" / "masked_attention.ncd")
 
 def _softmax_rows(s: np.ndarray) -> np.ndarray:
     """softmax over the last axis, a fully masked (-inf) row giving 0, as the evaluator defines it."""
-    m = np.max(s, axis=-1, keepdims=True)
-    e = np.exp(s - np.where(np.isfinite(m), m, 0.0))
+    e = np.exp(s - exp_shift(s, (-1,)))
     z = np.sum(e, axis=-1, keepdims=True)
     return np.where(z == 0, 0.0, e / np.where(z == 0, 1.0, z))
 

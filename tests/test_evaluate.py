@@ -166,6 +166,24 @@ def test_masked_rows_follow_the_documented_conventions() -> None:
     np.testing.assert_allclose(o, [p[0] @ v, [0.0, 0.0]])
 
 
+@pytest.mark.parametrize("finite", [1.0, 100.0, 800.0])
+def test_a_row_holding_plus_inf_is_nan_under_softmax_at_every_magnitude(finite: float) -> None:
+    """softmax is exp(s - max) / Σ exp(s - max) (ops.OPS): a row whose maximum is +inf has
+    exp(inf - inf) = NaN in its sum, so it is NaN throughout, and logsumexp is +inf.  The shift
+    was once 0 for any non-finite maximum: the finite entries then read exp(s) / inf, 0 beside
+    scores of 1 or 100 and NaN past 709, so the lemma softmax_shift's sides (S - c at c = -700,
+    a finite c) disagreed."""
+    s = np.array([[finite, np.inf, 1.0], [2.0, 0.5, -np.inf]])
+    d = diagram("(X: [i j]) -> [i j]", "softmax[j](X)")
+    shifted = diagram("(X: [i j], c: []) -> [i j]", "softmax[j](X - c)")
+    p = evaluate(d, [s])
+    assert np.isnan(p[0]).all() and np.isfinite(p[1]).all()
+    np.testing.assert_array_equal(evaluate(shifted, [s, np.array(-700.0)]), p)
+    assert evaluate(diagram("(X: [i j]) -> [i]", "logsumexp[j](X)"), [s])[0] == np.inf
+    o = evaluate(diagram("(S: [i j], V: [j k]) -> [i k]", "ncontract[j; exp, exp, id](S, V)"), [s, np.ones((3, 2))])
+    assert np.isnan(o[0]).all() and np.isfinite(o[1]).all()
+
+
 def test_zero_rows_normalise_to_zero() -> None:
     x = np.array([[0.0, 0.0], [3.0, 4.0]])
     for op, scale in (("l2norm", 5.0), ("rmsnorm", math.sqrt(12.5))):

@@ -343,6 +343,18 @@ def test_each_rule_contains_what_the_evaluator_computes(op: str, params: str, te
     assert all(found.lo <= m <= found.hi for m in logs), (term, classes, arrays, value, found)
 
 
+def test_exp_weights_of_a_row_holding_plus_inf_are_nan_not_infinite() -> None:
+    """softmax's weights are in [0, 1] where the row's maximum is finite, 0 where it is -inf and
+    NaN throughout where it is +inf or NaN (``evaluate.exp_shift``): never ±inf or negative.  The
+    rule once composed exp(s) / Σ exp(s) there, the evaluator's old shift of 0, which also holds
+    +inf (+inf / a finite sum)."""
+    term, _ = _parsed(_AB, "softmax[x](A)")
+    for classes in (frozenset(CLASSES), frozenset({"+", "+inf"}), frozenset({"-inf", "+inf"})):
+        found = abstract(term, {}, {"A": classes, "B": classes})
+        assert found.classes <= frozenset({"0", "+", "nan"}) and "nan" in found.classes, (classes, found)
+    assert abstract(term, {}, {"A": frozenset({"-inf", "-"}), "B": frozenset({"-"})}).classes == {"0", "+"}
+
+
 @pytest.mark.parametrize(("shift", "accepted"), [
     ("max[x](S)", True),
     ("sum[x](exp(M))", False),                     # float64's exp(1000) is inf (issue 28)

@@ -192,16 +192,20 @@ def last(value: Value, axis: str, scope: Scope) -> Value:
                  tuple(a for a in value.axes if a != axis))
 
 
-def _shift(x: Value, where: ast.expr, scope: Scope, keep: bool = True) -> ast.expr:
-    """The maximum with kept dimensions (``keep``; else the reduced axes dropped) where it is
-    finite, else 0, bound to a name: the evaluator's shift, so a row whose maximum is -inf gives
-    exp(-inf) = 0 and one whose maximum is +inf gives exp(inf) = inf, never exp(inf - inf) = NaN
-    (found by the differential run).  Mosaic GPU lowers no ``is_finite``: there it is |m| < inf
-    (false for ±inf and NaN alike)."""
+def _shift(x: Value, where: ast.expr, scope: Scope, keep: bool = True, weights: bool = False) -> ast.expr:
+    """The maximum with kept dimensions (``keep``; else the reduced axes dropped), bound to a name,
+    or 0 where it is -inf (a fully masked row gives exp(-inf) = 0, not exp(-inf + inf) = NaN).  For
+    logsumexp and the weights under a square root also 0 where it is +inf, so such a row gives
+    log(inf) = inf, never exp(inf - inf) = NaN (found by the differential run); the ``weights`` of
+    softmax keep it, as the evaluator (``evaluate.exp_shift``): NaN throughout.  Mosaic GPU lowers
+    no ``is_finite``: there it is |m| < inf (false for ±inf and NaN alike)."""
     reduced = cg.call("jnp.max", x.expr, keywords=[cg.kw("axis", where)])
     m = scope.block.bind("top", _kept_dims(reduced, x, where, scope) if keep else reduced)
-    finite = cg.binop(cg.call("jnp.abs", m), "<", cg.name("INF")) if scope.wgmma else cg.call("jnp.isfinite", m)
-    return scope.block.bind("shift", cg.call("jnp.where", finite, m, cg.const(0.0)))
+    if weights:
+        kept = cg.binop(m, "!=", ast.UnaryOp(ast.USub(), cg.name("INF")))
+    else:
+        kept = cg.binop(cg.call("jnp.abs", m), "<", cg.name("INF")) if scope.wgmma else cg.call("jnp.isfinite", m)
+    return scope.block.bind("shift", cg.call("jnp.where", kept, m, cg.const(0.0)))
 
 
 def _scale(x: Value, where: ast.expr, scope: Scope) -> ast.expr:
@@ -255,7 +259,7 @@ def _weights(params: Sequence[str], x: Value, target: Axes, scope: Scope) -> tup
     factor = None
     if a1 == a2 == "exp":
         if b == "id":
-            shift = _shift(x, where, scope)
+            shift = _shift(x, where, scope, weights=True)
         else:
             row = _shift(x, where, scope, keep=False)
             half = unary("exp", cg.binop(row, "*", cg.const(NORMALISER_DEGREE[b] / 2)), scope)

@@ -46,6 +46,7 @@ from napkin_cat.evaluate import (
     Named,
     bind_sizes,
     einsum_spec,
+    exp_shift,
     refuse_too_large,
     special,
 )
@@ -222,8 +223,7 @@ def _weights(params: tuple[str, ...], s: Bounded, pos: tuple[int, ...], n: int) 
     data, err = s.value.data, s.err
     with np.errstate(all="ignore"):
         if a1 == a2 == "exp" and b == "id":  # the evaluator shifts by the maximum, whose error is the largest
-            m = np.max(data, axis=pos, keepdims=True, initial=-np.inf)
-            data = data - np.where(np.isfinite(m), m, 0.0)
+            data = data - exp_shift(data, pos)
             err = _finite(err + np.max(err, axis=pos, keepdims=True, initial=0.0) + U * np.abs(data), data)
         top = FLOAT64.unary[a1](data)
         e_top = _finite(_unary_err(a1, data, err, top), top)

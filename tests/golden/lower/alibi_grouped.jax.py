@@ -95,7 +95,7 @@ def alibi_grouped(Q, K, V, m):
     S = t_3 - t_5[None, :, :, :]
     M = jnp.where(lax.broadcasted_iota(jnp.int32, (n['b'], n['h'], n['q'], n['x']), 2) >= lax.broadcasted_iota(jnp.int32, (n['b'], n['h'], n['q'], n['x']), 3), S, -INF)
     top = jnp.max(M, axis=(3,), keepdims=True)
-    shift = jnp.where(jnp.isfinite(top), top, 0.0)
+    shift = jnp.where(top != -INF, top, 0.0)
     shifted = M - shift
     top_2 = jnp.exp(shifted)
     z = jnp.sum(top_2, axis=(3,), keepdims=True)

@@ -121,7 +121,7 @@ def alibi_grouped_forward(Q, K, V, m, *, interpret=None):
         M = jnp.where(lax.broadcasted_iota(jnp.int32, (32, p['x']), 0) + q_first >= lax.broadcasted_iota(jnp.int32, (32, p['x']), 1), S, -INF)
         masked = jnp.where(lax.broadcasted_iota(jnp.int32, (32, p['x']), 1) < n['x'], M, -INF) if n['x'] < p['x'] else M
         top = jnp.max(masked, axis=(1,), keepdims=True)
-        shift = jnp.where(jnp.isfinite(top), top, 0.0)
+        shift = jnp.where(top != -INF, top, 0.0)
         shifted = masked - shift
         top_2 = jnp.exp2(shifted * 1.4426950408889634)
         z = jnp.sum(top_2, axis=(1,), keepdims=True)
@@ -150,7 +150,7 @@ def alibi_grouped_backward(Q, K, V, m, d_out):
     S = t_3 - t_5[None, :, :, :]
     M = jnp.where(lax.broadcasted_iota(jnp.int32, (n['b'], n['h'], n['q'], n['x']), 2) >= lax.broadcasted_iota(jnp.int32, (n['b'], n['h'], n['q'], n['x']), 3), S, -INF)
     top = jnp.max(M, axis=(3,), keepdims=True)
-    shift = jnp.where(jnp.isfinite(top), top, 0.0)
+    shift = jnp.where(top != -INF, top, 0.0)
     shifted = M - shift
     top_2 = jnp.exp(shifted)
     z = jnp.sum(top_2, axis=(3,), keepdims=True)

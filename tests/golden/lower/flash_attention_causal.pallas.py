@@ -178,7 +178,7 @@ def flash_attention_causal_backward(Q, K, V, dO):
     S = t * t_2
     M = jnp.where(lax.broadcasted_iota(jnp.int32, (n['q'], n['x']), 0) >= lax.broadcasted_iota(jnp.int32, (n['q'], n['x']), 1), S, -INF)
     top = jnp.max(M, axis=(1,), keepdims=True)
-    shift = jnp.where(jnp.isfinite(top), top, 0.0)
+    shift = jnp.where(top != -INF, top, 0.0)
     shifted = M - shift
     top_2 = jnp.exp(shifted)
     z = jnp.sum(top_2, axis=(1,), keepdims=True)

@@ -125,7 +125,7 @@ def flash_mha_backward(Q, K, V, dO):
     t_2 = lax.rsqrt(jnp.float32(float(n['d'])))
     S = t * t_2
     top = jnp.max(S, axis=(3,), keepdims=True)
-    shift = jnp.where(jnp.isfinite(top), top, 0.0)
+    shift = jnp.where(top != -INF, top, 0.0)
     shifted = S - shift
     top_2 = jnp.exp(shifted)
     z = jnp.sum(top_2, axis=(3,), keepdims=True)

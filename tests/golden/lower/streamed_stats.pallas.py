@@ -189,7 +189,7 @@ def streamed_stats_backward(X, d_out0, d_out1, d_out2, d_out3, d_out4):
     dt_6 = jnp.broadcast_to(jnp.where(lax.broadcasted_iota(jnp.int32, (n['t'], n['v']), 1) <= lax.broadcasted_iota(jnp.int32, (n['t'], n['v']), 0) + 3, d_out4_2[:, None], 0.0), (n['t'], n['v']))
     t_1 = dt_6 * t_6
     top = jnp.max(X_2, axis=(1,), keepdims=True)
-    shift = jnp.where(jnp.isfinite(top), top, 0.0)
+    shift = jnp.where(top != -INF, top, 0.0)
     shifted = X_2 - shift
     top_2 = jnp.exp(shifted)
     z = jnp.sum(top_2, axis=(1,), keepdims=True)

@@ -555,7 +555,7 @@ def test_a_row_of_scores_below_the_guard_is_not_read_as_masked(target: str) -> N
 
 
 @pytest.mark.parametrize("target", ["pallas", "jax"])
-@pytest.mark.parametrize("scale", [1e-20, 1e-35, 1e25])
+@pytest.mark.parametrize("scale", [1e-20, 1e-35, 1e25, 5e37])
 def test_scale_invariant_weights_of_a_whole_axis_do_not_underflow(target: str, scale: float) -> None:
     """issue 28 (red team rtdeep): l2norm, rmsnorm and an l2 normalised contraction over a whole
     axis computed Σ s² in f32, which underflows to 0 for scores near 1e-20 (and overflows near
@@ -576,6 +576,28 @@ def test_scale_invariant_weights_of_a_whole_axis_do_not_underflow(target: str, s
         assert np.max(np.abs(want)) > 0.1
         assert cases.relative_error(out, want) < cases.F32_TOL
 
+
+
+@pytest.mark.parametrize("target", ["pallas", "jax"])
+def test_weights_whose_normaliser_passes_two_to_the_126_are_not_flushed(target: str) -> None:
+    """issue 28 (red team rtkern2): ``ncontract[x; gelu, gelu, id]`` (or silu, or ``id`` over
+    ``gelu``) at scores near 3e36 has z = Σ gelu(s) near 1e38, an f32, and weights near 1/37; XLA
+    divides by the row's z as top·(1/z), whose reciprocal past 2^126 is subnormal and flushed to 0
+    on XLA:CPU: the kernel gave 0 where the evaluator's output is 0.29 (both targets).  Past 2^126
+    both are quartered first (``jaxops._per_row``; the l2 weights' scale too: the test above at 5e37)."""
+    rng = np.random.default_rng(8)
+    scores = (3e36 * (1.0 + 0.1 * rng.standard_normal((5, 37)))).astype(np.float32).astype(np.float64)
+    values = rng.standard_normal((37, 4)).astype(np.float32).astype(np.float64)
+    options = {"interpret": True} if target == "pallas" else {}
+    text = ("axis q, x, d\ndiagram big(S: [q x], V: [x d]) -> [q d], [q d], [q d] {\n"
+            "  return ncontract[x; gelu, gelu, id](S, V), ncontract[x; silu, silu, id](S, V), "
+            "ncontract[x; id, gelu, id](S, V)\n}")
+    thm = cases.proved(text, "big", "group q by gq")
+    got = lower(thm, target=target, tiles={"gq": 16}).fn(jnp.asarray(scores, jnp.float32),
+                                                         jnp.asarray(values, jnp.float32), **options)
+    for out, want in zip(got, cases.reference(thm, [scores, values], {}), strict=True):
+        assert np.max(np.abs(want)) > 0.1
+        assert cases.relative_error(out, want) < cases.F32_TOL
 
 
 @pytest.mark.parametrize("target", ["pallas", "jax"])

@@ -221,8 +221,8 @@ def _per_row(x: ast.expr, row: ast.expr, scope: Scope) -> ast.expr:
     quartered where |row| > 2^126: XLA divides by a broadcast as x·(1/row), a reciprocal that is
     subnormal there and flushed to 0 on XLA:CPU (weights of scores near 1e38 under an l2
     normaliser, or of gelu scores near 3e36 under ``id``, were 0 where the evaluator's are of order 1)."""
-    quarter = scope.block.bind("quarter", cg.call("jnp.where", cg.binop(cg.call("jnp.abs", row), ">",
-                                                                          cg.const(2.0**126)), cg.const(0.25), cg.const(1.0)))
+    past = cg.binop(cg.call("jnp.abs", row), ">", cg.const(2.0**126))
+    quarter = scope.block.bind("quarter", cg.call("jnp.where", past, cg.const(0.25), cg.const(1.0)))
     return cg.binop(cg.binop(x, "*", quarter), "/", cg.binop(row, "*", quarter))
 
 

@@ -281,13 +281,13 @@ def _weights(params: Sequence[str], x: Value, target: Axes, scope: Scope) -> tup
     top = scope.block.bind("top", unary(a1, s, scope))
     bottom = top if a2 == a1 else unary(a2, s, scope)
     z: ast.expr = _kept_dims(cg.call("jnp.sum", bottom, keywords=[cg.kw("axis", where)]), x, where, scope)
-    if b == "sqrt":
-        z = cg.call("jnp.sqrt", z)
-    elif b == "rms":
-        z = cg.call("jnp.sqrt", cg.binop(z, "/", count(target, scope)))
-    z = scope.block.bind("z", z)  # as the evaluator: weight 0 where the denominator is 0, else a plain divide
+    z = scope.block.bind("z", cg.binop(z, "/", count(target, scope)) if b == "rms" else z)
+    # as the evaluator: weight 0 where the denominator is 0, else a plain divide; the root is taken of
+    # z where z ≠ 0, else of 1: jax.grad's slope of sqrt at 0 is inf, and inf times the zero cotangent
+    # a masked row's z gets made its scores' gradient NaN (0 under an id normaliser)
     zero = cg.binop(z, "==", cg.const(0.0))
-    divisor = cg.call("jnp.where", zero, cg.const(1.0), z)
+    divisor: ast.expr = cg.call("jnp.where", zero, cg.const(1.0), z)
+    divisor = divisor if b == "id" else cg.call("jnp.sqrt", divisor)
     divided = cg.binop(top, "/", divisor) if bounded else _per_row(top, scope.block.bind("divisor", divisor), scope)
     return cg.call("jnp.where", zero, cg.const(0.0), divided), factor
 

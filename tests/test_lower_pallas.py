@@ -648,6 +648,32 @@ def test_streamed_exp_weights_under_a_square_root_normaliser_do_not_overflow(tar
             assert cases.relative_error(got, want) < cases.F32_TOL
 
 
+@pytest.mark.xfail(strict=True, reason="grad._ncontract writes the weights of ncontract[x; a1, a2, b] other than "
+                   "softmax, l2norm and rmsnorm as a1(S) / b(Σ a2(S)): 0/0 at a row whose Σ is 0 (a fully masked "
+                   "row; the evaluator's weights are 0 there) and exp(S) unshifted, inf past S = 89; the Pallas "
+                   "target's backward lowers that VJP diagram (red team rtkern2)")
+@pytest.mark.parametrize("case", ["masked row", "scores near 100"])
+@pytest.mark.parametrize("b", ["sqrt", "rms"])
+def test_the_pallas_gradient_of_exp_weights_under_a_square_root(b: str, case: str) -> None:
+    """jax.grad of the Pallas kernel of ``ncontract[x; exp, exp, sqrt]`` (rms) by V is Σ_q of the
+    weights: 0 from a fully masked row, finite at scores near 100 (weights of order e^50).  Its
+    custom VJP gave NaN in every entry of dV in both cases (the JAX target's jax.grad is right)."""
+    text = f"axis q, x, d\ndiagram es(S: [q x], V: [x d]) -> [q d] {{\n  return ncontract[x; exp, exp, {b}](S, V)\n}}"
+    thm = cases.proved(text, "es", "group q by gq")
+    fn = lower(thm, target="pallas", tiles={"gq": 16}).fn
+    rng = np.random.default_rng(10)
+    scores, values = rng.standard_normal((5, 37)), rng.standard_normal((37, 4)).astype(np.float32)
+    if case == "masked row":
+        scores[1] = -np.inf
+    else:
+        scores += 100.0
+    scores = scores.astype(np.float32)
+    slope = jax.grad(lambda v: jnp.sum(fn(jnp.asarray(scores), v, interpret=True)))(jnp.asarray(values))
+    (weights,) = cases.reference(thm, [scores.astype(np.float64), np.eye(37)], {})  # V = I: the weights
+    want = np.broadcast_to(weights.sum(axis=0)[:, None], values.shape)
+    assert cases.relative_error(slope, want) < cases.F32_TOL
+
+
 #: (scores' offsets in x's three chunks of 16, the last ragged; the output's largest |entry|, to
 #: which the values are scaled): the weights, of order exp(s/2), overflow f32 past s = 177 and
 #: underflow past s = -206 where the outputs do not

@@ -327,6 +327,25 @@ def test_the_slope_of_exp_weights_under_a_square_root_at_zero_values(b: str, ste
         assert np.max(np.abs(np.asarray(slope, np.float64) - want) / want) < cases.F32_TOL
 
 
+@pytest.mark.parametrize("steps", [("group q by gq",), ("group q by gq", "stream x by sx via online_softmax")])
+@pytest.mark.parametrize("b", ["sqrt", "rms"])
+def test_the_gradient_of_exp_weights_under_a_square_root_at_a_masked_row(b: str, steps: tuple[str, ...]) -> None:
+    """jax.grad of ``ncontract[x; exp, exp, sqrt]`` (and rms) by S at a fully masked row is 0, as
+    softmax's (``exp, exp, id``) is: the row's weights are 0 whatever its scores.  Over the whole
+    axis the kernel took sqrt of the row's z = 0, whose slope is inf: times the zero cotangent the
+    weights' guard gives z, NaN in every score of the row (red team rtkern2); the root is now taken
+    of z where z ≠ 0, else of 1 (``jaxops._weights``)."""
+    text = f"axis q, x, d\ndiagram es(S: [q x], V: [x d]) -> [q d] {{\n  return ncontract[x; exp, exp, {b}](S, V)\n}}"
+    fn = lower(cases.proved(text, "es", *steps), target="jax", tiles={"gq": 16, "sx": 16}).fn
+    rng = np.random.default_rng(9)
+    scores, values = rng.standard_normal((5, 37)).astype(np.float32), rng.standard_normal((37, 4)).astype(np.float32)
+    scores[1] = -np.inf
+    scores[2, 20:] = -np.inf
+    slope = np.asarray(jax.grad(lambda s: jnp.sum(fn(s, jnp.asarray(values))))(jnp.asarray(scores)))
+    assert np.all(slope[1] == 0.0) and np.all(slope[2, 20:] == 0.0)
+    assert np.all(np.isfinite(slope)) and np.max(np.abs(slope)) > 0.1
+
+
 @pytest.mark.parametrize("target", ["jax", "pallas"])
 def test_constants_keep_their_value(target: str) -> None:
     """issue 18: 1e-39 is no f32 normal; it was saturated to 1.18e-38, so this sum came out

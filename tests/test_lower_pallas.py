@@ -557,7 +557,7 @@ def test_a_row_of_scores_below_the_guard_is_not_read_as_masked(target: str) -> N
 
 
 @pytest.mark.parametrize("target", ["pallas", "jax"])
-@pytest.mark.parametrize("scale", [1e-20, 1e-35, 1e25])
+@pytest.mark.parametrize("scale", [1e-20, 1e-35, 1e25, 5e37])
 def test_scale_invariant_weights_of_a_whole_axis_do_not_underflow(target: str, scale: float) -> None:
     """issue 28 (red team rtdeep): l2norm, rmsnorm and an l2 normalised contraction over a whole
     axis computed Σ s² in f32, which underflows to 0 for scores near 1e-20 (and overflows near
@@ -578,6 +578,28 @@ def test_scale_invariant_weights_of_a_whole_axis_do_not_underflow(target: str, s
         assert np.max(np.abs(want)) > 0.1
         assert cases.relative_error(out, want) < cases.F32_TOL
 
+
+
+@pytest.mark.parametrize("target", ["pallas", "jax"])
+def test_weights_whose_normaliser_passes_two_to_the_126_are_not_flushed(target: str) -> None:
+    """issue 28 (red team rtkern2): ``ncontract[x; gelu, gelu, id]`` (or silu, or ``id`` over
+    ``gelu``) at scores near 3e36 has z = Σ gelu(s) near 1e38, an f32, and weights near 1/37; XLA
+    divides by the row's z as top·(1/z), whose reciprocal past 2^126 is subnormal and flushed to 0
+    on XLA:CPU: the kernel gave 0 where the evaluator's output is 0.29 (both targets).  Past 2^126
+    both are quartered first (``jaxops._per_row``; the l2 weights' scale too: the test above at 5e37)."""
+    rng = np.random.default_rng(8)
+    scores = (3e36 * (1.0 + 0.1 * rng.standard_normal((5, 37)))).astype(np.float32).astype(np.float64)
+    values = rng.standard_normal((37, 4)).astype(np.float32).astype(np.float64)
+    options = {"interpret": True} if target == "pallas" else {}
+    text = ("axis q, x, d\ndiagram big(S: [q x], V: [x d]) -> [q d], [q d], [q d] {\n"
+            "  return ncontract[x; gelu, gelu, id](S, V), ncontract[x; silu, silu, id](S, V), "
+            "ncontract[x; id, gelu, id](S, V)\n}")
+    thm = cases.proved(text, "big", "group q by gq")
+    got = lower(thm, target=target, tiles={"gq": 16}).fn(jnp.asarray(scores, jnp.float32),
+                                                         jnp.asarray(values, jnp.float32), **options)
+    for out, want in zip(got, cases.reference(thm, [scores, values], {}), strict=True):
+        assert np.max(np.abs(want)) > 0.1
+        assert cases.relative_error(out, want) < cases.F32_TOL
 
 
 @pytest.mark.parametrize("target", ["pallas", "jax"])
@@ -626,6 +648,32 @@ def test_streamed_exp_weights_under_a_square_root_normaliser_do_not_overflow(tar
             (want,) = cases.reference(thm, [scores, values], {})
             assert np.max(np.abs(want)) < 1e35 and np.all(want[3] == 0.0)
             assert cases.relative_error(got, want) < cases.F32_TOL
+
+
+@pytest.mark.xfail(strict=True, reason="grad._ncontract writes the weights of ncontract[x; a1, a2, b] other than "
+                   "softmax, l2norm and rmsnorm as a1(S) / b(Σ a2(S)): 0/0 at a row whose Σ is 0 (a fully masked "
+                   "row; the evaluator's weights are 0 there) and exp(S) unshifted, inf past S = 89; the Pallas "
+                   "target's backward lowers that VJP diagram (red team rtkern2)")
+@pytest.mark.parametrize("case", ["masked row", "scores near 100"])
+@pytest.mark.parametrize("b", ["sqrt", "rms"])
+def test_the_pallas_gradient_of_exp_weights_under_a_square_root(b: str, case: str) -> None:
+    """jax.grad of the Pallas kernel of ``ncontract[x; exp, exp, sqrt]`` (rms) by V is Σ_q of the
+    weights: 0 from a fully masked row, finite at scores near 100 (weights of order e^50).  Its
+    custom VJP gave NaN in every entry of dV in both cases (the JAX target's jax.grad is right)."""
+    text = f"axis q, x, d\ndiagram es(S: [q x], V: [x d]) -> [q d] {{\n  return ncontract[x; exp, exp, {b}](S, V)\n}}"
+    thm = cases.proved(text, "es", "group q by gq")
+    fn = lower(thm, target="pallas", tiles={"gq": 16}).fn
+    rng = np.random.default_rng(10)
+    scores, values = rng.standard_normal((5, 37)), rng.standard_normal((37, 4)).astype(np.float32)
+    if case == "masked row":
+        scores[1] = -np.inf
+    else:
+        scores += 100.0
+    scores = scores.astype(np.float32)
+    slope = jax.grad(lambda v: jnp.sum(fn(jnp.asarray(scores), v, interpret=True)))(jnp.asarray(values))
+    (weights,) = cases.reference(thm, [scores.astype(np.float64), np.eye(37)], {})  # V = I: the weights
+    want = np.broadcast_to(weights.sum(axis=0)[:, None], values.shape)
+    assert cases.relative_error(slope, want) < cases.F32_TOL
 
 
 #: (scores' offsets in x's three chunks of 16, the last ragged; the output's largest |entry|, to

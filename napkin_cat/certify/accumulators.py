@@ -397,12 +397,14 @@ class _Builder:
         product lies between r and the output, so it overflows only where the output does, up to
         m = 355, past which an output that f32 holds has r = 0 or subnormal.  Guarded, r where r = 0
         and exp(m/4) = inf (0·inf = NaN there, where the output is 0); only there, so that elsewhere
-        jax.grad of the lowered final has the slope exp(m/2) at r = 0, not the select's 1."""
+        jax.grad of the lowered final has the slope exp(m/2) at r = 0, not the select's 1.  The guard
+        keeps l (l / n) from 0 under the root, not the root from 0: the slope of sqrt at 0 is inf."""
         m, l_, o = st
         if b == "id":
             return _bin("div", o, self.safe(l_))
-        denom = _unary("sqrt", l_ if b == "sqrt" else _bin("div", l_, self.count()))
-        r = _bin("div", o, self.safe(denom))
+        # the root of l guarded, not the root guarded: l is 0 (masked row) or at least 1/n, and sqrt's
+        # slope at 0 is inf, which made jax.grad of the lowered final NaN at a masked row's scores
+        r = _bin("div", o, _unary("sqrt", self.safe(l_ if b == "sqrt" else _bin("div", l_, self.count()))))
         quarter = _unary("exp", _bin("mul", self.shift(m), Const(0.25)))
         out = _bin("mul", _bin("mul", r, quarter), quarter)
         if not self.guard:

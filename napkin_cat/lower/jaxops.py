@@ -220,6 +220,16 @@ def _scale(x: Value, where: ast.expr, scope: Scope) -> ast.expr:
     return scope.block.bind("scale", cg.call("jnp.where", usable, a, cg.const(1.0)))
 
 
+def _per_row(x: ast.expr, row: ast.expr, scope: Scope) -> ast.expr:
+    """x / row for ``row`` a statistic of the row broadcast against x (its z, its scale), both
+    quartered where |row| > 2^126: XLA divides by a broadcast as x·(1/row), a reciprocal that is
+    subnormal there and flushed to 0 on XLA:CPU (weights of scores near 1e38 under an l2
+    normaliser, or of gelu scores near 3e36 under ``id``, were 0 where the evaluator's are of order 1)."""
+    past = cg.binop(cg.call("jnp.abs", row), ">", cg.const(2.0**126))
+    quarter = scope.block.bind("quarter", cg.call("jnp.where", past, cg.const(0.25), cg.const(1.0)))
+    return cg.binop(cg.binop(x, "*", quarter), "/", cg.binop(row, "*", quarter))
+
+
 def _kept_dims(reduced: ast.expr, x: Value, where: ast.expr, scope: Scope) -> ast.expr:
     """A reduction of ``x`` over ``where`` shaped to broadcast against it: the reduced axes kept
     as 1s, or on Mosaic GPU (``scope.wgmma``) broadcast back to ``x``'s shape, as its layouts
@@ -257,6 +267,7 @@ def _weights(params: Sequence[str], x: Value, target: Axes, scope: Scope) -> tup
     where = positions(x.axes, target)
     s = x.expr
     factor = None
+    bounded = True  # is |z| at most n·b(1) (below 2^126): exp of shifted scores, a non-negative degree of scaled ones
     if a1 == a2 == "exp":
         if b == "id":
             shift = _shift(x, where, scope, weights=True)
@@ -267,17 +278,21 @@ def _weights(params: Sequence[str], x: Value, target: Axes, scope: Scope) -> tup
             shift = _kept_dims(row, x, where, scope)
         s = scope.block.bind("shifted", cg.binop(s, "-", shift))
     elif a1 in DEGREE and a2 in DEGREE and DEGREE[a1] == DEGREE[a2] * NORMALISER_DEGREE[b]:
-        s = scope.block.bind("scaled", cg.binop(s, "/", _scale(x, where, scope)))
+        s = scope.block.bind("scaled", _per_row(s, _scale(x, where, scope), scope))
+        bounded = DEGREE[a2] >= 0
+    else:
+        bounded = False
     top = scope.block.bind("top", unary(a1, s, scope))
     bottom = top if a2 == a1 else unary(a2, s, scope)
     z: ast.expr = _kept_dims(cg.call("jnp.sum", bottom, keywords=[cg.kw("axis", where)]), x, where, scope)
-    if b == "sqrt":
-        z = cg.call("jnp.sqrt", z)
-    elif b == "rms":
-        z = cg.call("jnp.sqrt", cg.binop(z, "/", count(target, scope)))
-    z = scope.block.bind("z", z)  # as the evaluator: weight 0 where the denominator is 0, else a plain divide
+    z = scope.block.bind("z", cg.binop(z, "/", count(target, scope)) if b == "rms" else z)
+    # as the evaluator: weight 0 where the denominator is 0, else a plain divide; the root is taken of
+    # z where z ≠ 0, else of 1: jax.grad's slope of sqrt at 0 is inf, and inf times the zero cotangent
+    # a masked row's z gets made its scores' gradient NaN (0 under an id normaliser)
     zero = cg.binop(z, "==", cg.const(0.0))
-    divided = cg.binop(top, "/", cg.call("jnp.where", zero, cg.const(1.0), z))
+    divisor: ast.expr = cg.call("jnp.where", zero, cg.const(1.0), z)
+    divisor = divisor if b == "id" else cg.call("jnp.sqrt", divisor)
+    divided = cg.binop(top, "/", divisor) if bounded else _per_row(top, scope.block.bind("divisor", divisor), scope)
     return cg.call("jnp.where", zero, cg.const(0.0), divided), factor
 
 

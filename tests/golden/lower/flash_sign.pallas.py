@@ -138,9 +138,10 @@ def flash_sign_backward(Q, K, V, dO):
     S = jnp.einsum('ab,cb->ac', Q_2, K_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
     top = jnp.max(jnp.abs(S), axis=(1,), keepdims=True)
     scale = jnp.where((top > 0.0) & (top < INF), top, 1.0)
-    scaled = S / scale
-    z = jnp.sqrt(jnp.sum(scaled * scaled, axis=(1,), keepdims=True))
-    t = jnp.where(z == 0.0, 0.0, scaled / jnp.where(z == 0.0, 1.0, z))
+    quarter = jnp.where(jnp.abs(scale) > 8.507059173023462e+37, 0.25, 1.0)
+    scaled = S * quarter / (scale * quarter)
+    z = jnp.sum(scaled * scaled, axis=(1,), keepdims=True)
+    t = jnp.where(z == 0.0, 0.0, scaled / jnp.sqrt(jnp.where(z == 0.0, 1.0, z)))
     dt = jnp.einsum('ab,cb->ac', dO_2, V_2, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
     t_1 = dt * t
     t_2 = jnp.sum(t_1, axis=(1,))

@@ -562,7 +562,10 @@ class Interpreter:
         h = [x[0] if self.alg.symbolic else x[0] + 0.0]
         for t in range(1, x.shape[0]):
             h.append((h[-1] if decay is None else decay[t if decay.shape[0] > 1 else 0] * h[-1]) + x[t])
-        data = np.stack(np.broadcast_arrays(*h))
+        # every position has the operands' broadcast shape, the decay's axes included where the scan
+        # runs over one position and X[0] alone is the value (linrec[a](D: [w b], X: [a b]) at |a| = 1)
+        shape = x.shape[1:] if decay is None else np.broadcast_shapes(x.shape[1:], decay.shape[1:])
+        data = np.stack([np.broadcast_to(v, shape) for v in h])
         return Named(axes, np.moveaxis(data, 0, at))
 
     def contract(self, node: Box, kids: tuple[Named, ...]) -> Named:

@@ -466,3 +466,23 @@ def test_a_gather_at_a_nan_position_reads_nan() -> None:
     table = np.arange(4.0)
     np.testing.assert_array_equal(run(d, table, np.full(9, 2.0**127), np.array([0.0, 1.0])), [np.nan, np.nan])
     np.testing.assert_array_equal(run(d, table, np.full(9, 2.0), np.array([-3.0, 9.0])), [0.0, 3.0])
+
+
+@pytest.mark.parametrize("algebra", [FLOAT64, SYMBOLIC], ids=["float64", "symbolic"])
+@pytest.mark.parametrize("length", [1, 3])
+def test_a_scan_keeps_the_axes_of_its_decay_at_every_length(algebra: Any, length: int) -> None:
+    """``linrec[a](D, X)`` with a decay D of an axis X lacks (w): over one position the value is X[0]
+    alone, but its type is [w b a]; the evaluator returned the axis at extent 1 (found by
+    tests/test_kernel.py's unfold property, a caller woven over w), so the unfolded caller lost w."""
+    d = loads("axis a, b, w\ndiagram g(D: [w b], X: [a b]) -> [w b a] {\n  return linrec[a](D, X)\n}").diagrams[0]
+    decay, x = np.full((2, 3), 0.5), np.arange(1.0, 1.0 + 3 * length).reshape(length, 3)
+    if algebra is SYMBOLIC:
+        decay, x = decay.astype(object), x.astype(object)
+    (out,) = evaluate_named(d, [Named(("w", "b"), decay), Named(("a", "b"), x)], {"a": length, "b": 3, "w": 2},
+                            algebra=algebra)
+    got = np.asarray(out.to(("w", "b", "a")), dtype=np.float64)
+    want = np.zeros((2, 3, length))
+    for t in range(length):
+        want[:, :, t] = x[t].astype(np.float64) + (0.5 * want[:, :, t - 1] if t else 0.0)
+    assert got.shape == (2, 3, length)
+    np.testing.assert_allclose(got, want)

@@ -338,12 +338,19 @@ class _Semantics:
         return _expand(x).replace(lambda f: f.is_Pow and f.base.func in self.predicates and f.exp.is_positive,
                                   lambda f: f.base)
 
-    def log(self, x: Any) -> Any:
+    def log(self, x: Any, operand: Expr) -> Any:
         """log of a positive term; log 0 = -inf, the evaluator's value (a fully masked row's
-        logsumexp, whose Σ exp(-inf) is exactly 0)."""
+        logsumexp, whose Σ exp(-inf) is exactly 0).  In a join (``masks``), log of a term 1 over the
+        reals computed from inputs (``operand``, not a literal) is a cancellation to 0 as a difference
+        is (``cancelled``): float64 computes exp(u)·exp(-u) as 1 ± 2^-52, whose log ±1.1e-16 a later
+        factor amplifies (exp(tanh(log(·)·exp(40))) is e^±1, not 1, at u = 1e-16; red team rtjoin2)."""
         if x == 0:
             self.zero_read("log")
             return -sympy.oo
+        if self.masks is not None and _expand(x) == 1 and not isinstance(operand, Const):
+            raise FloatHazard("`log` reads a term computed from the inputs that is 1 over the reals; float64 may "
+                              "compute it as 1 ± a rounding residue, whose log (of either sign, where the reals' "
+                              "is 0) a later box need not scale back")
         return sympy.log(self.positive(x, "log"))
 
     def zero_read(self, op: str) -> None:
@@ -404,7 +411,7 @@ class _Semantics:
         if op == "exp":
             return sympy.exp(x)
         if op == "log":
-            return self.log(x)
+            return self.log(x, node.args[0])
         if op == "neg":
             return -x
         if op == "square":
@@ -443,7 +450,7 @@ class _Semantics:
         if op in ("max", "min", "prod"):
             return self.reduce(op.capitalize(), x, t)
         if op == "logsumexp":
-            return self.log(self.reduce("Sum", sympy.exp(x), t))
+            return self.log(self.reduce("Sum", sympy.exp(x), t), node)
         if op == "contract":
             total = self.reduce("Sum", sympy.Mul(*args), t)
             self.cancelled(node, args, total)

@@ -58,7 +58,8 @@ the accumulators' guard of a maximum of inputs is (``_Semantics.float_input``). 
 reduction cancelling terms equal over the reals to 0, unless float64 computes them alike, is a float64
 hazard in a join (``_Semantics.cancelled``: float64 gives their rounding errors' difference), and so is a
 term 0 over the reals read where 0 is a jump (``_Semantics.zero_read``: log, sign, sqrt, a normaliser's 0
-convention; with masks opaque indicators and inputs finite, such a 0 is a cancellation, additive or not).
+convention; with masks opaque indicators and inputs finite, such a 0 is a cancellation, additive or not),
+and a log of a computed term 1 over the reals (``_Semantics.log``: a cancellation to 0 by a product).
 
 Accumulator laws (accumulators.py, the unguarded forms, which equal the guarded ones on
 finite inputs): combine(lift(x), lift(y)) = lift(x ⊕ y) with x, y of symbolic lengths

@@ -210,6 +210,9 @@ class _Semantics:
         self.opaque = False
         #: the bindings of the diagram being run (``cancelled`` reads its operands' terms)
         self.defs: Mapping[str, Expr] = {}
+        #: a run of rewritten terms normalised alone (``_offsets_cancelled``, ``_alike_around``): a fresh atom
+        #: they scale or stand for an operand with may drop out of a difference (``cancelled``'s non-zero case)
+        self.probe = False
 
     def size(self, a: str) -> Any:
         return sum((_n(p) for p in self.split[a]), sympy.Integer(0)) if a in self.split else _n(a).xreplace(self.ties)
@@ -372,7 +375,15 @@ class _Semantics:
         elsewhere float64 computes it as their rounding errors' difference, of either sign and as large as
         2^-53 of the operands, which a later box need not scale back: exp(tanh(sum[x](X·3) - sum[x](X)·3)) is 1
         over the reals and e^±1 at X ≈ 1e29 (red team rt3)."""
-        if self.masks is None or any(o == 0 for o in operands) or _expand(value) != 0:
+        if self.masks is None or any(o == 0 for o in operands):
+            return
+        if (total := _expand(value)) != 0:
+            # a difference cancelling to a non-zero term the inputs both operands read drop out of:
+            # (K + 1/K)² - (K - 1/K)² is 4 over the reals and 0 in float64 at K = e^40 (red team rtjoin2)
+            gone = (_data(operands[0]) & _data(operands[1])) - _data(total)
+            if not self.probe and node.op in ("add", "sub") and gone:
+                raise FloatHazard(f"`{node.op}` of terms reading inputs its value over the reals does not "
+                                  f"(they cancel), which float64 may round to their magnitude's residue")
             return
         if node.op in ("add", "sub"):
             def bare(e: Expr) -> tuple[int, Expr]:  # the operand as float64 computes it, and its sign
@@ -566,6 +577,13 @@ def _equal(left: Any, right: Any) -> bool:
     return bool(d == 0 or sympy.cancel(sympy.together(_expand(d))) == 0)
 
 
+def _data(e: Any) -> set[Any]:
+    """The real inputs a term reads (``_input``'s functions and scalars; not sizes, positions or indicators)."""
+    atoms = sympy.sympify(e).atoms(sympy.Symbol, AppliedUndef)
+    return {a.func if isinstance(a, AppliedUndef) else a for a in atoms if a.is_real and a.is_integer is not True
+            and (isinstance(a, AppliedUndef) or not a.name.startswith(("i_", "j_", "k_", "n_")))}
+
+
 def _input(name: str, axes: tuple[str, ...], split: Mapping[str, str] | None = None) -> Any:
     position = [_i((split or {}).get(a, a)) for a in axes]
     return sympy.Function(name, real=True)(*position) if position else sympy.Symbol(name, real=True)
@@ -725,6 +743,9 @@ def prove_join(forward: Diagram, reference: Diagram,
         kept = _masks_kept(forward, reference, backwards)
         try:
             _equal_join(*kept)
+        except FloatHazard as hazard:  # met on the way (a cancellation), not the prover's incompleteness
+            raise FloatHazard(f"where each data mask keeps every entry, {hazard}; the join is not proved "
+                              f"({why})") from None
         except Unproved:
             equal = False
         else:
@@ -744,6 +765,9 @@ def prove_join(forward: Diagram, reference: Diagram,
                 _finite_where_the_vjp_is(*kept, proved=proved)
         except FloatHazard as hazard:
             names = ", ".join(forward.inputs[i].name for i in sorted(proved))
+            if not names:  # met by the semantics itself (``_equal_gradients``: a cancellation)
+                raise FloatHazard(f"where each data mask keeps every entry and each box outside the fragment is an "
+                                  f"unknown function, {hazard}; the join is not proved ({why})") from None
             raise FloatHazard(f"where each data mask keeps every entry and each box outside the fragment is an "
                               f"unknown function, the gradients of {names} are the VJP's, and {hazard}; the join "
                               f"is not proved ({why})") from None
@@ -814,6 +838,8 @@ def _equal_gradients(forward: Diagram, reference: Diagram,
                     got = got + sum(sem.run(_pruned(diagram, keep), values), sympy.Integer(0))
             if not sem.cases and _equal(sem.unmasked(got), sem.unmasked(want)):
                 found.add(i)
+        except FloatHazard:  # a float64 hazard the semantics met (a cancellation): no incompleteness to skip
+            raise
         except Unproved:
             continue
     return found
@@ -1039,6 +1065,7 @@ def _offsets_cancelled(term: Expr, reference: Diagram, i: int) -> list[Box]:
 
     def normal(t: Expr) -> Any:
         sem = _Semantics(masks=True)
+        sem.probe = True
         return sem.unmasked(sem.run(replace(reference, inputs=params, body=(), outputs=(t,),
                                             out_types=(reference.out_types[i],)), values)[0])
     factor = Box("exp", (Var(name, ()),), ())  # positive, so a square root or a log of the sum stays one
@@ -1118,6 +1145,7 @@ def _alike_around(inner: Expr, got: Expr, want: Expr, reference: Diagram, i: int
     atom = Var(name, inner.axes)
     params = (*reference.inputs, Param(name, inner.axes))
     sem = _Semantics(masks=True)
+    sem.probe = True
     values = [_input(p.name, p.axes) for p in params]
     key = _canonical(inner)  # the VJP's may be written otherwise: Q * dY as contract[](dY, Q)
     opaque = [_replaced(_unguarded(t), lambda e: atom if _canonical(e) == key else None) for t in (got, want)]

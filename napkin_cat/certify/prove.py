@@ -59,7 +59,8 @@ reduction cancelling terms equal over the reals to 0, unless float64 computes th
 hazard in a join (``_Semantics.cancelled``: float64 gives their rounding errors' difference), and so is a
 term 0 over the reals read where 0 is a jump (``_Semantics.zero_read``: log, sign, sqrt, a normaliser's 0
 convention; with masks opaque indicators and inputs finite, such a 0 is a cancellation, additive or not),
-and a log of a computed term 1 over the reals (``_Semantics.log``: a cancellation to 0 by a product).
+a difference whose operands read an input its value does not (``cancelled``: (K + 1/K)² - (K - 1/K)²), and a
+log of a computed term 1 over the reals (``_Semantics.log``: a cancellation to 0 by a product).
 
 Accumulator laws (accumulators.py, the unguarded forms, which equal the guarded ones on
 finite inputs): combine(lift(x), lift(y)) = lift(x ⊕ y) with x, y of symbolic lengths
@@ -380,8 +381,9 @@ class _Semantics:
         if (total := _expand(value)) != 0:
             # a difference cancelling to a non-zero term the inputs both operands read drop out of:
             # (K + 1/K)² - (K - 1/K)² is 4 over the reals and 0 in float64 at K = e^40 (red team rtjoin2)
-            gone = (_data(operands[0]) & _data(operands[1])) - _data(total)
-            if not self.probe and node.op in ("add", "sub") and gone:
+            if self.probe or node.op not in ("add", "sub"):
+                return
+            if (_data(operands[0]) & _data(operands[1])) - _data(total):
                 raise FloatHazard(f"`{node.op}` of terms reading inputs its value over the reals does not "
                                   f"(they cancel), which float64 may round to their magnitude's residue")
             return

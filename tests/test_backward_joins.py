@@ -794,3 +794,27 @@ def test_a_constant_computed_from_the_inputs_is_drawn_past_with_the_opt_in() -> 
     got = evaluate(backwards[0], [x, one, one])[0]
     assert np.all(want == 1.0) and np.all(np.abs(got - 0.9937) < 1e-4), (want, got)
     _refused_both_ways(forward, backwards, ("lower.backward_wrong", "lower.backward_untestable"))
+
+
+#: r and q are 3 over the reals, so onehot[v](r) and onehot[v](q) were one atom; e = exp(tanh(X·1e-20)) is exactly 1 at
+#: every |X| < 1e4 the test draws, so r and q are exactly 3 there, and at X = [554, 37, 756, 543]·1e3 r is 3 - 2^-51
+ONEHOTS = ("axis x\ndiagram f(X: [x], c: []) -> [] {\n  Y = sum[x](X) * c\n  return Y\n}\n"
+           "axis v = 8\ndiagram b(X: [x], c: [], dY: []) -> [x], [] {\n"
+           "  e = exp(tanh(X * 0.00000000000000000001))\n  r = sum[x](e * 3) / sum[x](e)\n"
+           "  q = sum[x](e * 9) / sum[x](e * 3)\n"
+           "  dX = dY * c * exp(tanh(sum[v](onehot[v](r)))) / exp(tanh(sum[v](onehot[v](q)))) * exp(X * 0)\n"
+           "  dc = dY * sum[x](X)\n  return dX, dc\n}\n")
+
+
+def test_a_onehot_of_a_computed_real_is_a_float_hazard_either_way() -> None:
+    """Red team rtjoin2: onehot jumps at every integer, and the prover keys its atom by the operand's value over
+    the reals, so onehot[v](r) and onehot[v](q), both 3 there, cancelled: the join was proved and lowered without
+    the opt-in.  float64 computes r as 3 - 2^-51 at X = [554, 37, 756, 543]·1e3, where onehot[v](r) is 0 everywhere,
+    q as 3, and dX is dY·c/e^tanh(1) = 0.467 where the VJP's is 1.  A onehot of a term not integer-valued
+    (``ops.integer_valued``) is now a float64 hazard in a join (``_Semantics.box``)."""
+    forward, backwards = _pair(ONEHOTS)
+    x, one = np.array([554e3, 37e3, 756e3, 543e3]), np.array(1.0)
+    want = evaluate(vjp(forward), [x, one, one])[0]
+    got = evaluate(backwards[0], [x, one, one])[0]
+    assert np.all(want == 1.0) and np.all(np.abs(got - want) > 0.5), (want, got)
+    assert "onehot" in _refused_both_ways(forward, backwards, ("lower.backward_unproved",))

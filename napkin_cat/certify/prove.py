@@ -214,6 +214,8 @@ class _Semantics:
         #: a run of rewritten terms normalised alone (``_offsets_cancelled``, ``_alike_around``): a fresh atom
         #: they scale or stand for an operand with may drop out of a difference (``cancelled``'s non-zero case)
         self.probe = False
+        #: the integer inputs of the diagram being run (a onehot's operand must be integer-valued in a join)
+        self.integers: set[str] = set()
 
     def size(self, a: str) -> Any:
         return sum((_n(p) for p in self.split[a]), sympy.Integer(0)) if a in self.split else _n(a).xreplace(self.ties)
@@ -401,6 +403,7 @@ class _Semantics:
 
     def run(self, diagram: Diagram, inputs: list[Any]) -> tuple[Any, ...]:
         self.inputs = {p.name for p in diagram.inputs} - {n for let in diagram.body for n in let.names}
+        self.integers = {p.name for p in diagram.inputs if p.integer}
         self.defs = diagram.bindings()
         def visit(node: Expr, kids: tuple[Any, ...], env: Mapping[str, Any]) -> Any:
             if isinstance(node, Var):
@@ -481,6 +484,11 @@ class _Semantics:
             assert node.index is not None
             return fold_index(node.index, _i, sympy.Integer, lambda o, u, v: _ARITH[o](u, v))  # type: ignore[arg-type]
         if op == "onehot":  # 1 where the position along the new axis equals the operand, else 0
+            if self.masks is not None and not ops.integer_valued(expanded(node.args[0], self.defs), self.integers):
+                # its atom is keyed by the operand's value over the reals: a real operand equal there to an integer
+                # (Σ 3·e / Σ e) may be computed off it, where onehot jumps (red team rtjoin2)
+                raise FloatHazard("`onehot` reads a term that is not integer-valued, and jumps at every integer; "
+                                  "float64 may compute it off the integer it is over the reals")
             return _ONEHOT(x, _i(t[0]))
         if op == "cumsum" and self.masks is not None:  # in joins, which move no positions (``_cumsum``)
             return _cumsum(t[0])(x.xreplace({_i(t[0]): _k(t[0])}), _i(t[0]))

@@ -810,8 +810,9 @@ def test_a_onehot_of_a_computed_real_is_a_float_hazard_either_way() -> None:
     """Red team rtjoin2: onehot jumps at every integer, and the prover keys its atom by the operand's value over
     the reals, so onehot[v](r) and onehot[v](q), both 3 there, cancelled: the join was proved and lowered without
     the opt-in.  float64 computes r as 3 - 2^-51 at X = [554, 37, 756, 543]·1e3, where onehot[v](r) is 0 everywhere,
-    q as 3, and dX is dY·c/e^tanh(1) = 0.467 where the VJP's is 1.  A onehot of a term not integer-valued
-    (``ops.integer_valued``) is now a float64 hazard in a join (``_Semantics.box``)."""
+    q as 3, and dX is dY·c/e^tanh(1) = 0.467 where the VJP's is 1.  A onehot of a computed term not
+    integer-valued (``ops.integer_valued``; labels read as inputs are what they hold) is now a float64 hazard in a
+    join (``_Semantics.box``)."""
     forward, backwards = _pair(ONEHOTS)
     x, one = np.array([554e3, 37e3, 756e3, 543e3]), np.array(1.0)
     want = evaluate(vjp(forward), [x, one, one])[0]

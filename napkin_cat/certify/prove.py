@@ -484,11 +484,12 @@ class _Semantics:
             assert node.index is not None
             return fold_index(node.index, _i, sympy.Integer, lambda o, u, v: _ARITH[o](u, v))  # type: ignore[arg-type]
         if op == "onehot":  # 1 where the position along the new axis equals the operand, else 0
-            if self.masks is not None and not ops.integer_valued(expanded(node.args[0], self.defs), self.integers):
-                # its atom is keyed by the operand's value over the reals: a real operand equal there to an integer
-                # (Σ 3·e / Σ e) may be computed off it, where onehot jumps (red team rtjoin2)
-                raise FloatHazard("`onehot` reads a term that is not integer-valued, and jumps at every integer; "
-                                  "float64 may compute it off the integer it is over the reals")
+            operand = expanded(node.args[0], self.defs)
+            if self.masks is not None and isinstance(operand, Box) and not ops.integer_valued(operand, self.integers):
+                # its atom is keyed by the operand's value over the reals: a computed real equal there to an integer
+                # (Σ 3·e / Σ e) may be computed off it, where onehot jumps; an input (labels) is what it holds
+                raise FloatHazard("`onehot` reads a computed term that is not integer-valued, and jumps at every "
+                                  "integer; float64 may compute it off the integer it is over the reals")
             return _ONEHOT(x, _i(t[0]))
         if op == "cumsum" and self.masks is not None:  # in joins, which move no positions (``_cumsum``)
             return _cumsum(t[0])(x.xreplace({_i(t[0]): _k(t[0])}), _i(t[0]))

@@ -58,7 +58,9 @@ the accumulators' guard of a maximum of inputs is (``_Semantics.float_input``). 
 reduction cancelling terms equal over the reals to 0, unless float64 computes them alike, is a float64
 hazard in a join (``_Semantics.cancelled``: float64 gives their rounding errors' difference), and so is a
 term 0 over the reals read where 0 is a jump (``_Semantics.zero_read``: log, sign, sqrt, a normaliser's 0
-convention; with masks opaque indicators and inputs finite, such a 0 is a cancellation, additive or not).
+convention; with masks opaque indicators and inputs finite, such a 0 is a cancellation, additive or not),
+a difference whose operands read an input its value does not (``cancelled``: (K + 1/K)² - (K - 1/K)²), and a
+log of a computed term 1 over the reals (``_Semantics.log``: a cancellation to 0 by a product).
 
 Accumulator laws (accumulators.py, the unguarded forms, which equal the guarded ones on
 finite inputs): combine(lift(x), lift(y)) = lift(x ⊕ y) with x, y of symbolic lengths
@@ -209,6 +211,11 @@ class _Semantics:
         self.opaque = False
         #: the bindings of the diagram being run (``cancelled`` reads its operands' terms)
         self.defs: Mapping[str, Expr] = {}
+        #: a run of rewritten terms normalised alone (``_offsets_cancelled``, ``_alike_around``): a fresh atom
+        #: they scale or stand for an operand with may drop out of a difference (``cancelled``'s non-zero case)
+        self.probe = False
+        #: the integer inputs of the diagram being run (a onehot's operand must be integer-valued in a join)
+        self.integers: set[str] = set()
 
     def size(self, a: str) -> Any:
         return sum((_n(p) for p in self.split[a]), sympy.Integer(0)) if a in self.split else _n(a).xreplace(self.ties)
@@ -338,12 +345,19 @@ class _Semantics:
         return _expand(x).replace(lambda f: f.is_Pow and f.base.func in self.predicates and f.exp.is_positive,
                                   lambda f: f.base)
 
-    def log(self, x: Any) -> Any:
+    def log(self, x: Any, operand: Expr) -> Any:
         """log of a positive term; log 0 = -inf, the evaluator's value (a fully masked row's
-        logsumexp, whose Σ exp(-inf) is exactly 0)."""
+        logsumexp, whose Σ exp(-inf) is exactly 0).  In a join (``masks``), log of a term 1 over the
+        reals computed from inputs (``operand``, not a literal) is a cancellation to 0 as a difference
+        is (``cancelled``): float64 computes exp(u)·exp(-u) as 1 ± 2^-52, whose log ±1.1e-16 a later
+        factor amplifies (exp(tanh(log(·)·exp(40))) is e^±1, not 1, at u = 1e-16; red team rtjoin2)."""
         if x == 0:
             self.zero_read("log")
             return -sympy.oo
+        if self.masks is not None and _expand(x) == 1 and not isinstance(operand, Const):
+            raise FloatHazard("`log` reads a term computed from the inputs that is 1 over the reals; float64 may "
+                              "compute it as 1 ± a rounding residue, whose log (of either sign, where the reals' "
+                              "is 0) a later box need not scale back")
         return sympy.log(self.positive(x, "log"))
 
     def zero_read(self, op: str) -> None:
@@ -364,7 +378,16 @@ class _Semantics:
         elsewhere float64 computes it as their rounding errors' difference, of either sign and as large as
         2^-53 of the operands, which a later box need not scale back: exp(tanh(sum[x](X·3) - sum[x](X)·3)) is 1
         over the reals and e^±1 at X ≈ 1e29 (red team rt3)."""
-        if self.masks is None or any(o == 0 for o in operands) or _expand(value) != 0:
+        if self.masks is None or any(o == 0 for o in operands):
+            return
+        if (total := _expand(value)) != 0:
+            # a difference cancelling to a non-zero term the inputs both operands read drop out of:
+            # (K + 1/K)² - (K - 1/K)² is 4 over the reals and 0 in float64 at K = e^40 (red team rtjoin2)
+            if self.probe or node.op not in ("add", "sub"):
+                return
+            if (_data(operands[0]) & _data(operands[1])) - _data(total):
+                raise FloatHazard(f"`{node.op}` of terms reading inputs its value over the reals does not "
+                                  f"(they cancel), which float64 may round to their magnitude's residue")
             return
         if node.op in ("add", "sub"):
             def bare(e: Expr) -> tuple[int, Expr]:  # the operand as float64 computes it, and its sign
@@ -380,6 +403,7 @@ class _Semantics:
 
     def run(self, diagram: Diagram, inputs: list[Any]) -> tuple[Any, ...]:
         self.inputs = {p.name for p in diagram.inputs} - {n for let in diagram.body for n in let.names}
+        self.integers = {p.name for p in diagram.inputs if p.integer}
         self.defs = diagram.bindings()
         def visit(node: Expr, kids: tuple[Any, ...], env: Mapping[str, Any]) -> Any:
             if isinstance(node, Var):
@@ -404,7 +428,7 @@ class _Semantics:
         if op == "exp":
             return sympy.exp(x)
         if op == "log":
-            return self.log(x)
+            return self.log(x, node.args[0])
         if op == "neg":
             return -x
         if op == "square":
@@ -443,7 +467,7 @@ class _Semantics:
         if op in ("max", "min", "prod"):
             return self.reduce(op.capitalize(), x, t)
         if op == "logsumexp":
-            return self.log(self.reduce("Sum", sympy.exp(x), t))
+            return self.log(self.reduce("Sum", sympy.exp(x), t), node)
         if op == "contract":
             total = self.reduce("Sum", sympy.Mul(*args), t)
             self.cancelled(node, args, total)
@@ -460,6 +484,12 @@ class _Semantics:
             assert node.index is not None
             return fold_index(node.index, _i, sympy.Integer, lambda o, u, v: _ARITH[o](u, v))  # type: ignore[arg-type]
         if op == "onehot":  # 1 where the position along the new axis equals the operand, else 0
+            operand = expanded(node.args[0], self.defs)
+            if self.masks is not None and isinstance(operand, Box) and not ops.integer_valued(operand, self.integers):
+                # its atom is keyed by the operand's value over the reals: a computed real equal there to an integer
+                # (Σ 3·e / Σ e) may be computed off it, where onehot jumps; an input (labels) is what it holds
+                raise FloatHazard("`onehot` reads a computed term that is not integer-valued, and jumps at every "
+                                  "integer; float64 may compute it off the integer it is over the reals")
             return _ONEHOT(x, _i(t[0]))
         if op == "cumsum" and self.masks is not None:  # in joins, which move no positions (``_cumsum``)
             return _cumsum(t[0])(x.xreplace({_i(t[0]): _k(t[0])}), _i(t[0]))
@@ -556,6 +586,13 @@ def _equal(left: Any, right: Any) -> bool:
         return True
     d = sympy.expand_log(_expand(left - right))
     return bool(d == 0 or sympy.cancel(sympy.together(_expand(d))) == 0)
+
+
+def _data(e: Any) -> set[Any]:
+    """The real inputs a term reads (``_input``'s functions and scalars; not sizes, positions or indicators)."""
+    atoms = sympy.sympify(e).atoms(sympy.Symbol, AppliedUndef)
+    return {a.func if isinstance(a, AppliedUndef) else a for a in atoms if a.is_real and a.is_integer is not True
+            and (isinstance(a, AppliedUndef) or not a.name.startswith(("i_", "j_", "k_", "n_")))}
 
 
 def _input(name: str, axes: tuple[str, ...], split: Mapping[str, str] | None = None) -> Any:
@@ -717,6 +754,9 @@ def prove_join(forward: Diagram, reference: Diagram,
         kept = _masks_kept(forward, reference, backwards)
         try:
             _equal_join(*kept)
+        except FloatHazard as hazard:  # met on the way (a cancellation), not the prover's incompleteness
+            raise FloatHazard(f"where each data mask keeps every entry, {hazard}; the join is not proved "
+                              f"({why})") from None
         except Unproved:
             equal = False
         else:
@@ -736,6 +776,9 @@ def prove_join(forward: Diagram, reference: Diagram,
                 _finite_where_the_vjp_is(*kept, proved=proved)
         except FloatHazard as hazard:
             names = ", ".join(forward.inputs[i].name for i in sorted(proved))
+            if not names:  # met by the semantics itself (``_equal_gradients``: a cancellation)
+                raise FloatHazard(f"where each data mask keeps every entry and each box outside the fragment is an "
+                                  f"unknown function, {hazard}; the join is not proved ({why})") from None
             raise FloatHazard(f"where each data mask keeps every entry and each box outside the fragment is an "
                               f"unknown function, the gradients of {names} are the VJP's, and {hazard}; the join "
                               f"is not proved ({why})") from None
@@ -806,6 +849,8 @@ def _equal_gradients(forward: Diagram, reference: Diagram,
                     got = got + sum(sem.run(_pruned(diagram, keep), values), sympy.Integer(0))
             if not sem.cases and _equal(sem.unmasked(got), sem.unmasked(want)):
                 found.add(i)
+        except FloatHazard:  # a float64 hazard the semantics met (a cancellation): no incompleteness to skip
+            raise
         except Unproved:
             continue
     return found
@@ -1031,6 +1076,7 @@ def _offsets_cancelled(term: Expr, reference: Diagram, i: int) -> list[Box]:
 
     def normal(t: Expr) -> Any:
         sem = _Semantics(masks=True)
+        sem.probe = True
         return sem.unmasked(sem.run(replace(reference, inputs=params, body=(), outputs=(t,),
                                             out_types=(reference.out_types[i],)), values)[0])
     factor = Box("exp", (Var(name, ()),), ())  # positive, so a square root or a log of the sum stays one
@@ -1110,6 +1156,7 @@ def _alike_around(inner: Expr, got: Expr, want: Expr, reference: Diagram, i: int
     atom = Var(name, inner.axes)
     params = (*reference.inputs, Param(name, inner.axes))
     sem = _Semantics(masks=True)
+    sem.probe = True
     values = [_input(p.name, p.axes) for p in params]
     key = _canonical(inner)  # the VJP's may be written otherwise: Q * dY as contract[](dY, Q)
     opaque = [_replaced(_unguarded(t), lambda e: atom if _canonical(e) == key else None) for t in (got, want)]

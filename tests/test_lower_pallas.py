@@ -568,16 +568,21 @@ def test_scale_invariant_weights_of_a_whole_axis_do_not_underflow(target: str, s
     scores = (rng.standard_normal((5, 37)) * scale).astype(np.float32).astype(np.float64)
     scores[1] = 0.0  # an all-zero row still gives 0
     values = rng.standard_normal((37, 4))
-    options = {"interpret": True} if target == "pallas" else {}
     text = ("axis q, x, d\ndiagram norms(S: [q x], V: [x d]) -> [q x], [q x], [q d] {\n"
             "  return l2norm[x](S), rmsnorm[x](S), ncontract[x; id, square, sqrt](S, V)\n}")
-    thm = cases.proved(text, "norms", "group q by gq")
+    _assert_whole_axis_matches(text, "norms", target, scores, values)
+
+
+def _assert_whole_axis_matches(text: str, name: str, target: str, scores: np.ndarray, values: np.ndarray) -> None:
+    """``name`` of ``text`` grouped along q (the axis x whole) matches the evaluator on (S, V), each
+    output of order 1 or more somewhere."""
+    thm = cases.proved(text, name, "group q by gq")
+    options = {"interpret": True} if target == "pallas" else {}
     got = lower(thm, target=target, tiles={"gq": 16}).fn(jnp.asarray(scores, jnp.float32),
                                                          jnp.asarray(values, jnp.float32), **options)
     for out, want in zip(got, cases.reference(thm, [scores, values], {}), strict=True):
         assert np.max(np.abs(want)) > 0.1
         assert cases.relative_error(out, want) < cases.F32_TOL
-
 
 
 @pytest.mark.parametrize("target", ["pallas", "jax"])
@@ -590,16 +595,10 @@ def test_weights_whose_normaliser_passes_two_to_the_126_are_not_flushed(target: 
     rng = np.random.default_rng(8)
     scores = (3e36 * (1.0 + 0.1 * rng.standard_normal((5, 37)))).astype(np.float32).astype(np.float64)
     values = rng.standard_normal((37, 4)).astype(np.float32).astype(np.float64)
-    options = {"interpret": True} if target == "pallas" else {}
     text = ("axis q, x, d\ndiagram big(S: [q x], V: [x d]) -> [q d], [q d], [q d] {\n"
             "  return ncontract[x; gelu, gelu, id](S, V), ncontract[x; silu, silu, id](S, V), "
             "ncontract[x; id, gelu, id](S, V)\n}")
-    thm = cases.proved(text, "big", "group q by gq")
-    got = lower(thm, target=target, tiles={"gq": 16}).fn(jnp.asarray(scores, jnp.float32),
-                                                         jnp.asarray(values, jnp.float32), **options)
-    for out, want in zip(got, cases.reference(thm, [scores, values], {}), strict=True):
-        assert np.max(np.abs(want)) > 0.1
-        assert cases.relative_error(out, want) < cases.F32_TOL
+    _assert_whole_axis_matches(text, "big", target, scores, values)
 
 
 @pytest.mark.parametrize("target", ["pallas", "jax"])

@@ -1,0 +1,67 @@
+"""Red team rtjoin3 (report only): wrong backwards that ``certify.prove.prove_join`` proves equal to the VJP over
+the reals and ``lower.backward.link`` lowers without ``--allow-tested-join``, though float64 computes them off the
+VJP's gradient at inputs inside float32's range.  Each test first shows the float64 evaluations apart (true now),
+then asks for the join to be refused: strict xfail until the prover covers the class."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from napkin_cat.diagnostics import NapkinError
+from napkin_cat.elaborate import loads
+from napkin_cat.evaluate import evaluate
+from napkin_cat.grad import vjp
+from napkin_cat.lower.backward import link
+
+#: u is within 1e-16 of 0 (so the finiteness analysis bounds exp(u) within 2^±1.5e-16 and 56 nested squares
+#: stay finite); at every |X| < 1e4 the float64 test draws u is below 1e-50 and exp(u)·exp(-u) exactly 1, at
+#: X = 1e38 u = 1e-16 and exp(u)·exp(-u) = 1 · (1 - 2^-53), whose 2^56-th power is e^-8 = 3.4e-4
+U = "tanh(X * 1e-35) * 1e-16"
+POWER = "square(" * 56 + f"exp({U}) * exp(-{U})" + ")" * 56
+SQUARES = ("axis x\ndiagram f(X: [x], c: []) -> [] {\n  Y = sum[x](X) * c\n  return Y\n}\n"
+           f"diagram b(X: [x], c: [], dY: []) -> [x], [] {{\n  dX = dY * c * {POWER} * exp(X * 0)\n"
+           "  dc = dY * sum[x](X)\n  return dX, dc\n}\n")
+
+
+@pytest.mark.xfail(strict=True, reason="prove.py reads exp(u)·exp(-u) as 1 (sympy) and squares of 1 as 1; no check "
+                   "covers a product or quotient that is a constant over the reals while reading inputs (``cancelled`` "
+                   "covers add/sub/sum/contract only, ``log`` a computed 1 only): its 2^-53 residue, raised to the "
+                   "2^56-th power by nested squares, is e^-8")
+def test_a_rounded_product_identity_raised_by_nested_squares_is_refused() -> None:
+    module = loads(SQUARES)
+    forward, backward = module.diagram("f"), module.diagram("b")
+    x, one = np.array([1e38, -2e38, 3e37]), np.array(1.0)
+    want = evaluate(vjp(forward), [x, one, one])[0]
+    got = evaluate(backward, [x, one, one])[0]
+    assert np.all(want == 1.0) and np.all(np.abs(got - 3.3546e-4) < 1e-7), (want, got)
+    with pytest.raises(NapkinError):
+        link(forward, [backward])
+
+
+#: the forward saves O = -exp(X): -inf in float64 at X = 800, where the reals' -e^800 is below -FLOAT_MAX too; the
+#: prover reads the guard max(O, -FLOAT_MAX) as O (``_Semantics.float_input``: an input of the backward whose term
+#: is free of infinities), where it is -FLOAT_MAX (so tanh(·1e-330) is -0 and not -1: the factor is e, not 1)
+SCALE = " * 1e-30" * 11
+GUARD = ("axis x\ndiagram f(X: [x], c: []) -> [], [x] {\n  Y = sum[x](X) * c\n  O = 0 - exp(X)\n  return Y, O\n}\n"
+         f"diagram b(X: [x], c: [], O: [x], dY: []) -> [x], [] {{\n"
+         f"  dX = dY * c * exp(tanh(max(O, -1.7976931348623157e+308){SCALE})) / exp(tanh(O{SCALE}))\n"
+         "  dc = dY * sum[x](X)\n  return dX, dc\n}\n")
+
+
+@pytest.mark.xfail(strict=True, reason="prove.py's guard max(L, -FLOAT_MAX) is read as L for any backward input whose "
+                   "sympy term is free of infinities; a saved forward output such as -exp(X) is -inf in float64 (and "
+                   "below -FLOAT_MAX over the reals) at X = 800, where the guard clamps")
+def test_a_guard_read_through_on_a_saved_output_float64_makes_minus_inf_is_refused() -> None:
+    module = loads(GUARD)
+    forward, backward = module.diagram("f"), module.diagram("b")
+    x, one = np.array([800.0, 1e3, 1.0]), np.array(1.0)
+    _, saved = evaluate(forward, [x, one])
+    want = evaluate(vjp(replace(forward, outputs=forward.outputs[:1], out_types=forward.out_types[:1])),
+                    [x, one, one])[0]
+    got = evaluate(backward, [x, one, saved, one])[0]
+    assert np.all(want == 1.0) and np.allclose(got, [np.e, np.e, 1.0]), (want, got)
+    with pytest.raises(NapkinError):
+        link(forward, [backward])

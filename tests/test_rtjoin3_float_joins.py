@@ -122,3 +122,28 @@ def test_a_rounding_residue_read_as_a_quotient_is_refused() -> None:
     assert np.all(want == 1.0) and np.allclose(got, np.exp(np.tanh(4.0))), (want, got)
     with pytest.raises(NapkinError):
         link(forward, [backward])
+
+
+#: log(exp(X)) is X over the reals; float64's exp(-800) underflows to 0, whose log is -inf, so tanh(·0.001) is -1 where
+#: the reals' is tanh(-0.8) = -0.664 (the overflow side, +inf at X = 960, is ``_finite_where_the_vjp_is``'s; a bounded
+#: reading keeps the gradient finite), and the naive log-sum-exp log(Σ exp(X)) likewise beside logsumexp's shift
+UNDERFLOW = ("axis x\ndiagram f(X: [x], c: []) -> [] {{\n  Y = sum[x](X) * c\n  return Y\n}}\n"
+             "diagram b(X: [x], c: [], dY: []) -> [x], [] {{\n"
+             "  dX = dY * c * exp(tanh({a} * 0.001)) / exp(tanh({b} * 0.001)) * exp(X * 0)\n"
+             "  dc = dY * sum[x](X)\n  return dX, dc\n}}\n")
+
+
+@pytest.mark.xfail(strict=True, raises=FAILED, reason=
+                   "prove.py reads log(exp(X)) as X and log(Σ exp(X)) as logsumexp over the reals; zero_read refuses a "
+                   "log of a term 0 over the reals, not of a positive term float64 underflows to 0 (log's -inf)")
+@pytest.mark.parametrize(("a", "b"), [("log(exp(X))", "X"), ("log(sum[x](exp(X)))", "logsumexp[x](X)")],
+                         ids=["log_exp", "naive_logsumexp"])
+def test_a_log_of_an_underflowed_exp_read_as_its_real_value_is_refused(a: str, b: str) -> None:
+    module = loads(UNDERFLOW.format(a=a, b=b))
+    forward, backward = module.diagram("f"), module.diagram("b")
+    x, one = np.array([-800.0, -900.0, -1000.0]), np.array(1.0)
+    want = evaluate(vjp(forward), [x, one, one])[0]
+    got = evaluate(backward, [x, one, one])[0]
+    assert np.all(want == 1.0) and np.all(np.abs(got - want) > 0.2), (want, got)
+    with pytest.raises(NapkinError):
+        link(forward, [backward])

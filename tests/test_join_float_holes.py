@@ -1,7 +1,8 @@
-"""Known holes of the join prover (issue 28, found by red team rtjoin3): wrong backwards that ``certify.prove.prove_join`` proves equal to the VJP over
-the reals and ``lower.backward.link`` lowers without ``--allow-tested-join``, though float64 computes them off the
-VJP's gradient at inputs inside float32's range.  Each test first shows the float64 evaluations apart (true now),
-then asks for the join to be refused: strict xfail until the prover covers the class."""
+"""Known holes of the join prover (issue 28, found by red team rtjoin3): wrong backwards that
+``certify.prove.prove_join`` proves equal to the VJP over the reals and ``lower.backward.link`` lowers
+without ``--allow-tested-join``, though float64 computes them off the VJP's gradient at inputs inside
+float32's range.  Each test first shows the float64 evaluations apart (true now), then asks for the
+join to be refused: strict xfail until the prover covers the class."""
 
 from __future__ import annotations
 

@@ -20,6 +20,20 @@ from napkin_cat.lower.backward import link
 #: the one failure each xfail expects: ``link`` lowering the join (any other error fails the test)
 FAILED = pytest.fail.Exception
 
+
+def _apart(text: str, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The VJP's and the backward ``b``'s dX of ``text``'s forward ``f(X, c)`` in float64 at X = ``x``, c = dY = 1."""
+    module, one = loads(text), np.array(1.0)
+    forward, backward = module.diagram("f"), module.diagram("b")
+    return evaluate(vjp(forward), [x, one, one])[0], evaluate(backward, [x, one, one])[0]
+
+
+def _refused(text: str) -> None:
+    """``link`` refuses the join of ``text``'s ``f`` and ``b`` (the xfails' one expected failure: it lowers it)."""
+    module = loads(text)
+    with pytest.raises(NapkinError):
+        link(module.diagram("f"), [module.diagram("b")])
+
 #: u is within 1e-16 of 0 (so the finiteness analysis bounds exp(u) within 2^±1.5e-16 and 56 nested squares
 #: stay finite); at every |X| < 1e4 the float64 test draws u is below 1e-50 and exp(u)·exp(-u) exactly 1, at
 #: X = 1e38 u = 1e-16 and exp(u)·exp(-u) = 1 · (1 - 2^-53), whose 2^56-th power is e^-8 = 3.4e-4
@@ -36,14 +50,9 @@ SQUARES = ("axis x\ndiagram f(X: [x], c: []) -> [] {\n  Y = sum[x](X) * c\n  ret
                    "covers add/sub/sum/contract only, ``log`` a computed 1 only): its 2^-53 residue, raised to the "
                    "2^56-th power by nested squares, is e^-8")
 def test_a_rounded_product_identity_raised_by_nested_squares_is_refused() -> None:
-    module = loads(SQUARES)
-    forward, backward = module.diagram("f"), module.diagram("b")
-    x, one = np.array([1e38, -2e38, 3e37]), np.array(1.0)
-    want = evaluate(vjp(forward), [x, one, one])[0]
-    got = evaluate(backward, [x, one, one])[0]
+    want, got = _apart(SQUARES, np.array([1e38, -2e38, 3e37]))
     assert np.all(want == 1.0) and np.all(np.abs(got - 3.3546e-4) < 1e-7), (want, got)
-    with pytest.raises(NapkinError):
-        link(forward, [backward])
+    _refused(SQUARES)
 
 
 #: the forward saves O = -exp(X): -inf in float64 at X = 800, where the reals' -e^800 is below -FLOAT_MAX too; the
@@ -69,8 +78,7 @@ def test_a_guard_read_through_on_a_saved_output_float64_makes_minus_inf_is_refus
                     [x, one, one])[0]
     got = evaluate(backward, [x, one, saved, one])[0]
     assert np.all(want == 1.0) and np.allclose(got, [np.e, np.e, 1.0]), (want, got)
-    with pytest.raises(NapkinError):
-        link(forward, [backward])
+    _refused(GUARD)
 
 
 #: two reductions equal over the reals that float64 sums in another order: at X = [[1e30, 1], [-1e30, 0]] the flat
@@ -91,14 +99,9 @@ ORDERS = ("axis x, y\ndiagram f(X: [x y], c: []) -> [] {{\n  Y = sum[x y](X) * c
                                       ("sum[x y](X)", "contract[x y](X, X * 0 + 1)")],
                          ids=["flat_nested", "nested_nested", "sum_contract"])
 def test_sums_of_one_term_in_two_orders_are_refused(a: str, b: str) -> None:
-    module = loads(ORDERS.format(a=a, b=b))
-    forward, backward = module.diagram("f"), module.diagram("b")
-    x, one = np.array([[1e30, 1.0], [-1e30, 0.0]]), np.array(1.0)
-    want = evaluate(vjp(forward), [x, one, one])[0]
-    got = evaluate(backward, [x, one, one])[0]
+    want, got = _apart(ORDERS.format(a=a, b=b), np.array([[1e30, 1.0], [-1e30, 0.0]]))
     assert np.all(want == 1.0) and np.all(np.abs(got - want) > 0.5), (want, got)
-    with pytest.raises(NapkinError):
-        link(forward, [backward])
+    _refused(ORDERS.format(a=a, b=b))
 
 
 #: red team rt3's residue Σ 3·X - 3·Σ X read as a quotient, which ``_Semantics.cancelled`` (add, sub, sum, contract
@@ -115,14 +118,9 @@ QUOTIENT = ("axis x\ndiagram f(X: [x], c: []) -> [] {\n  Y = sum[x](X) * c\n  re
                    "equal over the reals but computed otherwise is the refused exp(tanh(a) - tanh(b)); the prover's "
                    "checks look at differences and sums only")
 def test_a_rounding_residue_read_as_a_quotient_is_refused() -> None:
-    module = loads(QUOTIENT)
-    forward, backward = module.diagram("f"), module.diagram("b")
-    x, one = np.array([3203455240676149.0, 3262313340441849.0, -6465768581117998.0]), np.array(1.0)
-    want = evaluate(vjp(forward), [x, one, one])[0]
-    got = evaluate(backward, [x, one, one])[0]
+    want, got = _apart(QUOTIENT, np.array([3203455240676149.0, 3262313340441849.0, -6465768581117998.0]))
     assert np.all(want == 1.0) and np.allclose(got, np.exp(np.tanh(4.0))), (want, got)
-    with pytest.raises(NapkinError):
-        link(forward, [backward])
+    _refused(QUOTIENT)
 
 
 #: log(exp(X)) is X over the reals; float64's exp(-800) underflows to 0, whose log is -inf, so tanh(·0.001) is -1 where
@@ -140,14 +138,9 @@ UNDERFLOW = ("axis x\ndiagram f(X: [x], c: []) -> [] {{\n  Y = sum[x](X) * c\n  
 @pytest.mark.parametrize(("a", "b"), [("log(exp(X))", "X"), ("log(sum[x](exp(X)))", "logsumexp[x](X)")],
                          ids=["log_exp", "naive_logsumexp"])
 def test_a_log_of_an_underflowed_exp_read_as_its_real_value_is_refused(a: str, b: str) -> None:
-    module = loads(UNDERFLOW.format(a=a, b=b))
-    forward, backward = module.diagram("f"), module.diagram("b")
-    x, one = np.array([-800.0, -900.0, -1000.0]), np.array(1.0)
-    want = evaluate(vjp(forward), [x, one, one])[0]
-    got = evaluate(backward, [x, one, one])[0]
+    want, got = _apart(UNDERFLOW.format(a=a, b=b), np.array([-800.0, -900.0, -1000.0]))
     assert np.all(want == 1.0) and np.all(np.abs(got - want) > 0.2), (want, got)
-    with pytest.raises(NapkinError):
-        link(forward, [backward])
+    _refused(UNDERFLOW.format(a=a, b=b))
 
 
 #: Z = X·1e-150 (five literals in float32's range), read back up by 1e180 (six divisions by 1e-30): sqrt(Z²) is |Z| over
@@ -164,11 +157,6 @@ SQRT = ("axis x\ndiagram f(X: [x], c: []) -> [] {\n  Y = sum[x](X) * c\n  return
                    "prove.py reads sqrt(square(Z)) as |Z|; float64's square underflows to 0 at |Z| < 1e-162, which no "
                    "check sees where the gradient stays finite (zero_read covers terms 0 over the reals only)")
 def test_a_square_float64_underflows_read_back_up_is_refused() -> None:
-    module = loads(SQRT)
-    forward, backward = module.diagram("f"), module.diagram("b")
-    x, one = np.array([1e-20, 3e-20, -2e-20]), np.array(1.0)
-    want = evaluate(vjp(forward), [x, one, one])[0]
-    got = evaluate(backward, [x, one, one])[0]
+    want, got = _apart(SQRT, np.array([1e-20, 3e-20, -2e-20]))
     assert np.all(want == 1.0) and np.allclose(got, 1 / np.e), (want, got)
-    with pytest.raises(NapkinError):
-        link(forward, [backward])
+    _refused(SQRT)
